@@ -1,0 +1,472 @@
+// Package slotv1 encodes and decodes the cpuslot slot protocol, version 1.
+// SPEC.md in this directory is the contract; testdata/vectors.json pins the
+// bytes so that every implementation agrees.
+package slotv1
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Version is the protocol version this package speaks.
+const Version = 1
+
+// Frame limits.
+const (
+	HeaderLen    = 4         // the length prefix
+	MinBodyLen   = 6         // version, type, request id
+	MaxBodyLen   = 64 * 1024 // larger frames are refused
+	MaxStringLen = 1024
+)
+
+// Message types.
+const (
+	TypeHello     = 0x01
+	TypeAcquire   = 0x02
+	TypeRelease   = 0x03
+	TypeReclaim   = 0x04
+	TypeHelloOK   = 0x81
+	TypeAcquireOK = 0x82
+	TypeReleaseOK = 0x83
+	TypeError     = 0x7F
+)
+
+// Flags and enumerations.
+const (
+	HelloFDPassing = 1 << 0
+
+	HelloOKFavorDynMods = 1 << 0
+	HelloOKAgentPlaces  = 1 << 1
+
+	AcquireAgentPlaces = 1 << 0
+
+	AcquiredQueued   = 1 << 0
+	AcquiredDegraded = 1 << 1
+)
+
+// Outcome says how a slot was found for an acquisition.
+type Outcome uint8
+
+const (
+	OutcomeAffinityHit Outcome = 1
+	OutcomeCacheHit    Outcome = 2
+	OutcomeRetuned     Outcome = 3
+	OutcomeCreated     Outcome = 4
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeAffinityHit:
+		return "affinity_hit"
+	case OutcomeCacheHit:
+		return "cache_hit"
+	case OutcomeRetuned:
+		return "retuned"
+	case OutcomeCreated:
+		return "created"
+	}
+	return fmt.Sprintf("outcome(%d)", uint8(o))
+}
+
+// Place tells the client what to do after ACQUIRE_OK.
+type Place uint8
+
+const (
+	PlaceNone Place = 0 // the thread already sits in the slot
+	PlaceSelf Place = 1 // write "0" to each of the slot's fds
+	PlaceDone Place = 2 // the agent placed the thread
+)
+
+// ReleaseOutcome is how an invocation ended, reported on RELEASE.
+type ReleaseOutcome uint8
+
+const (
+	InvocationOK      ReleaseOutcome = 0
+	InvocationFailed  ReleaseOutcome = 1
+	InvocationTimeout ReleaseOutcome = 2
+	PlacementFailed   ReleaseOutcome = 3
+)
+
+func (o ReleaseOutcome) String() string {
+	switch o {
+	case InvocationOK:
+		return "ok"
+	case InvocationFailed:
+		return "failed"
+	case InvocationTimeout:
+		return "timeout"
+	case PlacementFailed:
+		return "placement_failed"
+	}
+	return fmt.Sprintf("release(%d)", uint8(o))
+}
+
+// Code is a typed protocol error.
+type Code uint16
+
+const (
+	CodeBadRequest         Code = 1
+	CodeUnsupportedVersion Code = 2
+	CodeNotServed          Code = 3
+	CodeInvalidQuota       Code = 4
+	CodeRejected           Code = 5
+	CodeTimeout            Code = 6
+	CodeUnknownLease       Code = 7
+	CodeSlotUnavailable    Code = 8
+	CodeInternal           Code = 9
+	CodeShuttingDown       Code = 10
+	CodeNotReady           Code = 11
+)
+
+var codeNames = map[Code]string{
+	CodeBadRequest:         "BAD_REQUEST",
+	CodeUnsupportedVersion: "UNSUPPORTED_VERSION",
+	CodeNotServed:          "NOT_SERVED",
+	CodeInvalidQuota:       "INVALID_QUOTA",
+	CodeRejected:           "REJECTED",
+	CodeTimeout:            "TIMEOUT",
+	CodeUnknownLease:       "UNKNOWN_LEASE",
+	CodeSlotUnavailable:    "SLOT_UNAVAILABLE",
+	CodeInternal:           "INTERNAL",
+	CodeShuttingDown:       "SHUTTING_DOWN",
+	CodeNotReady:           "NOT_READY",
+}
+
+func (c Code) String() string {
+	if n, ok := codeNames[c]; ok {
+		return n
+	}
+	return fmt.Sprintf("CODE_%d", uint16(c))
+}
+
+// Message is any protocol message.
+type Message interface{ msgType() uint8 }
+
+// Hello opens a connection.
+type Hello struct {
+	MinVersion, MaxVersion uint8
+	Flags                  uint32
+	Client                 string
+}
+
+// PoolSummary describes the slots of one quota in HelloOK.
+type PoolSummary struct {
+	QuotaMilli uint32
+	PeriodUS   uint32
+	Slots      uint16
+	Free       uint16
+}
+
+// HelloOK answers Hello.
+type HelloOK struct {
+	Version     uint8
+	Hierarchy   uint8
+	Flags       uint32
+	Container   string
+	BudgetMilli uint32
+	Pools       []PoolSummary
+}
+
+// Acquire asks for a slot.
+type Acquire struct {
+	QuotaMilli uint32
+	WaitUS     uint32
+	TID        uint32
+	Flags      uint8
+	Action     string
+	Invocation string
+}
+
+// AcquireOK grants a lease on a slot. Fds travel beside the frame.
+type AcquireOK struct {
+	Lease      uint64
+	Slot       uint32
+	QuotaMilli uint32
+	PeriodUS   uint32
+	Outcome    Outcome
+	Flags      uint8
+	Place      Place
+	NumFDs     uint8
+}
+
+// Release gives a lease back.
+type Release struct {
+	Lease   uint64
+	Outcome ReleaseOutcome
+}
+
+// ReleaseOK reports what the slot used while leased.
+type ReleaseOK struct {
+	CPUNanos         uint64
+	ThrottledNanos   uint64
+	Periods          uint64
+	ThrottledPeriods uint64
+}
+
+// Reclaim re-declares a lease held across a reconnect.
+type Reclaim struct {
+	Slot       uint32
+	QuotaMilli uint32
+	TID        uint32
+	Action     string
+	Invocation string
+}
+
+// Error is a typed failure; it is also a Go error.
+type Error struct {
+	Code         Code
+	RetryAfterMS uint32
+	Message      string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("cpuslot %s: %s", e.Code, e.Message) }
+
+// Is lets errors.Is match on the code alone.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code && t.Message == ""
+}
+
+// Errorf builds a protocol error.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+func (*Hello) msgType() uint8     { return TypeHello }
+func (*HelloOK) msgType() uint8   { return TypeHelloOK }
+func (*Acquire) msgType() uint8   { return TypeAcquire }
+func (*AcquireOK) msgType() uint8 { return TypeAcquireOK }
+func (*Release) msgType() uint8   { return TypeRelease }
+func (*ReleaseOK) msgType() uint8 { return TypeReleaseOK }
+func (*Reclaim) msgType() uint8   { return TypeReclaim }
+func (*Error) msgType() uint8     { return TypeError }
+
+// Frame is a decoded frame: its request id and message.
+type Frame struct {
+	Request uint32
+	Msg     Message
+}
+
+// ErrTooLarge is returned for a length prefix above MaxBodyLen.
+var ErrTooLarge = errors.New("frame larger than 65536 bytes")
+
+// Append encodes one frame (length prefix included) onto buf.
+func Append(buf []byte, request uint32, m Message) ([]byte, error) {
+	start := len(buf)
+	buf = append(buf, 0, 0, 0, 0, Version, m.msgType())
+	buf = binary.BigEndian.AppendUint32(buf, request)
+	var err error
+	switch m := m.(type) {
+	case *Hello:
+		buf = append(buf, m.MinVersion, m.MaxVersion)
+		buf = binary.BigEndian.AppendUint32(buf, m.Flags)
+		buf, err = appendString(buf, m.Client)
+	case *HelloOK:
+		buf = append(buf, m.Version, m.Hierarchy)
+		buf = binary.BigEndian.AppendUint32(buf, m.Flags)
+		if buf, err = appendString(buf, m.Container); err != nil {
+			return nil, err
+		}
+		buf = binary.BigEndian.AppendUint32(buf, m.BudgetMilli)
+		if len(m.Pools) > 0xFFFF {
+			return nil, errors.New("too many pools")
+		}
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(m.Pools)))
+		for _, p := range m.Pools {
+			buf = binary.BigEndian.AppendUint32(buf, p.QuotaMilli)
+			buf = binary.BigEndian.AppendUint32(buf, p.PeriodUS)
+			buf = binary.BigEndian.AppendUint16(buf, p.Slots)
+			buf = binary.BigEndian.AppendUint16(buf, p.Free)
+		}
+	case *Acquire:
+		buf = binary.BigEndian.AppendUint32(buf, m.QuotaMilli)
+		buf = binary.BigEndian.AppendUint32(buf, m.WaitUS)
+		buf = binary.BigEndian.AppendUint32(buf, m.TID)
+		buf = append(buf, m.Flags)
+		if buf, err = appendString(buf, m.Action); err != nil {
+			return nil, err
+		}
+		buf, err = appendString(buf, m.Invocation)
+	case *AcquireOK:
+		buf = binary.BigEndian.AppendUint64(buf, m.Lease)
+		buf = binary.BigEndian.AppendUint32(buf, m.Slot)
+		buf = binary.BigEndian.AppendUint32(buf, m.QuotaMilli)
+		buf = binary.BigEndian.AppendUint32(buf, m.PeriodUS)
+		buf = append(buf, uint8(m.Outcome), m.Flags, uint8(m.Place), m.NumFDs)
+	case *Release:
+		buf = binary.BigEndian.AppendUint64(buf, m.Lease)
+		buf = append(buf, uint8(m.Outcome))
+	case *ReleaseOK:
+		buf = binary.BigEndian.AppendUint64(buf, m.CPUNanos)
+		buf = binary.BigEndian.AppendUint64(buf, m.ThrottledNanos)
+		buf = binary.BigEndian.AppendUint64(buf, m.Periods)
+		buf = binary.BigEndian.AppendUint64(buf, m.ThrottledPeriods)
+	case *Reclaim:
+		buf = binary.BigEndian.AppendUint32(buf, m.Slot)
+		buf = binary.BigEndian.AppendUint32(buf, m.QuotaMilli)
+		buf = binary.BigEndian.AppendUint32(buf, m.TID)
+		if buf, err = appendString(buf, m.Action); err != nil {
+			return nil, err
+		}
+		buf, err = appendString(buf, m.Invocation)
+	case *Error:
+		buf = binary.BigEndian.AppendUint16(buf, uint16(m.Code))
+		buf = binary.BigEndian.AppendUint32(buf, m.RetryAfterMS)
+		buf, err = appendString(buf, truncate(m.Message, MaxStringLen))
+	default:
+		return nil, fmt.Errorf("unknown message %T", m)
+	}
+	if err != nil {
+		return nil, err
+	}
+	body := len(buf) - start - HeaderLen
+	if body > MaxBodyLen {
+		return nil, ErrTooLarge
+	}
+	binary.BigEndian.PutUint32(buf[start:], uint32(body))
+	return buf, nil
+}
+
+func appendString(buf []byte, s string) ([]byte, error) {
+	if len(s) > MaxStringLen {
+		return nil, fmt.Errorf("string of %d bytes exceeds %d", len(s), MaxStringLen)
+	}
+	buf = binary.BigEndian.AppendUint16(buf, uint16(len(s)))
+	return append(buf, s...), nil
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
+
+// BodyLen reads a frame's length prefix and checks its bounds.
+func BodyLen(prefix []byte) (int, error) {
+	n := binary.BigEndian.Uint32(prefix)
+	if n > MaxBodyLen {
+		return 0, ErrTooLarge
+	}
+	if n < MinBodyLen {
+		return 0, Errorf(CodeBadRequest, "frame body of %d bytes is shorter than its header", n)
+	}
+	return int(n), nil
+}
+
+// DecodeBody decodes a frame body (everything after the length prefix).
+// Errors are *Error values carrying the code to answer with.
+func DecodeBody(body []byte) (Frame, error) {
+	if len(body) < MinBodyLen {
+		return Frame{}, Errorf(CodeBadRequest, "frame body of %d bytes is shorter than its header", len(body))
+	}
+	if body[0] != Version {
+		return Frame{}, Errorf(CodeUnsupportedVersion, "frame version %d, this peer speaks %d", body[0], Version)
+	}
+	r := reader{b: body[6:]}
+	f := Frame{Request: binary.BigEndian.Uint32(body[2:6])}
+	switch t := body[1]; t {
+	case TypeHello:
+		m := &Hello{MinVersion: r.u8(), MaxVersion: r.u8(), Flags: r.u32(), Client: r.str()}
+		f.Msg = m
+	case TypeHelloOK:
+		m := &HelloOK{Version: r.u8(), Hierarchy: r.u8(), Flags: r.u32(), Container: r.str(), BudgetMilli: r.u32()}
+		n := int(r.u16())
+		if r.err == nil && n*12 > len(r.b) {
+			r.fail("pool count %d exceeds payload", n)
+		}
+		for i := 0; i < n && r.err == nil; i++ {
+			m.Pools = append(m.Pools, PoolSummary{QuotaMilli: r.u32(), PeriodUS: r.u32(), Slots: r.u16(), Free: r.u16()})
+		}
+		f.Msg = m
+	case TypeAcquire:
+		f.Msg = &Acquire{QuotaMilli: r.u32(), WaitUS: r.u32(), TID: r.u32(), Flags: r.u8(), Action: r.str(), Invocation: r.str()}
+	case TypeAcquireOK:
+		f.Msg = &AcquireOK{Lease: r.u64(), Slot: r.u32(), QuotaMilli: r.u32(), PeriodUS: r.u32(),
+			Outcome: Outcome(r.u8()), Flags: r.u8(), Place: Place(r.u8()), NumFDs: r.u8()}
+	case TypeRelease:
+		f.Msg = &Release{Lease: r.u64(), Outcome: ReleaseOutcome(r.u8())}
+	case TypeReleaseOK:
+		f.Msg = &ReleaseOK{CPUNanos: r.u64(), ThrottledNanos: r.u64(), Periods: r.u64(), ThrottledPeriods: r.u64()}
+	case TypeReclaim:
+		f.Msg = &Reclaim{Slot: r.u32(), QuotaMilli: r.u32(), TID: r.u32(), Action: r.str(), Invocation: r.str()}
+	case TypeError:
+		f.Msg = &Error{Code: Code(r.u16()), RetryAfterMS: r.u32(), Message: r.str()}
+	default:
+		return Frame{}, Errorf(CodeBadRequest, "unknown message type 0x%02x", t)
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.fail("%d trailing bytes", len(r.b))
+	}
+	if r.err != nil {
+		return Frame{}, Errorf(CodeBadRequest, "type 0x%02x: %v", body[1], r.err)
+	}
+	return f, nil
+}
+
+// reader consumes big-endian fields and remembers the first error.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail(format string, args ...any) {
+	if r.err == nil {
+		r.err = fmt.Errorf(format, args...)
+	}
+}
+
+func (r *reader) take(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if len(r.b) < n {
+		r.fail("truncated payload")
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) u8() uint8 {
+	if v := r.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (r *reader) u16() uint16 {
+	if v := r.take(2); v != nil {
+		return binary.BigEndian.Uint16(v)
+	}
+	return 0
+}
+
+func (r *reader) u32() uint32 {
+	if v := r.take(4); v != nil {
+		return binary.BigEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (r *reader) u64() uint64 {
+	if v := r.take(8); v != nil {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (r *reader) str() string {
+	n := int(r.u16())
+	if r.err == nil && n > MaxStringLen {
+		r.fail("string of %d bytes exceeds %d", n, MaxStringLen)
+		return ""
+	}
+	return string(r.take(n))
+}

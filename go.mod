@@ -1,0 +1,3 @@
+module github.com/cpuslot/cpuslot
+
+go 1.26
