@@ -174,8 +174,10 @@ type Acquire struct {
 	WaitUS     uint32
 	TID        uint32
 	Flags      uint8
-	Action     string
-	Invocation string
+	// CurrentSlot is the slot the client last placed this thread in (0: none).
+	CurrentSlot uint32
+	Action      string
+	Invocation  string
 }
 
 // AcquireOK grants a lease on a slot. Fds travel beside the frame.
@@ -284,6 +286,7 @@ func Append(buf []byte, request uint32, m Message) ([]byte, error) {
 		buf = binary.BigEndian.AppendUint32(buf, m.WaitUS)
 		buf = binary.BigEndian.AppendUint32(buf, m.TID)
 		buf = append(buf, m.Flags)
+		buf = binary.BigEndian.AppendUint32(buf, m.CurrentSlot)
 		if buf, err = appendString(buf, m.Action); err != nil {
 			return nil, err
 		}
@@ -385,7 +388,7 @@ func DecodeBody(body []byte) (Frame, error) {
 		}
 		f.Msg = m
 	case TypeAcquire:
-		f.Msg = &Acquire{QuotaMilli: r.u32(), WaitUS: r.u32(), TID: r.u32(), Flags: r.u8(), Action: r.str(), Invocation: r.str()}
+		f.Msg = &Acquire{QuotaMilli: r.u32(), WaitUS: r.u32(), TID: r.u32(), Flags: r.u8(), CurrentSlot: r.u32(), Action: r.str(), Invocation: r.str()}
 	case TypeAcquireOK:
 		f.Msg = &AcquireOK{Lease: r.u64(), Slot: r.u32(), QuotaMilli: r.u32(), PeriodUS: r.u32(),
 			Outcome: Outcome(r.u8()), Flags: r.u8(), Place: Place(r.u8()), NumFDs: r.u8()}

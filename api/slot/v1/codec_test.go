@@ -73,7 +73,7 @@ var table = []struct {
 	{"hello_ok_v2", 1, &HelloOK{Version: 1, Hierarchy: 2, Flags: HelloOKFavorDynMods, Container: "default/fn-7f9c/user-action", BudgetMilli: 2000,
 		Pools: []PoolSummary{{QuotaMilli: 250, PeriodUS: 100000, Slots: 8, Free: 7}, {QuotaMilli: 1000, PeriodUS: 100000, Slots: 2, Free: 2}}}},
 	{"hello_ok_v1_no_pools", 9, &HelloOK{Version: 1, Hierarchy: 1, Flags: HelloOKAgentPlaces, Container: "/cpuslot-demo/runtime"}},
-	{"acquire", 7, &Acquire{QuotaMilli: 250, WaitUS: 50000, TID: 4242, Action: "guest/fib", Invocation: "a1b2c3"}},
+	{"acquire", 7, &Acquire{QuotaMilli: 250, WaitUS: 50000, TID: 4242, CurrentSlot: 12, Action: "guest/fib", Invocation: "a1b2c3"}},
 	{"acquire_agent_places_unicode", 8, &Acquire{QuotaMilli: 1500, TID: 1, Flags: AcquireAgentPlaces, Action: "gäst/ƒib☃", Invocation: ""}},
 	{"acquire_ok_self", 7, &AcquireOK{Lease: 0x0102030405060708, Slot: 12, QuotaMilli: 250, PeriodUS: 100000, Outcome: OutcomeCacheHit, Place: PlaceSelf, NumFDs: 1}},
 	{"acquire_ok_affinity", 10, &AcquireOK{Lease: 99, Slot: 12, QuotaMilli: 250, PeriodUS: 100000, Outcome: OutcomeAffinityHit, Place: PlaceNone}},
