@@ -1,0 +1,204 @@
+package cgroup_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+)
+
+func TestSlotNames(t *testing.T) {
+	for name, want := range map[string]uint32{"cpuslot-1": 1, "cpuslot-4294967295": 4294967295} {
+		if id, ok := cgroup.ParseSlotName(name); !ok || id != want {
+			t.Errorf("%s: got %d %v", name, id, ok)
+		}
+	}
+	for _, bad := range []string{"cpuslot-0", "cpuslot-01", "cpuslot-", "cpuslot-x", "slot-1", "cpuslot-4294967296", "cpuslot--1"} {
+		if _, ok := cgroup.ParseSlotName(bad); ok {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+func TestSpecValidate(t *testing.T) {
+	ok := cgroup.Spec{QuotaMilli: 10, PeriodUS: 100000, Limit: cgroup.LimitCap}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []cgroup.Spec{
+		{QuotaMilli: 0, PeriodUS: 100000, Limit: cgroup.LimitCap},
+		{QuotaMilli: 9, PeriodUS: 100000, Limit: cgroup.LimitCap},
+		{QuotaMilli: 250, PeriodUS: 10, Limit: cgroup.LimitCap},
+		{QuotaMilli: 250, PeriodUS: 100000},
+	} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+func TestDetect(t *testing.T) {
+	h := cgrouptest.Hierarchy(t)
+	t.Logf("detected %s", h)
+	if h.Version != 1 && h.Version != 2 {
+		t.Fatalf("version %d", h.Version)
+	}
+}
+
+// TestSlotLifecycle creates, places, measures, retunes, adopts and removes
+// slots on the real kernel.
+func TestSlotLifecycle(t *testing.T) {
+	h := cgrouptest.Hierarchy(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	if h.Version == 2 {
+		cgrouptest.JoinProcess(t, h, rel)
+	}
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap}
+	s, err := c.CreateSlot(7, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, s.Dir(), map[int]string{1: "cpu.cfs_quota_us", 2: "cpu.max"}[h.Version]); got != map[int]string{1: "25000", 2: "25000 100000"}[h.Version] {
+		t.Fatalf("quota file: %q", got)
+	}
+
+	// A thread places itself by writing "0", burns CPU, and is counted.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := s.Place(0); err != nil {
+		t.Fatal(err)
+	}
+	if got := cgrouptest.ThreadCgroup(t, h); got != rel+"/cpuslot-7" {
+		t.Fatalf("thread in %s", got)
+	}
+	before, err := s.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+	}
+	after, err := s.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := after.Sub(before)
+	if d.CPUNanos < uint64(20*time.Millisecond) || d.Periods == 0 || d.ThrottledPeriods == 0 {
+		t.Fatalf("usage over 300ms at 250m: %+v", d)
+	}
+
+	// Retune changes the quota in place; adoption reads it back.
+	spec2 := cgroup.Spec{QuotaMilli: 500, PeriodUS: 100000, Limit: cgroup.LimitBoth}
+	if err := s.Retune(spec2); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	adopted, err := c.AdoptSlots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(adopted) != 1 || adopted[0].ID != 7 || adopted[0].Spec() != spec2 {
+		t.Fatalf("adopted %+v", adopted)
+	}
+
+	// Removing a slot with a thread in it moves the thread out first.
+	if err := adopted[0].Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if got := cgrouptest.ThreadCgroup(t, h); got != rel {
+		t.Fatalf("after removal thread in %s", got)
+	}
+	if left := cgrouptest.Leftovers(h, rel); len(left) != 0 {
+		t.Fatalf("leftovers %v", left)
+	}
+	if err := c.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestShareOnlyAdoption(t *testing.T) {
+	h := cgrouptest.Hierarchy(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := cgroup.Spec{QuotaMilli: 750, PeriodUS: 100000, Limit: cgroup.LimitShare}
+	s, err := c.CreateSlot(3, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	adopted, err := c.AdoptSlots()
+	if err != nil || len(adopted) != 1 || adopted[0].Spec() != spec {
+		t.Fatalf("adopted %+v err %v", adopted, err)
+	}
+	if err := adopted[0].Remove(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestQuotaAboveContainerLimit: v1 refuses a child quota above the parent's.
+func TestCreateFailsCleanly(t *testing.T) {
+	h := cgrouptest.Hierarchy(t)
+	rel := cgrouptest.NewContainer(t, h, 500)
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lim, err := c.LimitMilli(); err != nil || lim != 500 {
+		t.Fatalf("limit %d %v", lim, err)
+	}
+	_, err = c.CreateSlot(1, cgroup.Spec{QuotaMilli: 2000, PeriodUS: 100000, Limit: cgroup.LimitCap})
+	if h.Version == 1 && err == nil {
+		t.Fatal("v1 accepted a quota above the container's")
+	}
+	if err != nil {
+		if left := cgrouptest.Leftovers(h, rel); len(left) != 0 {
+			t.Fatalf("failed create left %v", left)
+		}
+	}
+}
+
+func TestMkdirRefused(t *testing.T) {
+	h := cgrouptest.Hierarchy(t)
+	if h.Version != 2 {
+		t.Skip("cgroup.max.descendants exists on v2 only")
+	}
+	rel := cgrouptest.NewContainer(t, h, 0)
+	if err := os.WriteFile(filepath.Join(h.CPURoot, rel, "cgroup.max.descendants"), []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := cgroup.Spec{QuotaMilli: 100, PeriodUS: 100000, Limit: cgroup.LimitCap}
+	s, err := c.CreateSlot(1, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Remove()
+	if _, err := c.CreateSlot(2, spec); !errors.Is(err, cgroup.ErrLimitReached) {
+		t.Fatalf("want ErrLimitReached, got %v", err)
+	}
+}
+
+func readFile(t *testing.T, dir, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+

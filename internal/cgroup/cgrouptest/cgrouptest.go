@@ -1,0 +1,204 @@
+// Package cgrouptest makes throwaway container cgroups for integration
+// tests on the real kernel (the host's cgroup v1, or cgroup v2 inside the
+// test VM) and removes them, and everything under them, afterwards.
+package cgrouptest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+)
+
+// Hierarchy detects the cpu hierarchy, skipping the test when not root.
+func Hierarchy(t testing.TB) *cgroup.Hierarchy {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create cgroups")
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		t.Skipf("no cpu cgroup hierarchy: %v", err)
+	}
+	return h
+}
+
+var seq atomic.Int64
+
+// NewContainer creates /cpuslot-test-<pid>-<n>/ctr (in every hierarchy the
+// cpu controller spans) and returns its path relative to the hierarchy
+// root. limitMilli > 0 gives the container a CPU limit, as a pod's limit
+// would. Everything is removed when the test ends.
+func NewContainer(t testing.TB, h *cgroup.Hierarchy, limitMilli uint32) string {
+	t.Helper()
+	parent := fmt.Sprintf("/cpuslot-test-%d-%d", os.Getpid(), seq.Add(1))
+	rel := parent + "/ctr"
+	roots := []string{h.CPURoot}
+	if h.AcctRoot != "" {
+		roots = append(roots, h.AcctRoot)
+	}
+	t.Cleanup(func() {
+		for _, r := range roots {
+			if err := RemoveTree(h, r, filepath.Join(r, parent)); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+	})
+	for _, r := range roots {
+		if err := os.MkdirAll(filepath.Join(r, rel), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h.Version == 2 {
+		write(t, filepath.Join(h.CPURoot, parent, "cgroup.subtree_control"), "+cpu")
+		if limitMilli > 0 {
+			write(t, filepath.Join(h.CPURoot, rel, "cpu.max"), fmt.Sprintf("%d 100000", limitMilli*100))
+		}
+	} else if limitMilli > 0 {
+		write(t, filepath.Join(h.CPURoot, rel, "cpu.cfs_quota_us"), strconv.Itoa(int(limitMilli)*100))
+	}
+	return rel
+}
+
+// JoinProcess moves the whole test process into the container (needed on
+// v2, where a thread can only enter slots of its own threaded subtree) and
+// moves it back to the root when the test ends.
+func JoinProcess(t testing.TB, h *cgroup.Hierarchy, rel string) {
+	t.Helper()
+	pid := strconv.Itoa(os.Getpid())
+	roots := []string{h.CPURoot}
+	if h.AcctRoot != "" {
+		roots = append(roots, h.AcctRoot)
+	}
+	for _, r := range roots {
+		write(t, filepath.Join(r, rel, "cgroup.procs"), pid)
+	}
+	t.Cleanup(func() {
+		for _, r := range roots {
+			_ = os.WriteFile(filepath.Join(r, "cgroup.procs"), []byte(pid), 0)
+		}
+	})
+}
+
+func write(t testing.TB, path, v string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(v), 0); err != nil {
+		t.Fatalf("write %s: %v", path, err)
+	}
+}
+
+// RemoveTree empties and removes a cgroup directory tree: threads go back to
+// the hierarchy root (whole processes on v2, whose threaded subtrees do not
+// let single threads leave), then directories are removed deepest first.
+func RemoveTree(h *cgroup.Hierarchy, root, dir string) error {
+	var dirs []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	for _, d := range dirs {
+		for _, tid := range ids(filepath.Join(d, threadsFile(h))) {
+			if h.Version == 2 {
+				_ = os.WriteFile(filepath.Join(root, "cgroup.procs"), []byte(strconv.Itoa(tgid(tid))), 0)
+			} else {
+				_ = os.WriteFile(filepath.Join(root, "tasks"), []byte(strconv.Itoa(tid)), 0)
+			}
+		}
+	}
+	for _, d := range dirs {
+		var err error
+		for i := 0; i < 20; i++ {
+			if err = syscall.Rmdir(d); err == nil || errors.Is(err, syscall.ENOENT) {
+				err = nil
+				break
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("rmdir %s: %w", d, err)
+		}
+	}
+	return nil
+}
+
+func threadsFile(h *cgroup.Hierarchy) string {
+	if h.Version == 2 {
+		return "cgroup.threads"
+	}
+	return "tasks"
+}
+
+func ids(file string) []int {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []int
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, err := strconv.Atoi(strings.TrimSpace(s.Text())); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func tgid(tid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return tid
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				return n
+			}
+		}
+	}
+	return tid
+}
+
+// ThreadCgroup returns the cpu cgroup path of the calling OS thread.
+func ThreadCgroup(t testing.TB, h *cgroup.Hierarchy) string {
+	t.Helper()
+	p, err := h.PathOfThread(os.Getpid(), syscall.Gettid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Leftovers lists slot directories under the test containers of this
+// process: a test that leaks one fails.
+func Leftovers(h *cgroup.Hierarchy, rel string) []string {
+	var left []string
+	entries, _ := os.ReadDir(filepath.Join(h.CPURoot, rel))
+	for _, e := range entries {
+		if _, ok := cgroup.ParseSlotName(e.Name()); ok {
+			left = append(left, e.Name())
+		}
+	}
+	return left
+}

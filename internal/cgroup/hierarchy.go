@@ -1,0 +1,160 @@
+// Package cgroup prepares a container's cgroup for CPU slots and manages the
+// slots themselves on cgroup v1 and v2. It holds every cgroup file operation
+// of cpuslot; the hot path (placing a thread, reading usage) uses file
+// descriptors opened once per slot.
+package cgroup
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+	"github.com/opencontainers/cgroups"
+)
+
+// Hierarchy is where the cpu controller lives on this machine.
+type Hierarchy struct {
+	// Version is 1 or 2.
+	Version int
+	// FavorDynMods reports the cgroup2 mount option that makes thread
+	// migration cheap (kernel 6.0+). Always false on v1.
+	FavorDynMods bool
+	// CPURoot is the mount point of the cpu controller (v1) or of cgroup2.
+	CPURoot string
+	// AcctRoot is the mount point of cpuacct on v1 when it is mounted apart
+	// from cpu; empty otherwise.
+	AcctRoot string
+}
+
+func (h *Hierarchy) String() string {
+	if h.Version == 2 {
+		return fmt.Sprintf("cgroup v2 at %s (favordynmods=%t)", h.CPURoot, h.FavorDynMods)
+	}
+	if h.AcctRoot != "" {
+		return fmt.Sprintf("cgroup v1: cpu at %s, cpuacct at %s", h.CPURoot, h.AcctRoot)
+	}
+	return fmt.Sprintf("cgroup v1: cpu,cpuacct at %s", h.CPURoot)
+}
+
+// Detect finds the cpu controller from /proc/self/mountinfo. A v1 mount of
+// cpu wins over a cgroup2 mount (hybrid hosts keep cpu on v1); a cgroup2
+// mount counts only when it offers the cpu controller.
+func Detect() (*Hierarchy, error) {
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+	if err != nil {
+		return nil, fmt.Errorf("reading mountinfo: %w", err)
+	}
+	var cpu, acct string
+	for _, m := range mounts {
+		if m.FSType != "cgroup" {
+			continue
+		}
+		opts := strings.Split(m.VFSOptions, ",")
+		if hasOpt(opts, "cpu") && cpu == "" {
+			cpu = m.Mountpoint
+			if hasOpt(opts, "cpuacct") {
+				acct = m.Mountpoint
+			}
+		} else if hasOpt(opts, "cpuacct") && acct == "" {
+			acct = m.Mountpoint
+		}
+	}
+	if cpu != "" {
+		h := &Hierarchy{Version: 1, CPURoot: cpu}
+		if acct != cpu {
+			h.AcctRoot = acct
+		}
+		return h, nil
+	}
+	for _, m := range mounts {
+		if m.FSType != "cgroup2" {
+			continue
+		}
+		ctrls, err := os.ReadFile(filepath.Join(m.Mountpoint, "cgroup.controllers"))
+		if err != nil || !hasOpt(strings.Fields(string(ctrls)), "cpu") {
+			continue
+		}
+		return &Hierarchy{
+			Version:      2,
+			CPURoot:      m.Mountpoint,
+			FavorDynMods: hasOpt(strings.Split(m.VFSOptions, ","), "favordynmods"),
+		}, nil
+	}
+	return nil, errors.New("no cgroup hierarchy with the cpu controller is mounted")
+}
+
+func hasOpt(opts []string, want string) bool {
+	for _, o := range opts {
+		if o == want {
+			return true
+		}
+	}
+	return false
+}
+
+// PathOfPID returns the cgroup of a process (its thread-group leader) in the
+// cpu hierarchy, as a path relative to the hierarchy root ("/a/b").
+func (h *Hierarchy) PathOfPID(pid int) (string, error) {
+	return h.pathFrom(fmt.Sprintf("/proc/%d/cgroup", pid))
+}
+
+// PathOfThread returns the cgroup one thread of a process sits in.
+func (h *Hierarchy) PathOfThread(pid, tid int) (string, error) {
+	return h.pathFrom(fmt.Sprintf("/proc/%d/task/%d/cgroup", pid, tid))
+}
+
+func (h *Hierarchy) pathFrom(file string) (string, error) {
+	m, err := cgroups.ParseCgroupFile(file)
+	if err != nil {
+		return "", err
+	}
+	key := "cpu"
+	if h.Version == 2 {
+		key = ""
+	}
+	p, ok := m[key]
+	if !ok {
+		return "", fmt.Errorf("%s has no %q entry", file, key)
+	}
+	return p, nil
+}
+
+// dirs are the absolute directories of one relative cgroup path: the cpu
+// directory first, then the separate cpuacct one if there is one.
+func (h *Hierarchy) dirs(rel string) []string {
+	d := []string{filepath.Join(h.CPURoot, rel)}
+	if h.AcctRoot != "" {
+		d = append(d, filepath.Join(h.AcctRoot, rel))
+	}
+	return d
+}
+
+// threadsFile is the file a thread id is written to in order to move one
+// thread.
+func (h *Hierarchy) threadsFile() string {
+	if h.Version == 2 {
+		return "cgroup.threads"
+	}
+	return "tasks"
+}
+
+// readLines reads a small cgroup file into its lines.
+func readLines(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var lines []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if l := strings.TrimSpace(s.Text()); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines, s.Err()
+}

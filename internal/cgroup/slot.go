@@ -1,0 +1,462 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Limit is how a slot limits CPU: a hard cap, a proportional share, or both.
+type Limit uint8
+
+const (
+	// LimitCap caps CPU time per period (cpu.max / cpu.cfs_quota_us).
+	LimitCap Limit = 1 << iota
+	// LimitShare sets a weight in proportion to the quota
+	// (cpu.weight / cpu.shares): a work-conserving minimum.
+	LimitShare
+	LimitBoth = LimitCap | LimitShare
+)
+
+// ParseLimit reads "cap", "share" or "both".
+func ParseLimit(s string) (Limit, error) {
+	switch s {
+	case "cap":
+		return LimitCap, nil
+	case "share":
+		return LimitShare, nil
+	case "both":
+		return LimitBoth, nil
+	}
+	return 0, fmt.Errorf("limit %q: want cap, share or both", s)
+}
+
+func (l Limit) String() string {
+	switch l {
+	case LimitCap:
+		return "cap"
+	case LimitShare:
+		return "share"
+	case LimitBoth:
+		return "both"
+	}
+	return fmt.Sprintf("limit(%d)", uint8(l))
+}
+
+// Spec is what a slot enforces.
+type Spec struct {
+	QuotaMilli uint32
+	PeriodUS   uint32
+	Limit      Limit
+}
+
+// DefaultPeriodUS is the kernel's default CFS period.
+const DefaultPeriodUS = 100000
+
+// MinQuotaUS is the smallest quota the kernel accepts per period.
+const MinQuotaUS = 1000
+
+// QuotaUS is the CPU time per period the quota allows.
+func (s Spec) QuotaUS() int64 { return int64(s.QuotaMilli) * int64(s.PeriodUS) / 1000 }
+
+// Validate checks a spec against the kernel's bounds.
+func (s Spec) Validate() error {
+	if s.QuotaMilli == 0 {
+		return errors.New("quota must be positive")
+	}
+	if s.PeriodUS < 1000 || s.PeriodUS > 1000000 {
+		return fmt.Errorf("period %dus outside 1ms..1s", s.PeriodUS)
+	}
+	if s.QuotaUS() < MinQuotaUS {
+		return fmt.Errorf("quota %dm is below the kernel minimum of %dus per %dus period", s.QuotaMilli, MinQuotaUS, s.PeriodUS)
+	}
+	if s.Limit&LimitBoth == 0 {
+		return errors.New("limit must be cap, share or both")
+	}
+	return nil
+}
+
+// weightV2 maps a quota to cpu.weight (1..10000; 100 is one core's default).
+func weightV2(milli uint32) int64 { return clamp(int64(milli+5)/10, 1, 10000) }
+
+// sharesV1 maps a quota to cpu.shares (1024 per core).
+func sharesV1(milli uint32) int64 { return clamp((int64(milli)*1024+500)/1000, 2, 262144) }
+
+func clamp(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
+
+// Usage is what a slot has consumed since it was made.
+type Usage struct {
+	CPUNanos         uint64
+	ThrottledNanos   uint64
+	Periods          uint64
+	ThrottledPeriods uint64
+}
+
+// Sub returns u - v, clamping at zero (counters restart when a slot does).
+func (u Usage) Sub(v Usage) Usage {
+	d := func(a, b uint64) uint64 {
+		if a < b {
+			return 0
+		}
+		return a - b
+	}
+	return Usage{d(u.CPUNanos, v.CPUNanos), d(u.ThrottledNanos, v.ThrottledNanos), d(u.Periods, v.Periods), d(u.ThrottledPeriods, v.ThrottledPeriods)}
+}
+
+// Slot is one CPU cgroup inside a container with its files held open.
+type Slot struct {
+	ID    uint32
+	c     *Container
+	dirs  []string
+	place []*os.File // cgroup.threads (v2) or tasks (v1, one per hierarchy)
+	stat  *os.File   // cpu.stat
+	acct  *os.File   // v1 cpuacct.usage
+	spec  Spec
+}
+
+func (c *Container) openSlot(id uint32, dirs []string) (*Slot, error) {
+	s := &Slot{ID: id, c: c, dirs: dirs}
+	for _, d := range dirs {
+		f, err := os.OpenFile(filepath.Join(d, c.h.threadsFile()), os.O_WRONLY, 0)
+		if err != nil {
+			s.closeFiles()
+			return nil, fmt.Errorf("opening slot %s: %w", d, err)
+		}
+		s.place = append(s.place, f)
+	}
+	var err error
+	if s.stat, err = os.Open(filepath.Join(dirs[0], "cpu.stat")); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	if c.h.Version == 1 {
+		acctDir := dirs[len(dirs)-1] // the cpuacct dir, or the joint cpu,cpuacct one
+		if s.acct, err = os.Open(filepath.Join(acctDir, "cpuacct.usage")); err != nil {
+			s.closeFiles()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Name is the slot's directory name.
+func (s *Slot) Name() string { return filepath.Base(s.dirs[0]) }
+
+// Dir is the slot's directory in the cpu hierarchy.
+func (s *Slot) Dir() string { return s.dirs[0] }
+
+// Spec is what the slot currently enforces.
+func (s *Slot) Spec() Spec { return s.spec }
+
+// FDs are the placement file descriptors to hand to a client: writing "0"
+// to each moves the writing thread into the slot.
+func (s *Slot) FDs() []int {
+	fds := make([]int, len(s.place))
+	for i, f := range s.place {
+		fds[i] = int(f.Fd())
+	}
+	return fds
+}
+
+var self = []byte("0")
+
+// Place moves thread tid (in the agent's PID namespace; 0 = the calling
+// thread) into the slot, in every hierarchy the slot spans.
+func (s *Slot) Place(tid int) error {
+	start := time.Now()
+	b := self
+	if tid != 0 {
+		b = strconv.AppendInt(make([]byte, 0, 12), int64(tid), 10)
+	}
+	var err error
+	for _, f := range s.place {
+		if _, err = unix.Write(int(f.Fd()), b); err != nil {
+			err = fmt.Errorf("placing thread %d in %s: %w", tid, s.Name(), err)
+			break
+		}
+	}
+	s.c.observe(OpPlace, time.Since(start), err)
+	return err
+}
+
+// Retune changes what the slot enforces, writing only what differs.
+func (s *Slot) Retune(spec Spec) error { return s.apply(spec, false) }
+
+func (s *Slot) apply(spec Spec, fresh bool) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	if !fresh && spec == s.spec {
+		return nil
+	}
+	start := time.Now()
+	err := s.write(spec, fresh)
+	s.c.observe(OpSetQuota, time.Since(start), err)
+	if err != nil {
+		return fmt.Errorf("setting %dm on %s: %w", spec.QuotaMilli, s.Name(), err)
+	}
+	s.spec = spec
+	return nil
+}
+
+func (s *Slot) write(spec Spec, fresh bool) error {
+	old := s.spec
+	d := s.dirs[0]
+	if s.c.h.Version == 2 {
+		if fresh || spec.QuotaMilli != old.QuotaMilli || spec.PeriodUS != old.PeriodUS || spec.Limit&LimitCap != old.Limit&LimitCap {
+			quota := "max"
+			if spec.Limit&LimitCap != 0 {
+				quota = strconv.FormatInt(spec.QuotaUS(), 10)
+			}
+			if err := writeFile(d, "cpu.max", quota+" "+strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
+				return err
+			}
+		}
+		if fresh || spec.QuotaMilli != old.QuotaMilli || spec.Limit&LimitShare != old.Limit&LimitShare {
+			w := int64(100)
+			if spec.Limit&LimitShare != 0 {
+				w = weightV2(spec.QuotaMilli)
+			}
+			if !(fresh && w == 100) {
+				return writeFile(d, "cpu.weight", strconv.FormatInt(w, 10))
+			}
+		}
+		return nil
+	}
+	if fresh || spec.PeriodUS != old.PeriodUS {
+		// A shorter period with the old quota in place could exceed the
+		// parent's ratio: drop the quota first.
+		if !fresh {
+			if err := writeFile(d, "cpu.cfs_quota_us", "-1"); err != nil {
+				return err
+			}
+			old.Limit &^= LimitCap
+		}
+		if err := writeFile(d, "cpu.cfs_period_us", strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
+			return err
+		}
+	}
+	if fresh || spec.QuotaMilli != old.QuotaMilli || spec.Limit&LimitCap != old.Limit&LimitCap || spec.PeriodUS != old.PeriodUS {
+		quota := int64(-1)
+		if spec.Limit&LimitCap != 0 {
+			quota = spec.QuotaUS()
+		}
+		if !(fresh && quota == -1) {
+			if err := writeFile(d, "cpu.cfs_quota_us", strconv.FormatInt(quota, 10)); err != nil {
+				return err
+			}
+		}
+	}
+	if fresh || spec.QuotaMilli != old.QuotaMilli || spec.Limit&LimitShare != old.Limit&LimitShare {
+		sh := int64(1024)
+		if spec.Limit&LimitShare != 0 {
+			sh = sharesV1(spec.QuotaMilli)
+		}
+		if !(fresh && sh == 1024) {
+			return writeFile(d, "cpu.shares", strconv.FormatInt(sh, 10))
+		}
+	}
+	return nil
+}
+
+func writeFile(dir, name, value string) error {
+	return os.WriteFile(filepath.Join(dir, name), []byte(value), 0)
+}
+
+// readSpec reads back what an adopted slot enforces.
+func (s *Slot) readSpec() (Spec, error) {
+	d := s.dirs[0]
+	spec := Spec{}
+	if s.c.h.Version == 2 {
+		b, err := os.ReadFile(filepath.Join(d, "cpu.max"))
+		if err != nil {
+			return spec, err
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 2 {
+			return spec, fmt.Errorf("unexpected cpu.max %q in %s", b, d)
+		}
+		p, _ := strconv.ParseUint(f[1], 10, 32)
+		spec.PeriodUS = uint32(p)
+		w, err := readInt(filepath.Join(d, "cpu.weight"))
+		if err != nil {
+			return spec, err
+		}
+		if f[0] != "max" {
+			q, _ := strconv.ParseInt(f[0], 10, 64)
+			spec.QuotaMilli = uint32(q * 1000 / int64(p))
+			spec.Limit = LimitCap
+			if w == weightV2(spec.QuotaMilli) && w != 100 {
+				spec.Limit |= LimitShare
+			}
+		} else if w != 100 {
+			spec.QuotaMilli, spec.Limit = uint32(w*10), LimitShare
+		}
+	} else {
+		q, err := readInt(filepath.Join(d, "cpu.cfs_quota_us"))
+		if err != nil {
+			return spec, err
+		}
+		p, err := readInt(filepath.Join(d, "cpu.cfs_period_us"))
+		if err != nil {
+			return spec, err
+		}
+		sh, err := readInt(filepath.Join(d, "cpu.shares"))
+		if err != nil {
+			return spec, err
+		}
+		spec.PeriodUS = uint32(p)
+		if q > 0 {
+			spec.QuotaMilli = uint32(q * 1000 / p)
+			spec.Limit = LimitCap
+			if sh == sharesV1(spec.QuotaMilli) && sh != 1024 {
+				spec.Limit |= LimitShare
+			}
+		} else if sh != 1024 {
+			spec.QuotaMilli = uint32((sh*1000 + 512) / 1024)
+			spec.Limit = LimitShare
+		}
+	}
+	// A slot that limits nothing (made but never configured) is marked by a
+	// zero quota; the pool retunes or removes it.
+	return spec, nil
+}
+
+// Usage reads the slot's counters. The files stay open; pread at offset 0
+// makes the kernel render them afresh.
+func (s *Slot) Usage() (Usage, error) {
+	start := time.Now()
+	u, err := s.readUsage()
+	s.c.observe(OpReadStat, time.Since(start), err)
+	return u, err
+}
+
+func (s *Slot) readUsage() (Usage, error) {
+	var buf [512]byte
+	n, err := unix.Pread(int(s.stat.Fd()), buf[:], 0)
+	if err != nil {
+		return Usage{}, fmt.Errorf("reading %s/cpu.stat: %w", s.Name(), err)
+	}
+	var u Usage
+	v2 := s.c.h.Version == 2
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		k, v, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		x, _ := strconv.ParseUint(v, 10, 64)
+		switch k {
+		case "usage_usec":
+			u.CPUNanos = x * 1000
+		case "nr_periods":
+			u.Periods = x
+		case "nr_throttled":
+			u.ThrottledPeriods = x
+		case "throttled_usec":
+			u.ThrottledNanos = x * 1000
+		case "throttled_time":
+			if !v2 {
+				u.ThrottledNanos = x
+			}
+		}
+	}
+	if !v2 {
+		n, err := unix.Pread(int(s.acct.Fd()), buf[:], 0)
+		if err != nil {
+			return Usage{}, fmt.Errorf("reading %s/cpuacct.usage: %w", s.Name(), err)
+		}
+		u.CPUNanos, _ = strconv.ParseUint(strings.TrimSpace(string(buf[:n])), 10, 64)
+	}
+	return u, nil
+}
+
+// Threads lists the threads in the slot (TIDs in the agent's PID namespace).
+func (s *Slot) Threads() ([]int, error) {
+	seen := map[int]bool{}
+	var tids []int
+	for _, d := range s.dirs {
+		lines, err := readLines(filepath.Join(d, s.c.h.threadsFile()))
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range lines {
+			if t, err := strconv.Atoi(l); err == nil && !seen[t] {
+				seen[t] = true
+				tids = append(tids, t)
+			}
+		}
+	}
+	return tids, nil
+}
+
+// Remove moves any thread left in the slot back to the container and
+// deletes the slot's directories. Threads that keep arriving (an invocation
+// spawning threads) are retried a few times before ErrBusy.
+func (s *Slot) Remove() error {
+	s.closeFiles()
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * time.Millisecond)
+		}
+		var tids []int
+		if tids, err = s.Threads(); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil // already gone
+			}
+			continue
+		}
+		for _, t := range tids {
+			// A thread that exited meanwhile gives ESRCH: nothing to move.
+			if merr := s.c.MoveIn(t); merr != nil && !errors.Is(merr, syscall.ESRCH) {
+				err = merr
+			}
+		}
+		if err = s.rmdir(); err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			return err
+		}
+	}
+	return fmt.Errorf("removing %s: %w: %w", s.Name(), ErrBusy, err)
+}
+
+func (s *Slot) rmdir() error {
+	start := time.Now()
+	var err error
+	for i := len(s.dirs) - 1; i >= 0; i-- {
+		if rerr := syscall.Rmdir(s.dirs[i]); rerr != nil && !errors.Is(rerr, syscall.ENOENT) {
+			err = rerr
+			break
+		}
+	}
+	s.c.observe(OpRmdir, time.Since(start), err)
+	return err
+}
+
+// Close closes the slot's files and leaves the cgroup in place (agent
+// shutdown: running invocations keep their slots, the next agent adopts them).
+func (s *Slot) Close() { s.closeFiles() }
+
+func (s *Slot) closeFiles() {
+	for _, f := range s.place {
+		f.Close()
+	}
+	s.place = nil
+	if s.stat != nil {
+		s.stat.Close()
+		s.stat = nil
+	}
+	if s.acct != nil {
+		s.acct.Close()
+		s.acct = nil
+	}
+}
