@@ -1,0 +1,379 @@
+// Package vm runs statically linked programs, typically Go test binaries,
+// inside a real cgroup v2 kernel under qemu (software emulation, no KVM).
+//
+// The development machines bind the cpu controller to cgroup v1, so cgroup v2
+// behaviour (threaded subtrees, cgroup.threads, favordynmods) can only be
+// tested in a guest. The guest is a Debian kernel booted with a busybox
+// initramfs; /init mounts proc, sysfs, devtmpfs, tmpfs on /tmp and /run and
+// cgroup2 on /sys/fs/cgroup, enables +cpu +cpuset +pids in the root
+// cgroup.subtree_control, runs one command as root and powers off.
+//
+// The kernel, busybox and qemu come from hack/vm-deps.sh, which keeps them
+// in $CPUSLOT_VM_CACHE (default <repo>/.cache/vm).
+//
+// Tests in other packages usually call RunGoTest, which runs part of their
+// own test binary in the guest; see the package example in vm_test.go.
+package vm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Options describe one boot.
+type Options struct {
+	// Command is the argv run in the guest; Command[0] is a guest path or a
+	// busybox applet name.
+	Command []string
+	// Env is added ("KEY=value") to the command's minimal environment
+	// (PATH, HOME=/root, TMPDIR=/tmp).
+	Env []string
+	// Files maps guest paths to host files copied into the initramfs, e.g.
+	// {"/bin/cgroup.test": "/tmp/x/cgroup.test"}. Binaries must be static
+	// (see BuildTestBinary).
+	Files map[string]string
+	// MountOptions are the cgroup2 mount options, e.g. "favordynmods".
+	MountOptions string
+	// Dir is the command's working directory in the guest (default "/").
+	Dir string
+	// KernelArgs are appended to the kernel command line.
+	KernelArgs []string
+	// MemoryMB is the guest memory (default 1024); CPUs the number of
+	// virtual CPUs (default 2).
+	MemoryMB int
+	CPUs     int
+	// Output, if set, receives the command's output (stdout and stderr
+	// interleaved, as on the console) line by line while it runs.
+	Output io.Writer
+	// Console, if set, receives the raw serial console (kernel messages
+	// included), for debugging boots.
+	Console io.Writer
+}
+
+// Result is the outcome of a boot that ran the command to its end.
+type Result struct {
+	// Output is what the command printed (stdout and stderr interleaved),
+	// with the console's "\r\n" turned back into "\n".
+	Output string
+	// ExitCode is the command's exit status as the guest shell saw it
+	// (128+N if it died of signal N).
+	ExitCode int
+	// Console is the full serial console log.
+	Console string
+	// Boot is the time from starting qemu until it exited.
+	Boot time.Duration
+}
+
+// Paths of what hack/vm-deps.sh prepares.
+type paths struct {
+	cache, kernel, busybox, qemu string
+}
+
+// CacheDir returns the directory hack/vm-deps.sh fills: $CPUSLOT_VM_CACHE,
+// or .cache/vm at the root of the cpuslot module.
+func CacheDir() (string, error) {
+	if d := os.Getenv("CPUSLOT_VM_CACHE"); d != "" {
+		return filepath.Abs(d)
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, ".cache", "vm"), nil
+}
+
+const modulePath = "github.com/cpuslot/cpuslot"
+
+// moduleRoot finds the cpuslot module root: upwards from the working
+// directory (go test runs tests in their package directory), else from this
+// source file.
+func moduleRoot() (string, error) {
+	var starts []string
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	if _, file, _, ok := runtime.Caller(0); ok {
+		starts = append(starts, filepath.Dir(file))
+	}
+	for _, dir := range starts {
+		for {
+			if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil {
+				if strings.HasPrefix(string(data), "module "+modulePath+"\n") ||
+					strings.Contains(string(data), "\nmodule "+modulePath+"\n") {
+					return dir, nil
+				}
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				break
+			}
+			dir = parent
+		}
+	}
+	return "", fmt.Errorf("cannot find the root of module %s (set CPUSLOT_VM_CACHE)", modulePath)
+}
+
+func findPaths() (paths, error) {
+	cache, err := CacheDir()
+	if err != nil {
+		return paths{}, err
+	}
+	p := paths{
+		cache:   cache,
+		kernel:  filepath.Join(cache, "vmlinuz"),
+		busybox: filepath.Join(cache, "busybox"),
+	}
+	var missing []string
+	if p.qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+		missing = append(missing, "qemu-system-x86_64 (not in PATH)")
+	}
+	for _, f := range []string{p.kernel, p.busybox} {
+		if _, err := os.Stat(f); err != nil {
+			missing = append(missing, f)
+		}
+	}
+	if len(missing) > 0 {
+		return p, fmt.Errorf("cgroup v2 VM unavailable, missing %s; run hack/vm-deps.sh (as root) to install it",
+			strings.Join(missing, ", "))
+	}
+	return p, nil
+}
+
+// Available reports whether qemu, the kernel and busybox are in place; the
+// error says what is missing and how to get it.
+func Available() error {
+	_, err := findPaths()
+	return err
+}
+
+// Run boots the guest, runs opts.Command and returns its output and exit
+// code. An error means the command did not run to its end: the guest did not
+// boot, setup failed, the kernel panicked, or ctx expired (qemu is killed
+// then). A non-zero exit code of the command is not an error.
+//
+// Boots are serialized across processes (a lock file in the cache dir):
+// emulation is CPU-bound and `go test ./...` runs packages in parallel.
+func Run(ctx context.Context, opts Options) (*Result, error) {
+	if len(opts.Command) == 0 {
+		return nil, errors.New("vm: Options.Command is empty")
+	}
+	p, err := findPaths()
+	if err != nil {
+		return nil, err
+	}
+	if opts.MemoryMB == 0 {
+		opts.MemoryMB = 1024
+	}
+	if opts.CPUs == 0 {
+		opts.CPUs = 2
+	}
+
+	tmp, err := os.MkdirTemp("", "cpuslot-vm-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+
+	nonce := make([]byte, 8)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	n := hex.EncodeToString(nonce)
+	initrd := filepath.Join(tmp, "initrd.gz")
+	if err := writeInitramfs(initrd, p.busybox, initScript(opts, n), opts.Files); err != nil {
+		return nil, err
+	}
+
+	unlock, err := lockBoot(ctx, filepath.Join(p.cache, "qemu.lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	cmdline := append([]string{"console=ttyS0", "quiet", "panic=-1"}, opts.KernelArgs...)
+	cmd := exec.CommandContext(ctx, p.qemu,
+		"-m", strconv.Itoa(opts.MemoryMB),
+		"-smp", strconv.Itoa(opts.CPUs),
+		"-nographic", "-no-reboot",
+		"-kernel", p.kernel,
+		"-initrd", initrd,
+		"-append", strings.Join(cmdline, " "))
+	// Do not leave an emulator spinning if the test process dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.WaitDelay = 5 * time.Second
+
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting qemu: %w", err)
+	}
+	c := newConsoleParser(n, opts.Output)
+	var raw io.Reader = stdout
+	if opts.Console != nil {
+		raw = io.TeeReader(stdout, opts.Console)
+	}
+	readErr := c.read(raw)
+	waitErr := cmd.Wait()
+	res := &Result{
+		Output:   c.output.String(),
+		ExitCode: c.exitCode,
+		Console:  c.console.String(),
+		Boot:     time.Since(start),
+	}
+
+	switch {
+	case ctx.Err() != nil:
+		return res, fmt.Errorf("vm: %w after %v, qemu killed; console tail:\n%s",
+			ctx.Err(), res.Boot.Round(time.Millisecond), tail(res.Console, 40))
+	case c.setupFailed != "":
+		return res, fmt.Errorf("vm: guest setup failed: %s; console tail:\n%s", c.setupFailed, tail(res.Console, 40))
+	case !c.ended:
+		why := "the end marker never appeared (kernel panic, or qemu failed)"
+		if !c.begun {
+			why = "the command never started (boot failed or kernel panic)"
+		}
+		return res, fmt.Errorf("vm: %s; qemu: %v %s; console tail:\n%s",
+			why, waitErr, strings.TrimSpace(stderr.String()), tail(res.Console, 40))
+	case readErr != nil:
+		return res, fmt.Errorf("vm: reading the console: %w", readErr)
+	}
+	return res, nil
+}
+
+// consoleParser splits the serial console into the command's output (between
+// the markers) and the rest.
+type consoleParser struct {
+	nonce       string
+	stream      io.Writer
+	console     strings.Builder
+	output      strings.Builder
+	begun       bool
+	ended       bool
+	exitCode    int
+	setupFailed string
+}
+
+func newConsoleParser(nonce string, stream io.Writer) *consoleParser {
+	return &consoleParser{nonce: nonce, stream: stream, exitCode: -1}
+}
+
+func (c *consoleParser) read(r io.Reader) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		line, err := br.ReadString('\n')
+		if line != "" {
+			c.line(line)
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (c *consoleParser) line(line string) {
+	c.console.WriteString(line)
+	if c.ended {
+		return
+	}
+	// The guest tty turns "\n" into "\r\n".
+	text := strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
+	nl := len(text) < len(line)
+	if !c.begun {
+		if i := strings.Index(text, markerFail+c.nonce+" "); i >= 0 {
+			c.setupFailed = strings.TrimSuffix(text[i+len(markerFail+c.nonce+" "):], "@@")
+		} else if strings.Contains(text, markerBegin+c.nonce+"@@") {
+			c.begun = true
+		}
+		return
+	}
+	// The end marker may follow output that did not end with a newline.
+	if i := strings.Index(text, markerEnd+c.nonce+" exit="); i >= 0 {
+		rest := strings.TrimSuffix(text[i+len(markerEnd+c.nonce+" exit="):], "@@")
+		if code, err := strconv.Atoi(rest); err == nil {
+			c.ended, c.exitCode = true, code
+			text, nl = text[:i], false
+		}
+	}
+	if text == "" && !nl {
+		return
+	}
+	if nl {
+		text += "\n"
+	}
+	c.output.WriteString(text)
+	if c.stream != nil {
+		io.WriteString(c.stream, text)
+	}
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	s = strings.ReplaceAll(strings.TrimRight(s, "\r\n"), "\r\n", "\n")
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "  | " + strings.Join(lines, "\n  | ")
+}
+
+var bootMu sync.Mutex
+
+// lockBoot serializes boots within the process and, with a flock on path,
+// across processes. It gives up when ctx is done.
+func lockBoot(ctx context.Context, path string) (func(), error) {
+	locked := make(chan struct{})
+	go func() { bootMu.Lock(); close(locked) }()
+	select {
+	case <-locked:
+	case <-ctx.Done():
+		go func() { <-locked; bootMu.Unlock() }()
+		return nil, fmt.Errorf("vm: waiting for another boot: %w", ctx.Err())
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		bootMu.Unlock()
+		return nil, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			bootMu.Unlock()
+			return nil, fmt.Errorf("vm: locking %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			bootMu.Unlock()
+			return nil, fmt.Errorf("vm: waiting for another process's boot: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return func() { f.Close(); bootMu.Unlock() }, nil
+}

@@ -1,0 +1,230 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestSmoke boots the guest twice and runs TestGuestCgroupV2 of this
+// package's own test binary in it: with cgroup2 mounted plain and with
+// favordynmods. It is also the example of RunGoTest for other packages.
+func TestSmoke(t *testing.T) {
+	for _, mountOpts := range []string{"", "favordynmods"} {
+		t.Run("mount="+mountOpts, func(t *testing.T) {
+			res := RunGoTest(t, modulePath+"/test/vm", "^TestGuestCgroupV2$", Options{
+				MountOptions: mountOpts,
+				Env:          []string{"SMOKE_MOUNT_OPTIONS=" + mountOpts},
+			})
+			if !strings.Contains(res.Output, "--- PASS: TestGuestCgroupV2") {
+				t.Errorf("guest test did not report a pass")
+			}
+		})
+	}
+}
+
+// TestRunExitCode checks Run's plumbing with busybox alone: argv quoting,
+// env, output between markers without a final newline, and the exit code.
+func TestRunExitCode(t *testing.T) {
+	Require(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Options{
+		Command: []string{"sh", "-c", `echo "$1 $GREETING"; printf 'no newline'; exit 7`, "sh", "it's"},
+		Env:     []string{"GREETING=hello world"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("boot to poweroff: %v", res.Boot.Round(time.Millisecond))
+	if want := "it's hello world\nno newline"; res.Output != want {
+		t.Errorf("output %q, want %q", res.Output, want)
+	}
+	if res.ExitCode != 7 {
+		t.Errorf("exit code %d, want 7", res.ExitCode)
+	}
+}
+
+// TestRunTimeout checks that an expired ctx kills qemu and says so.
+func TestRunTimeout(t *testing.T) {
+	Require(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := Run(ctx, Options{Command: []string{"sleep", "600"}})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want a deadline error", err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("Run returned %v after the deadline", d)
+	}
+}
+
+func TestConsoleParser(t *testing.T) {
+	const n = "abc"
+	console := "SeaBIOS\r\n[ 1.0] kernel says hi\r\n" +
+		markerBegin + n + "@@\r\n" +
+		"line 1\r\n" +
+		"partial" + markerEnd + n + " exit=3@@\r\n" +
+		"[ 2.0] reboot: Power down\r\n"
+	var streamed strings.Builder
+	c := newConsoleParser(n, &streamed)
+	if err := c.read(strings.NewReader(console)); err != nil {
+		t.Fatal(err)
+	}
+	if !c.begun || !c.ended || c.exitCode != 3 {
+		t.Fatalf("begun=%v ended=%v exit=%d", c.begun, c.ended, c.exitCode)
+	}
+	if want := "line 1\npartial"; c.output.String() != want || streamed.String() != want {
+		t.Errorf("output %q, streamed %q, want %q", c.output.String(), streamed.String(), want)
+	}
+
+	c = newConsoleParser(n, nil)
+	c.read(strings.NewReader(markerFail + n + " mount cgroup2@@\r\n"))
+	if c.setupFailed != "mount cgroup2" || c.begun {
+		t.Errorf("setupFailed=%q begun=%v", c.setupFailed, c.begun)
+	}
+}
+
+// TestGuestCgroupV2 runs inside the guest (see TestSmoke). It walks through
+// creating a slot the way the agent does and moves a thread into it by
+// writing "0" to an fd of the slot's cgroup.threads.
+func TestGuestCgroupV2(t *testing.T) {
+	if !InGuest() {
+		t.Skip("runs in the cgroup v2 VM, via TestSmoke")
+	}
+	const root = "/sys/fs/cgroup"
+	mountOpts := os.Getenv("SMOKE_MOUNT_OPTIONS")
+
+	// The mount carries favordynmods exactly when asked for.
+	super := cgroup2SuperOptions(t, root)
+	t.Logf("cgroup2 super options: %s", super)
+	if got, want := hasField(super, ",", "favordynmods"), mountOpts == "favordynmods"; got != want {
+		t.Fatalf("favordynmods in %q = %v, want %v", super, got, want)
+	}
+	if !hasField(readFile(t, root+"/cgroup.controllers"), " ", "cpu") {
+		t.Fatal("cpu controller not available on the cgroup2 root")
+	}
+
+	// A container cgroup with this process in it, and a threaded slot.
+	c1, slot := root+"/c1", root+"/c1/slot"
+	mkdir(t, c1)
+	writeFile(t, c1+"/cgroup.procs", strconv.Itoa(os.Getpid()))
+	mkdir(t, slot)
+	writeFile(t, slot+"/cgroup.type", "threaded")
+	writeFile(t, c1+"/cgroup.subtree_control", "+cpu")
+	writeFile(t, slot+"/cpu.max", "50000 100000")
+	if got := readFile(t, slot+"/cpu.max"); got != "50000 100000" {
+		t.Errorf("slot cpu.max = %q", got)
+	}
+	if got := readFile(t, c1+"/cgroup.type"); got != "domain threaded" {
+		t.Errorf("c1 cgroup.type = %q, want domain threaded", got)
+	}
+
+	threads, err := os.OpenFile(slot+"/cgroup.threads", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer threads.Close()
+	type moved struct {
+		cgroup string
+		err    error
+	}
+	done := make(chan moved)
+	go func() {
+		// Never unlocked: the thread, now in the slot, exits with the
+		// goroutine instead of running other goroutines.
+		runtime.LockOSThread()
+		if _, err := threads.Write([]byte("0")); err != nil {
+			done <- moved{err: err}
+			return
+		}
+		cg, err := os.ReadFile("/proc/thread-self/cgroup")
+		done <- moved{strings.TrimSpace(string(cg)), err}
+	}()
+	m := <-done
+	if m.err != nil {
+		t.Fatalf("moving a thread by writing 0: %v", m.err)
+	}
+	if m.cgroup != "0::/c1/slot" {
+		t.Errorf("moved thread is in %q, want 0::/c1/slot", m.cgroup)
+	}
+	runtime.LockOSThread()
+	if cg := readFile(t, "/proc/thread-self/cgroup"); cg != "0::/c1" {
+		t.Errorf("another thread is in %q, want 0::/c1", cg)
+	}
+	runtime.UnlockOSThread()
+
+	// Documented kernel behaviour, checked so that a kernel change shows.
+	// cgroup v2 refuses rename(2) of a cgroup directory.
+	mkdir(t, root+"/r1")
+	if err := os.Rename(root+"/r1", root+"/r2"); err == nil {
+		t.Errorf("rename of a cgroup2 directory succeeded")
+	} else {
+		t.Logf("rename of a cgroup2 directory: %v", err)
+	}
+	// favordynmods can be turned on by a remount as well as at mount time.
+	if mountOpts == "" {
+		if err := syscall.Mount("", root, "", syscall.MS_REMOUNT, "favordynmods"); err != nil {
+			t.Fatalf("remount with favordynmods: %v", err)
+		}
+		if super := cgroup2SuperOptions(t, root); !hasField(super, ",", "favordynmods") {
+			t.Errorf("after remount, super options %q lack favordynmods", super)
+		}
+	}
+}
+
+// cgroup2SuperOptions returns the super options of the cgroup2 mount at dir,
+// from /proc/self/mountinfo.
+func cgroup2SuperOptions(t *testing.T, dir string) string {
+	t.Helper()
+	for _, line := range strings.Split(readFile(t, "/proc/self/mountinfo"), "\n") {
+		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if ok && len(f) >= 5 && len(g) >= 3 && f[4] == dir && g[0] == "cgroup2" {
+			return g[2]
+		}
+	}
+	t.Fatalf("no cgroup2 mount at %s", dir)
+	return ""
+}
+
+func hasField(s, sep, field string) bool {
+	for _, f := range strings.Split(s, sep) {
+		if f == field {
+			return true
+		}
+	}
+	return false
+}
+
+func readFile(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func writeFile(t *testing.T, name, data string) {
+	t.Helper()
+	if err := os.WriteFile(name, []byte(data), 0); err != nil {
+		t.Fatalf("writing %q to %s: %v", data, filepath.Base(filepath.Dir(name))+"/"+filepath.Base(name), err)
+	}
+}
+
+func mkdir(t *testing.T, name string) {
+	t.Helper()
+	if err := os.Mkdir(name, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
