@@ -1,0 +1,789 @@
+package dev.cpuslot.slot;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeMap;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.LongAdder;
+import java.util.concurrent.locks.Condition;
+import java.util.concurrent.locks.ReentrantLock;
+
+/**
+ * Client of the cpuslot node agent (slot protocol v1, {@code api/slot/v1/SPEC.md}).
+ *
+ * <pre>{@code
+ * SlotClient client = SlotClient.builder().socket("/run/cpuslot/agent.sock").build();
+ * SlotLease lease = client.acquire(250, "guest/fib", activationId); // places the calling thread
+ * try { ... run the invocation on this thread ... }
+ * finally { Usage u = lease.release(ReleaseOutcome.OK); }
+ * }</pre>
+ *
+ * <ul>
+ * <li>A pool of connections, one request in flight per connection; a lease belongs to the
+ *     connection that acquired it and is released on it.</li>
+ * <li>Slot fds are cached by slot id and replaced (old ones closed once unused) whenever a
+ *     response brings new ones.</li>
+ * <li>{@link #acquire} never takes longer than the acquire budget (connect, HELLO, waiting for a
+ *     connection and the agent's answer all count; the remaining budget is sent as
+ *     {@code wait_us}). A late answer is drained in the background and its lease released.</li>
+ * <li>When a connection dies (agent restart) its held leases are re-declared with RECLAIM on a
+ *     new connection, by a monitor thread or at release, whichever comes first.</li>
+ * <li>Fail-open by default: no slot -> a lease with {@link SlotLease#active()} false and a reason,
+ *     counted under {@code noslot.<reason>}; {@link Builder#failClosed} throws instead.</li>
+ * </ul>
+ * Must be called from platform threads: a virtual thread's kernel thread is its carrier's.
+ */
+public final class SlotClient implements AutoCloseable {
+    public static final String DEFAULT_SOCKET = "/run/cpuslot/agent.sock";
+    private static final byte[] ZERO = {'0'};
+    /** The slot each thread placed itself in last (spec: current_slot), 0 = none/unknown. */
+    private final ThreadLocal<long[]> currentSlot = ThreadLocal.withInitial(() -> new long[1]);
+
+    // ---- configuration ----------------------------------------------------------------------
+
+    public static final class Builder {
+        private String socket = DEFAULT_SOCKET;
+        private String clientName = "java";
+        private int maxConnections = 8;
+        private Duration acquireBudget = Duration.ofMillis(50);
+        private Duration releaseTimeout = Duration.ofSeconds(1);
+        private Duration drainTimeout = Duration.ofSeconds(5);
+        private Duration monitorInterval = Duration.ofMillis(250);
+        private Duration reconnectBackoff = Duration.ofMillis(100);
+        private boolean failClosed;
+        private boolean fdPassing = true;
+
+        public Builder socket(String path) { this.socket = path; return this; }
+        public Builder clientName(String name) { this.clientName = name; return this; }
+        public Builder maxConnections(int n) { this.maxConnections = Math.max(1, n); return this; }
+        /** Longest {@link #acquire} may block an invocation. */
+        public Builder acquireBudget(Duration d) { this.acquireBudget = d; return this; }
+        public Builder releaseTimeout(Duration d) { this.releaseTimeout = d; return this; }
+        public Builder drainTimeout(Duration d) { this.drainTimeout = d; return this; }
+        public Builder monitorInterval(Duration d) { this.monitorInterval = d; return this; }
+        /** After a failed connect, acquires fail fast (no connect attempt) for this long. */
+        public Builder reconnectBackoff(Duration d) { this.reconnectBackoff = d; return this; }
+        /** Throw {@link SlotUnavailableException} instead of running without a slot. */
+        public Builder failClosed(boolean b) { this.failClosed = b; return this; }
+        /** Accept fds (default). When false, the agent is asked to place threads (AGENT_PLACES). */
+        public Builder fdPassing(boolean b) { this.fdPassing = b; return this; }
+        public SlotClient build() { return new SlotClient(this); }
+    }
+
+    public static Builder builder() { return new Builder(); }
+
+    private final String socket, clientName;
+    private final int maxConnections;
+    private final long budgetNs, releaseNs, drainNs, monitorNs, backoffNs;
+    private final boolean failClosed, fdPassing;
+
+    // ---- state ------------------------------------------------------------------------------
+
+    final class Conn {
+        final long id = connIds.incrementAndGet();
+        int fd = -1;
+        boolean busy, alive = true;       // guarded by poolLock
+        boolean agentPlaces;
+        Protocol.HelloOk hello;
+        long nextRequest = 1;              // used only while busy
+        final Set<SlotLease> leases = ConcurrentHashMap.newKeySet();
+        // partial read state (kept so a drainer can finish a frame a timed-out caller began)
+        byte[] hdr = new byte[4];
+        int hpos;
+        byte[] body;
+        int bpos;
+        final List<Integer> fds = new ArrayList<>();
+    }
+
+    private static final class SlotFds {
+        final int[] fds;
+        final AtomicInteger refs = new AtomicInteger(1); // the cache's own reference
+        SlotFds(int[] fds) { this.fds = fds; }
+        boolean retain() {
+            for (;;) {
+                int r = refs.get();
+                if (r <= 0) return false;
+                if (refs.compareAndSet(r, r + 1)) return true;
+            }
+        }
+    }
+
+    private final AtomicLong connIds = new AtomicLong();
+    private final ReentrantLock poolLock = new ReentrantLock();
+    private final Condition freed = poolLock.newCondition();
+    private final List<Conn> conns = new ArrayList<>();
+    private final Set<SlotLease> orphans = ConcurrentHashMap.newKeySet();
+    private final Map<Long, SlotFds> fdCache = new ConcurrentHashMap<>();
+    private final Map<String, LongAdder> counters = new ConcurrentHashMap<>();
+    private volatile long downUntil;
+    private volatile boolean closed;
+    private volatile Protocol.HelloOk lastHello;
+    private final Thread monitor;
+
+    private SlotClient(Builder b) {
+        socket = b.socket;
+        clientName = b.clientName;
+        maxConnections = b.maxConnections;
+        budgetNs = b.acquireBudget.toNanos();
+        releaseNs = b.releaseTimeout.toNanos();
+        drainNs = b.drainTimeout.toNanos();
+        monitorNs = b.monitorInterval.toNanos();
+        backoffNs = b.reconnectBackoff.toNanos();
+        failClosed = b.failClosed;
+        fdPassing = b.fdPassing;
+        monitor = Thread.ofPlatform().daemon().name("cpuslot-monitor").unstarted(this::monitorLoop);
+        if (Native.available()) monitor.start();
+    }
+
+    public String socket() { return socket; }
+    public boolean failClosed() { return failClosed; }
+    public Duration acquireBudget() { return Duration.ofNanos(budgetNs); }
+    /** The last HELLO_OK seen (container identity, hierarchy, pools), or null. */
+    public Protocol.HelloOk agentInfo() { return lastHello; }
+
+    /** Snapshot of all counters (name -> value), sorted by name. */
+    public Map<String, Long> counters() {
+        Map<String, Long> m = new TreeMap<>();
+        counters.forEach((k, v) -> m.put(k, v.sum()));
+        return m;
+    }
+
+    public long counter(String name) {
+        LongAdder a = counters.get(name);
+        return a == null ? 0 : a.sum();
+    }
+
+    private void count(String name) { counters.computeIfAbsent(name, k -> new LongAdder()).increment(); }
+
+    static String outcomeName(int o) {
+        return switch (o) {
+            case Protocol.OUTCOME_AFFINITY_HIT -> "affinity_hit";
+            case Protocol.OUTCOME_CACHE_HIT -> "cache_hit";
+            case Protocol.OUTCOME_RETUNED -> "retuned";
+            case Protocol.OUTCOME_CREATED -> "created";
+            default -> "none";
+        };
+    }
+
+    static String placeName(int p) {
+        return switch (p) {
+            case Protocol.PLACE_NONE -> "none";
+            case Protocol.PLACE_SELF -> "self";
+            case Protocol.PLACE_DONE -> "done";
+            default -> "unknown";
+        };
+    }
+
+    // ---- acquire ----------------------------------------------------------------------------
+
+    /**
+     * Asks for a slot of quotaMilli millicores and places the calling thread in it. Returns within
+     * the acquire budget. In fail-open mode never throws; the lease may be inactive.
+     */
+    public SlotLease acquire(long quotaMilli, String action, String invocationId) {
+        count("acquire.calls");
+        String act = clip(action), inv = clip(invocationId);
+        if (closed) return noSlot(act, inv, quotaMilli, -1, "closed", null);
+        if (!Native.available()) return noSlot(act, inv, quotaMilli, -1, "unavailable", String.valueOf(Native.loadError()));
+        if (Thread.currentThread().isVirtual()) return noSlot(act, inv, quotaMilli, -1, "virtual_thread", null);
+        if (quotaMilli <= 0 || quotaMilli > 0xFFFFFFFFL) return noSlot(act, inv, quotaMilli, -1, "invalid_quota", "quota " + quotaMilli);
+        int tid = Native.gettid();
+        long deadline = System.nanoTime() + budgetNs;
+        String reason = "budget", detail = null;
+        while (true) {
+            Conn c;
+            try {
+                c = borrow(deadline);
+            } catch (TimeoutException e) {
+                return noSlot(act, inv, quotaMilli, tid, reason, "no connection within budget");
+            } catch (IOException e) {
+                return noSlot(act, inv, quotaMilli, tid, "unreachable", e.getMessage());
+            }
+            long remUs = (deadline - System.nanoTime()) / 1000;
+            if (remUs <= 0) {
+                giveBack(c);
+                return noSlot(act, inv, quotaMilli, tid, "budget", null);
+            }
+            int flags = (c.agentPlaces || !fdPassing) ? Protocol.ACQUIRE_AGENT_PLACES : 0;
+            // leave a little of the budget for the answer to travel back
+            long waitUs = Math.max(1, remUs - Math.min(1000, remUs / 10));
+            Protocol.Frame r;
+            int[] fds;
+            try {
+                r = call(c, new Protocol.Acquire(quotaMilli, waitUs, tid & 0xFFFFFFFFL, flags, currentSlot.get()[0], act, inv),
+                        deadline);
+                fds = takeFds(c);
+            } catch (TimeoutException e) {
+                drain(c);
+                return noSlot(act, inv, quotaMilli, tid, "budget", "no answer within budget");
+            } catch (IOException | Protocol.ProtocolException e) {
+                kill(c, e.getMessage());
+                reason = "unreachable";
+                detail = e.getMessage();
+                if (System.nanoTime() < deadline) continue;
+                return noSlot(act, inv, quotaMilli, tid, reason, detail);
+            }
+            if (r.message() instanceof Protocol.AcquireOk ok) {
+                SlotLease l = new SlotLease(this, act, inv, quotaMilli, tid, null);
+                l.conn = c;
+                l.lease = ok.lease();
+                l.slot = ok.slot();
+                l.quotaMilli = ok.quotaMilli();
+                l.periodUs = ok.periodUs();
+                l.outcome = ok.outcome();
+                l.flags = ok.flags();
+                l.place = ok.place();
+                c.leases.add(l);
+                giveBack(c);
+                count("acquire." + outcomeName(ok.outcome()));
+                if (l.queued()) count("acquire.queued");
+                if (l.degraded()) count("acquire.degraded");
+                if (fds.length != ok.nfds()) {
+                    closeAll(fds);
+                    currentSlot.get()[0] = 0;
+                    count("place.failed");
+                    release(l, ReleaseOutcome.PLACEMENT_FAILED);
+                    return noSlot(act, inv, quotaMilli, tid, "fd_mismatch", "nfds " + ok.nfds() + " but " + fds.length + " fds");
+                }
+                if (fds.length > 0) cacheFds(ok.slot(), fds);
+                if (ok.place() == Protocol.PLACE_SELF) {
+                    String err = placeSelf(ok.slot());
+                    if (err != null) {
+                        currentSlot.get()[0] = 0;
+                        count("place.failed");
+                        release(l, ReleaseOutcome.PLACEMENT_FAILED);
+                        return noSlot(act, inv, quotaMilli, tid, "placement_failed", err);
+                    }
+                }
+                currentSlot.get()[0] = ok.slot();
+                count("place." + placeName(ok.place()));
+                return l;
+            }
+            if (r.message() instanceof Protocol.Error e) {
+                switch (e.code()) {
+                    case Protocol.E_SHUTTING_DOWN, Protocol.E_BAD_REQUEST, Protocol.E_UNSUPPORTED_VERSION -> kill(c, e.message());
+                    default -> giveBack(c);
+                }
+                reason = Protocol.errorName(e.code());
+                detail = e.message();
+                boolean retry = switch (e.code()) {
+                    case Protocol.E_NOT_READY -> sleepUntil(Math.min(deadline,
+                            System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Math.max(1, e.retryAfterMs()))), deadline);
+                    case Protocol.E_INTERNAL, Protocol.E_SHUTTING_DOWN -> System.nanoTime() < deadline;
+                    default -> false;
+                };
+                if (retry) continue;
+                return noSlot(act, inv, quotaMilli, tid, reason, detail);
+            }
+            kill(c, "unexpected " + Protocol.typeName(r.type()));
+            return noSlot(act, inv, quotaMilli, tid, "protocol", "unexpected " + Protocol.typeName(r.type()));
+        }
+    }
+
+    /** Sleeps until {@code until}; returns true when there is budget left afterwards. */
+    private static boolean sleepUntil(long until, long deadline) {
+        long ns = until - System.nanoTime();
+        if (ns > 0) {
+            try {
+                TimeUnit.NANOSECONDS.sleep(ns);
+            } catch (InterruptedException ie) {
+                Thread.currentThread().interrupt();
+                return false;
+            }
+        }
+        return System.nanoTime() < deadline;
+    }
+
+    private SlotLease noSlot(String act, String inv, long quota, int tid, String reason, String detail) {
+        count("noslot." + reason);
+        if (failClosed) throw new SlotUnavailableException(reason, detail);
+        return new SlotLease(this, act, inv, quota, tid, reason);
+    }
+
+    /** Writes "0" to each fd of the slot. Returns null or an error message. */
+    private String placeSelf(long slot) {
+        for (int attempt = 0; attempt < 2; attempt++) {
+            SlotFds sf = fdCache.get(slot);
+            if (sf == null) return "no fds cached for slot " + slot;
+            if (!sf.retain()) continue; // replaced and closed meanwhile: look again
+            try {
+                for (int fd : sf.fds) {
+                    long n = Native.write(fd, ZERO);
+                    if (n != 1) return "short write to slot fd";
+                }
+                return null;
+            } catch (IOException e) {
+                return e.getMessage();
+            } finally {
+                unref(sf);
+            }
+        }
+        return "slot fds replaced while placing";
+    }
+
+    private void cacheFds(long slot, int[] fds) {
+        count("fds.received");
+        SlotFds old = fdCache.put(slot, new SlotFds(fds));
+        if (old != null) {
+            count("fds.replaced");
+            unref(old);
+        }
+    }
+
+    private void unref(SlotFds sf) {
+        if (sf.refs.decrementAndGet() == 0) closeAll(sf.fds);
+    }
+
+    private static void closeAll(int[] fds) {
+        for (int fd : fds) Native.close(fd);
+    }
+
+    /** Number of slots whose fds are cached. */
+    public int cachedSlots() { return fdCache.size(); }
+
+    // ---- release & reclaim ------------------------------------------------------------------
+
+    Usage release(SlotLease l, ReleaseOutcome outcome) {
+        l.lock.lock();
+        try {
+            if (l.released) return Usage.NONE;
+            l.released = true;
+            orphans.remove(l);
+            long deadline = System.nanoTime() + releaseNs;
+            for (int attempt = 0; attempt < 3; attempt++) {
+                if (l.lost) {
+                    count("release.lost");
+                    return Usage.NONE;
+                }
+                Conn c = l.conn;
+                if (c == null || !isAlive(c)) {
+                    if (!reclaimLocked(l, deadline)) {
+                        count(l.lost ? "release.lost" : "release.unreachable");
+                        return Usage.NONE;
+                    }
+                    c = l.conn;
+                }
+                try {
+                    borrowSpecific(c, deadline);
+                } catch (TimeoutException e) {
+                    count("release.timeout");
+                    return Usage.NONE;
+                } catch (IOException e) {
+                    continue; // died meanwhile: reclaim on a new connection
+                }
+                Protocol.Frame r;
+                try {
+                    r = call(c, new Protocol.Release(l.lease, outcome.code), deadline);
+                    closeAll(takeFds(c));
+                } catch (TimeoutException e) {
+                    c.leases.remove(l);
+                    drain(c);
+                    count("release.timeout");
+                    return Usage.NONE;
+                } catch (IOException | Protocol.ProtocolException e) {
+                    kill(c, e.getMessage());
+                    continue;
+                }
+                c.leases.remove(l);
+                giveBack(c);
+                if (r.message() instanceof Protocol.ReleaseOk ok) {
+                    count("release.ok");
+                    return Usage.of(ok);
+                }
+                if (r.message() instanceof Protocol.Error e) {
+                    count("release." + Protocol.errorName(e.code()));
+                    return Usage.NONE;
+                }
+                count("release.protocol");
+                return Usage.NONE;
+            }
+            count("release.unreachable");
+            return Usage.NONE;
+        } finally {
+            l.lock.unlock();
+        }
+    }
+
+    /** RECLAIM of a lease whose connection died. Caller holds l.lock. True when re-held. */
+    private boolean reclaimLocked(SlotLease l, long deadline) {
+        if (l.lost) return false;
+        Conn c;
+        try {
+            c = borrow(deadline);
+        } catch (IOException | TimeoutException e) {
+            return false;
+        }
+        Protocol.Frame r;
+        int[] fds;
+        try {
+            r = call(c, new Protocol.Reclaim(l.slot, l.quotaMilli, l.tid & 0xFFFFFFFFL, l.action, l.invocation), deadline);
+            fds = takeFds(c);
+        } catch (TimeoutException e) {
+            drain(c);
+            return false;
+        } catch (IOException | Protocol.ProtocolException e) {
+            kill(c, e.getMessage());
+            return false;
+        }
+        if (r.message() instanceof Protocol.AcquireOk ok) {
+            if (fds.length > 0) cacheFds(ok.slot(), fds);
+            l.conn = c;
+            l.lease = ok.lease();
+            c.leases.add(l);
+            giveBack(c);
+            orphans.remove(l);
+            count("reclaim.ok");
+            return true;
+        }
+        closeAll(fds);
+        giveBack(c);
+        if (r.message() instanceof Protocol.Error e && e.code() == Protocol.E_UNKNOWN_LEASE) {
+            l.lost = true;
+            orphans.remove(l);
+            count("reclaim.lost");
+            return false;
+        }
+        count("reclaim.error");
+        return false;
+    }
+
+    /** Leases whose connection died and that are not yet reclaimed. */
+    public int orphanCount() { return orphans.size(); }
+
+    // ---- connections ------------------------------------------------------------------------
+
+    private boolean isAlive(Conn c) {
+        poolLock.lock();
+        try {
+            return c.alive;
+        } finally {
+            poolLock.unlock();
+        }
+    }
+
+    private Conn borrow(long deadline) throws IOException, TimeoutException {
+        Conn fresh = null;
+        poolLock.lock();
+        try {
+            while (fresh == null) {
+                if (closed) throw new IOException("client closed");
+                for (Conn c : conns) {
+                    if (c.alive && !c.busy && c.hello != null) {
+                        c.busy = true;
+                        return c;
+                    }
+                }
+                if (conns.size() < maxConnections) {
+                    if (System.nanoTime() < downUntil) {
+                        count("connect.backoff");
+                        throw new IOException("agent unreachable (backing off)");
+                    }
+                    fresh = new Conn();
+                    fresh.busy = true;
+                    conns.add(fresh);
+                    break;
+                }
+                long rem = deadline - System.nanoTime();
+                if (rem <= 0) throw new TimeoutException();
+                try {
+                    freed.awaitNanos(rem);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    throw new TimeoutException();
+                }
+            }
+        } finally {
+            poolLock.unlock();
+        }
+        try {
+            open(fresh, deadline);
+            return fresh;
+        } catch (IOException | TimeoutException | Protocol.ProtocolException e) {
+            Native.close(fresh.fd);
+            poolLock.lock();
+            try {
+                fresh.alive = false;
+                conns.remove(fresh);
+                freed.signalAll();
+            } finally {
+                poolLock.unlock();
+            }
+            if (!(e instanceof TimeoutException)) {
+                downUntil = System.nanoTime() + backoffNs;
+                count("connect.failed");
+            }
+            if (e instanceof TimeoutException te) throw te;
+            if (e instanceof IOException io) throw io;
+            throw new IOException(e.getMessage(), e);
+        }
+    }
+
+    private void borrowSpecific(Conn c, long deadline) throws IOException, TimeoutException {
+        poolLock.lock();
+        try {
+            while (c.alive && c.busy) {
+                long rem = deadline - System.nanoTime();
+                if (rem <= 0) throw new TimeoutException();
+                try {
+                    freed.awaitNanos(rem);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    throw new TimeoutException();
+                }
+            }
+            if (!c.alive) throw new IOException("connection closed");
+            c.busy = true;
+        } finally {
+            poolLock.unlock();
+        }
+    }
+
+    private void giveBack(Conn c) {
+        poolLock.lock();
+        try {
+            c.busy = false;
+            freed.signalAll();
+        } finally {
+            poolLock.unlock();
+        }
+    }
+
+    /** Closes a broken connection; its held leases become orphans to reclaim. */
+    private void kill(Conn c, String why) {
+        poolLock.lock();
+        try {
+            if (!c.alive) return;
+            c.alive = false;
+            c.busy = false;
+            conns.remove(c);
+            freed.signalAll();
+        } finally {
+            poolLock.unlock();
+        }
+        count("connection.lost");
+        Native.close(c.fd);
+        closeAll(takeFds(c));
+        for (SlotLease l : c.leases) {
+            if (!l.released) orphans.add(l);
+        }
+        c.leases.clear();
+    }
+
+    private void open(Conn c, long deadline) throws IOException, TimeoutException, Protocol.ProtocolException {
+        c.fd = Native.socket();
+        while (true) {
+            int r = Native.connect(c.fd, socket);
+            if (r == 0) break;
+            if (System.nanoTime() >= deadline) throw new TimeoutException();
+            // AF_UNIX answers EAGAIN when the listener's backlog is full: wait a little and retry
+            LockSupportSleep.sleepMicros(200);
+        }
+        Protocol.Frame f = call(c, new Protocol.Hello(1, 1, fdPassing ? Protocol.HELLO_FD_PASSING : 0, clientName), deadline);
+        closeAll(takeFds(c));
+        if (f.message() instanceof Protocol.HelloOk ok) {
+            if (ok.version() != 1) throw new IOException("agent chose version " + ok.version());
+            c.hello = ok;
+            c.agentPlaces = (ok.flags() & Protocol.HELLO_OK_AGENT_PLACES) != 0;
+            lastHello = ok;
+            count("connect.ok");
+            if (!orphans.isEmpty()) LockSupportSleep.unpark(monitor);
+            return;
+        }
+        if (f.message() instanceof Protocol.Error e) {
+            count("hello." + Protocol.errorName(e.code()));
+            throw new IOException("HELLO refused: " + Protocol.errorName(e.code()) + " " + e.message());
+        }
+        throw new IOException("HELLO answered with " + Protocol.typeName(f.type()));
+    }
+
+    /** One request, one response. Caller holds the connection (busy). */
+    private Protocol.Frame call(Conn c, Protocol.Message m, long deadline)
+            throws IOException, TimeoutException, Protocol.ProtocolException {
+        long req = c.nextRequest++;
+        if (c.nextRequest > 0xFFFFFFFFL) c.nextRequest = 1;
+        byte[] f = Protocol.encode(req, m);
+        int off = 0;
+        while (off < f.length) {
+            long n = Native.send(c.fd, f, off, f.length - off, null);
+            if (n > 0) {
+                off += (int) n;
+                continue;
+            }
+            if (waitFor(c.fd, Native.POLLOUT, deadline) == 0) {
+                if (off > 0) throw new IOException("timed out in the middle of a request");
+                throw new TimeoutException();
+            }
+        }
+        Protocol.Frame r = readFrame(c, deadline);
+        if (r.request() != req)
+            throw new Protocol.ProtocolException(Protocol.E_BAD_REQUEST, "answer to request " + r.request() + ", expected " + req);
+        return r;
+    }
+
+    private static int waitFor(int fd, short events, long deadline) throws IOException {
+        while (true) {
+            long rem = deadline - System.nanoTime();
+            if (rem <= 0) return 0;
+            int ms = (int) Math.min(Integer.MAX_VALUE, Math.max(1, (rem + 999_999) / 1_000_000));
+            int ev = Native.poll(fd, events, ms);
+            if (ev != 0) return ev;
+        }
+    }
+
+    /** Reads one frame, resuming a partial one. Fds received are kept in c.fds. */
+    private Protocol.Frame readFrame(Conn c, long deadline) throws IOException, TimeoutException, Protocol.ProtocolException {
+        while (c.hpos < 4) c.hpos += recvSome(c, c.hdr, c.hpos, 4 - c.hpos, deadline);
+        if (c.body == null) {
+            long len = ((c.hdr[0] & 0xFFL) << 24) | ((c.hdr[1] & 0xFF) << 16) | ((c.hdr[2] & 0xFF) << 8) | (c.hdr[3] & 0xFF);
+            c.body = new byte[Protocol.checkLength(len)];
+            c.bpos = 0;
+        }
+        while (c.bpos < c.body.length) c.bpos += recvSome(c, c.body, c.bpos, c.body.length - c.bpos, deadline);
+        byte[] body = c.body;
+        c.body = null;
+        c.hpos = 0;
+        return Protocol.decodeBody(body);
+    }
+
+    private int recvSome(Conn c, byte[] buf, int off, int len, long deadline) throws IOException, TimeoutException {
+        while (true) {
+            Native.Received r = Native.recv(c.fd, buf, off, len);
+            for (int fd : r.fds()) c.fds.add(fd);
+            if (r.truncated()) count("fds.truncated");
+            if (r.n() > 0) return r.n();
+            if (r.n() == 0) throw new IOException("agent closed the connection");
+            int ev = waitFor(c.fd, Native.POLLIN, deadline);
+            if (ev == 0) throw new TimeoutException();
+        }
+    }
+
+    private static int[] takeFds(Conn c) {
+        int[] a = new int[c.fds.size()];
+        for (int i = 0; i < a.length; i++) a[i] = c.fds.get(i);
+        c.fds.clear();
+        return a;
+    }
+
+    /** A request timed out: finish reading its answer in the background, undo a late lease. */
+    private void drain(Conn c) {
+        count("drain");
+        Thread.ofPlatform().daemon().name("cpuslot-drain-" + c.id).start(() -> {
+            long dl = System.nanoTime() + drainNs;
+            try {
+                Protocol.Frame r = readFrame(c, dl);
+                int[] fds = takeFds(c);
+                if (r.message() instanceof Protocol.AcquireOk ok) {
+                    if (fds.length > 0) cacheFds(ok.slot(), fds);
+                    count("drain.released");
+                    call(c, new Protocol.Release(ok.lease(), ReleaseOutcome.TIMEOUT.code), dl);
+                } else {
+                    closeAll(fds);
+                }
+                closeAll(takeFds(c));
+                giveBack(c);
+            } catch (Exception e) {
+                kill(c, "drain: " + e.getMessage());
+            }
+        });
+    }
+
+    // ---- monitor ----------------------------------------------------------------------------
+
+    private void monitorLoop() {
+        while (!closed) {
+            LockSupportSleep.parkNanos(monitorNs);
+            if (closed) return;
+            try {
+                // idle connections must be silent: readable or hung up means the agent went away
+                List<Conn> idle = new ArrayList<>();
+                poolLock.lock();
+                try {
+                    for (Conn c : conns) {
+                        if (c.alive && !c.busy && c.hello != null) {
+                            c.busy = true;
+                            idle.add(c);
+                        }
+                    }
+                } finally {
+                    poolLock.unlock();
+                }
+                for (Conn c : idle) {
+                    int ev = 0;
+                    try {
+                        ev = Native.poll(c.fd, Native.POLLIN, 0);
+                    } catch (IOException e) {
+                        ev = Native.POLLERR;
+                    }
+                    if (ev != 0) {
+                        kill(c, "agent went away");
+                    } else {
+                        giveBack(c);
+                    }
+                }
+                for (SlotLease l : orphans) {
+                    if (!l.lock.tryLock()) continue;
+                    try {
+                        if (l.released || l.lost) {
+                            orphans.remove(l);
+                        } else if (l.conn == null || !isAlive(l.conn)) {
+                            if (!reclaimLocked(l, System.nanoTime() + releaseNs)) {
+                                if (!l.lost) break; // agent still away: try again next round
+                            }
+                        } else {
+                            orphans.remove(l);
+                        }
+                    } finally {
+                        l.lock.unlock();
+                    }
+                }
+            } catch (RuntimeException e) {
+                count("monitor.error");
+            }
+        }
+    }
+
+    /** Closes all connections (the agent releases their leases) and cached fds. */
+    @Override
+    public void close() {
+        closed = true;
+        LockSupportSleep.unpark(monitor);
+        List<Conn> all;
+        poolLock.lock();
+        try {
+            all = new ArrayList<>(conns);
+            conns.clear();
+            for (Conn c : all) c.alive = false;
+            freed.signalAll();
+        } finally {
+            poolLock.unlock();
+        }
+        for (Conn c : all) Native.close(c.fd);
+        for (SlotFds sf : fdCache.values()) unref(sf);
+        fdCache.clear();
+    }
+
+    /** Clips a string to the protocol's 1024 UTF-8 bytes without splitting a character. */
+    static String clip(String s) {
+        if (s == null) return "";
+        byte[] b = s.getBytes(StandardCharsets.UTF_8);
+        if (b.length <= Protocol.MAX_STRING) return s;
+        int n = Protocol.MAX_STRING;
+        while (n > 0 && (b[n] & 0xC0) == 0x80) n--;
+        return new String(b, 0, n, StandardCharsets.UTF_8);
+    }
+
+    private static final class LockSupportSleep {
+        static void sleepMicros(long us) { java.util.concurrent.locks.LockSupport.parkNanos(us * 1000); }
+        static void parkNanos(long ns) { java.util.concurrent.locks.LockSupport.parkNanos(ns); }
+        static void unpark(Thread t) { java.util.concurrent.locks.LockSupport.unpark(t); }
+    }
+}

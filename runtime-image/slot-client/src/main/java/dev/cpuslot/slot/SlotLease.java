@@ -1,0 +1,72 @@
+package dev.cpuslot.slot;
+
+import java.util.concurrent.locks.ReentrantLock;
+
+/**
+ * One invocation's hold on a slot. Obtained from {@link SlotClient#acquire}; always released with
+ * {@link #release}. When {@link #active()} is false the invocation runs without a slot (fail-open)
+ * and {@link #reason()} says why; release is then a no-op returning {@link Usage#NONE}.
+ */
+public final class SlotLease {
+    final SlotClient client;
+    final String action, invocation;
+    final long quotaAsked;
+    final int tid;
+    final String reason;
+    final ReentrantLock lock = new ReentrantLock();
+
+    // state below is guarded by lock
+    SlotClient.Conn conn;        // connection the lease belongs to (null when none)
+    long lease;                  // agent's lease id on conn
+    long slot, quotaMilli, periodUs;
+    int outcome, flags, place;
+    boolean released, lost;
+
+    SlotLease(SlotClient client, String action, String invocation, long quotaAsked, int tid, String reason) {
+        this.client = client;
+        this.action = action;
+        this.invocation = invocation;
+        this.quotaAsked = quotaAsked;
+        this.tid = tid;
+        this.reason = reason;
+    }
+
+    /** True when the invocation holds a slot (and, for SELF/DONE/NONE, sits in it). */
+    public boolean active() { return reason == null; }
+
+    /** Why there is no slot ({@code unreachable}, {@code budget}, {@code REJECTED}...), or null. */
+    public String reason() { return reason; }
+
+    public long slot() { return slot; }
+    /** Quota granted (may be lower than asked when DEGRADED). */
+    public long quotaMilli() { return quotaMilli; }
+    public long quotaAsked() { return quotaAsked; }
+    public long periodUs() { return periodUs; }
+    /** ACQUIRE_OK outcome name: affinity_hit, cache_hit, retuned, created (or none). */
+    public String outcome() { return SlotClient.outcomeName(outcome); }
+    public boolean queued() { return (flags & Protocol.ACQ_FLAG_QUEUED) != 0; }
+    public boolean degraded() { return (flags & Protocol.ACQ_FLAG_DEGRADED) != 0; }
+    /** How the thread got into the slot: none, self, done. */
+    public String place() { return SlotClient.placeName(place); }
+    public int tid() { return tid; }
+    public String action() { return action; }
+    public String invocation() { return invocation; }
+    /** True when the lease was lost (agent restarted and did not give it back). */
+    public boolean lost() { lock.lock(); try { return lost; } finally { lock.unlock(); } }
+
+    /**
+     * Gives the slot back and returns what it used. Idempotent: a second call returns
+     * {@link Usage#NONE}. May be called from any thread. Never throws for agent problems.
+     */
+    public Usage release(ReleaseOutcome outcome) {
+        if (!active()) return Usage.NONE;
+        return client.release(this, outcome);
+    }
+
+    @Override
+    public String toString() {
+        return active()
+                ? "SlotLease{slot=" + slot + ", quota=" + quotaMilli + "m, outcome=" + outcome() + ", place=" + place() + "}"
+                : "SlotLease{no slot: " + reason + "}";
+    }
+}

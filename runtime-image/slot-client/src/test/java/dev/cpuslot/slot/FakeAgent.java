@@ -1,0 +1,213 @@
+package dev.cpuslot.slot;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Function;
+
+/**
+ * An in-process stand-in for the node agent, speaking the real wire protocol over a real Unix
+ * socket, with real SCM_RIGHTS fds. A "slot" is a regular file: the fd passed is that file opened
+ * for writing, so a test can read what the client wrote to it ("0" per placement).
+ */
+final class FakeAgent implements AutoCloseable {
+    final Path dir, socket;
+    final Map<Long, Path> slotFiles = new ConcurrentHashMap<>();
+    final Map<Long, Long> slotQuota = new ConcurrentHashMap<>();
+    /** lease id -> slot, for leases currently held. */
+    final Map<Long, Long> leases = new ConcurrentHashMap<>();
+    final Map<Long, Long> slotTid = new ConcurrentHashMap<>();  // which tid sat in a slot last
+    final AtomicLong nextLease = new AtomicLong(100);
+    final AtomicLong nextSlot = new AtomicLong(1);
+    final List<Protocol.Message> received = new CopyOnWriteArrayList<>();
+    final AtomicInteger pipelined = new AtomicInteger();
+    final AtomicInteger connections = new AtomicInteger();
+    volatile long helloFlags = 0;
+    volatile long acquireDelayMs = 0;
+    volatile boolean alwaysSendFds = false;
+    /** Optional override: return an answer for an ACQUIRE, or null for the normal path. */
+    volatile Function<Protocol.Acquire, Protocol.Message> acquireHook;
+    private volatile int listenFd = -1;
+    private volatile boolean running;
+    private final Set<Integer> openConns = ConcurrentHashMap.newKeySet();
+    private Thread acceptor;
+
+    FakeAgent(Path dir) {
+        this.dir = dir;
+        this.socket = dir.resolve("agent.sock");
+    }
+
+    FakeAgent start() throws IOException {
+        Files.deleteIfExists(socket);
+        listenFd = Native.listen(socket.toString(), 64);
+        running = true;
+        acceptor = Thread.ofPlatform().daemon().name("fake-agent-accept").start(this::acceptLoop);
+        return this;
+    }
+
+    /** Closes the listener and every connection, like an agent that died. State survives. */
+    void stop() throws Exception {
+        running = false;
+        int l = listenFd;
+        listenFd = -1;
+        if (acceptor != null) acceptor.join(2000);
+        Native.close(l);
+        for (int c : openConns) Native.close(c);
+        openConns.clear();
+        Files.deleteIfExists(socket);
+    }
+
+    /** What an agent that restarts does: adopts slots, forgets leases. */
+    void restart(boolean keepSlots) throws Exception {
+        stop();
+        leases.clear();
+        if (!keepSlots) {
+            slotFiles.clear();
+            slotQuota.clear();
+        }
+        start();
+    }
+
+    @Override
+    public void close() throws Exception { stop(); }
+
+    String slotContent(long slot) throws IOException { return Files.readString(slotFiles.get(slot)); }
+
+    long count(Class<?> type) { return received.stream().filter(type::isInstance).count(); }
+
+    private void acceptLoop() {
+        while (running) {
+            try {
+                int fd = listenFd;
+                if (fd < 0) return;
+                if (Native.poll(fd, Native.POLLIN, 50) == 0) continue;
+                int c = Native.accept(fd);
+                if (c < 0) continue;
+                openConns.add(c);
+                connections.incrementAndGet();
+                Thread.ofPlatform().daemon().name("fake-agent-conn").start(() -> serve(c));
+            } catch (IOException e) {
+                return;
+            }
+        }
+    }
+
+    private void serve(int fd) {
+        Set<Long> sentSlots = new HashSet<>();
+        try {
+            while (running) {
+                byte[] frame = readFrame(fd);
+                if (frame == null) return;
+                // one request in flight per connection: nothing else may be waiting already
+                if (Native.poll(fd, Native.POLLIN, 0) != 0) pipelined.incrementAndGet();
+                Protocol.Frame f = Protocol.decodeFrame(frame);
+                received.add(f.message());
+                Protocol.Message answer;
+                int[] fds = new int[0];
+                switch (f.message()) {
+                    case Protocol.Hello h -> answer = new Protocol.HelloOk(1, 2, helloFlags, "fake/container", 0, List.of());
+                    case Protocol.Acquire a -> {
+                        if (acquireDelayMs > 0) Thread.sleep(acquireDelayMs);
+                        Protocol.Message hook = acquireHook == null ? null : acquireHook.apply(a);
+                        if (hook != null) {
+                            answer = hook;
+                            break;
+                        }
+                        long slot = slotFor(a.quotaMilli());
+                        long lease = nextLease.incrementAndGet();
+                        leases.put(lease, slot);
+                        boolean agentPlaces = (a.flags() & Protocol.ACQUIRE_AGENT_PLACES) != 0;
+                        Long lastTid = slotTid.put(slot, a.tid());
+                        int outcome = lastTid != null && lastTid == a.tid() && a.currentSlot() == slot ? Protocol.OUTCOME_AFFINITY_HIT
+                                : lastTid != null ? Protocol.OUTCOME_CACHE_HIT : Protocol.OUTCOME_CREATED;
+                        int place = agentPlaces ? Protocol.PLACE_DONE
+                                : outcome == Protocol.OUTCOME_AFFINITY_HIT ? Protocol.PLACE_NONE : Protocol.PLACE_SELF;
+                        if (!agentPlaces && (alwaysSendFds || sentSlots.add(slot))) {
+                            fds = new int[]{Native.open(slotFiles.get(slot).toString(), Native.O_WRONLY | Native.O_APPEND, 0)};
+                        }
+                        answer = new Protocol.AcquireOk(lease, slot, a.quotaMilli(), 100000, outcome, 0, place, fds.length);
+                    }
+                    case Protocol.Release r -> {
+                        Long slot = leases.remove(r.lease());
+                        answer = slot == null ? new Protocol.Error(Protocol.E_UNKNOWN_LEASE, 0, "unknown lease")
+                                : new Protocol.ReleaseOk(1000 * r.lease(), 7, 3, 1);
+                    }
+                    case Protocol.Reclaim r -> {
+                        if (!slotFiles.containsKey(r.slot()) || leases.containsValue(r.slot())) {
+                            answer = new Protocol.Error(Protocol.E_UNKNOWN_LEASE, 0, "no such slot");
+                        } else {
+                            long lease = nextLease.incrementAndGet();
+                            leases.put(lease, r.slot());
+                            if (sentSlots.add(r.slot()))
+                                fds = new int[]{Native.open(slotFiles.get(r.slot()).toString(), Native.O_WRONLY | Native.O_APPEND, 0)};
+                            answer = new Protocol.AcquireOk(lease, r.slot(), r.quotaMilli(), 100000,
+                                    Protocol.OUTCOME_AFFINITY_HIT, 0, Protocol.PLACE_NONE, fds.length);
+                        }
+                    }
+                    default -> answer = new Protocol.Error(Protocol.E_BAD_REQUEST, 0, "unexpected");
+                }
+                byte[] out = Protocol.encode(f.request(), answer);
+                long n = Native.send(fd, out, 0, 1, fds);      // fds ride on the first byte
+                for (int x : fds) Native.close(x);
+                if (n != 1) return;
+                int off = 1;
+                while (off < out.length) {
+                    long k = Native.send(fd, out, off, out.length - off, null);
+                    if (k > 0) off += (int) k;
+                    else Native.poll(fd, Native.POLLOUT, 100);
+                }
+            }
+        } catch (Exception e) {
+            // connection ends
+        } finally {
+            if (openConns.remove(fd)) Native.close(fd);
+        }
+    }
+
+    private synchronized long slotFor(long quota) throws IOException {
+        for (Map.Entry<Long, Long> e : slotQuota.entrySet()) {
+            if (e.getValue() == quota && !leases.containsValue(e.getKey())) return e.getKey();
+        }
+        long slot = nextSlot.getAndIncrement();
+        Path p = dir.resolve("slot-" + slot);
+        Files.writeString(p, "");
+        slotFiles.put(slot, p);
+        slotQuota.put(slot, quota);
+        return slot;
+    }
+
+    private byte[] readFrame(int fd) throws IOException {
+        byte[] hdr = new byte[4];
+        if (!readFully(fd, hdr, 0, 4)) return null;
+        int len = ((hdr[0] & 0xFF) << 24) | ((hdr[1] & 0xFF) << 16) | ((hdr[2] & 0xFF) << 8) | (hdr[3] & 0xFF);
+        byte[] frame = new byte[4 + len];
+        System.arraycopy(hdr, 0, frame, 0, 4);
+        if (!readFully(fd, frame, 4, len)) return null;
+        return frame;
+    }
+
+    private boolean readFully(int fd, byte[] b, int off, int len) throws IOException {
+        while (len > 0) {
+            if (!running) return false;
+            Native.Received r = Native.recv(fd, b, off, len);
+            if (r.n() == 0) return false;
+            if (r.n() < 0) {
+                Native.poll(fd, Native.POLLIN, 50);
+                continue;
+            }
+            off += r.n();
+            len -= r.n();
+        }
+        return true;
+    }
+}

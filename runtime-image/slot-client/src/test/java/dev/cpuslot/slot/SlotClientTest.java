@@ -1,0 +1,262 @@
+package dev.cpuslot.slot;
+
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicReference;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+class SlotClientTest {
+    @TempDir
+    Path dir;
+    FakeAgent agent;
+    SlotClient client;
+
+    @BeforeEach
+    void setUp() throws Exception {
+        assertTrue(Native.available(), "FFM calls must link: " + Native.loadError());
+        agent = new FakeAgent(dir).start();
+    }
+
+    @AfterEach
+    void tearDown() throws Exception {
+        if (client != null) client.close();
+        agent.close();
+    }
+
+    SlotClient.Builder builder() {
+        return SlotClient.builder().socket(agent.socket.toString()).acquireBudget(Duration.ofMillis(500))
+                .monitorInterval(Duration.ofMillis(20)).reconnectBackoff(Duration.ofMillis(10));
+    }
+
+    static int openFds() throws Exception {
+        try (var s = Files.list(Path.of("/proc/self/fd"))) {
+            return (int) s.count();
+        }
+    }
+
+    @Test
+    void acquirePlacesTheCallingThreadByWritingZeroToThePassedFd() throws Exception {
+        client = builder().build();
+        SlotLease l = client.acquire(250, "guest/fib", "act-1");
+        assertTrue(l.active(), l.toString());
+        assertEquals("created", l.outcome());
+        assertEquals("self", l.place());
+        assertEquals(250, l.quotaMilli());
+        assertEquals(Native.gettid(), l.tid());
+        assertEquals("0", agent.slotContent(l.slot()), "the thread wrote \"0\" to its slot fd");
+        Protocol.Acquire sent = (Protocol.Acquire) agent.received.stream()
+                .filter(m -> m instanceof Protocol.Acquire).findFirst().orElseThrow();
+        assertEquals(Native.gettid(), sent.tid());
+        assertEquals("guest/fib", sent.action());
+        assertEquals("act-1", sent.invocation());
+        assertTrue(sent.waitUs() > 0 && sent.waitUs() <= 500_000, "wait_us within the budget: " + sent.waitUs());
+        Usage u = l.release(ReleaseOutcome.OK);
+        assertTrue(u.measured());
+        assertEquals(1000 * 101, u.cpuNanos(), "usage is what RELEASE_OK said for lease 101");
+        assertEquals(7, u.throttledNanos());
+        assertEquals(Usage.NONE, l.release(ReleaseOutcome.OK), "second release is a no-op");
+        assertEquals(1, agent.count(Protocol.Release.class));
+        assertEquals(1, client.counter("release.ok"));
+        assertEquals(1, client.counter("acquire.created"));
+    }
+
+    @Test
+    void sameThreadSameQuotaIsAnAffinityHitWithoutWriteAndFdsAreCachedPerSlot() throws Exception {
+        client = builder().maxConnections(1).build();
+        SlotLease a = client.acquire(500, "a", "1");
+        a.release(ReleaseOutcome.OK);
+        SlotLease b = client.acquire(500, "a", "2");
+        assertEquals("affinity_hit", b.outcome());
+        assertEquals("none", b.place());
+        assertEquals("0", agent.slotContent(b.slot()), "NONE: no second write");
+        b.release(ReleaseOutcome.OK);
+        // another thread gets the same slot: nfds=0 on this connection, the cached fd is used
+        AtomicReference<SlotLease> other = new AtomicReference<>();
+        Thread t = Thread.ofPlatform().start(() -> other.set(client.acquire(500, "a", "3")));
+        t.join();
+        assertEquals("cache_hit", other.get().outcome());
+        assertEquals("self", other.get().place());
+        assertEquals("00", agent.slotContent(other.get().slot()));
+        other.get().release(ReleaseOutcome.OK);
+        assertEquals(1, client.counter("fds.received"), "fds arrived once and were reused");
+        List<Long> sentCurrent = agent.received.stream().filter(m -> m instanceof Protocol.Acquire)
+                .map(m -> ((Protocol.Acquire) m).currentSlot()).toList();
+        assertEquals(List.of(0L, a.slot(), 0L), sentCurrent, "current_slot: none, then the slot, then none for a new thread");
+    }
+
+    @Test
+    void newFdsReplaceCachedOnesAndTheOldOnesAreClosed() throws Exception {
+        agent.alwaysSendFds = true;
+        client = builder().maxConnections(1).build();
+        client.acquire(300, "x", "warm").release(ReleaseOutcome.OK);
+        int before = openFds();
+        for (int i = 0; i < 20; i++) {
+            Thread t = Thread.ofPlatform().start(() -> client.acquire(300, "x", "i").release(ReleaseOutcome.OK));
+            t.join();
+        }
+        assertTrue(client.counter("fds.replaced") >= 20, client.counters().toString());
+        assertTrue(openFds() <= before + 1, "replaced fds are closed: " + before + " -> " + openFds());
+        assertEquals(1, client.cachedSlots());
+    }
+
+    @Test
+    void agentUnreachableFailsOpenQuicklyAndIsCounted() {
+        client = SlotClient.builder().socket(dir.resolve("nobody.sock").toString()).build();
+        long t0 = System.nanoTime();
+        SlotLease l = client.acquire(250, "a", "1");
+        long ms = (System.nanoTime() - t0) / 1_000_000;
+        assertFalse(l.active());
+        assertEquals("unreachable", l.reason());
+        assertEquals(Usage.NONE, l.release(ReleaseOutcome.OK));
+        assertTrue(ms < 100, "fail-open took " + ms + " ms");
+        client.acquire(250, "a", "2");
+        assertEquals(2, client.counter("noslot.unreachable"));
+    }
+
+    @Test
+    void failClosedThrows() {
+        client = SlotClient.builder().socket(dir.resolve("nobody.sock").toString()).failClosed(true).build();
+        SlotUnavailableException e = assertThrows(SlotUnavailableException.class, () -> client.acquire(250, "a", "1"));
+        assertEquals("unreachable", e.reason());
+    }
+
+    @Test
+    void acquireNeverBlocksLongerThanTheBudgetAndALateLeaseIsReleased() throws Exception {
+        client = builder().acquireBudget(Duration.ofMillis(50)).build();
+        client.acquire(100, "warm", "w").release(ReleaseOutcome.OK); // connection up
+        agent.acquireDelayMs = 300;
+        long t0 = System.nanoTime();
+        SlotLease l = client.acquire(100, "slow", "s");
+        long ms = (System.nanoTime() - t0) / 1_000_000;
+        assertFalse(l.active());
+        assertEquals("budget", l.reason());
+        assertTrue(ms < 120, "acquire took " + ms + " ms with a 50 ms budget");
+        // the drainer reads the late ACQUIRE_OK and releases it with outcome TIMEOUT
+        long until = System.nanoTime() + 3_000_000_000L;
+        while (agent.received.stream().noneMatch(m -> m instanceof Protocol.Release r && r.outcome() == Protocol.RELEASE_TIMEOUT)
+                && System.nanoTime() < until) Thread.sleep(10);
+        assertTrue(agent.received.stream().anyMatch(m -> m instanceof Protocol.Release r && r.outcome() == Protocol.RELEASE_TIMEOUT));
+        assertEquals(1, client.counter("drain.released"));
+        agent.acquireDelayMs = 0;
+        SlotLease ok = client.acquire(100, "after", "a");
+        assertTrue(ok.active(), "connection usable after the drain: " + ok);
+        ok.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void afterAnAgentRestartHeldLeasesAreReclaimedAndReleasedOnTheNewConnection() throws Exception {
+        client = builder().build();
+        SlotLease l = client.acquire(250, "guest/long", "inv-9");
+        assertTrue(l.active());
+        long oldLease = l.lease;
+        agent.restart(true);
+        long until = System.nanoTime() + 3_000_000_000L;
+        while (agent.count(Protocol.Reclaim.class) == 0 && System.nanoTime() < until) Thread.sleep(10);
+        Protocol.Reclaim rc = (Protocol.Reclaim) agent.received.stream().filter(m -> m instanceof Protocol.Reclaim)
+                .findFirst().orElseThrow(() -> new AssertionError("no RECLAIM: " + client.counters()));
+        assertEquals(l.slot(), rc.slot());
+        assertEquals(l.tid(), rc.tid());
+        assertEquals("guest/long", rc.action());
+        assertEquals("inv-9", rc.invocation());
+        Usage u = l.release(ReleaseOutcome.OK);
+        assertTrue(u.measured(), client.counters().toString());
+        assertNotEquals(oldLease, l.lease);
+        assertEquals(1, client.counter("reclaim.ok"));
+        assertEquals(0, client.orphanCount());
+    }
+
+    @Test
+    void aLeaseTheRestartedAgentDoesNotKnowIsLostAndTheInvocationGoesOn() throws Exception {
+        client = builder().monitorInterval(Duration.ofSeconds(30)).build(); // reclaim at release
+        SlotLease l = client.acquire(250, "a", "1");
+        agent.restart(false);
+        Usage u = l.release(ReleaseOutcome.OK);
+        assertFalse(u.measured());
+        assertTrue(l.lost());
+        assertEquals(1, client.counter("reclaim.lost"));
+        SlotLease again = client.acquire(250, "a", "2");
+        assertTrue(again.active(), "new acquires work on a new connection: " + again);
+        again.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void agentErrorsGiveNoSlotWithTheErrorAsReason() {
+        agent.acquireHook = a -> new Protocol.Error(Protocol.E_REJECTED, 0, "does not fit");
+        client = builder().build();
+        SlotLease l = client.acquire(1500, "a", "1");
+        assertFalse(l.active());
+        assertEquals("REJECTED", l.reason());
+        assertEquals(1, client.counter("noslot.REJECTED"));
+    }
+
+    @Test
+    void notReadyIsRetriedWithinTheBudget() {
+        AtomicInteger n = new AtomicInteger();
+        agent.acquireHook = a -> n.getAndIncrement() < 2 ? new Protocol.Error(Protocol.E_NOT_READY, 5, "preparing") : null;
+        client = builder().build();
+        SlotLease l = client.acquire(250, "a", "1");
+        assertTrue(l.active(), l.toString());
+        assertEquals(3, agent.count(Protocol.Acquire.class));
+        l.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void agentPlacesModeSendsTheFlagAndWritesNothing() throws Exception {
+        agent.helloFlags = Protocol.HELLO_OK_AGENT_PLACES;
+        client = builder().build();
+        SlotLease l = client.acquire(250, "a", "1");
+        assertEquals("done", l.place());
+        assertEquals("", agent.slotContent(l.slot()));
+        Protocol.Acquire sent = (Protocol.Acquire) agent.received.stream().filter(m -> m instanceof Protocol.Acquire)
+                .findFirst().orElseThrow();
+        assertEquals(Protocol.ACQUIRE_AGENT_PLACES, sent.flags());
+        l.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void virtualThreadsGetNoSlot() throws Exception {
+        client = builder().build();
+        AtomicReference<SlotLease> r = new AtomicReference<>();
+        Thread.ofVirtual().start(() -> r.set(client.acquire(250, "a", "1"))).join();
+        assertEquals("virtual_thread", r.get().reason());
+    }
+
+    @Test
+    void manyConcurrentInvocationsShareAFewConnectionsWithOneRequestInFlightEach() throws Exception {
+        client = builder().maxConnections(3).acquireBudget(Duration.ofSeconds(2)).build();
+        int threads = 16, rounds = 20;
+        CountDownLatch go = new CountDownLatch(1);
+        AtomicInteger ok = new AtomicInteger();
+        List<Thread> ts = new ArrayList<>();
+        for (int i = 0; i < threads; i++) {
+            int q = 100 * (1 + i % 4);
+            ts.add(Thread.ofPlatform().start(() -> {
+                try {
+                    go.await();
+                } catch (InterruptedException e) {
+                    return;
+                }
+                for (int k = 0; k < rounds; k++) {
+                    SlotLease l = client.acquire(q, "c", "k" + k);
+                    if (l.active() && l.release(ReleaseOutcome.OK).measured()) ok.incrementAndGet();
+                }
+            }));
+        }
+        go.countDown();
+        for (Thread t : ts) t.join();
+        assertEquals(threads * rounds, ok.get(), client.counters().toString());
+        assertEquals(0, agent.pipelined.get(), "a request was sent while another was in flight");
+        assertTrue(agent.connections.get() <= 3, "connections: " + agent.connections.get());
+    }
+}
