@@ -201,4 +201,3 @@ func readFile(t *testing.T, dir, name string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
-

@@ -1,0 +1,108 @@
+// Package admission decides whether an invocation's CPU quota fits a
+// container's budget: the container's CPU limit (or a configured budget)
+// times an overcommit factor. What happens to a request that does not fit is
+// a policy: wait for budget (queue), run now with what is left and be raised
+// later (degrade, the isolation paper's rebalancing), or fail (reject).
+package admission
+
+import (
+	"fmt"
+	"math"
+)
+
+// Policy is what to do with a request that does not fit.
+type Policy int
+
+const (
+	Queue Policy = iota
+	Degrade
+	Reject
+)
+
+// ParsePolicy reads "queue", "degrade" or "reject".
+func ParsePolicy(s string) (Policy, error) {
+	switch s {
+	case "queue", "":
+		return Queue, nil
+	case "degrade":
+		return Degrade, nil
+	case "reject":
+		return Reject, nil
+	}
+	return 0, fmt.Errorf("admission policy %q: want queue, degrade or reject", s)
+}
+
+func (p Policy) String() string {
+	return [...]string{"queue", "degrade", "reject"}[p]
+}
+
+// Budget tracks the quota granted against a limit. It is not safe for
+// concurrent use: its owner (a pool) serialises calls.
+type Budget struct {
+	// Limit is the budget in millicores; 0 means unlimited.
+	Limit  uint32
+	Policy Policy
+	// MinMilli is the smallest quota a degraded grant may get.
+	MinMilli uint32
+	used     uint32
+}
+
+// New makes a budget of base millicores (0 = unlimited) times overcommit.
+func New(base uint32, overcommit float64, policy Policy, minMilli uint32) *Budget {
+	if overcommit <= 0 {
+		overcommit = 1
+	}
+	limit := uint32(0)
+	if base > 0 {
+		limit = uint32(math.Min(math.Round(float64(base)*overcommit), math.MaxUint32))
+	}
+	return &Budget{Limit: limit, Policy: policy, MinMilli: minMilli}
+}
+
+// Decision is the outcome of Admit.
+type Decision int
+
+const (
+	Grant  Decision = iota // take Granted now
+	Wait                   // wait for budget, then ask again
+	Refuse                 // fail the request
+)
+
+// Admit decides on a request for want millicores. Granted is what may be
+// taken now (less than want when degraded). Reason explains a Refuse.
+func (b *Budget) Admit(want uint32) (d Decision, granted uint32, reason string) {
+	if b.Limit == 0 || b.used+want <= b.Limit {
+		return Grant, want, ""
+	}
+	free := b.Limit - min(b.used, b.Limit)
+	switch b.Policy {
+	case Degrade:
+		if free >= b.MinMilli && free > 0 {
+			return Grant, free, ""
+		}
+		return Wait, 0, ""
+	case Reject:
+		return Refuse, 0, fmt.Sprintf("quota %dm does not fit: %dm of %dm budget free", want, free, b.Limit)
+	}
+	if want > b.Limit {
+		return Refuse, 0, fmt.Sprintf("quota %dm exceeds the whole budget of %dm", want, b.Limit)
+	}
+	return Wait, 0, ""
+}
+
+// Take records a grant.
+func (b *Budget) Take(m uint32) { b.used += m }
+
+// Give returns a grant.
+func (b *Budget) Give(m uint32) { b.used -= min(m, b.used) }
+
+// Used is what is granted now.
+func (b *Budget) Used() uint32 { return b.used }
+
+// Free is what is left (MaxUint32 when unlimited).
+func (b *Budget) Free() uint32 {
+	if b.Limit == 0 {
+		return math.MaxUint32
+	}
+	return b.Limit - min(b.used, b.Limit)
+}

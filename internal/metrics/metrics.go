@@ -1,0 +1,170 @@
+// Package metrics defines cpuslot's Prometheus metrics. Per-invocation data
+// is aggregated: no label carries an invocation or thread id, and action
+// names are capped so a flood of distinct names cannot blow up cardinality.
+package metrics
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// MaxActions bounds the distinct action label values; later ones are
+// counted as "_other".
+const MaxActions = 500
+
+// Metrics holds the agent's collectors. A nil *Metrics records nothing, so
+// unit tests may pass nil.
+type Metrics struct {
+	acquireDuration   *prometheus.HistogramVec
+	placementDuration prometheus.Histogram
+	cgroupOpDuration  *prometheus.HistogramVec
+	acquisitions      *prometheus.CounterVec
+	admission         *prometheus.CounterVec
+	invocations       *prometheus.CounterVec
+	cpuSeconds        *prometheus.CounterVec
+	throttledSeconds  *prometheus.CounterVec
+	errors            *prometheus.CounterVec
+	connections       prometheus.Gauge
+	info              *prometheus.GaugeVec
+
+	mu      sync.Mutex
+	actions map[string]bool
+}
+
+// latencyBuckets span 2us..~1s: a placement is microseconds when cheap and
+// milliseconds when it waits on the kernel's cgroup lock.
+var latencyBuckets = prometheus.ExponentialBuckets(2e-6, 2, 20)
+
+// New registers cpuslot's metrics on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		acquireDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cpuslot_acquire_duration_seconds", Help: "Agent-side time to grant a slot, from request to response.",
+			Buckets: latencyBuckets}, []string{"mode"}),
+		placementDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "cpuslot_placement_duration_seconds", Help: "Time of thread placements done by the agent (numeric TID writes).",
+			Buckets: latencyBuckets}),
+		cgroupOpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cpuslot_cgroup_operation_duration_seconds", Help: "Time of cgroup file operations by operation.",
+			Buckets: latencyBuckets}, []string{"operation"}),
+		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cpuslot_acquisitions_total", Help: "Granted acquisitions by how the slot was found (affinity_hit needs no cgroup write)."},
+			[]string{"outcome"}),
+		admission: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: queued, degraded, rejected, timeout."},
+			[]string{"result"}),
+		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cpuslot_invocations_total", Help: "Released leases by action and outcome (ok, failed, timeout, placement_failed, abandoned)."},
+			[]string{"action", "outcome"}),
+		cpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by action."},
+			[]string{"action"}),
+		throttledSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by action."},
+			[]string{"action"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cpuslot_errors_total", Help: "Errors by reason."},
+			[]string{"reason"}),
+		connections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cpuslot_connections", Help: "Open client connections."}),
+		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cpuslot_agent_info", Help: "Always 1; labels describe the node's cgroup setup."},
+			[]string{"hierarchy", "favordynmods", "version"}),
+		actions: map[string]bool{},
+	}
+	reg.MustRegister(m.acquireDuration, m.placementDuration, m.cgroupOpDuration, m.acquisitions, m.admission,
+		m.invocations, m.cpuSeconds, m.throttledSeconds, m.errors, m.connections, m.info)
+	for _, r := range []string{"queued", "degraded", "rejected", "timeout"} {
+		m.admission.WithLabelValues(r)
+	}
+	for _, o := range []string{"affinity_hit", "cache_hit", "retuned", "created", "reclaimed"} {
+		m.acquisitions.WithLabelValues(o)
+	}
+	return m
+}
+
+// Info publishes the node's cgroup setup.
+func (m *Metrics) Info(hierarchy string, favorDynMods bool, version string) {
+	if m == nil {
+		return
+	}
+	fdm := "false"
+	if favorDynMods {
+		fdm = "true"
+	}
+	m.info.WithLabelValues(hierarchy, fdm, version).Set(1)
+}
+
+// Acquired counts a grant.
+func (m *Metrics) Acquired(mode, outcome string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.acquireDuration.WithLabelValues(mode).Observe(d.Seconds())
+	m.acquisitions.WithLabelValues(outcome).Inc()
+}
+
+// Admission counts an acquisition that did not fit at once.
+func (m *Metrics) Admission(result string) {
+	if m != nil {
+		m.admission.WithLabelValues(result).Inc()
+	}
+}
+
+// Released accounts a finished lease.
+func (m *Metrics) Released(action, outcome string, cpu, throttled time.Duration) {
+	if m == nil {
+		return
+	}
+	a := m.action(action)
+	m.invocations.WithLabelValues(a, outcome).Inc()
+	m.cpuSeconds.WithLabelValues(a).Add(cpu.Seconds())
+	m.throttledSeconds.WithLabelValues(a).Add(throttled.Seconds())
+}
+
+func (m *Metrics) action(a string) string {
+	if a == "" {
+		return "_unnamed"
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.actions[a] {
+		return a
+	}
+	if len(m.actions) >= MaxActions {
+		return "_other"
+	}
+	m.actions[a] = true
+	return a
+}
+
+// CgroupOp observes one cgroup operation; failures are also counted as
+// errors with reason "cgroup_<op>".
+func (m *Metrics) CgroupOp(op string, d time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	m.cgroupOpDuration.WithLabelValues(op).Observe(d.Seconds())
+	if op == "place" {
+		m.placementDuration.Observe(d.Seconds())
+	}
+	if err != nil {
+		m.errors.WithLabelValues("cgroup_" + op).Inc()
+	}
+}
+
+// Error counts an error by reason.
+func (m *Metrics) Error(reason string) {
+	if m != nil {
+		m.errors.WithLabelValues(reason).Inc()
+	}
+}
+
+// Connections tracks open client connections.
+func (m *Metrics) Connections(delta int) {
+	if m != nil {
+		m.connections.Add(float64(delta))
+	}
+}

@@ -1,0 +1,830 @@
+// Package pool leases a container's CPU slots to invocations: it keeps
+// slots pre-warmed per quota, picks one per acquisition according to the
+// pool's mode, admits requests against the container's CPU budget, and
+// accounts what each lease used.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/admission"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/metrics"
+)
+
+// SlotIO is one slot's cgroup (cgroup.Slot in production).
+type SlotIO interface {
+	FDs() []int
+	Spec() cgroup.Spec
+	Place(tid int) error
+	Retune(cgroup.Spec) error
+	Usage() (cgroup.Usage, error)
+	Remove() error
+	Close()
+}
+
+// Backend is a container's cgroup (cgroup.Container in production).
+type Backend interface {
+	CreateSlot(id uint32, spec cgroup.Spec) (SlotIO, error)
+	AdoptSlots() (map[uint32]SlotIO, error)
+	MoveIn(tid int) error
+	LimitMilli() (uint32, error)
+	Release() error
+}
+
+// Thread identifies a client thread: its id in its own PID namespace and
+// that namespace.
+type Thread struct {
+	NS  uint64
+	TID uint32
+}
+
+// Request asks for a slot.
+type Request struct {
+	// Owner is the connection the lease belongs to.
+	Owner      any
+	QuotaMilli uint32
+	Thread     Thread
+	// CurrentSlot is where the client says the thread sits (0: unknown).
+	CurrentSlot uint32
+	// AgentPlaces asks the agent to place the thread (client without fds).
+	AgentPlaces bool
+	// HostTID resolves the thread's id in the agent's PID namespace; it is
+	// called only when the agent writes the TID itself.
+	HostTID    func() (int, error)
+	Wait       time.Duration
+	Action     string
+	Invocation string
+}
+
+// Grant is a leased slot.
+type Grant struct {
+	Lease    uint64
+	SlotID   uint32
+	FDs      []int
+	Spec     cgroup.Spec
+	Outcome  slotv1.Outcome
+	Queued   bool
+	Degraded bool
+	Place    slotv1.Place
+}
+
+type slot struct {
+	id    uint32
+	io    SlotIO
+	spec  cgroup.Spec
+	lease *lease
+	// busy marks cgroup I/O in progress outside the pool lock.
+	busy bool
+	// occupant is the last thread granted the slot; with lazy reuse it
+	// still sits there after release. occupantHost is its host TID when
+	// the agent placed it (0: unknown).
+	occupant     Thread
+	occupantHost int
+	freeSince    time.Time
+	// last holds the counters at the end of the previous lease: the start
+	// of the next one, so an acquisition reads no file.
+	last cgroup.Usage
+}
+
+type lease struct {
+	id       uint64
+	owner    any
+	slot     *slot
+	thread   Thread
+	hostTID  int
+	want     uint32 // asked; more than granted while degraded
+	granted  uint32
+	start    cgroup.Usage
+	action   string
+	degraded bool
+}
+
+var leaseSeq atomic.Uint64
+
+// Pool is the set of slots of one container.
+type Pool struct {
+	name    string
+	cfg     Config
+	backend Backend
+	metrics *metrics.Metrics
+	// containerLimit is the container's own CPU limit (0: none).
+	containerLimit uint32
+
+	mu       sync.Mutex
+	slots    map[uint32]*slot
+	byThread map[Thread]*slot
+	leases   map[uint64]*lease
+	budget   *admission.Budget
+	nextID   uint32
+	changed  chan struct{} // closed when a slot or budget frees up
+	closed   bool
+	// degraded leases in grant order, raised as budget frees.
+	degraded []*lease
+}
+
+// New makes a pool for one container; call Start to adopt and pre-warm.
+func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	limit, err := b.LimitMilli()
+	if err != nil {
+		return nil, fmt.Errorf("reading the container's CPU limit: %w", err)
+	}
+	base := cfg.BudgetMilli
+	if base == 0 {
+		base = limit
+	}
+	return &Pool{
+		name: name, cfg: cfg, backend: b, metrics: m, containerLimit: limit,
+		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{},
+		budget:  admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
+		nextID:  1,
+		changed: make(chan struct{}),
+	}, nil
+}
+
+// Name is the pool's container identity.
+func (p *Pool) Name() string { return p.name }
+
+// Config is the pool's configuration.
+func (p *Pool) Config() Config { return p.cfg }
+
+func (p *Pool) spec(quota uint32) cgroup.Spec {
+	return cgroup.Spec{QuotaMilli: quota, PeriodUS: p.cfg.PeriodUS, Limit: p.cfg.Limit}
+}
+
+// Start adopts the slots an earlier agent left, retunes those made with
+// other settings, and creates what the prewarm spec still lacks.
+func (p *Pool) Start() error {
+	adopted, err := p.backend.AdoptSlots()
+	if err != nil {
+		return fmt.Errorf("adopting existing slots: %w", err)
+	}
+	now := time.Now()
+	p.mu.Lock()
+	for id, io := range adopted {
+		s := &slot{id: id, io: io, spec: io.Spec(), freeSince: now}
+		p.slots[id] = s
+		if id >= p.nextID {
+			p.nextID = id + 1
+		}
+	}
+	p.mu.Unlock()
+	for _, s := range p.snapshotSlots() {
+		want := s.spec
+		want.PeriodUS, want.Limit = p.cfg.PeriodUS, p.cfg.Limit
+		if p.cfg.Mode == Uncached || want.Validate() != nil || !p.fitsContainer(want.QuotaMilli) {
+			p.removeSlot(s, "adopted slot not usable by this pool")
+			continue
+		}
+		if u, err := s.io.Usage(); err == nil {
+			s.last = u
+		}
+		if want != s.spec {
+			if err := s.io.Retune(want); err != nil {
+				p.removeSlot(s, "adopted slot could not be retuned")
+				continue
+			}
+			s.spec = want
+		}
+	}
+	if p.cfg.Mode == Uncached {
+		return nil
+	}
+	return p.prewarm()
+}
+
+func (p *Pool) snapshotSlots() []*slot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*slot, 0, len(p.slots))
+	for _, s := range p.slots {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (p *Pool) fitsContainer(q uint32) bool { return p.containerLimit == 0 || q <= p.containerLimit }
+
+// prewarm creates the slots the prewarm spec asks for and that are missing.
+func (p *Pool) prewarm() error {
+	have := map[uint32]int{}
+	p.mu.Lock()
+	for _, s := range p.slots {
+		have[s.spec.QuotaMilli]++
+	}
+	p.mu.Unlock()
+	var errs []error
+	for q, n := range p.cfg.Prewarm {
+		if !p.fitsContainer(q) {
+			errs = append(errs, fmt.Errorf("prewarm %dm is above the container's CPU limit of %dm", q, p.containerLimit))
+			continue
+		}
+		for i := have[q]; i < n; i++ {
+			p.mu.Lock()
+			id := p.allocID()
+			p.mu.Unlock()
+			io, err := p.backend.CreateSlot(id, p.spec(q))
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			p.mu.Lock()
+			p.slots[id] = &slot{id: id, io: io, spec: io.Spec(), freeSince: time.Now()}
+			p.mu.Unlock()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Pool) allocID() uint32 {
+	for p.slots[p.nextID] != nil || p.nextID == 0 {
+		p.nextID++
+	}
+	id := p.nextID
+	p.nextID++
+	return id
+}
+
+// plan is what an acquisition will do once the lock is released.
+type plan struct {
+	s       *slot
+	outcome slotv1.Outcome
+	create  bool
+	retune  bool
+	place   slotv1.Place
+	evict   int // host TID of a lazy occupant to move out first (cache-lazy)
+	isNew   bool
+}
+
+// Acquire leases a slot of req.QuotaMilli (or less, when degraded).
+func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
+	start := time.Now()
+	spec := p.spec(req.QuotaMilli)
+	if err := spec.Validate(); err != nil {
+		return nil, slotv1.Errorf(slotv1.CodeInvalidQuota, "%v", err)
+	}
+	if !p.fitsContainer(req.QuotaMilli) {
+		return nil, slotv1.Errorf(slotv1.CodeInvalidQuota, "quota %dm is above the container's CPU limit of %dm", req.QuotaMilli, p.containerLimit)
+	}
+	wait := req.Wait
+	if wait <= 0 {
+		wait = p.cfg.DefaultWait
+	}
+	wait = min(wait, p.cfg.MaxWait)
+	deadline := start.Add(wait)
+
+	var hostTID int
+	needHost := p.cfg.Mode != Affinity || req.AgentPlaces
+	if needHost {
+		var err error
+		if hostTID, err = req.HostTID(); err != nil {
+			return nil, slotv1.Errorf(slotv1.CodeBadRequest, "thread %d: %v", req.Thread.TID, err)
+		}
+	}
+
+	p.mu.Lock()
+	queued := false
+	var (
+		granted  uint32
+		degraded bool
+		pl       plan
+	)
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, slotv1.Errorf(slotv1.CodeShuttingDown, "pool %s is closing", p.name)
+		}
+		var waitFor string
+		d, g, reason := p.budget.Admit(req.QuotaMilli)
+		switch d {
+		case admission.Refuse:
+			p.mu.Unlock()
+			p.metrics.Admission("rejected")
+			return nil, slotv1.Errorf(slotv1.CodeRejected, "%s", reason)
+		case admission.Wait:
+			waitFor = "budget"
+		case admission.Grant:
+			var ok bool
+			if pl, ok = p.choose(req, g); !ok {
+				waitFor = "a free slot"
+			} else {
+				granted, degraded = g, g < req.QuotaMilli
+			}
+		}
+		if waitFor == "" {
+			break
+		}
+		if !queued {
+			queued = true
+			if waitFor == "budget" {
+				p.metrics.Admission("queued")
+			}
+		}
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			p.mu.Unlock()
+			if waitFor == "budget" {
+				p.metrics.Admission("timeout")
+				return nil, &slotv1.Error{Code: slotv1.CodeTimeout, RetryAfterMS: 10,
+					Message: fmt.Sprintf("no budget for %dm within %v (%dm of %dm granted)", req.QuotaMilli, wait, p.budget.Used(), p.budget.Limit)}
+			}
+			p.metrics.Error("slots_exhausted")
+			return nil, &slotv1.Error{Code: slotv1.CodeSlotUnavailable, RetryAfterMS: 10,
+				Message: fmt.Sprintf("all %d slots busy for %v", p.cfg.MaxSlots, wait)}
+		}
+		ch := p.changed
+		p.mu.Unlock()
+		t := time.NewTimer(remaining)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, slotv1.Errorf(slotv1.CodeTimeout, "request cancelled: %v", ctx.Err())
+		}
+		t.Stop()
+		p.mu.Lock()
+	}
+	if degraded {
+		p.metrics.Admission("degraded")
+	}
+	// Commit the decision under the lock; cgroup I/O happens after.
+	s := pl.s
+	l := &lease{id: leaseSeq.Add(1), owner: req.Owner, slot: s, thread: req.Thread, hostTID: hostTID,
+		want: req.QuotaMilli, granted: granted, action: req.Action, degraded: degraded}
+	s.lease = l
+	s.busy = pl.create || pl.retune || pl.place == slotv1.PlaceDone
+	l.start = s.last
+	p.leases[l.id] = l
+	p.budget.Take(granted)
+	if degraded {
+		p.degraded = append(p.degraded, l)
+	}
+	p.setOccupant(s, req.Thread, hostTID)
+	p.mu.Unlock()
+
+	if err := p.execute(pl, granted, hostTID); err != nil {
+		p.abort(l, pl)
+		return nil, err
+	}
+	if pl.create || pl.retune || pl.place == slotv1.PlaceDone {
+		p.mu.Lock()
+		s.busy = false
+		p.mu.Unlock()
+	}
+	p.metrics.Acquired(p.cfg.Mode.String(), pl.outcome.String(), time.Since(start))
+	return &Grant{Lease: l.id, SlotID: s.id, FDs: s.io.FDs(), Spec: s.spec, Outcome: pl.outcome,
+		Queued: queued, Degraded: degraded, Place: pl.place}, nil
+}
+
+// setOccupant records that thread t is (or is about to be) in slot s.
+func (p *Pool) setOccupant(s *slot, t Thread, host int) {
+	if old := p.byThread[t]; old != nil && old != s && old.occupant == t {
+		old.occupant, old.occupantHost = Thread{}, 0
+	}
+	if s.occupant != (Thread{}) && s.occupant != t {
+		delete(p.byThread, s.occupant)
+	}
+	s.occupant, s.occupantHost = t, host
+	p.byThread[t] = s
+}
+
+// choose picks a slot for quota q according to the mode. It runs under the
+// lock and only decides; execute does the I/O.
+func (p *Pool) choose(req Request, q uint32) (plan, bool) {
+	place := slotv1.PlaceDone // the baselines write numeric TIDs
+	if p.cfg.Mode == Affinity && !req.AgentPlaces {
+		place = slotv1.PlaceSelf
+	}
+	free := func(s *slot) bool { return s.lease == nil && !s.busy }
+
+	switch p.cfg.Mode {
+	case Uncached:
+		if pl, ok := p.planCreate(q, place); ok {
+			return pl, true
+		}
+		return plan{}, false
+	case Affinity:
+		if cur := p.slots[req.CurrentSlot]; cur != nil && free(cur) && cur.occupant == req.Thread {
+			if cur.spec.QuotaMilli == q {
+				return plan{s: cur, outcome: slotv1.OutcomeAffinityHit, place: slotv1.PlaceNone}, true
+			}
+		}
+		if s := p.pickFree(q, true); s != nil {
+			return plan{s: s, outcome: slotv1.OutcomeCacheHit, place: place}, true
+		}
+		if cur := p.slots[req.CurrentSlot]; cur != nil && free(cur) && cur.occupant == req.Thread {
+			return plan{s: cur, outcome: slotv1.OutcomeRetuned, retune: true, place: slotv1.PlaceNone}, true
+		}
+	case CacheLazy, CacheEager:
+		if s := p.pickFree(q, false); s != nil {
+			pl := plan{s: s, outcome: slotv1.OutcomeCacheHit, place: place}
+			if p.cfg.Mode == CacheLazy {
+				if s.occupant == req.Thread {
+					pl.place = slotv1.PlaceNone
+				} else if s.occupantHost != 0 {
+					pl.evict = s.occupantHost
+				}
+			}
+			return pl, true
+		}
+	}
+	if pl, ok := p.planCreate(q, place); ok {
+		return pl, true
+	}
+	// At the bound: retune any free slot, preferring one nobody sits in.
+	if s := p.pickAnyFree(); s != nil {
+		pl := plan{s: s, outcome: slotv1.OutcomeRetuned, retune: true, place: place}
+		if p.cfg.Mode == CacheLazy && s.occupantHost != 0 && s.occupant != req.Thread {
+			pl.evict = s.occupantHost
+		}
+		return pl, true
+	}
+	return plan{}, false
+}
+
+func (p *Pool) planCreate(q uint32, place slotv1.Place) (plan, bool) {
+	if len(p.slots) >= p.cfg.MaxSlots {
+		return plan{}, false
+	}
+	s := &slot{id: p.allocID(), spec: p.spec(q), busy: true}
+	p.slots[s.id] = s
+	return plan{s: s, outcome: slotv1.OutcomeCreated, create: true, place: place, isNew: true}, true
+}
+
+// pickFree returns a free slot of quota q. Affinity prefers a slot no
+// thread sits in, then the one freed longest ago, so that threads keep their
+// own slots; the cache modes take the most recently freed (a LIFO cache).
+func (p *Pool) pickFree(q uint32, preferEmpty bool) *slot {
+	var best *slot
+	for _, s := range p.slots {
+		if s.lease != nil || s.busy || s.spec.QuotaMilli != q {
+			continue
+		}
+		if best == nil {
+			best = s
+			continue
+		}
+		if preferEmpty {
+			be, se := best.occupant == Thread{}, s.occupant == Thread{}
+			if se && !be || se == be && s.freeSince.Before(best.freeSince) {
+				best = s
+			}
+		} else if s.freeSince.After(best.freeSince) {
+			best = s
+		}
+	}
+	return best
+}
+
+func (p *Pool) pickAnyFree() *slot {
+	var best *slot
+	for _, s := range p.slots {
+		if s.lease != nil || s.busy {
+			continue
+		}
+		if best == nil || (s.occupant == Thread{}) && (best.occupant != Thread{}) || s.freeSince.Before(best.freeSince) {
+			best = s
+		}
+	}
+	return best
+}
+
+// execute performs a plan's cgroup I/O outside the lock.
+func (p *Pool) execute(pl plan, quota uint32, hostTID int) error {
+	s := pl.s
+	spec := p.spec(quota)
+	switch {
+	case pl.create:
+		io, err := p.backend.CreateSlot(s.id, spec)
+		if err != nil {
+			if errors.Is(err, cgroup.ErrLimitReached) {
+				p.metrics.Error("mkdir_refused")
+				return &slotv1.Error{Code: slotv1.CodeSlotUnavailable, RetryAfterMS: 100, Message: err.Error()}
+			}
+			p.metrics.Error("create_failed")
+			return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
+		}
+		u, _ := io.Usage()
+		p.mu.Lock()
+		s.io, s.spec, s.last = io, io.Spec(), u
+		s.lease.start = u
+		p.mu.Unlock()
+	case pl.retune:
+		if err := s.io.Retune(spec); err != nil {
+			p.metrics.Error("retune_failed")
+			return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
+		}
+		p.mu.Lock()
+		s.spec = spec
+		p.mu.Unlock()
+	}
+	if pl.evict != 0 {
+		// The lazy baseline moves the previous occupant out first; a thread
+		// that has exited is simply gone.
+		_ = p.backend.MoveIn(pl.evict)
+	}
+	if pl.place == slotv1.PlaceDone {
+		if err := s.io.Place(hostTID); err != nil {
+			p.metrics.Error("place_failed")
+			return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
+		}
+	}
+	return nil
+}
+
+// abort undoes a committed lease whose I/O failed.
+func (p *Pool) abort(l *lease, pl plan) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.leases, l.id)
+	p.budget.Give(l.granted)
+	p.dropDegraded(l)
+	s := l.slot
+	s.lease, s.busy = nil, false
+	if s.occupant == l.thread {
+		delete(p.byThread, l.thread)
+		s.occupant, s.occupantHost = Thread{}, 0
+	}
+	if pl.isNew && s.io == nil {
+		delete(p.slots, s.id)
+	}
+	s.freeSince = time.Now()
+	p.broadcast()
+}
+
+func (p *Pool) dropDegraded(l *lease) {
+	for i, d := range p.degraded {
+		if d == l {
+			p.degraded = append(p.degraded[:i], p.degraded[i+1:]...)
+			return
+		}
+	}
+}
+
+func (p *Pool) broadcast() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// Release ends a lease and returns what its slot used meanwhile.
+func (p *Pool) Release(owner any, id uint64, outcome string) (cgroup.Usage, error) {
+	p.mu.Lock()
+	l := p.leases[id]
+	if l == nil || l.owner != owner {
+		p.mu.Unlock()
+		p.metrics.Error("unknown_lease")
+		return cgroup.Usage{}, slotv1.Errorf(slotv1.CodeUnknownLease, "lease %d is not held by this connection (unknown or already released)", id)
+	}
+	delete(p.leases, id)
+	s := l.slot
+	s.busy = true
+	p.mu.Unlock()
+
+	end, err := s.io.Usage()
+	if err != nil {
+		p.metrics.Error("read_usage")
+		end = l.start
+	}
+	used := end.Sub(l.start)
+	p.metrics.Released(l.action, outcome, time.Duration(used.CPUNanos), time.Duration(used.ThrottledNanos))
+
+	remove := p.cfg.Mode == Uncached
+	if !remove && p.cfg.Mode == CacheEager && l.hostTID != 0 {
+		_ = p.backend.MoveIn(l.hostTID) // the thread may have exited
+	}
+	if remove {
+		if rerr := s.io.Remove(); rerr != nil {
+			p.metrics.Error("remove_failed")
+			remove = false // keep it as a free slot; the reaper retries
+		}
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.budget.Give(l.granted)
+	p.dropDegraded(l)
+	s.lease, s.busy, s.last, s.freeSince = nil, false, end, time.Now()
+	if outcome == slotv1.PlacementFailed.String() || p.cfg.Mode == CacheEager || remove {
+		if s.occupant == l.thread {
+			delete(p.byThread, l.thread)
+			s.occupant, s.occupantHost = Thread{}, 0
+		}
+	}
+	if remove {
+		delete(p.slots, s.id)
+	}
+	p.raiseDegraded()
+	p.broadcast()
+	return used, nil
+}
+
+// raiseDegraded gives freed budget to degraded leases, oldest first.
+func (p *Pool) raiseDegraded() {
+	for len(p.degraded) > 0 {
+		l := p.degraded[0]
+		free := p.budget.Free()
+		if free == 0 {
+			return
+		}
+		add := min(l.want-l.granted, free)
+		spec := p.spec(l.granted + add)
+		if err := l.slot.io.Retune(spec); err != nil {
+			p.metrics.Error("retune_failed")
+			return
+		}
+		l.slot.spec = spec
+		p.budget.Take(add)
+		l.granted += add
+		if l.granted < l.want {
+			return
+		}
+		l.degraded = false
+		p.degraded = p.degraded[1:]
+	}
+}
+
+// ReleaseOwner releases every lease of a connection that went away.
+func (p *Pool) ReleaseOwner(owner any) int {
+	p.mu.Lock()
+	var ids []uint64
+	for id, l := range p.leases {
+		if l.owner == owner {
+			ids = append(ids, id)
+		}
+	}
+	p.mu.Unlock()
+	for _, id := range ids {
+		_, _ = p.Release(owner, id, "abandoned")
+	}
+	return len(ids)
+}
+
+// Reclaim re-declares a lease held across a reconnect: the slot is leased
+// to owner without any cgroup write (the thread is already in it).
+func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string) (*Grant, error) {
+	p.mu.Lock()
+	s := p.slots[slotID]
+	if s == nil || s.lease != nil || s.busy {
+		p.mu.Unlock()
+		return nil, slotv1.Errorf(slotv1.CodeUnknownLease, "slot %d is unknown or leased to another connection", slotID)
+	}
+	// The invocation already runs: it is admitted whatever the budget says.
+	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: s.spec.QuotaMilli, granted: s.spec.QuotaMilli, action: action, start: s.last}
+	s.lease = l
+	p.leases[l.id] = l
+	p.budget.Take(l.granted)
+	p.setOccupant(s, t, 0)
+	p.mu.Unlock()
+	p.metrics.Acquired(p.cfg.Mode.String(), "reclaimed", 0)
+	return &Grant{Lease: l.id, SlotID: s.id, FDs: s.io.FDs(), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
+}
+
+// Reap removes grown slots that stayed free longer than the idle timeout,
+// keeping the pre-warmed count of each quota.
+func (p *Pool) Reap(now time.Time) int {
+	p.mu.Lock()
+	count := map[uint32]int{}
+	for _, s := range p.slots {
+		count[s.spec.QuotaMilli]++
+	}
+	var victims []*slot
+	for _, s := range p.slots {
+		q := s.spec.QuotaMilli
+		if s.lease == nil && !s.busy && count[q] > p.cfg.Prewarm[q] && now.Sub(s.freeSince) >= p.cfg.IdleTimeout {
+			count[q]--
+			s.busy = true
+			victims = append(victims, s)
+		}
+	}
+	p.mu.Unlock()
+	for _, s := range victims {
+		p.removeSlot(s, "idle")
+	}
+	return len(victims)
+}
+
+// removeSlot removes a slot the caller made busy (or that nobody else sees).
+func (p *Pool) removeSlot(s *slot, why string) {
+	err := s.io.Remove()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.metrics.Error("remove_failed")
+		s.busy = false // try again at the next reap
+		return
+	}
+	if s.occupant != (Thread{}) {
+		delete(p.byThread, s.occupant)
+	}
+	delete(p.slots, s.id)
+	slog.Info("slot removed", "container", p.name, "slot", s.id, "quota", FormatQuota(s.spec.QuotaMilli), "reason", why)
+	p.broadcast()
+}
+
+// Close stops the pool. With remove, every slot is removed (threads moved
+// back to the container) and the container's preparation undone: the
+// container is gone or no longer served. Without, the slots stay for the
+// next agent to adopt and running invocations keep their fds.
+func (p *Pool) Close(remove bool) error {
+	p.mu.Lock()
+	p.closed = true
+	p.broadcast()
+	slots := make([]*slot, 0, len(p.slots))
+	for _, s := range p.slots {
+		if s.io != nil {
+			slots = append(slots, s)
+		}
+	}
+	p.slots = map[uint32]*slot{}
+	p.leases = map[uint64]*lease{}
+	p.mu.Unlock()
+	var errs []error
+	for _, s := range slots {
+		if remove {
+			if err := s.io.Remove(); err != nil {
+				errs = append(errs, err)
+			}
+		} else {
+			s.io.Close()
+		}
+	}
+	if remove && len(errs) == 0 {
+		if err := p.backend.Release(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Summary describes the pool per quota, for HELLO and /debug/pools.
+type Summary struct {
+	Name        string        `json:"name"`
+	Mode        string        `json:"mode"`
+	BudgetMilli uint32        `json:"budgetMilli"`
+	UsedMilli   uint32        `json:"usedMilli"`
+	Leases      int           `json:"leases"`
+	Degraded    int           `json:"degraded"`
+	Quotas      []QuotaStatus `json:"quotas"`
+}
+
+// QuotaStatus counts the slots of one quota.
+type QuotaStatus struct {
+	QuotaMilli uint32 `json:"quotaMilli"`
+	PeriodUS   uint32 `json:"periodUS"`
+	Slots      int    `json:"slots"`
+	Free       int    `json:"free"`
+	Leased     int    `json:"leased"`
+	Prewarm    int    `json:"prewarm"`
+}
+
+// Summary reports the pool's state.
+func (p *Pool) Summary() Summary {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	byQ := map[uint32]*QuotaStatus{}
+	get := func(q uint32) *QuotaStatus {
+		if byQ[q] == nil {
+			byQ[q] = &QuotaStatus{QuotaMilli: q, PeriodUS: p.cfg.PeriodUS, Prewarm: p.cfg.Prewarm[q]}
+		}
+		return byQ[q]
+	}
+	for q := range p.cfg.Prewarm {
+		get(q)
+	}
+	for _, s := range p.slots {
+		st := get(s.spec.QuotaMilli)
+		st.Slots++
+		switch {
+		case s.lease != nil:
+			st.Leased++
+		case !s.busy:
+			st.Free++
+		}
+	}
+	sum := Summary{Name: p.name, Mode: p.cfg.Mode.String(), BudgetMilli: p.budget.Limit, UsedMilli: p.budget.Used(),
+		Leases: len(p.leases), Degraded: len(p.degraded)}
+	for _, st := range byQ {
+		sum.Quotas = append(sum.Quotas, *st)
+	}
+	sortQuotas(sum.Quotas)
+	return sum
+}
+
+func sortQuotas(q []QuotaStatus) {
+	for i := 1; i < len(q); i++ {
+		for j := i; j > 0 && q[j].QuotaMilli < q[j-1].QuotaMilli; j-- {
+			q[j], q[j-1] = q[j-1], q[j]
+		}
+	}
+}

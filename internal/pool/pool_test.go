@@ -1,0 +1,508 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/admission"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+)
+
+// fakeBackend records cgroup operations so tests can count writes. It is a
+// unit-test stand-in only; the real kernel is exercised by the integration
+// tests in internal/server and internal/cgroup.
+type fakeBackend struct {
+	mu       sync.Mutex
+	slots    map[uint32]*fakeSlot
+	adopt    map[uint32]cgroup.Spec
+	limit    uint32
+	maxSlots int // refuse mkdir beyond this many (0: no bound)
+	ops      []string
+	released bool
+}
+
+type fakeSlot struct {
+	b       *fakeBackend
+	id      uint32
+	spec    cgroup.Spec
+	cpu     uint64
+	removed bool
+}
+
+func newFake() *fakeBackend { return &fakeBackend{slots: map[uint32]*fakeSlot{}} }
+
+func (b *fakeBackend) op(format string, args ...any) {
+	b.mu.Lock()
+	b.ops = append(b.ops, fmt.Sprintf(format, args...))
+	b.mu.Unlock()
+}
+
+func (b *fakeBackend) takeOps() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	o := b.ops
+	b.ops = nil
+	return o
+}
+
+func (b *fakeBackend) CreateSlot(id uint32, spec cgroup.Spec) (SlotIO, error) {
+	b.mu.Lock()
+	live := 0
+	for _, s := range b.slots {
+		if !s.removed {
+			live++
+		}
+	}
+	b.mu.Unlock()
+	if b.maxSlots > 0 && live >= b.maxSlots {
+		return nil, fmt.Errorf("mkdir: %w", cgroup.ErrLimitReached)
+	}
+	b.op("create %d %dm", id, spec.QuotaMilli)
+	s := &fakeSlot{b: b, id: id, spec: spec}
+	b.mu.Lock()
+	b.slots[id] = s
+	b.mu.Unlock()
+	return s, nil
+}
+
+func (b *fakeBackend) AdoptSlots() (map[uint32]SlotIO, error) {
+	out := map[uint32]SlotIO{}
+	for id, spec := range b.adopt {
+		s := &fakeSlot{b: b, id: id, spec: spec}
+		b.slots[id] = s
+		out[id] = s
+	}
+	return out, nil
+}
+
+func (b *fakeBackend) MoveIn(tid int) error        { b.op("movein %d", tid); return nil }
+func (b *fakeBackend) LimitMilli() (uint32, error) { return b.limit, nil }
+func (b *fakeBackend) Release() error              { b.released = true; return nil }
+
+func (s *fakeSlot) FDs() []int                  { return []int{int(s.id) + 100} }
+func (s *fakeSlot) Spec() cgroup.Spec           { return s.spec }
+func (s *fakeSlot) Place(tid int) error         { s.b.op("place %d %d", s.id, tid); return nil }
+func (s *fakeSlot) Retune(sp cgroup.Spec) error { s.b.op("retune %d %dm", s.id, sp.QuotaMilli); s.spec = sp; return nil }
+func (s *fakeSlot) Usage() (cgroup.Usage, error) {
+	s.cpu += 1000
+	return cgroup.Usage{CPUNanos: s.cpu}, nil
+}
+func (s *fakeSlot) Remove() error { s.b.op("remove %d", s.id); s.removed = true; return nil }
+func (s *fakeSlot) Close()        {}
+
+func cfg(mode Mode, prewarm string) Config {
+	c := DefaultConfig()
+	c.Mode = mode
+	c.Prewarm, _ = ParsePrewarm(prewarm)
+	c.DefaultWait = 50 * time.Millisecond
+	return c
+}
+
+func start(t *testing.T, c Config, b *fakeBackend) *Pool {
+	t.Helper()
+	p, err := New("test", c, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b.takeOps()
+	return p
+}
+
+type conn struct{ name string }
+
+func req(owner any, q uint32, tid uint32, cur uint32) Request {
+	return Request{Owner: owner, QuotaMilli: q, Thread: Thread{NS: 1, TID: tid}, CurrentSlot: cur,
+		HostTID: func() (int, error) { return int(tid) + 10000, nil }}
+}
+
+func must(t *testing.T) func(*Grant, error) *Grant {
+	return func(g *Grant, err error) *Grant {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+}
+
+func code(err error) slotv1.Code {
+	var pe *slotv1.Error
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return 0
+}
+
+func TestAffinityReusesTheThreadsOwnSlot(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=2,500m=1"), b)
+	c := &conn{}
+	ctx := context.Background()
+
+	g := must(t)(p.Acquire(ctx, req(c, 250, 1, 0)))
+	if g.Outcome != slotv1.OutcomeCacheHit || g.Place != slotv1.PlaceSelf {
+		t.Fatalf("first acquisition: %+v", g)
+	}
+	if _, err := p.Release(c, g.Lease, "ok"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		g2 := must(t)(p.Acquire(ctx, req(c, 250, 1, g.SlotID)))
+		if g2.Outcome != slotv1.OutcomeAffinityHit || g2.Place != slotv1.PlaceNone || g2.SlotID != g.SlotID {
+			t.Fatalf("repeat %d: %+v", i, g2)
+		}
+		if _, err := p.Release(c, g2.Lease, "ok"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ops := b.takeOps(); len(ops) != 0 {
+		t.Fatalf("affinity hits wrote to cgroups: %v", ops)
+	}
+	// A thread that claims no current slot (a new thread reusing the TID)
+	// is placed again, not trusted.
+	g3 := must(t)(p.Acquire(ctx, req(c, 250, 1, 0)))
+	if g3.Place != slotv1.PlaceSelf {
+		t.Fatalf("unknown current slot must be placed: %+v", g3)
+	}
+	// A second thread gets the other 250m slot, not the first thread's.
+	g4 := must(t)(p.Acquire(ctx, req(c, 250, 2, 0)))
+	if g4.SlotID == g3.SlotID {
+		t.Fatal("two leases on one slot")
+	}
+}
+
+func TestAffinityRetunesOwnSlotThenCreates(t *testing.T) {
+	b := newFake()
+	c := cfg(Affinity, "250m=1")
+	c.MaxSlots = 2
+	p := start(t, c, b)
+	o := &conn{}
+	ctx := context.Background()
+	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	p.Release(o, g.Lease, "ok")
+	// No free 700m slot: the thread's own free slot is retuned, no placement.
+	g2 := must(t)(p.Acquire(ctx, req(o, 700, 1, g.SlotID)))
+	if g2.Outcome != slotv1.OutcomeRetuned || g2.Place != slotv1.PlaceNone || g2.Spec.QuotaMilli != 700 {
+		t.Fatalf("%+v", g2)
+	}
+	// Another thread wants 700m while that slot is leased: a slot is created.
+	g3 := must(t)(p.Acquire(ctx, req(o, 700, 2, 0)))
+	if g3.Outcome != slotv1.OutcomeCreated || g3.Place != slotv1.PlaceSelf {
+		t.Fatalf("%+v", g3)
+	}
+	// At the bound with every slot leased, a third waits and times out.
+	_, err := p.Acquire(ctx, req(o, 250, 3, 0))
+	if code(err) != slotv1.CodeSlotUnavailable {
+		t.Fatalf("want SLOT_UNAVAILABLE, got %v", err)
+	}
+	// ...unless a slot frees up while it waits.
+	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g3.Lease, "ok") }()
+	r := req(o, 250, 3, 0)
+	r.Wait = 2 * time.Second
+	g4 := must(t)(p.Acquire(ctx, r))
+	if !g4.Queued || g4.Outcome != slotv1.OutcomeRetuned {
+		t.Fatalf("%+v", g4)
+	}
+}
+
+func TestBaselineModesWriteTIDs(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+
+	b := newFake()
+	p := start(t, cfg(CacheEager, "250m=1"), b)
+	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	p.Release(o, g.Lease, "ok")
+	g = must(t)(p.Acquire(ctx, req(o, 250, 1, g.SlotID)))
+	p.Release(o, g.Lease, "ok")
+	want := []string{"place 1 10001", "movein 10001", "place 1 10001", "movein 10001"}
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
+		t.Fatalf("eager: %v, want %v", ops, want)
+	}
+
+	b = newFake()
+	p = start(t, cfg(CacheLazy, "250m=1"), b)
+	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	p.Release(o, g.Lease, "ok")
+	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	if g.Place != slotv1.PlaceNone {
+		t.Fatalf("lazy same thread: %+v", g)
+	}
+	p.Release(o, g.Lease, "ok")
+	g = must(t)(p.Acquire(ctx, req(o, 250, 2, 0))) // another thread: evict, then place
+	p.Release(o, g.Lease, "ok")
+	want = []string{"place 1 10001", "movein 10001", "place 1 10002"}
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
+		t.Fatalf("lazy: %v, want %v", ops, want)
+	}
+
+	b = newFake()
+	p = start(t, cfg(Uncached, "250m=4"), b)
+	if ops := b.takeOps(); len(ops) != 0 || len(b.slots) != 0 {
+		t.Fatal("uncached must not pre-warm")
+	}
+	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	if g.Outcome != slotv1.OutcomeCreated || g.Place != slotv1.PlaceDone {
+		t.Fatalf("%+v", g)
+	}
+	p.Release(o, g.Lease, "ok")
+	want = []string{"create 1 250m", "place 1 10001", "remove 1"}
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
+		t.Fatalf("uncached: %v, want %v", ops, want)
+	}
+	if s := p.Summary(); len(s.Quotas) != 1 || s.Quotas[0].Slots != 0 {
+		t.Fatalf("uncached left slots: %+v", s)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	b := newFake()
+	b.limit = 1000
+	p := start(t, cfg(Affinity, "250m=1"), b)
+	o, other := &conn{}, &conn{}
+	ctx := context.Background()
+	for _, q := range []uint32{0, 5, 1500} {
+		if _, err := p.Acquire(ctx, req(o, q, 1, 0)); code(err) != slotv1.CodeInvalidQuota {
+			t.Errorf("quota %d: %v", q, err)
+		}
+	}
+	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	if _, err := p.Release(other, g.Lease, "ok"); code(err) != slotv1.CodeUnknownLease {
+		t.Fatalf("release by another connection: %v", err)
+	}
+	if _, err := p.Release(o, 999999, "ok"); code(err) != slotv1.CodeUnknownLease {
+		t.Fatalf("unknown lease: %v", err)
+	}
+	u, err := p.Release(o, g.Lease, "ok")
+	if err != nil || u.CPUNanos == 0 {
+		t.Fatalf("release: %+v %v", u, err)
+	}
+	if _, err := p.Release(o, g.Lease, "ok"); code(err) != slotv1.CodeUnknownLease {
+		t.Fatalf("double release: %v", err)
+	}
+	if s := p.Summary(); s.UsedMilli != 0 || s.Leases != 0 {
+		t.Fatalf("pool inconsistent after bad input: %+v", s)
+	}
+}
+
+func TestCgroupRefusesMkdir(t *testing.T) {
+	b := newFake()
+	b.maxSlots = 1
+	p := start(t, cfg(Affinity, "250m=1"), b)
+	o := &conn{}
+	ctx := context.Background()
+	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	_, err := p.Acquire(ctx, req(o, 500, 2, 0))
+	if code(err) != slotv1.CodeSlotUnavailable {
+		t.Fatalf("want SLOT_UNAVAILABLE, got %v", err)
+	}
+	s := p.Summary()
+	if s.Leases != 1 || s.UsedMilli != 250 || len(p.slots) != 1 {
+		t.Fatalf("failed create left state behind: %+v, %d slots", s, len(p.slots))
+	}
+	p.Release(o, g.Lease, "ok")
+}
+
+func TestAdmissionPolicies(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	mk := func(policy admission.Policy) (*Pool, *fakeBackend) {
+		b := newFake()
+		b.limit = 1000
+		c := cfg(Affinity, "500m=2")
+		c.Policy = policy
+		return start(t, c, b), b
+	}
+
+	p, _ := mk(admission.Reject)
+	g := must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
+	if _, err := p.Acquire(ctx, req(o, 500, 2, 0)); code(err) != slotv1.CodeRejected {
+		t.Fatalf("reject: %v", err)
+	}
+	p.Release(o, g.Lease, "ok")
+
+	p, _ = mk(admission.Queue)
+	g = must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
+	if _, err := p.Acquire(ctx, req(o, 500, 2, 0)); code(err) != slotv1.CodeTimeout {
+		t.Fatalf("queue timeout: %v", err)
+	}
+	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g.Lease, "ok") }()
+	r := req(o, 500, 2, 0)
+	r.Wait = 2 * time.Second
+	g2 := must(t)(p.Acquire(ctx, r))
+	if !g2.Queued || g2.Spec.QuotaMilli != 500 {
+		t.Fatalf("queued grant %+v", g2)
+	}
+
+	p, b := mk(admission.Degrade)
+	g = must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
+	g2 = must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	if !g2.Degraded || g2.Spec.QuotaMilli != 200 {
+		t.Fatalf("degraded grant %+v", g2)
+	}
+	b.takeOps()
+	p.Release(o, g.Lease, "ok")
+	// The freed budget raises the degraded lease to what it asked for.
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 500m]", g2.SlotID) {
+		t.Fatalf("raise: %v", ops)
+	}
+	if s := p.Summary(); s.UsedMilli != 500 || s.Degraded != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+func TestOwnerGoneAndReclaim(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=2"), b)
+	ctx := context.Background()
+	o := &conn{}
+	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	must(t)(p.Acquire(ctx, req(o, 250, 2, 0)))
+	if n := p.ReleaseOwner(o); n != 2 {
+		t.Fatalf("released %d", n)
+	}
+	if s := p.Summary(); s.Leases != 0 || s.UsedMilli != 0 || s.Quotas[0].Free != 2 {
+		t.Fatalf("%+v", s)
+	}
+	// A reconnecting client re-declares a lease it still runs under.
+	o2 := &conn{}
+	g := must(t)(p.Reclaim(o2, g1.SlotID, 250, Thread{NS: 1, TID: 1}, "a"))
+	if g.Place != slotv1.PlaceNone {
+		t.Fatalf("%+v", g)
+	}
+	if _, err := p.Reclaim(&conn{}, g1.SlotID, 250, Thread{NS: 1, TID: 9}, "a"); code(err) != slotv1.CodeUnknownLease {
+		t.Fatalf("double reclaim: %v", err)
+	}
+	if _, err := p.Reclaim(o2, 4242, 250, Thread{NS: 1, TID: 1}, "a"); code(err) != slotv1.CodeUnknownLease {
+		t.Fatalf("unknown slot: %v", err)
+	}
+	if _, err := p.Release(o2, g.Lease, "ok"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAdoptionAndReap(t *testing.T) {
+	b := newFake()
+	b.adopt = map[uint32]cgroup.Spec{
+		3: {QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap},
+		9: {QuotaMilli: 250, PeriodUS: 50000, Limit: cgroup.LimitShare},
+	}
+	c := cfg(Affinity, "250m=1,1=1")
+	c.IdleTimeout = time.Minute
+	p, err := New("test", c, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ops := b.takeOps()
+	// Slot 9 had another period and limit: retuned; 1 core was missing: created with a fresh id.
+	if fmt.Sprint(ops) != "[retune 9 250m create 10 1000m]" {
+		t.Fatalf("start: %v", ops)
+	}
+	if n := p.Reap(time.Now()); n != 0 {
+		t.Fatalf("reaped %d before the idle timeout", n)
+	}
+	if n := p.Reap(time.Now().Add(2 * time.Minute)); n != 1 {
+		t.Fatalf("reaped %d, want the one extra 250m slot", n)
+	}
+	s := p.Summary()
+	if len(s.Quotas) != 2 || s.Quotas[0].Slots != 1 || s.Quotas[1].Slots != 1 {
+		t.Fatalf("%+v", s)
+	}
+	if err := p.Close(true); err != nil || !b.released {
+		t.Fatalf("close: %v released=%v", err, b.released)
+	}
+	for _, fs := range b.slots {
+		if !fs.removed {
+			t.Fatalf("slot %d left after Close(true)", fs.id)
+		}
+	}
+}
+
+func TestConcurrentAcquireRelease(t *testing.T) {
+	b := newFake()
+	c := cfg(Affinity, "250m=4,500m=2")
+	c.MaxSlots = 8
+	c.DefaultWait = 2 * time.Second
+	p := start(t, c, b)
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			o := &conn{}
+			cur := uint32(0)
+			for i := 0; i < 200; i++ {
+				q := uint32(250 * (1 + (w+i)%2))
+				g, err := p.Acquire(context.Background(), req(o, q, uint32(w+1), cur))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				cur = g.SlotID
+				if _, err := p.Release(o, g.Lease, "ok"); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	s := p.Summary()
+	if s.Leases != 0 || s.UsedMilli != 0 {
+		t.Fatalf("%+v", s)
+	}
+	n := 0
+	for _, q := range s.Quotas {
+		n += q.Slots
+		if q.Free != q.Slots {
+			t.Fatalf("%+v", s)
+		}
+	}
+	if n > 8 {
+		t.Fatalf("%d slots above the bound", n)
+	}
+}
+
+func TestParse(t *testing.T) {
+	for in, want := range map[string]uint32{"250m": 250, "1": 1000, "1.5": 1500, "0.25": 250, "2000m": 2000} {
+		if got, err := ParseQuota(in); err != nil || got != want {
+			t.Errorf("%s: %d %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "0", "-1", "-250m", "abc", "1e3", "0.0001", "NaN", "Inf", "250mm", "m", "1.5m"} {
+		if _, err := ParseQuota(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	p, err := ParsePrewarm("250m=8, 500m=4,1=2")
+	if err != nil || FormatPrewarm(p) != "250m=8,500m=4,1=2" {
+		t.Fatalf("%v %v", p, err)
+	}
+	for _, bad := range []string{"250m", "250m=-1", "250m=x", "x=1", "250m=1,0.25=2"} {
+		if _, err := ParsePrewarm(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if _, err := ParseMode("affinity"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseMode("fast"); err == nil {
+		t.Fatal("accepted unknown mode")
+	}
+	c := DefaultConfig()
+	c.Prewarm = map[uint32]int{250: 100}
+	if c.Validate() == nil {
+		t.Fatal("prewarm above maxSlots accepted")
+	}
+}
