@@ -67,6 +67,36 @@ func TestRunTimeout(t *testing.T) {
 	}
 }
 
+// TestRunErrors checks that a guest that never runs the command is an error
+// that shows why.
+func TestRunErrors(t *testing.T) {
+	Require(t)
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want []string
+	}{
+		// No /init: the kernel panics; panic=-1 and -no-reboot end qemu.
+		{"panic", Options{KernelArgs: []string{"rdinit=/nonexistent"}}, []string{"never started", "Kernel panic"}},
+		{"setup", Options{MountOptions: "nosuchoption"}, []string{"guest setup failed: mount cgroup2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.opts.Command = []string{"true"}
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+			defer cancel()
+			_, err := Run(ctx, tc.opts)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
 func TestConsoleParser(t *testing.T) {
 	const n = "abc"
 	console := "SeaBIOS\r\n[ 1.0] kernel says hi\r\n" +
