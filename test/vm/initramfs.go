@@ -167,7 +167,8 @@ func busyboxApplets(busybox string) ([]string, error) {
 	return applets, appletsErr
 }
 
-// writeInitramfs writes the gzip'd initramfs for opts to path.
+// writeInitramfs writes to dst a gzip'd initramfs with busybox, /init and
+// files (guest path -> host path).
 func writeInitramfs(dst string, busybox string, initScript string, files map[string]string) error {
 	list, err := busyboxApplets(busybox)
 	if err != nil {
