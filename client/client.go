@@ -1,0 +1,492 @@
+// Package client is the Go client of the cpuslot slot protocol.
+//
+// A runtime calls Acquire on the OS thread that will run an invocation
+// (in Go: a goroutine that called runtime.LockOSThread), runs the
+// invocation, and calls Release. Acquire places the calling thread in the
+// granted slot, usually with one write of "0" to a slot fd the agent passed
+// earlier, or with no write at all when the thread already sits there.
+//
+// A Client is safe for concurrent use. It keeps a pool of connections (one
+// request in flight on each), caches slot fds, and after an agent restart
+// reconnects and re-declares the leases it holds.
+package client
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+)
+
+// Options tune a Client.
+type Options struct {
+	// Name is sent in HELLO for the agent's logs.
+	Name string
+	// Wait is the wait budget sent with each acquisition (0: the agent's
+	// default).
+	Wait time.Duration
+	// Timeout bounds each round trip to the agent (default 5s).
+	Timeout time.Duration
+	// AgentPlaces asks the agent to place threads instead of passing fds.
+	AgentPlaces bool
+	// ReconnectFor is how long a failed call keeps trying to reach a
+	// restarting agent before giving up (default 2s).
+	ReconnectFor time.Duration
+}
+
+// Client talks to one agent socket.
+type Client struct {
+	path string
+	opts Options
+
+	mu    sync.Mutex
+	idle  []*conn
+	gen   uint64 // bumped on every reconnect
+	hello slotv1.HelloOK
+	// fds caches each slot's placement fds (replaced when new ones come).
+	fds map[uint32][]int
+	// current remembers which slot each thread placed itself in last.
+	current map[int]uint32
+	// held are the leases not yet released, re-declared after a reconnect.
+	held map[*Lease]struct{}
+
+	recoverMu sync.Mutex
+	closed    bool
+}
+
+// Usage is what a lease's slot used while held.
+type Usage struct {
+	CPU              time.Duration
+	Throttled        time.Duration
+	Periods          uint64
+	ThrottledPeriods uint64
+}
+
+// Lease is a granted slot.
+type Lease struct {
+	c          *Client
+	id         uint64
+	gen        uint64
+	Slot       uint32
+	QuotaMilli uint32
+	Outcome    slotv1.Outcome
+	Place      slotv1.Place
+	Queued     bool
+	Degraded   bool
+	tid        int
+	action     string
+	invocation string
+	// lost means the lease could not be re-declared after a reconnect.
+	lost bool
+}
+
+// Dial connects to the agent and says HELLO.
+func Dial(path string, opts Options) (*Client, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	if opts.ReconnectFor <= 0 {
+		opts.ReconnectFor = 2 * time.Second
+	}
+	c := &Client{path: path, opts: opts, fds: map[uint32][]int{}, current: map[int]uint32{}, held: map[*Lease]struct{}{}}
+	cn, err := c.dial()
+	if err != nil {
+		return nil, err
+	}
+	c.put(cn)
+	return c, nil
+}
+
+// Hello is what the agent said about this client's container.
+func (c *Client) Hello() slotv1.HelloOK {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hello
+}
+
+// Close closes every connection and cached fd. Leases still held are
+// released by the agent once the process's last connection is gone.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for _, cn := range c.idle {
+		cn.close()
+	}
+	c.idle = nil
+	for _, fds := range c.fds {
+		closeFDs(fds)
+	}
+	c.fds = map[uint32][]int{}
+	return nil
+}
+
+// Acquire leases a slot of quotaMilli for an invocation and places the
+// calling OS thread in it.
+func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, error) {
+	tid := unix.Gettid()
+	c.mu.Lock()
+	cur := c.current[tid]
+	c.mu.Unlock()
+	req := &slotv1.Acquire{QuotaMilli: quotaMilli, TID: uint32(tid), CurrentSlot: cur, Action: action, Invocation: invocation,
+		WaitUS: uint32(min(c.opts.Wait.Microseconds(), 1<<32-1))}
+	if c.opts.AgentPlaces {
+		req.Flags |= slotv1.AcquireAgentPlaces
+	}
+	resp, fds, gen, err := c.call(req)
+	if err != nil {
+		return nil, err
+	}
+	ok, isOK := resp.(*slotv1.AcquireOK)
+	if !isOK {
+		closeFDs(fds)
+		return nil, fmt.Errorf("cpuslot: unexpected %T to ACQUIRE", resp)
+	}
+	l := &Lease{c: c, id: ok.Lease, gen: gen, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, Outcome: ok.Outcome, Place: ok.Place,
+		Queued: ok.Flags&slotv1.AcquiredQueued != 0, Degraded: ok.Flags&slotv1.AcquiredDegraded != 0,
+		tid: tid, action: action, invocation: invocation}
+	c.mu.Lock()
+	if len(fds) > 0 {
+		closeFDs(c.fds[ok.Slot])
+		c.fds[ok.Slot] = fds
+	}
+	slotFDs := c.fds[ok.Slot]
+	c.held[l] = struct{}{}
+	c.mu.Unlock()
+
+	if ok.Place == slotv1.PlaceSelf {
+		if err := placeSelf(slotFDs); err != nil {
+			c.setCurrent(tid, 0)
+			_, _ = l.Release(slotv1.PlacementFailed)
+			return nil, fmt.Errorf("cpuslot: placing thread in slot %d: %w", ok.Slot, err)
+		}
+	}
+	c.setCurrent(tid, ok.Slot)
+	return l, nil
+}
+
+func (c *Client) setCurrent(tid int, slot uint32) {
+	c.mu.Lock()
+	if slot == 0 {
+		delete(c.current, tid)
+	} else {
+		c.current[tid] = slot
+	}
+	c.mu.Unlock()
+}
+
+var zero = []byte("0")
+
+// placeSelf moves the calling thread into a slot: one write per hierarchy.
+func placeSelf(fds []int) error {
+	if len(fds) == 0 {
+		return errors.New("no fd cached for the slot")
+	}
+	for _, fd := range fds {
+		if _, err := unix.Write(fd, zero); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Release ends the lease and returns what the slot used meanwhile. The
+// thread stays in the slot: the next invocation on it reuses the slot with
+// no cgroup write.
+func (l *Lease) Release(outcome slotv1.ReleaseOutcome) (Usage, error) {
+	c := l.c
+	for attempt := 0; ; attempt++ {
+		c.mu.Lock()
+		id, lost := l.id, l.lost
+		c.mu.Unlock()
+		if lost {
+			c.forget(l)
+			return Usage{}, errors.New("cpuslot: lease lost across an agent restart; usage unknown")
+		}
+		resp, _, _, err := c.call(&slotv1.Release{Lease: id, Outcome: outcome})
+		if err != nil {
+			// A reconnect during the call re-declared the lease under a new
+			// id: release that one.
+			c.mu.Lock()
+			moved := l.id != id
+			c.mu.Unlock()
+			var pe *slotv1.Error
+			if errors.As(err, &pe) && pe.Code == slotv1.CodeUnknownLease && moved && attempt == 0 {
+				continue
+			}
+			c.forget(l)
+			return Usage{}, err
+		}
+		c.forget(l)
+		r, ok := resp.(*slotv1.ReleaseOK)
+		if !ok {
+			return Usage{}, fmt.Errorf("cpuslot: unexpected %T to RELEASE", resp)
+		}
+		return Usage{CPU: time.Duration(r.CPUNanos), Throttled: time.Duration(r.ThrottledNanos), Periods: r.Periods, ThrottledPeriods: r.ThrottledPeriods}, nil
+	}
+}
+
+func (c *Client) forget(l *Lease) {
+	c.mu.Lock()
+	delete(c.held, l)
+	c.mu.Unlock()
+}
+
+// call runs one request on a pooled connection. A broken connection (agent
+// gone) triggers one reconnect, which re-declares held leases, and a retry.
+func (c *Client) call(m slotv1.Message) (slotv1.Message, []int, uint64, error) {
+	for attempt := 0; ; attempt++ {
+		cn, err := c.get()
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		resp, fds, err := cn.roundTrip(m)
+		if err == nil {
+			c.put(cn)
+			if e, ok := resp.(*slotv1.Error); ok {
+				return nil, nil, cn.gen, e
+			}
+			return resp, fds, cn.gen, nil
+		}
+		cn.close()
+		if attempt > 0 {
+			return nil, nil, 0, fmt.Errorf("cpuslot: agent unreachable: %w", err)
+		}
+		if rerr := c.recover(cn.gen); rerr != nil {
+			return nil, nil, 0, fmt.Errorf("cpuslot: agent unreachable: %w", rerr)
+		}
+	}
+}
+
+func (c *Client) get() (*conn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errors.New("cpuslot: client closed")
+	}
+	if n := len(c.idle); n > 0 {
+		cn := c.idle[n-1]
+		c.idle = c.idle[:n-1]
+		c.mu.Unlock()
+		return cn, nil
+	}
+	c.mu.Unlock()
+	return c.dial()
+}
+
+func (c *Client) put(cn *conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || cn.gen != c.gen {
+		cn.close()
+		return
+	}
+	c.idle = append(c.idle, cn)
+}
+
+// recover reconnects after connection generation gen failed, unless another
+// caller already did, and re-declares held leases on the new connection.
+func (c *Client) recover(gen uint64) error {
+	c.recoverMu.Lock()
+	defer c.recoverMu.Unlock()
+	c.mu.Lock()
+	if c.gen != gen {
+		c.mu.Unlock()
+		return nil // someone else reconnected meanwhile
+	}
+	for _, cn := range c.idle {
+		cn.close()
+	}
+	c.idle = nil
+	c.gen++
+	c.mu.Unlock()
+
+	deadline := time.Now().Add(c.opts.ReconnectFor)
+	var cn *conn
+	var err error
+	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
+		if cn, err = c.dial(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(delay)
+	}
+	c.mu.Lock()
+	var held []*Lease
+	for l := range c.held {
+		if l.gen < c.gen && !l.lost {
+			held = append(held, l)
+		}
+	}
+	c.mu.Unlock()
+	for _, l := range held {
+		resp, fds, err := cn.roundTrip(&slotv1.Reclaim{Slot: l.Slot, QuotaMilli: l.QuotaMilli, TID: uint32(l.tid), Action: l.action, Invocation: l.invocation})
+		if err != nil {
+			cn.close()
+			return err
+		}
+		c.mu.Lock()
+		if ok, isOK := resp.(*slotv1.AcquireOK); isOK {
+			l.id, l.gen = ok.Lease, cn.gen
+			if len(fds) > 0 {
+				closeFDs(c.fds[ok.Slot])
+				c.fds[ok.Slot] = fds
+			}
+		} else {
+			l.lost = true
+			closeFDs(fds)
+		}
+		c.mu.Unlock()
+	}
+	c.put(cn)
+	return nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// conn is one blocking connection. Blocking syscalls let a locked OS thread
+// sleep in the kernel and wake directly when the answer arrives.
+type conn struct {
+	fd  int
+	gen uint64
+	req uint32
+	out []byte
+	buf []byte
+	oob []byte
+}
+
+func (c *Client) dial() (*conn, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	tv := unix.NsecToTimeval(c.opts.Timeout.Nanoseconds())
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: c.path}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("cpuslot: connecting to %s: %w", c.path, err)
+	}
+	c.mu.Lock()
+	gen := c.gen
+	c.mu.Unlock()
+	cn := &conn{fd: fd, gen: gen, buf: make([]byte, 0, 256), oob: make([]byte, unix.CmsgSpace(4*8))}
+	flags := uint32(slotv1.HelloFDPassing)
+	if c.opts.AgentPlaces {
+		flags = 0
+	}
+	name := c.opts.Name
+	if name == "" {
+		name = "go:" + os.Args[0]
+		if len(name) > 128 {
+			name = name[:128]
+		}
+	}
+	resp, fds, err := cn.roundTrip(&slotv1.Hello{MinVersion: slotv1.Version, MaxVersion: slotv1.Version, Flags: flags, Client: name})
+	closeFDs(fds)
+	if err != nil {
+		cn.close()
+		return nil, err
+	}
+	switch h := resp.(type) {
+	case *slotv1.HelloOK:
+		c.mu.Lock()
+		c.hello = *h
+		c.mu.Unlock()
+		return cn, nil
+	case *slotv1.Error:
+		cn.close()
+		return nil, h
+	}
+	cn.close()
+	return nil, fmt.Errorf("cpuslot: unexpected %T to HELLO", resp)
+}
+
+func (cn *conn) close() {
+	if cn.fd >= 0 {
+		unix.Close(cn.fd)
+		cn.fd = -1
+	}
+}
+
+// roundTrip sends one request and reads its response with any fds.
+func (cn *conn) roundTrip(m slotv1.Message) (slotv1.Message, []int, error) {
+	cn.req++
+	var err error
+	if cn.out, err = slotv1.Append(cn.out[:0], cn.req, m); err != nil {
+		return nil, nil, err
+	}
+	for off := 0; off < len(cn.out); {
+		n, err := unix.Write(cn.fd, cn.out[off:])
+		if err != nil {
+			return nil, nil, err
+		}
+		off += n
+	}
+	var fds []int
+	cn.buf = cn.buf[:0]
+	need := slotv1.HeaderLen
+	for len(cn.buf) < need {
+		if cap(cn.buf) < need {
+			nb := make([]byte, len(cn.buf), need)
+			copy(nb, cn.buf)
+			cn.buf = nb
+		}
+		n, oobn, _, _, err := unix.Recvmsg(cn.fd, cn.buf[len(cn.buf):need], cn.oob, unix.MSG_CMSG_CLOEXEC)
+		if err != nil {
+			closeFDs(fds)
+			return nil, nil, err
+		}
+		if n == 0 {
+			closeFDs(fds)
+			return nil, nil, errors.New("agent closed the connection")
+		}
+		if oobn > 0 {
+			fds = append(fds, parseRights(cn.oob[:oobn])...)
+		}
+		cn.buf = cn.buf[:len(cn.buf)+n]
+		if len(cn.buf) == slotv1.HeaderLen && need == slotv1.HeaderLen {
+			body, err := slotv1.BodyLen(cn.buf)
+			if err != nil {
+				closeFDs(fds)
+				return nil, nil, err
+			}
+			need += body
+		}
+	}
+	f, err := slotv1.DecodeBody(cn.buf[slotv1.HeaderLen:])
+	if err != nil {
+		closeFDs(fds)
+		return nil, nil, err
+	}
+	if f.Request != cn.req && f.Request != 0 {
+		closeFDs(fds)
+		return nil, nil, fmt.Errorf("response to request %d, expected %d", f.Request, cn.req)
+	}
+	return f.Msg, fds, nil
+}
+
+func parseRights(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if r, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, r...)
+		}
+	}
+	return fds
+}

@@ -1,0 +1,27 @@
+package cgroup_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/cpuslot/cpuslot/test/vm"
+)
+
+// TestCgroupV2 runs this package's kernel tests on a real cgroup v2 kernel
+// (in the test VM), with and without favordynmods.
+func TestCgroupV2(t *testing.T) {
+	if vm.InGuest() {
+		t.Skip("already in the VM")
+	}
+	vm.Require(t)
+	for _, opts := range []string{"", "favordynmods"} {
+		t.Run("mount="+opts, func(t *testing.T) {
+			r := vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/cgroup",
+				"^Test(Detect|SlotLifecycle|ShareOnlyAdoption|CreateFailsCleanly|MkdirRefused)$",
+				vm.Options{MountOptions: opts})
+			if opts != "" && !strings.Contains(r.Output, "favordynmods=true") {
+				t.Errorf("favordynmods not detected in the guest:\n%s", r.Output)
+			}
+		})
+	}
+}
