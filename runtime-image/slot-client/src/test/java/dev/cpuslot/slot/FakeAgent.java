@@ -20,8 +20,8 @@ import java.util.function.Function;
  * socket, with real SCM_RIGHTS fds. A "slot" is a regular file: the fd passed is that file opened
  * for writing, so a test can read what the client wrote to it ("0" per placement).
  */
-final class FakeAgent implements AutoCloseable {
-    final Path dir, socket;
+public final class FakeAgent implements AutoCloseable {
+    public final Path dir, socket;
     final Map<Long, Path> slotFiles = new ConcurrentHashMap<>();
     final Map<Long, Long> slotQuota = new ConcurrentHashMap<>();
     /** lease id -> slot, for leases currently held. */
@@ -29,25 +29,25 @@ final class FakeAgent implements AutoCloseable {
     final Map<Long, Long> slotTid = new ConcurrentHashMap<>();  // which tid sat in a slot last
     final AtomicLong nextLease = new AtomicLong(100);
     final AtomicLong nextSlot = new AtomicLong(1);
-    final List<Protocol.Message> received = new CopyOnWriteArrayList<>();
+    public final List<Protocol.Message> received = new CopyOnWriteArrayList<>();
     final AtomicInteger pipelined = new AtomicInteger();
     final AtomicInteger connections = new AtomicInteger();
     volatile long helloFlags = 0;
     volatile long acquireDelayMs = 0;
     volatile boolean alwaysSendFds = false;
     /** Optional override: return an answer for an ACQUIRE, or null for the normal path. */
-    volatile Function<Protocol.Acquire, Protocol.Message> acquireHook;
+    public volatile Function<Protocol.Acquire, Protocol.Message> acquireHook;
     private volatile int listenFd = -1;
     private volatile boolean running;
     private final Set<Integer> openConns = ConcurrentHashMap.newKeySet();
     private Thread acceptor;
 
-    FakeAgent(Path dir) {
+    public FakeAgent(Path dir) {
         this.dir = dir;
         this.socket = dir.resolve("agent.sock");
     }
 
-    FakeAgent start() throws IOException {
+    public FakeAgent start() throws IOException {
         Files.deleteIfExists(socket);
         listenFd = Native.listen(socket.toString(), 64);
         running = true;
@@ -56,7 +56,7 @@ final class FakeAgent implements AutoCloseable {
     }
 
     /** Closes the listener and every connection, like an agent that died. State survives. */
-    void stop() throws Exception {
+    public void stop() throws Exception {
         running = false;
         int l = listenFd;
         listenFd = -1;
@@ -68,7 +68,7 @@ final class FakeAgent implements AutoCloseable {
     }
 
     /** What an agent that restarts does: adopts slots, forgets leases. */
-    void restart(boolean keepSlots) throws Exception {
+    public void restart(boolean keepSlots) throws Exception {
         stop();
         leases.clear();
         if (!keepSlots) {
@@ -81,9 +81,9 @@ final class FakeAgent implements AutoCloseable {
     @Override
     public void close() throws Exception { stop(); }
 
-    String slotContent(long slot) throws IOException { return Files.readString(slotFiles.get(slot)); }
+    public String slotContent(long slot) throws IOException { return Files.readString(slotFiles.get(slot)); }
 
-    long count(Class<?> type) { return received.stream().filter(type::isInstance).count(); }
+    public long count(Class<?> type) { return received.stream().filter(type::isInstance).count(); }
 
     private void acceptLoop() {
         while (running) {

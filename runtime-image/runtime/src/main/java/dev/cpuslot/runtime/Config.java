@@ -1,0 +1,79 @@
+package dev.cpuslot.runtime;
+
+import java.util.Map;
+
+/** Runtime settings, all from the environment (names documented in runtime-image/README.md). */
+public record Config(
+        int port,
+        int metricsPort,
+        boolean slotsEnabled,
+        String agentSocket,
+        long acquireBudgetMs,
+        boolean failClosed,
+        int sandboxesPerFunction,
+        long defaultTimeoutMs,
+        long workerIdleMs,
+        String defaultQuota,          // pod default, e.g. from the downward API
+        long maxQuotaMilli,           // cap for every source; 0 = no cap
+        boolean allowInvocationQuota, // OpenWhisk/Hydra: value.__cpuslot_quota
+        boolean allowHeaderQuota,     // Knative/Hydra: X-Cpuslot-Quota header
+        boolean annotationLookup,     // OpenWhisk: read the action's annotation via the REST API
+        String annotationKey,
+        long annotationTimeoutMs,
+        String apiHost,               // __OW_API_HOST
+        String language,              // force the language of OpenWhisk/Knative /init code
+        boolean reportInBody) {       // Hydra/Knative: add "cpuslot" usage to the reply
+
+    public static final String QUOTA_PARAM = "__cpuslot_quota";
+    public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
+    public static final String INIT_QUOTA_ENV = "CPUSLOT_QUOTA";
+
+    public static Config fromEnv() { return from(System.getenv()); }
+
+    public static Config from(Map<String, String> env) {
+        return new Config(
+                intOf(env, "PORT", 8080),
+                intOf(env, "CPUSLOT_METRICS_PORT", 9102),
+                bool(env, "CPUSLOT_ENABLED", true),
+                env.getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock"),
+                longOf(env, "CPUSLOT_ACQUIRE_BUDGET_MS", 50),
+                bool(env, "CPUSLOT_FAIL_CLOSED", false),
+                intOf(env, "CPUSLOT_SANDBOXES_PER_FUNCTION", Math.max(4, 4 * Runtime.getRuntime().availableProcessors())),
+                longOf(env, "CPUSLOT_DEFAULT_TIMEOUT_MS", 60_000),
+                longOf(env, "CPUSLOT_WORKER_IDLE_MS", 60_000),
+                blankToNull(env.get("CPUSLOT_DEFAULT_QUOTA")),
+                longOf(env, "CPUSLOT_MAX_QUOTA_MILLI", 0),
+                bool(env, "CPUSLOT_ALLOW_INVOCATION_QUOTA", false),
+                bool(env, "CPUSLOT_ALLOW_HEADER_QUOTA", false),
+                bool(env, "CPUSLOT_ANNOTATION_LOOKUP", true),
+                env.getOrDefault("CPUSLOT_ANNOTATION", "cpu-quota"),
+                longOf(env, "CPUSLOT_ANNOTATION_TIMEOUT_MS", 2000),
+                blankToNull(env.get("__OW_API_HOST")),
+                blankToNull(env.get("CPUSLOT_LANGUAGE")),
+                bool(env, "CPUSLOT_REPORT_IN_BODY", false));
+    }
+
+    private static String blankToNull(String s) { return s == null || s.isBlank() ? null : s.trim(); }
+
+    private static int intOf(Map<String, String> env, String k, int def) { return (int) longOf(env, k, def); }
+
+    private static long longOf(Map<String, String> env, String k, long def) {
+        String v = env.get(k);
+        if (v == null || v.isBlank()) return def;
+        try {
+            return Long.parseLong(v.trim());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(k + " is not a number: " + v);
+        }
+    }
+
+    private static boolean bool(Map<String, String> env, String k, boolean def) {
+        String v = env.get(k);
+        if (v == null || v.isBlank()) return def;
+        return switch (v.trim().toLowerCase()) {
+            case "1", "true", "yes", "on" -> true;
+            case "0", "false", "no", "off" -> false;
+            default -> throw new IllegalArgumentException(k + " is not a boolean: " + v);
+        };
+    }
+}

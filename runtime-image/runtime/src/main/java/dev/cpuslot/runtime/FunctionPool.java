@@ -1,0 +1,262 @@
+package dev.cpuslot.runtime;
+
+import com.google.gson.JsonElement;
+import dev.cpuslot.slot.ReleaseOutcome;
+import dev.cpuslot.slot.SlotClient;
+import dev.cpuslot.slot.SlotLease;
+import dev.cpuslot.slot.Usage;
+
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentLinkedDeque;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.SynchronousQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * A bounded pool of workers for one function. Each worker is a platform thread that owns one
+ * sandbox and runs one invocation at a time: it takes a CPU slot for the invocation (the slot
+ * client places this very thread), runs the function, and gives the slot back.
+ *
+ * <p>At the deadline the caller gets an error at once; the worker's sandbox is cancelled
+ * (polyglot contexts are closed, Java threads interrupted), its slot is released with outcome
+ * TIMEOUT, and the worker is retired (a Java function that ignores interrupts keeps its thread,
+ * counted as abandoned, until it returns).
+ */
+public final class FunctionPool implements AutoCloseable {
+    /** What the caller gets back. */
+    public record Outcome(JsonElement result, String error, boolean timedOut, SlotLease lease, Usage usage,
+                          long runNanos) {}
+
+    /** One invocation handed to a worker. */
+    public record Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId) {}
+
+    private final Function fn;
+    private final int max;
+    private final long idleNanos;
+    private final SlotClient slots;
+    private final Metrics metrics;
+    private final Semaphore permits;
+    private final ConcurrentLinkedDeque<Worker> idle = new ConcurrentLinkedDeque<>();
+    private final AtomicInteger live = new AtomicInteger(), busy = new AtomicInteger();
+    private final AtomicLong created = new AtomicLong(), abandoned = new AtomicLong();
+    private volatile boolean closed;
+    private static final AtomicLong WORKER_IDS = new AtomicLong();
+
+    public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics) {
+        this.fn = fn;
+        this.max = max;
+        this.idleNanos = TimeUnit.MILLISECONDS.toNanos(idleMs);
+        this.slots = slots;
+        this.metrics = metrics;
+        this.permits = new Semaphore(max, true);
+    }
+
+    public Function function() { return fn; }
+    public int max() { return max; }
+    public int live() { return live.get(); }
+    public int busy() { return busy.get(); }
+    public int idle() { return idle.size(); }
+    public long created() { return created.get(); }
+    public long abandoned() { return abandoned.get(); }
+
+    /** Runs one invocation; never returns later than the deadline (System.nanoTime based). */
+    public Outcome invoke(Task task, long deadlineNanos) throws InterruptedException {
+        long wait = deadlineNanos - System.nanoTime();
+        if (wait <= 0 || !permits.tryAcquire(wait, TimeUnit.NANOSECONDS))
+            return new Outcome(null, "no free sandbox before the deadline", true, null, Usage.NONE, 0);
+        Worker w = null;
+        Job job = new Job(task);
+        try {
+            if (closed) return new Outcome(null, "the function was removed", false, null, Usage.NONE, 0);
+            w = idle.pollFirst();
+            if (w == null) w = new Worker();
+            w.hand(job);
+        } catch (RuntimeException e) {
+            permits.release();
+            throw e;
+        }
+        try {
+            long rem = deadlineNanos - System.nanoTime();
+            return job.result.get(Math.max(0, rem), TimeUnit.NANOSECONDS);
+        } catch (TimeoutException e) {
+            if (job.claimed.compareAndSet(false, true)) {
+                // the worker has not finished: cancel it, give the slot back, free the permit now
+                w.retire(job);
+                SlotLease l = job.lease;
+                Usage u = l == null ? Usage.NONE : l.release(ReleaseOutcome.TIMEOUT);
+                permits.release();
+                return new Outcome(null, "the action exceeded its time limit", true, l, u,
+                        System.nanoTime() - job.started);
+            }
+            // finished at the very last moment
+            try {
+                return job.result.get();
+            } catch (ExecutionException ee) {
+                throw new IllegalStateException(ee.getCause());
+            }
+        } catch (ExecutionException e) {
+            throw new IllegalStateException(e.getCause());
+        } catch (InterruptedException e) {
+            if (job.claimed.compareAndSet(false, true)) {
+                w.retire(job);
+                if (job.lease != null) job.lease.release(ReleaseOutcome.FAILED);
+                permits.release();
+            }
+            throw e;
+        }
+    }
+
+    private final class Job {
+        final Task task;
+        final CompletableFuture<Outcome> result = new CompletableFuture<>();
+        final AtomicBoolean claimed = new AtomicBoolean();
+        volatile SlotLease lease;
+        volatile long started = System.nanoTime();
+        Job(Task task) { this.task = task; }
+    }
+
+    private final class Worker {
+        final SynchronousQueue<Job> inbox = new SynchronousQueue<>();
+        final Thread thread;
+        volatile Function.Sandbox sandbox;
+        volatile boolean retired;
+
+        Worker() {
+            live.incrementAndGet();
+            created.incrementAndGet();
+            thread = Thread.ofPlatform().daemon().name("fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet())
+                    .start(this::loop);
+        }
+
+        void hand(Job j) {
+            try {
+                inbox.put(j);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("interrupted handing work to a worker");
+            }
+        }
+
+        /** Called by the caller at the deadline. */
+        void retire(Job j) {
+            retired = true;
+            abandoned.incrementAndGet();
+            metrics.inc("cpuslot_sandboxes_abandoned_total", Metrics.labels("function", fn.name()));
+            Function.Sandbox s = sandbox;
+            if (s != null) {
+                try {
+                    s.cancel(thread);
+                } catch (RuntimeException ignored) {
+                }
+            } else {
+                thread.interrupt();
+            }
+        }
+
+        private void loop() {
+            try {
+                while (!closed && !retired) {
+                    Job j;
+                    try {
+                        j = inbox.poll(idleNanos, TimeUnit.NANOSECONDS);
+                    } catch (InterruptedException e) {
+                        if (retired || closed) break;
+                        continue;
+                    }
+                    if (j == null) {
+                        if (idle.remove(this)) break;  // idle too long: retire
+                        continue;                      // someone is about to hand us work
+                    }
+                    run(j);
+                }
+            } finally {
+                live.decrementAndGet();
+                Function.Sandbox s = sandbox;
+                if (s != null) s.close();
+            }
+        }
+
+        private void run(Job j) {
+            busy.incrementAndGet();
+            Task t = j.task;
+            JsonElement result = null;
+            String error = null;
+            try {
+                j.started = System.nanoTime();
+                if (sandbox == null) {
+                    try {
+                        sandbox = fn.newSandbox();
+                        metrics.inc("cpuslot_sandboxes_created_total", Metrics.labels("function", fn.name()));
+                    } catch (Exception e) {
+                        error = "could not create a sandbox: " + e.getMessage();
+                    }
+                }
+                SlotLease lease = null;
+                if (error == null && slots != null && t.quotaMilli() > 0) {
+                    try {
+                        lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId());
+                    } catch (RuntimeException e) { // fail-closed
+                        error = "no CPU slot: " + e.getMessage();
+                    }
+                    j.lease = lease;
+                    if (j.claimed.get() && lease != null) lease.release(ReleaseOutcome.TIMEOUT);
+                }
+                long t0 = System.nanoTime();
+                if (error == null && !j.claimed.get()) {
+                    try {
+                        result = sandbox.invoke(t.args(), t.env());
+                    } catch (Function.FunctionError e) {
+                        error = e.getMessage();
+                        if (e.getCause() != null && !(e.getCause() instanceof org.graalvm.polyglot.PolyglotException)) {
+                            System.err.println("action " + fn.name() + " failed:");
+                            e.getCause().printStackTrace(System.err);
+                        }
+                    } catch (Exception e) {
+                        error = e.toString();
+                    }
+                }
+                long ran = System.nanoTime() - t0;
+                if (j.claimed.compareAndSet(false, true)) {
+                    Usage u = lease == null ? Usage.NONE
+                            : lease.release(error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED);
+                    Thread.interrupted(); // clear a stray interrupt before going back to the pool
+                    boolean reuse = !sandbox_poisoned() && !closed;
+                    busy.decrementAndGet();
+                    if (reuse) idle.addFirst(this);
+                    else retired = true;
+                    permits.release();
+                    j.result.complete(new Outcome(result, error, false, lease, u, ran));
+                } else {
+                    busy.decrementAndGet();
+                    retired = true; // caller gave up on us: this sandbox is cancelled
+                }
+            } catch (RuntimeException | Error e) {
+                if (j.claimed.compareAndSet(false, true)) {
+                    busy.decrementAndGet();
+                    retired = true;
+                    permits.release();
+                    j.result.complete(new Outcome(null, "runtime error: " + e, false, j.lease, Usage.NONE, 0));
+                }
+            }
+        }
+
+        private boolean sandbox_poisoned() {
+            Function.Sandbox s = sandbox;
+            return s == null || s.poisoned();
+        }
+    }
+
+    @Override
+    public void close() {
+        closed = true;
+        Worker w;
+        while ((w = idle.pollFirst()) != null) w.thread.interrupt();
+        fn.close();
+    }
+}

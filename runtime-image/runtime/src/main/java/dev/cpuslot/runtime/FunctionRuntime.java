@@ -1,0 +1,439 @@
+package dev.cpuslot.runtime;
+
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+import dev.cpuslot.slot.SlotClient;
+import dev.cpuslot.slot.SlotLease;
+import dev.cpuslot.slot.Usage;
+
+import java.io.PrintStream;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.Base64;
+import java.util.LinkedHashMap;
+import java.util.Locale;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.regex.Pattern;
+
+/**
+ * The platform-independent core: deploys functions and runs invocations, and renders each
+ * platform's reply. HTTP lives in {@link HttpFront}.
+ */
+public final class FunctionRuntime implements AutoCloseable {
+    public static final String SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX";
+    static final String OW_ACTION = "__ow_action";
+
+    /** An HTTP-agnostic reply. */
+    public record Reply(int status, JsonElement body, Map<String, String> headers) {
+        static Reply ok(JsonElement b) { return new Reply(200, b, Map.of()); }
+        static Reply error(int status, String msg) {
+            JsonObject o = new JsonObject();
+            o.addProperty("error", msg);
+            return new Reply(status, o, Map.of());
+        }
+    }
+
+    private final Config cfg;
+    private final Metrics metrics;
+    private final Quota quota;
+    private final SlotClient slots;
+    private final PrintStream out, err;
+    private final Map<String, FunctionPool> hydra = new ConcurrentHashMap<>();
+    private volatile FunctionPool owPool;
+    private final Object initLock = new Object();
+    private final AtomicLong inFlight;
+    private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
+            .followRedirects(HttpClient.Redirect.NORMAL).build();
+
+    public FunctionRuntime(Config cfg, Metrics metrics, SlotClient slots, PrintStream out, PrintStream err) {
+        this.cfg = cfg;
+        this.metrics = metrics;
+        this.quota = new Quota(cfg, metrics);
+        this.slots = slots;
+        this.out = out;
+        this.err = err;
+        describeMetrics();
+        inFlight = metrics.gauge("cpuslot_invocations_in_flight", "");
+        metrics.gaugeFunction("cpuslot_sandboxes", () -> {
+            Map<String, Long> m = new LinkedHashMap<>();
+            forEachPool((name, p) -> {
+                m.put(Metrics.labels("function", name, "state", "busy"), (long) p.busy());
+                m.put(Metrics.labels("function", name, "state", "idle"), (long) p.idle());
+                m.put(Metrics.labels("function", name, "state", "max"), (long) p.max());
+            });
+            return m;
+        });
+        if (slots != null) {
+            metrics.gaugeFunction("cpuslot_slot_client_events_total", () -> {
+                Map<String, Long> m = new LinkedHashMap<>();
+                slots.counters().forEach((k, v) -> m.put(Metrics.labels("event", k), v));
+                return m;
+            });
+        }
+    }
+
+    private void describeMetrics() {
+        metrics.describe("cpuslot_invocations_total", "counter", "Invocations by platform, function and status.");
+        metrics.describe("cpuslot_invocation_duration_seconds", "histogram", "Invocation latency inside the runtime.");
+        metrics.describe("cpuslot_invocations_in_flight", "gauge", "Invocations running now.");
+        metrics.describe("cpuslot_sandboxes", "gauge", "Sandboxes (workers) per function by state.");
+        metrics.describe("cpuslot_sandboxes_created_total", "counter", "Sandboxes created.");
+        metrics.describe("cpuslot_sandboxes_abandoned_total", "counter", "Workers retired at a deadline.");
+        metrics.describe("cpuslot_slot_outcomes_total", "counter", "Per-invocation slot outcome (affinity_hit, cache_hit, retuned, created, or noslot reason).");
+        metrics.describe("cpuslot_slot_client_events_total", "counter", "Slot client counters (acquire, place, release, reclaim, noslot...).");
+        metrics.describe("cpuslot_slot_cpu_seconds_total", "counter", "CPU time used in slots, from RELEASE_OK.");
+        metrics.describe("cpuslot_slot_throttled_seconds_total", "counter", "Throttled time in slots, from RELEASE_OK.");
+        metrics.describe("cpuslot_quota_invalid_total", "counter", "Quota values that did not parse, by source.");
+        metrics.describe("cpuslot_quota_capped_total", "counter", "Quota values above the cap, by source.");
+        metrics.describe("cpuslot_bad_requests_total", "counter", "Requests refused before running anything.");
+    }
+
+    private void forEachPool(java.util.function.BiConsumer<String, FunctionPool> f) {
+        FunctionPool p = owPool;
+        if (p != null) f.accept(p.function().name(), p);
+        hydra.forEach(f);
+    }
+
+    public Metrics metrics() { return metrics; }
+    public SlotClient slots() { return slots; }
+
+    // ---- deployment -------------------------------------------------------------------------
+
+    static final Pattern PY_DEF = Pattern.compile("(?m)^\\s*def\\s+\\w+\\s*\\(");
+
+    static String detectLanguage(String code) {
+        return PY_DEF.matcher(code).find() && !code.contains("function ") ? "python" : "javascript";
+    }
+
+    Function create(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv)
+            throws Exception {
+        if (binary != null) {
+            boolean zip = binary.length > 3 && binary[0] == 'P' && binary[1] == 'K';
+            if (!zip) throw new IllegalArgumentException("binary code must be a jar");
+            if (language != null && !language.equals("java"))
+                throw new IllegalArgumentException("binary code is only supported for java (a jar)");
+            return new JavaFunction(name, binary, main, initEnv);
+        }
+        if (text == null || text.isEmpty()) throw new IllegalArgumentException("Missing main/no code to execute.");
+        String lang = language != null ? language : detectLanguage(text);
+        if (lang.equals("java")) throw new IllegalArgumentException("java code must be a jar (binary)");
+        return new PolyglotFunction(name, lang, text, main, initEnv);
+    }
+
+    private FunctionPool pool(Function f) {
+        return new FunctionPool(f, cfg.sandboxesPerFunction(), cfg.workerIdleMs(), slots, metrics);
+    }
+
+    // ---- OpenWhisk ----------------------------------------------------------------------------
+
+    /** OpenWhisk {@code POST /init}. */
+    public Reply owInit(JsonObject body) {
+        synchronized (initLock) {
+            if (owPool != null) {
+                err.println("Cannot initialize the action more than once.");
+                metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "reinit"));
+                return Reply.error(403, "Cannot initialize the action more than once.");
+            }
+            JsonObject v = body != null && body.has("value") && body.get("value").isJsonObject() ? body.getAsJsonObject("value") : null;
+            if (v == null || !v.has("code") || v.get("code").isJsonNull()) {
+                return Reply.error(403, "Missing main/no code to execute.");
+            }
+            try {
+                Map<String, String> env = new LinkedHashMap<>();
+                if (v.has("env") && v.get("env").isJsonObject()) {
+                    for (Map.Entry<String, JsonElement> e : v.getAsJsonObject("env").entrySet())
+                        env.put(e.getKey(), e.getValue().isJsonPrimitive() ? e.getValue().getAsString() : e.getValue().toString());
+                }
+                String main = str(v, "main", "main");
+                boolean binary = v.has("binary") && v.get("binary").isJsonPrimitive() && v.get("binary").getAsBoolean();
+                String code = v.get("code").getAsString();
+                byte[] bin = null;
+                if (binary) {
+                    try {
+                        bin = Base64.getMimeDecoder().decode(code);
+                    } catch (IllegalArgumentException e) {
+                        return Reply.error(502, "Unable to decode the base64 code: " + e.getMessage());
+                    }
+                }
+                String lang = env.getOrDefault("CPUSLOT_LANGUAGE", cfg.language());
+                String name = str(v, "name", OW_ACTION);
+                if (name.isBlank()) name = OW_ACTION;
+                owPool = pool(create(name, lang, bin, binary ? null : code, main, env));
+                Log.info("initialised " + owPool.function().language() + " action " + name + " (main " + main + ")");
+                JsonObject ok = new JsonObject();
+                ok.addProperty("ok", true);
+                return Reply.ok(ok);
+            } catch (Exception e) {
+                String msg = e instanceof IllegalArgumentException ? e.getMessage() : "An error has occurred (see logs for details): " + e;
+                err.println("init failed: " + msg);
+                metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "init_failed"));
+                sentinels();
+                return Reply.error(502, msg);
+            }
+        }
+    }
+
+    /** OpenWhisk {@code POST /run}. */
+    public Reply owRun(JsonObject body, String quotaHeader, String platform) {
+        FunctionPool p = owPool;
+        if (p == null) {
+            sentinels();
+            return Reply.error(502, "Cannot invoke an uninitialized action.");
+        }
+        JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
+        JsonObject activation = new JsonObject();
+        for (Map.Entry<String, JsonElement> e : body.entrySet()) if (!e.getKey().equals("value")) activation.add(e.getKey(), e.getValue());
+        return run(p, activation, value, quotaHeader, platform, true, false);
+    }
+
+    /** Knative single entrypoint {@code POST /}: {@code init}, {@code activation}+{@code value}, or both. */
+    public Reply knative(JsonObject body, String quotaHeader) {
+        if (body.has("init")) {
+            JsonObject initBody = new JsonObject();
+            initBody.add("value", body.get("init"));
+            Reply r = owInit(initBody);
+            if (r.status() != 200 || !(body.has("activation") || body.has("value"))) return r;
+        }
+        FunctionPool p = owPool;
+        if (p == null) {
+            sentinels();
+            return Reply.error(502, "Cannot invoke an uninitialized action.");
+        }
+        JsonObject activation = body.has("activation") && body.get("activation").isJsonObject() ? body.getAsJsonObject("activation") : new JsonObject();
+        JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
+        return run(p, activation, value, quotaHeader, "knative", true, false);
+    }
+
+    // ---- Graalvisor / Hydra -------------------------------------------------------------------
+
+    /** {@code /register?name=&url=&entryPoint=&language=&sandbox=[&quota=]}; code from the body or url. */
+    public Reply hydraRegister(Map<String, String> q, byte[] body) {
+        String name = q.get("name");
+        if (name == null || name.isBlank()) return Reply.error(400, "missing name");
+        String language = q.getOrDefault("language", "java").toLowerCase(Locale.ROOT);
+        String entry = q.get("entryPoint");
+        try {
+            byte[] code = body != null && body.length > 0 ? body : fetch(q.get("url"));
+            Map<String, String> env = new LinkedHashMap<>();
+            if (q.containsKey("quota")) env.put(Config.INIT_QUOTA_ENV, q.get("quota"));
+            if (q.containsKey("sandbox")) env.put("CPUSLOT_SANDBOX", q.get("sandbox"));
+            Function f = language.equals("java")
+                    ? create(name, "java", code, null, entry == null ? "main" : entry, env)
+                    : create(name, language, null, new String(code, StandardCharsets.UTF_8), entry, env);
+            FunctionPool old = hydra.put(name, pool(f));
+            if (old != null) old.close();
+            Log.info("registered " + language + " function " + name);
+            JsonObject o = new JsonObject();
+            o.addProperty("registered", name);
+            return Reply.ok(o);
+        } catch (Exception e) {
+            metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "register_failed"));
+            return Reply.error(400, "cannot register " + name + ": " + e.getMessage());
+        }
+    }
+
+    private byte[] fetch(String url) throws Exception {
+        if (url == null || url.isBlank()) throw new IllegalArgumentException("missing url (or code in the body)");
+        URI u = URI.create(url);
+        if ("file".equals(u.getScheme())) return Files.readAllBytes(Path.of(u));
+        HttpResponse<byte[]> r = http.send(HttpRequest.newBuilder(u).timeout(Duration.ofSeconds(60)).GET().build(),
+                HttpResponse.BodyHandlers.ofByteArray());
+        if (r.statusCode() != 200) throw new IllegalStateException("HTTP " + r.statusCode() + " from " + url);
+        return r.body();
+    }
+
+    public Reply hydraDeregister(String name) {
+        FunctionPool p = name == null ? null : hydra.remove(name);
+        if (p == null) return Reply.error(404, "no function named " + name);
+        p.close();
+        JsonObject o = new JsonObject();
+        o.addProperty("deregistered", name);
+        return Reply.ok(o);
+    }
+
+    /** Hydra invoke: {@code {"name", "arguments": "<JSON string>"}} -> {@code {"result", "process time (us)"}}. */
+    public Reply hydraInvoke(JsonObject body, String quotaHeader, boolean report) {
+        String name = body.get("name").isJsonPrimitive() ? body.get("name").getAsString() : null;
+        FunctionPool p = name == null ? null : hydra.get(name);
+        if (p == null) {
+            metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "unknown_function"));
+            return Reply.error(404, "no function named " + name);
+        }
+        JsonElement args = body.get("arguments");
+        if (args != null && args.isJsonPrimitive() && args.getAsJsonPrimitive().isString()) {
+            try {
+                String s = args.getAsString();
+                args = s.isBlank() ? new JsonObject() : JsonParser.parseString(s);
+            } catch (RuntimeException e) {
+                metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "malformed_arguments"));
+                return Reply.error(400, "arguments are not JSON: " + e.getMessage());
+            }
+        }
+        if (args == null || args.isJsonNull()) args = new JsonObject();
+        JsonObject activation = new JsonObject();
+        activation.addProperty("action_name", name);
+        return run(p, activation, args, quotaHeader, "hydra", false, report || cfg.reportInBody());
+    }
+
+    // ---- running ------------------------------------------------------------------------------
+
+    private Reply run(FunctionPool p, JsonObject activation, JsonElement value, String quotaHeader, String platform,
+                      boolean sentinels, boolean reportInBody) {
+        long t0 = System.nanoTime();
+        Function fn = p.function();
+        Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
+        for (Map.Entry<String, JsonElement> e : activation.entrySet()) {
+            JsonElement v = e.getValue();
+            env.put("__OW_" + e.getKey().toUpperCase(Locale.ROOT), v.isJsonNull() ? "" : v.isJsonPrimitive() ? v.getAsString() : v.toString());
+        }
+        if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
+        String activationId = env.getOrDefault("__OW_ACTIVATION_ID", UUID.randomUUID().toString().replace("-", ""));
+        String action = env.getOrDefault("__OW_ACTION_NAME", fn.name());
+
+        long timeoutNs = TimeUnit.MILLISECONDS.toNanos(cfg.defaultTimeoutMs());
+        String dl = env.get("__OW_DEADLINE");
+        if (dl != null && !dl.isBlank()) {
+            try {
+                long deadlineMs = (long) Double.parseDouble(dl);
+                timeoutNs = TimeUnit.MILLISECONDS.toNanos(Math.max(0, deadlineMs - System.currentTimeMillis()));
+            } catch (NumberFormatException e) {
+                return finish(platform, fn, t0, Reply.error(400, "deadline is not epoch milliseconds: " + dl), sentinels, "bad_request");
+            }
+        }
+
+        Quota.Resolved q;
+        try {
+            q = quota.resolve(value, quotaHeader, env, fn.initEnv().get(Config.INIT_QUOTA_ENV));
+        } catch (Quota.InvalidQuotaException e) {
+            Log.warn("activation " + activationId + " refused: " + e.getMessage());
+            return finish(platform, fn, t0, Reply.error(400, e.getMessage()), sentinels, "bad_quota");
+        }
+        if (q.source().equals("invocation") && value.isJsonObject()) {
+            value = value.deepCopy();
+            value.getAsJsonObject().remove(Config.QUOTA_PARAM);
+        }
+
+        inFlight.incrementAndGet();
+        FunctionPool.Outcome o;
+        try {
+            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId), System.nanoTime() + timeoutNs);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error");
+        } finally {
+            inFlight.decrementAndGet();
+        }
+
+        Reply r;
+        String status;
+        if (o.error() != null) {
+            status = o.timedOut() ? "timeout" : "error";
+            r = Reply.error(502, o.timedOut() ? "The action did not finish before its deadline: " + o.error() + "."
+                    : "An error has occurred while invoking the action (see logs for details): " + o.error());
+        } else if (o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray())) {
+            status = "bad_result";
+            r = Reply.error(502, "The action did not return a dictionary.");
+        } else {
+            status = "ok";
+            if (platform.equals("hydra")) {
+                JsonObject h = new JsonObject();
+                h.add("result", o.result());
+                h.addProperty("process time (us)", o.runNanos() / 1000);
+                if (reportInBody) h.add("cpuslot", usageJson(q, o.lease(), o.usage()));
+                r = Reply.ok(h);
+            } else {
+                r = Reply.ok(o.result());
+            }
+        }
+        Map<String, String> headers = new LinkedHashMap<>(r.headers());
+        headers.put("X-Cpuslot-Quota-Milli", Long.toString(q.milli()));
+        headers.put("X-Cpuslot-Quota-Source", q.source());
+        SlotLease l = o.lease();
+        if (l != null) {
+            if (l.active()) {
+                headers.put("X-Cpuslot-Slot", Long.toString(l.slot()));
+                headers.put("X-Cpuslot-Outcome", l.outcome());
+            } else {
+                headers.put("X-Cpuslot-Noslot", l.reason());
+            }
+        }
+        Usage u = o.usage();
+        if (u != null && u.measured()) {
+            headers.put("X-Cpuslot-Cpu-Ns", Long.toString(u.cpuNanos()));
+            headers.put("X-Cpuslot-Throttled-Ns", Long.toString(u.throttledNanos()));
+            metrics.add("cpuslot_slot_cpu_seconds_total", Metrics.labels("function", fn.name()), u.cpuNanos() / 1e9);
+            metrics.add("cpuslot_slot_throttled_seconds_total", Metrics.labels("function", fn.name()), u.throttledNanos() / 1e9);
+        }
+        String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
+        metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", slotOutcome));
+        // the activation's log line: what the slot gave and what it used
+        out.println("cpuslot: activation=" + activationId + " action=" + action + " status=" + status
+                + " quota=" + q.milli() + "m source=" + q.source() + (q.capped() ? " capped" : "")
+                + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place() : "none")
+                + (l != null && !l.active() ? " noslot=" + l.reason() : "")
+                + (u != null && u.measured() ? String.format(Locale.ROOT, " cpu_ms=%.3f throttled_ms=%.3f periods=%d throttled_periods=%d",
+                u.cpuNanos() / 1e6, u.throttledNanos() / 1e6, u.periods(), u.throttledPeriods()) : "")
+                + String.format(Locale.ROOT, " duration_ms=%.3f", (System.nanoTime() - t0) / 1e6));
+        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers), sentinels, status);
+    }
+
+    private static JsonObject usageJson(Quota.Resolved q, SlotLease l, Usage u) {
+        JsonObject o = new JsonObject();
+        o.addProperty("quota_milli", q.milli());
+        o.addProperty("quota_source", q.source());
+        if (l != null && l.active()) {
+            o.addProperty("slot", l.slot());
+            o.addProperty("outcome", l.outcome());
+            o.addProperty("place", l.place());
+        } else if (l != null) {
+            o.addProperty("noslot", l.reason());
+        }
+        if (u != null && u.measured()) {
+            o.addProperty("cpu_ns", u.cpuNanos());
+            o.addProperty("throttled_ns", u.throttledNanos());
+            o.addProperty("periods", u.periods());
+            o.addProperty("throttled_periods", u.throttledPeriods());
+        }
+        return o;
+    }
+
+    private Reply finish(String platform, Function fn, long t0, Reply r, boolean sentinels, String status) {
+        metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", platform, "function", fn.name(), "status", status));
+        metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name()))
+                .observe((System.nanoTime() - t0) / 1e9);
+        if (!status.equals("ok")) err.println("activation failed: " + (r.body() instanceof JsonObject jo && jo.has("error") ? jo.get("error").getAsString() : status));
+        if (sentinels) sentinels();
+        return r;
+    }
+
+    private void sentinels() {
+        out.println(SENTINEL);
+        err.println(SENTINEL);
+        out.flush();
+        err.flush();
+    }
+
+    private static String str(JsonObject o, String k, String def) {
+        JsonElement e = o.get(k);
+        return e == null || e.isJsonNull() || !e.isJsonPrimitive() ? def : e.getAsString();
+    }
+
+    @Override
+    public void close() {
+        FunctionPool p = owPool;
+        if (p != null) p.close();
+        hydra.values().forEach(FunctionPool::close);
+        if (slots != null) slots.close();
+    }
+}

@@ -1,0 +1,166 @@
+package dev.cpuslot.runtime;
+
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+import com.google.gson.JsonSyntaxException;
+import com.sun.net.httpserver.HttpExchange;
+import com.sun.net.httpserver.HttpServer;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.net.InetSocketAddress;
+import java.net.URLDecoder;
+import java.nio.charset.StandardCharsets;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+
+/**
+ * HTTP endpoints (JDK {@code com.sun.net.httpserver}, one virtual thread per request; the
+ * invocation itself runs on a platform worker thread of the function's pool):
+ * <ul>
+ * <li>OpenWhisk: {@code POST /init}, {@code POST /run}</li>
+ * <li>Knative single entrypoint and Hydra invoke: {@code POST /} (Hydra when the body has
+ *     {@code name} and {@code arguments})</li>
+ * <li>Hydra: {@code /register}, {@code /deregister}, {@code /warmup}</li>
+ * <li>Metrics on their own port: {@code GET /metrics}</li>
+ * </ul>
+ */
+public final class HttpFront implements AutoCloseable {
+    static final int MAX_BODY = 64 << 20;
+
+    private final FunctionRuntime rt;
+    private final HttpServer server;
+    private final HttpServer metricsServer;
+    private final ExecutorService executor = Executors.newVirtualThreadPerTaskExecutor();
+
+    public HttpFront(FunctionRuntime rt, int port, int metricsPort) throws IOException {
+        this.rt = rt;
+        server = HttpServer.create(new InetSocketAddress(port), 1024);
+        server.setExecutor(executor);
+        server.createContext("/", this::handle);
+        if (metricsPort >= 0) {
+            metricsServer = HttpServer.create(new InetSocketAddress(metricsPort), 64);
+            metricsServer.setExecutor(executor);
+            metricsServer.createContext("/metrics", ex -> {
+                byte[] b = rt.metrics().scrape().getBytes(StandardCharsets.UTF_8);
+                ex.getResponseHeaders().set("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+                ex.sendResponseHeaders(200, b.length);
+                try (OutputStream os = ex.getResponseBody()) {
+                    os.write(b);
+                }
+            });
+        } else {
+            metricsServer = null;
+        }
+    }
+
+    public void start() {
+        server.start();
+        if (metricsServer != null) metricsServer.start();
+    }
+
+    public int port() { return server.getAddress().getPort(); }
+    public int metricsPort() { return metricsServer == null ? -1 : metricsServer.getAddress().getPort(); }
+
+    private void handle(HttpExchange ex) throws IOException {
+        try {
+            String path = ex.getRequestURI().getPath();
+            String method = ex.getRequestMethod();
+            FunctionRuntime.Reply r;
+            byte[] raw = readBody(ex);
+            if (raw == null) {
+                r = FunctionRuntime.Reply.error(413, "request body larger than " + MAX_BODY + " bytes");
+            } else {
+                String quotaHeader = ex.getRequestHeaders().getFirst(Config.QUOTA_HEADER);
+                switch (path) {
+                    case "/init" -> r = withJson(raw, o -> rt.owInit(o));
+                    case "/run" -> r = withJson(raw, o -> rt.owRun(o, quotaHeader, "openwhisk"));
+                    case "/register" -> r = rt.hydraRegister(query(ex), raw);
+                    case "/deregister" -> r = rt.hydraDeregister(query(ex).get("name"));
+                    case "/warmup" -> {
+                        JsonObject o = new JsonObject();
+                        o.addProperty("ok", true);
+                        r = FunctionRuntime.Reply.ok(o);
+                    }
+                    case "/" -> {
+                        if (method.equals("GET") || raw.length == 0) {
+                            JsonObject o = new JsonObject();
+                            o.addProperty("ok", true);
+                            r = FunctionRuntime.Reply.ok(o);
+                        } else {
+                            boolean report = "body".equalsIgnoreCase(ex.getRequestHeaders().getFirst("X-Cpuslot-Report"));
+                            r = withJson(raw, o -> o.has("name") && o.has("arguments")
+                                    ? rt.hydraInvoke(o, quotaHeader, report)
+                                    : rt.knative(o, quotaHeader));
+                        }
+                    }
+                    default -> r = FunctionRuntime.Reply.error(404, "no such endpoint: " + path);
+                }
+            }
+            send(ex, r);
+        } catch (RuntimeException e) {
+            Log.warn("request failed: " + e);
+            e.printStackTrace(System.err);
+            send(ex, FunctionRuntime.Reply.error(500, "internal error: " + e));
+        } finally {
+            ex.close();
+        }
+    }
+
+    private FunctionRuntime.Reply withJson(byte[] raw, java.util.function.Function<JsonObject, FunctionRuntime.Reply> f) {
+        JsonElement e;
+        try {
+            e = JsonParser.parseString(new String(raw, StandardCharsets.UTF_8));
+        } catch (JsonSyntaxException | IllegalStateException ex) {
+            rt.metrics().inc("cpuslot_bad_requests_total", Metrics.labels("reason", "malformed_json"));
+            return FunctionRuntime.Reply.error(400, "malformed JSON: " + ex.getMessage());
+        }
+        if (!e.isJsonObject()) {
+            rt.metrics().inc("cpuslot_bad_requests_total", Metrics.labels("reason", "not_an_object"));
+            return FunctionRuntime.Reply.error(400, "the request body must be a JSON object");
+        }
+        return f.apply(e.getAsJsonObject());
+    }
+
+    private static byte[] readBody(HttpExchange ex) throws IOException {
+        try (InputStream in = ex.getRequestBody()) {
+            byte[] b = in.readNBytes(MAX_BODY + 1);
+            return b.length > MAX_BODY ? null : b;
+        }
+    }
+
+    static Map<String, String> query(HttpExchange ex) {
+        Map<String, String> m = new LinkedHashMap<>();
+        String q = ex.getRequestURI().getRawQuery();
+        if (q == null) return m;
+        for (String kv : q.split("&")) {
+            if (kv.isEmpty()) continue;
+            int i = kv.indexOf('=');
+            String k = URLDecoder.decode(i < 0 ? kv : kv.substring(0, i), StandardCharsets.UTF_8);
+            String v = i < 0 ? "" : URLDecoder.decode(kv.substring(i + 1), StandardCharsets.UTF_8);
+            m.put(k, v);
+        }
+        return m;
+    }
+
+    private static void send(HttpExchange ex, FunctionRuntime.Reply r) throws IOException {
+        byte[] b = r.body().toString().getBytes(StandardCharsets.UTF_8);
+        ex.getResponseHeaders().set("Content-Type", "application/json");
+        r.headers().forEach((k, v) -> ex.getResponseHeaders().set(k, v));
+        ex.sendResponseHeaders(r.status(), b.length);
+        try (OutputStream os = ex.getResponseBody()) {
+            os.write(b);
+        }
+    }
+
+    @Override
+    public void close() {
+        server.stop(0);
+        if (metricsServer != null) metricsServer.stop(0);
+        executor.shutdownNow();
+    }
+}

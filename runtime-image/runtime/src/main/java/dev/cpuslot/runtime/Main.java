@@ -1,0 +1,33 @@
+package dev.cpuslot.runtime;
+
+import dev.cpuslot.slot.Native;
+import dev.cpuslot.slot.SlotClient;
+
+import java.time.Duration;
+
+/** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
+public final class Main {
+    private Main() {}
+
+    public static void main(String[] args) throws Exception {
+        Config cfg = Config.fromEnv();
+        SlotClient slots = null;
+        if (cfg.slotsEnabled()) {
+            if (!Native.available()) {
+                Log.warn("slot client unavailable (" + Native.loadError() + "); running without slots");
+            } else {
+                slots = SlotClient.builder().socket(cfg.agentSocket()).clientName("cpuslot-runtime-java")
+                        .acquireBudget(Duration.ofMillis(cfg.acquireBudgetMs())).failClosed(cfg.failClosed()).build();
+            }
+        }
+        FunctionRuntime rt = new FunctionRuntime(cfg, new Metrics(), slots, System.out, System.err);
+        HttpFront front = new HttpFront(rt, cfg.port(), cfg.metricsPort());
+        front.start();
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            front.close();
+            rt.close();
+        }));
+        Log.info("listening on :" + front.port() + " (metrics :" + front.metricsPort() + "), slots "
+                + (slots == null ? "off" : "via " + cfg.agentSocket() + (cfg.failClosed() ? " fail-closed" : " fail-open")));
+    }
+}

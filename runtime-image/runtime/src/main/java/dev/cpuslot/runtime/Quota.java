@@ -1,0 +1,184 @@
+package dev.cpuslot.runtime;
+
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+
+import java.math.BigDecimal;
+import java.net.URI;
+import java.net.URLEncoder;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.Base64;
+import java.util.Map;
+import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * Where an invocation's CPU quota comes from, highest first:
+ * <ol>
+ * <li>the invocation: parameter {@code __cpuslot_quota} in {@code value} (OpenWhisk, Knative,
+ *     Hydra) or header {@code X-Cpuslot-Quota} (Knative, Hydra), each only when the operator
+ *     allows it;</li>
+ * <li>the OpenWhisk action's annotation {@code cpu-quota}, read once per action version from
+ *     {@code GET {__OW_API_HOST}/api/v1/namespaces/{ns}/actions/{name}} with the activation's
+ *     api_key;</li>
+ * <li>the init-time environment value {@code CPUSLOT_QUOTA} (OpenWhisk/Knative {@code /init} env,
+ *     Hydra {@code /register?quota=});</li>
+ * <li>the pod's default {@code CPUSLOT_DEFAULT_QUOTA} (env, e.g. from the downward API).</li>
+ * </ol>
+ * Every value is capped at {@code CPUSLOT_MAX_QUOTA_MILLI}. A value that does not parse is an
+ * error: the invocation is refused in the platform's error format.
+ */
+public final class Quota {
+    /** A resolved quota: millicores (0 = run without a slot) and where it came from. */
+    public record Resolved(long milli, String source, boolean capped) {}
+
+    public static final class InvalidQuotaException extends Exception {
+        final String source;
+        InvalidQuotaException(String source, String msg) { super(msg); this.source = source; }
+        public String source() { return source; }
+    }
+
+    /**
+     * Parses a Kubernetes-style CPU quantity: {@code "250m"} = 250 millicores, {@code "0.5"} or
+     * {@code 0.5} = 500, {@code "2"} or {@code 2} = 2000 (plain numbers are cores, as in pod specs).
+     */
+    public static long parseMilli(JsonElement e) throws IllegalArgumentException {
+        if (e == null || e.isJsonNull()) throw new IllegalArgumentException("empty");
+        if (!e.isJsonPrimitive()) throw new IllegalArgumentException("not a string or number: " + e);
+        return parseMilli(e.getAsString());
+    }
+
+    public static long parseMilli(String s) throws IllegalArgumentException {
+        if (s == null) throw new IllegalArgumentException("empty");
+        String t = s.trim();
+        if (t.isEmpty()) throw new IllegalArgumentException("empty");
+        try {
+            BigDecimal v;
+            if (t.endsWith("m")) v = new BigDecimal(t.substring(0, t.length() - 1));
+            else v = new BigDecimal(t).multiply(BigDecimal.valueOf(1000));
+            if (v.signum() <= 0) throw new IllegalArgumentException("not positive: " + s);
+            if (v.compareTo(BigDecimal.valueOf(0xFFFFFFFFL)) > 0) throw new IllegalArgumentException("too large: " + s);
+            long m = v.setScale(0, java.math.RoundingMode.CEILING).longValueExact();
+            return m;
+        } catch (NumberFormatException | ArithmeticException ex) {
+            throw new IllegalArgumentException("not a CPU quantity (use e.g. 250m or 0.25): " + s);
+        }
+    }
+
+    private final Config cfg;
+    private final Metrics metrics;
+    private final HttpClient http;
+    private record CacheEntry(CompletableFuture<Optional<String>> value, long expiresNanos) {}
+    private final Map<String, CacheEntry> annotations = new ConcurrentHashMap<>();
+    static final long NEGATIVE_TTL_NS = TimeUnit.SECONDS.toNanos(30);
+
+    public Quota(Config cfg, Metrics metrics) {
+        this.cfg = cfg;
+        this.metrics = metrics;
+        this.http = HttpClient.newBuilder().connectTimeout(Duration.ofMillis(cfg.annotationTimeoutMs())).build();
+    }
+
+    /**
+     * @param invocationValue the invocation's value (may hold __cpuslot_quota), or null
+     * @param header          the X-Cpuslot-Quota header, or null
+     * @param owEnv           the activation's __OW_* values (for the annotation lookup), or empty
+     * @param initQuota       the init-time CPUSLOT_QUOTA, or null
+     */
+    public Resolved resolve(JsonElement invocationValue, String header, Map<String, String> owEnv, String initQuota)
+            throws InvalidQuotaException {
+        if (cfg.allowInvocationQuota() && invocationValue != null && invocationValue.isJsonObject()
+                && invocationValue.getAsJsonObject().has(Config.QUOTA_PARAM)) {
+            return of("invocation", invocationValue.getAsJsonObject().get(Config.QUOTA_PARAM).isJsonPrimitive()
+                    ? invocationValue.getAsJsonObject().get(Config.QUOTA_PARAM).getAsString()
+                    : invocationValue.getAsJsonObject().get(Config.QUOTA_PARAM).toString());
+        }
+        if (cfg.allowHeaderQuota() && header != null && !header.isBlank()) return of("header", header);
+        String ann = annotation(owEnv);
+        if (ann != null) return of("annotation", ann);
+        if (initQuota != null && !initQuota.isBlank()) return of("init", initQuota);
+        if (cfg.defaultQuota() != null) return of("default", cfg.defaultQuota());
+        return new Resolved(0, "none", false);
+    }
+
+    private Resolved of(String source, String raw) throws InvalidQuotaException {
+        long m;
+        try {
+            m = parseMilli(raw);
+        } catch (IllegalArgumentException e) {
+            metrics.inc("cpuslot_quota_invalid_total", Metrics.labels("source", source));
+            throw new InvalidQuotaException(source, "invalid CPU quota from " + source + ": " + e.getMessage());
+        }
+        if (cfg.maxQuotaMilli() > 0 && m > cfg.maxQuotaMilli()) {
+            metrics.inc("cpuslot_quota_capped_total", Metrics.labels("source", source));
+            Log.warn("quota " + m + "m from " + source + " capped at " + cfg.maxQuotaMilli() + "m");
+            return new Resolved(cfg.maxQuotaMilli(), source, true);
+        }
+        return new Resolved(m, source, false);
+    }
+
+    /** The action's annotation, cached per action version; null when absent or unknown. */
+    String annotation(Map<String, String> ow) {
+        if (!cfg.annotationLookup() || ow == null) return null;
+        String apiHost = ow.getOrDefault("__OW_API_HOST", cfg.apiHost());
+        String key = ow.get("__OW_API_KEY"), action = ow.get("__OW_ACTION_NAME");
+        if (apiHost == null || key == null || action == null || key.isEmpty()) return null;
+        String cacheKey = action + "@" + ow.getOrDefault("__OW_ACTION_VERSION", "");
+        long now = System.nanoTime();
+        CacheEntry e = annotations.compute(cacheKey, (k, old) -> {
+            if (old != null && (old.expiresNanos == Long.MAX_VALUE || old.expiresNanos > now)) return old;
+            metrics.inc("cpuslot_annotation_lookups_total", "");
+            return new CacheEntry(fetch(apiHost, key, action), Long.MAX_VALUE);
+        });
+        try {
+            Optional<String> v = e.value.get(cfg.annotationTimeoutMs() + 500, TimeUnit.MILLISECONDS);
+            return v.orElse(null);
+        } catch (Exception ex) {
+            // failed lookups are retried after a while; the invocation falls back to the next source
+            annotations.computeIfPresent(cacheKey, (k, old) -> old == e ? new CacheEntry(e.value, now + NEGATIVE_TTL_NS) : old);
+            metrics.inc("cpuslot_annotation_errors_total", "");
+            Log.warn("annotation lookup for " + action + " failed: " + ex);
+            return null;
+        }
+    }
+
+    private CompletableFuture<Optional<String>> fetch(String apiHost, String apiKey, String action) {
+        String base = apiHost.startsWith("http://") || apiHost.startsWith("https://") ? apiHost : "https://" + apiHost;
+        if (base.endsWith("/")) base = base.substring(0, base.length() - 1);
+        // action_name is /namespace/[package/]name
+        String[] parts = action.replaceFirst("^/", "").split("/");
+        if (parts.length < 2) return CompletableFuture.failedFuture(new IllegalArgumentException("bad action name " + action));
+        StringBuilder name = new StringBuilder();
+        for (int i = 1; i < parts.length; i++) {
+            if (i > 1) name.append('/');
+            name.append(enc(parts[i]));
+        }
+        URI uri = URI.create(base + "/api/v1/namespaces/" + enc(parts[0]) + "/actions/" + name + "?code=false");
+        HttpRequest req = HttpRequest.newBuilder(uri)
+                .timeout(Duration.ofMillis(cfg.annotationTimeoutMs()))
+                .header("Authorization", "Basic " + Base64.getEncoder().encodeToString(apiKey.getBytes(StandardCharsets.UTF_8)))
+                .header("Accept", "application/json")
+                .GET().build();
+        return http.sendAsync(req, HttpResponse.BodyHandlers.ofString()).thenApply(r -> {
+            if (r.statusCode() != 200) throw new IllegalStateException("HTTP " + r.statusCode() + " from " + uri);
+            JsonObject o = JsonParser.parseString(r.body()).getAsJsonObject();
+            JsonArray anns = o.has("annotations") && o.get("annotations").isJsonArray() ? o.getAsJsonArray("annotations") : new JsonArray();
+            for (JsonElement a : anns) {
+                if (a.isJsonObject() && cfg.annotationKey().equals(a.getAsJsonObject().get("key").getAsString())) {
+                    JsonElement v = a.getAsJsonObject().get("value");
+                    return Optional.of(v.isJsonPrimitive() ? v.getAsString() : v.toString());
+                }
+            }
+            return Optional.<String>empty();
+        });
+    }
+
+    private static String enc(String s) { return URLEncoder.encode(s, StandardCharsets.UTF_8).replace("+", "%20"); }
+}
