@@ -1,0 +1,108 @@
+package dev.cpuslot.runtime;
+
+import com.google.gson.JsonObject;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+import java.net.URLEncoder;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Map;
+
+import static dev.cpuslot.runtime.Harness.*;
+import static org.junit.jupiter.api.Assertions.*;
+
+class KnativeHydraTest {
+    @TempDir
+    Path dir;
+
+    @Test
+    void knativeSingleEntrypointInitAndRunInOneRequestThenRunOnly() throws Exception {
+        try (Harness h = new Harness()) {
+            JsonObject both = new JsonObject();
+            both.add("init", json(initJava("testfns.Env")).getAsJsonObject("value"));
+            both.add("activation", json("{\"namespace\":\"kn\",\"action_name\":\"/kn/env\",\"activation_id\":\"k1\"}"));
+            both.add("value", json("{\"x\":1}"));
+            Resp r = h.post("/", both.toString());
+            assertEquals(200, r.status(), r.raw());
+            assertEquals("k1", r.obj().get("__OW_ACTIVATION_ID").getAsString());
+            assertEquals("kn", r.obj().get("__OW_NAMESPACE").getAsString());
+            Resp run = h.post("/", "{\"activation\":{\"activation_id\":\"k2\"},\"value\":{}}");
+            assertEquals(200, run.status());
+            assertEquals("k2", run.obj().get("__OW_ACTIVATION_ID").getAsString());
+            JsonObject reinit = new JsonObject();
+            reinit.add("init", json(initJava("testfns.Echo")).getAsJsonObject("value"));
+            Resp again = h.post("/", reinit.toString());
+            assertEquals(json("{\"error\":\"Cannot initialize the action more than once.\"}"), again.json());
+            assertTrue(h.stdout().strip().endsWith(FunctionRuntime.SENTINEL));
+        }
+    }
+
+    @Test
+    void knativeInitOnlyThenValueOnly() throws Exception {
+        try (Harness h = new Harness()) {
+            JsonObject init = new JsonObject();
+            init.add("init", json(initJava("testfns.Echo")).getAsJsonObject("value"));
+            Resp r = h.post("/", init.toString());
+            assertEquals(200, r.status(), r.raw());
+            Resp run = h.post("/", "{\"value\":{\"k\":\"v\"}}");
+            assertEquals(json("{\"k\":\"v\"}"), run.json());
+        }
+    }
+
+    static String q(String s) { return URLEncoder.encode(s, StandardCharsets.UTF_8); }
+
+    @Test
+    void hydraRegisterInvokeAndDeregisterWithIsolationBetweenFunctions() throws Exception {
+        Path jar = dir.resolve("fns.jar");
+        Files.write(jar, testJar());
+        try (Harness h = new Harness()) {
+            for (String name : new String[]{"a", "b"}) {
+                Resp reg = h.post("/register?name=" + name + "&url=" + q(jar.toUri().toString())
+                        + "&entryPoint=testfns.Counter&language=java&sandbox=isolate", "");
+                assertEquals(200, reg.status(), reg.raw());
+            }
+            Resp r = null;
+            for (int i = 0; i < 3; i++) r = h.post("/", "{\"name\":\"a\",\"arguments\":\"{\\\"name\\\":\\\"x\\\"}\"}");
+            assertEquals(200, r.status(), r.raw());
+            assertEquals(3, r.obj().getAsJsonObject("result").get("count").getAsInt());
+            assertEquals("x", r.obj().getAsJsonObject("result").get("name").getAsString());
+            assertTrue(r.obj().get("process time (us)").getAsLong() >= 0);
+            Resp b = h.post("/", "{\"name\":\"b\",\"arguments\":\"{}\"}");
+            assertEquals(1, b.obj().getAsJsonObject("result").get("count").getAsInt(), "b's statics are not a's");
+            assertEquals(200, h.post("/deregister?name=a", "").status());
+            assertEquals(404, h.post("/", "{\"name\":\"a\",\"arguments\":\"{}\"}").status());
+            assertEquals(200, h.post("/", "{\"name\":\"b\",\"arguments\":\"{}\"}").status());
+        }
+    }
+
+    @Test
+    void hydraBadInputsGetErrors() throws Exception {
+        try (Harness h = new Harness()) {
+            assertEquals(400, h.post("/register?name=x&language=java&entryPoint=testfns.Nope", "").status(), "no url, no body");
+            Resp missing = h.postBytes("/register?name=x&language=java&entryPoint=testfns.Nope", testJar());
+            assertEquals(400, missing.status());
+            assertTrue(missing.obj().get("error").getAsString().contains("testfns.Nope"));
+            assertEquals(200, h.postBytes("/register?name=t&language=java&entryPoint=testfns.Throws", testJar()).status());
+            Resp t = h.post("/", "{\"name\":\"t\",\"arguments\":\"{}\"}");
+            assertEquals(502, t.status());
+            assertTrue(t.obj().get("error").getAsString().contains("boom"));
+            assertEquals(400, h.post("/", "{\"name\":\"t\",\"arguments\":\"{not json\"}").status());
+            assertEquals(200, h.post("/warmup?name=t", "").status());
+        }
+    }
+
+    @Test
+    void hydraReportsSlotUsageInTheBodyWhenAsked() throws Exception {
+        try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "250m"), null)) {
+            h.postBytes("/register?name=c&language=java&entryPoint=testfns.Counter", testJar());
+            Resp r = h.post("/", "{\"name\":\"c\",\"arguments\":\"{}\"}", Map.of("X-Cpuslot-Report", "body"));
+            assertEquals(200, r.status());
+            JsonObject rep = r.obj().getAsJsonObject("cpuslot");
+            assertEquals(250, rep.get("quota_milli").getAsLong());
+            assertEquals("default", rep.get("quota_source").getAsString());
+            assertEquals("250", r.header("X-Cpuslot-Quota-Milli"));
+        }
+    }
+}

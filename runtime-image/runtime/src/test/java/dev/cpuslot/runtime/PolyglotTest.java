@@ -1,0 +1,114 @@
+package dev.cpuslot.runtime;
+
+import com.google.gson.JsonObject;
+import org.junit.jupiter.api.Test;
+
+import java.util.Map;
+
+import static dev.cpuslot.runtime.Harness.*;
+import static org.junit.jupiter.api.Assertions.*;
+
+class PolyglotTest {
+    static final String JS = """
+            let calls = 0;
+            function main(args) {
+              calls++;
+              console.log('js says hi');
+              return { greeting: 'Hello ' + (args.name || 'stranger'), calls: calls,
+                       activation: process.env.__OW_ACTIVATION_ID };
+            }
+            function answer(args) { return 42; }
+            async function later(args) { return { later: args.n * 2 }; }
+            function spin(args) { while (true) {} }
+            function sneaky(args) { return { java: typeof Java, polyglotEval: typeof Polyglot }; }
+            """;
+
+    static final String PY = """
+            import os
+            state = {"calls": 0}
+            def main(args):
+                state["calls"] += 1
+                print("py says hi")
+                return {"greeting": "Hello " + args.get("name", "stranger"), "calls": state["calls"],
+                        "activation": os.environ.get("__OW_ACTIVATION_ID")}
+            def bad(args):
+                raise ValueError("py boom")
+            """;
+
+    @Test
+    void javascriptActionRunsWithEnvAndPerWorkerState() throws Exception {
+        try (Harness h = new Harness(Map.of("CPUSLOT_SANDBOXES_PER_FUNCTION", "1"), null)) {
+            assertEquals(200, h.post("/init", initCode(JS, "main", Map.of())).status());
+            Resp r = h.post("/run", run(json("{\"name\":\"Jo\"}"), Map.of("activation_id", "js-1")));
+            assertEquals(200, r.status(), r.raw());
+            assertEquals("Hello Jo", r.obj().get("greeting").getAsString());
+            assertEquals("js-1", r.obj().get("activation").getAsString());
+            Resp r2 = h.post("/run", run(new JsonObject()));
+            assertEquals(2, r2.obj().get("calls").getAsInt(), "the worker's context is reused");
+            assertTrue(h.stdout().contains("js says hi"));
+        }
+    }
+
+    @Test
+    void javascriptNonObjectPromiseAndSandboxing() throws Exception {
+        try (Harness h = new Harness()) {
+            h.post("/init", initCode(JS, "answer", Map.of()));
+            assertEquals("The action did not return a dictionary.", h.post("/run", run(new JsonObject())).obj().get("error").getAsString());
+        }
+        try (Harness h = new Harness()) {
+            h.post("/init", initCode(JS, "later", Map.of()));
+            Resp r = h.post("/run", run(json("{\"n\":21}")));
+            assertEquals(200, r.status(), r.raw());
+            assertEquals(42, r.obj().get("later").getAsInt());
+        }
+        try (Harness h = new Harness()) {
+            h.post("/init", initCode(JS, "sneaky", Map.of()));
+            Resp r = h.post("/run", run(new JsonObject()));
+            assertEquals("undefined", r.obj().get("java").getAsString(), "no host access");
+        }
+    }
+
+    @Test
+    void javascriptThatNeverReturnsIsCancelledAtTheDeadline() throws Exception {
+        try (Harness h = new Harness()) {
+            h.post("/init", initCode(JS, "spin", Map.of()));
+            long t0 = System.nanoTime();
+            Resp r = h.post("/run", run(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 500))));
+            assertEquals(502, r.status());
+            assertTrue((System.nanoTime() - t0) / 1_000_000 < 3000);
+            long until = System.nanoTime() + 5_000_000_000L;
+            while (h.rt.metrics().scrape().contains("state=\"busy\"} 1") && System.nanoTime() < until) Thread.sleep(20);
+            assertFalse(h.rt.metrics().scrape().contains("state=\"busy\"} 1"), "the spinning context was cancelled");
+        }
+    }
+
+    @Test
+    void badJavascriptFailsInit() throws Exception {
+        try (Harness h = new Harness()) {
+            Resp r = h.post("/init", initCode("function main( {", "main", Map.of()));
+            assertNotEquals(200, r.status());
+            Resp n = h.post("/init", initCode("function other(){}", "main", Map.of()));
+            assertNotEquals(200, n.status());
+            assertTrue(n.obj().get("error").getAsString().contains("main"));
+        }
+    }
+
+    @Test
+    void pythonActionRunsWithEnvAndErrors() throws Exception {
+        try (Harness h = new Harness(Map.of("CPUSLOT_SANDBOXES_PER_FUNCTION", "1"), null)) {
+            Resp init = h.post("/init", initCode(PY, "main", Map.of()));
+            assertEquals(200, init.status(), init.raw());
+            Resp r = h.post("/run", run(json("{\"name\":\"Py\"}"), Map.of("activation_id", "py-1")));
+            assertEquals(200, r.status(), r.raw());
+            assertEquals("Hello Py", r.obj().get("greeting").getAsString());
+            assertEquals("py-1", r.obj().get("activation").getAsString());
+            assertEquals(2, h.post("/run", run(new JsonObject())).obj().get("calls").getAsInt());
+        }
+        try (Harness h = new Harness()) {
+            h.post("/init", initCode(PY, "bad", Map.of("CPUSLOT_LANGUAGE", "python")));
+            Resp r = h.post("/run", run(new JsonObject()));
+            assertEquals(502, r.status());
+            assertTrue(r.obj().get("error").getAsString().contains("py boom"), r.raw());
+        }
+    }
+}
