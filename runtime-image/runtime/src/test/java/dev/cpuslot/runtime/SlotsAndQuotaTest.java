@@ -1,0 +1,170 @@
+package dev.cpuslot.runtime;
+
+import com.google.gson.JsonObject;
+import com.sun.net.httpserver.HttpServer;
+import dev.cpuslot.slot.FakeAgent;
+import dev.cpuslot.slot.Protocol;
+import dev.cpuslot.slot.SlotClient;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+import java.net.InetSocketAddress;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.Base64;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.atomic.AtomicReference;
+
+import static dev.cpuslot.runtime.Harness.*;
+import static org.junit.jupiter.api.Assertions.*;
+
+class SlotsAndQuotaTest {
+    @TempDir
+    Path dir;
+
+    SlotClient client(FakeAgent a) {
+        return SlotClient.builder().socket(a.socket.toString()).acquireBudget(Duration.ofMillis(500)).build();
+    }
+
+    @Test
+    void eachInvocationTakesASlotWithItsQuotaOnItsWorkerThreadAndReportsUsage() throws Exception {
+        try (FakeAgent agent = new FakeAgent(dir).start();
+             Harness h = new Harness(Map.of("CPUSLOT_ANNOTATION_LOOKUP", "false"), client(agent))) {
+            JsonObject init = json(initJava("testfns.Echo"));
+            init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
+            assertEquals(200, h.post("/init", init.toString()).status());
+            Resp r = h.post("/run", run(json("{\"x\":1}"), Map.of("activation_id", "act-42", "action_name", "/guest/echo")));
+            assertEquals(200, r.status(), r.raw());
+            assertEquals(json("{\"x\":1}"), r.json(), "the result is untouched");
+            assertEquals("300", r.header("X-Cpuslot-Quota-Milli"));
+            assertEquals("init", r.header("X-Cpuslot-Quota-Source"));
+            long slot = Long.parseLong(r.header("X-Cpuslot-Slot"));
+            assertEquals("created", r.header("X-Cpuslot-Outcome"));
+            assertNotNull(r.header("X-Cpuslot-Cpu-Ns"));
+            assertEquals("0", agent.slotContent(slot), "the worker thread placed itself");
+            Protocol.Acquire a = (Protocol.Acquire) agent.received.stream().filter(m -> m instanceof Protocol.Acquire).findFirst().orElseThrow();
+            assertEquals(300, a.quotaMilli());
+            assertEquals("/guest/echo", a.action());
+            assertEquals("act-42", a.invocation());
+            assertEquals(1, agent.count(Protocol.Release.class));
+            assertTrue(h.stdout().contains("cpuslot: activation=act-42 action=/guest/echo status=ok quota=300m source=init slot=" + slot
+                    + " outcome=created place=self cpu_ms="), h.stdout());
+            // same worker, same quota: affinity, no second write
+            Resp r2 = h.post("/run", run(json("{}")));
+            assertEquals("affinity_hit", r2.header("X-Cpuslot-Outcome"));
+            assertEquals("0", agent.slotContent(slot));
+            String m = h.metrics();
+            assertTrue(m.contains("cpuslot_slot_outcomes_total{outcome=\"affinity_hit\"} 1"), m);
+            assertTrue(m.contains("cpuslot_slot_client_events_total{event=\"release.ok\"} 2"), m);
+            assertTrue(m.contains("cpuslot_slot_cpu_seconds_total{function=\"__ow_action\"}"), m);
+        }
+    }
+
+    @Test
+    void agentDownMeansInvocationsStillSucceedWithoutASlot() throws Exception {
+        SlotClient c = SlotClient.builder().socket(dir.resolve("none.sock").toString()).build();
+        try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "0.5"), c)) {
+            h.post("/init", initJava("testfns.Echo"));
+            Resp r = h.post("/run", run(json("{}")));
+            assertEquals(200, r.status());
+            assertEquals("500", r.header("X-Cpuslot-Quota-Milli"));
+            assertEquals("unreachable", r.header("X-Cpuslot-Noslot"));
+            assertTrue(h.metrics().contains("cpuslot_slot_outcomes_total{outcome=\"noslot_unreachable\"} 1"));
+        }
+    }
+
+    @Test
+    void failClosedRefusesTheInvocation() throws Exception {
+        SlotClient c = SlotClient.builder().socket(dir.resolve("none.sock").toString()).failClosed(true).build();
+        try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "100m"), c)) {
+            h.post("/init", initJava("testfns.Echo"));
+            Resp r = h.post("/run", run(json("{}")));
+            assertEquals(502, r.status());
+            assertTrue(r.obj().get("error").getAsString().contains("no CPU slot"), r.raw());
+        }
+    }
+
+    /** A stand-in for the OpenWhisk controller's REST API. */
+    static HttpServer fakeOpenWhisk(List<String> requests, AtomicReference<String> annotation) throws Exception {
+        HttpServer s = HttpServer.create(new InetSocketAddress("127.0.0.1", 0), 16);
+        s.createContext("/api/v1/namespaces/", ex -> {
+            requests.add(ex.getRequestURI().getRawPath() + " " + ex.getRequestHeaders().getFirst("Authorization"));
+            String body = "{\"name\":\"fib\",\"annotations\":[{\"key\":\"exec\",\"value\":\"java\"}"
+                    + (annotation.get() == null ? "" : ",{\"key\":\"cpu-quota\",\"value\":" + annotation.get() + "}") + "]}";
+            byte[] b = body.getBytes(StandardCharsets.UTF_8);
+            ex.sendResponseHeaders(200, b.length);
+            ex.getResponseBody().write(b);
+            ex.close();
+        });
+        s.start();
+        return s;
+    }
+
+    @Test
+    void quotaResolutionOrderAnnotationCachingAndBadValues() throws Exception {
+        List<String> reqs = new CopyOnWriteArrayList<>();
+        AtomicReference<String> ann = new AtomicReference<>("\"250m\"");
+        HttpServer ow = fakeOpenWhisk(reqs, ann);
+        String host = "http://127.0.0.1:" + ow.getAddress().getPort();
+        try (Harness h = new Harness(Map.of("__OW_API_HOST", host, "CPUSLOT_DEFAULT_QUOTA", "100m",
+                "CPUSLOT_ALLOW_INVOCATION_QUOTA", "true", "CPUSLOT_MAX_QUOTA_MILLI", "1000"), null)) {
+            JsonObject init = json(initJava("testfns.Echo"));
+            init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"200m\"}"));
+            h.post("/init", init.toString());
+            Map<String, String> act = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.1");
+            Resp r = h.post("/run", run(json("{}"), act));
+            assertEquals("250", r.header("X-Cpuslot-Quota-Milli"));
+            assertEquals("annotation", r.header("X-Cpuslot-Quota-Source"));
+            h.post("/run", run(json("{}"), act));
+            assertEquals(1, reqs.size(), "annotation read once per action version: " + reqs);
+            assertEquals("/api/v1/namespaces/guest/actions/pkg/fib Basic "
+                    + Base64.getEncoder().encodeToString("user:secret".getBytes(StandardCharsets.UTF_8)), reqs.get(0));
+            // the invocation parameter wins (operator allowed it), is capped, and is not passed on
+            Resp p = h.post("/run", run(json("{\"__cpuslot_quota\":\"4\",\"k\":1}"), act));
+            assertEquals("1000", p.header("X-Cpuslot-Quota-Milli"));
+            assertEquals("invocation", p.header("X-Cpuslot-Quota-Source"));
+            assertEquals(json("{\"k\":1}"), p.json());
+            // a new action version is looked up again; a garbage annotation is refused in OpenWhisk's format
+            ann.set("\"lots\"");
+            Map<String, String> v2 = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.2");
+            Resp bad = h.post("/run", run(json("{}"), v2));
+            assertEquals(400, bad.status());
+            assertTrue(bad.obj().get("error").getAsString().contains("annotation"), bad.raw());
+            assertTrue(h.metrics().contains("cpuslot_quota_invalid_total{source=\"annotation\"} 1"));
+            // no annotation: init env, then the pod default
+            ann.set(null);
+            Map<String, String> v3 = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.3");
+            assertEquals("init", h.post("/run", run(json("{}"), v3)).header("X-Cpuslot-Quota-Source"));
+            assertEquals(200, h.post("/run", run(json("{}"), v3)).status(), "still serving");
+        } finally {
+            ow.stop(0);
+        }
+    }
+
+    @Test
+    void knativeHeaderOnlyWhenAllowed() throws Exception {
+        try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "100m"), null)) {
+            h.post("/init", initJava("testfns.Echo"));
+            Resp r = h.post("/", "{\"value\":{}}", Map.of("X-Cpuslot-Quota", "900m"));
+            assertEquals("100", r.header("X-Cpuslot-Quota-Milli"), "header ignored unless allowed");
+        }
+        try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "100m", "CPUSLOT_ALLOW_HEADER_QUOTA", "true"), null)) {
+            h.post("/init", initJava("testfns.Echo"));
+            assertEquals("900", h.post("/", "{\"value\":{}}", Map.of("X-Cpuslot-Quota", "900m")).header("X-Cpuslot-Quota-Milli"));
+            assertEquals(400, h.post("/", "{\"value\":{}}", Map.of("X-Cpuslot-Quota", "-1")).status());
+        }
+    }
+
+    @Test
+    void quantityParsing() {
+        assertEquals(250, Quota.parseMilli("250m"));
+        assertEquals(500, Quota.parseMilli("0.5"));
+        assertEquals(2000, Quota.parseMilli("2"));
+        assertEquals(1, Quota.parseMilli("0.0001"));
+        for (String bad : List.of("", "abc", "-1", "0", "12x", "1e20"))
+            assertThrows(IllegalArgumentException.class, () -> Quota.parseMilli(bad), bad);
+    }
+}
