@@ -370,3 +370,55 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// RemoveAllSlots finds every slot below the cgroup path under (in the cpu
+// hierarchy) and removes it, moving its threads back to its container. It
+// is the uninstall path: afterwards no cpuslot directory is left.
+func (h *Hierarchy) RemoveAllSlots(under string) (int, error) {
+	parents := map[string]bool{}
+	root := filepath.Join(h.CPURoot, under)
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() {
+			if _, ok := ParseSlotName(d.Name()); ok {
+				rel, _ := filepath.Rel(h.CPURoot, filepath.Dir(p))
+				parents["/"+strings.TrimPrefix(rel, ".")] = true
+				return filepath.SkipDir
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for p := range parents {
+		c, err := h.Container(filepath.Clean(p), nil)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		slots, err := c.AdoptSlots()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, s := range slots {
+			if err := s.Remove(); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			n++
+		}
+		if err := c.Release(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return n, errors.Join(errs...)
+}

@@ -84,10 +84,14 @@ func (b *fakeBackend) MoveIn(tid int) error        { b.op("movein %d", tid); ret
 func (b *fakeBackend) LimitMilli() (uint32, error) { return b.limit, nil }
 func (b *fakeBackend) Release() error              { b.released = true; return nil }
 
-func (s *fakeSlot) FDs() []int                  { return []int{int(s.id) + 100} }
-func (s *fakeSlot) Spec() cgroup.Spec           { return s.spec }
-func (s *fakeSlot) Place(tid int) error         { s.b.op("place %d %d", s.id, tid); return nil }
-func (s *fakeSlot) Retune(sp cgroup.Spec) error { s.b.op("retune %d %dm", s.id, sp.QuotaMilli); s.spec = sp; return nil }
+func (s *fakeSlot) FDs() []int          { return []int{int(s.id) + 100} }
+func (s *fakeSlot) Spec() cgroup.Spec   { return s.spec }
+func (s *fakeSlot) Place(tid int) error { s.b.op("place %d %d", s.id, tid); return nil }
+func (s *fakeSlot) Retune(sp cgroup.Spec) error {
+	s.b.op("retune %d %dm", s.id, sp.QuotaMilli)
+	s.spec = sp
+	return nil
+}
 func (s *fakeSlot) Usage() (cgroup.Usage, error) {
 	s.cpu += 1000
 	return cgroup.Usage{CPUNanos: s.cpu}, nil

@@ -1,0 +1,152 @@
+// Command node-agent is cpuslot's node agent: it pre-warms CPU slots
+// (threaded cgroups) inside the containers it serves and leases them to
+// runtimes over a Unix socket.
+//
+//	node-agent [run] [flags]   serve (standalone mode)
+//	node-agent cleanup [flags] remove every cpuslot slot (uninstall)
+//	node-agent version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/discover"
+)
+
+func main() {
+	args := os.Args[1:]
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "run":
+		err = run(args)
+	case "cleanup":
+		err = cleanup(args)
+	case "version":
+		fmt.Println(agent.Version)
+	default:
+		err = fmt.Errorf("unknown command %q (want run, cleanup or version)", cmd)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node-agent:", err)
+		os.Exit(1)
+	}
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	configPath := fs.String("config", "", "YAML configuration file (flags override it)")
+	socket := fs.String("socket", "", "Unix socket for runtimes (default /run/cpuslot/agent.sock)")
+	httpAddr := fs.String("http", "", "address for /metrics, /healthz, /readyz, /debug/pools (default 127.0.0.1:9464; empty string in the file disables)")
+	logLevel := fs.String("log-level", "", "debug, info, warn or error")
+	prewarm := fs.String("prewarm", "", "slots kept ready per quota, e.g. 250m=8,500m=4,1=2")
+	mode := fs.String("mode", "", "affinity, cache-lazy, cache-eager or uncached")
+	limit := fs.String("limit", "", "cap, share or both")
+	budget := fs.String("budget", "", "CPU budget per container (default: the container's CPU limit)")
+	overcommit := fs.Float64("overcommit", 0, "budget multiplier")
+	policy := fs.String("policy", "", "when a quota does not fit: queue, degrade or reject")
+	cleanupOnExit := fs.Bool("cleanup-on-exit", false, "remove all slots on exit instead of leaving them for the next agent")
+	var containers, serveUnder, pids listFlag
+	fs.Var(&containers, "container", "serve this cgroup (path in the cpu hierarchy); repeatable")
+	fs.Var(&pids, "pid", "serve the cgroup of this process; repeatable")
+	fs.Var(&serveUnder, "serve-under", "serve any process connecting from a cgroup below this one, in its own cgroup; repeatable")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := agent.DefaultConfig()
+	if *configPath != "" {
+		var err error
+		if cfg, err = agent.LoadConfig(*configPath); err != nil {
+			return err
+		}
+	}
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	set(&cfg.Socket, *socket)
+	set(&cfg.HTTP, *httpAddr)
+	set(&cfg.LogLevel, *logLevel)
+	set(&cfg.Pool.Prewarm, *prewarm)
+	set(&cfg.Pool.Mode, *mode)
+	set(&cfg.Pool.Limit, *limit)
+	set(&cfg.Admission.Budget, *budget)
+	set(&cfg.Admission.Policy, *policy)
+	if *overcommit != 0 {
+		cfg.Admission.Overcommit = *overcommit
+	}
+	cfg.Standalone.Containers = append(cfg.Standalone.Containers, containers...)
+	cfg.Standalone.ServeUnder = append(cfg.Standalone.ServeUnder, serveUnder...)
+	for _, p := range pids {
+		n, err := strconv.Atoi(p)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-pid %q: want a process id", p)
+		}
+		cfg.Standalone.PIDs = append(cfg.Standalone.PIDs, n)
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		return fmt.Errorf("log level %q: %w", cfg.LogLevel, err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Standalone.Containers)+len(cfg.Standalone.PIDs)+len(cfg.Standalone.ServeUnder) == 0 {
+		log.Warn("nothing to serve: give -container, -pid or -serve-under (or standalone: in the config file)")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	src := discover.Static{Hierarchy: a.Hierarchy(), Cgroups: cfg.Standalone.Containers, PIDs: cfg.Standalone.PIDs}
+	return a.Run(ctx, []discover.Source{src}, *cleanupOnExit)
+}
+
+func cleanup(args []string) error {
+	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	under := fs.String("under", "/", "remove slots below this cgroup path")
+	wait := fs.Duration("wait", 0, "keep retrying busy slots for this long")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(*wait)
+	for {
+		n, err := h.RemoveAllSlots(*under)
+		fmt.Printf("removed %d slots under %s (%s)\n", n, *under, h)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		if !errors.Is(err, cgroup.ErrBusy) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

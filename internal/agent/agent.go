@@ -1,0 +1,355 @@
+// Package agent wires cpuslot's node agent: it serves the containers its
+// sources discover, resolves each connecting process to its container's
+// pool, reaps idle slots and gone containers, and exposes health, metrics
+// and pool state over HTTP.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/server"
+)
+
+// Version is set at build time.
+var Version = "dev"
+
+// Agent is one node agent.
+type Agent struct {
+	cfg       Config
+	poolCfg   pool.Config
+	hierarchy *cgroup.Hierarchy
+	registry  *prometheus.Registry
+	metrics   *metrics.Metrics
+	log       *slog.Logger
+	server    *server.Server
+
+	mu         sync.Mutex
+	containers map[string]*served // by cgroup path
+	ready      atomic.Bool
+}
+
+type served struct {
+	discover.Container
+	pool *pool.Pool
+	// auto marks containers prepared on first contact (serveUnder): they
+	// are torn down once no thread is left in them.
+	auto bool
+}
+
+// New checks the configuration and the node's cgroups.
+func New(cfg Config, log *slog.Logger) (*Agent, error) {
+	pc, err := cfg.PoolSettings()
+	if err != nil {
+		return nil, err
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range cfg.Standalone.ServeUnder {
+		if !strings.HasPrefix(p, "/") {
+			return nil, fmt.Errorf("standalone.serveUnder %q: must be an absolute cgroup path", p)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+	m.Info(fmt.Sprintf("v%d", h.Version), h.FavorDynMods, Version)
+	a := &Agent{cfg: cfg, poolCfg: pc, hierarchy: h, registry: reg, metrics: m, log: log, containers: map[string]*served{}}
+	reg.MustRegister(poolCollector{a})
+	a.server = server.New(a, h, m, log)
+	log.Info("cgroup hierarchy", "hierarchy", h.String())
+	return a, nil
+}
+
+// Ready reports whether the agent listens and its sources have synced.
+func (a *Agent) Ready() bool { return a.ready.Load() }
+
+// Hierarchy is the node's cpu hierarchy.
+func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
+
+// Run serves until ctx ends, then closes connections and leaves slots in
+// place for the next agent (or removes them with cleanup).
+func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool) error {
+	ln, err := server.Listen(a.cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", a.cfg.Socket, err)
+	}
+	var httpSrv *http.Server
+	if a.cfg.HTTP != "" {
+		hl, err := net.Listen("tcp", a.cfg.HTTP)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("listening on %s: %w", a.cfg.HTTP, err)
+		}
+		httpSrv = &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go httpSrv.Serve(hl)
+	}
+	go a.server.Serve(ln)
+	for _, s := range sources {
+		if err := s.Run(ctx, a); err != nil {
+			a.log.Error("source reported errors", "err", err)
+		}
+	}
+	a.ready.Store(true)
+	a.log.Info("agent ready", "socket", a.cfg.Socket, "http", a.cfg.HTTP, "containers", len(a.snapshot()))
+
+	tick := time.NewTicker(a.cfg.ReapInterval.Duration)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case now := <-tick.C:
+			a.Maintain(now)
+		}
+	}
+	a.ready.Store(false)
+	ln.Close()
+	a.server.Shutdown()
+	if httpSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		httpSrv.Shutdown(sctx)
+		cancel()
+	}
+	var errs []error
+	for _, s := range a.snapshot() {
+		if err := s.pool.Close(cleanup); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	a.log.Info("agent stopped", "removedSlots", cleanup)
+	return errors.Join(errs...)
+}
+
+// Serve prepares a container's pool (discover.Sink).
+func (a *Agent) Serve(c discover.Container) error {
+	_, err := a.serve(c, false)
+	return err
+}
+
+func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s := a.containers[c.CgroupPath]; s != nil {
+		return s, nil
+	}
+	cg, err := a.hierarchy.Container(c.CgroupPath, a.metrics.CgroupOp)
+	if err != nil {
+		a.metrics.Error("container_not_found")
+		return nil, fmt.Errorf("container %s: %w", c.Name, err)
+	}
+	cfg := a.poolCfg
+	if c.Pool != nil {
+		cfg = *c.Pool
+	}
+	p, err := pool.New(c.Name, cfg, pool.CgroupBackend(cg), a.metrics)
+	if err != nil {
+		a.metrics.Error("pool_config")
+		return nil, fmt.Errorf("container %s: %w", c.Name, err)
+	}
+	start := time.Now()
+	if err := p.Start(); err != nil {
+		// The pool still serves: slots are created on demand.
+		a.metrics.Error("prewarm_failed")
+		a.log.Warn("pre-warming incomplete", "container", c.Name, "err", err)
+	}
+	s := &served{Container: c, pool: p, auto: auto}
+	a.containers[c.CgroupPath] = s
+	sum := p.Summary()
+	a.log.Info("serving container", "container", c.Name, "cgroup", c.CgroupPath, "mode", sum.Mode,
+		"budget", sum.BudgetMilli, "slots", countSlots(sum), "took", time.Since(start).Round(time.Microsecond))
+	return s, nil
+}
+
+func countSlots(s pool.Summary) int {
+	n := 0
+	for _, q := range s.Quotas {
+		n += q.Slots
+	}
+	return n
+}
+
+// Forget tears a container's pool down and removes its slots
+// (discover.Sink).
+func (a *Agent) Forget(cgroupPath string) {
+	a.mu.Lock()
+	s := a.containers[cgroupPath]
+	delete(a.containers, cgroupPath)
+	a.mu.Unlock()
+	if s == nil {
+		return
+	}
+	if err := s.pool.Close(true); err != nil {
+		a.metrics.Error("teardown_failed")
+		a.log.Error("removing slots", "container", s.Name, "err", err)
+		return
+	}
+	a.log.Info("stopped serving container; slots removed", "container", s.Name)
+}
+
+// Resolve finds the pool of a connecting process (server.Resolver).
+func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
+	cg, err := a.hierarchy.PathOfPID(p.PID)
+	if err != nil {
+		return nil, slotv1.Errorf(slotv1.CodeNotServed, "cannot read the cgroup of process %d: %v", p.PID, err)
+	}
+	a.mu.Lock()
+	var best *served
+	for path, s := range a.containers {
+		if within(cg, path) && (best == nil || len(path) > len(best.CgroupPath)) {
+			best = s
+		}
+	}
+	a.mu.Unlock()
+	if best != nil {
+		return best.pool, nil
+	}
+	for _, root := range a.cfg.Standalone.ServeUnder {
+		if within(cg, root) && cg != root {
+			ctr := containerOf(cg)
+			s, err := a.serve(discover.Container{Name: ctr, CgroupPath: ctr}, true)
+			if err != nil {
+				return nil, slotv1.Errorf(slotv1.CodeNotServed, "preparing %s: %v", ctr, err)
+			}
+			return s.pool, nil
+		}
+	}
+	return nil, slotv1.Errorf(slotv1.CodeNotServed, "process %d in cgroup %s is not in a container this agent serves", p.PID, cg)
+}
+
+// within reports whether cgroup path p is dir or below it.
+func within(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+}
+
+// containerOf strips a trailing slot from a process's cgroup path: a
+// process whose main thread sits in a slot belongs to the slot's container.
+func containerOf(p string) string {
+	if _, ok := cgroup.ParseSlotName(path.Base(p)); ok {
+		return path.Dir(p)
+	}
+	return p
+}
+
+// Maintain reaps idle grown slots, drops pools of containers that are
+// gone, and tears down auto-served containers no thread is left in.
+func (a *Agent) Maintain(now time.Time) {
+	for _, s := range a.snapshot() {
+		cg, err := a.hierarchy.Container(s.CgroupPath, nil)
+		if err != nil {
+			a.log.Info("container is gone", "container", s.Name)
+			a.Forget(s.CgroupPath)
+			continue
+		}
+		if s.auto {
+			if busy, err := cg.Populated(); err == nil && !busy {
+				a.log.Info("no process left in container", "container", s.Name)
+				a.Forget(s.CgroupPath)
+				continue
+			}
+		}
+		if n := s.pool.Reap(now); n > 0 {
+			a.log.Debug("reaped idle slots", "container", s.Name, "slots", n)
+		}
+	}
+}
+
+func (a *Agent) snapshot() []*served {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]*served, 0, len(a.containers))
+	for _, s := range a.containers {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Summaries describes every pool.
+func (a *Agent) Summaries() []pool.Summary {
+	var out []pool.Summary
+	for _, s := range a.snapshot() {
+		out = append(out, s.pool.Summary())
+	}
+	return out
+}
+
+// Handler serves /metrics, /healthz, /readyz and /debug/pools.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/debug/pools", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(map[string]any{"hierarchy": a.hierarchy, "pools": a.Summaries()})
+	})
+	return mux
+}
+
+// poolCollector exports pool state at scrape time.
+type poolCollector struct{ a *Agent }
+
+var (
+	slotsDesc = prometheus.NewDesc("cpuslot_slots", "Slots by container, quota and state (free, leased, busy).",
+		[]string{"container", "quota", "state"}, nil)
+	budgetDesc = prometheus.NewDesc("cpuslot_budget_millicores", "Admission budget per container (0: unlimited).",
+		[]string{"container"}, nil)
+	usedDesc = prometheus.NewDesc("cpuslot_budget_used_millicores", "CPU quota granted to leases now, per container.",
+		[]string{"container"}, nil)
+	leasesDesc = prometheus.NewDesc("cpuslot_leases", "Leases held now, per container.", []string{"container"}, nil)
+	poolsDesc  = prometheus.NewDesc("cpuslot_containers", "Containers served.", nil, nil)
+)
+
+func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, poolsDesc} {
+		ch <- d
+	}
+}
+
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	sums := c.a.Summaries()
+	ch <- prometheus.MustNewConstMetric(poolsDesc, prometheus.GaugeValue, float64(len(sums)))
+	for _, s := range sums {
+		for _, q := range s.Quotas {
+			qs := pool.FormatQuota(q.QuotaMilli)
+			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Free), s.Name, qs, "free")
+			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Leased), s.Name, qs, "leased")
+			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Slots-q.Free-q.Leased), s.Name, qs, "busy")
+		}
+		ch <- prometheus.MustNewConstMetric(budgetDesc, prometheus.GaugeValue, float64(s.BudgetMilli), s.Name)
+		ch <- prometheus.MustNewConstMetric(usedDesc, prometheus.GaugeValue, float64(s.UsedMilli), s.Name)
+		ch <- prometheus.MustNewConstMetric(leasesDesc, prometheus.GaugeValue, float64(s.Leases), s.Name)
+	}
+}

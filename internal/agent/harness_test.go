@@ -1,0 +1,246 @@
+package agent_test
+
+// Test harness: a real agent on the real kernel's cgroups, and child
+// processes (this test binary re-executed) that act as runtimes or as a
+// separate agent process.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"github.com/cpuslot/cpuslot/internal/discover"
+)
+
+func TestMain(m *testing.M) {
+	if s := os.Getenv("CPUSLOT_CHILD"); s != "" {
+		os.Exit(runChild(s))
+	}
+	os.Exit(m.Run())
+}
+
+type env struct {
+	t      *testing.T
+	h      *cgroup.Hierarchy
+	rel    string // the container's cgroup
+	dir    string // temp dir holding the socket
+	socket string
+	cfg    agent.Config
+	a      *agent.Agent
+	stop   func()
+}
+
+// newEnv makes a container cgroup (with a CPU limit when limitMilli > 0)
+// and a config whose socket lives in a world-accessible temp dir.
+func newEnv(t *testing.T, limitMilli uint32, mutate func(*agent.Config)) *env {
+	h := cgrouptest.Hierarchy(t)
+	e := &env{t: t, h: h, rel: cgrouptest.NewContainer(t, h, limitMilli)}
+	e.dir = worldDir(t)
+	e.socket = filepath.Join(e.dir, "agent.sock")
+	e.cfg = agent.DefaultConfig()
+	e.cfg.Socket = e.socket
+	e.cfg.HTTP = ""
+	e.cfg.Pool.Prewarm = "250m=2,500m=1"
+	e.cfg.ReapInterval = agent.Duration{Duration: time.Hour}
+	e.cfg.Standalone.Containers = []string{e.rel}
+	if mutate != nil {
+		mutate(&e.cfg)
+	}
+	t.Cleanup(func() {
+		if left := cgrouptest.Leftovers(h, e.rel); len(left) != 0 {
+			t.Errorf("slot directories leaked: %v", left)
+		}
+	})
+	return e
+}
+
+// worldDir is a temp dir that an unprivileged child can reach.
+func worldDir(t *testing.T) string {
+	d := t.TempDir()
+	for p := d; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
+		os.Chmod(p, 0o755)
+	}
+	return d
+}
+
+// start runs the agent in this process until the test ends; at the end the
+// agent removes its slots, as an uninstall does.
+func (e *env) start() *agent.Agent {
+	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a, err := agent.New(e.cfg, log)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Run(ctx, []discover.Source{discover.Static{Hierarchy: e.h, Cgroups: e.cfg.Standalone.Containers}}, true)
+	}()
+	e.a = a
+	e.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("agent: %v", err)
+		}
+	}
+	e.t.Cleanup(func() {
+		if e.stop != nil {
+			e.stop()
+		}
+	})
+	waitFor(e.t, "agent ready", a.Ready)
+	return a
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if ok() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// childOpts say where and as whom a child runs.
+type childOpts struct {
+	// cgroup is where the child starts ("" = the hierarchy root).
+	cgroup string
+	// unprivileged runs the child as nobody in a new cgroup namespace.
+	unprivileged bool
+	env          []string
+}
+
+type child struct {
+	cmd *exec.Cmd
+	out *bufio.Reader
+}
+
+// spawn starts this test binary as child scenario name. The child waits on
+// stdin until it has been placed in its cgroup.
+func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.unprivileged {
+		// nobody must be able to execute the binary.
+		dir := worldDir(t)
+		cp := filepath.Join(dir, "child")
+		b, err := os.ReadFile(exe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(cp, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		exe = cp
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), "CPUSLOT_CHILD="+name), o.env...)
+	cmd.Stderr = testWriter{t}
+	if o.unprivileged {
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: 65534, Gid: 65534},
+			Cloneflags: syscall.CLONE_NEWCGROUP,
+		}
+	}
+	if h.Version == 2 {
+		// Start directly inside the cgroup (CLONE_INTO_CGROUP), so the new
+		// cgroup namespace is rooted there.
+		f, err := os.Open(filepath.Join(h.CPURoot, o.cgroup))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(f.Fd())
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if h.Version == 1 {
+		roots := []string{h.CPURoot}
+		if h.AcctRoot != "" {
+			roots = append(roots, h.AcctRoot)
+		}
+		for _, r := range roots {
+			if err := os.WriteFile(filepath.Join(r, o.cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	return &child{cmd: cmd, out: bufio.NewReader(stdout)}
+}
+
+// result reads the child's JSON report (its last stdout line).
+func (c *child) result(t *testing.T, v any) {
+	t.Helper()
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("child: %v (exit: %v)", err, c.cmd.Wait())
+	}
+	if err := json.Unmarshal([]byte(line), v); err != nil {
+		t.Fatalf("child said %q: %v", line, err)
+	}
+}
+
+// runChild is the child side; it reports one JSON line on stdout.
+func runChild(name string) int {
+	bufio.NewReader(os.Stdin).ReadString('\n') // placed in its cgroup
+	var res any
+	var err error
+	switch name {
+	case "acquire":
+		res, err = childAcquire()
+	case "hold":
+		res, err = childHold()
+	case "agent":
+		err = childAgent()
+	default:
+		err = fmt.Errorf("unknown child %q", name)
+	}
+	if err != nil {
+		res = map[string]string{"error": err.Error()}
+	}
+	b, _ := json.Marshal(res)
+	fmt.Println(string(b))
+	return 0
+}

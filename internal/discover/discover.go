@@ -1,0 +1,68 @@
+// Package discover finds the containers the agent serves. A Source reports
+// containers as they appear and disappear; the agent prepares a pool for
+// each. Standalone mode serves cgroups named by path or by a process in
+// them; Kubernetes mode (a later source) watches the node's pods.
+package discover
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/pool"
+)
+
+// Container is one container to serve.
+type Container struct {
+	// Name identifies the container in logs, metrics and HELLO.
+	Name string
+	// CgroupPath is the container's cgroup, relative to the cpu hierarchy.
+	CgroupPath string
+	// Pool overrides the agent's default pool settings when set.
+	Pool *pool.Config
+}
+
+// Sink receives what a Source discovers.
+type Sink interface {
+	// Serve prepares (or updates) a container's pool.
+	Serve(Container) error
+	// Forget tears a container's pool down and removes its slots.
+	Forget(cgroupPath string)
+}
+
+// Source reports containers to a Sink until ctx ends.
+type Source interface {
+	Run(ctx context.Context, sink Sink) error
+}
+
+// Static serves a fixed list of cgroups and processes (standalone mode).
+type Static struct {
+	Hierarchy *cgroup.Hierarchy
+	Cgroups   []string
+	PIDs      []int
+}
+
+// Run serves each configured container once; a failure is reported but
+// does not stop the others.
+func (s Static) Run(ctx context.Context, sink Sink) error {
+	var first error
+	add := func(c Container) {
+		if err := sink.Serve(c); err != nil && first == nil {
+			first = err
+		}
+	}
+	for _, p := range s.Cgroups {
+		add(Container{Name: p, CgroupPath: p})
+	}
+	for _, pid := range s.PIDs {
+		p, err := s.Hierarchy.PathOfPID(pid)
+		if err != nil {
+			if first == nil {
+				first = fmt.Errorf("process %d: %w", pid, err)
+			}
+			continue
+		}
+		add(Container{Name: p, CgroupPath: p})
+	}
+	return first
+}
