@@ -1,0 +1,3 @@
+function main(args) {
+  return { greeting: 'Hello ' + (args.name || 'stranger') + '!' };
+}

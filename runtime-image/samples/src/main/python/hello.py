@@ -1,0 +1,2 @@
+def main(args):
+    return {"greeting": "Hello " + args.get("name", "stranger") + "!"}
