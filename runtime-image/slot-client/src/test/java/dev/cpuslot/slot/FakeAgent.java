@@ -39,7 +39,8 @@ public final class FakeAgent implements AutoCloseable {
     public volatile Function<Protocol.Acquire, Protocol.Message> acquireHook;
     private volatile int listenFd = -1;
     private volatile boolean running;
-    private final Set<Integer> openConns = ConcurrentHashMap.newKeySet();
+    private final List<Thread> servers = new CopyOnWriteArrayList<>();
+    private volatile int generation;
     private Thread acceptor;
 
     public FakeAgent(Path dir) {
@@ -58,12 +59,14 @@ public final class FakeAgent implements AutoCloseable {
     /** Closes the listener and every connection, like an agent that died. State survives. */
     public void stop() throws Exception {
         running = false;
+        generation++;
         int l = listenFd;
         listenFd = -1;
         if (acceptor != null) acceptor.join(2000);
         Native.close(l);
-        for (int c : openConns) Native.close(c);
-        openConns.clear();
+        // each connection's thread closes its own fd (no fd-number reuse races)
+        for (Thread t : servers) t.join(2000);
+        servers.clear();
         Files.deleteIfExists(socket);
     }
 
@@ -93,20 +96,20 @@ public final class FakeAgent implements AutoCloseable {
                 if (Native.poll(fd, Native.POLLIN, 50) == 0) continue;
                 int c = Native.accept(fd);
                 if (c < 0) continue;
-                openConns.add(c);
                 connections.incrementAndGet();
-                Thread.ofPlatform().daemon().name("fake-agent-conn").start(() -> serve(c));
+                int gen = generation;
+                servers.add(Thread.ofPlatform().daemon().name("fake-agent-conn").start(() -> serve(c, gen)));
             } catch (IOException e) {
                 return;
             }
         }
     }
 
-    private void serve(int fd) {
+    private void serve(int fd, int gen) {
         Set<Long> sentSlots = new HashSet<>();
         try {
-            while (running) {
-                byte[] frame = readFrame(fd);
+            while (running && gen == generation) {
+                byte[] frame = readFrame(fd, gen);
                 if (frame == null) return;
                 // one request in flight per connection: nothing else may be waiting already
                 if (Native.poll(fd, Native.POLLIN, 0) != 0) pipelined.incrementAndGet();
@@ -170,7 +173,7 @@ public final class FakeAgent implements AutoCloseable {
         } catch (Exception e) {
             // connection ends
         } finally {
-            if (openConns.remove(fd)) Native.close(fd);
+            Native.close(fd);
         }
     }
 
@@ -186,19 +189,19 @@ public final class FakeAgent implements AutoCloseable {
         return slot;
     }
 
-    private byte[] readFrame(int fd) throws IOException {
+    private byte[] readFrame(int fd, int gen) throws IOException {
         byte[] hdr = new byte[4];
-        if (!readFully(fd, hdr, 0, 4)) return null;
+        if (!readFully(fd, hdr, 0, 4, gen)) return null;
         int len = ((hdr[0] & 0xFF) << 24) | ((hdr[1] & 0xFF) << 16) | ((hdr[2] & 0xFF) << 8) | (hdr[3] & 0xFF);
         byte[] frame = new byte[4 + len];
         System.arraycopy(hdr, 0, frame, 0, 4);
-        if (!readFully(fd, frame, 4, len)) return null;
+        if (!readFully(fd, frame, 4, len, gen)) return null;
         return frame;
     }
 
-    private boolean readFully(int fd, byte[] b, int off, int len) throws IOException {
+    private boolean readFully(int fd, byte[] b, int off, int len, int gen) throws IOException {
         while (len > 0) {
-            if (!running) return false;
+            if (!running || gen != generation) return false;
             Native.Received r = Native.recv(fd, b, off, len);
             if (r.n() == 0) return false;
             if (r.n() < 0) {
