@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
 )
 
 // Options tune a Client.
@@ -83,6 +84,10 @@ type Lease struct {
 	invocation string
 	// lost means the lease could not be re-declared after a reconnect.
 	lost bool
+	// start holds the slot's counters read right after placement, when the
+	// client has the slot's counter fds; then Release needs no reply.
+	start    cgroup.Usage
+	hasStart bool
 }
 
 // Dial connects to the agent and says HELLO.
@@ -159,15 +164,37 @@ func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, 
 	c.held[l] = struct{}{}
 	c.mu.Unlock()
 
+	place, stat := c.split(slotFDs)
 	if ok.Place == slotv1.PlaceSelf {
-		if err := placeSelf(slotFDs); err != nil {
+		if err := placeSelf(place); err != nil {
 			c.setCurrent(tid, 0)
 			_, _ = l.Release(slotv1.PlacementFailed)
 			return nil, fmt.Errorf("cpuslot: placing thread in slot %d: %w", ok.Slot, err)
 		}
 	}
 	c.setCurrent(tid, ok.Slot)
+	if len(stat) > 0 {
+		acct := -1
+		if len(stat) > 1 {
+			acct = stat[1]
+		}
+		if u, err := cgroup.ReadCounters(stat[0], acct); err == nil {
+			l.start, l.hasStart = u, true
+		}
+	}
 	return l, nil
+}
+
+// split divides a slot's cached fds into placement and counter fds as the
+// agent announced in HELLO_OK.
+func (c *Client) split(fds []int) (place, stat []int) {
+	c.mu.Lock()
+	p, s := int(c.hello.PlaceFDs), int(c.hello.StatFDs)
+	c.mu.Unlock()
+	if p == 0 || len(fds) != p+s {
+		return fds, nil // an agent that passes placement fds only
+	}
+	return fds[:p], fds[p:]
 }
 
 func (c *Client) setCurrent(tid int, slot uint32) {
@@ -200,6 +227,11 @@ func placeSelf(fds []int) error {
 // no cgroup write.
 func (l *Lease) Release(outcome slotv1.ReleaseOutcome) (Usage, error) {
 	c := l.c
+	if l.hasStart && outcome != slotv1.PlacementFailed {
+		if u, ok := l.releaseOneWay(outcome); ok {
+			return u, nil
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		c.mu.Lock()
 		id, lost := l.id, l.lost
@@ -229,6 +261,43 @@ func (l *Lease) Release(outcome slotv1.ReleaseOutcome) (Usage, error) {
 		}
 		return Usage{CPU: time.Duration(r.CPUNanos), Throttled: time.Duration(r.ThrottledNanos), Periods: r.Periods, ThrottledPeriods: r.ThrottledPeriods}, nil
 	}
+}
+
+// releaseOneWay reads the slot's counters and sends RELEASE with NO_REPLY:
+// the invocation pays one write, not a round trip.
+func (l *Lease) releaseOneWay(outcome slotv1.ReleaseOutcome) (Usage, bool) {
+	c := l.c
+	c.mu.Lock()
+	stat := c.fds[l.Slot]
+	id, gen := l.id, l.gen
+	c.mu.Unlock()
+	_, stat = c.split(stat)
+	if len(stat) == 0 {
+		return Usage{}, false
+	}
+	acct := -1
+	if len(stat) > 1 {
+		acct = stat[1]
+	}
+	end, err := cgroup.ReadCounters(stat[0], acct)
+	if err != nil {
+		return Usage{}, false
+	}
+	cn, err := c.get()
+	if err != nil || cn.gen != gen {
+		if err == nil {
+			c.put(cn)
+		}
+		return Usage{}, false // reconnected since: release with a reply
+	}
+	if err := cn.send(&slotv1.Release{Lease: id, Outcome: outcome, Flags: slotv1.ReleaseNoReply}); err != nil {
+		cn.close()
+		return Usage{}, false
+	}
+	c.put(cn)
+	c.forget(l)
+	d := end.Sub(l.start)
+	return Usage{CPU: time.Duration(d.CPUNanos), Throttled: time.Duration(d.ThrottledNanos), Periods: d.Periods, ThrottledPeriods: d.ThrottledPeriods}, true
 }
 
 func (c *Client) forget(l *Lease) {
@@ -420,19 +489,27 @@ func (cn *conn) close() {
 	}
 }
 
-// roundTrip sends one request and reads its response with any fds.
-func (cn *conn) roundTrip(m slotv1.Message) (slotv1.Message, []int, error) {
+// send writes one request.
+func (cn *conn) send(m slotv1.Message) error {
 	cn.req++
 	var err error
 	if cn.out, err = slotv1.Append(cn.out[:0], cn.req, m); err != nil {
-		return nil, nil, err
+		return err
 	}
 	for off := 0; off < len(cn.out); {
 		n, err := unix.Write(cn.fd, cn.out[off:])
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
 		off += n
+	}
+	return nil
+}
+
+// roundTrip sends one request and reads its response with any fds.
+func (cn *conn) roundTrip(m slotv1.Message) (slotv1.Message, []int, error) {
+	if err := cn.send(m); err != nil {
+		return nil, nil, err
 	}
 	var fds []int
 	cn.buf = cn.buf[:0]

@@ -79,6 +79,8 @@ func TestAffinityThroughSocket(t *testing.T) {
 	if hits := outcomes[slotv1.OutcomeAffinityHit]; hits < n*95/100 {
 		t.Fatalf("affinity hits %d of %d: %v", hits, n, outcomes)
 	}
+	// Releases are one-way: wait until the agent has taken the last one.
+	waitFor(t, "last release", func() bool { return a.Summaries()[0].Leases == 0 })
 	body := scrape(t, a)
 	for _, want := range []string{
 		`cpuslot_acquisitions_total{outcome="affinity_hit"} 199`,

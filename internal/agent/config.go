@@ -20,7 +20,10 @@ type Config struct {
 	// HTTP is the address of /metrics, /healthz, /readyz and /debug/pools.
 	HTTP string `json:"http"`
 	// LogLevel is debug, info, warn or error.
-	LogLevel  string          `json:"logLevel"`
+	LogLevel string `json:"logLevel"`
+	// Transport is "blocking" (a thread per connection, lowest latency) or
+	// "netpoll" (Go's poller, fewer threads for thousands of connections).
+	Transport string          `json:"transport"`
 	Pool      PoolConfig      `json:"pool"`
 	Admission AdmissionConfig `json:"admission"`
 	// Standalone lists what to serve without Kubernetes.
@@ -87,9 +90,10 @@ func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String()
 func DefaultConfig() Config {
 	p := pool.DefaultConfig()
 	return Config{
-		Socket:   "/run/cpuslot/agent.sock",
-		HTTP:     "127.0.0.1:9464",
-		LogLevel: "info",
+		Socket:    "/run/cpuslot/agent.sock",
+		HTTP:      "127.0.0.1:9464",
+		LogLevel:  "info",
+		Transport: "blocking",
 		Pool: PoolConfig{
 			Prewarm: pool.FormatPrewarm(p.Prewarm), Mode: p.Mode.String(), Limit: p.Limit.String(),
 			Period: Duration{100 * time.Millisecond}, MaxSlots: p.MaxSlots, IdleTimeout: Duration{p.IdleTimeout},

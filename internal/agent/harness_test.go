@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -167,20 +166,6 @@ func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
 			Cloneflags: syscall.CLONE_NEWCGROUP,
 		}
 	}
-	if h.Version == 2 {
-		// Start directly inside the cgroup (CLONE_INTO_CGROUP), so the new
-		// cgroup namespace is rooted there.
-		f, err := os.Open(filepath.Join(h.CPURoot, o.cgroup))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if cmd.SysProcAttr == nil {
-			cmd.SysProcAttr = &syscall.SysProcAttr{}
-		}
-		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = int(f.Fd())
-	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -189,21 +174,10 @@ func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := h.StartIn(cmd, o.cgroup); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if h.Version == 1 {
-		roots := []string{h.CPURoot}
-		if h.AcctRoot != "" {
-			roots = append(roots, h.AcctRoot)
-		}
-		for _, r := range roots {
-			if err := os.WriteFile(filepath.Join(r, o.cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/cgroups"
@@ -133,6 +136,14 @@ func (h *Hierarchy) dirs(rel string) []string {
 	return d
 }
 
+// SlotFDs says how many placement and counter fds each slot has.
+func (h *Hierarchy) SlotFDs() (place, stat int) {
+	if h.Version == 2 {
+		return 1, 1
+	}
+	return len(h.dirs("/")), 2
+}
+
 // threadsFile is the file a thread id is written to in order to move one
 // thread.
 func (h *Hierarchy) threadsFile() string {
@@ -157,4 +168,44 @@ func readLines(path string) ([]string, error) {
 		}
 	}
 	return lines, s.Err()
+}
+
+// MoveProcess moves every thread of a process into the cgroup at rel, in
+// each hierarchy the cpu controller spans.
+func (h *Hierarchy) MoveProcess(pid int, rel string) error {
+	for _, d := range h.dirs(rel) {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("moving process %d to %s: %w", pid, rel, err)
+		}
+	}
+	return nil
+}
+
+// StartIn starts cmd inside the cgroup at rel. On v2 the child is born
+// there (CLONE_INTO_CGROUP), so a new cgroup namespace is rooted there too.
+// On v1 it is moved right after start: a child that must not run outside
+// the cgroup should wait for a word on stdin from the caller.
+func (h *Hierarchy) StartIn(cmd *exec.Cmd, rel string) error {
+	if h.Version == 2 {
+		f, err := os.Open(filepath.Join(h.CPURoot, rel))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(f.Fd())
+		return cmd.Start()
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	if err := h.MoveProcess(cmd.Process.Pid, rel); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return err
+	}
+	return nil
 }

@@ -165,6 +165,16 @@ func (s *Slot) FDs() []int {
 	return fds
 }
 
+// StatFDs are read-only fds of the slot's counters for a client that
+// measures its own usage: cpu.stat, then (v1) cpuacct.usage.
+func (s *Slot) StatFDs() []int {
+	fds := []int{int(s.stat.Fd())}
+	if s.acct != nil {
+		fds = append(fds, int(s.acct.Fd()))
+	}
+	return fds
+}
+
 var self = []byte("0")
 
 // Place moves thread tid (in the agent's PID namespace; 0 = the calling
@@ -339,13 +349,27 @@ func (s *Slot) Usage() (Usage, error) {
 }
 
 func (s *Slot) readUsage() (Usage, error) {
-	var buf [512]byte
-	n, err := unix.Pread(int(s.stat.Fd()), buf[:], 0)
+	acct := -1
+	if s.acct != nil {
+		acct = int(s.acct.Fd())
+	}
+	u, err := ReadCounters(int(s.stat.Fd()), acct)
 	if err != nil {
-		return Usage{}, fmt.Errorf("reading %s/cpu.stat: %w", s.Name(), err)
+		return Usage{}, fmt.Errorf("reading counters of %s: %w", s.Name(), err)
+	}
+	return u, nil
+}
+
+// ReadCounters reads a slot's counters from open fds: cpu.stat, and on v1
+// cpuacct.usage (acct < 0 on v2). Clients holding the fds the agent passed
+// use it too.
+func ReadCounters(stat, acct int) (Usage, error) {
+	var buf [512]byte
+	n, err := unix.Pread(stat, buf[:], 0)
+	if err != nil {
+		return Usage{}, err
 	}
 	var u Usage
-	v2 := s.c.h.Version == 2
 	for _, line := range strings.Split(string(buf[:n]), "\n") {
 		k, v, ok := strings.Cut(line, " ")
 		if !ok {
@@ -361,16 +385,14 @@ func (s *Slot) readUsage() (Usage, error) {
 			u.ThrottledPeriods = x
 		case "throttled_usec":
 			u.ThrottledNanos = x * 1000
-		case "throttled_time":
-			if !v2 {
-				u.ThrottledNanos = x
-			}
+		case "throttled_time": // v1, in ns
+			u.ThrottledNanos = x
 		}
 	}
-	if !v2 {
-		n, err := unix.Pread(int(s.acct.Fd()), buf[:], 0)
+	if acct >= 0 {
+		n, err := unix.Pread(acct, buf[:], 0)
 		if err != nil {
-			return Usage{}, fmt.Errorf("reading %s/cpuacct.usage: %w", s.Name(), err)
+			return Usage{}, err
 		}
 		u.CPUNanos, _ = strconv.ParseUint(strings.TrimSpace(string(buf[:n])), 10, 64)
 	}

@@ -22,6 +22,7 @@ import (
 // SlotIO is one slot's cgroup (cgroup.Slot in production).
 type SlotIO interface {
 	FDs() []int
+	StatFDs() []int
 	Spec() cgroup.Spec
 	Place(tid int) error
 	Retune(cgroup.Spec) error
@@ -66,8 +67,9 @@ type Request struct {
 
 // Grant is a leased slot.
 type Grant struct {
-	Lease    uint64
-	SlotID   uint32
+	Lease  uint64
+	SlotID uint32
+	// FDs are the slot's placement fds followed by its counter fds.
 	FDs      []int
 	Spec     cgroup.Spec
 	Outcome  slotv1.Outcome
@@ -107,6 +109,11 @@ type lease struct {
 	degraded bool
 }
 
+type holder struct {
+	owner  any
+	thread Thread
+}
+
 var leaseSeq atomic.Uint64
 
 // Pool is the set of slots of one container.
@@ -122,10 +129,12 @@ type Pool struct {
 	slots    map[uint32]*slot
 	byThread map[Thread]*slot
 	leases   map[uint64]*lease
-	budget   *admission.Budget
-	nextID   uint32
-	changed  chan struct{} // closed when a slot or budget frees up
-	closed   bool
+	// held finds the lease a thread of a client process holds.
+	held    map[holder]*lease
+	budget  *admission.Budget
+	nextID  uint32
+	changed chan struct{} // closed when a slot or budget frees up
+	closed  bool
 	// degraded leases in grant order, raised as budget frees.
 	degraded []*lease
 }
@@ -145,7 +154,7 @@ func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) 
 	}
 	return &Pool{
 		name: name, cfg: cfg, backend: b, metrics: m, containerLimit: limit,
-		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{},
+		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		budget:  admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
 		nextID:  1,
 		changed: make(chan struct{}),
@@ -283,6 +292,14 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	wait = min(wait, p.cfg.MaxWait)
 	deadline := start.Add(wait)
 
+	// A thread sits in one cgroup at a time: a lease it still holds is over.
+	p.mu.Lock()
+	old := p.held[holder{req.Owner, req.Thread}]
+	p.mu.Unlock()
+	if old != nil {
+		_, _ = p.Release(req.Owner, old.id, "superseded")
+	}
+
 	var hostTID int
 	needHost := p.cfg.Mode != Affinity || req.AgentPlaces
 	if needHost {
@@ -366,6 +383,7 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	s.busy = pl.create || pl.retune || pl.place == slotv1.PlaceDone
 	l.start = s.last
 	p.leases[l.id] = l
+	p.held[holder{l.owner, l.thread}] = l
 	p.budget.Take(granted)
 	if degraded {
 		p.degraded = append(p.degraded, l)
@@ -383,7 +401,7 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 		p.mu.Unlock()
 	}
 	p.metrics.Acquired(p.cfg.Mode.String(), pl.outcome.String(), time.Since(start))
-	return &Grant{Lease: l.id, SlotID: s.id, FDs: s.io.FDs(), Spec: s.spec, Outcome: pl.outcome,
+	return &Grant{Lease: l.id, SlotID: s.id, FDs: append(s.io.FDs(), s.io.StatFDs()...), Spec: s.spec, Outcome: pl.outcome,
 		Queued: queued, Degraded: degraded, Place: pl.place}, nil
 }
 
@@ -547,7 +565,7 @@ func (p *Pool) execute(pl plan, quota uint32, hostTID int) error {
 func (p *Pool) abort(l *lease, pl plan) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.leases, l.id)
+	p.forgetLease(l)
 	p.budget.Give(l.granted)
 	p.dropDegraded(l)
 	s := l.slot
@@ -561,6 +579,13 @@ func (p *Pool) abort(l *lease, pl plan) {
 	}
 	s.freeSince = time.Now()
 	p.broadcast()
+}
+
+func (p *Pool) forgetLease(l *lease) {
+	delete(p.leases, l.id)
+	if k := (holder{l.owner, l.thread}); p.held[k] == l {
+		delete(p.held, k)
+	}
 }
 
 func (p *Pool) dropDegraded(l *lease) {
@@ -586,7 +611,7 @@ func (p *Pool) Release(owner any, id uint64, outcome string) (cgroup.Usage, erro
 		p.metrics.Error("unknown_lease")
 		return cgroup.Usage{}, slotv1.Errorf(slotv1.CodeUnknownLease, "lease %d is not held by this connection (unknown or already released)", id)
 	}
-	delete(p.leases, id)
+	p.forgetLease(l)
 	s := l.slot
 	s.busy = true
 	p.mu.Unlock()
@@ -675,19 +700,30 @@ func (p *Pool) ReleaseOwner(owner any) int {
 func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string) (*Grant, error) {
 	p.mu.Lock()
 	s := p.slots[slotID]
+	if s != nil && s.lease != nil && s.lease.owner == owner && !s.busy {
+		// The process re-declares a lease it still holds (one of its
+		// connections died, others did not): same lease, new id.
+		l := s.lease
+		delete(p.leases, l.id)
+		l.id = leaseSeq.Add(1)
+		p.leases[l.id] = l
+		p.mu.Unlock()
+		return &Grant{Lease: l.id, SlotID: s.id, FDs: append(s.io.FDs(), s.io.StatFDs()...), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
+	}
 	if s == nil || s.lease != nil || s.busy {
 		p.mu.Unlock()
-		return nil, slotv1.Errorf(slotv1.CodeUnknownLease, "slot %d is unknown or leased to another connection", slotID)
+		return nil, slotv1.Errorf(slotv1.CodeUnknownLease, "slot %d is unknown or leased to another process", slotID)
 	}
 	// The invocation already runs: it is admitted whatever the budget says.
 	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: s.spec.QuotaMilli, granted: s.spec.QuotaMilli, action: action, start: s.last}
 	s.lease = l
 	p.leases[l.id] = l
+	p.held[holder{owner, t}] = l
 	p.budget.Take(l.granted)
 	p.setOccupant(s, t, 0)
 	p.mu.Unlock()
 	p.metrics.Acquired(p.cfg.Mode.String(), "reclaimed", 0)
-	return &Grant{Lease: l.id, SlotID: s.id, FDs: s.io.FDs(), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
+	return &Grant{Lease: l.id, SlotID: s.id, FDs: append(s.io.FDs(), s.io.StatFDs()...), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
 }
 
 // Reap removes grown slots that stayed free longer than the idle timeout,
@@ -748,6 +784,7 @@ func (p *Pool) Close(remove bool) error {
 	}
 	p.slots = map[uint32]*slot{}
 	p.leases = map[uint64]*lease{}
+	p.held = map[holder]*lease{}
 	p.mu.Unlock()
 	var errs []error
 	for _, s := range slots {

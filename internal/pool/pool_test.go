@@ -85,6 +85,7 @@ func (b *fakeBackend) LimitMilli() (uint32, error) { return b.limit, nil }
 func (b *fakeBackend) Release() error              { b.released = true; return nil }
 
 func (s *fakeSlot) FDs() []int          { return []int{int(s.id) + 100} }
+func (s *fakeSlot) StatFDs() []int      { return []int{int(s.id) + 200} }
 func (s *fakeSlot) Spec() cgroup.Spec   { return s.spec }
 func (s *fakeSlot) Place(tid int) error { s.b.op("place %d %d", s.id, tid); return nil }
 func (s *fakeSlot) Retune(sp cgroup.Spec) error {
@@ -385,6 +386,15 @@ func TestOwnerGoneAndReclaim(t *testing.T) {
 	if _, err := p.Reclaim(&conn{}, g1.SlotID, 250, Thread{NS: 1, TID: 9}, "a"); code(err) != slotv1.CodeUnknownLease {
 		t.Fatalf("double reclaim: %v", err)
 	}
+	// The same process re-declaring its own lease gets it under a new id.
+	g2 := must(t)(p.Reclaim(o2, g1.SlotID, 250, Thread{NS: 1, TID: 1}, "a"))
+	if g2.Lease == g.Lease || g2.SlotID != g.SlotID {
+		t.Fatalf("re-reclaim: %+v after %+v", g2, g)
+	}
+	if _, err := p.Release(o2, g.Lease, "ok"); code(err) != slotv1.CodeUnknownLease {
+		t.Fatalf("the old id must be void: %v", err)
+	}
+	g = g2
 	if _, err := p.Reclaim(o2, 4242, 250, Thread{NS: 1, TID: 1}, "a"); code(err) != slotv1.CodeUnknownLease {
 		t.Fatalf("unknown slot: %v", err)
 	}
@@ -430,6 +440,30 @@ func TestAdoptionAndReap(t *testing.T) {
 		if !fs.removed {
 			t.Fatalf("slot %d left after Close(true)", fs.id)
 		}
+	}
+}
+
+// TestSupersede: a thread that acquires again while holding a lease (its
+// one-way release still in flight) ends the old lease first.
+func TestSupersede(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=1"), b)
+	o := &conn{}
+	ctx := context.Background()
+	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	g2 := must(t)(p.Acquire(ctx, req(o, 250, 1, g1.SlotID)))
+	if g2.SlotID != g1.SlotID || g2.Outcome != slotv1.OutcomeAffinityHit {
+		t.Fatalf("the thread's own slot should be reused: %+v", g2)
+	}
+	if _, err := p.Release(o, g1.Lease, "ok"); code(err) != slotv1.CodeUnknownLease {
+		t.Fatalf("late release of the superseded lease: %v", err)
+	}
+	// Another process's thread with the same id is someone else.
+	if _, err := p.Acquire(ctx, req(&conn{}, 250, 1, g1.SlotID)); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Summary(); s.Leases != 2 {
+		t.Fatalf("%+v", s)
 	}
 }
 

@@ -43,6 +43,8 @@ const (
 
 	AcquiredQueued   = 1 << 0
 	AcquiredDegraded = 1 << 1
+
+	ReleaseNoReply = 1 << 0
 )
 
 // Outcome says how a slot was found for an acquisition.
@@ -160,9 +162,13 @@ type PoolSummary struct {
 
 // HelloOK answers Hello.
 type HelloOK struct {
-	Version     uint8
-	Hierarchy   uint8
-	Flags       uint32
+	Version   uint8
+	Hierarchy uint8
+	Flags     uint32
+	// PlaceFDs and StatFDs say how a slot's fds split: the first PlaceFDs
+	// take "0" to place a thread, the next StatFDs read its counters.
+	PlaceFDs    uint8
+	StatFDs     uint8
 	Container   string
 	BudgetMilli uint32
 	Pools       []PoolSummary
@@ -196,6 +202,7 @@ type AcquireOK struct {
 type Release struct {
 	Lease   uint64
 	Outcome ReleaseOutcome
+	Flags   uint8
 }
 
 // ReleaseOK reports what the slot used while leased.
@@ -267,6 +274,7 @@ func Append(buf []byte, request uint32, m Message) ([]byte, error) {
 	case *HelloOK:
 		buf = append(buf, m.Version, m.Hierarchy)
 		buf = binary.BigEndian.AppendUint32(buf, m.Flags)
+		buf = append(buf, m.PlaceFDs, m.StatFDs)
 		if buf, err = appendString(buf, m.Container); err != nil {
 			return nil, err
 		}
@@ -299,7 +307,7 @@ func Append(buf []byte, request uint32, m Message) ([]byte, error) {
 		buf = append(buf, uint8(m.Outcome), m.Flags, uint8(m.Place), m.NumFDs)
 	case *Release:
 		buf = binary.BigEndian.AppendUint64(buf, m.Lease)
-		buf = append(buf, uint8(m.Outcome))
+		buf = append(buf, uint8(m.Outcome), m.Flags)
 	case *ReleaseOK:
 		buf = binary.BigEndian.AppendUint64(buf, m.CPUNanos)
 		buf = binary.BigEndian.AppendUint64(buf, m.ThrottledNanos)
@@ -378,7 +386,7 @@ func DecodeBody(body []byte) (Frame, error) {
 		m := &Hello{MinVersion: r.u8(), MaxVersion: r.u8(), Flags: r.u32(), Client: r.str()}
 		f.Msg = m
 	case TypeHelloOK:
-		m := &HelloOK{Version: r.u8(), Hierarchy: r.u8(), Flags: r.u32(), Container: r.str(), BudgetMilli: r.u32()}
+		m := &HelloOK{Version: r.u8(), Hierarchy: r.u8(), Flags: r.u32(), PlaceFDs: r.u8(), StatFDs: r.u8(), Container: r.str(), BudgetMilli: r.u32()}
 		n := int(r.u16())
 		if r.err == nil && n*12 > len(r.b) {
 			r.fail("pool count %d exceeds payload", n)
@@ -393,7 +401,7 @@ func DecodeBody(body []byte) (Frame, error) {
 		f.Msg = &AcquireOK{Lease: r.u64(), Slot: r.u32(), QuotaMilli: r.u32(), PeriodUS: r.u32(),
 			Outcome: Outcome(r.u8()), Flags: r.u8(), Place: Place(r.u8()), NumFDs: r.u8()}
 	case TypeRelease:
-		f.Msg = &Release{Lease: r.u64(), Outcome: ReleaseOutcome(r.u8())}
+		f.Msg = &Release{Lease: r.u64(), Outcome: ReleaseOutcome(r.u8()), Flags: r.u8()}
 	case TypeReleaseOK:
 		f.Msg = &ReleaseOK{CPUNanos: r.u64(), ThrottledNanos: r.u64(), Periods: r.u64(), ThrottledPeriods: r.u64()}
 	case TypeReclaim:

@@ -1,0 +1,522 @@
+// Command slotbench measures what a CPU slot costs per invocation, side by
+// side for the four pool modes, in one run on this machine's kernel.
+//
+// One in-process agent serves four containers, one per mode. In each
+// container a client process (this binary, re-executed) plays a runtime:
+// its locked OS threads acquire a slot, are placed, and release it, through
+// the real socket. Rounds alternate between modes so that machine noise
+// hits all of them alike. Steady arrivals run back to back; sporadic ones
+// pause 20-30 ms every few invocations, which is when the kernel's cgroup
+// lock makes numeric-TID moves slow.
+//
+//	slotbench                    # on this machine's hierarchy
+//	slotbench -vm                # in the cgroup v2 VM, without and with favordynmods
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/test/vm"
+)
+
+var modes = []pool.Mode{pool.Uncached, pool.CacheEager, pool.CacheLazy, pool.Affinity}
+
+type params struct {
+	steadyN, sporadicN int
+	threads            []int
+	rounds             int
+	burst              int
+	share              time.Duration
+	transport          string
+}
+
+func main() {
+	steadyN := flag.Int("steady", 2000, "invocations per thread per cell, steady arrivals")
+	sporadicN := flag.Int("sporadic", 200, "invocations per thread per cell, sporadic arrivals")
+	threads := flag.String("threads", "1,2,4", "client thread counts")
+	rounds := flag.Int("rounds", 4, "rounds per cell (modes alternate between rounds)")
+	burst := flag.Int("burst", 4, "sporadic: invocations between pauses")
+	share := flag.Duration("share", 10*time.Second, "also measure a CPU-bound thread in a 250m slot for this long (0: skip)")
+	transport := flag.String("transport", "blocking", "agent transport: blocking or netpoll")
+	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods")
+	flag.Parse()
+	if os.Getenv("SLOTBENCH_CLIENT") != "" {
+		clientMain()
+		return
+	}
+	p := params{transport: *transport, steadyN: *steadyN, sporadicN: *sporadicN, rounds: *rounds, burst: *burst, share: *share}
+	for _, s := range strings.Split(*threads, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fatal(fmt.Errorf("-threads %q", *threads))
+		}
+		p.threads = append(p.threads, n)
+	}
+	if *inVM {
+		fatal(runInVM(os.Args[1:]))
+		return
+	}
+	fatal(bench(p))
+}
+
+func fatal(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "slotbench:", err)
+		os.Exit(1)
+	}
+}
+
+// runInVM boots the test VM with this (static) binary and runs the same
+// benchmark inside, without and with favordynmods.
+func runInVM(args []string) error {
+	if err := vm.Available(); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var inner []string
+	for _, a := range args {
+		if a != "-vm" && a != "--vm" {
+			inner = append(inner, a)
+		}
+	}
+	for _, mount := range []string{"", "favordynmods"} {
+		fmt.Printf("\n### cgroup v2 VM (kernel 6.1, software emulation), mount options: %q\n", mount)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		r, err := vm.Run(ctx, vm.Options{
+			Command:      append([]string{"/bin/slotbench"}, inner...),
+			Files:        map[string]string{"/bin/slotbench": exe},
+			MountOptions: mount,
+			Output:       os.Stdout,
+		})
+		cancel()
+		if err != nil {
+			return err
+		}
+		if r.ExitCode != 0 {
+			return fmt.Errorf("benchmark in the VM exited %d", r.ExitCode)
+		}
+	}
+	return nil
+}
+
+type cell struct {
+	scenario string
+	threads  int
+	mode     pool.Mode
+	lat      []time.Duration
+	noWrite  int
+	total    int
+	errors   int
+}
+
+func bench(p params) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root to create cgroups")
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		return err
+	}
+	kernel := "unknown"
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		kernel = strings.TrimSpace(string(b))
+	}
+	root := fmt.Sprintf("/cpuslot-bench-%d", os.Getpid())
+	defer func() {
+		for _, r := range []string{h.CPURoot, h.AcctRoot} {
+			if r != "" {
+				removeTree(filepath.Join(r, root))
+			}
+		}
+	}()
+	dir, err := os.MkdirTemp("", "slotbench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfg := agent.DefaultConfig()
+	cfg.Socket = filepath.Join(dir, "agent.sock")
+	cfg.HTTP = ""
+	cfg.LogLevel = "warn"
+	cfg.Transport = p.transport
+	maxThreads := 0
+	for _, n := range p.threads {
+		maxThreads = max(maxThreads, n)
+	}
+	var sources discover.Static
+	sources.Hierarchy = h
+	var containers []discover.Container
+	for _, m := range modes {
+		rel := root + "/" + m.String()
+		for _, r := range []string{h.CPURoot, h.AcctRoot} {
+			if r == "" {
+				continue
+			}
+			if err := os.MkdirAll(filepath.Join(r, rel), 0o755); err != nil {
+				return err
+			}
+		}
+		if h.Version == 2 {
+			if err := os.WriteFile(filepath.Join(h.CPURoot, root, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
+				return err
+			}
+		}
+		pc, err := cfg.PoolSettings()
+		if err != nil {
+			return err
+		}
+		pc.Mode = m
+		pc.Prewarm = map[uint32]int{250: maxThreads}
+		pc.MaxSlots = 4 * maxThreads
+		if m == pool.Uncached {
+			pc.Prewarm = nil
+		}
+		containers = append(containers, discover.Container{Name: m.String(), CgroupPath: rel, Pool: &pc})
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, []discover.Source{sourceList(containers)}, true) }()
+	defer func() { cancel(); <-done }()
+	for !a.Ready() {
+		time.Sleep(time.Millisecond)
+	}
+
+	clients := map[pool.Mode]*benchClient{}
+	for i, m := range modes {
+		c, err := startClient(h, containers[i].CgroupPath, cfg.Socket)
+		if err != nil {
+			return fmt.Errorf("client for %s: %w", m, err)
+		}
+		defer c.close()
+		clients[m] = c
+	}
+
+	fdm := "n/a (v1)"
+	if h.Version == 2 {
+		fdm = strconv.FormatBool(h.FavorDynMods)
+	}
+	fmt.Printf("slotbench: %s, kernel %s, favordynmods %s, %d CPUs\n", h, kernel, fdm, runtime.NumCPU())
+	fmt.Printf("per invocation: acquire + placement + release through the agent socket; %d rounds per cell, modes alternating\n\n", p.rounds)
+
+	var cells []*cell
+	for _, scenario := range []string{"steady", "sporadic"} {
+		n := p.steadyN
+		if scenario == "sporadic" {
+			n = p.sporadicN
+		}
+		for _, threads := range p.threads {
+			byMode := map[pool.Mode]*cell{}
+			for _, m := range modes {
+				byMode[m] = &cell{scenario: scenario, threads: threads, mode: m}
+				cells = append(cells, byMode[m])
+			}
+			per := max(1, n/p.rounds)
+			for r := 0; r < p.rounds; r++ {
+				order := append([]pool.Mode(nil), modes...)
+				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+				for _, m := range order {
+					res, err := clients[m].run(job{Threads: threads, N: per, Sporadic: scenario == "sporadic", Burst: p.burst, Quota: 250})
+					if err != nil {
+						return fmt.Errorf("%s %s: %w", scenario, m, err)
+					}
+					c := byMode[m]
+					for _, ns := range res.LatNS {
+						c.lat = append(c.lat, time.Duration(ns))
+					}
+					c.noWrite += res.NoWrite
+					c.total += res.Total
+					c.errors += res.Errors
+				}
+			}
+			printCells(byMode)
+		}
+	}
+	if p.share > 0 {
+		res, err := clients[pool.Affinity].run(job{Share: p.share.Nanoseconds(), Quota: 250})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("\nCPU-bound thread in a 250m slot (affinity) for %v: %.1f%% of a core (target 25%% +/- 2.5)\n", p.share, res.SharePct)
+	}
+	return nil
+}
+
+type sourceList []discover.Container
+
+func (s sourceList) Run(_ context.Context, sink discover.Sink) error {
+	for _, c := range s {
+		if err := sink.Serve(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func pct(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[min(len(d)-1, int(q*float64(len(d))))]
+}
+
+func printCells(byMode map[pool.Mode]*cell) {
+	base := byMode[pool.Uncached]
+	for _, c := range byMode {
+		sort.Slice(c.lat, func(i, j int) bool { return c.lat[i] < c.lat[j] })
+	}
+	first := byMode[modes[0]]
+	fmt.Printf("%-8s threads=%d\n", first.scenario, first.threads)
+	fmt.Printf("  %-12s %6s %10s %10s %10s %12s %12s %9s\n", "mode", "n", "p50", "p90", "p99", "p50 vs unc.", "p99 vs unc.", "no-write")
+	for _, m := range modes {
+		c := byMode[m]
+		p50, p90, p99 := pct(c.lat, .5), pct(c.lat, .9), pct(c.lat, .99)
+		fmt.Printf("  %-12s %6d %10s %10s %10s %11.1fx %11.1fx %8.1f%%",
+			m, len(c.lat), us(p50), us(p90), us(p99),
+			float64(pct(base.lat, .5))/float64(max(p50, 1)), float64(pct(base.lat, .99))/float64(max(p99, 1)),
+			100*float64(c.noWrite)/float64(max(c.total, 1)))
+		if c.errors > 0 {
+			fmt.Printf("  (%d errors)", c.errors)
+		}
+		fmt.Println()
+	}
+	fmt.Println()
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1fus", float64(d.Nanoseconds())/1000) }
+
+// The client side: a runtime stand-in in one container.
+
+type job struct {
+	Threads  int    `json:"threads"`
+	N        int    `json:"n"`
+	Sporadic bool   `json:"sporadic"`
+	Burst    int    `json:"burst"`
+	Quota    uint32 `json:"quota"`
+	Share    int64  `json:"shareNS,omitempty"`
+}
+
+type jobResult struct {
+	LatNS    []int64 `json:"lat"`
+	NoWrite  int     `json:"noWrite"`
+	Total    int     `json:"total"`
+	Errors   int     `json:"errors"`
+	SharePct float64 `json:"sharePct"`
+	Err      string  `json:"err,omitempty"`
+}
+
+type benchClient struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func startClient(h *cgroup.Hierarchy, rel, socket string) (*benchClient, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := h.StartIn(cmd, rel); err != nil {
+		return nil, err
+	}
+	c := &benchClient{cmd: cmd, in: in, out: bufio.NewReaderSize(out, 1<<20)}
+	// The first job line also tells the child it has been placed.
+	return c, nil
+}
+
+func (c *benchClient) run(j job) (*jobResult, error) {
+	b, _ := json.Marshal(j)
+	if _, err := c.in.Write(append(b, '\n')); err != nil {
+		return nil, err
+	}
+	line, err := c.out.ReadBytes('\n')
+	if err != nil {
+		return nil, err
+	}
+	var r jobResult
+	if err := json.Unmarshal(line, &r); err != nil {
+		return nil, err
+	}
+	if r.Err != "" {
+		return nil, fmt.Errorf("%s", r.Err)
+	}
+	return &r, nil
+}
+
+func (c *benchClient) close() {
+	c.in.Close()
+	c.cmd.Wait()
+}
+
+func clientMain() {
+	in := bufio.NewScanner(os.Stdin)
+	var c *client.Client
+	enc := json.NewEncoder(os.Stdout)
+	for in.Scan() {
+		var j job
+		var r jobResult
+		if err := json.Unmarshal(in.Bytes(), &j); err != nil {
+			r.Err = err.Error()
+		} else {
+			if c == nil {
+				var err error
+				if c, err = client.Dial(os.Getenv("SLOTBENCH_SOCKET"), client.Options{Name: "slotbench", Wait: time.Second}); err != nil {
+					r.Err = err.Error()
+					enc.Encode(r)
+					continue
+				}
+			}
+			if j.Share > 0 {
+				r.SharePct, r.Err = share(c, j)
+			} else {
+				r = runJob(c, j)
+			}
+		}
+		enc.Encode(r)
+	}
+}
+
+// workers keeps one locked OS thread per worker across jobs, as a runtime's
+// worker pool would.
+var workers []chan func()
+
+func worker(i int) chan func() {
+	for len(workers) <= i {
+		ch := make(chan func())
+		go func() {
+			runtime.LockOSThread()
+			for f := range ch {
+				f()
+			}
+		}()
+		workers = append(workers, ch)
+	}
+	return workers[i]
+}
+
+func runJob(c *client.Client, j job) jobResult {
+	var mu sync.Mutex
+	var r jobResult
+	var wg sync.WaitGroup
+	for t := 0; t < j.Threads; t++ {
+		wg.Add(1)
+		worker(t) <- func() {
+			defer wg.Done()
+			lat := make([]int64, 0, j.N)
+			noWrite, errs := 0, 0
+			for i := 0; i < j.N; i++ {
+				if j.Sporadic && i%j.Burst == 0 {
+					time.Sleep(time.Duration(20+rand.IntN(11)) * time.Millisecond)
+				}
+				start := time.Now()
+				l, err := c.Acquire(j.Quota, "bench", "")
+				if err == nil {
+					_, err = l.Release(slotv1.InvocationOK)
+				}
+				d := time.Since(start)
+				if err != nil {
+					errs++
+					continue
+				}
+				lat = append(lat, d.Nanoseconds())
+				if l.Place == slotv1.PlaceNone && (l.Outcome == slotv1.OutcomeAffinityHit || l.Outcome == slotv1.OutcomeCacheHit) {
+					noWrite++
+				}
+			}
+			mu.Lock()
+			r.LatNS = append(r.LatNS, lat...)
+			r.NoWrite += noWrite
+			r.Total += len(lat)
+			r.Errors += errs
+			mu.Unlock()
+		}
+	}
+	wg.Wait()
+	return r
+}
+
+func share(c *client.Client, j job) (float64, string) {
+	done := make(chan struct{})
+	var pct float64
+	var errStr string
+	worker(0) <- func() {
+		defer close(done)
+		l, err := c.Acquire(j.Quota, "burn", "")
+		if err != nil {
+			errStr = err.Error()
+			return
+		}
+		start := time.Now()
+		for time.Since(start) < time.Duration(j.Share) {
+		}
+		wall := time.Since(start)
+		u, err := l.Release(slotv1.InvocationOK)
+		if err != nil {
+			errStr = err.Error()
+			return
+		}
+		pct = 100 * u.CPU.Seconds() / wall.Seconds()
+	}
+	<-done
+	return pct, errStr
+}
+
+// removeTree removes the benchmark's cgroups (all processes have exited).
+func removeTree(dir string) {
+	var dirs []string
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	for _, d := range dirs {
+		for i := 0; i < 50; i++ {
+			if os.Remove(d) == nil || os.IsNotExist(os.Remove(d)) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
