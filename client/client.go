@@ -498,12 +498,27 @@ func (cn *conn) send(m slotv1.Message) error {
 	}
 	for off := 0; off < len(cn.out); {
 		n, err := unix.Write(cn.fd, cn.out[off:])
+		if err == unix.EINTR {
+			continue // a signal (Go's preemption) interrupted the write
+		}
 		if err != nil {
 			return err
 		}
 		off += n
 	}
 	return nil
+}
+
+// recv reads into p, retrying reads that a signal interrupted: with
+// SO_RCVTIMEO set the kernel does not restart them, and Go's scheduler
+// signals threads to preempt them.
+func (cn *conn) recv(p, oob []byte) (n, oobn int, err error) {
+	for {
+		n, oobn, _, _, err = unix.Recvmsg(cn.fd, p, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			return n, oobn, err
+		}
+	}
 }
 
 // roundTrip sends one request and reads its response with any fds.
@@ -520,7 +535,7 @@ func (cn *conn) roundTrip(m slotv1.Message) (slotv1.Message, []int, error) {
 			copy(nb, cn.buf)
 			cn.buf = nb
 		}
-		n, oobn, _, _, err := unix.Recvmsg(cn.fd, cn.buf[len(cn.buf):need], cn.oob, unix.MSG_CMSG_CLOEXEC)
+		n, oobn, err := cn.recv(cn.buf[len(cn.buf):need], cn.oob)
 		if err != nil {
 			closeFDs(fds)
 			return nil, nil, err

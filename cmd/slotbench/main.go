@@ -22,15 +22,19 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/client"
@@ -59,7 +63,9 @@ func main() {
 	rounds := flag.Int("rounds", 4, "rounds per cell (modes alternate between rounds)")
 	burst := flag.Int("burst", 4, "sporadic: invocations between pauses")
 	share := flag.Duration("share", 10*time.Second, "also measure a CPU-bound thread in a 250m slot for this long (0: skip)")
-	transport := flag.String("transport", "blocking", "agent transport: blocking or netpoll")
+	transport := flag.String("transport", "netpoll", "agent transport: netpoll or blocking")
+	modeList := flag.String("modes", "uncached,cache-eager,cache-lazy,affinity", "modes to compare (ratios need uncached)")
+	cpuprofile := flag.String("cpuprofile", "", "write the agent side's CPU profile here")
 	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods")
 	flag.Parse()
 	if os.Getenv("SLOTBENCH_CLIENT") != "" {
@@ -74,11 +80,26 @@ func main() {
 		}
 		p.threads = append(p.threads, n)
 	}
+	modes = nil
+	for _, s := range strings.Split(*modeList, ",") {
+		m, err := pool.ParseMode(strings.TrimSpace(s))
+		fatal(err)
+		modes = append(modes, m)
+	}
 	if *inVM {
 		fatal(runInVM(os.Args[1:]))
 		return
 	}
-	fatal(bench(p))
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		fatal(err)
+		fatal(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
+	if err := bench(p); err != nil {
+		pprof.StopCPUProfile()
+		fatal(err)
+	}
 }
 
 func fatal(err error) {
@@ -129,6 +150,8 @@ type cell struct {
 	threads  int
 	mode     pool.Mode
 	lat      []time.Duration
+	acq      []time.Duration
+	firstErr string
 	noWrite  int
 	total    int
 	errors   int
@@ -211,6 +234,11 @@ func bench(p params) error {
 		time.Sleep(time.Millisecond)
 	}
 
+	echo := filepath.Join(dir, "echo.sock")
+	if err := serveEcho(echo); err != nil {
+		return err
+	}
+
 	clients := map[pool.Mode]*benchClient{}
 	for i, m := range modes {
 		c, err := startClient(h, containers[i].CgroupPath, cfg.Socket)
@@ -227,6 +255,14 @@ func bench(p params) error {
 	}
 	fmt.Printf("slotbench: %s, kernel %s, favordynmods %s, %d CPUs\n", h, kernel, fdm, runtime.NumCPU())
 	fmt.Printf("per invocation: acquire + placement + release through the agent socket; %d rounds per cell, modes alternating\n\n", p.rounds)
+
+	floor, err := clients[modes[len(modes)-1]].run(job{Echo: echo, N: p.steadyN})
+	if err != nil {
+		return fmt.Errorf("echo: %w", err)
+	}
+	sortNS(floor.LatNS)
+	fmt.Printf("IPC floor, a bare 64-byte round trip to a Go server on the same machine: p50 %s  p90 %s  p99 %s\n\n",
+		us(time.Duration(pctNS(floor.LatNS, .5))), us(time.Duration(pctNS(floor.LatNS, .9))), us(time.Duration(pctNS(floor.LatNS, .99))))
 
 	var cells []*cell
 	for _, scenario := range []string{"steady", "sporadic"} {
@@ -253,6 +289,12 @@ func bench(p params) error {
 					for _, ns := range res.LatNS {
 						c.lat = append(c.lat, time.Duration(ns))
 					}
+					for _, ns := range res.AcqNS {
+						c.acq = append(c.acq, time.Duration(ns))
+					}
+					if c.firstErr == "" {
+						c.firstErr = res.FirstErr
+					}
 					c.noWrite += res.NoWrite
 					c.total += res.Total
 					c.errors += res.Errors
@@ -261,13 +303,52 @@ func bench(p params) error {
 			printCells(byMode)
 		}
 	}
-	if p.share > 0 {
+	if p.share > 0 && clients[pool.Affinity] != nil {
 		res, err := clients[pool.Affinity].run(job{Share: p.share.Nanoseconds(), Quota: 250})
 		if err != nil {
 			return err
 		}
 		fmt.Printf("\nCPU-bound thread in a 250m slot (affinity) for %v: %.1f%% of a core (target 25%% +/- 2.5)\n", p.share, res.SharePct)
 	}
+	return nil
+}
+
+func sortNS(v []int64) { sort.Slice(v, func(i, j int) bool { return v[i] < v[j] }) }
+
+func pctNS(v []int64, q float64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	return v[min(len(v)-1, int(q*float64(len(v))))]
+}
+
+// serveEcho answers every read with the same bytes, as cheaply as a Go
+// server can: the floor under any request/response protocol.
+func serveEcho(path string) error {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return err
+	}
+	os.Chmod(path, 0o666)
+	go func() {
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					c.Write(buf[:n])
+				}
+			}()
+		}
+	}()
 	return nil
 }
 
@@ -291,12 +372,16 @@ func pct(d []time.Duration, q float64) time.Duration {
 
 func printCells(byMode map[pool.Mode]*cell) {
 	base := byMode[pool.Uncached]
+	if base == nil {
+		base = byMode[modes[0]]
+	}
 	for _, c := range byMode {
 		sort.Slice(c.lat, func(i, j int) bool { return c.lat[i] < c.lat[j] })
+		sort.Slice(c.acq, func(i, j int) bool { return c.acq[i] < c.acq[j] })
 	}
 	first := byMode[modes[0]]
 	fmt.Printf("%-8s threads=%d\n", first.scenario, first.threads)
-	fmt.Printf("  %-12s %6s %10s %10s %10s %12s %12s %9s\n", "mode", "n", "p50", "p90", "p99", "p50 vs unc.", "p99 vs unc.", "no-write")
+	fmt.Printf("  %-12s %6s %10s %10s %10s %12s %12s %9s %12s\n", "mode", "n", "p50", "p90", "p99", "p50 vs unc.", "p99 vs unc.", "no-write", "acquire p50")
 	for _, m := range modes {
 		c := byMode[m]
 		p50, p90, p99 := pct(c.lat, .5), pct(c.lat, .9), pct(c.lat, .99)
@@ -304,8 +389,9 @@ func printCells(byMode map[pool.Mode]*cell) {
 			m, len(c.lat), us(p50), us(p90), us(p99),
 			float64(pct(base.lat, .5))/float64(max(p50, 1)), float64(pct(base.lat, .99))/float64(max(p99, 1)),
 			100*float64(c.noWrite)/float64(max(c.total, 1)))
+		fmt.Printf(" %12s", us(pct(c.acq, .5)))
 		if c.errors > 0 {
-			fmt.Printf("  (%d errors)", c.errors)
+			fmt.Printf("  (%d errors, first: %s)", c.errors, c.firstErr)
 		}
 		fmt.Println()
 	}
@@ -323,10 +409,13 @@ type job struct {
 	Burst    int    `json:"burst"`
 	Quota    uint32 `json:"quota"`
 	Share    int64  `json:"shareNS,omitempty"`
+	Echo     string `json:"echo,omitempty"`
 }
 
 type jobResult struct {
 	LatNS    []int64 `json:"lat"`
+	AcqNS    []int64 `json:"acq"`
+	FirstErr string  `json:"firstErr,omitempty"`
 	NoWrite  int     `json:"noWrite"`
 	Total    int     `json:"total"`
 	Errors   int     `json:"errors"`
@@ -398,7 +487,7 @@ func clientMain() {
 		if err := json.Unmarshal(in.Bytes(), &j); err != nil {
 			r.Err = err.Error()
 		} else {
-			if c == nil {
+			if c == nil && j.Echo == "" {
 				var err error
 				if c, err = client.Dial(os.Getenv("SLOTBENCH_SOCKET"), client.Options{Name: "slotbench", Wait: time.Second}); err != nil {
 					r.Err = err.Error()
@@ -408,6 +497,8 @@ func clientMain() {
 			}
 			if j.Share > 0 {
 				r.SharePct, r.Err = share(c, j)
+			} else if j.Echo != "" {
+				r = echoJob(j)
 			} else {
 				r = runJob(c, j)
 			}
@@ -443,28 +534,39 @@ func runJob(c *client.Client, j job) jobResult {
 		worker(t) <- func() {
 			defer wg.Done()
 			lat := make([]int64, 0, j.N)
+			acq := make([]int64, 0, j.N)
 			noWrite, errs := 0, 0
+			firstErr := ""
 			for i := 0; i < j.N; i++ {
 				if j.Sporadic && i%j.Burst == 0 {
 					time.Sleep(time.Duration(20+rand.IntN(11)) * time.Millisecond)
 				}
 				start := time.Now()
 				l, err := c.Acquire(j.Quota, "bench", "")
+				a := time.Since(start)
 				if err == nil {
 					_, err = l.Release(slotv1.InvocationOK)
 				}
 				d := time.Since(start)
 				if err != nil {
+					if errs == 0 {
+						firstErr = err.Error()
+					}
 					errs++
 					continue
 				}
 				lat = append(lat, d.Nanoseconds())
+				acq = append(acq, a.Nanoseconds())
 				if l.Place == slotv1.PlaceNone && (l.Outcome == slotv1.OutcomeAffinityHit || l.Outcome == slotv1.OutcomeCacheHit) {
 					noWrite++
 				}
 			}
 			mu.Lock()
 			r.LatNS = append(r.LatNS, lat...)
+			r.AcqNS = append(r.AcqNS, acq...)
+			if r.FirstErr == "" {
+				r.FirstErr = firstErr
+			}
 			r.NoWrite += noWrite
 			r.Total += len(lat)
 			r.Errors += errs
@@ -472,6 +574,48 @@ func runJob(c *client.Client, j job) jobResult {
 		}
 	}
 	wg.Wait()
+	return r
+}
+
+// echoJob measures bare round trips from a locked thread with blocking
+// syscalls, as the slot client makes them.
+func echoJob(j job) jobResult {
+	var r jobResult
+	done := make(chan struct{})
+	worker(0) <- func() {
+		defer close(done)
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			r.Err = err.Error()
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: j.Echo}); err != nil {
+			r.Err = err.Error()
+			return
+		}
+		buf := make([]byte, 64)
+		for i := 0; i < j.N; i++ {
+			start := time.Now()
+			if _, err := unix.Write(fd, buf[:40]); err != nil {
+				r.Err = err.Error()
+				return
+			}
+			for got := 0; got < 40; {
+				n, err := unix.Read(fd, buf[got:])
+				if err == unix.EINTR {
+					continue
+				}
+				if err != nil || n == 0 {
+					r.Err = fmt.Sprint("echo read: ", err)
+					return
+				}
+				got += n
+			}
+			r.LatNS = append(r.LatNS, time.Since(start).Nanoseconds())
+		}
+	}
+	<-done
 	return r
 }
 

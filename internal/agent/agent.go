@@ -80,9 +80,9 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	reg.MustRegister(poolCollector{a})
 	a.server = server.New(a, h, m, log)
 	switch cfg.Transport {
-	case "blocking", "":
+	case "blocking":
 		a.server.Blocking = true
-	case "netpoll":
+	case "netpoll", "":
 	default:
 		return nil, fmt.Errorf("transport %q: want blocking or netpoll", cfg.Transport)
 	}

@@ -119,6 +119,10 @@ type Slot struct {
 	stat  *os.File   // cpu.stat
 	acct  *os.File   // v1 cpuacct.usage
 	spec  Spec
+	// Raw descriptors, taken once: os.File.Fd puts a pollable file (cgroup
+	// files are) into blocking mode with a syscall on every call.
+	placeFDs, statFDs []int
+	statFD, acctFD    int
 }
 
 func (c *Container) openSlot(id uint32, dirs []string) (*Slot, error) {
@@ -136,12 +140,22 @@ func (c *Container) openSlot(id uint32, dirs []string) (*Slot, error) {
 		s.closeFiles()
 		return nil, err
 	}
+	s.acctFD = -1
 	if c.h.Version == 1 {
 		acctDir := dirs[len(dirs)-1] // the cpuacct dir, or the joint cpu,cpuacct one
 		if s.acct, err = os.Open(filepath.Join(acctDir, "cpuacct.usage")); err != nil {
 			s.closeFiles()
 			return nil, err
 		}
+		s.acctFD = int(s.acct.Fd())
+	}
+	for _, f := range s.place {
+		s.placeFDs = append(s.placeFDs, int(f.Fd()))
+	}
+	s.statFD = int(s.stat.Fd())
+	s.statFDs = []int{s.statFD}
+	if s.acctFD >= 0 {
+		s.statFDs = append(s.statFDs, s.acctFD)
 	}
 	return s, nil
 }
@@ -157,23 +171,11 @@ func (s *Slot) Spec() Spec { return s.spec }
 
 // FDs are the placement file descriptors to hand to a client: writing "0"
 // to each moves the writing thread into the slot.
-func (s *Slot) FDs() []int {
-	fds := make([]int, len(s.place))
-	for i, f := range s.place {
-		fds[i] = int(f.Fd())
-	}
-	return fds
-}
+func (s *Slot) FDs() []int { return s.placeFDs }
 
 // StatFDs are read-only fds of the slot's counters for a client that
 // measures its own usage: cpu.stat, then (v1) cpuacct.usage.
-func (s *Slot) StatFDs() []int {
-	fds := []int{int(s.stat.Fd())}
-	if s.acct != nil {
-		fds = append(fds, int(s.acct.Fd()))
-	}
-	return fds
-}
+func (s *Slot) StatFDs() []int { return s.statFDs }
 
 var self = []byte("0")
 
@@ -186,8 +188,8 @@ func (s *Slot) Place(tid int) error {
 		b = strconv.AppendInt(make([]byte, 0, 12), int64(tid), 10)
 	}
 	var err error
-	for _, f := range s.place {
-		if _, err = unix.Write(int(f.Fd()), b); err != nil {
+	for _, fd := range s.placeFDs {
+		if _, err = unix.Write(fd, b); err != nil {
 			err = fmt.Errorf("placing thread %d in %s: %w", tid, s.Name(), err)
 			break
 		}
@@ -349,11 +351,7 @@ func (s *Slot) Usage() (Usage, error) {
 }
 
 func (s *Slot) readUsage() (Usage, error) {
-	acct := -1
-	if s.acct != nil {
-		acct = int(s.acct.Fd())
-	}
-	u, err := ReadCounters(int(s.stat.Fd()), acct)
+	u, err := ReadCounters(s.statFD, s.acctFD)
 	if err != nil {
 		return Usage{}, fmt.Errorf("reading counters of %s: %w", s.Name(), err)
 	}

@@ -401,7 +401,7 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 		p.mu.Unlock()
 	}
 	p.metrics.Acquired(p.cfg.Mode.String(), pl.outcome.String(), time.Since(start))
-	return &Grant{Lease: l.id, SlotID: s.id, FDs: append(s.io.FDs(), s.io.StatFDs()...), Spec: s.spec, Outcome: pl.outcome,
+	return &Grant{Lease: l.id, SlotID: s.id, FDs: slotFDs(s.io), Spec: s.spec, Outcome: pl.outcome,
 		Queued: queued, Degraded: degraded, Place: pl.place}, nil
 }
 
@@ -581,6 +581,12 @@ func (p *Pool) abort(l *lease, pl plan) {
 	p.broadcast()
 }
 
+// slotFDs are a slot's placement fds followed by its counter fds.
+func slotFDs(io SlotIO) []int {
+	place, stat := io.FDs(), io.StatFDs()
+	return append(append(make([]int, 0, len(place)+len(stat)), place...), stat...)
+}
+
 func (p *Pool) forgetLease(l *lease) {
 	delete(p.leases, l.id)
 	if k := (holder{l.owner, l.thread}); p.held[k] == l {
@@ -708,7 +714,7 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 		l.id = leaseSeq.Add(1)
 		p.leases[l.id] = l
 		p.mu.Unlock()
-		return &Grant{Lease: l.id, SlotID: s.id, FDs: append(s.io.FDs(), s.io.StatFDs()...), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
+		return &Grant{Lease: l.id, SlotID: s.id, FDs: slotFDs(s.io), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
 	}
 	if s == nil || s.lease != nil || s.busy {
 		p.mu.Unlock()
@@ -723,7 +729,7 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 	p.setOccupant(s, t, 0)
 	p.mu.Unlock()
 	p.metrics.Acquired(p.cfg.Mode.String(), "reclaimed", 0)
-	return &Grant{Lease: l.id, SlotID: s.id, FDs: append(s.io.FDs(), s.io.StatFDs()...), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
+	return &Grant{Lease: l.id, SlotID: s.id, FDs: slotFDs(s.io), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
 }
 
 // Reap removes grown slots that stayed free longer than the idle timeout,

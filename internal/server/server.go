@@ -41,9 +41,8 @@ type Resolver interface {
 // Server accepts slot-protocol connections.
 type Server struct {
 	// Blocking serves each connection with blocking syscalls on its own OS
-	// thread: the kernel wakes the reader directly, which saves a scheduler
-	// hop per request (tens of microseconds on a VM). Without it connections
-	// go through Go's netpoller, which needs fewer threads.
+	// thread instead of Go's netpoller. slotbench -transport compares them;
+	// on the project's VMs the netpoller was faster.
 	Blocking bool
 
 	resolve   Resolver
