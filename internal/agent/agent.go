@@ -187,7 +187,7 @@ func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
 	a.containers[c.CgroupPath] = s
 	sum := p.Summary()
 	a.log.Info("serving container", "container", c.Name, "cgroup", c.CgroupPath, "mode", sum.Mode,
-		"budget", sum.BudgetMilli, "slots", countSlots(sum), "took", time.Since(start).Round(time.Microsecond))
+		"budget", sum.BudgetMilli, "slots", countSlots(sum), "took", time.Since(start).Round(time.Microsecond).String())
 	return s, nil
 }
 

@@ -22,15 +22,15 @@ import (
 // Hierarchy is where the cpu controller lives on this machine.
 type Hierarchy struct {
 	// Version is 1 or 2.
-	Version int
+	Version int `json:"version"`
 	// FavorDynMods reports the cgroup2 mount option that makes thread
 	// migration cheap (kernel 6.0+). Always false on v1.
-	FavorDynMods bool
+	FavorDynMods bool `json:"favordynmods"`
 	// CPURoot is the mount point of the cpu controller (v1) or of cgroup2.
-	CPURoot string
+	CPURoot string `json:"cpuRoot"`
 	// AcctRoot is the mount point of cpuacct on v1 when it is mounted apart
 	// from cpu; empty otherwise.
-	AcctRoot string
+	AcctRoot string `json:"cpuacctRoot,omitempty"`
 }
 
 func (h *Hierarchy) String() string {

@@ -1,0 +1,57 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cpuslot/cpuslot/internal/pool"
+)
+
+// TestExampleConfig keeps the documented example loadable and equal to the
+// defaults where it says so.
+func TestExampleConfig(t *testing.T) {
+	c, err := LoadConfig("../../docs/agent.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := c.PoolSettings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := DefaultConfig().PoolSettings()
+	if pool.FormatPrewarm(pc.Prewarm) != pool.FormatPrewarm(d.Prewarm) || pc.Mode != d.Mode || pc.PeriodUS != d.PeriodUS || pc.MaxSlots != d.MaxSlots {
+		t.Fatalf("example drifted from defaults: %+v vs %+v", pc, d)
+	}
+	if c.ReapInterval.Duration != 10*time.Second || len(c.Standalone.ServeUnder) != 1 {
+		t.Fatalf("%+v", c)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"unknown field": "sockett: /x\n",
+		"bad duration":  "pool:\n  period: fast\n",
+		"bad mode":      "pool:\n  mode: turbo\n",
+		"bad prewarm":   "pool:\n  prewarm: 250m\n",
+		"bad quota":     "pool:\n  prewarm: -1=2\n",
+		"bad policy":    "admission:\n  policy: drop\n",
+		"bad budget":    "admission:\n  budget: lots\n",
+		"too many":      "pool:\n  prewarm: 250m=100\n  maxSlots: 10\n",
+		"bad period":    "pool:\n  period: 10s\n",
+	} {
+		p := filepath.Join(dir, "c.yaml")
+		os.WriteFile(p, []byte(body), 0o644)
+		c, err := LoadConfig(p)
+		if err == nil {
+			_, err = c.PoolSettings()
+		}
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+}
