@@ -32,6 +32,7 @@ type fakeSlot struct {
 	spec    cgroup.Spec
 	cpu     uint64
 	removed bool
+	busy    int // Remove fails with ErrBusy this many times
 }
 
 func newFake() *fakeBackend { return &fakeBackend{slots: map[uint32]*fakeSlot{}} }
@@ -97,8 +98,16 @@ func (s *fakeSlot) Usage() (cgroup.Usage, error) {
 	s.cpu += 1000
 	return cgroup.Usage{CPUNanos: s.cpu}, nil
 }
-func (s *fakeSlot) Remove() error { s.b.op("remove %d", s.id); s.removed = true; return nil }
-func (s *fakeSlot) Close()        {}
+func (s *fakeSlot) Remove() error {
+	if s.busy > 0 {
+		s.busy--
+		return fmt.Errorf("rmdir: %w", cgroup.ErrBusy)
+	}
+	s.b.op("remove %d", s.id)
+	s.removed = true
+	return nil
+}
+func (s *fakeSlot) Close() {}
 
 func cfg(mode Mode, prewarm string) Config {
 	c := DefaultConfig()
@@ -464,6 +473,37 @@ func TestSupersede(t *testing.T) {
 	}
 	if s := p.Summary(); s.Leases != 2 {
 		t.Fatalf("%+v", s)
+	}
+}
+
+// TestRemovalBusy: a slot whose removal fails (threads keep arriving) stays
+// in the pool, usable, and the reaper tries again later.
+func TestRemovalBusy(t *testing.T) {
+	b := newFake()
+	c := cfg(Affinity, "250m=1")
+	c.IdleTimeout = time.Minute
+	p := start(t, c, b)
+	o := &conn{}
+	ctx := context.Background()
+	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	g2 := must(t)(p.Acquire(ctx, req(o, 250, 2, 0))) // grown: an extra slot
+	p.Release(o, g1.Lease, "ok")
+	p.Release(o, g2.Lease, "ok")
+	for _, fs := range b.slots {
+		fs.busy = 1 // whichever slot the reaper picks is busy once
+	}
+	later := time.Now().Add(2 * time.Minute)
+	if n := p.Reap(later); n != 1 {
+		t.Fatalf("reap attempted %d", n)
+	}
+	if s := p.Summary(); s.Quotas[0].Slots != 2 || s.Quotas[0].Free != 2 {
+		t.Fatalf("a slot that could not be removed must stay free: %+v", s)
+	}
+	must(t)(p.Acquire(ctx, req(o, 250, 3, 0)))
+	p.ReleaseOwner(o)
+	p.Reap(later)
+	if s := p.Summary(); s.Quotas[0].Slots != 1 {
+		t.Fatalf("second reap should remove it: %+v", s)
 	}
 }
 
