@@ -501,6 +501,9 @@ func TestRemovalBusy(t *testing.T) {
 	}
 	must(t)(p.Acquire(ctx, req(o, 250, 3, 0)))
 	p.ReleaseOwner(o)
+	for _, fs := range b.slots {
+		fs.busy = 0 // the threads are gone now
+	}
 	p.Reap(later)
 	if s := p.Summary(); s.Quotas[0].Slots != 1 {
 		t.Fatalf("second reap should remove it: %+v", s)
