@@ -52,7 +52,7 @@ class SamplesTest {
         });
         local.start();
         byte[] jar = samplesJar();
-        for (String c : new String[]{"HelloWorld", "Fibonacci", "FileHash", "VideoDownscale", "RestKv"}) {
+        for (String c : new String[]{"HelloWorld", "Fibonacci", "FileHash", "VideoDownscale", "RestKv", "CpuBurn"}) {
             var r = rt.hydraRegister(Map.of("name", c, "language", "java", "entryPoint", "dev.cpuslot.samples." + c), jar);
             assertEquals(200, r.status(), r.body().toString());
         }
@@ -108,6 +108,17 @@ class SamplesTest {
         assertEquals(832040, invoke("Fibonacci", "{\"n\":30}").get("fib").getAsLong());
         assertEquals(75025, invoke("js-fib", "{\"n\":25}").get("fib").getAsLong());
         assertEquals(6765, invoke("python-fib", "{\"n\":20}").get("fib").getAsLong());
+    }
+
+    @Test
+    void cpuBurnRunsForItsWallTimeOnEveryThread() {
+        JsonObject one = invoke("CpuBurn", "{\"ms\":50}");
+        assertEquals(1, one.get("threads").getAsInt());
+        assertTrue(one.get("wall_ms").getAsDouble() >= 50, one.toString());
+        assertTrue(one.get("iterations").getAsLong() > 0, one.toString());
+        JsonObject four = invoke("CpuBurn", "{\"ms\":50,\"threads\":4}");
+        assertEquals(4, four.get("threads").getAsInt());
+        assertTrue(four.get("wall_ms").getAsDouble() >= 50, four.toString());
     }
 
     @Test

@@ -23,6 +23,11 @@ import static java.lang.foreign.ValueLayout.JAVA_SHORT;
  * The few libc calls the slot protocol needs, through the Foreign Function &amp; Memory API
  * (no JNI). Linux only (x86_64 and aarch64, LP64). Sockets are non-blocking; callers wait with
  * {@link #poll}. Public so that tests and embedders can build a fake agent on the same calls.
+ *
+ * <p>Calls interrupted by a signal (EINTR) are retried here: recvmsg, sendmsg, write and pread
+ * at once, poll with the time that is left. Native memory for the per-invocation calls (send,
+ * recv, poll, write, pread) comes from a per-thread scratch area, so the hot path allocates
+ * nothing natively.
  */
 public final class Native {
     private Native() {}
@@ -38,7 +43,7 @@ public final class Native {
     public static final int MSG_CMSG_CLOEXEC = 0x40000000;
     public static final short POLLIN = 0x1, POLLOUT = 0x4, POLLERR = 0x8, POLLHUP = 0x10, POLLNVAL = 0x20;
     public static final int O_WRONLY = 1, O_RDONLY = 0, O_CREAT = 0x40, O_CLOEXEC = 0x80000, O_APPEND = 0x400;
-    public static final int EINTR = 4, EAGAIN = 11, EINPROGRESS = 115, EBADF = 9;
+    public static final int EINTR = 4, EAGAIN = 11, EINPROGRESS = 115, EBADF = 9, EISCONN = 106;
 
     private static final int SUN_PATH = 108;
     private static final int MSGHDR_SIZE = 56;
@@ -53,12 +58,12 @@ public final class Native {
 
     private static final Throwable LOAD_ERROR;
     private static final MethodHandle SOCKET, CONNECT, BIND, LISTEN, ACCEPT4, SENDMSG, RECVMSG, POLL, WRITE, CLOSE,
-            OPEN, GETTID, SYSCALL, STRERROR;
+            OPEN, GETTID, SYSCALL, STRERROR, PREAD;
 
     static {
         MethodHandle socket = null, connect = null, bind = null, listen = null, accept4 = null, sendmsg = null,
                 recvmsg = null, poll = null, write = null, close = null, open = null, gettid = null, syscall = null,
-                strerror = null;
+                strerror = null, pread = null;
         Throwable err = null;
         try {
             if (!System.getProperty("os.name", "").toLowerCase().contains("linux"))
@@ -77,6 +82,7 @@ public final class Native {
             open = h(libc, "open", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_INT, JAVA_INT), CCS,
                     Linker.Option.firstVariadicArg(2));
             strerror = h(libc, "strerror", FunctionDescriptor.of(ADDRESS, JAVA_INT));
+            pread = h(libc, "pread", FunctionDescriptor.of(JAVA_LONG, JAVA_INT, ADDRESS, JAVA_LONG, JAVA_LONG), CCS);
             Optional<MemorySegment> gt = libc.find("gettid");
             if (gt.isPresent()) {
                 gettid = LINKER.downcallHandle(gt.get(), FunctionDescriptor.of(JAVA_INT));
@@ -89,7 +95,37 @@ public final class Native {
         SOCKET = socket; CONNECT = connect; BIND = bind; LISTEN = listen; ACCEPT4 = accept4; SENDMSG = sendmsg;
         RECVMSG = recvmsg; POLL = poll; WRITE = write; CLOSE = close; OPEN = open; GETTID = gettid; SYSCALL = syscall;
         STRERROR = strerror;
+        PREAD = pread;
         LOAD_ERROR = err;
+    }
+
+    /** Native memory reused by one thread's calls (never shared: a ThreadLocal). */
+    private static final class Scratch {
+        static final int BUF = 4096;
+        final Arena arena = Arena.ofAuto();
+        final MemorySegment cs = arena.allocate(CAPTURE);
+        final MemorySegment buf = arena.allocate(BUF, 8);
+        final MemorySegment iov = arena.allocate(16, 8);
+        final MemorySegment msg = arena.allocate(MSGHDR_SIZE, 8);
+        final MemorySegment ctl = arena.allocate(CMSG_HDR + 4L * MAX_FDS, 8);
+        final MemorySegment pfd = arena.allocate(8, 4);
+    }
+
+    private static final ThreadLocal<Scratch> SCRATCH = ThreadLocal.withInitial(Scratch::new);
+
+    /** A msghdr with one iovec over data[0..len) and the given control buffer (may be NULL). */
+    private static MemorySegment msghdr(Scratch s, MemorySegment data, long len, MemorySegment ctl, long ctlLen) {
+        s.iov.set(ADDRESS, 0, data);
+        s.iov.set(JAVA_LONG, 8, len);
+        MemorySegment m = s.msg;
+        m.set(ADDRESS, 0, MemorySegment.NULL);   // msg_name
+        m.set(JAVA_INT, 8, 0);                   // msg_namelen
+        m.set(ADDRESS, 16, s.iov);               // msg_iov
+        m.set(JAVA_LONG, 24, 1L);                // msg_iovlen
+        m.set(ADDRESS, 32, ctl);                 // msg_control
+        m.set(JAVA_LONG, 40, ctlLen);            // msg_controllen
+        m.set(JAVA_INT, 48, 0);                  // msg_flags
+        return m;
     }
 
     private static MethodHandle h(SymbolLookup l, String name, FunctionDescriptor d, Linker.Option... o) {
@@ -180,6 +216,7 @@ public final class Native {
             int r = (int) CONNECT.invokeExact(cs, fd, sa, (int) sa.byteSize());
             if (r == 0) return 0;
             int e = errno(cs);
+            if (e == EISCONN) return 0; // a retry after EINTR/EINPROGRESS found it connected
             if (e == EAGAIN || e == EINPROGRESS || e == EINTR) return e;
             throw fail("connect " + path, e);
         } catch (NativeException e) {
@@ -232,22 +269,28 @@ public final class Native {
 
     /**
      * Waits for events on one fd. Returns the revents (0 on timeout). timeoutMs -1 waits forever.
+     * A signal (EINTR) restarts the wait with the time that is left.
      */
     public static int poll(int fd, short events, int timeoutMs) throws NativeException {
         check();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment cs = a.allocate(CAPTURE);
-            MemorySegment pfd = a.allocate(8, 4);
-            pfd.set(JAVA_INT, 0, fd);
-            pfd.set(JAVA_SHORT, 4, events);
-            pfd.set(JAVA_SHORT, 6, (short) 0);
-            int r = (int) POLL.invokeExact(cs, pfd, 1L, timeoutMs);
-            if (r < 0) {
-                int e = errno(cs);
-                if (e == EINTR) return 0;
-                throw fail("poll", e);
+        Scratch s = SCRATCH.get();
+        long end = timeoutMs > 0 ? System.nanoTime() + timeoutMs * 1_000_000L : 0;
+        try {
+            while (true) {
+                MemorySegment pfd = s.pfd;
+                pfd.set(JAVA_INT, 0, fd);
+                pfd.set(JAVA_SHORT, 4, events);
+                pfd.set(JAVA_SHORT, 6, (short) 0);
+                int r = (int) POLL.invokeExact(s.cs, pfd, 1L, timeoutMs);
+                if (r >= 0) return r == 0 ? 0 : pfd.get(JAVA_SHORT, 6) & 0xFFFF;
+                int e = errno(s.cs);
+                if (e != EINTR) throw fail("poll", e);
+                if (timeoutMs > 0) {
+                    long rem = end - System.nanoTime();
+                    if (rem <= 0) return 0;
+                    timeoutMs = (int) Math.max(1, (rem + 999_999) / 1_000_000);
+                }
             }
-            return r == 0 ? 0 : pfd.get(JAVA_SHORT, 6) & 0xFFFF;
         } catch (NativeException e) {
             throw e;
         } catch (Throwable t) {
@@ -256,36 +299,36 @@ public final class Native {
     }
 
     /**
-     * sendmsg with optional SCM_RIGHTS fds. Returns bytes sent, or -1 on EAGAIN.
+     * sendmsg with optional SCM_RIGHTS fds. Returns bytes sent, or -1 on EAGAIN. EINTR is retried.
      */
     public static long send(int fd, byte[] buf, int off, int len, int[] fds) throws NativeException {
         check();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment cs = a.allocate(CAPTURE);
-            MemorySegment data = a.allocate(Math.max(1, len));
+        Scratch s = SCRATCH.get();
+        try (Arena a = len > Scratch.BUF ? Arena.ofConfined() : null) {
+            MemorySegment data = a == null ? s.buf : a.allocate(len);
             MemorySegment.copy(buf, off, data, JAVA_BYTE, 0, len);
-            MemorySegment iov = a.allocate(16, 8);
-            iov.set(ADDRESS, 0, data);
-            iov.set(JAVA_LONG, 8, len);
-            MemorySegment msg = a.allocate(MSGHDR_SIZE, 8);
-            msg.set(ADDRESS, 16, iov);
-            msg.set(JAVA_LONG, 24, 1L);
+            MemorySegment ctl = MemorySegment.NULL;
+            long space = 0;
             if (fds != null && fds.length > 0) {
+                if (fds.length > MAX_FDS) throw new NativeException("too many fds: " + fds.length, 0);
                 long clen = CMSG_HDR + 4L * fds.length;
-                long space = (clen + 7) & ~7L;
-                MemorySegment ctl = a.allocate(space, 8);
+                space = (clen + 7) & ~7L;
+                ctl = s.ctl;
+                ctl.fill((byte) 0);
                 ctl.set(JAVA_LONG, 0, clen);
                 ctl.set(JAVA_INT, 8, SOL_SOCKET);
                 ctl.set(JAVA_INT, 12, SCM_RIGHTS);
                 for (int i = 0; i < fds.length; i++) ctl.set(JAVA_INT, CMSG_HDR + 4L * i, fds[i]);
-                msg.set(ADDRESS, 32, ctl);
-                msg.set(JAVA_LONG, 40, space);
             }
-            long n = (long) SENDMSG.invokeExact(cs, fd, msg, MSG_NOSIGNAL);
-            if (n >= 0) return n;
-            int e = errno(cs);
-            if (e == EAGAIN || e == EINTR) return -1;
-            throw fail("sendmsg", e);
+            while (true) {
+                MemorySegment msg = msghdr(s, data, len, ctl, space);
+                long n = (long) SENDMSG.invokeExact(s.cs, fd, msg, MSG_NOSIGNAL);
+                if (n >= 0) return n;
+                int e = errno(s.cs);
+                if (e == EINTR) continue;
+                if (e == EAGAIN) return -1;
+                throw fail("sendmsg", e);
+            }
         } catch (NativeException e) {
             throw e;
         } catch (Throwable t) {
@@ -296,26 +339,23 @@ public final class Native {
     /** Result of one recvmsg: bytes read (0 = EOF, -1 = EAGAIN), fds received, control truncated. */
     public record Received(int n, int[] fds, boolean truncated) {}
 
-    /** recvmsg of at most len bytes, collecting SCM_RIGHTS fds (close-on-exec). */
+    /** recvmsg of at most len bytes, collecting SCM_RIGHTS fds (close-on-exec). EINTR is retried. */
     public static Received recv(int fd, byte[] buf, int off, int len) throws NativeException {
         check();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment cs = a.allocate(CAPTURE);
-            MemorySegment data = a.allocate(Math.max(1, len));
-            MemorySegment iov = a.allocate(16, 8);
-            iov.set(ADDRESS, 0, data);
-            iov.set(JAVA_LONG, 8, len);
-            long space = CMSG_HDR + 4L * MAX_FDS;
-            MemorySegment ctl = a.allocate(space, 8);
-            MemorySegment msg = a.allocate(MSGHDR_SIZE, 8);
-            msg.set(ADDRESS, 16, iov);
-            msg.set(JAVA_LONG, 24, 1L);
-            msg.set(ADDRESS, 32, ctl);
-            msg.set(JAVA_LONG, 40, space);
-            long n = (long) RECVMSG.invokeExact(cs, fd, msg, MSG_CMSG_CLOEXEC);
-            if (n < 0) {
-                int e = errno(cs);
-                if (e == EAGAIN || e == EINTR) return new Received(-1, new int[0], false);
+        Scratch s = SCRATCH.get();
+        try (Arena a = len > Scratch.BUF ? Arena.ofConfined() : null) {
+            MemorySegment data = a == null ? s.buf : a.allocate(len);
+            MemorySegment ctl = s.ctl;
+            long space = ctl.byteSize();
+            long n;
+            MemorySegment msg;
+            while (true) {
+                msg = msghdr(s, data, len, ctl, space);
+                n = (long) RECVMSG.invokeExact(s.cs, fd, msg, MSG_CMSG_CLOEXEC);
+                if (n >= 0) break;
+                int e = errno(s.cs);
+                if (e == EINTR) continue;
+                if (e == EAGAIN) return new Received(-1, new int[0], false);
                 throw fail("recvmsg", e);
             }
             MemorySegment.copy(data, JAVA_BYTE, 0, buf, off, (int) n);
@@ -344,16 +384,45 @@ public final class Native {
         }
     }
 
-    /** write(2) of the given bytes; returns the count written. */
+    /** write(2) of the given bytes; returns the count written. EINTR is retried. */
     public static long write(int fd, byte[] b) throws NativeException {
         check();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment cs = a.allocate(CAPTURE);
-            MemorySegment data = a.allocate(Math.max(1, b.length));
+        Scratch s = SCRATCH.get();
+        try (Arena a = b.length > Scratch.BUF ? Arena.ofConfined() : null) {
+            MemorySegment data = a == null ? s.buf : a.allocate(b.length);
             MemorySegment.copy(b, 0, data, JAVA_BYTE, 0, b.length);
-            long n = (long) WRITE.invokeExact(cs, fd, data, (long) b.length);
-            if (n < 0) throw fail("write", errno(cs));
-            return n;
+            while (true) {
+                long n = (long) WRITE.invokeExact(s.cs, fd, data, (long) b.length);
+                if (n >= 0) return n;
+                int e = errno(s.cs);
+                if (e != EINTR) throw fail("write", e);
+            }
+        } catch (NativeException e) {
+            throw e;
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+    }
+
+    /**
+     * pread(2) at offset 0 of up to max bytes (at most 4096), as text. Reading a cgroup file
+     * this way renders it afresh each time. EINTR is retried.
+     */
+    public static String preadText(int fd, int max) throws NativeException {
+        check();
+        Scratch s = SCRATCH.get();
+        int len = Math.min(max, Scratch.BUF);
+        try {
+            while (true) {
+                long n = (long) PREAD.invokeExact(s.cs, fd, s.buf, (long) len, 0L);
+                if (n >= 0) {
+                    byte[] b = new byte[(int) n];
+                    MemorySegment.copy(s.buf, JAVA_BYTE, 0, b, 0, (int) n);
+                    return new String(b, StandardCharsets.US_ASCII);
+                }
+                int e = errno(s.cs);
+                if (e != EINTR) throw fail("pread", e);
+            }
         } catch (NativeException e) {
             throw e;
         } catch (Throwable t) {

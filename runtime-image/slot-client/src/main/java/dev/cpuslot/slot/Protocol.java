@@ -39,6 +39,8 @@ public final class Protocol {
     public static final int PLACE_NONE = 0, PLACE_SELF = 1, PLACE_DONE = 2;
     // RELEASE outcome
     public static final int RELEASE_OK_OUTCOME = 0, RELEASE_FAILED = 1, RELEASE_TIMEOUT = 2, RELEASE_PLACEMENT_FAILED = 3;
+    // RELEASE flags
+    public static final int RELEASE_NO_REPLY = 1;
 
     // error codes
     public static final int E_BAD_REQUEST = 1, E_UNSUPPORTED_VERSION = 2, E_NOT_SERVED = 3, E_INVALID_QUOTA = 4,
@@ -89,8 +91,12 @@ public final class Protocol {
 
     public record Pool(long quotaMilli, long periodUs, int slots, int free) {}
 
-    public record HelloOk(int version, int hierarchy, long flags, String container, long budgetMilli, List<Pool> pools)
-            implements Message {
+    /**
+     * placeFds / statFds: a slot's fds are placeFds placement fds followed by statFds read-only
+     * counter fds (v2: cpu.stat; v1: cpu.stat then cpuacct.usage).
+     */
+    public record HelloOk(int version, int hierarchy, long flags, int placeFds, int statFds, String container,
+                          long budgetMilli, List<Pool> pools) implements Message {
         public HelloOk { pools = pools == null ? List.of() : List.copyOf(pools); }
         public int type() { return HELLO_OK; }
     }
@@ -105,7 +111,9 @@ public final class Protocol {
         public int type() { return ACQUIRE_OK; }
     }
 
-    public record Release(long lease, int outcome) implements Message {
+    /** flags bit 0 NO_REPLY: the agent sends nothing back, not even an error. */
+    public record Release(long lease, int outcome, int flags) implements Message {
+        public Release(long lease, int outcome) { this(lease, outcome, 0); }
         public int type() { return RELEASE; }
     }
 
@@ -143,7 +151,8 @@ public final class Protocol {
         switch (m) {
             case Hello h -> { o.u8(h.minVersion()); o.u8(h.maxVersion()); o.u32(h.flags()); o.str(h.client()); }
             case HelloOk h -> {
-                o.u8(h.version()); o.u8(h.hierarchy()); o.u32(h.flags()); o.str(h.container()); o.u32(h.budgetMilli());
+                o.u8(h.version()); o.u8(h.hierarchy()); o.u32(h.flags()); o.u8(h.placeFds()); o.u8(h.statFds());
+                o.str(h.container()); o.u32(h.budgetMilli());
                 o.u16(h.pools().size());
                 for (Pool p : h.pools()) { o.u32(p.quotaMilli()); o.u32(p.periodUs()); o.u16(p.slots()); o.u16(p.free()); }
             }
@@ -155,7 +164,7 @@ public final class Protocol {
                 o.u64(a.lease()); o.u32(a.slot()); o.u32(a.quotaMilli()); o.u32(a.periodUs());
                 o.u8(a.outcome()); o.u8(a.flags()); o.u8(a.place()); o.u8(a.nfds());
             }
-            case Release r -> { o.u64(r.lease()); o.u8(r.outcome()); }
+            case Release r -> { o.u64(r.lease()); o.u8(r.outcome()); o.u8(r.flags()); }
             case ReleaseOk r -> { o.u64(r.cpuNanos()); o.u64(r.throttledNanos()); o.u64(r.periods()); o.u64(r.throttledPeriods()); }
             case Reclaim r -> { o.u32(r.slot()); o.u32(r.quotaMilli()); o.u32(r.tid()); o.str(r.action()); o.str(r.invocation()); }
             case Error e -> { o.u16(e.code()); o.u32(e.retryAfterMs()); o.str(e.message()); }
@@ -202,16 +211,17 @@ public final class Protocol {
             case HELLO_OK -> {
                 int v = in.u8(), h = in.u8();
                 long fl = in.u32();
+                int placeFds = in.u8(), statFds = in.u8();
                 String c = in.str();
                 long budget = in.u32();
                 int n = in.u16();
                 List<Pool> pools = new ArrayList<>(n);
                 for (int i = 0; i < n; i++) pools.add(new Pool(in.u32(), in.u32(), in.u16(), in.u16()));
-                yield new HelloOk(v, h, fl, c, budget, pools);
+                yield new HelloOk(v, h, fl, placeFds, statFds, c, budget, pools);
             }
             case ACQUIRE -> new Acquire(in.u32(), in.u32(), in.u32(), in.u8(), in.u32(), in.str(), in.str());
             case ACQUIRE_OK -> new AcquireOk(in.u64(), in.u32(), in.u32(), in.u32(), in.u8(), in.u8(), in.u8(), in.u8());
-            case RELEASE -> new Release(in.u64(), in.u8());
+            case RELEASE -> new Release(in.u64(), in.u8(), in.u8());
             case RELEASE_OK -> new ReleaseOk(in.u64(), in.u64(), in.u64(), in.u64());
             case RECLAIM -> new Reclaim(in.u32(), in.u32(), in.u32(), in.str(), in.str());
             case ERROR -> new Error(in.u16(), in.u32(), in.str());
@@ -267,8 +277,7 @@ public final class Protocol {
             int n = u16();
             if (n > MAX_STRING) throw new ProtocolException(E_BAD_REQUEST, "string of " + n + " bytes > 1024");
             need(n);
-            // Lenient: the spec says UTF-8 but no vector makes invalid UTF-8 an error, so a bad byte
-            // becomes U+FFFD instead of breaking the connection.
+            // The spec: a receiver does not refuse a frame for invalid UTF-8; a bad byte becomes U+FFFD.
             String s = new String(b, p, n, StandardCharsets.UTF_8);
             p += n;
             return s;

@@ -28,10 +28,16 @@ import java.util.concurrent.locks.ReentrantLock;
  * }</pre>
  *
  * <ul>
- * <li>A pool of connections, one request in flight per connection; a lease belongs to the
- *     connection that acquired it and is released on it.</li>
+ * <li>A pool of connections, one request in flight per connection. Leases belong to the process
+ *     (any connection may release them); the client remembers the connection that granted a
+ *     lease to notice when it must be re-declared (RECLAIM) after that connection died.</li>
  * <li>Slot fds are cached by slot id and replaced (old ones closed once unused) whenever a
- *     response brings new ones.</li>
+ *     response brings new ones. A slot's fds are HELLO_OK {@code place_fds} placement fds, then
+ *     {@code stat_fds} read-only counter fds.</li>
+ * <li>One round trip per invocation: after placing (or when already placed) the client reads
+ *     the slot's counters; at release it reads them again, computes the usage itself and sends
+ *     RELEASE with NO_REPLY (one write, no wait). Without counter fds, after a reconnect, or when
+ *     the agent places threads, RELEASE waits for RELEASE_OK as before.</li>
  * <li>{@link #acquire} never takes longer than the acquire budget (connect, HELLO, waiting for a
  *     connection and the agent's answer all count; the remaining budget is sent as
  *     {@code wait_us}). A late answer is drained in the background and its lease released.</li>
@@ -106,8 +112,10 @@ public final class SlotClient implements AutoCloseable {
 
     private static final class SlotFds {
         final int[] fds;
+        /** fds[0..placeN) place a thread; fds[placeN..) are read-only counter fds. */
+        final int placeN;
         final AtomicInteger refs = new AtomicInteger(1); // the cache's own reference
-        SlotFds(int[] fds) { this.fds = fds; }
+        SlotFds(int[] fds, int placeN) { this.fds = fds; this.placeN = placeN; }
         boolean retain() {
             for (;;) {
                 int r = refs.get();
@@ -254,7 +262,7 @@ public final class SlotClient implements AutoCloseable {
                     release(l, ReleaseOutcome.PLACEMENT_FAILED);
                     return noSlot(act, inv, quotaMilli, tid, "fd_mismatch", "nfds " + ok.nfds() + " but " + fds.length + " fds");
                 }
-                if (fds.length > 0) cacheFds(ok.slot(), fds);
+                if (fds.length > 0) cacheFds(ok.slot(), fds, c.hello);
                 if (ok.place() == Protocol.PLACE_SELF) {
                     String err = placeSelf(ok.slot());
                     if (err != null) {
@@ -266,6 +274,8 @@ public final class SlotClient implements AutoCloseable {
                 }
                 currentSlot.get()[0] = ok.slot();
                 count("place." + placeName(ok.place()));
+                // the thread sits in the slot now: read its counters so release needs no reply
+                if (ok.place() != Protocol.PLACE_DONE) l.start = readCounters(ok.slot());
                 return l;
             }
             if (r.message() instanceof Protocol.Error e) {
@@ -309,15 +319,16 @@ public final class SlotClient implements AutoCloseable {
         return new SlotLease(this, act, inv, quota, tid, reason);
     }
 
-    /** Writes "0" to each fd of the slot. Returns null or an error message. */
+    /** Writes "0" to each placement fd of the slot. Returns null or an error message. */
     private String placeSelf(long slot) {
         for (int attempt = 0; attempt < 2; attempt++) {
             SlotFds sf = fdCache.get(slot);
             if (sf == null) return "no fds cached for slot " + slot;
             if (!sf.retain()) continue; // replaced and closed meanwhile: look again
             try {
-                for (int fd : sf.fds) {
-                    long n = Native.write(fd, ZERO);
+                if (sf.placeN == 0) return "no placement fd for slot " + slot;
+                for (int i = 0; i < sf.placeN; i++) {
+                    long n = Native.write(sf.fds[i], ZERO);
                     if (n != 1) return "short write to slot fd";
                 }
                 return null;
@@ -330,9 +341,35 @@ public final class SlotClient implements AutoCloseable {
         return "slot fds replaced while placing";
     }
 
-    private void cacheFds(long slot, int[] fds) {
+    /**
+     * Reads the slot's counters from its cached counter fds; null when there are none (an agent
+     * that passes placement fds only) or the read failed (counted).
+     */
+    private SlotCounters readCounters(long slot) {
+        for (int attempt = 0; attempt < 2; attempt++) {
+            SlotFds sf = fdCache.get(slot);
+            if (sf == null || sf.placeN >= sf.fds.length) return null;
+            if (!sf.retain()) continue;
+            try {
+                int stat = sf.fds[sf.placeN];
+                int acct = sf.fds.length > sf.placeN + 1 ? sf.fds[sf.placeN + 1] : -1;
+                return SlotCounters.read(stat, acct);
+            } catch (IOException e) {
+                count("counters.failed");
+                return null;
+            } finally {
+                unref(sf);
+            }
+        }
+        return null;
+    }
+
+    /** Caches a slot's fds, split as the agent's HELLO_OK announced (all placement fds if it did not). */
+    private void cacheFds(long slot, int[] fds, Protocol.HelloOk hello) {
         count("fds.received");
-        SlotFds old = fdCache.put(slot, new SlotFds(fds));
+        int p = hello == null ? 0 : hello.placeFds(), st = hello == null ? 0 : hello.statFds();
+        int placeN = p > 0 && fds.length == p + st ? p : fds.length;
+        SlotFds old = fdCache.put(slot, new SlotFds(fds, placeN));
         if (old != null) {
             count("fds.replaced");
             unref(old);
@@ -358,6 +395,10 @@ public final class SlotClient implements AutoCloseable {
             if (l.released) return Usage.NONE;
             l.released = true;
             orphans.remove(l);
+            if (l.start != null && outcome != ReleaseOutcome.PLACEMENT_FAILED) {
+                Usage u = releaseOneWay(l, outcome);
+                if (u != null) return u;
+            }
             long deadline = System.nanoTime() + releaseNs;
             for (int attempt = 0; attempt < 3; attempt++) {
                 if (l.lost) {
@@ -413,6 +454,40 @@ public final class SlotClient implements AutoCloseable {
         }
     }
 
+    /**
+     * Reads the slot's counters and sends RELEASE with NO_REPLY on any idle connection (leases
+     * belong to the process; an ACQUIRE from this thread that overtakes the RELEASE on another
+     * connection ends the lease anyway). Null when the caller must release with a reply: the
+     * lease's connection died (re-declaration needed), no counters, or no connection at once.
+     * Caller holds l.lock.
+     */
+    private Usage releaseOneWay(SlotLease l, ReleaseOutcome outcome) {
+        Conn owner = l.conn;
+        if (owner == null || !isAlive(owner)) return null;
+        SlotCounters end = readCounters(l.slot);
+        if (end == null) return null;
+        long deadline = System.nanoTime() + releaseNs;
+        Conn c;
+        try {
+            c = borrow(deadline);
+        } catch (IOException | TimeoutException e) {
+            return null;
+        }
+        try {
+            send(c, new Protocol.Release(l.lease, outcome.code, Protocol.RELEASE_NO_REPLY), deadline);
+        } catch (TimeoutException e) {
+            giveBack(c); // nothing was written
+            return null;
+        } catch (IOException e) {
+            kill(c, e.getMessage());
+            return null;
+        }
+        giveBack(c);
+        owner.leases.remove(l);
+        count("release.oneway");
+        return end.since(l.start);
+    }
+
     /** RECLAIM of a lease whose connection died. Caller holds l.lock. True when re-held. */
     private boolean reclaimLocked(SlotLease l, long deadline) {
         if (l.lost) return false;
@@ -435,9 +510,10 @@ public final class SlotClient implements AutoCloseable {
             return false;
         }
         if (r.message() instanceof Protocol.AcquireOk ok) {
-            if (fds.length > 0) cacheFds(ok.slot(), fds);
+            if (fds.length > 0) cacheFds(ok.slot(), fds, c.hello);
             l.conn = c;
             l.lease = ok.lease();
+            l.start = null; // reconnected: the release waits for the agent's own usage
             c.leases.add(l);
             giveBack(c);
             orphans.remove(l);
@@ -608,6 +684,20 @@ public final class SlotClient implements AutoCloseable {
     /** One request, one response. Caller holds the connection (busy). */
     private Protocol.Frame call(Conn c, Protocol.Message m, long deadline)
             throws IOException, TimeoutException, Protocol.ProtocolException {
+        long req = send(c, m, deadline);
+        // wait for the answer before the first recvmsg (saves a recvmsg that would say EAGAIN)
+        if (c.hpos == 0 && c.body == null && waitFor(c.fd, Native.POLLIN, deadline) == 0) throw new TimeoutException();
+        Protocol.Frame r = readFrame(c, deadline);
+        if (r.request() != req)
+            throw new Protocol.ProtocolException(Protocol.E_BAD_REQUEST, "answer to request " + r.request() + ", expected " + req);
+        return r;
+    }
+
+    /**
+     * Writes one request; returns its request id. TimeoutException only when nothing was written
+     * (the connection stays usable); a partial write is an IOException. Caller holds c (busy).
+     */
+    private long send(Conn c, Protocol.Message m, long deadline) throws IOException, TimeoutException {
         long req = c.nextRequest++;
         if (c.nextRequest > 0xFFFFFFFFL) c.nextRequest = 1;
         byte[] f = Protocol.encode(req, m);
@@ -623,10 +713,7 @@ public final class SlotClient implements AutoCloseable {
                 throw new TimeoutException();
             }
         }
-        Protocol.Frame r = readFrame(c, deadline);
-        if (r.request() != req)
-            throw new Protocol.ProtocolException(Protocol.E_BAD_REQUEST, "answer to request " + r.request() + ", expected " + req);
-        return r;
+        return req;
     }
 
     private static int waitFor(int fd, short events, long deadline) throws IOException {
@@ -682,7 +769,7 @@ public final class SlotClient implements AutoCloseable {
                 Protocol.Frame r = readFrame(c, dl);
                 int[] fds = takeFds(c);
                 if (r.message() instanceof Protocol.AcquireOk ok) {
-                    if (fds.length > 0) cacheFds(ok.slot(), fds);
+                    if (fds.length > 0) cacheFds(ok.slot(), fds, c.hello);
                     count("drain.released");
                     call(c, new Protocol.Release(ok.lease(), ReleaseOutcome.TIMEOUT.code), dl);
                 } else {

@@ -21,6 +21,8 @@ public final class SlotLease {
     long slot, quotaMilli, periodUs;
     int outcome, flags, place;
     boolean released, lost;
+    /** The slot's counters read right after placement; null = release with a reply. */
+    SlotCounters start;
 
     SlotLease(SlotClient client, String action, String invocation, long quotaAsked, int tid, String reason) {
         this.client = client;

@@ -35,6 +35,12 @@ public final class FakeAgent implements AutoCloseable {
     volatile long helloFlags = 0;
     volatile long acquireDelayMs = 0;
     volatile boolean alwaysSendFds = false;
+    /**
+     * Counter fds sent after the placement fd: 0 (an agent that passes placement fds only), 1
+     * (v2: cpu.stat) or 2 (v1: cpu.stat, cpuacct.usage). The files are slot-N.stat and
+     * slot-N.acct; tests write counters into them.
+     */
+    volatile int statFds = 0;
     /** Optional override: return an answer for an ACQUIRE, or null for the normal path. */
     public volatile Function<Protocol.Acquire, Protocol.Message> acquireHook;
     private volatile int listenFd = -1;
@@ -118,7 +124,8 @@ public final class FakeAgent implements AutoCloseable {
                 Protocol.Message answer;
                 int[] fds = new int[0];
                 switch (f.message()) {
-                    case Protocol.Hello h -> answer = new Protocol.HelloOk(1, 2, helloFlags, "fake/container", 0, List.of());
+                    case Protocol.Hello h -> answer = new Protocol.HelloOk(1, statFds == 2 ? 1 : 2, helloFlags, 1, statFds,
+                            "fake/container", 0, List.of());
                     case Protocol.Acquire a -> {
                         if (acquireDelayMs > 0) Thread.sleep(acquireDelayMs);
                         Protocol.Message hook = acquireHook == null ? null : acquireHook.apply(a);
@@ -135,13 +142,14 @@ public final class FakeAgent implements AutoCloseable {
                                 : lastTid != null ? Protocol.OUTCOME_CACHE_HIT : Protocol.OUTCOME_CREATED;
                         int place = agentPlaces ? Protocol.PLACE_DONE
                                 : outcome == Protocol.OUTCOME_AFFINITY_HIT ? Protocol.PLACE_NONE : Protocol.PLACE_SELF;
-                        if (!agentPlaces && (alwaysSendFds || sentSlots.add(slot))) {
-                            fds = new int[]{Native.open(slotFiles.get(slot).toString(), Native.O_WRONLY | Native.O_APPEND, 0)};
+                        if (!agentPlaces && place == Protocol.PLACE_SELF && (alwaysSendFds || sentSlots.add(slot))) {
+                            fds = slotFds(slot);
                         }
                         answer = new Protocol.AcquireOk(lease, slot, a.quotaMilli(), 100000, outcome, 0, place, fds.length);
                     }
                     case Protocol.Release r -> {
                         Long slot = leases.remove(r.lease());
+                        if ((r.flags() & Protocol.RELEASE_NO_REPLY) != 0) continue; // nothing is sent
                         answer = slot == null ? new Protocol.Error(Protocol.E_UNKNOWN_LEASE, 0, "unknown lease")
                                 : new Protocol.ReleaseOk(1000 * r.lease(), 7, 3, 1);
                     }
@@ -151,8 +159,7 @@ public final class FakeAgent implements AutoCloseable {
                         } else {
                             long lease = nextLease.incrementAndGet();
                             leases.put(lease, r.slot());
-                            if (sentSlots.add(r.slot()))
-                                fds = new int[]{Native.open(slotFiles.get(r.slot()).toString(), Native.O_WRONLY | Native.O_APPEND, 0)};
+
                             answer = new Protocol.AcquireOk(lease, r.slot(), r.quotaMilli(), 100000,
                                     Protocol.OUTCOME_AFFINITY_HIT, 0, Protocol.PLACE_NONE, fds.length);
                         }
@@ -177,6 +184,30 @@ public final class FakeAgent implements AutoCloseable {
         }
     }
 
+    /** A slot's fds as the real agent sends them: placement fd, then statFds counter fds. */
+    private int[] slotFds(long slot) throws IOException {
+        int[] fds = new int[1 + statFds];
+        fds[0] = Native.open(slotFiles.get(slot).toString(), Native.O_WRONLY | Native.O_APPEND, 0);
+        if (statFds >= 1) fds[1] = Native.open(statFile(slot).toString(), Native.O_RDONLY, 0);
+        if (statFds >= 2) fds[2] = Native.open(acctFile(slot).toString(), Native.O_RDONLY, 0);
+        return fds;
+    }
+
+    public Path statFile(long slot) { return dir.resolve("slot-" + slot + ".stat"); }
+    public Path acctFile(long slot) { return dir.resolve("slot-" + slot + ".acct"); }
+
+    /** Sets a slot's counters as the kernel would render them (v2 style, or v1 when statFds is 2). */
+    public void setCounters(long slot, long cpuNanos, long throttledNanos, long periods, long throttledPeriods) throws IOException {
+        if (statFds == 2) {
+            Files.writeString(statFile(slot), "nr_periods " + periods + "\nnr_throttled " + throttledPeriods
+                    + "\nthrottled_time " + throttledNanos + "\n");
+            Files.writeString(acctFile(slot), cpuNanos + "\n");
+        } else {
+            Files.writeString(statFile(slot), "usage_usec " + cpuNanos / 1000 + "\nuser_usec 0\nsystem_usec 0\nnr_periods "
+                    + periods + "\nnr_throttled " + throttledPeriods + "\nthrottled_usec " + throttledNanos / 1000 + "\n");
+        }
+    }
+
     private synchronized long slotFor(long quota) throws IOException {
         for (Map.Entry<Long, Long> e : slotQuota.entrySet()) {
             if (e.getValue() == quota && !leases.containsValue(e.getKey())) return e.getKey();
@@ -185,6 +216,7 @@ public final class FakeAgent implements AutoCloseable {
         Path p = dir.resolve("slot-" + slot);
         Files.writeString(p, "");
         slotFiles.put(slot, p);
+        setCounters(slot, 0, 0, 0, 0);
         slotQuota.put(slot, quota);
         return slot;
     }

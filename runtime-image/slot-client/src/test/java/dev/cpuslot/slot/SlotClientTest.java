@@ -259,4 +259,73 @@ class SlotClientTest {
         assertEquals(0, agent.pipelined.get(), "a request was sent while another was in flight");
         assertTrue(agent.connections.get() <= 3, "connections: " + agent.connections.get());
     }
+
+    @Test
+    void withCounterFdsTheReleaseIsOneWayAndTheUsageComesFromTheCounters() throws Exception {
+        agent.statFds = 1; // v2: cpu.stat
+        client = builder().maxConnections(1).build();
+        SlotLease l = client.acquire(250, "guest/fib", "act-1");
+        assertTrue(l.active(), l.toString());
+        assertEquals("0", agent.slotContent(l.slot()), "\"0\" goes to the placement fd only");
+        agent.setCounters(l.slot(), 30_000_000, 5_000_000, 12, 4); // what the kernel counted meanwhile
+        Usage u = l.release(ReleaseOutcome.OK);
+        assertEquals(new Usage(true, 30_000_000, 5_000_000, 12, 4), u);
+        awaitReleases(1); // one-way: release() returned before the agent read it
+        Protocol.Release sent = (Protocol.Release) agent.received.stream().filter(m -> m instanceof Protocol.Release)
+                .findFirst().orElseThrow();
+        assertEquals(Protocol.RELEASE_NO_REPLY, sent.flags());
+        assertEquals(1, client.counter("release.oneway"));
+        // the connection is still in step: the next request gets its own answer
+        SlotLease again = client.acquire(250, "guest/fib", "act-2");
+        assertEquals("affinity_hit", again.outcome());
+        agent.setCounters(again.slot(), 31_000_000, 5_000_000, 13, 4);
+        assertEquals(1_000_000, again.release(ReleaseOutcome.FAILED).cpuNanos());
+        awaitReleases(2);
+        assertTrue(agent.leases.isEmpty(), "the agent got both one-way releases: " + agent.leases);
+    }
+
+    void awaitReleases(int n) throws InterruptedException {
+        long until = System.nanoTime() + 3_000_000_000L;
+        while (agent.count(Protocol.Release.class) < n && System.nanoTime() < until) Thread.sleep(5);
+        assertEquals(n, agent.count(Protocol.Release.class));
+    }
+
+    @Test
+    void cgroupV1CountersComeFromCpuStatAndCpuacctUsage() throws Exception {
+        agent.statFds = 2; // v1: cpu.stat, cpuacct.usage
+        client = builder().build();
+        SlotLease l = client.acquire(500, "a", "1");
+        assertTrue(l.active(), l.toString());
+        assertEquals("0", agent.slotContent(l.slot()));
+        agent.setCounters(l.slot(), 7_000_123, 2_000_456, 3, 1);
+        assertEquals(new Usage(true, 7_000_123, 2_000_456, 3, 1), l.release(ReleaseOutcome.OK));
+        assertEquals(1, client.counter("release.oneway"));
+    }
+
+    @Test
+    void afterAReconnectTheReleaseWaitsForTheAgentsUsage() throws Exception {
+        agent.statFds = 1;
+        client = builder().build();
+        SlotLease l = client.acquire(250, "guest/long", "inv-9");
+        agent.restart(true);
+        long until = System.nanoTime() + 3_000_000_000L;
+        while (client.counter("reclaim.ok") == 0 && System.nanoTime() < until) Thread.sleep(10);
+        Usage u = l.release(ReleaseOutcome.OK);
+        assertTrue(u.measured(), client.counters().toString());
+        assertEquals(1000 * l.lease, u.cpuNanos(), "usage from RELEASE_OK of the re-declared lease");
+        assertEquals(0, client.counter("release.oneway"));
+        Protocol.Release sent = (Protocol.Release) agent.received.stream().filter(m -> m instanceof Protocol.Release)
+                .findFirst().orElseThrow();
+        assertEquals(0, sent.flags());
+    }
+
+    @Test
+    void countersParseWhatTheKernelRenders() {
+        SlotCounters v2 = SlotCounters.parse("usage_usec 1234\nuser_usec 1000\nsystem_usec 234\nnr_periods 10\n"
+                + "nr_throttled 3\nthrottled_usec 4500\nnr_bursts 0\nburst_usec 0\n", null);
+        assertEquals(new SlotCounters(1_234_000, 4_500_000, 10, 3), v2);
+        SlotCounters v1 = SlotCounters.parse("nr_periods 10\nnr_throttled 3\nthrottled_time 4500123\n", "98765432\n");
+        assertEquals(new SlotCounters(98_765_432, 4_500_123, 10, 3), v1);
+        assertEquals(new Usage(true, 1, 0, 0, 0), new SlotCounters(5, 9, 9, 9).since(new SlotCounters(4, 9, 9, 9)));
+    }
 }

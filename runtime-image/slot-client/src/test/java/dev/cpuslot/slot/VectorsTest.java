@@ -39,14 +39,15 @@ class VectorsTest {
                         pools.add(new Protocol.Pool(u(p, "QuotaMilli"), u(p, "PeriodUS"), i(p, "Slots"), i(p, "Free")));
                     }
                 }
-                yield new Protocol.HelloOk(i(f, "Version"), i(f, "Hierarchy"), u(f, "Flags"), s(f, "Container"),
+                yield new Protocol.HelloOk(i(f, "Version"), i(f, "Hierarchy"), u(f, "Flags"), i(f, "PlaceFDs"),
+                        i(f, "StatFDs"), s(f, "Container"),
                         u(f, "BudgetMilli"), pools);
             }
             case "ACQUIRE" -> new Protocol.Acquire(u(f, "QuotaMilli"), u(f, "WaitUS"), u(f, "TID"), i(f, "Flags"),
                     u(f, "CurrentSlot"), s(f, "Action"), s(f, "Invocation"));
             case "ACQUIRE_OK" -> new Protocol.AcquireOk(u(f, "Lease"), u(f, "Slot"), u(f, "QuotaMilli"), u(f, "PeriodUS"),
                     i(f, "Outcome"), i(f, "Flags"), i(f, "Place"), i(f, "NumFDs"));
-            case "RELEASE" -> new Protocol.Release(u(f, "Lease"), i(f, "Outcome"));
+            case "RELEASE" -> new Protocol.Release(u(f, "Lease"), i(f, "Outcome"), i(f, "Flags"));
             case "RELEASE_OK" -> new Protocol.ReleaseOk(u(f, "CPUNanos"), u(f, "ThrottledNanos"), u(f, "Periods"),
                     u(f, "ThrottledPeriods"));
             case "RECLAIM" -> new Protocol.Reclaim(u(f, "Slot"), u(f, "QuotaMilli"), u(f, "TID"), s(f, "Action"),
