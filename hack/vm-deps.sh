@@ -13,6 +13,9 @@
 #                    boots it directly, skipping the bzImage's self-
 #                    decompression, which takes ~3 s under emulation
 #   $CACHE/busybox   a statically linked busybox
+#   $CACHE/modules/  the kernel modules for 9p shares (9p over virtio-pci)
+#                    and their dependencies, as NAME.ko, with "order" (the
+#                    names in load order) and "kernel-version"
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,6 +61,14 @@ if ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
 	fi
 fi
 
+ensure_xz() {
+	if ! command -v xz >/dev/null 2>&1; then
+		ensure_known xz-utils
+		"${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends xz-utils
+	fi
+}
+
 # download PKG: fetch PKG's .deb into $cache/debs (once) and set $deb to its
 # path. (Not used as $(download ...): a subshell would forget apt_update_once.)
 download() {
@@ -84,29 +95,109 @@ download() {
 	fi
 }
 
-# 2. The kernel. linux-image-amd64 is a metapackage; the image is its
-#    linux-image-6.1*-amd64 dependency (e.g. linux-image-6.1.0-56-amd64).
-if [ ! -s "$cache/vmlinuz" ]; then
-	ensure_known linux-image-amd64
-	kpkg="$(apt-cache depends linux-image-amd64 |
-		awk '/Depends: linux-image-[0-9].*-amd64/ {print $2; exit}')"
+# 2. The kernel, and the few modules that read-only 9p shares need
+#    (test/vm Options.Shares). linux-image-amd64 is a metapackage; the image
+#    is its linux-image-6.1*-amd64 dependency (e.g.
+#    linux-image-6.1.0-56-amd64). Everything else the tests need is built in
+#    (cgroup2, serial console, devtmpfs, gzip initramfs): of the package's
+#    ~400 MB of modules only the 9p/virtio ones are kept.
+#
+# Modules the shares need; their dependencies are added from the modules'
+# own "depends=" (the package has no modules.dep: depmod makes it at install).
+share_modules=(virtio_pci 9pnet_virtio 9p)
+modules_current() {
+	[ -s "$cache/modules/order" ] && [ -s "$cache/kernel-version" ] &&
+		cmp -s "$cache/kernel-version" "$cache/modules/kernel-version"
+}
+if [ ! -s "$cache/vmlinuz" ] || ! modules_current; then
+	kpkg=""
+	if [ -s "$cache/vmlinuz" ] && [ -s "$cache/kernel-version" ]; then
+		# Modules for the kernel already here: same package, if still to be had.
+		kpkg="linux-image-$(sed 's/^vmlinuz-//' "$cache/kernel-version")"
+		if ! ls "$cache/debs/${kpkg}"_*.deb >/dev/null 2>&1 && ! known "$kpkg"; then
+			apt_update_once
+			known "$kpkg" || kpkg=""
+		fi
+		# Otherwise take the current kernel and replace the old one.
+		[ -n "$kpkg" ] || rm -f "$cache/vmlinuz"
+	fi
 	if [ -z "$kpkg" ]; then
-		log "cannot find the kernel image dependency of linux-image-amd64"
-		exit 1
+		ensure_known linux-image-amd64
+		kpkg="$(apt-cache depends linux-image-amd64 |
+			awk '/Depends: linux-image-[0-9].*-amd64/ {print $2; exit}')"
+		if [ -z "$kpkg" ]; then
+			log "cannot find the kernel image dependency of linux-image-amd64"
+			exit 1
+		fi
 	fi
 	download "$kpkg"
-	log "extracting vmlinuz from $(basename "$deb")"
+	log "extracting $(basename "$deb")"
 	dir="$cache/kernel"
 	rm -rf "$dir"
 	mkdir -p "$dir"
 	dpkg-deb -x "$deb" "$dir"
 	vmlinuz="$(ls "$dir"/boot/vmlinuz-* | head -n1)"
-	cp "$vmlinuz" "$cache/vmlinuz.tmp"
-	mv "$cache/vmlinuz.tmp" "$cache/vmlinuz"
-	basename "$vmlinuz" >"$cache/kernel-version"
-	rm -f "$cache/vmlinux" # derived from the old vmlinuz
-	# Everything the tests need is built in (cgroup2, serial console,
-	# devtmpfs, gzip initramfs): the ~400 MB of modules are not used.
+	if [ ! -s "$cache/vmlinuz" ]; then
+		cp "$vmlinuz" "$cache/vmlinuz.tmp"
+		mv "$cache/vmlinuz.tmp" "$cache/vmlinuz"
+		basename "$vmlinuz" >"$cache/kernel-version"
+		rm -f "$cache/vmlinux" # derived from the old vmlinuz
+	fi
+
+	kver="$(basename "$vmlinuz")"
+	kver="${kver#vmlinuz-}"
+	moddir="$dir/lib/modules/$kver"
+	# name -> file, names with "-" folded to "_" as the kernel does.
+	declare -A modfile=() builtin=() seen=()
+	while IFS= read -r -d '' f; do
+		n="$(basename "$f")"
+		n="${n%%.ko*}"
+		modfile[${n//-/_}]="$f"
+	done < <(find "$moddir/kernel" \( -name '*.ko' -o -name '*.ko.xz' \) -print0)
+	if [ -f "$moddir/modules.builtin" ]; then
+		while read -r f; do
+			n="$(basename "$f" .ko)"
+			builtin[${n//-/_}]=1
+		done <"$moddir/modules.builtin"
+	fi
+	# Uncompressed module contents (busybox insmod loads plain ELF only).
+	modcat() {
+		case "$1" in
+		*.xz) ensure_xz && xz -dc "$1" ;;
+		*) cat "$1" ;;
+		esac
+	}
+	# visit NAME: append NAME's dependencies, then NAME, to $order.
+	order=()
+	visit() {
+		local n="${1//-/_}" f deps d
+		[ -z "${seen[$n]:-}" ] || return 0
+		seen[$n]=1
+		[ -z "${builtin[$n]:-}" ] || return 0
+		f="${modfile[$n]:-}"
+		if [ -z "$f" ]; then
+			log "kernel $kver has no module $n"
+			exit 1
+		fi
+		deps="$(modcat "$f" | tr '\0' '\n' | sed -n 's/^depends=//p')"
+		for d in ${deps//,/ }; do
+			visit "$d"
+		done
+		order+=("$n")
+	}
+	for m in "${share_modules[@]}"; do
+		visit "$m"
+	done
+	rm -rf "$cache/modules.tmp"
+	mkdir -p "$cache/modules.tmp"
+	for n in "${order[@]}"; do
+		modcat "${modfile[$n]}" >"$cache/modules.tmp/$n.ko"
+		echo "$n" >>"$cache/modules.tmp/order"
+	done
+	echo "vmlinuz-$kver" >"$cache/modules.tmp/kernel-version"
+	rm -rf "$cache/modules"
+	mv "$cache/modules.tmp" "$cache/modules"
+	log "kept modules for 9p shares: ${order[*]} ($(du -sh "$cache/modules" | cut -f1))"
 	rm -rf "$dir"
 fi
 
@@ -114,11 +205,7 @@ fi
 #     the bzImage starts at the first xz stream (what the kernel's
 #     scripts/extract-vmlinux does). Optional: test/vm falls back to vmlinuz.
 if [ ! -s "$cache/vmlinux" ]; then
-	if ! command -v xz >/dev/null 2>&1; then
-		ensure_known xz-utils
-		"${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends xz-utils
-	fi
+	ensure_xz
 	off="$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$cache/vmlinuz" | head -n1 | cut -d: -f1 || true)"
 	if [ -n "$off" ] &&
 		# No pipefail here: tail dies of SIGPIPE when xz stops at the end of
@@ -149,4 +236,4 @@ fi
 
 kernel="$cache/vmlinuz"
 [ -s "$cache/vmlinux" ] && kernel="$cache/vmlinux"
-log "ready: $kernel ($(cat "$cache/kernel-version" 2>/dev/null || echo '?')), $cache/busybox, $(command -v qemu-system-x86_64)"
+log "ready: $kernel ($(cat "$cache/kernel-version" 2>/dev/null || echo '?')), $cache/busybox, $cache/modules, $(command -v qemu-system-x86_64)"

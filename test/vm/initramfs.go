@@ -167,9 +167,9 @@ func busyboxApplets(busybox string) ([]string, error) {
 	return applets, appletsErr
 }
 
-// writeInitramfs writes to dst a gzip'd initramfs with busybox, /init and
-// files (guest path -> host path).
-func writeInitramfs(dst string, busybox string, initScript string, files map[string]string) error {
+// writeInitramfs writes to dst a gzip'd initramfs with busybox, /init,
+// files (guest path -> host path) and symlinks (guest path -> target).
+func writeInitramfs(dst string, busybox string, initScript string, files, symlinks map[string]string) error {
 	list, err := busyboxApplets(busybox)
 	if err != nil {
 		return err
@@ -212,6 +212,24 @@ func writeInitramfs(dst string, busybox string, initScript string, files map[str
 	for _, g := range guestPaths {
 		c.copyFile(g, files[g])
 	}
+	// Last, so that no file or directory can be written through a link.
+	links := make([]string, 0, len(symlinks))
+	for g := range symlinks {
+		links = append(links, g)
+	}
+	sort.Strings(links)
+	for _, g := range links {
+		if _, err := cleanGuestPath(g); err != nil {
+			return fmt.Errorf("vm: Options.Symlinks: %w", err)
+		}
+		name := strings.TrimPrefix(g, "/")
+		_, isFile := files[g]
+		if c.dirs[name] || isFile || isReserved(g) || name == "init" {
+			return fmt.Errorf("vm: Options.Symlinks: %s is already a file or directory of the initramfs", g)
+		}
+		c.symlink(g, symlinks[g])
+		c.dirs[name] = true // nothing else by that name
+	}
 	if err := c.close(); err != nil {
 		return fmt.Errorf("writing initramfs: %w", err)
 	}
@@ -248,8 +266,9 @@ const (
 // guestPATH is the command's PATH in the guest.
 const guestPATH = "/bin:/sbin:/usr/bin:/usr/sbin"
 
-// initScript returns /init for one run.
-func initScript(opts Options, nonce string) string {
+// initScript returns /init for one run: modules are the guest paths of the
+// modules to insmod, in order, and shares what to mount after them.
+func initScript(opts Options, nonce string, modules []string, shares []share) string {
 	mountOpts := ""
 	if opts.MountOptions != "" {
 		mountOpts = "-o " + shellQuote(opts.MountOptions) + " "
@@ -275,13 +294,24 @@ mount -t tmpfs tmpfs /tmp || fail "mount /tmp"
 mount -t tmpfs tmpfs /run || fail "mount /run"
 mount -t cgroup2 %[3]scgroup2 /sys/fs/cgroup || fail "mount cgroup2"
 echo "+cpu +cpuset +pids" >/sys/fs/cgroup/cgroup.subtree_control || fail "enable controllers"
-cd %[4]s || fail "cd %[4]s"
-echo "%[5]s%[2]s@@"
-env -i %[6]s %[7]s </dev/null
+`, markerFail, nonce, mountOpts)
+	// Read-only host shares: busybox insmod (no modprobe, no modules.dep)
+	// in dependency order, then one 9p mount per share.
+	for _, m := range modules {
+		fmt.Fprintf(&b, "insmod %[1]s || fail %[2]s\n", shellQuote(m), shellQuote("insmod "+path.Base(m)))
+	}
+	for _, s := range shares {
+		g := shellQuote(s.guest)
+		fmt.Fprintf(&b, "mkdir -p %[1]s && mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=%[2]d,cache=%[3]s %[4]s %[1]s || fail %[5]s\n",
+			g, shareMsize, shareCache, s.tag, shellQuote("mount share "+s.guest))
+	}
+	fmt.Fprintf(&b, `cd %[1]s || fail "cd %[1]s"
+echo "%[2]s%[3]s@@"
+env -i %[4]s %[5]s </dev/null
 rc=$?
-echo "%[8]s%[2]s exit=$rc@@"
+echo "%[6]s%[3]s exit=$rc@@"
 poweroff -f
 sleep 60
-`, markerFail, nonce, mountOpts, shellQuote(dir), markerBegin, shellQuoteAll(env), shellQuoteAll(opts.Command), markerEnd)
+`, shellQuote(dir), markerBegin, nonce, shellQuoteAll(env), shellQuoteAll(opts.Command), markerEnd)
 	return b.String()
 }

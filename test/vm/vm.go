@@ -27,6 +27,10 @@
 //		// root in a fresh VM; cgroup2 at /sys/fs/cgroup with +cpu +cpuset +pids
 //	}
 //
+// Options.Shares mounts host directories read-only (virtio-9p); with
+// Options.ShareHostLibraries the guest can run dynamically linked host
+// programs such as a JDK from /usr/lib/jvm (see HostJDK).
+//
 // See README.md for the guest's contents and measured boot times.
 package vm
 
@@ -63,14 +67,25 @@ type Options struct {
 	// {"/bin/cgroup.test": "/tmp/x/cgroup.test"}. Binaries must be static
 	// (see BuildTestBinary).
 	Files map[string]string
+	// Shares maps guest mount points to host directories, exported
+	// read-only over virtio-9p and mounted by /init before the command
+	// runs, e.g. {"/opt/jdk": "/usr/lib/jvm/temurin-25-jdk-amd64"}. Missing
+	// mount points are created (a mount point inside another share must
+	// exist there). Booting with shares loads the 9p modules that
+	// hack/vm-deps.sh keeps; without, nothing is loaded. See
+	// ShareHostLibraries for running dynamically linked host programs.
+	Shares map[string]string
+	// Symlinks maps guest paths to symlink targets, created in the
+	// initramfs, e.g. {"/lib": "usr/lib"}.
+	Symlinks map[string]string
 	// MountOptions are the cgroup2 mount options, e.g. "favordynmods".
 	MountOptions string
 	// Dir is the command's working directory in the guest (default "/").
 	Dir string
 	// KernelArgs are appended to the kernel command line.
 	KernelArgs []string
-	// MemoryMB is the guest memory (default 1024); CPUs the number of
-	// virtual CPUs (default 2).
+	// MemoryMB is the guest memory (default 1024; a JVM wants 2048);
+	// CPUs the number of virtual CPUs (default 2).
 	MemoryMB int
 	CPUs     int
 	// Output, if set, receives the command's output (stdout and stderr
@@ -215,8 +230,29 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 	n := hex.EncodeToString(nonce)
+	shares, err := validateShares(opts.Shares)
+	if err != nil {
+		return nil, err
+	}
+	files := opts.Files
+	var modules []string
+	if len(shares) > 0 {
+		mods, err := shareModules(p.cache)
+		if err != nil {
+			return nil, err
+		}
+		files = make(map[string]string, len(opts.Files)+len(mods))
+		for g, h := range opts.Files {
+			files[g] = h
+		}
+		for _, m := range mods {
+			g := guestModuleDir + "/" + filepath.Base(m)
+			files[g] = m
+			modules = append(modules, g)
+		}
+	}
 	initrd := filepath.Join(tmp, "initrd.gz")
-	if err := writeInitramfs(initrd, p.busybox, initScript(opts, n), opts.Files); err != nil {
+	if err := writeInitramfs(initrd, p.busybox, initScript(opts, n, modules, shares), files, opts.Symlinks); err != nil {
 		return nil, err
 	}
 
@@ -227,7 +263,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	defer unlock()
 
 	cmdline := append([]string{"console=ttyS0", "quiet", "panic=-1"}, opts.KernelArgs...)
-	cmd := exec.CommandContext(ctx, p.qemu,
+	args := []string{
 		"-m", strconv.Itoa(opts.MemoryMB),
 		"-smp", strconv.Itoa(opts.CPUs),
 		"-nographic", "-no-reboot",
@@ -235,7 +271,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		"-nic", "none",
 		"-kernel", p.kernel,
 		"-initrd", initrd,
-		"-append", strings.Join(cmdline, " "))
+		"-append", strings.Join(cmdline, " "),
+	}
+	args = append(args, qemuShareArgs(shares)...)
+	cmd := exec.CommandContext(ctx, p.qemu, args...)
 	// Do not leave an emulator spinning if the test process dies. (Pdeathsig
 	// fires when the starting OS thread exits; Go keeps threads alive
 	// unless a goroutine exits while locked to one.)

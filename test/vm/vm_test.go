@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -256,5 +257,109 @@ func mkdir(t *testing.T, name string) {
 	t.Helper()
 	if err := os.Mkdir(name, 0o755); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestShareSetup checks, without booting, how Shares and Symlinks become
+// qemu arguments and /init lines, and what is refused.
+func TestShareSetup(t *testing.T) {
+	host := t.TempDir()
+	shares, err := validateShares(map[string]string{"/opt/b": host, "/opt/a": host})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(shares) != 2 || shares[0].guest != "/opt/a" || shares[0].tag != "cpuslot0" || shares[1].tag != "cpuslot1" {
+		t.Fatalf("shares = %+v", shares)
+	}
+	args := strings.Join(qemuShareArgs(shares), " ")
+	for _, w := range []string{"path=" + host + ",", "readonly=on", "mount_tag=cpuslot1"} {
+		if !strings.Contains(args, w) {
+			t.Errorf("qemu args lack %q: %s", w, args)
+		}
+	}
+
+	plain := initScript(Options{Command: []string{"true"}}, "n", nil, nil)
+	if strings.Contains(plain, "insmod") || strings.Contains(plain, "9p") {
+		t.Errorf("/init without shares loads or mounts something:\n%s", plain)
+	}
+	script := initScript(Options{Command: []string{"true"}}, "n", []string{guestModuleDir + "/a.ko", guestModuleDir + "/b.ko"}, shares)
+	ia, ib := strings.Index(script, "/a.ko"), strings.Index(script, "/b.ko")
+	im := strings.Index(script, "mount -t 9p")
+	if ia < 0 || ib < ia || im < ib || !strings.Contains(script, "ro,msize=") || !strings.Contains(script, "cpuslot0 '/opt/a'") {
+		t.Errorf("/init does not insmod in order, then mount read-only:\n%s", script)
+	}
+
+	for _, bad := range []map[string]string{
+		{"relative": host},
+		{"/opt/../etc": host},
+		{"/proc/x": host},
+		{"/tmp": host},
+		{"/opt/x": filepath.Join(host, "missing")},
+	} {
+		if _, err := validateShares(bad); err == nil {
+			t.Errorf("validateShares(%v) accepted", bad)
+		}
+	}
+}
+
+func TestShareHostLibraries(t *testing.T) {
+	var o Options
+	if err := o.ShareHostLibraries(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("shares %v, symlinks %v", o.Shares, o.Symlinks)
+	for _, dir := range hostLibraryDirs {
+		if _, err := os.Stat(dir); err != nil {
+			continue
+		}
+		if o.Shares[dir] == "" && o.Symlinks[dir] == "" {
+			t.Errorf("%s is neither shared nor linked", dir)
+		}
+	}
+	for l, target := range o.Symlinks {
+		resolved := target
+		if !filepath.IsAbs(target) {
+			resolved = filepath.Join(filepath.Dir(l), target)
+		}
+		if o.Shares[resolved] != resolved {
+			t.Errorf("link %s -> %s does not reach a share", l, target)
+		}
+	}
+}
+
+func TestJavaVersion(t *testing.T) {
+	dir := t.TempDir()
+	for content, want := range map[string]string{
+		`JAVA_VERSION="25.0.3"`:      "[25 0 3]",
+		`JAVA_VERSION="1.8.0_402"`:   "[8 0 402]",
+		`JAVA_VERSION="17"`:          "[17]",
+		"IMPLEMENTOR=\"x\"\nfoo=bar": "[]",
+	} {
+		f := filepath.Join(dir, "release")
+		if err := os.WriteFile(f, []byte(content+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(javaVersion(f)); got != want {
+			t.Errorf("javaVersion(%q) = %s, want %s", content, got, want)
+		}
+	}
+}
+
+// TestRunRefusesBadShares checks that bad Shares and Symlinks fail before
+// qemu starts.
+func TestRunRefusesBadShares(t *testing.T) {
+	Require(t)
+	for _, opts := range []Options{
+		{Shares: map[string]string{"/x": filepath.Join(t.TempDir(), "missing")}},
+		{Symlinks: map[string]string{"/bin": "usr/bin"}},
+		{Symlinks: map[string]string{"/app": "x"}, Files: map[string]string{"/app/f": "/etc/hostname"}},
+	} {
+		opts.Command = []string{"true"}
+		res, err := Run(t.Context(), opts)
+		if err == nil || res != nil {
+			t.Errorf("Run(%+v) = %v, %v; want an error before booting", opts, res, err)
+		} else {
+			t.Log(err)
+		}
 	}
 }
