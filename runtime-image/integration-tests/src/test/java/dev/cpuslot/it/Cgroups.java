@@ -1,0 +1,149 @@
+package dev.cpuslot.it;
+
+import java.io.IOException;
+import java.nio.file.DirectoryNotEmptyException;
+import java.nio.file.FileSystemException;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Comparator;
+import java.util.List;
+import java.util.stream.Stream;
+
+/**
+ * The host's cpu cgroup hierarchy, found in /proc/self/mountinfo: cgroup v1 (cpu, and cpuacct
+ * when mounted apart) or cgroup v2 with the cpu controller. Creates and removes test cgroups.
+ */
+final class Cgroups {
+    final int version;
+    /** Where a test cgroup must exist: the cpu root, and the cpuacct root when separate (v1). */
+    final List<Path> roots;
+
+    private Cgroups(int version, List<Path> roots) {
+        this.version = version;
+        this.roots = roots;
+    }
+
+    /** The hierarchy, or null with the reason in why[0]. */
+    static Cgroups detect(String[] why) throws IOException {
+        Path cpu = null, acct = null, unified = null;
+        for (String line : Files.readAllLines(Path.of("/proc/self/mountinfo"))) {
+            String[] halves = line.split(" - ", 2);
+            if (halves.length < 2) continue;
+            String[] pre = halves[0].split(" "), post = halves[1].split(" ");
+            if (pre.length < 5 || post.length < 3) continue;
+            Path mount = Path.of(pre[4].replace("\\040", " "));
+            if (post[0].equals("cgroup")) {
+                List<String> opts = Arrays.asList(post[2].split(","));
+                if (opts.contains("cpu") && cpu == null) cpu = mount;
+                if (opts.contains("cpuacct") && acct == null) acct = mount;
+            } else if (post[0].equals("cgroup2") && unified == null) {
+                unified = mount;
+            }
+        }
+        if (cpu != null) {
+            List<Path> roots = new ArrayList<>(List.of(cpu));
+            if (acct != null && !acct.equals(cpu)) roots.add(acct);
+            return new Cgroups(1, roots);
+        }
+        if (unified != null) {
+            String ctl = Files.readString(unified.resolve("cgroup.controllers"));
+            if (Arrays.asList(ctl.trim().split(" ")).contains("cpu")) return new Cgroups(2, List.of(unified));
+            why[0] = "cgroup v2 at " + unified + " without the cpu controller";
+            return null;
+        }
+        why[0] = "no cgroup hierarchy with the cpu controller";
+        return null;
+    }
+
+    Path dir(Path root, String rel) { return root.resolve(rel.startsWith("/") ? rel.substring(1) : rel); }
+
+    /** Creates rel (e.g. /cpuslot-it-123/rt) in every root; on v2 enables cpu for its children. */
+    void create(String rel) throws IOException {
+        for (Path r : roots) Files.createDirectories(dir(r, rel));
+        if (version == 2) {
+            Path p = dir(roots.get(0), rel).getParent();
+            Files.writeString(p.resolve("cgroup.subtree_control"), "+cpu");
+        }
+    }
+
+    /**
+     * Gives a top-level test cgroup the largest CPU weight (v1 cpu.shares 262144, v2 cpu.weight
+     * 10000), so that on a shared, busy machine the processes inside still get the CPU they ask
+     * for (up to their slots' quotas) before other work does, as on a dedicated machine. Quotas
+     * (the caps under test) are not affected.
+     */
+    void favour(String rel) throws IOException {
+        Path d = dir(roots.get(0), rel);
+        if (version == 1) Files.writeString(d.resolve("cpu.shares"), "262144");
+        else Files.writeString(d.resolve("cpu.weight"), "10000");
+    }
+
+    /** The cgroup.procs files a process must be written to, to live in rel. */
+    List<Path> procsFiles(String rel) {
+        List<Path> l = new ArrayList<>();
+        for (Path r : roots) l.add(dir(r, rel).resolve("cgroup.procs"));
+        return l;
+    }
+
+    /** The cgroup (relative to the cpu root) a thread of a process is in. */
+    String cgroupOf(long pid, long tid) throws IOException {
+        for (String line : Files.readAllLines(Path.of("/proc/" + pid + "/task/" + tid + "/cgroup"))) {
+            String[] f = line.split(":", 3);
+            if (f.length < 3) continue;
+            if (version == 2 ? f[0].equals("0") : Arrays.asList(f[1].split(",")).contains("cpu")) return f[2];
+        }
+        throw new IOException("no cpu cgroup for " + pid + "/" + tid);
+    }
+
+    /** A cpu interface file of a cgroup, as text. */
+    String read(String rel, String file) throws IOException { return Files.readString(dir(roots.get(0), rel).resolve(file)).trim(); }
+
+    /** Removes rel and every cgroup below it (bottom up), retrying while they are still busy. */
+    void removeTree(String rel) throws IOException, InterruptedException {
+        for (Path r : roots) {
+            Path top = dir(r, rel);
+            if (!Files.isDirectory(top)) continue;
+            long until = System.nanoTime() + 10_000_000_000L;
+            while (true) {
+                List<Path> dirs;
+                try (Stream<Path> s = Files.walk(top)) {
+                    dirs = s.filter(Files::isDirectory).sorted(Comparator.comparingInt(Path::getNameCount).reversed()).toList();
+                }
+                FileSystemException last = null;
+                for (Path d : dirs) {
+                    try {
+                        Files.delete(d);
+                    } catch (NoSuchFileException ignored) {
+                    } catch (DirectoryNotEmptyException e) {
+                        last = e;
+                    } catch (FileSystemException e) { // EBUSY: tasks still leaving
+                        last = e;
+                    }
+                }
+                if (!Files.exists(top)) break;
+                if (System.nanoTime() > until) throw new IOException("could not remove " + top + ": " + last);
+                Thread.sleep(100);
+            }
+        }
+    }
+
+    /** Test cgroups left by earlier runs whose process is gone: /cpuslot-it-<pid>. */
+    List<String> stale() throws IOException {
+        List<String> l = new ArrayList<>();
+        try (Stream<Path> s = Files.list(roots.get(0))) {
+            for (Path p : (Iterable<Path>) s::iterator) {
+                String n = p.getFileName().toString();
+                if (!n.startsWith("cpuslot-it-") || !Files.isDirectory(p)) continue;
+                try {
+                    long pid = Long.parseLong(n.substring("cpuslot-it-".length()));
+                    if (ProcessHandle.of(pid).isEmpty()) l.add("/" + n);
+                } catch (NumberFormatException ignored) {
+                }
+            }
+        }
+        return l;
+    }
+}

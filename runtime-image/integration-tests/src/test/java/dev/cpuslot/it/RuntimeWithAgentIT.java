@@ -1,0 +1,285 @@
+package dev.cpuslot.it;
+
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.MethodOrderer;
+import org.junit.jupiter.api.Order;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInstance;
+import org.junit.jupiter.api.TestMethodOrder;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+
+import static org.junit.jupiter.api.Assertions.*;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+/**
+ * The runtime JVM against the real node agent on this host's cgroups (the isolation paper's
+ * experiments, scaled to a 2-core machine: total demand stays at one core).
+ *
+ * <p>Layout: /cpuslot-it-PID/rt is the runtime's cgroup ("its container"); the agent serves
+ * every process below /cpuslot-it-PID and makes its slots inside rt. Everything is removed at
+ * the end (node-agent cleanup, then rmdir).
+ */
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+@TestMethodOrder(MethodOrderer.OrderAnnotation.class)
+class RuntimeWithAgentIT {
+    static final double TOLERANCE = 0.05; // of one core, as the issue asks
+    static final long BURN_MS = Long.getLong("cpuslot.it.burnMs", 10_000);
+
+    Path work, agentBin, samplesJar, runtimeJar, sockDir;
+    Cgroups cg;
+    String parent, rtCgroup;
+    Agent agent;
+    RuntimeProc rt;
+    Quiet quiet;
+    final List<String> report = new ArrayList<>();
+
+    @BeforeAll
+    void setUp() throws Exception {
+        boolean require = "1".equals(System.getenv("CPUSLOT_REQUIRE_IT"));
+        String[] why = {null};
+        boolean root = Files.readAllLines(Path.of("/proc/self/status")).stream()
+                .anyMatch(l -> l.startsWith("Uid:") && l.split("\\s+")[2].equals("0"));
+        if (!root) why[0] = "needs root to create cgroups";
+        cg = root ? Cgroups.detect(why) : null;
+        if (cg == null) {
+            if (require) fail("CPUSLOT_REQUIRE_IT=1 but " + why[0]);
+            assumeTrue(false, why[0]);
+        }
+        Path repo = Path.of(System.getProperty("cpuslot.repo")).toAbsolutePath().normalize();
+        work = Path.of(System.getProperty("cpuslot.work")).toAbsolutePath();
+        Files.createDirectories(work);
+        runtimeJar = Path.of(System.getProperty("cpuslot.runtime.jar")).toAbsolutePath().normalize();
+        samplesJar = Path.of(System.getProperty("cpuslot.samples.jar")).toAbsolutePath().normalize();
+        assertTrue(Files.exists(runtimeJar), "build the runtime first (mvn package): " + runtimeJar);
+        assertTrue(Files.exists(samplesJar), samplesJar.toString());
+
+        agentBin = Agent.build(repo, work.resolve("node-agent"));
+        for (String stale : cg.stale()) { // an earlier run that was killed
+            System.out.println("[it] removing stale " + stale + ": " + Agent.cleanup(agentBin, stale));
+            cg.removeTree(stale);
+        }
+        quiet = Quiet.hold();
+        parent = "/cpuslot-it-" + ProcessHandle.current().pid();
+        rtCgroup = parent + "/rt";
+        Runtime.getRuntime().addShutdownHook(new Thread(this::cleanUpQuietly));
+        cg.create(rtCgroup);
+        cg.favour(parent); // other work on a shared machine must not starve the experiment
+
+        sockDir = Files.createTempDirectory("cpuslot-it");
+        agent = new Agent(agentBin, sockDir.resolve("agent.sock"), parent, "200m=2,300m=2,500m=2", RuntimeProc.freePort(),
+                work.resolve("agent.log"));
+        agent.start();
+        rt = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(), "CPUSLOT_ACQUIRE_BUDGET_MS", "200"),
+                cg.procsFiles(rtCgroup), work.resolve("runtime.log"));
+        assertEquals(rtCgroup, cg.cgroupOf(rt.pid(), rt.pid()), "the runtime JVM lives in its cgroup");
+        rt.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+        for (String q : List.of("200m", "300m", "500m"))
+            rt.register("burn" + q.replace("m", ""), "dev.cpuslot.samples.CpuBurn", samplesJar, q);
+        rt.register("fair", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
+    }
+
+    @AfterAll
+    void tearDown() throws Exception {
+        if (cg == null) return;
+        try {
+            if (!report.isEmpty()) {
+                String text = String.join("\n", report) + "\n";
+                System.out.println(text);
+                Files.writeString(work.resolve("results.txt"), text);
+            }
+        } finally {
+            cleanUp();
+        }
+    }
+
+    private synchronized void cleanUp() throws Exception {
+        try {
+            if (rt != null) rt.close();
+            rt = null;
+            if (agent != null) agent.stop();
+            if (sockDir != null) {
+                Files.deleteIfExists(sockDir.resolve("agent.sock"));
+                Files.deleteIfExists(sockDir);
+            }
+            if (parent != null && Files.isDirectory(cg.dir(cg.roots.get(0), parent))) {
+                Agent.cleanup(agentBin, parent);
+                cg.removeTree(parent);
+                for (Path r : cg.roots) assertFalse(Files.exists(cg.dir(r, parent)), "left behind: " + cg.dir(r, parent));
+            }
+        } finally {
+            if (quiet != null) quiet.close();
+            quiet = null;
+        }
+    }
+
+    private void cleanUpQuietly() {
+        try {
+            cleanUp();
+        } catch (Throwable ignored) {
+        }
+    }
+
+    /** CPU share of one core: the slot's CPU time (reported by the client) over the function's wall time. */
+    static double share(RuntimeProc.Reply r) {
+        double wallNs = r.json().getAsJsonObject("result").get("wall_ms").getAsDouble() * 1e6;
+        return r.headerLong("X-Cpuslot-Cpu-Ns") / wallNs;
+    }
+
+    static CompletableFuture<RuntimeProc.Reply> async(RuntimeProc rt, String fn, String args) {
+        return CompletableFuture.supplyAsync(() -> {
+            try {
+                return rt.invoke(fn, args);
+            } catch (Exception e) {
+                throw new RuntimeException(e);
+            }
+        }, r -> Thread.ofPlatform().start(r));
+    }
+
+    @Test
+    @Order(1)
+    void repeatedInvocationsOnOneWorkerReuseTheSlotWithoutACgroupWrite() throws Exception {
+        RuntimeProc.Reply first = rt.invoke("hello", "{\"name\":\"it\"}");
+        assertEquals(200, first.status(), first.body());
+        assertNotNull(first.header("X-Cpuslot-Slot"), "the first invocation got a slot: " + first.headers());
+        Map<String, Double> a0 = agent.metrics(), r0 = rt.metrics();
+        int n = 50;
+        for (int i = 0; i < n; i++) {
+            RuntimeProc.Reply r = rt.invoke("hello", "{\"name\":\"it" + i + "\"}");
+            assertEquals(200, r.status(), r.body());
+            assertEquals("Hello it" + i + "!", r.json().getAsJsonObject("result").get("greeting").getAsString());
+            assertEquals("affinity_hit", r.header("X-Cpuslot-Outcome"), "invocation " + i + ": " + r.headers());
+            assertEquals(first.header("X-Cpuslot-Slot"), r.header("X-Cpuslot-Slot"));
+        }
+        Map<String, Double> a1 = agent.metrics(), r1 = rt.metrics();
+        String aff = "cpuslot_acquisitions_total{outcome=\"affinity_hit\"}";
+        assertEquals(n, Prom.get(a1, aff) - Prom.get(a0, aff), "agent: affinity hits");
+        assertEquals(n, Prom.get(r1, "cpuslot_slot_outcomes_total{outcome=\"affinity_hit\"}")
+                - Prom.get(r0, "cpuslot_slot_outcomes_total{outcome=\"affinity_hit\"}"), "runtime: affinity hits");
+        assertEquals(n, RuntimeProc.event(r1, "place.none") - RuntimeProc.event(r0, "place.none"), "client: no placement write");
+        assertEquals(0, RuntimeProc.event(r1, "place.self") - RuntimeProc.event(r0, "place.self"), "client: no \"0\" written");
+        assertEquals(n, RuntimeProc.event(r1, "release.oneway") - RuntimeProc.event(r0, "release.oneway"),
+                "client: one round trip per invocation (RELEASE with NO_REPLY)");
+        // the agent did no cgroup operation but reading counters (no mkdir, quota write or thread move)
+        double ops0 = Prom.sum(a0, "cpuslot_cgroup_operation_duration_seconds_count") - Prom.sum(a0, "cpuslot_cgroup_operation_duration_seconds_count", "read_stat");
+        double ops1 = Prom.sum(a1, "cpuslot_cgroup_operation_duration_seconds_count") - Prom.sum(a1, "cpuslot_cgroup_operation_duration_seconds_count", "read_stat");
+        assertEquals(ops0, ops1, "agent cgroup writes during affinity hits");
+        // and the kernel agrees: the worker thread sits in a 200m slot inside the runtime's cgroup
+        List<Long> workers = rt.threads("fn-hello-");
+        assertEquals(1, workers.size(), "one worker served them all: " + workers);
+        String slot = cg.cgroupOf(rt.pid(), workers.get(0));
+        assertTrue(slot.startsWith(rtCgroup + "/"), slot);
+        if (cg.version == 1) assertEquals("20000", cg.read(slot, "cpu.cfs_quota_us"));
+        else assertEquals("20000 100000", cg.read(slot, "cpu.max"));
+        report.add(String.format(Locale.ROOT, "affinity: %d sequential hello invocations on one worker: %d affinity hits (agent), "
+                + "%d placement writes, worker thread in %s", n, (long) (Prom.get(a1, aff) - Prom.get(a0, aff)),
+                (long) (RuntimeProc.event(r1, "place.self") - RuntimeProc.event(r0, "place.self")), slot));
+    }
+
+    @Test
+    @Order(2)
+    void threeConcurrentInvocationsGetTheirQuotas() throws Exception {
+        Map<String, CompletableFuture<RuntimeProc.Reply>> runs = new java.util.LinkedHashMap<>();
+        for (String q : List.of("200", "300", "500")) runs.put(q, async(rt, "burn" + q, "{\"ms\":" + BURN_MS + "}"));
+        report.add("quota share (three concurrent CPU-bound invocations, " + BURN_MS / 1000.0 + " s each):");
+        report.add("| quota | CPU share measured | CPU s | wall s | throttled s | slot outcome |");
+        report.add("|---|---|---|---|---|---|");
+        List<String> bad = new ArrayList<>();
+        for (var e : runs.entrySet()) {
+            RuntimeProc.Reply r = e.getValue().get(5, TimeUnit.MINUTES);
+            assertEquals(200, r.status(), r.body());
+            double want = Integer.parseInt(e.getKey()) / 1000.0, got = share(r);
+            report.add(String.format(Locale.ROOT, "| %sm | %.3f | %.2f | %.2f | %.2f | %s |", e.getKey(), got,
+                    r.headerLong("X-Cpuslot-Cpu-Ns") / 1e9, r.json().getAsJsonObject("result").get("wall_ms").getAsDouble() / 1e3,
+                    r.headerLong("X-Cpuslot-Throttled-Ns") / 1e9, r.header("X-Cpuslot-Outcome")));
+            if (Math.abs(got - want) > TOLERANCE) bad.add(e.getKey() + "m got " + got);
+        }
+        assertTrue(bad.isEmpty(), "shares off by more than " + TOLERANCE + ": " + bad + "\n" + String.join("\n", report));
+    }
+
+    @Test
+    @Order(3)
+    void aTenThreadAndAOneThreadFunctionWithEqualQuotasGetEqualCpu() throws Exception {
+        var ten = async(rt, "fair", "{\"ms\":" + BURN_MS + ",\"threads\":10}");
+        var one = async(rt, "fair", "{\"ms\":" + BURN_MS + ",\"threads\":1}");
+        RuntimeProc.Reply t = ten.get(5, TimeUnit.MINUTES), o = one.get(5, TimeUnit.MINUTES);
+        assertEquals(200, t.status(), t.body());
+        assertEquals(200, o.status(), o.body());
+        double st = share(t), so = share(o);
+        report.add("fairness (equal quotas 500m, concurrent):");
+        report.add("| function | CPU share measured | throttled s |");
+        report.add("|---|---|---|");
+        report.add(String.format(Locale.ROOT, "| 10 threads | %.3f | %.2f |", st, t.headerLong("X-Cpuslot-Throttled-Ns") / 1e9));
+        report.add(String.format(Locale.ROOT, "| 1 thread | %.3f | %.2f |", so, o.headerLong("X-Cpuslot-Throttled-Ns") / 1e9));
+        assertTrue(Math.abs(st - so) <= TOLERANCE, "10 threads " + st + " vs 1 thread " + so);
+        assertTrue(Math.abs(st - 0.5) <= TOLERANCE && Math.abs(so - 0.5) <= TOLERANCE, "both near 0.5: " + st + ", " + so);
+    }
+
+    @Test
+    @Order(4)
+    void agentKilledMidInvocationAndRestartedInvocationsGoOn() throws Exception {
+        Map<String, Double> r0 = rt.metrics();
+        var running = async(rt, "burn300", "{\"ms\":4000}");
+        Thread.sleep(1000); // it holds its slot now
+        agent.kill();       // SIGKILL: the agent's connections die, its slots stay
+        RuntimeProc.Reply down = rt.invoke("hello", "{\"name\":\"down\"}");
+        assertEquals(200, down.status(), "fail-open while the agent is down: " + down.body());
+        assertNotNull(down.header("X-Cpuslot-Noslot"), down.headers().toString());
+        agent.start();      // adopts the existing slots
+        RuntimeProc.Reply r = running.get(2, TimeUnit.MINUTES);
+        assertEquals(200, r.status(), "the invocation that was running when the agent died: " + r.body());
+        // new invocations get slots again on a new connection
+        RuntimeProc.Reply after = null;
+        long until = System.nanoTime() + 10_000_000_000L;
+        while (System.nanoTime() < until) {
+            after = rt.invoke("hello", "{\"name\":\"after\"}");
+            assertEquals(200, after.status(), after.body());
+            if (after.header("X-Cpuslot-Slot") != null) break;
+            Thread.sleep(50);
+        }
+        assertNotNull(after.header("X-Cpuslot-Slot"), "slots again after the restart: " + after.headers());
+        Map<String, Double> r1 = rt.metrics(), a1 = agent.metrics();
+        assertTrue(RuntimeProc.event(r1, "connection.lost") - RuntimeProc.event(r0, "connection.lost") >= 1, r1.toString());
+        assertTrue(RuntimeProc.event(r1, "connect.ok") - RuntimeProc.event(r0, "connect.ok") >= 1, "reconnected");
+        assertEquals(1, RuntimeProc.event(r1, "reclaim.ok") - RuntimeProc.event(r0, "reclaim.ok"),
+                "the running invocation's lease was re-declared: " + r1);
+        assertTrue(Prom.get(a1, "cpuslot_acquisitions_total{outcome=\"reclaimed\"}") >= 1, "restarted agent saw the RECLAIM");
+        report.add(String.format(Locale.ROOT, "agent SIGKILLed mid-invocation: running invocation %d, invocation while down %d (%s), "
+                        + "after restart %d with slot %s; client: connection.lost +%d, reclaim.ok +%d",
+                r.status(), down.status(), "noslot=" + down.header("X-Cpuslot-Noslot"), after.status(), after.header("X-Cpuslot-Slot"),
+                (long) (RuntimeProc.event(r1, "connection.lost") - RuntimeProc.event(r0, "connection.lost")),
+                (long) (RuntimeProc.event(r1, "reclaim.ok") - RuntimeProc.event(r0, "reclaim.ok"))));
+    }
+
+    @Test
+    @Order(5)
+    void withoutAnAgentInvocationsSucceedWithoutSlotsAndAreCounted() throws Exception {
+        Path nobody = work.resolve("no-agent-here.sock");
+        Files.deleteIfExists(nobody);
+        try (RuntimeProc lonely = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", nobody.toString()), List.of(),
+                work.resolve("runtime-no-agent.log"))) {
+            lonely.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            int n = 5;
+            for (int i = 0; i < n; i++) {
+                RuntimeProc.Reply r = lonely.invoke("hello", "{\"name\":\"alone\"}");
+                assertEquals(200, r.status(), r.body());
+                assertEquals("Hello alone!", r.json().getAsJsonObject("result").get("greeting").getAsString());
+                assertEquals("unreachable", r.header("X-Cpuslot-Noslot"), r.headers().toString());
+                assertNull(r.header("X-Cpuslot-Slot"));
+            }
+            Map<String, Double> m = lonely.metrics();
+            assertEquals(n, RuntimeProc.event(m, "noslot.unreachable"), m.toString());
+            assertEquals(n, Prom.get(m, "cpuslot_slot_outcomes_total{outcome=\"noslot_unreachable\"}"));
+            assertEquals(n, Prom.sum(m, "cpuslot_invocations_total", "status=\"ok\""));
+            report.add("agent absent: " + n + " invocations, all 200, counted noslot.unreachable=" + (long) RuntimeProc.event(m, "noslot.unreachable"));
+        }
+    }
+}
