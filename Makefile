@@ -4,6 +4,8 @@
 #   make test      every test: Go (host cgroup v1 + cgroup v2 VM) and Java
 #   make bench     slot overhead, side by side per mode (host, then v2 VM)
 #   make build     the agent and tools into bin/
+#   make images    OCI image tarballs for the e2e cluster into bin/images/
+#   make e2e       a real single-node Kubernetes (hack/e2e-deps.sh) and e2e/
 
 GO        ?= go
 GOFLAGS   ?=
@@ -45,3 +47,35 @@ bench-vm: build vm-deps
 
 clean:
 	rm -rf bin
+
+# --- e2e: a real single-node Kubernetes, see e2e/README.md -----------------
+# Images are OCI image-layout tarballs (cmd/ocitar) imported into the e2e
+# cluster's containerd; no registry, no Docker engine. The names are the
+# ones e2e/cluster and the tests use (e2e/cluster/images.go).
+IMAGES_DIR       := bin/images
+E2E_IMAGE_PREFIX ?= docker.io/cpuslot
+# make images also builds the Java runtime image when that target exists.
+RUNTIME_IMAGE    := $(shell grep -qE '^runtime-image:' $(firstword $(MAKEFILE_LIST)) && echo runtime-image)
+
+.PHONY: images e2e e2e-deps
+
+images: build $(RUNTIME_IMAGE)
+	mkdir -p $(IMAGES_DIR)
+	CGO_ENABLED=0 $(GO) build -o $(IMAGES_DIR)/ocitar ./cmd/ocitar
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(IMAGES_DIR)/pause ./e2e/images/pause
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(IMAGES_DIR)/probe ./e2e/images/probe
+	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/pause.tar -name $(E2E_IMAGE_PREFIX)/pause:e2e \
+		-entrypoint /pause -add $(IMAGES_DIR)/pause:/pause
+	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/probe.tar -name $(E2E_IMAGE_PREFIX)/e2e-probe:e2e \
+		-entrypoint /probe -add $(IMAGES_DIR)/probe:/probe
+	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/node-agent.tar -name $(E2E_IMAGE_PREFIX)/node-agent:dev \
+		-entrypoint /node-agent -add bin/node-agent:/node-agent
+	rm -f $(IMAGES_DIR)/ocitar $(IMAGES_DIR)/pause $(IMAGES_DIR)/probe
+
+e2e-deps:
+	bash hack/e2e-deps.sh
+
+# -p 1: one e2e package at a time (each brings up the one cluster the
+# machine can hold; e2e/cluster also serialises with a lock).
+e2e: e2e-deps images
+	CPUSLOT_E2E=1 $(GO) test ./e2e/... -count=1 -timeout 40m -v -p 1

@@ -1,0 +1,36 @@
+package cluster
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Image names of the tarballs `make images` writes into bin/images/ (see
+// the Makefile's images target): fully qualified, non-latest tags, so the
+// kubelet never tries to pull them.
+const (
+	// PauseImage is containerd's sandbox_image (e2e/images/pause).
+	PauseImage = "docker.io/cpuslot/pause:e2e"
+	// ProbeImage is the tests' general-purpose container (e2e/images/probe).
+	ProbeImage = "docker.io/cpuslot/e2e-probe:e2e"
+	// AgentImage is bin/node-agent.
+	AgentImage = "docker.io/cpuslot/node-agent:dev"
+)
+
+// ContainerCgroupDir is where the kubelet (cgroupfs driver, as this cluster
+// runs it) puts a container's cgroup: on cgroup v1 under the controller's
+// hierarchy (e.g. "cpu"), on v2 under the unified one (controller ignored).
+// qosClass is the pod's status.qosClass; Guaranteed pods sit directly under
+// kubepods.
+func ContainerCgroupDir(controller, qosClass, podUID, containerID string) string {
+	base := filepath.Join("/sys/fs/cgroup", controller)
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		base = "/sys/fs/cgroup"
+	}
+	parts := []string{base, "kubepods"}
+	if q := strings.ToLower(qosClass); q != "" && q != "guaranteed" {
+		parts = append(parts, q)
+	}
+	return filepath.Join(append(parts, "pod"+podUID, containerID)...)
+}

@@ -1,0 +1,712 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Snapshot is the part of the machine's state that a cluster run changes:
+// recorded before Up, restored and compared after Down.
+type Snapshot struct {
+	// Sysctls: every writable entry under /proc/sys (but volatile ones), by
+	// path relative to /proc/sys. The kubelet sets kernel.panic,
+	// kernel.panic_on_oops and vm.overcommit_memory; the bridge plugin
+	// net.ipv4.ip_forward; kube-proxy may set route_localnet and conntrack
+	// limits.
+	Sysctls map[string]string `json:"sysctls"`
+	// Iptables: per "<save command>/<table>", the rules and chains as the
+	// save command prints them, counters dropped.
+	Iptables map[string][]string `json:"iptables"`
+	// Paths: fixed paths the stack creates; nil if absent, else the names
+	// in that directory (or [] for a file).
+	Paths map[string][]string `json:"paths"`
+	// Mounts: every mount point.
+	Mounts []string `json:"mounts"`
+	// Links: network interface names.
+	Links []string `json:"links"`
+	// Cgroups: per cgroup hierarchy mount point, its top-level directories.
+	Cgroups map[string][]string `json:"cgroups"`
+}
+
+// trackedPaths are the fixed paths the kubelet, containerd, the CNI plugins
+// and the API server create whatever their configuration.
+var trackedPaths = []string{
+	"/var/lib/kubelet",
+	"/var/log/containers",
+	"/var/log/pods",
+	"/run/containerd",
+	"/run/netns",
+	"/run/runc",
+	"/var/lib/cni",
+	"/etc/cni",
+	"/opt/cni",
+	"/opt/containerd",
+	"/var/lib/containerd",
+	"/etc/kubernetes",
+	"/run/kubernetes",
+}
+
+// mountPrefixes are where the stack mounts (secret volumes, netns, shm,
+// container root filesystems); new mounts under them are undone by Down.
+func (c *Cluster) mountPrefixes() []string {
+	return []string{c.runDir, "/var/lib/kubelet", "/run/netns", "/var/run/netns", "/run/containerd", "/var/lib/cni"}
+}
+
+// volatileSysctls change on their own or cannot be restored.
+var volatileSysctls = []string{
+	"kernel/ns_last_pid",
+	"kernel/random/",
+	"kernel/tainted",
+	"kernel/perf_event_max_sample_rate",
+	"kernel/sched_domain/",
+	"fs/binfmt_misc/",
+	"vm/drop_caches",
+	"net/ipv4/route/flush",
+	"net/ipv6/route/flush",
+	"net/ipv4/neigh/",
+	"net/ipv6/neigh/",
+	"net/netfilter/nf_conntrack_count",
+	"fs/dentry-state",
+	"dev/cdrom/",
+}
+
+// perInterface reports sysctls of one network interface (they come and go
+// with the interface; those of "all", "default" and lo are kept).
+func perInterface(key string) bool {
+	for _, p := range []string{"net/ipv4/conf/", "net/ipv6/conf/", "net/mpls/conf/"} {
+		if rest, ok := strings.CutPrefix(key, p); ok {
+			iface, _, _ := strings.Cut(rest, "/")
+			return iface != "all" && iface != "default" && iface != "lo"
+		}
+	}
+	return false
+}
+
+func readSysctls() map[string]string {
+	out := map[string]string{}
+	filepath.WalkDir("/proc/sys", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		key := strings.TrimPrefix(path, "/proc/sys/")
+		for _, v := range volatileSysctls {
+			if key == v || (strings.HasSuffix(v, "/") && strings.HasPrefix(key+"/", v)) {
+				if d.IsDir() {
+					return fs.SkipDir
+				}
+				return nil
+			}
+		}
+		if d.IsDir() || perInterface(key) {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil || info.Mode().Perm()&0o200 == 0 || info.Mode().Perm()&0o444 == 0 {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		out[key] = strings.TrimSpace(string(b))
+		return nil
+	})
+	return out
+}
+
+// iptablesSaves are the save commands whose output is recorded: the nft
+// backend that Debian's iptables uses, and the legacy one where present.
+var iptablesSaves = []string{"iptables-save", "ip6tables-save", "iptables-legacy-save", "ip6tables-legacy-save"}
+
+func readIptables() map[string][]string {
+	out := map[string][]string{}
+	for _, save := range iptablesSaves {
+		if _, err := exec.LookPath(save); err != nil {
+			continue
+		}
+		b, err := exec.Command(save).Output()
+		if err != nil {
+			continue
+		}
+		table := ""
+		for _, line := range strings.Split(string(b), "\n") {
+			line = strings.TrimSpace(line)
+			switch {
+			case line == "" || strings.HasPrefix(line, "#") || line == "COMMIT":
+			case strings.HasPrefix(line, "*"):
+				table = line[1:]
+				out[save+"/"+table] = []string{}
+			case strings.HasPrefix(line, ":"):
+				// ":CHAIN POLICY [pkts:bytes]"
+				f := strings.Fields(line)
+				if len(f) >= 2 {
+					line = f[0] + " " + f[1]
+				}
+				out[save+"/"+table] = append(out[save+"/"+table], line)
+			default:
+				out[save+"/"+table] = append(out[save+"/"+table], line)
+			}
+		}
+	}
+	return out
+}
+
+func readPaths() map[string][]string {
+	out := map[string][]string{}
+	for _, p := range trackedPaths {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			out[p] = nil
+			continue
+		}
+		names := []string{}
+		if fi.IsDir() {
+			ents, _ := os.ReadDir(p)
+			for _, e := range ents {
+				names = append(names, e.Name())
+			}
+		}
+		out[p] = names
+	}
+	return out
+}
+
+type mountInfo struct {
+	point, fstype, source string
+}
+
+func readMountInfo() []mountInfo {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []mountInfo
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 {
+			continue
+		}
+		// ... mount point is field 4; after " - " come fstype and source.
+		i := 6
+		for i < len(f) && f[i] != "-" {
+			i++
+		}
+		if i+2 >= len(f) {
+			continue
+		}
+		out = append(out, mountInfo{point: unescapeMount(f[4]), fstype: f[i+1], source: f[i+2]})
+	}
+	return out
+}
+
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%o", &v); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func readMounts() []string {
+	var out []string
+	for _, m := range readMountInfo() {
+		out = append(out, m.point)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func readLinks() []string {
+	ents, _ := os.ReadDir("/sys/class/net")
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	sort.Strings(out)
+	return out
+}
+
+// cgroupRoots are the mount points of every cgroup hierarchy (each v1
+// controller, named hierarchies, the v2 one).
+func cgroupRoots() []string {
+	var out []string
+	for _, m := range readMountInfo() {
+		if m.fstype == "cgroup" || m.fstype == "cgroup2" {
+			out = append(out, m.point)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func readCgroups() map[string][]string {
+	out := map[string][]string{}
+	for _, root := range cgroupRoots() {
+		ents, _ := os.ReadDir(root)
+		names := []string{}
+		for _, e := range ents {
+			if e.IsDir() {
+				names = append(names, e.Name())
+			}
+		}
+		out[root] = names
+	}
+	return out
+}
+
+// TakeSnapshot records the machine's state.
+func TakeSnapshot() *Snapshot {
+	return &Snapshot{
+		Sysctls:  readSysctls(),
+		Iptables: readIptables(),
+		Paths:    readPaths(),
+		Mounts:   readMounts(),
+		Links:    readLinks(),
+		Cgroups:  readCgroups(),
+	}
+}
+
+func (s *Snapshot) save(path string) error {
+	b, err := json.MarshalIndent(s, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func loadSnapshot(path string) (*Snapshot, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var s Snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &s, nil
+}
+
+func setOf(l []string) map[string]bool {
+	m := make(map[string]bool, len(l))
+	for _, s := range l {
+		m[s] = true
+	}
+	return m
+}
+
+// Diff lists how now differs from s (the state before): one line per
+// difference, empty when the machine is as it was.
+func (s *Snapshot) Diff(now *Snapshot) []string {
+	var d []string
+	keys := make([]string, 0, len(s.Sysctls))
+	for k := range s.Sysctls {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if v, ok := now.Sysctls[k]; ok && v != s.Sysctls[k] {
+			d = append(d, fmt.Sprintf("sysctl %s: %q, was %q", strings.ReplaceAll(k, "/", "."), v, s.Sysctls[k]))
+		}
+	}
+	for _, k := range sortedKeys(s.Iptables, now.Iptables) {
+		before, after := setOf(s.Iptables[k]), setOf(now.Iptables[k])
+		for _, l := range now.Iptables[k] {
+			if !before[l] {
+				d = append(d, fmt.Sprintf("%s: added %s", k, l))
+			}
+		}
+		for _, l := range s.Iptables[k] {
+			if !after[l] {
+				d = append(d, fmt.Sprintf("%s: removed %s", k, l))
+			}
+		}
+	}
+	for _, p := range trackedPaths {
+		b, a := s.Paths[p], now.Paths[p]
+		switch {
+		case b == nil && a != nil:
+			d = append(d, fmt.Sprintf("path %s: created", p))
+		case b != nil && a == nil:
+			d = append(d, fmt.Sprintf("path %s: removed", p))
+		case b != nil:
+			bs := setOf(b)
+			for _, n := range a {
+				if !bs[n] {
+					d = append(d, fmt.Sprintf("path %s/%s: created", p, n))
+				}
+			}
+		}
+	}
+	bm, am := setOf(s.Mounts), setOf(now.Mounts)
+	for _, m := range now.Mounts {
+		if !bm[m] {
+			d = append(d, "mount "+m+": added")
+		}
+	}
+	for _, m := range s.Mounts {
+		if !am[m] {
+			d = append(d, "mount "+m+": gone")
+		}
+	}
+	bl := setOf(s.Links)
+	for _, l := range now.Links {
+		if !bl[l] {
+			d = append(d, "network interface "+l+": added")
+		}
+	}
+	for _, root := range sortedKeys(s.Cgroups, now.Cgroups) {
+		bc := setOf(s.Cgroups[root])
+		for _, n := range now.Cgroups[root] {
+			if !bc[n] {
+				d = append(d, fmt.Sprintf("cgroup %s/%s: added", root, n))
+			}
+		}
+	}
+	return d
+}
+
+func sortedKeys(ms ...map[string][]string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range ms {
+		for k := range m {
+			if !seen[k] {
+				seen[k] = true
+				out = append(out, k)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// restore undoes, relative to s, what a cluster run changes: mounts,
+// network interfaces, cgroups, iptables chains, sysctls and fixed paths.
+// Processes must be gone already. It returns what it could not undo.
+func (c *Cluster) restore(s *Snapshot) []error {
+	var errs []error
+	errs = append(errs, c.unmountNew(s)...)
+	errs = append(errs, c.removeNewLinks(s)...)
+	errs = append(errs, removeNewCgroups(s)...)
+	errs = append(errs, restoreIptables(s)...)
+	errs = append(errs, restoreSysctls(s)...)
+	errs = append(errs, c.removeNewPaths(s)...)
+	return errs
+}
+
+func under(path, prefix string) bool {
+	return path == prefix || strings.HasPrefix(path, strings.TrimSuffix(prefix, "/")+"/")
+}
+
+func (c *Cluster) unmountNew(s *Snapshot) []error {
+	before := setOf(s.Mounts)
+	var errs []error
+	for try := 0; try < 3; try++ {
+		var todo []string
+		for _, m := range readMounts() {
+			if before[m] {
+				continue
+			}
+			for _, p := range c.mountPrefixes() {
+				if under(m, p) {
+					todo = append(todo, m)
+					break
+				}
+			}
+		}
+		if len(todo) == 0 {
+			return nil
+		}
+		// Deepest first.
+		sort.Slice(todo, func(i, j int) bool { return len(todo[i]) > len(todo[j]) })
+		errs = errs[:0]
+		for _, m := range todo {
+			if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+			}
+		}
+	}
+	return errs
+}
+
+func (c *Cluster) removeNewLinks(s *Snapshot) []error {
+	before := setOf(s.Links)
+	var errs []error
+	for _, l := range readLinks() {
+		if before[l] {
+			continue
+		}
+		// Ours: the bridge and the host ends of pod veths on it.
+		master, _ := os.Readlink("/sys/class/net/" + l + "/master")
+		if l != bridgeName && filepath.Base(master) != bridgeName && !strings.HasPrefix(l, "veth") {
+			continue
+		}
+		if out, err := exec.Command("ip", "link", "delete", l).CombinedOutput(); err != nil {
+			if _, serr := os.Stat("/sys/class/net/" + l); serr == nil {
+				errs = append(errs, fmt.Errorf("ip link delete %s: %v: %s", l, err, bytes.TrimSpace(out)))
+			}
+		}
+	}
+	return errs
+}
+
+// ourCgroup reports the top-level cgroups a cluster creates.
+func ourCgroup(name string) bool {
+	return name == "kubepods" || name == "kubepods.slice"
+}
+
+func removeNewCgroups(s *Snapshot) []error {
+	var errs []error
+	for _, root := range cgroupRoots() {
+		before := setOf(s.Cgroups[root])
+		ents, _ := os.ReadDir(root)
+		for _, e := range ents {
+			if !e.IsDir() || before[e.Name()] || !ourCgroup(e.Name()) {
+				continue
+			}
+			if err := removeCgroupTree(filepath.Join(root, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errs
+}
+
+// cgroupPIDs lists the processes in a cgroup tree.
+func cgroupPIDs(dir string) []int {
+	var pids []int
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			var pid int
+			if _, err := fmt.Sscan(sc.Text(), &pid); err == nil && pid > 0 {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids
+}
+
+// removeCgroupTree kills what still runs in a pod cgroup tree (processes of
+// pods this cluster ran) and removes the tree bottom-up.
+func removeCgroupTree(dir string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids := cgroupPIDs(dir)
+		if len(pids) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: processes %v do not exit", dir, pids)
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var dirs []string
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	var last error
+	for try := 0; try < 50; try++ {
+		last = nil
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := syscall.Rmdir(dirs[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
+				last = fmt.Errorf("rmdir %s: %w", dirs[i], err)
+			}
+		}
+		if last == nil {
+			return nil
+		}
+		// A cgroup whose last task just died can be busy for a moment.
+		time.Sleep(100 * time.Millisecond)
+	}
+	return last
+}
+
+// ourChain reports the iptables chains the kubelet, kube-proxy and the CNI
+// plugins create.
+func ourChain(name string) bool {
+	return strings.HasPrefix(name, "KUBE-") || strings.HasPrefix(name, "CNI-")
+}
+
+func restoreIptables(s *Snapshot) []error {
+	var errs []error
+	now := readIptables()
+	for key, lines := range now {
+		save, table, _ := strings.Cut(key, "/")
+		cmd := strings.Replace(save, "-save", "", 1)
+		before := setOf(s.Iptables[key])
+		// Rules first (those in built-in or foreign chains that jump to or
+		// belong to ours), then our chains.
+		var newChains []string
+		for _, l := range lines {
+			if before[l] {
+				continue
+			}
+			if strings.HasPrefix(l, ":") {
+				name := strings.Fields(l)[0][1:]
+				if ourChain(name) {
+					newChains = append(newChains, name)
+				}
+				continue
+			}
+			args, err := splitRule(l)
+			if err != nil || len(args) < 2 || args[0] != "-A" {
+				continue
+			}
+			if ourChain(args[1]) {
+				continue // goes with the chain's flush
+			}
+			if !strings.Contains(l, "KUBE-") && !strings.Contains(l, "CNI-") {
+				continue
+			}
+			args[0] = "-D"
+			if out, err := exec.Command(cmd, append([]string{"-w", "-t", table}, args...)...).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("%s -t %s %s: %v: %s", cmd, table, strings.Join(args, " "), err, bytes.TrimSpace(out)))
+			}
+		}
+		for _, ch := range newChains {
+			exec.Command(cmd, "-w", "-t", table, "-F", ch).Run()
+		}
+		for _, ch := range newChains {
+			if out, err := exec.Command(cmd, "-w", "-t", table, "-X", ch).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("%s -t %s -X %s: %v: %s", cmd, table, ch, err, bytes.TrimSpace(out)))
+			}
+		}
+	}
+	return errs
+}
+
+// splitRule splits an iptables-save rule line into arguments (double quotes
+// group, backslash escapes the next character inside them).
+func splitRule(l string) ([]string, error) {
+	var args []string
+	var cur strings.Builder
+	inArg, inQuote := false, false
+	for i := 0; i < len(l); i++ {
+		ch := l[i]
+		switch {
+		case inQuote && ch == '\\' && i+1 < len(l):
+			i++
+			cur.WriteByte(l[i])
+		case ch == '"':
+			inQuote = !inQuote
+			inArg = true
+		case !inQuote && (ch == ' ' || ch == '\t'):
+			if inArg {
+				args = append(args, cur.String())
+				cur.Reset()
+				inArg = false
+			}
+		default:
+			cur.WriteByte(ch)
+			inArg = true
+		}
+	}
+	if inQuote {
+		return nil, fmt.Errorf("unbalanced quotes in %q", l)
+	}
+	if inArg {
+		args = append(args, cur.String())
+	}
+	return args, nil
+}
+
+func restoreSysctls(s *Snapshot) []error {
+	var errs []error
+	now := readSysctls()
+	keys := make([]string, 0, len(s.Sysctls))
+	for k := range s.Sysctls {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v, ok := now[k]
+		if !ok || v == s.Sysctls[k] {
+			continue
+		}
+		if err := os.WriteFile("/proc/sys/"+k, []byte(s.Sysctls[k]+"\n"), 0); err != nil {
+			errs = append(errs, fmt.Errorf("restore sysctl %s to %q: %w", k, s.Sysctls[k], err))
+		}
+	}
+	return errs
+}
+
+func (c *Cluster) removeNewPaths(s *Snapshot) []error {
+	var errs []error
+	for _, p := range trackedPaths {
+		before, known := s.Paths[p]
+		if !known {
+			continue
+		}
+		if before == nil {
+			if err := safeRemoveAll(p); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		bs := setOf(before)
+		ents, _ := os.ReadDir(p)
+		for _, e := range ents {
+			if !bs[e.Name()] {
+				if err := safeRemoveAll(filepath.Join(p, e.Name())); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// safeRemoveAll removes a tree unless something is still mounted in it
+// (os.RemoveAll would descend into the mount).
+func safeRemoveAll(p string) error {
+	if _, err := os.Lstat(p); err != nil {
+		return nil
+	}
+	for _, m := range readMounts() {
+		if under(m, p) {
+			return fmt.Errorf("not removing %s: %s is still mounted", p, m)
+		}
+	}
+	if err := os.RemoveAll(p); err != nil {
+		return fmt.Errorf("remove %s: %w", p, err)
+	}
+	return nil
+}
