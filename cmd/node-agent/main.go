@@ -23,6 +23,10 @@ import (
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
+	k8sdiscover "github.com/cpuslot/cpuslot/internal/discover/kubernetes"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 func main() {
@@ -66,6 +70,11 @@ func run(args []string) error {
 	overcommit := fs.Float64("overcommit", 0, "budget multiplier")
 	policy := fs.String("policy", "", "when a quota does not fit: queue, degrade or reject")
 	cleanupOnExit := fs.Bool("cleanup-on-exit", false, "remove all slots on exit instead of leaving them for the next agent")
+	k8s := fs.Bool("kubernetes", false, "serve the runtime pods of this node (see docs/kubernetes-contract.md)")
+	nodeName := fs.String("node-name", "", "Kubernetes node name (default: $NODE_NAME)")
+	containerdSocket := fs.String("containerd-socket", "", "containerd socket (default /run/containerd/containerd.sock)")
+	podsDir := fs.String("kubelet-pods-dir", "", "the kubelet's pod directory as the agent sees it (default /var/lib/kubelet/pods)")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig, when running outside a pod")
 	var containers, serveUnder, pids listFlag
 	fs.Var(&containers, "container", "serve this cgroup (path in the cpu hierarchy); repeatable")
 	fs.Var(&pids, "pid", "serve the cgroup of this process; repeatable")
@@ -96,6 +105,16 @@ func run(args []string) error {
 	if *overcommit != 0 {
 		cfg.Admission.Overcommit = *overcommit
 	}
+	set(&cfg.Kubernetes.NodeName, *nodeName)
+	set(&cfg.Kubernetes.ContainerdSocket, *containerdSocket)
+	set(&cfg.Kubernetes.PodsDir, *podsDir)
+	set(&cfg.Kubernetes.Kubeconfig, *kubeconfig)
+	if cfg.Kubernetes.NodeName == "" {
+		cfg.Kubernetes.NodeName = os.Getenv("NODE_NAME")
+	}
+	if *k8s && *socket == "" && cfg.Socket == agent.DefaultConfig().Socket {
+		cfg.Socket = "" // each pod gets a socket of its own
+	}
 	cfg.Standalone.Containers = append(cfg.Standalone.Containers, containers...)
 	cfg.Standalone.ServeUnder = append(cfg.Standalone.ServeUnder, serveUnder...)
 	for _, p := range pids {
@@ -117,13 +136,49 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(cfg.Standalone.Containers)+len(cfg.Standalone.PIDs)+len(cfg.Standalone.ServeUnder) == 0 {
-		log.Warn("nothing to serve: give -container, -pid or -serve-under (or standalone: in the config file)")
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	src := discover.Static{Hierarchy: a.Hierarchy(), Cgroups: cfg.Standalone.Containers, PIDs: cfg.Standalone.PIDs}
-	return a.Run(ctx, []discover.Source{src}, *cleanupOnExit)
+	sources := []discover.Source{discover.Static{Hierarchy: a.Hierarchy(), Cgroups: cfg.Standalone.Containers, PIDs: cfg.Standalone.PIDs}}
+	if *k8s {
+		src, err := kubernetesSource(cfg, a, log)
+		if err != nil {
+			return err
+		}
+		sources = append(sources, src)
+	} else if len(cfg.Standalone.Containers)+len(cfg.Standalone.PIDs)+len(cfg.Standalone.ServeUnder) == 0 {
+		log.Warn("nothing to serve: give -container, -pid or -serve-under (or standalone: in the config file), or -kubernetes")
+	}
+	return a.Run(ctx, sources, *cleanupOnExit)
+}
+
+func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (discover.Source, error) {
+	kc := cfg.Kubernetes
+	sel, err := k8sdiscover.ParseSelector(kc.Select)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := cfg.PoolSettings()
+	if err != nil {
+		return nil, err
+	}
+	var rc *rest.Config
+	if kc.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kc.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	rc.UserAgent = "cpuslot-node-agent/" + agent.Version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return k8sdiscover.New(k8sdiscover.Config{
+		NodeName: kc.NodeName, ContainerdSocket: kc.ContainerdSocket, ContainerdNamespace: kc.ContainerdNamespace,
+		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc,
+	}, client, a.Hierarchy(), log), nil
 }
 
 func cleanup(args []string) error {

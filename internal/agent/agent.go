@@ -52,6 +52,8 @@ type Agent struct {
 type served struct {
 	discover.Container
 	pool *pool.Pool
+	// ln is the container's own socket, if it has one.
+	ln *net.UnixListener
 	// auto marks containers prepared on first contact (serveUnder): they
 	// are torn down once no thread is left in them.
 	auto bool
@@ -99,21 +101,28 @@ func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 // Run serves until ctx ends, then closes connections and leaves slots in
 // place for the next agent (or removes them with cleanup).
 func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool) error {
-	ln, err := server.Listen(a.cfg.Socket)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", a.cfg.Socket, err)
+	var ln *net.UnixListener
+	if a.cfg.Socket != "" {
+		var err error
+		if ln, err = server.Listen(a.cfg.Socket); err != nil {
+			return fmt.Errorf("listening on %s: %w", a.cfg.Socket, err)
+		}
 	}
 	var httpSrv *http.Server
 	if a.cfg.HTTP != "" {
 		hl, err := net.Listen("tcp", a.cfg.HTTP)
 		if err != nil {
-			ln.Close()
+			if ln != nil {
+				ln.Close()
+			}
 			return fmt.Errorf("listening on %s: %w", a.cfg.HTTP, err)
 		}
 		httpSrv = &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		go httpSrv.Serve(hl)
 	}
-	go a.server.Serve(ln)
+	if ln != nil {
+		go a.server.Serve(ln)
+	}
 	for _, s := range sources {
 		if err := s.Run(ctx, a); err != nil {
 			a.log.Error("source reported errors", "err", err)
@@ -134,7 +143,14 @@ loop:
 		}
 	}
 	a.ready.Store(false)
-	ln.Close()
+	if ln != nil {
+		ln.Close()
+	}
+	for _, s := range a.snapshot() {
+		if s.ln != nil {
+			s.ln.Close()
+		}
+	}
 	a.server.Shutdown()
 	if httpSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -151,7 +167,8 @@ loop:
 	return errors.Join(errs...)
 }
 
-// Serve prepares a container's pool (discover.Sink).
+// Serve prepares a container's pool (discover.Sink). A *discover.Partial
+// error means it is served, but not as configured.
 func (a *Agent) Serve(c discover.Container) error {
 	_, err := a.serve(c, false)
 	return err
@@ -178,17 +195,53 @@ func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
 		return nil, fmt.Errorf("container %s: %w", c.Name, err)
 	}
 	start := time.Now()
+	var partial error
 	if err := p.Start(); err != nil {
 		// The pool still serves: slots are created on demand.
 		a.metrics.Error("prewarm_failed")
 		a.log.Warn("pre-warming incomplete", "container", c.Name, "err", err)
+		partial = &discover.Partial{Err: err}
 	}
 	s := &served{Container: c, pool: p, auto: auto}
+	if c.Socket != "" {
+		ln, err := server.Listen(c.Socket)
+		if err != nil {
+			a.metrics.Error("socket_failed")
+			p.Close(true)
+			return nil, fmt.Errorf("container %s: socket %s: %w", c.Name, c.Socket, err)
+		}
+		s.ln = ln
+		go a.server.ServeWith(ln, containerResolver{a, c.CgroupPath})
+	}
 	a.containers[c.CgroupPath] = s
 	sum := p.Summary()
 	a.log.Info("serving container", "container", c.Name, "cgroup", c.CgroupPath, "mode", sum.Mode,
-		"budget", sum.BudgetMilli, "slots", countSlots(sum), "took", time.Since(start).Round(time.Microsecond).String())
+		"budget", sum.BudgetMilli, "slots", countSlots(sum), "socket", c.Socket, "took", time.Since(start).Round(time.Microsecond).String())
+	if partial != nil {
+		return s, partial
+	}
 	return s, nil
+}
+
+// containerResolver serves a container's own socket: the peer must be a
+// process of that container.
+type containerResolver struct {
+	a          *Agent
+	cgroupPath string
+}
+
+func (r containerResolver) Resolve(p server.Peer) (*pool.Pool, error) {
+	pl, err := r.a.Resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	r.a.mu.Lock()
+	s := r.a.containers[r.cgroupPath]
+	r.a.mu.Unlock()
+	if s == nil || s.pool != pl {
+		return nil, slotv1.Errorf(slotv1.CodeNotServed, "process %d is not in the container this socket belongs to", p.PID)
+	}
+	return pl, nil
 }
 
 func countSlots(s pool.Summary) int {
@@ -208,6 +261,9 @@ func (a *Agent) Forget(cgroupPath string) {
 	a.mu.Unlock()
 	if s == nil {
 		return
+	}
+	if s.ln != nil {
+		s.ln.Close() // also removes the socket file
 	}
 	if err := s.pool.Close(true); err != nil {
 		a.metrics.Error("teardown_failed")

@@ -30,6 +30,22 @@ type Config struct {
 	Standalone StandaloneConfig `json:"standalone"`
 	// ReapInterval is how often idle slots and gone containers are checked.
 	ReapInterval Duration `json:"reapInterval"`
+	// Kubernetes configures Kubernetes mode (docs/kubernetes-contract.md).
+	Kubernetes KubernetesConfig `json:"kubernetes"`
+}
+
+// KubernetesConfig is the Kubernetes mode's setup.
+type KubernetesConfig struct {
+	// NodeName defaults to the NODE_NAME environment variable.
+	NodeName            string   `json:"nodeName"`
+	ContainerdSocket    string   `json:"containerdSocket"`
+	ContainerdNamespace string   `json:"containerdNamespace"`
+	PodsDir             string   `json:"podsDir"`
+	SocketVolume        string   `json:"socketVolume"`
+	Select              []string `json:"select"`
+	// Kubeconfig is for running outside a pod; in a pod the service
+	// account is used.
+	Kubeconfig string `json:"kubeconfig"`
 }
 
 // PoolConfig is the per-container pool setup.
@@ -101,6 +117,13 @@ func DefaultConfig() Config {
 		},
 		Admission:    AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
 		ReapInterval: Duration{10 * time.Second},
+		Kubernetes: KubernetesConfig{
+			ContainerdSocket:    "/run/containerd/containerd.sock",
+			ContainerdNamespace: "k8s.io",
+			PodsDir:             "/var/lib/kubelet/pods",
+			SocketVolume:        "cpuslot",
+			Select:              []string{"openwhisk", "knative", "annotated"},
+		},
 	}
 }
 

@@ -20,7 +20,17 @@ type Container struct {
 	CgroupPath string
 	// Pool overrides the agent's default pool settings when set.
 	Pool *pool.Config
+	// Socket, when set, is a socket of this container's own: the agent
+	// listens there and accepts only processes of this container.
+	Socket string
 }
+
+// Partial is what Serve returns when the container is served but not as
+// configured (for example fewer slots pre-warmed than asked).
+type Partial struct{ Err error }
+
+func (p *Partial) Error() string { return "served with problems: " + p.Err.Error() }
+func (p *Partial) Unwrap() error { return p.Err }
 
 // Sink receives what a Source discovers.
 type Sink interface {

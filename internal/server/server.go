@@ -93,7 +93,11 @@ func dirOf(p string) string {
 }
 
 // Serve accepts connections until the listener is closed.
-func (s *Server) Serve(ln *net.UnixListener) error {
+func (s *Server) Serve(ln *net.UnixListener) error { return s.ServeWith(ln, s.resolve) }
+
+// ServeWith accepts connections on ln, resolving peers with r (a socket of
+// one container accepts that container's processes only).
+func (s *Server) ServeWith(ln *net.UnixListener, r Resolver) error {
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -110,7 +114,7 @@ func (s *Server) Serve(ln *net.UnixListener) error {
 			c.Close()
 			return nil
 		}
-		cn := &conn{srv: s, c: c, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}, fd: -1}
+		cn := &conn{srv: s, resolve: r, c: c, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}, fd: -1}
 		if s.Blocking {
 			// File returns a blocking duplicate; the netpoller's copy goes.
 			f, err := c.File()
@@ -185,8 +189,9 @@ func (s *Server) leave(ss *session) bool {
 }
 
 type conn struct {
-	srv *Server
-	c   *net.UnixConn
+	srv     *Server
+	resolve Resolver
+	c       *net.UnixConn
 	// file and fd replace c in blocking mode.
 	file    *os.File
 	fd      int
@@ -436,7 +441,7 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 		c.fail(request, slotv1.Errorf(slotv1.CodeUnsupportedVersion, "client speaks %d..%d, agent speaks %d", h.MinVersion, h.MaxVersion, slotv1.Version))
 		return false
 	}
-	p, err := c.srv.resolve.Resolve(c.peer)
+	p, err := c.resolve.Resolve(c.peer)
 	if err != nil {
 		var pe *slotv1.Error
 		if errors.As(err, &pe) && pe.Code == slotv1.CodeNotReady {

@@ -1,0 +1,221 @@
+// Package kubernetes discovers the runtime pods on this node (client-go,
+// field selector on spec.nodeName), resolves each served container's cgroup
+// through containerd, and reports them to the agent with a per-pod socket
+// inside the pod's emptyDir volume. docs/kubernetes-contract.md is the
+// contract with the chart and with runtime pods.
+package kubernetes
+
+import (
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/cpuslot/cpuslot/internal/admission"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/pool"
+)
+
+// Annotations and labels cpuslot reads.
+const (
+	AnnotationPrefix  = "cpuslot.dev/"
+	AnnEnabled        = AnnotationPrefix + "enabled"
+	AnnContainer      = AnnotationPrefix + "container"
+	AnnPrewarm        = AnnotationPrefix + "prewarm"
+	AnnMode           = AnnotationPrefix + "mode"
+	AnnLimit          = AnnotationPrefix + "limit"
+	AnnBudget         = AnnotationPrefix + "budget"
+	AnnPolicy         = AnnotationPrefix + "policy"
+	AnnOvercommit     = AnnotationPrefix + "overcommit"
+	AnnMaxSlots       = AnnotationPrefix + "max-slots"
+	LabelOpenWhisk    = "user-action-pod"
+	ContainerOW       = "user-action"
+	LabelKnative      = "serving.knative.dev/revision"
+	ContainerKnative  = "user-container"
+	DefaultVolumeName = "cpuslot"
+)
+
+// Selector says which pods are served.
+type Selector struct {
+	OpenWhisk, Knative, Annotated bool
+}
+
+// ParseSelector reads a list such as ["openwhisk", "knative", "annotated"].
+func ParseSelector(kinds []string) (Selector, error) {
+	var s Selector
+	for _, k := range kinds {
+		switch k {
+		case "openwhisk":
+			s.OpenWhisk = true
+		case "knative":
+			s.Knative = true
+		case "annotated":
+			s.Annotated = true
+		default:
+			return s, fmt.Errorf("kubernetes.select %q: want openwhisk, knative or annotated", k)
+		}
+	}
+	return s, nil
+}
+
+// ServedContainer returns the name of the pod's container to serve, or ""
+// with the reason it is not served.
+func (s Selector) ServedContainer(pod *corev1.Pod) (string, string) {
+	ann := pod.Annotations
+	switch ann[AnnEnabled] {
+	case "false":
+		return "", "opted out by " + AnnEnabled
+	}
+	name := ""
+	switch {
+	case s.Annotated && ann[AnnEnabled] == "true":
+		if len(pod.Spec.Containers) > 0 {
+			name = pod.Spec.Containers[0].Name
+		}
+	case s.OpenWhisk && pod.Labels[LabelOpenWhisk] == "true":
+		name = ContainerOW
+	case s.Knative && pod.Labels[LabelKnative] != "":
+		name = ContainerKnative
+	default:
+		return "", "not a runtime pod"
+	}
+	if c := ann[AnnContainer]; c != "" {
+		name = c
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == name {
+			return name, ""
+		}
+	}
+	return "", fmt.Sprintf("pod has no container %q", name)
+}
+
+// HasVolume reports whether the pod declares the emptyDir the agent puts
+// its socket in.
+func HasVolume(pod *corev1.Pod, volume string) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == volume && v.EmptyDir != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// SocketPath is where the agent creates a pod's socket: inside the pod's
+// emptyDir volume, as the kubelet lays it out on the node.
+func SocketPath(podsDir, podUID, volume string) string {
+	return path.Join(podsDir, podUID, "volumes", "kubernetes.io~empty-dir", volume, "agent.sock")
+}
+
+// PoolConfig applies a pod's annotations to the chart's defaults. A bad
+// value keeps the default for that field and is returned as an error, so
+// the pod is still served and the operator sees why it differs.
+func PoolConfig(base pool.Config, ann map[string]string) (pool.Config, []error) {
+	c := base
+	var errs []error
+	bad := func(key, v string, err error) { errs = append(errs, fmt.Errorf("%s=%q: %v", key, v, err)) }
+	if v, ok := ann[AnnPrewarm]; ok {
+		if p, err := pool.ParsePrewarm(v); err != nil {
+			bad(AnnPrewarm, v, err)
+		} else {
+			c.Prewarm = p
+		}
+	}
+	if v, ok := ann[AnnMode]; ok {
+		if m, err := pool.ParseMode(v); err != nil {
+			bad(AnnMode, v, err)
+		} else {
+			c.Mode = m
+		}
+	}
+	if v, ok := ann[AnnLimit]; ok {
+		if l, err := cgroup.ParseLimit(v); err != nil {
+			bad(AnnLimit, v, err)
+		} else {
+			c.Limit = l
+		}
+	}
+	if v, ok := ann[AnnBudget]; ok {
+		if b, err := pool.ParseQuota(v); err != nil {
+			bad(AnnBudget, v, err)
+		} else {
+			c.BudgetMilli = b
+		}
+	}
+	if v, ok := ann[AnnPolicy]; ok {
+		if p, err := admission.ParsePolicy(v); err != nil {
+			bad(AnnPolicy, v, err)
+		} else {
+			c.Policy = p
+		}
+	}
+	if v, ok := ann[AnnOvercommit]; ok {
+		if f, err := strconv.ParseFloat(v, 64); err != nil || f <= 0 || f > 100 {
+			bad(AnnOvercommit, v, fmt.Errorf("want a number in (0, 100]"))
+		} else {
+			c.Overcommit = f
+		}
+	}
+	if v, ok := ann[AnnMaxSlots]; ok {
+		if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 4096 {
+			bad(AnnMaxSlots, v, fmt.Errorf("want an integer in 1..4096"))
+		} else {
+			c.MaxSlots = n
+		}
+	}
+	if err := c.Validate(); err != nil {
+		// The combination is invalid (e.g. prewarm above maxSlots): fall
+		// back to the defaults altogether.
+		errs = append(errs, fmt.Errorf("annotations together: %v; using defaults", err))
+		return base, errs
+	}
+	return c, errs
+}
+
+// CgroupFromSpec turns an OCI spec's cgroupsPath into a path in the cgroup
+// hierarchy. The cgroupfs driver writes the path itself; the systemd
+// driver writes "slice:prefix:name", which systemd expands to nested
+// slices ("kubepods-burstable-pod1.slice" lives in "kubepods.slice/
+// kubepods-burstable.slice") and a scope "prefix-name.scope".
+func CgroupFromSpec(p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("empty cgroupsPath")
+	}
+	if strings.HasPrefix(p, "/") {
+		return path.Clean(p), nil
+	}
+	parts := strings.Split(p, ":")
+	if len(parts) != 3 {
+		return "", fmt.Errorf("cgroupsPath %q is neither a path nor slice:prefix:name", p)
+	}
+	slice, prefix, name := parts[0], parts[1], parts[2]
+	dir := "/"
+	if slice != "" && slice != "-.slice" {
+		base, ok := strings.CutSuffix(slice, ".slice")
+		if !ok || base == "" || strings.Contains(base, "/") {
+			return "", fmt.Errorf("cgroupsPath %q: bad slice %q", p, slice)
+		}
+		acc := ""
+		for _, comp := range strings.Split(base, "-") {
+			if comp == "" {
+				return "", fmt.Errorf("cgroupsPath %q: bad slice %q", p, slice)
+			}
+			if acc == "" {
+				acc = comp
+			} else {
+				acc += "-" + comp
+			}
+			dir = path.Join(dir, acc+".slice")
+		}
+	}
+	unit := name
+	if !strings.HasSuffix(name, ".slice") {
+		if prefix != "" {
+			unit = prefix + "-" + name
+		}
+		unit += ".scope"
+	}
+	return path.Join(dir, unit), nil
+}

@@ -1,0 +1,95 @@
+package kubernetes
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cpuslot/cpuslot/internal/pool"
+)
+
+func pod(labels, ann map[string]string, containers ...string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Labels: labels, Annotations: ann}}
+	for _, c := range containers {
+		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: c})
+	}
+	return p
+}
+
+func TestServedContainer(t *testing.T) {
+	all := Selector{OpenWhisk: true, Knative: true, Annotated: true}
+	cases := []struct {
+		name string
+		sel  Selector
+		pod  *corev1.Pod
+		want string
+	}{
+		{"openwhisk action pod", all, pod(map[string]string{"user-action-pod": "true", "invoker": "invoker0"}, nil, "user-action"), "user-action"},
+		{"knative revision", all, pod(map[string]string{"serving.knative.dev/revision": "fn-00001"}, nil, "user-container", "queue-proxy"), "user-container"},
+		{"annotated first container", all, pod(nil, map[string]string{AnnEnabled: "true"}, "app", "sidecar"), "app"},
+		{"annotated named container", all, pod(nil, map[string]string{AnnEnabled: "true", AnnContainer: "sidecar"}, "app", "sidecar"), "sidecar"},
+		{"opt-out wins", all, pod(map[string]string{"user-action-pod": "true"}, map[string]string{AnnEnabled: "false"}, "user-action"), ""},
+		{"plain pod", all, pod(nil, nil, "app"), ""},
+		{"knative not selected", Selector{OpenWhisk: true}, pod(map[string]string{"serving.knative.dev/revision": "x"}, nil, "user-container"), ""},
+		{"annotation names a missing container", all, pod(nil, map[string]string{AnnEnabled: "true", AnnContainer: "nope"}, "app"), ""},
+	}
+	for _, c := range cases {
+		if got, why := c.sel.ServedContainer(c.pod); got != c.want {
+			t.Errorf("%s: got %q (%s), want %q", c.name, got, why, c.want)
+		}
+	}
+	if _, err := ParseSelector([]string{"openwhisk", "bogus"}); err == nil {
+		t.Error("bogus selector accepted")
+	}
+}
+
+func TestPoolConfigAnnotations(t *testing.T) {
+	base := pool.DefaultConfig()
+	c, errs := PoolConfig(base, map[string]string{AnnPrewarm: "500m=2", AnnMode: "cache-lazy", AnnBudget: "1500m", AnnPolicy: "degrade", AnnOvercommit: "1.5", AnnMaxSlots: "16", AnnLimit: "both"})
+	if len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	if c.Mode != pool.CacheLazy || c.BudgetMilli != 1500 || c.MaxSlots != 16 || c.Overcommit != 1.5 || pool.FormatPrewarm(c.Prewarm) != "500m=2" {
+		t.Fatalf("%+v", c)
+	}
+	// Garbage keeps the default for that field, and says why.
+	c, errs = PoolConfig(base, map[string]string{AnnPrewarm: "lots", AnnMode: "fast", AnnBudget: "-1", AnnOvercommit: "0", AnnMaxSlots: "x", AnnPolicy: "drop", AnnLimit: "hard"})
+	if len(errs) != 7 {
+		t.Fatalf("want 7 errors, got %v", errs)
+	}
+	if pool.FormatPrewarm(c.Prewarm) != pool.FormatPrewarm(base.Prewarm) || c.Mode != base.Mode {
+		t.Fatalf("defaults not kept: %+v", c)
+	}
+	// Valid fields that together are invalid fall back to the defaults.
+	c, errs = PoolConfig(base, map[string]string{AnnPrewarm: "250m=10", AnnMaxSlots: "4"})
+	if len(errs) != 1 || c.MaxSlots != base.MaxSlots || !strings.Contains(errs[0].Error(), "defaults") {
+		t.Fatalf("%v %+v", errs, c)
+	}
+}
+
+func TestCgroupFromSpec(t *testing.T) {
+	for in, want := range map[string]string{
+		"/kubepods/burstable/pod1234/abcd":                      "/kubepods/burstable/pod1234/abcd",
+		"kubepods-burstable-pod12_34.slice:cri-containerd:abcd": "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_34.slice/cri-containerd-abcd.scope",
+		"kubepods-pod99.slice:cri-containerd:ef":                "/kubepods.slice/kubepods-pod99.slice/cri-containerd-ef.scope",
+		"system.slice:docker:x":                                 "/system.slice/docker-x.scope",
+		"-.slice:p:n":                                           "/p-n.scope",
+	} {
+		if got, err := CgroupFromSpec(in); err != nil || got != want {
+			t.Errorf("%s: got %q %v, want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "a:b", "notaslice:p:n", "a--b.slice:p:n"} {
+		if _, err := CgroupFromSpec(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestSocketPath(t *testing.T) {
+	if got := SocketPath("/var/lib/kubelet/pods", "u-1", "cpuslot"); got != "/var/lib/kubelet/pods/u-1/volumes/kubernetes.io~empty-dir/cpuslot/agent.sock" {
+		t.Fatal(got)
+	}
+}

@@ -1,0 +1,130 @@
+package kubernetes
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"github.com/cpuslot/cpuslot/internal/discover"
+)
+
+// TestReconcile drives the source with the client-go fake API (a unit-test
+// stand-in: the e2e tests use a real API server and containerd) against a
+// real agent on the real kernel's cgroups.
+func TestReconcile(t *testing.T) {
+	h := cgrouptest.Hierarchy(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	podsDir := t.TempDir()
+	os.Chmod(podsDir, 0o755)
+
+	runtimePod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "wsk-action-1", Namespace: "openwhisk", UID: types.UID("uid-1"),
+			Labels:      map[string]string{"user-action-pod": "true"},
+			Annotations: map[string]string{AnnPrewarm: "500m=2", AnnMode: "warp"}},
+		Spec: corev1.PodSpec{NodeName: "n1",
+			Containers: []corev1.Container{{Name: "user-action"}},
+			Volumes:    []corev1.Volume{{Name: "cpuslot", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{
+			Name: "user-action", ContainerID: "containerd://c1", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
+	}
+	noVolume := runtimePod.DeepCopy()
+	noVolume.Name, noVolume.UID, noVolume.Spec.Volumes = "wsk-action-2", "uid-2", nil
+	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "uid-3"},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "nginx"}}}}
+	cs := fake.NewSimpleClientset(runtimePod, noVolume, plain)
+	os.MkdirAll(filepath.Dir(SocketPath(podsDir, "uid-1", "cpuslot")), 0o777)
+
+	cfg := agent.DefaultConfig()
+	cfg.Socket, cfg.HTTP = "", ""
+	cfg.ReapInterval = agent.Duration{Duration: time.Hour}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, _ := cfg.PoolSettings()
+	src := New(Config{NodeName: "n1", PodsDir: podsDir, SocketVolume: "cpuslot",
+		Selector: Selector{OpenWhisk: true, Knative: true, Annotated: true}, Pool: pc, Resync: time.Hour}, cs, h, log)
+	src.cgroupOf = func(_ context.Context, id string) (string, error) {
+		if id != "c1" {
+			t.Errorf("asked for container %q", id)
+		}
+		return rel, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, []discover.Source{src}, true) }()
+	defer func() { cancel(); <-done }()
+	waitUntil(t, "agent ready", a.Ready)
+
+	sums := a.Summaries()
+	if len(sums) != 1 || sums[0].Name != "openwhisk/wsk-action-1/user-action" {
+		t.Fatalf("served %+v", sums)
+	}
+	if q := sums[0].Quotas; len(q) != 1 || q[0].QuotaMilli != 500 || q[0].Slots != 2 || sums[0].Mode != "affinity" {
+		t.Fatalf("annotations not applied (prewarm) or bad one not ignored (mode): %+v", sums[0])
+	}
+	waitUntil(t, "events", func() bool {
+		ev, _ := cs.CoreV1().Events("openwhisk").List(ctx, metav1.ListOptions{})
+		var reasons []string
+		for _, e := range ev.Items {
+			reasons = append(reasons, e.Reason+":"+e.InvolvedObject.Name)
+		}
+		all := strings.Join(reasons, ",")
+		return strings.Contains(all, ReasonServing+":wsk-action-1") && strings.Contains(all, ReasonInvalidAnnotation+":wsk-action-1") &&
+			strings.Contains(all, ReasonPrepareFailed+":wsk-action-2")
+	})
+
+	// A process of the container reaches the agent through the pod's socket.
+	cgrouptest.JoinProcess(t, h, rel)
+	c, err := client.Dial(SocketPath(podsDir, "uid-1", "cpuslot"), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.LockOSThread()
+	l, err := c.Acquire(500, "guest/fib", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Release(slotv1.InvocationOK); err != nil {
+		t.Fatal(err)
+	}
+	runtime.UnlockOSThread()
+	c.Close()
+
+	// Deleting the pod tears its pool down: socket and slots gone.
+	if err := cs.CoreV1().Pods("openwhisk").Delete(ctx, "wsk-action-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "pool torn down", func() bool { return len(a.Summaries()) == 0 })
+	if _, err := os.Stat(SocketPath(podsDir, "uid-1", "cpuslot")); !os.IsNotExist(err) {
+		t.Errorf("socket left behind: %v", err)
+	}
+	if left := cgrouptest.Leftovers(h, rel); len(left) != 0 {
+		t.Errorf("slots left behind: %v", left)
+	}
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if ok() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
