@@ -1,0 +1,903 @@
+// Tests of the cpuslot Helm chart: helm lint and helm template (helm from
+// hack/helm.sh) with default and all-options-on values; the rendered
+// objects against docs/kubernetes-contract.md; the rendered agent
+// configuration through the agent's own loader; the values schema; every
+// PromQL query of the dashboards and alert rules against the metrics the
+// code exports and against queries.txt; deploy/cpuslot.yaml up to date.
+//
+//	go test ./charts/cpuslot                 check
+//	go test ./charts/cpuslot -args -update   rewrite queries.txt and deploy/cpuslot.yaml (make manifests)
+package chart_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/cpuslot/cpuslot/internal/agent"
+)
+
+var update = flag.Bool("update", false, "rewrite queries.txt and deploy/cpuslot.yaml from the chart")
+
+const (
+	chartDir = "."
+	repoRoot = "../.."
+	// deploy/cpuslot.yaml: release and namespace of the plain manifests.
+	manifestRelease   = "cpuslot"
+	manifestNamespace = "cpuslot"
+	manifestsPath     = repoRoot + "/deploy/cpuslot.yaml"
+	queriesPath       = "queries.txt"
+	allOnValues       = "testdata/all-on.yaml"
+)
+
+var (
+	helmOnce sync.Once
+	helmPath string
+	helmErr  error
+)
+
+// helmBin builds (once per machine, cached in .cache/tools) and returns helm.
+func helmBin(t *testing.T) string {
+	t.Helper()
+	helmOnce.Do(func() {
+		cmd := exec.Command("bash", filepath.Join(repoRoot, "hack/helm.sh"))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			helmErr = fmt.Errorf("hack/helm.sh: %v\n%s", err, stderr.String())
+			return
+		}
+		helmPath = strings.TrimSpace(string(out))
+	})
+	if helmErr != nil {
+		t.Fatal(helmErr)
+	}
+	return helmPath
+}
+
+func runHelm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(helmBin(t), args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		return stdout.String() + stderr.String(), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// obj is one rendered Kubernetes object.
+type obj map[string]any
+
+func (o obj) kind() string { return str(o, "kind") }
+func (o obj) name() string { return str(o, "metadata", "name") }
+
+// get walks maps by key and lists by index ("0").
+func get(v any, path ...string) any {
+	for _, p := range path {
+		switch m := v.(type) {
+		case obj:
+			v = map[string]any(m)[p]
+		case map[string]any:
+			v = m[p]
+		case []any:
+			var i int
+			if _, err := fmt.Sscanf(p, "%d", &i); err != nil || i >= len(m) {
+				return nil
+			}
+			v = m[i]
+		default:
+			return nil
+		}
+	}
+	return v
+}
+
+func str(v any, path ...string) string {
+	s, _ := get(v, path...).(string)
+	return s
+}
+
+func list(v any, path ...string) []any {
+	l, _ := get(v, path...).([]any)
+	return l
+}
+
+// render runs helm template and parses every object.
+func render(t *testing.T, args ...string) []obj {
+	t.Helper()
+	out, err := runHelm(t, append([]string{"template", manifestRelease, chartDir, "--namespace", manifestNamespace}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parseObjects(t, out)
+}
+
+func parseObjects(t *testing.T, out string) []obj {
+	t.Helper()
+	var objs []obj
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(out, -1) {
+		var o obj
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatalf("rendered YAML does not parse: %v\n%s", err, doc)
+		}
+		if len(o) > 0 {
+			objs = append(objs, o)
+		}
+	}
+	return objs
+}
+
+func find(objs []obj, kind string) []obj {
+	var out []obj
+	for _, o := range objs {
+		if o.kind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func one(t *testing.T, objs []obj, kind string) obj {
+	t.Helper()
+	f := find(objs, kind)
+	if len(f) != 1 {
+		t.Fatalf("want one %s, got %d", kind, len(f))
+	}
+	return f[0]
+}
+
+// configMap returns the agent's configuration ConfigMap (not a dashboard).
+func configMap(t *testing.T, objs []obj) obj {
+	t.Helper()
+	for _, o := range find(objs, "ConfigMap") {
+		if str(o, "data", "config.yaml") != "" {
+			return o
+		}
+	}
+	t.Fatal("no ConfigMap with config.yaml")
+	return nil
+}
+
+func agentContainer(t *testing.T, ds obj) map[string]any {
+	t.Helper()
+	cs := list(ds, "spec", "template", "spec", "containers")
+	if len(cs) != 1 {
+		t.Fatalf("want one container in the DaemonSet, got %d", len(cs))
+	}
+	return cs[0].(map[string]any)
+}
+
+func strings_(l []any) []string {
+	out := make([]string, len(l))
+	for i, v := range l {
+		out[i] = fmt.Sprint(v)
+	}
+	return out
+}
+
+func TestLint(t *testing.T) {
+	for _, args := range [][]string{nil, {"-f", allOnValues}, {"--set", "containerdMount=socket,metrics.service.enabled=false"}} {
+		if out, err := runHelm(t, append([]string{"lint", "--strict", chartDir}, args...)...); err != nil {
+			t.Errorf("helm lint %v: %v\n%s", args, err, out)
+		}
+	}
+}
+
+// TestDefaults checks the default rendering against the contract.
+func TestDefaults(t *testing.T) {
+	objs := render(t)
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.kind()]++
+		if o.kind() != "ClusterRole" && o.kind() != "ClusterRoleBinding" && str(o, "metadata", "namespace") != manifestNamespace {
+			t.Errorf("%s %s: namespace %q, want the release's", o.kind(), o.name(), str(o, "metadata", "namespace"))
+		}
+	}
+	want := map[string]int{"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 3, "DaemonSet": 1, "Service": 1}
+	if !reflect.DeepEqual(kinds, want) {
+		t.Errorf("objects %v, want %v (no ServiceMonitor or PrometheusRule by default)", kinds, want)
+	}
+
+	ds := one(t, objs, "DaemonSet")
+	spec := get(ds, "spec", "template", "spec")
+	if get(spec, "hostPID") != true {
+		t.Error("hostPID is not true")
+	}
+	if get(spec, "hostNetwork") != nil {
+		t.Error("hostNetwork is set by default")
+	}
+	if got := str(spec, "priorityClassName"); got != "system-node-critical" {
+		t.Errorf("priorityClassName %q", got)
+	}
+	if got := list(spec, "tolerations"); len(got) != 1 || !reflect.DeepEqual(got[0], map[string]any{"operator": "Exists"}) {
+		t.Errorf("tolerations %v, want [{operator: Exists}]", got)
+	}
+	if got := get(ds, "spec", "updateStrategy"); !reflect.DeepEqual(got, map[string]any{"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxUnavailable": float64(1)}}) {
+		t.Errorf("updateStrategy %v", got)
+	}
+	if get(spec, "terminationGracePeriodSeconds") == nil {
+		t.Error("no terminationGracePeriodSeconds")
+	}
+	sa := one(t, objs, "ServiceAccount")
+	if str(spec, "serviceAccountName") != sa.name() {
+		t.Errorf("serviceAccountName %q, ServiceAccount %q", str(spec, "serviceAccountName"), sa.name())
+	}
+	if str(ds, "spec", "template", "metadata", "annotations", "checksum/config") == "" {
+		t.Error("no checksum/config annotation: config changes would not roll the agents")
+	}
+	if get(ds, "spec", "template", "metadata", "annotations", "prometheus.io/scrape") != nil {
+		t.Error("prometheus.io annotations by default")
+	}
+
+	c := agentContainer(t, ds)
+	if got := strings_(list(c, "args")); !slices.Equal(got, []string{"run", "-kubernetes", "-config", "/etc/cpuslot/config.yaml"}) {
+		t.Errorf("args %q", got)
+	}
+	if str(c, "image") != "docker.io/cpuslot/node-agent:0.1.0" {
+		t.Errorf("image %q, want the appVersion tag", str(c, "image"))
+	}
+	if get(c, "securityContext", "privileged") != true {
+		t.Error("not privileged")
+	}
+	env := list(c, "env")
+	if len(env) != 1 || str(env[0], "name") != "NODE_NAME" || str(env[0], "valueFrom", "fieldRef", "fieldPath") != "spec.nodeName" {
+		t.Errorf("env %v, want only NODE_NAME from spec.nodeName", env)
+	}
+	if str(c, "livenessProbe", "httpGet", "path") != "/healthz" || str(c, "livenessProbe", "httpGet", "port") != "metrics" ||
+		str(c, "readinessProbe", "httpGet", "path") != "/readyz" || str(c, "readinessProbe", "httpGet", "port") != "metrics" {
+		t.Errorf("probes %v %v", get(c, "livenessProbe"), get(c, "readinessProbe"))
+	}
+	if ports := list(c, "ports"); len(ports) != 1 || get(ports[0], "containerPort") != float64(9464) || str(ports[0], "name") != "metrics" {
+		t.Errorf("ports %v", ports)
+	}
+	if get(c, "resources", "limits", "cpu") != nil || get(c, "resources", "requests", "cpu") == nil || get(c, "resources", "limits", "memory") == nil {
+		t.Errorf("resources %v: want a CPU request, a memory limit, no CPU limit", get(c, "resources"))
+	}
+
+	// Mounts: exactly the contract's host paths, plus the config.
+	type mount struct {
+		host, path, hostType, propagation string
+		readOnly                          bool
+	}
+	vols := map[string]any{}
+	for _, v := range list(spec, "volumes") {
+		vols[str(v, "name")] = v
+	}
+	var mounts []mount
+	for _, m := range list(c, "volumeMounts") {
+		v := vols[str(m, "name")]
+		if v == nil {
+			t.Fatalf("mount of an undeclared volume %v", m)
+		}
+		ro, _ := get(m, "readOnly").(bool)
+		if get(v, "configMap") != nil {
+			if str(m, "mountPath") != "/etc/cpuslot" || !ro || str(v, "configMap", "name") != configMap(t, objs).name() {
+				t.Errorf("config mount %v of %v", m, v)
+			}
+			continue
+		}
+		if get(v, "hostPath") == nil {
+			t.Errorf("unexpected volume %v", v)
+			continue
+		}
+		mounts = append(mounts, mount{str(v, "hostPath", "path"), str(m, "mountPath"), str(v, "hostPath", "type"), str(m, "mountPropagation"), ro})
+	}
+	wantMounts := []mount{
+		{"/sys/fs/cgroup", "/sys/fs/cgroup", "Directory", "", false},
+		{"/run/containerd", "/run/containerd", "Directory", "HostToContainer", true},
+		{"/var/lib/kubelet/pods", "/var/lib/kubelet/pods", "Directory", "HostToContainer", false},
+	}
+	if !reflect.DeepEqual(mounts, wantMounts) {
+		t.Errorf("host mounts\n got %+v\nwant %+v", mounts, wantMounts)
+	}
+	if len(vols) != len(wantMounts)+1 {
+		t.Errorf("volumes %v", vols)
+	}
+
+	// RBAC: pods get/list/watch, events create/patch, nothing else.
+	role := one(t, objs, "ClusterRole")
+	wantRules := []any{
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}},
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},
+	}
+	if got := list(role, "rules"); !reflect.DeepEqual(got, wantRules) {
+		t.Errorf("ClusterRole rules %v", got)
+	}
+	binding := one(t, objs, "ClusterRoleBinding")
+	if str(binding, "roleRef", "name") != role.name() || str(binding, "subjects", "0", "name") != sa.name() ||
+		str(binding, "subjects", "0", "namespace") != manifestNamespace {
+		t.Errorf("ClusterRoleBinding %v", binding)
+	}
+
+	svc := one(t, objs, "Service")
+	if str(svc, "spec", "clusterIP") != "None" || str(svc, "spec", "ports", "0", "targetPort") != "metrics" {
+		t.Errorf("Service %v", svc)
+	}
+	if !reflect.DeepEqual(get(svc, "spec", "selector"), get(ds, "spec", "selector", "matchLabels")) {
+		t.Error("Service selector differs from the DaemonSet's")
+	}
+
+	// The rendered configuration is what the agent loads; with default
+	// values it equals the agent's defaults but for the HTTP address.
+	cfg := loadConfig(t, configMap(t, objs))
+	wantCfg := agent.DefaultConfig()
+	wantCfg.HTTP = "0.0.0.0:9464"
+	if !reflect.DeepEqual(cfg, wantCfg) {
+		t.Errorf("rendered config differs from the agent's defaults (chart values and agent defaults drifted apart)\n got %+v\nwant %+v", cfg, wantCfg)
+	}
+}
+
+// loadConfig feeds the rendered config.yaml to the agent's loader.
+func loadConfig(t *testing.T, cm obj) agent.Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(str(cm, "data", "config.yaml")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := agent.LoadConfig(path)
+	if err != nil {
+		t.Fatalf("agent.LoadConfig: %v", err)
+	}
+	if _, err := cfg.PoolSettings(); err != nil {
+		t.Fatalf("PoolSettings: %v", err)
+	}
+	return cfg
+}
+
+// TestAllOn renders every option turned on (testdata/all-on.yaml).
+func TestAllOn(t *testing.T) {
+	objs := render(t, "-f", allOnValues)
+	for _, k := range []string{"ServiceMonitor", "PrometheusRule"} {
+		one(t, objs, k)
+	}
+	ds := one(t, objs, "DaemonSet")
+	c := agentContainer(t, ds)
+	args := strings_(list(c, "args"))
+	if !slices.Contains(args, "-cleanup-on-exit") || !slices.Contains(args, "-log-level") {
+		t.Errorf("args %q: want -cleanup-on-exit and the extra args", args)
+	}
+	envs := map[string]string{}
+	for _, e := range list(c, "env") {
+		envs[str(e, "name")] = str(e, "value")
+	}
+	if envs["KUBERNETES_SERVICE_HOST"] != "10.0.0.1" || envs["KUBERNETES_SERVICE_PORT"] != "6443" {
+		t.Errorf("env %v: want the API server override", envs)
+	}
+	if str(c, "image") != "registry.example/cpuslot/node-agent:dev" || str(c, "imagePullPolicy") != "Never" {
+		t.Errorf("image %q %q", str(c, "image"), str(c, "imagePullPolicy"))
+	}
+	spec := get(ds, "spec", "template", "spec")
+	if get(spec, "hostNetwork") != true || str(spec, "dnsPolicy") != "ClusterFirstWithHostNet" {
+		t.Error("hostNetwork option not rendered")
+	}
+	if str(ds, "spec", "template", "metadata", "annotations", "prometheus.io/port") != "9464" {
+		t.Error("prometheus.io annotations not rendered")
+	}
+	// The all-on values change the agent settings: they reach the agent.
+	cfg := loadConfig(t, configMap(t, objs))
+	pc, _ := cfg.PoolSettings()
+	if cfg.Pool.Mode != "cache-lazy" || cfg.Admission.Policy != "degrade" || pc.BudgetMilli != 2000 ||
+		pc.Prewarm[250] != 8 || pc.Prewarm[1500] != 1 || cfg.Pool.Period.Milliseconds() != 50 ||
+		!slices.Equal(cfg.Kubernetes.Select, []string{"openwhisk", "knative"}) ||
+		cfg.Kubernetes.ContainerdSocket != "/run/cpuslot-e2e/containerd/containerd.sock" {
+		t.Errorf("rendered config %+v", cfg)
+	}
+	// The containerd mount follows the socket's path.
+	found := false
+	for _, v := range list(spec, "volumes") {
+		if str(v, "name") == "containerd" {
+			found = str(v, "hostPath", "path") == "/run/cpuslot-e2e/containerd"
+		}
+	}
+	if !found {
+		t.Errorf("containerd volume does not follow kubernetes.containerdSocket: %v", list(spec, "volumes"))
+	}
+	sm := one(t, objs, "ServiceMonitor")
+	if str(sm, "metadata", "labels", "release") != "kube-prometheus-stack" ||
+		str(sm, "spec", "endpoints", "0", "relabelings", "0", "replacement") != "cpuslot-node-agent" {
+		t.Errorf("ServiceMonitor %v", sm)
+	}
+	rule := one(t, objs, "PrometheusRule")
+	alerts := map[string]bool{}
+	for _, g := range list(rule, "spec", "groups") {
+		for _, r := range list(g, "rules") {
+			alerts[str(r, "alert")] = true
+			if str(r, "for") == "" || str(r, "expr") == "" || str(r, "labels", "severity") == "" {
+				t.Errorf("rule %v lacks for, expr or severity", r)
+			}
+		}
+	}
+	for _, a := range []string{"CpuslotAgentDown", "CpuslotAgentsAbsent", "CpuslotSlotErrors", "CpuslotAdmissionRefused", "CpuslotAcquireLatencyHigh", "CpuslotExtraRule"} {
+		if !alerts[a] {
+			t.Errorf("alert %s missing (have %v)", a, alerts)
+		}
+	}
+	// The socket-file mount option.
+	objs = render(t, "--set", "containerdMount=socket,kubernetes.containerdSocket=/run/k3s/containerd/containerd.sock")
+	for _, v := range list(one(t, objs, "DaemonSet"), "spec", "template", "spec", "volumes") {
+		if str(v, "name") == "containerd" && (str(v, "hostPath", "path") != "/run/k3s/containerd/containerd.sock" || str(v, "hostPath", "type") != "Socket") {
+			t.Errorf("containerdMount=socket: volume %v", v)
+		}
+	}
+	// Toggles off.
+	objs = render(t, "--set", "grafana.dashboards.enabled=false,metrics.service.enabled=false,rbac.create=false,serviceAccount.create=false")
+	for _, k := range []string{"Service", "ClusterRole", "ClusterRoleBinding", "ServiceAccount"} {
+		if len(find(objs, k)) != 0 {
+			t.Errorf("%s rendered although disabled", k)
+		}
+	}
+	if n := len(find(objs, "ConfigMap")); n != 1 {
+		t.Errorf("%d ConfigMaps with dashboards off, want 1", n)
+	}
+}
+
+// TestSchema: values.schema.json refuses bad values with a message naming
+// the field, and accepts quantities given as numbers.
+func TestSchema(t *testing.T) {
+	bad := map[string]string{
+		"pool.mode=bogus":                 "pool.mode",
+		"pool.limit=hard":                 "pool.limit",
+		"admission.policy=drop":           "admission.policy",
+		"pool.prewarm=250m:4":             "pool.prewarm",
+		"pool.prewarm=250m=4;1=2":         "pool.prewarm",
+		"pool.period=100":                 "pool.period",
+		"pool.idleTimeout=2 minutes":      "pool.idleTimeout",
+		"pool.maxSlots=0":                 "pool.maxSlots",
+		"admission.budget=two":            "admission.budget",
+		"admission.minDegraded=-5m":       "admission.minDegraded",
+		"admission.overcommit=0":          "admission.overcommit",
+		"kubernetes.select={openwhisk,x}": "kubernetes.select",
+		"logLevel=trace":                  "logLevel",
+		"containerdMount=file":            "containerdMount",
+		"image.pullPolicy=Sometimes":      "image.pullPolicy",
+		"prometheusRule.slotErrors.for=5": "prometheusRule.slotErrors.for",
+		"typo=1":                          "typo",
+	}
+	for set, field := range bad {
+		out, err := runHelm(t, "template", "x", chartDir, "--set", set)
+		if err == nil {
+			t.Errorf("--set %s: rendered, want a schema error", set)
+		} else if !strings.Contains(out, "schema") || !strings.Contains(out, field) {
+			t.Errorf("--set %s: error does not name %s:\n%s", set, field, out)
+		}
+	}
+	objs := render(t, "--set", "admission.budget=2,admission.minDegraded=0.1,pool.prewarm=0.5=2\\,1500m=1,pool.mode=uncached")
+	cfg := loadConfig(t, configMap(t, objs))
+	pc, _ := cfg.PoolSettings()
+	if pc.BudgetMilli != 2000 || pc.MinDegradedMilli != 100 || pc.Prewarm[500] != 2 || pc.Prewarm[1500] != 1 {
+		t.Errorf("quantities given as numbers: %+v", pc)
+	}
+}
+
+// ---------------------------------------------------------------- queries
+
+// Known metrics, read from the code that exports them.
+type metricSet struct{ names, histograms map[string]bool }
+
+func (m metricSet) has(name string) bool {
+	if m.names[name] {
+		return true
+	}
+	for _, suf := range []string{"_bucket", "_count", "_sum"} {
+		if b, ok := strings.CutSuffix(name, suf); ok && m.histograms[b] {
+			return true
+		}
+	}
+	return false
+}
+
+func scan(t *testing.T, root, ext string, each func(path, src string)) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && d.Name() == "target" {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ext) && !strings.HasSuffix(p, "_test.go") {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			each(p, string(b))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func agentMetrics(t *testing.T) metricSet {
+	m := metricSet{map[string]bool{"up": true}, map[string]bool{}}
+	name := regexp.MustCompile(`(?:Name:\s*|NewDesc\()"(cpuslot_\w+)"`)
+	hist := regexp.MustCompile(`NewHistogram(?:Vec)?\(prometheus\.HistogramOpts\{\s*Name:\s*"(cpuslot_\w+)"`)
+	scan(t, filepath.Join(repoRoot, "internal"), ".go", func(_, src string) {
+		for _, s := range name.FindAllStringSubmatch(src, -1) {
+			m.names[s[1]] = true
+		}
+		for _, s := range hist.FindAllStringSubmatch(src, -1) {
+			m.histograms[s[1]] = true
+		}
+		if strings.Contains(src, "NewProcessCollector(") {
+			m.names["process_start_time_seconds"] = true
+		}
+	})
+	if len(m.names) < 10 || len(m.histograms) < 3 {
+		t.Fatalf("found only %v / histograms %v in internal/", m.names, m.histograms)
+	}
+	return m
+}
+
+func runtimeMetrics(t *testing.T) metricSet {
+	m := metricSet{map[string]bool{"up": true}, map[string]bool{}}
+	name := regexp.MustCompile(`\.(?:inc|add|gauge|gaugeFunction|histogram|describe)\("(cpuslot_\w+)"`)
+	hist := regexp.MustCompile(`\.(?:histogram\("(cpuslot_\w+)"|describe\("(cpuslot_\w+)",\s*"histogram")`)
+	scan(t, filepath.Join(repoRoot, "runtime-image/runtime/src/main"), ".java", func(_, src string) {
+		for _, s := range name.FindAllStringSubmatch(src, -1) {
+			m.names[s[1]] = true
+		}
+		for _, s := range hist.FindAllStringSubmatch(src, -1) {
+			m.histograms[s[1]+s[2]] = true
+		}
+	})
+	if len(m.names) < 10 || len(m.histograms) < 1 {
+		t.Fatalf("found only %v / histograms %v in runtime-image", m.names, m.histograms)
+	}
+	return m
+}
+
+// query is one PromQL query the chart ships.
+type query struct {
+	source, expect, expr string
+	comment              string // a title line above it in queries.txt
+}
+
+// Metrics that exist only once something went wrong.
+var errorMetrics = map[string]bool{
+	"cpuslot_errors_total": true, "cpuslot_bad_requests_total": true, "cpuslot_quota_invalid_total": true,
+	"cpuslot_quota_capped_total": true, "cpuslot_sandboxes_abandoned_total": true, "cpuslot_annotation_errors_total": true,
+}
+
+var metricRE = regexp.MustCompile(`\b(cpuslot_[a-z0-9_]+|up|process_start_time_seconds)\b\s*[{\[)]`)
+
+func metricsOf(expr string) []string {
+	var out []string
+	for _, m := range metricRE.FindAllStringSubmatch(expr, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+func expectOf(expr string) string {
+	if strings.Contains(expr, "or vector(") {
+		return "data"
+	}
+	for _, m := range metricsOf(expr) {
+		if errorMetrics[m] {
+			return "error"
+		}
+	}
+	if strings.Contains(expr, "cpuslot_budget_millicores") && regexp.MustCompile(`cpuslot_budget_millicores\{[^}]*\}\s*>\s*0`).MatchString(expr) {
+		return "budget"
+	}
+	return "data"
+}
+
+// Grafana variables in queries.txt: All for multi-value selectors, the
+// rate interval as a fixed window, the job constants from the dashboard.
+const rateWindow = "1m"
+
+var varRE = regexp.MustCompile(`\$\{?(\w+)\}?`)
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// collectQueries takes every query from the rendered dashboards and rules.
+func collectQueries(t *testing.T, objs []obj) []query {
+	t.Helper()
+	var qs []query
+	var uids []string
+	dash := map[string]map[string]any{}
+	for _, cm := range find(objs, "ConfigMap") {
+		for k, v := range get(cm, "data").(map[string]any) {
+			if !strings.HasSuffix(k, ".json") {
+				continue
+			}
+			var d map[string]any
+			if err := json.Unmarshal([]byte(v.(string)), &d); err != nil {
+				t.Fatalf("dashboard %s: %v", k, err)
+			}
+			if str(cm, "metadata", "labels", "grafana_dashboard") != "1" {
+				t.Errorf("dashboard ConfigMap %s lacks grafana_dashboard: \"1\"", cm.name())
+			}
+			uid := str(d, "uid")
+			dash[uid] = d
+			uids = append(uids, uid)
+		}
+	}
+	sort.Strings(uids)
+	for _, uid := range uids {
+		d := dash[uid]
+		vars := map[string]string{"__rate_interval": rateWindow}
+		for _, v := range list(d, "templating", "list") {
+			switch str(v, "type") {
+			case "constant":
+				vars[str(v, "name")] = str(v, "query")
+			case "query":
+				if str(v, "allValue") != ".*" {
+					t.Errorf("%s: variable %s: allValue %q, want .*", uid, str(v, "name"), str(v, "allValue"))
+				}
+				vars[str(v, "name")] = ".*"
+			}
+		}
+		subst := func(where, expr string) string {
+			out := varRE.ReplaceAllStringFunc(expr, func(m string) string {
+				name := varRE.FindStringSubmatch(m)[1]
+				val, ok := vars[name]
+				if !ok {
+					t.Errorf("%s: %s uses undefined variable %s", uid, where, m)
+				}
+				return val
+			})
+			return oneLine(out)
+		}
+		for _, v := range list(d, "templating", "list") {
+			if str(v, "type") != "query" {
+				continue
+			}
+			def := str(v, "definition")
+			m := regexp.MustCompile(`^label_values\((.*),\s*(\w+)\)$`).FindStringSubmatch(def)
+			if m == nil {
+				t.Errorf("%s: variable %s: %q is not label_values(selector, label)", uid, str(v, "name"), def)
+				continue
+			}
+			e := subst("variable "+str(v, "name"), m[1])
+			qs = append(qs, query{source: uid + ":var:" + str(v, "name"), expect: expectOf(e), expr: e,
+				comment: fmt.Sprintf("%s variable %s (label %s)", uid, str(v, "name"), m[2])})
+		}
+		for _, p := range list(d, "panels") {
+			if str(p, "type") == "row" {
+				continue
+			}
+			id := fmt.Sprint(get(p, "id"))
+			first := true
+			for _, tg := range list(p, "targets") {
+				e := subst("panel "+str(p, "title"), str(tg, "expr"))
+				q := query{source: uid + ":" + id + ":" + str(tg, "refId"), expect: expectOf(e), expr: e}
+				if first {
+					q.comment = fmt.Sprintf("%s panel %s: %s", uid, id, str(p, "title"))
+					first = false
+				}
+				qs = append(qs, q)
+			}
+		}
+	}
+	for _, rule := range find(objs, "PrometheusRule") {
+		for _, g := range list(rule, "spec", "groups") {
+			for _, r := range list(g, "rules") {
+				name := str(r, "alert")
+				e := oneLine(str(r, "expr"))
+				qs = append(qs, query{source: "alert:" + name + ":expr", expect: "alert", expr: e,
+					comment: fmt.Sprintf("alert %s (for %s)", name, str(r, "for"))})
+				sig := signalOf(e)
+				qs = append(qs, query{source: "alert:" + name + ":signal", expect: expectOf(sig), expr: sig})
+			}
+		}
+	}
+	return qs
+}
+
+// signalOf is an alert's expression without its threshold: what the alert
+// watches, which returns data while all is well.
+func signalOf(expr string) string {
+	if m := regexp.MustCompile(`^absent\((.*)\)$`).FindStringSubmatch(expr); m != nil {
+		return m[1]
+	}
+	if m := regexp.MustCompile(`^(.*\S)\s*(?:>|<|>=|<=|==|!=)\s*[0-9.eE+-]+$`).FindStringSubmatch(expr); m != nil {
+		return m[1]
+	}
+	return expr
+}
+
+const queriesHeader = `# Every PromQL query the cpuslot chart ships: the Grafana dashboards
+# (dashboards/*.json) and the alert rules (templates/prometheusrule.yaml),
+# rendered with testdata/all-on.yaml (minus its example extraRules).
+# Generated by ` + "`make manifests`" + `; the chart test
+# (go test ./charts/cpuslot) fails when this file is out of date.
+#
+# It assumes a Prometheus that scrapes the node agents as job
+# "cpuslot-node-agent" and runtime pods (port 9102) as job "cpuslot-runtime",
+# as deploy/prometheus/ does (the chart's metrics.job, runtimeMetrics.job).
+#
+# One query per line, tab-separated: SOURCE EXPECT QUERY
+#   SOURCE  <dashboard uid>:<panel id>:<refId>, <dashboard uid>:var:<name>,
+#           alert:<name>:expr, alert:<name>:signal
+#   EXPECT  data    returns at least one series once an agent serves a pod
+#                   and its runtime has run invocations with slots
+#           error   returns series only after what it counts happened at
+#                   least once (errors, bad requests, invalid quotas)
+#           budget  returns series only when a served container has a CPU
+#                   budget (a CPU limit, or admission.budget)
+#           alert   an alert expression: series only while it fires; the
+#                   next line, its signal, is the same without the threshold
+# Grafana variables are replaced: $__rate_interval by ` + rateWindow + `, the job
+# constants by their values, multi-value variables ($node, $container,
+# $namespace, $function) by .* (All). Lines starting with # are comments.
+`
+
+func formatQueries(qs []query) string {
+	var b strings.Builder
+	b.WriteString(queriesHeader)
+	for _, q := range qs {
+		if q.comment != "" {
+			fmt.Fprintf(&b, "\n# %s\n", q.comment)
+		}
+		fmt.Fprintf(&b, "%s\t%s\t%s\n", q.source, q.expect, q.expr)
+	}
+	return b.String()
+}
+
+// TestQueries checks every shipped query: only metrics the code exports,
+// the right job selector, balanced brackets; and queries.txt up to date.
+func TestQueries(t *testing.T) {
+	// The shipped queries: all on, without the example extra rule.
+	objs := render(t, "-f", allOnValues, "--set-json", "prometheusRule.extraRules=[]")
+	qs := collectQueries(t, objs)
+	agentM, runtimeM := agentMetrics(t), runtimeMetrics(t)
+	seen := map[string]bool{}
+	for _, q := range qs {
+		if seen[q.source] {
+			t.Errorf("duplicate source %s", q.source)
+		}
+		seen[q.source] = true
+		if strings.Contains(q.expr, "$") || q.expr == "" {
+			t.Errorf("%s: %q", q.source, q.expr)
+		}
+		if !balanced(q.expr) {
+			t.Errorf("%s: unbalanced brackets or quotes: %s", q.source, q.expr)
+		}
+		ms := metricsOf(q.expr)
+		if len(ms) == 0 {
+			t.Errorf("%s: no metric found in %s", q.source, q.expr)
+		}
+		set, job := agentM, `job="cpuslot-node-agent"`
+		if strings.HasPrefix(q.source, "cpuslot-runtime:") {
+			set, job = runtimeM, `job="cpuslot-runtime"`
+		}
+		for _, m := range ms {
+			if !set.has(m) {
+				t.Errorf("%s: metric %s is not exported by the %s", q.source, m, map[bool]string{true: "agent", false: "runtime"}[set.names["cpuslot_slots"]])
+			}
+		}
+		// Every selector names the job: the agent's and the runtime's
+		// cpuslot_invocations_total are different metrics.
+		sels := regexp.MustCompile(`\b(?:cpuslot_[a-z0-9_]+|up|process_start_time_seconds)\{[^}]*\}`).FindAllString(q.expr, -1)
+		if len(sels) != len(ms) {
+			t.Errorf("%s: a metric without a label selector in %s", q.source, q.expr)
+		}
+		for _, s := range sels {
+			if !strings.Contains(s, job) {
+				t.Errorf("%s: selector %s lacks %s", q.source, s, job)
+			}
+		}
+	}
+	for _, want := range []string{"cpuslot-node:var:node", "cpuslot-runtime:var:function", "alert:CpuslotAcquireLatencyHigh:signal"} {
+		if !seen[want] {
+			t.Errorf("no query %s", want)
+		}
+	}
+	// The node dashboard covers what the issue asks for.
+	var nodeExprs strings.Builder
+	for _, q := range qs {
+		if strings.HasPrefix(q.source, "cpuslot-node:") {
+			nodeExprs.WriteString(q.expr + "\n")
+		}
+	}
+	for _, m := range []string{"cpuslot_containers", "cpuslot_slots", "cpuslot_acquisitions_total",
+		"histogram_quantile(0.99, sum by (le) (rate(cpuslot_acquire_duration_seconds_bucket",
+		"cpuslot_invocation_cpu_seconds_total", "cpuslot_invocation_throttled_seconds_total",
+		"cpuslot_admission_total", "cpuslot_errors_total"} {
+		if !strings.Contains(nodeExprs.String(), m) {
+			t.Errorf("node dashboard has no query with %s", m)
+		}
+	}
+	checkGenerated(t, queriesPath, formatQueries(qs))
+}
+
+// balanced checks (), {}, [] and double quotes.
+func balanced(s string) bool {
+	var stack []rune
+	pair := map[rune]rune{')': '(', '}': '{', ']': '['}
+	inStr := false
+	for i, r := range s {
+		if inStr {
+			if r == '"' && (i == 0 || s[i-1] != '\\') {
+				inStr = false
+			}
+			continue
+		}
+		switch r {
+		case '"':
+			inStr = true
+		case '(', '{', '[':
+			stack = append(stack, r)
+		case ')', '}', ']':
+			if len(stack) == 0 || stack[len(stack)-1] != pair[r] {
+				return false
+			}
+			stack = stack[:len(stack)-1]
+		}
+	}
+	return !inStr && len(stack) == 0
+}
+
+// checkGenerated compares a generated file, or rewrites it with -update.
+func checkGenerated(t *testing.T, path, want string) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wrote %s", path)
+		return
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run make manifests)", err)
+	}
+	if string(got) != want {
+		t.Errorf("%s is out of date: run make manifests", path)
+	}
+}
+
+// TestManifests: deploy/cpuslot.yaml is the chart rendered with defaults.
+func TestManifests(t *testing.T) {
+	out, err := runHelm(t, "template", manifestRelease, chartDir, "--namespace", manifestNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// helm names the chart directory in "# Source:" lines: make it the
+	// repository path, whatever directory the test runs from.
+	out = strings.ReplaceAll(out, "# Source: cpuslot/", "# Source: charts/cpuslot/")
+	want := fmt.Sprintf(`# cpuslot node agent: plain manifests, the Helm chart charts/cpuslot
+# rendered with its default values (release %[1]s, namespace %[2]s).
+# Generated by `+"`make manifests`"+`; do not edit (change the chart; the chart
+# test fails when this file is out of date).
+#
+#   kubectl apply -f deploy/cpuslot.yaml
+#
+# Runtime pods the agent serves and what they declare: docs/kubernetes-contract.md,
+# charts/cpuslot/README.md. Uninstall leaves slots in place (cleanupOnUninstall
+# is off by default): see charts/cpuslot/README.md, "Uninstall".
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: %[2]s
+  labels:
+    # the agent is privileged (hostPID, cgroup writes, host mounts)
+    pod-security.kubernetes.io/enforce: privileged
+%[3]s`, manifestRelease, manifestNamespace, out)
+	objs := parseObjects(t, want)
+	if one(t, objs, "Namespace").name() != manifestNamespace || len(find(objs, "DaemonSet")) != 1 {
+		t.Fatal("rendered manifests lack the Namespace or the DaemonSet")
+	}
+	checkGenerated(t, manifestsPath, want)
+}
