@@ -79,3 +79,21 @@ e2e-deps:
 # machine can hold; e2e/cluster also serialises with a lock).
 e2e: e2e-deps images
 	CPUSLOT_E2E=1 $(GO) test ./e2e/... -count=1 -timeout 40m -v -p 1
+
+# --- Helm chart and plain manifests (charts/cpuslot, deploy/) ----------------
+# helm is built once from the Go module proxy and cached (hack/helm.sh).
+#   make manifests   regenerate deploy/cpuslot.yaml (helm template of the
+#                    chart with default values, release/namespace cpuslot) and
+#                    charts/cpuslot/queries.txt (every PromQL query shipped)
+#   make chart-test  helm lint --strict, helm template (defaults, all options),
+#                    schema, queries, generated files up to date
+.PHONY: helm manifests chart-test
+
+helm:
+	@bash hack/helm.sh
+
+manifests:
+	$(GO) test ./charts/cpuslot -count=1 -run 'TestQueries|TestManifests' -args -update
+
+chart-test:
+	$(GO) test ./charts/cpuslot -count=1 -v
