@@ -10,7 +10,7 @@
 GO        ?= go
 GOFLAGS   ?=
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X github.com/cpuslot/cpuslot/internal/agent.Version=$(VERSION)
+LDFLAGS   := -s -w -X github.com/cpuslot/cpuslot/internal/agent.Version=$(VERSION)
 
 .PHONY: build test test-go test-java vm-deps vet fuzz bench bench-host bench-vm clean
 
@@ -29,7 +29,7 @@ vet:
 	$(GO) vet ./...
 
 test-go:
-	CPUSLOT_REQUIRE_VM=1 $(GO) test -count=1 -timeout 20m ./...
+	CPUSLOT_REQUIRE_VM=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
 
 test-java:
 	cd runtime-image && ./build.sh verify

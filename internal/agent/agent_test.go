@@ -115,6 +115,31 @@ func TestQuotaHolds(t *testing.T) {
 	defer c.Close()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	// The cap must hold every time. Getting the whole quota needs a free
+	// CPU: when the thread was throttled in few periods, something else on
+	// the machine took the CPU, and the measurement is repeated.
+	for attempt := 1; ; attempt++ {
+		share, u, wall := burn(t, c, secs)
+		t.Logf("250m slot: %.1f%% of a core over %v (throttled %v in %d of %d periods)", share, wall.Round(time.Millisecond), u.Throttled.Round(time.Millisecond), u.ThrottledPeriods, u.Periods)
+		if share > 25+tol {
+			t.Fatalf("share %.1f%% exceeds the quota: want 25%% +/- %.1f", share, tol)
+		}
+		if share >= 25-tol {
+			if u.ThrottledPeriods == 0 {
+				t.Fatal("a CPU-bound thread at 250m was never throttled")
+			}
+			return
+		}
+		contended := u.ThrottledPeriods*10 < u.Periods*8
+		if !contended || attempt == 3 {
+			t.Fatalf("share %.1f%%, want 25%% +/- %.1f (throttled in %d of %d periods)", share, tol, u.ThrottledPeriods, u.Periods)
+		}
+		t.Logf("the thread was throttled in only %d of %d periods: the machine is busy; measuring again", u.ThrottledPeriods, u.Periods)
+	}
+}
+
+// burn runs a CPU-bound loop in a 250m slot for secs seconds.
+func burn(t *testing.T, c *client.Client, secs float64) (float64, client.Usage, time.Duration) {
 	l, err := c.Acquire(250, "burn", "1")
 	if err != nil {
 		t.Fatal(err)
@@ -127,14 +152,7 @@ func TestQuotaHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	share := 100 * u.CPU.Seconds() / wall.Seconds()
-	t.Logf("250m slot: %.1f%% of a core over %v (throttled %v in %d of %d periods)", share, wall.Round(time.Millisecond), u.Throttled.Round(time.Millisecond), u.ThrottledPeriods, u.Periods)
-	if share < 25-tol || share > 25+tol {
-		t.Fatalf("share %.1f%%, want 25%% +/- %.1f", share, tol)
-	}
-	if u.ThrottledPeriods == 0 {
-		t.Fatal("a CPU-bound thread at 250m was never throttled")
-	}
+	return 100 * u.CPU.Seconds() / wall.Seconds(), u, wall
 }
 
 func envFloat(name string, def float64) float64 {
@@ -422,8 +440,10 @@ func TestRestart(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	before := ok.Load()
-	t.Logf("%d ok, %d failed; agent down for %v; failures from %v to %v after the kill",
-		before, failed.Load(), restarted.Sub(killed).Round(time.Millisecond), firstFail.Sub(killed).Round(time.Millisecond), lastFail.Sub(killed).Round(time.Millisecond))
+	t.Logf("%d ok, %d failed; agent down for %v", before, failed.Load(), restarted.Sub(killed).Round(time.Millisecond))
+	if failed.Load() > 0 {
+		t.Logf("failures from %v to %v after the kill", firstFail.Sub(killed).Round(time.Millisecond), lastFail.Sub(killed).Round(time.Millisecond))
+	}
 	if before < 100 {
 		t.Fatalf("stream made only %d acquisitions", before)
 	}
