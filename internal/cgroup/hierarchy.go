@@ -45,24 +45,33 @@ func (h *Hierarchy) String() string {
 
 // Detect finds the cpu controller from /proc/self/mountinfo. A v1 mount of
 // cpu wins over a cgroup2 mount (hybrid hosts keep cpu on v1); a cgroup2
-// mount counts only when it offers the cpu controller.
+// mount counts only when it offers the cpu controller. Only mounts of a
+// hierarchy's root count: inside a container, runtimes mount the
+// container's own cgroup (root /kubepods/...) at /sys/fs/cgroup, and the
+// agent's host mount lies over it; of several, the last mounted is on top.
 func Detect() (*Hierarchy, error) {
 	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return nil, fmt.Errorf("reading mountinfo: %w", err)
 	}
+	return detect(mounts, func(dir string) ([]byte, error) {
+		return os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	})
+}
+
+func detect(mounts []*mountinfo.Info, controllers func(dir string) ([]byte, error)) (*Hierarchy, error) {
 	var cpu, acct string
 	for _, m := range mounts {
-		if m.FSType != "cgroup" {
+		if m.FSType != "cgroup" || m.Root != "/" {
 			continue
 		}
 		opts := strings.Split(m.VFSOptions, ",")
-		if hasOpt(opts, "cpu") && cpu == "" {
-			cpu = m.Mountpoint
+		if hasOpt(opts, "cpu") {
+			cpu, acct = m.Mountpoint, ""
 			if hasOpt(opts, "cpuacct") {
 				acct = m.Mountpoint
 			}
-		} else if hasOpt(opts, "cpuacct") && acct == "" {
+		} else if hasOpt(opts, "cpuacct") {
 			acct = m.Mountpoint
 		}
 	}
@@ -71,23 +80,30 @@ func Detect() (*Hierarchy, error) {
 		if acct != cpu {
 			h.AcctRoot = acct
 		}
+		if h.AcctRoot == "" && acct == "" {
+			return nil, errors.New("cgroup v1: cpu is mounted but cpuacct is not")
+		}
 		return h, nil
 	}
+	var found *Hierarchy
 	for _, m := range mounts {
-		if m.FSType != "cgroup2" {
+		if m.FSType != "cgroup2" || m.Root != "/" {
 			continue
 		}
-		ctrls, err := os.ReadFile(filepath.Join(m.Mountpoint, "cgroup.controllers"))
+		ctrls, err := controllers(m.Mountpoint)
 		if err != nil || !hasOpt(strings.Fields(string(ctrls)), "cpu") {
 			continue
 		}
-		return &Hierarchy{
+		found = &Hierarchy{
 			Version:      2,
 			CPURoot:      m.Mountpoint,
 			FavorDynMods: hasOpt(strings.Split(m.VFSOptions, ","), "favordynmods"),
-		}, nil
+		}
 	}
-	return nil, errors.New("no cgroup hierarchy with the cpu controller is mounted")
+	if found != nil {
+		return found, nil
+	}
+	return nil, errors.New("no cgroup hierarchy with the cpu controller is mounted at its root")
 }
 
 func hasOpt(opts []string, want string) bool {

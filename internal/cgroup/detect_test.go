@@ -1,0 +1,39 @@
+package cgroup
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/moby/sys/mountinfo"
+)
+
+func TestDetectPicksHostMounts(t *testing.T) {
+	// A privileged pod on v1: the runtime mounts the container's own
+	// cgroups, then the agent's hostPath mount of /sys/fs/cgroup lies over.
+	v1 := []*mountinfo.Info{
+		{FSType: "cgroup", Root: "/kubepods/besteffort/pod1/abc", Mountpoint: "/sys/fs/cgroup/cpu,cpuacct", VFSOptions: "rw,cpu,cpuacct"},
+		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/cpu", VFSOptions: "rw,cpu"},
+		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/cpuacct", VFSOptions: "rw,cpuacct"},
+		{FSType: "cgroup2", Root: "/", Mountpoint: "/sys/fs/cgroup/unified", VFSOptions: "rw"},
+	}
+	none := func(string) ([]byte, error) { return nil, errors.New("no") }
+	h, err := detect(v1, none)
+	if err != nil || h.Version != 1 || h.CPURoot != "/sys/fs/cgroup/cpu" || h.AcctRoot != "/sys/fs/cgroup/cpuacct" {
+		t.Fatalf("%+v %v", h, err)
+	}
+	joint := []*mountinfo.Info{{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/cpu,cpuacct", VFSOptions: "rw,cpu,cpuacct"}}
+	if h, err := detect(joint, none); err != nil || h.AcctRoot != "" || h.CPURoot != "/sys/fs/cgroup/cpu,cpuacct" {
+		t.Fatalf("%+v %v", h, err)
+	}
+	v2 := []*mountinfo.Info{
+		{FSType: "cgroup2", Root: "/kubepods.slice/x", Mountpoint: "/sys/fs/cgroup", VFSOptions: "rw"},
+		{FSType: "cgroup2", Root: "/", Mountpoint: "/sys/fs/cgroup", VFSOptions: "rw,nsdelegate,favordynmods"},
+	}
+	cpu := func(string) ([]byte, error) { return []byte("cpuset cpu io memory pids\n"), nil }
+	if h, err := detect(v2, cpu); err != nil || h.Version != 2 || !h.FavorDynMods {
+		t.Fatalf("%+v %v", h, err)
+	}
+	if _, err := detect(v2[:1], cpu); err == nil {
+		t.Fatal("a container-scoped mount alone must not be used")
+	}
+}
