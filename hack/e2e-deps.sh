@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares what e2e/ needs to run a real single-node Kubernetes here:
 #   - Debian packages: containerd, runc, containernetworking-plugins,
-#     etcd-server, prometheus, iptables (installed without starting any
+#     etcd-server, prometheus, iptables, nftables (installed without starting any
 #     daemon: the tests start their own, and the Debian services stay off),
 #   - Kubernetes v1.32.4 server binaries built from the Go module proxy into
 #     a cache dir (skipped when they are there already),
@@ -35,7 +35,9 @@ fi
 # ---------------------------------------------------------------------------
 # 1. Debian packages, without starting their services.
 # ---------------------------------------------------------------------------
-packages=(containerd runc containernetworking-plugins etcd-server prometheus iptables)
+# nftables: nft deletes the nf_tables tables iptables-nft creates for the
+# cluster (iptables itself cannot), so teardown leaves none behind.
+packages=(containerd runc containernetworking-plugins etcd-server prometheus iptables nftables)
 missing=()
 for p in "${packages[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
@@ -99,7 +101,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 		kill "$pid" 2>/dev/null || true
 	done
 fi
-for b in containerd ctr runc etcd prometheus iptables; do
+for b in containerd ctr runc etcd prometheus iptables nft; do
 	command -v "$b" >/dev/null || { log "$b not found after install"; exit 1; }
 done
 for p in bridge host-local loopback; do

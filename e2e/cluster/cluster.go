@@ -489,6 +489,7 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeerPort),
 		"--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeerPort),
 		"--initial-cluster", fmt.Sprintf("e2e=http://127.0.0.1:%d", etcdPeerPort),
+		"--logger", "zap",
 		"--log-level", "warn",
 	}, nil)
 	if err != nil {
