@@ -71,6 +71,8 @@ images: build $(RUNTIME_IMAGE)
 	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/node-agent.tar -name $(E2E_IMAGE_PREFIX)/node-agent:dev \
 		-entrypoint /node-agent -add bin/node-agent:/node-agent
 	rm -f $(IMAGES_DIR)/ocitar $(IMAGES_DIR)/pause $(IMAGES_DIR)/probe
+	# The Java runtime image (make runtime-image), imported with the rest.
+	if [ -f bin/cpuslot-runtime.tar ]; then ln -sf ../cpuslot-runtime.tar $(IMAGES_DIR)/cpuslot-runtime.tar; fi
 
 e2e-deps:
 	bash hack/e2e-deps.sh
