@@ -5,7 +5,8 @@
 #     daemon: the tests start their own, and the Debian services stay off),
 #   - Kubernetes v1.32.4 server binaries built from the Go module proxy into
 #     a cache dir (skipped when they are there already),
-#   - kubectl: the machine's when there is one, else built the same way.
+#   - kubectl: the machine's when there is one, else built the same way;
+#   - helm, by hack/helm.sh (built once from the Go module proxy, cached).
 #
 # Idempotent. Run as root on Debian 12.
 #
@@ -13,7 +14,8 @@
 # Results (what e2e/cluster looks for):
 #   $CACHE/k8s/v1.32.4/bin/{kube-apiserver,kube-controller-manager,
 #                           kube-scheduler,kubelet,kube-proxy[,kubectl]}
-# Prints "KUBE_BIN=<that dir>" and "KUBECTL=<path>" on its last lines.
+# Prints "KUBE_BIN=<that dir>", "KUBECTL=<path>" and "HELM=<path>" on its
+# last lines.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -187,6 +189,16 @@ case "$ver" in
 *) log "$bindir/kubelet reports '$ver', want $k8s_version (delete $bindir to rebuild)"; exit 1 ;;
 esac
 
-log "ready: $bindir ($ver), kubectl $kubectl"
+# ---------------------------------------------------------------------------
+# 3. helm, from hack/helm.sh (which builds and caches it) when it exists.
+# ---------------------------------------------------------------------------
+helm=""
+if [ -f "$repo/hack/helm.sh" ]; then
+	helm="$(bash "$repo/hack/helm.sh" | tail -n1)"
+	[ -x "$helm" ] || { log "hack/helm.sh printed no helm binary"; exit 1; }
+fi
+
+log "ready: $bindir ($ver), kubectl $kubectl${helm:+, helm $helm}"
 echo "KUBE_BIN=$bindir"
 echo "KUBECTL=$kubectl"
+[ -z "$helm" ] || echo "HELM=$helm"
