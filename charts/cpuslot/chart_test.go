@@ -957,3 +957,42 @@ func TestPromtool(t *testing.T) {
 		t.Logf("promtool parsed %d queries", len(rules))
 	}
 }
+
+// TestReadmeValues: every value in values.yaml is in README.md's table.
+func TestReadmeValues(t *testing.T) {
+	b, err := os.ReadFile("values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(b, &values); err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(readme)
+	// maps documented as a whole
+	whole := map[string]bool{"resources": true, "nodeSelector": true, "updateStrategy": true,
+		"livenessProbe": true, "readinessProbe": true, "grafana.dashboards.labels": true}
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			key := prefix + k
+			if sub, ok := v.(map[string]any); ok && len(sub) > 0 && !whole[key] {
+				walk(key+".", sub)
+				continue
+			}
+			parent, leaf := "", key
+			if i := strings.LastIndex(key, "."); i >= 0 {
+				parent, leaf = key[:i], key[i+1:]
+			}
+			if !strings.Contains(doc, "`"+key+"`") &&
+				!(parent != "" && strings.Contains(doc, "`"+parent+".") && strings.Contains(doc, "`."+leaf+"`")) {
+				t.Errorf("README.md does not document %s", key)
+			}
+		}
+	}
+	walk("", values)
+}
