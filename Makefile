@@ -85,10 +85,14 @@ e2e: e2e-deps images
 # --- Helm chart and plain manifests (charts/cpuslot, deploy/) ----------------
 # helm is built once from the Go module proxy and cached (hack/helm.sh).
 #   make manifests   regenerate deploy/cpuslot.yaml (helm template of the
-#                    chart with default values, release/namespace cpuslot) and
-#                    charts/cpuslot/queries.txt (every PromQL query shipped)
+#                    chart with default values, release/namespace cpuslot),
+#                    charts/cpuslot/queries.txt (every PromQL query shipped),
+#                    deploy/prometheus/cpuslot-rules.yml and
+#                    deploy/openwhisk/action-pod.example.yaml
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
-#                    schema, queries, generated files up to date
+#                    schema, queries, generated files up to date; the recipes
+#                    in deploy/ (OPENWHISK_CHART=<openwhisk-deploy-kube>/helm/openwhisk
+#                    also renders the real OpenWhisk chart through the post-renderer)
 .PHONY: helm manifests chart-test
 
 helm:
@@ -96,6 +100,7 @@ helm:
 
 manifests:
 	$(GO) test ./charts/cpuslot -count=1 -run 'TestQueries|TestManifests' -args -update
+	$(GO) test ./deploy -count=1 -run 'TestOpenWhiskActionPod' -args -update
 
 chart-test:
-	$(GO) test ./charts/cpuslot -count=1 -v
+	$(GO) test ./charts/cpuslot ./deploy -count=1 -v
