@@ -104,3 +104,20 @@ manifests:
 
 chart-test:
 	$(GO) test ./charts/cpuslot ./deploy -count=1 -v
+
+# --- Java runtime (runtime-image/): demo, build, benchmark, OCI image -----------
+#   make demo           the README's first command: agent + runtime + sample functions,
+#                       quota shares and per-invocation overhead as tables (root)
+#   make build-runtime  the runtime's jars (runtime-image/build.sh, tests skipped)
+#   make bench-runtime  hello-world through the runtime, with slots vs without cgroups
+#   make runtime-image  bin/cpuslot-runtime.tar, the JVM image as an OCI layout tarball
+.PHONY: demo build-runtime bench-runtime runtime-image
+
+demo:
+	bash hack/demo.sh
+
+build-runtime:
+	cd runtime-image && ./build.sh -q -DskipTests package
+
+bench-runtime:
+	bash hack/bench-runtime.sh

@@ -199,11 +199,13 @@ public final class FunctionPool implements AutoCloseable {
                 }
                 SlotLease lease = null;
                 if (error == null && slots != null && t.quotaMilli() > 0) {
+                    long a0 = System.nanoTime();
                     try {
                         lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId());
                     } catch (RuntimeException e) { // fail-closed
                         error = "no CPU slot: " + e.getMessage();
                     }
+                    metrics.add("cpuslot_slot_acquire_seconds_total", "", (System.nanoTime() - a0) / 1e9);
                     j.lease = lease;
                     if (j.claimed.get() && lease != null) lease.release(ReleaseOutcome.TIMEOUT);
                 }
@@ -223,8 +225,10 @@ public final class FunctionPool implements AutoCloseable {
                 }
                 long ran = System.nanoTime() - t0;
                 if (j.claimed.compareAndSet(false, true)) {
+                    long r0 = System.nanoTime();
                     Usage u = lease == null ? Usage.NONE
                             : lease.release(error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED);
+                    if (lease != null) metrics.add("cpuslot_slot_release_seconds_total", "", (System.nanoTime() - r0) / 1e9);
                     Thread.interrupted(); // clear a stray interrupt before going back to the pool
                     boolean reuse = !sandbox_poisoned() && !closed;
                     busy.decrementAndGet();

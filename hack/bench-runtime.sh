@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# make bench-runtime: hello-world /run latency and throughput through the Java runtime, with
+# CPU slots vs without cgroups, side by side in one run (root). Not a test: it prints a table.
+#
+#   "with slots":  a runtime JVM in /cpuslot-bench/slots, served by the node agent; every
+#                  invocation takes a 1-core slot (OpenWhisk /init env CPUSLOT_QUOTA=1):
+#                  ACQUIRE (affinity hit: no cgroup write), counters read, one-way RELEASE.
+#   "no cgroups":  the same runtime JVM in /cpuslot-bench/base with CPUSLOT_ENABLED=false and no
+#                  agent: invocations never touch a slot.
+#
+# Both JVMs are started the same way and warmed up; the client (runtime-image/bench) keeps one
+# keep-alive connection per thread and alternates between the two every round.
+# Environment: BENCH_THREADS (default 1,4), BENCH_REQUESTS (per thread per round, 2000),
+#              BENCH_ROUNDS (6), BENCH_WARMUP (5000), CPUSLOT_NO_INSTALL=1.
+set -euo pipefail
+
+export DEMO_CG=/cpuslot-bench
+export CPUSLOT_DEMO_WORK="${CPUSLOT_DEMO_WORK:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.cache/bench-runtime}"
+# shellcheck source=hack/demo.sh
+source "$(dirname "${BASH_SOURCE[0]}")/demo.sh"
+
+init_hello() { # init_hello PORT [ENV_JSON]: OpenWhisk /init with the samples jar's HelloWorld
+	local body="$WORK/init.json" env="${2:-}"
+	[ -n "$env" ] || env='{}'
+	printf '{"value":{"name":"hello","main":"dev.cpuslot.samples.HelloWorld","binary":true,"env":%s,"code":"' "$env" >"$body"
+	base64 -w0 "$SAMPLES_JAR" >>"$body"
+	printf '"}}' >>"$body"
+	curl -fsS -X POST "http://127.0.0.1:$1/init" --data-binary "@$body" >/dev/null
+}
+
+bench_main() {
+	[ "$(id -u)" = 0 ] || die "run as root (it creates cgroups)"
+	mkdir -p "$WORK"
+	detect_cgroups
+	trap 'cleanup; exit 130' INT TERM
+	trap cleanup EXIT
+	cleanup
+	ensure_tools
+	build_all
+	hold_quiet
+
+	say "Setting up: agent, a runtime with slots, a runtime without cgroups"
+	cg_create "$DEMO_CG"
+	cg_favour "$DEMO_CG" # both runtimes, the agent and the client alike
+	start_agent "1=4"
+	start_runtime slots "$DEMO_CG/slots" CPUSLOT_SOCKET="$AGENT_SOCK"
+	start_runtime base "$DEMO_CG/base" CPUSLOT_ENABLED=false
+	init_hello "$SLOTS_PORT" '{"CPUSLOT_QUOTA":"1"}'
+	init_hello "$BASE_PORT"
+	info "with slots: pid $(cat "$WORK/slots.pid") in $DEMO_CG/slots, :$SLOTS_PORT; no cgroups: pid $(cat "$WORK/base.pid") in $DEMO_CG/base, :$BASE_PORT"
+	info "$(uname -r), $(nproc) CPUs, cgroup v$CG_VERSION, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+	say "Benchmark (POST /run hello world)"
+	cg_create "$DEMO_CG/client"
+	local body='{"value":{"name":"bench"},"activation_id":"b","action_name":"/guest/hello","namespace":"guest","deadline":"9999999999999"}'
+	start_in_cgroup client "$DEMO_CG/client" "$JAVA_HOME/bin/java" -jar "$BENCH_JAR" \
+		--threads "${BENCH_THREADS:-1,4}" --requests "${BENCH_REQUESTS:-2000}" --rounds "${BENCH_ROUNDS:-6}" --warmup "${BENCH_WARMUP:-5000}" \
+		--target "with slots" "http://127.0.0.1:$SLOTS_PORT/run" "$body" \
+		--target "no cgroups" "http://127.0.0.1:$BASE_PORT/run" "$body"
+	local pid rc=0
+	pid="$(cat "$WORK/client.pid")"
+	wait "$pid" || rc=$?
+	rm -f "$WORK/client.pid"
+	cat "$WORK/client.log"
+	cp "$WORK/client.log" "$WORK/bench-runtime.txt"
+	local m="http://127.0.0.1:$SLOTS_METRICS/metrics"
+	curl -fs "$m" | awk '/^cpuslot_slot_acquire_seconds_total/ {a = $2} /^cpuslot_slot_release_seconds_total/ {r = $2}
+		/event="acquire.calls"/ {n = $2} /^cpuslot_slot_throttled_seconds_total/ {t += $2}
+		END { if (n > 0) printf "\nwith slots, inside the runtime: acquire %.1f us, release %.1f us per invocation (mean of %d); throttled %.3f s in total\n", a / n * 1e6, r / n * 1e6, n, t }'
+	info "saved: $WORK/bench-runtime.txt"
+	[ "$rc" = 0 ] || die "the benchmark client failed ($rc)"
+}
+
+bench_main "$@"
