@@ -89,14 +89,18 @@ func installChart(t *testing.T, c *cluster.Cluster, release, ns string, extra ..
 		logs, _ := c.Kubectl(ctx, "-n", ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=50")
 		t.Fatalf("%v\n%s\n--- pods:\n%s\n--- agent logs:\n%s", err, out, desc, logs)
 	}
+	// helm --wait counts a DaemonSet ready when desired - maxUnavailable
+	// pods are: zero on one node. Wait for the agent pod itself.
+	if out, err := c.Kubectl(ctx, "-n", ns, "rollout", "status", "daemonset/"+release, "--timeout=120s"); err != nil {
+		desc, _ := c.Kubectl(ctx, "-n", ns, "describe", "pods")
+		t.Fatalf("%v\n%s\n--- pods:\n%s", err, out, desc)
+	}
 	d := time.Since(t0)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if out, err := helm(ctx, t, c, "status", release, "-n", ns); err == nil {
+		if _, err := helm(ctx, t, c, "status", release, "-n", ns); err == nil {
 			helm(ctx, t, c, "uninstall", release, "-n", ns, "--wait", "--timeout", "90s")
-		} else {
-			_ = out
 		}
 		c.Kubectl(ctx, "delete", "namespace", ns, "--wait=true", "--timeout=90s", "--ignore-not-found")
 	})
@@ -195,7 +199,7 @@ func TestChartServesAnnotatedPod(t *testing.T) {
 	c := cluster.Need(t, kc)
 	const ns, appNS, release = "cpuslot-system", "e2e-chart", "cpuslot"
 	d := installChart(t, c, release, ns, "--set", "cleanupOnUninstall=true")
-	t.Logf("helm install --wait: DaemonSet Ready after %v", d.Round(time.Millisecond))
+	t.Logf("helm install: agent DaemonSet Ready %v after the command started", d.Round(time.Millisecond))
 
 	namespace(t, c, appNS)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -206,26 +210,8 @@ func TestChartServesAnnotatedPod(t *testing.T) {
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	p := getPod(ctx, t, c, appNS, "fn")
-	sock := filepath.Join("/var/lib/kubelet/pods", p.UID, "volumes/kubernetes.io~empty-dir/cpuslot/agent.sock")
-	cg := cluster.ContainerCgroupDir("cpu", p.QOS, p.UID, p.ContainerID)
-
-	var slots []string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		slots, _ = filepath.Glob(filepath.Join(cg, "cpuslot-*"))
-		_, serr := os.Stat(sock)
-		if serr == nil && len(slots) >= 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			logs, _ := c.Kubectl(ctx, "-n", ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=80")
-			ev, _ := c.Kubectl(ctx, "-n", appNS, "get", "events")
-			t.Fatalf("after 30 s: socket %s: %v; slots in %s: %v\n--- agent logs:\n%s\n--- events:\n%s", sock, serr, cg, slots, logs, ev)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Logf("socket %s and %d slots in %s", sock, len(slots), cg)
+	p, slots := waitServed(ctx, t, c, ns, appNS, "fn", 3)
+	t.Logf("pod served: socket and %d slots in %s", len(slots), cluster.ContainerCgroupDir("cpu", p.QOS, p.UID, p.ContainerID))
 	for _, s := range slots {
 		q, _ := os.ReadFile(filepath.Join(s, "cpu.cfs_quota_us"))
 		t.Logf("  %s: cfs_quota_us %s", filepath.Base(s), strings.TrimSpace(string(q)))
@@ -251,4 +237,68 @@ func TestChartServesAnnotatedPod(t *testing.T) {
 		t.Fatalf("after helm uninstall, cpuslot cgroups remain: %v", left)
 	}
 	t.Logf("helm uninstall: no cpuslot cgroup left after %v", time.Since(t0).Round(time.Millisecond))
+}
+
+// waitServed waits until the agent has made pod name's socket and at least
+// n slots in its container's cgroup.
+func waitServed(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, ns, name string, n int) (podInfo, []string) {
+	t.Helper()
+	p := getPod(ctx, t, c, ns, name)
+	sock := filepath.Join("/var/lib/kubelet/pods", p.UID, "volumes/kubernetes.io~empty-dir/cpuslot/agent.sock")
+	cg := cluster.ContainerCgroupDir("cpu", p.QOS, p.UID, p.ContainerID)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		slots, _ := filepath.Glob(filepath.Join(cg, "cpuslot-*"))
+		_, serr := os.Stat(sock)
+		if serr == nil && len(slots) >= n {
+			return p, slots
+		}
+		if time.Now().After(deadline) {
+			logs, _ := c.Kubectl(ctx, "-n", agentNS, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=20")
+			ev, _ := c.Kubectl(ctx, "-n", ns, "get", "events", "--field-selector", "involvedObject.name="+name)
+			t.Fatalf("pod %s/%s not served after 30 s: socket %s: %v; slots in %s: %v\n--- agent logs:\n%s\n--- events:\n%s", ns, name, sock, serr, cg, slots, logs, ev)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestDeletedServedPodLeavesNoSlot: with the chart's defaults (slots are
+// kept when the agent stops), a served pod's slots go with the pod: after
+// its deletion no cpuslot cgroup is left on the node; then helm uninstall
+// leaves none either.
+func TestDeletedServedPodLeavesNoSlot(t *testing.T) {
+	c := cluster.Need(t, kc)
+	const ns, appNS, release = "cpuslot-system", "e2e-podgone", "cpuslot"
+	installChart(t, c, release, ns)
+	namespace(t, c, appNS)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if out, err := c.Apply(ctx, fmt.Sprintf(annotatedPod, "fn", appNS, cluster.ProbeImage)); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitServed(ctx, t, c, ns, appNS, "fn", 3)
+	t0 := time.Now()
+	if out, err := c.Kubectl(ctx, "-n", appNS, "delete", "pod", "fn", "--wait=true", "--timeout=60s"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var left []string
+	for time.Since(t0) < 30*time.Second {
+		if left = slotDirs(); len(left) == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Fatalf("after deleting the served pod, cpuslot cgroups remain: %v", left)
+	}
+	t.Logf("served pod deleted: no cpuslot cgroup left after %v", time.Since(t0).Round(time.Millisecond))
+	if out, err := helm(ctx, t, c, "uninstall", release, "-n", ns, "--wait", "--timeout", "90s"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if left := slotDirs(); len(left) > 0 {
+		t.Fatalf("after helm uninstall, cpuslot cgroups remain: %v", left)
+	}
 }

@@ -417,6 +417,9 @@ func (c *Cluster) cleanStale() error {
 		c.logf("cluster: previous run left no snapshot (%v); undoing mounts under the run dir only", err)
 		snap = TakeSnapshot()
 	}
+	if snap.RunDir == "" {
+		snap.RunDir = c.runDir
+	}
 	errs := c.restore(snap)
 	if err := safeRemoveAll(c.runDir); err != nil {
 		errs = append(errs, err)
@@ -437,6 +440,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 	// The snapshot first, so that whatever happens next can be undone.
 	c.snap = TakeSnapshot()
+	c.snap.RunDir = c.runDir
 	if err := c.snap.save(filepath.Join(c.runDir, "state.json")); err != nil {
 		return err
 	}
@@ -468,6 +472,17 @@ func (c *Cluster) up(ctx context.Context) error {
 
 	if err := c.writePKI(); err != nil {
 		return err
+	}
+	// Shared mount propagation for what pods mount with HostToContainer
+	// (the agent: containerd's directory, the kubelet's pod directory).
+	for _, d := range []string{c.runDir, "/var/lib/kubelet"} {
+		made, err := ensureSharedMount(d)
+		if err != nil {
+			return err
+		}
+		if made {
+			c.logf("cluster: %s bind-mounted onto itself as an rshared mount (/ does not propagate mounts here)", d)
+		}
 	}
 	c.mark("snapshot and certificates", t0)
 
@@ -816,7 +831,9 @@ func (c *Cluster) down() error {
 		errs = append(errs, err)
 	}
 	if c.snap != nil {
-		if diff := c.snap.Diff(TakeSnapshot()); len(diff) > 0 {
+		now := TakeSnapshot()
+		now.RunDir = c.runDir
+		if diff := c.snap.Diff(now); len(diff) > 0 {
 			errs = append(errs, fmt.Errorf("machine differs from before Up:\n  %s", strings.Join(diff, "\n  ")))
 		}
 	}

@@ -53,7 +53,7 @@ func TestSnapshotDiff(t *testing.T) {
 		Sysctls:  map[string]string{"kernel/panic": "10"},
 		Iptables: map[string][]string{"iptables-save/filter": {":INPUT ACCEPT", ":KUBE-FIREWALL -"}},
 		Paths:    map[string][]string{"/var/lib/kubelet": {}},
-		Mounts:   []string{"/", "/run/netns/cni-1"},
+		Mounts:   []string{"/", "/run/netns/cni-1", "/tmp/other-test/proc"},
 		Links:    []string{"cpuslot0", "eth0", "lo"},
 		Cgroups:  map[string][]string{"/sys/fs/cgroup/cpu": {"kubepods"}},
 	}
@@ -61,6 +61,9 @@ func TestSnapshotDiff(t *testing.T) {
 		t.Fatalf("a snapshot differs from itself: %v", d)
 	}
 	d := strings.Join(a.Diff(b), "\n")
+	if strings.Contains(d, "other-test") {
+		t.Errorf("diff reports a mount outside the cluster's paths:\n%s", d)
+	}
 	for _, want := range []string{"sysctl kernel.panic", "KUBE-FIREWALL", "path /var/lib/kubelet: created", "mount /run/netns/cni-1", "cpuslot0", "kubepods"} {
 		if !strings.Contains(d, want) {
 			t.Errorf("diff lacks %q:\n%s", want, d)

@@ -37,6 +37,8 @@ type Snapshot struct {
 	Links []string `json:"links"`
 	// Cgroups: per cgroup hierarchy mount point, its top-level directories.
 	Cgroups map[string][]string `json:"cgroups"`
+	// RunDir is the cluster's run dir (mounts under it are the cluster's).
+	RunDir string `json:"runDir"`
 }
 
 // trackedPaths are the fixed paths the kubelet, containerd, the CNI plugins
@@ -59,8 +61,21 @@ var trackedPaths = []string{
 
 // mountPrefixes are where the stack mounts (secret volumes, netns, shm,
 // container root filesystems); new mounts under them are undone by Down.
-func (c *Cluster) mountPrefixes() []string {
-	return []string{c.runDir, "/var/lib/kubelet", "/run/netns", "/var/run/netns", "/run/containerd", "/var/lib/cni"}
+// Mounts elsewhere are not the cluster's (the project's other tests may
+// mount at the same time) and are neither undone nor compared.
+func mountPrefixes(runDir string) []string {
+	return []string{runDir, "/var/lib/kubelet", "/run/netns", "/var/run/netns", "/run/containerd", "/var/lib/cni"}
+}
+
+func (c *Cluster) mountPrefixes() []string { return mountPrefixes(c.runDir) }
+
+func ourMount(m, runDir string) bool {
+	for _, p := range mountPrefixes(runDir) {
+		if p != "" && under(m, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // volatileSysctls change on their own or cannot be restored.
@@ -279,6 +294,7 @@ func readCgroups() map[string][]string {
 // TakeSnapshot records the machine's state.
 func TakeSnapshot() *Snapshot {
 	return &Snapshot{
+		RunDir:   DefaultRunDir,
 		Sysctls:  readSysctls(),
 		Iptables: readIptables(),
 		Paths:    readPaths(),
@@ -365,18 +381,20 @@ func (s *Snapshot) Diff(now *Snapshot) []string {
 	}
 	bm, am := setOf(s.Mounts), setOf(now.Mounts)
 	for _, m := range now.Mounts {
-		if !bm[m] {
+		if !bm[m] && ourMount(m, s.RunDir) {
 			d = append(d, "mount "+m+": added")
 		}
 	}
 	for _, m := range s.Mounts {
-		if !am[m] {
+		if !am[m] && ourMount(m, s.RunDir) {
 			d = append(d, "mount "+m+": gone")
 		}
 	}
 	bl := setOf(s.Links)
 	for _, l := range now.Links {
-		if !bl[l] {
+		// The bridge and pod veths are the cluster's; other interfaces
+		// may come from the project's other tests.
+		if !bl[l] && (l == bridgeName || strings.HasPrefix(l, "veth")) {
 			d = append(d, "network interface "+l+": added")
 		}
 	}
@@ -747,4 +765,57 @@ func safeRemoveAll(p string) error {
 		return fmt.Errorf("remove %s: %w", p, err)
 	}
 	return nil
+}
+
+// ensureSharedMount makes dir (created if missing) a shared mount unless
+// the mount it lies on already propagates (shared or slave). Kubernetes
+// expects shared mount propagation on the host (systemd makes / shared);
+// here / may be private, and then the runtime refuses HostToContainer
+// mounts of paths below it ("is mounted on / but it is not a shared or
+// slave mount"). A bind mount of dir onto itself, made rshared, gives the
+// same propagation to what lies below dir only. Down unmounts it (it is a
+// new mount under the run dir or /var/lib/kubelet).
+func ensureSharedMount(dir string) (bool, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, err
+	}
+	if propagates(dir) {
+		return false, nil
+	}
+	if err := syscall.Mount(dir, dir, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+		return false, fmt.Errorf("bind mount %s: %w", dir, err)
+	}
+	if err := syscall.Mount("", dir, "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
+		syscall.Unmount(dir, syscall.MNT_DETACH)
+		return false, fmt.Errorf("make %s rshared: %w", dir, err)
+	}
+	return true, nil
+}
+
+// propagates reports whether the mount holding path is shared or a slave.
+func propagates(path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	best, opt := "", ""
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 7 {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if under(path, mp) && len(mp) >= len(best) {
+			best = mp
+			// optional fields: f[6] up to "-"
+			opt = ""
+			for _, o := range f[6:] {
+				if o == "-" {
+					break
+				}
+				opt += o + " "
+			}
+		}
+	}
+	return strings.Contains(opt, "shared:") || strings.Contains(opt, "master:")
 }
