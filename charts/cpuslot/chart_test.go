@@ -789,7 +789,7 @@ func TestQueries(t *testing.T) {
 			}
 		}
 		// Every selector names the job: the agent's and the runtime's
-		// cpuslot_invocations_total are different metrics.
+		// cpuslot_invocations_total must not be confused with the agent's metrics.
 		sels := regexp.MustCompile(`\b(?:cpuslot_[a-z0-9_]+|up|process_start_time_seconds)\{[^}]*\}`).FindAllString(q.expr, -1)
 		if len(sels) != len(ms) {
 			t.Errorf("%s: a metric without a label selector in %s", q.source, q.expr)

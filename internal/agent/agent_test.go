@@ -84,7 +84,7 @@ func TestAffinityThroughSocket(t *testing.T) {
 	body := scrape(t, a)
 	for _, want := range []string{
 		`cpuslot_acquisitions_total{outcome="affinity_hit"} 199`,
-		`cpuslot_invocations_total{action="guest/hello",outcome="ok"} 200`,
+		`cpuslot_lease_releases_total{action="guest/hello",outcome="ok"} 200`,
 		`cpuslot_slots{container="` + e.rel + `",quota="250m",state="free"} 2`,
 		`cpuslot_acquire_duration_seconds_count{mode="affinity"} 200`,
 		`cpuslot_agent_info{favordynmods=`,
@@ -275,7 +275,7 @@ func TestBadInput(t *testing.T) {
 	if sum.Leases != 0 || sum.UsedMilli != 0 {
 		t.Fatalf("pool inconsistent after bad input: %+v", sum)
 	}
-	if body := scrape(t, a); !strings.Contains(body, `cpuslot_errors_total{reason="bad_frame"}`) || !strings.Contains(body, `cpuslot_errors_total{reason="unknown_lease"} 2`) {
+	if body := scrape(t, a); !strings.Contains(body, `cpuslot_errors_total{reason="bad_frame"} 2`) || !strings.Contains(body, `cpuslot_errors_total{reason="unknown_lease"} 2`) {
 		t.Errorf("errors not counted:\n%s", grep(body, "cpuslot_errors_total"))
 	}
 }

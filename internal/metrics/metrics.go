@@ -56,7 +56,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: queued, degraded, rejected, timeout."},
 			[]string{"result"}),
 		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_invocations_total", Help: "Released leases by action and outcome (ok, failed, timeout, placement_failed, abandoned)."},
+			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (ok, failed, timeout, placement_failed, abandoned, superseded)."},
 			[]string{"action", "outcome"}),
 		cpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by action."},
@@ -81,6 +81,12 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	for _, o := range []string{"affinity_hit", "cache_hit", "retuned", "created", "reclaimed"} {
 		m.acquisitions.WithLabelValues(o)
+	}
+	// Error series exist from the start, so rates and alerts see a zero
+	// rather than nothing.
+	for _, r := range []string{"bad_request", "bad_frame", "not_served", "unknown_lease", "slots_exhausted",
+		"mkdir_refused", "create_failed", "place_failed", "remove_failed", "prewarm_failed", "container_not_found"} {
+		m.errors.WithLabelValues(r)
 	}
 	return m
 }
