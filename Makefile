@@ -121,3 +121,8 @@ build-runtime:
 
 bench-runtime:
 	bash hack/bench-runtime.sh
+
+# docker.io/cpuslot/runtime-jvm:dev; import with: ctr -n k8s.io images import bin/cpuslot-runtime.tar
+runtime-image: build-runtime
+	bash runtime-image/image/build-image.sh bin/cpuslot-runtime.tar docker.io/cpuslot/runtime-jvm:dev
+	tar tf bin/cpuslot-runtime.tar

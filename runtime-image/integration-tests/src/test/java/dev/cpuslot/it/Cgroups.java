@@ -138,7 +138,8 @@ final class Cgroups {
                 String n = p.getFileName().toString();
                 if (!n.startsWith("cpuslot-it-") || !Files.isDirectory(p)) continue;
                 try {
-                    long pid = Long.parseLong(n.substring("cpuslot-it-".length()));
+                    String digits = n.substring("cpuslot-it-".length()).split("-")[0];
+                    long pid = Long.parseLong(digits);
                     if (ProcessHandle.of(pid).isEmpty()) l.add("/" + n);
                 } catch (NumberFormatException ignored) {
                 }

@@ -54,11 +54,15 @@ final class RuntimeProc implements AutoCloseable {
     }
 
     RuntimeProc(Path jar, Map<String, String> env, List<Path> procsFiles, Path log) throws Exception {
+        this(List.of(javaCommand(), "-Xmx512m", "-XX:+UseSerialGC", "-Dpolyglot.engine.WarnInterpreterOnly=false",
+                "-jar", jar.toString()), env, procsFiles, log);
+    }
+
+    /** Any command that starts the runtime (e.g. an image's entrypoint under chroot). */
+    RuntimeProc(List<String> java, Map<String, String> env, List<Path> procsFiles, Path log) throws Exception {
         this.port = freePort();
         this.metricsPort = freePort();
         this.log = log;
-        List<String> java = List.of(javaCommand(), "-Xmx512m", "-XX:+UseSerialGC", "-Dpolyglot.engine.WarnInterpreterOnly=false",
-                "-jar", jar.toString());
         List<String> cmd = new ArrayList<>();
         if (procsFiles.isEmpty()) {
             cmd.addAll(java);
@@ -96,6 +100,16 @@ final class RuntimeProc implements AutoCloseable {
         HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(base() + "/register?" + q))
                 .POST(HttpRequest.BodyPublishers.noBody()).timeout(Duration.ofSeconds(30)).build(), HttpResponse.BodyHandlers.ofString());
         if (r.statusCode() != 200) throw new IllegalStateException("register " + name + ": " + r.statusCode() + " " + r.body());
+    }
+
+    /** POST of a JSON body to a path (OpenWhisk /init, /run). */
+    Reply post(String path, String json) throws IOException, InterruptedException {
+        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(base() + path))
+                .POST(HttpRequest.BodyPublishers.ofString(json)).timeout(Duration.ofSeconds(120)).build(),
+                HttpResponse.BodyHandlers.ofString());
+        Map<String, String> h = new HashMap<>();
+        r.headers().map().forEach((k, v) -> h.put(k.toLowerCase(), v.isEmpty() ? "" : v.get(0)));
+        return new Reply(r.statusCode(), r.body(), h);
     }
 
     /** Hydra invoke: POST / {"name", "arguments": "<JSON string>"}. */

@@ -78,7 +78,7 @@ class RuntimeWithAgentIT {
         agent = new Agent(agentBin, sockDir.resolve("agent.sock"), parent, "200m=2,300m=2,500m=2", RuntimeProc.freePort(),
                 work.resolve("agent.log"));
         agent.start();
-        rt = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(), "CPUSLOT_ACQUIRE_BUDGET_MS", "200"),
+        rt = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(), "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"),
                 cg.procsFiles(rtCgroup), work.resolve("runtime.log"));
         assertEquals(rtCgroup, cg.cgroupOf(rt.pid(), rt.pid()), "the runtime JVM lives in its cgroup");
         rt.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");

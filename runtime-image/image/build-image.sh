@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds the runtime's JVM image as an OCI image-layout tarball, without a Docker engine or a
+# registry (for `ctr -n k8s.io images import`):
+#
+#   runtime-image/image/build-image.sh OUT.tar [IMAGE_NAME]    (default docker.io/cpuslot/runtime-jvm:dev)
+#
+# The image has no base image. Its one layer holds:
+#   /opt/java            a minimal JRE made with jlink from the JDK 25 (modules from jdeps)
+#   /opt/cpuslot/        runtime.jar and lib/ (the runtime module's jar and dependencies)
+#   /lib*, /usr/lib*     the shared libraries the JRE's binaries link (found with ldd, copied
+#                        from this machine: glibc, libz...) and the dynamic loader
+#   /etc/passwd, /tmp    root and nobody; a world-writable /tmp (user.home for polyglot caches)
+# Entrypoint: java -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
+# need no privilege), port 8080, metrics 9102.
+# Needs: the runtime built (runtime-image/build.sh -DskipTests package), a JDK 25, Go (to build
+# cmd/ocitar from this repository), ldd.
+set -euo pipefail
+
+out="${1:?usage: build-image.sh OUT.tar [IMAGE_NAME]}"
+name="${2:-docker.io/cpuslot/runtime-jvm:dev}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+target="$repo/runtime-image/runtime/target"
+jar="$target/runtime-0.1.0-SNAPSHOT.jar"
+[ -f "$jar" ] && [ -d "$target/lib" ] || { echo "build-image: build the runtime first (make build-runtime)" >&2; exit 1; }
+
+java_major() { "$1/bin/java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if [ -z "${JAVA_HOME:-}" ] || [ ! -x "$JAVA_HOME/bin/jlink" ] || [ "$(java_major "$JAVA_HOME")" -lt 25 ]; then
+	for d in /usr/lib/jvm/*; do
+		if [ -x "$d/bin/jlink" ] && [ "$(java_major "$d")" -ge 25 ] 2>/dev/null; then JAVA_HOME="$d"; break; fi
+	done
+fi
+[ -x "${JAVA_HOME:-}/bin/jlink" ] || { echo "build-image: need a JDK 25 with jlink (JAVA_HOME)" >&2; exit 1; }
+GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
+
+stage="$(mktemp -d)"
+trap 'rm -rf "$stage"' EXIT
+root="$stage/root"
+mkdir -p "$root/opt/cpuslot/lib" "$root/etc" "$root/tmp"
+
+# 1. the JRE: the modules jdeps finds in the runtime and its dependencies, plus a few loaded
+#    reflectively (zip file system for polyglot resources, naming, EC crypto for https)
+cp "$jar" "$root/opt/cpuslot/runtime.jar"
+cp "$target"/lib/*.jar "$root/opt/cpuslot/lib/"
+cp_list="$(ls "$root"/opt/cpuslot/lib/*.jar | tr '\n' ':')"
+mods="$("$JAVA_HOME/bin/jdeps" --multi-release 25 --ignore-missing-deps --print-module-deps \
+	--class-path "$cp_list" "$root/opt/cpuslot/runtime.jar" "$root"/opt/cpuslot/lib/*.jar 2>/dev/null | tail -1)"
+mods="$mods,java.logging,java.management,java.naming,jdk.zipfs,jdk.crypto.ec,jdk.localedata"
+echo "build-image: jlink --add-modules $mods" >&2
+"$JAVA_HOME/bin/jlink" --add-modules "$mods" --strip-debug --no-header-files --no-man-pages \
+	--output "$root/opt/java"
+
+# 2. the shared libraries the JRE links, at the paths the loader looks them up
+#    (not for the X11/sound parts of java.desktop: the runtime is headless; libraries inside the
+#    JRE itself are found through its own RPATH)
+libs="$(find "$root/opt/java" -type f \( -name '*.so' -o -path '*/bin/*' -o -name jspawnhelper \) \
+	! -name 'libawt_xawt.so' ! -name 'libjawt.so' ! -name 'libsplashscreen.so' ! -name 'libjsound.so' -exec ldd {} \; 2>/dev/null |
+	awk '/=> \// {print $3} /^\t\/[^ ]+ \(0x/ {print $1}' | grep -v "^$stage/" | sort -u)"
+for l in $libs; do
+	mkdir -p "$root$(dirname "$l")"
+	cp -L "$l" "$root$l"
+done
+
+# 3. users and a writable /tmp
+printf 'root:x:0:0:root:/tmp:/sbin/nologin\nnobody:x:65534:65534:nobody:/tmp:/sbin/nologin\n' >"$root/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+chmod 1777 "$root/tmp"
+
+# 4. the OCI layout tarball (cmd/ocitar of this repository)
+(cd "$repo" && CGO_ENABLED=0 "$GO" build -o "$stage/ocitar" ./cmd/ocitar)
+adds=()
+for top in "$root"/*; do adds+=(-add "$top:/$(basename "$top")"); done
+mkdir -p "$(dirname "$out")"
+"$stage/ocitar" -o "$out" -name "$name" -user 65534:65534 -workdir /tmp \
+	-env JAVA_HOME=/opt/java -env PORT=8080 -env CPUSLOT_METRICS_PORT=9102 \
+	-entrypoint /opt/java/bin/java -entrypoint -Duser.home=/tmp -entrypoint -Djava.awt.headless=true -entrypoint -Dpolyglot.engine.WarnInterpreterOnly=false \
+	-entrypoint -jar -entrypoint /opt/cpuslot/runtime.jar \
+	"${adds[@]}"
+echo "build-image: $out ($name, $(du -h "$out" | cut -f1), $(echo "$libs" | wc -w) shared libraries from this machine)" >&2

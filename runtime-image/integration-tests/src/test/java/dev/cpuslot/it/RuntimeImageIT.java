@@ -1,0 +1,189 @@
+package dev.cpuslot.it;
+
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInstance;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.MessageDigest;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.HexFormat;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+
+import static org.junit.jupiter.api.Assertions.*;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+/**
+ * The JVM image tarball (runtime-image/image/build-image.sh): its OCI image-layout structure,
+ * then the image's own filesystem and entrypoint run under chroot as user 65534, served by the
+ * real agent through a socket inside that filesystem (as a pod would see it).
+ */
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+class RuntimeImageIT {
+    static final String NAME = "docker.io/cpuslot/runtime-jvm:it";
+    Path repo, work, tarball, unpacked, rootfs, agentBin;
+    Cgroups cg;
+    String parent;
+    Agent agent;
+    RuntimeProc rt;
+    boolean procMounted;
+
+    static String run(Path dir, String... cmd) throws IOException, InterruptedException {
+        Process p = new ProcessBuilder(cmd).directory(dir == null ? null : dir.toFile()).redirectErrorStream(true).start();
+        String out = new String(p.getInputStream().readAllBytes());
+        assertTrue(p.waitFor(10, TimeUnit.MINUTES), String.join(" ", cmd));
+        assertEquals(0, p.exitValue(), String.join(" ", cmd) + ":\n" + out);
+        return out;
+    }
+
+    @BeforeAll
+    void build() throws Exception {
+        repo = Path.of(System.getProperty("cpuslot.repo")).toAbsolutePath().normalize();
+        work = Path.of(System.getProperty("cpuslot.work")).toAbsolutePath().resolve("image");
+        Files.createDirectories(work);
+        tarball = work.resolve("cpuslot-runtime.tar");
+        Files.deleteIfExists(tarball);
+        run(repo, "bash", "runtime-image/image/build-image.sh", tarball.toString(), NAME);
+        unpacked = work.resolve("layout");
+        run(null, "rm", "-rf", unpacked.toString());
+        Files.createDirectories(unpacked);
+        run(null, "tar", "-xf", tarball.toString(), "-C", unpacked.toString());
+    }
+
+    JsonObject json(Path p) throws IOException { return JsonParser.parseString(Files.readString(p)).getAsJsonObject(); }
+
+    Path blob(JsonObject descriptor) {
+        return unpacked.resolve("blobs/sha256").resolve(descriptor.get("digest").getAsString().substring("sha256:".length()));
+    }
+
+    JsonObject manifest() throws IOException {
+        return json(blob(json(unpacked.resolve("index.json")).getAsJsonArray("manifests").get(0).getAsJsonObject()));
+    }
+
+    JsonObject config() throws IOException { return json(blob(manifest().getAsJsonObject("config"))); }
+
+    Path layer() throws IOException { return blob(manifest().getAsJsonArray("layers").get(0).getAsJsonObject()); }
+
+    @Test
+    void theTarballIsAnOciImageLayoutContainerdCanImport() throws Exception {
+        List<String> top = List.of(run(null, "tar", "-tf", tarball.toString()).split("\n"));
+        assertTrue(top.contains("oci-layout") && top.contains("index.json"), top.toString());
+        assertEquals("1.0.0", json(unpacked.resolve("oci-layout")).get("imageLayoutVersion").getAsString());
+        JsonObject index = json(unpacked.resolve("index.json"));
+        JsonArray manifests = index.getAsJsonArray("manifests");
+        assertEquals(1, manifests.size());
+        JsonObject m = manifests.get(0).getAsJsonObject();
+        assertEquals("application/vnd.oci.image.manifest.v1+json", m.get("mediaType").getAsString());
+        assertEquals(NAME, m.getAsJsonObject("annotations").get("io.containerd.image.name").getAsString());
+        // every blob is named by its content's sha256, and its size is right
+        List<JsonObject> descriptors = new ArrayList<>(List.of(m, manifest().getAsJsonObject("config")));
+        for (JsonElement l : manifest().getAsJsonArray("layers")) descriptors.add(l.getAsJsonObject());
+        for (JsonObject d : descriptors) {
+            Path b = blob(d);
+            assertEquals(d.get("size").getAsLong(), Files.size(b), d.toString());
+            assertEquals(b.getFileName().toString(), sha256(b), "digest of " + d.get("mediaType"));
+        }
+        JsonObject layer = manifest().getAsJsonArray("layers").get(0).getAsJsonObject();
+        assertEquals("application/vnd.oci.image.layer.v1.tar", layer.get("mediaType").getAsString(), "uncompressed layer");
+        assertEquals(layer.get("digest").getAsString(),
+                config().getAsJsonObject("rootfs").getAsJsonArray("diff_ids").get(0).getAsString());
+    }
+
+    @Test
+    void theLayerHoldsAJreTheRuntimeAndWhatTheEntrypointNeeds() throws Exception {
+        JsonObject c = config().getAsJsonObject("config");
+        assertEquals("65534:65534", c.get("User").getAsString());
+        List<String> entry = new ArrayList<>();
+        for (JsonElement e : c.getAsJsonArray("Entrypoint")) entry.add(e.getAsString());
+        assertEquals("/opt/java/bin/java", entry.get(0));
+        assertTrue(entry.contains("/opt/cpuslot/runtime.jar"), entry.toString());
+        String listing = run(null, "tar", "-tvf", layer().toString());
+        List<String> names = new ArrayList<>();
+        for (String line : listing.split("\n")) names.add(line.substring(line.lastIndexOf(' ') + 1));
+        for (String want : List.of("opt/java/bin/java", "opt/java/lib/server/libjvm.so", "opt/java/lib/modules", "opt/cpuslot/runtime.jar",
+                "opt/cpuslot/lib/gson-2.11.0.jar", "opt/cpuslot/lib/slot-client-0.1.0-SNAPSHOT.jar", "etc/passwd"))
+            assertTrue(names.contains(want), "layer lacks " + want);
+        assertTrue(names.stream().anyMatch(n -> n.matches("lib.*/ld-linux.*\\.so\\.\\d")), "the dynamic loader");
+        assertTrue(names.stream().anyMatch(n -> n.matches("lib.*/libc\\.so\\.6")), "libc");
+        assertTrue(listing.lines().anyMatch(l -> l.startsWith("drwxrwxrwt") && l.endsWith(" tmp/")), "a world-writable /tmp:\n" + listing.lines().filter(l -> l.endsWith(" tmp/")).toList());
+    }
+
+    @Test
+    void theImageRunsUnprivilegedUnderChrootAndTakesSlotsFromTheRealAgent() throws Exception {
+        boolean root = Files.readAllLines(Path.of("/proc/self/status")).stream()
+                .anyMatch(l -> l.startsWith("Uid:") && l.split("\\s+")[2].equals("0"));
+        String[] why = {"needs root (chroot, cgroups)"};
+        cg = root ? Cgroups.detect(why) : null;
+        if (cg == null) {
+            if ("1".equals(System.getenv("CPUSLOT_REQUIRE_IT"))) fail("CPUSLOT_REQUIRE_IT=1 but " + why[0]);
+            assumeTrue(false, why[0]);
+        }
+        rootfs = work.resolve("rootfs");
+        run(null, "rm", "-rf", rootfs.toString());
+        Files.createDirectories(rootfs);
+        run(null, "tar", "-xf", layer().toString(), "-C", rootfs.toString());
+        Files.createDirectories(rootfs.resolve("proc"));
+        run(null, "mount", "-t", "proc", "proc", rootfs.resolve("proc").toString());
+        procMounted = true;
+        // the agent's socket inside the image's filesystem, where the runtime looks by default
+        Files.createDirectories(rootfs.resolve("run/cpuslot"));
+        agentBin = Agent.build(repo, work.resolve("node-agent"));
+        parent = "/cpuslot-it-" + ProcessHandle.current().pid() + "-img";
+        cg.create(parent + "/pod");
+        agent = new Agent(agentBin, rootfs.resolve("run/cpuslot/agent.sock"), parent, "250m=1", RuntimeProc.freePort(),
+                work.resolve("agent.log"));
+        agent.start();
+        List<String> cmd = new ArrayList<>(List.of(run(null, "sh", "-c", "command -v chroot").trim(), "--userspec=65534:65534", rootfs.toString()));
+        for (JsonElement e : config().getAsJsonObject("config").getAsJsonArray("Entrypoint")) cmd.add(e.getAsString());
+        // a generous acquire budget: the first acquisition waits for the agent to prepare the pod's pool
+        rt = new RuntimeProc(cmd, Map.of("CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(parent + "/pod"), work.resolve("runtime.log"));
+        String jar = Base64.getEncoder().encodeToString(Files.readAllBytes(Path.of(System.getProperty("cpuslot.samples.jar"))));
+        RuntimeProc.Reply init = rt.post("/init", "{\"value\":{\"name\":\"hello\",\"main\":\"dev.cpuslot.samples.HelloWorld\",\"binary\":true,"
+                + "\"env\":{\"CPUSLOT_QUOTA\":\"250m\"},\"code\":\"" + jar + "\"}}");
+        assertEquals(200, init.status(), init.body());
+        RuntimeProc.Reply run = rt.post("/run", "{\"value\":{\"name\":\"image\"}}");
+        assertEquals(200, run.status(), run.body());
+        assertEquals("Hello image!", run.json().get("greeting").getAsString());
+        assertNotNull(run.header("X-Cpuslot-Slot"), "a slot, placed by writing to fds the agent passed: " + run.headers()
+                + "\n" + Files.readString(work.resolve("runtime.log")));
+        assertEquals("65534", Files.readAllLines(Path.of("/proc/" + rt.pid() + "/status")).stream()
+                .filter(l -> l.startsWith("Uid:")).findFirst().orElseThrow().split("\\s+")[1], "runs as nobody");
+    }
+
+    @AfterAll
+    void cleanUp() throws Exception {
+        try {
+            if (rt != null) rt.close();
+            if (agent != null) agent.stop();
+            if (parent != null) {
+                Agent.cleanup(agentBin, parent);
+                cg.removeTree(parent);
+            }
+        } finally {
+            if (procMounted) run(null, "umount", rootfs.resolve("proc").toString());
+            if (rootfs != null) run(null, "rm", "-rf", rootfs.toString());
+            if (unpacked != null) run(null, "rm", "-rf", unpacked.toString());
+            if (tarball != null) Files.deleteIfExists(tarball);
+        }
+    }
+
+    static String sha256(Path p) throws Exception {
+        MessageDigest d = MessageDigest.getInstance("SHA-256");
+        try (var in = Files.newInputStream(p)) {
+            byte[] buf = new byte[1 << 16];
+            for (int n; (n = in.read(buf)) > 0; ) d.update(buf, 0, n);
+        }
+        return HexFormat.of().formatHex(d.digest());
+    }
+}
