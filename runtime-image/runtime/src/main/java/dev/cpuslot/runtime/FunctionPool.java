@@ -225,9 +225,13 @@ public final class FunctionPool implements AutoCloseable {
                 }
                 long ran = System.nanoTime() - t0;
                 if (j.claimed.compareAndSet(false, true)) {
+                    ReleaseOutcome outcome = error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED;
                     long r0 = System.nanoTime();
-                    Usage u = lease == null ? Usage.NONE
-                            : lease.release(error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED);
+                    // Usage from the slot's counters now; the one-way RELEASE goes out after the
+                    // caller has its answer (this thread sends it before it takes another job).
+                    Usage u = lease == null ? Usage.NONE : lease.stop();
+                    boolean releaseLater = u.measured();
+                    if (lease != null && !releaseLater) u = lease.release(outcome);
                     if (lease != null) metrics.add("cpuslot_slot_release_seconds_total", "", (System.nanoTime() - r0) / 1e9);
                     Thread.interrupted(); // clear a stray interrupt before going back to the pool
                     boolean reuse = !sandbox_poisoned() && !closed;
@@ -236,6 +240,7 @@ public final class FunctionPool implements AutoCloseable {
                     else retired = true;
                     permits.release();
                     j.result.complete(new Outcome(result, error, false, lease, u, ran));
+                    if (releaseLater) lease.release(outcome);
                 } else {
                     busy.decrementAndGet();
                     retired = true; // caller gave up on us: this sandbox is cancelled

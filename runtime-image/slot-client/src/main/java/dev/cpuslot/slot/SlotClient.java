@@ -454,6 +454,19 @@ public final class SlotClient implements AutoCloseable {
         }
     }
 
+    Usage stop(SlotLease l) {
+        l.lock.lock();
+        try {
+            if (l.released || l.start == null || l.end != null || l.conn == null || !isAlive(l.conn)) return Usage.NONE;
+            SlotCounters end = readCounters(l.slot);
+            if (end == null) return Usage.NONE;
+            l.end = end;
+            return end.since(l.start);
+        } finally {
+            l.lock.unlock();
+        }
+    }
+
     /**
      * Reads the slot's counters and sends RELEASE with NO_REPLY on any idle connection (leases
      * belong to the process; an ACQUIRE from this thread that overtakes the RELEASE on another
@@ -464,7 +477,7 @@ public final class SlotClient implements AutoCloseable {
     private Usage releaseOneWay(SlotLease l, ReleaseOutcome outcome) {
         Conn owner = l.conn;
         if (owner == null || !isAlive(owner)) return null;
-        SlotCounters end = readCounters(l.slot);
+        SlotCounters end = l.end != null ? l.end : readCounters(l.slot);
         if (end == null) return null;
         long deadline = System.nanoTime() + releaseNs;
         Conn c;

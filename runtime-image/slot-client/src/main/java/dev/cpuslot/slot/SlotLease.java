@@ -23,6 +23,8 @@ public final class SlotLease {
     boolean released, lost;
     /** The slot's counters read right after placement; null = release with a reply. */
     SlotCounters start;
+    /** The counters read by {@link #stop()}; release uses them instead of reading again. */
+    SlotCounters end;
 
     SlotLease(SlotClient client, String action, String invocation, long quotaAsked, int tid, String reason) {
         this.client = client;
@@ -57,7 +59,19 @@ public final class SlotLease {
     public boolean lost() { lock.lock(); try { return lost; } finally { lock.unlock(); } }
 
     /**
-     * Gives the slot back and returns what it used. Idempotent: a second call returns
+     * Ends the measurement now and returns what the slot used so far, without talking to the
+     * agent, when the release will be one-way (counter fds held, no reconnect since); otherwise
+     * {@link Usage#NONE} and {@link #release} measures as usual. Lets a runtime answer its
+     * caller first and send the (one-way) RELEASE afterwards, off the invocation's path.
+     */
+    public Usage stop() {
+        if (!active()) return Usage.NONE;
+        return client.stop(this);
+    }
+
+    /**
+     * Gives the slot back and returns what it used (after {@link #stop()}: what it used until
+     * then). Idempotent: a second call returns
      * {@link Usage#NONE}. May be called from any thread. Never throws for agent problems.
      */
     public Usage release(ReleaseOutcome outcome) {

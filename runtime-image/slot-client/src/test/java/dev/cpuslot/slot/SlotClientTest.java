@@ -328,4 +328,19 @@ class SlotClientTest {
         assertEquals(new SlotCounters(98_765_432, 4_500_123, 10, 3), v1);
         assertEquals(new Usage(true, 1, 0, 0, 0), new SlotCounters(5, 9, 9, 9).since(new SlotCounters(4, 9, 9, 9)));
     }
+
+    @Test
+    void stopMeasuresNowAndTheOneWayReleaseCanFollowLater() throws Exception {
+        agent.statFds = 1;
+        client = builder().build();
+        SlotLease l = client.acquire(250, "a", "1");
+        agent.setCounters(l.slot(), 9_000_000, 0, 2, 0);
+        Usage stopped = l.stop();
+        assertEquals(new Usage(true, 9_000_000, 0, 2, 0), stopped);
+        assertEquals(0, agent.count(Protocol.Release.class), "stop() does not talk to the agent");
+        agent.setCounters(l.slot(), 50_000_000, 0, 9, 0); // later use is not this invocation's
+        assertEquals(stopped, l.release(ReleaseOutcome.OK));
+        awaitReleases(1);
+        assertEquals(Usage.NONE, l.stop(), "nothing to stop after release");
+    }
 }
