@@ -807,7 +807,16 @@ func (c *Cluster) down() error {
 		cancel()
 	}
 	tPods := time.Since(t0)
-	// 3. The rest of the components, the node's first.
+	// 3. Processes tests started with Start, then the rest of the
+	//    components, the node's first.
+	c.mu.Lock()
+	procs := append([]*proc(nil), c.procs...)
+	c.mu.Unlock()
+	for _, p := range procs {
+		if !componentNames[p.name] {
+			p.stop(5 * time.Second)
+		}
+	}
 	for _, n := range []string{"kube-proxy", "kubelet", "kube-apiserver", "etcd"} {
 		if p := c.proc(n); p != nil {
 			p.stop(10 * time.Second)
@@ -841,6 +850,30 @@ func (c *Cluster) down() error {
 	c.logf("cluster: down in %v (pods deleted in %v)", time.Since(t0).Round(time.Millisecond), tPods.Round(time.Millisecond))
 	return errors.Join(errs...)
 }
+
+var componentNames = map[string]bool{
+	"containerd": true, "etcd": true, "kube-apiserver": true, "kube-controller-manager": true,
+	"kube-scheduler": true, "kube-proxy": true, "kubelet": true,
+}
+
+// Start runs a helper process for a test (e.g. a Prometheus server) the way
+// the components run: its log in LogDir()/<name>.log, a pidfile so that a
+// crashed run's copy is stopped at the next Up, and stopped by Down at the
+// latest. Give it state under RunDir() (removed by Down). stop ends it
+// (SIGTERM, then SIGKILL after 5 s).
+func (c *Cluster) Start(name string, argv ...string) (stop func(), err error) {
+	if componentNames[name] {
+		return nil, fmt.Errorf("start %s: the name of a cluster component", name)
+	}
+	p, err := c.start(name, argv, nil)
+	if err != nil {
+		return nil, err
+	}
+	return func() { p.stop(5 * time.Second) }, nil
+}
+
+// RunDir is the cluster's run dir (removed by Down).
+func (c *Cluster) RunDir() string { return c.runDir }
 
 func (c *Cluster) releaseLock() {
 	if c.lock != nil {
