@@ -145,6 +145,7 @@ spec:
   - name: fn
     image: %[3]s
     imagePullPolicy: Never
+    args: %[4]s
     env:
     - name: CPUSLOT_SOCKET
       value: /run/cpuslot/agent.sock
@@ -204,7 +205,7 @@ func TestChartServesAnnotatedPod(t *testing.T) {
 	namespace(t, c, appNS)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if out, err := c.Apply(ctx, fmt.Sprintf(annotatedPod, "fn", appNS, cluster.ProbeImage)); err != nil {
+	if out, err := c.Apply(ctx, fmt.Sprintf(annotatedPod, "fn", appNS, cluster.ProbeImage, `["serve"]`)); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
@@ -273,7 +274,7 @@ func TestDeletedServedPodLeavesNoSlot(t *testing.T) {
 	namespace(t, c, appNS)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if out, err := c.Apply(ctx, fmt.Sprintf(annotatedPod, "fn", appNS, cluster.ProbeImage)); err != nil {
+	if out, err := c.Apply(ctx, fmt.Sprintf(annotatedPod, "fn", appNS, cluster.ProbeImage, `["serve"]`)); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {

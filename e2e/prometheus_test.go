@@ -253,9 +253,10 @@ func shippedQueries(t *testing.T) []shippedQuery {
 // TestPrometheusScrapesAgent: a real Prometheus with the shipped scrape
 // configuration (file_sd variant) scrapes the agent of a helm-installed
 // chart;
-// the agent's series of a served pod appear; every shipped query parses
-// and evaluates. (That every "data" query returns data needs runtime
-// pods running invocations: the runtime image's tests.)
+// the agent's series of a served pod that invokes through its slots (the
+// probe's Go client) appear; every shipped query parses and evaluates.
+// (That every "data" query returns data needs the Java runtime's own
+// metrics too: the runtime image's tests.)
 func TestPrometheusScrapesAgent(t *testing.T) {
 	c := cluster.Need(t, kc)
 	const ns, appNS, release = "cpuslot-system", "e2e-prom", "cpuslot"
@@ -264,7 +265,7 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	namespace(t, c, appNS)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if out, err := c.Apply(ctx, fmt.Sprintf(annotatedPod, "fn", appNS, cluster.ProbeImage)); err != nil {
+	if out, err := c.Apply(ctx, fmt.Sprintf(annotatedPod, "fn", appNS, cluster.ProbeImage, `["slots", "-threads", "2", "-pause", "5ms"]`)); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
@@ -278,6 +279,8 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	t.Logf("Prometheus scrapes the agent %v after the pod was served", time.Since(t0).Round(time.Millisecond))
 	p.waitSeries(ctx, t, `cpuslot_slots{job="cpuslot-node-agent", container="`+appNS+`/fn/fn"}`, 30*time.Second)
 	p.waitSeries(ctx, t, `cpuslot_agent_info{job="cpuslot-node-agent", node="`+c.NodeName()+`"}`, 30*time.Second)
+	// The pod invokes through its slots: acquisitions are counted.
+	p.waitSeries(ctx, t, `sum(rate(cpuslot_acquisitions_total{job="cpuslot-node-agent"}[1m])) > 0`, 60*time.Second)
 
 	var empty []string
 	n := 0

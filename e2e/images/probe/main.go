@@ -7,6 +7,13 @@
 //	probe apiserver              GET /version from the API server with the
 //	                             pod's service account, log the answer, then serve
 //	probe info                   print /info's JSON and exit (for kubectl exec)
+//	probe slots [-quota 250m -threads 2 -burn 2ms -pause 10ms -n 0]
+//	                             invoke through the cpuslot agent's socket
+//	                             ($CPUSLOT_SOCKET) in a loop with the Go
+//	                             client; /stats counts successes and failures
+//	probe quota [-quota 250m -for 2s]
+//	                             spin in one slot, print its usage, exit
+//	                             (for kubectl exec)
 //
 // /info returns JSON: hostname, pid, whether PID 1 is the pod's own sandbox
 // or the host's init (host PID namespace), and /proc/self/cgroup.
@@ -36,23 +43,35 @@ func main() {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		mode, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet(mode, flag.ExitOnError)
-	addr := fs.String("addr", ":8080", "listen address")
-	fs.Parse(args)
-
+	mux := http.NewServeMux()
+	addr := ":8080"
 	switch mode {
-	case "serve":
+	case "serve", "apiserver":
+		fs := newFlags(mode)
+		a := fs.String("addr", addr, "listen address")
+		fs.Parse(args)
+		addr = *a
+		if mode == "apiserver" {
+			if err := checkAPIServer(); err != nil {
+				log.Printf("probe: apiserver check failed: %v", err)
+			}
+		}
 	case "info":
 		json.NewEncoder(os.Stdout).Encode(info())
 		return
-	case "apiserver":
-		if err := checkAPIServer(); err != nil {
-			log.Printf("probe: apiserver check failed: %v", err)
-		}
+	case "slots":
+		runSlots(args, mux)
+	case "quota":
+		runQuota(args)
+		return
 	default:
 		log.Fatalf("probe: unknown mode %q", mode)
 	}
-	serve(*addr)
+	serve(addr, mux)
+}
+
+func newFlags(mode string) *flag.FlagSet {
+	return flag.NewFlagSet(mode, flag.ExitOnError)
 }
 
 func info() map[string]any {
@@ -69,10 +88,9 @@ func info() map[string]any {
 	}
 }
 
-func serve(addr string) {
+func serve(addr string, mux *http.ServeMux) {
 	b, _ := json.Marshal(info())
 	log.Printf("probe: started %s", b)
-	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/info", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
