@@ -164,7 +164,9 @@ type podInfo struct {
 	UID, QOS, ContainerID string
 }
 
-func getPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string) podInfo {
+// getPod returns a pod's UID, QoS class and the ID of its container named
+// container.
+func getPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name, container string) podInfo {
 	t.Helper()
 	out, err := c.Kubectl(ctx, "-n", ns, "get", "pod", name, "-o", "json")
 	if err != nil {
@@ -177,6 +179,7 @@ func getPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name stri
 		Status struct {
 			QOSClass          string `json:"qosClass"`
 			ContainerStatuses []struct {
+				Name        string `json:"name"`
 				ContainerID string `json:"containerID"`
 			} `json:"containerStatuses"`
 		} `json:"status"`
@@ -184,11 +187,14 @@ func getPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name stri
 	if err := json.Unmarshal([]byte(out), &p); err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Status.ContainerStatuses) == 0 {
-		t.Fatalf("pod %s/%s has no container status", ns, name)
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == container {
+			_, id, _ := strings.Cut(cs.ContainerID, "://")
+			return podInfo{UID: p.Metadata.UID, QOS: p.Status.QOSClass, ContainerID: id}
+		}
 	}
-	_, id, _ := strings.Cut(p.Status.ContainerStatuses[0].ContainerID, "://")
-	return podInfo{UID: p.Metadata.UID, QOS: p.Status.QOSClass, ContainerID: id}
+	t.Fatalf("pod %s/%s has no status of a container %s", ns, name, container)
+	return podInfo{}
 }
 
 // TestChartServesAnnotatedPod: helm install of charts/cpuslot makes the
@@ -211,7 +217,7 @@ func TestChartServesAnnotatedPod(t *testing.T) {
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	p, slots := waitServed(ctx, t, c, ns, appNS, "fn", 3)
+	p, slots := waitServed(ctx, t, c, ns, appNS, "fn", "fn", 3)
 	t.Logf("pod served: socket and %d slots in %s", len(slots), cluster.ContainerCgroupDir("cpu", p.QOS, p.UID, p.ContainerID))
 	for _, s := range slots {
 		q, _ := os.ReadFile(filepath.Join(s, "cpu.cfs_quota_us"))
@@ -241,10 +247,10 @@ func TestChartServesAnnotatedPod(t *testing.T) {
 }
 
 // waitServed waits until the agent has made pod name's socket and at least
-// n slots in its container's cgroup.
-func waitServed(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, ns, name string, n int) (podInfo, []string) {
+// n slots in the cgroup of its container named container.
+func waitServed(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, ns, name, container string, n int) (podInfo, []string) {
 	t.Helper()
-	p := getPod(ctx, t, c, ns, name)
+	p := getPod(ctx, t, c, ns, name, container)
 	sock := filepath.Join("/var/lib/kubelet/pods", p.UID, "volumes/kubernetes.io~empty-dir/cpuslot/agent.sock")
 	cg := cluster.ContainerCgroupDir("cpu", p.QOS, p.UID, p.ContainerID)
 	deadline := time.Now().Add(30 * time.Second)
@@ -280,7 +286,7 @@ func TestDeletedServedPodLeavesNoSlot(t *testing.T) {
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	waitServed(ctx, t, c, ns, appNS, "fn", 3)
+	waitServed(ctx, t, c, ns, appNS, "fn", "fn", 3)
 	t0 := time.Now()
 	if out, err := c.Kubectl(ctx, "-n", appNS, "delete", "pod", "fn", "--wait=true", "--timeout=60s"); err != nil {
 		t.Fatalf("%v: %s", err, out)

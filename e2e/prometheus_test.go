@@ -271,7 +271,7 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	waitServed(ctx, t, c, ns, appNS, "fn", 3)
+	waitServed(ctx, t, c, ns, appNS, "fn", "fn", 3)
 	p.writeTargets(ctx, t)
 
 	t0 := time.Now()

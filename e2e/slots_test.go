@@ -70,7 +70,7 @@ func TestInvocationsRunInSlots(t *testing.T) {
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	waitServed(ctx, t, c, ns, appNS, "fn", 3)
+	waitServed(ctx, t, c, ns, appNS, "fn", "fn", 3)
 	ip := podIP(ctx, t, c, appNS, "fn")
 	var st loadStatsView
 	deadline := time.Now().Add(60 * time.Second)
@@ -164,7 +164,7 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	p, slotsBefore := waitServed(ctx, t, c, ns, appNS, "fn", 3)
+	p, slotsBefore := waitServed(ctx, t, c, ns, appNS, "fn", "fn", 3)
 	ip := podIP(ctx, t, c, appNS, "fn")
 	for probeStats(t, ip).OK < 100 {
 		time.Sleep(200 * time.Millisecond)
@@ -203,7 +203,7 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	if after.Unslotted > 0 {
 		t.Logf("acquisitions without a slot: %v", after.Errors)
 	}
-	_, slotsAfter := waitServed(ctx, t, c, ns, appNS, "fn", 3)
+	_, slotsAfter := waitServed(ctx, t, c, ns, appNS, "fn", "fn", 3)
 	if fmt.Sprint(slotsAfter) != fmt.Sprint(slotsBefore) {
 		t.Logf("slots before the restart %v, after %v", slotsBefore, slotsAfter)
 	}

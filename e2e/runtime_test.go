@@ -1,0 +1,484 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cpuslot/cpuslot/e2e/cluster"
+)
+
+// The Java runtime image (make runtime-image) and the sample functions jar
+// it is tested with.
+const runtimeImage = "docker.io/cpuslot/runtime-jvm:dev"
+
+func samplesJar(t *testing.T) []byte {
+	t.Helper()
+	repo, err := cluster.FindRepo(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jars, _ := filepath.Glob(filepath.Join(repo, "runtime-image", "samples", "target", "samples-*.jar"))
+	if len(jars) == 0 {
+		t.Fatal("runtime-image/samples/target/samples-*.jar missing (make runtime-image builds it)")
+	}
+	b, err := os.ReadFile(jars[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func needRuntimeImage(t *testing.T) {
+	t.Helper()
+	repo, _ := cluster.FindRepo(".")
+	if _, err := os.Stat(filepath.Join(repo, "bin", "images", "cpuslot-runtime.tar")); err != nil {
+		t.Fatalf("the runtime image is not among the imported images (make images runs make runtime-image): %v", err)
+	}
+}
+
+// fakeOpenWhiskAPI serves what the runtime reads from the OpenWhisk REST
+// API: the action's annotations (GET /api/v1/namespaces/NS/actions/NAME),
+// with basic auth by the activation's api_key. The one stand-in of these
+// tests: the OpenWhisk controller cannot run here. It listens on the node's
+// address, which pods reach through the CNI bridge.
+type fakeOpenWhiskAPI struct {
+	url    string
+	apiKey string
+	mu     sync.Mutex
+	gets   int
+	quota  map[string]string // action name -> cpu-quota annotation
+}
+
+func startFakeOpenWhiskAPI(t *testing.T, c *cluster.Cluster) *fakeOpenWhiskAPI {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(c.NodeIP(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeOpenWhiskAPI{
+		url:    "http://" + ln.Addr().String(),
+		apiKey: "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP",
+		quota:  map[string]string{},
+	}
+	srv := &http.Server{Handler: f, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return f
+}
+
+func (f *fakeOpenWhiskAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	user, pass, ok := r.BasicAuth()
+	if !ok || user+":"+pass != f.apiKey {
+		http.Error(w, `{"error":"The supplied authentication is invalid"}`, http.StatusUnauthorized)
+		return
+	}
+	// /api/v1/namespaces/{ns}/actions/{name}
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	if r.Method != "GET" || len(parts) < 6 || parts[0] != "api" || parts[2] != "namespaces" || parts[4] != "actions" {
+		http.Error(w, `{"error":"not found"}`, http.StatusNotFound)
+		return
+	}
+	ns, name := parts[3], strings.Join(parts[5:], "/")
+	f.mu.Lock()
+	f.gets++
+	q, ok := f.quota[name]
+	f.mu.Unlock()
+	if !ok {
+		http.Error(w, `{"error":"The requested resource does not exist."}`, http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{
+		"namespace": ns, "name": name, "version": "0.0.1", "publish": false,
+		"annotations": []map[string]any{
+			{"key": "exec", "value": "java:cpuslot"},
+			{"key": "cpu-quota", "value": q},
+		},
+		"limits": map[string]any{"timeout": 60000, "memory": 512, "logs": 10, "concurrency": 4},
+		"exec":   map[string]any{"kind": "java:cpuslot", "binary": true},
+	})
+}
+
+// The action pod as OpenWhisk's invoker creates it with the recipe in
+// deploy/openwhisk (see deploy/openwhisk/action-pod.example.yaml), the CPU
+// request/limit lowered to fit this 2-core node beside the agent.
+const openWhiskActionPod = `
+apiVersion: v1
+kind: Pod
+metadata:
+  name: wskowdev-invoker-00-1-guest-cpuburn
+  namespace: %[1]s
+  labels:
+    invoker: invoker0
+    name: wskowdev-invoker-00-1-guest-cpuburn
+    release: owdev
+    user-action-pod: "true"
+  annotations:
+    prometheus.io/port: "9102"
+    prometheus.io/scrape: "true"
+spec:
+  restartPolicy: Always
+  containers:
+  - name: user-action
+    image: %[2]s
+    imagePullPolicy: Never
+    env:
+    - name: __OW_API_HOST
+      value: %[3]s
+    - name: __OW_ALLOW_CONCURRENT
+      value: "true"
+    - name: CPUSLOT_SOCKET
+      value: /run/cpuslot/agent.sock
+    ports:
+    - containerPort: 8080
+      name: action
+    resources:
+      limits: {cpu: "1", memory: 512Mi}
+      requests: {cpu: "1", memory: 512Mi}
+    securityContext:
+      capabilities:
+        drop: [NET_RAW, NET_ADMIN]
+    volumeMounts:
+    - mountPath: /run/cpuslot
+      name: cpuslot
+  volumes:
+  - name: cpuslot
+    emptyDir: {}
+`
+
+// A Knative revision pod as Knative Serving creates it from
+// deploy/knative/service.yaml: user-container with PORT/K_* and the quota
+// annotation through the downward API, and the queue-proxy sidecar (here
+// the probe image stands in for Knative's queue-proxy image, on its port).
+const knativeRevisionPod = `
+apiVersion: v1
+kind: Pod
+metadata:
+  name: fn-00001-deployment-5d9c7b8f6d-x2x7k
+  namespace: %[1]s
+  labels:
+    app: fn-00001
+    serving.knative.dev/configuration: fn
+    serving.knative.dev/configurationGeneration: "1"
+    serving.knative.dev/revision: fn-00001
+    serving.knative.dev/revisionUID: 6f8b0c51-0000-4000-8000-000000000001
+    serving.knative.dev/service: fn
+  annotations:
+    cpuslot.dev/cpu-quota: "500m"
+    cpuslot.dev/prewarm: "500m=2"
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: user-container
+    image: %[2]s
+    imagePullPolicy: Never
+    ports:
+    - {name: user-port, containerPort: 8080, protocol: TCP}
+    env:
+    - {name: PORT, value: "8080"}
+    - {name: K_REVISION, value: fn-00001}
+    - {name: K_CONFIGURATION, value: fn}
+    - {name: K_SERVICE, value: fn}
+    - {name: CPUSLOT_SOCKET, value: /run/cpuslot/agent.sock}
+    - name: CPUSLOT_DEFAULT_QUOTA
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.annotations['cpuslot.dev/cpu-quota']
+    volumeMounts:
+    - {name: cpuslot, mountPath: /run/cpuslot}
+    resources:
+      requests: {cpu: 500m, memory: 512Mi}
+      limits: {cpu: "1", memory: 512Mi}
+  - name: queue-proxy
+    image: %[3]s
+    imagePullPolicy: Never
+    args: ["serve", "-addr", ":8012"]
+    ports:
+    - {name: http-queueadm, containerPort: 8022, protocol: TCP}
+    - {name: http, containerPort: 8012, protocol: TCP}
+    resources:
+      requests: {cpu: 25m, memory: 32Mi}
+  volumes:
+  - name: cpuslot
+    emptyDir: {}
+`
+
+type invokeResult struct {
+	status  int
+	body    []byte
+	headers http.Header
+	elapsed time.Duration
+}
+
+func post(ctx context.Context, url string, body any) (invokeResult, error) {
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	t0 := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return invokeResult{}, err
+	}
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	return invokeResult{resp.StatusCode, rb, resp.Header, time.Since(t0)}, nil
+}
+
+// waitHTTP waits until the pod's runtime answers at all (its JVM started).
+func waitHTTP(ctx context.Context, t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no answer after 60 s: %v", url, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// cpuShare is a CPU-bound invocation's share of a CPU, from the runtime's
+// report headers (slot CPU time) and the function's own wall time.
+func cpuShare(r invokeResult) (share float64, quota int, err error) {
+	quota, err = strconv.Atoi(r.headers.Get("X-Cpuslot-Quota-Milli"))
+	if err != nil {
+		return 0, 0, fmt.Errorf("X-Cpuslot-Quota-Milli %q: %v", r.headers.Get("X-Cpuslot-Quota-Milli"), err)
+	}
+	cpu, err := strconv.ParseInt(r.headers.Get("X-Cpuslot-Cpu-Ns"), 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("X-Cpuslot-Cpu-Ns %q: %v", r.headers.Get("X-Cpuslot-Cpu-Ns"), err)
+	}
+	var body struct {
+		WallMS float64 `json:"wall_ms"`
+	}
+	if err := json.Unmarshal(r.body, &body); err != nil || body.WallMS <= 0 {
+		return 0, 0, fmt.Errorf("reply %s: no wall_ms", r.body)
+	}
+	return float64(cpu) / (body.WallMS * 1e6), quota, nil
+}
+
+// TestOpenWhiskActionPod: an action pod shaped as OpenWhisk's invoker makes
+// it is served by the agent; the test drives it as the invoker does: one
+// /init with the jar, then concurrent /run (intra-container concurrency)
+// with the activation fields; the quota comes from the action's cpu-quota
+// annotation read from the (stand-in) OpenWhisk API; every invocation runs
+// in a slot, and a CPU-bound one at 250m gets 25 % +/- 2.5 points.
+func TestOpenWhiskActionPod(t *testing.T) {
+	c := cluster.Need(t, kc)
+	needRuntimeImage(t)
+	jar := samplesJar(t)
+	const ns, appNS, release = "cpuslot-system", "e2e-openwhisk", "cpuslot"
+	installChart(t, c, release, ns)
+	namespace(t, c, appNS)
+	api := startFakeOpenWhiskAPI(t, c)
+	api.quota["cpuburn"] = "250m"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const pod = "wskowdev-invoker-00-1-guest-cpuburn"
+	if out, err := c.Apply(ctx, fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=120s"); err != nil {
+		desc, _ := c.Kubectl(ctx, "-n", appNS, "describe", "pod", pod)
+		t.Fatalf("%v: %s\n%s", err, out, desc)
+	}
+	p, slots := waitServed(ctx, t, c, ns, appNS, pod, "user-action", 1)
+	t.Logf("action pod served: %d pre-warmed slots in its user-action container's cgroup", len(slots))
+	base := "http://" + podIP(ctx, t, c, appNS, pod) + ":8080"
+	waitHTTP(ctx, t, base+"/")
+
+	r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
+		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
+		"code": base64.StdEncoding.EncodeToString(jar), "env": map[string]string{},
+	}})
+	if err != nil || r.status != 200 {
+		t.Fatalf("/init: %v %d %s", err, r.status, r.body)
+	}
+	r, _ = post(ctx, base+"/init", map[string]any{"value": map[string]any{"name": "cpuburn", "main": "x", "code": "", "binary": true}})
+	if r.status == 200 {
+		t.Errorf("a second /init succeeded: %s", r.body)
+	}
+
+	run := func(ctx context.Context, i int, ms int) (invokeResult, error) {
+		return post(ctx, base+"/run", map[string]any{
+			"value":          map[string]any{"ms": ms, "threads": 1},
+			"namespace":      "guest",
+			"action_name":    "/guest/cpuburn",
+			"action_version": "0.0.1",
+			"activation_id":  fmt.Sprintf("e2e%029d", i),
+			"transaction_id": fmt.Sprintf("tid%d", i),
+			"deadline":       strconv.FormatInt(time.Now().Add(60*time.Second).UnixMilli(), 10),
+			"api_key":        api.apiKey,
+		})
+	}
+	// Concurrent /run, as the invoker sends with concurrency > 1: the
+	// first batch right after /init (the runtime's slot client is cold),
+	// then a second one.
+	const conc = 4
+	for batch, what := range []string{"first (cold)", "second"} {
+		var wg sync.WaitGroup
+		results := make([]invokeResult, conc)
+		errs := make([]error, conc)
+		for i := 0; i < conc; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				results[i], errs[i] = run(ctx, batch*conc+i, 200)
+			}(i)
+		}
+		wg.Wait()
+		var slots []string
+		for i, r := range results {
+			if errs[i] != nil || r.status != 200 {
+				t.Fatalf("/run %d: %v %d %s", i, errs[i], r.status, r.body)
+			}
+			if q, src := r.headers.Get("X-Cpuslot-Quota-Milli"), r.headers.Get("X-Cpuslot-Quota-Source"); q != "250" || src != "annotation" {
+				t.Errorf("%s batch, /run %d: quota %q from %q, want 250 from the action annotation", what, i, q, src)
+			}
+			if r.headers.Get("X-Cpuslot-Slot") == "" {
+				t.Errorf("%s batch, /run %d: ran without a slot (X-Cpuslot-Noslot: %q) after %v", what, i, r.headers.Get("X-Cpuslot-Noslot"), r.elapsed.Round(time.Millisecond))
+			}
+			slots = append(slots, r.headers.Get("X-Cpuslot-Slot")+"/"+r.headers.Get("X-Cpuslot-Outcome")+r.headers.Get("X-Cpuslot-Noslot"))
+		}
+		t.Logf("%s batch of %d concurrent /run: quota 250m from the action annotation; slot/outcome %v", what, conc, slots)
+	}
+
+	// A CPU-bound invocation alone at 250m: 25 % +/- 2.5 points.
+	for try := 1; ; try++ {
+		r, err := run(ctx, 100+try, 3000)
+		if err != nil || r.status != 200 {
+			t.Fatalf("/run: %v %d %s", err, r.status, r.body)
+		}
+		share, quota, err := cpuShare(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("CPU-bound invocation at %dm: %.1f%% of a CPU (throttled %s ns)", quota, 100*share, r.headers.Get("X-Cpuslot-Throttled-Ns"))
+		if share > 0.275 {
+			t.Fatalf("%.1f%% of a CPU at 250m: above the cap", 100*share)
+		}
+		if share >= 0.225 {
+			break
+		}
+		if try == 3 {
+			t.Fatalf("%.1f%% of a CPU at 250m after 3 tries (machine busy?)", 100*share)
+		}
+	}
+	api.mu.Lock()
+	gets := api.gets
+	api.mu.Unlock()
+	if gets == 0 {
+		t.Errorf("the runtime never asked the OpenWhisk API for the action's annotations")
+	}
+	logs, _ := c.Kubectl(ctx, "-n", appNS, "logs", pod, "--tail=5")
+	if !strings.Contains(logs, "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX") {
+		t.Errorf("no activation sentinel in the action's log:\n%s", logs)
+	}
+	_ = p
+}
+
+// TestKnativeRevisionPod: a revision pod shaped as Knative creates it (the
+// quota annotation copied from the revision template, read through the
+// downward API) is served in its user-container only; invoked through
+// Knative's single entry point (POST / with init, then activations), a
+// CPU-bound invocation runs at 500m: 50 % +/- 2.5 points.
+func TestKnativeRevisionPod(t *testing.T) {
+	c := cluster.Need(t, kc)
+	needRuntimeImage(t)
+	jar := samplesJar(t)
+	const ns, appNS, release = "cpuslot-system", "e2e-knative", "cpuslot"
+	installChart(t, c, release, ns)
+	namespace(t, c, appNS)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const pod = "fn-00001-deployment-5d9c7b8f6d-x2x7k"
+	if out, err := c.Apply(ctx, fmt.Sprintf(knativeRevisionPod, appNS, runtimeImage, cluster.ProbeImage)); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=120s"); err != nil {
+		desc, _ := c.Kubectl(ctx, "-n", appNS, "describe", "pod", pod)
+		t.Fatalf("%v: %s\n%s", err, out, desc)
+	}
+	p, slots := waitServed(ctx, t, c, ns, appNS, pod, "user-container", 2)
+	t.Logf("revision pod served: %d pre-warmed slots in user-container's cgroup", len(slots))
+	// Not the sidecar.
+	out, err := c.Kubectl(ctx, "-n", appNS, "get", "pod", pod, "-o", `jsonpath={range .status.containerStatuses[*]}{.name}={.containerID}{"\n"}{end}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		name, id, _ := strings.Cut(l, "=")
+		_, id, _ = strings.Cut(id, "://")
+		if name == "queue-proxy" {
+			if s, _ := filepath.Glob(filepath.Join(cluster.ContainerCgroupDir("cpu", p.QOS, p.UID, id), "cpuslot-*")); len(s) > 0 {
+				t.Errorf("slots in the queue-proxy sidecar: %v", s)
+			}
+		}
+	}
+	base := "http://" + podIP(ctx, t, c, appNS, pod) + ":8080"
+	waitHTTP(ctx, t, base+"/")
+	r, err := post(ctx, base+"/", map[string]any{"init": map[string]any{
+		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
+		"code": base64.StdEncoding.EncodeToString(jar),
+	}})
+	if err != nil || r.status != 200 {
+		t.Fatalf("init: %v %d %s", err, r.status, r.body)
+	}
+	activate := func(id string, ms int) invokeResult {
+		r, err := post(ctx, base+"/", map[string]any{
+			"activation": map[string]any{"namespace": "default", "action_name": "fn", "activation_id": id,
+				"deadline": strconv.FormatInt(time.Now().Add(60*time.Second).UnixMilli(), 10)},
+			"value": map[string]any{"ms": ms, "threads": 1},
+		})
+		if err != nil || r.status != 200 {
+			t.Fatalf("activation: %v %d %s", err, r.status, r.body)
+		}
+		return r
+	}
+	// The first activation right after init (cold slot client).
+	if r := activate("kn-first", 100); r.headers.Get("X-Cpuslot-Slot") == "" {
+		t.Errorf("first activation ran without a slot (quota %s from %s, X-Cpuslot-Noslot: %q) after %v", r.headers.Get("X-Cpuslot-Quota-Milli"),
+			r.headers.Get("X-Cpuslot-Quota-Source"), r.headers.Get("X-Cpuslot-Noslot"), r.elapsed.Round(time.Millisecond))
+	}
+	for try := 1; ; try++ {
+		r := activate(fmt.Sprintf("kn%d", try), 3000)
+		if src := r.headers.Get("X-Cpuslot-Quota-Source"); r.headers.Get("X-Cpuslot-Slot") == "" {
+			t.Fatalf("activation ran without a slot (source %q, noslot %q)", src, r.headers.Get("X-Cpuslot-Noslot"))
+		}
+		share, quota, err := cpuShare(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("CPU-bound activation at %dm (source %s): %.1f%% of a CPU", quota, r.headers.Get("X-Cpuslot-Quota-Source"), 100*share)
+		if quota != 500 {
+			t.Fatalf("quota %dm, want 500m from the revision's annotation", quota)
+		}
+		if share > 0.525 {
+			t.Fatalf("%.1f%% of a CPU at 500m: above the cap", 100*share)
+		}
+		if share >= 0.475 {
+			break
+		}
+		if try == 3 {
+			t.Fatalf("%.1f%% of a CPU at 500m after 3 tries (machine busy?)", 100*share)
+		}
+	}
+}
