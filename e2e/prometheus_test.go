@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -254,9 +256,9 @@ func shippedQueries(t *testing.T) []shippedQuery {
 // configuration (file_sd variant) scrapes the agent of a helm-installed
 // chart;
 // the agent's series of a served pod that invokes through its slots (the
-// probe's Go client) appear; every shipped query parses and evaluates.
-// (That every "data" query returns data needs the Java runtime's own
-// metrics too: the runtime image's tests.)
+// probe's Go client) appear; with a runtime pod (Java runtime image)
+// running invocations too, every query of the shipped dashboards and alert
+// rules evaluates and each one expected to return data does.
 func TestPrometheusScrapesAgent(t *testing.T) {
 	c := cluster.Need(t, kc)
 	const ns, appNS, release = "cpuslot-system", "e2e-prom", "cpuslot"
@@ -282,18 +284,102 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	// The pod invokes through its slots: acquisitions are counted.
 	p.waitSeries(ctx, t, `sum(rate(cpuslot_acquisitions_total{job="cpuslot-node-agent"}[1m])) > 0`, 60*time.Second)
 
-	var empty []string
-	n := 0
-	for _, q := range shippedQueries(t) {
-		got, err := p.query(ctx, q.query)
-		if err != nil {
-			t.Errorf("%s: %v", q.source, err)
-			continue
-		}
-		n++
-		if got == 0 && q.expect == "data" {
-			empty = append(empty, q.source)
-		}
+	// A runtime pod (the Java runtime image, Knative-shaped) running
+	// invocations in slots: the runtime's own series, for the runtime
+	// dashboard.
+	needRuntimeImage(t)
+	jar := samplesJar(t)
+	// Room on the 2-core node for both runtime pods' CPU requests.
+	if out, err := c.Kubectl(ctx, "-n", appNS, "delete", "pod", "fn", "--wait=true"); err != nil {
+		t.Fatalf("%v: %s", err, out)
 	}
-	t.Logf("%d shipped queries evaluate; %d of the \"data\" ones have no data yet without invocations: %s", n, len(empty), strings.Join(empty, " "))
+	// An OpenWhisk action pod: its runtime looks the quota up in the
+	// (stand-in) OpenWhisk API, which the runtime dashboard counts.
+	api := startFakeOpenWhiskAPI(t, c)
+	api.quota["cpuburn"] = "250m"
+	const owpod = "wskowdev-invoker-00-1-guest-cpuburn"
+	if out, err := c.Apply(ctx, fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	const rpod = "fn-00001-deployment-5d9c7b8f6d-x2x7k"
+	if out, err := c.Apply(ctx, fmt.Sprintf(knativeRevisionPod, appNS, runtimeImage, cluster.ProbeImage)); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+rpod, "--timeout=120s"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitServed(ctx, t, c, ns, appNS, rpod, "user-container", 2)
+	base := "http://" + podIP(ctx, t, c, appNS, rpod) + ":8080"
+	waitHTTP(ctx, t, base+"/")
+	if r, err := post(ctx, base+"/", map[string]any{"init": map[string]any{
+		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
+		"code": base64.StdEncoding.EncodeToString(jar),
+	}}); err != nil || r.status != 200 {
+		t.Fatalf("init: %v %d", err, r.status)
+	}
+	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+owpod, "--timeout=120s"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	owbase := "http://" + podIP(ctx, t, c, appNS, owpod) + ":8080"
+	waitHTTP(ctx, t, owbase+"/")
+	if r, err := post(ctx, owbase+"/init", map[string]any{"value": map[string]any{
+		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
+		"code": base64.StdEncoding.EncodeToString(jar),
+	}}); err != nil || r.status != 200 {
+		t.Fatalf("/init: %v %d", err, r.status)
+	}
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	go func() {
+		for i := 0; loadCtx.Err() == nil; i++ {
+			post(loadCtx, owbase+"/run", map[string]any{
+				"value": map[string]any{"ms": 20, "threads": 1}, "namespace": "guest",
+				"action_name": "/guest/cpuburn", "action_version": "0.0.1",
+				"activation_id": fmt.Sprintf("ow%029d", i), "transaction_id": fmt.Sprintf("tid%d", i),
+				"deadline": strconv.FormatInt(time.Now().Add(60*time.Second).UnixMilli(), 10),
+				"api_key":  api.apiKey,
+			})
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	go func() {
+		for i := 0; loadCtx.Err() == nil; i++ {
+			post(loadCtx, base+"/", map[string]any{
+				"activation": map[string]any{"namespace": "default", "action_name": "fn", "activation_id": fmt.Sprintf("prom%d", i)},
+				"value":      map[string]any{"ms": 20, "threads": 1},
+			})
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	p.writeTargets(ctx, t)
+	p.waitSeries(ctx, t, `up{job="cpuslot-runtime"} == 1`, 60*time.Second)
+
+	// Every query of the shipped dashboards and alerts evaluates; every one
+	// expected to return data once an agent serves a pod whose runtime runs
+	// invocations with slots (and those that need a CPU budget: the pods
+	// have CPU limits) does.
+	qs := shippedQueries(t)
+	var empty []string
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		empty = empty[:0]
+		for _, q := range qs {
+			got, err := p.query(ctx, q.query)
+			if err != nil {
+				t.Fatalf("%s: %v", q.source, err)
+			}
+			if got == 0 && (q.expect == "data" || q.expect == "budget") {
+				empty = append(empty, q.source+"\t"+q.query)
+			}
+		}
+		if len(empty) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if len(empty) > 0 {
+		t.Errorf("%d shipped queries return no data:\n  %s", len(empty), strings.Join(empty, "\n  "))
+	} else {
+		t.Logf("all %d shipped queries evaluate; every \"data\" and \"budget\" one returns data", len(qs))
+	}
 }
