@@ -38,6 +38,13 @@ type Options struct {
 	// ReconnectFor is how long a failed call keeps trying to reach a
 	// restarting agent before giving up (default 2s).
 	ReconnectFor time.Duration
+	// Linger keeps a lease for this long after an invocation ends, so that
+	// the next invocation of the same action at the same quota on the same
+	// thread reuses it with no message to the agent at all. Quota
+	// enforcement is unchanged; an idle lingering lease holds admission
+	// budget until it expires, and the agent sees one lease for the
+	// invocations that reused it. 0 releases at once.
+	Linger time.Duration
 }
 
 // Client talks to one agent socket.
@@ -55,6 +62,9 @@ type Client struct {
 	current map[int]uint32
 	// held are the leases not yet released, re-declared after a reconnect.
 	held map[*Lease]struct{}
+	// parked are lingering leases by thread (see Options.Linger).
+	parked map[int]*Lease
+	stop   chan struct{}
 
 	recoverMu sync.Mutex
 	closed    bool
@@ -88,6 +98,10 @@ type Lease struct {
 	// client has the slot's counter fds; then Release needs no reply.
 	start    cgroup.Usage
 	hasStart bool
+	parkedAt time.Time
+	// Reused reports that the lease lingered from the thread's previous
+	// invocation: no message went to the agent.
+	Reused bool
 }
 
 // Dial connects to the agent and says HELLO.
@@ -98,13 +112,49 @@ func Dial(path string, opts Options) (*Client, error) {
 	if opts.ReconnectFor <= 0 {
 		opts.ReconnectFor = 2 * time.Second
 	}
-	c := &Client{path: path, opts: opts, fds: map[uint32][]int{}, current: map[int]uint32{}, held: map[*Lease]struct{}{}}
+	c := &Client{path: path, opts: opts, fds: map[uint32][]int{}, current: map[int]uint32{}, held: map[*Lease]struct{}{},
+		parked: map[int]*Lease{}, stop: make(chan struct{})}
 	cn, err := c.dial()
 	if err != nil {
 		return nil, err
 	}
 	c.put(cn)
+	if opts.Linger > 0 {
+		go c.expireParked()
+	}
 	return c, nil
+}
+
+// expireParked releases lingering leases nobody reused in time.
+func (c *Client) expireParked() {
+	t := time.NewTicker(max(c.opts.Linger/2, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case now := <-t.C:
+			c.mu.Lock()
+			var old []*Lease
+			for tid, l := range c.parked {
+				if now.Sub(l.parkedAt) >= c.opts.Linger {
+					old = append(old, l)
+					delete(c.parked, tid)
+				}
+			}
+			c.mu.Unlock()
+			for _, l := range old {
+				l.releaseParked()
+			}
+		}
+	}
+}
+
+// releaseParked tells the agent a lingering lease is over.
+func (l *Lease) releaseParked() {
+	if _, ok := l.releaseOneWay(slotv1.InvocationOK); !ok {
+		_, _ = l.releaseWithReply(slotv1.InvocationOK)
+	}
 }
 
 // Hello is what the agent said about this client's container.
@@ -118,7 +168,17 @@ func (c *Client) Hello() slotv1.HelloOK {
 // released by the agent once the process's last connection is gone.
 func (c *Client) Close() error {
 	c.mu.Lock()
+	parked := c.parked
+	c.parked = map[int]*Lease{}
+	c.mu.Unlock()
+	for _, l := range parked {
+		l.releaseParked()
+	}
+	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.closed {
+		close(c.stop)
+	}
 	c.closed = true
 	for _, cn := range c.idle {
 		cn.close()
@@ -137,7 +197,17 @@ func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, 
 	tid := unix.Gettid()
 	c.mu.Lock()
 	cur := c.current[tid]
+	p := c.parked[tid]
+	delete(c.parked, tid)
+	reuse := p != nil && p.QuotaMilli == quotaMilli && !p.Degraded && p.action == action && p.gen == c.gen
 	c.mu.Unlock()
+	if reuse {
+		p.invocation, p.Reused, p.Outcome, p.Place, p.Queued = invocation, true, slotv1.OutcomeAffinityHit, slotv1.PlaceNone, false
+		return p, nil
+	}
+	if p != nil {
+		p.releaseParked() // another action or quota: end it first
+	}
 	req := &slotv1.Acquire{QuotaMilli: quotaMilli, TID: uint32(tid), CurrentSlot: cur, Action: action, Invocation: invocation,
 		WaitUS: uint32(min(c.opts.Wait.Microseconds(), 1<<32-1))}
 	if c.opts.AgentPlaces {
@@ -173,15 +243,7 @@ func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, 
 		}
 	}
 	c.setCurrent(tid, ok.Slot)
-	if len(stat) > 0 {
-		acct := -1
-		if len(stat) > 1 {
-			acct = stat[1]
-		}
-		if u, err := cgroup.ReadCounters(stat[0], acct); err == nil {
-			l.start, l.hasStart = u, true
-		}
-	}
+	l.start, l.hasStart = readCounters(stat)
 	return l, nil
 }
 
@@ -227,11 +289,58 @@ func placeSelf(fds []int) error {
 // no cgroup write.
 func (l *Lease) Release(outcome slotv1.ReleaseOutcome) (Usage, error) {
 	c := l.c
+	if c.opts.Linger > 0 && l.hasStart && outcome == slotv1.InvocationOK {
+		if u, ok := l.park(); ok {
+			return u, nil
+		}
+	}
 	if l.hasStart && outcome != slotv1.PlacementFailed {
 		if u, ok := l.releaseOneWay(outcome); ok {
 			return u, nil
 		}
 	}
+	return l.releaseWithReply(outcome)
+}
+
+// park keeps the lease for the thread's next invocation: it measures this
+// invocation's usage and starts the next one's from here.
+func (l *Lease) park() (Usage, bool) {
+	c := l.c
+	c.mu.Lock()
+	fds := c.fds[l.Slot]
+	c.mu.Unlock()
+	_, stat := c.split(fds)
+	end, ok := readCounters(stat)
+	if !ok {
+		return Usage{}, false
+	}
+	d := end.Sub(l.start)
+	l.start, l.parkedAt = end, time.Now()
+	c.mu.Lock()
+	c.parked[l.tid] = l
+	c.mu.Unlock()
+	return usageOf(d), true
+}
+
+func readCounters(stat []int) (cgroup.Usage, bool) {
+	if len(stat) == 0 {
+		return cgroup.Usage{}, false
+	}
+	acct := -1
+	if len(stat) > 1 {
+		acct = stat[1]
+	}
+	u, err := cgroup.ReadCounters(stat[0], acct)
+	return u, err == nil
+}
+
+func usageOf(d cgroup.Usage) Usage {
+	return Usage{CPU: time.Duration(d.CPUNanos), Throttled: time.Duration(d.ThrottledNanos), Periods: d.Periods, ThrottledPeriods: d.ThrottledPeriods}
+}
+
+// releaseWithReply sends RELEASE and waits for the agent's usage.
+func (l *Lease) releaseWithReply(outcome slotv1.ReleaseOutcome) (Usage, error) {
+	c := l.c
 	for attempt := 0; ; attempt++ {
 		c.mu.Lock()
 		id, lost := l.id, l.lost
@@ -272,15 +381,8 @@ func (l *Lease) releaseOneWay(outcome slotv1.ReleaseOutcome) (Usage, bool) {
 	id, gen := l.id, l.gen
 	c.mu.Unlock()
 	_, stat = c.split(stat)
-	if len(stat) == 0 {
-		return Usage{}, false
-	}
-	acct := -1
-	if len(stat) > 1 {
-		acct = stat[1]
-	}
-	end, err := cgroup.ReadCounters(stat[0], acct)
-	if err != nil {
+	end, ok := readCounters(stat)
+	if !ok {
 		return Usage{}, false
 	}
 	cn, err := c.get()
@@ -296,8 +398,7 @@ func (l *Lease) releaseOneWay(outcome slotv1.ReleaseOutcome) (Usage, bool) {
 	}
 	c.put(cn)
 	c.forget(l)
-	d := end.Sub(l.start)
-	return Usage{CPU: time.Duration(d.CPUNanos), Throttled: time.Duration(d.ThrottledNanos), Periods: d.Periods, ThrottledPeriods: d.ThrottledPeriods}, true
+	return usageOf(end.Sub(l.start)), true
 }
 
 func (c *Client) forget(l *Lease) {

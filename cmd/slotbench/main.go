@@ -47,6 +47,16 @@ import (
 
 var modes = []pool.Mode{pool.Uncached, pool.CacheEager, pool.CacheLazy, pool.Affinity}
 
+// variant is one row of the comparison: a pool mode, and whether the client
+// keeps leases between invocations (client.Options.Linger).
+type variant struct {
+	name   string
+	mode   pool.Mode
+	linger time.Duration
+}
+
+var variants []variant
+
 type params struct {
 	steadyN, sporadicN int
 	threads            []int
@@ -65,6 +75,7 @@ func main() {
 	share := flag.Duration("share", 10*time.Second, "also measure a CPU-bound thread in a 250m slot for this long (0: skip)")
 	transport := flag.String("transport", "netpoll", "agent transport: netpoll or blocking")
 	modeList := flag.String("modes", "uncached,cache-eager,cache-lazy,affinity", "modes to compare (ratios need uncached)")
+	linger := flag.Duration("linger", 100*time.Millisecond, "also run affinity with a client that keeps leases this long (0: skip)")
 	cpuprofile := flag.String("cpuprofile", "", "write the agent side's CPU profile here")
 	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods")
 	flag.Parse()
@@ -85,6 +96,10 @@ func main() {
 		m, err := pool.ParseMode(strings.TrimSpace(s))
 		fatal(err)
 		modes = append(modes, m)
+		variants = append(variants, variant{name: m.String(), mode: m})
+		if m == pool.Affinity && *linger > 0 {
+			variants = append(variants, variant{name: "affinity+linger", mode: m, linger: *linger})
+		}
 	}
 	if *inVM {
 		fatal(runInVM(os.Args[1:]))
@@ -148,7 +163,7 @@ func runInVM(args []string) error {
 type cell struct {
 	scenario string
 	threads  int
-	mode     pool.Mode
+	name     string
 	lat      []time.Duration
 	acq      []time.Duration
 	firstErr string
@@ -239,14 +254,14 @@ func bench(p params) error {
 		return err
 	}
 
-	clients := map[pool.Mode]*benchClient{}
-	for i, m := range modes {
-		c, err := startClient(h, containers[i].CgroupPath, cfg.Socket)
+	clients := map[string]*benchClient{}
+	for _, v := range variants {
+		c, err := startClient(h, root+"/"+v.mode.String(), cfg.Socket, v.linger)
 		if err != nil {
-			return fmt.Errorf("client for %s: %w", m, err)
+			return fmt.Errorf("client for %s: %w", v.name, err)
 		}
 		defer c.close()
-		clients[m] = c
+		clients[v.name] = c
 	}
 
 	fdm := "n/a (v1)"
@@ -256,7 +271,7 @@ func bench(p params) error {
 	fmt.Printf("slotbench: %s, kernel %s, favordynmods %s, %d CPUs\n", h, kernel, fdm, runtime.NumCPU())
 	fmt.Printf("per invocation: acquire + placement + release through the agent socket; %d rounds per cell, modes alternating\n\n", p.rounds)
 
-	floor, err := clients[modes[len(modes)-1]].run(job{Echo: echo, N: p.steadyN})
+	floor, err := clients[variants[0].name].run(job{Echo: echo, N: p.steadyN})
 	if err != nil {
 		return fmt.Errorf("echo: %w", err)
 	}
@@ -271,21 +286,21 @@ func bench(p params) error {
 			n = p.sporadicN
 		}
 		for _, threads := range p.threads {
-			byMode := map[pool.Mode]*cell{}
-			for _, m := range modes {
-				byMode[m] = &cell{scenario: scenario, threads: threads, mode: m}
-				cells = append(cells, byMode[m])
+			byMode := map[string]*cell{}
+			for _, v := range variants {
+				byMode[v.name] = &cell{scenario: scenario, threads: threads, name: v.name}
+				cells = append(cells, byMode[v.name])
 			}
 			per := max(1, n/p.rounds)
 			for r := 0; r < p.rounds; r++ {
-				order := append([]pool.Mode(nil), modes...)
+				order := append([]variant(nil), variants...)
 				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-				for _, m := range order {
-					res, err := clients[m].run(job{Threads: threads, N: per, Sporadic: scenario == "sporadic", Burst: p.burst, Quota: 250})
+				for _, v := range order {
+					res, err := clients[v.name].run(job{Threads: threads, N: per, Sporadic: scenario == "sporadic", Burst: p.burst, Quota: 250})
 					if err != nil {
-						return fmt.Errorf("%s %s: %w", scenario, m, err)
+						return fmt.Errorf("%s %s: %w", scenario, v.name, err)
 					}
-					c := byMode[m]
+					c := byMode[v.name]
 					for _, ns := range res.LatNS {
 						c.lat = append(c.lat, time.Duration(ns))
 					}
@@ -303,8 +318,8 @@ func bench(p params) error {
 			printCells(byMode)
 		}
 	}
-	if p.share > 0 && clients[pool.Affinity] != nil {
-		res, err := clients[pool.Affinity].run(job{Share: p.share.Nanoseconds(), Quota: 250})
+	if p.share > 0 && clients["affinity"] != nil {
+		res, err := clients["affinity"].run(job{Share: p.share.Nanoseconds(), Quota: 250})
 		if err != nil {
 			return err
 		}
@@ -370,23 +385,23 @@ func pct(d []time.Duration, q float64) time.Duration {
 	return d[min(len(d)-1, int(q*float64(len(d))))]
 }
 
-func printCells(byMode map[pool.Mode]*cell) {
-	base := byMode[pool.Uncached]
+func printCells(byMode map[string]*cell) {
+	base := byMode["uncached"]
 	if base == nil {
-		base = byMode[modes[0]]
+		base = byMode[variants[0].name]
 	}
 	for _, c := range byMode {
 		sort.Slice(c.lat, func(i, j int) bool { return c.lat[i] < c.lat[j] })
 		sort.Slice(c.acq, func(i, j int) bool { return c.acq[i] < c.acq[j] })
 	}
-	first := byMode[modes[0]]
+	first := byMode[variants[0].name]
 	fmt.Printf("%-8s threads=%d\n", first.scenario, first.threads)
-	fmt.Printf("  %-12s %6s %10s %10s %10s %12s %12s %9s %12s\n", "mode", "n", "p50", "p90", "p99", "p50 vs unc.", "p99 vs unc.", "no-write", "acquire p50")
-	for _, m := range modes {
-		c := byMode[m]
+	fmt.Printf("  %-16s %6s %10s %10s %10s %12s %12s %9s %12s\n", "mode", "n", "p50", "p90", "p99", "p50 vs unc.", "p99 vs unc.", "no-write", "acquire p50")
+	for _, v := range variants {
+		c := byMode[v.name]
 		p50, p90, p99 := pct(c.lat, .5), pct(c.lat, .9), pct(c.lat, .99)
-		fmt.Printf("  %-12s %6d %10s %10s %10s %11.1fx %11.1fx %8.1f%%",
-			m, len(c.lat), us(p50), us(p90), us(p99),
+		fmt.Printf("  %-16s %6d %10s %10s %10s %11.1fx %11.1fx %8.1f%%",
+			v.name, len(c.lat), us(p50), us(p90), us(p99),
 			float64(pct(base.lat, .5))/float64(max(p50, 1)), float64(pct(base.lat, .99))/float64(max(p99, 1)),
 			100*float64(c.noWrite)/float64(max(c.total, 1)))
 		fmt.Printf(" %12s", us(pct(c.acq, .5)))
@@ -429,13 +444,13 @@ type benchClient struct {
 	out *bufio.Reader
 }
 
-func startClient(h *cgroup.Hierarchy, rel, socket string) (*benchClient, error) {
+func startClient(h *cgroup.Hierarchy, rel, socket string, linger time.Duration) (*benchClient, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket)
+	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket, "SLOTBENCH_LINGER="+linger.String())
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -489,7 +504,8 @@ func clientMain() {
 		} else {
 			if c == nil && j.Echo == "" {
 				var err error
-				if c, err = client.Dial(os.Getenv("SLOTBENCH_SOCKET"), client.Options{Name: "slotbench", Wait: time.Second}); err != nil {
+				linger, _ := time.ParseDuration(os.Getenv("SLOTBENCH_LINGER"))
+				if c, err = client.Dial(os.Getenv("SLOTBENCH_SOCKET"), client.Options{Name: "slotbench", Wait: time.Second, Linger: linger}); err != nil {
 					r.Err = err.Error()
 					enc.Encode(r)
 					continue
@@ -557,7 +573,7 @@ func runJob(c *client.Client, j job) jobResult {
 				}
 				lat = append(lat, d.Nanoseconds())
 				acq = append(acq, a.Nanoseconds())
-				if l.Place == slotv1.PlaceNone && (l.Outcome == slotv1.OutcomeAffinityHit || l.Outcome == slotv1.OutcomeCacheHit) {
+				if l.Place == slotv1.PlaceNone && (l.Outcome == slotv1.OutcomeAffinityHit || l.Outcome == slotv1.OutcomeCacheHit) || l.Reused {
 					noWrite++
 				}
 			}

@@ -39,7 +39,7 @@ func TestAgentOnCgroupV2(t *testing.T) {
 	vm.Require(t)
 	for _, opts := range []string{"", "favordynmods"} {
 		t.Run("mount="+opts, func(t *testing.T) {
-			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart)$", vm.Options{
+			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|Linger|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart)$", vm.Options{
 				MountOptions: opts, Env: []string{"CPUSLOT_QUOTA_SECONDS=4", "CPUSLOT_QUOTA_TOLERANCE=5"}})
 		})
 	}
@@ -92,6 +92,69 @@ func TestAffinityThroughSocket(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// TestLinger: with Options.Linger, repeated invocations of one action on one
+// thread reuse the lease with no message to the agent; usage is still
+// measured per invocation, another action ends the lingering lease first,
+// and an idle one expires.
+func TestLinger(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	a := e.start()
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c, err := client.Dial(e.socket, client.Options{Linger: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	reused := 0
+	var total time.Duration
+	for i := 0; i < 50; i++ {
+		l, err := c.Acquire(1000, "guest/a", strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Reused {
+			reused++
+		}
+		if got, want := cgrouptest.ThreadCgroup(t, e.h), e.rel+"/"+cgroup.SlotName(l.Slot); got != want {
+			t.Fatalf("invocation %d: thread in %s, want %s", i, got, want)
+		}
+		for start := time.Now(); time.Since(start) < time.Millisecond; {
+		}
+		u, err := l.Release(slotv1.InvocationOK)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += u.CPU
+	}
+	if reused != 49 {
+		t.Fatalf("reused %d of 49", reused)
+	}
+	// Counters advance at scheduler ticks, so one 1 ms invocation may read
+	// short or long; consecutive invocations share their boundaries, so the
+	// total is right to within a tick or two.
+	if total < 30*time.Millisecond || total > 80*time.Millisecond {
+		t.Fatalf("50 invocations of 1 ms of work measured %v", total)
+	}
+	waitFor(t, "one lingering lease", func() bool { return a.Summaries()[0].Leases == 1 })
+	if body := scrape(t, a); !strings.Contains(body, `cpuslot_acquire_duration_seconds_count{mode="affinity"} 1`) {
+		t.Errorf("the agent saw more than one acquisition:\n%s", grep(body, "acquire_duration_seconds_count"))
+	}
+	// Another action: the lingering lease ends, a new one starts.
+	l, err := c.Acquire(1000, "guest/b", "x")
+	if err != nil || l.Reused {
+		t.Fatalf("another action reused the lease: %+v %v", l, err)
+	}
+	if _, err := l.Release(slotv1.InvocationOK); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "lingering lease expired", func() bool { return a.Summaries()[0].Leases == 0 })
+	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",outcome="ok"} 1`) {
+		t.Errorf("lease of guest/a:\n%s", grep(body, "lease_releases_total"))
 	}
 }
 
