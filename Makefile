@@ -32,7 +32,7 @@ test-go:
 	CPUSLOT_REQUIRE_VM=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
 
 test-java:
-	cd runtime-image && ./build.sh verify
+	cd runtime-image && CPUSLOT_REQUIRE_IT=1 ./build.sh verify
 
 fuzz:
 	$(GO) test ./api/slot/v1 -run '^$$' -fuzz FuzzDecode -fuzztime 60s
