@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -145,67 +148,130 @@ func splitLines(s string) []string {
 	return append(out, s[start:])
 }
 
-// TestAgentPodDeletedUnderLoad: the agent pod is deleted while a served
-// pod invokes through its slots on two threads. No invocation fails: a
-// granted lease is released without error across the restart, and an
-// acquisition the agent cannot answer meanwhile runs without a slot (fail
-// open, counted and logged). Once the DaemonSet's new agent is Ready it
-// serves the pod again (same slots adopted) and acquisitions succeed.
+// TestAgentPodDeletedUnderLoad: the agent pod is deleted while an OpenWhisk
+// action pod (Java runtime) serves a steady load of concurrent /run calls.
+// No invocation fails (every /run answers 200 with the function's result);
+// invocations that find no agent run without a slot (the runtime fails
+// open; counted from X-Cpuslot-Noslot). Once the DaemonSet's new agent is
+// Ready the pod is served again and invocations get slots.
 func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	c := cluster.Need(t, kc)
+	needRuntimeImage(t)
+	jar := samplesJar(t)
 	const ns, appNS, release = "cpuslot-system", "e2e-restart", "cpuslot"
 	installChart(t, c, release, ns)
 	namespace(t, c, appNS)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	api := startFakeOpenWhiskAPI(t, c)
+	api.quota["cpuburn"] = "250m"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if out, err := c.Apply(ctx, fmt.Sprintf(annotatedPod, "fn", appNS, cluster.ProbeImage, `["slots", "-threads", "2"]`)); err != nil {
+	const pod = "wskowdev-invoker-00-1-guest-cpuburn"
+	if out, err := c.Apply(ctx, fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/fn", "--timeout=90s"); err != nil {
+	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=120s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	p, slotsBefore := waitServed(ctx, t, c, ns, appNS, "fn", "fn", 3)
-	ip := podIP(ctx, t, c, appNS, "fn")
-	for probeStats(t, ip).OK < 100 {
-		time.Sleep(200 * time.Millisecond)
+	waitServed(ctx, t, c, ns, appNS, pod, "user-action", 1)
+	base := "http://" + podIP(ctx, t, c, appNS, pod) + ":8080"
+	waitHTTP(ctx, t, base+"/")
+	if r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
+		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
+		"code": base64.StdEncoding.EncodeToString(jar),
+	}}); err != nil || r.status != 200 {
+		t.Fatalf("/init: %v %d", err, r.status)
 	}
-	before := probeStats(t, ip)
 
+	type sample struct {
+		at      time.Time
+		ok      bool
+		slot    bool
+		noslot  string
+		failure string
+	}
+	var mu sync.Mutex
+	var samples []sample
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; loadCtx.Err() == nil; i++ {
+				r, err := post(ctx, base+"/run", map[string]any{
+					"value": map[string]any{"ms": 20, "threads": 1}, "namespace": "guest",
+					"action_name": "/guest/cpuburn", "action_version": "0.0.1",
+					"activation_id": fmt.Sprintf("r%d%028d", w, i), "transaction_id": fmt.Sprintf("tid%d-%d", w, i),
+					"deadline": strconv.FormatInt(time.Now().Add(30*time.Second).UnixMilli(), 10),
+					"api_key":  api.apiKey,
+				})
+				s := sample{at: time.Now(), ok: err == nil && r.status == 200}
+				if err != nil {
+					s.failure = err.Error()
+				} else if r.status != 200 {
+					s.failure = fmt.Sprintf("%d %s", r.status, r.body)
+				} else {
+					s.slot = r.headers.Get("X-Cpuslot-Slot") != ""
+					s.noslot = r.headers.Get("X-Cpuslot-Noslot")
+				}
+				mu.Lock()
+				samples = append(samples, s)
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+			}
+		}(w)
+	}
+	count := func(from, to time.Time) (n, okSlot, okNoSlot, failed int, reasons map[string]int, failures []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		reasons = map[string]int{}
+		for _, s := range samples {
+			if s.at.Before(from) || !s.at.Before(to) {
+				continue
+			}
+			n++
+			switch {
+			case !s.ok:
+				failed++
+				if len(failures) < 5 {
+					failures = append(failures, s.failure)
+				}
+			case s.slot:
+				okSlot++
+			default:
+				okNoSlot++
+				reasons[s.noslot]++
+			}
+		}
+		return
+	}
+	time.Sleep(3 * time.Second)
 	t0 := time.Now()
 	if out, err := c.Kubectl(ctx, "-n", ns, "delete", "pod", "-l", "app.kubernetes.io/name=cpuslot", "--wait=true", "--timeout=60s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	tDeleted := time.Since(t0)
+	tDeleted := time.Now()
 	if out, err := c.Kubectl(ctx, "-n", ns, "rollout", "status", "daemonset/"+release, "--timeout=90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	tReady := time.Since(t0)
-	// Load goes on for a while with the new agent.
-	mid := probeStats(t, ip)
-	deadline := time.Now().Add(30 * time.Second)
-	var after loadStatsView
-	for {
-		after = probeStats(t, ip)
-		if after.OK-mid.OK >= 200 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
+	tReady := time.Now()
+	time.Sleep(5 * time.Second)
+	stopLoad()
+	wg.Wait()
+	tEnd := time.Now()
+
+	n0, s0, u0, f0, r0, _ := count(time.Time{}, t0)
+	n1, s1, u1, f1, r1, _ := count(t0, tReady)
+	n2, s2, u2, f2, r2, _ := count(tReady.Add(time.Second), tEnd)
+	_, _, _, fAll, _, failures := count(time.Time{}, tEnd)
+	t.Logf("agent pod deleted in %v, new agent Ready %v after the delete", tDeleted.Sub(t0).Round(time.Millisecond), tReady.Sub(t0).Round(time.Millisecond))
+	t.Logf("before: %d /run, %d in a slot, %d without %v, %d failed", n0, s0, u0, r0, f0)
+	t.Logf("restart: %d /run, %d in a slot, %d without %v, %d failed", n1, s1, u1, r1, f1)
+	t.Logf("after (from 1 s after Ready): %d /run, %d in a slot, %d without %v, %d failed", n2, s2, u2, r2, f2)
+	if fAll > 0 {
+		t.Errorf("%d invocations failed: %v", fAll, failures)
 	}
-	t.Logf("agent pod deleted in %v, new agent Ready %v after the delete; invocations during the restart: %d with a slot, %d without (fail open), %d failed; %d with a slot in the next %v",
-		tDeleted.Round(time.Millisecond), tReady.Round(time.Millisecond), mid.OK-before.OK, mid.Unslotted-before.Unslotted, mid.Failed-before.Failed,
-		after.OK-mid.OK, time.Since(t0)-tReady)
-	if after.Failed > 0 {
-		t.Errorf("%d invocations failed: %v", after.Failed, after.Errors)
+	if n2 == 0 || s2 < n2*9/10 {
+		t.Errorf("after the new agent was Ready only %d of %d invocations ran in a slot (%v)", s2, n2, r2)
 	}
-	if after.OK-mid.OK < 200 {
-		t.Errorf("after the new agent was Ready only %d invocations got a slot in 30 s (%d without): %v", after.OK-mid.OK, after.Unslotted-mid.Unslotted, after.Errors)
-	}
-	if after.Unslotted > 0 {
-		t.Logf("acquisitions without a slot: %v", after.Errors)
-	}
-	_, slotsAfter := waitServed(ctx, t, c, ns, appNS, "fn", "fn", 3)
-	if fmt.Sprint(slotsAfter) != fmt.Sprint(slotsBefore) {
-		t.Logf("slots before the restart %v, after %v", slotsBefore, slotsAfter)
-	}
-	_ = p
 }
