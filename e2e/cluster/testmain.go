@@ -22,7 +22,8 @@ func Enabled() bool { return os.Getenv("CPUSLOT_E2E") == "1" }
 //	func TestMain(m *testing.M) { os.Exit(cluster.Main(m, cluster.Options{}, &c)) }
 //
 // Without CPUSLOT_E2E=1 it runs the tests with *c nil (they skip, see
-// Need). Otherwise it brings the cluster up, runs the tests and takes the
+// Need). Otherwise it waits out a quiet period ($CPUSLOT_QUIET, default
+// /tmp/cpuslot-quiet, while that file exists), brings the cluster up, runs the tests and takes the
 // cluster down, also when a test fails, on SIGINT/SIGTERM/SIGHUP, and a
 // minute before go test's -timeout would kill the test binary (which runs
 // no deferred code). A teardown that leaves the machine changed fails the
@@ -75,6 +76,27 @@ func Main(m *testing.M, opts Options, c **Cluster) int {
 				})
 				defer t.Stop()
 			}
+		}
+	}
+
+	// A quiet period (another session benchmarking on this machine): wait
+	// before the CPU-heavy start.
+	quiet := os.Getenv("CPUSLOT_QUIET")
+	if quiet == "" {
+		quiet = "/tmp/cpuslot-quiet"
+	}
+	for logged := false; ; logged = true {
+		if _, err := os.Stat(quiet); err != nil {
+			break
+		}
+		if !logged {
+			logger.Printf("e2e: quiet period (%s exists): waiting before bringing the cluster up", quiet)
+		}
+		select {
+		case <-ctx.Done():
+			close(upDone)
+			return 1
+		case <-time.After(10 * time.Second):
 		}
 	}
 
