@@ -45,6 +45,10 @@ import java.util.concurrent.locks.ReentrantLock;
  *     new connection, by a monitor thread or at release, whichever comes first.</li>
  * <li>Fail-open by default: no slot -> a lease with {@link SlotLease#active()} false and a reason,
  *     counted under {@code noslot.<reason>}; {@link Builder#failClosed} throws instead.</li>
+ * <li>Lingering ({@link Builder#linger}, off by default): {@code release(OK)} keeps the agent's
+ *     lease for the thread, and the thread's next {@code acquire} of the same action at the same
+ *     quota reuses it without any message to the agent (spec: "Keeping a lease between
+ *     invocations").</li>
  * </ul>
  * Must be called from platform threads: a virtual thread's kernel thread is its carrier's.
  */
@@ -67,6 +71,7 @@ public final class SlotClient implements AutoCloseable {
         private Duration reconnectBackoff = Duration.ofMillis(100);
         private boolean failClosed;
         private boolean fdPassing = true;
+        private Duration linger = Duration.ZERO;
 
         public Builder socket(String path) { this.socket = path; return this; }
         public Builder clientName(String name) { this.clientName = name; return this; }
@@ -82,6 +87,16 @@ public final class SlotClient implements AutoCloseable {
         public Builder failClosed(boolean b) { this.failClosed = b; return this; }
         /** Accept fds (default). When false, the agent is asked to place threads (AGENT_PLACES). */
         public Builder fdPassing(boolean b) { this.fdPassing = b; return this; }
+        /**
+         * Keep a lease for this long after an invocation that ended OK (and whose usage the client
+         * measures from the slot's counter fds), so that the same thread's next invocation of the
+         * same action at the same quota reuses it with no message to the agent. Quota enforcement
+         * is unchanged (the thread never leaves the slot); an idle lingering lease still counts
+         * against the container's admission budget until it expires, and the agent accounts one
+         * lease for the invocations that reused it. A different action or quota on the thread
+         * releases it first; {@link #close()} releases all. Zero (the default) releases at once.
+         */
+        public Builder linger(Duration d) { this.linger = d == null || d.isNegative() ? Duration.ZERO : d; return this; }
         public SlotClient build() { return new SlotClient(this); }
     }
 
@@ -89,7 +104,7 @@ public final class SlotClient implements AutoCloseable {
 
     private final String socket, clientName;
     private final int maxConnections;
-    private final long budgetNs, releaseNs, drainNs, monitorNs, backoffNs;
+    private final long budgetNs, releaseNs, drainNs, monitorNs, backoffNs, lingerNs;
     private final boolean failClosed, fdPassing;
 
     // ---- state ------------------------------------------------------------------------------
@@ -133,9 +148,12 @@ public final class SlotClient implements AutoCloseable {
     private final Map<Long, SlotFds> fdCache = new ConcurrentHashMap<>();
     private final Map<String, LongAdder> counters = new ConcurrentHashMap<>();
     private volatile long downUntil;
-    private volatile boolean closed;
+    private volatile boolean closed, closing;
     private volatile Protocol.HelloOk lastHello;
     private final Thread monitor;
+    /** Lingering leases by kernel thread id (at most one per thread). Removing one takes it over. */
+    private final Map<Integer, SlotLease> parked = new ConcurrentHashMap<>();
+    private final Thread expirer;
 
     private SlotClient(Builder b) {
         socket = b.socket;
@@ -148,9 +166,18 @@ public final class SlotClient implements AutoCloseable {
         backoffNs = b.reconnectBackoff.toNanos();
         failClosed = b.failClosed;
         fdPassing = b.fdPassing;
+        lingerNs = b.linger.toNanos();
         monitor = Thread.ofPlatform().daemon().name("cpuslot-monitor").unstarted(this::monitorLoop);
         if (Native.available()) monitor.start();
+        expirer = lingerNs > 0 && Native.available()
+                ? Thread.ofPlatform().daemon().name("cpuslot-linger").start(this::expireParked) : null;
     }
+
+    /** How long a lease lingers after an invocation (zero: off). */
+    public Duration linger() { return Duration.ofNanos(lingerNs); }
+
+    /** Number of lingering leases now. */
+    public int parkedCount() { return parked.size(); }
 
     public String socket() { return socket; }
     public boolean failClosed() { return failClosed; }
@@ -205,6 +232,13 @@ public final class SlotClient implements AutoCloseable {
         if (Thread.currentThread().isVirtual()) return noSlot(act, inv, quotaMilli, -1, "virtual_thread", null);
         if (quotaMilli <= 0 || quotaMilli > 0xFFFFFFFFL) return noSlot(act, inv, quotaMilli, -1, "invalid_quota", "quota " + quotaMilli);
         int tid = Native.gettid();
+        SlotLease p = parked.remove(tid);
+        if (p != null) {
+            SlotLease again = reuse(p, quotaMilli, act, inv);
+            if (again != null) return again;
+            count("linger.ended");
+            releaseParked(p); // another action or quota (or stale): end it first
+        }
         long deadline = System.nanoTime() + budgetNs;
         String reason = "budget", detail = null;
         while (true) {
@@ -392,72 +426,167 @@ public final class SlotClient implements AutoCloseable {
     Usage release(SlotLease l, ReleaseOutcome outcome) {
         l.lock.lock();
         try {
-            if (l.released) return Usage.NONE;
-            l.released = true;
-            orphans.remove(l);
-            if (l.start != null && outcome != ReleaseOutcome.PLACEMENT_FAILED) {
-                Usage u = releaseOneWay(l, outcome);
+            if (l.released || l.parked) return Usage.NONE;
+            if (lingerNs > 0 && outcome == ReleaseOutcome.OK) {
+                Usage u = parkLocked(l);
                 if (u != null) return u;
             }
-            long deadline = System.nanoTime() + releaseNs;
-            for (int attempt = 0; attempt < 3; attempt++) {
-                if (l.lost) {
-                    count("release.lost");
-                    return Usage.NONE;
-                }
-                Conn c = l.conn;
-                if (c == null || !isAlive(c)) {
-                    if (!reclaimLocked(l, deadline)) {
-                        count(l.lost ? "release.lost" : "release.unreachable");
-                        return Usage.NONE;
-                    }
-                    c = l.conn;
-                }
-                try {
-                    borrowSpecific(c, deadline);
-                } catch (TimeoutException e) {
-                    count("release.timeout");
-                    return Usage.NONE;
-                } catch (IOException e) {
-                    continue; // died meanwhile: reclaim on a new connection
-                }
-                Protocol.Frame r;
-                try {
-                    r = call(c, new Protocol.Release(l.lease, outcome.code), deadline);
-                    closeAll(takeFds(c));
-                } catch (TimeoutException e) {
-                    c.leases.remove(l);
-                    drain(c);
-                    count("release.timeout");
-                    return Usage.NONE;
-                } catch (IOException | Protocol.ProtocolException e) {
-                    kill(c, e.getMessage());
-                    continue;
-                }
-                c.leases.remove(l);
-                giveBack(c);
-                if (r.message() instanceof Protocol.ReleaseOk ok) {
-                    count("release.ok");
-                    return Usage.of(ok);
-                }
-                if (r.message() instanceof Protocol.Error e) {
-                    count("release." + Protocol.errorName(e.code()));
-                    return Usage.NONE;
-                }
-                count("release.protocol");
-                return Usage.NONE;
-            }
-            count("release.unreachable");
-            return Usage.NONE;
+            return releaseLocked(l, outcome);
         } finally {
             l.lock.unlock();
         }
     }
 
+    /**
+     * Keeps the lease for its thread's next invocation: measures this invocation's usage from the
+     * counters (the reading of {@link SlotLease#stop()} if there was one) and starts the next
+     * invocation's from the same reading. Null when the lease cannot linger (no counter fds, its
+     * connection died, the client is closing). Caller holds l.lock.
+     */
+    private Usage parkLocked(SlotLease l) {
+        if (closing || l.start == null || l.lost || l.conn == null || !isAlive(l.conn)) return null;
+        SlotCounters end = l.end != null ? l.end : readCounters(l.slot);
+        if (end == null) return null;
+        Usage u = end.since(l.start);
+        l.start = end;
+        l.end = null;
+        l.parked = true;
+        l.parkedAt = System.nanoTime();
+        SlotLease old = parked.put(l.tid, l);
+        count("linger.parked");
+        if (old != null && old != l) releaseParked(old); // cannot happen: acquire took it over
+        return u;
+    }
+
+    /**
+     * The thread's lingering lease for this invocation, as a new handle, or null when it does not
+     * fit (another quota or action, degraded, its connection died or was re-declared since, or
+     * another thread with a reused tid). The caller removed p from {@link #parked}.
+     */
+    private SlotLease reuse(SlotLease p, long quotaMilli, String action, String invocation) {
+        p.lock.lock();
+        try {
+            if (p.released || !p.parked || p.lost || p.start == null || p.degraded() || p.quotaMilli != quotaMilli
+                    || !p.action.equals(action) || p.thread != Thread.currentThread() || p.conn == null || !isAlive(p.conn))
+                return null;
+            SlotLease h = new SlotLease(this, action, invocation, quotaMilli, p.tid, null);
+            h.conn = p.conn;
+            h.lease = p.lease;
+            h.slot = p.slot;
+            h.quotaMilli = p.quotaMilli;
+            h.periodUs = p.periodUs;
+            h.outcome = Protocol.OUTCOME_AFFINITY_HIT;
+            h.place = Protocol.PLACE_NONE;
+            h.flags = p.flags & ~Protocol.ACQ_FLAG_QUEUED;
+            h.start = p.start;
+            h.reused = true;
+            p.parked = false;
+            p.released = true; // the old handle is spent; h holds the agent's lease now
+            p.conn.leases.add(h);
+            p.conn.leases.remove(p);
+            count("linger.reused");
+            return h;
+        } finally {
+            p.lock.unlock();
+        }
+    }
+
+    /** Tells the agent a lingering lease is over (one-way when possible). */
+    private void releaseParked(SlotLease p) {
+        p.lock.lock();
+        try {
+            if (p.released || !p.parked) return;
+            p.parked = false;
+            releaseLocked(p, ReleaseOutcome.OK);
+        } finally {
+            p.lock.unlock();
+        }
+    }
+
+    /** Releases lingering leases idle for longer than the linger time. */
+    private void expireParked() {
+        long tick = Math.max(lingerNs / 2, 1_000_000L);
+        while (!closing) {
+            LockSupportSleep.parkNanos(tick);
+            try {
+                long now = System.nanoTime();
+                for (Map.Entry<Integer, SlotLease> e : parked.entrySet()) {
+                    SlotLease l = e.getValue();
+                    if (now - l.parkedAt >= lingerNs && parked.remove(e.getKey(), l)) {
+                        count("linger.expired");
+                        releaseParked(l);
+                    }
+                }
+            } catch (RuntimeException e) {
+                count("linger.error");
+            }
+        }
+    }
+
+    /** Caller holds l.lock; l is not released. */
+    private Usage releaseLocked(SlotLease l, ReleaseOutcome outcome) {
+        l.released = true;
+        orphans.remove(l);
+        if (l.start != null && outcome != ReleaseOutcome.PLACEMENT_FAILED) {
+            Usage u = releaseOneWay(l, outcome);
+            if (u != null) return u;
+        }
+        long deadline = System.nanoTime() + releaseNs;
+        for (int attempt = 0; attempt < 3; attempt++) {
+            if (l.lost) {
+                count("release.lost");
+                return Usage.NONE;
+            }
+            Conn c = l.conn;
+            if (c == null || !isAlive(c)) {
+                if (!reclaimLocked(l, deadline)) {
+                    count(l.lost ? "release.lost" : "release.unreachable");
+                    return Usage.NONE;
+                }
+                c = l.conn;
+            }
+            try {
+                borrowSpecific(c, deadline);
+            } catch (TimeoutException e) {
+                count("release.timeout");
+                return Usage.NONE;
+            } catch (IOException e) {
+                continue; // died meanwhile: reclaim on a new connection
+            }
+            Protocol.Frame r;
+            try {
+                r = call(c, new Protocol.Release(l.lease, outcome.code), deadline);
+                closeAll(takeFds(c));
+            } catch (TimeoutException e) {
+                c.leases.remove(l);
+                drain(c);
+                count("release.timeout");
+                return Usage.NONE;
+            } catch (IOException | Protocol.ProtocolException e) {
+                kill(c, e.getMessage());
+                continue;
+            }
+            c.leases.remove(l);
+            giveBack(c);
+            if (r.message() instanceof Protocol.ReleaseOk ok) {
+                count("release.ok");
+                return Usage.of(ok);
+            }
+            if (r.message() instanceof Protocol.Error e) {
+                count("release." + Protocol.errorName(e.code()));
+                return Usage.NONE;
+            }
+            count("release.protocol");
+            return Usage.NONE;
+        }
+        count("release.unreachable");
+        return Usage.NONE;
+    }
+
     Usage stop(SlotLease l) {
         l.lock.lock();
         try {
-            if (l.released || l.start == null || l.end != null || l.conn == null || !isAlive(l.conn)) return Usage.NONE;
+            if (l.released || l.parked || l.start == null || l.end != null || l.conn == null || !isAlive(l.conn)) return Usage.NONE;
             SlotCounters end = readCounters(l.slot);
             if (end == null) return Usage.NONE;
             l.end = end;
@@ -832,7 +961,7 @@ public final class SlotClient implements AutoCloseable {
                 for (SlotLease l : orphans) {
                     if (!l.lock.tryLock()) continue;
                     try {
-                        if (l.released || l.lost) {
+                        if (l.released || l.lost) { // a lingering (parked) lease is re-declared too
                             orphans.remove(l);
                         } else if (l.conn == null || !isAlive(l.conn)) {
                             if (!reclaimLocked(l, System.nanoTime() + releaseNs)) {
@@ -854,6 +983,15 @@ public final class SlotClient implements AutoCloseable {
     /** Closes all connections (the agent releases their leases) and cached fds. */
     @Override
     public void close() {
+        closing = true; // no new lingering leases
+        if (expirer != null) LockSupportSleep.unpark(expirer);
+        for (Integer tid : List.copyOf(parked.keySet())) {
+            SlotLease l = parked.remove(tid);
+            if (l != null) {
+                count("linger.closed");
+                releaseParked(l);
+            }
+        }
         closed = true;
         LockSupportSleep.unpark(monitor);
         List<Conn> all;

@@ -9,9 +9,13 @@ import java.util.concurrent.locks.ReentrantLock;
  */
 public final class SlotLease {
     final SlotClient client;
-    final String action, invocation;
+    final String action;
+    /** The invocation this handle is for (a reused lease gets a new handle for the new one). */
+    final String invocation;
     final long quotaAsked;
     final int tid;
+    /** The platform thread that acquired (a kernel tid can be reused by a later thread). */
+    final Thread thread = Thread.currentThread();
     final String reason;
     final ReentrantLock lock = new ReentrantLock();
 
@@ -25,6 +29,11 @@ public final class SlotLease {
     SlotCounters start;
     /** The counters read by {@link #stop()}; release uses them instead of reading again. */
     SlotCounters end;
+    /** Lingering: the invocation is over, the agent's lease is kept for the thread's next one. */
+    boolean parked;
+    volatile long parkedAt;
+    /** This invocation reused the thread's lingering lease: no message went to the agent. */
+    boolean reused;
 
     SlotLease(SlotClient client, String action, String invocation, long quotaAsked, int tid, String reason) {
         this.client = client;
@@ -56,6 +65,11 @@ public final class SlotLease {
     public String action() { return action; }
     public String invocation() { return invocation; }
     /** True when the lease was lost (agent restarted and did not give it back). */
+    /**
+     * True when this invocation runs under the lease its thread kept from its previous invocation
+     * (lingering, {@link SlotClient.Builder#linger}): nothing was sent to the agent.
+     */
+    public boolean reused() { return reused; }
     public boolean lost() { lock.lock(); try { return lost; } finally { lock.unlock(); } }
 
     /**
@@ -73,6 +87,8 @@ public final class SlotLease {
      * Gives the slot back and returns what it used (after {@link #stop()}: what it used until
      * then). Idempotent: a second call returns
      * {@link Usage#NONE}. May be called from any thread. Never throws for agent problems.
+     * With lingering on, {@link ReleaseOutcome#OK} keeps the agent's lease for the thread's next
+     * invocation (see {@link SlotClient.Builder#linger}); the usage returned is this invocation's.
      */
     public Usage release(ReleaseOutcome outcome) {
         if (!active()) return Usage.NONE;

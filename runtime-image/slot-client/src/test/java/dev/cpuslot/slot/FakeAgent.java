@@ -40,7 +40,7 @@ public final class FakeAgent implements AutoCloseable {
      * (v2: cpu.stat) or 2 (v1: cpu.stat, cpuacct.usage). The files are slot-N.stat and
      * slot-N.acct; tests write counters into them.
      */
-    volatile int statFds = 0;
+    public volatile int statFds = 0;
     /** Optional override: return an answer for an ACQUIRE, or null for the normal path. */
     public volatile Function<Protocol.Acquire, Protocol.Message> acquireHook;
     private volatile int listenFd = -1;

@@ -343,4 +343,141 @@ class SlotClientTest {
         awaitReleases(1);
         assertEquals(Usage.NONE, l.stop(), "nothing to stop after release");
     }
+
+    // ---- lingering ------------------------------------------------------------------------------
+
+    List<String> kinds() {
+        return agent.received.stream().map(m -> m.getClass().getSimpleName()).toList();
+    }
+
+    @Test
+    void aLingeringLeaseIsReusedForTheSameActionAndQuotaWithNoMessageToTheAgent() throws Exception {
+        agent.statFds = 1;
+        client = builder().maxConnections(1).linger(Duration.ofSeconds(30)).build();
+        SlotLease a = client.acquire(250, "guest/fib", "act-1");
+        assertTrue(a.active(), a.toString());
+        assertFalse(a.reused());
+        agent.setCounters(a.slot(), 10_000_000, 1_000_000, 3, 1);
+        assertEquals(new Usage(true, 10_000_000, 1_000_000, 3, 1), a.release(ReleaseOutcome.OK));
+        assertEquals(1, client.parkedCount());
+        int sent = agent.received.size();
+        for (int i = 2; i <= 20; i++) {
+            SlotLease b = client.acquire(250, "guest/fib", "act-" + i);
+            assertTrue(b.reused(), "invocation " + i + ": " + b);
+            assertEquals(a.slot(), b.slot());
+            assertEquals("affinity_hit", b.outcome());
+            assertEquals("none", b.place());
+            assertEquals("act-" + i, b.invocation());
+            agent.setCounters(a.slot(), 10_000_000 + (i - 1) * 1_000_000L, 1_000_000, 2 + i, 1);
+            // this invocation's usage only: one ms since the previous one's end
+            assertEquals(new Usage(true, 1_000_000, 0, 1, 0), b.release(ReleaseOutcome.OK), "invocation " + i);
+            assertEquals(Usage.NONE, b.release(ReleaseOutcome.OK), "second release of a handle is a no-op");
+        }
+        assertEquals(sent, agent.received.size(), "no message to the agent on reuse: " + kinds());
+        assertEquals(1, agent.count(Protocol.Acquire.class));
+        assertEquals(0, agent.count(Protocol.Release.class));
+        assertEquals(1, agent.leases.size(), "the agent still sees the one lease");
+        assertEquals(19, client.counter("linger.reused"));
+        assertEquals("0", agent.slotContent(a.slot()), "no placement write on reuse");
+        assertEquals(Usage.NONE, a.release(ReleaseOutcome.OK), "the first handle is spent");
+        client.close();
+        client = null;
+        awaitReleases(1);
+        Protocol.Release r = (Protocol.Release) agent.received.stream().filter(m -> m instanceof Protocol.Release).findFirst().orElseThrow();
+        assertEquals(Protocol.RELEASE_OK_OUTCOME, r.outcome());
+        assertTrue(agent.leases.isEmpty(), "close() released the lingering lease");
+    }
+
+    @Test
+    void anotherActionOrQuotaOnTheThreadReleasesTheLingeringLeaseFirst() throws Exception {
+        agent.statFds = 1;
+        client = builder().maxConnections(1).linger(Duration.ofSeconds(30)).build();
+        client.acquire(250, "a", "1").release(ReleaseOutcome.OK);
+        SlotLease b = client.acquire(250, "b", "2"); // another action, same quota
+        assertFalse(b.reused());
+        assertEquals(List.of("Hello", "Acquire", "Release", "Acquire"), kinds());
+        Protocol.Release r = (Protocol.Release) agent.received.get(2);
+        assertEquals(Protocol.RELEASE_NO_REPLY, r.flags(), "one-way");
+        b.release(ReleaseOutcome.OK);
+        SlotLease c = client.acquire(500, "b", "3"); // same action, another quota
+        assertFalse(c.reused());
+        assertEquals(List.of("Hello", "Acquire", "Release", "Acquire", "Release", "Acquire"), kinds());
+        assertEquals(2, client.counter("linger.ended"));
+        assertEquals(1, agent.leases.size(), "only the current lease is held: " + agent.leases);
+        c.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void anIdleLingeringLeaseExpiresWithARelease() throws Exception {
+        agent.statFds = 1;
+        client = builder().linger(Duration.ofMillis(50)).build();
+        SlotLease a = client.acquire(250, "a", "1");
+        a.release(ReleaseOutcome.OK);
+        assertEquals(0, agent.count(Protocol.Release.class), "parked, not released");
+        awaitReleases(1);
+        assertEquals(1, client.counter("linger.expired"));
+        assertEquals(0, client.parkedCount());
+        long until = System.nanoTime() + 3_000_000_000L;
+        while (!agent.leases.isEmpty() && System.nanoTime() < until) Thread.sleep(5);
+        assertTrue(agent.leases.isEmpty());
+        SlotLease b = client.acquire(250, "a", "2");
+        assertFalse(b.reused(), "expired: a new ACQUIRE");
+        assertEquals(2, agent.count(Protocol.Acquire.class));
+        b.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void otherOutcomesReleaseAtOnceAndWithoutCounterFdsNothingLingers() throws Exception {
+        agent.statFds = 1;
+        client = builder().linger(Duration.ofSeconds(30)).build();
+        client.acquire(250, "a", "1").release(ReleaseOutcome.FAILED);
+        awaitReleases(1);
+        client.acquire(250, "a", "2").release(ReleaseOutcome.TIMEOUT);
+        awaitReleases(2);
+        assertEquals(0, client.parkedCount());
+        assertEquals(2, agent.count(Protocol.Acquire.class));
+        client.close();
+        agent.statFds = 0; // an agent that passes placement fds only: usage needs RELEASE_OK
+        client = builder().linger(Duration.ofSeconds(30)).build();
+        Thread t = Thread.ofPlatform().start(() -> assertTrue(client.acquire(300, "a", "3").release(ReleaseOutcome.OK).measured()));
+        t.join();
+        assertEquals(0, client.parkedCount());
+        assertEquals(1, client.counter("release.ok"));
+    }
+
+    @Test
+    void stopThenReleaseParksWithTheStoppedReadingAndAnotherThreadDoesNotReuse() throws Exception {
+        agent.statFds = 1;
+        client = builder().linger(Duration.ofSeconds(30)).build();
+        SlotLease a = client.acquire(250, "a", "1");
+        agent.setCounters(a.slot(), 4_000_000, 0, 1, 0);
+        Usage stopped = a.stop();
+        agent.setCounters(a.slot(), 6_000_000, 0, 1, 0);
+        assertEquals(stopped, a.release(ReleaseOutcome.OK));
+        AtomicReference<SlotLease> other = new AtomicReference<>();
+        Thread.ofPlatform().start(() -> other.set(client.acquire(250, "a", "2"))).join();
+        assertFalse(other.get().reused(), "a lease lingers for its own thread only");
+        other.get().release(ReleaseOutcome.FAILED);
+        SlotLease b = client.acquire(250, "a", "3");
+        assertTrue(b.reused());
+        agent.setCounters(a.slot(), 7_000_000, 0, 1, 0);
+        assertEquals(3_000_000, b.release(ReleaseOutcome.OK).cpuNanos(), "measured from the stopped reading on");
+    }
+
+    @Test
+    void afterAReconnectALingeringLeaseIsReclaimedAndNotReused() throws Exception {
+        agent.statFds = 1;
+        client = builder().linger(Duration.ofSeconds(30)).build();
+        client.acquire(250, "a", "1").release(ReleaseOutcome.OK);
+        agent.restart(true);
+        long until = System.nanoTime() + 3_000_000_000L;
+        while (client.counter("reclaim.ok") == 0 && System.nanoTime() < until) Thread.sleep(10);
+        assertEquals(1, client.counter("reclaim.ok"), "the lingering lease was re-declared: " + client.counters());
+        SlotLease b = client.acquire(250, "a", "2");
+        assertTrue(b.active(), b.toString());
+        assertFalse(b.reused(), "not from before the reconnect");
+        assertEquals(1, client.counter("release.ok"), "the re-declared lease was released with a reply first");
+        assertEquals(1, agent.leases.size(), agent.leases.toString());
+        b.release(ReleaseOutcome.OK);
+    }
 }
