@@ -2,16 +2,20 @@
 # make bench-runtime: hello-world /run latency and throughput through the Java runtime, with
 # CPU slots vs without cgroups, side by side in one run (root). Not a test: it prints a table.
 #
-#   "with slots":  a runtime JVM in /cpuslot-bench/slots, served by the node agent; every
-#                  invocation takes a 1-core slot (OpenWhisk /init env CPUSLOT_QUOTA=1):
-#                  ACQUIRE (affinity hit: no cgroup write), counters read, one-way RELEASE.
+#   "with slots":  a runtime JVM in /cpuslot-bench/slots, served by the node agent, with the
+#                  runtime's defaults (CPUSLOT_LINGER=100ms); every invocation runs in a 1-core
+#                  slot (OpenWhisk /init env CPUSLOT_QUOTA=1): the worker keeps its lease between
+#                  invocations, so an invocation reads the slot's counters and sends nothing.
+#   "slots, no linger": the same with CPUSLOT_LINGER=0: ACQUIRE (affinity hit: no cgroup write),
+#                  counters read, one-way RELEASE per invocation.
 #   "no cgroups":  the same runtime JVM in /cpuslot-bench/base with CPUSLOT_ENABLED=false and no
 #                  agent: invocations never touch a slot.
 #
 # Both JVMs are started the same way and warmed up; the client (runtime-image/bench) keeps one
 # keep-alive connection per thread and alternates between the two every round.
 # Environment: BENCH_THREADS (default 1,4), BENCH_REQUESTS (per thread per round, 2000),
-#              BENCH_ROUNDS (6), BENCH_WARMUP (5000), CPUSLOT_NO_INSTALL=1.
+#              BENCH_ROUNDS (6), BENCH_WARMUP (5000), BENCH_NOLINGER=0 (leave out the
+#              "slots, no linger" target), CPUSLOT_NO_INSTALL=1.
 set -euo pipefail
 
 export DEMO_CG=/cpuslot-bench
@@ -47,15 +51,22 @@ bench_main() {
 	start_runtime base "$DEMO_CG/base" CPUSLOT_ENABLED=false
 	init_hello "$SLOTS_PORT" '{"CPUSLOT_QUOTA":"1"}'
 	init_hello "$BASE_PORT"
+	local body='{"value":{"name":"bench"},"activation_id":"b","action_name":"/guest/hello","namespace":"guest","deadline":"9999999999999"}'
+	local nolinger=()
+	if [ "${BENCH_NOLINGER:-1}" != 0 ]; then
+		start_runtime nolinger "$DEMO_CG/nolinger" CPUSLOT_SOCKET="$AGENT_SOCK" CPUSLOT_LINGER=0
+		init_hello "$NOLINGER_PORT" '{"CPUSLOT_QUOTA":"1"}'
+		nolinger=(--target "slots, no linger" "http://127.0.0.1:$NOLINGER_PORT/run" "$body")
+		info "slots, no linger: pid $(cat "$WORK/nolinger.pid") in $DEMO_CG/nolinger, :$NOLINGER_PORT"
+	fi
 	info "with slots: pid $(cat "$WORK/slots.pid") in $DEMO_CG/slots, :$SLOTS_PORT; no cgroups: pid $(cat "$WORK/base.pid") in $DEMO_CG/base, :$BASE_PORT"
 	info "$(uname -r), $(nproc) CPUs, cgroup v$CG_VERSION, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 	say "Benchmark (POST /run hello world)"
 	cg_create "$DEMO_CG/client"
-	local body='{"value":{"name":"bench"},"activation_id":"b","action_name":"/guest/hello","namespace":"guest","deadline":"9999999999999"}'
 	start_in_cgroup client "$DEMO_CG/client" "$JAVA_HOME/bin/java" -jar "$BENCH_JAR" \
 		--threads "${BENCH_THREADS:-1,4}" --requests "${BENCH_REQUESTS:-2000}" --rounds "${BENCH_ROUNDS:-6}" --warmup "${BENCH_WARMUP:-5000}" \
-		--target "with slots" "http://127.0.0.1:$SLOTS_PORT/run" "$body" \
+		--target "with slots" "http://127.0.0.1:$SLOTS_PORT/run" "$body" "${nolinger[@]}" \
 		--target "no cgroups" "http://127.0.0.1:$BASE_PORT/run" "$body"
 	local pid rc=0
 	pid="$(cat "$WORK/client.pid")"
@@ -63,10 +74,15 @@ bench_main() {
 	rm -f "$WORK/client.pid"
 	cat "$WORK/client.log"
 	cp "$WORK/client.log" "$WORK/bench-runtime.txt"
-	local m="http://127.0.0.1:$SLOTS_METRICS/metrics"
-	curl -fs "$m" | awk '/^cpuslot_slot_acquire_seconds_total/ {a = $2} /^cpuslot_slot_release_seconds_total/ {r = $2}
-		/event="acquire.calls"/ {n = $2} /^cpuslot_slot_throttled_seconds_total/ {t += $2}
-		END { if (n > 0) printf "\nwith slots, inside the runtime: acquire %.1f us, release %.1f us per invocation (mean of %d); throttled %.3f s in total\n", a / n * 1e6, r / n * 1e6, n, t }'
+	local label metrics
+	for label in "with slots:$SLOTS_METRICS" "slots, no linger:${NOLINGER_METRICS:-}"; do
+		metrics="${label##*:}"
+		[ -n "$metrics" ] || continue
+		curl -fs "http://127.0.0.1:$metrics/metrics" | awk -v l="${label%:*}" '/^cpuslot_slot_acquire_seconds_total/ {a = $2} /^cpuslot_slot_release_seconds_total/ {r = $2}
+			/event="acquire.calls"/ {n = $2} /event="linger.reused"/ {u = $2} /^cpuslot_slot_throttled_seconds_total/ {t += $2}
+			END { if (n > 0) printf "%s, inside the runtime: acquire %.1f us, release %.1f us per invocation (mean of %d; %d reused a lingering lease); throttled %.3f s in total\n", l, a / n * 1e6, r / n * 1e6, n, u, t }'
+	done
+	curl -fs "http://127.0.0.1:$AGENT_HTTP/metrics" 2>/dev/null | awk '/^cpuslot_acquire_duration_seconds_count/ {n += $2} END { if (n > 0) printf "agent: %d ACQUIREs in total\n", n }' || true
 	info "saved: $WORK/bench-runtime.txt"
 	[ "$rc" = 0 ] || die "the benchmark client failed ($rc)"
 }

@@ -246,6 +246,7 @@ public final class RuntimeBench {
             long len = -1;
             boolean close = false;
             String outcome = null, noslot = null;
+            boolean reused = false;
             for (String l; (l = line()) != null && !l.isEmpty(); ) {
                 int i = l.indexOf(':');
                 if (i < 0) continue;
@@ -255,6 +256,7 @@ public final class RuntimeBench {
                     case "connection" -> close = v.equalsIgnoreCase("close");
                     case "x-cpuslot-outcome" -> outcome = v;
                     case "x-cpuslot-noslot" -> noslot = v;
+                    case "x-cpuslot-reused" -> reused = v.equalsIgnoreCase("true");
                     default -> { }
                 }
             }
@@ -263,7 +265,7 @@ public final class RuntimeBench {
             if (body.length != len) throw new EOFException("short body");
             if (code != 200) throw new IOException("HTTP " + code + ": " + new String(body, StandardCharsets.UTF_8));
             if (count) {
-                String key = outcome != null ? outcome : noslot != null ? "noslot " + noslot : "no slot asked";
+                String key = reused ? "reused (lingering)" : outcome != null ? outcome : noslot != null ? "noslot " + noslot : "no slot asked";
                 r.slot.computeIfAbsent(key, x -> new LongAdder()).increment();
             }
             if (close) {

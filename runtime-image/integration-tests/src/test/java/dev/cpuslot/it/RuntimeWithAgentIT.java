@@ -78,7 +78,10 @@ class RuntimeWithAgentIT {
         agent = new Agent(agentBin, sockDir.resolve("agent.sock"), parent, "200m=2,300m=2,500m=2", RuntimeProc.freePort(),
                 work.resolve("agent.log"));
         agent.start();
-        rt = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(), "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"),
+        // lingering off here: these tests look at every invocation's own ACQUIRE (the lingering
+        // test below starts a runtime of its own with it on)
+        rt = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(), "CPUSLOT_ACQUIRE_BUDGET_MS", "2000",
+                "CPUSLOT_LINGER", "0"),
                 cg.procsFiles(rtCgroup), work.resolve("runtime.log"));
         assertEquals(rtCgroup, cg.cgroupOf(rt.pid(), rt.pid()), "the runtime JVM lives in its cgroup");
         rt.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
@@ -280,6 +283,59 @@ class RuntimeWithAgentIT {
             assertEquals(n, Prom.get(m, "cpuslot_slot_outcomes_total{outcome=\"noslot_unreachable\"}"));
             assertEquals(n, Prom.sum(m, "cpuslot_invocations_total", "status=\"ok\""));
             report.add("agent absent: " + n + " invocations, all 200, counted noslot.unreachable=" + (long) RuntimeProc.event(m, "noslot.unreachable"));
+        }
+    }
+
+    @Test
+    @Order(6)
+    void withLingeringFiftyInvocationsOnOneWorkerTakeOneAcquireAndStillReportTheirUsage() throws Exception {
+        String cgroup = parent + "/rt-linger";
+        cg.create(cgroup);
+        // a generous linger so that a slow test machine does not expire the lease between requests
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "3s"), cg.procsFiles(cgroup), work.resolve("runtime-linger.log"))) {
+            lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            Map<String, Double> a0 = agent.metrics(), r0 = lr.metrics();
+            int n = 50;
+            String slot0 = null;
+            for (int i = 0; i < n; i++) {
+                RuntimeProc.Reply r = lr.invoke("hello", "{\"name\":\"l" + i + "\"}");
+                assertEquals(200, r.status(), r.body());
+                assertEquals("Hello l" + i + "!", r.json().getAsJsonObject("result").get("greeting").getAsString());
+                assertNotNull(r.header("X-Cpuslot-Slot"), "invocation " + i + ": " + r.headers());
+                assertNotNull(r.header("X-Cpuslot-Cpu-Ns"), "per-invocation usage reported: " + r.headers());
+                if (i == 0) slot0 = r.header("X-Cpuslot-Slot");
+                else {
+                    assertEquals("true", r.header("X-Cpuslot-Reused"), "invocation " + i + ": " + r.headers());
+                    assertEquals(slot0, r.header("X-Cpuslot-Slot"));
+                }
+            }
+            Map<String, Double> a1 = agent.metrics(), r1 = lr.metrics();
+            double acquires = Prom.sum(a1, "cpuslot_acquire_duration_seconds_count") - Prom.sum(a0, "cpuslot_acquire_duration_seconds_count");
+            assertEquals(1, acquires, "the agent saw one ACQUIRE for " + n + " invocations");
+            assertEquals(0, Prom.sum(a1, "cpuslot_lease_releases_total") - Prom.sum(a0, "cpuslot_lease_releases_total"),
+                    "the lease lingers");
+            assertEquals(n - 1, RuntimeProc.event(r1, "linger.reused") - RuntimeProc.event(r0, "linger.reused"));
+            assertEquals(n, Prom.sum(r1, "cpuslot_invocations_total", "status=\"ok\"") - Prom.sum(r0, "cpuslot_invocations_total", "status=\"ok\""));
+            List<Long> workers = lr.threads("fn-hello-");
+            assertEquals(1, workers.size(), "one worker served them all: " + workers);
+            String in = cg.cgroupOf(lr.pid(), workers.get(0));
+            assertTrue(in.startsWith(cgroup + "/"), in);
+            if (cg.version == 1) assertEquals("20000", cg.read(in, "cpu.cfs_quota_us"));
+            else assertEquals("20000 100000", cg.read(in, "cpu.max"));
+            // idle longer than the linger time: the client releases the lease
+            Map<String, Double> a2 = a1;
+            long until = System.nanoTime() + 15_000_000_000L;
+            while (Prom.sum(a2, "cpuslot_lease_releases_total") - Prom.sum(a0, "cpuslot_lease_releases_total") < 1 && System.nanoTime() < until) {
+                Thread.sleep(200);
+                a2 = agent.metrics();
+            }
+            assertEquals(1, Prom.sum(a2, "cpuslot_lease_releases_total") - Prom.sum(a0, "cpuslot_lease_releases_total"),
+                    "the idle lease expired with one RELEASE");
+            assertEquals(1, RuntimeProc.event(lr.metrics(), "linger.expired") - RuntimeProc.event(r0, "linger.expired"));
+            report.add(String.format(Locale.ROOT, "lingering: %d sequential hello invocations on one worker: %d ACQUIRE at the agent, "
+                    + "%d reused leases, usage reported for every invocation, 1 RELEASE after the linger time", n, (long) acquires,
+                    (long) (RuntimeProc.event(r1, "linger.reused") - RuntimeProc.event(r0, "linger.reused"))));
         }
     }
 }

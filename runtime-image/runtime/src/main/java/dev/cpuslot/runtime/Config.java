@@ -22,7 +22,8 @@ public record Config(
         long annotationTimeoutMs,
         String apiHost,               // __OW_API_HOST
         String language,              // force the language of OpenWhisk/Knative /init code
-        boolean reportInBody) {       // Hydra/Knative: add "cpuslot" usage to the reply
+        boolean reportInBody,         // Hydra/Knative: add "cpuslot" usage to the reply
+        long lingerMs) {              // keep a worker's lease between invocations (0 = off)
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -50,7 +51,23 @@ public record Config(
                 longOf(env, "CPUSLOT_ANNOTATION_TIMEOUT_MS", 2000),
                 blankToNull(env.get("__OW_API_HOST")),
                 blankToNull(env.get("CPUSLOT_LANGUAGE")),
-                bool(env, "CPUSLOT_REPORT_IN_BODY", false));
+                bool(env, "CPUSLOT_REPORT_IN_BODY", false),
+                durationMs(env, "CPUSLOT_LINGER", 100));
+    }
+
+    /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */
+    static long durationMs(Map<String, String> env, String k, long def) {
+        String v = env.get(k);
+        if (v == null || v.isBlank()) return def;
+        String t = v.trim().toLowerCase(java.util.Locale.ROOT);
+        try {
+            if (t.endsWith("ms")) return Long.parseLong(t.substring(0, t.length() - 2).trim());
+            if (t.endsWith("us")) return (Long.parseLong(t.substring(0, t.length() - 2).trim()) + 999) / 1000;
+            if (t.endsWith("s")) return Math.round(Double.parseDouble(t.substring(0, t.length() - 1).trim()) * 1000);
+            return Long.parseLong(t);
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(k + " is not a duration (e.g. 100ms, 1s, 0): " + v);
+        }
     }
 
     private static String blankToNull(String s) { return s == null || s.isBlank() ? null : s.trim(); }

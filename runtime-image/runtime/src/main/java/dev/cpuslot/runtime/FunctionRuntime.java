@@ -51,6 +51,10 @@ public final class FunctionRuntime implements AutoCloseable {
     private final PrintStream out, err;
     private final Map<String, FunctionPool> hydra = new ConcurrentHashMap<>();
     private volatile FunctionPool owPool;
+    /** The init that made owPool (its value object), to recognise a repeated Knative init. */
+    private volatile JsonObject owInitValue;
+    /** Actions already warned about: no api_key in /run, so no annotation lookup (warned once each). */
+    private final Map<String, Boolean> warnedNoApiKey = new ConcurrentHashMap<>();
     private final Object initLock = new Object();
     private final AtomicLong inFlight;
     private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
@@ -99,6 +103,8 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_quota_invalid_total", "counter", "Quota values that did not parse, by source.");
         metrics.describe("cpuslot_quota_capped_total", "counter", "Quota values above the cap, by source.");
         metrics.describe("cpuslot_bad_requests_total", "counter", "Requests refused before running anything.");
+        metrics.describe("cpuslot_quota_no_api_key_total", "counter", "OpenWhisk invocations without an api_key (action created without provide-api-key) and no other quota source: the annotation cannot be read, they run without a slot.");
+        metrics.describe("cpuslot_repeated_inits_total", "counter", "Knative requests that bundled the same init again (ignored; the activation ran).");
     }
 
     private void forEachPool(java.util.function.BiConsumer<String, FunctionPool> f) {
@@ -172,6 +178,7 @@ public final class FunctionRuntime implements AutoCloseable {
                 String name = str(v, "name", OW_ACTION);
                 if (name.isBlank()) name = OW_ACTION;
                 owPool = pool(create(name, lang, bin, binary ? null : code, main, env));
+                owInitValue = v.deepCopy();
                 Log.info("initialised " + owPool.function().language() + " action " + name + " (main " + main + ")");
                 JsonObject ok = new JsonObject();
                 ok.addProperty("ok", true);
@@ -202,10 +209,31 @@ public final class FunctionRuntime implements AutoCloseable {
     /** Knative single entrypoint {@code POST /}: {@code init}, {@code activation}+{@code value}, or both. */
     public Reply knative(JsonObject body, String quotaHeader) {
         if (body.has("init")) {
-            JsonObject initBody = new JsonObject();
-            initBody.add("value", body.get("init"));
-            Reply r = owInit(initBody);
-            if (r.status() != 200 || !(body.has("activation") || body.has("value"))) return r;
+            boolean run = body.has("activation") || body.has("value");
+            Reply r;
+            synchronized (initLock) {
+                JsonElement init = body.get("init");
+                if (owPool != null && init.isJsonObject() && sameCode(owInitValue, init.getAsJsonObject())) {
+                    // Knative sends the init with every request (and to every pod scale-out adds):
+                    // the same code again is not a second init; run the activation
+                    metrics.inc("cpuslot_repeated_inits_total", "");
+                    r = null;
+                } else if (owPool != null) {
+                    err.println("Cannot initialize the action more than once: this runtime already runs different code.");
+                    metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "reinit_different"));
+                    return Reply.error(403, "Cannot initialize the action more than once: this runtime already runs different code.");
+                } else {
+                    JsonObject initBody = new JsonObject();
+                    initBody.add("value", init);
+                    r = owInit(initBody);
+                }
+            }
+            if (r == null && !run) {
+                JsonObject ok = new JsonObject();
+                ok.addProperty("ok", true);
+                return Reply.ok(ok);
+            }
+            if (r != null && (r.status() != 200 || !run)) return r;
         }
         FunctionPool p = owPool;
         if (p == null) {
@@ -215,6 +243,17 @@ public final class FunctionRuntime implements AutoCloseable {
         JsonObject activation = body.has("activation") && body.get("activation").isJsonObject() ? body.getAsJsonObject("activation") : new JsonObject();
         JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
         return run(p, activation, value, quotaHeader, "knative", true, false);
+    }
+
+    /** Same function: code, binary, main and env of an init value (the name is not compared). */
+    static boolean sameCode(JsonObject a, JsonObject b) {
+        if (a == null || b == null) return false;
+        for (String k : new String[] {"code", "binary", "main", "env"}) {
+            JsonElement x = a.get(k), y = b.get(k);
+            boolean xNull = x == null || x.isJsonNull(), yNull = y == null || y.isJsonNull();
+            if (xNull != yNull || (!xNull && !x.equals(y))) return false;
+        }
+        return true;
     }
 
     // ---- Graalvisor / Hydra -------------------------------------------------------------------
@@ -321,6 +360,7 @@ public final class FunctionRuntime implements AutoCloseable {
             Log.warn("activation " + activationId + " refused: " + e.getMessage());
             return finish(platform, fn, t0, Reply.error(400, e.getMessage()), sentinels, "bad_quota");
         }
+        if (q.milli() == 0 && platform.equals("openwhisk") && cfg.annotationLookup()) noApiKey(env, action);
         if (q.source().equals("invocation") && value.isJsonObject()) {
             value = value.deepCopy();
             value.getAsJsonObject().remove(Config.QUOTA_PARAM);
@@ -366,6 +406,7 @@ public final class FunctionRuntime implements AutoCloseable {
             if (l.active()) {
                 headers.put("X-Cpuslot-Slot", Long.toString(l.slot()));
                 headers.put("X-Cpuslot-Outcome", l.outcome());
+                if (l.reused()) headers.put("X-Cpuslot-Reused", "true");
             } else {
                 headers.put("X-Cpuslot-Noslot", l.reason());
             }
@@ -382,12 +423,30 @@ public final class FunctionRuntime implements AutoCloseable {
         // the activation's log line: what the slot gave and what it used
         out.println("cpuslot: activation=" + activationId + " action=" + action + " status=" + status
                 + " quota=" + q.milli() + "m source=" + q.source() + (q.capped() ? " capped" : "")
-                + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place() : "none")
+                + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()
+                        + (l.reused() ? " reused" : "") : "none")
                 + (l != null && !l.active() ? " noslot=" + l.reason() : "")
                 + (u != null && u.measured() ? String.format(Locale.ROOT, " cpu_ms=%.3f throttled_ms=%.3f periods=%d throttled_periods=%d",
                 u.cpuNanos() / 1e6, u.throttledNanos() / 1e6, u.periods(), u.throttledPeriods()) : "")
                 + String.format(Locale.ROOT, " duration_ms=%.3f", (System.nanoTime() - t0) / 1e6));
         return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers), sentinels, status);
+    }
+
+    /**
+     * OpenWhisk sends no api_key to actions created without {@code -a provide-api-key true} (the
+     * default for new actions in recent OpenWhisk): then the annotation cannot be read and, with
+     * no other quota source, the invocation runs without a slot. Say so once per action; count it.
+     */
+    private void noApiKey(Map<String, String> env, String action) {
+        String key = env.get("__OW_API_KEY");
+        if (key != null && !key.isEmpty()) return;
+        metrics.inc("cpuslot_quota_no_api_key_total", Metrics.labels("function", action));
+        if (warnedNoApiKey.putIfAbsent(action, Boolean.TRUE) == null) {
+            Log.warn("action " + action + " gets no api_key in /run, so its '" + cfg.annotationKey() + "' annotation cannot be read"
+                    + " and it has no other quota: it runs without a CPU slot. Create or update it with"
+                    + " -a provide-api-key true (or give it CPUSLOT_QUOTA in its init env, or set CPUSLOT_DEFAULT_QUOTA)."
+                    + " Counted in cpuslot_quota_no_api_key_total; this warning is logged once per action.");
+        }
     }
 
     private static JsonObject usageJson(Quota.Resolved q, SlotLease l, Usage u) {
@@ -398,6 +457,7 @@ public final class FunctionRuntime implements AutoCloseable {
             o.addProperty("slot", l.slot());
             o.addProperty("outcome", l.outcome());
             o.addProperty("place", l.place());
+            if (l.reused()) o.addProperty("reused", true);
         } else if (l != null) {
             o.addProperty("noslot", l.reason());
         }

@@ -17,7 +17,8 @@ public final class Main {
                 Log.warn("slot client unavailable (" + Native.loadError() + "); running without slots");
             } else {
                 slots = SlotClient.builder().socket(cfg.agentSocket()).clientName("cpuslot-runtime-java")
-                        .acquireBudget(Duration.ofMillis(cfg.acquireBudgetMs())).failClosed(cfg.failClosed()).build();
+                        .acquireBudget(Duration.ofMillis(cfg.acquireBudgetMs())).failClosed(cfg.failClosed())
+                        .linger(Duration.ofMillis(Math.max(0, cfg.lingerMs()))).build();
             }
         }
         FunctionRuntime rt = new FunctionRuntime(cfg, new Metrics(), slots, System.out, System.err);
@@ -28,6 +29,7 @@ public final class Main {
             rt.close();
         }));
         Log.info("listening on :" + front.port() + " (metrics :" + front.metricsPort() + "), slots "
-                + (slots == null ? "off" : "via " + cfg.agentSocket() + (cfg.failClosed() ? " fail-closed" : " fail-open")));
+                + (slots == null ? "off" : "via " + cfg.agentSocket() + (cfg.failClosed() ? " fail-closed" : " fail-open")
+                + (cfg.lingerMs() > 0 ? ", leases linger " + cfg.lingerMs() + " ms" : ", no lingering")));
     }
 }

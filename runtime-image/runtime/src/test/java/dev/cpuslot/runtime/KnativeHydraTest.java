@@ -8,7 +8,11 @@ import java.net.URLEncoder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
@@ -34,8 +38,81 @@ class KnativeHydraTest {
             JsonObject reinit = new JsonObject();
             reinit.add("init", json(initJava("testfns.Echo")).getAsJsonObject("value"));
             Resp again = h.post("/", reinit.toString());
-            assertEquals(json("{\"error\":\"Cannot initialize the action more than once.\"}"), again.json());
+            assertEquals(403, again.status());
+            assertEquals(json("{\"error\":\"Cannot initialize the action more than once: this runtime already runs different code.\"}"),
+                    again.json());
             assertTrue(h.stdout().strip().endsWith(FunctionRuntime.SENTINEL));
+        }
+    }
+
+    static String bundled(String initJson, String activationId, String value) {
+        JsonObject b = new JsonObject();
+        b.add("init", json(initJson).getAsJsonObject("value"));
+        b.add("activation", json("{\"activation_id\":\"" + activationId + "\",\"action_name\":\"/kn/env\"}"));
+        b.add("value", json(value));
+        return b.toString();
+    }
+
+    @Test
+    void knativeRequestsThatAlwaysBundleTheSameInitRunEveryActivation() throws Exception {
+        try (Harness h = new Harness()) {
+            String init = initJava("testfns.Env");
+            for (int i = 0; i < 5; i++) {
+                Resp r = h.post("/", bundled(init, "b" + i, "{\"i\":" + i + "}"));
+                assertEquals(200, r.status(), "request " + i + ": " + r.raw());
+                assertEquals("b" + i, r.obj().get("__OW_ACTIVATION_ID").getAsString());
+            }
+            // an init-only request with the same code is not an error either
+            JsonObject initOnly = new JsonObject();
+            initOnly.add("init", json(init).getAsJsonObject("value"));
+            assertEquals(json("{\"ok\":true}"), h.post("/", initOnly.toString()).json());
+            assertTrue(h.metrics().contains("cpuslot_repeated_inits_total 5"), h.metrics());
+            assertFalse(h.stderr().contains("Cannot initialize"), h.stderr());
+            // OpenWhisk's /init twice is still refused exactly as its test suite expects
+            Resp ow = h.post("/init", init);
+            assertEquals(403, ow.status());
+            assertEquals(json("{\"error\":\"Cannot initialize the action more than once.\"}"), ow.json());
+        }
+    }
+
+    @Test
+    void aScaledOutPodThatGetsConcurrentBundledRequestsFirstInitialisesOnceAndRunsThemAll() throws Exception {
+        try (Harness h = new Harness()) {
+            String init = initJava("testfns.Env");
+            List<CompletableFuture<Resp>> rs = new ArrayList<>();
+            for (int i = 0; i < 8; i++) {
+                String body = bundled(init, "c" + i, "{}");
+                rs.add(CompletableFuture.supplyAsync(() -> {
+                    try {
+                        return h.post("/", body);
+                    } catch (Exception e) {
+                        throw new RuntimeException(e);
+                    }
+                }, r -> Thread.ofPlatform().start(r)));
+            }
+            for (int i = 0; i < 8; i++) {
+                Resp r = rs.get(i).get(60, TimeUnit.SECONDS);
+                assertEquals(200, r.status(), r.raw());
+                assertEquals("c" + i, r.obj().get("__OW_ACTIVATION_ID").getAsString());
+            }
+            assertEquals(1, h.stderr().lines().filter(l -> l.contains("initialised")).count(), h.stderr());
+        }
+    }
+
+    @Test
+    void aBundledInitWithDifferentCodeOnAnInitialisedRuntimeIsAnErrorAndRunsNothing() throws Exception {
+        try (Harness h = new Harness()) {
+            assertEquals(200, h.post("/", bundled(initJava("testfns.Env"), "d1", "{}")).status());
+            Resp r = h.post("/", bundled(initJava("testfns.Echo"), "d2", "{\"echo\":1}"));
+            assertEquals(403, r.status());
+            assertEquals(json("{\"error\":\"Cannot initialize the action more than once: this runtime already runs different code.\"}"), r.json());
+            // same code, other env: a different function too
+            JsonObject other = json(bundled(initJava("testfns.Env"), "d3", "{}"));
+            other.getAsJsonObject("init").add("env", json("{\"X\":\"1\"}"));
+            assertEquals(403, h.post("/", other.toString()).status());
+            assertTrue(h.metrics().contains("cpuslot_bad_requests_total{reason=\"reinit_different\"} 2"), h.metrics());
+            Resp ok = h.post("/", "{\"activation\":{\"activation_id\":\"d4\"},\"value\":{}}");
+            assertEquals("d4", ok.obj().get("__OW_ACTIVATION_ID").getAsString(), "the first code still serves");
         }
     }
 

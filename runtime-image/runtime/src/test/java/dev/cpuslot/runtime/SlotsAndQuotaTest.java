@@ -64,6 +64,66 @@ class SlotsAndQuotaTest {
     }
 
     @Test
+    void withLingeringTheWorkersNextInvocationReusesItsLeaseWithNoMessageAndStillReportsUsage() throws Exception {
+        try (FakeAgent agent = new FakeAgent(dir).start()) {
+            agent.statFds = 1;
+            SlotClient c = SlotClient.builder().socket(agent.socket.toString()).acquireBudget(Duration.ofMillis(500))
+                    .linger(Duration.ofSeconds(30)).build();
+            try (Harness h = new Harness(Map.of("CPUSLOT_ANNOTATION_LOOKUP", "false"), c)) {
+                JsonObject init = json(initJava("testfns.Echo"));
+                init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
+                assertEquals(200, h.post("/init", init.toString()).status());
+                Resp first = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo")));
+                assertNull(first.header("X-Cpuslot-Reused"));
+                for (int i = 0; i < 10; i++) {
+                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "a" + i)));
+                    assertEquals(200, r.status(), r.raw());
+                    assertEquals("true", r.header("X-Cpuslot-Reused"), "invocation " + i);
+                    assertEquals("affinity_hit", r.header("X-Cpuslot-Outcome"));
+                    assertEquals(first.header("X-Cpuslot-Slot"), r.header("X-Cpuslot-Slot"));
+                    assertNotNull(r.header("X-Cpuslot-Cpu-Ns"), "per-invocation usage still reported");
+                }
+                assertEquals(1, agent.count(Protocol.Acquire.class));
+                assertEquals(0, agent.count(Protocol.Release.class));
+                assertTrue(h.stdout().contains("outcome=affinity_hit place=none reused cpu_ms="), h.stdout());
+                assertTrue(h.metrics().contains("cpuslot_slot_client_events_total{event=\"linger.reused\"} 10"), h.metrics());
+            }
+            long until = System.nanoTime() + 3_000_000_000L;
+            while (agent.count(Protocol.Release.class) == 0 && System.nanoTime() < until) Thread.sleep(5);
+            assertEquals(1, agent.count(Protocol.Release.class), "closing the runtime released the lingering lease");
+        }
+    }
+
+    @Test
+    void anOpenWhiskActionWithoutApiKeyAndNoOtherQuotaIsWarnedAboutOnceAndCounted() throws Exception {
+        try (Harness h = new Harness(Map.of("__OW_API_HOST", "http://127.0.0.1:9"), null)) {
+            assertEquals(200, h.post("/init", initJava("testfns.Echo")).status());
+            for (int i = 0; i < 3; i++)
+                assertEquals(200, h.post("/run", run(json("{}"), Map.of("action_name", "/guest/nokey", "namespace", "guest"))).status());
+            assertEquals(1, h.stderr().lines().filter(l -> l.contains("WARN action /guest/nokey gets no api_key")).count(), h.stderr());
+            assertTrue(h.stderr().contains("provide-api-key true"), h.stderr());
+            assertTrue(h.metrics().contains("cpuslot_quota_no_api_key_total{function=\"/guest/nokey\"} 3"), h.metrics());
+        }
+        // another quota source: nothing to warn about
+        try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "250m"), null)) {
+            assertEquals(200, h.post("/init", initJava("testfns.Echo")).status());
+            assertEquals(200, h.post("/run", run(json("{}"), Map.of("action_name", "/guest/nokey"))).status());
+            assertFalse(h.stderr().contains("api_key"), h.stderr());
+            assertFalse(h.metrics().contains("cpuslot_quota_no_api_key_total{"), h.metrics());
+        }
+    }
+
+    @Test
+    void lingerSettingParsesDurations() {
+        assertEquals(100, Config.from(Map.of()).lingerMs(), "on by default");
+        assertEquals(0, Config.from(Map.of("CPUSLOT_LINGER", "0")).lingerMs());
+        assertEquals(250, Config.from(Map.of("CPUSLOT_LINGER", "250ms")).lingerMs());
+        assertEquals(1500, Config.from(Map.of("CPUSLOT_LINGER", "1.5s")).lingerMs());
+        assertEquals(40, Config.from(Map.of("CPUSLOT_LINGER", "40")).lingerMs());
+        assertThrows(IllegalArgumentException.class, () -> Config.from(Map.of("CPUSLOT_LINGER", "soon")));
+    }
+
+    @Test
     void agentDownMeansInvocationsStillSucceedWithoutASlot() throws Exception {
         SlotClient c = SlotClient.builder().socket(dir.resolve("none.sock").toString()).build();
         try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "0.5"), c)) {
