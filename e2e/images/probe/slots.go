@@ -102,7 +102,14 @@ func runSlots(args []string, mux *http.ServeMux) {
 	if err != nil {
 		log.Fatalf("probe: -quota: %v", err)
 	}
-	c := dial()
+	// Dial in the background: the pod serves HTTP (and is Ready) at once,
+	// whether or not the agent has made the socket yet.
+	var c *client.Client
+	dialed := make(chan struct{})
+	go func() {
+		c = dial()
+		close(dialed)
+	}()
 	var mu sync.Mutex
 	st := loadStats{Outcomes: map[string]int64{}}
 	var ok, unslotted, failed atomic.Int64
@@ -122,6 +129,7 @@ func runSlots(args []string, mux *http.ServeMux) {
 	})
 	for i := 0; i < *threads; i++ {
 		go func(i int) {
+			<-dialed
 			runtime.LockOSThread()
 			for k := 0; *n == 0 || k < *n; k++ {
 				l, err := c.Acquire(q, "e2e-probe", fmt.Sprintf("t%d-%d", i, k))
