@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -510,23 +511,42 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The pause image first: the kubelet can start once it is there; the
+	// others (the Java runtime's is large) are imported meanwhile.
+	images := append([]string(nil), c.opts.Images...)
+	sort.SliceStable(images, func(i, j int) bool {
+		return filepath.Base(images[i]) == "pause.tar" && filepath.Base(images[j]) != "pause.tar"
+	})
+	pauseImported := make(chan error, 1)
 	imported := make(chan error, 1)
 	go func() {
 		if err := c.waitFor(ctx, containerd, 30*time.Second, "containerd socket", func() error {
 			_, err := run(mustLook("ctr"), "-a", c.containerdSockPath(), "version")
 			return err
 		}); err != nil {
+			pauseImported <- err
 			imported <- err
 			return
 		}
 		t := time.Now()
-		for _, img := range c.opts.Images {
+		pauseSent := false
+		for _, img := range images {
 			if err := c.ImportImage(img); err != nil {
+				if !pauseSent {
+					pauseImported <- err
+				}
 				imported <- err
 				return
 			}
+			if !pauseSent {
+				pauseImported <- nil
+				pauseSent = true
+			}
 		}
-		c.mark(fmt.Sprintf("import of %d images", len(c.opts.Images)), t)
+		if !pauseSent {
+			pauseImported <- nil
+		}
+		c.mark(fmt.Sprintf("import of %d images", len(images)), t)
 		imported <- nil
 	}()
 	if err := c.waitFor(ctx, etcd, 30*time.Second, "etcd health", func() error {
@@ -576,7 +596,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err := c.startControlPlane(); err != nil {
 		return err
 	}
-	if err := <-imported; err != nil {
+	if err := <-pauseImported; err != nil {
 		return err
 	}
 	kubelet, err := c.startKubelet()
@@ -589,6 +609,9 @@ func (c *Cluster) up(ctx context.Context) error {
 		return err
 	}
 	c.mark("node Ready after API server ready", tNode)
+	if err := <-imported; err != nil {
+		return err
+	}
 	if err := c.waitFor(ctx, nil, 60*time.Second, "default service account and kube-root-ca.crt", func() error {
 		return c.NamespaceReady(ctx, "default")
 	}); err != nil {
