@@ -53,7 +53,7 @@ type served struct {
 	discover.Container
 	pool *pool.Pool
 	// ln is the container's own socket, if it has one.
-	ln *net.UnixListener
+	ln *server.Listener
 	// auto marks containers prepared on first contact (serveUnder): they
 	// are torn down once no thread is left in them.
 	auto bool
@@ -101,7 +101,7 @@ func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 // Run serves until ctx ends, then closes connections and leaves slots in
 // place for the next agent (or removes them with cleanup).
 func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool) error {
-	var ln *net.UnixListener
+	var ln *server.Listener
 	if a.cfg.Socket != "" {
 		var err error
 		if ln, err = server.Listen(a.cfg.Socket); err != nil {

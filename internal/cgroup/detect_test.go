@@ -15,6 +15,8 @@ func TestDetectPicksHostMounts(t *testing.T) {
 		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/cpu", VFSOptions: "rw,cpu"},
 		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/cpuacct", VFSOptions: "rw,cpuacct"},
 		{FSType: "cgroup2", Root: "/", Mountpoint: "/sys/fs/cgroup/unified", VFSOptions: "rw"},
+		// another container's cgroup mount, propagated in through a shared mount
+		{FSType: "cgroup", Root: "/", Mountpoint: "/var/lib/kubelet/x/rootfs/sys/fs/cgroup/cpu", VFSOptions: "rw,cpu"},
 	}
 	none := func(string) ([]byte, error) { return nil, errors.New("no") }
 	h, err := detect(v1, none)
@@ -32,6 +34,10 @@ func TestDetectPicksHostMounts(t *testing.T) {
 	cpu := func(string) ([]byte, error) { return []byte("cpuset cpu io memory pids\n"), nil }
 	if h, err := detect(v2, cpu); err != nil || h.Version != 2 || !h.FavorDynMods {
 		t.Fatalf("%+v %v", h, err)
+	}
+	odd := []*mountinfo.Info{{FSType: "cgroup2", Root: "/", Mountpoint: "/host/sys/fs/cgroup", VFSOptions: "rw"}}
+	if h, err := detect(odd, cpu); err != nil || h.CPURoot != "/host/sys/fs/cgroup" {
+		t.Fatalf("a lone mount elsewhere is still used: %+v %v", h, err)
 	}
 	if _, err := detect(v2[:1], cpu); err == nil {
 		t.Fatal("a container-scoped mount alone must not be used")

@@ -48,7 +48,10 @@ func (h *Hierarchy) String() string {
 // mount counts only when it offers the cpu controller. Only mounts of a
 // hierarchy's root count: inside a container, runtimes mount the
 // container's own cgroup (root /kubepods/...) at /sys/fs/cgroup, and the
-// agent's host mount lies over it; of several, the last mounted is on top.
+// agent's host mount lies over it; of several, the last mounted under
+// /sys/fs/cgroup is on top. Mounts elsewhere (another container's rootfs,
+// propagated through a shared host mount) are used only when there is no
+// other: they can vanish with that container.
 func Detect() (*Hierarchy, error) {
 	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
@@ -59,7 +62,20 @@ func Detect() (*Hierarchy, error) {
 	})
 }
 
-func detect(mounts []*mountinfo.Info, controllers func(dir string) ([]byte, error)) (*Hierarchy, error) {
+func detect(all []*mountinfo.Info, controllers func(dir string) ([]byte, error)) (*Hierarchy, error) {
+	var canonical []*mountinfo.Info
+	for _, m := range all {
+		if m.Mountpoint == "/sys/fs/cgroup" || strings.HasPrefix(m.Mountpoint, "/sys/fs/cgroup/") {
+			canonical = append(canonical, m)
+		}
+	}
+	if h, err := detectIn(canonical, controllers); err == nil {
+		return h, nil
+	}
+	return detectIn(all, controllers)
+}
+
+func detectIn(mounts []*mountinfo.Info, controllers func(dir string) ([]byte, error)) (*Hierarchy, error) {
 	var cpu, acct string
 	for _, m := range mounts {
 		if m.FSType != "cgroup" || m.Root != "/" {

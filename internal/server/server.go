@@ -65,24 +65,60 @@ func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) 
 	return &Server{resolve: r, hierarchy: h, metrics: m, log: log, conns: map[*conn]struct{}{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
 }
 
+// Listener is a Unix socket listener that removes its file when closed.
+type Listener struct {
+	*net.UnixListener
+	path string
+}
+
+// Close stops listening and removes the socket file.
+func (l *Listener) Close() error {
+	err := l.UnixListener.Close()
+	if rerr := os.Remove(l.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// maxSunPath is the room for a socket path in sockaddr_un, NUL included.
+const maxSunPath = 108
+
 // Listen opens a Unix socket at path, replacing a stale one, readable and
-// writable by everyone (access is decided per peer, not by file mode).
-func Listen(path string) (*net.UnixListener, error) {
-	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
+// writable by everyone (access is decided per peer, not by file mode). A
+// path too long for sockaddr_un (a pod's emptyDir under the kubelet's
+// directory is) is bound through its directory's descriptor.
+func Listen(path string) (*Listener, error) {
+	dir := dirOf(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	addr := path
+	if len(path) >= maxSunPath {
+		d, err := os.Open(dir)
+		if err != nil {
+			return nil, err
+		}
+		defer d.Close()
+		addr = fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), path[len(dir)+1:])
+		if len(addr) >= maxSunPath {
+			return nil, fmt.Errorf("socket name in %s too long", path)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
 	if err != nil {
 		return nil, err
 	}
+	// The file is removed by its real path in Close.
+	ln.SetUnlinkOnClose(false)
+	l := &Listener{UnixListener: ln, path: path}
 	if err := os.Chmod(path, 0o666); err != nil {
-		ln.Close()
+		l.Close()
 		return nil, err
 	}
-	return ln, nil
+	return l, nil
 }
 
 func dirOf(p string) string {
@@ -93,11 +129,11 @@ func dirOf(p string) string {
 }
 
 // Serve accepts connections until the listener is closed.
-func (s *Server) Serve(ln *net.UnixListener) error { return s.ServeWith(ln, s.resolve) }
+func (s *Server) Serve(ln *Listener) error { return s.ServeWith(ln, s.resolve) }
 
 // ServeWith accepts connections on ln, resolving peers with r (a socket of
 // one container accepts that container's processes only).
-func (s *Server) ServeWith(ln *net.UnixListener, r Resolver) error {
+func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
