@@ -23,7 +23,10 @@ public record Config(
         String apiHost,               // __OW_API_HOST
         String language,              // force the language of OpenWhisk/Knative /init code
         boolean reportInBody,         // Hydra/Knative: add "cpuslot" usage to the reply
-        long lingerMs) {              // keep a worker's lease between invocations (0 = off)
+        long lingerMs,                // keep a worker's lease between invocations (0 = off)
+        boolean warmup,               // get the slot client ready at init/register (and at start)
+        long warmupWaitMs,            // how long /init (/register) waits for the slot client's warm-up
+        boolean connectAtStart) {     // warm up the slot client at start (default: when CPUSLOT_SOCKET is set)
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -52,7 +55,10 @@ public record Config(
                 blankToNull(env.get("__OW_API_HOST")),
                 blankToNull(env.get("CPUSLOT_LANGUAGE")),
                 bool(env, "CPUSLOT_REPORT_IN_BODY", false),
-                durationMs(env, "CPUSLOT_LINGER", 100));
+                durationMs(env, "CPUSLOT_LINGER", 100),
+                bool(env, "CPUSLOT_WARMUP", true),
+                Math.max(0, durationMs(env, "CPUSLOT_WARMUP_WAIT", 1000)),
+                bool(env, "CPUSLOT_CONNECT_AT_START", env.get("CPUSLOT_SOCKET") != null && !env.get("CPUSLOT_SOCKET").isBlank()));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

@@ -161,6 +161,14 @@ public final class FunctionPool implements AutoCloseable {
 
         private void loop() {
             try {
+                // before the first job: the thread's slot-client state (native scratch memory)
+                // would otherwise be set up inside the first invocation's acquire budget
+                if (slots != null) {
+                    try {
+                        slots.prepareThread();
+                    } catch (RuntimeException ignored) {
+                    }
+                }
                 while (!closed && !retired) {
                     Job j;
                     try {

@@ -145,8 +145,29 @@ public final class FunctionRuntime implements AutoCloseable {
 
     // ---- OpenWhisk ----------------------------------------------------------------------------
 
+    /**
+     * Gets the slot client ready for the first invocation (connect + HELLO, FFM calls and code
+     * paths linked) once a function is initialised: waits for it at most CPUSLOT_WARMUP_WAIT
+     * (default 1 s), then the warm-up goes on in the background. An unreachable agent changes
+     * nothing: invocations connect lazily, fail-open as before.
+     */
+    void warmSlots(String why) {
+        if (slots == null || !cfg.warmup()) return;
+        long t0 = System.nanoTime();
+        boolean ok = slots.warmUp(Duration.ofMillis(cfg.warmupWaitMs()));
+        long ms = (System.nanoTime() - t0) / 1_000_000;
+        if (!ok) Log.info("slot client not connected to the agent after " + why + " (waited " + ms
+                + " ms); invocations connect when they need a slot");
+    }
+
     /** OpenWhisk {@code POST /init}. */
     public Reply owInit(JsonObject body) {
+        Reply r = owInitLocked(body);
+        if (r.status() == 200) warmSlots("/init");
+        return r;
+    }
+
+    private Reply owInitLocked(JsonObject body) {
         synchronized (initLock) {
             if (owPool != null) {
                 err.println("Cannot initialize the action more than once.");
@@ -225,9 +246,10 @@ public final class FunctionRuntime implements AutoCloseable {
                 } else {
                     JsonObject initBody = new JsonObject();
                     initBody.add("value", init);
-                    r = owInit(initBody);
+                    r = owInitLocked(initBody);
                 }
             }
+            if (r != null && r.status() == 200) warmSlots("init");
             if (r == null && !run) {
                 JsonObject ok = new JsonObject();
                 ok.addProperty("ok", true);
@@ -275,6 +297,7 @@ public final class FunctionRuntime implements AutoCloseable {
             FunctionPool old = hydra.put(name, pool(f));
             if (old != null) old.close();
             Log.info("registered " + language + " function " + name);
+            warmSlots("/register");
             JsonObject o = new JsonObject();
             o.addProperty("registered", name);
             return Reply.ok(o);

@@ -24,6 +24,9 @@ public final class Main {
         FunctionRuntime rt = new FunctionRuntime(cfg, new Metrics(), slots, System.out, System.err);
         HttpFront front = new HttpFront(rt, cfg.port(), cfg.metricsPort());
         front.start();
+        // the agent's socket was configured: connect (and warm the slot client) now, in the
+        // background; /init and /register do it again (waiting a little) if this did not connect
+        if (slots != null && cfg.warmup() && cfg.connectAtStart()) slots.warmUp();
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
             front.close();
             rt.close();

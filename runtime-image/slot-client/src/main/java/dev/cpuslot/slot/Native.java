@@ -113,6 +113,43 @@ public final class Native {
 
     private static final ThreadLocal<Scratch> SCRATCH = ThreadLocal.withInitial(Scratch::new);
 
+    /**
+     * Allocates the calling thread's native scratch area now (a few KB, once per thread), so that
+     * its first slot call does not pay for it. Cheap when already done.
+     */
+    public static void prepareThread() {
+        if (LOAD_ERROR == null) SCRATCH.get();
+    }
+
+    private static volatile boolean warmed;
+
+    /**
+     * Runs every downcall of the per-invocation path once (poll, sendmsg, recvmsg, write, pread,
+     * close, gettid, strerror) on fd -1, which only returns EBADF: the first call of an FFM
+     * downcall handle links and spins its invoker (milliseconds in a fresh JVM), which would
+     * otherwise fall inside an invocation's acquire budget. Touches no real fd. Idempotent;
+     * false when the native calls are unavailable.
+     */
+    public static boolean warmUp() {
+        if (LOAD_ERROR != null) return false;
+        if (warmed) return true;
+        prepareThread();
+        gettid();
+        byte[] one = {'0'};
+        try { poll(-1, POLLIN, 0); } catch (NativeException expected) { }
+        try { send(-1, one, 0, 1, null); } catch (NativeException expected) { }
+        try { recv(-1, new byte[4], 0, 4); } catch (NativeException expected) { }
+        try { write(-1, one); } catch (NativeException expected) { }
+        try { preadText(-1, 64); } catch (NativeException expected) { }
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment cs = a.allocate(CAPTURE);
+            int r = (int) CLOSE.invokeExact(cs, -1);
+        } catch (Throwable ignored) {
+        }
+        warmed = true;
+        return true;
+    }
+
     /** A msghdr with one iovec over data[0..len) and the given control buffer (may be NULL). */
     private static MemorySegment msghdr(Scratch s, MemorySegment data, long len, MemorySegment ctl, long ctlLen) {
         s.iov.set(ADDRESS, 0, data);

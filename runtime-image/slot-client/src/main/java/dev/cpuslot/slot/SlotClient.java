@@ -8,11 +8,14 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReference;
 import java.util.concurrent.atomic.LongAdder;
 import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
@@ -209,6 +212,10 @@ public final class SlotClient implements AutoCloseable {
         };
     }
 
+    /** Counter names of the acquire path (own methods so that {@link #warmUp} links their string concatenation). */
+    static String acquireCounter(int outcome) { return "acquire." + outcomeName(outcome); }
+    static String placeCounter(int place) { return "place." + placeName(place); }
+
     static String placeName(int p) {
         return switch (p) {
             case Protocol.PLACE_NONE -> "none";
@@ -216,6 +223,128 @@ public final class SlotClient implements AutoCloseable {
             case Protocol.PLACE_DONE -> "done";
             default -> "unknown";
         };
+    }
+
+    // ---- warm-up ----------------------------------------------------------------------------
+
+    private final AtomicReference<CompletableFuture<Boolean>> warming = new AtomicReference<>();
+    private volatile boolean codeWarmed;
+
+    /**
+     * Gets the client ready for the next invocation, in the background: links and runs once the
+     * FFM downcalls of the acquire/release path (on fd -1: no real fd is touched), loads and
+     * links the protocol, counter and lease code, and opens a connection with HELLO (the slow
+     * part of a first {@link #acquire}: tens of milliseconds in a fresh JVM, more than a typical
+     * acquire budget). Nothing is acquired: no lease, no ACQUIRE. Call it when a function is
+     * initialised (or at start). The future says whether a connection to the agent is open;
+     * false (agent unreachable, client closed) changes nothing: acquire connects lazily as
+     * before. A call while one is under way returns that one.
+     */
+    public CompletableFuture<Boolean> warmUp() {
+        while (true) {
+            CompletableFuture<Boolean> cur = warming.get();
+            if (cur != null && !cur.isDone()) return cur;
+            CompletableFuture<Boolean> f = new CompletableFuture<>();
+            if (!warming.compareAndSet(cur, f)) continue;
+            if (closed || !Native.available()) {
+                f.complete(false);
+                return f;
+            }
+            count("warmup.calls");
+            try {
+                Thread.ofPlatform().daemon().name("cpuslot-warmup").start(() -> f.complete(warmUpNow()));
+            } catch (RuntimeException | Error e) {
+                f.complete(false);
+            }
+            return f;
+        }
+    }
+
+    /**
+     * {@link #warmUp()} and waits for it at most {@code wait}; true when a connection to the agent
+     * is open. Never throws; the warm-up goes on in the background after the wait.
+     */
+    public boolean warmUp(Duration wait) {
+        CompletableFuture<Boolean> f = warmUp();
+        try {
+            return f.get(Math.max(0, wait.toNanos()), TimeUnit.NANOSECONDS);
+        } catch (TimeoutException | ExecutionException e) {
+            return false;
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            return false;
+        }
+    }
+
+    /**
+     * Prepares the calling thread for its first {@link #acquire}: its native scratch area and
+     * its per-thread state. A runtime calls it when it starts a worker thread, before that
+     * thread's first invocation, so that neither falls inside the acquire budget.
+     */
+    public void prepareThread() {
+        if (!Native.available() || Thread.currentThread().isVirtual()) return;
+        Native.prepareThread();
+        currentSlot.get();
+        Native.gettid();
+    }
+
+    private boolean warmUpNow() {
+        try {
+            if (!codeWarmed) {
+                Native.warmUp();
+                prepareThread();
+                warmCode();
+                codeWarmed = true;
+            }
+            Conn c = borrow(System.nanoTime() + Math.max(budgetNs, 2_000_000_000L), false);
+            giveBack(c);
+            count("warmup.connected");
+            return true;
+        } catch (IOException | TimeoutException e) {
+            count("warmup.unreachable");
+            return false;
+        } catch (RuntimeException e) {
+            count("warmup.error");
+            return false;
+        }
+    }
+
+    /** Runs the acquire/release path's Java code once on throwaway values (no connection, no lease). */
+    private void warmCode() {
+        try {
+            byte[][] frames = {
+                    Protocol.encode(1, new Protocol.Acquire(1, 1, 1, 0, 0, "warmup", "warmup")),
+                    Protocol.encode(1, new Protocol.Release(1, ReleaseOutcome.OK.code, Protocol.RELEASE_NO_REPLY)),
+                    Protocol.encode(1, new Protocol.Release(1, ReleaseOutcome.TIMEOUT.code)),
+                    Protocol.encode(1, new Protocol.Reclaim(1, 1, 1, "warmup", "warmup")),
+                    Protocol.encode(1, new Protocol.AcquireOk(1, 1, 1, 100_000, Protocol.OUTCOME_CACHE_HIT, 0, Protocol.PLACE_SELF, 0)),
+                    Protocol.encode(1, new Protocol.ReleaseOk(1, 1, 1, 1)),
+                    Protocol.encode(1, new Protocol.Error(Protocol.E_NOT_READY, 1, "warmup")),
+            };
+            for (byte[] f : frames) {
+                Protocol.Frame fr = Protocol.decodeFrame(f);
+                Protocol.checkLength(f.length - 4);
+                Protocol.typeName(fr.type());
+                if (fr.message() instanceof Protocol.ReleaseOk ok) Usage.of(ok);
+                if (fr.message() instanceof Protocol.Error e) Protocol.errorName(e.code());
+            }
+        } catch (Protocol.ProtocolException e) {
+            count("warmup.error");
+        }
+        for (int o = 0; o <= Protocol.OUTCOME_CREATED; o++) acquireCounter(o);
+        for (int p = 0; p <= Protocol.PLACE_DONE; p++) placeCounter(p);
+        SlotCounters a = SlotCounters.parse("nr_periods 1\nnr_throttled 0\nthrottled_time 0\n", "1\n");
+        SlotCounters b = SlotCounters.parse("usage_usec 2\nnr_periods 2\nnr_throttled 1\nthrottled_usec 1\n", null);
+        b.since(a).measured();
+        SlotFds sf = new SlotFds(new int[0], 0);
+        if (sf.retain()) unref(sf);
+        unref(sf);
+        SlotLease l = new SlotLease(this, "warmup", "warmup", 1, -1, "warmup"); // inactive: no lease
+        l.stop();
+        l.release(ReleaseOutcome.OK);
+        l.toString();
+        clip("warmup");
+        parked.get(-1);
     }
 
     // ---- acquire ----------------------------------------------------------------------------
@@ -286,7 +415,7 @@ public final class SlotClient implements AutoCloseable {
                 l.place = ok.place();
                 c.leases.add(l);
                 giveBack(c);
-                count("acquire." + outcomeName(ok.outcome()));
+                count(acquireCounter(ok.outcome()));
                 if (l.queued()) count("acquire.queued");
                 if (l.degraded()) count("acquire.degraded");
                 if (fds.length != ok.nfds()) {
@@ -307,7 +436,7 @@ public final class SlotClient implements AutoCloseable {
                     }
                 }
                 currentSlot.get()[0] = ok.slot();
-                count("place." + placeName(ok.place()));
+                count(placeCounter(ok.place()));
                 // the thread sits in the slot now: read its counters so release needs no reply
                 if (ok.place() != Protocol.PLACE_DONE) l.start = readCounters(ok.slot());
                 return l;
@@ -688,7 +817,10 @@ public final class SlotClient implements AutoCloseable {
         }
     }
 
-    private Conn borrow(long deadline) throws IOException, TimeoutException {
+    private Conn borrow(long deadline) throws IOException, TimeoutException { return borrow(deadline, true); }
+
+    /** backoff false: a failed connect does not make the next acquires back off (warm-up). */
+    private Conn borrow(long deadline, boolean backoff) throws IOException, TimeoutException {
         Conn fresh = null;
         poolLock.lock();
         try {
@@ -736,7 +868,7 @@ public final class SlotClient implements AutoCloseable {
                 poolLock.unlock();
             }
             if (!(e instanceof TimeoutException)) {
-                downUntil = System.nanoTime() + backoffNs;
+                if (backoff) downUntil = System.nanoTime() + backoffNs;
                 count("connect.failed");
             }
             if (e instanceof TimeoutException te) throw te;

@@ -480,4 +480,48 @@ class SlotClientTest {
         assertEquals(1, agent.leases.size(), agent.leases.toString());
         b.release(ReleaseOutcome.OK);
     }
+
+    @Test
+    void warmUpConnectsAndSaysHelloWithoutAcquiringAndTheFirstAcquireUsesThatConnection() throws Exception {
+        client = builder().acquireBudget(Duration.ofMillis(50)).build();
+        assertTrue(client.warmUp(Duration.ofSeconds(5)), client.counters().toString());
+        assertEquals(1, agent.count(Protocol.Hello.class), "one HELLO");
+        assertEquals(0, agent.count(Protocol.Acquire.class), "the warm-up acquires nothing");
+        assertEquals(0, agent.count(Protocol.Release.class));
+        assertEquals(1, client.counter("warmup.connected"));
+        assertEquals(0, client.counter("acquire.calls"), "no acquire counted: " + client.counters());
+        assertNotNull(client.agentInfo(), "HELLO_OK seen");
+        assertTrue(client.warmUp(Duration.ofSeconds(5)), "again: the open connection is reused");
+        assertEquals(1, agent.count(Protocol.Hello.class), "no second connection: " + client.counters());
+        SlotLease l = client.acquire(250, "a", "1");
+        assertTrue(l.active(), l.toString());
+        assertEquals(1, agent.count(Protocol.Hello.class), "the acquire used the warm connection");
+        assertEquals(1, client.counter("connect.ok"));
+        l.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void warmUpWithoutAnAgentFailsOpenAndAcquireConnectsLazilyOnceTheAgentIsThere() throws Exception {
+        agent.stop();
+        client = builder().build();
+        assertFalse(client.warmUp(Duration.ofSeconds(5)));
+        assertEquals(1, client.counter("warmup.unreachable"), client.counters().toString());
+        assertEquals(0, client.counter("connect.backoff"));
+        agent.restart(false);
+        SlotLease l = client.acquire(250, "a", "1");
+        assertTrue(l.active(), "no backoff left by the warm-up: " + l + " " + client.counters());
+        l.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void prepareThreadAndWarmUpWithoutAgentNeverThrowAndNeverTakeALease() throws Exception {
+        client = builder().build();
+        Thread t = Thread.ofPlatform().start(() -> client.prepareThread());
+        t.join();
+        Thread.ofVirtual().start(() -> client.prepareThread()).join(); // no-op on a virtual thread
+        client.close();
+        assertFalse(client.warmUp(Duration.ofSeconds(1)), "closed");
+        assertEquals(0, agent.count(Protocol.Acquire.class));
+        client = null;
+    }
 }
