@@ -109,6 +109,23 @@ func installChart(t *testing.T, c *cluster.Cluster, release, ns string, extra ..
 
 // slotDirs lists cpuslot-* cgroups anywhere under the kubepods trees of
 // every cgroup hierarchy.
+// waitNoSlots waits up to 30 s after what happened at t0 for every
+// cpuslot cgroup on the node to be gone.
+func waitNoSlots(t *testing.T, t0 time.Time, what string) {
+	t.Helper()
+	var left []string
+	for time.Since(t0) < 30*time.Second {
+		if left = slotDirs(); len(left) == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Fatalf("%s: cpuslot cgroups remain: %v", what, left)
+	}
+	t.Logf("%s: no cpuslot cgroup left after %v", what, time.Since(t0).Round(time.Millisecond))
+}
+
 func slotDirs() []string {
 	var out []string
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
@@ -233,17 +250,7 @@ func TestChartServesAnnotatedPod(t *testing.T) {
 	if out, err := helm(ctx, t, c, "uninstall", release, "-n", ns, "--wait", "--timeout", "90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	var left []string
-	for time.Since(t0) < 30*time.Second {
-		if left = slotDirs(); len(left) == 0 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if len(left) > 0 {
-		t.Fatalf("after helm uninstall, cpuslot cgroups remain: %v", left)
-	}
-	t.Logf("helm uninstall: no cpuslot cgroup left after %v", time.Since(t0).Round(time.Millisecond))
+	waitNoSlots(t, t0, "helm uninstall")
 }
 
 // waitServed waits until the agent has made pod name's socket and at least
@@ -291,17 +298,7 @@ func TestDeletedServedPodLeavesNoSlot(t *testing.T) {
 	if out, err := c.Kubectl(ctx, "-n", appNS, "delete", "pod", "fn", "--wait=true", "--timeout=60s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	var left []string
-	for time.Since(t0) < 30*time.Second {
-		if left = slotDirs(); len(left) == 0 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if len(left) > 0 {
-		t.Fatalf("after deleting the served pod, cpuslot cgroups remain: %v", left)
-	}
-	t.Logf("served pod deleted: no cpuslot cgroup left after %v", time.Since(t0).Round(time.Millisecond))
+	waitNoSlots(t, t0, "served pod deleted")
 	if out, err := helm(ctx, t, c, "uninstall", release, "-n", ns, "--wait", "--timeout", "90s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

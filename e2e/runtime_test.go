@@ -277,6 +277,27 @@ func cpuShare(r invokeResult) (share float64, quota int, err error) {
 
 // TestOpenWhiskActionPod: an action pod shaped as OpenWhisk's invoker makes
 // it is served by the agent; the test drives it as the invoker does: one
+// actionPodName is the action pod the OpenWhisk invoker would create.
+const actionPodName = "wskowdev-invoker-00-1-guest-cpuburn"
+
+// startActionPod creates an OpenWhisk action pod on the runtime image in
+// appNS (pointed at the stand-in OpenWhisk API), waits until it is Ready
+// and served by the agent, and returns its base URL and slot directories.
+func startActionPod(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, appNS string, api *fakeOpenWhiskAPI) (string, []string) {
+	t.Helper()
+	if out, err := c.Apply(ctx, fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+actionPodName, "--timeout=120s"); err != nil {
+		desc, _ := c.Kubectl(ctx, "-n", appNS, "describe", "pod", actionPodName)
+		t.Fatalf("%v: %s\n%s", err, out, desc)
+	}
+	_, slots := waitServed(ctx, t, c, agentNS, appNS, actionPodName, "user-action", 1)
+	base := "http://" + podIP(ctx, t, c, appNS, actionPodName) + ":8080"
+	waitHTTP(ctx, t, base+"/")
+	return base, slots
+}
+
 // /init with the jar, then concurrent /run (intra-container concurrency)
 // with the activation fields; the quota comes from the action's cpu-quota
 // annotation read from the (stand-in) OpenWhisk API; every invocation runs
@@ -292,18 +313,8 @@ func TestOpenWhiskActionPod(t *testing.T) {
 	api.quota["cpuburn"] = "250m"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	const pod = "wskowdev-invoker-00-1-guest-cpuburn"
-	if out, err := c.Apply(ctx, fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=120s"); err != nil {
-		desc, _ := c.Kubectl(ctx, "-n", appNS, "describe", "pod", pod)
-		t.Fatalf("%v: %s\n%s", err, out, desc)
-	}
-	p, slots := waitServed(ctx, t, c, ns, appNS, pod, "user-action", 1)
+	base, slots := startActionPod(ctx, t, c, ns, appNS, api)
 	t.Logf("action pod served: %d pre-warmed slots in its user-action container's cgroup", len(slots))
-	base := "http://" + podIP(ctx, t, c, appNS, pod) + ":8080"
-	waitHTTP(ctx, t, base+"/")
 
 	r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
 		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
@@ -388,11 +399,10 @@ func TestOpenWhiskActionPod(t *testing.T) {
 	if gets == 0 {
 		t.Errorf("the runtime never asked the OpenWhisk API for the action's annotations")
 	}
-	logs, _ := c.Kubectl(ctx, "-n", appNS, "logs", pod, "--tail=5")
+	logs, _ := c.Kubectl(ctx, "-n", appNS, "logs", actionPodName, "--tail=5")
 	if !strings.Contains(logs, "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX") {
 		t.Errorf("no activation sentinel in the action's log:\n%s", logs)
 	}
-	_ = p
 }
 
 // TestKnativeRevisionPod: a revision pod shaped as Knative creates it (the

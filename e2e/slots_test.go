@@ -165,16 +165,7 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	api.quota["cpuburn"] = "250m"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	const pod = "wskowdev-invoker-00-1-guest-cpuburn"
-	if out, err := c.Apply(ctx, fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=120s"); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	waitServed(ctx, t, c, ns, appNS, pod, "user-action", 1)
-	base := "http://" + podIP(ctx, t, c, appNS, pod) + ":8080"
-	waitHTTP(ctx, t, base+"/")
+	base, _ := startActionPod(ctx, t, c, ns, appNS, api)
 	if r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
 		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
 		"code": base64.StdEncoding.EncodeToString(jar),
