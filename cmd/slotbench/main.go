@@ -63,7 +63,6 @@ type params struct {
 	rounds             int
 	burst              int
 	share              time.Duration
-	transport          string
 }
 
 func main() {
@@ -73,7 +72,6 @@ func main() {
 	rounds := flag.Int("rounds", 4, "rounds per cell (modes alternate between rounds)")
 	burst := flag.Int("burst", 4, "sporadic: invocations between pauses")
 	share := flag.Duration("share", 10*time.Second, "also measure a CPU-bound thread in a 250m slot for this long (0: skip)")
-	transport := flag.String("transport", "netpoll", "agent transport: netpoll or blocking")
 	modeList := flag.String("modes", "uncached,cache-eager,cache-lazy,affinity", "modes to compare (ratios need uncached)")
 	linger := flag.Duration("linger", 100*time.Millisecond, "also run affinity with a client that keeps leases this long (0: skip)")
 	cpuprofile := flag.String("cpuprofile", "", "write the agent side's CPU profile here")
@@ -83,7 +81,7 @@ func main() {
 		clientMain()
 		return
 	}
-	p := params{transport: *transport, steadyN: *steadyN, sporadicN: *sporadicN, rounds: *rounds, burst: *burst, share: *share}
+	p := params{steadyN: *steadyN, sporadicN: *sporadicN, rounds: *rounds, burst: *burst, share: *share}
 	for _, s := range strings.Split(*threads, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
@@ -201,7 +199,6 @@ func bench(p params) error {
 	cfg.Socket = filepath.Join(dir, "agent.sock")
 	cfg.HTTP = ""
 	cfg.LogLevel = "warn"
-	cfg.Transport = p.transport
 	maxThreads := 0
 	for _, n := range p.threads {
 		maxThreads = max(maxThreads, n)

@@ -81,13 +81,6 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	a := &Agent{cfg: cfg, poolCfg: pc, hierarchy: h, registry: reg, metrics: m, log: log, containers: map[string]*served{}}
 	reg.MustRegister(poolCollector{a})
 	a.server = server.New(a, h, m, log)
-	switch cfg.Transport {
-	case "blocking":
-		a.server.Blocking = true
-	case "netpoll", "":
-	default:
-		return nil, fmt.Errorf("transport %q: want blocking or netpoll", cfg.Transport)
-	}
 	log.Info("cgroup hierarchy", "hierarchy", h.String())
 	return a, nil
 }

@@ -20,10 +20,7 @@ type Config struct {
 	// HTTP is the address of /metrics, /healthz, /readyz and /debug/pools.
 	HTTP string `json:"http"`
 	// LogLevel is debug, info, warn or error.
-	LogLevel string `json:"logLevel"`
-	// Transport is "netpoll" (Go's poller; measured faster on the project's
-	// VMs) or "blocking" (a thread per connection, blocking syscalls).
-	Transport string          `json:"transport"`
+	LogLevel  string          `json:"logLevel"`
 	Pool      PoolConfig      `json:"pool"`
 	Admission AdmissionConfig `json:"admission"`
 	// Standalone lists what to serve without Kubernetes.
@@ -106,10 +103,9 @@ func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String()
 func DefaultConfig() Config {
 	p := pool.DefaultConfig()
 	return Config{
-		Socket:    "/run/cpuslot/agent.sock",
-		HTTP:      "127.0.0.1:9464",
-		LogLevel:  "info",
-		Transport: "netpoll",
+		Socket:   "/run/cpuslot/agent.sock",
+		HTTP:     "127.0.0.1:9464",
+		LogLevel: "info",
 		Pool: PoolConfig{
 			Prewarm: pool.FormatPrewarm(p.Prewarm), Mode: p.Mode.String(), Limit: p.Limit.String(),
 			Period: Duration{100 * time.Millisecond}, MaxSlots: p.MaxSlots, IdleTimeout: Duration{p.IdleTimeout},

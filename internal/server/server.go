@@ -40,11 +40,6 @@ type Resolver interface {
 
 // Server accepts slot-protocol connections.
 type Server struct {
-	// Blocking serves each connection with blocking syscalls on its own OS
-	// thread instead of Go's netpoller. slotbench -transport compares them;
-	// on the project's VMs the netpoller was faster.
-	Blocking bool
-
 	resolve   Resolver
 	hierarchy *cgroup.Hierarchy
 	metrics   *metrics.Metrics
@@ -150,18 +145,7 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 			c.Close()
 			return nil
 		}
-		cn := &conn{srv: s, resolve: r, c: c, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}, fd: -1}
-		if s.Blocking {
-			// File returns a blocking duplicate; the netpoller's copy goes.
-			f, err := c.File()
-			c.Close()
-			if err != nil {
-				s.mu.Unlock()
-				s.log.Warn("accept failed", "err", err)
-				continue
-			}
-			cn.file, cn.fd = f, int(f.Fd())
-		}
+		cn := &conn{srv: s, resolve: r, c: c, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
 		s.conns[cn] = struct{}{}
 		s.serving.Add(1)
 		s.mu.Unlock()
@@ -179,7 +163,7 @@ func (s *Server) Shutdown() {
 	s.mu.Lock()
 	s.closing = true
 	for c := range s.conns {
-		c.shutdown()
+		c.c.Close()
 	}
 	s.mu.Unlock()
 	s.cancel()
@@ -228,9 +212,6 @@ type conn struct {
 	srv     *Server
 	resolve Resolver
 	c       *net.UnixConn
-	// file and fd replace c in blocking mode.
-	file    *os.File
-	fd      int
 	peer    Peer
 	session *session
 	pool    *pool.Pool
@@ -249,7 +230,7 @@ func (c *conn) serve() {
 	c.srv.metrics.Connections(1)
 	defer func() {
 		c.srv.metrics.Connections(-1)
-		c.close()
+		c.c.Close()
 		if c.session != nil && c.srv.leave(c.session) && c.pool != nil {
 			if n := c.pool.ReleaseOwner(c.session); n > 0 {
 				log.Info("client process went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
@@ -297,18 +278,14 @@ func (c *conn) serve() {
 func (c *conn) identify() error {
 	var cred *unix.Ucred
 	var cerr error
-	if c.file != nil {
-		cred, cerr = unix.GetsockoptUcred(c.fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
-	} else {
-		rc, err := c.c.SyscallConn()
-		if err != nil {
-			return err
-		}
-		if err := rc.Control(func(fd uintptr) {
-			cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		}); err != nil {
-			return err
-		}
+	rc, err := c.c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
 	}
 	if cerr != nil {
 		return fmt.Errorf("SO_PEERCRED: %w", cerr)
@@ -356,7 +333,7 @@ func (c *conn) fill(n int) error {
 		c.buf = nb
 	}
 	for len(c.buf) < n {
-		m, err := c.read(c.buf[len(c.buf):cap(c.buf)])
+		m, err := c.c.Read(c.buf[len(c.buf):cap(c.buf)])
 		c.buf = c.buf[:len(c.buf)+m]
 		if err != nil {
 			if len(c.buf) > 0 && errors.Is(err, io.EOF) {
@@ -379,53 +356,8 @@ func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	return c.write(c.out, oob) == nil
-}
-
-func (c *conn) read(p []byte) (int, error) {
-	if c.file == nil {
-		return c.c.Read(p)
-	}
-	for {
-		n, err := unix.Read(c.fd, p)
-		if err == unix.EINTR {
-			continue
-		}
-		if n <= 0 && err == nil {
-			return 0, io.EOF
-		}
-		return max(n, 0), err
-	}
-}
-
-func (c *conn) write(b, oob []byte) error {
-	if c.file == nil {
-		_, _, err := c.c.WriteMsgUnix(b, oob, nil)
-		return err
-	}
-	for {
-		err := unix.Sendmsg(c.fd, b, oob, nil, unix.MSG_NOSIGNAL)
-		if err != unix.EINTR {
-			return err
-		}
-	}
-}
-
-// shutdown wakes a handler blocked in read; close releases the socket.
-func (c *conn) shutdown() {
-	if c.file == nil {
-		c.c.Close()
-		return
-	}
-	unix.Shutdown(c.fd, unix.SHUT_RDWR)
-}
-
-func (c *conn) close() {
-	if c.file == nil {
-		c.c.Close()
-		return
-	}
-	c.file.Close()
+	_, _, err = c.c.WriteMsgUnix(c.out, oob, nil)
+	return err == nil
 }
 
 func (c *conn) fail(request uint32, err error) bool {

@@ -61,7 +61,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 # values (docs/agent.example.yaml). Node name: env NODE_NAME.
 http: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
 logLevel: {{ .Values.logLevel }}
-transport: {{ .Values.transport }}
 reapInterval: {{ .Values.reapInterval | quote }}
 pool:
   prewarm: {{ .Values.pool.prewarm | quote }}
