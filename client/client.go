@@ -226,10 +226,7 @@ func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, 
 		Queued: ok.Flags&slotv1.AcquiredQueued != 0, Degraded: ok.Flags&slotv1.AcquiredDegraded != 0,
 		tid: tid, action: action, invocation: invocation}
 	c.mu.Lock()
-	if len(fds) > 0 {
-		closeFDs(c.fds[ok.Slot])
-		c.fds[ok.Slot] = fds
-	}
+	c.cacheFDs(ok.Slot, fds)
 	slotFDs := c.fds[ok.Slot]
 	c.held[l] = struct{}{}
 	c.mu.Unlock()
@@ -505,10 +502,7 @@ func (c *Client) recover(gen uint64) error {
 		c.mu.Lock()
 		if ok, isOK := resp.(*slotv1.AcquireOK); isOK {
 			l.id, l.gen = ok.Lease, cn.gen
-			if len(fds) > 0 {
-				closeFDs(c.fds[ok.Slot])
-				c.fds[ok.Slot] = fds
-			}
+			c.cacheFDs(ok.Slot, fds)
 		} else {
 			l.lost = true
 			closeFDs(fds)
@@ -517,6 +511,15 @@ func (c *Client) recover(gen uint64) error {
 	}
 	c.put(cn)
 	return nil
+}
+
+// cacheFDs replaces a slot's cached fds with ones just received (the
+// agent only sends fds that are valid now). The caller holds c.mu.
+func (c *Client) cacheFDs(slot uint32, fds []int) {
+	if len(fds) > 0 {
+		closeFDs(c.fds[slot])
+		c.fds[slot] = fds
+	}
 }
 
 func closeFDs(fds []int) {

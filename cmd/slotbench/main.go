@@ -40,6 +40,7 @@ import (
 	"github.com/cpuslot/cpuslot/client"
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/discover"
 	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/test/vm"
@@ -186,7 +187,9 @@ func bench(p params) error {
 	defer func() {
 		for _, r := range []string{h.CPURoot, h.AcctRoot} {
 			if r != "" {
-				removeTree(filepath.Join(r, root))
+				if err := cgrouptest.RemoveTree(h, r, filepath.Join(r, root)); err != nil {
+					fmt.Fprintln(os.Stderr, "slotbench: cleanup:", err)
+				}
 			}
 		}
 	}()
@@ -656,24 +659,4 @@ func share(c *client.Client, j job) (float64, string) {
 	}
 	<-done
 	return pct, errStr
-}
-
-// removeTree removes the benchmark's cgroups (all processes have exited).
-func removeTree(dir string) {
-	var dirs []string
-	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
-	for _, d := range dirs {
-		for i := 0; i < 50; i++ {
-			if os.Remove(d) == nil || os.IsNotExist(os.Remove(d)) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 }

@@ -30,13 +30,13 @@ func nspidOf(pid, tid int) uint32 {
 // findHostTID finds the thread of process pid whose id in the process's own
 // PID namespace is nsTID.
 func findHostTID(pid int, nsTID uint32) (int, error) {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return 0, fmt.Errorf("listing threads of %d: %w", pid, err)
-	}
 	// Fast path: same PID namespace as the agent.
 	if nspidOf(pid, int(nsTID)) == nsTID {
 		return int(nsTID), nil
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, fmt.Errorf("listing threads of %d: %w", pid, err)
 	}
 	for _, t := range tasks {
 		tid, err := strconv.Atoi(t.Name())
