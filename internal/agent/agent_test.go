@@ -111,7 +111,8 @@ func TestLinger(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	reused := 0
-	var total time.Duration
+	var total, burnt time.Duration
+	cpuBefore := cgrouptest.ThreadCPU(t)
 	for i := 0; i < 50; i++ {
 		l, err := c.Acquire(1000, "guest/a", strconv.Itoa(i))
 		if err != nil {
@@ -123,22 +124,27 @@ func TestLinger(t *testing.T) {
 		if got, want := cgrouptest.ThreadCgroup(t, e.h), e.rel+"/"+cgroup.SlotName(l.Slot); got != want {
 			t.Fatalf("invocation %d: thread in %s, want %s", i, got, want)
 		}
-		for start := time.Now(); time.Since(start) < time.Millisecond; {
-		}
+		burnt += cgrouptest.BurnCPU(t, time.Millisecond)
 		u, err := l.Release(slotv1.InvocationOK)
 		if err != nil {
 			t.Fatal(err)
 		}
 		total += u.CPU
 	}
+	cpuAll := cgrouptest.ThreadCPU(t) - cpuBefore
 	if reused != 49 {
 		t.Fatalf("reused %d of 49", reused)
 	}
-	// Counters advance at scheduler ticks, so one 1 ms invocation may read
-	// short or long; consecutive invocations share their boundaries, so the
-	// total is right to within a tick or two.
-	if total < 30*time.Millisecond || total > 80*time.Millisecond {
-		t.Fatalf("50 invocations of 1 ms of work measured %v", total)
+	// The thread sat in the slot for the whole loop, so the invocations'
+	// usage lies between the CPU they burnt and all the CPU the thread used
+	// (acquire and release included). The bounds come from the thread's own
+	// CPU clock, not from wall time, which a loaded or emulated machine
+	// stretches; the slack is for counters that a reader sees only at the
+	// next scheduler tick (a few ms, at most one per boundary).
+	const slack = 10 * time.Millisecond
+	t.Logf("50 invocations: usage %v, burnt %v, thread CPU %v", total, burnt, cpuAll)
+	if total < burnt-slack || total > cpuAll+slack {
+		t.Fatalf("50 invocations measured %v; they burnt %v and the thread used %v in all", total, burnt, cpuAll)
 	}
 	waitFor(t, "one lingering lease", func() bool { return a.Summaries()[0].Leases == 1 })
 	if body := scrape(t, a); !strings.Contains(body, `cpuslot_acquire_duration_seconds_count{mode="affinity"} 1`) {
@@ -455,12 +461,19 @@ func TestRestart(t *testing.T) {
 	}
 	defer c.Close()
 
+	// Each worker streams invocations. Progress is counted, not timed: the
+	// test waits for successes before the kill and after the restart, so
+	// a loaded machine makes it slower, never wrong.
+	const workers = 2
 	var ok, failed atomic.Int64
+	var okAfter [workers]atomic.Int64 // successes that began after the restart
+	var failedAfterOK [workers]atomic.Int64
+	var restartedFlag atomic.Bool
 	var mu sync.Mutex
 	var firstFail, lastFail time.Time
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for w := 0; w < 2; w++ {
+	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
@@ -472,6 +485,7 @@ func TestRestart(t *testing.T) {
 					return
 				default:
 				}
+				after := restartedFlag.Load()
 				l, err := c.Acquire(250*uint32(1+w), "stream", "")
 				if err == nil {
 					time.Sleep(time.Millisecond) // the invocation
@@ -479,6 +493,9 @@ func TestRestart(t *testing.T) {
 				}
 				if err != nil {
 					failed.Add(1)
+					if okAfter[w].Load() > 0 {
+						failedAfterOK[w].Add(1)
+					}
 					mu.Lock()
 					if firstFail.IsZero() {
 						firstFail = time.Now()
@@ -489,29 +506,39 @@ func TestRestart(t *testing.T) {
 					continue
 				}
 				ok.Add(1)
+				if after {
+					okAfter[w].Add(1)
+				}
 			}
 		}(w)
 	}
-	time.Sleep(500 * time.Millisecond)
+	waitFor(t, "100 invocations before the kill", func() bool { return ok.Load() >= 100 })
 	killed := time.Now()
 	first.cmd.Process.Signal(syscall.SIGKILL)
 	first.cmd.Wait()
 	os.Remove(e.socket)
 	second := startAgent()
 	restarted := time.Now()
-	time.Sleep(500 * time.Millisecond)
+	restartedFlag.Store(true)
+	waitFor(t, "20 invocations of every worker after the restart", func() bool {
+		for w := range okAfter {
+			if okAfter[w].Load() < 20 {
+				return false
+			}
+		}
+		return true
+	})
 	close(stop)
 	wg.Wait()
-	before := ok.Load()
-	t.Logf("%d ok, %d failed; agent down for %v", before, failed.Load(), restarted.Sub(killed).Round(time.Millisecond))
+	t.Logf("%d ok, %d failed; agent down for %v", ok.Load(), failed.Load(), restarted.Sub(killed).Round(time.Millisecond))
 	if failed.Load() > 0 {
 		t.Logf("failures from %v to %v after the kill", firstFail.Sub(killed).Round(time.Millisecond), lastFail.Sub(killed).Round(time.Millisecond))
 	}
-	if before < 100 {
-		t.Fatalf("stream made only %d acquisitions", before)
-	}
-	if failed.Load() > 0 && lastFail.After(restarted.Add(300*time.Millisecond)) {
-		t.Fatalf("failures went on %v after the new agent was up", lastFail.Sub(restarted))
+	// Once a worker has been served by the new agent, nothing fails again.
+	for w := range failedAfterOK {
+		if n := failedAfterOK[w].Load(); n > 0 {
+			t.Fatalf("worker %d: %d failures after the new agent had served it", w, n)
+		}
 	}
 	// The new agent adopted the old slots: same count, nothing leaked.
 	slots, _ := filepath.Glob(filepath.Join(e.h.CPURoot, e.rel, "cpuslot-*"))

@@ -112,9 +112,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// waitFor polls ok until it holds. The bound only keeps a broken test from
+// hanging: it is generous, because a loaded or emulated machine is slow.
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if ok() {
 			return
 		}

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // newcWriter writes a cpio archive in the "newc" format, the one the kernel
@@ -261,6 +262,9 @@ const (
 	markerBegin = "@@CPUSLOT-VM-BEGIN:"
 	markerEnd   = "@@CPUSLOT-VM-END:"
 	markerFail  = "@@CPUSLOT-VM-SETUP-FAILED:"
+	// markerWatchdog starts the guest watchdog's report: the command ran
+	// past Options.Watchdog, and what follows is the guest's task states.
+	markerWatchdog = "@@CPUSLOT-VM-WATCHDOG:"
 )
 
 // guestPATH is the command's PATH in the guest.
@@ -304,6 +308,31 @@ echo "+cpu +cpuset +pids" >/sys/fs/cgroup/cgroup.subtree_control || fail "enable
 		g := shellQuote(s.guest)
 		fmt.Fprintf(&b, "mkdir -p %[1]s && mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=%[2]d,cache=%[3]s %[4]s %[1]s || fail %[5]s\n",
 			g, shareMsize, shareCache, s.tag, shellQuote("mount share "+s.guest))
+	}
+	if secs := int(opts.Watchdog.Round(time.Second) / time.Second); secs > 0 {
+		// A hung guest says why before the host gives up on it: every
+		// thread's state, kernel stack and wait channel, blocked tasks and
+		// the CPUs' backtraces (sysrq w, l), then power off.
+		fmt.Fprintf(&b, `echo 1 >/proc/sys/kernel/sysrq
+(
+	sleep %[1]d
+	echo "%[2]s%[3]s after %[1]ds@@"
+	echo 8 >/proc/sys/kernel/printk
+	echo "uptime $(cat /proc/uptime) loadavg $(cat /proc/loadavg)"
+	for p in /proc/[0-9]*; do
+		[ -e $p/exe ] || continue # kernel threads: sysrq w below shows the blocked ones
+		echo "pid ${p#/proc/}: $(tr '\0' ' ' <$p/cmdline 2>/dev/null)"
+		for t in $p/task/*; do
+			echo "pid ${p#/proc/} tid ${t##*/} $(cat $t/comm 2>/dev/null) $(grep -m1 State: $t/status 2>/dev/null) wchan=$(cat $t/wchan 2>/dev/null)"
+			sed 's/^/    /' $t/stack 2>/dev/null
+		done
+	done
+	echo w >/proc/sysrq-trigger
+	echo l >/proc/sysrq-trigger
+	sleep 2
+	poweroff -f
+) &
+`, secs, markerWatchdog, nonce)
 	}
 	fmt.Fprintf(&b, `cd %[1]s || fail "cd %[1]s"
 echo "%[2]s%[3]s@@"

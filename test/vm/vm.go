@@ -94,6 +94,11 @@ type Options struct {
 	// Console, if set, receives the raw serial console (kernel messages
 	// included), for debugging boots.
 	Console io.Writer
+	// Watchdog bounds the command in the guest: past it, the guest prints
+	// every task's state and kernel stack and powers off, and Run returns
+	// an error carrying that report. Zero means: 30 s before ctx's
+	// deadline (at least 20 s after boot); none without a deadline.
+	Watchdog time.Duration
 }
 
 // Result is the outcome of a boot that ran the command to its end.
@@ -251,16 +256,33 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			modules = append(modules, g)
 		}
 	}
+	if opts.Watchdog == 0 {
+		if dl, ok := ctx.Deadline(); ok {
+			opts.Watchdog = max(time.Until(dl)-30*time.Second, 20*time.Second)
+		}
+	}
 	initrd := filepath.Join(tmp, "initrd.gz")
 	if err := writeInitramfs(initrd, p.busybox, initScript(opts, n, modules, shares), files, opts.Symlinks); err != nil {
 		return nil, err
 	}
 
+	waitStart := time.Now()
 	unlock, err := lockBoot(ctx, filepath.Join(p.cache, "qemu.lock"))
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	// The watchdog counts from boot; time spent waiting for another boot
+	// comes off it, so the report still arrives before ctx expires.
+	waited := time.Since(waitStart)
+	if opts.Watchdog > 0 && waited > time.Second {
+		if _, ok := ctx.Deadline(); ok {
+			opts.Watchdog = max(opts.Watchdog-waited, 20*time.Second)
+			if err := writeInitramfs(initrd, p.busybox, initScript(opts, n, modules, shares), files, opts.Symlinks); err != nil {
+				return nil, err
+			}
+		}
+	}
 
 	cmdline := append([]string{"console=ttyS0", "quiet", "panic=-1"}, opts.KernelArgs...)
 	args := []string{
@@ -315,6 +337,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 
 	switch {
+	case c.watchdog != "":
+		return res, fmt.Errorf("vm: guest watchdog: the command was still running when it fired (%s of the guest's time; qemu ran %v, after waiting %v for another boot); guest report:\n%s",
+			c.watchdog, res.Boot.Round(time.Millisecond), waited.Round(time.Millisecond), tail(c.report.String(), 400))
 	case ctx.Err() != nil:
 		return res, fmt.Errorf("vm: %w after %v, qemu killed; console tail:\n%s",
 			ctx.Err(), res.Boot.Round(time.Millisecond), tail(res.Console, 40))
@@ -345,6 +370,10 @@ type consoleParser struct {
 	exitCode    int
 	setupFailed string
 	onEnd       func()
+	// watchdog is set ("after Ns") once the guest watchdog fired; report
+	// holds the console from then on.
+	watchdog string
+	report   strings.Builder
 }
 
 func newConsoleParser(nonce string, stream io.Writer) *consoleParser {
@@ -369,6 +398,13 @@ func (c *consoleParser) read(r io.Reader) error {
 
 func (c *consoleParser) line(line string) {
 	c.console.WriteString(line)
+	if c.watchdog != "" {
+		c.report.WriteString(line)
+	} else if i := strings.Index(line, markerWatchdog+c.nonce+" "); i >= 0 {
+		c.watchdog = strings.TrimSuffix(strings.TrimRight(line[i+len(markerWatchdog+c.nonce+" "):], "\r\n"), "@@")
+		c.report.WriteString(line[i:])
+		return
+	}
 	if c.ended {
 		return
 	}

@@ -363,3 +363,25 @@ func TestRunRefusesBadShares(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchdog checks that a command that hangs in the guest ends the boot
+// with the guest's own report of what every task was doing, well before
+// the host's deadline.
+func TestWatchdog(t *testing.T) {
+	Require(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err := Run(ctx, Options{Command: []string{"sleep", "600"}, Watchdog: 3 * time.Second})
+	if err == nil {
+		t.Fatal("a hung command returned no error")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the host deadline expired first (%v): %v", time.Since(start), err)
+	}
+	for _, w := range []string{"guest watchdog", "after 3s", "sleep", "State:"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
+	}
+}

@@ -16,6 +16,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 )
@@ -201,4 +204,31 @@ func Leftovers(h *cgroup.Hierarchy, rel string) []string {
 		}
 	}
 	return left
+}
+
+// ThreadCPU is the CPU time the calling OS thread has used, from the same
+// kernel accounting (the scheduler's runtime) that cgroup CPU counters sum.
+// Tests compare slot counters with it instead of with wall time, which a
+// loaded or emulated machine stretches. The caller must be locked to its
+// OS thread.
+func ThreadCPU(t testing.TB) time.Duration {
+	t.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ts.Nano())
+}
+
+// BurnCPU spins the calling OS thread until it has used d of CPU time
+// (not wall time: on a busy machine that takes longer) and returns what
+// it used.
+func BurnCPU(t testing.TB, d time.Duration) time.Duration {
+	t.Helper()
+	start := ThreadCPU(t)
+	for {
+		if used := ThreadCPU(t) - start; used >= d {
+			return used
+		}
+	}
 }
