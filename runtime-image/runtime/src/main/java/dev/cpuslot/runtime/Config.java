@@ -31,7 +31,9 @@ public record Config(
         long logMaxBytes,             // rotate the log file once past this size
         boolean owConcurrent,         // __OW_ALLOW_CONCURRENT: OpenWhisk sends overlapping /run to this container
         int owMaxConcurrency,         // bound of sandboxes per OpenWhisk action when concurrent
-        boolean enforceDeadline) {    // cancel an activation at __OW_DEADLINE (past deadlines: default timeout)
+        boolean enforceDeadline,      // cancel an activation at __OW_DEADLINE (past deadlines: default timeout)
+        String runawayQuota,          // the slot a worker that ignores its deadline is confined to
+        long runawayGraceMs) {        // how long a cancelled worker may take to stop before that
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -70,7 +72,9 @@ public record Config(
                 longOf(env, "CPUSLOT_LOG_MAX_BYTES", 10L << 20),
                 bool(env, "__OW_ALLOW_CONCURRENT", false),
                 Math.max(1, intOf(env, "CPUSLOT_OW_MAX_CONCURRENCY", 256)),
-                bool(env, "CPUSLOT_ENFORCE_DEADLINE", true));
+                bool(env, "CPUSLOT_ENFORCE_DEADLINE", true),
+                env.getOrDefault("CPUSLOT_RUNAWAY_QUOTA", "10m"),
+                Math.max(0, durationMs(env, "CPUSLOT_RUNAWAY_GRACE", 200)));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

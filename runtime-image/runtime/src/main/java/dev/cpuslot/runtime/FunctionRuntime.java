@@ -56,6 +56,7 @@ public final class FunctionRuntime implements AutoCloseable {
     /** Actions already warned about: no api_key in /run, so no annotation lookup (warned once each). */
     private final Map<String, Boolean> warnedNoApiKey = new ConcurrentHashMap<>();
     private final Object initLock = new Object();
+    private final Runaways runaways;
     private final AtomicLong inFlight;
     private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
             .followRedirects(HttpClient.Redirect.NORMAL).build();
@@ -67,6 +68,14 @@ public final class FunctionRuntime implements AutoCloseable {
         this.slots = slots;
         this.out = out;
         this.err = err;
+        long runawayMilli;
+        try {
+            runawayMilli = cfg.runawayQuota() == null || cfg.runawayQuota().isBlank() || cfg.runawayQuota().trim().equals("0")
+                    ? 0 : Quota.parseMilli(cfg.runawayQuota());
+        } catch (IllegalArgumentException e) {
+            throw new IllegalArgumentException("CPUSLOT_RUNAWAY_QUOTA: " + e.getMessage());
+        }
+        this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
         describeMetrics();
         inFlight = metrics.gauge("cpuslot_invocations_in_flight", "");
         metrics.gaugeFunction("cpuslot_sandboxes", () -> {
@@ -141,7 +150,7 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     private FunctionPool pool(Function f) {
-        return new FunctionPool(f, cfg.sandboxesPerFunction(), cfg.workerIdleMs(), slots, metrics);
+        return new FunctionPool(f, cfg.sandboxesPerFunction(), cfg.workerIdleMs(), slots, metrics, runaways);
     }
 
     /**
@@ -161,7 +170,7 @@ public final class FunctionRuntime implements AutoCloseable {
                 throw new IllegalArgumentException(Config.INIT_SANDBOXES_ENV + " is not a number: " + per);
             }
         }
-        return new FunctionPool(f, max, cfg.workerIdleMs(), slots, metrics);
+        return new FunctionPool(f, max, cfg.workerIdleMs(), slots, metrics, runaways);
     }
 
     private volatile boolean owConcurrent;

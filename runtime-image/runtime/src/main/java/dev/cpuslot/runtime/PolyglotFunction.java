@@ -312,6 +312,7 @@ public final class PolyglotFunction implements Function {
 
     private Sandbox makeSandbox() {
         Context.Builder b = Context.newBuilder(polyglotId).engine(engine)
+                .out(System.out).err(System.err) // the tenant's streams now (the engine is shared)
                 .allowAllAccess(false)
                 .allowCreateThread(false)
                 .allowNativeAccess(false);
