@@ -3,6 +3,7 @@ package dev.cpuslot.runtime;
 import dev.cpuslot.slot.Native;
 import dev.cpuslot.slot.SlotClient;
 
+import java.io.BufferedOutputStream;
 import java.io.FileDescriptor;
 import java.io.FileOutputStream;
 import java.io.PrintStream;
@@ -15,8 +16,8 @@ public final class Main {
 
     public static void main(String[] args) throws Exception {
         // the tenant's streams: UTF-8 whatever the locale (a container usually has none)
-        System.setOut(new PrintStream(new FileOutputStream(FileDescriptor.out), true, StandardCharsets.UTF_8));
-        System.setErr(new PrintStream(new FileOutputStream(FileDescriptor.err), true, StandardCharsets.UTF_8));
+        System.setOut(new PrintStream(new BufferedOutputStream(new FileOutputStream(FileDescriptor.out), 8192), true, StandardCharsets.UTF_8));
+        System.setErr(new PrintStream(new BufferedOutputStream(new FileOutputStream(FileDescriptor.err), 8192), true, StandardCharsets.UTF_8));
         Config cfg = Config.fromEnv();
         Log.configure(cfg.log(), cfg.logMaxBytes());
         SlotClient slots = null;
