@@ -89,8 +89,9 @@ final class ActionContainer implements AutoCloseable {
     private int awaitPort() throws Exception {
         long until = System.nanoTime() + REQUEST_TIMEOUT.toNanos();
         while (System.nanoTime() < until) {
-            if (Files.exists(runtimeLog)) {
-                Matcher m = LISTENING.matcher(Files.readString(runtimeLog));
+            for (Path p : List.of(runtimeLog, stderr)) { // a runtime without CPUSLOT_LOG names it on stderr
+                if (!Files.exists(p)) continue;
+                Matcher m = LISTENING.matcher(Files.readString(p));
                 if (m.find()) return Integer.parseInt(m.group(1));
             }
             if (!proc.isAlive()) fail("the runtime exited with " + proc.exitValue() + " before listening; stderr:\n" + Files.readString(stderr));
