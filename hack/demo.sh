@@ -216,7 +216,8 @@ start_runtime() {
 	port="$(free_port 18080)"
 	metrics="$(free_port $((port + 1000)))"
 	cg_create "$cg"
-	start_in_cgroup "$name" "$cg" env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" "$@" \
+	# the runtime's own lines into its log file; OpenWhisk /run from several client threads at once
+	start_in_cgroup "$name" "$cg" env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@" \
 		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m -Dpolyglot.engine.WarnInterpreterOnly=false -jar "$RUNTIME_JAR"
 	wait_http "http://127.0.0.1:$metrics/metrics" "the runtime ($name)" "$WORK/$name.pid"
 	printf -v "${name^^}_PORT" '%s' "$port"

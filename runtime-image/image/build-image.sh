@@ -2,7 +2,11 @@
 # Builds the runtime's JVM image as an OCI image-layout tarball, without a Docker engine or a
 # registry (for `ctr -n k8s.io images import`):
 #
-#   runtime-image/image/build-image.sh OUT.tar [IMAGE_NAME]    (default docker.io/cpuslot/runtime-jvm:dev)
+#   runtime-image/image/build-image.sh OUT.tar [IMAGE_NAME] [KIND]
+#       (default docker.io/cpuslot/runtime-jvm:dev; KIND java, javascript or python fixes the
+#        language of /init code with CPUSLOT_LANGUAGE, as OpenWhisk maps each kind to an image:
+#        e.g. docker.io/cpuslot/runtime-python:dev python. Without KIND: the generic image, whose
+#        language comes from the action's /init env CPUSLOT_LANGUAGE, or is guessed.)
 #
 # The image has no base image. Its one layer holds:
 #   /opt/java            a minimal JRE made with jlink from the JDK 25 (modules from jdeps)
@@ -10,7 +14,7 @@
 #   /lib*, /usr/lib*     the shared libraries the JRE's binaries link (found with ldd, copied
 #                        from this machine: glibc, libz...) and the dynamic loader
 #   /etc/passwd, /tmp    root and nobody; a world-writable /tmp (user.home for polyglot caches)
-# Entrypoint: java -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
+# Entrypoint: java [image/jvm-options] -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
 # need no privilege), port 8080, metrics 9102.
 # Needs: the runtime built (runtime-image/build.sh -DskipTests package), a JDK 25, Go (to build
 # cmd/ocitar from this repository), ldd.
@@ -18,6 +22,8 @@ set -euo pipefail
 
 out="${1:?usage: build-image.sh OUT.tar [IMAGE_NAME]}"
 name="${2:-docker.io/cpuslot/runtime-jvm:dev}"
+kind="${3:-}"
+case "$kind" in ""|java|javascript|python) ;; *) echo "build-image: KIND must be java, javascript or python" >&2; exit 1 ;; esac
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 target="$repo/runtime-image/runtime/target"
@@ -70,10 +76,15 @@ chmod 1777 "$root/tmp"
 (cd "$repo" && CGO_ENABLED=0 "$GO" build -o "$stage/ocitar" ./cmd/ocitar)
 adds=()
 for top in "$root"/*; do adds+=(-add "$top:/$(basename "$top")"); done
+# the JVM options are the ones the conformance tests start the runtime with
+entry=(-entrypoint /opt/java/bin/java)
+while read -r opt; do [ -n "$opt" ] && entry+=(-entrypoint "$opt"); done <"$here/jvm-options"
+entry+=(-entrypoint -jar -entrypoint /opt/cpuslot/runtime.jar)
+kindenv=()
+[ -n "$kind" ] && kindenv=(-env "CPUSLOT_LANGUAGE=$kind")
 mkdir -p "$(dirname "$out")"
 "$stage/ocitar" -o "$out" -name "$name" -user 65534:65534 -workdir /tmp \
-	-env JAVA_HOME=/opt/java -env PORT=8080 -env CPUSLOT_METRICS_PORT=9102 \
-	-entrypoint /opt/java/bin/java -entrypoint -Duser.home=/tmp -entrypoint -Djava.awt.headless=true -entrypoint -Dpolyglot.engine.WarnInterpreterOnly=false \
-	-entrypoint -jar -entrypoint /opt/cpuslot/runtime.jar \
+	-env JAVA_HOME=/opt/java -env PORT=8080 -env CPUSLOT_METRICS_PORT=9102 "${kindenv[@]}" \
+	"${entry[@]}" \
 	"${adds[@]}"
 echo "build-image: $out ($name, $(du -h "$out" | cut -f1), $(echo "$libs" | wc -w) shared libraries from this machine)" >&2

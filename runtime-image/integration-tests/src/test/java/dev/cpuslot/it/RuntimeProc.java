@@ -77,6 +77,7 @@ final class RuntimeProc implements AutoCloseable {
         ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(true).redirectOutput(log.toFile());
         pb.environment().put("PORT", Integer.toString(port));
         pb.environment().put("CPUSLOT_METRICS_PORT", Integer.toString(metricsPort));
+        pb.environment().put("CPUSLOT_LOG", "stderr"); // the runtime's own lines into this process's log file too
         pb.environment().putAll(env);
         process = pb.start();
         long until = System.nanoTime() + 60_000_000_000L;

@@ -8,6 +8,7 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.TestInstance;
 import org.junit.jupiter.api.TestMethodOrder;
 
+import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -400,5 +401,62 @@ class RuntimeWithAgentIT {
         }
         System.out.println(String.join("\n", report.subList(report.size() - runs - baseline - 3, report.size())));
         assertTrue(bad.isEmpty(), "first /run without a slot: " + bad);
+    }
+
+    /**
+     * A Java function that ignores interrupts keeps running after its deadline answer. Its worker
+     * thread must not keep burning in the slot the next activation gets: it is moved into a tiny
+     * slot (CPUSLOT_RUNAWAY_QUOTA) that a jail thread holds until the function returns.
+     */
+    @Test
+    @Order(8)
+    void aWorkerThatIgnoresItsDeadlineIsConfinedToATinySlot() throws Exception {
+        String cgroup = parent + "/runaway";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "0", "CPUSLOT_DEFAULT_TIMEOUT_MS", "1500",
+                "CPUSLOT_RUNAWAY_QUOTA", "20m"), cg.procsFiles(cgroup), work.resolve("runtime-runaway.log"))) {
+            r.register("runaway", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
+            r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            RuntimeProc.Reply timedOut = r.invoke("runaway", "{\"ms\":60000}");
+            assertNotEquals(200, timedOut.status(), timedOut.body());
+            // the worker thread of the function (named fn-runaway-N) is still spinning
+            long tid = -1;
+            for (int i = 0; i < 600 && tid < 0; i++) {
+                try (var ts = Files.list(Path.of("/proc/" + r.pid() + "/task"))) {
+                    for (Path t : ts.toList()) {
+                        String comm = Files.readString(t.resolve("comm")).strip();
+                        if (comm.startsWith("fn-runaway")) tid = Long.parseLong(t.getFileName().toString());
+                    }
+                }
+                if (tid < 0) Thread.sleep(50);
+            }
+            assertTrue(tid > 0, "the runaway worker thread is alive");
+            double confined = 0;
+            for (int i = 0; i < 600 && confined < 1; i++) {
+                confined = Prom.sum(r.metrics(), "cpuslot_runaway_confined_total", "function=\"runaway\"");
+                if (confined < 1) Thread.sleep(50);
+            }
+            assertEquals(1, confined, r.metricsText());
+            assertEquals(1, Prom.get(r.metrics(), "cpuslot_runaway_threads"));
+            String where = cg.cgroupOf(r.pid(), tid);
+            assertTrue(where.startsWith(cgroup + "/cpuslot-"), "confined in a slot of the runtime's container: " + where);
+            // its CPU rate in the jail: ticks of the thread over a while against the wall time
+            long t0 = System.nanoTime(), c0 = ticks(r.pid(), tid);
+            Thread.sleep(3000);
+            double rate = (ticks(r.pid(), tid) - c0) / 100.0 / ((System.nanoTime() - t0) / 1e9);
+            report.add(String.format(java.util.Locale.ROOT, "runaway worker (tid %d) confined in %s: %.3f of a core (jail 20m, its activation had 500m)", tid, where, rate));
+            assertTrue(rate < 0.25, "the runaway burns " + rate + " of a core, well under its 500m activation slot");
+            // the other tenants are served
+            RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next\"}");
+            assertEquals(200, hello.status(), hello.body());
+        }
+    }
+
+    /** utime + stime of a thread, in clock ticks (USER_HZ 100). */
+    private static long ticks(long pid, long tid) throws IOException {
+        String stat = Files.readString(Path.of("/proc/" + pid + "/task/" + tid + "/stat"));
+        String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+        return Long.parseLong(f[11]) + Long.parseLong(f[12]);
     }
 }

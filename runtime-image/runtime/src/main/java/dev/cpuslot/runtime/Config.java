@@ -26,11 +26,20 @@ public record Config(
         long lingerMs,                // keep a worker's lease between invocations (0 = off)
         boolean warmup,               // get the slot client ready at init/register (and at start)
         long warmupWaitMs,            // how long /init (/register) waits for the slot client's warm-up
-        boolean connectAtStart) {     // warm up the slot client at start (default: when CPUSLOT_SOCKET is set)
+        boolean connectAtStart,       // warm up the slot client at start (default: when CPUSLOT_SOCKET is set)
+        String log,                   // where the runtime's own lines go (CPUSLOT_LOG; never the tenant's streams by default)
+        long logMaxBytes,             // rotate the log file once past this size
+        boolean owConcurrent,         // __OW_ALLOW_CONCURRENT: OpenWhisk sends overlapping /run to this container
+        int owMaxConcurrency,         // bound of sandboxes per OpenWhisk action when concurrent
+        boolean enforceDeadline,      // cancel an activation at __OW_DEADLINE (past deadlines: default timeout)
+        String runawayQuota,          // the slot a worker that ignores its deadline is confined to
+        long runawayGraceMs) {        // how long a cancelled worker may take to stop before that
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
     public static final String INIT_QUOTA_ENV = "CPUSLOT_QUOTA";
+    /** Per action (/init env): most sandboxes this action may use, at most the runtime's bound. */
+    public static final String INIT_SANDBOXES_ENV = "CPUSLOT_SANDBOXES";
 
     public static Config fromEnv() { return from(System.getenv()); }
 
@@ -58,7 +67,14 @@ public record Config(
                 durationMs(env, "CPUSLOT_LINGER", 100),
                 bool(env, "CPUSLOT_WARMUP", true),
                 Math.max(0, durationMs(env, "CPUSLOT_WARMUP_WAIT", 1000)),
-                bool(env, "CPUSLOT_CONNECT_AT_START", env.get("CPUSLOT_SOCKET") != null && !env.get("CPUSLOT_SOCKET").isBlank()));
+                bool(env, "CPUSLOT_CONNECT_AT_START", env.get("CPUSLOT_SOCKET") != null && !env.get("CPUSLOT_SOCKET").isBlank()),
+                blankToNull(env.get("CPUSLOT_LOG")),
+                longOf(env, "CPUSLOT_LOG_MAX_BYTES", 10L << 20),
+                bool(env, "__OW_ALLOW_CONCURRENT", false),
+                Math.max(1, intOf(env, "CPUSLOT_OW_MAX_CONCURRENCY", 256)),
+                bool(env, "CPUSLOT_ENFORCE_DEADLINE", true),
+                env.getOrDefault("CPUSLOT_RUNAWAY_QUOTA", "10m"),
+                Math.max(0, durationMs(env, "CPUSLOT_RUNAWAY_GRACE", 200)));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

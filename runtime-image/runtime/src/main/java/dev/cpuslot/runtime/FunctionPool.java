@@ -48,7 +48,14 @@ public final class FunctionPool implements AutoCloseable {
     private volatile boolean closed;
     private static final AtomicLong WORKER_IDS = new AtomicLong();
 
+    private final Runaways runaways;
+
     public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics) {
+        this(fn, max, idleMs, slots, metrics, null);
+    }
+
+    FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics, Runaways runaways) {
+        this.runaways = runaways;
         this.fn = fn;
         this.max = max;
         this.idleNanos = TimeUnit.MILLISECONDS.toNanos(idleMs);
@@ -86,8 +93,13 @@ public final class FunctionPool implements AutoCloseable {
             return job.result.get(Math.max(0, rem), TimeUnit.NANOSECONDS);
         } catch (TimeoutException e) {
             if (job.claimed.compareAndSet(false, true)) {
-                // the worker has not finished: cancel it, give the slot back, free the permit now
+                // the worker has not finished: cancel it, give the slot back, free the permit now;
+                // if it does not stop, confine it
                 w.retire(job);
+                if (runaways != null) {
+                    Worker ww = w;
+                    runaways.watch(fn.name(), ww.thread, ww.tid, () -> ww.current == job);
+                }
                 SlotLease l = job.lease;
                 Usage u = l == null ? Usage.NONE : l.release(ReleaseOutcome.TIMEOUT);
                 permits.release();
@@ -126,6 +138,8 @@ public final class FunctionPool implements AutoCloseable {
         final Thread thread;
         volatile Function.Sandbox sandbox;
         volatile boolean retired;
+        volatile int tid;
+        volatile Job current;
 
         Worker() {
             live.incrementAndGet();
@@ -161,6 +175,7 @@ public final class FunctionPool implements AutoCloseable {
 
         private void loop() {
             try {
+                if (dev.cpuslot.slot.Native.available()) tid = dev.cpuslot.slot.Native.gettid();
                 // before the first job: the thread's slot-client state (native scratch memory)
                 // would otherwise be set up inside the first invocation's acquire budget
                 if (slots != null) {
@@ -191,6 +206,15 @@ public final class FunctionPool implements AutoCloseable {
         }
 
         private void run(Job j) {
+            current = j;
+            try {
+                runJob(j);
+            } finally {
+                current = null;
+            }
+        }
+
+        private void runJob(Job j) {
             busy.incrementAndGet();
             Task t = j.task;
             JsonElement result = null;
@@ -223,10 +247,9 @@ public final class FunctionPool implements AutoCloseable {
                         result = sandbox.invoke(t.args(), t.env());
                     } catch (Function.FunctionError e) {
                         error = e.getMessage();
-                        if (e.getCause() != null && !(e.getCause() instanceof org.graalvm.polyglot.PolyglotException)) {
-                            System.err.println("action " + fn.name() + " failed:");
+                        // the action's own error, for its logs (polyglot sandboxes print theirs)
+                        if (e.getCause() != null && !(e.getCause() instanceof org.graalvm.polyglot.PolyglotException))
                             e.getCause().printStackTrace(System.err);
-                        }
                     } catch (Exception e) {
                         error = e.toString();
                     }

@@ -56,6 +56,7 @@ public final class FunctionRuntime implements AutoCloseable {
     /** Actions already warned about: no api_key in /run, so no annotation lookup (warned once each). */
     private final Map<String, Boolean> warnedNoApiKey = new ConcurrentHashMap<>();
     private final Object initLock = new Object();
+    private final Runaways runaways;
     private final AtomicLong inFlight;
     private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
             .followRedirects(HttpClient.Redirect.NORMAL).build();
@@ -67,6 +68,14 @@ public final class FunctionRuntime implements AutoCloseable {
         this.slots = slots;
         this.out = out;
         this.err = err;
+        long runawayMilli;
+        try {
+            runawayMilli = cfg.runawayQuota() == null || cfg.runawayQuota().isBlank() || cfg.runawayQuota().trim().equals("0")
+                    ? 0 : Quota.parseMilli(cfg.runawayQuota());
+        } catch (IllegalArgumentException e) {
+            throw new IllegalArgumentException("CPUSLOT_RUNAWAY_QUOTA: " + e.getMessage());
+        }
+        this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
         describeMetrics();
         inFlight = metrics.gauge("cpuslot_invocations_in_flight", "");
         metrics.gaugeFunction("cpuslot_sandboxes", () -> {
@@ -105,6 +114,8 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_bad_requests_total", "counter", "Requests refused before running anything.");
         metrics.describe("cpuslot_quota_no_api_key_total", "counter", "OpenWhisk invocations without an api_key (action created without provide-api-key) and no other quota source: the annotation cannot be read, they run without a slot.");
         metrics.describe("cpuslot_repeated_inits_total", "counter", "Knative requests that bundled the same init again (ignored; the activation ran).");
+        metrics.describe("cpuslot_deadline_past_total", "counter", "Activations whose __OW_DEADLINE had already passed on arrival: run with the default timeout.");
+        metrics.describe("cpuslot_deadline_unparsed_total", "counter", "Activations whose __OW_DEADLINE was not epoch milliseconds: run with the default timeout.");
     }
 
     private void forEachPool(java.util.function.BiConsumer<String, FunctionPool> f) {
@@ -128,9 +139,8 @@ public final class FunctionRuntime implements AutoCloseable {
             throws Exception {
         if (binary != null) {
             boolean zip = binary.length > 3 && binary[0] == 'P' && binary[1] == 'K';
+            if (language != null && !language.equals("java")) return PolyglotFunction.fromZip(name, language, binary, main, initEnv);
             if (!zip) throw new IllegalArgumentException("binary code must be a jar");
-            if (language != null && !language.equals("java"))
-                throw new IllegalArgumentException("binary code is only supported for java (a jar)");
             return new JavaFunction(name, binary, main, initEnv);
         }
         if (text == null || text.isEmpty()) throw new IllegalArgumentException("Missing main/no code to execute.");
@@ -140,8 +150,31 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     private FunctionPool pool(Function f) {
-        return new FunctionPool(f, cfg.sandboxesPerFunction(), cfg.workerIdleMs(), slots, metrics);
+        return new FunctionPool(f, cfg.sandboxesPerFunction(), cfg.workerIdleMs(), slots, metrics, runaways);
     }
+
+    /**
+     * OpenWhisk sends one activation at a time to a container unless the action allows
+     * concurrency, and then says so with {@code __OW_ALLOW_CONCURRENT} (container environment, or
+     * the action's /init env). Concurrent: sandboxes grow on demand up to CPUSLOT_OW_MAX_CONCURRENCY
+     * (per action: /init env CPUSLOT_SANDBOXES, at most that). Otherwise one sandbox, and an
+     * overlapping /run is refused as OpenWhisk's runtimes refuse it.
+     */
+    private FunctionPool owPool(Function f) {
+        int max = owConcurrent ? cfg.owMaxConcurrency() : 1;
+        String per = f.initEnv().get(Config.INIT_SANDBOXES_ENV);
+        if (owConcurrent && per != null && !per.isBlank()) {
+            try {
+                max = Math.max(1, Math.min(max, Integer.parseInt(per.trim())));
+            } catch (NumberFormatException e) {
+                throw new IllegalArgumentException(Config.INIT_SANDBOXES_ENV + " is not a number: " + per);
+            }
+        }
+        return new FunctionPool(f, max, cfg.workerIdleMs(), slots, metrics, runaways);
+    }
+
+    private volatile boolean owConcurrent;
+    private final java.util.concurrent.atomic.AtomicBoolean owRunning = new java.util.concurrent.atomic.AtomicBoolean();
 
     // ---- OpenWhisk ----------------------------------------------------------------------------
 
@@ -162,12 +195,12 @@ public final class FunctionRuntime implements AutoCloseable {
 
     /** OpenWhisk {@code POST /init}. */
     public Reply owInit(JsonObject body) {
-        Reply r = owInitLocked(body);
+        Reply r = owInitLocked(body, true);
         if (r.status() == 200) warmSlots("/init");
         return r;
     }
 
-    private Reply owInitLocked(JsonObject body) {
+    private Reply owInitLocked(JsonObject body, boolean openwhisk) {
         synchronized (initLock) {
             if (owPool != null) {
                 err.println("Cannot initialize the action more than once.");
@@ -182,7 +215,8 @@ public final class FunctionRuntime implements AutoCloseable {
                 Map<String, String> env = new LinkedHashMap<>();
                 if (v.has("env") && v.get("env").isJsonObject()) {
                     for (Map.Entry<String, JsonElement> e : v.getAsJsonObject("env").entrySet())
-                        env.put(e.getKey(), e.getValue().isJsonPrimitive() ? e.getValue().getAsString() : e.getValue().toString());
+                        // as OpenWhisk exports init parameters: strings as is, null as "", the rest as JSON
+                        env.put(e.getKey(), e.getValue().isJsonNull() ? "" : e.getValue().isJsonPrimitive() ? e.getValue().getAsString() : e.getValue().toString());
                 }
                 String main = str(v, "main", "main");
                 boolean binary = v.has("binary") && v.get("binary").isJsonPrimitive() && v.get("binary").getAsBoolean();
@@ -195,10 +229,17 @@ public final class FunctionRuntime implements AutoCloseable {
                         return Reply.error(502, "Unable to decode the base64 code: " + e.getMessage());
                     }
                 }
-                String lang = env.getOrDefault("CPUSLOT_LANGUAGE", cfg.language());
+                // the image's kind fixes the language; the generic image takes it from the action's env, or guesses
+                String lang = cfg.language() != null ? cfg.language() : env.get("CPUSLOT_LANGUAGE");
                 String name = str(v, "name", OW_ACTION);
                 if (name.isBlank()) name = OW_ACTION;
-                owPool = pool(create(name, lang, bin, binary ? null : code, main, env));
+                Function f = create(name, lang, bin, binary ? null : code, main, env);
+                if (openwhisk) {
+                    owConcurrent = cfg.owConcurrent() || "true".equalsIgnoreCase(env.getOrDefault("__OW_ALLOW_CONCURRENT", "").trim());
+                    owPool = owPool(f);
+                } else {
+                    owPool = pool(f);
+                }
                 owInitValue = v.deepCopy();
                 Log.info("initialised " + owPool.function().language() + " action " + name + " (main " + main + ")");
                 JsonObject ok = new JsonObject();
@@ -206,7 +247,8 @@ public final class FunctionRuntime implements AutoCloseable {
                 return Reply.ok(ok);
             } catch (Exception e) {
                 String msg = e instanceof IllegalArgumentException ? e.getMessage() : "An error has occurred (see logs for details): " + e;
-                err.println("init failed: " + msg);
+                err.println(msg);
+                Log.info("init failed: " + msg);
                 metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "init_failed"));
                 sentinels();
                 return Reply.error(502, msg);
@@ -224,7 +266,19 @@ public final class FunctionRuntime implements AutoCloseable {
         JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
         JsonObject activation = new JsonObject();
         for (Map.Entry<String, JsonElement> e : body.entrySet()) if (!e.getKey().equals("value")) activation.add(e.getKey(), e.getValue());
-        return run(p, activation, value, quotaHeader, platform, true, false);
+        if (owConcurrent) return run(p, activation, value, quotaHeader, platform, true, false);
+        // one activation at a time, as OpenWhisk's runtimes without __OW_ALLOW_CONCURRENT
+        if (!owRunning.compareAndSet(false, true)) {
+            metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "not_concurrent"));
+            err.println("Internal system error: System not ready, status is running.");
+            err.flush();
+            return Reply.error(403, "System not ready, status is running.");
+        }
+        try {
+            return run(p, activation, value, quotaHeader, platform, true, false);
+        } finally {
+            owRunning.set(false);
+        }
     }
 
     /** Knative single entrypoint {@code POST /}: {@code init}, {@code activation}+{@code value}, or both. */
@@ -246,7 +300,7 @@ public final class FunctionRuntime implements AutoCloseable {
                 } else {
                     JsonObject initBody = new JsonObject();
                     initBody.add("value", init);
-                    r = owInitLocked(initBody);
+                    r = owInitLocked(initBody, false);
                 }
             }
             if (r != null && r.status() == 200) warmSlots("init");
@@ -367,12 +421,16 @@ public final class FunctionRuntime implements AutoCloseable {
 
         long timeoutNs = TimeUnit.MILLISECONDS.toNanos(cfg.defaultTimeoutMs());
         String dl = env.get("__OW_DEADLINE");
-        if (dl != null && !dl.isBlank()) {
+        if (dl != null && !dl.isBlank() && cfg.enforceDeadline()) {
+            // The invoker enforces the action's time limit; the runtime cancels at the deadline
+            // too, to free the sandbox and slot. A deadline already past (a skewed clock, a test
+            // value) is passed on to the action and the default timeout applies.
             try {
-                long deadlineMs = (long) Double.parseDouble(dl);
-                timeoutNs = TimeUnit.MILLISECONDS.toNanos(Math.max(0, deadlineMs - System.currentTimeMillis()));
+                long left = (long) Double.parseDouble(dl) - System.currentTimeMillis();
+                if (left > 0) timeoutNs = TimeUnit.MILLISECONDS.toNanos(left);
+                else metrics.inc("cpuslot_deadline_past_total", "");
             } catch (NumberFormatException e) {
-                return finish(platform, fn, t0, Reply.error(400, "deadline is not epoch milliseconds: " + dl), sentinels, "bad_request");
+                metrics.inc("cpuslot_deadline_unparsed_total", "");
             }
         }
 
@@ -444,7 +502,7 @@ public final class FunctionRuntime implements AutoCloseable {
         String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
         metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", slotOutcome));
         // the activation's log line: what the slot gave and what it used
-        out.println("cpuslot: activation=" + activationId + " action=" + action + " status=" + status
+        Log.activation("cpuslot: activation=" + activationId + " action=" + action + " status=" + status
                 + " quota=" + q.milli() + "m source=" + q.source() + (q.capped() ? " capped" : "")
                 + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()
                         + (l.reused() ? " reused" : "") : "none")
@@ -497,7 +555,7 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", platform, "function", fn.name(), "status", status));
         metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name()))
                 .observe((System.nanoTime() - t0) / 1e9);
-        if (!status.equals("ok")) err.println("activation failed: " + (r.body() instanceof JsonObject jo && jo.has("error") ? jo.get("error").getAsString() : status));
+        if (!status.equals("ok")) Log.info("activation failed: " + (r.body() instanceof JsonObject jo && jo.has("error") && jo.get("error").isJsonPrimitive() ? jo.get("error").getAsString() : status));
         if (sentinels) sentinels();
         return r;
     }

@@ -103,8 +103,7 @@ public final class HttpFront implements AutoCloseable {
             }
             send(ex, r);
         } catch (RuntimeException e) {
-            Log.warn("request failed: " + e);
-            e.printStackTrace(System.err);
+            Log.stackTrace("request failed: " + e, e);
             send(ex, FunctionRuntime.Reply.error(500, "internal error: " + e));
         } finally {
             ex.close();

@@ -1,6 +1,8 @@
 package dev.cpuslot.runtime;
 
 import com.google.gson.Gson;
+import com.google.gson.JsonArray;
+import dev.cpuslot.runtime.guard.ActionGuard;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
@@ -39,15 +41,13 @@ import java.util.Map;
 public final class JavaFunction implements Function {
     private static final Gson GSON = new com.google.gson.GsonBuilder()
             .setObjectToNumberStrategy(com.google.gson.ToNumberPolicy.LONG_OR_DOUBLE).serializeNulls().create();
-    private static final ThreadLocal<Map<String, String>> ENV = new ThreadLocal<>();
-
     /** The running invocation's environment, for code that cannot take a second parameter. */
     public static Map<String, String> currentEnv() {
-        Map<String, String> m = ENV.get();
+        Map<String, String> m = ActionGuard.env();
         return m == null ? Map.of() : m;
     }
 
-    private enum Kind { JSON, JSON_ENV, MAP, MAP_ENV }
+    private enum Kind { JSON, JSON_ENV, ARRAY, MAP, MAP_ENV }
 
     private final String name;
     private final Map<String, String> initEnv;
@@ -67,13 +67,20 @@ public final class JavaFunction implements Function {
         }
         jar = Files.createTempFile("cpuslot-fn-", ".jar");
         Files.write(jar, jarBytes);
-        loader = new URLClassLoader("fn:" + name, new URL[]{jar.toUri().toURL()}, new SharedParent(JavaFunction.class.getClassLoader()));
+        loader = new ActionLoader("fn:" + name, new URL[]{jar.toUri().toURL()}, new SharedParent(JavaFunction.class.getClassLoader()));
+        if (method.isEmpty()) method = "main";
         Class<?> c;
+        // static initialisers run now and see the /init environment through System.getenv
+        ActionGuard.setEnv(this.initEnv);
         try {
             c = Class.forName(cls, true, loader);
-        } catch (ClassNotFoundException | LinkageError e) {
+        } catch (ClassNotFoundException | LinkageError | SecurityException e) {
             close();
-            throw new IllegalArgumentException("class " + cls + " not found in the jar (" + e + ")");
+            ClassNotFoundException cnf = e instanceof ClassNotFoundException x ? x : new ClassNotFoundException(cls, e);
+            cnf.printStackTrace(System.err);
+            throw new InitError(ERR_PREFIX + cnf, cnf);
+        } finally {
+            ActionGuard.setEnv(null);
         }
         Kind k = null;
         Method m = null;
@@ -81,6 +88,7 @@ public final class JavaFunction implements Function {
             Class<?>[] params = switch (cand) {
                 case JSON -> new Class<?>[]{JsonObject.class};
                 case JSON_ENV -> new Class<?>[]{JsonObject.class, Map.class};
+                case ARRAY -> new Class<?>[]{JsonArray.class};
                 case MAP -> new Class<?>[]{Map.class};
                 case MAP_ENV -> new Class<?>[]{Map.class, Map.class};
             };
@@ -96,8 +104,10 @@ public final class JavaFunction implements Function {
         }
         if (m == null) {
             close();
-            throw new IllegalArgumentException("class " + cls + " has no public static " + method
-                    + "(JsonObject) or " + method + "(Map) method");
+            // the OpenWhisk Java runtime's text: the JsonObject signature it looked for
+            NoSuchMethodException e = new NoSuchMethodException(cls + "." + method + "(com.google.gson.JsonObject)");
+            e.printStackTrace(System.err);
+            throw new InitError(ERR_PREFIX + e, e);
         }
         kind = k;
         handle = MethodHandles.publicLookup().unreflect(m).asType(
@@ -117,16 +127,23 @@ public final class JavaFunction implements Function {
                 Thread t = Thread.currentThread();
                 ClassLoader prev = t.getContextClassLoader();
                 t.setContextClassLoader(loader);
-                ENV.set(env);
+                ActionGuard.setEnv(env);
                 try {
                     JsonObject in = args != null && args.isJsonObject() ? args.getAsJsonObject() : new JsonObject();
                     Object out = switch (kind) {
                         case JSON -> handle.invoke((Object) in.deepCopy());
                         case JSON_ENV -> handle.invoke((Object) in.deepCopy(), (Object) env);
+                        case ARRAY -> handle.invoke((Object) (args != null && args.isJsonArray() ? args.getAsJsonArray().deepCopy() : new JsonArray()));
                         case MAP -> handle.invoke((Object) toMap(in));
                         case MAP_ENV -> handle.invoke((Object) toMap(in), (Object) env);
                     };
+                    if (out == null) {
+                        System.err.println("The action returned null");
+                        throw new Function.FunctionError("The action returned null", null);
+                    }
                     return toJson(out);
+                } catch (Function.FunctionError e) {
+                    throw e;
                 } catch (Exception | Error e) {
                     if (e instanceof InvocationTargetException ite && ite.getCause() != null) throw new Function.FunctionError(String.valueOf(ite.getCause()), ite.getCause());
                     if (e instanceof VirtualMachineError vme && !(e instanceof StackOverflowError)) throw vme;
@@ -134,7 +151,7 @@ public final class JavaFunction implements Function {
                 } catch (Throwable th) {
                     throw new Function.FunctionError(th.toString(), th);
                 } finally {
-                    ENV.remove();
+                    ActionGuard.setEnv(null);
                     t.setContextClassLoader(prev);
                 }
             }
@@ -171,9 +188,55 @@ public final class JavaFunction implements Function {
         }
     }
 
-    /** Parent of every function class loader: the JDK plus Gson from the runtime, nothing else. */
+    static final String ERR_PREFIX = "An error has occurred (see logs for details): ";
+
+    /** An /init error whose message is the reply's error text. */
+    static final class InitError extends IllegalArgumentException {
+        InitError(String msg, Throwable cause) { super(msg, cause); }
+    }
+
+    /**
+     * Loads an action's classes from its jar with the guarded calls rewritten ({@link ActionGuard}):
+     * System.exit cannot end the shared runtime, System.getenv sees the activation's environment.
+     */
+    static final class ActionLoader extends URLClassLoader {
+        static { registerAsParallelCapable(); }
+
+        ActionLoader(String name, URL[] urls, ClassLoader parent) { super(name, urls, parent); }
+
+        @Override
+        protected Class<?> findClass(String name) throws ClassNotFoundException {
+            String path = name.replace('.', '/') + ".class";
+            URL u = findResource(path);
+            if (u == null) throw new ClassNotFoundException(name);
+            byte[] b;
+            try (var in = u.openStream()) {
+                b = in.readAllBytes();
+            } catch (IOException e) {
+                throw new ClassNotFoundException(name, e);
+            }
+            try {
+                b = ActionGuard.rewrite(b, this);
+            } catch (RuntimeException e) {
+                throw new ClassNotFoundException(name + " (cannot be prepared: " + e + ")", e);
+            }
+            int dot = name.lastIndexOf('.');
+            if (dot > 0) {
+                String pkg = name.substring(0, dot);
+                if (getDefinedPackage(pkg) == null) {
+                    try {
+                        definePackage(pkg, null, null, null, null, null, null, null);
+                    } catch (IllegalArgumentException ignored) { // defined concurrently
+                    }
+                }
+            }
+            return defineClass(name, b, 0, b.length, (java.security.CodeSource) null);
+        }
+    }
+
+    /** Parent of every function class loader: the JDK, Gson and the action guard from the runtime, nothing else. */
     static final class SharedParent extends ClassLoader {
-        private static final List<String> SHARED = List.of("com.google.gson.");
+        private static final List<String> SHARED = List.of("com.google.gson.", "dev.cpuslot.runtime.guard.");
         private final ClassLoader runtime;
 
         SharedParent(ClassLoader runtime) {
@@ -189,7 +252,7 @@ public final class JavaFunction implements Function {
 
         @Override
         public URL getResource(String name) {
-            if (name.startsWith("com/google/gson/")) return runtime.getResource(name);
+            if (name.startsWith("com/google/gson/") || name.startsWith("dev/cpuslot/runtime/guard/")) return runtime.getResource(name);
             return super.getResource(name);
         }
     }

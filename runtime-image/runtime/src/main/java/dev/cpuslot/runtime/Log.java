@@ -1,10 +1,100 @@
 package dev.cpuslot.runtime;
 
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
 import java.time.Instant;
 
-/** Runtime's own log lines go to stderr, prefixed, one line each. */
+/**
+ * The runtime's own log lines (start-up, warnings, one line per activation). They never go to the
+ * tenant's stdout/stderr: OpenWhisk stores a container's stdout/stderr as the activation's logs.
+ * Destination ({@code CPUSLOT_LOG}): a file (default {@code <tmpdir>/cpuslot-runtime.log}, rotated
+ * once at {@code CPUSLOT_LOG_MAX_BYTES}), {@code fd:N} (an inherited descriptor), {@code stderr},
+ * {@code stdout} (for non-OpenWhisk deployments), or {@code off}.
+ */
 final class Log {
     private Log() {}
-    static void info(String m) { System.err.println(Instant.now() + " cpuslot-runtime INFO " + m); }
-    static void warn(String m) { System.err.println(Instant.now() + " cpuslot-runtime WARN " + m); }
+
+    private static volatile PrintStream sink = null;
+    private static volatile Path file;
+    private static volatile long maxBytes;
+    private static long written;
+
+    /** Opens the destination named by {@code spec} (see class comment). */
+    static synchronized void configure(String spec, long maxBytes) throws IOException {
+        Log.maxBytes = maxBytes;
+        file = null;
+        String s = spec == null || spec.isBlank() ? "file:" + defaultFile() : spec.trim();
+        if (s.equals("off")) sink = null;
+        else if (s.equals("stderr")) sink = new PrintStream(new FileOutputStream(java.io.FileDescriptor.err), true, StandardCharsets.UTF_8);
+        else if (s.equals("stdout")) sink = new PrintStream(new FileOutputStream(java.io.FileDescriptor.out), true, StandardCharsets.UTF_8);
+        else if (s.startsWith("fd:")) {
+            int fd;
+            try {
+                fd = Integer.parseInt(s.substring(3));
+            } catch (NumberFormatException e) {
+                throw new IllegalArgumentException("CPUSLOT_LOG: fd:N needs a descriptor number: " + spec);
+            }
+            if (fd < 3) throw new IllegalArgumentException("CPUSLOT_LOG: fd 0-2 are the tenant's streams; use stdout/stderr explicitly: " + spec);
+            sink = new PrintStream(new FileOutputStream("/proc/self/fd/" + fd, true), true, StandardCharsets.UTF_8);
+        } else {
+            Path p = Path.of(s.startsWith("file:") ? s.substring(5) : s);
+            file = p;
+            written = Files.exists(p) ? Files.size(p) : 0;
+            sink = open(p);
+        }
+    }
+
+    static String defaultFile() { return Path.of(System.getProperty("java.io.tmpdir"), "cpuslot-runtime.log").toString(); }
+
+    private static PrintStream open(Path p) throws IOException {
+        OutputStream os = Files.newOutputStream(p, java.nio.file.StandardOpenOption.CREATE, java.nio.file.StandardOpenOption.APPEND,
+                java.nio.file.StandardOpenOption.WRITE);
+        return new PrintStream(new java.io.BufferedOutputStream(os, 8192), false, StandardCharsets.UTF_8);
+    }
+
+    /** For tests: write to this stream. */
+    static synchronized void to(PrintStream ps) {
+        file = null;
+        sink = ps;
+    }
+
+    static void info(String m) { line(Instant.now() + " cpuslot-runtime INFO " + m); }
+    static void warn(String m) { line(Instant.now() + " cpuslot-runtime WARN " + m); }
+
+    /** The per-activation line. */
+    static void activation(String m) { line(m); }
+
+    static void stackTrace(String what, Throwable t) {
+        java.io.StringWriter w = new java.io.StringWriter();
+        t.printStackTrace(new java.io.PrintWriter(w));
+        line(Instant.now() + " cpuslot-runtime WARN " + what + "\n" + w);
+    }
+
+    private static synchronized void line(String m) {
+        PrintStream s = sink;
+        if (s == null) return;
+        s.println(m);
+        s.flush();
+        if (file != null && maxBytes > 0) {
+            written += m.length() + 1;
+            if (written > maxBytes) rotate();
+        }
+    }
+
+    private static void rotate() {
+        try {
+            sink.close();
+            Files.move(file, Path.of(file + ".1"), StandardCopyOption.REPLACE_EXISTING);
+            sink = open(file);
+            written = 0;
+        } catch (IOException e) {
+            sink = null; // nowhere left to write: drop runtime lines rather than fill the disk
+        }
+    }
 }

@@ -3,6 +3,11 @@ package dev.cpuslot.runtime;
 import dev.cpuslot.slot.Native;
 import dev.cpuslot.slot.SlotClient;
 
+import java.io.BufferedOutputStream;
+import java.io.FileDescriptor;
+import java.io.FileOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 
 /** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
@@ -10,7 +15,11 @@ public final class Main {
     private Main() {}
 
     public static void main(String[] args) throws Exception {
+        // the tenant's streams: UTF-8 whatever the locale (a container usually has none)
+        System.setOut(new PrintStream(new BufferedOutputStream(new FileOutputStream(FileDescriptor.out), 8192), true, StandardCharsets.UTF_8));
+        System.setErr(new PrintStream(new BufferedOutputStream(new FileOutputStream(FileDescriptor.err), 8192), true, StandardCharsets.UTF_8));
         Config cfg = Config.fromEnv();
+        Log.configure(cfg.log(), cfg.logMaxBytes());
         SlotClient slots = null;
         if (cfg.slotsEnabled()) {
             if (!Native.available()) {
@@ -20,6 +29,17 @@ public final class Main {
                         .acquireBudget(Duration.ofMillis(cfg.acquireBudgetMs())).failClosed(cfg.failClosed())
                         .linger(Duration.ofMillis(Math.max(0, cfg.lingerMs()))).build();
             }
+        }
+        // an image of one kind: load its language while the container waits for /init
+        if (cfg.language() != null && !cfg.language().equals("java")) {
+            String lang = cfg.language();
+            Thread.ofPlatform().daemon().name("prewarm-" + lang).start(() -> {
+                try {
+                    PolyglotFunction.prewarm(lang);
+                } catch (RuntimeException e) {
+                    Log.warn("prewarming " + lang + " failed: " + e);
+                }
+            });
         }
         FunctionRuntime rt = new FunctionRuntime(cfg, new Metrics(), slots, System.out, System.err);
         HttpFront front = new HttpFront(rt, cfg.port(), cfg.metricsPort());

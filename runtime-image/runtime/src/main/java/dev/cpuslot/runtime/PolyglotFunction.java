@@ -1,6 +1,8 @@
 package dev.cpuslot.runtime;
 
+import com.google.gson.Gson;
 import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import org.graalvm.polyglot.Context;
 import org.graalvm.polyglot.Engine;
@@ -8,77 +10,294 @@ import org.graalvm.polyglot.PolyglotException;
 import org.graalvm.polyglot.Source;
 import org.graalvm.polyglot.Value;
 
+import java.io.ByteArrayInputStream;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicReference;
+import java.util.zip.ZipEntry;
+import java.util.zip.ZipInputStream;
 
 /**
- * A JavaScript or Python function run by GraalVM Polyglot. One {@link Engine} per function (shared
- * code caches); one {@link Context} per worker, reused across that worker's invocations (as
- * Photons@Graal does), so invocations of one worker see module-level state of that worker only and
- * no function sees another's. No host access, no process environment, no threads, no native
- * access; I/O off for JavaScript; Python gets no host file system access beyond its own stdlib.
+ * A JavaScript or Python function run by GraalVM Polyglot. One shared {@link Engine} per language
+ * (code caches shared, contexts isolated); one {@link Context} per worker, reused across that
+ * worker's invocations (as Photons@Graal does), so invocations of one worker see module-level
+ * state of that worker only and no function sees another's. No host access, no process
+ * environment, no threads, no native access, no file system.
  *
- * <p>The invocation's environment ({@code __OW_*}) is exposed as {@code process.env} in
- * JavaScript and {@code os.environ} in Python (context-local emulation, not the process's).
+ * <p>JavaScript is ECMAScript (GraalJS) with the parts of the Node.js surface OpenWhisk actions
+ * use: {@code process.env}, {@code exports}/{@code module.exports}, {@code global},
+ * {@code setTimeout}/{@code setInterval}/{@code setImmediate} and their clear functions (run by a
+ * per-activation event loop), returned promises awaited. No {@code require}, no Node modules.
+ * Python sees the /init env in {@code os.environ} at import, and the activation's {@code __OW_*}
+ * per invocation; a zip action's modules import from the zip (in memory).
  */
 public final class PolyglotFunction implements Function {
-    private static final String JS_WRAPPER = """
-            (function(fn) {
-              var st = {};
+    /** Defines the Node-like globals before the action's code runs. */
+    private static final String JS_PRELUDE = """
+            (function(initEnv) {
+              globalThis.global = globalThis;
+              globalThis.process = { env: JSON.parse(initEnv), argv: [], platform: 'linux', version: 'graaljs',
+                                     cwd: function() { return '/'; }, exit: function() { throw new Error('process.exit is not allowed'); } };
+              globalThis.module = { exports: {} };
+              globalThis.exports = globalThis.module.exports;
+              globalThis.require = function(name) {
+                var e = new Error("Cannot find module '" + name + "': this JavaScript runtime has no Node.js modules");
+                e.code = 'MODULE_NOT_FOUND';
+                throw e;
+              };
+              var timers = [], seq = 0;
+              function add(cb, ms, args, every) {
+                if (typeof cb !== 'function') throw new TypeError('the callback must be a function');
+                var d = Math.max(0, Number(ms) || 0), id = ++seq;
+                timers.push({ id: id, at: Date.now() + d, cb: cb, args: args, every: every ? Math.max(1, d) : 0 });
+                return id;
+              }
+              globalThis.setTimeout = function(cb, ms) { return add(cb, ms, Array.prototype.slice.call(arguments, 2), false); };
+              globalThis.setInterval = function(cb, ms) { return add(cb, ms, Array.prototype.slice.call(arguments, 2), true); };
+              globalThis.setImmediate = function(cb) { return add(cb, 0, Array.prototype.slice.call(arguments, 1), false); };
+              globalThis.clearTimeout = globalThis.clearInterval = globalThis.clearImmediate = function(id) {
+                timers = timers.filter(function(t) { return t.id !== id; });
+              };
               return {
-                call: function(a, e) {
-                  globalThis.process = globalThis.process || {};
-                  globalThis.process.env = JSON.parse(e);
-                  st = {};
-                  var r = fn(JSON.parse(a));
-                  if (r !== null && typeof r === 'object' && typeof r.then === 'function') {
-                    st.pending = true;
-                    r.then(function(v) { st.pending = false; st.v = JSON.stringify(v === undefined ? null : v); },
-                           function(err) { st.pending = false; st.err = String(err && err.stack ? err.stack : err); });
-                    return '\\u0000promise';
-                  }
-                  var s = JSON.stringify(r === undefined ? null : r);
-                  return s === undefined ? 'null' : s;
+                reset: function() { timers = []; },
+                next: function() {
+                  if (timers.length === 0) return -1;
+                  var at = Infinity;
+                  for (var i = 0; i < timers.length; i++) at = Math.min(at, timers[i].at);
+                  return Math.max(0, at - Date.now());
                 },
-                poll: function() {
-                  if (st.pending) return '\\u0000pending';
-                  if (st.err !== undefined) throw new Error(st.err);
-                  return st.v;
+                tick: function() {
+                  var now = Date.now();
+                  var due = timers.filter(function(t) { return t.at <= now; }).sort(function(x, y) { return x.at - y.at || x.id - y.id; });
+                  for (var i = 0; i < due.length; i++) {
+                    var t = due[i];
+                    if (timers.indexOf(t) < 0) continue;
+                    if (t.every) t.at = now + t.every; else timers.splice(timers.indexOf(t), 1);
+                    t.cb.apply(null, t.args);
+                  }
                 }
               };
             })""";
 
+    /** Finds the entry point (a dotted path) and wraps it: call, then poll until settled. */
+    private static final String JS_WRAPPER = """
+            (function(path, loop) {
+              var parts = path.split('.');
+              function walk(o) { for (var i = 0; i < parts.length; i++) { if (o === undefined || o === null) return undefined; o = o[parts[i]]; } return o; }
+              var fn = walk(globalThis);
+              if (typeof fn !== 'function') fn = walk(module.exports);
+              if (typeof fn !== 'function' && path === 'main' && typeof module.exports === 'function') fn = module.exports;
+              if (typeof fn !== 'function') return null;
+              var st = null;
+              function out(v) { var s = JSON.stringify(v === undefined ? {} : v); return s === undefined ? 'null' : s; }
+              function errorOf(e) {
+                if (e === undefined || e === null) return {};
+                if (e instanceof Error) return e.message ? e.message : String(e);
+                return e;
+              }
+              return {
+                call: function(a, e) {
+                  process.env = JSON.parse(e);
+                  loop.reset();
+                  st = { done: false };
+                  var r = fn(JSON.parse(a));
+                  if (r !== null && typeof r === 'object' && typeof r.then === 'function') {
+                    r.then(function(v) { st.done = true; st.v = v; }, function(err) { st.done = true; st.rejected = true; st.err = err; });
+                    return '\\u0000async';
+                  }
+                  return out(r);
+                },
+                poll: function() {
+                  if (!st.done) return '\\u0000pending';
+                  return st.rejected ? out({ error: errorOf(st.err) }) : out(st.v);
+                }
+              };
+            })""";
+
+    private static final String PY_PRELUDE = """
+            import os as __cpuslot_os, json as __cpuslot_json, sys as __cpuslot_sys
+            __cpuslot_os.environ.update(__cpuslot_json.loads(__cpuslot_init_env))
+            def __cpuslot_zip(srcs):
+                import importlib.abc, importlib.util
+                class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+                    def find_spec(self, name, path=None, target=None):
+                        if name in srcs:
+                            return importlib.util.spec_from_loader(name, self, is_package=srcs[name][1])
+                        return None
+                    def create_module(self, spec):
+                        return None
+                    def exec_module(self, module):
+                        src, pkg = srcs[module.__name__]
+                        if pkg:
+                            module.__path__ = []
+                        fname = module.__name__.replace('.', '/') + ('/__init__.py' if pkg else '.py')
+                        exec(compile(src, fname, 'exec'), module.__dict__)
+                __cpuslot_sys.meta_path.insert(0, Finder())
+            if __cpuslot_zip_srcs:
+                __cpuslot_zip(__cpuslot_json.loads(__cpuslot_zip_srcs))
+            """;
+
     private static final String PY_WRAPPER = """
-            import json as __cpuslot_json, os as __cpuslot_os
             def __cpuslot_call(a, e, __f=%s):
                 env = __cpuslot_json.loads(e)
                 for k in [k for k in __cpuslot_os.environ if k.startswith('__OW_')]:
                     del __cpuslot_os.environ[k]
                 __cpuslot_os.environ.update(env)
-                return __cpuslot_json.dumps(__f(__cpuslot_json.loads(a)))
+                r = __f(__cpuslot_json.loads(a))
+                return 'null' if r is None else __cpuslot_json.dumps(r)
             """;
 
-    private final String name, language, polyglotId, entry;
-    private final Map<String, String> initEnv;
-    private final Engine engine;
-    private final Source source;
+    private static final Map<String, Engine> ENGINES = new ConcurrentHashMap<>();
+    private static final Gson GSON = new Gson();
 
-    public PolyglotFunction(String name, String language, String code, String entry, Map<String, String> initEnv) {
-        this.name = name;
-        this.language = language;
-        this.polyglotId = switch (language) {
+    /** The shared engine of a language: made once, kept for the process (code caches). */
+    static Engine engine(String polyglotId) {
+        return ENGINES.computeIfAbsent(polyglotId, id -> Engine.newBuilder(id).option("engine.WarnInterpreterOnly", "false").build());
+    }
+
+    /**
+     * Loads a language before the first /init (the image's language is fixed): makes the engine
+     * and one throwaway context, so the first action's contexts start from warm code caches.
+     */
+    public static void prewarm(String language) {
+        String id = polyglotId(language);
+        java.util.concurrent.CompletableFuture<Void> f = new java.util.concurrent.CompletableFuture<>();
+        if (PREWARMS.putIfAbsent(id, f) != null) return;
+        try {
+            prewarmNow(id, language);
+        } finally {
+            f.complete(null);
+        }
+    }
+
+    /** Prewarms under way or done, per language: the first /init waits for its language's. */
+    private static final Map<String, java.util.concurrent.CompletableFuture<Void>> PREWARMS = new ConcurrentHashMap<>();
+
+    private static void awaitPrewarm(String id) {
+        var f = PREWARMS.get(id);
+        if (f != null) f.join();
+    }
+
+    private static void prewarmNow(String id, String language) {
+        long t0 = System.nanoTime();
+        Context.Builder b = Context.newBuilder(id).engine(engine(id)).allowAllAccess(false);
+        if (id.equals("python")) b.option("python.ForceImportSite", "false");
+        try (Context c = b.build()) {
+            c.eval(id, id.equals("python") ? "import json, os, sys\n" : "JSON.stringify({})");
+        }
+        Log.info("prewarmed " + language + " in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
+    }
+
+    static String polyglotId(String language) {
+        return switch (language) {
             case "javascript", "js", "nodejs" -> "js";
             case "python", "py" -> "python";
             default -> throw new IllegalArgumentException("unsupported language " + language);
         };
+    }
+
+    private final String name, language, polyglotId, entry;
+    private final Map<String, String> initEnv;
+    private final String initEnvJson;
+    private final Engine engine;
+    private final Source source;
+    private final String zipSources; // Python zip: module name -> [source, is package], as JSON; or null
+    /** The context /init made to check the code: the first worker uses it instead of making one. */
+    private final AtomicReference<Sandbox> spare = new AtomicReference<>();
+
+    public PolyglotFunction(String name, String language, String code, String entry, Map<String, String> initEnv) {
+        this(name, language, code, entry, initEnv, null);
+    }
+
+    private PolyglotFunction(String name, String language, String code, String entry, Map<String, String> initEnv, String zipSources) {
+        this.name = name;
+        this.language = language;
+        this.polyglotId = polyglotId(language);
         this.entry = entry == null || entry.isBlank() ? "main" : entry;
-        if (!this.entry.matches("[A-Za-z_$][A-Za-z0-9_$]*"))
+        if (!this.entry.matches("[A-Za-z_$][A-Za-z0-9_$]*(\\.[A-Za-z_$][A-Za-z0-9_$]*)*")
+                || (polyglotId.equals("python") && this.entry.contains(".")))
             throw new IllegalArgumentException("entry point is not an identifier: " + entry);
         this.initEnv = Map.copyOf(initEnv);
-        this.engine = Engine.newBuilder(polyglotId).option("engine.WarnInterpreterOnly", "false").build();
+        this.initEnvJson = GSON.toJson(new LinkedHashMap<>(initEnv));
+        this.zipSources = zipSources;
+        awaitPrewarm(polyglotId); // two first contexts at once would each pay the full cold start
+        this.engine = engine(polyglotId);
         this.source = Source.newBuilder(polyglotId, code, name + (polyglotId.equals("js") ? ".js" : ".py")).buildLiteral();
-        // compile and check the entry point once, in a throwaway context, so /init reports errors
-        Sandbox probe = newSandbox();
-        probe.close();
+        // compile and check the entry point once, so /init reports errors; the context is kept
+        spare.set(makeSandbox());
+    }
+
+    /**
+     * A zip action (base64 in /init, {@code binary: true}). Python: {@code __main__.py} is the
+     * action, its other {@code .py} files import. JavaScript: the file named by the first part of
+     * a dotted {@code main} ({@code other.niam} -> {@code other.js}, export {@code niam}), else
+     * package.json's {@code main}, else {@code index.js}; evaluated as a script with
+     * {@code exports}. Other files are not reachable (no file system).
+     */
+    static PolyglotFunction fromZip(String name, String language, byte[] zip, String main, Map<String, String> initEnv) {
+        String id = polyglotId(language);
+        Map<String, String> files = unzip(zip, id.equals("js") ? "javascript" : "python");
+        String m = main == null || main.isBlank() ? "main" : main;
+        if (id.equals("python")) {
+            String mainSrc = files.get("__main__.py");
+            if (mainSrc == null) throw new IllegalArgumentException("Zip file does not include __main__.py");
+            Map<String, Object[]> mods = new LinkedHashMap<>();
+            files.forEach((path, src) -> {
+                if (!path.endsWith(".py") || path.equals("__main__.py")) return;
+                String mod = path.substring(0, path.length() - 3).replace('/', '.');
+                boolean pkg = mod.endsWith(".__init__");
+                if (pkg) mod = mod.substring(0, mod.length() - ".__init__".length());
+                mods.put(mod, new Object[]{src, pkg});
+            });
+            return new PolyglotFunction(name, language, mainSrc, m, initEnv, GSON.toJson(mods));
+        }
+        String file = null, export = m;
+        int dot = m.indexOf('.');
+        if (dot > 0 && files.containsKey(m.substring(0, dot) + ".js")) {
+            file = m.substring(0, dot) + ".js";
+            export = m.substring(dot + 1);
+        } else if (files.containsKey("package.json")) {
+            try {
+                JsonObject pj = JsonParser.parseString(files.get("package.json")).getAsJsonObject();
+                file = pj.has("main") ? pj.get("main").getAsString().replaceFirst("^\\./", "") : "index.js";
+            } catch (RuntimeException e) {
+                throw new IllegalArgumentException("Error: package.json is not valid JSON: " + e.getMessage());
+            }
+        } else if (files.containsKey("index.js")) {
+            file = "index.js";
+        }
+        if (file == null) throw new IllegalArgumentException("Error: Zipped actions must contain either package.json or index.js at the root.");
+        String src = files.get(file);
+        if (src == null) throw new IllegalArgumentException("Error: the zip has no " + file + " (package.json main)");
+        return new PolyglotFunction(name, language, src, export, initEnv, null);
+    }
+
+    private static Map<String, String> unzip(byte[] zip, String language) {
+        Map<String, String> files = new LinkedHashMap<>();
+        long total = 0;
+        boolean any = false;
+        try (ZipInputStream in = new ZipInputStream(new ByteArrayInputStream(zip), StandardCharsets.UTF_8)) {
+            ZipEntry e;
+            while ((e = in.getNextEntry()) != null) {
+                any = true;
+                if (e.isDirectory()) continue;
+                byte[] b = in.readNBytes(HttpFront.MAX_BODY + 1);
+                total += b.length;
+                if (total > HttpFront.MAX_BODY) throw new IllegalArgumentException("Error: the zip unpacks to more than " + HttpFront.MAX_BODY + " bytes");
+                files.put(e.getName().replaceFirst("^\\./", ""), new String(b, StandardCharsets.UTF_8));
+            }
+        } catch (IOException | IllegalArgumentException ex) {
+            if (ex instanceof IllegalArgumentException iae && iae.getMessage().startsWith("Error:")) throw iae;
+            throw new IllegalArgumentException("Error uncompressing the " + language + " action's zip: " + ex.getMessage());
+        }
+        if (!any) throw new IllegalArgumentException("Error uncompressing the " + language + " action's zip: not a zip file");
+        return files;
     }
 
     @Override public String name() { return name; }
@@ -87,54 +306,80 @@ public final class PolyglotFunction implements Function {
 
     @Override
     public Sandbox newSandbox() {
+        Sandbox s = spare.getAndSet(null);
+        return s != null ? s : makeSandbox();
+    }
+
+    private Sandbox makeSandbox() {
         Context.Builder b = Context.newBuilder(polyglotId).engine(engine)
+                .out(System.out).err(System.err) // the tenant's streams now (the engine is shared)
                 .allowAllAccess(false)
                 .allowCreateThread(false)
                 .allowNativeAccess(false);
-        if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false");
+        if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3");
         Context ctx = b.build();
-        Value call;
-        Value poll = null;
+        Value call, poll = null, loop = null;
         try {
-            ctx.eval(source);
             if (polyglotId.equals("js")) {
-                Value fn = ctx.getBindings("js").getMember(entry);
-                if (fn == null || !fn.canExecute())
-                    throw new IllegalArgumentException("no function " + entry + " in the JavaScript code");
-                Value w = ctx.eval("js", JS_WRAPPER).execute(fn);
+                loop = ctx.eval("js", JS_PRELUDE).execute(initEnvJson);
+                ctx.eval(source);
+                Value w = ctx.eval("js", JS_WRAPPER).execute(entry, loop);
+                if (w.isNull()) throw new IllegalArgumentException("no function " + entry + " in the JavaScript code");
                 call = w.getMember("call");
                 poll = w.getMember("poll");
             } else {
-                Value fn = ctx.getBindings("python").getMember(entry);
+                Value bindings = ctx.getBindings("python");
+                bindings.putMember("__cpuslot_init_env", initEnvJson);
+                bindings.putMember("__cpuslot_zip_srcs", zipSources == null ? "" : zipSources);
+                ctx.eval("python", PY_PRELUDE);
+                ctx.eval(source);
+                Value fn = bindings.getMember(entry);
                 if (fn == null || !fn.canExecute())
                     throw new IllegalArgumentException("no function " + entry + " in the Python code");
                 ctx.eval("python", PY_WRAPPER.formatted(entry));
-                call = ctx.getBindings("python").getMember("__cpuslot_call");
+                call = bindings.getMember("__cpuslot_call");
             }
         } catch (PolyglotException e) {
+            printGuestError(e);
             ctx.close(true);
             throw new IllegalArgumentException("the " + language() + " code does not load: " + e.getMessage());
         } catch (RuntimeException e) {
             ctx.close(true);
             throw e;
         }
-        final Value fCall = call, fPoll = poll;
+        final Value fCall = call, fPoll = poll, fLoop = loop;
         return new Sandbox() {
             volatile boolean cancelled;
 
             @Override
             public JsonElement invoke(JsonElement args, Map<String, String> env) throws Exception {
                 try {
-                    String envJson = new com.google.gson.Gson().toJson(env);
+                    String envJson = GSON.toJson(env);
                     String out = fCall.execute(args == null ? "{}" : args.toString(), envJson).asString();
-                    if ("\u0000promise".equals(out)) {
-                        out = fPoll.execute().asString();
-                        if ("\u0000pending".equals(out)) throw new Function.FunctionError("the action's promise did not resolve", null);
-                    }
+                    if ("\u0000async".equals(out)) out = awaitPromise();
                     return out == null ? null : JsonParser.parseString(out);
                 } catch (PolyglotException e) {
                     if (e.isCancelled() || cancelled) throw new Function.FunctionError("cancelled at the deadline", e);
+                    printGuestError(e);
                     throw new Function.FunctionError(e.getMessage(), e);
+                }
+            }
+
+            /** The activation's event loop: timers until the returned promise settles. */
+            private String awaitPromise() throws Exception {
+                while (true) {
+                    String s = fPoll.execute().asString();
+                    if (!"\u0000pending".equals(s)) return s;
+                    long wait = fLoop.getMember("next").execute().asLong();
+                    if (wait < 0) throw new Function.FunctionError("the action's promise did not resolve and no timer is pending", null);
+                    long until = System.nanoTime() + wait * 1_000_000L;
+                    while (!cancelled) { // short sleeps: a cancelled context is closed, this thread is not interrupted
+                        long left = until - System.nanoTime();
+                        if (left <= 0) break;
+                        Thread.sleep(Math.min(50, Math.max(1, left / 1_000_000L)));
+                    }
+                    if (cancelled) throw new Function.FunctionError("cancelled at the deadline", null);
+                    fLoop.getMember("tick").execute();
                 }
             }
 
@@ -157,11 +402,34 @@ public final class PolyglotFunction implements Function {
         };
     }
 
+    /** The guest's error on the tenant's stderr, in the language's own shape (Python: a traceback). */
+    private void printGuestError(PolyglotException e) {
+        if (e.isCancelled()) return;
+        StringBuilder sb = new StringBuilder();
+        List<String> frames = new ArrayList<>();
+        for (PolyglotException.StackFrame f : e.getPolyglotStackTrace()) {
+            if (!f.isGuestFrame() || f.getSourceLocation() == null) continue;
+            var loc = f.getSourceLocation();
+            if (polyglotId.equals("python"))
+                frames.add("  File \"" + loc.getSource().getName() + "\", line " + loc.getStartLine() + ", in " + f.getRootName());
+            else
+                frames.add("    at " + f.getRootName() + " (" + loc.getSource().getName() + ":" + loc.getStartLine() + ")");
+        }
+        if (polyglotId.equals("python")) {
+            Collections.reverse(frames);
+            sb.append("Traceback (most recent call last):\n");
+            frames.forEach(l -> sb.append(l).append('\n'));
+            sb.append(e.getMessage());
+        } else {
+            sb.append(e.getMessage());
+            frames.forEach(l -> sb.append('\n').append(l));
+        }
+        System.err.println(sb);
+    }
+
     @Override
     public void close() {
-        try {
-            engine.close(true);
-        } catch (RuntimeException ignored) {
-        }
+        Sandbox s = spare.getAndSet(null);
+        if (s != null) s.close();
     }
 }

@@ -27,8 +27,10 @@ import java.util.concurrent.TimeUnit;
  *     Hydra) or header {@code X-Cpuslot-Quota} (Knative, Hydra), each only when the operator
  *     allows it;</li>
  * <li>the OpenWhisk action's annotation {@code cpu-quota}, read once per action version from
- *     {@code GET {__OW_API_HOST}/api/v1/namespaces/{ns}/actions/{name}} with the activation's
- *     api_key;</li>
+ *     {@code GET {__OW_API_HOST}/api/v1/namespaces/{ns}/actions/{name}?code=false} with the
+ *     activation's api_key (the key is used for that one read only: never stored beyond the
+ *     request, never logged). The read runs in the background: activations never wait for it,
+ *     they use the next source until the answer is in; a failed read is retried after 30 s;</li>
  * <li>the init-time environment value {@code CPUSLOT_QUOTA} (OpenWhisk/Knative {@code /init} env,
  *     Hydra {@code /register?quota=});</li>
  * <li>the pod's default {@code CPUSLOT_DEFAULT_QUOTA} (env, e.g. from the downward API).</li>
@@ -137,14 +139,22 @@ public final class Quota {
             metrics.inc("cpuslot_annotation_lookups_total", "");
             return new CacheEntry(fetch(apiHost, key, action), Long.MAX_VALUE);
         });
+        // never wait for it: until the lookup has answered, the activation runs with the next
+        // source (init env, pod default); the answer serves the following activations
+        if (!e.value.isDone()) {
+            metrics.inc("cpuslot_annotation_pending_total", "");
+            return null;
+        }
         try {
-            Optional<String> v = e.value.get(cfg.annotationTimeoutMs() + 500, TimeUnit.MILLISECONDS);
+            Optional<String> v = e.value.getNow(Optional.empty());
             return v.orElse(null);
         } catch (Exception ex) {
             // failed lookups are retried after a while; the invocation falls back to the next source
-            annotations.computeIfPresent(cacheKey, (k, old) -> old == e ? new CacheEntry(e.value, now + NEGATIVE_TTL_NS) : old);
-            metrics.inc("cpuslot_annotation_errors_total", "");
-            Log.warn("annotation lookup for " + action + " failed: " + ex);
+            if (e.expiresNanos == Long.MAX_VALUE) { // first time this failure is seen
+                annotations.computeIfPresent(cacheKey, (k, old) -> old == e ? new CacheEntry(e.value, now + NEGATIVE_TTL_NS) : old);
+                metrics.inc("cpuslot_annotation_errors_total", "");
+                Log.warn("annotation lookup for " + action + " failed: " + ex);
+            }
             return null;
         }
     }

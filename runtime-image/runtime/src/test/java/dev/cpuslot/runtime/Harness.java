@@ -28,18 +28,23 @@ final class Harness implements AutoCloseable {
     final ByteArrayOutputStream outBytes = new ByteArrayOutputStream(), errBytes = new ByteArrayOutputStream();
     final PrintStream out = new PrintStream(outBytes, true, StandardCharsets.UTF_8);
     final PrintStream err = new PrintStream(errBytes, true, StandardCharsets.UTF_8);
+    /** The runtime's own lines (CPUSLOT_LOG), apart from the tenant's streams. */
+    final ByteArrayOutputStream logBytes = new ByteArrayOutputStream();
+    final PrintStream log = new PrintStream(logBytes, true, StandardCharsets.UTF_8);
     final FunctionRuntime rt;
     final HttpFront front;
     static final PrintStream REAL_OUT = System.out, REAL_ERR = System.err;
     final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(5)).build();
 
     Harness(Map<String, String> env, SlotClient slots) throws IOException {
-        Map<String, String> e = new HashMap<>(Map.of("PORT", "0", "CPUSLOT_METRICS_PORT", "0"));
+        // as deployed (deploy/openwhisk): OpenWhisk may send overlapping /run to one container
+        Map<String, String> e = new HashMap<>(Map.of("PORT", "0", "CPUSLOT_METRICS_PORT", "0", "__OW_ALLOW_CONCURRENT", "true"));
         e.putAll(env);
         Config cfg = Config.from(e);
         // functions print to the process's stdout/stderr: capture those too, as a container would
         System.setOut(out);
         System.setErr(err);
+        Log.to(log);
         rt = new FunctionRuntime(cfg, new Metrics(), slots, out, err);
         front = new HttpFront(rt, 0, 0);
         front.start();
@@ -49,6 +54,7 @@ final class Harness implements AutoCloseable {
 
     String stdout() { synchronized (outBytes) { return outBytes.toString(StandardCharsets.UTF_8); } }
     String stderr() { synchronized (errBytes) { return errBytes.toString(StandardCharsets.UTF_8); } }
+    String log() { synchronized (logBytes) { return logBytes.toString(StandardCharsets.UTF_8); } }
 
     record Resp(int status, JsonElement json, String raw, HttpResponse<String> http) {
         JsonObject obj() { return json.getAsJsonObject(); }

@@ -95,7 +95,7 @@ class KnativeHydraTest {
                 assertEquals(200, r.status(), r.raw());
                 assertEquals("c" + i, r.obj().get("__OW_ACTIVATION_ID").getAsString());
             }
-            assertEquals(1, h.stderr().lines().filter(l -> l.contains("initialised")).count(), h.stderr());
+            assertEquals(1, h.log().lines().filter(l -> l.contains("initialised")).count(), h.log());
         }
     }
 

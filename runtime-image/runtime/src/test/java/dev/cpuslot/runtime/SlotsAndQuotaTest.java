@@ -50,8 +50,9 @@ class SlotsAndQuotaTest {
             assertEquals("/guest/echo", a.action());
             assertEquals("act-42", a.invocation());
             assertEquals(1, agent.count(Protocol.Release.class));
-            assertTrue(h.stdout().contains("cpuslot: activation=act-42 action=/guest/echo status=ok quota=300m source=init slot=" + slot
-                    + " outcome=created place=self cpu_ms="), h.stdout());
+            assertTrue(h.log().contains("cpuslot: activation=act-42 action=/guest/echo status=ok quota=300m source=init slot=" + slot
+                    + " outcome=created place=self cpu_ms="), h.log());
+            assertFalse(h.stdout().contains("cpuslot:"), "the runtime's line is not in the tenant's stdout: " + h.stdout());
             // same worker, same quota: affinity, no second write
             Resp r2 = h.post("/run", run(json("{}")));
             assertEquals("affinity_hit", r2.header("X-Cpuslot-Outcome"));
@@ -85,7 +86,7 @@ class SlotsAndQuotaTest {
                 }
                 assertEquals(1, agent.count(Protocol.Acquire.class));
                 assertEquals(0, agent.count(Protocol.Release.class));
-                assertTrue(h.stdout().contains("outcome=affinity_hit place=none reused cpu_ms="), h.stdout());
+                assertTrue(h.log().contains("outcome=affinity_hit place=none reused cpu_ms="), h.log());
                 assertTrue(h.metrics().contains("cpuslot_slot_client_events_total{event=\"linger.reused\"} 10"), h.metrics());
             }
             long until = System.nanoTime() + 3_000_000_000L;
@@ -100,15 +101,16 @@ class SlotsAndQuotaTest {
             assertEquals(200, h.post("/init", initJava("testfns.Echo")).status());
             for (int i = 0; i < 3; i++)
                 assertEquals(200, h.post("/run", run(json("{}"), Map.of("action_name", "/guest/nokey", "namespace", "guest"))).status());
-            assertEquals(1, h.stderr().lines().filter(l -> l.contains("WARN action /guest/nokey gets no api_key")).count(), h.stderr());
-            assertTrue(h.stderr().contains("provide-api-key true"), h.stderr());
+            assertEquals(1, h.log().lines().filter(l -> l.contains("WARN action /guest/nokey gets no api_key")).count(), h.log());
+            assertTrue(h.log().contains("provide-api-key true"), h.log());
+            assertFalse(h.stderr().contains("api_key"), "not in the tenant's stderr: " + h.stderr());
             assertTrue(h.metrics().contains("cpuslot_quota_no_api_key_total{function=\"/guest/nokey\"} 3"), h.metrics());
         }
         // another quota source: nothing to warn about
         try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "250m"), null)) {
             assertEquals(200, h.post("/init", initJava("testfns.Echo")).status());
             assertEquals(200, h.post("/run", run(json("{}"), Map.of("action_name", "/guest/nokey"))).status());
-            assertFalse(h.stderr().contains("api_key"), h.stderr());
+            assertFalse(h.log().contains("api_key"), h.log());
             assertFalse(h.metrics().contains("cpuslot_quota_no_api_key_total{"), h.metrics());
         }
     }
@@ -175,7 +177,10 @@ class SlotsAndQuotaTest {
             init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"200m\"}"));
             h.post("/init", init.toString());
             Map<String, String> act = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.1");
-            Resp r = h.post("/run", run(json("{}"), act));
+            // the first activation does not wait for the lookup: it runs with the init env's quota
+            Resp first = h.post("/run", run(json("{}"), act));
+            assertEquals(200, first.status());
+            Resp r = untilSource(h, act, "annotation");
             assertEquals("250", r.header("X-Cpuslot-Quota-Milli"));
             assertEquals("annotation", r.header("X-Cpuslot-Quota-Source"));
             h.post("/run", run(json("{}"), act));
@@ -190,7 +195,8 @@ class SlotsAndQuotaTest {
             // a new action version is looked up again; a garbage annotation is refused in OpenWhisk's format
             ann.set("\"lots\"");
             Map<String, String> v2 = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.2");
-            Resp bad = h.post("/run", run(json("{}"), v2));
+            h.post("/run", run(json("{}"), v2));
+            Resp bad = untilStatus(h, v2, 400);
             assertEquals(400, bad.status());
             assertTrue(bad.obj().get("error").getAsString().contains("annotation"), bad.raw());
             assertTrue(h.metrics().contains("cpuslot_quota_invalid_total{source=\"annotation\"} 1"));
@@ -198,9 +204,52 @@ class SlotsAndQuotaTest {
             ann.set(null);
             Map<String, String> v3 = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.3");
             assertEquals("init", h.post("/run", run(json("{}"), v3)).header("X-Cpuslot-Quota-Source"));
+            untilLookups(reqs, 3);
+            assertEquals("init", h.post("/run", run(json("{}"), v3)).header("X-Cpuslot-Quota-Source"));
             assertEquals(200, h.post("/run", run(json("{}"), v3)).status(), "still serving");
         } finally {
             ow.stop(0);
+        }
+    }
+
+    /** Runs until the background annotation lookup has answered (bounded: a hang says why). */
+    private static Resp untilSource(Harness h, Map<String, String> act, String source) throws Exception {
+        for (int i = 0; i < 500; i++) {
+            Resp r = h.post("/run", run(json("{}"), act));
+            if (source.equals(r.header("X-Cpuslot-Quota-Source"))) return r;
+            Thread.sleep(20);
+        }
+        throw new AssertionError("quota source never became " + source);
+    }
+
+    private static Resp untilStatus(Harness h, Map<String, String> act, int status) throws Exception {
+        for (int i = 0; i < 500; i++) {
+            Resp r = h.post("/run", run(json("{}"), act));
+            if (r.status() == status) return r;
+            Thread.sleep(20);
+        }
+        throw new AssertionError("status never became " + status);
+    }
+
+    private static void untilLookups(List<String> reqs, int n) throws Exception {
+        for (int i = 0; i < 500 && reqs.size() < n; i++) Thread.sleep(20);
+        assertEquals(n, reqs.size(), "lookups: " + reqs);
+    }
+
+    @Test
+    void annotationLookupNeverBlocksAnActivation() throws Exception {
+        // an API host that accepts the connection and never answers
+        try (java.net.ServerSocket silent = new java.net.ServerSocket(0, 50, java.net.InetAddress.getLoopbackAddress());
+             Harness h = new Harness(Map.of("__OW_API_HOST", "http://127.0.0.1:" + silent.getLocalPort(),
+                     "CPUSLOT_DEFAULT_QUOTA", "100m", "CPUSLOT_ANNOTATION_TIMEOUT_MS", "600000"), null)) {
+            h.post("/init", initJava("testfns.Echo"));
+            Map<String, String> act = Map.of("api_key", "user:secret", "action_name", "/guest/slow", "action_version", "0.0.1");
+            for (int i = 0; i < 3; i++) {
+                Resp r = h.post("/run", run(json("{}"), act));
+                assertEquals(200, r.status());
+                assertEquals("default", r.header("X-Cpuslot-Quota-Source"));
+            }
+            assertTrue(h.metrics().contains("cpuslot_annotation_pending_total 3"), h.metrics());
         }
     }
 

@@ -483,7 +483,22 @@ public final class SlotClient implements AutoCloseable {
     }
 
     /** Writes "0" to each placement fd of the slot. Returns null or an error message. */
-    private String placeSelf(long slot) {
+    private String placeSelf(long slot) { return placeBytes(slot, ZERO); }
+
+    /**
+     * Moves another thread of this process into the slot of an active lease that placed its own
+     * thread (SELF): writes the thread's kernel tid to the slot's placement fds (the fds carry the
+     * agent's credentials, so the kernel allows it for the process's own threads). For confining a
+     * thread the runtime cannot stop: the lease's thread holds the slot for it. No message to the
+     * agent. Returns null, or why it could not.
+     */
+    public String placeThread(SlotLease lease, int tid) {
+        if (lease == null || !lease.active()) return "no active lease";
+        if (tid <= 0) return "no tid";
+        return placeBytes(lease.slot(), Integer.toString(tid).getBytes(java.nio.charset.StandardCharsets.US_ASCII));
+    }
+
+    private String placeBytes(long slot, byte[] what) {
         for (int attempt = 0; attempt < 2; attempt++) {
             SlotFds sf = fdCache.get(slot);
             if (sf == null) return "no fds cached for slot " + slot;
@@ -491,8 +506,8 @@ public final class SlotClient implements AutoCloseable {
             try {
                 if (sf.placeN == 0) return "no placement fd for slot " + slot;
                 for (int i = 0; i < sf.placeN; i++) {
-                    long n = Native.write(sf.fds[i], ZERO);
-                    if (n != 1) return "short write to slot fd";
+                    long n = Native.write(sf.fds[i], what);
+                    if (n != what.length) return "short write to slot fd";
                 }
                 return null;
             } catch (IOException e) {

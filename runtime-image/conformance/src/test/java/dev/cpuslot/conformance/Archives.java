@@ -1,0 +1,67 @@
+package dev.cpuslot.conformance;
+
+import javax.tools.JavaCompiler;
+import javax.tools.ToolProvider;
+import java.io.ByteArrayOutputStream;
+import java.io.File;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.stream.Stream;
+import java.util.zip.ZipEntry;
+import java.util.zip.ZipOutputStream;
+
+/** Base64 jars compiled from Java sources, and base64 zips (upstream's JarBuilder and ZipBuilder roles). */
+final class Archives {
+    private Archives() {}
+
+    /** Compiles {@code path -> source} (paths like {@code example/HelloWhisk.java}) against Gson; a base64 jar. */
+    static String jar(Map<String, String> sources) throws Exception {
+        Path src = Files.createTempDirectory("conf-src"), classes = Files.createTempDirectory("conf-classes");
+        List<String> args = new ArrayList<>(List.of("-d", classes.toString(), "-classpath", gsonJar(), "-encoding", "UTF-8", "-nowarn"));
+        for (Map.Entry<String, String> e : sources.entrySet()) {
+            Path p = src.resolve(e.getKey());
+            Files.createDirectories(p.getParent());
+            Files.writeString(p, e.getValue());
+            args.add(p.toString());
+        }
+        JavaCompiler javac = ToolProvider.getSystemJavaCompiler();
+        ByteArrayOutputStream diag = new ByteArrayOutputStream();
+        int rc = javac.run(null, diag, diag, args.toArray(String[]::new));
+        if (rc != 0) throw new IllegalStateException("javac failed: " + diag.toString(StandardCharsets.UTF_8));
+        Map<String, byte[]> files = new LinkedHashMap<>();
+        try (Stream<Path> w = Files.walk(classes)) {
+            for (Path p : w.filter(Files::isRegularFile).toList())
+                files.put(classes.relativize(p).toString().replace(File.separatorChar, '/'), Files.readAllBytes(p));
+        }
+        return zipBytes(files);
+    }
+
+    /** A base64 zip of {@code path -> text}. */
+    static String zip(Map<String, String> files) throws Exception {
+        Map<String, byte[]> b = new LinkedHashMap<>();
+        files.forEach((k, v) -> b.put(k, v.getBytes(StandardCharsets.UTF_8)));
+        return zipBytes(b);
+    }
+
+    private static String zipBytes(Map<String, byte[]> files) throws Exception {
+        ByteArrayOutputStream bos = new ByteArrayOutputStream();
+        try (ZipOutputStream z = new ZipOutputStream(bos)) {
+            for (Map.Entry<String, byte[]> e : files.entrySet()) {
+                z.putNextEntry(new ZipEntry(e.getKey()));
+                z.write(e.getValue());
+                z.closeEntry();
+            }
+        }
+        return Base64.getEncoder().encodeToString(bos.toByteArray());
+    }
+
+    private static String gsonJar() {
+        return Path.of(com.google.gson.JsonObject.class.getProtectionDomain().getCodeSource().getLocation().getPath()).toString();
+    }
+}
