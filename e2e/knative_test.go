@@ -1,0 +1,380 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/cpuslot/cpuslot/e2e/cluster"
+)
+
+// The request path the Knative tests use (see e2e/README.md):
+//
+//	test (node) -> activator-service ClusterIP -> activator pod
+//	  -> queue-proxy :8012 in the revision pod -> user-container :8080
+//
+// with Knative's revision headers (Knative-Serving-Namespace,
+// Knative-Serving-Revision) set by the test, as an ingress would. Skipped:
+// the ingress (no networking layer here) and the Route's domain names.
+
+const knNS = "default" // where deploy/knative/service.yaml puts its Service
+
+// knFn is the function every Knative request carries: the runtime takes
+// the init from each pod's first request and ignores repeats of it.
+type knFn struct{ init map[string]any }
+
+func newKnFn(t *testing.T) knFn {
+	return knFn{init: map[string]any{
+		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
+		"code": base64.StdEncoding.EncodeToString(samplesJar(t)),
+	}}
+}
+
+var knClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+
+// invoke sends one activation of ms milliseconds of CPU-bound work to url
+// (the activator, or a pod's queue-proxy) for revision rev.
+func (f knFn) invoke(ctx context.Context, url, rev, id string, ms int, hdr map[string]string) (invokeResult, error) {
+	b, _ := json.Marshal(map[string]any{
+		"init":       f.init,
+		"activation": map[string]any{"namespace": knNS, "action_name": rev, "activation_id": id},
+		"value":      map[string]any{"ms": ms, "threads": 1},
+	})
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/", bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Knative-Serving-Namespace", knNS)
+	req.Header.Set("Knative-Serving-Revision", rev)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	t0 := time.Now()
+	resp, err := knClient.Do(req)
+	if err != nil {
+		return invokeResult{}, err
+	}
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	return invokeResult{resp.StatusCode, rb, resp.Header, time.Since(t0)}, nil
+}
+
+// mustInvoke is invoke that fails the test on an error or a non-200.
+func (f knFn) mustInvoke(ctx context.Context, t *testing.T, url, rev, id string, ms int, hdr map[string]string) invokeResult {
+	t.Helper()
+	r, err := f.invoke(ctx, url, rev, id, ms, hdr)
+	if err != nil || r.status != 200 {
+		t.Fatalf("%s (revision %s) via %s: %v %d %s", id, rev, url, err, r.status, r.body)
+	}
+	return r
+}
+
+func slotOf(r invokeResult) string {
+	if s := r.headers.Get("X-Cpuslot-Slot"); s != "" {
+		return s
+	}
+	return "none (" + r.headers.Get("X-Cpuslot-Noslot") + ")"
+}
+
+// knService is deploy/knative/service.yaml with edit applied (nil: as is).
+func knService(t *testing.T, name string, edit func(tmplAnn map[string]any, ctr map[string]any, spec map[string]any)) string {
+	t.Helper()
+	repo, err := cluster.FindRepo(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(repo, "deploy", "knative", "service.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit == nil && name == "" {
+		return string(b)
+	}
+	var svc map[string]any
+	if err := yaml.Unmarshal(b, &svc); err != nil {
+		t.Fatal(err)
+	}
+	svc["metadata"].(map[string]any)["name"] = name
+	tmpl := svc["spec"].(map[string]any)["template"].(map[string]any)
+	ann := tmpl["metadata"].(map[string]any)["annotations"].(map[string]any)
+	spec := tmpl["spec"].(map[string]any)
+	ctr := spec["containers"].([]any)[0].(map[string]any)
+	if edit != nil {
+		edit(ann, ctr, spec)
+	}
+	out, err := yaml.Marshal(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+func setEnv(ctr map[string]any, name, value string) {
+	env, _ := ctr["env"].([]any)
+	ctr["env"] = append(env, map[string]any{"name": name, "value": value})
+}
+
+// withoutSocket removes what cpuslot needs from a Service: the volume,
+// its mount and CPUSLOT_SOCKET.
+func withoutSocket(_ map[string]any, ctr map[string]any, spec map[string]any) {
+	delete(spec, "volumes")
+	delete(ctr, "volumeMounts")
+	var env []any
+	for _, e := range ctr["env"].([]any) {
+		if e.(map[string]any)["name"] != "CPUSLOT_SOCKET" {
+			env = append(env, e)
+		}
+	}
+	ctr["env"] = env
+}
+
+// applyKnService applies a Service (retrying while the webhook is not yet
+// reachable) and waits until its first revision is Ready. Returns the
+// revision's name.
+func applyKnService(ctx context.Context, t *testing.T, c *cluster.Cluster, name, manifest string) string {
+	t.Helper()
+	if err := pollFor(ctx, 60*time.Second, func() (bool, string) {
+		out, err := c.Apply(ctx, manifest)
+		return err == nil, fmt.Sprintf("kubectl apply of Service %s: %v %s", name, err, out)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var rev string
+	if err := pollFor(ctx, 30*time.Second, func() (bool, string) {
+		out, err := c.Kubectl(ctx, "-n", knNS, "get", "ksvc", name, "-o", "jsonpath={.status.latestCreatedRevisionName}")
+		rev = out
+		return err == nil && out != "", fmt.Sprintf("Service %s has no revision: %v %s", name, err, out)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Kubectl(ctx, "-n", knNS, "wait", "revision/"+rev, "--for=condition=Ready", "--timeout=180s"); err != nil {
+		st, _ := c.Kubectl(ctx, "-n", knNS, "get", "revision", rev, "-o", "jsonpath={.status.conditions}")
+		pods, _ := c.Kubectl(ctx, "-n", knNS, "describe", "pods", "-l", "serving.knative.dev/revision="+rev)
+		ctl, _ := c.Kubectl(ctx, "-n", "knative-serving", "logs", "deployment/controller", "--tail=20")
+		t.Fatalf("revision %s not Ready: %v: %s\nconditions: %s\n--- pods:\n%s\n--- controller:\n%s", rev, err, out, st, pods, ctl)
+	}
+	return rev
+}
+
+// revPods lists the names of a revision's pods that are not being deleted.
+func revPods(ctx context.Context, c *cluster.Cluster, rev string) ([]string, error) {
+	out, err := c.Kubectl(ctx, "-n", knNS, "get", "pods", "-l", "serving.knative.dev/revision="+rev, "-o",
+		`jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}`)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(l); len(f) == 1 {
+			names = append(names, f[0])
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// allRevPods lists every pod of a revision, terminating ones included.
+func allRevPods(ctx context.Context, c *cluster.Cluster, rev string) string {
+	out, _ := c.Kubectl(ctx, "-n", knNS, "get", "pods", "-l", "serving.knative.dev/revision="+rev, "-o", "name")
+	return strings.TrimSpace(out)
+}
+
+// waitScaledToZero waits until the revision has no pod left at all.
+func waitScaledToZero(ctx context.Context, t *testing.T, c *cluster.Cluster, rev string, timeout time.Duration) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	if err := pollFor(ctx, timeout, func() (bool, string) {
+		left := allRevPods(ctx, c, rev)
+		pa, _ := c.Kubectl(ctx, "-n", knNS, "get", "podautoscaler", rev, "-o", "jsonpath=desired={.status.desiredScale} actual={.status.actualScale}")
+		return left == "", fmt.Sprintf("revision %s not scaled to zero: pods %q, PodAutoscaler %s", rev, left, pa)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(t0)
+}
+
+// podCgroupDirs are a pod's cgroup directories under every hierarchy.
+func podCgroupDirs(uid string) []string {
+	var out []string
+	for _, pat := range []string{"/sys/fs/cgroup/*/kubepods/pod" + uid, "/sys/fs/cgroup/*/kubepods/*/pod" + uid,
+		"/sys/fs/cgroup/kubepods/pod" + uid, "/sys/fs/cgroup/kubepods/*/pod" + uid} {
+		m, _ := filepath.Glob(pat)
+		out = append(out, m...)
+	}
+	return out
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p * float64(len(s)-1))
+	return s[i]
+}
+
+// checkShare runs a CPU-bound activation of 3 s up to three times until
+// its share of a CPU is within +/- 2.5 points of quota (the lower bound
+// only counts when the machine let it run: retries). Returns the share.
+func checkShare(ctx context.Context, t *testing.T, f knFn, url, rev string, hdr map[string]string, wantMilli int) float64 {
+	t.Helper()
+	want := float64(wantMilli) / 1000
+	for try := 1; ; try++ {
+		r := f.mustInvoke(ctx, t, url, rev, fmt.Sprintf("share-%d-%d", wantMilli, try), 3000, hdr)
+		if r.headers.Get("X-Cpuslot-Slot") == "" {
+			t.Fatalf("CPU-bound activation ran without a slot: %s", slotOf(r))
+		}
+		share, quota, err := cpuShare(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("CPU-bound activation at %dm (quota source %s, slot %s): %.1f%% of a CPU", quota, r.headers.Get("X-Cpuslot-Quota-Source"), slotOf(r), 100*share)
+		if quota != wantMilli {
+			t.Fatalf("quota %dm, want %dm", quota, wantMilli)
+		}
+		if share > want+0.025 {
+			t.Fatalf("%.1f%% of a CPU at %dm: above the cap", 100*share, wantMilli)
+		}
+		if share >= want-0.025 {
+			return share
+		}
+		if try == 3 {
+			t.Fatalf("%.1f%% of a CPU at %dm after 3 tries (machine busy?)", 100*share, wantMilli)
+		}
+	}
+}
+
+// TestKnativeServing: the real Knative Serving (controller, webhook,
+// activator, autoscaler, queue-proxy) runs the Services of
+// deploy/knative; the agent serves their revision pods. The subtests build
+// on each other, in order.
+func TestKnativeServing(t *testing.T) {
+	c := cluster.Need(t, kc)
+	needRuntimeImage(t)
+	f := newKnFn(t)
+	const agentNS, release = "cpuslot-system", "cpuslot"
+	installChart(t, c, release, agentNS)
+	var kn *knativeServing
+	ok := t.Run("install", func(t *testing.T) {
+		kn = installKnative(t, c)
+		t.Logf("Knative Serving %s installed (CRDs, config, controller, webhook, activator, autoscaler Available, webhook admitting) in %v",
+			kn.dist.Version, kn.installTime.Round(100*time.Millisecond))
+	})
+	if !ok {
+		t.FailNow()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		c.Kubectl(ctx, "-n", knNS, "delete", "ksvc", "--all", "--wait=true", "--timeout=90s")
+	})
+
+	// The recipe, as is: Knative's webhook refuses its fieldRef until the
+	// recipe's feature flag is set, then admits it.
+	var rev string
+	if !t.Run("webhook admits the recipe", func(t *testing.T) {
+		svc := knService(t, "", nil)
+		var out string
+		var err error
+		if err := pollFor(ctx, 60*time.Second, func() (bool, string) {
+			out, err = c.Apply(ctx, svc)
+			return err != nil && strings.Contains(out, "fieldRef"), fmt.Sprintf("apply without the feature flag: %v %s", err, out)
+		}); err != nil {
+			t.Fatalf("the webhook did not refuse the recipe's fieldRef without kubernetes.podspec-fieldref: %v", err)
+		}
+		t.Logf("without kubernetes.podspec-fieldref the webhook refuses: %s", lastLine(out))
+		repo, _ := cluster.FindRepo(".")
+		if out, err := c.Kubectl(ctx, "-n", "knative-serving", "patch", "configmap", "config-features", "--type", "merge",
+			"--patch-file", filepath.Join(repo, "deploy", "knative", "config-features.yaml")); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		rev = applyKnService(ctx, t, c, "fn", svc)
+		t.Logf("Service fn admitted, revision %s Ready", rev)
+	}) {
+		t.FailNow()
+	}
+
+	var pod string
+	var podUID string
+	t.Run("revision pod served", func(t *testing.T) {
+		r := f.mustInvoke(ctx, t, kn.activator, rev, "first", 50, nil)
+		t.Logf("first activation through the activator: %v, quota %s from %s, slot %s", r.elapsed.Round(time.Millisecond),
+			r.headers.Get("X-Cpuslot-Quota-Milli"), r.headers.Get("X-Cpuslot-Quota-Source"), slotOf(r))
+		pods, err := revPods(ctx, c, rev)
+		if err != nil || len(pods) != 1 {
+			t.Fatalf("pods of %s: %v %v", rev, pods, err)
+		}
+		pod = pods[0]
+		p, slots := waitServed(ctx, t, c, agentNS, knNS, pod, "user-container", 4)
+		podUID = p.UID
+		t.Logf("pod %s (made by Knative's controller) served: %d pre-warmed slots in user-container's cgroup", pod, len(slots))
+		qp := getPod(ctx, t, c, knNS, pod, "queue-proxy")
+		if s, _ := filepath.Glob(filepath.Join(cluster.ContainerCgroupDir("cpu", qp.QOS, qp.UID, qp.ContainerID), "cpuslot-*")); len(s) > 0 {
+			t.Errorf("slots in the queue-proxy sidecar: %v", s)
+		}
+		ev, err := c.Kubectl(ctx, "-n", knNS, "get", "events", "--field-selector", "involvedObject.name="+pod+",reason=CpuslotServing", "-o", "name")
+		if err != nil || strings.TrimSpace(ev) == "" {
+			t.Errorf("no CpuslotServing event on %s (%v)", pod, err)
+		}
+		if r.headers.Get("X-Cpuslot-Slot") == "" {
+			t.Errorf("the first activation ran without a slot: %s", slotOf(r))
+		}
+	})
+
+	t.Run("quota through activator and queue-proxy", func(t *testing.T) {
+		share := checkShare(ctx, t, f, kn.activator, rev, nil, 250)
+		t.Logf("quota table: 250m (revision annotation) -> %.1f%%", 100*share)
+		// The recipe does not let callers choose: the header is ignored.
+		r := f.mustInvoke(ctx, t, kn.activator, rev, "hdr-refused", 10, map[string]string{"X-Cpuslot-Quota": "500m"})
+		if q := r.headers.Get("X-Cpuslot-Quota-Milli"); q != "250" {
+			t.Errorf("with CPUSLOT_ALLOW_HEADER_QUOTA unset a request header set the quota to %sm", q)
+		}
+	})
+
+	t.Run("concurrent requests each in a slot", func(t *testing.T) {
+		const cc = 4 // the recipe's containerConcurrency
+		for round := 0; round < 2; round++ {
+			var wg sync.WaitGroup
+			res := make([]invokeResult, cc)
+			errs := make([]error, cc)
+			for i := 0; i < cc; i++ {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					res[i], errs[i] = f.invoke(ctx, kn.activator, rev, fmt.Sprintf("cc%d-%d", round, i), 1000, nil)
+				}(i)
+			}
+			wg.Wait()
+			seen := map[string]int{}
+			for i, r := range res {
+				if errs[i] != nil || r.status != 200 {
+					t.Fatalf("concurrent request %d: %v %d %s", i, errs[i], r.status, r.body)
+				}
+				s := r.headers.Get("X-Cpuslot-Slot")
+				if s == "" {
+					t.Errorf("concurrent request %d ran without a slot: %s", i, slotOf(r))
+				}
+				seen[s]++
+			}
+			t.Logf("round %d: %d concurrent requests, slots %v", round, cc, seen)
+			if len(seen) != cc {
+				t.Errorf("%d concurrent requests shared slots: %v", cc, seen)
+			}
+		}
+	})
+	_ = podUID
+}
