@@ -20,19 +20,19 @@ import (
 
 // Annotations and labels cpuslot reads.
 const (
-	AnnotationPrefix  = "cpuslot.dev/"
-	AnnEnabled        = AnnotationPrefix + "enabled"
-	AnnContainer      = AnnotationPrefix + "container"
-	AnnPrewarm        = AnnotationPrefix + "prewarm"
-	AnnMode           = AnnotationPrefix + "mode"
-	AnnLimit          = AnnotationPrefix + "limit"
-	AnnBudget         = AnnotationPrefix + "budget"
-	AnnPolicy         = AnnotationPrefix + "policy"
-	AnnOvercommit     = AnnotationPrefix + "overcommit"
-	AnnMaxSlots       = AnnotationPrefix + "max-slots"
+	AnnotationPrefix = "cpuslot.dev/"
+	AnnEnabled       = AnnotationPrefix + "enabled"
+	AnnContainer     = AnnotationPrefix + "container"
+	AnnPrewarm       = AnnotationPrefix + "prewarm"
+	AnnMode          = AnnotationPrefix + "mode"
+	AnnLimit         = AnnotationPrefix + "limit"
+	AnnBudget        = AnnotationPrefix + "budget"
+	AnnPolicy        = AnnotationPrefix + "policy"
+	AnnOvercommit    = AnnotationPrefix + "overcommit"
+	AnnMaxSlots      = AnnotationPrefix + "max-slots"
 	// AnnCPUQuota is the runtime's pod default quota (deploy/knative reads
 	// it through the downward API); the agent only checks it fits.
-	AnnCPUQuota = AnnotationPrefix + "cpu-quota"
+	AnnCPUQuota       = AnnotationPrefix + "cpu-quota"
 	LabelOpenWhisk    = "user-action-pod"
 	ContainerOW       = "user-action"
 	LabelKnative      = "serving.knative.dev/revision"
