@@ -376,5 +376,321 @@ func TestKnativeServing(t *testing.T) {
 			}
 		}
 	})
-	_ = podUID
+
+	// The same Service without the cpuslot volume: Knative runs it, the
+	// agent says on the pod why it does not serve it, requests run
+	// without a slot. Also the baseline of the comparisons below.
+	var plainRev string
+	t.Run("service without the volume", func(t *testing.T) {
+		plainRev = applyKnService(ctx, t, c, "fn-plain", knService(t, "fn-plain", withoutSocket))
+		r := f.mustInvoke(ctx, t, kn.activator, plainRev, "plain", 10, nil)
+		if r.headers.Get("X-Cpuslot-Slot") != "" {
+			t.Errorf("a request to a pod without the cpuslot volume ran in slot %s", slotOf(r))
+		}
+		pods, err := revPods(ctx, c, plainRev)
+		if err != nil || len(pods) == 0 {
+			t.Fatalf("pods of %s: %v %v", plainRev, pods, err)
+		}
+		var ev string
+		if err := pollFor(ctx, 30*time.Second, func() (bool, string) {
+			ev, _ = c.Kubectl(ctx, "-n", knNS, "get", "events", "--field-selector", "involvedObject.name="+pods[0]+",reason=CpuslotPrepareFailed",
+				"-o", "jsonpath={.items[*].message}")
+			return strings.Contains(ev, `lacks the emptyDir volume "cpuslot"`), fmt.Sprintf("events on %s: %q", pods[0], ev)
+		}); err != nil {
+			t.Fatalf("no Event saying why the pod is not served: %v", err)
+		}
+		t.Logf("served without a slot (%s); Event on %s: %s", slotOf(r), pods[0], ev)
+	})
+
+	t.Run("overhead through queue-proxy", func(t *testing.T) {
+		if plainRev == "" {
+			t.Skip("needs fn-plain")
+		}
+		// Both pods up (requests through the activator bring them back).
+		f.mustInvoke(ctx, t, kn.activator, rev, "warm", 0, nil)
+		f.mustInvoke(ctx, t, kn.activator, plainRev, "warm", 0, nil)
+		qp := map[string]string{}
+		for _, r := range []string{rev, plainRev} {
+			pods, err := revPods(ctx, c, r)
+			if err != nil || len(pods) == 0 {
+				t.Fatalf("pods of %s: %v %v", r, pods, err)
+			}
+			qp[r] = "http://" + podIP(ctx, t, c, knNS, pods[0]) + ":8012"
+		}
+		// Rounds alternate between the two, so load on this machine falls
+		// on both alike. An empty activation (0 ms of work).
+		lat := map[string][]time.Duration{}
+		slotted := 0
+		const rounds, perRound = 10, 20
+		for round := 0; round < rounds; round++ {
+			order := []string{rev, plainRev}
+			if round%2 == 1 {
+				order = []string{plainRev, rev}
+			}
+			for _, r := range order {
+				for i := 0; i < perRound; i++ {
+					res := f.mustInvoke(ctx, t, qp[r], r, fmt.Sprintf("o%d-%d", round, i), 0, nil)
+					lat[r] = append(lat[r], res.elapsed)
+					if r == rev && res.headers.Get("X-Cpuslot-Slot") != "" {
+						slotted++
+					}
+				}
+			}
+		}
+		if slotted != rounds*perRound {
+			t.Errorf("%d of %d requests to fn ran in a slot", slotted, rounds*perRound)
+		}
+		p50s, p50p := percentile(lat[rev], 0.5), percentile(lat[plainRev], 0.5)
+		p99s, p99p := percentile(lat[rev], 0.99), percentile(lat[plainRev], 0.99)
+		t.Logf("request through queue-proxy (node -> pod :8012 -> runtime), %d each, alternating rounds: with slots p50 %v p99 %v; without p50 %v p99 %v; ratio p50 %.2fx p99 %.2fx",
+			rounds*perRound, p50s.Round(time.Microsecond), p99s.Round(time.Microsecond), p50p.Round(time.Microsecond), p99p.Round(time.Microsecond),
+			float64(p50s)/float64(p50p), float64(p99s)/float64(p99p))
+	})
+
+	t.Run("scale to zero and back", func(t *testing.T) {
+		if pod == "" {
+			t.Skip("no served pod")
+		}
+		d := waitScaledToZero(ctx, t, c, rev, 3*time.Minute)
+		t.Logf("revision %s scaled to zero %v after its last request", rev, d.Round(time.Second))
+		// The kubelet removes a pod's cgroups around the time the pod
+		// object goes.
+		if err := pollFor(ctx, 30*time.Second, func() (bool, string) {
+			dirs := podCgroupDirs(podUID)
+			return len(dirs) == 0, fmt.Sprintf("the old pod's cgroups remain: %v", dirs)
+		}); err != nil {
+			t.Error(err)
+		}
+		for _, s := range slotDirs() {
+			if strings.Contains(s, podUID) {
+				t.Errorf("slot of the old pod left: %s", s)
+			}
+		}
+		r := f.mustInvoke(ctx, t, kn.activator, rev, "from-zero", 50, nil)
+		t.Logf("first request after scale to zero, through the activator: answered in %v, slot %s", r.elapsed.Round(time.Millisecond), slotOf(r))
+		if r.headers.Get("X-Cpuslot-Slot") == "" {
+			t.Errorf("the first request after scale from zero ran without a slot: %s", slotOf(r))
+		}
+		pods, _ := revPods(ctx, c, rev)
+		for _, p := range pods {
+			if p == pod {
+				t.Errorf("the old pod %s answered", pod)
+			}
+		}
+	})
+
+	t.Run("cold start with and without cpuslot", func(t *testing.T) {
+		if plainRev == "" {
+			t.Skip("needs fn-plain")
+		}
+		cold := map[string][]time.Duration{}
+		const rounds = 3
+		for round := 0; round < rounds; round++ {
+			waitScaledToZero(ctx, t, c, rev, 3*time.Minute)
+			waitScaledToZero(ctx, t, c, plainRev, 3*time.Minute)
+			order := []string{rev, plainRev}
+			if round%2 == 1 {
+				order = []string{plainRev, rev}
+			}
+			for _, r := range order {
+				res := f.mustInvoke(ctx, t, kn.activator, r, fmt.Sprintf("cold%d", round), 0, nil)
+				cold[r] = append(cold[r], res.elapsed)
+				if r == rev && res.headers.Get("X-Cpuslot-Slot") == "" {
+					t.Errorf("cold start %d with cpuslot ran without a slot: %s", round, slotOf(res))
+				}
+			}
+		}
+		ms, mp := percentile(cold[rev], 0.5), percentile(cold[plainRev], 0.5)
+		t.Logf("cold start (request through the activator from zero pods to the answer), %d each: with cpuslot %v (median %v), without %v (median %v); ratio of medians %.2fx",
+			rounds, cold[rev], ms.Round(time.Millisecond), cold[plainRev], mp.Round(time.Millisecond), float64(ms)/float64(mp))
+	})
+
+	t.Run("agent restart while the activator holds requests", func(t *testing.T) {
+		waitScaledToZero(ctx, t, c, rev, 3*time.Minute)
+		const n = 4
+		var wg sync.WaitGroup
+		res := make([]invokeResult, n)
+		errs := make([]error, n)
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				res[i], errs[i] = f.invoke(ctx, kn.activator, rev, fmt.Sprintf("held%d", i), 200, nil)
+			}(i)
+		}
+		if out, err := c.Kubectl(ctx, "-n", agentNS, "delete", "pod", "-l", "app.kubernetes.io/name=cpuslot", "--wait=true", "--timeout=60s"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		wg.Wait()
+		for i := range res {
+			if errs[i] != nil || res[i].status != 200 {
+				t.Errorf("request %d held by the activator while the agent restarted: %v %d %s", i, errs[i], res[i].status, res[i].body)
+				continue
+			}
+			t.Logf("held request %d answered after %v, slot %s", i, res[i].elapsed.Round(time.Millisecond), slotOf(res[i]))
+		}
+		if out, err := c.Kubectl(ctx, "-n", agentNS, "rollout", "status", "daemonset/"+release, "--timeout=90s"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		var last invokeResult
+		if err := pollFor(ctx, 30*time.Second, func() (bool, string) {
+			last = f.mustInvoke(ctx, t, kn.activator, rev, "after-restart", 10, nil)
+			return last.headers.Get("X-Cpuslot-Slot") != "", "requests after the new agent is Ready run without a slot: " + slotOf(last)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("after the new agent is Ready: slot %s", slotOf(last))
+	})
+
+	t.Run("revision pod deleted mid-request", func(t *testing.T) {
+		f.mustInvoke(ctx, t, kn.activator, rev, "before-delete", 0, nil)
+		pods, err := revPods(ctx, c, rev)
+		if err != nil || len(pods) != 1 {
+			t.Fatalf("pods of %s: %v %v", rev, pods, err)
+		}
+		victim := getPod(ctx, t, c, knNS, pods[0], "user-container")
+		done := make(chan invokeResult, 1)
+		go func() {
+			r, err := f.invoke(ctx, kn.activator, rev, "in-flight", 3000, nil)
+			if err != nil {
+				r.status, r.body = -1, []byte(err.Error())
+			}
+			done <- r
+		}()
+		time.Sleep(time.Second) // the request is in the runtime now
+		t0 := time.Now()
+		if out, err := c.Kubectl(ctx, "-n", knNS, "delete", "pod", pods[0], "--wait=false"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		r := <-done
+		if r.status != 200 {
+			t.Errorf("the in-flight request failed when its pod was deleted: %d %s", r.status, r.body)
+		} else {
+			t.Logf("in-flight request answered %v after the delete, slot %s", time.Since(t0).Round(time.Millisecond), slotOf(r))
+		}
+		next := f.mustInvoke(ctx, t, kn.activator, rev, "after-delete", 10, nil)
+		t.Logf("next request through the activator: %v, slot %s", next.elapsed.Round(time.Millisecond), slotOf(next))
+		if err := pollFor(ctx, 3*time.Minute, func() (bool, string) {
+			dirs := podCgroupDirs(victim.UID)
+			return len(dirs) == 0, fmt.Sprintf("the deleted pod's cgroups remain: %v", dirs)
+		}); err != nil {
+			t.Error(err)
+		}
+	})
+
+	t.Run("quota annotation above the CPU limit", func(t *testing.T) {
+		overRev := applyKnService(ctx, t, c, "fn-over", knService(t, "fn-over", func(ann, _, _ map[string]any) {
+			ann["cpuslot.dev/cpu-quota"] = "2" // the recipe's CPU limit is 1
+			ann["cpuslot.dev/prewarm"] = "250m=1"
+		}))
+		r := f.mustInvoke(ctx, t, kn.activator, overRev, "over", 10, nil)
+		t.Logf("request at 2 CPUs in a 1-CPU container: %d, quota %s, slot %s", r.status, r.headers.Get("X-Cpuslot-Quota-Milli"), slotOf(r))
+		pods, err := revPods(ctx, c, overRev)
+		if err != nil || len(pods) == 0 {
+			t.Fatalf("pods of %s: %v %v", overRev, pods, err)
+		}
+		var ev string
+		if err := pollFor(ctx, 30*time.Second, func() (bool, string) {
+			ev, _ = c.Kubectl(ctx, "-n", knNS, "get", "events", "--field-selector", "involvedObject.name="+pods[0]+",reason=CpuslotInvalidAnnotation",
+				"-o", "jsonpath={.items[*].message}")
+			return strings.Contains(ev, "cpuslot.dev/cpu-quota"), fmt.Sprintf("events on %s: %q", pods[0], ev)
+		}); err != nil {
+			t.Fatalf("no Event about the quota annotation: %v", err)
+		}
+		t.Logf("Event: %s", ev)
+		c.Kubectl(ctx, "-n", knNS, "delete", "ksvc", "fn-over", "--wait=false")
+	})
+
+	// A Service that lets callers choose their quota per request.
+	var hdrRev string
+	t.Run("per-request quota header", func(t *testing.T) {
+		hdrRev = applyKnService(ctx, t, c, "fn-hdr", knService(t, "fn-hdr", func(ann, ctr, _ map[string]any) {
+			setEnv(ctr, "CPUSLOT_ALLOW_HEADER_QUOTA", "true")
+			ann["cpuslot.dev/prewarm"] = "250m=2,500m=1,100m=4"
+			ann["autoscaling.knative.dev/max-scale"] = "3"
+		}))
+		for _, q := range []int{500, 100} {
+			share := checkShare(ctx, t, f, kn.activator, hdrRev, map[string]string{"X-Cpuslot-Quota": fmt.Sprintf("%dm", q)}, q)
+			t.Logf("quota table: %dm (X-Cpuslot-Quota header through activator and queue-proxy) -> %.1f%%", q, 100*share)
+		}
+	})
+
+	t.Run("scale 1 to 3 under load and back", func(t *testing.T) {
+		if hdrRev == "" {
+			t.Skip("needs fn-hdr")
+		}
+		loadCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		var mu sync.Mutex
+		var n, inSlot, failed int
+		var failures []string
+		var wg sync.WaitGroup
+		// 10 in flight; the autoscaler's target is 70% of
+		// containerConcurrency (4) per pod: it wants 4 pods, max-scale 3.
+		for w := 0; w < 10; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for i := 0; loadCtx.Err() == nil; i++ {
+					r, err := f.invoke(loadCtx, kn.activator, hdrRev, fmt.Sprintf("l%d-%d", w, i), 500, map[string]string{"X-Cpuslot-Quota": "100m"})
+					if loadCtx.Err() != nil {
+						return
+					}
+					mu.Lock()
+					n++
+					switch {
+					case err != nil || r.status != 200:
+						failed++
+						if len(failures) < 5 {
+							failures = append(failures, fmt.Sprintf("%v %d %s", err, r.status, r.body))
+						}
+					case r.headers.Get("X-Cpuslot-Slot") != "":
+						inSlot++
+					}
+					mu.Unlock()
+				}
+			}(w)
+		}
+		t0 := time.Now()
+		var pods []string
+		if err := pollFor(ctx, 4*time.Minute, func() (bool, string) {
+			out, _ := c.Kubectl(ctx, "-n", knNS, "get", "pods", "-l", "serving.knative.dev/revision="+hdrRev, "-o",
+				`jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+			pods = nil
+			for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+				if name, ok := strings.CutSuffix(l, "=True"); ok {
+					pods = append(pods, name)
+				}
+			}
+			pa, _ := c.Kubectl(ctx, "-n", knNS, "get", "podautoscaler", hdrRev, "-o", "jsonpath=desired={.status.desiredScale} actual={.status.actualScale}")
+			return len(pods) >= 3, fmt.Sprintf("%d Ready pods (%s), PodAutoscaler %s", len(pods), strings.ReplaceAll(strings.TrimSpace(out), "\n", " "), pa)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("3 pods Ready %v after the load started", time.Since(t0).Round(time.Second))
+		for _, p := range pods {
+			_, slots := waitServed(ctx, t, c, agentNS, knNS, p, "user-container", 1)
+			t.Logf("  %s served: %d slots", p, len(slots))
+		}
+		time.Sleep(5 * time.Second)
+		stop()
+		wg.Wait()
+		mu.Lock()
+		t.Logf("under load: %d requests, %d in a slot, %d failed %v", n, inSlot, failed, failures)
+		if failed > 0 {
+			t.Errorf("%d requests failed while scaling out: %v", failed, failures)
+		}
+		if inSlot < n*9/10 {
+			t.Errorf("only %d of %d requests ran in a slot", inSlot, n)
+		}
+		mu.Unlock()
+		t1 := time.Now()
+		if err := pollFor(ctx, 3*time.Minute, func() (bool, string) {
+			p, _ := revPods(ctx, c, hdrRev)
+			return len(p) <= 1, fmt.Sprintf("still %d pods: %v", len(p), p)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("back to at most one pod %v after the load stopped", time.Since(t1).Round(time.Second))
+	})
 }
