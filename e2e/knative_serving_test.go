@@ -309,7 +309,7 @@ func uninstallKnative(t *testing.T, c *cluster.Cluster, core, hooks string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// Services first, while the controller and webhook still run.
-	c.Kubectl(ctx, "delete", "ksvc", "--all", "--all-namespaces", "--wait=true", "--timeout=90s")
+	c.Kubectl(ctx, "delete", "ksvc", "--all", "--all-namespaces", "--cascade=foreground", "--wait=true", "--timeout=90s")
 	if out, err := c.KubectlStdin(ctx, hooks, "delete", "--ignore-not-found", "-f", "-"); err != nil {
 		t.Errorf("removing Knative's webhook configurations: %v: %s", err, out)
 	}

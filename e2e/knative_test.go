@@ -287,7 +287,7 @@ func TestKnativeServing(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		c.Kubectl(ctx, "-n", knNS, "delete", "ksvc", "--all", "--wait=true", "--timeout=90s")
+		c.Kubectl(ctx, "-n", knNS, "delete", "ksvc", "--all", "--cascade=foreground", "--wait=true", "--timeout=90s")
 	})
 
 	// The recipe, as is: Knative's webhook refuses its fieldRef until the
