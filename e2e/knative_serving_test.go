@@ -32,6 +32,7 @@ type knativeDist struct {
 	Version       string
 	ServingDir    string
 	NetworkingDir string
+	CachingDir    string
 	ImagesDir     string
 }
 
@@ -67,11 +68,13 @@ func knativeBuild() (knativeDist, error) {
 				knativeD.ServingDir = v
 			case "KNATIVE_NETWORKING_DIR":
 				knativeD.NetworkingDir = v
+			case "KNATIVE_CACHING_DIR":
+				knativeD.CachingDir = v
 			case "KNATIVE_IMAGES":
 				knativeD.ImagesDir = v
 			}
 		}
-		if knativeD.Version == "" || knativeD.ServingDir == "" || knativeD.NetworkingDir == "" || knativeD.ImagesDir == "" {
+		if knativeD.Version == "" || knativeD.ServingDir == "" || knativeD.NetworkingDir == "" || knativeD.CachingDir == "" || knativeD.ImagesDir == "" {
 			knativeErr = fmt.Errorf("hack/knative.sh printed no KNATIVE_* lines: %s", out)
 		}
 	})
@@ -111,8 +114,9 @@ const knativeAutoscalerIP = "10.97.0.10"
 var knativeRequests = map[string]any{"cpu": "20m", "memory": "40Mi"}
 
 // knativeManifests renders Knative Serving's release from the module
-// sources: the CRDs of knative.dev/networking (serving's release bundles
-// them) and its config-network, then serving's config/core. Changes:
+// sources: the CRDs of knative.dev/networking and knative.dev/caching
+// (serving's release bundles them), config-network, then serving's
+// config/core. Changes:
 //   - ko:// image references -> the imported images;
 //   - every component: KUBERNETES_MIN_VERSION = this cluster's version
 //     (Knative checks the API server's version at start), small requests;
@@ -122,8 +126,8 @@ var knativeRequests = map[string]any{"cpu": "20m", "memory": "40Mi"}
 //   - config-autoscaler: stable-window 6s (default 60s) and
 //     scale-to-zero-grace-period 6s (default 30s): an idle revision goes to
 //     zero in seconds instead of minutes;
-//   - left out: the HPAs, the cert-manager Certificate, the caching.knative
-//     Image (no CRD without knative.dev/caching).
+//   - left out: the HPAs, the cert-manager Certificate, the caching Image
+//     of the queue-proxy (nothing here acts on it).
 //
 // The webhook configurations are returned apart: they are applied once the
 // webhook runs (they fail closed).
@@ -132,6 +136,7 @@ func knativeManifests(d knativeDist) (core, webhooks string, err error) {
 	for _, f := range []string{"certificate.yaml", "domain-claim.yaml", "ingress.yaml", "serverlessservice.yaml", "config-network.yaml"} {
 		files = append(files, filepath.Join(d.NetworkingDir, "config", f))
 	}
+	files = append(files, filepath.Join(d.CachingDir, "config", "image.yaml"))
 	err = filepath.WalkDir(filepath.Join(d.ServingDir, "config", "core"), func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err

@@ -8,9 +8,9 @@
 #     (docker.io/cpuslot/knative-<name>:<version>, user 65532 as Knative's
 #     own images, which its manifests require: runAsNonRoot);
 #   - nothing of Knative's is copied: the e2e tests read Knative's manifests
-#     (config/core of knative.dev/serving, config/ of knative.dev/networking,
-#     whose CRDs serving's release bundles) from the Go module cache at the
-#     directories printed here.
+#     (config/core of knative.dev/serving, config/ of knative.dev/networking
+#     and knative.dev/caching, whose CRDs serving's release bundles) from the
+#     Go module cache at the directories printed here.
 #
 # Idempotent; a second run with everything built takes well under a second.
 # Cache: $CPUSLOT_E2E_CACHE/knative/<version> (default <repo>/.cache/e2e).
@@ -18,6 +18,7 @@
 #   KNATIVE_VERSION=<version>
 #   KNATIVE_SERVING_DIR=<module dir of knative.dev/serving>
 #   KNATIVE_NETWORKING_DIR=<module dir of knative.dev/networking>
+#   KNATIVE_CACHING_DIR=<module dir of knative.dev/caching>
 #   KNATIVE_IMAGES=<dir with controller.tar webhook.tar ...>
 #
 # Version: the newest release whose dependencies the module proxy serves
@@ -87,9 +88,12 @@ fi
 
 serving="$(module_dir "knative.dev/serving@$version")"
 networking="$(cd "$mod" && go list -m -f '{{.Dir}}' knative.dev/networking)"
+caching="$(cd "$mod" && go list -m -f '{{.Dir}}' knative.dev/caching)"
 [ -d "$serving/config/core" ] || { log "no config/core in $serving"; exit 1; }
 [ -f "$networking/config/serverlessservice.yaml" ] || { log "no config/serverlessservice.yaml in $networking"; exit 1; }
+[ -f "$caching/config/image.yaml" ] || { log "no config/image.yaml in $caching"; exit 1; }
 echo "KNATIVE_VERSION=$version"
 echo "KNATIVE_SERVING_DIR=$serving"
 echo "KNATIVE_NETWORKING_DIR=$networking"
+echo "KNATIVE_CACHING_DIR=$caching"
 echo "KNATIVE_IMAGES=$images"
