@@ -310,16 +310,33 @@ func installKnative(t *testing.T, c *cluster.Cluster) *knativeServing {
 	return k
 }
 
+// knDeleteServices deletes every Knative Service and the revision pods
+// without their grace period (Knative gives them the revision's timeout,
+// 300 s, to drain).
+func knDeleteServices(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	if out, err := c.Kubectl(ctx, "delete", "ksvc", "--all", "--all-namespaces", "--wait=true", "--timeout=60s"); err != nil {
+		t.Errorf("deleting Knative Services: %v: %s", err, out)
+	}
+	c.Kubectl(ctx, "delete", "pods", "--all-namespaces", "-l", "serving.knative.dev/revision", "--grace-period=1", "--wait=true", "--timeout=60s")
+}
+
+// uninstallKnative removes Knative Serving, its pods without their grace
+// period (the activator's is 600 s), so that later tests have the node's
+// CPU to themselves.
 func uninstallKnative(t *testing.T, c *cluster.Cluster, core, hooks string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// Services first, while the controller and webhook still run.
-	c.Kubectl(ctx, "delete", "ksvc", "--all", "--all-namespaces", "--cascade=foreground", "--wait=true", "--timeout=90s")
+	knDeleteServices(ctx, t, c)
 	if out, err := c.KubectlStdin(ctx, hooks, "delete", "--ignore-not-found", "-f", "-"); err != nil {
 		t.Errorf("removing Knative's webhook configurations: %v: %s", err, out)
 	}
-	if out, err := c.KubectlStdin(ctx, core, "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-"); err != nil {
+	if out, err := c.KubectlStdin(ctx, core, "delete", "--ignore-not-found", "--wait=false", "-f", "-"); err != nil {
 		t.Errorf("removing Knative Serving: %v: %s", err, out)
+	}
+	c.Kubectl(ctx, "-n", "knative-serving", "delete", "pods", "--all", "--grace-period=1", "--wait=true", "--timeout=60s")
+	if out, err := c.Kubectl(ctx, "wait", "--for=delete", "namespace/knative-serving", "--timeout=90s"); err != nil {
+		t.Errorf("namespace knative-serving not gone: %v: %s", err, out)
 	}
 }
 
