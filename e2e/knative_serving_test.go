@@ -121,7 +121,8 @@ var knativeRequests = map[string]any{"cpu": "20m", "memory": "40Mi"}
 //   - every component: KUBERNETES_MIN_VERSION = this cluster's version
 //     (Knative checks the API server's version at start), small requests;
 //   - the activator: a hostAliases entry for the autoscaler (no DNS);
-//   - config-deployment: docker.io among the registries whose tags are not
+//   - config-deployment: docker.io (index.docker.io, as Knative names it)
+//     among the registries whose tags are not
 //     resolved to digests (there is no registry to ask);
 //   - config-autoscaler: stable-window 6s (default 60s) and
 //     scale-to-zero-grace-period 6s (default 30s): an idle revision goes to
@@ -215,7 +216,7 @@ func knativeAdjust(kind string, obj map[string]any) error {
 		}
 		switch name {
 		case "config-deployment":
-			data["registries-skipping-tag-resolving"] = "kind.local,ko.local,dev.local,docker.io"
+			data["registries-skipping-tag-resolving"] = "kind.local,ko.local,dev.local,docker.io,index.docker.io"
 		case "config-autoscaler":
 			data["stable-window"] = "6s"
 			data["scale-to-zero-grace-period"] = "6s"
