@@ -126,7 +126,10 @@ var knativeRequests = map[string]any{"cpu": "20m", "memory": "40Mi"}
 //     resolved to digests (there is no registry to ask);
 //   - config-autoscaler: stable-window 6s (default 60s) and
 //     scale-to-zero-grace-period 6s (default 30s): an idle revision goes to
-//     zero in seconds instead of minutes;
+//     zero in seconds instead of minutes; target-burst-capacity -1: the
+//     activator stays in the path (requests enter there anyway), so the
+//     autoscaler does not probe the revision's Service by its DNS name
+//     before scaling to zero (no DNS here);
 //   - left out: the HPAs, the cert-manager Certificate, the caching Image
 //     of the queue-proxy (nothing here acts on it).
 //
@@ -220,6 +223,7 @@ func knativeAdjust(kind string, obj map[string]any) error {
 		case "config-autoscaler":
 			data["stable-window"] = "6s"
 			data["scale-to-zero-grace-period"] = "6s"
+			data["target-burst-capacity"] = "-1"
 		}
 	case "Service":
 		if name == "autoscaler" {
