@@ -336,10 +336,13 @@ func uninstallKnative(t *testing.T, c *cluster.Cluster, core, hooks string) {
 	if out, err := c.KubectlStdin(ctx, hooks, "delete", "--ignore-not-found", "-f", "-"); err != nil {
 		t.Errorf("removing Knative's webhook configurations: %v: %s", err, out)
 	}
+	// Pods gone first: a namespace being deleted with pods in their grace
+	// period is looked at again only when that period would end.
+	c.Kubectl(ctx, "-n", "knative-serving", "scale", "deployment", "--all", "--replicas=0")
+	c.Kubectl(ctx, "-n", "knative-serving", "delete", "pods", "--all", "--grace-period=1", "--wait=true", "--timeout=60s")
 	if out, err := c.KubectlStdin(ctx, core, "delete", "--ignore-not-found", "--wait=false", "-f", "-"); err != nil {
 		t.Errorf("removing Knative Serving: %v: %s", err, out)
 	}
-	c.Kubectl(ctx, "-n", "knative-serving", "delete", "pods", "--all", "--grace-period=1", "--wait=true", "--timeout=60s")
 	if out, err := c.Kubectl(ctx, "wait", "--for=delete", "namespace/knative-serving", "--timeout=90s"); err != nil {
 		t.Errorf("namespace knative-serving not gone: %v: %s", err, out)
 	}
