@@ -22,7 +22,17 @@ import (
 var kc *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(cluster.Main(m, cluster.Options{}, &kc))
+	var opts cluster.Options
+	if cluster.Enabled() {
+		// make images' tarballs and Knative Serving's (hack/knative.sh).
+		imgs, err := e2eImages()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+			os.Exit(1)
+		}
+		opts.Images = imgs
+	}
+	os.Exit(cluster.Main(m, opts, &kc))
 }
 
 // namespace creates a namespace for one test, waits until pods can be

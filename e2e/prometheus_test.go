@@ -284,12 +284,11 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	// The pod invokes through its slots: acquisitions are counted.
 	p.waitSeries(ctx, t, `sum(rate(cpuslot_acquisitions_total{job="cpuslot-node-agent"}[1m])) > 0`, 60*time.Second)
 
-	// A runtime pod (the Java runtime image, Knative-shaped) running
-	// invocations in slots: the runtime's own series, for the runtime
-	// dashboard.
+	// A runtime pod (the Java runtime image) running invocations in
+	// slots: the runtime's own series, for the runtime dashboard.
 	needRuntimeImage(t)
 	jar := samplesJar(t)
-	// Room on the 2-core node for both runtime pods' CPU requests.
+	// Room on the 2-core node for the runtime pod's CPU request.
 	if out, err := c.Kubectl(ctx, "-n", appNS, "delete", "pod", "fn", "--wait=true"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -300,22 +299,6 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	const owpod = "wskowdev-invoker-00-1-guest-cpuburn"
 	if out, err := c.Apply(ctx, fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)); err != nil {
 		t.Fatalf("%v: %s", err, out)
-	}
-	const rpod = "fn-00001-deployment-5d9c7b8f6d-x2x7k"
-	if out, err := c.Apply(ctx, fmt.Sprintf(knativeRevisionPod, appNS, runtimeImage, cluster.ProbeImage)); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+rpod, "--timeout=120s"); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	waitServed(ctx, t, c, ns, appNS, rpod, "user-container", 2)
-	base := "http://" + podIP(ctx, t, c, appNS, rpod) + ":8080"
-	waitHTTP(ctx, t, base+"/")
-	if r, err := post(ctx, base+"/", map[string]any{"init": map[string]any{
-		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
-		"code": base64.StdEncoding.EncodeToString(jar),
-	}}); err != nil || r.status != 200 {
-		t.Fatalf("init: %v %d", err, r.status)
 	}
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+owpod, "--timeout=120s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
@@ -338,15 +321,6 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 				"activation_id": fmt.Sprintf("ow%029d", i), "transaction_id": fmt.Sprintf("tid%d", i),
 				"deadline": strconv.FormatInt(time.Now().Add(60*time.Second).UnixMilli(), 10),
 				"api_key":  api.apiKey,
-			})
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
-	go func() {
-		for i := 0; loadCtx.Err() == nil; i++ {
-			post(loadCtx, base+"/", map[string]any{
-				"activation": map[string]any{"namespace": "default", "action_name": "fn", "activation_id": fmt.Sprintf("prom%d", i)},
-				"value":      map[string]any{"ms": 20, "threads": 1},
 			})
 			time.Sleep(20 * time.Millisecond)
 		}

@@ -6,7 +6,9 @@
 #   - Kubernetes v1.32.4 server binaries built from the Go module proxy into
 #     a cache dir (skipped when they are there already),
 #   - kubectl: the machine's when there is one, else built the same way;
-#   - helm, by hack/helm.sh (built once from the Go module proxy, cached).
+#   - helm, by hack/helm.sh (built once from the Go module proxy, cached);
+#   - Knative Serving's components as image tarballs, by hack/knative.sh
+#     (built once from the Go module proxy, cached).
 #
 # Idempotent. Run as root on Debian 12.
 #
@@ -198,7 +200,16 @@ if [ -f "$repo/hack/helm.sh" ]; then
 	[ -x "$helm" ] || { log "hack/helm.sh printed no helm binary"; exit 1; }
 fi
 
-log "ready: $bindir ($ver), kubectl $kubectl${helm:+, helm $helm}"
+# ---------------------------------------------------------------------------
+# 4. Knative Serving, from hack/knative.sh (which builds and caches it).
+# ---------------------------------------------------------------------------
+knative=""
+if [ -f "$repo/hack/knative.sh" ]; then
+	knative="$(bash "$repo/hack/knative.sh" | sed -n 's/^KNATIVE_IMAGES=//p')"
+	[ -d "$knative" ] || { log "hack/knative.sh printed no image directory"; exit 1; }
+fi
+
+log "ready: $bindir ($ver), kubectl $kubectl${helm:+, helm $helm}${knative:+, Knative images $knative}"
 echo "KUBE_BIN=$bindir"
 echo "KUBECTL=$kubectl"
 [ -z "$helm" ] || echo "HELM=$helm"

@@ -20,16 +20,19 @@ import (
 
 // Annotations and labels cpuslot reads.
 const (
-	AnnotationPrefix  = "cpuslot.dev/"
-	AnnEnabled        = AnnotationPrefix + "enabled"
-	AnnContainer      = AnnotationPrefix + "container"
-	AnnPrewarm        = AnnotationPrefix + "prewarm"
-	AnnMode           = AnnotationPrefix + "mode"
-	AnnLimit          = AnnotationPrefix + "limit"
-	AnnBudget         = AnnotationPrefix + "budget"
-	AnnPolicy         = AnnotationPrefix + "policy"
-	AnnOvercommit     = AnnotationPrefix + "overcommit"
-	AnnMaxSlots       = AnnotationPrefix + "max-slots"
+	AnnotationPrefix = "cpuslot.dev/"
+	AnnEnabled       = AnnotationPrefix + "enabled"
+	AnnContainer     = AnnotationPrefix + "container"
+	AnnPrewarm       = AnnotationPrefix + "prewarm"
+	AnnMode          = AnnotationPrefix + "mode"
+	AnnLimit         = AnnotationPrefix + "limit"
+	AnnBudget        = AnnotationPrefix + "budget"
+	AnnPolicy        = AnnotationPrefix + "policy"
+	AnnOvercommit    = AnnotationPrefix + "overcommit"
+	AnnMaxSlots      = AnnotationPrefix + "max-slots"
+	// AnnCPUQuota is the runtime's pod default quota (deploy/knative reads
+	// it through the downward API); the agent only checks it fits.
+	AnnCPUQuota       = AnnotationPrefix + "cpu-quota"
 	LabelOpenWhisk    = "user-action-pod"
 	ContainerOW       = "user-action"
 	LabelKnative      = "serving.knative.dev/revision"
@@ -90,6 +93,31 @@ func (s Selector) ServedContainer(pod *corev1.Pod) (string, string) {
 		}
 	}
 	return "", fmt.Sprintf("pod has no container %q", name)
+}
+
+// CheckQuotaAnnotation reports a cpuslot.dev/cpu-quota annotation that
+// cannot be served: unparsable, or above the served container's CPU limit
+// (the agent refuses such a slot, so every invocation at that quota would
+// run without one).
+func CheckQuotaAnnotation(pod *corev1.Pod, container string) error {
+	v, ok := pod.Annotations[AnnCPUQuota]
+	if !ok {
+		return nil
+	}
+	q, err := pool.ParseQuota(v)
+	if err != nil {
+		return fmt.Errorf("%s=%q: %v", AnnCPUQuota, v, err)
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name != container {
+			continue
+		}
+		if lim, ok := c.Resources.Limits[corev1.ResourceCPU]; ok && lim.MilliValue() > 0 && int64(q) > lim.MilliValue() {
+			return fmt.Errorf("%s=%q is above container %s's CPU limit %dm: invocations at that quota get no slot and run without one",
+				AnnCPUQuota, v, container, lim.MilliValue())
+		}
+	}
+	return nil
 }
 
 // HasVolume reports whether the pod declares the emptyDir the agent puts

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cpuslot/cpuslot/internal/pool"
@@ -91,5 +92,42 @@ func TestCgroupFromSpec(t *testing.T) {
 func TestSocketPath(t *testing.T) {
 	if got := SocketPath("/var/lib/kubelet/pods", "u-1", "cpuslot"); got != "/var/lib/kubelet/pods/u-1/volumes/kubernetes.io~empty-dir/cpuslot/agent.sock" {
 		t.Fatal(got)
+	}
+}
+
+// A revision's quota annotation (read by the runtime, e.g. through the
+// downward API) above its container's CPU limit can never get a slot: the
+// agent says so on the pod instead of leaving every invocation to run
+// without one silently.
+func TestCheckQuotaAnnotation(t *testing.T) {
+	withLimit := func(ann map[string]string, limit string) *corev1.Pod {
+		p := pod(map[string]string{"serving.knative.dev/revision": "fn-00001"}, ann, "user-container", "queue-proxy")
+		if limit != "" {
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(limit)}
+		}
+		return p
+	}
+	cases := []struct {
+		name    string
+		pod     *corev1.Pod
+		wantErr string
+	}{
+		{"no annotation", withLimit(nil, "1"), ""},
+		{"fits", withLimit(map[string]string{AnnCPUQuota: "250m"}, "1"), ""},
+		{"equals the limit", withLimit(map[string]string{AnnCPUQuota: "1"}, "1"), ""},
+		{"no limit", withLimit(map[string]string{AnnCPUQuota: "2"}, ""), ""},
+		{"above the limit", withLimit(map[string]string{AnnCPUQuota: "2"}, "1"), "above container user-container's CPU limit 1000m"},
+		{"unparsable", withLimit(map[string]string{AnnCPUQuota: "lots"}, "1"), `cpuslot.dev/cpu-quota="lots"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := CheckQuotaAnnotation(c.pod, "user-container")
+			if c.wantErr == "" && err != nil {
+				t.Fatalf("unexpected %v", err)
+			}
+			if c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)) {
+				t.Fatalf("got %v, want an error with %q", err, c.wantErr)
+			}
+		})
 	}
 }

@@ -175,6 +175,9 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 	for _, e := range annErrs {
 		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonInvalidAnnotation, "%v", e)
 	}
+	if err := CheckQuotaAnnotation(pod, want.container); err != nil {
+		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonInvalidAnnotation, "%v", err)
+	}
 	cg, err := s.cgroupOf(ctx, want.containerID)
 	if err != nil {
 		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonCgroupNotFound, "container %s: %v", want.container, err)
