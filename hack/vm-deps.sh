@@ -104,10 +104,18 @@ download() {
 #
 # Modules the shares need; their dependencies are added from the modules'
 # own "depends=" (the package has no modules.dep: depmod makes it at install).
-share_modules=(virtio_pci 9pnet_virtio 9p)
+#
+# CPUSLOT_VM_MODULES and CPUSLOT_VM_MODULES_DIR keep another set in another
+# directory of the cache (hack/v2node-deps.sh: the systemd node's modules).
+read -r -a share_modules <<<"${CPUSLOT_VM_MODULES:-virtio_pci 9pnet_virtio 9p}"
+modules_dir="$cache/${CPUSLOT_VM_MODULES_DIR:-modules}"
 modules_current() {
-	[ -s "$cache/modules/order" ] && [ -s "$cache/kernel-version" ] &&
-		cmp -s "$cache/kernel-version" "$cache/modules/kernel-version"
+	local m
+	[ -s "$modules_dir/order" ] && [ -s "$cache/kernel-version" ] &&
+		cmp -s "$cache/kernel-version" "$modules_dir/kernel-version" || return 1
+	for m in "${share_modules[@]}"; do
+		grep -qx "${m//-/_}" "$modules_dir/order" || return 1
+	done
 }
 if [ ! -s "$cache/vmlinuz" ] || ! modules_current; then
 	kpkg=""
@@ -188,16 +196,16 @@ if [ ! -s "$cache/vmlinuz" ] || ! modules_current; then
 	for m in "${share_modules[@]}"; do
 		visit "$m"
 	done
-	rm -rf "$cache/modules.tmp"
-	mkdir -p "$cache/modules.tmp"
+	rm -rf "$modules_dir.tmp"
+	mkdir -p "$modules_dir.tmp"
 	for n in "${order[@]}"; do
-		modcat "${modfile[$n]}" >"$cache/modules.tmp/$n.ko"
-		echo "$n" >>"$cache/modules.tmp/order"
+		modcat "${modfile[$n]}" >"$modules_dir.tmp/$n.ko"
+		echo "$n" >>"$modules_dir.tmp/order"
 	done
-	echo "vmlinuz-$kver" >"$cache/modules.tmp/kernel-version"
-	rm -rf "$cache/modules"
-	mv "$cache/modules.tmp" "$cache/modules"
-	log "kept modules for 9p shares: ${order[*]} ($(du -sh "$cache/modules" | cut -f1))"
+	echo "vmlinuz-$kver" >"$modules_dir.tmp/kernel-version"
+	rm -rf "$modules_dir"
+	mv "$modules_dir.tmp" "$modules_dir"
+	log "kept modules ${share_modules[*]} with their dependencies: ${order[*]} ($(du -sh "$modules_dir" | cut -f1))"
 	rm -rf "$dir"
 fi
 
@@ -236,4 +244,4 @@ fi
 
 kernel="$cache/vmlinuz"
 [ -s "$cache/vmlinux" ] && kernel="$cache/vmlinux"
-log "ready: $kernel ($(cat "$cache/kernel-version" 2>/dev/null || echo '?')), $cache/busybox, $cache/modules, $(command -v qemu-system-x86_64)"
+log "ready: $kernel ($(cat "$cache/kernel-version" 2>/dev/null || echo '?')), $cache/busybox, $modules_dir, $(command -v qemu-system-x86_64)"
