@@ -7,8 +7,7 @@
 #     Go module proxy;
 #   - runc built from the Go module proxy with seccomp (cgo, Debian's
 #     libseccomp-dev, installed here);
-#   - the VM's kernel, busybox and modules (hack/vm-deps.sh), and the
-#     node's modules in $CPUSLOT_VM_CACHE/node-modules.
+#   - the VM's kernel, busybox and modules (hack/vm-deps.sh).
 # etcd is Debian's (hack/e2e-deps.sh installs it).
 #
 # Idempotent; a build is skipped when its binaries are there and report the
@@ -119,14 +118,8 @@ kube="$(CPUSLOT_K8S_VERSION="$k8s_version" bash "$repo/hack/e2e-deps.sh")"
 kube_bin="$(sed -n 's/^KUBE_BIN=//p' <<<"$kube")"
 [ -x "$kube_bin/kubelet" ] || { log "hack/e2e-deps.sh gave no kubelet"; exit 1; }
 
-# 4. The VM, and the modules the node loads before systemd starts: the 9p
-#    root, overlayfs (the root's writable layer and containerd's
-#    snapshotter), autofs4 (systemd), virtio_net (qemu user networking),
-#    veth (the pods' CNI).
+# 4. The VM, with the modules of its systemd boot.
 bash "$repo/hack/vm-deps.sh"
-CPUSLOT_VM_MODULES_DIR=node-modules \
-	CPUSLOT_VM_MODULES="virtio_pci 9pnet_virtio 9p overlay autofs4 virtio_net veth" \
-	bash "$repo/hack/vm-deps.sh"
 
 log "ready: $kube_bin, $cbin, $rbin"
 echo "KUBE_BIN=$kube_bin"

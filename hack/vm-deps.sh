@@ -16,6 +16,8 @@
 #   $CACHE/modules/  the kernel modules for 9p shares (9p over virtio-pci)
 #                    and their dependencies, as NAME.ko, with "order" (the
 #                    names in load order) and "kernel-version"
+#   $CACHE/node-modules/  the same for test/vm's systemd boot (System): 9p,
+#                    overlay, autofs4, virtio_net, veth
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -105,10 +107,16 @@ download() {
 # Modules the shares need; their dependencies are added from the modules'
 # own "depends=" (the package has no modules.dep: depmod makes it at install).
 #
-# CPUSLOT_VM_MODULES and CPUSLOT_VM_MODULES_DIR keep another set in another
-# directory of the cache (hack/v2node-deps.sh: the systemd node's modules).
-read -r -a share_modules <<<"${CPUSLOT_VM_MODULES:-virtio_pci 9pnet_virtio 9p}"
-modules_dir="$cache/${CPUSLOT_VM_MODULES_DIR:-modules}"
+# Two sets, each with its dependencies in a directory of its own:
+#   modules/       what test/vm's shares need;
+#   node-modules/  what test/vm's systemd boot (System) needs: the 9p root,
+#                  overlayfs (the writable root, containerd's snapshotter),
+#                  autofs4 (systemd), virtio_net (qemu user networking),
+#                  veth (the pods' network).
+module_sets=(
+	"modules:virtio_pci 9pnet_virtio 9p"
+	"node-modules:virtio_pci 9pnet_virtio 9p overlay autofs4 virtio_net veth"
+)
 modules_current() {
 	local m
 	[ -s "$modules_dir/order" ] && [ -s "$cache/kernel-version" ] &&
@@ -117,6 +125,9 @@ modules_current() {
 		grep -qx "${m//-/_}" "$modules_dir/order" || return 1
 	done
 }
+for set in "${module_sets[@]}"; do
+modules_dir="$cache/${set%%:*}"
+read -r -a share_modules <<<"${set#*:}"
 if [ ! -s "$cache/vmlinuz" ] || ! modules_current; then
 	kpkg=""
 	if [ -s "$cache/vmlinuz" ] && [ -s "$cache/kernel-version" ]; then
@@ -208,6 +219,7 @@ if [ ! -s "$cache/vmlinuz" ] || ! modules_current; then
 	log "kept modules ${share_modules[*]} with their dependencies: ${order[*]} ($(du -sh "$modules_dir" | cut -f1))"
 	rm -rf "$dir"
 fi
+done
 
 # 2b. The uncompressed kernel. Debian compresses it with xz; the ELF inside
 #     the bzImage starts at the first xz stream (what the kernel's
@@ -244,4 +256,4 @@ fi
 
 kernel="$cache/vmlinuz"
 [ -s "$cache/vmlinux" ] && kernel="$cache/vmlinux"
-log "ready: $kernel ($(cat "$cache/kernel-version" 2>/dev/null || echo '?')), $cache/busybox, $modules_dir, $(command -v qemu-system-x86_64)"
+log "ready: $kernel ($(cat "$cache/kernel-version" 2>/dev/null || echo '?')), $cache/busybox, $cache/modules, $cache/node-modules, $(command -v qemu-system-x86_64)"
