@@ -161,7 +161,6 @@ After=cpuslot-vm-net.service %s
 ExecStart=%s
 Restart=always
 RestartSec=2
-LogsDirectory=v2node
 StandardOutput=append:%s/%%N.log
 StandardError=inherit
 %s

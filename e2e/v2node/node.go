@@ -49,7 +49,9 @@ const (
 	// stateDir holds etcd's and containerd's data in the guest, on a tmpfs
 	// of its own (overlayfs snapshots cannot sit on the root overlay).
 	stateDir = "/var/lib/v2node"
-	logDir   = "/var/log/v2node"
+	// logDir holds the units' logs, on a tmpfs too: systemd opens
+	// StandardOutput=append: before it would make a LogsDirectory=.
+	logDir = "/var/log/v2node"
 )
 
 // Units are the guest's systemd units of the node, in start order.
@@ -145,7 +147,7 @@ func Up(ctx context.Context, opts Options) (n *Node, err error) {
 	n.sys, err = vm.StartSystem(bootCtx, vm.SystemOptions{
 		Target:   target,
 		Etc:      etc,
-		Tmpfs:    []string{stateDir, "/var/lib/kubelet"},
+		Tmpfs:    []string{stateDir, logDir, "/var/lib/kubelet"},
 		Forward:  map[int]int{hostPort: apiPort},
 		MemoryMB: 3072,
 		Console:  opts.Console,
@@ -263,8 +265,13 @@ func (n *Node) poll(ctx context.Context, what string, f func() error) error {
 
 func (n *Node) importImages(ctx context.Context) error {
 	var script strings.Builder
-	fmt.Fprintf(&script, "set -e\nctr=%s\nfor i in $(seq 600); do $ctr -a %s version >/dev/null 2>&1 && break; sleep 1; done\n",
-		filepath.Join(n.bins.containerd, "ctr"), ContainerdSocket)
+	// containerd answers within seconds of the boot on a quiet machine;
+	// five minutes is for a loaded one, then the script says why not.
+	fmt.Fprintf(&script, `set -e
+ctr=%[1]s
+for i in $(seq 300); do $ctr -a %[2]s version >/dev/null 2>&1 && break; sleep 1; done
+$ctr -a %[2]s version >/dev/null || { systemctl --no-pager status containerd.service; tail -n 30 %[3]s/containerd.log; exit 1; }
+`, filepath.Join(n.bins.containerd, "ctr"), ContainerdSocket, logDir)
 	for name, tar := range n.bins.images {
 		fmt.Fprintf(&script, "$ctr -a %s -n k8s.io images import %s >/dev/null\n", ContainerdSocket, tar)
 		fmt.Fprintf(&script, "$ctr -a %s -n k8s.io images ls -q | grep -qx %s\n", ContainerdSocket, name)
