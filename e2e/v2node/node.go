@@ -284,6 +284,20 @@ $ctr -a %[2]s version >/dev/null || { systemctl --no-pager status containerd.ser
 	return nil
 }
 
+// ImportImage imports an OCI image tarball (a host path) into the node's
+// containerd, for the kubelet (namespace k8s.io).
+func (n *Node) ImportImage(ctx context.Context, tar string) error {
+	if _, err := os.Stat(tar); err != nil {
+		return err
+	}
+	_, err := n.MustExec(ctx, fmt.Sprintf("%s -a %s -n k8s.io images import %s >/dev/null",
+		filepath.Join(n.bins.containerd, "ctr"), ContainerdSocket, tar))
+	return err
+}
+
+// RepoDir is the cpuslot checkout the node was built from.
+func (n *Node) RepoDir() string { return n.opts.RepoDir }
+
 func (n *Node) waitNodeReady(ctx context.Context) error {
 	return n.poll(ctx, "node "+NodeName+" Ready", func() error {
 		out, err := n.Kubectl(ctx, "get", "node", NodeName, "-o",

@@ -217,27 +217,8 @@ spec:
 	}
 	t.Logf("pod Ready %v after kubectl apply (emulated node)", time.Since(start).Round(time.Millisecond))
 
-	out, err := n.Kubectl(ctx, "get", "pod", name, "-o", "jsonpath={.metadata.uid} {.status.qosClass} {.status.containerStatuses[0].containerID}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var uid, qos, cid string
-	if _, err := fmt.Sscan(out, &uid, &qos, &cid); err != nil {
-		t.Fatalf("pod status %q: %v", out, err)
-	}
-	id, ok := strings.CutPrefix(cid, "containerd://")
-	if !ok {
-		t.Fatalf("container ID %q is not containerd's", cid)
-	}
-	// Guaranteed pods sit directly in kubepods.slice.
-	uidU := strings.ReplaceAll(uid, "-", "_")
-	podSlice := "kubepods-pod" + uidU + ".slice"
-	parent := "/sys/fs/cgroup/kubepods.slice"
-	if q := strings.ToLower(qos); q != "guaranteed" {
-		podSlice = fmt.Sprintf("kubepods-%s-pod%s.slice", q, uidU)
-		parent += "/kubepods-" + q + ".slice"
-	}
-	scope := fmt.Sprintf("%s/%s/cri-containerd-%s.scope", parent, podSlice, id)
+	scope, _, id := containerScope(t, ctx, n, "default", name)
+	podSlice := filepath.Base(filepath.Dir(scope))
 	procs := guest(t, ctx, n, "cat "+scope+"/cgroup.procs")
 	if procs == "" {
 		t.Fatalf("%s holds no process", scope)
