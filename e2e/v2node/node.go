@@ -235,6 +235,19 @@ func (n *Node) Diagnose(ctx context.Context) string {
 	return out
 }
 
+// progress is a short account of the node's units for a slow wait: their
+// states and each log's last line.
+func (n *Node) progress(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	out, _, err := n.sys.Exec(ctx, "for u in "+strings.Join(Units, " ")+"; do "+
+		"echo \"$u: $(systemctl is-active $u) | $(tail -n 1 "+logDir+"/${u%.service}.log | cut -c1-300)\"; done")
+	if err != nil {
+		return fmt.Sprintf("(guest: %v)", err)
+	}
+	return strings.TrimSpace(out)
+}
+
 func (n *Node) withDiagnosis(err error) error {
 	return fmt.Errorf("%w\nguest state:\n%s", err, n.Diagnose(context.Background()))
 }
@@ -250,7 +263,7 @@ func (n *Node) poll(ctx context.Context, what string, f func() error) error {
 			return nil
 		}
 		if time.Since(last) > time.Minute {
-			n.opts.Logf("v2node: still waiting for %s after %v: %v", what, time.Since(start).Round(time.Second), err)
+			n.opts.Logf("v2node: still waiting for %s after %v: %v\n%s", what, time.Since(start).Round(time.Second), err, n.progress(ctx))
 			last = time.Now()
 		}
 		select {
