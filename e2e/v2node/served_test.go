@@ -55,7 +55,11 @@ func TestAgentServesPodInSystemdScope(t *testing.T) {
 		desc, _ := n.Kubectl(ctx, "-n", ns, "describe", "pods")
 		t.Fatalf("%v\n%s\n--- pods:\n%s", err, out, desc)
 	}
+	uninstalled := false
 	defer func() {
+		if uninstalled {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, strings.TrimSpace(string(helmBin)), "--kubeconfig", n.Kubeconfig(), "uninstall", release, "-n", ns, "--wait", "--timeout", "4m")
@@ -161,6 +165,30 @@ echo "scope $(cat %[2]s/cgroup.type) subtree=$(cat %[2]s/cgroup.subtree_control)
 	}
 	if ev, err := n.Kubectl(ctx, "get", "events", "--field-selector", "involvedObject.name=fn,reason=CpuslotServing", "-o", "name"); err != nil || strings.TrimSpace(ev) == "" {
 		t.Errorf("no CpuslotServing event on the pod (%v)", err)
+	}
+
+	// helm uninstall (cleanupOnUninstall) with the pod still running: no
+	// cpuslot cgroup remains, and the container's scope is still systemd's.
+	t0 = time.Now()
+	uninstalled = true
+	if out, err := helm("uninstall", release, "-n", ns, "--wait", "--timeout", "4m"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	left := guest(t, ctx, n, `for i in $(seq 120); do
+	[ -z "$(find /sys/fs/cgroup/kubepods.slice -type d -name 'cpuslot-*' -print -quit)" ] && break
+	sleep 1
+done
+find /sys/fs/cgroup/kubepods.slice -type d -name 'cpuslot-*'`)
+	if left != "" {
+		t.Errorf("cpuslot cgroups left after helm uninstall:\n%s", left)
+	} else {
+		t.Logf("helm uninstall: no cpuslot cgroup left, %v after the command started", time.Since(t0).Round(time.Second))
+	}
+	if got := guest(t, ctx, n, "systemctl is-active cri-containerd-"+id+".scope || true"); got != "active" {
+		t.Errorf("cri-containerd-%s.scope is %q after the slots were removed", id[:12], got)
+	}
+	if _, err := n.Kubectl(ctx, "exec", "fn", "--", "/probe", "info"); err != nil {
+		t.Errorf("kubectl exec after the slots were removed: %v", err)
 	}
 }
 
