@@ -57,7 +57,7 @@ E2E_IMAGE_PREFIX ?= docker.io/cpuslot
 # make images also builds the Java runtime image when that target exists.
 RUNTIME_IMAGE    := $(shell grep -qE '^runtime-image:' $(firstword $(MAKEFILE_LIST)) && echo runtime-image)
 
-.PHONY: images e2e e2e-deps
+.PHONY: images e2e e2e-deps e2e-v2node
 
 images: build $(RUNTIME_IMAGE)
 	mkdir -p $(IMAGES_DIR)
@@ -79,8 +79,15 @@ e2e-deps:
 
 # -p 1: one e2e package at a time (each brings up the one cluster the
 # machine can hold; e2e/cluster also serialises with a lock).
+# The v2/systemd node (e2e/v2node, an emulated VM) has its own target for
+# now: e2e-v2node.
 e2e: e2e-deps images
-	CPUSLOT_E2E=1 $(GO) test ./e2e/... -count=1 -timeout 40m -v -p 1
+	CPUSLOT_E2E=1 $(GO) test $$($(GO) list ./e2e/... | grep -v /e2e/v2node) -count=1 -timeout 40m -v -p 1
+
+# cgroup v2 + systemd + containerd 2 + the newest Kubernetes, in the VM.
+e2e-v2node: images
+	bash hack/v2node-deps.sh
+	CPUSLOT_E2E=1 $(GO) test ./e2e/v2node -count=1 -timeout 40m -v
 
 # --- Helm chart and plain manifests (charts/cpuslot, deploy/) ----------------
 # helm is built once from the Go module proxy and cached (hack/helm.sh).

@@ -16,6 +16,8 @@
 #   $CACHE/modules/  the kernel modules for 9p shares (9p over virtio-pci)
 #                    and their dependencies, as NAME.ko, with "order" (the
 #                    names in load order) and "kernel-version"
+#   $CACHE/node-modules/  the same for test/vm's systemd boot (System): 9p,
+#                    overlay, autofs4, virtio_net, veth
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -104,11 +106,28 @@ download() {
 #
 # Modules the shares need; their dependencies are added from the modules'
 # own "depends=" (the package has no modules.dep: depmod makes it at install).
-share_modules=(virtio_pci 9pnet_virtio 9p)
+#
+# Two sets, each with its dependencies in a directory of its own:
+#   modules/       what test/vm's shares need;
+#   node-modules/  what test/vm's systemd boot (System) needs: the 9p root,
+#                  overlayfs (the writable root, containerd's snapshotter),
+#                  autofs4 (systemd), virtio_net (qemu user networking),
+#                  veth (the pods' network).
+module_sets=(
+	"modules:virtio_pci 9pnet_virtio 9p"
+	"node-modules:virtio_pci 9pnet_virtio 9p overlay autofs4 virtio_net veth"
+)
 modules_current() {
-	[ -s "$cache/modules/order" ] && [ -s "$cache/kernel-version" ] &&
-		cmp -s "$cache/kernel-version" "$cache/modules/kernel-version"
+	local m
+	[ -s "$modules_dir/order" ] && [ -s "$cache/kernel-version" ] &&
+		cmp -s "$cache/kernel-version" "$modules_dir/kernel-version" || return 1
+	for m in "${share_modules[@]}"; do
+		grep -qx "${m//-/_}" "$modules_dir/order" || return 1
+	done
 }
+for set in "${module_sets[@]}"; do
+modules_dir="$cache/${set%%:*}"
+read -r -a share_modules <<<"${set#*:}"
 if [ ! -s "$cache/vmlinuz" ] || ! modules_current; then
 	kpkg=""
 	if [ -s "$cache/vmlinuz" ] && [ -s "$cache/kernel-version" ]; then
@@ -188,18 +207,19 @@ if [ ! -s "$cache/vmlinuz" ] || ! modules_current; then
 	for m in "${share_modules[@]}"; do
 		visit "$m"
 	done
-	rm -rf "$cache/modules.tmp"
-	mkdir -p "$cache/modules.tmp"
+	rm -rf "$modules_dir.tmp"
+	mkdir -p "$modules_dir.tmp"
 	for n in "${order[@]}"; do
-		modcat "${modfile[$n]}" >"$cache/modules.tmp/$n.ko"
-		echo "$n" >>"$cache/modules.tmp/order"
+		modcat "${modfile[$n]}" >"$modules_dir.tmp/$n.ko"
+		echo "$n" >>"$modules_dir.tmp/order"
 	done
-	echo "vmlinuz-$kver" >"$cache/modules.tmp/kernel-version"
-	rm -rf "$cache/modules"
-	mv "$cache/modules.tmp" "$cache/modules"
-	log "kept modules for 9p shares: ${order[*]} ($(du -sh "$cache/modules" | cut -f1))"
+	echo "vmlinuz-$kver" >"$modules_dir.tmp/kernel-version"
+	rm -rf "$modules_dir"
+	mv "$modules_dir.tmp" "$modules_dir"
+	log "kept modules ${share_modules[*]} with their dependencies: ${order[*]} ($(du -sh "$modules_dir" | cut -f1))"
 	rm -rf "$dir"
 fi
+done
 
 # 2b. The uncompressed kernel. Debian compresses it with xz; the ELF inside
 #     the bzImage starts at the first xz stream (what the kernel's
@@ -236,4 +256,4 @@ fi
 
 kernel="$cache/vmlinuz"
 [ -s "$cache/vmlinux" ] && kernel="$cache/vmlinux"
-log "ready: $kernel ($(cat "$cache/kernel-version" 2>/dev/null || echo '?')), $cache/busybox, $cache/modules, $(command -v qemu-system-x86_64)"
+log "ready: $kernel ($(cat "$cache/kernel-version" 2>/dev/null || echo '?')), $cache/busybox, $cache/modules, $cache/node-modules, $(command -v qemu-system-x86_64)"

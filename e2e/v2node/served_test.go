@@ -1,0 +1,220 @@
+package v2node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cpuslot/cpuslot/e2e/cluster"
+	"github.com/cpuslot/cpuslot/test/vm"
+)
+
+// TestAgentServesPodInSystemdScope: the chart installs the agent on the v2
+// node; a pod that opts in by annotation gets its socket and threaded
+// cpuslot-* slots inside its container's cri-containerd-<id>.scope, which
+// becomes "domain threaded"; systemd keeps the scope's unit; kubectl exec
+// into the served container still works (runc exec into a domain threaded
+// cgroup).
+func TestAgentServesPodInSystemdScope(t *testing.T) {
+	n := need(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	defer cancel()
+	agentTar := filepath.Join(n.RepoDir(), "bin", "images", "node-agent.tar")
+	if err := n.ImportImage(ctx, agentTar); err != nil {
+		t.Fatalf("%v (make images writes it)", err)
+	}
+	helmBin, err := exec.Command("bash", filepath.Join(n.RepoDir(), "hack", "helm.sh")).Output()
+	if err != nil {
+		t.Fatalf("hack/helm.sh: %v", err)
+	}
+	helm := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, strings.TrimSpace(string(helmBin)), append([]string{"--kubeconfig", n.Kubeconfig()}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return string(out), fmt.Errorf("helm %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return string(out), nil
+	}
+	const ns, release = "cpuslot-system", "cpuslot"
+	repo, tag, _ := strings.Cut(cluster.AgentImage, ":")
+	t0 := time.Now()
+	// No kube-proxy on this node: the agent reaches the API server at the
+	// node's address.
+	if out, err := helm("install", release, filepath.Join(n.RepoDir(), "charts", "cpuslot"),
+		"--namespace", ns, "--create-namespace",
+		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
+		"--set", "kubernetes.containerdSocket="+ContainerdSocket,
+		"--set", "apiServer.host="+vm.GuestIP, "--set", fmt.Sprintf("apiServer.port=%d", apiPort),
+		"--set", "cleanupOnUninstall=true", "--set", "logLevel=debug",
+		"--wait", "--timeout", "8m"); err != nil {
+		desc, _ := n.Kubectl(ctx, "-n", ns, "describe", "pods")
+		t.Fatalf("%v\n%s\n--- pods:\n%s", err, out, desc)
+	}
+	uninstalled := false
+	defer func() {
+		if uninstalled {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, strings.TrimSpace(string(helmBin)), "--kubeconfig", n.Kubeconfig(), "uninstall", release, "-n", ns, "--wait", "--timeout", "4m")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("helm uninstall: %v: %s", err, out)
+		}
+	}()
+	if out, err := n.Kubectl(ctx, "-n", ns, "rollout", "status", "daemonset/"+release, "--timeout=8m"); err != nil {
+		desc, _ := n.Kubectl(ctx, "-n", ns, "describe", "pods")
+		t.Fatalf("%v\n%s\n--- pods:\n%s", err, out, desc)
+	}
+	t.Logf("helm install: agent DaemonSet Ready %v after the command started (emulated node)", time.Since(t0).Round(time.Second))
+
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: fn
+  namespace: default
+  annotations:
+    cpuslot.dev/enabled: "true"
+    cpuslot.dev/prewarm: "250m=2,500m=1"
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - name: cpuslot
+    emptyDir: {}
+  containers:
+  - name: fn
+    image: %s
+    imagePullPolicy: Never
+    args: ["serve"]
+    env:
+    - name: CPUSLOT_SOCKET
+      value: /run/cpuslot/agent.sock
+    volumeMounts:
+    - name: cpuslot
+      mountPath: /run/cpuslot
+    resources:
+      requests: {cpu: 500m, memory: 32Mi}
+      limits: {cpu: "1", memory: 64Mi}
+`, cluster.ProbeImage)
+	f := filepath.Join(t.TempDir(), "fn.yaml")
+	if err := os.WriteFile(f, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Kubectl(ctx, "apply", "-f", f); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Kubectl(context.WithoutCancel(ctx), "delete", "pod", "fn", "--wait=false")
+	if _, err := n.Kubectl(ctx, "wait", "--for=condition=Ready", "pod/fn", "--timeout=8m"); err != nil {
+		desc, _ := n.Kubectl(ctx, "describe", "pod", "fn")
+		t.Fatalf("%v\n%s", err, desc)
+	}
+	scope, uid, id := containerScope(t, ctx, n, "default", "fn")
+
+	// The agent makes the socket and the pre-warmed slots (3) in the scope.
+	sock := "/var/lib/kubelet/pods/" + uid + "/volumes/kubernetes.io~empty-dir/cpuslot/agent.sock"
+	script := fmt.Sprintf(`for i in $(seq 300); do
+	[ -S %[1]s ] && [ "$(ls -d %[2]s/cpuslot-* 2>/dev/null | wc -l)" -ge 3 ] && break
+	sleep 1
+done
+[ -S %[1]s ] || { echo "no socket %[1]s"; exit 1; }
+for s in %[2]s/cpuslot-*; do echo "$(basename $s) $(cat $s/cgroup.type) $(cat $s/cpu.max)"; done
+echo "scope $(cat %[2]s/cgroup.type) subtree=$(cat %[2]s/cgroup.subtree_control)"
+`, sock, scope)
+	out, code, err := n.Exec(ctx, script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 {
+		logs, _ := n.Kubectl(ctx, "-n", ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=40")
+		ev, _ := n.Kubectl(ctx, "get", "events", "--field-selector", "involvedObject.name=fn")
+		t.Fatalf("pod fn not served within 300 s: %s\n--- agent logs:\n%s\n--- events:\n%s", out, logs, ev)
+	}
+	t.Logf("slots in %s:\n%s", scope, out)
+	slots := 0
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 2 && strings.HasPrefix(f[0], "cpuslot-"):
+			slots++
+			if f[1] != "threaded" {
+				t.Errorf("slot %s is %q, want threaded", f[0], f[1])
+			}
+		case len(f) >= 3 && f[0] == "scope":
+			if f[1]+" "+f[2] != "domain threaded" {
+				t.Errorf("scope cgroup.type %q, want domain threaded", f[1]+" "+f[2])
+			}
+		}
+	}
+	if slots < 3 {
+		t.Errorf("%d slots, want at least 3", slots)
+	}
+	// systemd still has the scope unit, active.
+	if got := guest(t, ctx, n, "systemctl is-active cri-containerd-"+id+".scope || true"); got != "active" {
+		t.Errorf("cri-containerd-%s.scope is %q after the slots were made", id[:12], got)
+	}
+	// runc exec into the domain threaded scope: kubectl exec still works.
+	if out, err := n.Kubectl(ctx, "exec", "fn", "--", "/probe", "info"); err != nil {
+		t.Errorf("kubectl exec into the served container: %v", err)
+	} else {
+		t.Logf("kubectl exec into the served container: %s", strings.TrimSpace(out))
+	}
+	if ev, err := n.Kubectl(ctx, "get", "events", "--field-selector", "involvedObject.name=fn,reason=CpuslotServing", "-o", "name"); err != nil || strings.TrimSpace(ev) == "" {
+		t.Errorf("no CpuslotServing event on the pod (%v)", err)
+	}
+
+	// helm uninstall (cleanupOnUninstall) with the pod still running: no
+	// cpuslot cgroup remains, and the container's scope is still systemd's.
+	t0 = time.Now()
+	uninstalled = true
+	if out, err := helm("uninstall", release, "-n", ns, "--wait", "--timeout", "4m"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	left := guest(t, ctx, n, `for i in $(seq 120); do
+	[ -z "$(find /sys/fs/cgroup/kubepods.slice -type d -name 'cpuslot-*' -print -quit)" ] && break
+	sleep 1
+done
+find /sys/fs/cgroup/kubepods.slice -type d -name 'cpuslot-*'`)
+	if left != "" {
+		t.Errorf("cpuslot cgroups left after helm uninstall:\n%s", left)
+	} else {
+		t.Logf("helm uninstall: no cpuslot cgroup left, %v after the command started", time.Since(t0).Round(time.Second))
+	}
+	if got := guest(t, ctx, n, "systemctl is-active cri-containerd-"+id+".scope || true"); got != "active" {
+		t.Errorf("cri-containerd-%s.scope is %q after the slots were removed", id[:12], got)
+	}
+	if _, err := n.Kubectl(ctx, "exec", "fn", "--", "/probe", "info"); err != nil {
+		t.Errorf("kubectl exec after the slots were removed: %v", err)
+	}
+}
+
+// containerScope returns the systemd scope cgroup (a guest path) of the
+// first container of pod ns/name, the pod's UID and the container's ID.
+func containerScope(t *testing.T, ctx context.Context, n *Node, ns, name string) (scope, uid, id string) {
+	t.Helper()
+	out, err := n.Kubectl(ctx, "-n", ns, "get", "pod", name, "-o", "jsonpath={.metadata.uid} {.status.qosClass} {.status.containerStatuses[0].containerID}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var qos, cid string
+	if _, err := fmt.Sscan(out, &uid, &qos, &cid); err != nil {
+		t.Fatalf("pod status %q: %v", out, err)
+	}
+	id, ok := strings.CutPrefix(cid, "containerd://")
+	if !ok {
+		t.Fatalf("container ID %q is not containerd's", cid)
+	}
+	// Guaranteed pods sit directly in kubepods.slice.
+	uidU := strings.ReplaceAll(uid, "-", "_")
+	podSlice := "kubepods-pod" + uidU + ".slice"
+	parent := "/sys/fs/cgroup/kubepods.slice"
+	if q := strings.ToLower(qos); q != "guaranteed" {
+		podSlice = fmt.Sprintf("kubepods-%s-pod%s.slice", q, uidU)
+		parent += "/kubepods-" + q + ".slice"
+	}
+	return fmt.Sprintf("%s/%s/cri-containerd-%s.scope", parent, podSlice, id), uid, id
+}

@@ -1,0 +1,548 @@
+package vm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A System is a running guest that boots the host's own userland with
+// systemd as PID 1, the way a cgroup v2 node boots: the host's root is the
+// read-only lower layer of an overlay whose upper layer is a tmpfs, so the
+// guest can write anywhere and the host is never changed. systemd mounts
+// cgroup2 itself (nsdelegate,memory_recursiveprot).
+//
+// The guest boots SystemOptions.Target, a small target of the caller's; this
+// package adds a control shell on the second serial port (Exec) and, with
+// SystemOptions.Forward, the network. No other unit starts unless something
+// pulls it in.
+type System struct {
+	cmd     *exec.Cmd
+	tmp     string
+	unlock  func()
+	done    chan struct{}
+	waitErr error
+	start   time.Time
+
+	consoleMu sync.Mutex
+	console   bytes.Buffer
+	setupFail string
+
+	ctlMu   sync.Mutex
+	ctl     net.Conn
+	ctlR    *bufio.Reader
+	nonce   string
+	execSeq int
+	ready   bool
+}
+
+// SystemOptions describe a System boot.
+type SystemOptions struct {
+	// Target is the unit systemd boots (systemd.unit=), e.g.
+	// "v2node.target"; Etc must define it, with AllowIsolate=yes.
+	Target string
+	// Etc maps paths relative to /etc to file contents, written over the
+	// host's /etc in the guest (units under "systemd/system/...", configs).
+	Etc map[string]string
+	// Tmpfs lists guest directories that get a tmpfs of their own before
+	// systemd starts: an overlayfs cannot be the upper layer of another
+	// one, so e.g. containerd's overlayfs snapshotter needs one.
+	Tmpfs []string
+	// Forward maps TCP ports on the host's 127.0.0.1 to guest ports, over
+	// qemu user networking (restricted: the guest reaches nothing outside).
+	// The guest's address is GuestIP. Without forwards the guest has no
+	// network interface but lo.
+	Forward map[int]int
+	// MemoryMB is the guest memory (default 3072); CPUs the number of
+	// virtual CPUs (default 2).
+	MemoryMB int
+	CPUs     int
+	// KernelArgs are appended to the kernel command line.
+	KernelArgs []string
+	// Console, if set, receives the serial console (kernel and systemd)
+	// as it comes.
+	Console io.Writer
+}
+
+const (
+	// GuestIP is the guest's address on qemu's user network; the host is
+	// GuestGateway there.
+	GuestIP      = "10.0.2.15"
+	GuestGateway = "10.0.2.2"
+	// systemModulesDir is where hack/v2node-deps.sh keeps the modules a
+	// System boot loads (9p, overlay, autofs4, virtio_net, veth).
+	systemModulesDir = "node-modules"
+	markerExecBegin  = "@@CPUSLOT-VM-EXEC-BEGIN:"
+	markerExecEnd    = "@@CPUSLOT-VM-EXEC-END:"
+	markerShellReady = "@@CPUSLOT-VM-SHELL-READY@@"
+)
+
+// SystemAvailable reports whether a System can boot here: the VM, and the
+// modules hack/v2node-deps.sh keeps.
+func SystemAvailable() error {
+	p, err := findPaths()
+	if err != nil {
+		return err
+	}
+	_, err = systemModules(p.cache)
+	return err
+}
+
+// RequireSystem is Require for tests that boot a System: it also needs the
+// modules hack/v2node-deps.sh keeps.
+func RequireSystem(t testing.TB) {
+	t.Helper()
+	Require(t)
+	if err := SystemAvailable(); err != nil {
+		if os.Getenv(EnvRequireVM) == "1" {
+			t.Fatalf("%v (%s=1, so not skipping)", err, EnvRequireVM)
+		}
+		t.Skip(err)
+	}
+}
+
+func systemModules(cache string) ([]string, error) {
+	dir := filepath.Join(cache, systemModulesDir)
+	order, err := os.ReadFile(filepath.Join(dir, "order"))
+	if err != nil {
+		return nil, fmt.Errorf("vm: a systemd boot needs the modules in %s; run hack/v2node-deps.sh (as root)", dir)
+	}
+	kv, _ := os.ReadFile(filepath.Join(cache, "kernel-version"))
+	mkv, _ := os.ReadFile(filepath.Join(dir, "kernel-version"))
+	if len(kv) == 0 || !bytes.Equal(bytes.TrimSpace(kv), bytes.TrimSpace(mkv)) {
+		return nil, fmt.Errorf("vm: the modules in %s are not those of the kernel; run hack/v2node-deps.sh", dir)
+	}
+	var files []string
+	for _, name := range strings.Fields(string(order)) {
+		files = append(files, filepath.Join(dir, name+".ko"))
+	}
+	return files, nil
+}
+
+// StartSystem boots the guest and returns once qemu runs; WaitReady waits
+// for the control shell. The caller must Stop it. Boots are serialized with
+// every other VM boot (Run) for the System's whole life.
+func StartSystem(ctx context.Context, opts SystemOptions) (s *System, err error) {
+	if opts.Target == "" || strings.ContainsAny(opts.Target, " \n/") {
+		return nil, fmt.Errorf("vm: SystemOptions.Target %q is not a unit name", opts.Target)
+	}
+	p, err := findPaths()
+	if err != nil {
+		return nil, err
+	}
+	mods, err := systemModules(p.cache)
+	if err != nil {
+		return nil, err
+	}
+	if opts.MemoryMB == 0 {
+		opts.MemoryMB = 3072
+	}
+	if opts.CPUs == 0 {
+		opts.CPUs = 2
+	}
+	nonce := make([]byte, 8)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	s = &System{nonce: hex.EncodeToString(nonce), done: make(chan struct{})}
+	s.tmp, err = os.MkdirTemp("", "cpuslot-vm-system-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(s.tmp)
+		}
+	}()
+
+	// The guest's /etc additions travel in the initramfs under /system/etc.
+	etc := map[string]string{}
+	for k, v := range opts.Etc {
+		etc[k] = v
+	}
+	for k, v := range systemUnits(opts) {
+		if _, dup := etc[k]; dup {
+			return nil, fmt.Errorf("vm: SystemOptions.Etc[%q] is this package's", k)
+		}
+		etc[k] = v
+	}
+	files := map[string]string{}
+	names := make([]string, 0, len(etc))
+	for k := range etc {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for i, k := range names {
+		if c := path.Clean(k); c != k || path.IsAbs(k) || strings.HasPrefix(k, "../") || k == ".." {
+			return nil, fmt.Errorf("vm: SystemOptions.Etc[%q] is not a clean relative path", k)
+		}
+		host := filepath.Join(s.tmp, "etc-"+strconv.Itoa(i))
+		if err := os.WriteFile(host, []byte(etc[k]), 0o644); err != nil {
+			return nil, err
+		}
+		files["/system/etc/"+k] = host
+	}
+	var guestMods []string
+	for _, m := range mods {
+		g := guestModuleDir + "/" + filepath.Base(m)
+		files[g] = m
+		guestMods = append(guestMods, g)
+	}
+	for _, d := range opts.Tmpfs {
+		if _, err := cleanGuestPath(d); err != nil || d == "/" {
+			return nil, fmt.Errorf("vm: SystemOptions.Tmpfs: %q: %v", d, err)
+		}
+	}
+	initrd := filepath.Join(s.tmp, "initrd.gz")
+	if err := writeInitramfs(initrd, p.busybox, systemInitScript(s.nonce, guestMods, opts.Tmpfs), files, nil); err != nil {
+		return nil, err
+	}
+
+	s.unlock, err = lockBoot(ctx, filepath.Join(p.cache, "qemu.lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			s.unlock()
+		}
+	}()
+
+	ctlSock := filepath.Join(s.tmp, "ctl.sock")
+	cmdline := append([]string{
+		"console=ttyS0", "panic=-1",
+		"systemd.unified_cgroup_hierarchy=1",
+		"systemd.unit=" + opts.Target,
+		"systemd.show_status=1",
+		"systemd.log_color=0",
+	}, opts.KernelArgs...)
+	args := []string{
+		"-m", strconv.Itoa(opts.MemoryMB),
+		"-smp", strconv.Itoa(opts.CPUs),
+		"-display", "none", "-monitor", "none", "-no-reboot",
+		"-serial", "stdio",
+		"-serial", "unix:" + ctlSock + ",server=on,wait=off",
+		"-kernel", p.kernel,
+		"-initrd", initrd,
+		"-append", strings.Join(cmdline, " "),
+		// The host's root, read-only (qemu opens files as the test's user).
+		"-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
+		"-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
+	}
+	if len(opts.Forward) == 0 {
+		args = append(args, "-nic", "none")
+	} else {
+		nic := "user,model=virtio-net-pci,restrict=on"
+		hosts := make([]int, 0, len(opts.Forward))
+		for h := range opts.Forward {
+			hosts = append(hosts, h)
+		}
+		sort.Ints(hosts)
+		for _, h := range hosts {
+			nic += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", h, opts.Forward[h])
+		}
+		args = append(args, "-nic", nic)
+	}
+	s.cmd = exec.Command(p.qemu, args...)
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var stderr bytes.Buffer
+	s.cmd.Stderr = &stderr
+	stdout, err := s.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	s.start = time.Now()
+	if err := s.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting qemu: %w", err)
+	}
+	consoleDone := make(chan struct{})
+	go func() {
+		defer close(consoleDone)
+		s.readConsole(stdout, opts.Console)
+	}()
+	go func() {
+		<-consoleDone
+		err := s.cmd.Wait()
+		if err != nil && stderr.Len() > 0 {
+			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+		}
+		s.waitErr = err
+		close(s.done)
+	}()
+	// qemu creates the control socket before the guest runs.
+	for {
+		c, err := net.Dial("unix", ctlSock)
+		if err == nil {
+			s.ctl, s.ctlR = c, bufio.NewReaderSize(c, 64<<10)
+			break
+		}
+		select {
+		case <-s.done:
+			s.unlock()
+			return nil, fmt.Errorf("vm: qemu exited before its control socket was up: %v", s.waitErr)
+		case <-ctx.Done():
+			s.kill()
+			return nil, fmt.Errorf("vm: connecting to qemu's control socket: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return s, nil
+}
+
+func (s *System) readConsole(r io.Reader, stream io.Writer) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	fail := markerFail + s.nonce + " "
+	for {
+		line, err := br.ReadString('\n')
+		if line != "" {
+			s.consoleMu.Lock()
+			s.console.WriteString(line)
+			if i := strings.Index(line, fail); i >= 0 && s.setupFail == "" {
+				s.setupFail = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(line[i+len(fail):]), "@@"))
+			}
+			s.consoleMu.Unlock()
+			if stream != nil {
+				io.WriteString(stream, line)
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// ConsoleTail returns the last n lines of the serial console.
+func (s *System) ConsoleTail(n int) string {
+	s.consoleMu.Lock()
+	defer s.consoleMu.Unlock()
+	return tail(s.console.String(), n)
+}
+
+// Uptime is the time since qemu started.
+func (s *System) Uptime() time.Duration { return time.Since(s.start) }
+
+// Done is closed when qemu has exited.
+func (s *System) Done() <-chan struct{} { return s.done }
+
+// WaitReady waits until the control shell answers: systemd is up and has
+// started the shell unit. The error says why it is not (setup failure, qemu
+// exit, ctx) with the console's tail.
+func (s *System) WaitReady(ctx context.Context) error {
+	s.ctlMu.Lock()
+	defer s.ctlMu.Unlock()
+	if s.ready {
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() { s.ctl.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	for {
+		line, err := s.ctlR.ReadString('\n')
+		if strings.Contains(line, markerShellReady) {
+			s.ready = true
+			s.ctl.SetReadDeadline(time.Time{})
+			return nil
+		}
+		if err != nil {
+			return s.why("waiting for the guest's control shell", ctx, err)
+		}
+	}
+}
+
+// why explains a failed wait: setup failure, qemu gone, or ctx.
+func (s *System) why(what string, ctx context.Context, err error) error {
+	s.consoleMu.Lock()
+	fail := s.setupFail
+	s.consoleMu.Unlock()
+	select {
+	case <-s.done:
+		err = fmt.Errorf("qemu exited after %v (%v)", s.Uptime().Round(time.Second), s.waitErr)
+	default:
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w after %v", ctx.Err(), s.Uptime().Round(time.Second))
+		}
+	}
+	if fail != "" {
+		err = fmt.Errorf("guest setup failed: %s (%v)", fail, err)
+	}
+	return fmt.Errorf("vm: %s: %w; console tail:\n%s", what, err, s.ConsoleTail(40))
+}
+
+// Exec runs script with bash as root in the guest (stdin /dev/null) and
+// returns its output (stdout and stderr interleaved) and exit code. An error
+// means it did not run to its end: the shell is not ready, qemu exited, or
+// ctx expired (the script may still be running in the guest then; a later
+// Exec skips its output).
+func (s *System) Exec(ctx context.Context, script string) (string, int, error) {
+	if err := s.WaitReady(ctx); err != nil {
+		return "", -1, err
+	}
+	s.ctlMu.Lock()
+	defer s.ctlMu.Unlock()
+	s.execSeq++
+	id := s.nonce + "-" + strconv.Itoa(s.execSeq)
+	stop := context.AfterFunc(ctx, func() { s.ctl.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	defer s.ctl.SetReadDeadline(time.Time{})
+	if _, err := fmt.Fprintf(s.ctl, "%s %s\n", id, base64.StdEncoding.EncodeToString([]byte(script))); err != nil {
+		return "", -1, s.why("sending a command to the guest", ctx, err)
+	}
+	begin, end := markerExecBegin+id+"@@", markerExecEnd+id+" rc="
+	var out strings.Builder
+	begun := false
+	for {
+		line, err := s.ctlR.ReadString('\n')
+		if !begun {
+			// Output of an earlier command that timed out, if any.
+			begun = strings.Contains(line, begin)
+		} else if i := strings.Index(line, end); i >= 0 {
+			out.WriteString(line[:i])
+			rest := strings.TrimSpace(line[i+len(end):])
+			code, cerr := strconv.Atoi(strings.TrimSuffix(rest, "@@"))
+			if cerr != nil {
+				return out.String(), -1, fmt.Errorf("vm: garbled end marker %q", line)
+			}
+			return out.String(), code, nil
+		} else {
+			out.WriteString(line)
+		}
+		if err != nil {
+			return out.String(), -1, s.why("running a command in the guest", ctx, err)
+		}
+	}
+}
+
+// Stop kills qemu (the guest's state is a tmpfs: nothing to save) and
+// waits for it; it is safe to call more than once.
+func (s *System) Stop() error {
+	s.kill()
+	return nil
+}
+
+func (s *System) kill() {
+	select {
+	case <-s.done:
+	default:
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+			s.cmd.Process.Kill()
+			<-s.done
+		}
+	}
+	if s.ctl != nil {
+		s.ctl.Close()
+	}
+	if s.unlock != nil {
+		s.unlock()
+		s.unlock = nil
+	}
+	os.RemoveAll(s.tmp)
+}
+
+// systemInitScript returns the initramfs's /init for a System boot: load the
+// modules, mount the host's root read-only with a tmpfs overlay, copy the
+// caller's /etc files in, hand over to systemd.
+func systemInitScript(nonce string, modules, tmpfs []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `#!/bin/sh
+# /init generated by github.com/cpuslot/cpuslot/test/vm (systemd boot).
+fail() {
+	echo "%[1]s%[2]s $*@@"
+	poweroff -f
+	sleep 60
+}
+mount -t proc proc /proc || fail "mount proc"
+mount -t sysfs sysfs /sys || fail "mount sysfs"
+mount -t devtmpfs devtmpfs /dev || fail "mount devtmpfs"
+`, markerFail, nonce)
+	for _, m := range modules {
+		fmt.Fprintf(&b, "insmod %[1]s || fail %[2]s\n", shellQuote(m), shellQuote("insmod "+path.Base(m)))
+	}
+	fmt.Fprintf(&b, `mkdir -p /lower /rw /newroot
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=%[1]d,cache=%[2]s hostroot /lower || fail "mount the host root"
+mount -t tmpfs -o mode=755 tmpfs /rw || fail "mount the overlay's tmpfs"
+mkdir -p /rw/upper /rw/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot || fail "mount the overlay"
+# A container's marker files make systemd think it runs in a container: it
+# would ignore systemd.unit= and boot the default target.
+rm -f /newroot/.dockerenv /newroot/run/.containerenv
+cp -a /system/etc/. /newroot/etc/ || fail "copy /etc files"
+`, shareMsize, shareCache)
+	for _, d := range tmpfs {
+		fmt.Fprintf(&b, "mkdir -p /newroot%[1]s && mount -t tmpfs -o mode=755 tmpfs /newroot%[1]s || fail %[2]s\n",
+			shellQuote(d), shellQuote("tmpfs on "+d))
+	}
+	b.WriteString(`mount --move /proc /newroot/proc && mount --move /sys /newroot/sys && mount --move /dev /newroot/dev || fail "move mounts"
+exec switch_root /newroot /lib/systemd/systemd
+`)
+	return b.String()
+}
+
+// systemUnits returns this package's /etc files: the control shell (and
+// the network, with forwards), pulled in by the caller's target.
+func systemUnits(opts SystemOptions) map[string]string {
+	wants := "cpuslot-vm-shell.service"
+	etc := map[string]string{
+		// Debian's tmp.conf (D /tmp) would empty /tmp through the overlay:
+		// slow, and it hides the host's /tmp.
+		"tmpfiles.d/tmp.conf": "",
+		"cpuslot-vm/shell.sh": fmt.Sprintf(`#!/bin/sh
+# The control shell: one command a line ("ID BASE64"), run by bash, output
+# and markers on the second serial port.
+tty=/dev/ttyS1
+stty -F $tty raw -echo || exit 1
+exec <$tty >$tty 2>&1
+echo "%[1]s"
+while IFS=' ' read -r id b64; do
+	[ -n "$id" ] || continue
+	printf '%%s' "$b64" | base64 -d >/run/cpuslot-vm-cmd.sh
+	echo "%[2]s$id@@"
+	bash /run/cpuslot-vm-cmd.sh </dev/null
+	rc=$?
+	echo
+	echo "%[3]s$id rc=$rc@@"
+done
+`, markerShellReady, markerExecBegin, markerExecEnd),
+		"systemd/system/cpuslot-vm-shell.service": `[Unit]
+Description=test/vm control shell on ttyS1
+DefaultDependencies=no
+
+[Service]
+ExecStart=/bin/sh /etc/cpuslot-vm/shell.sh
+Restart=always
+RestartSec=1
+`,
+	}
+	if len(opts.Forward) > 0 {
+		wants += " cpuslot-vm-net.service"
+		etc["systemd/system/cpuslot-vm-net.service"] = fmt.Sprintf(`[Unit]
+Description=test/vm network (qemu user networking)
+DefaultDependencies=no
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -ec 'ip link set lo up; dev=$(ls /sys/class/net | grep -vx lo | head -n1); ip link set "$dev" up; ip addr add %[1]s/24 dev "$dev"; ip route add default via %[2]s'
+`, GuestIP, GuestGateway)
+	}
+	etc["systemd/system/"+opts.Target+".d/cpuslot-vm.conf"] = "[Unit]\nWants=" + wants + "\n"
+	return etc
+}
