@@ -96,7 +96,7 @@ type binaries struct {
 
 // Up boots the node and returns when it is Ready, the images are imported
 // and the default service account exists. On error everything is torn down.
-func Up(ctx context.Context, opts Options) (n *Node, err error) {
+func Up(ctx context.Context, opts Options) (_ *Node, err error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
@@ -113,7 +113,7 @@ func Up(ctx context.Context, opts Options) (n *Node, err error) {
 	if err := vm.SystemAvailable(); err != nil {
 		return nil, err
 	}
-	n = &Node{opts: opts, bins: bins}
+	n := &Node{opts: opts, bins: bins}
 	n.kubectl, err = exec.LookPath("kubectl")
 	if err != nil {
 		n.kubectl = filepath.Join(bins.kube, "kubectl")
@@ -183,6 +183,9 @@ func Up(ctx context.Context, opts Options) (n *Node, err error) {
 // Down stops the guest and removes the node's host directory. The guest's
 // state lived in its tmpfs: nothing else is left on the host.
 func (n *Node) Down() {
+	if n == nil {
+		return
+	}
 	if n.sys != nil {
 		n.sys.Stop()
 	}

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,17 +32,36 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	logger := log.New(os.Stderr, "", log.Ltime|log.Lmicroseconds)
-	// Leave a minute before go test's own -timeout kills the binary (no
-	// deferred code would run, qemu would die with it by Pdeathsig).
-	ctx := context.Background()
+	// An interrupted run, and one about to hit go test's own -timeout
+	// (which runs no deferred code), still take the node down: qemu would
+	// die with the test by Pdeathsig, but the node's host directories would
+	// stay.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var last <-chan time.Time
 	if d, ok := deadline(); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, d.Add(-time.Minute))
-		defer cancel()
+		last = time.After(time.Until(d.Add(-time.Minute)))
 	}
+	var up atomic.Pointer[Node]
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		select {
+		case sig := <-sigs:
+			logger.Printf("v2node: %v; taking the node down", sig)
+		case <-last:
+			logger.Printf("v2node: a minute before go test's -timeout; taking the node down")
+		}
+		cancel() // an Up in progress tears down what it started
+		if n := up.Load(); n != nil {
+			n.Down()
+			os.Exit(1)
+		}
+	}()
 	start := time.Now()
 	node, upErr = Up(ctx, Options{Logf: logger.Printf})
 	upTook = time.Since(start)
+	up.Store(node)
 	if upErr == nil {
 		logger.Printf("v2node: up in %v (boot %v, node Ready %v after qemu started)",
 			upTook.Round(time.Second), node.Boot.Round(time.Second), node.Ready.Round(time.Second))
