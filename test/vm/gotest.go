@@ -8,8 +8,10 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -85,12 +87,23 @@ func testBinary(pkg string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(cache, "bin")
+	// One directory per test process: the cache is the machine's, and
+	// another checkout's tests may be building the same package, from
+	// other sources, at the same time. Directories of processes that are
+	// gone are removed.
+	bins := filepath.Join(cache, "bin")
+	if old, err := os.ReadDir(bins); err == nil {
+		for _, e := range old {
+			if pid, err := strconv.Atoi(e.Name()); err == nil && e.IsDir() && syscall.Kill(pid, 0) == syscall.ESRCH {
+				os.RemoveAll(filepath.Join(bins, e.Name()))
+			}
+		}
+	}
+	dir := filepath.Join(bins, strconv.Itoa(os.Getpid()))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	// Build under a private name, then rename: another process may be
-	// building the same package.
+	// Build under a private name, then rename.
 	name := strings.NewReplacer("/", "_", ".", "_").Replace(strings.TrimPrefix(pkg, modulePath+"/")) + ".test"
 	f, err := os.CreateTemp(dir, name+".*")
 	if err != nil {
