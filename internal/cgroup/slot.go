@@ -110,72 +110,75 @@ func (u Usage) Sub(v Usage) Usage {
 	return Usage{d(u.CPUNanos, v.CPUNanos), d(u.ThrottledNanos, v.ThrottledNanos), d(u.Periods, v.Periods), d(u.ThrottledPeriods, v.ThrottledPeriods)}
 }
 
-// Slot is one CPU cgroup inside a container with its files held open.
+// Slot is one CPU cgroup inside a container. It holds no fds: its files are
+// opened relative to the container's directory fds when needed.
 type Slot struct {
-	ID    uint32
-	c     *Container
-	dirs  []string
-	place []*os.File // cgroup.threads (v2) or tasks (v1, one per hierarchy)
-	stat  *os.File   // cpu.stat
-	acct  *os.File   // v1 cpuacct.usage
-	spec  Spec
-	// Raw descriptors, taken once: os.File.Fd puts a pollable file (cgroup
-	// files are) into blocking mode with a syscall on every call.
-	placeFDs, statFDs []int
-	statFD, acctFD    int
+	ID   uint32
+	c    *Container
+	name string
+	spec Spec
 }
 
-func (c *Container) openSlot(id uint32, dirs []string) (*Slot, error) {
-	s := &Slot{ID: id, c: c, dirs: dirs}
-	for _, d := range dirs {
-		f, err := os.OpenFile(filepath.Join(d, c.h.threadsFile()), os.O_WRONLY, 0)
-		if err != nil {
-			s.closeFiles()
-			return nil, fmt.Errorf("opening slot %s: %w", d, err)
-		}
-		s.place = append(s.place, f)
-	}
-	var err error
-	if s.stat, err = os.Open(filepath.Join(dirs[0], "cpu.stat")); err != nil {
-		s.closeFiles()
-		return nil, err
-	}
-	s.acctFD = -1
-	if c.h.Version == 1 {
-		acctDir := dirs[len(dirs)-1] // the cpuacct dir, or the joint cpu,cpuacct one
-		if s.acct, err = os.Open(filepath.Join(acctDir, "cpuacct.usage")); err != nil {
-			s.closeFiles()
-			return nil, err
-		}
-		s.acctFD = int(s.acct.Fd())
-	}
-	for _, f := range s.place {
-		s.placeFDs = append(s.placeFDs, int(f.Fd()))
-	}
-	s.statFD = int(s.stat.Fd())
-	s.statFDs = []int{s.statFD}
-	if s.acctFD >= 0 {
-		s.statFDs = append(s.statFDs, s.acctFD)
-	}
-	return s, nil
-}
+func (c *Container) slot(id uint32) *Slot { return &Slot{ID: id, c: c, name: SlotName(id)} }
 
 // Name is the slot's directory name.
-func (s *Slot) Name() string { return filepath.Base(s.dirs[0]) }
+func (s *Slot) Name() string { return s.name }
 
-// Dir is the slot's directory in the cpu hierarchy.
-func (s *Slot) Dir() string { return s.dirs[0] }
+// Dir is the slot's directory in the cpu hierarchy (for messages).
+func (s *Slot) Dir() string { return filepath.Join(s.c.dirs[0], s.name) }
 
 // Spec is what the slot currently enforces.
 func (s *Slot) Spec() Spec { return s.spec }
 
-// FDs are the placement file descriptors to hand to a client: writing "0"
-// to each moves the writing thread into the slot.
-func (s *Slot) FDs() []int { return s.placeFDs }
+// OpenFDs opens the fds to hand to a client: the placement fds (writing "0"
+// to each moves the writing thread into the slot), then read-only fds of the
+// counters (cpu.stat, then on v1 cpuacct.usage). The caller closes them.
+func (s *Slot) OpenFDs() ([]int, error) {
+	var fds []int
+	fail := func(err error) ([]int, error) {
+		closeFDs(fds)
+		return nil, s.c.gone(err)
+	}
+	for i := range s.c.dirs {
+		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.threadsFile(), unix.O_WRONLY)
+		if err != nil {
+			return fail(err)
+		}
+		fds = append(fds, fd)
+	}
+	stat, acct, err := s.openCounters()
+	if err != nil {
+		return fail(err)
+	}
+	fds = append(fds, stat)
+	if acct >= 0 {
+		fds = append(fds, acct)
+	}
+	return fds, nil
+}
 
-// StatFDs are read-only fds of the slot's counters for a client that
-// measures its own usage: cpu.stat, then (v1) cpuacct.usage.
-func (s *Slot) StatFDs() []int { return s.statFDs }
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// openCounters opens cpu.stat and (v1) cpuacct.usage; acct is -1 on v2.
+func (s *Slot) openCounters() (stat, acct int, err error) {
+	stat, err = s.c.openAt(0, s.name+"/cpu.stat", unix.O_RDONLY)
+	if err != nil {
+		return -1, -1, err
+	}
+	acct = -1
+	if s.c.h.Version == 1 {
+		// The cpuacct dir, or the joint cpu,cpuacct one.
+		if acct, err = s.c.openAt(len(s.c.dirs)-1, s.name+"/cpuacct.usage", unix.O_RDONLY); err != nil {
+			unix.Close(stat)
+			return -1, -1, err
+		}
+	}
+	return stat, acct, nil
+}
 
 var self = []byte("0")
 
@@ -188,9 +191,9 @@ func (s *Slot) Place(tid int) error {
 		b = strconv.AppendInt(make([]byte, 0, 12), int64(tid), 10)
 	}
 	var err error
-	for _, fd := range s.placeFDs {
-		if _, err = unix.Write(fd, b); err != nil {
-			err = fmt.Errorf("placing thread %d in %s: %w", tid, s.Name(), err)
+	for i := range s.c.dirs {
+		if err = s.c.writeAt(i, s.name+"/"+s.c.h.threadsFile(), string(b)); err != nil {
+			err = s.c.gone(fmt.Errorf("placing thread %d in %s: %w", tid, s.Name(), err))
 			break
 		}
 	}
@@ -212,7 +215,7 @@ func (s *Slot) apply(spec Spec, fresh bool) error {
 	err := s.write(spec, fresh)
 	s.c.observe(OpSetQuota, time.Since(start), err)
 	if err != nil {
-		return fmt.Errorf("setting %dm on %s: %w", spec.QuotaMilli, s.Name(), err)
+		return s.c.gone(fmt.Errorf("setting %dm on %s: %w", spec.QuotaMilli, s.Name(), err))
 	}
 	s.spec = spec
 	return nil
@@ -220,14 +223,13 @@ func (s *Slot) apply(spec Spec, fresh bool) error {
 
 func (s *Slot) write(spec Spec, fresh bool) error {
 	old := s.spec
-	d := s.dirs[0]
 	if s.c.h.Version == 2 {
 		if fresh || spec.QuotaMilli != old.QuotaMilli || spec.PeriodUS != old.PeriodUS || spec.Limit&LimitCap != old.Limit&LimitCap {
 			quota := "max"
 			if spec.Limit&LimitCap != 0 {
 				quota = strconv.FormatInt(spec.QuotaUS(), 10)
 			}
-			if err := writeFile(d, "cpu.max", quota+" "+strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
+			if err := s.writeFile("cpu.max", quota+" "+strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
 				return err
 			}
 		}
@@ -237,7 +239,7 @@ func (s *Slot) write(spec Spec, fresh bool) error {
 				w = weightV2(spec.QuotaMilli)
 			}
 			if !(fresh && w == 100) {
-				return writeFile(d, "cpu.weight", strconv.FormatInt(w, 10))
+				return s.writeFile("cpu.weight", strconv.FormatInt(w, 10))
 			}
 		}
 		return nil
@@ -246,12 +248,12 @@ func (s *Slot) write(spec Spec, fresh bool) error {
 		// A shorter period with the old quota in place could exceed the
 		// parent's ratio: drop the quota first.
 		if !fresh {
-			if err := writeFile(d, "cpu.cfs_quota_us", "-1"); err != nil {
+			if err := s.writeFile("cpu.cfs_quota_us", "-1"); err != nil {
 				return err
 			}
 			old.Limit &^= LimitCap
 		}
-		if err := writeFile(d, "cpu.cfs_period_us", strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
+		if err := s.writeFile("cpu.cfs_period_us", strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
 			return err
 		}
 	}
@@ -261,7 +263,7 @@ func (s *Slot) write(spec Spec, fresh bool) error {
 			quota = spec.QuotaUS()
 		}
 		if !(fresh && quota == -1) {
-			if err := writeFile(d, "cpu.cfs_quota_us", strconv.FormatInt(quota, 10)); err != nil {
+			if err := s.writeFile("cpu.cfs_quota_us", strconv.FormatInt(quota, 10)); err != nil {
 				return err
 			}
 		}
@@ -272,22 +274,27 @@ func (s *Slot) write(spec Spec, fresh bool) error {
 			sh = sharesV1(spec.QuotaMilli)
 		}
 		if !(fresh && sh == 1024) {
-			return writeFile(d, "cpu.shares", strconv.FormatInt(sh, 10))
+			return s.writeFile("cpu.shares", strconv.FormatInt(sh, 10))
 		}
 	}
 	return nil
 }
 
-func writeFile(dir, name, value string) error {
-	return os.WriteFile(filepath.Join(dir, name), []byte(value), 0)
-}
+func (s *Slot) writeFile(name, value string) error { return s.c.writeAt(0, s.name+"/"+name, value) }
 
 // readSpec reads back what an adopted slot enforces.
 func (s *Slot) readSpec() (Spec, error) {
-	d := s.dirs[0]
+	d := s.Dir()
 	spec := Spec{}
+	readInt := func(name string) (int64, error) {
+		b, err := s.c.readAt(0, s.name+"/"+name)
+		if err != nil {
+			return 0, err
+		}
+		return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	}
 	if s.c.h.Version == 2 {
-		b, err := os.ReadFile(filepath.Join(d, "cpu.max"))
+		b, err := s.c.readAt(0, s.name+"/cpu.max")
 		if err != nil {
 			return spec, err
 		}
@@ -297,7 +304,7 @@ func (s *Slot) readSpec() (Spec, error) {
 		}
 		p, _ := strconv.ParseUint(f[1], 10, 32)
 		spec.PeriodUS = uint32(p)
-		w, err := readInt(filepath.Join(d, "cpu.weight"))
+		w, err := readInt("cpu.weight")
 		if err != nil {
 			return spec, err
 		}
@@ -312,15 +319,15 @@ func (s *Slot) readSpec() (Spec, error) {
 			spec.QuotaMilli, spec.Limit = uint32(w*10), LimitShare
 		}
 	} else {
-		q, err := readInt(filepath.Join(d, "cpu.cfs_quota_us"))
+		q, err := readInt("cpu.cfs_quota_us")
 		if err != nil {
 			return spec, err
 		}
-		p, err := readInt(filepath.Join(d, "cpu.cfs_period_us"))
+		p, err := readInt("cpu.cfs_period_us")
 		if err != nil {
 			return spec, err
 		}
-		sh, err := readInt(filepath.Join(d, "cpu.shares"))
+		sh, err := readInt("cpu.shares")
 		if err != nil {
 			return spec, err
 		}
@@ -341,8 +348,7 @@ func (s *Slot) readSpec() (Spec, error) {
 	return spec, nil
 }
 
-// Usage reads the slot's counters. The files stay open; pread at offset 0
-// makes the kernel render them afresh.
+// Usage reads the slot's counters.
 func (s *Slot) Usage() (Usage, error) {
 	start := time.Now()
 	u, err := s.readUsage()
@@ -351,11 +357,18 @@ func (s *Slot) Usage() (Usage, error) {
 }
 
 func (s *Slot) readUsage() (Usage, error) {
-	u, err := ReadCounters(s.statFD, s.acctFD)
-	if err != nil {
-		return Usage{}, fmt.Errorf("reading counters of %s: %w", s.Name(), err)
+	stat, acct, err := s.openCounters()
+	if err == nil {
+		defer unix.Close(stat)
+		if acct >= 0 {
+			defer unix.Close(acct)
+		}
+		var u Usage
+		if u, err = ReadCounters(stat, acct); err == nil {
+			return u, nil
+		}
 	}
-	return u, nil
+	return Usage{}, s.c.gone(fmt.Errorf("reading counters of %s: %w", s.Name(), err))
 }
 
 // ReadCounters reads a slot's counters from open fds: cpu.stat, and on v1
@@ -401,8 +414,8 @@ func ReadCounters(stat, acct int) (Usage, error) {
 func (s *Slot) Threads() ([]int, error) {
 	seen := map[int]bool{}
 	var tids []int
-	for _, d := range s.dirs {
-		lines, err := readLines(filepath.Join(d, s.c.h.threadsFile()))
+	for i := range s.c.dirs {
+		lines, err := s.c.linesAt(i, s.name+"/"+s.c.h.threadsFile())
 		if err != nil {
 			return nil, err
 		}
@@ -420,7 +433,6 @@ func (s *Slot) Threads() ([]int, error) {
 // deletes the slot's directories. Threads that keep arriving (an invocation
 // spawning threads) are retried a few times before ErrBusy.
 func (s *Slot) Remove() error {
-	s.closeFiles()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		if attempt > 0 {
@@ -452,8 +464,8 @@ func (s *Slot) Remove() error {
 func (s *Slot) rmdir() error {
 	start := time.Now()
 	var err error
-	for i := len(s.dirs) - 1; i >= 0; i-- {
-		if rerr := syscall.Rmdir(s.dirs[i]); rerr != nil && !errors.Is(rerr, syscall.ENOENT) {
+	for i := len(s.c.dirs) - 1; i >= 0; i-- {
+		if rerr := s.c.rmdirAt(i, s.name); rerr != nil && !errors.Is(rerr, syscall.ENOENT) {
 			err = rerr
 			break
 		}
@@ -462,21 +474,6 @@ func (s *Slot) rmdir() error {
 	return err
 }
 
-// Close closes the slot's files and leaves the cgroup in place (agent
-// shutdown: running invocations keep their slots, the next agent adopts them).
-func (s *Slot) Close() { s.closeFiles() }
-
-func (s *Slot) closeFiles() {
-	for _, f := range s.place {
-		f.Close()
-	}
-	s.place = nil
-	if s.stat != nil {
-		s.stat.Close()
-		s.stat = nil
-	}
-	if s.acct != nil {
-		s.acct.Close()
-		s.acct = nil
-	}
-}
+// Close forgets the slot and leaves the cgroup in place (agent shutdown:
+// running invocations keep their slots, the next agent adopts them).
+func (s *Slot) Close() {}
