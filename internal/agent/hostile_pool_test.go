@@ -5,7 +5,9 @@ package agent_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -429,4 +431,112 @@ func TestHostileActionNamesPerContainer(t *testing.T) {
 	waitFor(t, "B's release counted", func() bool {
 		return strings.Contains(scrape(t, a), `cpuslot_lease_releases_total{action="child"`)
 	})
+}
+
+// TestHostileMaxContainers (issue item 10): the agent serves at most
+// maxContainers; one more is refused with a typed error (NOT_READY: say
+// HELLO again later) and counted.
+func TestHostileMaxContainers(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) { c.MaxContainers = 1 })
+	parent := filepath.Dir(e.rel)
+	e.cfg.Standalone.Containers = nil
+	e.cfg.Standalone.ServeUnder = []string{parent}
+	relB := parent + "/other"
+	for _, root := range cgroupRoots(e.h) {
+		if err := os.Mkdir(filepath.Join(root, relB), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := e.start()
+	ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
+	var r acquireResult
+	ch.result(t, &r)
+	if r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	ch.cmd.Wait()
+
+	cgrouptest.JoinProcess(t, e.h, relB)
+	c := dialRaw(t, e.socket)
+	defer c.Close()
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	if resp := readResp(t, c); !isErr(resp, slotv1.CodeNotReady) {
+		t.Fatalf("a container beyond maxContainers: %+v", resp)
+	}
+	if n := len(a.Summaries()); n != 1 {
+		t.Fatalf("%d pools", n)
+	}
+	body := scrape(t, a)
+	for _, want := range []string{`cpuslot_errors_total{reason="containers_exhausted"} 1`, "cpuslot_containers_max 1"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("missing %s", want)
+		}
+	}
+	// Once the first container is gone, the second is served.
+	a.Maintain(time.Now())
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	if resp := readResp(t, c); !isOK(resp) {
+		t.Fatalf("after the first container left: %+v", resp)
+	}
+}
+
+func isOK(m slotv1.Message) bool { _, ok := m.(*slotv1.HelloOK); return ok }
+
+// TestHostilePrepareHoldsNoAgentLock (issue item 10): while one container's
+// pool is being made (cgroup I/O), other containers are served.
+func TestHostilePrepareHoldsNoAgentLock(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	relB := cgrouptest.NewContainer(t, e.h, 0)
+	e.cfg.Standalone.ServeUnder = []string{filepath.Dir(relB)}
+	entered, release := make(chan struct{}), make(chan struct{})
+	agent.SetPrepareHook(func(p string) {
+		if p == relB {
+			close(entered)
+			<-release
+		}
+	})
+	t.Cleanup(func() { agent.SetPrepareHook(nil) })
+	e.start()
+	ch := spawn(t, e.h, "acquire", childOpts{cgroup: relB, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
+	<-entered // B's pool is being made
+
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c := dialRaw(t, e.socket)
+	defer c.Close()
+	c.SetDeadline(time.Time{}) // the select below says why it hangs
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	done := make(chan slotv1.Message, 1)
+	go func() { done <- readRespOrNil(c) }()
+	var resp slotv1.Message
+	select {
+	case resp = <-done:
+	case <-time.After(30 * time.Second): // a hang, not a slow answer
+		close(release)
+		t.Fatal("HELLO of container A got no answer while container B's pool was being made: the agent lock is held across cgroup I/O")
+	}
+	if !isOK(resp) {
+		t.Fatalf("hello: %+v", resp)
+	}
+	close(release)
+	var r acquireResult
+	ch.result(t, &r)
+	if r.Error != "" {
+		t.Fatalf("B: %s", r.Error)
+	}
+}
+
+func readRespOrNil(c net.Conn) slotv1.Message {
+	var hdr [4]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return nil
+	}
+	body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
+	if _, err := io.ReadFull(c, body); err != nil {
+		return nil
+	}
+	f, err := slotv1.DecodeBody(body)
+	if err != nil {
+		return nil
+	}
+	return f.Msg
 }

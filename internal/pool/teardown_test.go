@@ -2,7 +2,12 @@ package pool
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"syscall"
 	"testing"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
@@ -66,5 +71,56 @@ func waitClosed(t *testing.T, p *Pool) {
 		if closed {
 			return
 		}
+	}
+}
+
+// TestRemovedContainerMakesPoolStale (issue item 9): the container's cgroup
+// is removed and made anew at the same path behind the pool's back. The
+// pool fails its next placement as stale (the client reconnects and gets a
+// fresh pool) and never touches the new cgroup.
+func TestRemovedContainerMakesPoolStale(t *testing.T) {
+	h := cgrouptest.Hierarchy(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New("stale", cfg(CacheEager, "250m=1"), CgroupBackend(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	roots := []string{h.CPURoot}
+	if h.AcctRoot != "" {
+		roots = append(roots, h.AcctRoot)
+	}
+	for _, r := range roots {
+		for _, d := range []string{filepath.Join(r, rel, cgroup.SlotName(1)), filepath.Join(r, rel)} {
+			if err := syscall.Rmdir(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Mkdir(filepath.Join(r, rel), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self := os.Getpid()
+	for _, q := range []uint32{250, 500} { // a cached slot, then a new one
+		r := req(&conn{}, q, 1, 0)
+		r.HostTID = func() (int, error) { return self, nil }
+		if _, err := p.Acquire(context.Background(), r); code(err) != slotv1.CodeShuttingDown {
+			t.Errorf("acquire %dm in a removed container: %v, want SHUTTING_DOWN", q, err)
+		}
+	}
+	if !p.Stale() {
+		t.Error("pool not stale")
+	}
+	if left := cgrouptest.Leftovers(h, rel); len(left) != 0 {
+		t.Errorf("the stale pool made %v in the new cgroup", left)
+	}
+	if err := p.Close(true); err != nil {
+		t.Errorf("closing a stale pool: %v", err)
 	}
 }
