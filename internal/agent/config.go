@@ -124,8 +124,8 @@ func DefaultConfig() Config {
 			DefaultWait: Duration{p.DefaultWait}, MaxWait: Duration{p.MaxWait}, MaxActions: p.MaxActions,
 		},
 		MaxContainers: DefaultMaxContainers,
-		Admission:    AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
-		ReapInterval: Duration{10 * time.Second},
+		Admission:     AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
+		ReapInterval:  Duration{10 * time.Second},
 		Kubernetes: KubernetesConfig{
 			ContainerdSocket:    "/run/containerd/containerd.sock",
 			ContainerdNamespace: "k8s.io",
