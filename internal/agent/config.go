@@ -173,6 +173,11 @@ func (c Config) PoolSettings() (pool.Config, error) {
 	pc.DefaultWait = c.Pool.DefaultWait.Duration
 	pc.MaxWait = c.Pool.MaxWait.Duration
 	pc.MaxActions = c.Pool.MaxActions
+	if c.MaxContainers < 1 {
+		// Not a pool setting, but checked with them: this is where a
+		// configuration is validated.
+		return pc, fmt.Errorf("maxContainers %d: must be at least 1", c.MaxContainers)
+	}
 	if c.Pool.MaxQuota != "" {
 		if pc.MaxQuotaMilli, err = pool.ParseQuota(c.Pool.MaxQuota); err != nil {
 			return pc, fmt.Errorf("pool.maxQuota: %w", err)
