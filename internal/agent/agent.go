@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
@@ -99,6 +100,12 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 		return nil, fmt.Errorf("maxContainers %d: must be at least 1", cfg.MaxContainers)
 	}
 	m.SetMaxActions(cfg.MaxContainers * pc.MaxActions)
+	// Slots keep their files open within half the fd limit; the rest is
+	// for connections and everything else.
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
+		cgroup.SetKeptFDs(int(min(lim.Cur/2, 1<<30)))
+	}
 	a := &Agent{cfg: cfg, poolCfg: pc, hierarchy: h, registry: reg, metrics: m, log: log,
 		containers: map[string]*served{}, preparing: map[string]*preparation{}}
 	reg.MustRegister(poolCollector{a})

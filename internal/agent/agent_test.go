@@ -39,7 +39,7 @@ func TestAgentOnCgroupV2(t *testing.T) {
 	vm.Require(t)
 	for _, opts := range []string{"", "favordynmods"} {
 		t.Run("mount="+opts, func(t *testing.T) {
-			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|Linger|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart)$", vm.Options{
+			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|Linger|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart|Hostile.*)$", vm.Options{
 				MountOptions: opts, Env: []string{"CPUSLOT_QUOTA_SECONDS=4", "CPUSLOT_QUOTA_TOLERANCE=5"}})
 		})
 	}

@@ -310,7 +310,7 @@ func TestHostileRecreatedContainer(t *testing.T) {
 // its TID belongs to a process of another container, the agent must not
 // move that process.
 func TestHostileReusedTID(t *testing.T) {
-	if os.Getenv("CPUSLOT_VM") != "" || !canSetLastPID() {
+	if !canSetLastPID() {
 		t.Skip("needs /proc/sys/kernel/ns_last_pid")
 	}
 	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })

@@ -15,8 +15,9 @@ import (
 // slots relative to it, never by path. The fd pins the cgroup the agent
 // prepared: a cgroup removed and made again at the same path is another
 // directory, and every operation on the old one fails (ENOENT, ENODEV)
-// instead of touching the new one. Slots hold no fds of their own: a node
-// of 250 containers x 64 slots needs 250-500 fds, not 64,000.
+// instead of touching the new one. Slots keep fds open only within a
+// node-wide budget (slot.go): a node of 250 containers x 64 slots needs
+// 250-500 fds plus that budget, not 64,000.
 
 // Identity tells cgroup directories apart: the same path may name another
 // cgroup after a remove and a mkdir.

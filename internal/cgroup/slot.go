@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -110,13 +112,104 @@ func (u Usage) Sub(v Usage) Usage {
 	return Usage{d(u.CPUNanos, v.CPUNanos), d(u.ThrottledNanos, v.ThrottledNanos), d(u.Periods, v.Periods), d(u.ThrottledPeriods, v.ThrottledPeriods)}
 }
 
-// Slot is one CPU cgroup inside a container. It holds no fds: its files are
-// opened relative to the container's directory fds when needed.
+// Slot is one CPU cgroup inside a container. Its files are opened relative
+// to the container's directory fds. A slot in use keeps them open while the
+// node-wide budget of kept fds (SetKeptFDs) allows: the hot path then makes
+// no open; beyond the budget they are opened per use, so no number of slots
+// exhausts the agent's fds.
 type Slot struct {
 	ID   uint32
 	c    *Container
 	name string
 	spec Spec
+
+	mu   sync.Mutex
+	kept *slotFiles // nil: not kept open
+}
+
+// slotFiles are a slot's open files: placement fds, cpu.stat, and on v1
+// cpuacct.usage (-1 on v2).
+type slotFiles struct {
+	place      []int
+	stat, acct int
+}
+
+func (f *slotFiles) count() int {
+	n := len(f.place) + 1
+	if f.acct >= 0 {
+		n++
+	}
+	return n
+}
+
+func (f *slotFiles) close() {
+	closeFDs(f.place)
+	unix.Close(f.stat)
+	if f.acct >= 0 {
+		unix.Close(f.acct)
+	}
+}
+
+// keptFDs is what is left of the node-wide budget of fds slots keep open.
+var keptFDs atomic.Int64
+
+func init() { keptFDs.Store(DefaultKeptFDs) }
+
+// DefaultKeptFDs is the budget of fds slots keep open until SetKeptFDs.
+const DefaultKeptFDs = 4096
+
+// SetKeptFDs sets the node-wide budget of fds slots keep open (the agent
+// gives half its RLIMIT_NOFILE). Call it before any slot is used.
+func SetKeptFDs(n int) { keptFDs.Store(int64(n)) }
+
+// use runs f with the slot's files open, keeping them open when the budget
+// allows.
+func (s *Slot) use(f func(*slotFiles) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kept != nil {
+		return f(s.kept)
+	}
+	files, err := s.open()
+	if err != nil {
+		return err
+	}
+	if n := int64(files.count()); keptFDs.Add(-n) >= 0 {
+		s.kept = files
+	} else {
+		keptFDs.Add(n)
+		defer files.close()
+	}
+	return f(files)
+}
+
+func (s *Slot) open() (*slotFiles, error) {
+	files := &slotFiles{stat: -1, acct: -1}
+	for i := range s.c.dirs {
+		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.threadsFile(), unix.O_WRONLY)
+		if err != nil {
+			closeFDs(files.place)
+			return nil, s.c.gone(err)
+		}
+		files.place = append(files.place, fd)
+	}
+	var err error
+	if files.stat, files.acct, err = s.openCounters(); err != nil {
+		closeFDs(files.place)
+		return nil, s.c.gone(err)
+	}
+	return files, nil
+}
+
+// forget closes the files the slot keeps open and returns their budget.
+func (s *Slot) forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kept != nil {
+		keptFDs.Add(int64(s.kept.count()))
+		s.kept.close()
+		s.kept = nil
+	}
 }
 
 func (c *Container) slot(id uint32) *Slot { return &Slot{ID: id, c: c, name: SlotName(id)} }
@@ -190,12 +283,16 @@ func (s *Slot) Place(tid int) error {
 	if tid != 0 {
 		b = strconv.AppendInt(make([]byte, 0, 12), int64(tid), 10)
 	}
-	var err error
-	for i := range s.c.dirs {
-		if err = s.c.writeAt(i, s.name+"/"+s.c.h.threadsFile(), string(b)); err != nil {
-			err = s.c.gone(fmt.Errorf("placing thread %d in %s: %w", tid, s.Name(), err))
-			break
+	err := s.use(func(f *slotFiles) error {
+		for _, fd := range f.place {
+			if _, err := unix.Write(fd, b); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		err = s.c.gone(fmt.Errorf("placing thread %d in %s: %w", tid, s.Name(), err))
 	}
 	s.c.observe(OpPlace, time.Since(start), err)
 	return err
@@ -357,18 +454,15 @@ func (s *Slot) Usage() (Usage, error) {
 }
 
 func (s *Slot) readUsage() (Usage, error) {
-	stat, acct, err := s.openCounters()
-	if err == nil {
-		defer unix.Close(stat)
-		if acct >= 0 {
-			defer unix.Close(acct)
-		}
-		var u Usage
-		if u, err = ReadCounters(stat, acct); err == nil {
-			return u, nil
-		}
+	var u Usage
+	err := s.use(func(f *slotFiles) (err error) {
+		u, err = ReadCounters(f.stat, f.acct)
+		return err
+	})
+	if err != nil {
+		return Usage{}, s.c.gone(fmt.Errorf("reading counters of %s: %w", s.Name(), err))
 	}
-	return Usage{}, s.c.gone(fmt.Errorf("reading counters of %s: %w", s.Name(), err))
+	return u, nil
 }
 
 // ReadCounters reads a slot's counters from open fds: cpu.stat, and on v1
@@ -433,6 +527,7 @@ func (s *Slot) Threads() ([]int, error) {
 // deletes the slot's directories. Threads that keep arriving (an invocation
 // spawning threads) are retried a few times before ErrBusy.
 func (s *Slot) Remove() error {
+	s.forget()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		if attempt > 0 {
@@ -476,4 +571,4 @@ func (s *Slot) rmdir() error {
 
 // Close forgets the slot and leaves the cgroup in place (agent shutdown:
 // running invocations keep their slots, the next agent adopts them).
-func (s *Slot) Close() {}
+func (s *Slot) Close() { s.forget() }
