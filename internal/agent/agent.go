@@ -387,14 +387,29 @@ func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
 	if err != nil {
 		return nil, slotv1.Errorf(slotv1.CodeNotServed, "cannot read the cgroup of process %d: %v", p.PID, err)
 	}
-	a.mu.Lock()
 	var best *served
-	for path, s := range a.containers {
-		if within(cg, path) && (best == nil || len(path) > len(best.CgroupPath)) {
-			best = s
+	for {
+		a.mu.Lock()
+		best = nil
+		bestPath := ""
+		for path, s := range a.containers {
+			if within(cg, path) && len(path) >= len(bestPath) {
+				best, bestPath = s, path
+			}
 		}
+		// A container whose pool is being made is served once it is made.
+		var wait *preparation
+		for path, pr := range a.preparing {
+			if within(cg, path) && len(path) > len(bestPath) {
+				wait, bestPath = pr, path
+			}
+		}
+		a.mu.Unlock()
+		if wait == nil {
+			break
+		}
+		<-wait.done
 	}
-	a.mu.Unlock()
 	if best != nil {
 		if p := a.current(best); p != nil {
 			return p, nil

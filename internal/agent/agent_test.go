@@ -599,8 +599,10 @@ func childHold() (any, error) {
 		}
 		held++
 	}
-	// Report, then wait to be killed with the leases held.
+	// Report, then wait to be killed with the leases held. A read blocks in
+	// the kernel: with its agent gone the child is not "deadlocked".
 	fmt.Printf("{\"held\":%d}\n", held)
+	io.Copy(io.Discard, os.Stdin)
 	select {}
 }
 
