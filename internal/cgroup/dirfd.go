@@ -45,8 +45,8 @@ var ErrGone = errors.New("container cgroup is gone")
 // kernel answers ENODEV for a file of a removed cgroup and ENOENT for a
 // lookup in a removed directory.
 func (c *Container) gone(err error) error {
-	if err == nil {
-		return nil
+	if err == nil || errors.Is(err, ErrGone) {
+		return err
 	}
 	if errors.Is(err, syscall.ENODEV) || (errors.Is(err, syscall.ENOENT) && !c.Exists()) {
 		return fmt.Errorf("%w: %w", ErrGone, err)

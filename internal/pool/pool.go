@@ -507,14 +507,15 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	var fds []int
 	if err == nil && pl.place == slotv1.PlaceSelf && req.NeedFDs != nil && req.NeedFDs(s.id) {
 		if fds, err = s.io.OpenFDs(); err != nil {
-			p.metrics.Error("open_failed")
-			err = slotv1.Errorf(slotv1.CodeInternal, "%v", err)
+			if gerr := p.checkGone(err); gerr != nil {
+				err = gerr
+			} else {
+				p.metrics.Error("open_failed")
+				err = slotv1.Errorf(slotv1.CodeInternal, "%v", err)
+			}
 		}
 	}
 	if err != nil {
-		if gerr := p.checkGone(err); gerr != nil {
-			err = gerr
-		}
 		p.abort(l, pl)
 		return nil, err
 	}
