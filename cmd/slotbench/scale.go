@@ -164,6 +164,11 @@ func scaleBench(p scaleParams) error {
 	if err != nil {
 		return err
 	}
+	// Measure once the agent has taken the flood in (each stalled
+	// connection holds an fd there), or after 30 s.
+	for deadline := time.Now().Add(30 * time.Second); countFDs() < fds+held && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
 	floodFDs, floodRSS := countFDs(), rssKiB()
 	flooded, perr := probe()
 	flooder.Process.Kill()
