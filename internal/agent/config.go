@@ -27,6 +27,9 @@ type Config struct {
 	Standalone StandaloneConfig `json:"standalone"`
 	// ReapInterval is how often idle slots and gone containers are checked.
 	ReapInterval Duration `json:"reapInterval"`
+	// MaxContainers bounds the containers served at once; more are refused
+	// (NOT_READY to a client, an error to a source) and counted.
+	MaxContainers int `json:"maxContainers"`
 	// Kubernetes configures Kubernetes mode (docs/kubernetes-contract.md).
 	Kubernetes KubernetesConfig `json:"kubernetes"`
 }
@@ -56,6 +59,12 @@ type PoolConfig struct {
 	IdleTimeout Duration `json:"idleTimeout"`
 	DefaultWait Duration `json:"defaultWait"`
 	MaxWait     Duration `json:"maxWait"`
+	// MaxQuota bounds a request's quota in a container without a CPU
+	// limit (one with a limit is bounded by it); empty: the node's CPUs.
+	MaxQuota string `json:"maxQuota"`
+	// MaxActions bounds the distinct action names per container in
+	// metrics; later ones are counted as "_other".
+	MaxActions int `json:"maxActions"`
 }
 
 // AdmissionConfig bounds the CPU granted per container.
@@ -99,6 +108,9 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes a Go duration string.
 func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
 
+// DefaultMaxContainers holds 250 pods with room to spare.
+const DefaultMaxContainers = 512
+
 // DefaultConfig is the agent's configuration when nothing is given.
 func DefaultConfig() Config {
 	p := pool.DefaultConfig()
@@ -109,10 +121,11 @@ func DefaultConfig() Config {
 		Pool: PoolConfig{
 			Prewarm: pool.FormatPrewarm(p.Prewarm), Mode: p.Mode.String(), Limit: p.Limit.String(),
 			Period: Duration{100 * time.Millisecond}, MaxSlots: p.MaxSlots, IdleTimeout: Duration{p.IdleTimeout},
-			DefaultWait: Duration{p.DefaultWait}, MaxWait: Duration{p.MaxWait},
+			DefaultWait: Duration{p.DefaultWait}, MaxWait: Duration{p.MaxWait}, MaxActions: p.MaxActions,
 		},
-		Admission:    AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
-		ReapInterval: Duration{10 * time.Second},
+		MaxContainers: DefaultMaxContainers,
+		Admission:     AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
+		ReapInterval:  Duration{10 * time.Second},
 		Kubernetes: KubernetesConfig{
 			ContainerdSocket:    "/run/containerd/containerd.sock",
 			ContainerdNamespace: "k8s.io",
@@ -159,6 +172,17 @@ func (c Config) PoolSettings() (pool.Config, error) {
 	pc.IdleTimeout = c.Pool.IdleTimeout.Duration
 	pc.DefaultWait = c.Pool.DefaultWait.Duration
 	pc.MaxWait = c.Pool.MaxWait.Duration
+	pc.MaxActions = c.Pool.MaxActions
+	if c.MaxContainers < 1 {
+		// Not a pool setting, but checked with them: this is where a
+		// configuration is validated.
+		return pc, fmt.Errorf("maxContainers %d: must be at least 1", c.MaxContainers)
+	}
+	if c.Pool.MaxQuota != "" {
+		if pc.MaxQuotaMilli, err = pool.ParseQuota(c.Pool.MaxQuota); err != nil {
+			return pc, fmt.Errorf("pool.maxQuota: %w", err)
+		}
+	}
 	if c.Admission.Budget != "" {
 		if pc.BudgetMilli, err = pool.ParseQuota(c.Admission.Budget); err != nil {
 			return pc, fmt.Errorf("admission.budget: %w", err)

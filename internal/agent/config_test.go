@@ -41,6 +41,9 @@ func TestBadConfig(t *testing.T) {
 		"bad budget":    "admission:\n  budget: lots\n",
 		"too many":      "pool:\n  prewarm: 250m=100\n  maxSlots: 10\n",
 		"bad period":    "pool:\n  period: 10s\n",
+		"bad maxQuota":  "pool:\n  maxQuota: lots\n",
+		"no actions":    "pool:\n  maxActions: 0\n",
+		"no containers": "maxContainers: 0\n",
 	} {
 		p := filepath.Join(dir, "c.yaml")
 		os.WriteFile(p, []byte(body), 0o644)

@@ -1,7 +1,7 @@
 // Package cgroup prepares a container's cgroup for CPU slots and manages the
 // slots themselves on cgroup v1 and v2. It holds every cgroup file operation
-// of cpuslot; the hot path (placing a thread, reading usage) uses file
-// descriptors opened once per slot.
+// of cpuslot. A container's files and slots are reached relative to the
+// container's directory fds, never by path (dirfd.go).
 package cgroup
 
 import (

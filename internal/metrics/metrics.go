@@ -29,8 +29,9 @@ type Metrics struct {
 	connections       prometheus.Gauge
 	info              *prometheus.GaugeVec
 
-	mu      sync.Mutex
-	actions map[string]bool
+	mu         sync.Mutex
+	actions    map[string]bool
+	maxActions int
 }
 
 // latencyBuckets span 2us..~1s: a placement is microseconds when cheap and
@@ -72,7 +73,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "cpuslot_agent_info", Help: "Always 1; labels describe the node's cgroup setup."},
 			[]string{"hierarchy", "favordynmods", "version"}),
-		actions: map[string]bool{},
+		actions:    map[string]bool{},
+		maxActions: MaxActions,
 	}
 	reg.MustRegister(m.acquireDuration, m.placementDuration, m.cgroupOpDuration, m.acquisitions, m.admission,
 		m.invocations, m.cpuSeconds, m.throttledSeconds, m.errors, m.connections, m.info)
@@ -101,6 +103,17 @@ func (m *Metrics) Info(hierarchy string, favorDynMods bool, version string) {
 		fdm = "true"
 	}
 	m.info.WithLabelValues(hierarchy, fdm, version).Set(1)
+}
+
+// SetMaxActions sets the node-wide bound on action labels. Pools cap the
+// names of each container (pool.Config.MaxActions); this bound is their
+// sum, a backstop.
+func (m *Metrics) SetMaxActions(n int) {
+	if m != nil {
+		m.mu.Lock()
+		m.maxActions = n
+		m.mu.Unlock()
+	}
 }
 
 // Acquired counts a grant.
@@ -139,7 +152,7 @@ func (m *Metrics) action(a string) string {
 	if m.actions[a] {
 		return a
 	}
-	if len(m.actions) >= MaxActions {
+	if len(m.actions) >= m.maxActions {
 		return "_other"
 	}
 	m.actions[a] = true

@@ -446,6 +446,7 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 		Wait: time.Duration(m.WaitUS) * time.Microsecond, Action: m.Action, Invocation: m.Invocation,
 	}
 	req.HostTID = func() (int, error) { return c.hostTID(m.TID) }
+	req.NeedFDs = c.needFDs
 	g, err := c.pool.Acquire(c.srv.ctx, req)
 	if err != nil {
 		return c.fail(request, err)
@@ -453,7 +454,12 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 	return c.grant(request, g)
 }
 
+// needFDs reports whether this connection takes fds and was not yet sent
+// those of slot id.
+func (c *conn) needFDs(id uint32) bool { return c.fds && !c.seen[id] }
+
 func (c *conn) grant(request uint32, g *pool.Grant) bool {
+	defer g.CloseFDs() // opened for this grant; the client got its copies
 	resp := &slotv1.AcquireOK{Lease: g.Lease, Slot: g.SlotID, QuotaMilli: g.Spec.QuotaMilli, PeriodUS: g.Spec.PeriodUS,
 		Outcome: g.Outcome, Place: g.Place}
 	if g.Queued {
@@ -463,7 +469,7 @@ func (c *conn) grant(request uint32, g *pool.Grant) bool {
 		resp.Flags |= slotv1.AcquiredDegraded
 	}
 	var fds []int
-	if c.fds && g.Place == slotv1.PlaceSelf && !c.seen[g.SlotID] {
+	if len(g.FDs) > 0 {
 		fds = g.FDs
 		resp.NumFDs = uint8(len(fds))
 		c.seen[g.SlotID] = true
