@@ -128,12 +128,15 @@ type childOpts struct {
 	cgroup string
 	// unprivileged runs the child as nobody in a new cgroup namespace.
 	unprivileged bool
-	env          []string
+	// newPIDNS starts the child in a PID namespace of its own, as in a pod.
+	newPIDNS bool
+	env      []string
 }
 
 type child struct {
-	cmd *exec.Cmd
-	out *bufio.Reader
+	cmd   *exec.Cmd
+	out   *bufio.Reader
+	stdin io.Writer
 }
 
 // spawn starts this test binary as child scenario name. The child waits on
@@ -166,6 +169,12 @@ func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
 			Cloneflags: syscall.CLONE_NEWCGROUP,
 		}
 	}
+	if o.newPIDNS {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWPID
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +190,7 @@ func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
-	return &child{cmd: cmd, out: bufio.NewReader(stdout)}
+	return &child{cmd: cmd, out: bufio.NewReader(stdout), stdin: stdin}
 }
 
 // result reads the child's JSON report (its last stdout line).
@@ -208,6 +217,11 @@ func runChild(name string) int {
 		res, err = childHold()
 	case "agent":
 		err = childAgent()
+	case "raw":
+		res, err = childRaw()
+	case "pass":
+		res, err = childPass()
+
 	default:
 		err = fmt.Errorf("unknown child %q", name)
 	}
