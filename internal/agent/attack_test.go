@@ -303,7 +303,7 @@ func startWithPID(t *testing.T, want int, mk func() *exec.Cmd) *exec.Cmd {
 }
 
 // secondContainer makes a sibling container cgroup B next to e's A.
-func secondContainer(t *testing.T, e *env) string {
+func secondContainer(t testing.TB, e *env) string {
 	b := filepath.Dir(e.rel) + "/b"
 	for _, r := range []string{e.h.CPURoot, e.h.AcctRoot} {
 		if r != "" {

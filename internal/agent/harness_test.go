@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 }
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	h      *cgroup.Hierarchy
 	rel    string // the container's cgroup
 	dir    string // temp dir holding the socket
@@ -45,7 +45,7 @@ type env struct {
 
 // newEnv makes a container cgroup (with a CPU limit when limitMilli > 0)
 // and a config whose socket lives in a world-accessible temp dir.
-func newEnv(t *testing.T, limitMilli uint32, mutate func(*agent.Config)) *env {
+func newEnv(t testing.TB, limitMilli uint32, mutate func(*agent.Config)) *env {
 	h := cgrouptest.Hierarchy(t)
 	e := &env{t: t, h: h, rel: cgrouptest.NewContainer(t, h, limitMilli)}
 	e.dir = worldDir(t)
@@ -68,7 +68,7 @@ func newEnv(t *testing.T, limitMilli uint32, mutate func(*agent.Config)) *env {
 }
 
 // worldDir is a temp dir that an unprivileged child can reach.
-func worldDir(t *testing.T) string {
+func worldDir(t testing.TB) string {
 	d := t.TempDir()
 	for p := d; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
 		os.Chmod(p, 0o755)
@@ -105,14 +105,21 @@ func (e *env) start() *agent.Agent {
 	return a
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
+	if _, fuzz := w.t.(*testing.F); fuzz {
+		// A fuzz target may not log through F; only errors are shown.
+		if strings.Contains(string(p), "level=ERROR") {
+			os.Stderr.Write(p)
+		}
+		return len(p), nil
+	}
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
+func waitFor(t testing.TB, what string, ok func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if ok() {
@@ -141,7 +148,7 @@ type child struct {
 
 // spawn starts this test binary as child scenario name. The child waits on
 // stdin until it has been placed in its cgroup.
-func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
+func spawn(t testing.TB, h *cgroup.Hierarchy, name string, o childOpts) *child {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -194,7 +201,7 @@ func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
 }
 
 // result reads the child's JSON report (its last stdout line).
-func (c *child) result(t *testing.T, v any) {
+func (c *child) result(t testing.TB, v any) {
 	t.Helper()
 	line, err := c.out.ReadString('\n')
 	if err != nil {
@@ -219,6 +226,8 @@ func runChild(name string) int {
 		err = childAgent()
 	case "raw":
 		res, err = childRaw()
+	case "relay":
+		res, err = childRelay()
 	case "pass":
 		res, err = childPass()
 
