@@ -282,7 +282,7 @@ var errTooManyConns = errors.New("too many connections from one process")
 // its start time re-checked at every use.
 func (c *conn) identify() error {
 	var cred *unix.Ucred
-	var cerr error
+	var cerr, perr error
 	pidfd := -1
 	rc, err := c.c.SyscallConn()
 	if err != nil {
@@ -291,7 +291,8 @@ func (c *conn) identify() error {
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 		if cerr == nil {
-			if v, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); err == nil {
+			var v int
+			if v, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); perr == nil {
 				pidfd = v
 			}
 		}
@@ -302,7 +303,12 @@ func (c *conn) identify() error {
 		return fmt.Errorf("SO_PEERCRED: %w", cerr)
 	}
 	c.peer = Peer{PID: int(cred.Pid), UID: int(cred.Uid)}
+	if errors.Is(perr, unix.ESRCH) {
+		return fmt.Errorf("peer process %d has exited", c.peer.PID)
+	}
 	if pidfd < 0 {
+		// No SO_PEERPIDFD (Linux < 6.5): open the PID; the start time read
+		// below and checked at every use stands in for what was lost.
 		if fd, err := unix.PidfdOpen(c.peer.PID, 0); err == nil {
 			pidfd = fd
 		}
