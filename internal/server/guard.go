@@ -7,7 +7,6 @@ import (
 	"path"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
@@ -79,26 +78,3 @@ func inSlot(p string) bool {
 	_, ok := cgroup.ParseSlotName(path.Base(p))
 	return ok
 }
-
-// acceptBackoff spaces out accept retries after failures (out of fds or
-// memory): 5ms doubling to 1s, and reports at most one failure per
-// reportEvery, so a failing accept neither spins nor floods the log.
-type acceptBackoff struct {
-	wait     time.Duration
-	failures int
-	reported time.Time
-}
-
-const reportEvery = 10 * time.Second
-
-func (b *acceptBackoff) failed(now time.Time) (wait time.Duration, report bool, failures int) {
-	b.failures++
-	b.wait = min(max(2*b.wait, 5*time.Millisecond), time.Second)
-	if now.Sub(b.reported) >= reportEvery {
-		b.reported = now
-		report = true
-	}
-	return b.wait, report, b.failures
-}
-
-func (b *acceptBackoff) reset() { b.wait, b.failures = 0, 0 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -141,3 +142,26 @@ func bindIn(dfd int, name string) (*net.UnixListener, error) {
 	r := <-ch
 	return r.ln, r.err
 }
+
+// acceptBackoff spaces out accept retries after failures (out of fds or
+// memory): 5ms doubling to 1s, and reports at most one failure per
+// reportEvery, so a failing accept neither spins nor floods the log.
+type acceptBackoff struct {
+	wait     time.Duration
+	failures int
+	reported time.Time
+}
+
+const reportEvery = 10 * time.Second
+
+func (b *acceptBackoff) failed(now time.Time) (wait time.Duration, report bool, failures int) {
+	b.failures++
+	b.wait = min(max(2*b.wait, 5*time.Millisecond), time.Second)
+	if now.Sub(b.reported) >= reportEvery {
+		b.reported = now
+		report = true
+	}
+	return b.wait, report, b.failures
+}
+
+func (b *acceptBackoff) reset() { b.wait, b.failures = 0, 0 }
