@@ -6,7 +6,14 @@ package agent_test
 // pod) that sends each input on a fresh connection. Every input goes
 // through the decoder, the pool, the cgroups, the metrics and the encoder.
 //
-//	go test ./internal/agent -run '^$' -fuzz FuzzServer -fuzztime 10m -parallel 1
+//	CPUSLOT_FUZZ_CRASH_OUTPUT=/tmp/fuzz-crash.txt \
+//	go test ./internal/agent -run '^$' -fuzz FuzzServer -fuzztime 10m -parallel 1 -timeout 0
+//
+// Fuzz workers run with their output discarded, and -test.timeout (10m by
+// default) applies to each worker too: -timeout 0 keeps a long run from
+// ending in "fuzzing process hung or terminated unexpectedly". With
+// CPUSLOT_FUZZ_CRASH_OUTPUT set, a worker's crash (a panic in the agent)
+// and the agent's errors go to that file.
 
 import (
 	"bufio"
@@ -17,6 +24,7 @@ import (
 	"net"
 	"net/http/httptest"
 	"os"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +59,14 @@ func FuzzServer(f *testing.F) {
 		f.Add(mode, cat(hello(0), acq(10, 0, slotv1.AcquireAgentPlaces, "zero")))
 		f.Add(mode, []byte{0, 1, 0, 0, 1, 1, 0, 0, 0, 1})
 	}
+	if p := os.Getenv("CPUSLOT_FUZZ_CRASH_OUTPUT"); p != "" {
+		out, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			f.Fatal(err)
+		}
+		debug.SetCrashOutput(out, debug.CrashOptions{})
+		os.Stderr = out // the agent's errors (testWriter) land here too
+	}
 	e := newEnv(f, 0, func(c *agent.Config) {
 		c.Pool.Prewarm = "250m=2,500m=1"
 		c.Pool.MaxSlots = 8
@@ -80,9 +96,6 @@ func FuzzServer(f *testing.F) {
 		out, nfds, err := r.send(in)
 		if err != nil {
 			t.Fatalf("relay: %v", err)
-		}
-		if os.Getenv("FUZZDEBUG") != "" {
-			t.Logf("mode %d: %d fds, %x", mode, nfds, out)
 		}
 		// Every response is a whole, valid frame of a response type.
 		for len(out) > 0 {
