@@ -706,3 +706,36 @@ func TestAttackSymlinkedSocket(t *testing.T) {
 		t.Fatalf("pools: %+v", a.Summaries())
 	}
 }
+
+// TestAttackPeerThatDoesNotRead: a peer pipelines requests and never reads
+// the answers. Once the socket's buffers are full the agent's write would
+// block for ever; it gives up after the frame timeout and closes.
+func TestAttackPeerThatDoesNotRead(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) {
+		c.Limits.FrameTimeout = agent.Duration{Duration: 200 * time.Millisecond}
+	})
+	a := e.start()
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c := dialRaw(t, e.socket)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	readResp(t, c)
+	// Unknown message types: each is answered with an error and the
+	// connection stays open.
+	junk := []byte{0, 0, 0, 6, 1, 0x55, 0, 0, 0, 1}
+	go func() {
+		b := make([]byte, 0, len(junk)*4096)
+		for i := 0; i < 4096; i++ {
+			b = append(b, junk...)
+		}
+		for {
+			if _, err := c.Write(b); err != nil {
+				return
+			}
+		}
+	}()
+	waitFor(t, "the agent to drop a peer that does not read", func() bool {
+		return strings.Contains(scrape(t, a), "\ncpuslot_connections 0\n")
+	})
+}

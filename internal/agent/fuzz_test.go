@@ -19,6 +19,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -59,7 +60,7 @@ func FuzzServer(f *testing.F) {
 		f.Add(mode, cat(hello(0), acq(10, 0, slotv1.AcquireAgentPlaces, "zero")))
 		f.Add(mode, []byte{0, 1, 0, 0, 1, 1, 0, 0, 0, 1})
 	}
-	if p := os.Getenv("CPUSLOT_FUZZ_CRASH_OUTPUT"); p != "" {
+	if p := os.Getenv("CPUSLOT_FUZZ_CRASH_OUTPUT"); p != "" && isFuzzWorker() {
 		out, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			f.Fatal(err)
@@ -159,6 +160,13 @@ func FuzzServer(f *testing.F) {
 			t.Logf("%d execs in this worker", execs)
 		}
 	})
+}
+
+// isFuzzWorker tells a fuzz worker (whose output is discarded) from the
+// coordinator (whose output is the progress report).
+func isFuzzWorker() bool {
+	f := flag.Lookup("test.fuzzworker")
+	return f != nil && f.Value.String() == "true"
 }
 
 func bytesJoin(parts [][]byte) []byte {

@@ -213,6 +213,11 @@ type conn struct {
 	hostTIDs map[uint32]int
 	buf      []byte
 	out      []byte
+	// writeDeadline is the deadline set on writes.
+	writeDeadline time.Time
+	// badRequests counts this connection's bad requests; only the first
+	// is logged above debug level (a peer can send millions).
+	badRequests int
 }
 
 func (c *conn) serve() {
@@ -261,9 +266,13 @@ func (c *conn) serve() {
 			c.srv.metrics.Error("bad_request")
 			var pe *slotv1.Error
 			errors.As(err, &pe)
-			log.Warn("bad request", "pid", c.peer.PID, "err", err)
-			c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil)
-			if pe.Code == slotv1.CodeUnsupportedVersion {
+			c.badRequests++
+			level := slog.LevelWarn
+			if c.badRequests > 1 {
+				level = slog.LevelDebug
+			}
+			log.Log(context.Background(), level, "bad request", "pid", c.peer.PID, "err", err, "count", c.badRequests)
+			if !c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) || pe.Code == slotv1.CodeUnsupportedVersion {
 				return
 			}
 			continue
@@ -424,6 +433,14 @@ func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
+	}
+	// A peer that does not read its answers would block this write for
+	// ever once the socket's buffers are full: writes get FrameTimeout.
+	// The deadline is pushed out only when half of it is gone, so most
+	// sends set none.
+	if now := time.Now(); c.writeDeadline.Sub(now) < c.srv.limits.FrameTimeout/2 {
+		c.writeDeadline = now.Add(c.srv.limits.FrameTimeout)
+		c.c.SetWriteDeadline(c.writeDeadline)
 	}
 	_, _, err = c.c.WriteMsgUnix(c.out, oob, nil)
 	return err == nil
