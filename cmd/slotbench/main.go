@@ -33,6 +33,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -469,6 +470,9 @@ func startClient(h *cgroup.Hierarchy, rel, socket string, linger time.Duration) 
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket, "SLOTBENCH_LINGER="+linger.String())
 	cmd.Stderr = os.Stderr
+	// A client runs in a PID namespace of its own, as in a pod: on v1 the
+	// agent passes placement fds only to such peers (docs/security.md).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

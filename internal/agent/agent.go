@@ -83,6 +83,9 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.checkLimits(); err != nil {
+		return nil, err
+	}
 	h, err := cgroup.Detect()
 	if err != nil {
 		return nil, err
@@ -110,6 +113,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 		containers: map[string]*served{}, preparing: map[string]*preparation{}}
 	reg.MustRegister(poolCollector{a})
 	a.server = server.New(a, h, m, log)
+	a.server.SetLimits(cfg.ServerLimits())
 	log.Info("cgroup hierarchy", "hierarchy", h.String())
 	return a, nil
 }
@@ -123,6 +127,7 @@ func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 // Run serves until ctx ends, then closes connections and leaves slots in
 // place for the next agent (or removes them with cleanup).
 func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool) error {
+	a.raiseFileLimit()
 	var ln *server.Listener
 	if a.cfg.Socket != "" {
 		var err error
@@ -188,6 +193,22 @@ loop:
 	}
 	a.log.Info("agent stopped", "removedSlots", cleanup)
 	return errors.Join(errs...)
+}
+
+// raiseFileLimit lifts the soft RLIMIT_NOFILE to the hard limit: every
+// connection and every slot holds descriptors.
+func (a *Agent) raiseFileLimit() {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return
+	}
+	if rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+			a.log.Warn("cannot raise the open file limit", "err", err)
+		}
+	}
+	a.log.Info("open file limit", "nofile", rl.Cur, "maxConnections", a.cfg.Limits.MaxConnections)
 }
 
 // Serve prepares a container's pool (discover.Sink). A *discover.Partial
@@ -601,17 +622,17 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	sums := c.a.Summaries()
-	ch <- prometheus.MustNewConstMetric(poolsDesc, prometheus.GaugeValue, float64(len(sums)))
-	ch <- prometheus.MustNewConstMetric(maxDesc, prometheus.GaugeValue, float64(c.a.cfg.MaxContainers))
+	ch <- metrics.ConstGauge(poolsDesc, float64(len(sums)))
+	ch <- metrics.ConstGauge(maxDesc, float64(c.a.cfg.MaxContainers))
 	for _, s := range sums {
 		for _, q := range s.Quotas {
 			qs := pool.FormatQuota(q.QuotaMilli)
-			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Free), s.Name, qs, "free")
-			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Leased), s.Name, qs, "leased")
-			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Slots-q.Free-q.Leased), s.Name, qs, "busy")
+			ch <- metrics.ConstGauge(slotsDesc, float64(q.Free), s.Name, qs, "free")
+			ch <- metrics.ConstGauge(slotsDesc, float64(q.Leased), s.Name, qs, "leased")
+			ch <- metrics.ConstGauge(slotsDesc, float64(q.Slots-q.Free-q.Leased), s.Name, qs, "busy")
 		}
-		ch <- prometheus.MustNewConstMetric(budgetDesc, prometheus.GaugeValue, float64(s.BudgetMilli), s.Name)
-		ch <- prometheus.MustNewConstMetric(usedDesc, prometheus.GaugeValue, float64(s.UsedMilli), s.Name)
-		ch <- prometheus.MustNewConstMetric(leasesDesc, prometheus.GaugeValue, float64(s.Leases), s.Name)
+		ch <- metrics.ConstGauge(budgetDesc, float64(s.BudgetMilli), s.Name)
+		ch <- metrics.ConstGauge(usedDesc, float64(s.UsedMilli), s.Name)
+		ch <- metrics.ConstGauge(leasesDesc, float64(s.Leases), s.Name)
 	}
 }

@@ -39,7 +39,7 @@ func TestAgentOnCgroupV2(t *testing.T) {
 	vm.Require(t)
 	for _, opts := range []string{"", "favordynmods"} {
 		t.Run("mount="+opts, func(t *testing.T) {
-			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|Linger|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart|Hostile.*)$", vm.Options{
+			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|Linger|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart|Hostile.*|Attack.*|PodGetsPlacementFDs)$", vm.Options{
 				MountOptions: opts, Env: []string{"CPUSLOT_QUOTA_SECONDS=4", "CPUSLOT_QUOTA_TOLERANCE=5"}})
 		})
 	}
@@ -326,10 +326,16 @@ func TestBadInput(t *testing.T) {
 	if pe, ok := readResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeUnknownLease {
 		t.Errorf("unknown lease: %+v", pe)
 	}
-	// The connection survives request-level errors: acquire, release twice.
+	// The agent never places one of its own threads (here the peer is the
+	// agent's own process).
 	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid, Flags: slotv1.AcquireAgentPlaces}))
+	if pe, ok := readResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeBadRequest {
+		t.Errorf("agent placement of an agent thread: %+v", pe)
+	}
+	// The connection survives request-level errors: acquire, release twice.
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid}))
 	g, ok := readResp(t, c).(*slotv1.AcquireOK)
-	if !ok || g.Place != slotv1.PlaceDone {
+	if !ok || g.Place != slotv1.PlaceSelf {
 		t.Fatalf("acquire: %+v", g)
 	}
 	c.Write(frame(t, &slotv1.Release{Lease: g.Lease}))

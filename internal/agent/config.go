@@ -10,6 +10,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/server"
 )
 
 // Config is the agent's configuration file (YAML). Every field has a
@@ -32,6 +33,21 @@ type Config struct {
 	MaxContainers int `json:"maxContainers"`
 	// Kubernetes configures Kubernetes mode (docs/kubernetes-contract.md).
 	Kubernetes KubernetesConfig `json:"kubernetes"`
+	// Limits bound what peers can hold (docs/security.md).
+	Limits LimitsConfig `json:"limits"`
+}
+
+// LimitsConfig bounds the resources peers can make the agent hold.
+type LimitsConfig struct {
+	// MaxConnections is the most open connections on the node.
+	MaxConnections int `json:"maxConnections"`
+	// MaxConnectionsPerProcess is the most open connections per peer process.
+	MaxConnectionsPerProcess int `json:"maxConnectionsPerProcess"`
+	// HelloTimeout is how long a new connection may take to complete HELLO.
+	HelloTimeout Duration `json:"helloTimeout"`
+	// FrameTimeout is how long the rest of a frame may take once its first
+	// byte arrived.
+	FrameTimeout Duration `json:"frameTimeout"`
 }
 
 // KubernetesConfig is the Kubernetes mode's setup.
@@ -125,7 +141,9 @@ func DefaultConfig() Config {
 		},
 		MaxContainers: DefaultMaxContainers,
 		Admission:     AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
-		ReapInterval:  Duration{10 * time.Second},
+		Limits: LimitsConfig{MaxConnections: 4096, MaxConnectionsPerProcess: 64,
+			HelloTimeout: Duration{10 * time.Second}, FrameTimeout: Duration{10 * time.Second}},
+		ReapInterval: Duration{10 * time.Second},
 		Kubernetes: KubernetesConfig{
 			ContainerdSocket:    "/run/containerd/containerd.sock",
 			ContainerdNamespace: "k8s.io",
@@ -147,6 +165,28 @@ func LoadConfig(path string) (Config, error) {
 		return c, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
+}
+
+// ServerLimits are the connection limits for the server.
+func (c Config) ServerLimits() server.Limits {
+	return server.Limits{MaxConns: c.Limits.MaxConnections, MaxConnsPerProcess: c.Limits.MaxConnectionsPerProcess,
+		HelloTimeout: c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration}
+}
+
+// checkLimits rejects limits that would refuse every client or never time out.
+func (c Config) checkLimits() error {
+	l := c.Limits
+	switch {
+	case l.MaxConnections < 1:
+		return fmt.Errorf("limits.maxConnections %d: must be at least 1", l.MaxConnections)
+	case l.MaxConnectionsPerProcess < 1:
+		return fmt.Errorf("limits.maxConnectionsPerProcess %d: must be at least 1", l.MaxConnectionsPerProcess)
+	case l.HelloTimeout.Duration <= 0:
+		return fmt.Errorf("limits.helloTimeout %v: must be positive", l.HelloTimeout)
+	case l.FrameTimeout.Duration <= 0:
+		return fmt.Errorf("limits.frameTimeout %v: must be positive", l.FrameTimeout)
+	}
+	return nil
 }
 
 // PoolSettings turns the file's pool and admission sections into a

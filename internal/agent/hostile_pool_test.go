@@ -352,7 +352,7 @@ func TestHostileReusedTID(t *testing.T) {
 		return err != nil
 	})
 	// A process of container B takes the TID.
-	victim := startWithPID(t, e.h, relB, tid)
+	victim := startSleepWithPID(t, e.h, relB, tid)
 	if victim == nil {
 		t.Skip("could not get the exited thread's id for a new process (busy machine)")
 	}
@@ -374,8 +374,8 @@ func canSetLastPID() bool {
 	return true
 }
 
-// startWithPID starts a sleeping process with PID pid in cgroup rel.
-func startWithPID(t *testing.T, h *cgroup.Hierarchy, rel string, pid int) *exec.Cmd {
+// startSleepWithPID starts a sleeping process with PID pid in cgroup rel.
+func startSleepWithPID(t *testing.T, h *cgroup.Hierarchy, rel string, pid int) *exec.Cmd {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	for try := 0; try < 50; try++ {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -288,9 +289,23 @@ func (c *Container) adoptThreaded(s *Slot) error {
 	return c.ensureCPU()
 }
 
-// MoveIn moves a thread (a TID in the agent's PID namespace) into the
-// container's own cgroup, out of any slot.
+func isSlot(name string) bool {
+	_, ok := ParseSlotName(name)
+	return ok
+}
+
+// ErrNotInSlot is returned by MoveIn for a thread that sits in no slot of
+// the container: a recorded TID that has exited, or been reused since.
+var ErrNotInSlot = errors.New("thread is not in a slot of this container")
+
+// MoveIn moves a thread (a TID in the agent's PID namespace) out of a slot
+// into the container's own cgroup. Only a thread that sits in one of the
+// container's slots now is moved: a TID recorded earlier may belong to
+// another process by now.
 func (c *Container) MoveIn(tid int) error {
+	if p, err := c.h.PathOfThread(tid, tid); err != nil || path.Dir(p) != c.Path || !isSlot(path.Base(p)) {
+		return fmt.Errorf("thread %d: %w", tid, ErrNotInSlot)
+	}
 	start := time.Now()
 	b := strconv.Itoa(tid)
 	var err error

@@ -213,6 +213,17 @@ func (h *Hierarchy) MoveProcess(pid int, rel string) error {
 	return nil
 }
 
+// MoveThread moves one thread into the cgroup at rel, in each hierarchy
+// the cpu controller spans.
+func (h *Hierarchy) MoveThread(tid int, rel string) error {
+	for _, d := range h.dirs(rel) {
+		if err := os.WriteFile(filepath.Join(d, h.threadsFile()), []byte(strconv.Itoa(tid)), 0); err != nil {
+			return fmt.Errorf("moving thread %d to %s: %w", tid, rel, err)
+		}
+	}
+	return nil
+}
+
 // StartIn starts cmd inside the cgroup at rel. On v2 the child is born
 // there (CLONE_INTO_CGROUP), so a new cgroup namespace is rooted there too.
 // On v1 it is moved right after start: a child that must not run outside

@@ -4,8 +4,11 @@
 package metrics
 
 import (
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -13,6 +16,50 @@ import (
 // MaxActions bounds the distinct action label values; later ones are
 // counted as "_other".
 const MaxActions = 500
+
+// MaxLabelLen bounds a label value taken from outside the agent.
+const MaxLabelLen = 256
+
+// Label is the one place a label value from outside the agent (an action
+// name from a pod, a container's cgroup name) becomes safe to export: the
+// Prometheus client panics on invalid UTF-8, and control characters or
+// unbounded lengths break dashboards. Invalid bytes become U+FFFD, control
+// characters '?', and the value is cut at MaxLabelLen bytes.
+func Label(v string) string {
+	clean := utf8.ValidString(v) && len(v) <= MaxLabelLen
+	for _, r := range v {
+		if !clean {
+			break
+		}
+		clean = !unicode.IsControl(r)
+	}
+	if clean {
+		return v
+	}
+	v = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(v, "\uFFFD"))
+	if len(v) > MaxLabelLen {
+		n := MaxLabelLen
+		for n > 0 && !utf8.RuneStart(v[n]) {
+			n--
+		}
+		v = v[:n]
+	}
+	return v
+}
+
+// ConstGauge is prometheus.MustNewConstMetric for a gauge whose label
+// values come from outside the agent: they go through Label.
+func ConstGauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metric {
+	for i, l := range labels {
+		labels[i] = Label(l)
+	}
+	return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
 
 // Metrics holds the agent's collectors. A nil *Metrics records nothing, so
 // unit tests may pass nil.
@@ -87,7 +134,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	// Error series exist from the start, so rates and alerts see a zero
 	// rather than nothing.
 	for _, r := range []string{"bad_request", "bad_frame", "not_served", "unknown_lease", "slots_exhausted",
-		"mkdir_refused", "create_failed", "place_failed", "remove_failed", "prewarm_failed", "container_not_found"} {
+		"mkdir_refused", "create_failed", "place_failed", "remove_failed", "prewarm_failed", "container_not_found",
+		"connection_limit", "accept_failed", "agent_thread_in_slot"} {
 		m.errors.WithLabelValues(r)
 	}
 	return m
@@ -147,6 +195,7 @@ func (m *Metrics) action(a string) string {
 	if a == "" {
 		return "_unnamed"
 	}
+	a = Label(a)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.actions[a] {

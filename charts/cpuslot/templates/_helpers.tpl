@@ -79,6 +79,11 @@ admission:
   overcommit: {{ .Values.admission.overcommit }}
   policy: {{ .Values.admission.policy }}
   minDegraded: {{ include "cpuslot.quantity" .Values.admission.minDegraded }}
+limits:
+  maxConnections: {{ int .Values.limits.maxConnections }}
+  maxConnectionsPerProcess: {{ int .Values.limits.maxConnectionsPerProcess }}
+  helloTimeout: {{ .Values.limits.helloTimeout | quote }}
+  frameTimeout: {{ .Values.limits.frameTimeout | quote }}
 kubernetes:
   containerdSocket: {{ .Values.kubernetes.containerdSocket | quote }}
   containerdNamespace: {{ .Values.kubernetes.containerdNamespace | quote }}
