@@ -6,6 +6,7 @@ package agent_test
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -462,7 +463,10 @@ func TestAttackPIDReuseAgentPlaces(t *testing.T) {
 
 // TestAttackEagerReleaseReusedTID: in cache-eager mode the end of a lease
 // moves its thread out of the slot. When the process has exited and its
-// TID went to a process of B, B's process must stay where it is.
+// TID went to a process of B, B's process must stay where it is. The pool
+// sees that the TID names another thread (start time) and counts it as
+// stale_tid; behind it, cgroup.Container.MoveIn moves only a thread that
+// sits in one of the container's slots (internal/cgroup tests).
 func TestAttackEagerReleaseReusedTID(t *testing.T) {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
 	b := secondContainer(t, e)
@@ -482,6 +486,9 @@ func TestAttackEagerReleaseReusedTID(t *testing.T) {
 	waitFor(t, "the lease to end", func() bool { s := a.Summaries(); return s[0].Leases+s[1].Leases == 0 })
 	if p, err := e.h.PathOfPID(q.Process.Pid); err != nil || p != b {
 		t.Fatalf("process of B moved to %s (%v)", p, err)
+	}
+	if body := scrape(t, a); !strings.Contains(body, `reason="stale_tid"} 1`) {
+		t.Errorf("the reused TID was not counted as stale:\n%s", grep(body, "stale_tid"))
 	}
 }
 
@@ -738,4 +745,126 @@ func TestAttackPeerThatDoesNotRead(t *testing.T) {
 	waitFor(t, "the agent to drop a peer that does not read", func() bool {
 		return strings.Contains(scrape(t, a), "\ncpuslot_connections 0\n")
 	})
+}
+
+// liveChild is a separate process in a container that stays alive while
+// the test uses its connections: the agent's peer is a live process that
+// is not the agent, and tids are live threads of it.
+type liveChild struct {
+	pair *net.UnixConn
+	tids []uint32
+}
+
+// startLive starts a live child in cgroup rel with n threads that live as
+// long as the child.
+func startLive(t *testing.T, e *env, rel string, n int) *liveChild {
+	t.Helper()
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := os.NewFile(uintptr(sp[0]), "pair")
+	theirs := os.NewFile(uintptr(sp[1]), "pair")
+	defer mine.Close()
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CPUSLOT_CHILD=live", "THREADS="+strconv.Itoa(n))
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Stderr = testWriter{t}
+	stdin, _ := cmd.StdinPipe()
+	if err := e.h.StartIn(cmd, rel); err != nil {
+		t.Fatal(err)
+	}
+	theirs.Close()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	io.WriteString(stdin, "go\n")
+	pc, err := net.FileConn(mine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &liveChild{pair: pc.(*net.UnixConn)}
+	t.Cleanup(func() { l.pair.Close() })
+	l.pair.SetDeadline(time.Now().Add(30 * time.Second))
+	buf := make([]byte, 4096)
+	m, err := l.pair.Read(buf)
+	if err != nil {
+		t.Fatalf("live child did not start: %v", err)
+	}
+	if err := json.Unmarshal(buf[:m], &l.tids); err != nil || len(l.tids) != n {
+		t.Fatalf("live child said %q: %v", buf[:m], err)
+	}
+	return l
+}
+
+// dial has the live child connect to socket and hand the connection over;
+// the child stays the peer.
+func (l *liveChild) dial(t *testing.T, socket string) net.Conn {
+	t.Helper()
+	if _, err := l.pair.Write([]byte(socket)); err != nil {
+		t.Fatal(err)
+	}
+	oob := make([]byte, unix.CmsgSpace(4))
+	buf := make([]byte, 512)
+	n, oobn, _, _, err := l.pair.ReadMsgUnix(buf, oob)
+	if err != nil {
+		t.Fatalf("live child: %v", err)
+	}
+	if oobn == 0 {
+		t.Fatalf("live child could not connect: %s", buf[:n])
+	}
+	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+	fds, _ := unix.ParseUnixRights(&msgs[0])
+	f := os.NewFile(uintptr(fds[0]), "agent")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// childLive starts THREADS threads that live until it exits, says their
+// ids, then connects to each socket the test names and passes the
+// connection back, until the test closes the pair.
+func childLive() (any, error) {
+	n, _ := strconv.Atoi(os.Getenv("THREADS"))
+	tids := make([]int, n)
+	for i := range tids {
+		ch := make(chan int)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread is this goroutine's
+			ch <- syscall.Gettid()
+			select {}
+		}()
+		tids[i] = <-ch
+	}
+	pc, err := net.FileConn(os.NewFile(3, "pair"))
+	if err != nil {
+		return nil, err
+	}
+	pair := pc.(*net.UnixConn)
+	b, _ := json.Marshal(tids)
+	if _, err := pair.Write(b); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 4096)
+	for {
+		m, err := pair.Read(buf)
+		if err != nil || m == 0 {
+			return map[string]int{}, nil // the test is done
+		}
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: string(buf[:m]), Net: "unix"})
+		if err != nil {
+			pair.Write([]byte(err.Error()))
+			continue
+		}
+		f, _ := c.File()
+		_, _, err = pair.WriteMsgUnix([]byte{1}, unix.UnixRights(int(f.Fd())), nil)
+		f.Close()
+		c.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
 }

@@ -232,6 +232,8 @@ func runChild(name string) int {
 		res, err = childRelay()
 	case "pass":
 		res, err = childPass()
+	case "live":
+		res, err = childLive()
 
 	default:
 		err = fmt.Errorf("unknown child %q", name)

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -100,18 +99,15 @@ func slotQuotas(t *testing.T, h *cgroup.Hierarchy, rel string) []int64 {
 func TestHostileQuotaWrap(t *testing.T) {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "250m=1" })
 	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c := hello(t, e.socket, false)
-	defer c.Close()
+	l := startLive(t, e, e.rel, 2)
+	c := l.dial(t, e.socket)
+	sayHello(t, c)
 
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	tid := uint32(syscall.Gettid())
-	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: tid}))
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.tids[0]}))
 	if g, ok := readResp(t, c).(*slotv1.AcquireOK); !ok {
 		t.Fatalf("first acquire: %+v", g)
 	}
-	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 1<<32 - 250, TID: liveTID(t)}))
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 1<<32 - 250, TID: l.tids[1]}))
 	resp := readResp(t, c)
 	if pe, ok := resp.(*slotv1.Error); !ok || pe.Code != slotv1.CodeInvalidQuota {
 		t.Errorf("quota 2^32-250m: got %+v, want INVALID_QUOTA", resp)
@@ -126,6 +122,15 @@ func TestHostileQuotaWrap(t *testing.T) {
 	}
 }
 
+// sayHello says HELLO without fd passing on c.
+func sayHello(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	if m, ok := readResp(t, c).(*slotv1.HelloOK); !ok {
+		t.Fatalf("hello refused: %+v", m)
+	}
+}
+
 // TestHostileReclaimOverBudget (issue item 4): RECLAIM goes through
 // admission. Slots this agent made and never leased cannot be reclaimed
 // beyond the budget; after a restart, reclaims of adopted slots are
@@ -135,7 +140,9 @@ func TestHostileReclaimOverBudget(t *testing.T) {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "500m=3" })
 	e.cfg.Socket = filepath.Join(e.dir, "first.sock")
 	a, stop := runAgent(t, e.h, e.cfg, false)
-	cgrouptest.JoinProcess(t, e.h, e.rel)
+	// The peer: a live process of the container with a thread per slot
+	// and one more.
+	l := startLive(t, e, e.rel, 4)
 
 	slots := func() []uint32 {
 		var ids []uint32
@@ -150,10 +157,10 @@ func TestHostileReclaimOverBudget(t *testing.T) {
 	if len(ids) != 3 {
 		t.Fatalf("slots %v", ids)
 	}
-	tids := []uint32{liveTID(t), liveTID(t), liveTID(t)}
+	tids := l.tids[:3]
 	reclaimAll := func(socket string) (granted int, last slotv1.Message) {
-		c := hello(t, socket, false) // held open: its leases live as long
-		t.Cleanup(func() { c.Close() })
+		c := l.dial(t, socket) // held open: its leases live as long
+		sayHello(t, c)
 		for i, id := range ids {
 			c.Write(frame(t, &slotv1.Reclaim{Slot: id, QuotaMilli: 500, TID: tids[i]}))
 			last = readResp(t, c)
@@ -163,8 +170,8 @@ func TestHostileReclaimOverBudget(t *testing.T) {
 		}
 		return granted, last
 	}
-	c := hello(t, e.cfg.Socket, false)
-	defer c.Close()
+	c := l.dial(t, e.cfg.Socket)
+	sayHello(t, c)
 	for i, id := range ids {
 		c.Write(frame(t, &slotv1.Reclaim{Slot: id, QuotaMilli: 500, TID: tids[i]}))
 		resp := readResp(t, c)
@@ -194,27 +201,12 @@ func TestHostileReclaimOverBudget(t *testing.T) {
 		t.Errorf("over-budget reclaim not counted:\n%s", grep(body, "cpuslot_admission_total"))
 	}
 	// ... and give no room for more.
-	c2 := hello(t, e.cfg.Socket, false)
-	defer c2.Close()
-	c2.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: uint32(syscall.Gettid()), WaitUS: 1000}))
+	c2 := l.dial(t, e.cfg.Socket)
+	sayHello(t, c2)
+	c2.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.tids[3], WaitUS: 1000}))
 	if resp := readResp(t, c2); !isErr(resp, slotv1.CodeTimeout) {
 		t.Errorf("acquire while over budget: %+v", resp)
 	}
-}
-
-// liveTID is the id of a thread of this process that lives until the test
-// ends.
-func liveTID(t *testing.T) uint32 {
-	tids := make(chan int)
-	done := make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		tids <- syscall.Gettid()
-		<-done
-	}()
-	t.Cleanup(func() { close(done) })
-	return uint32(<-tids)
 }
 
 func isErr(m slotv1.Message, code slotv1.Code) bool {
@@ -303,98 +295,6 @@ func TestHostileRecreatedContainer(t *testing.T) {
 	if r := run(); r.Error != "" || r.InSlot != 2 {
 		t.Fatalf("recreated container served a stale pool: %+v", r)
 	}
-}
-
-// TestHostileReusedTID (issue item 9): in cache-eager mode the agent moves
-// a released thread out of its slot by TID. When that thread has exited and
-// its TID belongs to a process of another container, the agent must not
-// move that process.
-func TestHostileReusedTID(t *testing.T) {
-	if !canSetLastPID() {
-		t.Skip("needs /proc/sys/kernel/ns_last_pid")
-	}
-	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
-	relB := cgrouptest.NewContainer(t, e.h, 0)
-	e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c := hello(t, e.socket, false)
-	defer c.Close()
-
-	// A thread that acquires and then exits.
-	tids := make(chan int)
-	exit := make(chan struct{})
-	gone := make(chan struct{})
-	var tid int
-	for tid == 0 {
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-			if syscall.Gettid() == os.Getpid() {
-				// The main thread is parked, not ended, when its goroutine exits.
-				runtime.UnlockOSThread()
-				tids <- 0
-				return
-			}
-			defer close(gone)
-			tids <- syscall.Gettid()
-			<-exit
-		}()
-		tid = <-tids
-	}
-	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: uint32(tid)}))
-	g, ok := readResp(t, c).(*slotv1.AcquireOK)
-	if !ok || g.Place != slotv1.PlaceDone {
-		t.Fatalf("acquire: %+v", g)
-	}
-	close(exit)
-	<-gone
-	waitFor(t, "thread exit", func() bool {
-		_, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", os.Getpid(), tid))
-		return err != nil
-	})
-	// A process of container B takes the TID.
-	victim := startSleepWithPID(t, e.h, relB, tid)
-	if victim == nil {
-		t.Skip("could not get the exited thread's id for a new process (busy machine)")
-	}
-	c.Write(frame(t, &slotv1.Release{Lease: g.Lease}))
-	if _, ok := readResp(t, c).(*slotv1.ReleaseOK); !ok {
-		t.Fatal("release failed")
-	}
-	if got, _ := e.h.PathOfPID(victim.Process.Pid); got != relB {
-		t.Fatalf("releasing a lease moved process %d of container B (took the exited thread's id) to %s", victim.Process.Pid, got)
-	}
-}
-
-func canSetLastPID() bool {
-	f, err := os.OpenFile("/proc/sys/kernel/ns_last_pid", os.O_WRONLY, 0)
-	if err != nil {
-		return false
-	}
-	f.Close()
-	return true
-}
-
-// startSleepWithPID starts a sleeping process with PID pid in cgroup rel.
-func startSleepWithPID(t *testing.T, h *cgroup.Hierarchy, rel string, pid int) *exec.Cmd {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	for try := 0; try < 50; try++ {
-		os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0)
-		cmd := exec.Command("sleep", "1000")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if cmd.Process.Pid == pid {
-			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-			if err := h.MoveProcess(pid, rel); err != nil {
-				t.Fatal(err)
-			}
-			return cmd
-		}
-		cmd.Process.Kill()
-		cmd.Wait()
-	}
-	return nil
 }
 
 // TestHostileActionNamesPerContainer (issue item 10): a container that
