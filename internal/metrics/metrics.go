@@ -61,6 +61,44 @@ func ConstGauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metr
 	return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 }
 
+// AdmissionResults are the results of cpuslot_admission_total: what
+// happened to an acquisition that did not fit the CPU budget at once.
+// Every result the agent counts is listed here and exported from the start.
+var AdmissionResults = []string{
+	"queued",                // waited for budget
+	"degraded",              // granted a smaller quota
+	"rejected",              // refused (also a RECLAIM that does not fit)
+	"timeout",               // waited past its wait budget
+	"reclaimed_over_budget", // a slot adopted after a restart, reclaimed beyond the budget
+}
+
+// ErrorReasons are the reasons of cpuslot_errors_total. Every reason the
+// agent counts is listed here and exported from the start, so rates and
+// alerts see a zero rather than nothing; failed cgroup operations add
+// "cgroup_<operation>".
+var ErrorReasons = []string{
+	// wire: what a peer sent or did
+	"bad_request",      // a request the agent refuses (invalid field, foreign thread)
+	"bad_frame",        // a frame that does not decode or exceeds its bounds
+	"no_hello",         // a first request that is not HELLO
+	"not_served",       // a peer in no container the agent serves
+	"unknown_lease",    // a lease that is not the peer's
+	"connection_limit", // a connection over the per-node or per-process cap
+	"accept_failed",    // accept failed (e.g. out of fds); the agent backs off
+	"socket_failed",    // a pod's socket could not be made (e.g. a planted file)
+	// pool: slots and threads
+	"slots_exhausted",      // all slots of a container busy
+	"containers_exhausted", // a container over the cap on served containers
+	"container_not_found",  // a container's cgroup was not found
+	"container_gone",       // a served container's cgroup went away: its pool is stale
+	"pool_config",          // a container's pool settings are invalid
+	"stale_tid",            // a recorded TID now names another thread: not moved
+	"agent_thread_in_slot", // an agent thread found in a slot, moved back
+	"mkdir_refused", "create_failed", "open_failed", "place_failed",
+	"retune_failed", "remove_failed", "teardown_failed", "prewarm_failed",
+	"read_usage",
+}
+
 // Metrics holds the agent's collectors. A nil *Metrics records nothing, so
 // unit tests may pass nil.
 type Metrics struct {
@@ -101,7 +139,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_acquisitions_total", Help: "Granted acquisitions by how the slot was found (affinity_hit needs no cgroup write)."},
 			[]string{"outcome"}),
 		admission: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: queued, degraded, rejected, timeout."},
+			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: " + strings.Join(AdmissionResults, ", ") + "."},
 			[]string{"result"}),
 		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (ok, failed, timeout, placement_failed, abandoned, superseded)."},
@@ -113,7 +151,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by action."},
 			[]string{"action"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_errors_total", Help: "Errors by reason."},
+			Name: "cpuslot_errors_total", Help: "Errors by reason: " + strings.Join(ErrorReasons, ", ") + ", cgroup_<operation>."},
 			[]string{"reason"}),
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cpuslot_connections", Help: "Open client connections."}),
@@ -125,17 +163,13 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.acquireDuration, m.placementDuration, m.cgroupOpDuration, m.acquisitions, m.admission,
 		m.invocations, m.cpuSeconds, m.throttledSeconds, m.errors, m.connections, m.info)
-	for _, r := range []string{"queued", "degraded", "rejected", "timeout"} {
+	for _, r := range AdmissionResults {
 		m.admission.WithLabelValues(r)
 	}
 	for _, o := range []string{"affinity_hit", "cache_hit", "retuned", "created", "reclaimed"} {
 		m.acquisitions.WithLabelValues(o)
 	}
-	// Error series exist from the start, so rates and alerts see a zero
-	// rather than nothing.
-	for _, r := range []string{"bad_request", "bad_frame", "not_served", "unknown_lease", "slots_exhausted",
-		"mkdir_refused", "create_failed", "place_failed", "remove_failed", "prewarm_failed", "container_not_found",
-		"connection_limit", "accept_failed", "agent_thread_in_slot"} {
+	for _, r := range ErrorReasons {
 		m.errors.WithLabelValues(r)
 	}
 	return m

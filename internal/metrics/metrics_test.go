@@ -1,6 +1,10 @@
 package metrics
 
 import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -56,4 +60,46 @@ func TestReleasedWithHostileNames(t *testing.T) {
 type collectorFunc func(chan<- prometheus.Metric)
 
 func (f collectorFunc) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(f, ch) }
-func (f collectorFunc) Collect(ch chan<- prometheus.Metric)  { f(ch) }
+func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
+
+// TestReasonsListed: every literal reason or admission result the agent
+// counts is in the one list that pre-registers them.
+func TestReasonsListed(t *testing.T) {
+	listed := map[string]bool{}
+	for _, r := range append(append([]string{}, ErrorReasons...), AdmissionResults...) {
+		if listed[r] {
+			t.Errorf("%q listed twice", r)
+		}
+		listed[r] = true
+	}
+	call := regexp.MustCompile(`\.(Error|Admission)\("([^"]*)"\)`)
+	n := 0
+	err := filepath.WalkDir("../..", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "e2e" || d.Name() == "runtime-image" || strings.HasPrefix(d.Name(), ".") && p != "../..") {
+			return filepath.SkipDir
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range call.FindAllStringSubmatch(string(b), -1) {
+			n++
+			if !listed[m[2]] {
+				t.Errorf("%s counts %s %q, which is not in ErrorReasons or AdmissionResults", p, m[1], m[2])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < len(listed) {
+		t.Fatalf("found only %d counting calls for %d listed reasons", n, len(listed))
+	}
+}
