@@ -95,7 +95,8 @@ func slotQuotas(t *testing.T, h *cgroup.Hierarchy, rel string) []int64 {
 // TestHostileQuotaWrap (issue item 4): with a 1-core budget, a lease of
 // 250m and a request for 2^32-250m must not wrap the budget's sum: the
 // request is refused as an invalid quota and no slot gets a quota above
-// what the node has.
+// what the node has. The peer is a live process of the container, not the
+// test (the agent never places its own threads).
 func TestHostileQuotaWrap(t *testing.T) {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "250m=1" })
 	a := e.start()
