@@ -69,6 +69,10 @@ func run(args []string) error {
 	budget := fs.String("budget", "", "CPU budget per container (default: the container's CPU limit)")
 	overcommit := fs.Float64("overcommit", 0, "budget multiplier")
 	policy := fs.String("policy", "", "when a quota does not fit: queue, degrade or reject")
+	maxContainers := fs.Int("max-containers", 0, "containers served at once (default 512)")
+	maxQuota := fs.String("max-quota", "", "largest quota in a container without a CPU limit (default: the node's CPUs)")
+	maxConns := fs.Int("max-connections", 0, "open connections on the node (default 4096)")
+	maxConnsPerProcess := fs.Int("max-connections-per-process", 0, "open connections of one client process (default 64)")
 	cleanupOnExit := fs.Bool("cleanup-on-exit", false, "remove all slots on exit instead of leaving them for the next agent")
 	k8s := fs.Bool("kubernetes", false, "serve the runtime pods of this node (see docs/kubernetes-contract.md)")
 	nodeName := fs.String("node-name", "", "Kubernetes node name (default: $NODE_NAME)")
@@ -104,6 +108,16 @@ func run(args []string) error {
 	set(&cfg.Admission.Policy, *policy)
 	if *overcommit != 0 {
 		cfg.Admission.Overcommit = *overcommit
+	}
+	if *maxContainers != 0 {
+		cfg.MaxContainers = *maxContainers
+	}
+	set(&cfg.Pool.MaxQuota, *maxQuota)
+	if *maxConns != 0 {
+		cfg.Limits.MaxConnections = *maxConns
+	}
+	if *maxConnsPerProcess != 0 {
+		cfg.Limits.MaxConnectionsPerProcess = *maxConnsPerProcess
 	}
 	set(&cfg.Kubernetes.NodeName, *nodeName)
 	set(&cfg.Kubernetes.ContainerdSocket, *containerdSocket)

@@ -11,6 +11,7 @@
 //
 //	slotbench                    # on this machine's hierarchy
 //	slotbench -vm                # in the cgroup v2 VM, without and with favordynmods
+//	slotbench -scale             # one agent, 250 containers x 64 slots (scale.go)
 package main
 
 import (
@@ -32,6 +33,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -77,9 +79,25 @@ func main() {
 	linger := flag.Duration("linger", 100*time.Millisecond, "also run affinity with a client that keeps leases this long (0: skip)")
 	cpuprofile := flag.String("cpuprofile", "", "write the agent side's CPU profile here")
 	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods")
+	scale := flag.Bool("scale", false, "measure one agent serving many containers instead (see -containers)")
+	var sp scaleParams
+	flag.IntVar(&sp.containers, "containers", 250, "-scale: containers served")
+	flag.IntVar(&sp.slots, "slots", 64, "-scale: slots pre-warmed per container")
+	flag.DurationVar(&sp.idle, "idle", 20*time.Second, "-scale: how long to measure the idle agent's CPU")
+	flag.IntVar(&sp.hellos, "hellos", 500, "-scale: connect + HELLO samples per phase")
+	flag.IntVar(&sp.acquires, "acquires", 5000, "-scale: ACQUIRE samples per phase")
+	flag.IntVar(&sp.flood, "flood", 5000, "-scale: stalled connections the flooding container opens")
 	flag.Parse()
 	if os.Getenv("SLOTBENCH_CLIENT") != "" {
 		clientMain()
+		return
+	}
+	if role := os.Getenv("SLOTBENCH_SCALE"); role != "" {
+		scaleChild(role)
+		return
+	}
+	if *scale {
+		fatal(scaleBench(sp))
 		return
 	}
 	p := params{steadyN: *steadyN, sporadicN: *sporadicN, rounds: *rounds, burst: *burst, share: *share}
@@ -452,6 +470,9 @@ func startClient(h *cgroup.Hierarchy, rel, socket string, linger time.Duration) 
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket, "SLOTBENCH_LINGER="+linger.String())
 	cmd.Stderr = os.Stderr
+	// A client runs in a PID namespace of its own, as in a pod: on v1 the
+	// agent passes placement fds only to such peers (docs/security.md).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

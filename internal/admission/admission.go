@@ -71,7 +71,7 @@ const (
 // Admit decides on a request for want millicores. Granted is what may be
 // taken now (less than want when degraded). Reason explains a Refuse.
 func (b *Budget) Admit(want uint32) (d Decision, granted uint32, reason string) {
-	if b.Limit == 0 || b.used+want <= b.Limit {
+	if b.Fits(want) {
 		return Grant, want, ""
 	}
 	free := b.Limit - min(b.used, b.Limit)
@@ -90,8 +90,14 @@ func (b *Budget) Admit(want uint32) (d Decision, granted uint32, reason string) 
 	return Wait, 0, ""
 }
 
-// Take records a grant.
-func (b *Budget) Take(m uint32) { b.used += m }
+// Fits reports whether want millicores fit the budget now. The sum is
+// taken in 64 bits: a quota near 2^32 must not wrap around to fit.
+func (b *Budget) Fits(want uint32) bool {
+	return b.Limit == 0 || uint64(b.used)+uint64(want) <= uint64(b.Limit)
+}
+
+// Take records a grant. The sum saturates: used never wraps to look small.
+func (b *Budget) Take(m uint32) { b.used = uint32(min(uint64(b.used)+uint64(m), math.MaxUint32)) }
 
 // Give returns a grant.
 func (b *Budget) Give(m uint32) { b.used -= min(m, b.used) }

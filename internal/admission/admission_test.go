@@ -73,3 +73,19 @@ func TestParsePolicy(t *testing.T) {
 		t.Error("accepted drop")
 	}
 }
+
+// TestNoWrap: a quota near 2^32 does not wrap the sum of what is granted
+// (issue: 250m held plus 2^32-250m fit a 1-core budget).
+func TestNoWrap(t *testing.T) {
+	for _, p := range []Policy{Queue, Degrade, Reject} {
+		b := New(1000, 1, p, 10)
+		b.Take(250)
+		if d, g, _ := b.Admit(1<<32 - 250); d == Grant && g > b.Free() {
+			t.Errorf("%v: granted %dm with %dm free", p, g, b.Free())
+		}
+		b.Take(1<<32 - 1)
+		if b.Used() != 1<<32-1 || b.Fits(1) {
+			t.Errorf("%v: used wrapped to %d", p, b.Used())
+		}
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
@@ -44,14 +45,31 @@ type Agent struct {
 	log       *slog.Logger
 	server    *server.Server
 
+	// mu guards the maps only: no cgroup I/O runs under it.
 	mu         sync.Mutex
 	containers map[string]*served // by cgroup path
-	ready      atomic.Bool
+	// preparing are containers whose pools are being made.
+	preparing map[string]*preparation
+	ready     atomic.Bool
+}
+
+// ErrTooManyContainers means the agent serves its maximum of containers
+// (maxContainers): it bounds the memory and fds the agent spends.
+var ErrTooManyContainers = errors.New("the agent serves its maximum number of containers")
+
+type preparation struct {
+	done      chan struct{}
+	s         *served
+	err       error
+	forgotten bool // Forget came while the pool was being made
 }
 
 type served struct {
 	discover.Container
 	pool *pool.Pool
+	// cg is the container's cgroup, pinned by its directory fds: a cgroup
+	// made anew at the same path is another container.
+	cg *cgroup.Container
 	// ln is the container's own socket, if it has one.
 	ln *server.Listener
 	// auto marks containers prepared on first contact (serveUnder): they
@@ -63,6 +81,9 @@ type served struct {
 func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	pc, err := cfg.PoolSettings()
 	if err != nil {
+		return nil, err
+	}
+	if err := cfg.checkLimits(); err != nil {
 		return nil, err
 	}
 	h, err := cgroup.Detect()
@@ -78,9 +99,21 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 	m.Info(fmt.Sprintf("v%d", h.Version), h.FavorDynMods, Version)
-	a := &Agent{cfg: cfg, poolCfg: pc, hierarchy: h, registry: reg, metrics: m, log: log, containers: map[string]*served{}}
+	if cfg.MaxContainers < 1 {
+		return nil, fmt.Errorf("maxContainers %d: must be at least 1", cfg.MaxContainers)
+	}
+	m.SetMaxActions(cfg.MaxContainers * pc.MaxActions)
+	// Slots keep their files open within half the fd limit; the rest is
+	// for connections and everything else.
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
+		cgroup.SetKeptFDs(int(min(lim.Cur/2, 1<<30)))
+	}
+	a := &Agent{cfg: cfg, poolCfg: pc, hierarchy: h, registry: reg, metrics: m, log: log,
+		containers: map[string]*served{}, preparing: map[string]*preparation{}}
 	reg.MustRegister(poolCollector{a})
 	a.server = server.New(a, h, m, log)
+	a.server.SetLimits(cfg.ServerLimits())
 	log.Info("cgroup hierarchy", "hierarchy", h.String())
 	return a, nil
 }
@@ -94,6 +127,7 @@ func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 // Run serves until ctx ends, then closes connections and leaves slots in
 // place for the next agent (or removes them with cleanup).
 func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool) error {
+	a.raiseFileLimit()
 	var ln *server.Listener
 	if a.cfg.Socket != "" {
 		var err error
@@ -116,6 +150,7 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 	if ln != nil {
 		go a.server.Serve(ln)
 	}
+	a.adoptServeUnder()
 	for _, s := range sources {
 		if err := s.Run(ctx, a); err != nil {
 			a.log.Error("source reported errors", "err", err)
@@ -160,6 +195,22 @@ loop:
 	return errors.Join(errs...)
 }
 
+// raiseFileLimit lifts the soft RLIMIT_NOFILE to the hard limit: every
+// connection and every slot holds descriptors.
+func (a *Agent) raiseFileLimit() {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return
+	}
+	if rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+			a.log.Warn("cannot raise the open file limit", "err", err)
+		}
+	}
+	a.log.Info("open file limit", "nofile", rl.Cur, "maxConnections", a.cfg.Limits.MaxConnections)
+}
+
 // Serve prepares a container's pool (discover.Sink). A *discover.Partial
 // error means it is served, but not as configured.
 func (a *Agent) Serve(c discover.Container) error {
@@ -168,10 +219,63 @@ func (a *Agent) Serve(c discover.Container) error {
 }
 
 func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if s := a.containers[c.CgroupPath]; s != nil {
-		return s, nil
+	return a.serveWith(c, auto, nil)
+}
+
+// serveWith serves c, reusing the container socket ln when it is given (a
+// pool made anew for a container that keeps its socket). The cgroup I/O of
+// making the pool runs without the agent lock: other containers are served
+// meanwhile.
+func (a *Agent) serveWith(c discover.Container, auto bool, ln *server.Listener) (*served, error) {
+	for {
+		a.mu.Lock()
+		if s := a.containers[c.CgroupPath]; s != nil {
+			a.mu.Unlock()
+			return s, nil
+		}
+		if pr := a.preparing[c.CgroupPath]; pr != nil {
+			a.mu.Unlock()
+			<-pr.done
+			if pr.s == nil || pr.forgotten {
+				return nil, pr.err
+			}
+			continue
+		}
+		if max := a.cfg.MaxContainers; len(a.containers)+len(a.preparing) >= max {
+			a.mu.Unlock()
+			a.metrics.Error("containers_exhausted")
+			return nil, fmt.Errorf("container %s: %w (%d)", c.Name, ErrTooManyContainers, max)
+		}
+		pr := &preparation{done: make(chan struct{})}
+		a.preparing[c.CgroupPath] = pr
+		a.mu.Unlock()
+
+		s, err := a.prepare(c, auto, ln)
+
+		a.mu.Lock()
+		delete(a.preparing, c.CgroupPath)
+		forgotten := pr.forgotten
+		if s != nil && !forgotten {
+			a.containers[c.CgroupPath] = s
+		}
+		pr.s, pr.err = s, err
+		a.mu.Unlock()
+		close(pr.done)
+		if s != nil && forgotten {
+			a.teardown(s)
+			return nil, fmt.Errorf("container %s: no longer to be served", c.Name)
+		}
+		return s, err
+	}
+}
+
+// prepareHook, when set by a test, runs before a container's pool is made.
+var prepareHook func(cgroupPath string)
+
+// prepare makes a container's pool: adopt, pre-warm, listen.
+func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*served, error) {
+	if prepareHook != nil {
+		prepareHook(c.CgroupPath)
 	}
 	cg, err := a.hierarchy.Container(c.CgroupPath, a.metrics.CgroupOp)
 	if err != nil {
@@ -184,6 +288,7 @@ func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
 	}
 	p, err := pool.New(c.Name, cfg, pool.CgroupBackend(cg), a.metrics)
 	if err != nil {
+		cg.Close()
 		a.metrics.Error("pool_config")
 		return nil, fmt.Errorf("container %s: %w", c.Name, err)
 	}
@@ -195,8 +300,8 @@ func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
 		a.log.Warn("pre-warming incomplete", "container", c.Name, "err", err)
 		partial = &discover.Partial{Err: err}
 	}
-	s := &served{Container: c, pool: p, auto: auto}
-	if c.Socket != "" {
+	s := &served{Container: c, pool: p, cg: cg, auto: auto, ln: ln}
+	if c.Socket != "" && ln == nil {
 		ln, err := server.Listen(c.Socket)
 		if err != nil {
 			a.metrics.Error("socket_failed")
@@ -206,7 +311,6 @@ func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
 		s.ln = ln
 		go a.server.ServeWith(ln, containerResolver{a, c.CgroupPath})
 	}
-	a.containers[c.CgroupPath] = s
 	sum := p.Summary()
 	a.log.Info("serving container", "container", c.Name, "cgroup", c.CgroupPath, "mode", sum.Mode,
 		"budget", sum.BudgetMilli, "slots", countSlots(sum), "socket", c.Socket, "took", time.Since(start).Round(time.Microsecond).String())
@@ -214,6 +318,32 @@ func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
 		return s, partial
 	}
 	return s, nil
+}
+
+// current returns the pool serving s, or nil when s's cgroup is gone or
+// was made anew at its path (then s is dropped; the caller serves again).
+func (a *Agent) current(s *served) *pool.Pool {
+	a.mu.Lock()
+	p := s.pool
+	a.mu.Unlock()
+	if !p.Stale() && s.cg.Exists() {
+		return p
+	}
+	a.log.Info("container cgroup was removed or made anew; dropping its pool", "container", s.Name)
+	a.drop(s)
+	return nil
+}
+
+// drop forgets s without touching the cgroup now at its path: its own
+// cgroup is gone, and its slots with it.
+func (a *Agent) drop(s *served) {
+	a.mu.Lock()
+	if a.containers[s.CgroupPath] == s {
+		delete(a.containers, s.CgroupPath)
+	}
+	a.mu.Unlock()
+	s.pool.Invalidate()
+	go s.pool.Close(true) // waits for I/O in progress on the old cgroup
 }
 
 // containerResolver serves a container's own socket: the peer must be a
@@ -251,10 +381,16 @@ func (a *Agent) Forget(cgroupPath string) {
 	a.mu.Lock()
 	s := a.containers[cgroupPath]
 	delete(a.containers, cgroupPath)
-	a.mu.Unlock()
-	if s == nil {
-		return
+	if pr := a.preparing[cgroupPath]; pr != nil {
+		pr.forgotten = true // torn down once made
 	}
+	a.mu.Unlock()
+	if s != nil {
+		a.teardown(s)
+	}
+}
+
+func (a *Agent) teardown(s *served) {
 	if s.ln != nil {
 		s.ln.Close() // also removes the socket file
 	}
@@ -272,28 +408,60 @@ func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
 	if err != nil {
 		return nil, slotv1.Errorf(slotv1.CodeNotServed, "cannot read the cgroup of process %d: %v", p.PID, err)
 	}
-	a.mu.Lock()
 	var best *served
-	for path, s := range a.containers {
-		if within(cg, path) && (best == nil || len(path) > len(best.CgroupPath)) {
-			best = s
+	for {
+		a.mu.Lock()
+		best = nil
+		bestPath := ""
+		for path, s := range a.containers {
+			if within(cg, path) && len(path) >= len(bestPath) {
+				best, bestPath = s, path
+			}
 		}
+		// A container whose pool is being made is served once it is made.
+		var wait *preparation
+		for path, pr := range a.preparing {
+			if within(cg, path) && len(path) > len(bestPath) {
+				wait, bestPath = pr, path
+			}
+		}
+		a.mu.Unlock()
+		if wait == nil {
+			break
+		}
+		<-wait.done
 	}
-	a.mu.Unlock()
 	if best != nil {
-		return best.pool, nil
+		if p := a.current(best); p != nil {
+			return p, nil
+		}
+		// Made anew at the same path: a new container, served afresh.
+		s, err := a.serveWith(best.Container, best.auto, best.ln)
+		if err != nil {
+			return nil, serveError(best.CgroupPath, err)
+		}
+		return s.pool, nil
 	}
 	for _, root := range a.cfg.Standalone.ServeUnder {
 		if within(cg, root) && cg != root {
 			ctr := containerOf(cg)
 			s, err := a.serve(discover.Container{Name: ctr, CgroupPath: ctr}, true)
 			if err != nil {
-				return nil, slotv1.Errorf(slotv1.CodeNotServed, "preparing %s: %v", ctr, err)
+				return nil, serveError(ctr, err)
 			}
 			return s.pool, nil
 		}
 	}
 	return nil, slotv1.Errorf(slotv1.CodeNotServed, "process %d in cgroup %s is not in a container this agent serves", p.PID, cg)
+}
+
+// serveError is what a client is told when its container cannot be served:
+// at the cap on containers it may say HELLO again later (NOT_READY).
+func serveError(ctr string, err error) error {
+	if errors.Is(err, ErrTooManyContainers) {
+		return &slotv1.Error{Code: slotv1.CodeNotReady, RetryAfterMS: 1000, Message: err.Error()}
+	}
+	return slotv1.Errorf(slotv1.CodeNotServed, "preparing %s: %v", ctr, err)
 }
 
 // within reports whether cgroup path p is dir or below it.
@@ -311,17 +479,28 @@ func containerOf(p string) string {
 }
 
 // Maintain reaps idle grown slots, drops pools of containers that are
-// gone, and tears down auto-served containers no thread is left in.
+// gone or were made anew, and tears down auto-served containers no thread
+// is left in.
 func (a *Agent) Maintain(now time.Time) {
 	for _, s := range a.snapshot() {
-		cg, err := a.hierarchy.Container(s.CgroupPath, nil)
+		id, err := a.hierarchy.IdentityOf(s.CgroupPath)
 		if err != nil {
 			a.log.Info("container is gone", "container", s.Name)
-			a.Forget(s.CgroupPath)
+			a.drop(s)
+			a.teardownListener(s)
+			continue
+		}
+		if id != s.cg.Identity() || s.pool.Stale() {
+			if a.current(s) == nil && !s.auto {
+				// A container the sources named: serve the new cgroup.
+				if _, err := a.serveWith(s.Container, false, s.ln); err != nil {
+					a.log.Warn("serving a container made anew", "container", s.Name, "err", err)
+				}
+			}
 			continue
 		}
 		if s.auto {
-			if busy, err := cg.Populated(); err == nil && !busy {
+			if busy, err := s.cg.Populated(); err == nil && !busy {
 				a.log.Info("no process left in container", "container", s.Name)
 				a.Forget(s.CgroupPath)
 				continue
@@ -329,6 +508,52 @@ func (a *Agent) Maintain(now time.Time) {
 		}
 		if n := s.pool.Reap(now); n > 0 {
 			a.log.Debug("reaped idle slots", "container", s.Name, "slots", n)
+		}
+	}
+}
+
+func (a *Agent) teardownListener(s *served) {
+	if s.ln != nil {
+		s.ln.Close()
+	}
+}
+
+// adoptServeUnder finds the slots left below serveUnder cgroups by an
+// earlier agent: a container with a process left is served again (its
+// runtime may hold leases and will reconnect); the slots of a container
+// with none are removed, or nobody would (the container's runtime could not
+// remove its cgroup: EBUSY).
+func (a *Agent) adoptServeUnder() {
+	for _, root := range a.cfg.Standalone.ServeUnder {
+		parents, err := a.hierarchy.SlotParents(root)
+		if err != nil {
+			a.log.Warn("scanning for slots left by an earlier agent", "under", root, "err", err)
+			continue
+		}
+		for _, p := range parents {
+			if p == root || !within(p, root) {
+				continue
+			}
+			cg, err := a.hierarchy.Container(p, a.metrics.CgroupOp)
+			if err != nil {
+				continue
+			}
+			busy, err := cg.Populated()
+			if err != nil || busy {
+				cg.Close()
+				if _, err := a.serve(discover.Container{Name: p, CgroupPath: p}, true); err != nil {
+					a.log.Warn("adopting a container left by an earlier agent", "container", p, "err", err)
+				}
+				continue
+			}
+			n, err := cg.RemoveSlots()
+			cg.Close()
+			if err != nil {
+				a.metrics.Error("teardown_failed")
+				a.log.Warn("removing slots of a container with no process", "container", p, "err", err)
+				continue
+			}
+			a.log.Info("removed slots left in a container with no process", "container", p, "slots", n)
 		}
 	}
 }
@@ -386,26 +611,28 @@ var (
 		[]string{"container"}, nil)
 	leasesDesc = prometheus.NewDesc("cpuslot_leases", "Leases held now, per container.", []string{"container"}, nil)
 	poolsDesc  = prometheus.NewDesc("cpuslot_containers", "Containers served.", nil, nil)
+	maxDesc    = prometheus.NewDesc("cpuslot_containers_max", "The most containers the agent serves (maxContainers); more are refused and counted as errors with reason containers_exhausted.", nil, nil)
 )
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, poolsDesc} {
+	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, poolsDesc, maxDesc} {
 		ch <- d
 	}
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	sums := c.a.Summaries()
-	ch <- prometheus.MustNewConstMetric(poolsDesc, prometheus.GaugeValue, float64(len(sums)))
+	ch <- metrics.ConstGauge(poolsDesc, float64(len(sums)))
+	ch <- metrics.ConstGauge(maxDesc, float64(c.a.cfg.MaxContainers))
 	for _, s := range sums {
 		for _, q := range s.Quotas {
 			qs := pool.FormatQuota(q.QuotaMilli)
-			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Free), s.Name, qs, "free")
-			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Leased), s.Name, qs, "leased")
-			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(q.Slots-q.Free-q.Leased), s.Name, qs, "busy")
+			ch <- metrics.ConstGauge(slotsDesc, float64(q.Free), s.Name, qs, "free")
+			ch <- metrics.ConstGauge(slotsDesc, float64(q.Leased), s.Name, qs, "leased")
+			ch <- metrics.ConstGauge(slotsDesc, float64(q.Slots-q.Free-q.Leased), s.Name, qs, "busy")
 		}
-		ch <- prometheus.MustNewConstMetric(budgetDesc, prometheus.GaugeValue, float64(s.BudgetMilli), s.Name)
-		ch <- prometheus.MustNewConstMetric(usedDesc, prometheus.GaugeValue, float64(s.UsedMilli), s.Name)
-		ch <- prometheus.MustNewConstMetric(leasesDesc, prometheus.GaugeValue, float64(s.Leases), s.Name)
+		ch <- metrics.ConstGauge(budgetDesc, float64(s.BudgetMilli), s.Name)
+		ch <- metrics.ConstGauge(usedDesc, float64(s.UsedMilli), s.Name)
+		ch <- metrics.ConstGauge(leasesDesc, float64(s.Leases), s.Name)
 	}
 }

@@ -39,7 +39,7 @@ func TestAgentOnCgroupV2(t *testing.T) {
 	vm.Require(t)
 	for _, opts := range []string{"", "favordynmods"} {
 		t.Run("mount="+opts, func(t *testing.T) {
-			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|Linger|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart)$", vm.Options{
+			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|Linger|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart|Hostile.*|Attack.*|PodGetsPlacementFDs)$", vm.Options{
 				MountOptions: opts, Env: []string{"CPUSLOT_QUOTA_SECONDS=4", "CPUSLOT_QUOTA_TOLERANCE=5"}})
 		})
 	}
@@ -185,9 +185,14 @@ func TestQuotaHolds(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	// The cap must hold every time. Getting the whole quota needs a free
-	// CPU: when the thread was throttled in few periods, something else on
-	// the machine took the CPU, and the measurement is repeated.
-	for attempt := 1; ; attempt++ {
+	// CPU: a thread throttled in a period used its quota in it, so when it
+	// was throttled in at least (25-tol)/25 of the periods the machine gave
+	// it its quota, and only then is the lower bound checked (a slot with
+	// a smaller quota would still fail it). When it was throttled in few
+	// periods, something else on the machine took the CPU, and the
+	// measurement is repeated.
+	const attempts = 3
+	for attempt := 1; attempt <= attempts; attempt++ {
 		share, u, wall := burn(t, c, secs)
 		t.Logf("250m slot: %.1f%% of a core over %v (throttled %v in %d of %d periods)", share, wall.Round(time.Millisecond), u.Throttled.Round(time.Millisecond), u.ThrottledPeriods, u.Periods)
 		if share > 25+tol {
@@ -199,12 +204,12 @@ func TestQuotaHolds(t *testing.T) {
 			}
 			return
 		}
-		contended := u.ThrottledPeriods*10 < u.Periods*8
-		if !contended || attempt == 3 {
+		if contended := float64(u.ThrottledPeriods) < float64(u.Periods)*(25-tol)/25; !contended {
 			t.Fatalf("share %.1f%%, want 25%% +/- %.1f (throttled in %d of %d periods)", share, tol, u.ThrottledPeriods, u.Periods)
 		}
 		t.Logf("the thread was throttled in only %d of %d periods: the machine is busy; measuring again", u.ThrottledPeriods, u.Periods)
 	}
+	t.Logf("LOWER BOUND NOT CHECKED: in all %d measurements the machine was too busy to give the thread its quota (throttled in under %.0f%% of periods); only the cap was checked", attempts, 100*(25-tol)/25)
 }
 
 // burn runs a CPU-bound loop in a 250m slot for secs seconds.
@@ -326,10 +331,16 @@ func TestBadInput(t *testing.T) {
 	if pe, ok := readResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeUnknownLease {
 		t.Errorf("unknown lease: %+v", pe)
 	}
-	// The connection survives request-level errors: acquire, release twice.
+	// The agent never places one of its own threads (here the peer is the
+	// agent's own process).
 	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid, Flags: slotv1.AcquireAgentPlaces}))
+	if pe, ok := readResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeBadRequest {
+		t.Errorf("agent placement of an agent thread: %+v", pe)
+	}
+	// The connection survives request-level errors: acquire, release twice.
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid}))
 	g, ok := readResp(t, c).(*slotv1.AcquireOK)
-	if !ok || g.Place != slotv1.PlaceDone {
+	if !ok || g.Place != slotv1.PlaceSelf {
 		t.Fatalf("acquire: %+v", g)
 	}
 	c.Write(frame(t, &slotv1.Release{Lease: g.Lease}))
@@ -626,8 +637,10 @@ func childHold() (any, error) {
 		}
 		held++
 	}
-	// Report, then wait to be killed with the leases held.
+	// Report, then wait to be killed with the leases held. A read blocks in
+	// the kernel: with its agent gone the child is not "deadlocked".
 	fmt.Printf("{\"held\":%d}\n", held)
+	io.Copy(io.Discard, os.Stdin)
 	select {}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/server"
 )
 
 // Config is the agent's configuration file (YAML). Every field has a
@@ -27,8 +28,26 @@ type Config struct {
 	Standalone StandaloneConfig `json:"standalone"`
 	// ReapInterval is how often idle slots and gone containers are checked.
 	ReapInterval Duration `json:"reapInterval"`
+	// MaxContainers bounds the containers served at once; more are refused
+	// (NOT_READY to a client, an error to a source) and counted.
+	MaxContainers int `json:"maxContainers"`
 	// Kubernetes configures Kubernetes mode (docs/kubernetes-contract.md).
 	Kubernetes KubernetesConfig `json:"kubernetes"`
+	// Limits bound what peers can hold (docs/security.md).
+	Limits LimitsConfig `json:"limits"`
+}
+
+// LimitsConfig bounds the resources peers can make the agent hold.
+type LimitsConfig struct {
+	// MaxConnections is the most open connections on the node.
+	MaxConnections int `json:"maxConnections"`
+	// MaxConnectionsPerProcess is the most open connections per peer process.
+	MaxConnectionsPerProcess int `json:"maxConnectionsPerProcess"`
+	// HelloTimeout is how long a new connection may take to complete HELLO.
+	HelloTimeout Duration `json:"helloTimeout"`
+	// FrameTimeout is how long the rest of a frame may take once its first
+	// byte arrived.
+	FrameTimeout Duration `json:"frameTimeout"`
 }
 
 // KubernetesConfig is the Kubernetes mode's setup.
@@ -56,6 +75,12 @@ type PoolConfig struct {
 	IdleTimeout Duration `json:"idleTimeout"`
 	DefaultWait Duration `json:"defaultWait"`
 	MaxWait     Duration `json:"maxWait"`
+	// MaxQuota bounds a request's quota in a container without a CPU
+	// limit (one with a limit is bounded by it); empty: the node's CPUs.
+	MaxQuota string `json:"maxQuota"`
+	// MaxActions bounds the distinct action names per container in
+	// metrics; later ones are counted as "_other".
+	MaxActions int `json:"maxActions"`
 }
 
 // AdmissionConfig bounds the CPU granted per container.
@@ -99,6 +124,9 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes a Go duration string.
 func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
 
+// DefaultMaxContainers holds 250 pods with room to spare.
+const DefaultMaxContainers = 512
+
 // DefaultConfig is the agent's configuration when nothing is given.
 func DefaultConfig() Config {
 	p := pool.DefaultConfig()
@@ -109,9 +137,12 @@ func DefaultConfig() Config {
 		Pool: PoolConfig{
 			Prewarm: pool.FormatPrewarm(p.Prewarm), Mode: p.Mode.String(), Limit: p.Limit.String(),
 			Period: Duration{100 * time.Millisecond}, MaxSlots: p.MaxSlots, IdleTimeout: Duration{p.IdleTimeout},
-			DefaultWait: Duration{p.DefaultWait}, MaxWait: Duration{p.MaxWait},
+			DefaultWait: Duration{p.DefaultWait}, MaxWait: Duration{p.MaxWait}, MaxActions: p.MaxActions,
 		},
-		Admission:    AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
+		MaxContainers: DefaultMaxContainers,
+		Admission:     AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
+		Limits: LimitsConfig{MaxConnections: 4096, MaxConnectionsPerProcess: 64,
+			HelloTimeout: Duration{10 * time.Second}, FrameTimeout: Duration{10 * time.Second}},
 		ReapInterval: Duration{10 * time.Second},
 		Kubernetes: KubernetesConfig{
 			ContainerdSocket:    "/run/containerd/containerd.sock",
@@ -134,6 +165,28 @@ func LoadConfig(path string) (Config, error) {
 		return c, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
+}
+
+// ServerLimits are the connection limits for the server.
+func (c Config) ServerLimits() server.Limits {
+	return server.Limits{MaxConns: c.Limits.MaxConnections, MaxConnsPerProcess: c.Limits.MaxConnectionsPerProcess,
+		HelloTimeout: c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration}
+}
+
+// checkLimits rejects limits that would refuse every client or never time out.
+func (c Config) checkLimits() error {
+	l := c.Limits
+	switch {
+	case l.MaxConnections < 1:
+		return fmt.Errorf("limits.maxConnections %d: must be at least 1", l.MaxConnections)
+	case l.MaxConnectionsPerProcess < 1:
+		return fmt.Errorf("limits.maxConnectionsPerProcess %d: must be at least 1", l.MaxConnectionsPerProcess)
+	case l.HelloTimeout.Duration <= 0:
+		return fmt.Errorf("limits.helloTimeout %v: must be positive", l.HelloTimeout)
+	case l.FrameTimeout.Duration <= 0:
+		return fmt.Errorf("limits.frameTimeout %v: must be positive", l.FrameTimeout)
+	}
+	return nil
 }
 
 // PoolSettings turns the file's pool and admission sections into a
@@ -159,6 +212,17 @@ func (c Config) PoolSettings() (pool.Config, error) {
 	pc.IdleTimeout = c.Pool.IdleTimeout.Duration
 	pc.DefaultWait = c.Pool.DefaultWait.Duration
 	pc.MaxWait = c.Pool.MaxWait.Duration
+	pc.MaxActions = c.Pool.MaxActions
+	if c.MaxContainers < 1 {
+		// Not a pool setting, but checked with them: this is where a
+		// configuration is validated.
+		return pc, fmt.Errorf("maxContainers %d: must be at least 1", c.MaxContainers)
+	}
+	if c.Pool.MaxQuota != "" {
+		if pc.MaxQuotaMilli, err = pool.ParseQuota(c.Pool.MaxQuota); err != nil {
+			return pc, fmt.Errorf("pool.maxQuota: %w", err)
+		}
+	}
 	if c.Admission.Budget != "" {
 		if pc.BudgetMilli, err = pool.ParseQuota(c.Admission.Budget); err != nil {
 			return pc, fmt.Errorf("admission.budget: %w", err)

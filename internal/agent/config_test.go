@@ -24,6 +24,9 @@ func TestExampleConfig(t *testing.T) {
 	if pool.FormatPrewarm(pc.Prewarm) != pool.FormatPrewarm(d.Prewarm) || pc.Mode != d.Mode || pc.PeriodUS != d.PeriodUS || pc.MaxSlots != d.MaxSlots {
 		t.Fatalf("example drifted from defaults: %+v vs %+v", pc, d)
 	}
+	if c.Limits != DefaultConfig().Limits {
+		t.Fatalf("example limits drifted from defaults: %+v", c.Limits)
+	}
 	if c.ReapInterval.Duration != 10*time.Second || len(c.Standalone.ServeUnder) != 1 {
 		t.Fatalf("%+v", c)
 	}
@@ -41,12 +44,20 @@ func TestBadConfig(t *testing.T) {
 		"bad budget":    "admission:\n  budget: lots\n",
 		"too many":      "pool:\n  prewarm: 250m=100\n  maxSlots: 10\n",
 		"bad period":    "pool:\n  period: 10s\n",
+		"bad maxQuota":  "pool:\n  maxQuota: lots\n",
+		"no actions":    "pool:\n  maxActions: 0\n",
+		"no containers": "maxContainers: 0\n",
+		"no conns":      "limits:\n  maxConnections: 0\n",
+		"no timeout":    "limits:\n  helloTimeout: 0s\n",
 	} {
 		p := filepath.Join(dir, "c.yaml")
 		os.WriteFile(p, []byte(body), 0o644)
 		c, err := LoadConfig(p)
 		if err == nil {
 			_, err = c.PoolSettings()
+		}
+		if err == nil {
+			err = c.checkLimits()
 		}
 		if err == nil {
 			t.Errorf("%s: accepted", name)

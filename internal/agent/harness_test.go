@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 }
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	h      *cgroup.Hierarchy
 	rel    string // the container's cgroup
 	dir    string // temp dir holding the socket
@@ -45,7 +45,7 @@ type env struct {
 
 // newEnv makes a container cgroup (with a CPU limit when limitMilli > 0)
 // and a config whose socket lives in a world-accessible temp dir.
-func newEnv(t *testing.T, limitMilli uint32, mutate func(*agent.Config)) *env {
+func newEnv(t testing.TB, limitMilli uint32, mutate func(*agent.Config)) *env {
 	h := cgrouptest.Hierarchy(t)
 	e := &env{t: t, h: h, rel: cgrouptest.NewContainer(t, h, limitMilli)}
 	e.dir = worldDir(t)
@@ -68,7 +68,7 @@ func newEnv(t *testing.T, limitMilli uint32, mutate func(*agent.Config)) *env {
 }
 
 // worldDir is a temp dir that an unprivileged child can reach.
-func worldDir(t *testing.T) string {
+func worldDir(t testing.TB) string {
 	d := t.TempDir()
 	for p := d; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
 		os.Chmod(p, 0o755)
@@ -105,16 +105,23 @@ func (e *env) start() *agent.Agent {
 	return a
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
+	if _, fuzz := w.t.(*testing.F); fuzz {
+		// A fuzz target may not log through F; only errors are shown.
+		if strings.Contains(string(p), "level=ERROR") {
+			os.Stderr.Write(p)
+		}
+		return len(p), nil
+	}
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
 
 // waitFor polls ok until it holds. The bound only keeps a broken test from
 // hanging: it is generous, because a loaded or emulated machine is slow.
-func waitFor(t *testing.T, what string, ok func() bool) {
+func waitFor(t testing.TB, what string, ok func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if ok() {
@@ -130,17 +137,20 @@ type childOpts struct {
 	cgroup string
 	// unprivileged runs the child as nobody in a new cgroup namespace.
 	unprivileged bool
-	env          []string
+	// newPIDNS starts the child in a PID namespace of its own, as in a pod.
+	newPIDNS bool
+	env      []string
 }
 
 type child struct {
-	cmd *exec.Cmd
-	out *bufio.Reader
+	cmd   *exec.Cmd
+	out   *bufio.Reader
+	stdin io.Writer
 }
 
 // spawn starts this test binary as child scenario name. The child waits on
 // stdin until it has been placed in its cgroup.
-func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
+func spawn(t testing.TB, h *cgroup.Hierarchy, name string, o childOpts) *child {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -168,6 +178,12 @@ func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
 			Cloneflags: syscall.CLONE_NEWCGROUP,
 		}
 	}
+	if o.newPIDNS {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWPID
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -183,11 +199,11 @@ func spawn(t *testing.T, h *cgroup.Hierarchy, name string, o childOpts) *child {
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
-	return &child{cmd: cmd, out: bufio.NewReader(stdout)}
+	return &child{cmd: cmd, out: bufio.NewReader(stdout), stdin: stdin}
 }
 
 // result reads the child's JSON report (its last stdout line).
-func (c *child) result(t *testing.T, v any) {
+func (c *child) result(t testing.TB, v any) {
 	t.Helper()
 	line, err := c.out.ReadString('\n')
 	if err != nil {
@@ -200,7 +216,14 @@ func (c *child) result(t *testing.T, v any) {
 
 // runChild is the child side; it reports one JSON line on stdout.
 func runChild(name string) int {
-	bufio.NewReader(os.Stdin).ReadString('\n') // placed in its cgroup
+	// Placed in its cgroup. Read byte by byte: a buffered reader would
+	// swallow what the test writes next (a relay's first input) when the
+	// test is faster than this child, and the child would wait for ever.
+	for b := make([]byte, 1); ; {
+		if n, err := os.Stdin.Read(b); err != nil || n == 1 && b[0] == '\n' {
+			break
+		}
+	}
 	var res any
 	var err error
 	switch name {
@@ -210,6 +233,15 @@ func runChild(name string) int {
 		res, err = childHold()
 	case "agent":
 		err = childAgent()
+	case "raw":
+		res, err = childRaw()
+	case "relay":
+		res, err = childRelay()
+	case "pass":
+		res, err = childPass()
+	case "live":
+		res, err = childLive()
+
 	default:
 		err = fmt.Errorf("unknown child %q", name)
 	}

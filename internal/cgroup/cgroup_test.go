@@ -205,3 +205,43 @@ func readFile(t *testing.T, dir, name string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// TestKeptFDsBounded: slots keep their files open only within the
+// node-wide budget; beyond it they open them per use, and every slot works.
+func TestKeptFDsBounded(t *testing.T) {
+	h := cgrouptest.Hierarchy(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	place, stat := h.SlotFDs()
+	perSlot := place + stat
+	cgroup.SetKeptFDs(2 * perSlot)
+	defer cgroup.SetKeptFDs(cgroup.DefaultKeptFDs)
+	countFDs := func() int { e, _ := os.ReadDir("/proc/self/fd"); return len(e) }
+	before := countFDs()
+	var slots []*cgroup.Slot
+	for id := uint32(1); id <= 10; id++ {
+		s, err := c.CreateSlot(id, cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Usage(); err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots, s)
+	}
+	if n := countFDs() - before; n > 2*perSlot {
+		t.Errorf("10 used slots hold %d fds, budget %d", n, 2*perSlot)
+	}
+	for _, s := range slots {
+		if err := s.Remove(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := countFDs() - before; n != 0 {
+		t.Errorf("%d fds left after removing every slot", n)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // SlotPrefix starts the directory name of every slot; the rest of the name
@@ -56,6 +59,12 @@ type Container struct {
 	dirs    []string
 	observe Observer
 
+	// fds are the container's directories, one per hierarchy (dirfd.go);
+	// id is the identity of the first.
+	fds  []int
+	id   Identity
+	fdMu sync.RWMutex
+
 	mu         sync.Mutex
 	cpuEnabled bool // v2: we wrote +cpu to cgroup.subtree_control
 }
@@ -71,21 +80,35 @@ func (h *Hierarchy) Container(rel string, observe Observer) (*Container, error) 
 		observe = func(string, time.Duration, error) {}
 	}
 	c := &Container{h: h, Path: rel, dirs: h.dirs(rel), observe: observe}
-	for _, d := range c.dirs {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("container cgroup %s: %w", d, errOr(err, syscall.ENOTDIR))
+	for i, d := range c.dirs {
+		fd, err := unix.Open(d, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("container cgroup %s: %w", d, err)
+		}
+		c.fds = append(c.fds, fd)
+		if i == 0 {
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				c.Close()
+				return nil, err
+			}
+			c.id = identityOf(&st)
 		}
 	}
 	if h.Version == 2 {
-		ctrls, err := os.ReadFile(filepath.Join(c.dirs[0], "cgroup.controllers"))
+		ctrls, err := c.readAt(0, "cgroup.controllers")
 		if err != nil {
+			c.Close()
 			return nil, err
 		}
 		if !hasOpt(strings.Fields(string(ctrls)), "cpu") {
+			c.Close()
 			return nil, fmt.Errorf("cgroup %s lacks the cpu controller: enable +cpu in its parent's cgroup.subtree_control", rel)
 		}
-		sub, err := os.ReadFile(filepath.Join(c.dirs[0], "cgroup.subtree_control"))
+		sub, err := c.readAt(0, "cgroup.subtree_control")
 		if err != nil {
+			c.Close()
 			return nil, err
 		}
 		c.cpuEnabled = hasOpt(strings.Fields(string(sub)), "cpu")
@@ -103,10 +126,11 @@ func errOr(err, alt error) error {
 // Hierarchy returns the hierarchy the container lives in.
 func (c *Container) Hierarchy() *Hierarchy { return c.h }
 
-// Exists reports whether the container's cgroup directory is still there.
+// Exists reports whether the container's cgroup directory is still there:
+// the path names the very directory the container was opened at.
 func (c *Container) Exists() bool {
-	_, err := os.Stat(c.dirs[0])
-	return err == nil
+	id, err := c.h.IdentityOf(c.Path)
+	return err == nil && id == c.id
 }
 
 // LimitMilli returns the container's own CPU limit in millicores, or 0
@@ -114,7 +138,7 @@ func (c *Container) Exists() bool {
 func (c *Container) LimitMilli() (uint32, error) {
 	var quota, period int64
 	if c.h.Version == 2 {
-		b, err := os.ReadFile(filepath.Join(c.dirs[0], "cpu.max"))
+		b, err := c.readAt(0, "cpu.max")
 		if err != nil {
 			return 0, err
 		}
@@ -129,13 +153,13 @@ func (c *Container) LimitMilli() (uint32, error) {
 		period, _ = strconv.ParseInt(f[1], 10, 64)
 	} else {
 		var err error
-		if quota, err = readInt(filepath.Join(c.dirs[0], "cpu.cfs_quota_us")); err != nil {
+		if quota, err = c.readInt("cpu.cfs_quota_us"); err != nil {
 			return 0, err
 		}
 		if quota < 0 {
 			return 0, nil
 		}
-		if period, err = readInt(filepath.Join(c.dirs[0], "cpu.cfs_period_us")); err != nil {
+		if period, err = c.readInt("cpu.cfs_period_us"); err != nil {
 			return 0, err
 		}
 	}
@@ -145,8 +169,8 @@ func (c *Container) LimitMilli() (uint32, error) {
 	return uint32(quota * 1000 / period), nil
 }
 
-func readInt(path string) (int64, error) {
-	b, err := os.ReadFile(path)
+func (c *Container) readInt(name string) (int64, error) {
+	b, err := c.readAt(0, name)
 	if err != nil {
 		return 0, err
 	}
@@ -163,7 +187,7 @@ func (c *Container) ensureCPU() error {
 	if c.cpuEnabled {
 		return nil
 	}
-	if err := os.WriteFile(filepath.Join(c.dirs[0], "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
+	if err := c.writeAt(0, "cgroup.subtree_control", "+cpu"); err != nil {
 		return fmt.Errorf("enabling +cpu in %s/cgroup.subtree_control: %w", c.Path, err)
 	}
 	c.cpuEnabled = true
@@ -173,28 +197,29 @@ func (c *Container) ensureCPU() error {
 // CreateSlot makes slot id with spec, ready to take threads. On failure
 // nothing is left behind.
 func (c *Container) CreateSlot(id uint32, spec Spec) (s *Slot, err error) {
-	name := SlotName(id)
+	s = c.slot(id)
+	name := s.name
 	start := time.Now()
-	var made []string
+	made := 0
 	defer func() {
 		if err != nil {
-			for i := len(made) - 1; i >= 0; i-- {
-				_ = syscall.Rmdir(made[i])
+			for i := made - 1; i >= 0; i-- {
+				_ = c.rmdirAt(i, name)
 			}
+			err = c.gone(err)
 		}
 	}()
-	for _, d := range c.dirs {
-		dir := filepath.Join(d, name)
-		if err = os.Mkdir(dir, 0o755); err != nil {
+	for i := range c.dirs {
+		if err = c.mkdirAt(i, s.name); err != nil {
 			c.observe(OpMkdir, time.Since(start), err)
-			return nil, classify(fmt.Errorf("creating slot %s: %w", dir, err))
+			return nil, classify(fmt.Errorf("creating slot: %w", err))
 		}
-		made = append(made, dir)
+		made++
 	}
 	if c.h.Version == 2 {
-		if err = os.WriteFile(filepath.Join(made[0], "cgroup.type"), []byte("threaded"), 0); err != nil {
+		if err = c.writeAt(0, s.name+"/cgroup.type", "threaded"); err != nil {
 			c.observe(OpMkdir, time.Since(start), err)
-			return nil, fmt.Errorf("making slot %s threaded: %w", made[0], err)
+			return nil, fmt.Errorf("making slot %s threaded: %w", s.Dir(), err)
 		}
 		if err = c.ensureCPU(); err != nil {
 			c.observe(OpMkdir, time.Since(start), err)
@@ -202,12 +227,7 @@ func (c *Container) CreateSlot(id uint32, spec Spec) (s *Slot, err error) {
 		}
 	}
 	c.observe(OpMkdir, time.Since(start), nil)
-	s, err = c.openSlot(id, made)
-	if err != nil {
-		return nil, err
-	}
 	if err = s.apply(spec, true); err != nil {
-		s.closeFiles()
 		return nil, err
 	}
 	return s, nil
@@ -218,13 +238,13 @@ func (c *Container) CreateSlot(id uint32, spec Spec) (s *Slot, err error) {
 // became threaded). Their specs are read back from the kernel.
 func (c *Container) AdoptSlots() ([]*Slot, error) {
 	ids := map[uint32]bool{}
-	for _, d := range c.dirs {
-		entries, err := os.ReadDir(d)
+	for i := range c.dirs {
+		names, err := c.subdirs(i)
 		if err != nil {
-			return nil, err
+			return nil, c.gone(err)
 		}
-		for _, e := range entries {
-			if id, ok := ParseSlotName(e.Name()); ok && e.IsDir() {
+		for _, n := range names {
+			if id, ok := ParseSlotName(n); ok {
 				ids[id] = true
 			}
 		}
@@ -236,76 +256,75 @@ func (c *Container) AdoptSlots() ([]*Slot, error) {
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
 	var slots []*Slot
 	for _, id := range sorted {
-		var dirs []string
-		for _, d := range c.dirs {
-			dir := filepath.Join(d, SlotName(id))
-			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-				closeAll(slots)
-				return nil, fmt.Errorf("repairing slot %s: %w", dir, err)
+		s := c.slot(id)
+		for i := range c.dirs {
+			if err := c.mkdirAt(i, s.name); err != nil && !errors.Is(err, os.ErrExist) {
+				return nil, c.gone(fmt.Errorf("repairing slot: %w", err))
 			}
-			dirs = append(dirs, dir)
 		}
 		if c.h.Version == 2 {
-			if err := c.adoptThreaded(dirs[0]); err != nil {
-				closeAll(slots)
-				return nil, err
+			if err := c.adoptThreaded(s); err != nil {
+				return nil, c.gone(err)
 			}
 		}
-		s, err := c.openSlot(id, dirs)
-		if err != nil {
-			closeAll(slots)
-			return nil, err
-		}
+		var err error
 		if s.spec, err = s.readSpec(); err != nil {
-			s.closeFiles()
-			closeAll(slots)
-			return nil, err
+			return nil, c.gone(err)
 		}
 		slots = append(slots, s)
 	}
 	return slots, nil
 }
 
-func (c *Container) adoptThreaded(dir string) error {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.type"))
+func (c *Container) adoptThreaded(s *Slot) error {
+	b, err := c.readAt(0, s.name+"/cgroup.type")
 	if err != nil {
 		return err
 	}
 	if strings.TrimSpace(string(b)) != "threaded" {
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.type"), []byte("threaded"), 0); err != nil {
-			return fmt.Errorf("making adopted slot %s threaded: %w", dir, err)
+		if err := c.writeAt(0, s.name+"/cgroup.type", "threaded"); err != nil {
+			return fmt.Errorf("making adopted slot %s threaded: %w", s.Dir(), err)
 		}
 	}
 	return c.ensureCPU()
 }
 
-func closeAll(slots []*Slot) {
-	for _, s := range slots {
-		s.closeFiles()
-	}
+func isSlot(name string) bool {
+	_, ok := ParseSlotName(name)
+	return ok
 }
 
-// MoveIn moves a thread (a TID in the agent's PID namespace) into the
-// container's own cgroup, out of any slot.
+// ErrNotInSlot is returned by MoveIn for a thread that sits in no slot of
+// the container: a recorded TID that has exited, or been reused since.
+var ErrNotInSlot = errors.New("thread is not in a slot of this container")
+
+// MoveIn moves a thread (a TID in the agent's PID namespace) out of a slot
+// into the container's own cgroup. Only a thread that sits in one of the
+// container's slots now is moved: a TID recorded earlier may belong to
+// another process by now.
 func (c *Container) MoveIn(tid int) error {
+	if p, err := c.h.PathOfThread(tid, tid); err != nil || path.Dir(p) != c.Path || !isSlot(path.Base(p)) {
+		return fmt.Errorf("thread %d: %w", tid, ErrNotInSlot)
+	}
 	start := time.Now()
-	b := strconv.AppendInt(nil, int64(tid), 10)
+	b := strconv.Itoa(tid)
 	var err error
-	for _, d := range c.dirs {
-		if werr := os.WriteFile(filepath.Join(d, c.h.threadsFile()), b, 0); werr != nil && err == nil {
-			err = fmt.Errorf("moving thread %d back to %s: %w", tid, c.Path, werr)
+	for i := range c.dirs {
+		if werr := c.writeAt(i, c.h.threadsFile(), b); werr != nil && err == nil {
+			err = c.gone(fmt.Errorf("moving thread %d back to %s: %w", tid, c.Path, werr))
 		}
 	}
 	c.observe(OpMoveOut, time.Since(start), err)
 	return err
 }
 
-// Populated reports whether any thread is left in the container or its slots.
+// Populated reports whether any thread is left in the container or its
+// cgroups below.
 func (c *Container) Populated() (bool, error) {
 	if c.h.Version == 2 {
-		lines, err := readLines(filepath.Join(c.dirs[0], "cgroup.events"))
+		lines, err := c.linesAt(0, "cgroup.events")
 		if err != nil {
-			return false, err
+			return false, c.gone(err)
 		}
 		for _, l := range lines {
 			if l == "populated 1" {
@@ -314,20 +333,32 @@ func (c *Container) Populated() (bool, error) {
 		}
 		return false, nil
 	}
-	var found bool
-	err := filepath.WalkDir(c.dirs[0], func(p string, d os.DirEntry, err error) error {
-		if err != nil || found || !d.IsDir() {
-			return err
-		}
-		lines, err := readLines(filepath.Join(p, "tasks"))
-		if err != nil {
-			return err
-		}
-		found = len(lines) > 0
-		return nil
-	})
-	return found, err
+	found, err := c.populatedV1(".", 0)
+	return found, c.gone(err)
 }
+
+func (c *Container) populatedV1(rel string, depth int) (bool, error) {
+	lines, err := c.linesAt(0, rel+"/tasks")
+	if err != nil || len(lines) > 0 {
+		return len(lines) > 0, err
+	}
+	if depth >= maxWalkDepth {
+		return false, fmt.Errorf("cgroup %s/%s: deeper than %d levels", c.Path, rel, maxWalkDepth)
+	}
+	names, err := c.subdirsOf(0, rel)
+	if err != nil {
+		return false, err
+	}
+	for _, n := range names {
+		if found, err := c.populatedV1(rel+"/"+n, depth+1); found || err != nil {
+			return found, err
+		}
+	}
+	return false, nil
+}
+
+// maxWalkDepth bounds a walk of a tree the container's owner may shape.
+const maxWalkDepth = 32
 
 // Release undoes what preparing the container changed (v2: the +cpu in
 // cgroup.subtree_control), once no slot is left. Runtimes that re-apply the
@@ -341,16 +372,14 @@ func (c *Container) Release() error {
 	if !c.cpuEnabled {
 		return nil
 	}
-	entries, err := os.ReadDir(c.dirs[0])
+	names, err := c.subdirs(0)
 	if err != nil {
-		return err
+		return c.gone(err)
 	}
-	for _, e := range entries {
-		if e.IsDir() {
-			return nil // children left (ours or not): +cpu stays
-		}
+	if len(names) > 0 {
+		return nil // children left (ours or not): +cpu stays
 	}
-	if err := os.WriteFile(filepath.Join(c.dirs[0], "cgroup.subtree_control"), []byte("-cpu"), 0); err != nil {
+	if err := c.writeAt(0, "cgroup.subtree_control", "-cpu"); err != nil {
 		return fmt.Errorf("disabling cpu in %s/cgroup.subtree_control: %w", c.Path, err)
 	}
 	c.cpuEnabled = false
@@ -371,10 +400,31 @@ func classify(err error) error {
 	return err
 }
 
-// RemoveAllSlots finds every slot below the cgroup path under (in the cpu
-// hierarchy) and removes it, moving its threads back to its container. It
-// is the uninstall path: afterwards no cpuslot directory is left.
-func (h *Hierarchy) RemoveAllSlots(under string) (int, error) {
+// RemoveSlots removes every slot of the container, moving threads back to
+// it, and undoes its preparation.
+func (c *Container) RemoveSlots() (int, error) {
+	slots, err := c.AdoptSlots()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, s := range slots {
+		if err := s.Remove(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	if len(errs) == 0 {
+		errs = append(errs, c.Release())
+	}
+	return n, errors.Join(errs...)
+}
+
+// SlotParents lists the cgroups below under (cpu hierarchy, relative paths)
+// that hold slots.
+func (h *Hierarchy) SlotParents(under string) ([]string, error) {
 	parents := map[string]bool{}
 	root := filepath.Join(h.CPURoot, under)
 	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
@@ -387,36 +437,40 @@ func (h *Hierarchy) RemoveAllSlots(under string) (int, error) {
 		if d.IsDir() {
 			if _, ok := ParseSlotName(d.Name()); ok {
 				rel, _ := filepath.Rel(h.CPURoot, filepath.Dir(p))
-				parents["/"+strings.TrimPrefix(rel, ".")] = true
+				parents[filepath.Clean("/"+rel)] = true
 				return filepath.SkipDir
 			}
 		}
 		return nil
 	})
+	out := make([]string, 0, len(parents))
+	for p := range parents {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out, err
+}
+
+// RemoveAllSlots finds every slot below the cgroup path under (in the cpu
+// hierarchy) and removes it, moving its threads back to its container. It
+// is the uninstall path: afterwards no cpuslot directory is left.
+func (h *Hierarchy) RemoveAllSlots(under string) (int, error) {
+	parents, err := h.SlotParents(under)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	var errs []error
-	for p := range parents {
-		c, err := h.Container(filepath.Clean(p), nil)
+	for _, p := range parents {
+		c, err := h.Container(p, nil)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		slots, err := c.AdoptSlots()
+		m, err := c.RemoveSlots()
+		c.Close()
+		n += m
 		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, s := range slots {
-			if err := s.Remove(); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			n++
-		}
-		if err := c.Release(); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -1,7 +1,7 @@
 // Package cgroup prepares a container's cgroup for CPU slots and manages the
 // slots themselves on cgroup v1 and v2. It holds every cgroup file operation
-// of cpuslot; the hot path (placing a thread, reading usage) uses file
-// descriptors opened once per slot.
+// of cpuslot. A container's files and slots are reached relative to the
+// container's directory fds, never by path (dirfd.go).
 package cgroup
 
 import (
@@ -208,6 +208,17 @@ func (h *Hierarchy) MoveProcess(pid int, rel string) error {
 	for _, d := range h.dirs(rel) {
 		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
 			return fmt.Errorf("moving process %d to %s: %w", pid, rel, err)
+		}
+	}
+	return nil
+}
+
+// MoveThread moves one thread into the cgroup at rel, in each hierarchy
+// the cpu controller spans.
+func (h *Hierarchy) MoveThread(tid int, rel string) error {
+	for _, d := range h.dirs(rel) {
+		if err := os.WriteFile(filepath.Join(d, h.threadsFile()), []byte(strconv.Itoa(tid)), 0); err != nil {
+			return fmt.Errorf("moving thread %d to %s: %w", tid, rel, err)
 		}
 	}
 	return nil

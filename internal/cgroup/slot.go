@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -110,72 +112,166 @@ func (u Usage) Sub(v Usage) Usage {
 	return Usage{d(u.CPUNanos, v.CPUNanos), d(u.ThrottledNanos, v.ThrottledNanos), d(u.Periods, v.Periods), d(u.ThrottledPeriods, v.ThrottledPeriods)}
 }
 
-// Slot is one CPU cgroup inside a container with its files held open.
+// Slot is one CPU cgroup inside a container. Its files are opened relative
+// to the container's directory fds. A slot in use keeps them open while the
+// node-wide budget of kept fds (SetKeptFDs) allows: the hot path then makes
+// no open; beyond the budget they are opened per use, so no number of slots
+// exhausts the agent's fds.
 type Slot struct {
-	ID    uint32
-	c     *Container
-	dirs  []string
-	place []*os.File // cgroup.threads (v2) or tasks (v1, one per hierarchy)
-	stat  *os.File   // cpu.stat
-	acct  *os.File   // v1 cpuacct.usage
-	spec  Spec
-	// Raw descriptors, taken once: os.File.Fd puts a pollable file (cgroup
-	// files are) into blocking mode with a syscall on every call.
-	placeFDs, statFDs []int
-	statFD, acctFD    int
+	ID   uint32
+	c    *Container
+	name string
+	spec Spec
+
+	mu   sync.Mutex
+	kept *slotFiles // nil: not kept open
 }
 
-func (c *Container) openSlot(id uint32, dirs []string) (*Slot, error) {
-	s := &Slot{ID: id, c: c, dirs: dirs}
-	for _, d := range dirs {
-		f, err := os.OpenFile(filepath.Join(d, c.h.threadsFile()), os.O_WRONLY, 0)
+// slotFiles are a slot's open files: placement fds, cpu.stat, and on v1
+// cpuacct.usage (-1 on v2).
+type slotFiles struct {
+	place      []int
+	stat, acct int
+}
+
+func (f *slotFiles) count() int {
+	n := len(f.place) + 1
+	if f.acct >= 0 {
+		n++
+	}
+	return n
+}
+
+func (f *slotFiles) close() {
+	closeFDs(f.place)
+	unix.Close(f.stat)
+	if f.acct >= 0 {
+		unix.Close(f.acct)
+	}
+}
+
+// keptFDs is what is left of the node-wide budget of fds slots keep open.
+var keptFDs atomic.Int64
+
+func init() { keptFDs.Store(DefaultKeptFDs) }
+
+// DefaultKeptFDs is the budget of fds slots keep open until SetKeptFDs.
+const DefaultKeptFDs = 4096
+
+// SetKeptFDs sets the node-wide budget of fds slots keep open (the agent
+// gives half its RLIMIT_NOFILE). Call it before any slot is used.
+func SetKeptFDs(n int) { keptFDs.Store(int64(n)) }
+
+// use runs f with the slot's files open, keeping them open when the budget
+// allows.
+func (s *Slot) use(f func(*slotFiles) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kept != nil {
+		return f(s.kept)
+	}
+	files, err := s.open()
+	if err != nil {
+		return err
+	}
+	if n := int64(files.count()); keptFDs.Add(-n) >= 0 {
+		s.kept = files
+	} else {
+		keptFDs.Add(n)
+		defer files.close()
+	}
+	return f(files)
+}
+
+func (s *Slot) open() (*slotFiles, error) {
+	files := &slotFiles{stat: -1, acct: -1}
+	for i := range s.c.dirs {
+		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.threadsFile(), unix.O_WRONLY)
 		if err != nil {
-			s.closeFiles()
-			return nil, fmt.Errorf("opening slot %s: %w", d, err)
+			closeFDs(files.place)
+			return nil, s.c.gone(err)
 		}
-		s.place = append(s.place, f)
+		files.place = append(files.place, fd)
 	}
 	var err error
-	if s.stat, err = os.Open(filepath.Join(dirs[0], "cpu.stat")); err != nil {
-		s.closeFiles()
-		return nil, err
+	if files.stat, files.acct, err = s.openCounters(); err != nil {
+		closeFDs(files.place)
+		return nil, s.c.gone(err)
 	}
-	s.acctFD = -1
-	if c.h.Version == 1 {
-		acctDir := dirs[len(dirs)-1] // the cpuacct dir, or the joint cpu,cpuacct one
-		if s.acct, err = os.Open(filepath.Join(acctDir, "cpuacct.usage")); err != nil {
-			s.closeFiles()
-			return nil, err
-		}
-		s.acctFD = int(s.acct.Fd())
-	}
-	for _, f := range s.place {
-		s.placeFDs = append(s.placeFDs, int(f.Fd()))
-	}
-	s.statFD = int(s.stat.Fd())
-	s.statFDs = []int{s.statFD}
-	if s.acctFD >= 0 {
-		s.statFDs = append(s.statFDs, s.acctFD)
-	}
-	return s, nil
+	return files, nil
 }
 
-// Name is the slot's directory name.
-func (s *Slot) Name() string { return filepath.Base(s.dirs[0]) }
+// forget closes the files the slot keeps open and returns their budget.
+func (s *Slot) forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kept != nil {
+		keptFDs.Add(int64(s.kept.count()))
+		s.kept.close()
+		s.kept = nil
+	}
+}
 
-// Dir is the slot's directory in the cpu hierarchy.
-func (s *Slot) Dir() string { return s.dirs[0] }
+func (c *Container) slot(id uint32) *Slot { return &Slot{ID: id, c: c, name: SlotName(id)} }
+
+// Name is the slot's directory name.
+func (s *Slot) Name() string { return s.name }
+
+// Dir is the slot's directory in the cpu hierarchy (for messages).
+func (s *Slot) Dir() string { return filepath.Join(s.c.dirs[0], s.name) }
 
 // Spec is what the slot currently enforces.
 func (s *Slot) Spec() Spec { return s.spec }
 
-// FDs are the placement file descriptors to hand to a client: writing "0"
-// to each moves the writing thread into the slot.
-func (s *Slot) FDs() []int { return s.placeFDs }
+// OpenFDs opens the fds to hand to a client: the placement fds (writing "0"
+// to each moves the writing thread into the slot), then read-only fds of the
+// counters (cpu.stat, then on v1 cpuacct.usage). The caller closes them.
+func (s *Slot) OpenFDs() ([]int, error) {
+	var fds []int
+	fail := func(err error) ([]int, error) {
+		closeFDs(fds)
+		return nil, s.c.gone(err)
+	}
+	for i := range s.c.dirs {
+		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.threadsFile(), unix.O_WRONLY)
+		if err != nil {
+			return fail(err)
+		}
+		fds = append(fds, fd)
+	}
+	stat, acct, err := s.openCounters()
+	if err != nil {
+		return fail(err)
+	}
+	fds = append(fds, stat)
+	if acct >= 0 {
+		fds = append(fds, acct)
+	}
+	return fds, nil
+}
 
-// StatFDs are read-only fds of the slot's counters for a client that
-// measures its own usage: cpu.stat, then (v1) cpuacct.usage.
-func (s *Slot) StatFDs() []int { return s.statFDs }
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// openCounters opens cpu.stat and (v1) cpuacct.usage; acct is -1 on v2.
+func (s *Slot) openCounters() (stat, acct int, err error) {
+	stat, err = s.c.openAt(0, s.name+"/cpu.stat", unix.O_RDONLY)
+	if err != nil {
+		return -1, -1, err
+	}
+	acct = -1
+	if s.c.h.Version == 1 {
+		// The cpuacct dir, or the joint cpu,cpuacct one.
+		if acct, err = s.c.openAt(len(s.c.dirs)-1, s.name+"/cpuacct.usage", unix.O_RDONLY); err != nil {
+			unix.Close(stat)
+			return -1, -1, err
+		}
+	}
+	return stat, acct, nil
+}
 
 var self = []byte("0")
 
@@ -187,12 +283,16 @@ func (s *Slot) Place(tid int) error {
 	if tid != 0 {
 		b = strconv.AppendInt(make([]byte, 0, 12), int64(tid), 10)
 	}
-	var err error
-	for _, fd := range s.placeFDs {
-		if _, err = unix.Write(fd, b); err != nil {
-			err = fmt.Errorf("placing thread %d in %s: %w", tid, s.Name(), err)
-			break
+	err := s.use(func(f *slotFiles) error {
+		for _, fd := range f.place {
+			if _, err := unix.Write(fd, b); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		err = s.c.gone(fmt.Errorf("placing thread %d in %s: %w", tid, s.Name(), err))
 	}
 	s.c.observe(OpPlace, time.Since(start), err)
 	return err
@@ -212,7 +312,7 @@ func (s *Slot) apply(spec Spec, fresh bool) error {
 	err := s.write(spec, fresh)
 	s.c.observe(OpSetQuota, time.Since(start), err)
 	if err != nil {
-		return fmt.Errorf("setting %dm on %s: %w", spec.QuotaMilli, s.Name(), err)
+		return s.c.gone(fmt.Errorf("setting %dm on %s: %w", spec.QuotaMilli, s.Name(), err))
 	}
 	s.spec = spec
 	return nil
@@ -220,14 +320,13 @@ func (s *Slot) apply(spec Spec, fresh bool) error {
 
 func (s *Slot) write(spec Spec, fresh bool) error {
 	old := s.spec
-	d := s.dirs[0]
 	if s.c.h.Version == 2 {
 		if fresh || spec.QuotaMilli != old.QuotaMilli || spec.PeriodUS != old.PeriodUS || spec.Limit&LimitCap != old.Limit&LimitCap {
 			quota := "max"
 			if spec.Limit&LimitCap != 0 {
 				quota = strconv.FormatInt(spec.QuotaUS(), 10)
 			}
-			if err := writeFile(d, "cpu.max", quota+" "+strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
+			if err := s.writeFile("cpu.max", quota+" "+strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
 				return err
 			}
 		}
@@ -237,7 +336,7 @@ func (s *Slot) write(spec Spec, fresh bool) error {
 				w = weightV2(spec.QuotaMilli)
 			}
 			if !(fresh && w == 100) {
-				return writeFile(d, "cpu.weight", strconv.FormatInt(w, 10))
+				return s.writeFile("cpu.weight", strconv.FormatInt(w, 10))
 			}
 		}
 		return nil
@@ -246,12 +345,12 @@ func (s *Slot) write(spec Spec, fresh bool) error {
 		// A shorter period with the old quota in place could exceed the
 		// parent's ratio: drop the quota first.
 		if !fresh {
-			if err := writeFile(d, "cpu.cfs_quota_us", "-1"); err != nil {
+			if err := s.writeFile("cpu.cfs_quota_us", "-1"); err != nil {
 				return err
 			}
 			old.Limit &^= LimitCap
 		}
-		if err := writeFile(d, "cpu.cfs_period_us", strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
+		if err := s.writeFile("cpu.cfs_period_us", strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
 			return err
 		}
 	}
@@ -261,7 +360,7 @@ func (s *Slot) write(spec Spec, fresh bool) error {
 			quota = spec.QuotaUS()
 		}
 		if !(fresh && quota == -1) {
-			if err := writeFile(d, "cpu.cfs_quota_us", strconv.FormatInt(quota, 10)); err != nil {
+			if err := s.writeFile("cpu.cfs_quota_us", strconv.FormatInt(quota, 10)); err != nil {
 				return err
 			}
 		}
@@ -272,22 +371,27 @@ func (s *Slot) write(spec Spec, fresh bool) error {
 			sh = sharesV1(spec.QuotaMilli)
 		}
 		if !(fresh && sh == 1024) {
-			return writeFile(d, "cpu.shares", strconv.FormatInt(sh, 10))
+			return s.writeFile("cpu.shares", strconv.FormatInt(sh, 10))
 		}
 	}
 	return nil
 }
 
-func writeFile(dir, name, value string) error {
-	return os.WriteFile(filepath.Join(dir, name), []byte(value), 0)
-}
+func (s *Slot) writeFile(name, value string) error { return s.c.writeAt(0, s.name+"/"+name, value) }
 
 // readSpec reads back what an adopted slot enforces.
 func (s *Slot) readSpec() (Spec, error) {
-	d := s.dirs[0]
+	d := s.Dir()
 	spec := Spec{}
+	readInt := func(name string) (int64, error) {
+		b, err := s.c.readAt(0, s.name+"/"+name)
+		if err != nil {
+			return 0, err
+		}
+		return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	}
 	if s.c.h.Version == 2 {
-		b, err := os.ReadFile(filepath.Join(d, "cpu.max"))
+		b, err := s.c.readAt(0, s.name+"/cpu.max")
 		if err != nil {
 			return spec, err
 		}
@@ -297,7 +401,7 @@ func (s *Slot) readSpec() (Spec, error) {
 		}
 		p, _ := strconv.ParseUint(f[1], 10, 32)
 		spec.PeriodUS = uint32(p)
-		w, err := readInt(filepath.Join(d, "cpu.weight"))
+		w, err := readInt("cpu.weight")
 		if err != nil {
 			return spec, err
 		}
@@ -312,15 +416,15 @@ func (s *Slot) readSpec() (Spec, error) {
 			spec.QuotaMilli, spec.Limit = uint32(w*10), LimitShare
 		}
 	} else {
-		q, err := readInt(filepath.Join(d, "cpu.cfs_quota_us"))
+		q, err := readInt("cpu.cfs_quota_us")
 		if err != nil {
 			return spec, err
 		}
-		p, err := readInt(filepath.Join(d, "cpu.cfs_period_us"))
+		p, err := readInt("cpu.cfs_period_us")
 		if err != nil {
 			return spec, err
 		}
-		sh, err := readInt(filepath.Join(d, "cpu.shares"))
+		sh, err := readInt("cpu.shares")
 		if err != nil {
 			return spec, err
 		}
@@ -341,8 +445,7 @@ func (s *Slot) readSpec() (Spec, error) {
 	return spec, nil
 }
 
-// Usage reads the slot's counters. The files stay open; pread at offset 0
-// makes the kernel render them afresh.
+// Usage reads the slot's counters.
 func (s *Slot) Usage() (Usage, error) {
 	start := time.Now()
 	u, err := s.readUsage()
@@ -351,9 +454,13 @@ func (s *Slot) Usage() (Usage, error) {
 }
 
 func (s *Slot) readUsage() (Usage, error) {
-	u, err := ReadCounters(s.statFD, s.acctFD)
+	var u Usage
+	err := s.use(func(f *slotFiles) (err error) {
+		u, err = ReadCounters(f.stat, f.acct)
+		return err
+	})
 	if err != nil {
-		return Usage{}, fmt.Errorf("reading counters of %s: %w", s.Name(), err)
+		return Usage{}, s.c.gone(fmt.Errorf("reading counters of %s: %w", s.Name(), err))
 	}
 	return u, nil
 }
@@ -401,8 +508,8 @@ func ReadCounters(stat, acct int) (Usage, error) {
 func (s *Slot) Threads() ([]int, error) {
 	seen := map[int]bool{}
 	var tids []int
-	for _, d := range s.dirs {
-		lines, err := readLines(filepath.Join(d, s.c.h.threadsFile()))
+	for i := range s.c.dirs {
+		lines, err := s.c.linesAt(i, s.name+"/"+s.c.h.threadsFile())
 		if err != nil {
 			return nil, err
 		}
@@ -420,7 +527,7 @@ func (s *Slot) Threads() ([]int, error) {
 // deletes the slot's directories. Threads that keep arriving (an invocation
 // spawning threads) are retried a few times before ErrBusy.
 func (s *Slot) Remove() error {
-	s.closeFiles()
+	s.forget()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		if attempt > 0 {
@@ -435,7 +542,7 @@ func (s *Slot) Remove() error {
 		}
 		for _, t := range tids {
 			// A thread that exited meanwhile gives ESRCH: nothing to move.
-			if merr := s.c.MoveIn(t); merr != nil && !errors.Is(merr, syscall.ESRCH) {
+			if merr := s.c.MoveIn(t); merr != nil && !errors.Is(merr, syscall.ESRCH) && !errors.Is(merr, ErrNotInSlot) {
 				err = merr
 			}
 		}
@@ -452,8 +559,8 @@ func (s *Slot) Remove() error {
 func (s *Slot) rmdir() error {
 	start := time.Now()
 	var err error
-	for i := len(s.dirs) - 1; i >= 0; i-- {
-		if rerr := syscall.Rmdir(s.dirs[i]); rerr != nil && !errors.Is(rerr, syscall.ENOENT) {
+	for i := len(s.c.dirs) - 1; i >= 0; i-- {
+		if rerr := s.c.rmdirAt(i, s.name); rerr != nil && !errors.Is(rerr, syscall.ENOENT) {
 			err = rerr
 			break
 		}
@@ -462,21 +569,6 @@ func (s *Slot) rmdir() error {
 	return err
 }
 
-// Close closes the slot's files and leaves the cgroup in place (agent
-// shutdown: running invocations keep their slots, the next agent adopts them).
-func (s *Slot) Close() { s.closeFiles() }
-
-func (s *Slot) closeFiles() {
-	for _, f := range s.place {
-		f.Close()
-	}
-	s.place = nil
-	if s.stat != nil {
-		s.stat.Close()
-		s.stat = nil
-	}
-	if s.acct != nil {
-		s.acct.Close()
-		s.acct = nil
-	}
-}
+// Close forgets the slot and leaves the cgroup in place (agent shutdown:
+// running invocations keep their slots, the next agent adopts them).
+func (s *Slot) Close() { s.forget() }

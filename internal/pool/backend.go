@@ -30,3 +30,4 @@ func (b cgroupBackend) AdoptSlots() (map[uint32]SlotIO, error) {
 func (b cgroupBackend) MoveIn(tid int) error        { return b.c.MoveIn(tid) }
 func (b cgroupBackend) LimitMilli() (uint32, error) { return b.c.LimitMilli() }
 func (b cgroupBackend) Release() error              { return b.c.Release() }
+func (b cgroupBackend) Close()                      { b.c.Close() }

@@ -3,6 +3,7 @@ package pool
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,7 +72,20 @@ type Config struct {
 	Policy      admission.Policy
 	// MinDegradedMilli is the smallest quota a degraded grant gets.
 	MinDegradedMilli uint32
+	// MaxQuotaMilli bounds the quota of a request to a container without a
+	// CPU limit (one with a limit is bounded by it). Default: the node's
+	// CPUs.
+	MaxQuotaMilli uint32
+	// MaxActions bounds the distinct action names one container gets as
+	// metric labels; later names are counted as "_other".
+	MaxActions int
 }
+
+// DefaultMaxActions is the default per-container cap on action labels.
+const DefaultMaxActions = 32
+
+// NodeMaxQuota is the default quota bound: the CPUs the agent may run on.
+func NodeMaxQuota() uint32 { return uint32(min(runtime.NumCPU(), 1_000_000/1000) * 1000) }
 
 // DefaultConfig is what a pool gets when nothing is configured.
 func DefaultConfig() Config {
@@ -87,6 +101,8 @@ func DefaultConfig() Config {
 		Overcommit:       1,
 		Policy:           admission.Queue,
 		MinDegradedMilli: 50,
+		MaxQuotaMilli:    NodeMaxQuota(),
+		MaxActions:       DefaultMaxActions,
 	}
 }
 
@@ -100,7 +116,16 @@ func (c Config) Validate() error {
 		if n < 0 {
 			return fmt.Errorf("prewarm %dm: negative count", q)
 		}
+		if q > c.MaxQuotaMilli {
+			return fmt.Errorf("prewarm %dm: above the largest quota of %dm", q, c.MaxQuotaMilli)
+		}
 		total += n
+	}
+	if c.MaxQuotaMilli < 1 || c.MaxQuotaMilli > 1_000_000 {
+		return fmt.Errorf("maxQuota %dm: must be within 1m..1000 cores", c.MaxQuotaMilli)
+	}
+	if c.MaxActions < 1 {
+		return fmt.Errorf("maxActions %d: must be at least 1", c.MaxActions)
 	}
 	if c.MaxSlots < 1 {
 		return fmt.Errorf("maxSlots %d: must be at least 1", c.MaxSlots)

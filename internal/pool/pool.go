@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
@@ -21,8 +23,9 @@ import (
 
 // SlotIO is one slot's cgroup (cgroup.Slot in production).
 type SlotIO interface {
-	FDs() []int
-	StatFDs() []int
+	// OpenFDs opens the fds a client gets: placement fds, then counter
+	// fds. The caller closes them.
+	OpenFDs() ([]int, error)
 	Spec() cgroup.Spec
 	Place(tid int) error
 	Retune(cgroup.Spec) error
@@ -38,6 +41,9 @@ type Backend interface {
 	MoveIn(tid int) error
 	LimitMilli() (uint32, error)
 	Release() error
+	// Close releases what the backend holds open (the container's
+	// directory fds).
+	Close()
 }
 
 // Thread identifies a client thread: its id in its own PID namespace and
@@ -59,7 +65,10 @@ type Request struct {
 	AgentPlaces bool
 	// HostTID resolves the thread's id in the agent's PID namespace; it is
 	// called only when the agent writes the TID itself.
-	HostTID    func() (int, error)
+	HostTID func() (int, error)
+	// NeedFDs reports whether the connection still lacks a slot's fds
+	// (nil: it never takes fds).
+	NeedFDs    func(slot uint32) bool
 	Wait       time.Duration
 	Action     string
 	Invocation string
@@ -69,13 +78,23 @@ type Request struct {
 type Grant struct {
 	Lease  uint64
 	SlotID uint32
-	// FDs are the slot's placement fds followed by its counter fds.
+	// FDs are the slot's placement fds followed by its counter fds, opened
+	// for this grant when the connection needs them; the receiver sends
+	// them and calls CloseFDs.
 	FDs      []int
 	Spec     cgroup.Spec
 	Outcome  slotv1.Outcome
 	Queued   bool
 	Degraded bool
 	Place    slotv1.Place
+}
+
+// CloseFDs closes the fds opened for the grant.
+func (g *Grant) CloseFDs() {
+	for _, fd := range g.FDs {
+		unix.Close(fd)
+	}
+	g.FDs = nil
 }
 
 type slot struct {
@@ -85,28 +104,37 @@ type slot struct {
 	lease *lease
 	// busy marks cgroup I/O in progress outside the pool lock.
 	busy bool
+	// adopted marks a slot an earlier agent left that nobody has leased
+	// since: an invocation of before a restart may still run in it, so a
+	// RECLAIM of it is honoured even beyond the budget.
+	adopted bool
 	// occupant is the last thread granted the slot; with lazy reuse it
 	// still sits there after release. occupantHost is its host TID when
 	// the agent placed it (0: unknown).
 	occupant     Thread
 	occupantHost int
-	freeSince    time.Time
+	// occupantStart is the start time of occupantHost: a TID is moved only
+	// while it still names the same thread.
+	occupantStart uint64
+	freeSince     time.Time
 	// last holds the counters at the end of the previous lease: the start
 	// of the next one, so an acquisition reads no file.
 	last cgroup.Usage
 }
 
 type lease struct {
-	id       uint64
-	owner    any
-	slot     *slot
-	thread   Thread
-	hostTID  int
-	want     uint32 // asked; more than granted while degraded
-	granted  uint32
-	start    cgroup.Usage
-	action   string
-	degraded bool
+	id      uint64
+	owner   any
+	slot    *slot
+	thread  Thread
+	hostTID int
+	// hostStart is the start time of hostTID when it was granted.
+	hostStart uint64
+	want      uint32 // asked; more than granted while degraded
+	granted   uint32
+	start     cgroup.Usage
+	action    string
+	degraded  bool
 }
 
 type holder struct {
@@ -135,6 +163,16 @@ type Pool struct {
 	nextID  uint32
 	changed chan struct{} // closed when a slot or budget frees up
 	closed  bool
+	// io counts cgroup I/O in progress outside the lock; Close waits for
+	// it (ioDone) before it removes slots, so a slot being created is not
+	// left behind.
+	io     int
+	ioDone *sync.Cond
+	// stale is set when the container's cgroup turned out to be gone.
+	stale atomic.Bool
+	// actions are the action names this container has used as metric
+	// labels (at most cfg.MaxActions).
+	actions map[string]bool
 	// degraded leases in grant order, raised as budget frees.
 	degraded []*lease
 }
@@ -152,13 +190,71 @@ func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) 
 	if base == 0 {
 		base = limit
 	}
-	return &Pool{
+	p := &Pool{
 		name: name, cfg: cfg, backend: b, metrics: m, containerLimit: limit,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		budget:  admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
 		nextID:  1,
 		changed: make(chan struct{}),
-	}, nil
+		actions: map[string]bool{},
+	}
+	p.ioDone = sync.NewCond(&p.mu)
+	return p, nil
+}
+
+// beginIO marks cgroup I/O about to run outside the lock; the caller holds
+// the lock.
+func (p *Pool) beginIO() { p.io++ }
+
+// endIO ends what beginIO began; the caller holds the lock.
+func (p *Pool) endIO() {
+	if p.io--; p.io == 0 {
+		p.ioDone.Broadcast()
+	}
+}
+
+// Stale reports that the container's cgroup is gone (removed, perhaps made
+// again at the same path): the pool serves nothing any more.
+func (p *Pool) Stale() bool { return p.stale.Load() }
+
+// Invalidate marks the pool stale: its container's cgroup is gone.
+func (p *Pool) Invalidate() { p.stale.Store(true) }
+
+// checkGone marks the pool stale when err says the container is gone, and
+// turns err into the client's cue to reconnect.
+func (p *Pool) checkGone(err error) error {
+	if !errors.Is(err, cgroup.ErrGone) {
+		return nil
+	}
+	if !p.stale.Swap(true) {
+		slog.Warn("container cgroup is gone; its pool is stale", "container", p.name, "err", err)
+		p.metrics.Error("container_gone")
+	}
+	return slotv1.Errorf(slotv1.CodeShuttingDown, "container %s was removed; reconnect", p.name)
+}
+
+// actionLabel is the metric label of an action name: its own name while the
+// container has used fewer than MaxActions names, else "_other". The cap is
+// per container, so one container's flood of names costs no other its own.
+// The caller holds the lock.
+func (p *Pool) actionLabel(a string) string {
+	if a == "" || p.actions[a] {
+		return a
+	}
+	if len(p.actions) >= p.cfg.MaxActions {
+		return "_other"
+	}
+	p.actions[a] = true
+	return a
+}
+
+// maxQuota is the largest quota a request may ask for: the container's
+// CPU limit, else the configured maximum (by default the node's CPUs).
+func (p *Pool) maxQuota() uint32 {
+	if p.containerLimit > 0 {
+		return p.containerLimit
+	}
+	return p.cfg.MaxQuotaMilli
 }
 
 // Name is the pool's container identity.
@@ -181,7 +277,7 @@ func (p *Pool) Start() error {
 	now := time.Now()
 	p.mu.Lock()
 	for id, io := range adopted {
-		s := &slot{id: id, io: io, spec: io.Spec(), freeSince: now}
+		s := &slot{id: id, io: io, spec: io.Spec(), freeSince: now, adopted: true}
 		p.slots[id] = s
 		if id >= p.nextID {
 			p.nextID = id + 1
@@ -191,7 +287,7 @@ func (p *Pool) Start() error {
 	for _, s := range p.snapshotSlots() {
 		want := s.spec
 		want.PeriodUS, want.Limit = p.cfg.PeriodUS, p.cfg.Limit
-		if p.cfg.Mode == Uncached || want.Validate() != nil || !p.fitsContainer(want.QuotaMilli) {
+		if p.cfg.Mode == Uncached || want.Validate() != nil || want.QuotaMilli > p.maxQuota() {
 			p.removeSlot(s, "adopted slot not usable by this pool")
 			continue
 		}
@@ -222,8 +318,6 @@ func (p *Pool) snapshotSlots() []*slot {
 	return out
 }
 
-func (p *Pool) fitsContainer(q uint32) bool { return p.containerLimit == 0 || q <= p.containerLimit }
-
 // prewarm creates the slots the prewarm spec asks for and that are missing.
 func (p *Pool) prewarm() error {
 	have := map[uint32]int{}
@@ -234,22 +328,33 @@ func (p *Pool) prewarm() error {
 	p.mu.Unlock()
 	var errs []error
 	for q, n := range p.cfg.Prewarm {
-		if !p.fitsContainer(q) {
-			errs = append(errs, fmt.Errorf("prewarm %dm is above the container's CPU limit of %dm", q, p.containerLimit))
+		if q > p.maxQuota() {
+			errs = append(errs, fmt.Errorf("prewarm %dm is above the largest quota of %dm (the container's CPU limit, else the configured maximum)", q, p.maxQuota()))
 			continue
 		}
 		for i := have[q]; i < n; i++ {
 			p.mu.Lock()
-			id := p.allocID()
+			if p.closed {
+				p.mu.Unlock()
+				return errors.Join(errs...)
+			}
+			s := &slot{id: p.allocID(), spec: p.spec(q), busy: true}
+			p.slots[s.id] = s
+			p.beginIO()
 			p.mu.Unlock()
-			io, err := p.backend.CreateSlot(id, p.spec(q))
+			io, err := p.backend.CreateSlot(s.id, s.spec)
+			p.mu.Lock()
+			if err == nil {
+				s.io, s.spec, s.busy, s.freeSince = io, io.Spec(), false, time.Now()
+			} else {
+				delete(p.slots, s.id)
+			}
+			p.endIO()
+			p.mu.Unlock()
 			if err != nil {
 				errs = append(errs, err)
 				break
 			}
-			p.mu.Lock()
-			p.slots[id] = &slot{id: id, io: io, spec: io.Spec(), freeSince: time.Now()}
-			p.mu.Unlock()
 		}
 	}
 	return errors.Join(errs...)
@@ -279,11 +384,11 @@ type plan struct {
 func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	start := time.Now()
 	spec := p.spec(req.QuotaMilli)
+	if max := p.maxQuota(); req.QuotaMilli > max {
+		return nil, slotv1.Errorf(slotv1.CodeInvalidQuota, "quota %dm is above the largest of %dm (the container's CPU limit, else the configured maximum)", req.QuotaMilli, max)
+	}
 	if err := spec.Validate(); err != nil {
 		return nil, slotv1.Errorf(slotv1.CodeInvalidQuota, "%v", err)
-	}
-	if !p.fitsContainer(req.QuotaMilli) {
-		return nil, slotv1.Errorf(slotv1.CodeInvalidQuota, "quota %dm is above the container's CPU limit of %dm", req.QuotaMilli, p.containerLimit)
 	}
 	wait := req.Wait
 	if wait <= 0 {
@@ -301,10 +406,14 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	}
 
 	var hostTID int
+	var hostStart uint64
 	needHost := p.cfg.Mode != Affinity || req.AgentPlaces
 	if needHost {
 		var err error
 		if hostTID, err = req.HostTID(); err != nil {
+			return nil, slotv1.Errorf(slotv1.CodeBadRequest, "thread %d: %v", req.Thread.TID, err)
+		}
+		if hostStart, err = threadStart(hostTID); err != nil {
 			return nil, slotv1.Errorf(slotv1.CodeBadRequest, "thread %d: %v", req.Thread.TID, err)
 		}
 	}
@@ -377,9 +486,10 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	}
 	// Commit the decision under the lock; cgroup I/O happens after.
 	s := pl.s
-	l := &lease{id: leaseSeq.Add(1), owner: req.Owner, slot: s, thread: req.Thread, hostTID: hostTID,
-		want: req.QuotaMilli, granted: granted, action: req.Action, degraded: degraded}
+	l := &lease{id: leaseSeq.Add(1), owner: req.Owner, slot: s, thread: req.Thread, hostTID: hostTID, hostStart: hostStart,
+		want: req.QuotaMilli, granted: granted, action: p.actionLabel(req.Action), degraded: degraded}
 	s.lease = l
+	s.adopted = false
 	s.busy = pl.create || pl.retune || pl.place == slotv1.PlaceDone
 	l.start = s.last
 	p.leases[l.id] = l
@@ -388,32 +498,47 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	if degraded {
 		p.degraded = append(p.degraded, l)
 	}
-	p.setOccupant(s, req.Thread, hostTID)
+	evictStart := s.occupantStart
+	p.setOccupant(s, req.Thread, hostTID, hostStart)
+	p.beginIO()
 	p.mu.Unlock()
 
-	if err := p.execute(pl, granted, hostTID); err != nil {
+	err := p.execute(pl, granted, hostTID, evictStart)
+	var fds []int
+	if err == nil && pl.place == slotv1.PlaceSelf && req.NeedFDs != nil && req.NeedFDs(s.id) {
+		if fds, err = s.io.OpenFDs(); err != nil {
+			if gerr := p.checkGone(err); gerr != nil {
+				err = gerr
+			} else {
+				p.metrics.Error("open_failed")
+				err = slotv1.Errorf(slotv1.CodeInternal, "%v", err)
+			}
+		}
+	}
+	if err != nil {
 		p.abort(l, pl)
 		return nil, err
 	}
+	p.mu.Lock()
 	if pl.create || pl.retune || pl.place == slotv1.PlaceDone {
-		p.mu.Lock()
 		s.busy = false
-		p.mu.Unlock()
 	}
+	p.endIO()
+	p.mu.Unlock()
 	p.metrics.Acquired(p.cfg.Mode.String(), pl.outcome.String(), time.Since(start))
-	return &Grant{Lease: l.id, SlotID: s.id, FDs: slotFDs(s.io), Spec: s.spec, Outcome: pl.outcome,
+	return &Grant{Lease: l.id, SlotID: s.id, FDs: fds, Spec: s.spec, Outcome: pl.outcome,
 		Queued: queued, Degraded: degraded, Place: pl.place}, nil
 }
 
 // setOccupant records that thread t is (or is about to be) in slot s.
-func (p *Pool) setOccupant(s *slot, t Thread, host int) {
+func (p *Pool) setOccupant(s *slot, t Thread, host int, hostStart uint64) {
 	if old := p.byThread[t]; old != nil && old != s && old.occupant == t {
-		old.occupant, old.occupantHost = Thread{}, 0
+		old.occupant, old.occupantHost, old.occupantStart = Thread{}, 0, 0
 	}
 	if s.occupant != (Thread{}) && s.occupant != t {
 		delete(p.byThread, s.occupant)
 	}
-	s.occupant, s.occupantHost = t, host
+	s.occupant, s.occupantHost, s.occupantStart = t, host, hostStart
 	p.byThread[t] = s
 }
 
@@ -519,13 +644,16 @@ func (p *Pool) pickAnyFree() *slot {
 }
 
 // execute performs a plan's cgroup I/O outside the lock.
-func (p *Pool) execute(pl plan, quota uint32, hostTID int) error {
+func (p *Pool) execute(pl plan, quota uint32, hostTID int, evictStart uint64) error {
 	s := pl.s
 	spec := p.spec(quota)
 	switch {
 	case pl.create:
 		io, err := p.backend.CreateSlot(s.id, spec)
 		if err != nil {
+			if gerr := p.checkGone(err); gerr != nil {
+				return gerr
+			}
 			if errors.Is(err, cgroup.ErrLimitReached) {
 				p.metrics.Error("mkdir_refused")
 				return &slotv1.Error{Code: slotv1.CodeSlotUnavailable, RetryAfterMS: 100, Message: err.Error()}
@@ -540,6 +668,9 @@ func (p *Pool) execute(pl plan, quota uint32, hostTID int) error {
 		p.mu.Unlock()
 	case pl.retune:
 		if err := s.io.Retune(spec); err != nil {
+			if gerr := p.checkGone(err); gerr != nil {
+				return gerr
+			}
 			p.metrics.Error("retune_failed")
 			return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
 		}
@@ -550,10 +681,13 @@ func (p *Pool) execute(pl plan, quota uint32, hostTID int) error {
 	if pl.evict != 0 {
 		// The lazy baseline moves the previous occupant out first; a thread
 		// that has exited is simply gone.
-		_ = p.backend.MoveIn(pl.evict)
+		p.moveIn(pl.evict, evictStart)
 	}
 	if pl.place == slotv1.PlaceDone {
 		if err := s.io.Place(hostTID); err != nil {
+			if gerr := p.checkGone(err); gerr != nil {
+				return gerr
+			}
 			p.metrics.Error("place_failed")
 			return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
 		}
@@ -561,10 +695,24 @@ func (p *Pool) execute(pl plan, quota uint32, hostTID int) error {
 	return nil
 }
 
+// moveIn moves a thread the agent placed back to the container, if its TID
+// still names the thread that was placed (start time): a TID freed by an
+// exited thread may belong to another process by now.
+func (p *Pool) moveIn(tid int, start uint64) {
+	if now, err := threadStart(tid); err != nil || now != start {
+		if err == nil {
+			p.metrics.Error("stale_tid")
+		}
+		return
+	}
+	_ = p.backend.MoveIn(tid) // the thread may have exited meanwhile
+}
+
 // abort undoes a committed lease whose I/O failed.
 func (p *Pool) abort(l *lease, pl plan) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.endIO()
 	p.forgetLease(l)
 	p.budget.Give(l.granted)
 	p.dropDegraded(l)
@@ -572,19 +720,13 @@ func (p *Pool) abort(l *lease, pl plan) {
 	s.lease, s.busy = nil, false
 	if s.occupant == l.thread {
 		delete(p.byThread, l.thread)
-		s.occupant, s.occupantHost = Thread{}, 0
+		s.occupant, s.occupantHost, s.occupantStart = Thread{}, 0, 0
 	}
 	if pl.isNew && s.io == nil {
 		delete(p.slots, s.id)
 	}
 	s.freeSince = time.Now()
 	p.broadcast()
-}
-
-// slotFDs are a slot's placement fds followed by its counter fds.
-func slotFDs(io SlotIO) []int {
-	place, stat := io.FDs(), io.StatFDs()
-	return append(append(make([]int, 0, len(place)+len(stat)), place...), stat...)
 }
 
 func (p *Pool) forgetLease(l *lease) {
@@ -620,11 +762,14 @@ func (p *Pool) Release(owner any, id uint64, outcome string) (cgroup.Usage, erro
 	p.forgetLease(l)
 	s := l.slot
 	s.busy = true
+	p.beginIO()
 	p.mu.Unlock()
 
 	end, err := s.io.Usage()
 	if err != nil {
-		p.metrics.Error("read_usage")
+		if p.checkGone(err) == nil {
+			p.metrics.Error("read_usage")
+		}
 		end = l.start
 	}
 	used := end.Sub(l.start)
@@ -632,7 +777,7 @@ func (p *Pool) Release(owner any, id uint64, outcome string) (cgroup.Usage, erro
 
 	remove := p.cfg.Mode == Uncached
 	if !remove && p.cfg.Mode == CacheEager && l.hostTID != 0 {
-		_ = p.backend.MoveIn(l.hostTID) // the thread may have exited
+		p.moveIn(l.hostTID, l.hostStart)
 	}
 	if remove {
 		if rerr := s.io.Remove(); rerr != nil {
@@ -643,13 +788,14 @@ func (p *Pool) Release(owner any, id uint64, outcome string) (cgroup.Usage, erro
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.endIO()
 	p.budget.Give(l.granted)
 	p.dropDegraded(l)
 	s.lease, s.busy, s.last, s.freeSince = nil, false, end, time.Now()
 	if outcome == slotv1.PlacementFailed.String() || p.cfg.Mode == CacheEager || remove {
 		if s.occupant == l.thread {
 			delete(p.byThread, l.thread)
-			s.occupant, s.occupantHost = Thread{}, 0
+			s.occupant, s.occupantHost, s.occupantStart = Thread{}, 0, 0
 		}
 	}
 	if remove {
@@ -702,10 +848,18 @@ func (p *Pool) ReleaseOwner(owner any) int {
 }
 
 // Reclaim re-declares a lease held across a reconnect: the slot is leased
-// to owner without any cgroup write (the thread is already in it).
+// to owner without any cgroup write (the thread is already in it). It goes
+// through admission: beyond the budget only a slot adopted from an earlier
+// agent and not leased since is reclaimed (an invocation of before the
+// restart may run in it); it is counted, and its quota counts against the
+// budget, so it never makes room for more.
 func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string) (*Grant, error) {
 	p.mu.Lock()
 	s := p.slots[slotID]
+	if p.closed {
+		p.mu.Unlock()
+		return nil, slotv1.Errorf(slotv1.CodeShuttingDown, "pool %s is closing", p.name)
+	}
 	if s != nil && s.lease != nil && s.lease.owner == owner && !s.busy {
 		// The process re-declares a lease it still holds (one of its
 		// connections died, others did not): same lease, new id.
@@ -713,23 +867,37 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 		delete(p.leases, l.id)
 		l.id = leaseSeq.Add(1)
 		p.leases[l.id] = l
-		p.mu.Unlock()
-		return &Grant{Lease: l.id, SlotID: s.id, FDs: slotFDs(s.io), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
+		return p.reclaimed(s, l)
 	}
 	if s == nil || s.lease != nil || s.busy {
 		p.mu.Unlock()
 		return nil, slotv1.Errorf(slotv1.CodeUnknownLease, "slot %d is unknown or leased to another process", slotID)
 	}
-	// The invocation already runs: it is admitted whatever the budget says.
-	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: s.spec.QuotaMilli, granted: s.spec.QuotaMilli, action: action, start: s.last}
-	s.lease = l
+	q := s.spec.QuotaMilli
+	if !p.budget.Fits(q) {
+		if !s.adopted {
+			p.mu.Unlock()
+			p.metrics.Admission("rejected")
+			return nil, slotv1.Errorf(slotv1.CodeRejected, "reclaim of slot %d (%dm) does not fit: %dm of %dm budget granted", slotID, q, p.budget.Used(), p.budget.Limit)
+		}
+		p.metrics.Admission("reclaimed_over_budget")
+		slog.Warn("reclaim beyond the budget honoured after a restart", "container", p.name, "slot", slotID, "quota", q, "used", p.budget.Used(), "budget", p.budget.Limit)
+	}
+	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last}
+	s.lease, s.adopted = l, false
 	p.leases[l.id] = l
 	p.held[holder{owner, t}] = l
 	p.budget.Take(l.granted)
-	p.setOccupant(s, t, 0)
-	p.mu.Unlock()
+	p.setOccupant(s, t, 0, 0)
 	p.metrics.Acquired(p.cfg.Mode.String(), "reclaimed", 0)
-	return &Grant{Lease: l.id, SlotID: s.id, FDs: slotFDs(s.io), Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
+	return p.reclaimed(s, l)
+}
+
+// reclaimed answers a reclaim; it is called with the lock held and
+// releases it. A reclaim sends no fds (the thread sits in the slot already).
+func (p *Pool) reclaimed(s *slot, l *lease) (*Grant, error) {
+	defer p.mu.Unlock()
+	return &Grant{Lease: l.id, SlotID: s.id, Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
 }
 
 // Reap removes grown slots that stayed free longer than the idle timeout,
@@ -743,16 +911,22 @@ func (p *Pool) Reap(now time.Time) int {
 	var victims []*slot
 	for _, s := range p.slots {
 		q := s.spec.QuotaMilli
-		if s.lease == nil && !s.busy && count[q] > p.cfg.Prewarm[q] && now.Sub(s.freeSince) >= p.cfg.IdleTimeout {
+		if !p.closed && s.lease == nil && !s.busy && count[q] > p.cfg.Prewarm[q] && now.Sub(s.freeSince) >= p.cfg.IdleTimeout {
 			count[q]--
 			s.busy = true
 			victims = append(victims, s)
+			p.beginIO()
 		}
 	}
 	p.mu.Unlock()
 	for _, s := range victims {
 		p.removeSlot(s, "idle")
 	}
+	p.mu.Lock()
+	for range victims {
+		p.endIO()
+	}
+	p.mu.Unlock()
 	return len(victims)
 }
 
@@ -778,10 +952,17 @@ func (p *Pool) removeSlot(s *slot, why string) {
 // back to the container) and the container's preparation undone: the
 // container is gone or no longer served. Without, the slots stay for the
 // next agent to adopt and running invocations keep their fds.
+//
+// Close first waits for cgroup I/O in progress (a slot being created would
+// otherwise be left behind). Fds are never closed under a grant: a grant
+// owns the fds opened for it.
 func (p *Pool) Close(remove bool) error {
 	p.mu.Lock()
 	p.closed = true
 	p.broadcast()
+	for p.io > 0 {
+		p.ioDone.Wait()
+	}
 	slots := make([]*slot, 0, len(p.slots))
 	for _, s := range p.slots {
 		if s.io != nil {
@@ -806,6 +987,16 @@ func (p *Pool) Close(remove bool) error {
 		if err := p.backend.Release(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	p.backend.Close()
+	if p.stale.Load() {
+		// The container's cgroup is gone, and its slots with it.
+		for _, err := range errs {
+			if !errors.Is(err, cgroup.ErrGone) {
+				return errors.Join(errs...)
+			}
+		}
+		return nil
 	}
 	return errors.Join(errs...)
 }

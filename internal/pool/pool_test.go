@@ -84,11 +84,16 @@ func (b *fakeBackend) AdoptSlots() (map[uint32]SlotIO, error) {
 func (b *fakeBackend) MoveIn(tid int) error        { b.op("movein %d", tid); return nil }
 func (b *fakeBackend) LimitMilli() (uint32, error) { return b.limit, nil }
 func (b *fakeBackend) Release() error              { b.released = true; return nil }
+func (b *fakeBackend) Close()                      {}
 
-func (s *fakeSlot) FDs() []int          { return []int{int(s.id) + 100} }
-func (s *fakeSlot) StatFDs() []int      { return []int{int(s.id) + 200} }
-func (s *fakeSlot) Spec() cgroup.Spec   { return s.spec }
-func (s *fakeSlot) Place(tid int) error { s.b.op("place %d %d", s.id, tid); return nil }
+func init() {
+	// Fake threads never end: a TID keeps its start time.
+	threadStart = func(tid int) (uint64, error) { return uint64(tid), nil }
+}
+
+func (s *fakeSlot) OpenFDs() ([]int, error) { return nil, nil }
+func (s *fakeSlot) Spec() cgroup.Spec       { return s.spec }
+func (s *fakeSlot) Place(tid int) error     { s.b.op("place %d %d", s.id, tid); return nil }
 func (s *fakeSlot) Retune(sp cgroup.Spec) error {
 	s.b.op("retune %d %dm", s.id, sp.QuotaMilli)
 	s.spec = sp

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +31,22 @@ type Peer struct {
 	NS uint64
 }
 
+// Limits bound what peers can make the server hold (docs/security.md).
+type Limits struct {
+	// MaxConns is the most open connections; more are closed at accept.
+	MaxConns int
+	// MaxConnsPerProcess is the most open connections of one peer process.
+	MaxConnsPerProcess int
+	// HelloTimeout is how long a connection may take to complete HELLO.
+	HelloTimeout time.Duration
+	// FrameTimeout is how long the rest of a frame may take once its first
+	// byte arrived; between frames a connection may idle.
+	FrameTimeout time.Duration
+}
+
+// DefaultLimits hold 250 pods with a few connections per process each.
+var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second}
+
 // Resolver finds the pool that serves a peer, or a typed error
 // (NOT_SERVED, NOT_READY).
 type Resolver interface {
@@ -44,6 +59,11 @@ type Server struct {
 	hierarchy *cgroup.Hierarchy
 	metrics   *metrics.Metrics
 	log       *slog.Logger
+	limits    Limits
+	// self is the agent's own process; ns its PID namespace.
+	self   int
+	selfNS uint64
+	guard  *selfGuard
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
@@ -57,71 +77,18 @@ type Server struct {
 // New makes a server.
 func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{resolve: r, hierarchy: h, metrics: m, log: log, conns: map[*conn]struct{}{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
+	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(),
+		conns: map[*conn]struct{}{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
+	var st unix.Stat_t
+	if unix.Stat("/proc/self/ns/pid", &st) == nil {
+		s.selfNS = st.Ino
+	}
+	s.guard = newSelfGuard(h, m, log)
+	return s
 }
 
-// Listener is a Unix socket listener that removes its file when closed.
-type Listener struct {
-	*net.UnixListener
-	path string
-}
-
-// Close stops listening and removes the socket file.
-func (l *Listener) Close() error {
-	err := l.UnixListener.Close()
-	if rerr := os.Remove(l.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
-		err = rerr
-	}
-	return err
-}
-
-// maxSunPath is the room for a socket path in sockaddr_un, NUL included.
-const maxSunPath = 108
-
-// Listen opens a Unix socket at path, replacing a stale one, readable and
-// writable by everyone (access is decided per peer, not by file mode). A
-// path too long for sockaddr_un (a pod's emptyDir under the kubelet's
-// directory is) is bound through its directory's descriptor.
-func Listen(path string) (*Listener, error) {
-	dir := dirOf(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	addr := path
-	if len(path) >= maxSunPath {
-		d, err := os.Open(dir)
-		if err != nil {
-			return nil, err
-		}
-		defer d.Close()
-		addr = fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), path[len(dir)+1:])
-		if len(addr) >= maxSunPath {
-			return nil, fmt.Errorf("socket name in %s too long", path)
-		}
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
-	if err != nil {
-		return nil, err
-	}
-	// The file is removed by its real path in Close.
-	ln.SetUnlinkOnClose(false)
-	l := &Listener{UnixListener: ln, path: path}
-	if err := os.Chmod(path, 0o666); err != nil {
-		l.Close()
-		return nil, err
-	}
-	return l, nil
-}
-
-func dirOf(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i > 0 {
-		return p[:i]
-	}
-	return "."
-}
+// SetLimits replaces the default limits; call before serving.
+func (s *Server) SetLimits(l Limits) { s.limits = l }
 
 // Serve accepts connections until the listener is closed.
 func (s *Server) Serve(ln *Listener) error { return s.ServeWith(ln, s.resolve) }
@@ -129,23 +96,37 @@ func (s *Server) Serve(ln *Listener) error { return s.ServeWith(ln, s.resolve) }
 // ServeWith accepts connections on ln, resolving peers with r (a socket of
 // one container accepts that container's processes only).
 func (s *Server) ServeWith(ln *Listener, r Resolver) error {
+	var backoff acceptBackoff
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			s.log.Warn("accept failed", "err", err)
-			time.Sleep(10 * time.Millisecond)
+			// Out of fds or memory: wait, more each time, and say so
+			// rarely; the pending connection stays queued meanwhile.
+			s.metrics.Error("accept_failed")
+			d, report, n := backoff.failed(time.Now())
+			if report {
+				s.log.Warn("accept failing; backing off", "err", err, "failures", n, "wait", d)
+			}
+			time.Sleep(d)
 			continue
 		}
+		backoff.reset()
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()
 			c.Close()
 			return nil
 		}
-		cn := &conn{srv: s, resolve: r, c: c, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+		if len(s.conns) >= s.limits.MaxConns {
+			s.mu.Unlock()
+			s.metrics.Error("connection_limit")
+			c.Close()
+			continue
+		}
+		cn := &conn{srv: s, resolve: r, c: c, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
 		s.conns[cn] = struct{}{}
 		s.serving.Add(1)
 		s.mu.Unlock()
@@ -183,6 +164,8 @@ type processKey struct {
 	startTime uint64
 }
 
+// join adds a connection to its process's session, or refuses it when
+// the process holds MaxConnsPerProcess connections already.
 func (s *Server) join(k processKey) *session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -190,6 +173,9 @@ func (s *Server) join(k processKey) *session {
 	if ss == nil {
 		ss = &session{key: k}
 		s.sessions[k] = ss
+	}
+	if ss.refs >= s.limits.MaxConnsPerProcess {
+		return nil
 	}
 	ss.refs++
 	return ss
@@ -213,6 +199,10 @@ type conn struct {
 	resolve Resolver
 	c       *net.UnixConn
 	peer    Peer
+	// pidfd refers to the peer process (-1: the kernel has no pidfds;
+	// start then re-checks the PID).
+	pidfd   int
+	start   uint64
 	session *session
 	pool    *pool.Pool
 	fds     bool // the client takes fds
@@ -223,6 +213,11 @@ type conn struct {
 	hostTIDs map[uint32]int
 	buf      []byte
 	out      []byte
+	// writeDeadline is the deadline set on writes.
+	writeDeadline time.Time
+	// badRequests counts this connection's bad requests; only the first
+	// is logged above debug level (a peer can send millions).
+	badRequests int
 }
 
 func (c *conn) serve() {
@@ -231,6 +226,9 @@ func (c *conn) serve() {
 	defer func() {
 		c.srv.metrics.Connections(-1)
 		c.c.Close()
+		if c.pidfd >= 0 {
+			unix.Close(c.pidfd)
+		}
 		if c.session != nil && c.srv.leave(c.session) && c.pool != nil {
 			if n := c.pool.ReleaseOwner(c.session); n > 0 {
 				log.Info("client process went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
@@ -241,10 +239,17 @@ func (c *conn) serve() {
 		c.srv.mu.Unlock()
 	}()
 	if err := c.identify(); err != nil {
-		log.Warn("cannot identify peer", "err", err)
+		if errors.Is(err, errTooManyConns) {
+			c.srv.metrics.Error("connection_limit")
+			log.Debug("connection refused", "pid", c.peer.PID, "err", err)
+		} else {
+			log.Warn("cannot identify peer", "err", err)
+		}
 		return
 	}
 	c.buf = make([]byte, 0, 512)
+	// HELLO must come soon; after it a connection may idle between frames.
+	c.c.SetReadDeadline(time.Now().Add(c.srv.limits.HelloTimeout))
 	for {
 		body, err := c.readFrame()
 		if err != nil {
@@ -261,9 +266,13 @@ func (c *conn) serve() {
 			c.srv.metrics.Error("bad_request")
 			var pe *slotv1.Error
 			errors.As(err, &pe)
-			log.Warn("bad request", "pid", c.peer.PID, "err", err)
-			c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil)
-			if pe.Code == slotv1.CodeUnsupportedVersion {
+			c.badRequests++
+			level := slog.LevelWarn
+			if c.badRequests > 1 {
+				level = slog.LevelDebug
+			}
+			log.Log(context.Background(), level, "bad request", "pid", c.peer.PID, "err", err, "count", c.badRequests)
+			if !c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) || pe.Code == slotv1.CodeUnsupportedVersion {
 				return
 			}
 			continue
@@ -274,16 +283,28 @@ func (c *conn) serve() {
 	}
 }
 
-// identify reads the peer's credentials and PID namespace.
+var errTooManyConns = errors.New("too many connections from one process")
+
+// identify reads the peer's credentials and PID namespace and takes a
+// pidfd of the peer: SO_PEERPIDFD names the process that connected even
+// if it has exited since. Without it (Linux < 6.5) the PID is opened and
+// its start time re-checked at every use.
 func (c *conn) identify() error {
 	var cred *unix.Ucred
-	var cerr error
+	var cerr, perr error
+	pidfd := -1
 	rc, err := c.c.SyscallConn()
 	if err != nil {
 		return err
 	}
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if cerr == nil {
+			var v int
+			if v, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); perr == nil {
+				pidfd = v
+			}
+		}
 	}); err != nil {
 		return err
 	}
@@ -291,20 +312,60 @@ func (c *conn) identify() error {
 		return fmt.Errorf("SO_PEERCRED: %w", cerr)
 	}
 	c.peer = Peer{PID: int(cred.Pid), UID: int(cred.Uid)}
+	if errors.Is(perr, unix.ESRCH) {
+		return fmt.Errorf("peer process %d has exited", c.peer.PID)
+	}
+	if pidfd < 0 {
+		// No SO_PEERPIDFD (Linux < 6.5): open the PID; the start time read
+		// below and checked at every use stands in for what was lost.
+		if fd, err := unix.PidfdOpen(c.peer.PID, 0); err == nil {
+			pidfd = fd
+		}
+	}
+	c.pidfd = pidfd
 	var st unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", cred.Pid), &st); err != nil {
 		return fmt.Errorf("peer %d: %w", cred.Pid, err)
 	}
 	c.peer.NS = st.Ino
-	start, err := processStart(c.peer.PID)
-	if err != nil {
+	if c.start, err = processStart(c.peer.PID); err != nil {
 		return err
 	}
-	c.session = c.srv.join(processKey{pid: c.peer.PID, startTime: start})
+	// What was read above belongs to the peer only if it still lives.
+	if err := c.alive(); err != nil {
+		return err
+	}
+	if c.session = c.srv.join(processKey{pid: c.peer.PID, startTime: c.start}); c.session == nil {
+		return errTooManyConns
+	}
+	return nil
+}
+
+// alive checks that the peer process still exists, so that what was just
+// read through its PID (its cgroup, its threads) was read of it and not of
+// a process that reused the PID.
+func (c *conn) alive() error {
+	if c.pidfd >= 0 {
+		// A pidfd becomes readable when its process has exited.
+		fds := []unix.PollFd{{Fd: int32(c.pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("peer %d: %w", c.peer.PID, err)
+		}
+		if n > 0 {
+			return fmt.Errorf("peer process %d has exited", c.peer.PID)
+		}
+		return nil
+	}
+	if st, err := processStart(c.peer.PID); err != nil || st != c.start {
+		return fmt.Errorf("peer process %d has exited", c.peer.PID)
+	}
 	return nil
 }
 
 // readFrame returns the next frame's body. Framing errors are *slotv1.Error.
+// Nothing longer than the longest request (the longest HELLO before the
+// peer is known) is buffered.
 func (c *conn) readFrame() ([]byte, error) {
 	if err := c.fill(slotv1.HeaderLen); err != nil {
 		return nil, err
@@ -316,6 +377,13 @@ func (c *conn) readFrame() ([]byte, error) {
 		}
 		return nil, err
 	}
+	limit := slotv1.MaxRequestLen
+	if c.pool == nil {
+		limit = slotv1.MaxHelloLen
+	}
+	if n > limit {
+		return nil, slotv1.Errorf(slotv1.CodeBadRequest, "frame of %d bytes is longer than any request this agent accepts now (%d)", n, limit)
+	}
 	if err := c.fill(slotv1.HeaderLen + n); err != nil {
 		return nil, err
 	}
@@ -325,14 +393,21 @@ func (c *conn) readFrame() ([]byte, error) {
 	return body, nil
 }
 
-// fill reads until at least n bytes are buffered.
+// fill reads until at least n bytes are buffered. Once part of a frame is
+// in, the rest must come within FrameTimeout (a deadline is set only when
+// a frame spans reads: most arrive whole).
 func (c *conn) fill(n int) error {
 	if cap(c.buf) < n {
 		nb := make([]byte, len(c.buf), n)
 		copy(nb, c.buf)
 		c.buf = nb
 	}
+	deadline := false
 	for len(c.buf) < n {
+		if len(c.buf) > 0 && !deadline && c.pool != nil {
+			c.c.SetReadDeadline(time.Now().Add(c.srv.limits.FrameTimeout))
+			deadline = true
+		}
 		m, err := c.c.Read(c.buf[len(c.buf):cap(c.buf)])
 		c.buf = c.buf[:len(c.buf)+m]
 		if err != nil {
@@ -341,6 +416,9 @@ func (c *conn) fill(n int) error {
 			}
 			return err
 		}
+	}
+	if deadline {
+		c.c.SetReadDeadline(time.Time{})
 	}
 	return nil
 }
@@ -355,6 +433,14 @@ func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
+	}
+	// A peer that does not read its answers would block this write for
+	// ever once the socket's buffers are full: writes get FrameTimeout.
+	// The deadline is pushed out only when half of it is gone, so most
+	// sends set none.
+	if now := time.Now(); c.writeDeadline.Sub(now) < c.srv.limits.FrameTimeout/2 {
+		c.writeDeadline = now.Add(c.srv.limits.FrameTimeout)
+		c.c.SetWriteDeadline(c.writeDeadline)
 	}
 	_, _, err = c.c.WriteMsgUnix(c.out, oob, nil)
 	return err == nil
@@ -383,6 +469,9 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		return c.acquire(f.Request, m)
 	case *slotv1.Release:
 		u, err := c.pool.Release(c.session, m.Lease, m.Outcome.String())
+		if c.pool.Config().Mode == pool.CacheEager && c.peer.PID != c.srv.self {
+			c.srv.guard.check() // the agent moved the thread out
+		}
 		if m.Flags&slotv1.ReleaseNoReply != 0 {
 			return true // errors are counted by the pool; nothing is sent
 		}
@@ -410,6 +499,12 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 		return false
 	}
 	p, err := c.resolve.Resolve(c.peer)
+	if err == nil {
+		err = c.alive()
+		if err != nil {
+			err = slotv1.Errorf(slotv1.CodeNotServed, "%v", err)
+		}
+	}
 	if err != nil {
 		var pe *slotv1.Error
 		if errors.As(err, &pe) && pe.Code == slotv1.CodeNotReady {
@@ -421,11 +516,12 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 		return false
 	}
 	c.pool = p
-	c.fds = h.Flags&slotv1.HelloFDPassing != 0
+	c.c.SetReadDeadline(time.Time{})
+	c.fds = h.Flags&slotv1.HelloFDPassing != 0 && c.srv.passesFDs(c.peer)
 	sum := p.Summary()
 	place, stat := c.srv.hierarchy.SlotFDs()
 	ok := &slotv1.HelloOK{Version: slotv1.Version, Hierarchy: uint8(c.srv.hierarchy.Version), PlaceFDs: uint8(place), StatFDs: uint8(stat),
-		Container: sum.Name, BudgetMilli: sum.BudgetMilli}
+		Container: slotv1.Clean(truncate(sum.Name, slotv1.MaxStringLen)), BudgetMilli: sum.BudgetMilli}
 	if c.srv.hierarchy.FavorDynMods {
 		ok.Flags |= slotv1.HelloOKFavorDynMods
 	}
@@ -446,14 +542,23 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 		Wait: time.Duration(m.WaitUS) * time.Microsecond, Action: m.Action, Invocation: m.Invocation,
 	}
 	req.HostTID = func() (int, error) { return c.hostTID(m.TID) }
+	req.NeedFDs = c.needFDs
 	g, err := c.pool.Acquire(c.srv.ctx, req)
+	if c.peer.PID != c.srv.self && (req.AgentPlaces || c.pool.Config().Mode != pool.Affinity) {
+		c.srv.guard.check() // an agent placement (or eviction) may have run
+	}
 	if err != nil {
 		return c.fail(request, err)
 	}
 	return c.grant(request, g)
 }
 
+// needFDs reports whether this connection takes fds and was not yet sent
+// those of slot id.
+func (c *conn) needFDs(id uint32) bool { return c.fds && !c.seen[id] }
+
 func (c *conn) grant(request uint32, g *pool.Grant) bool {
+	defer g.CloseFDs() // opened for this grant; the client got its copies
 	resp := &slotv1.AcquireOK{Lease: g.Lease, Slot: g.SlotID, QuotaMilli: g.Spec.QuotaMilli, PeriodUS: g.Spec.PeriodUS,
 		Outcome: g.Outcome, Place: g.Place}
 	if g.Queued {
@@ -463,7 +568,7 @@ func (c *conn) grant(request uint32, g *pool.Grant) bool {
 		resp.Flags |= slotv1.AcquiredDegraded
 	}
 	var fds []int
-	if c.fds && g.Place == slotv1.PlaceSelf && !c.seen[g.SlotID] {
+	if len(g.FDs) > 0 {
 		fds = g.FDs
 		resp.NumFDs = uint8(len(fds))
 		c.seen[g.SlotID] = true
@@ -471,17 +576,62 @@ func (c *conn) grant(request uint32, g *pool.Grant) bool {
 	return c.send(request, resp, fds)
 }
 
+// passesFDs reports whether a peer may hold placement fds. On v2 the kernel
+// lets a placement fd move only threads of the container's own threaded
+// subtree. On v1 it checks nothing but the opener (the agent), so a holder
+// could move any process it can name: fds go only to peers in a PID
+// namespace of their own (a pod sees its own processes only), and to the
+// agent's own process, which holds them anyway. Everyone else has the
+// agent place its threads (docs/security.md).
+func (s *Server) passesFDs(p Peer) bool {
+	return s.hierarchy.Version == 2 || p.NS != s.selfNS || p.PID == s.self
+}
+
 // hostTID translates a TID of the peer's PID namespace into the agent's,
-// checking that the thread belongs to the peer process: the agent never
-// moves a thread of another process.
+// checking that the thread belongs to the peer process, which is still the
+// process that connected: the agent never moves a thread of another
+// process, never TID 0 (the writer itself) and never one of its own.
 func (c *conn) hostTID(nsTID uint32) (int, error) {
-	if host, ok := c.hostTIDs[nsTID]; ok && nspidOf(c.peer.PID, host) == nsTID {
-		return host, nil
+	if nsTID == 0 {
+		return 0, errors.New("thread id 0")
 	}
-	host, err := findHostTID(c.peer.PID, nsTID)
-	if err != nil {
+	if c.peer.PID == c.srv.self {
+		return 0, errors.New("the agent does not place its own threads")
+	}
+	host, ok := c.hostTIDs[nsTID]
+	if !ok || nspidOf(c.peer.PID, host) != nsTID {
+		var err error
+		if host, err = findHostTID(c.peer.PID, nsTID); err != nil {
+			return 0, err
+		}
+	}
+	if host <= 0 || c.srv.isSelf(host) {
+		return 0, fmt.Errorf("thread %d is not the peer's", nsTID)
+	}
+	// The thread was found under the peer's PID; it is the peer's if the
+	// peer still lives, and the peer is still in its container.
+	if err := c.alive(); err != nil {
 		return 0, err
+	}
+	if p, err := c.resolve.Resolve(c.peer); err != nil || p != c.pool {
+		return 0, fmt.Errorf("peer process %d left its container", c.peer.PID)
 	}
 	c.hostTIDs[nsTID] = host
 	return host, nil
+}
+
+// isSelf reports whether tid is a thread of the agent's process.
+func (s *Server) isSelf(tid int) bool {
+	if tid == s.self {
+		return true
+	}
+	_, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", s.self, tid))
+	return err == nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
 }

@@ -7,6 +7,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Version is the protocol version this package speaks.
@@ -18,6 +21,13 @@ const (
 	MinBodyLen   = 6         // version, type, request id
 	MaxBodyLen   = 64 * 1024 // larger frames are refused
 	MaxStringLen = 1024
+	// MaxRequestLen is the longest body of any request a client sends
+	// (ACQUIRE or RECLAIM with both strings at MaxStringLen); an agent
+	// refuses longer request frames without buffering them.
+	MaxRequestLen = MinBodyLen + 17 + 2*(2+MaxStringLen)
+	// MaxHelloLen is the longest HELLO body: all an agent buffers before
+	// it knows its peer.
+	MaxHelloLen = MinBodyLen + 6 + 2 + MaxStringLen
 )
 
 // Message types.
@@ -324,7 +334,7 @@ func Append(buf []byte, request uint32, m Message) ([]byte, error) {
 	case *Error:
 		buf = binary.BigEndian.AppendUint16(buf, uint16(m.Code))
 		buf = binary.BigEndian.AppendUint32(buf, m.RetryAfterMS)
-		buf, err = appendString(buf, truncate(m.Message, MaxStringLen))
+		buf, err = appendString(buf, truncate(Clean(m.Message), MaxStringLen))
 	default:
 		return nil, fmt.Errorf("unknown message %T", m)
 	}
@@ -343,8 +353,43 @@ func appendString(buf []byte, s string) ([]byte, error) {
 	if len(s) > MaxStringLen {
 		return nil, fmt.Errorf("string of %d bytes exceeds %d", len(s), MaxStringLen)
 	}
+	if err := CheckString(s); err != nil {
+		return nil, err
+	}
 	buf = binary.BigEndian.AppendUint16(buf, uint16(len(s)))
 	return append(buf, s...), nil
+}
+
+// CheckString reports why s may not travel as a protocol string: every
+// string is valid UTF-8 without control characters (C0, DEL, C1), so that
+// names and ids are safe in logs, metric labels and file names.
+func CheckString(s string) error {
+	for i, r := range s {
+		if r == utf8.RuneError {
+			if _, n := utf8.DecodeRuneInString(s[i:]); n <= 1 {
+				return fmt.Errorf("invalid UTF-8 at byte %d", i)
+			}
+		}
+		if unicode.IsControl(r) {
+			return fmt.Errorf("control character %U at byte %d", r, i)
+		}
+	}
+	return nil
+}
+
+// Clean makes s a valid protocol string: invalid UTF-8 becomes U+FFFD and
+// control characters become '?'. Agents use it for text they did not make
+// themselves (error messages quoting a path, a container's cgroup name).
+func Clean(s string) string {
+	if CheckString(s) == nil {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
 }
 
 // truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
@@ -479,5 +524,12 @@ func (r *reader) str() string {
 		r.fail("string of %d bytes exceeds %d", n, MaxStringLen)
 		return ""
 	}
-	return string(r.take(n))
+	v := string(r.take(n))
+	if r.err == nil {
+		if err := CheckString(v); err != nil {
+			r.fail("string: %v", err)
+			return ""
+		}
+	}
+	return v
 }

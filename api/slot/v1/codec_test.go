@@ -96,6 +96,11 @@ var invalidTable = []invalidVector{
 	{"string_past_end", "0000000e0101" + "00000001" + "010100000001" + "0010", "BAD_REQUEST"},
 	{"string_too_long", "0000000e0101" + "00000001" + "010100000001" + "0401", "BAD_REQUEST"},
 	{"oversized_frame", "00010001010100000001", "BAD_REQUEST"},
+	{"action_invalid_utf8", "00000022010200000001000000fa00000000000000010000000000000767756573742fff0000", "BAD_REQUEST"},
+	{"invocation_control_char", "00000027010200000001000000fa00000000000000010000000000000967756573742f6669620003610a62", "BAD_REQUEST"},
+	{"action_c1_control", "0000001e010200000001000000fa000000000000000100000000000003c285780000", "BAD_REQUEST"},
+	{"hello_client_nul", "0000001301010000000101010000000100056a61007661", "BAD_REQUEST"},
+	{"reclaim_surrogate", "000000180104000000010000000c000000fa000000010002eda00000", "BAD_REQUEST"},
 }
 
 func encodeHex(t *testing.T, request uint32, m Message) string {
@@ -206,6 +211,33 @@ func TestEncodeRefusesOversizedString(t *testing.T) {
 	}
 	if msg := f.Msg.(*Error).Message; len(msg) > MaxStringLen || !strings.HasPrefix(msg, "éé") || strings.ContainsRune(msg, 0xFFFD) {
 		t.Fatalf("bad truncation: %d bytes", len(msg))
+	}
+}
+
+func TestStrings(t *testing.T) {
+	for _, s := range []string{"guest/\xff", "a\nb", "\x00", "\u0085", "\x7f", "\xed\xa0\x80"} {
+		if CheckString(s) == nil {
+			t.Errorf("%q accepted", s)
+		}
+		if _, err := Append(nil, 1, &Acquire{QuotaMilli: 250, Action: s}); err == nil {
+			t.Errorf("encoder sent %q", s)
+		}
+		if c := Clean(s); CheckString(c) != nil {
+			t.Errorf("Clean(%q) = %q still invalid", s, c)
+		}
+		// An error message quoting such a string is cleaned, not refused.
+		b, err := Append(nil, 1, &Error{Code: CodeNotServed, Message: "cgroup /" + s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := decodeFrame(b); err != nil {
+			t.Errorf("error message with %q: %v", s, err)
+		}
+	}
+	for _, s := range []string{"", "guest/fib", "gäst/ƒib☃", "a b-c_d.e:f@g"} {
+		if err := CheckString(s); err != nil || Clean(s) != s {
+			t.Errorf("%q: %v", s, err)
+		}
 	}
 }
 

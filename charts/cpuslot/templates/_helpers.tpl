@@ -62,6 +62,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 http: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
 logLevel: {{ .Values.logLevel }}
 reapInterval: {{ .Values.reapInterval | quote }}
+maxContainers: {{ int .Values.maxContainers }}
 pool:
   prewarm: {{ .Values.pool.prewarm | quote }}
   mode: {{ .Values.pool.mode }}
@@ -71,11 +72,18 @@ pool:
   idleTimeout: {{ .Values.pool.idleTimeout | quote }}
   defaultWait: {{ .Values.pool.defaultWait | quote }}
   maxWait: {{ .Values.pool.maxWait | quote }}
+  maxQuota: {{ include "cpuslot.quantity" .Values.pool.maxQuota }}
+  maxActions: {{ int .Values.pool.maxActions }}
 admission:
   budget: {{ include "cpuslot.quantity" .Values.admission.budget }}
   overcommit: {{ .Values.admission.overcommit }}
   policy: {{ .Values.admission.policy }}
   minDegraded: {{ include "cpuslot.quantity" .Values.admission.minDegraded }}
+limits:
+  maxConnections: {{ int .Values.limits.maxConnections }}
+  maxConnectionsPerProcess: {{ int .Values.limits.maxConnectionsPerProcess }}
+  helloTimeout: {{ .Values.limits.helloTimeout | quote }}
+  frameTimeout: {{ .Values.limits.frameTimeout | quote }}
 kubernetes:
   containerdSocket: {{ .Values.kubernetes.containerdSocket | quote }}
   containerdNamespace: {{ .Values.kubernetes.containerdNamespace | quote }}

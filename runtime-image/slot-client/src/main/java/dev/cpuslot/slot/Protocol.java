@@ -2,6 +2,8 @@ package dev.cpuslot.slot;
 
 import java.io.ByteArrayOutputStream;
 import java.nio.ByteBuffer;
+import java.nio.charset.CharacterCodingException;
+import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
@@ -277,8 +279,21 @@ public final class Protocol {
             int n = u16();
             if (n > MAX_STRING) throw new ProtocolException(E_BAD_REQUEST, "string of " + n + " bytes > 1024");
             need(n);
-            // The spec: a receiver does not refuse a frame for invalid UTF-8; a bad byte becomes U+FFFD.
-            String s = new String(b, p, n, StandardCharsets.UTF_8);
+            // The spec: strings are valid UTF-8 without control characters; anything else is BAD_REQUEST.
+            String s;
+            try {
+                s = StandardCharsets.UTF_8.newDecoder()
+                        .onMalformedInput(CodingErrorAction.REPORT)
+                        .onUnmappableCharacter(CodingErrorAction.REPORT)
+                        .decode(ByteBuffer.wrap(b, p, n)).toString();
+            } catch (CharacterCodingException e) {
+                throw new ProtocolException(E_BAD_REQUEST, "string is not valid UTF-8");
+            }
+            for (int i = 0; i < s.length(); i++) {
+                if (Character.isISOControl(s.charAt(i))) {
+                    throw new ProtocolException(E_BAD_REQUEST, "string holds a control character");
+                }
+            }
             p += n;
             return s;
         }

@@ -1,0 +1,354 @@
+package main
+
+// The scale benchmark: one agent serving many containers with many slots
+// each (by default 250 x 64, what the agent's defaults must hold), and the
+// latency one container sees while another floods the agent with
+// connections.
+//
+//	slotbench -scale                         # 250 containers x 64 slots
+//	slotbench -scale -containers 50 -slots 16
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"github.com/cpuslot/cpuslot/internal/discover"
+)
+
+type scaleParams struct {
+	containers, slots int
+	idle              time.Duration
+	hellos, acquires  int
+	flood             int
+}
+
+// probeResult is what the probe client in an unaffected container measured.
+type probeResult struct {
+	Err     string  `json:"err,omitempty"`
+	Hello   []int64 `json:"hello"`   // ns per connect + HELLO
+	Acquire []int64 `json:"acquire"` // ns per ACQUIRE round trip
+}
+
+func scaleBench(p scaleParams) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root to create cgroups")
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		return err
+	}
+	var lim unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
+	root := fmt.Sprintf("/cpuslot-scale-%d", os.Getpid())
+	roots := []string{h.CPURoot}
+	if h.AcctRoot != "" {
+		roots = append(roots, h.AcctRoot)
+	}
+	defer func() {
+		for _, r := range roots {
+			if err := cgrouptest.RemoveTree(h, r, filepath.Join(r, root)); err != nil {
+				fmt.Fprintln(os.Stderr, "slotbench: cleanup:", err)
+			}
+		}
+	}()
+	var paths []string
+	for i := 0; i < p.containers; i++ {
+		rel := fmt.Sprintf("%s/c%03d", root, i)
+		for _, r := range roots {
+			if err := os.MkdirAll(filepath.Join(r, rel), 0o755); err != nil {
+				return err
+			}
+		}
+		paths = append(paths, rel)
+	}
+	if h.Version == 2 {
+		if err := os.WriteFile(filepath.Join(h.CPURoot, root, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
+			return err
+		}
+	}
+	dir, err := os.MkdirTemp("", "slotbench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	cfg := agent.DefaultConfig()
+	cfg.Socket = filepath.Join(dir, "agent.sock")
+	cfg.HTTP = ""
+	cfg.Pool.Prewarm = fmt.Sprintf("250m=%d", p.slots)
+	cfg.Pool.MaxSlots = max(p.slots, cfg.Pool.MaxSlots)
+	cfg.Standalone.Containers = paths
+	// Errors only: the flood makes the agent warn per connection.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	baseFDs, baseRSS := countFDs(), rssKiB()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- a.Run(ctx, []discover.Source{discover.Static{Hierarchy: h, Cgroups: paths}}, true) }()
+	for !a.Ready() {
+		select {
+		case err := <-done:
+			cancel()
+			return fmt.Errorf("agent: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	prepared := time.Since(start)
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			fmt.Fprintln(os.Stderr, "slotbench: agent:", err)
+		}
+	}()
+	slots := 0
+	for _, s := range a.Summaries() {
+		for _, q := range s.Quotas {
+			slots += q.Slots
+		}
+	}
+	runtime.GC()
+	fds, rss, gor := countFDs(), rssKiB(), runtime.NumGoroutine()
+	cpu0 := cpuTime()
+	time.Sleep(p.idle)
+	idleCPU := float64(cpuTime()-cpu0) / float64(p.idle)
+
+	fmt.Printf("# slotbench -scale: %s, kernel %s, %d CPUs, RLIMIT_NOFILE %d/%d\n", h, kernelRelease(), runtime.NumCPU(), lim.Cur, lim.Max)
+	fmt.Printf("\n| containers | slots | prepared in | agent fds (before start) | RSS (before start) | goroutines | idle CPU over %v |\n|---|---|---|---|---|---|---|\n", p.idle)
+	fmt.Printf("| %d | %d | %v | %d (%d) | %.1f MiB (%.1f MiB) | %d | %.2f%% of a core |\n",
+		len(a.Summaries()), slots, prepared.Round(time.Millisecond), fds, baseFDs, float64(rss)/1024, float64(baseRSS)/1024, gor, 100*idleCPU)
+	if slots != p.containers*p.slots {
+		return fmt.Errorf("only %d of %d slots made", slots, p.containers*p.slots)
+	}
+
+	// Latency of container 0 while quiet, then while container 1 floods.
+	probe := func() (*probeResult, error) {
+		var r probeResult
+		if err := runScaleChild(h, paths[0], "probe", cfg.Socket, p, &r); err != nil {
+			return nil, err
+		}
+		if r.Err != "" {
+			return nil, fmt.Errorf("probe: %s", r.Err)
+		}
+		return &r, nil
+	}
+	quiet, err := probe()
+	if err != nil {
+		return err
+	}
+	flooder, held, err := startFlood(h, paths[1], cfg.Socket, p.flood)
+	if err != nil {
+		return err
+	}
+	// Measure once the agent has taken the flood in (each stalled
+	// connection holds an fd there), or after 30 s.
+	for deadline := time.Now().Add(30 * time.Second); countFDs() < fds+held && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	floodFDs, floodRSS := countFDs(), rssKiB()
+	flooded, perr := probe()
+	flooder.Process.Kill()
+	flooder.Wait()
+	if perr != nil {
+		return perr
+	}
+	fmt.Printf("\nContainer c000's latency, quiet and while c001 holds %d stalled connections (agent then: %d fds, %.1f MiB RSS):\n\n", held, floodFDs, float64(floodRSS)/1024)
+	fmt.Printf("| | quiet p50 | quiet p99 | flooded p50 | flooded p99 | p99 ratio |\n|---|---|---|---|---|---|\n")
+	row := func(name string, q, f []int64) {
+		sortNS(q)
+		sortNS(f)
+		fmt.Printf("| %s (n=%d) | %s | %s | %s | %s | %.2f |\n", name, len(q), usNS(pctNS(q, 0.5)), usNS(pctNS(q, 0.99)),
+			usNS(pctNS(f, 0.5)), usNS(pctNS(f, 0.99)), float64(pctNS(f, 0.99))/float64(max(pctNS(q, 0.99), 1)))
+	}
+	row("connect + HELLO", quiet.Hello, flooded.Hello)
+	row("ACQUIRE", quiet.Acquire, flooded.Acquire)
+	return nil
+}
+
+func usNS(ns int64) string { return fmt.Sprintf("%.1fus", float64(ns)/1000) }
+
+func countFDs() int {
+	e, _ := os.ReadDir("/proc/self/fd")
+	return len(e)
+}
+
+func rssKiB() int64 {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func kernelRelease() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+func scaleChildCmd(role, socket string, p scaleParams) *exec.Cmd {
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "SLOTBENCH_SCALE="+role, "SLOTBENCH_SOCKET="+socket,
+		fmt.Sprintf("SLOTBENCH_HELLOS=%d", p.hellos), fmt.Sprintf("SLOTBENCH_ACQUIRES=%d", p.acquires),
+		fmt.Sprintf("SLOTBENCH_FLOOD=%d", p.flood))
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// runScaleChild runs a child in cgroup rel and decodes its one JSON line.
+func runScaleChild(h *cgroup.Hierarchy, rel, role, socket string, p scaleParams, v any) error {
+	cmd := scaleChildCmd(role, socket, p)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := h.StartIn(cmd, rel); err != nil {
+		return err
+	}
+	defer cmd.Wait()
+	io.WriteString(in, "go\n") // placed in its cgroup
+	line, err := bufio.NewReader(out).ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("%s child: %w", role, err)
+	}
+	return json.Unmarshal(line, v)
+}
+
+// startFlood starts a child in rel that opens n connections, announces a
+// large frame on each and stalls; it returns once they are open.
+func startFlood(h *cgroup.Hierarchy, rel, socket string, n int) (*exec.Cmd, int, error) {
+	cmd := scaleChildCmd("flood", socket, scaleParams{flood: n})
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := h.StartIn(cmd, rel); err != nil {
+		return nil, 0, err
+	}
+	io.WriteString(in, "go\n")
+	var r struct {
+		Held int    `json:"held"`
+		Err  string `json:"err"`
+	}
+	line, err := bufio.NewReader(out).ReadBytes('\n')
+	if err == nil {
+		err = json.Unmarshal(line, &r)
+	}
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, 0, fmt.Errorf("flood child: %w", err)
+	}
+	return cmd, r.Held, nil
+}
+
+// scaleChild is the child side of the scale benchmark.
+func scaleChild(role string) {
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	socket := os.Getenv("SLOTBENCH_SOCKET")
+	atoi := func(k string) int { n, _ := strconv.Atoi(os.Getenv(k)); return n }
+	enc := json.NewEncoder(os.Stdout)
+	switch role {
+	case "probe":
+		enc.Encode(probe(socket, atoi("SLOTBENCH_HELLOS"), atoi("SLOTBENCH_ACQUIRES")))
+	case "flood":
+		var lim unix.Rlimit
+		unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
+		lim.Cur = lim.Max
+		unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+		var conns []net.Conn
+		var hdr [slotv1.HeaderLen]byte
+		binary.BigEndian.PutUint32(hdr[:], 64<<10) // a 64 KiB frame that never comes
+		for len(conns) < atoi("SLOTBENCH_FLOOD") {
+			c, err := net.Dial("unix", socket)
+			if err != nil {
+				break // refused or out of fds: hold what we have
+			}
+			c.Write(hdr[:])
+			conns = append(conns, c)
+		}
+		enc.Encode(map[string]int{"held": len(conns)})
+		select {} // stall until killed
+	}
+}
+
+func probe(socket string, hellos, acquires int) probeResult {
+	var r probeResult
+	hello := frameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing})
+	buf := make([]byte, 4096)
+	for i := 0; i < hellos; i++ {
+		t0 := time.Now()
+		c, err := net.Dial("unix", socket)
+		if err != nil {
+			r.Err = err.Error()
+			return r
+		}
+		c.Write(hello)
+		if _, err := io.ReadAtLeast(c, buf, 4); err != nil {
+			r.Err = "hello: " + err.Error()
+			c.Close()
+			return r
+		}
+		r.Hello = append(r.Hello, int64(time.Since(t0)))
+		c.Close()
+	}
+	c, err := client.Dial(socket, client.Options{Name: "probe", Wait: time.Second})
+	if err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	defer c.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for i := 0; i < acquires; i++ {
+		t0 := time.Now()
+		l, err := c.Acquire(250, "probe", "")
+		if err != nil {
+			r.Err = err.Error()
+			return r
+		}
+		r.Acquire = append(r.Acquire, int64(time.Since(t0)))
+		if _, err := l.Release(slotv1.InvocationOK); err != nil {
+			r.Err = err.Error()
+			return r
+		}
+	}
+	return r
+}
+
+func frameBytes(m slotv1.Message) []byte {
+	b, err := slotv1.Append(nil, 1, m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

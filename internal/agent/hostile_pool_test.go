@@ -1,0 +1,443 @@
+package agent_test
+
+// Attacks on the pool side of the agent (budget arithmetic, leaked and
+// stale cgroups, per-container caps), each on the real kernel's cgroups.
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"github.com/cpuslot/cpuslot/internal/discover"
+)
+
+// runAgent runs an agent with cfg until stop is called; cleanup says
+// whether it removes its slots on the way out (uninstall) or leaves them
+// (restart).
+func runAgent(t *testing.T, h *cgroup.Hierarchy, cfg agent.Config, cleanup bool) (a *agent.Agent, stop func()) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Run(ctx, []discover.Source{discover.Static{Hierarchy: h, Cgroups: cfg.Standalone.Containers}}, cleanup)
+	}()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	waitFor(t, "agent ready", a.Ready)
+	return a, stop
+}
+
+// hello dials the socket and says HELLO, with or without fd passing.
+func hello(t *testing.T, socket string, fds bool) net.Conn {
+	t.Helper()
+	c := dialRaw(t, socket)
+	h := &slotv1.Hello{MinVersion: 1, MaxVersion: 1}
+	if fds {
+		h.Flags = slotv1.HelloFDPassing
+	}
+	c.Write(frame(t, h))
+	if m, ok := readResp(t, c).(*slotv1.HelloOK); !ok {
+		t.Fatalf("hello refused: %+v", m)
+	}
+	return c
+}
+
+func slotQuotas(t *testing.T, h *cgroup.Hierarchy, rel string) []int64 {
+	t.Helper()
+	var out []int64
+	dirs, _ := filepath.Glob(filepath.Join(h.CPURoot, rel, cgroup.SlotPrefix+"*"))
+	for _, d := range dirs {
+		name := "cpu.cfs_quota_us"
+		if h.Version == 2 {
+			name = "cpu.max"
+		}
+		b, err := os.ReadFile(filepath.Join(d, name))
+		if err != nil {
+			continue
+		}
+		q, _ := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64)
+		out = append(out, q)
+	}
+	return out
+}
+
+// TestHostileQuotaWrap (issue item 4): with a 1-core budget, a lease of
+// 250m and a request for 2^32-250m must not wrap the budget's sum: the
+// request is refused as an invalid quota and no slot gets a quota above
+// what the node has. The peer is a live process of the container, not the
+// test (the agent never places its own threads).
+func TestHostileQuotaWrap(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "250m=1" })
+	a := e.start()
+	l := startLive(t, e, e.rel, 2)
+	c := l.dial(t, e.socket)
+	sayHello(t, c)
+
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.tids[0]}))
+	if g, ok := readResp(t, c).(*slotv1.AcquireOK); !ok {
+		t.Fatalf("first acquire: %+v", g)
+	}
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 1<<32 - 250, TID: l.tids[1]}))
+	resp := readResp(t, c)
+	if pe, ok := resp.(*slotv1.Error); !ok || pe.Code != slotv1.CodeInvalidQuota {
+		t.Errorf("quota 2^32-250m: got %+v, want INVALID_QUOTA", resp)
+	}
+	for _, q := range slotQuotas(t, e.h, e.rel) {
+		if q > int64(runtime.NumCPU())*100000 {
+			t.Errorf("a slot got quota %dus, more than the node's %d CPUs", q, runtime.NumCPU())
+		}
+	}
+	if s := a.Summaries()[0]; s.UsedMilli > s.BudgetMilli {
+		t.Errorf("budget overdrawn: %d of %d", s.UsedMilli, s.BudgetMilli)
+	}
+}
+
+// sayHello says HELLO without fd passing on c.
+func sayHello(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	if m, ok := readResp(t, c).(*slotv1.HelloOK); !ok {
+		t.Fatalf("hello refused: %+v", m)
+	}
+}
+
+// TestHostileReclaimOverBudget (issue item 4): RECLAIM goes through
+// admission. Slots this agent made and never leased cannot be reclaimed
+// beyond the budget; after a restart, reclaims of adopted slots are
+// honoured even over budget (the invocations run already), counted, and
+// give no room for more.
+func TestHostileReclaimOverBudget(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "500m=3" })
+	e.cfg.Socket = filepath.Join(e.dir, "first.sock")
+	a, stop := runAgent(t, e.h, e.cfg, false)
+	// The peer: a live process of the container with a thread per slot
+	// and one more.
+	l := startLive(t, e, e.rel, 4)
+
+	slots := func() []uint32 {
+		var ids []uint32
+		dirs, _ := filepath.Glob(filepath.Join(e.h.CPURoot, e.rel, cgroup.SlotPrefix+"*"))
+		for _, d := range dirs {
+			id, _ := cgroup.ParseSlotName(filepath.Base(d))
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	ids := slots()
+	if len(ids) != 3 {
+		t.Fatalf("slots %v", ids)
+	}
+	tids := l.tids[:3]
+	reclaimAll := func(socket string) (granted int, last slotv1.Message) {
+		c := l.dial(t, socket) // held open: its leases live as long
+		sayHello(t, c)
+		for i, id := range ids {
+			c.Write(frame(t, &slotv1.Reclaim{Slot: id, QuotaMilli: 500, TID: tids[i]}))
+			last = readResp(t, c)
+			if _, ok := last.(*slotv1.AcquireOK); ok {
+				granted++
+			}
+		}
+		return granted, last
+	}
+	c := l.dial(t, e.cfg.Socket)
+	sayHello(t, c)
+	for i, id := range ids {
+		c.Write(frame(t, &slotv1.Reclaim{Slot: id, QuotaMilli: 500, TID: tids[i]}))
+		resp := readResp(t, c)
+		_, ok := resp.(*slotv1.AcquireOK)
+		if i < 2 && !ok {
+			t.Fatalf("reclaim %d within budget refused: %+v", i, resp)
+		}
+		if i == 2 && ok {
+			t.Errorf("reclaim beyond the budget granted: %+v", a.Summaries()[0])
+		}
+	}
+	if s := a.Summaries()[0]; s.UsedMilli > s.BudgetMilli {
+		t.Errorf("budget overdrawn by RECLAIM: %d of %d", s.UsedMilli, s.BudgetMilli)
+	}
+	c.Close()
+	stop()
+
+	// A new agent adopts the slots: the invocations of a restart are honoured.
+	e.cfg.Socket = filepath.Join(e.dir, "second.sock")
+	a2, _ := runAgent(t, e.h, e.cfg, true)
+	n, last := reclaimAll(e.cfg.Socket)
+	if n != 3 {
+		t.Fatalf("after a restart %d of 3 reclaims were honoured, last %+v", n, last)
+	}
+	body := scrape(t, a2)
+	if !strings.Contains(body, `cpuslot_admission_total{result="reclaimed_over_budget"} 1`) {
+		t.Errorf("over-budget reclaim not counted:\n%s", grep(body, "cpuslot_admission_total"))
+	}
+	// ... and give no room for more.
+	c2 := l.dial(t, e.cfg.Socket)
+	sayHello(t, c2)
+	c2.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.tids[3], WaitUS: 1000}))
+	if resp := readResp(t, c2); !isErr(resp, slotv1.CodeTimeout) {
+		t.Errorf("acquire while over budget: %+v", resp)
+	}
+}
+
+func isErr(m slotv1.Message, code slotv1.Code) bool {
+	pe, ok := m.(*slotv1.Error)
+	return ok && pe.Code == code
+}
+
+// TestHostileLeakAfterRestart (issue item 8): a serve-under runtime idles
+// while the agent restarts, then exits. The new agent finds its slots at
+// start and removes them once no process is left; the container can be
+// removed.
+func TestHostileLeakAfterRestart(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	e.cfg.Standalone.Containers = nil
+	e.cfg.Standalone.ServeUnder = []string{filepath.Dir(e.rel)}
+	e.cfg.Socket = filepath.Join(e.dir, "first.sock")
+	_, stop := runAgent(t, e.h, e.cfg, false)
+	ch := spawn(t, e.h, "hold", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.cfg.Socket}})
+	var r acquireResult
+	ch.result(t, &r)
+	if r.Error != "" || r.Held != 2 {
+		t.Fatalf("child: %+v", r)
+	}
+	stop() // SIGTERM: slots stay for the next agent
+
+	e.cfg.Socket = filepath.Join(e.dir, "second.sock")
+	a2, _ := runAgent(t, e.h, e.cfg, false)
+	ch.cmd.Process.Kill()
+	ch.cmd.Wait()
+	a2.Maintain(time.Now())
+	if left := cgrouptest.Leftovers(e.h, e.rel); len(left) != 0 {
+		t.Fatalf("slots of a container with no process left after a restart: %v", left)
+	}
+	for _, root := range cgroupRoots(e.h) {
+		if err := syscall.Rmdir(filepath.Join(root, e.rel)); err != nil {
+			t.Fatalf("the runtime cannot remove its container: %v", err)
+		}
+		os.Mkdir(filepath.Join(root, e.rel), 0o755) // for the harness's cleanup
+	}
+}
+
+func cgroupRoots(h *cgroup.Hierarchy) []string {
+	if h.AcctRoot != "" {
+		return []string{h.CPURoot, h.AcctRoot}
+	}
+	return []string{h.CPURoot}
+}
+
+// TestHostileRecreatedContainer (issue item 9): a container cgroup removed
+// and made again at the same path is a new container and gets a fresh pool;
+// the old pool's slots are dead cgroups.
+func TestHostileRecreatedContainer(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	e.cfg.Standalone.Containers = nil
+	e.cfg.Standalone.ServeUnder = []string{filepath.Dir(e.rel)}
+	e.start()
+	run := func() acquireResult {
+		ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=2"}})
+		var r acquireResult
+		ch.result(t, &r)
+		ch.cmd.Wait()
+		return r
+	}
+	if r := run(); r.Error != "" || r.InSlot != 2 {
+		t.Fatalf("first container: %+v", r)
+	}
+	// The container runtime removes the container (slots first: a cgroup
+	// with children cannot go) and makes a new one at the same path.
+	roots := cgroupRoots(e.h)
+	for _, root := range roots {
+		dirs, _ := filepath.Glob(filepath.Join(root, e.rel, cgroup.SlotPrefix+"*"))
+		for _, d := range dirs {
+			if err := syscall.Rmdir(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := syscall.Rmdir(filepath.Join(root, e.rel)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, root := range roots {
+		if err := os.Mkdir(filepath.Join(root, e.rel), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := run(); r.Error != "" || r.InSlot != 2 {
+		t.Fatalf("recreated container served a stale pool: %+v", r)
+	}
+}
+
+// TestHostileActionNamesPerContainer (issue item 10): a container that
+// floods distinct action names exhausts its own cap, not another
+// container's.
+func TestHostileActionNamesPerContainer(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	relB := cgrouptest.NewContainer(t, e.h, 0)
+	e.cfg.Standalone.Containers = []string{e.rel, relB}
+	a := e.start()
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c, err := client.Dial(e.socket, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for i := 0; i < 600; i++ {
+		l, err := c.Acquire(250, fmt.Sprintf("flood-%d", i), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Release(slotv1.InvocationOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ch := spawn(t, e.h, "acquire", childOpts{cgroup: relB, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
+	var r acquireResult
+	ch.result(t, &r)
+	if r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	waitFor(t, "B's release counted", func() bool {
+		return strings.Contains(scrape(t, a), `cpuslot_lease_releases_total{action="child"`)
+	})
+}
+
+// TestHostileMaxContainers (issue item 10): the agent serves at most
+// maxContainers; one more is refused with a typed error (NOT_READY: say
+// HELLO again later) and counted.
+func TestHostileMaxContainers(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) { c.MaxContainers = 1 })
+	parent := filepath.Dir(e.rel)
+	e.cfg.Standalone.Containers = nil
+	e.cfg.Standalone.ServeUnder = []string{parent}
+	relB := parent + "/other"
+	for _, root := range cgroupRoots(e.h) {
+		if err := os.Mkdir(filepath.Join(root, relB), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := e.start()
+	ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
+	var r acquireResult
+	ch.result(t, &r)
+	if r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	ch.cmd.Wait()
+
+	cgrouptest.JoinProcess(t, e.h, relB)
+	c := dialRaw(t, e.socket)
+	defer c.Close()
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	if resp := readResp(t, c); !isErr(resp, slotv1.CodeNotReady) {
+		t.Fatalf("a container beyond maxContainers: %+v", resp)
+	}
+	if n := len(a.Summaries()); n != 1 {
+		t.Fatalf("%d pools", n)
+	}
+	body := scrape(t, a)
+	for _, want := range []string{`cpuslot_errors_total{reason="containers_exhausted"} 1`, "cpuslot_containers_max 1"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("missing %s", want)
+		}
+	}
+	// Once the first container is gone, the second is served.
+	a.Maintain(time.Now())
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	if resp := readResp(t, c); !isOK(resp) {
+		t.Fatalf("after the first container left: %+v", resp)
+	}
+}
+
+func isOK(m slotv1.Message) bool { _, ok := m.(*slotv1.HelloOK); return ok }
+
+// TestHostilePrepareHoldsNoAgentLock (issue item 10): while one container's
+// pool is being made (cgroup I/O), other containers are served.
+func TestHostilePrepareHoldsNoAgentLock(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	relB := cgrouptest.NewContainer(t, e.h, 0)
+	e.cfg.Standalone.ServeUnder = []string{filepath.Dir(relB)}
+	entered, release := make(chan struct{}), make(chan struct{})
+	agent.SetPrepareHook(func(p string) {
+		if p == relB {
+			close(entered)
+			<-release
+		}
+	})
+	t.Cleanup(func() { agent.SetPrepareHook(nil) })
+	e.start()
+	ch := spawn(t, e.h, "acquire", childOpts{cgroup: relB, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
+	<-entered // B's pool is being made
+
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c := dialRaw(t, e.socket)
+	defer c.Close()
+	c.SetDeadline(time.Time{}) // the select below says why it hangs
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	done := make(chan slotv1.Message, 1)
+	go func() { done <- readRespOrNil(c) }()
+	var resp slotv1.Message
+	select {
+	case resp = <-done:
+	case <-time.After(30 * time.Second): // a hang, not a slow answer
+		close(release)
+		t.Fatal("HELLO of container A got no answer while container B's pool was being made: the agent lock is held across cgroup I/O")
+	}
+	if !isOK(resp) {
+		t.Fatalf("hello: %+v", resp)
+	}
+	close(release)
+	var r acquireResult
+	ch.result(t, &r)
+	if r.Error != "" {
+		t.Fatalf("B: %s", r.Error)
+	}
+}
+
+func readRespOrNil(c net.Conn) slotv1.Message {
+	var hdr [4]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return nil
+	}
+	body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
+	if _, err := io.ReadFull(c, body); err != nil {
+		return nil
+	}
+	f, err := slotv1.DecodeBody(body)
+	if err != nil {
+		return nil
+	}
+	return f.Msg
+}
