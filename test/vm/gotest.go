@@ -3,6 +3,7 @@ package vm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -163,6 +164,15 @@ func RunGoTest(t testing.TB, pkg, runRegex string, opts Options) *Result {
 	res, err := Run(ctx, opts)
 	if lw, ok := opts.Output.(*lineLogger); ok {
 		lw.flush()
+	}
+	if errors.Is(err, ErrGuestStalled) && ctx.Err() == nil {
+		// The guest's kernel stopped, not the tests: boot once more, and
+		// say so. A second stall fails the test.
+		t.Logf("vm: %v\nvm: booting once more", err)
+		res, err = Run(ctx, opts)
+		if lw, ok := opts.Output.(*lineLogger); ok {
+			lw.flush()
+		}
 	}
 	if err != nil {
 		t.Fatal(err)

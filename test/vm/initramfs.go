@@ -265,7 +265,14 @@ const (
 	// markerWatchdog starts the guest watchdog's report: the command ran
 	// past Options.Watchdog, and what follows is the guest's task states.
 	markerWatchdog = "@@CPUSLOT-VM-WATCHDOG:"
+	// markerHeartbeat is printed every heartbeatEvery while the command
+	// runs: a guest whose kernel stops (interrupts off on every vCPU, so
+	// not even the watchdog's sleep ends) stops printing it.
+	markerHeartbeat = "@@CPUSLOT-VM-HEARTBEAT:"
 )
+
+// heartbeatEvery is the guest's heartbeat period, in seconds.
+const heartbeatEvery = 5
 
 // guestPATH is the command's PATH in the guest.
 const guestPATH = "/bin:/sbin:/usr/bin:/usr/sbin"
@@ -334,6 +341,7 @@ echo "+cpu +cpuset +pids" >/sys/fs/cgroup/cgroup.subtree_control || fail "enable
 ) &
 `, secs, markerWatchdog, nonce)
 	}
+	fmt.Fprintf(&b, "(while sleep %d; do echo \"%s%s@@\"; done) &\n", heartbeatEvery, markerHeartbeat, nonce)
 	fmt.Fprintf(&b, `cd %[1]s || fail "cd %[1]s"
 echo "%[2]s%[3]s@@"
 env -i %[4]s %[5]s </dev/null

@@ -324,7 +324,28 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Console != nil {
 		raw = io.TeeReader(stdout, opts.Console)
 	}
+	// A guest that stops printing its heartbeat is hung (its kernel, not
+	// the command: the watchdog covers a hung command); stop waiting.
+	stalled := make(chan time.Duration, 1)
+	stopCheck := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopCheck:
+				return
+			case <-tick.C:
+				if quiet := c.silence(); quiet > StallTimeout {
+					stalled <- quiet
+					cmd.Process.Kill()
+					return
+				}
+			}
+		}
+	}()
 	readErr := c.read(raw)
+	close(stopCheck)
 	waitErr := cmd.Wait()
 	if powerOff != nil {
 		powerOff.Stop()
@@ -336,7 +357,15 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		Boot:     time.Since(start),
 	}
 
+	var stall time.Duration
+	select {
+	case stall = <-stalled:
+	default:
+	}
 	switch {
+	case stall > 0:
+		return res, fmt.Errorf("vm: %w: no heartbeat for %v after %v (the guest's kernel stopped); console tail:\n%s",
+			ErrGuestStalled, stall.Round(time.Second), res.Boot.Round(time.Millisecond), tail(res.Console, 60))
 	case c.watchdog != "":
 		return res, fmt.Errorf("vm: guest watchdog: the command was still running when it fired (%s of the guest's time; qemu ran %v, after waiting %v for another boot); guest report:\n%s",
 			c.watchdog, res.Boot.Round(time.Millisecond), waited.Round(time.Millisecond), tail(c.report.String(), 400))
@@ -374,6 +403,37 @@ type consoleParser struct {
 	// holds the console from then on.
 	watchdog string
 	report   strings.Builder
+	// lastBeat is when the guest last showed it runs (a heartbeat, or the
+	// start of the command); zero before.
+	mu       sync.Mutex
+	lastBeat time.Time
+}
+
+// StallTimeout is how long Run waits for the guest's heartbeat (every
+// 5 s) before it takes the guest for hung: generous, since a loaded host
+// slows the emulated guest.
+var StallTimeout = 2 * time.Minute
+
+// ErrGuestStalled means the guest stopped printing its heartbeat: its
+// kernel hung, as emulated guests rarely do; the command may not be at
+// fault (RunGoTest boots once more).
+var ErrGuestStalled = errors.New("guest stalled")
+
+func (c *consoleParser) beat() {
+	c.mu.Lock()
+	c.lastBeat = time.Now()
+	c.mu.Unlock()
+}
+
+// silence is how long the guest has been without a heartbeat since the
+// command began (zero before it began or after it ended).
+func (c *consoleParser) silence() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lastBeat.IsZero() {
+		return 0
+	}
+	return time.Since(c.lastBeat)
 }
 
 func newConsoleParser(nonce string, stream io.Writer) *consoleParser {
@@ -397,6 +457,13 @@ func (c *consoleParser) read(r io.Reader) error {
 }
 
 func (c *consoleParser) line(line string) {
+	if hb := markerHeartbeat + c.nonce + "@@"; strings.Contains(line, hb) {
+		c.beat()
+		line = strings.Replace(line, hb, "", 1)
+		if strings.TrimRight(line, "\r\n") == "" {
+			return
+		}
+	}
 	c.console.WriteString(line)
 	if c.watchdog != "" {
 		c.report.WriteString(line)
@@ -416,6 +483,7 @@ func (c *consoleParser) line(line string) {
 			c.setupFailed = strings.TrimSuffix(text[i+len(markerFail+c.nonce+" "):], "@@")
 		} else if strings.Contains(text, markerBegin+c.nonce+"@@") {
 			c.begun = true
+			c.beat()
 		}
 		return
 	}
@@ -424,6 +492,9 @@ func (c *consoleParser) line(line string) {
 		rest := strings.TrimSuffix(text[i+len(markerEnd+c.nonce+" exit="):], "@@")
 		if code, err := strconv.Atoi(rest); err == nil {
 			c.ended, c.exitCode = true, code
+			c.mu.Lock()
+			c.lastBeat = time.Time{}
+			c.mu.Unlock()
 			text, nl = text[:i], false
 			if c.onEnd != nil {
 				c.onEnd()

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -384,4 +386,49 @@ func TestWatchdog(t *testing.T) {
 			t.Errorf("error lacks %q:\n%v", w, err)
 		}
 	}
+}
+
+// TestStallDetected checks that a guest that stops printing its heartbeat
+// is reported as stalled long before the host's deadline. SIGSTOP on the
+// emulator stands in for a guest whose kernel stopped.
+func TestStallDetected(t *testing.T) {
+	Require(t)
+	defer func(d time.Duration) { StallTimeout = d }(StallTimeout)
+	StallTimeout = 15 * time.Second
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	var console syncBuffer
+	go func() {
+		// Stop the emulator once the command runs.
+		for !strings.Contains(console.String(), markerBegin) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		out, _ := exec.Command("pkill", "-STOP", "-f", "cpuslot-stall-test").CombinedOutput()
+		t.Logf("pkill -STOP: %s", out)
+	}()
+	_, err := Run(ctx, Options{Command: []string{"sleep", "600"}, Console: &console,
+		KernelArgs: []string{"cpuslot-stall-test"}})
+	if !errors.Is(err, ErrGuestStalled) {
+		t.Fatalf("err = %v, want ErrGuestStalled", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the host deadline expired first")
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
