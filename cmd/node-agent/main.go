@@ -73,6 +73,7 @@ func run(args []string) error {
 	maxQuota := fs.String("max-quota", "", "largest quota in a container without a CPU limit (default: the node's CPUs)")
 	maxConns := fs.Int("max-connections", 0, "open connections on the node (default 4096)")
 	maxConnsPerProcess := fs.Int("max-connections-per-process", 0, "open connections of one client process (default 64)")
+	hostNSFDs := fs.Bool("host-namespace-fds", false, "cgroup v1: pass placement fds also to runtimes in the agent's PID namespace (trusted standalone runtimes only: such a fd moves any process of the node)")
 	cleanupOnExit := fs.Bool("cleanup-on-exit", false, "remove all slots on exit instead of leaving them for the next agent")
 	k8s := fs.Bool("kubernetes", false, "serve the runtime pods of this node (see docs/kubernetes-contract.md)")
 	nodeName := fs.String("node-name", "", "Kubernetes node name (default: $NODE_NAME)")
@@ -115,6 +116,9 @@ func run(args []string) error {
 	set(&cfg.Pool.MaxQuota, *maxQuota)
 	if *maxConns != 0 {
 		cfg.Limits.MaxConnections = *maxConns
+	}
+	if *hostNSFDs {
+		cfg.Limits.HostNamespaceFDs = true
 	}
 	if *maxConnsPerProcess != 0 {
 		cfg.Limits.MaxConnectionsPerProcess = *maxConnsPerProcess

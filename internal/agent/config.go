@@ -48,6 +48,10 @@ type LimitsConfig struct {
 	// FrameTimeout is how long the rest of a frame may take once its first
 	// byte arrived.
 	FrameTimeout Duration `json:"frameTimeout"`
+	// HostNamespaceFDs passes placement fds on cgroup v1 also to runtimes
+	// in the agent's PID namespace (standalone runtimes you trust: such a
+	// runtime can move any process of the node into its slots).
+	HostNamespaceFDs bool `json:"hostNamespaceFDs"`
 }
 
 // KubernetesConfig is the Kubernetes mode's setup.
@@ -170,7 +174,8 @@ func LoadConfig(path string) (Config, error) {
 // ServerLimits are the connection limits for the server.
 func (c Config) ServerLimits() server.Limits {
 	return server.Limits{MaxConns: c.Limits.MaxConnections, MaxConnsPerProcess: c.Limits.MaxConnectionsPerProcess,
-		HelloTimeout: c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration}
+		HelloTimeout: c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration,
+		HostNamespaceFDs: c.Limits.HostNamespaceFDs}
 }
 
 // checkLimits rejects limits that would refuse every client or never time out.

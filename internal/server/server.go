@@ -42,6 +42,10 @@ type Limits struct {
 	// FrameTimeout is how long the rest of a frame may take once its first
 	// byte arrived; between frames a connection may idle.
 	FrameTimeout time.Duration
+	// HostNamespaceFDs passes placement fds on cgroup v1 also to peers in
+	// the agent's own PID namespace. Off by default: there a v1 fd moves
+	// any process of the node; only for standalone runtimes you trust.
+	HostNamespaceFDs bool
 }
 
 // DefaultLimits hold 250 pods with a few connections per process each.
@@ -584,7 +588,7 @@ func (c *conn) grant(request uint32, g *pool.Grant) bool {
 // agent's own process, which holds them anyway. Everyone else has the
 // agent place its threads (docs/security.md).
 func (s *Server) passesFDs(p Peer) bool {
-	return s.hierarchy.Version == 2 || p.NS != s.selfNS || p.PID == s.self
+	return s.hierarchy.Version == 2 || p.NS != s.selfNS || p.PID == s.self || s.limits.HostNamespaceFDs
 }
 
 // hostTID translates a TID of the peer's PID namespace into the agent's,

@@ -58,7 +58,10 @@ final class Agent {
     /** Starts the agent and waits until /readyz answers 200. */
     void start() throws Exception {
         List<String> cmd = new ArrayList<>(List.of(bin.toString(), "run", "-socket", socket.toString(),
-                "-serve-under", serveUnder, "-http", "127.0.0.1:" + httpPort, "-prewarm", prewarm, "-log-level", "info"));
+                "-serve-under", serveUnder, "-http", "127.0.0.1:" + httpPort, "-prewarm", prewarm, "-log-level", "info",
+                // The runtimes here run in the host's PID namespace; a pod runs in its own, and the agent passes
+                // placement fds to it by default. This makes the agent treat these runtimes as it treats pods.
+                "-host-namespace-fds"));
         starts++;
         Files.writeString(log, "---- start " + starts + ": " + String.join(" ", cmd) + "\n",
                 java.nio.file.StandardOpenOption.CREATE, java.nio.file.StandardOpenOption.APPEND);
