@@ -336,7 +336,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			case <-stopCheck:
 				return
 			case <-tick.C:
-				if quiet := c.silence(); quiet > StallTimeout {
+				// Before the command begins, the boot itself must end in
+				// time (seconds normally, well under a minute loaded).
+				if quiet := c.silence(start); quiet > StallTimeout {
 					stalled <- quiet
 					cmd.Process.Kill()
 					return
@@ -407,6 +409,7 @@ type consoleParser struct {
 	// start of the command); zero before.
 	mu       sync.Mutex
 	lastBeat time.Time
+	begunAt  bool // begun, for the stall check (under mu)
 }
 
 // StallTimeout is how long Run waits for the guest's heartbeat (every
@@ -425,15 +428,19 @@ func (c *consoleParser) beat() {
 	c.mu.Unlock()
 }
 
-// silence is how long the guest has been without a heartbeat since the
-// command began (zero before it began or after it ended).
-func (c *consoleParser) silence() time.Duration {
+// silence is how long the guest has been without a sign of life: since
+// its last heartbeat while the command runs, since boot (started) before
+// the command began, zero after it ended.
+func (c *consoleParser) silence(started time.Time) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.lastBeat.IsZero() {
-		return 0
+	switch {
+	case !c.lastBeat.IsZero():
+		return time.Since(c.lastBeat)
+	case !c.begunAt:
+		return time.Since(started)
 	}
-	return time.Since(c.lastBeat)
+	return 0
 }
 
 func newConsoleParser(nonce string, stream io.Writer) *consoleParser {
@@ -483,6 +490,9 @@ func (c *consoleParser) line(line string) {
 			c.setupFailed = strings.TrimSuffix(text[i+len(markerFail+c.nonce+" "):], "@@")
 		} else if strings.Contains(text, markerBegin+c.nonce+"@@") {
 			c.begun = true
+			c.mu.Lock()
+			c.begunAt = true
+			c.mu.Unlock()
 			c.beat()
 		}
 		return

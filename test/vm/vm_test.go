@@ -393,15 +393,25 @@ func TestWatchdog(t *testing.T) {
 // emulator stands in for a guest whose kernel stopped.
 func TestStallDetected(t *testing.T) {
 	Require(t)
+	for _, beforeBegin := range []bool{false, true} {
+		t.Run(fmt.Sprintf("beforeBegin=%v", beforeBegin), func(t *testing.T) { testStall(t, beforeBegin) })
+	}
+}
+
+func testStall(t *testing.T, beforeBegin bool) {
 	defer func(d time.Duration) { StallTimeout = d }(StallTimeout)
 	StallTimeout = 15 * time.Second
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	var console syncBuffer
 	go func() {
-		// Stop the emulator once the command runs.
-		for !strings.Contains(console.String(), markerBegin) {
+		// Stop the emulator once the command runs, or (beforeBegin) as
+		// soon as it boots.
+		for !beforeBegin && !strings.Contains(console.String(), markerBegin) {
 			time.Sleep(100 * time.Millisecond)
+		}
+		for beforeBegin && !strings.Contains(console.String(), "SeaBIOS") {
+			time.Sleep(10 * time.Millisecond)
 		}
 		out, _ := exec.Command("pkill", "-STOP", "-f", "cpuslot-stall-test").CombinedOutput()
 		t.Logf("pkill -STOP: %s", out)
