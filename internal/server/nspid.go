@@ -49,24 +49,3 @@ func findHostTID(pid int, nsTID uint32) (int, error) {
 	}
 	return 0, fmt.Errorf("process %d has no thread %d", pid, nsTID)
 }
-
-// processStart returns a process's start time (field 22 of its stat, in
-// clock ticks since boot), which with the PID identifies it uniquely.
-func processStart(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces and parentheses: fields
-	// after it are counted from the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
-}

@@ -22,6 +22,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/proc"
 )
 
 // Peer is what the agent knows of a connecting process.
@@ -332,7 +333,7 @@ func (c *conn) identify() error {
 		return fmt.Errorf("peer %d: %w", cred.Pid, err)
 	}
 	c.peer.NS = st.Ino
-	if c.start, err = processStart(c.peer.PID); err != nil {
+	if c.start, err = proc.StartTime(c.peer.PID); err != nil {
 		return err
 	}
 	// What was read above belongs to the peer only if it still lives.
@@ -361,7 +362,7 @@ func (c *conn) alive() error {
 		}
 		return nil
 	}
-	if st, err := processStart(c.peer.PID); err != nil || st != c.start {
+	if st, err := proc.StartTime(c.peer.PID); err != nil || st != c.start {
 		return fmt.Errorf("peer process %d has exited", c.peer.PID)
 	}
 	return nil
