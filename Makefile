@@ -11,6 +11,9 @@ GO        ?= go
 GOFLAGS   ?=
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/cpuslot/cpuslot/internal/agent.Version=$(VERSION)
+# go test through gotestsum: the same output, then the full output of every
+# failed test again at the end, where a CI log's tail shows it.
+GOTESTSUM ?= $(GO) run gotest.tools/gotestsum@v1.13.0
 
 .PHONY: build test test-go test-java vm-deps vet fuzz bench bench-host bench-vm clean
 
@@ -29,7 +32,7 @@ vet:
 	$(GO) vet ./...
 
 test-go:
-	CPUSLOT_REQUIRE_VM=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
+	CPUSLOT_REQUIRE_VM=1 $(GOTESTSUM) --format standard-quiet -- -p 1 -count=1 -timeout 30m ./...
 
 test-java:
 	cd runtime-image && CPUSLOT_REQUIRE_IT=1 ./build.sh verify
@@ -83,7 +86,7 @@ e2e-deps:
 # -p 1: one e2e package at a time (each brings up its cluster once;
 # e2e/cluster also serialises with a lock).
 e2e: e2e-deps images
-	CPUSLOT_E2E=1 $(GO) test ./e2e/... -count=1 -timeout 40m -v -p 1
+	CPUSLOT_E2E=1 $(GOTESTSUM) --format standard-verbose -- ./e2e/... -count=1 -timeout 40m -p 1
 
 # The current node alone.
 e2e-v2node: images

@@ -449,6 +449,14 @@ func TestKnativeServing(t *testing.T) {
 		}
 		t.Logf("fn: %d of %d in a slot, without: %v", slotted, rounds*perRound, noslot)
 		if slotted < rounds*perRound*9/10 {
+			// Say why: what the runtime and the agent logged meanwhile.
+			pods, _ := revPods(ctx, c, rev)
+			for _, p := range pods {
+				logs, _ := c.Kubectl(ctx, "-n", knNS, "logs", p, "-c", "user-container", "--tail=20")
+				t.Logf("runtime %s:\n%s", p, logs)
+			}
+			logs, _ := c.Kubectl(ctx, "-n", agentNS, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=30")
+			t.Logf("agent:\n%s", logs)
 			t.Errorf("%d of %d requests to fn ran in a slot; without: %v", slotted, rounds*perRound, noslot)
 		}
 		p50s, p50p := percentile(lat[rev], 0.5), percentile(lat[plainRev], 0.5)
