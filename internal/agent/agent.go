@@ -367,6 +367,15 @@ func (r containerResolver) Resolve(p server.Peer) (*pool.Pool, error) {
 	return pl, nil
 }
 
+// Holds reports whether the peer is still a process of this socket's
+// container, served by pl; it never prepares a pool.
+func (r containerResolver) Holds(p server.Peer, pl *pool.Pool) bool {
+	r.a.mu.Lock()
+	s := r.a.containers[r.cgroupPath]
+	r.a.mu.Unlock()
+	return s != nil && s.pool == pl && r.a.Holds(p, pl)
+}
+
 func countSlots(s pool.Summary) int {
 	n := 0
 	for _, q := range s.Quotas {
@@ -453,6 +462,26 @@ func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
 		}
 	}
 	return nil, slotv1.Errorf(slotv1.CodeNotServed, "process %d in cgroup %s is not in a container this agent serves", p.PID, cg)
+}
+
+// Holds reports whether the peer's process is still in the container
+// that pl serves (server.Resolver). Unlike Resolve it never prepares a
+// pool: a peer that moved to another cgroup below a serve-under root must
+// not make the agent create slots there by asking for a placement.
+func (a *Agent) Holds(p server.Peer, pl *pool.Pool) bool {
+	cg, err := a.hierarchy.PathOfPID(p.PID)
+	if err != nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	best, bestPath := (*served)(nil), ""
+	for path, s := range a.containers {
+		if within(cg, path) && len(path) >= len(bestPath) {
+			best, bestPath = s, path
+		}
+	}
+	return best != nil && best.pool == pl && !pl.Stale()
 }
 
 // serveError is what a client is told when its container cannot be served:

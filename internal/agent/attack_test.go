@@ -752,6 +752,7 @@ func TestAttackPeerThatDoesNotRead(t *testing.T) {
 // is not the agent, and tids are live threads of it.
 type liveChild struct {
 	pair *net.UnixConn
+	pid  int
 	tids []uint32
 }
 
@@ -782,7 +783,7 @@ func startLive(t *testing.T, e *env, rel string, n int) *liveChild {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &liveChild{pair: pc.(*net.UnixConn)}
+	l := &liveChild{pair: pc.(*net.UnixConn), pid: cmd.Process.Pid}
 	t.Cleanup(func() { l.pair.Close() })
 	l.pair.SetDeadline(time.Now().Add(30 * time.Second))
 	buf := make([]byte, 4096)
@@ -866,5 +867,44 @@ func childLive() (any, error) {
 		if err != nil {
 			return nil, err
 		}
+	}
+}
+
+// TestAttackPlacementPreparesNoPool: under serve-under, a peer served
+// container A moves itself to another cgroup below the served root and
+// asks the agent to place a thread. The placement is refused (the peer
+// left its container), and the request must not make the agent prepare a
+// pool (slot directories, budget, fds) for the cgroup the peer moved to.
+func TestAttackPlacementPreparesNoPool(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	parent := filepath.Dir(e.rel)
+	e.cfg.Standalone.Containers = nil
+	e.cfg.Standalone.ServeUnder = []string{parent}
+	relB := parent + "/moved"
+	for _, root := range cgroupRoots(e.h) {
+		if err := os.Mkdir(filepath.Join(root, relB), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := e.start()
+	t.Cleanup(func() { a.Forget(relB) })
+	l := startLive(t, e, e.rel, 1)
+	c := l.dial(t, e.socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	sayHello(t, c)
+	pools := len(a.Summaries())
+	if err := e.h.MoveProcess(l.pid, relB); err != nil {
+		t.Fatal(err)
+	}
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.tids[0], Flags: slotv1.AcquireAgentPlaces}))
+	resp := readResp(t, c)
+	if _, ok := resp.(*slotv1.AcquireOK); ok {
+		t.Fatalf("a peer that left its container had a thread placed: %+v", resp)
+	}
+	if n := len(a.Summaries()); n != pools {
+		t.Errorf("the placement request made the agent prepare a pool: %d pools, was %d", n, pools)
+	}
+	if left := cgrouptest.Leftovers(e.h, relB); len(left) != 0 {
+		t.Errorf("slot directories made in the cgroup the peer moved to: %v", left)
 	}
 }

@@ -56,6 +56,9 @@ var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerProcess: 64, HelloTimeout:
 // (NOT_SERVED, NOT_READY).
 type Resolver interface {
 	Resolve(p Peer) (*pool.Pool, error)
+	// Holds reports whether the peer is still a process of the container
+	// pl serves, without preparing anything.
+	Holds(p Peer, pl *pool.Pool) bool
 }
 
 // Server accepts slot-protocol connections.
@@ -618,7 +621,7 @@ func (c *conn) hostTID(nsTID uint32) (int, error) {
 	if err := c.alive(); err != nil {
 		return 0, err
 	}
-	if p, err := c.resolve.Resolve(c.peer); err != nil || p != c.pool {
+	if !c.resolve.Holds(c.peer, c.pool) {
 		return 0, fmt.Errorf("peer process %d left its container", c.peer.PID)
 	}
 	c.hostTIDs[nsTID] = host
