@@ -87,6 +87,7 @@ func main() {
 	flag.IntVar(&sp.hellos, "hellos", 500, "-scale: connect + HELLO samples per phase")
 	flag.IntVar(&sp.acquires, "acquires", 5000, "-scale: ACQUIRE samples per phase")
 	flag.IntVar(&sp.flood, "flood", 5000, "-scale: stalled connections the flooding container opens")
+	flag.IntVar(&sp.floodProcs, "flood-procs", 100, "-scale: processes of the flooding container the connections are spread over")
 	flag.Parse()
 	if os.Getenv("SLOTBENCH_CLIENT") != "" {
 		clientMain()

@@ -40,7 +40,7 @@ type scaleParams struct {
 	containers, slots int
 	idle              time.Duration
 	hellos, acquires  int
-	flood             int
+	flood, floodProcs int
 }
 
 // probeResult is what the probe client in an unaffected container measured.
@@ -160,23 +160,29 @@ func scaleBench(p scaleParams) error {
 	if err != nil {
 		return err
 	}
-	flooder, held, err := startFlood(h, paths[1], cfg.Socket, p.flood)
+	flooders, held, err := startFlood(h, paths[1], cfg.Socket, p.flood, p.floodProcs)
 	if err != nil {
 		return err
 	}
-	// Measure once the agent has taken the flood in (each stalled
-	// connection holds an fd there), or after 30 s.
-	for deadline := time.Now().Add(30 * time.Second); countFDs() < fds+held && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
+	// Measure once the agent has taken the flood in: its fd count has not
+	// changed for 2 s (it holds what its limits let it hold), or after 60 s.
+	last, since := countFDs(), time.Now()
+	for deadline := time.Now().Add(60 * time.Second); time.Since(since) < 2*time.Second && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		if n := countFDs(); n != last {
+			last, since = n, time.Now()
+		}
 	}
 	floodFDs, floodRSS := countFDs(), rssKiB()
 	flooded, perr := probe()
-	flooder.Process.Kill()
-	flooder.Wait()
+	for _, f := range flooders {
+		f.Process.Kill()
+		f.Wait()
+	}
 	if perr != nil {
 		return perr
 	}
-	fmt.Printf("\nContainer c000's latency, quiet and while c001 holds %d stalled connections (agent then: %d fds, %.1f MiB RSS):\n\n", held, floodFDs, float64(floodRSS)/1024)
+	fmt.Printf("\nContainer c000's latency, quiet and while %d processes of c001 open %d connections, each announcing a frame that never comes (agent then: %d fds, %.1f MiB RSS):\n\n", len(flooders), held, floodFDs, float64(floodRSS)/1024)
 	fmt.Printf("| | quiet p50 | quiet p99 | flooded p50 | flooded p99 | p99 ratio |\n|---|---|---|---|---|---|\n")
 	row := func(name string, q, f []int64) {
 		sortNS(q)
@@ -245,9 +251,31 @@ func runScaleChild(h *cgroup.Hierarchy, rel, role, socket string, p scaleParams,
 	return json.Unmarshal(line, v)
 }
 
-// startFlood starts a child in rel that opens n connections, announces a
-// large frame on each and stalls; it returns once they are open.
-func startFlood(h *cgroup.Hierarchy, rel, socket string, n int) (*exec.Cmd, int, error) {
+// startFlood starts procs children in rel that open n connections in all,
+// announce a large frame on each and stall; it returns once they are open.
+func startFlood(h *cgroup.Hierarchy, rel, socket string, n, procs int) ([]*exec.Cmd, int, error) {
+	procs = max(procs, 1)
+	var cmds []*exec.Cmd
+	held := 0
+	for i := 0; i < procs; i++ {
+		each := n / procs
+		if i < n%procs {
+			each++
+		}
+		cmd, k, err := startFlooder(h, rel, socket, each)
+		if err != nil {
+			for _, c := range cmds {
+				c.Process.Kill()
+				c.Wait()
+			}
+			return nil, 0, err
+		}
+		cmds, held = append(cmds, cmd), held+k
+	}
+	return cmds, held, nil
+}
+
+func startFlooder(h *cgroup.Hierarchy, rel, socket string, n int) (*exec.Cmd, int, error) {
 	cmd := scaleChildCmd("flood", socket, scaleParams{flood: n})
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
@@ -297,7 +325,11 @@ func scaleChild(role string) {
 			conns = append(conns, c)
 		}
 		enc.Encode(map[string]int{"held": len(conns)})
-		select {} // stall until killed
+		// Stall until killed. Not select{}: with no goroutine left to wake
+		// it, the runtime would end the process, and the connections.
+		for {
+			time.Sleep(time.Hour)
+		}
 	}
 }
 
