@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 func pod(labels, ann map[string]string, containers ...string) *corev1.Pod {
@@ -47,12 +47,12 @@ func TestServedContainer(t *testing.T) {
 }
 
 func TestPoolConfigAnnotations(t *testing.T) {
-	base := pool.DefaultConfig()
+	base := settings.Default()
 	c, errs := PoolConfig(base, map[string]string{AnnPrewarm: "500m=2", AnnMode: "cache-lazy", AnnBudget: "1500m", AnnPolicy: "degrade", AnnOvercommit: "1.5", AnnMaxSlots: "16", AnnLimit: "both"})
 	if len(errs) != 0 {
 		t.Fatal(errs)
 	}
-	if c.Mode != pool.CacheLazy || c.BudgetMilli != 1500 || c.MaxSlots != 16 || c.Overcommit != 1.5 || pool.FormatPrewarm(c.Prewarm) != "500m=2" {
+	if c.Mode != "cache-lazy" || c.BudgetMilli != 1500 || c.MaxSlots != 16 || c.Overcommit != 1.5 || settings.FormatPrewarm(c.Prewarm) != "500m=2" {
 		t.Fatalf("%+v", c)
 	}
 	// Garbage keeps the default for that field, and says why.
@@ -60,7 +60,7 @@ func TestPoolConfigAnnotations(t *testing.T) {
 	if len(errs) != 7 {
 		t.Fatalf("want 7 errors, got %v", errs)
 	}
-	if pool.FormatPrewarm(c.Prewarm) != pool.FormatPrewarm(base.Prewarm) || c.Mode != base.Mode {
+	if settings.FormatPrewarm(c.Prewarm) != settings.FormatPrewarm(base.Prewarm) || c.Mode != base.Mode {
 		t.Fatalf("defaults not kept: %+v", c)
 	}
 	// Valid fields that together are invalid fall back to the defaults.
