@@ -75,10 +75,15 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	logLevel := fs.String("log-level", "", "debug, info, warn or error")
 	type setting struct{ key, value string }
 	var settingFlags []setting
+	var badSetting error // the flag package keeps only the message
 	for _, k := range settings.Keys {
 		fs.Func(k.Flag, k.Doc+" (file: "+k.Name+")", func(v string) error {
 			var scratch settings.Pool
 			if err := scratch.Set(k.Name, v); err != nil {
+				if se, ok := err.(*settings.Error); ok {
+					se.Source = "-" + k.Flag
+				}
+				badSetting = err
 				return err
 			}
 			settingFlags = append(settingFlags, setting{k.Name, v})
@@ -100,6 +105,9 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	fs.Var(&pids, "pid", "serve the cgroup of this process; repeatable")
 	fs.Var(&serveUnder, "serve-under", "serve any process connecting from a cgroup below this one, in its own cgroup; repeatable")
 	if err := fs.Parse(args); err != nil {
+		if badSetting != nil {
+			return agent.Config{}, rf, badSetting
+		}
 		return agent.Config{}, rf, err
 	}
 	cfg := agent.DefaultConfig()

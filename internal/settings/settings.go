@@ -283,26 +283,26 @@ func (k Key) check(v string) error {
 	case KindDuration:
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return fmt.Errorf("%w: want a duration such as 100ms or 2m", ErrSyntax)
+			return fmt.Errorf("%w: want a duration such as 100ms or 2m, %s", ErrSyntax, k.RangeText())
 		}
 		if s := d.Seconds(); s < k.Min || (k.Max != noMax && s > k.Max) {
-			return fmt.Errorf("%w: want %s", ErrRange, k.RangeText())
+			return fmt.Errorf("%w: want a duration %s", ErrRange, k.RangeText())
 		}
 	case KindInt:
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return fmt.Errorf("%w: want an integer, %s", ErrSyntax, k.RangeText())
+			return fmt.Errorf("%w: want an integer %s", ErrSyntax, k.RangeText())
 		}
 		if float64(n) < k.Min || (k.Max != noMax && float64(n) > k.Max) {
-			return fmt.Errorf("%w: want an integer, %s", ErrRange, k.RangeText())
+			return fmt.Errorf("%w: want an integer %s", ErrRange, k.RangeText())
 		}
 	case KindNumber:
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-			return fmt.Errorf("%w: want a number, %s", ErrSyntax, k.RangeText())
+			return fmt.Errorf("%w: want a number %s", ErrSyntax, k.RangeText())
 		}
 		if f <= k.Min || (k.Max != noMax && f > k.Max) {
-			return fmt.Errorf("%w: want a number, %s", ErrRange, k.RangeText())
+			return fmt.Errorf("%w: want a number %s", ErrRange, k.RangeText())
 		}
 	}
 	return nil // prewarm and quantities are checked by their parsers
@@ -311,25 +311,18 @@ func (k Key) check(v string) error {
 // RangeText describes the accepted range, for messages and docs.
 func (k Key) RangeText() string {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
-	dur := func(x float64) string { return time.Duration(x * float64(time.Second)).String() }
-	switch k.Kind {
-	case KindInt:
-		if k.Max == noMax {
-			return ">= " + f(k.Min)
-		}
-		return f(k.Min) + ".." + f(k.Max)
-	case KindNumber:
-		if k.Max == noMax {
-			return "> " + f(k.Min)
-		}
-		return "(" + f(k.Min) + ", " + f(k.Max) + "]"
-	case KindDuration:
-		if k.Max == noMax {
-			return ">= " + dur(k.Min)
-		}
-		return dur(k.Min) + ".." + dur(k.Max)
+	if k.Kind == KindDuration {
+		f = func(x float64) string { return time.Duration(x * float64(time.Second)).String() }
 	}
-	return ""
+	switch {
+	case k.Kind == KindNumber && k.Max == noMax:
+		return "> " + f(k.Min)
+	case k.Kind == KindNumber:
+		return "in (" + f(k.Min) + ", " + f(k.Max) + "]"
+	case k.Max == noMax:
+		return ">= " + f(k.Min)
+	}
+	return "in " + f(k.Min) + ".." + f(k.Max)
 }
 
 // Validate checks what no single value shows: the settings together.
