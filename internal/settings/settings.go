@@ -88,7 +88,7 @@ var (
 	Policies = []string{"queue", "degrade", "reject"}
 )
 
-// Defaults of the settings whose empty value means "the default".
+// Defaults other packages name.
 const (
 	DefaultMinDegradedMilli = 50
 	DefaultMaxActions       = 32
@@ -200,12 +200,9 @@ var Keys = []Key{
 	{Name: "admission.policy", Flag: "policy", Annotation: "policy", Kind: KindChoice, Choices: Policies,
 		Doc: "when a quota does not fit the budget: queue, degrade or reject",
 		set: func(p *Pool, v string) error { p.Policy = v; return nil }},
-	{Name: "admission.minDegraded", Flag: "min-degraded", Kind: KindQuantity, Optional: true,
-		Doc: `smallest quota a degraded grant gets ("" = 50m)`,
-		set: func(p *Pool, v string) (err error) {
-			p.MinDegradedMilli, err = parseOptionalQuota(v, DefaultMinDegradedMilli)
-			return err
-		}},
+	{Name: "admission.minDegraded", Flag: "min-degraded", Kind: KindQuantity,
+		Doc: "smallest quota a degraded grant gets",
+		set: func(p *Pool, v string) (err error) { p.MinDegradedMilli, err = ParseQuota(v); return err }},
 }
 
 // Lookup finds a key by its name.
