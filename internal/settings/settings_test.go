@@ -2,6 +2,8 @@ package settings_test
 
 import (
 	"errors"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
@@ -126,5 +128,43 @@ func TestPoolConfigFrom(t *testing.T) {
 	}
 	if c.Mode != pool.CacheEager || c.Policy != admission.Degrade || c.MaxSlots != 9 || c.BudgetMilli != 1500 || c.MaxQuotaMilli != settings.NodeMaxQuota() {
 		t.Fatalf("%+v", c)
+	}
+}
+
+// The README's settings table lists every key with its flag and
+// annotation, and nothing the table does not have.
+func TestReadmeTable(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) != 8 || !(strings.HasPrefix(cells[1], " `pool.") || strings.HasPrefix(cells[1], " `admission.")) {
+			continue // not a row of | setting | flag | annotation | default | accepts | meaning |
+		}
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows[strings.Trim(cells[1], "`")] = cells[2:4]
+	}
+	for _, k := range settings.Keys {
+		row, ok := rows[k.Name]
+		if !ok {
+			t.Errorf("README: no row for %s", k.Name)
+			continue
+		}
+		ann := ""
+		if k.Annotation != "" {
+			ann = "`cpuslot.dev/" + k.Annotation + "`"
+		}
+		if row[0] != "`-"+k.Flag+"`" || row[1] != ann {
+			t.Errorf("README: %s has flag %s, annotation %q; want -%s, %q", k.Name, row[0], row[1], k.Flag, ann)
+		}
+		delete(rows, k.Name)
+	}
+	for name := range rows {
+		t.Errorf("README: row %q is no setting", name)
 	}
 }
