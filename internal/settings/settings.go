@@ -40,12 +40,24 @@ type Error struct {
 	Err    error
 }
 
+// maxQuoted bounds how much of a refused value a message repeats: values
+// come from pods too, and messages become Events and log lines.
+const maxQuoted = 64
+
 func (e *Error) Error() string {
 	name := e.Key
 	if e.Source != "" {
 		name = e.Source
 	}
-	return fmt.Sprintf("%s=%q: %v", name, e.Value, e.Err)
+	return fmt.Sprintf("%s=%s: %v", name, quote(e.Value), e.Err)
+}
+
+// quote quotes at most maxQuoted bytes of s.
+func quote(s string) string {
+	if len(s) > maxQuoted {
+		return fmt.Sprintf("%q... (%d bytes)", s[:maxQuoted], len(s))
+	}
+	return strconv.Quote(s)
 }
 
 func (e *Error) Unwrap() error { return e.Err }
@@ -338,6 +350,11 @@ func (p Pool) Validate() error {
 		}
 		total += n
 	}
+	if len(p.Prewarm) > p.MaxSlots {
+		// Entries of no slots cost nothing in the kernel but are carried by
+		// every pool; a pod must not make that unbounded.
+		return fmt.Errorf("prewarm lists %d quotas, more than maxSlots %d", len(p.Prewarm), p.MaxSlots)
+	}
 	if total > p.MaxSlots {
 		return fmt.Errorf("prewarm asks for %d slots, more than maxSlots %d", total, p.MaxSlots)
 	}
@@ -369,24 +386,24 @@ func ParseQuota(s string) (uint32, error) {
 	if v, ok := strings.CutSuffix(s, "m"); ok {
 		n, err := strconv.ParseUint(v, 10, 32)
 		if err != nil {
-			return 0, fmt.Errorf("%w: quota %q: want millicores like 250m or cores like 0.25", ErrSyntax, s)
+			return 0, fmt.Errorf("%w: quota %s: want millicores like 250m or cores like 0.25", ErrSyntax, quote(s))
 		}
 		milli = float64(n)
 	} else {
 		f, err := strconv.ParseFloat(s, 64)
 		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || strings.ContainsAny(s, "eEx_") {
-			return 0, fmt.Errorf("%w: quota %q: want millicores like 250m or cores like 0.25", ErrSyntax, s)
+			return 0, fmt.Errorf("%w: quota %s: want millicores like 250m or cores like 0.25", ErrSyntax, quote(s))
 		}
 		milli = f * 1000
 		if milli != math.Trunc(milli) {
-			return 0, fmt.Errorf("%w: quota %q: finer than a millicore", ErrSyntax, s)
+			return 0, fmt.Errorf("%w: quota %s: finer than a millicore", ErrSyntax, quote(s))
 		}
 	}
 	if milli <= 0 {
-		return 0, fmt.Errorf("%w: quota %q: must be positive", ErrRange, s)
+		return 0, fmt.Errorf("%w: quota %s: must be positive", ErrRange, quote(s))
 	}
 	if milli > 1_000_000 {
-		return 0, fmt.Errorf("%w: quota %q: above 1000 cores", ErrRange, s)
+		return 0, fmt.Errorf("%w: quota %s: above 1000 cores", ErrRange, quote(s))
 	}
 	return uint32(milli), nil
 }
@@ -399,6 +416,9 @@ func FormatQuota(m uint32) string {
 	return strconv.FormatUint(uint64(m), 10) + "m"
 }
 
+// maxPrewarmEntries is the largest maxSlots: more quotas are always refused.
+const maxPrewarmEntries = 4096
+
 // ParsePrewarm reads a spec such as "250m=8,500m=4,1=2".
 func ParsePrewarm(s string) (map[uint32]int, error) {
 	out := map[uint32]int{}
@@ -406,21 +426,24 @@ func ParsePrewarm(s string) (map[uint32]int, error) {
 	if s == "" {
 		return out, nil
 	}
+	if n := strings.Count(s, ",") + 1; n > maxPrewarmEntries {
+		return nil, fmt.Errorf("%w: %d prewarm entries, more than any maxSlots allows (%d)", ErrRange, n, maxPrewarmEntries)
+	}
 	for _, part := range strings.Split(s, ",") {
 		q, n, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok {
-			return nil, fmt.Errorf("%w: prewarm entry %q: want QUOTA=COUNT, e.g. 250m=8", ErrSyntax, part)
+			return nil, fmt.Errorf("%w: prewarm entry %s: want QUOTA=COUNT, e.g. 250m=8", ErrSyntax, quote(part))
 		}
 		milli, err := ParseQuota(q)
 		if err != nil {
-			return nil, fmt.Errorf("prewarm entry %q: %w", part, err)
+			return nil, fmt.Errorf("prewarm entry %s: %w", quote(part), err)
 		}
 		count, err := strconv.Atoi(strings.TrimSpace(n))
 		if err != nil || count < 0 {
-			return nil, fmt.Errorf("%w: prewarm entry %q: count must be a non-negative integer", ErrSyntax, part)
+			return nil, fmt.Errorf("%w: prewarm entry %s: count must be a non-negative integer", ErrSyntax, quote(part))
 		}
 		if _, dup := out[milli]; dup {
-			return nil, fmt.Errorf("%w: prewarm entry %q: quota given twice", ErrSyntax, part)
+			return nil, fmt.Errorf("%w: prewarm entry %s: quota given twice", ErrSyntax, quote(part))
 		}
 		out[milli] = count
 	}

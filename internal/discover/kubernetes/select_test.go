@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -129,5 +130,30 @@ func TestCheckQuotaAnnotation(t *testing.T) {
 				t.Fatalf("got %v, want an error with %q", err, c.wantErr)
 			}
 		})
+	}
+}
+
+// A pod's annotations are hostile: a prewarm list of thousands of quotas
+// with no slots each must not make every pool carry thousands of entries,
+// and an oversized value must not be copied whole into the Event.
+func TestPoolConfigHostileAnnotations(t *testing.T) {
+	var entries []string
+	for q := 10; q <= 1000; q++ {
+		entries = append(entries, strconv.Itoa(q)+"m=0")
+	}
+	c, errs := PoolConfig(settings.Default(), map[string]string{AnnPrewarm: strings.Join(entries, ",")})
+	if len(errs) == 0 || len(c.Prewarm) > c.MaxSlots {
+		t.Fatalf("prewarm of %d quotas accepted: %d entries kept, errors %v", len(entries), len(c.Prewarm), errs)
+	}
+	huge := strings.Repeat("x", 100000)
+	for _, ann := range []string{AnnMode, AnnBudget, AnnPrewarm, AnnOvercommit} {
+		_, errs = PoolConfig(settings.Default(), map[string]string{ann: huge})
+		if len(errs) != 1 || len(errs[0].Error()) > 1000 {
+			t.Fatalf("%s: %d errors, message of %d bytes", ann, len(errs), len(errs[0].Error()))
+		}
+	}
+	_, errs = PoolConfig(settings.Default(), map[string]string{AnnPrewarm: strings.Repeat("1=0,", 50000) + "1=0"})
+	if len(errs) != 1 || len(errs[0].Error()) > 1000 {
+		t.Fatalf("prewarm of 50001 entries: %v", errs)
 	}
 }
