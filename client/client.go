@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
-	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/counters"
 )
 
 // Options tune a Client.
@@ -96,7 +96,7 @@ type Lease struct {
 	lost bool
 	// start holds the slot's counters read right after placement, when the
 	// client has the slot's counter fds; then Release needs no reply.
-	start    cgroup.Usage
+	start    counters.Usage
 	hasStart bool
 	parkedAt time.Time
 	// Reused reports that the lease lingered from the thread's previous
@@ -319,19 +319,19 @@ func (l *Lease) park() (Usage, bool) {
 	return usageOf(d), true
 }
 
-func readCounters(stat []int) (cgroup.Usage, bool) {
+func readCounters(stat []int) (counters.Usage, bool) {
 	if len(stat) == 0 {
-		return cgroup.Usage{}, false
+		return counters.Usage{}, false
 	}
 	acct := -1
 	if len(stat) > 1 {
 		acct = stat[1]
 	}
-	u, err := cgroup.ReadCounters(stat[0], acct)
+	u, err := counters.Read(stat[0], acct)
 	return u, err == nil
 }
 
-func usageOf(d cgroup.Usage) Usage {
+func usageOf(d counters.Usage) Usage {
 	return Usage{CPU: time.Duration(d.CPUNanos), Throttled: time.Duration(d.ThrottledNanos), Periods: d.Periods, ThrottledPeriods: d.ThrottledPeriods}
 }
 

@@ -467,6 +467,8 @@ func TestSchema(t *testing.T) {
 		"admission.budget=two":            "admission.budget",
 		"admission.minDegraded=-5m":       "admission.minDegraded",
 		"admission.overcommit=0":          "admission.overcommit",
+		"admission.overcommit=101":        "admission.overcommit",
+		"pool.maxSlots=5000":              "pool.maxSlots",
 		"kubernetes.select={openwhisk,x}": "kubernetes.select",
 		"logLevel=trace":                  "logLevel",
 		"containerdMount=file":            "containerdMount",

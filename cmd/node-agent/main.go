@@ -24,6 +24,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
 	k8sdiscover "github.com/cpuslot/cpuslot/internal/discover/kubernetes"
+	"github.com/cpuslot/cpuslot/internal/settings"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -57,25 +58,44 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
-func run(args []string) error {
+// runFlags are run's flags that are not settings of the file.
+type runFlags struct {
+	k8s, cleanupOnExit bool
+}
+
+// parseRun reads run's flags over the configuration file (-config) and the
+// defaults. Pool and admission flags come from settings.Keys and are checked
+// by the same parser as the file and pod annotations.
+func parseRun(args []string) (agent.Config, runFlags, error) {
+	var rf runFlags
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	configPath := fs.String("config", "", "YAML configuration file (flags override it)")
 	socket := fs.String("socket", "", "Unix socket for runtimes (default /run/cpuslot/agent.sock)")
 	httpAddr := fs.String("http", "", "address for /metrics, /healthz, /readyz, /debug/pools (default 127.0.0.1:9464; empty string in the file disables)")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error")
-	prewarm := fs.String("prewarm", "", "slots kept ready per quota, e.g. 250m=8,500m=4,1=2")
-	mode := fs.String("mode", "", "affinity, cache-lazy, cache-eager or uncached")
-	limit := fs.String("limit", "", "cap, share or both")
-	budget := fs.String("budget", "", "CPU budget per container (default: the container's CPU limit)")
-	overcommit := fs.Float64("overcommit", 0, "budget multiplier")
-	policy := fs.String("policy", "", "when a quota does not fit: queue, degrade or reject")
+	type setting struct{ key, value string }
+	var settingFlags []setting
+	var badSetting error // the flag package keeps only the message
+	for _, k := range settings.Keys {
+		fs.Func(k.Flag, k.Doc+" (file: "+k.Name+")", func(v string) error {
+			var scratch settings.Pool
+			if err := scratch.Set(k.Name, v); err != nil {
+				if se, ok := err.(*settings.Error); ok {
+					se.Source = "-" + k.Flag
+				}
+				badSetting = err
+				return err
+			}
+			settingFlags = append(settingFlags, setting{k.Name, v})
+			return nil
+		})
+	}
 	maxContainers := fs.Int("max-containers", 0, "containers served at once (default 512)")
-	maxQuota := fs.String("max-quota", "", "largest quota in a container without a CPU limit (default: the node's CPUs)")
 	maxConns := fs.Int("max-connections", 0, "open connections on the node (default 4096)")
 	maxConnsPerProcess := fs.Int("max-connections-per-process", 0, "open connections of one client process (default 64)")
 	hostNSFDs := fs.Bool("host-namespace-fds", false, "cgroup v1: pass placement fds also to runtimes in the agent's PID namespace (trusted standalone runtimes only: such a fd moves any process of the node)")
-	cleanupOnExit := fs.Bool("cleanup-on-exit", false, "remove all slots on exit instead of leaving them for the next agent")
-	k8s := fs.Bool("kubernetes", false, "serve the runtime pods of this node (see docs/kubernetes-contract.md)")
+	fs.BoolVar(&rf.cleanupOnExit, "cleanup-on-exit", false, "remove all slots on exit instead of leaving them for the next agent")
+	fs.BoolVar(&rf.k8s, "kubernetes", false, "serve the runtime pods of this node (see docs/kubernetes-contract.md)")
 	nodeName := fs.String("node-name", "", "Kubernetes node name (default: $NODE_NAME)")
 	containerdSocket := fs.String("containerd-socket", "", "containerd socket (default /run/containerd/containerd.sock)")
 	podsDir := fs.String("kubelet-pods-dir", "", "the kubelet's pod directory as the agent sees it (default /var/lib/kubelet/pods)")
@@ -85,13 +105,21 @@ func run(args []string) error {
 	fs.Var(&pids, "pid", "serve the cgroup of this process; repeatable")
 	fs.Var(&serveUnder, "serve-under", "serve any process connecting from a cgroup below this one, in its own cgroup; repeatable")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if badSetting != nil {
+			return agent.Config{}, rf, badSetting
+		}
+		return agent.Config{}, rf, err
 	}
 	cfg := agent.DefaultConfig()
 	if *configPath != "" {
 		var err error
 		if cfg, err = agent.LoadConfig(*configPath); err != nil {
-			return err
+			return cfg, rf, err
+		}
+	}
+	for _, s := range settingFlags {
+		if err := cfg.Set(s.key, s.value); err != nil {
+			return cfg, rf, err
 		}
 	}
 	set := func(dst *string, v string) {
@@ -99,29 +127,19 @@ func run(args []string) error {
 			*dst = v
 		}
 	}
+	setInt := func(dst *int, v int) {
+		if v != 0 {
+			*dst = v
+		}
+	}
 	set(&cfg.Socket, *socket)
 	set(&cfg.HTTP, *httpAddr)
 	set(&cfg.LogLevel, *logLevel)
-	set(&cfg.Pool.Prewarm, *prewarm)
-	set(&cfg.Pool.Mode, *mode)
-	set(&cfg.Pool.Limit, *limit)
-	set(&cfg.Admission.Budget, *budget)
-	set(&cfg.Admission.Policy, *policy)
-	if *overcommit != 0 {
-		cfg.Admission.Overcommit = *overcommit
-	}
-	if *maxContainers != 0 {
-		cfg.MaxContainers = *maxContainers
-	}
-	set(&cfg.Pool.MaxQuota, *maxQuota)
-	if *maxConns != 0 {
-		cfg.Limits.MaxConnections = *maxConns
-	}
+	setInt(&cfg.MaxContainers, *maxContainers)
+	setInt(&cfg.Limits.MaxConnections, *maxConns)
+	setInt(&cfg.Limits.MaxConnectionsPerProcess, *maxConnsPerProcess)
 	if *hostNSFDs {
 		cfg.Limits.HostNamespaceFDs = true
-	}
-	if *maxConnsPerProcess != 0 {
-		cfg.Limits.MaxConnectionsPerProcess = *maxConnsPerProcess
 	}
 	set(&cfg.Kubernetes.NodeName, *nodeName)
 	set(&cfg.Kubernetes.ContainerdSocket, *containerdSocket)
@@ -130,7 +148,7 @@ func run(args []string) error {
 	if cfg.Kubernetes.NodeName == "" {
 		cfg.Kubernetes.NodeName = os.Getenv("NODE_NAME")
 	}
-	if *k8s && *socket == "" && cfg.Socket == agent.DefaultConfig().Socket {
+	if rf.k8s && *socket == "" && cfg.Socket == agent.DefaultConfig().Socket {
 		cfg.Socket = "" // each pod gets a socket of its own
 	}
 	cfg.Standalone.Containers = append(cfg.Standalone.Containers, containers...)
@@ -138,11 +156,18 @@ func run(args []string) error {
 	for _, p := range pids {
 		n, err := strconv.Atoi(p)
 		if err != nil || n <= 0 {
-			return fmt.Errorf("-pid %q: want a process id", p)
+			return cfg, rf, fmt.Errorf("-pid %q: want a process id", p)
 		}
 		cfg.Standalone.PIDs = append(cfg.Standalone.PIDs, n)
 	}
+	return cfg, rf, nil
+}
 
+func run(args []string) error {
+	cfg, rf, err := parseRun(args)
+	if err != nil {
+		return err
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return fmt.Errorf("log level %q: %w", cfg.LogLevel, err)
@@ -157,7 +182,7 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	sources := []discover.Source{discover.Static{Hierarchy: a.Hierarchy(), Cgroups: cfg.Standalone.Containers, PIDs: cfg.Standalone.PIDs}}
-	if *k8s {
+	if rf.k8s {
 		src, err := kubernetesSource(cfg, a, log)
 		if err != nil {
 			return err
@@ -166,7 +191,7 @@ func run(args []string) error {
 	} else if len(cfg.Standalone.Containers)+len(cfg.Standalone.PIDs)+len(cfg.Standalone.ServeUnder) == 0 {
 		log.Warn("nothing to serve: give -container, -pid or -serve-under (or standalone: in the config file), or -kubernetes")
 	}
-	return a.Run(ctx, sources, *cleanupOnExit)
+	return a.Run(ctx, sources, rf.cleanupOnExit)
 }
 
 func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (discover.Source, error) {
@@ -175,7 +200,7 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (disco
 	if err != nil {
 		return nil, err
 	}
-	pc, err := cfg.PoolSettings()
+	pc, err := cfg.Settings()
 	if err != nil {
 		return nil, err
 	}

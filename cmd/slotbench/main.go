@@ -243,11 +243,11 @@ func bench(p params) error {
 				return err
 			}
 		}
-		pc, err := cfg.PoolSettings()
+		pc, err := cfg.Settings()
 		if err != nil {
 			return err
 		}
-		pc.Mode = m
+		pc.Mode = m.String()
 		pc.Prewarm = map[uint32]int{250: maxThreads}
 		pc.MaxSlots = 4 * maxThreads
 		if m == pool.Uncached {

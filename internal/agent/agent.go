@@ -284,9 +284,12 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	}
 	cfg := a.poolCfg
 	if c.Pool != nil {
-		cfg = *c.Pool
+		cfg, err = pool.ConfigFrom(*c.Pool)
 	}
-	p, err := pool.New(c.Name, cfg, pool.CgroupBackend(cg), a.metrics)
+	var p *pool.Pool
+	if err == nil {
+		p, err = pool.New(c.Name, cfg, pool.CgroupBackend(cg), a.metrics)
+	}
 	if err != nil {
 		cg.Close()
 		a.metrics.Error("pool_config")

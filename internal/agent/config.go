@@ -1,16 +1,20 @@
 package agent
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strconv"
 	"time"
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/cpuslot/cpuslot/internal/admission"
-	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/internal/server"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // Config is the agent's configuration file (YAML). Every field has a
@@ -133,18 +137,18 @@ const DefaultMaxContainers = 512
 
 // DefaultConfig is the agent's configuration when nothing is given.
 func DefaultConfig() Config {
-	p := pool.DefaultConfig()
+	var c Config
+	d := settings.Default()
+	for _, k := range settings.Keys {
+		putText(c.field(k.Name), d.Get(k.Name))
+	}
 	return Config{
-		Socket:   "/run/cpuslot/agent.sock",
-		HTTP:     "127.0.0.1:9464",
-		LogLevel: "info",
-		Pool: PoolConfig{
-			Prewarm: pool.FormatPrewarm(p.Prewarm), Mode: p.Mode.String(), Limit: p.Limit.String(),
-			Period: Duration{100 * time.Millisecond}, MaxSlots: p.MaxSlots, IdleTimeout: Duration{p.IdleTimeout},
-			DefaultWait: Duration{p.DefaultWait}, MaxWait: Duration{p.MaxWait}, MaxActions: p.MaxActions,
-		},
+		Socket:        "/run/cpuslot/agent.sock",
+		HTTP:          "127.0.0.1:9464",
+		LogLevel:      "info",
+		Pool:          c.Pool,
+		Admission:     c.Admission,
 		MaxContainers: DefaultMaxContainers,
-		Admission:     AdmissionConfig{Overcommit: 1, Policy: "queue", MinDegraded: "50m"},
 		Limits: LimitsConfig{MaxConnections: 4096, MaxConnectionsPerProcess: 64,
 			HelloTimeout: Duration{10 * time.Second}, FrameTimeout: Duration{10 * time.Second}},
 		ReapInterval: Duration{10 * time.Second},
@@ -194,53 +198,163 @@ func (c Config) checkLimits() error {
 	return nil
 }
 
-// PoolSettings turns the file's pool and admission sections into a
-// pool.Config, with clear errors for bad values.
-func (c Config) PoolSettings() (pool.Config, error) {
-	pc := pool.DefaultConfig()
-	var err error
-	if pc.Prewarm, err = pool.ParsePrewarm(c.Pool.Prewarm); err != nil {
-		return pc, fmt.Errorf("pool.prewarm: %w", err)
+// Settings reads the file's pool and admission sections (and any flags
+// applied with Set) into the settings every container starts from.
+func (c Config) Settings() (settings.Pool, error) {
+	s := settings.Default()
+	for _, k := range settings.Keys {
+		if err := s.Set(k.Name, getText(c.field(k.Name))); err != nil {
+			return s, err
+		}
 	}
-	if pc.Mode, err = pool.ParseMode(c.Pool.Mode); err != nil {
-		return pc, fmt.Errorf("pool.mode: %w", err)
-	}
-	if pc.Limit, err = cgroup.ParseLimit(c.Pool.Limit); err != nil {
-		return pc, fmt.Errorf("pool.limit: %w", err)
-	}
-	period := c.Pool.Period.Microseconds()
-	if period < 1000 || period > 1_000_000 {
-		return pc, fmt.Errorf("pool.period %v: must be within 1ms..1s", c.Pool.Period)
-	}
-	pc.PeriodUS = uint32(period)
-	pc.MaxSlots = c.Pool.MaxSlots
-	pc.IdleTimeout = c.Pool.IdleTimeout.Duration
-	pc.DefaultWait = c.Pool.DefaultWait.Duration
-	pc.MaxWait = c.Pool.MaxWait.Duration
-	pc.MaxActions = c.Pool.MaxActions
 	if c.MaxContainers < 1 {
 		// Not a pool setting, but checked with them: this is where a
 		// configuration is validated.
-		return pc, fmt.Errorf("maxContainers %d: must be at least 1", c.MaxContainers)
+		return s, fmt.Errorf("maxContainers %d: must be at least 1", c.MaxContainers)
 	}
-	if c.Pool.MaxQuota != "" {
-		if pc.MaxQuotaMilli, err = pool.ParseQuota(c.Pool.MaxQuota); err != nil {
-			return pc, fmt.Errorf("pool.maxQuota: %w", err)
+	return s, s.Validate()
+}
+
+// PoolSettings turns the file's pool and admission sections into a
+// pool.Config, with clear errors for bad values.
+func (c Config) PoolSettings() (pool.Config, error) {
+	s, err := c.Settings()
+	if err != nil {
+		return pool.DefaultConfig(), err
+	}
+	return pool.ConfigFrom(s)
+}
+
+// Set sets a pool or admission setting by its key (settings.Keys), as a
+// flag does: the value is checked as the file's would be.
+func (c *Config) Set(key, value string) error {
+	s := settings.Default()
+	if err := s.Set(key, value); err != nil {
+		return err
+	}
+	putText(c.field(key), value)
+	return nil
+}
+
+// field is the file's field holding a setting.
+func (c *Config) field(key string) any {
+	if f := c.Pool.field(key); f != nil {
+		return f
+	}
+	return c.Admission.field(key)
+}
+
+func (p *PoolConfig) field(key string) any {
+	switch key {
+	case "pool.prewarm":
+		return &p.Prewarm
+	case "pool.mode":
+		return &p.Mode
+	case "pool.limit":
+		return &p.Limit
+	case "pool.period":
+		return &p.Period
+	case "pool.maxSlots":
+		return &p.MaxSlots
+	case "pool.idleTimeout":
+		return &p.IdleTimeout
+	case "pool.defaultWait":
+		return &p.DefaultWait
+	case "pool.maxWait":
+		return &p.MaxWait
+	case "pool.maxQuota":
+		return &p.MaxQuota
+	case "pool.maxActions":
+		return &p.MaxActions
+	}
+	return nil
+}
+
+func (a *AdmissionConfig) field(key string) any {
+	switch key {
+	case "admission.budget":
+		return &a.Budget
+	case "admission.overcommit":
+		return &a.Overcommit
+	case "admission.policy":
+		return &a.Policy
+	case "admission.minDegraded":
+		return &a.MinDegraded
+	}
+	return nil
+}
+
+// UnmarshalJSON reads the file's pool section through the settings'
+// parser, so a bad value gets the same error as from a flag or annotation.
+func (p *PoolConfig) UnmarshalJSON(b []byte) error { return decodeSection(b, "pool", p.field) }
+
+// UnmarshalJSON reads the file's admission section (see PoolConfig's).
+func (a *AdmissionConfig) UnmarshalJSON(b []byte) error {
+	return decodeSection(b, "admission", a.field)
+}
+
+// decodeSection sets each key of a YAML section (as JSON) through the
+// settings' parser; an unknown key is an error, as for the rest of the file.
+func decodeSection(b []byte, section string, field func(string) any) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return fmt.Errorf("%s: want a mapping: %w", section, err)
+	}
+	names := slices.Sorted(maps.Keys(raw))
+	for _, name := range names {
+		key := section + "." + name
+		f := field(key)
+		if f == nil {
+			return &settings.Error{Key: key, Err: settings.ErrUnknownKey}
 		}
-	}
-	if c.Admission.Budget != "" {
-		if pc.BudgetMilli, err = pool.ParseQuota(c.Admission.Budget); err != nil {
-			return pc, fmt.Errorf("admission.budget: %w", err)
+		v := bytes.TrimSpace(raw[name])
+		if string(v) == "null" {
+			continue
 		}
-	}
-	pc.Overcommit = c.Admission.Overcommit
-	if pc.Policy, err = admission.ParsePolicy(c.Admission.Policy); err != nil {
-		return pc, fmt.Errorf("admission.policy: %w", err)
-	}
-	if c.Admission.MinDegraded != "" {
-		if pc.MinDegradedMilli, err = pool.ParseQuota(c.Admission.MinDegraded); err != nil {
-			return pc, fmt.Errorf("admission.minDegraded: %w", err)
+		text := string(v)
+		if len(v) > 0 && v[0] == '"' {
+			if err := json.Unmarshal(v, &text); err != nil {
+				return &settings.Error{Key: key, Value: string(v), Err: settings.ErrSyntax}
+			}
+		} else if len(v) == 0 || v[0] == '{' || v[0] == '[' {
+			return &settings.Error{Key: key, Value: string(v), Err: fmt.Errorf("%w: want a single value", settings.ErrSyntax)}
 		}
+		s := settings.Default()
+		if err := s.Set(key, text); err != nil {
+			return err
+		}
+		putText(f, text)
 	}
-	return pc, pc.Validate()
+	return nil
+}
+
+// getText writes a field of the file in the settings' syntax.
+func getText(f any) string {
+	switch f := f.(type) {
+	case *string:
+		return *f
+	case *int:
+		return strconv.Itoa(*f)
+	case *float64:
+		return strconv.FormatFloat(*f, 'g', -1, 64)
+	case *Duration:
+		return f.Duration.String()
+	}
+	panic(fmt.Sprintf("agent: no text form for %T", f))
+}
+
+// putText stores a value the settings accepted into a field of the file.
+func putText(f any, v string) {
+	switch f := f.(type) {
+	case *string:
+		*f = v
+	case *int:
+		*f, _ = strconv.Atoi(v)
+	case *float64:
+		*f, _ = strconv.ParseFloat(v, 64)
+	case *Duration:
+		f.Duration, _ = time.ParseDuration(v)
+	default:
+		panic(fmt.Sprintf("agent: cannot store %T", f))
+	}
 }

@@ -37,7 +37,6 @@ import (
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/discover"
-	"github.com/cpuslot/cpuslot/internal/pool"
 )
 
 // relayLease in a RELEASE or RECLAIM lease/slot field stands for the last
@@ -77,13 +76,13 @@ func FuzzServer(f *testing.F) {
 		c.Admission.Budget = "1500m"
 	})
 	eager := secondContainer(f, e)
-	pc, err := e.cfg.PoolSettings()
+	pc, err := e.cfg.Settings()
 	if err != nil {
 		f.Fatal(err)
 	}
 	a := e.start()
 	eagerCfg := pc
-	if eagerCfg.Mode, err = pool.ParseMode("cache-eager"); err != nil { // the agent writes and moves TIDs
+	if err := eagerCfg.Set("pool.mode", "cache-eager"); err != nil { // the agent writes and moves TIDs
 		f.Fatal(err)
 	}
 	if err := a.Serve(discover.Container{Name: "eager", CgroupPath: eager, Pool: &eagerCfg}); err != nil {

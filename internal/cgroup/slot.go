@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cpuslot/cpuslot/counters"
 )
 
 // Limit is how a slot limits CPU: a hard cap, a proportional share, or both.
@@ -93,24 +95,9 @@ func sharesV1(milli uint32) int64 { return clamp((int64(milli)*1024+500)/1000, 2
 
 func clamp(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
 
-// Usage is what a slot has consumed since it was made.
-type Usage struct {
-	CPUNanos         uint64
-	ThrottledNanos   uint64
-	Periods          uint64
-	ThrottledPeriods uint64
-}
-
-// Sub returns u - v, clamping at zero (counters restart when a slot does).
-func (u Usage) Sub(v Usage) Usage {
-	d := func(a, b uint64) uint64 {
-		if a < b {
-			return 0
-		}
-		return a - b
-	}
-	return Usage{d(u.CPUNanos, v.CPUNanos), d(u.ThrottledNanos, v.ThrottledNanos), d(u.Periods, v.Periods), d(u.ThrottledPeriods, v.ThrottledPeriods)}
-}
+// Usage is what a slot has consumed since it was made (defined in the
+// public counters package, which the client shares).
+type Usage = counters.Usage
 
 // Slot is one CPU cgroup inside a container. Its files are opened relative
 // to the container's directory fds. A slot in use keeps them open while the
@@ -456,50 +443,11 @@ func (s *Slot) Usage() (Usage, error) {
 func (s *Slot) readUsage() (Usage, error) {
 	var u Usage
 	err := s.use(func(f *slotFiles) (err error) {
-		u, err = ReadCounters(f.stat, f.acct)
+		u, err = counters.Read(f.stat, f.acct)
 		return err
 	})
 	if err != nil {
 		return Usage{}, s.c.gone(fmt.Errorf("reading counters of %s: %w", s.Name(), err))
-	}
-	return u, nil
-}
-
-// ReadCounters reads a slot's counters from open fds: cpu.stat, and on v1
-// cpuacct.usage (acct < 0 on v2). Clients holding the fds the agent passed
-// use it too.
-func ReadCounters(stat, acct int) (Usage, error) {
-	var buf [512]byte
-	n, err := unix.Pread(stat, buf[:], 0)
-	if err != nil {
-		return Usage{}, err
-	}
-	var u Usage
-	for _, line := range strings.Split(string(buf[:n]), "\n") {
-		k, v, ok := strings.Cut(line, " ")
-		if !ok {
-			continue
-		}
-		x, _ := strconv.ParseUint(v, 10, 64)
-		switch k {
-		case "usage_usec":
-			u.CPUNanos = x * 1000
-		case "nr_periods":
-			u.Periods = x
-		case "nr_throttled":
-			u.ThrottledPeriods = x
-		case "throttled_usec":
-			u.ThrottledNanos = x * 1000
-		case "throttled_time": // v1, in ns
-			u.ThrottledNanos = x
-		}
-	}
-	if acct >= 0 {
-		n, err := unix.Pread(acct, buf[:], 0)
-		if err != nil {
-			return Usage{}, err
-		}
-		u.CPUNanos, _ = strconv.ParseUint(strings.TrimSpace(string(buf[:n])), 10, 64)
 	}
 	return u, nil
 }

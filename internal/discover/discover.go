@@ -9,7 +9,7 @@ import (
 	"fmt"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // Container is one container to serve.
@@ -19,7 +19,7 @@ type Container struct {
 	// CgroupPath is the container's cgroup, relative to the cpu hierarchy.
 	CgroupPath string
 	// Pool overrides the agent's default pool settings when set.
-	Pool *pool.Config
+	Pool *settings.Pool
 	// Socket, when set, is a socket of this container's own: the agent
 	// listens there and accepts only processes of this container.
 	Socket string

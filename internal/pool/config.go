@@ -3,14 +3,12 @@ package pool
 import (
 	"fmt"
 	"math"
-	"runtime"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // Mode is how a pool finds and places slots. All four are real so that the
@@ -36,7 +34,8 @@ const (
 	Uncached
 )
 
-var modeNames = [...]string{"affinity", "cache-lazy", "cache-eager", "uncached"}
+// modeNames are the settings' mode choices, in Mode's order.
+var modeNames = settings.Modes
 
 func (m Mode) String() string { return modeNames[m] }
 
@@ -47,7 +46,7 @@ func ParseMode(s string) (Mode, error) {
 			return Mode(i), nil
 		}
 	}
-	return 0, fmt.Errorf("mode %q: want one of %s", s, strings.Join(modeNames[:], ", "))
+	return 0, fmt.Errorf("mode %q: want one of %s", s, strings.Join(modeNames, ", "))
 }
 
 // Config shapes one container's pool.
@@ -82,28 +81,40 @@ type Config struct {
 }
 
 // DefaultMaxActions is the default per-container cap on action labels.
-const DefaultMaxActions = 32
+const DefaultMaxActions = settings.DefaultMaxActions
 
 // NodeMaxQuota is the default quota bound: the CPUs the agent may run on.
-func NodeMaxQuota() uint32 { return uint32(min(runtime.NumCPU(), 1_000_000/1000) * 1000) }
+func NodeMaxQuota() uint32 { return settings.NodeMaxQuota() }
 
 // DefaultConfig is what a pool gets when nothing is configured.
 func DefaultConfig() Config {
-	return Config{
-		Prewarm:          map[uint32]int{250: 4, 500: 2, 1000: 2},
-		Mode:             Affinity,
-		Limit:            cgroup.LimitCap,
-		PeriodUS:         cgroup.DefaultPeriodUS,
-		MaxSlots:         64,
-		IdleTimeout:      2 * time.Minute,
-		DefaultWait:      100 * time.Millisecond,
-		MaxWait:          10 * time.Second,
-		Overcommit:       1,
-		Policy:           admission.Queue,
-		MinDegradedMilli: 50,
-		MaxQuotaMilli:    NodeMaxQuota(),
-		MaxActions:       DefaultMaxActions,
+	c, err := ConfigFrom(settings.Default())
+	if err != nil {
+		panic("pool: default settings refused: " + err.Error())
 	}
+	return c
+}
+
+// ConfigFrom converts a container's settings (flags, file, annotations)
+// into a pool's configuration, and validates it.
+func ConfigFrom(s settings.Pool) (Config, error) {
+	c := Config{
+		Prewarm: s.Prewarm, Limit: s.Limit, PeriodUS: s.PeriodUS, MaxSlots: s.MaxSlots,
+		IdleTimeout: s.IdleTimeout, DefaultWait: s.DefaultWait, MaxWait: s.MaxWait,
+		BudgetMilli: s.BudgetMilli, Overcommit: s.Overcommit, MinDegradedMilli: s.MinDegradedMilli,
+		MaxQuotaMilli: s.MaxQuotaMilli, MaxActions: s.MaxActions,
+	}
+	if c.MaxQuotaMilli == 0 {
+		c.MaxQuotaMilli = NodeMaxQuota()
+	}
+	var err error
+	if c.Mode, err = ParseMode(s.Mode); err != nil {
+		return c, err
+	}
+	if c.Policy, err = admission.ParsePolicy(s.Policy); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
 }
 
 // Validate checks a config for contradictions.
@@ -142,85 +153,14 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// ParseQuota reads a CPU quantity as Kubernetes writes it: "250m", "1",
-// "1.5", "0.25". The result is in millicores.
-func ParseQuota(s string) (uint32, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return 0, fmt.Errorf("empty quota")
-	}
-	var milli float64
-	if v, ok := strings.CutSuffix(s, "m"); ok {
-		n, err := strconv.ParseUint(v, 10, 32)
-		if err != nil {
-			return 0, fmt.Errorf("quota %q: want millicores like 250m or cores like 0.25", s)
-		}
-		milli = float64(n)
-	} else {
-		f, err := strconv.ParseFloat(s, 64)
-		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || strings.ContainsAny(s, "eEx_") {
-			return 0, fmt.Errorf("quota %q: want millicores like 250m or cores like 0.25", s)
-		}
-		milli = f * 1000
-		if milli != math.Trunc(milli) {
-			return 0, fmt.Errorf("quota %q: finer than a millicore", s)
-		}
-	}
-	if milli <= 0 {
-		return 0, fmt.Errorf("quota %q: must be positive", s)
-	}
-	if milli > 1_000_000 {
-		return 0, fmt.Errorf("quota %q: above 1000 cores", s)
-	}
-	return uint32(milli), nil
-}
+// ParseQuota reads a CPU quantity ("250m", "1", "1.5") in millicores.
+func ParseQuota(s string) (uint32, error) { return settings.ParseQuota(s) }
 
 // FormatQuota writes millicores the way ParseQuota reads them.
-func FormatQuota(m uint32) string {
-	if m%1000 == 0 {
-		return strconv.FormatUint(uint64(m/1000), 10)
-	}
-	return strconv.FormatUint(uint64(m), 10) + "m"
-}
+func FormatQuota(m uint32) string { return settings.FormatQuota(m) }
 
 // ParsePrewarm reads a spec such as "250m=8,500m=4,1=2".
-func ParsePrewarm(s string) (map[uint32]int, error) {
-	out := map[uint32]int{}
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return out, nil
-	}
-	for _, part := range strings.Split(s, ",") {
-		q, n, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			return nil, fmt.Errorf("prewarm entry %q: want QUOTA=COUNT, e.g. 250m=8", part)
-		}
-		milli, err := ParseQuota(q)
-		if err != nil {
-			return nil, fmt.Errorf("prewarm entry %q: %w", part, err)
-		}
-		count, err := strconv.Atoi(strings.TrimSpace(n))
-		if err != nil || count < 0 {
-			return nil, fmt.Errorf("prewarm entry %q: count must be a non-negative integer", part)
-		}
-		if _, dup := out[milli]; dup {
-			return nil, fmt.Errorf("prewarm entry %q: quota given twice", part)
-		}
-		out[milli] = count
-	}
-	return out, nil
-}
+func ParsePrewarm(s string) (map[uint32]int, error) { return settings.ParsePrewarm(s) }
 
 // FormatPrewarm writes a prewarm map in ParsePrewarm's syntax.
-func FormatPrewarm(p map[uint32]int) string {
-	qs := make([]uint32, 0, len(p))
-	for q := range p {
-		qs = append(qs, q)
-	}
-	sort.Slice(qs, func(i, j int) bool { return qs[i] < qs[j] })
-	parts := make([]string, len(qs))
-	for i, q := range qs {
-		parts[i] = fmt.Sprintf("%s=%d", FormatQuota(q), p[q])
-	}
-	return strings.Join(parts, ",")
-}
+func FormatPrewarm(p map[uint32]int) string { return settings.FormatPrewarm(p) }

@@ -8,14 +8,11 @@ package kubernetes
 import (
 	"fmt"
 	"path"
-	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/cpuslot/cpuslot/internal/admission"
-	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // Annotations and labels cpuslot reads.
@@ -104,7 +101,7 @@ func CheckQuotaAnnotation(pod *corev1.Pod, container string) error {
 	if !ok {
 		return nil
 	}
-	q, err := pool.ParseQuota(v)
+	q, err := settings.ParseQuota(v)
 	if err != nil {
 		return fmt.Errorf("%s=%q: %v", AnnCPUQuota, v, err)
 	}
@@ -137,60 +134,28 @@ func SocketPath(podsDir, podUID, volume string) string {
 	return path.Join(podsDir, podUID, "volumes", "kubernetes.io~empty-dir", volume, "agent.sock")
 }
 
-// PoolConfig applies a pod's annotations to the chart's defaults. A bad
-// value keeps the default for that field and is returned as an error, so
-// the pod is still served and the operator sees why it differs.
-func PoolConfig(base pool.Config, ann map[string]string) (pool.Config, []error) {
+// PoolConfig applies a pod's annotations (settings.Keys with an
+// Annotation, under AnnotationPrefix) to the chart's defaults, through the
+// same parser as the agent's flags and file. A bad value keeps the default
+// for that field and is returned as an error, so the pod is still served
+// and the operator sees why it differs.
+func PoolConfig(base settings.Pool, ann map[string]string) (settings.Pool, []error) {
 	c := base
 	var errs []error
-	bad := func(key, v string, err error) { errs = append(errs, fmt.Errorf("%s=%q: %v", key, v, err)) }
-	if v, ok := ann[AnnPrewarm]; ok {
-		if p, err := pool.ParsePrewarm(v); err != nil {
-			bad(AnnPrewarm, v, err)
-		} else {
-			c.Prewarm = p
+	for _, k := range settings.Keys {
+		if k.Annotation == "" {
+			continue
 		}
-	}
-	if v, ok := ann[AnnMode]; ok {
-		if m, err := pool.ParseMode(v); err != nil {
-			bad(AnnMode, v, err)
-		} else {
-			c.Mode = m
+		name := AnnotationPrefix + k.Annotation
+		v, ok := ann[name]
+		if !ok {
+			continue
 		}
-	}
-	if v, ok := ann[AnnLimit]; ok {
-		if l, err := cgroup.ParseLimit(v); err != nil {
-			bad(AnnLimit, v, err)
-		} else {
-			c.Limit = l
-		}
-	}
-	if v, ok := ann[AnnBudget]; ok {
-		if b, err := pool.ParseQuota(v); err != nil {
-			bad(AnnBudget, v, err)
-		} else {
-			c.BudgetMilli = b
-		}
-	}
-	if v, ok := ann[AnnPolicy]; ok {
-		if p, err := admission.ParsePolicy(v); err != nil {
-			bad(AnnPolicy, v, err)
-		} else {
-			c.Policy = p
-		}
-	}
-	if v, ok := ann[AnnOvercommit]; ok {
-		if f, err := strconv.ParseFloat(v, 64); err != nil || f <= 0 || f > 100 {
-			bad(AnnOvercommit, v, fmt.Errorf("want a number in (0, 100]"))
-		} else {
-			c.Overcommit = f
-		}
-	}
-	if v, ok := ann[AnnMaxSlots]; ok {
-		if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 4096 {
-			bad(AnnMaxSlots, v, fmt.Errorf("want an integer in 1..4096"))
-		} else {
-			c.MaxSlots = n
+		if err := c.Set(k.Name, v); err != nil {
+			if se, ok := err.(*settings.Error); ok {
+				se.Source = name
+			}
+			errs = append(errs, err)
 		}
 	}
 	if err := c.Validate(); err != nil {

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -8,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 func pod(labels, ann map[string]string, containers ...string) *corev1.Pod {
@@ -47,12 +48,12 @@ func TestServedContainer(t *testing.T) {
 }
 
 func TestPoolConfigAnnotations(t *testing.T) {
-	base := pool.DefaultConfig()
+	base := settings.Default()
 	c, errs := PoolConfig(base, map[string]string{AnnPrewarm: "500m=2", AnnMode: "cache-lazy", AnnBudget: "1500m", AnnPolicy: "degrade", AnnOvercommit: "1.5", AnnMaxSlots: "16", AnnLimit: "both"})
 	if len(errs) != 0 {
 		t.Fatal(errs)
 	}
-	if c.Mode != pool.CacheLazy || c.BudgetMilli != 1500 || c.MaxSlots != 16 || c.Overcommit != 1.5 || pool.FormatPrewarm(c.Prewarm) != "500m=2" {
+	if c.Mode != "cache-lazy" || c.BudgetMilli != 1500 || c.MaxSlots != 16 || c.Overcommit != 1.5 || settings.FormatPrewarm(c.Prewarm) != "500m=2" {
 		t.Fatalf("%+v", c)
 	}
 	// Garbage keeps the default for that field, and says why.
@@ -60,7 +61,7 @@ func TestPoolConfigAnnotations(t *testing.T) {
 	if len(errs) != 7 {
 		t.Fatalf("want 7 errors, got %v", errs)
 	}
-	if pool.FormatPrewarm(c.Prewarm) != pool.FormatPrewarm(base.Prewarm) || c.Mode != base.Mode {
+	if settings.FormatPrewarm(c.Prewarm) != settings.FormatPrewarm(base.Prewarm) || c.Mode != base.Mode {
 		t.Fatalf("defaults not kept: %+v", c)
 	}
 	// Valid fields that together are invalid fall back to the defaults.
@@ -129,5 +130,30 @@ func TestCheckQuotaAnnotation(t *testing.T) {
 				t.Fatalf("got %v, want an error with %q", err, c.wantErr)
 			}
 		})
+	}
+}
+
+// A pod's annotations are hostile: a prewarm list of thousands of quotas
+// with no slots each must not make every pool carry thousands of entries,
+// and an oversized value must not be copied whole into the Event.
+func TestPoolConfigHostileAnnotations(t *testing.T) {
+	var entries []string
+	for q := 10; q <= 1000; q++ {
+		entries = append(entries, strconv.Itoa(q)+"m=0")
+	}
+	c, errs := PoolConfig(settings.Default(), map[string]string{AnnPrewarm: strings.Join(entries, ",")})
+	if len(errs) == 0 || len(c.Prewarm) > c.MaxSlots {
+		t.Fatalf("prewarm of %d quotas accepted: %d entries kept, errors %v", len(entries), len(c.Prewarm), errs)
+	}
+	huge := strings.Repeat("x", 100000)
+	for _, ann := range []string{AnnMode, AnnBudget, AnnPrewarm, AnnOvercommit} {
+		_, errs = PoolConfig(settings.Default(), map[string]string{ann: huge})
+		if len(errs) != 1 || len(errs[0].Error()) > 1000 {
+			t.Fatalf("%s: %d errors, message of %d bytes", ann, len(errs), len(errs[0].Error()))
+		}
+	}
+	_, errs = PoolConfig(settings.Default(), map[string]string{AnnPrewarm: strings.Repeat("1=0,", 50000) + "1=0"})
+	if len(errs) != 1 || len(errs[0].Error()) > 1000 {
+		t.Fatalf("prewarm of 50001 entries: %v", errs)
 	}
 }

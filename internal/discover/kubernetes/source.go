@@ -26,7 +26,7 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
-	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // Event reasons, on the pod.
@@ -46,7 +46,7 @@ type Config struct {
 	SocketVolume        string
 	Selector            Selector
 	// Pool is the default pool configuration (the chart's values).
-	Pool pool.Config
+	Pool settings.Pool
 	// Resync re-examines every pod this often (retries what failed).
 	Resync time.Duration
 }
@@ -201,7 +201,7 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 	s.served[uid] = servedPod{key: key, containerID: want.containerID, cgroupPath: cg}
 	s.mu.Unlock()
 	s.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonServing, "CPU slots ready for container %s (mode %s, prewarm %s)",
-		want.container, cfg.Mode, pool.FormatPrewarm(cfg.Prewarm))
+		want.container, cfg.Mode, settings.FormatPrewarm(cfg.Prewarm))
 	return nil
 }
 

@@ -56,7 +56,7 @@ func TestReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc, _ := cfg.PoolSettings()
+	pc, _ := cfg.Settings()
 	src := New(Config{NodeName: "n1", PodsDir: podsDir, SocketVolume: "cpuslot",
 		Selector: Selector{OpenWhisk: true, Knative: true, Annotated: true}, Pool: pc, Resync: time.Hour}, cs, h, log)
 	src.cgroupOf = func(_ context.Context, id string) (string, error) {

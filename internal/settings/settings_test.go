@@ -1,0 +1,170 @@
+package settings_test
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/cpuslot/cpuslot/internal/admission"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/settings"
+)
+
+// Every default survives a trip through Get and Set, so the file's
+// defaults (written with Get) mean what Default means.
+func TestDefaultsRoundTrip(t *testing.T) {
+	d := settings.Default()
+	for _, k := range settings.Keys {
+		s := settings.Default()
+		if err := s.Set(k.Name, d.Get(k.Name)); err != nil {
+			t.Errorf("%s: default %q refused: %v", k.Name, d.Get(k.Name), err)
+		} else if s.Get(k.Name) != d.Get(k.Name) {
+			t.Errorf("%s: %q became %q", k.Name, d.Get(k.Name), s.Get(k.Name))
+		}
+	}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSetRefusalChangesNothing(t *testing.T) {
+	s := settings.Default()
+	before := s.Get("admission.overcommit")
+	err := s.Set("admission.overcommit", "1000")
+	var se *settings.Error
+	if !errors.As(err, &se) || se.Key != "admission.overcommit" || se.Value != "1000" || !errors.Is(err, settings.ErrRange) {
+		t.Fatalf("got %v", err)
+	}
+	if s.Get("admission.overcommit") != before {
+		t.Fatalf("refused value stored: %v", s.Overcommit)
+	}
+	if err := s.Set("pool.prewarm", "250m=1,250m=2"); err == nil || s.Get("pool.prewarm") != settings.Default().Get("pool.prewarm") {
+		t.Fatalf("duplicate quota: %v, prewarm now %q", err, s.Get("pool.prewarm"))
+	}
+	if err := s.Set("pool.turbo", "1"); !errors.Is(err, settings.ErrUnknownKey) {
+		t.Fatalf("unknown key: %v", err)
+	}
+}
+
+func TestRanges(t *testing.T) {
+	for _, c := range []struct {
+		key, value string
+		ok         bool
+	}{
+		{"pool.period", "1ms", true}, {"pool.period", "1s", true}, {"pool.period", "999us", false}, {"pool.period", "2s", false},
+		{"pool.maxSlots", "1", true}, {"pool.maxSlots", "4096", true}, {"pool.maxSlots", "4097", false},
+		{"pool.maxActions", "1", true}, {"pool.maxActions", "0", false},
+		{"pool.idleTimeout", "0s", true}, {"pool.idleTimeout", "-1s", false},
+		{"pool.maxWait", "-5ms", false}, {"pool.defaultWait", "-5ms", false},
+		{"admission.overcommit", "0.01", true}, {"admission.overcommit", "NaN", false}, {"admission.overcommit", "+Inf", false},
+		{"admission.budget", "", true}, {"pool.maxQuota", "", true}, {"admission.minDegraded", "", false},
+		{"admission.minDegraded", "0", false}, {"pool.prewarm", "", true},
+		{"admission.policy", "", false}, {"pool.mode", "", false},
+	} {
+		s := settings.Default()
+		if err := s.Set(c.key, c.value); (err == nil) != c.ok {
+			t.Errorf("%s=%q: err %v, want ok=%v", c.key, c.value, err, c.ok)
+		}
+	}
+}
+
+// The settings' choices are the names pool, admission and cgroup use, in
+// the order they number them.
+func TestChoicesMatchConsumers(t *testing.T) {
+	for i, name := range settings.Modes {
+		m, err := pool.ParseMode(name)
+		if err != nil || int(m) != i || m.String() != name {
+			t.Errorf("mode %s: %v %v", name, m, err)
+		}
+	}
+	for i, name := range settings.Policies {
+		p, err := admission.ParsePolicy(name)
+		if err != nil || int(p) != i || p.String() != name {
+			t.Errorf("policy %s: %v %v", name, p, err)
+		}
+	}
+	for _, name := range settings.Limits {
+		l, err := cgroup.ParseLimit(name)
+		if err != nil || l.String() != name {
+			t.Errorf("limit %s: %v %v", name, l, err)
+		}
+	}
+}
+
+// Each key has one flag and at most one annotation, none shared.
+func TestNamesUnique(t *testing.T) {
+	seen := map[string]string{}
+	for _, k := range settings.Keys {
+		if k.Flag == "" {
+			t.Errorf("%s has no flag", k.Name)
+		}
+		names := []string{k.Name, "-" + k.Flag}
+		if k.Annotation != "" {
+			names = append(names, "annotation "+k.Annotation)
+		}
+		for _, n := range names {
+			if other, dup := seen[n]; dup {
+				t.Errorf("%s used by %s and %s", n, other, k.Name)
+			}
+			seen[n] = k.Name
+		}
+	}
+}
+
+// pool.ConfigFrom keeps what the settings say and fills the node's CPUs
+// for an unset largest quota.
+func TestPoolConfigFrom(t *testing.T) {
+	s := settings.Default()
+	for key, v := range map[string]string{"pool.mode": "cache-eager", "admission.policy": "degrade", "pool.maxSlots": "9", "admission.budget": "1500m"} {
+		if err := s.Set(key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := pool.ConfigFrom(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != pool.CacheEager || c.Policy != admission.Degrade || c.MaxSlots != 9 || c.BudgetMilli != 1500 || c.MaxQuotaMilli != settings.NodeMaxQuota() {
+		t.Fatalf("%+v", c)
+	}
+}
+
+// The README's settings table lists every key with its flag and
+// annotation, and nothing the table does not have.
+func TestReadmeTable(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) != 8 || !(strings.HasPrefix(cells[1], " `pool.") || strings.HasPrefix(cells[1], " `admission.")) {
+			continue // not a row of | setting | flag | annotation | default | accepts | meaning |
+		}
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows[strings.Trim(cells[1], "`")] = cells[2:4]
+	}
+	for _, k := range settings.Keys {
+		row, ok := rows[k.Name]
+		if !ok {
+			t.Errorf("README: no row for %s", k.Name)
+			continue
+		}
+		ann := ""
+		if k.Annotation != "" {
+			ann = "`cpuslot.dev/" + k.Annotation + "`"
+		}
+		if row[0] != "`-"+k.Flag+"`" || row[1] != ann {
+			t.Errorf("README: %s has flag %s, annotation %q; want -%s, %q", k.Name, row[0], row[1], k.Flag, ann)
+		}
+		delete(rows, k.Name)
+	}
+	for name := range rows {
+		t.Errorf("README: row %q is no setting", name)
+	}
+}
