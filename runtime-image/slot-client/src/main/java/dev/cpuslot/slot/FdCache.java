@@ -49,11 +49,8 @@ final class FdCache {
         this.counters = counters;
     }
 
-    static void closeAll(int[] fds) {
-        for (int fd : fds) Native.close(fd);
-    }
-
-    private void closeAllOps(int[] fds) {
+    /** Closes fds that came with an answer and are not a slot's to keep. */
+    void discard(int[] fds) {
         for (int fd : fds) ops.close(fd);
     }
 
@@ -118,7 +115,7 @@ final class FdCache {
     }
 
     void unref(SlotFds sf) {
-        if (sf.refs.decrementAndGet() == 0) closeAllOps(sf.fds);
+        if (sf.refs.decrementAndGet() == 0) discard(sf.fds);
     }
 
     /** Drops every slot; fds in use close when their user is done. */

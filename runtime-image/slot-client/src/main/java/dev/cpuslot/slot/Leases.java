@@ -167,7 +167,7 @@ final class Leases {
                 if (retry) continue;
                 return noSlot(act, inv, quotaMilli, tid, reason, detail);
             }
-            FdCache.closeAll(r.fds());
+            fds.discard(r.fds());
             transport.kill(c, "unexpected " + Protocol.typeName(r.frame().type()));
             return noSlot(act, inv, quotaMilli, tid, "protocol", "unexpected " + Protocol.typeName(r.frame().type()));
         }
@@ -190,7 +190,7 @@ final class Leases {
         if (l.queued()) count("acquire.queued");
         if (l.degraded()) count("acquire.degraded");
         if (got.length != ok.nfds()) {
-            FdCache.closeAll(got);
+            fds.discard(got);
             currentSlot.get()[0] = 0;
             count("place.failed");
             release(l, ReleaseOutcome.PLACEMENT_FAILED);
@@ -383,7 +383,7 @@ final class Leases {
             Transport.Reply r;
             try {
                 r = transport.call(c, new Protocol.Release(l.lease, outcome.code), deadline);
-                FdCache.closeAll(r.fds());
+                fds.discard(r.fds());
             } catch (TimeoutException e) {
                 c.leases.remove(l);
                 recovery.drain(c);

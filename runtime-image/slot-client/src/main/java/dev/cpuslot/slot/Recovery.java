@@ -81,7 +81,7 @@ final class Recovery implements Transport.Listener {
             counters.count("reclaim.ok");
             return true;
         }
-        FdCache.closeAll(r.fds());
+        fds.discard(r.fds());
         transport.giveBack(c);
         if (r.message() instanceof Protocol.Error e && e.code() == Protocol.E_UNKNOWN_LEASE) {
             l.lost = true;
@@ -107,9 +107,9 @@ final class Recovery implements Transport.Listener {
             if (r.message() instanceof Protocol.AcquireOk ok) {
                 if (r.fds().length > 0) fds.put(ok.slot(), r.fds(), c.hello);
                 counters.count("drain.released");
-                FdCache.closeAll(transport.call(c, new Protocol.Release(ok.lease(), ReleaseOutcome.TIMEOUT.code), dl).fds());
+                fds.discard(transport.call(c, new Protocol.Release(ok.lease(), ReleaseOutcome.TIMEOUT.code), dl).fds());
             } else {
-                FdCache.closeAll(r.fds());
+                fds.discard(r.fds());
             }
             transport.giveBack(c);
         } catch (Exception e) {

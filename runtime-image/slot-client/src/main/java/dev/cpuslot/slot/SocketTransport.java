@@ -156,7 +156,7 @@ final class SocketTransport implements Transport {
         }
         counters.count("connection.lost");
         Native.close(c.fd);
-        FdCache.closeAll(c.takeFds());
+        closeAll(c.takeFds());
         listener.lost(c);
     }
 
@@ -202,6 +202,10 @@ final class SocketTransport implements Transport {
         for (Connection c : all) Native.close(c.fd);
     }
 
+    private static void closeAll(int[] fds) {
+        for (int fd : fds) Native.close(fd);
+    }
+
     // ---- one connection ---------------------------------------------------------------------
 
     private void open(Connection c, long deadline) throws IOException, TimeoutException, Protocol.ProtocolException {
@@ -214,7 +218,7 @@ final class SocketTransport implements Transport {
             LockSupport.parkNanos(200_000);
         }
         Reply r = call(c, new Protocol.Hello(1, 1, fdPassing ? Protocol.HELLO_FD_PASSING : 0, clientName), deadline);
-        FdCache.closeAll(r.fds());
+        closeAll(r.fds());
         if (r.message() instanceof Protocol.HelloOk ok) {
             if (ok.version() != 1) throw new IOException("agent chose version " + ok.version());
             c.hello = ok;
