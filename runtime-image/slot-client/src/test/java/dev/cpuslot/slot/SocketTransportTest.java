@@ -105,7 +105,8 @@ class SocketTransportTest {
         };
     }
 
-    static final Step HANG_UP = Native::close;
+    /** Set by a step that closed the peer's end itself. */
+    volatile boolean hungUp;
 
     void peer(Step... steps) throws Exception {
         listenFd = Native.listen(sock.toString(), 8);
@@ -114,6 +115,7 @@ class SocketTransportTest {
                 Native.poll(listenFd, Native.POLLIN, -1);
                 int fd = Native.accept(listenFd);
                 for (Step s : steps) s.run(fd);
+                if (!hungUp) Native.close(fd);
             } catch (Throwable t) {
                 peerErrors.add(t);
             }
@@ -173,11 +175,11 @@ class SocketTransportTest {
 
     @Test
     void anAgentThatHangsUpKillsItsIdleConnectionAndTheListenerHears() throws Exception {
-        CountDownLatch hungUp = new CountDownLatch(1);
-        peer(expect("hello"), answer("hello_ok_v2"), fd -> { Native.close(fd); hungUp.countDown(); });
+        CountDownLatch gone = new CountDownLatch(1);
+        peer(expect("hello"), answer("hello_ok_v2"), fd -> { hungUp = true; Native.close(fd); gone.countDown(); });
         Connection c = transport.borrow(deadline(), true);
         transport.giveBack(c);
-        hungUp.await();
+        gone.await();
         transport.reapDead();
         assertEquals(List.of(c), lost);
         assertFalse(transport.isAlive(c));
