@@ -8,7 +8,7 @@ import java.util.concurrent.locks.ReentrantLock;
  * and {@link #reason()} says why; release is then a no-op returning {@link Usage#NONE}.
  */
 public final class SlotLease {
-    final SlotClient client;
+    final Leases leases;
     final String action;
     /** The invocation this handle is for (a reused lease gets a new handle for the new one). */
     final String invocation;
@@ -20,7 +20,7 @@ public final class SlotLease {
     final ReentrantLock lock = new ReentrantLock();
 
     // state below is guarded by lock
-    SlotClient.Conn conn;        // connection the lease belongs to (null when none)
+    Connection conn;             // connection the lease belongs to (null when none)
     long lease;                  // agent's lease id on conn
     long slot, quotaMilli, periodUs;
     int outcome, flags, place;
@@ -35,8 +35,8 @@ public final class SlotLease {
     /** This invocation reused the thread's lingering lease: no message went to the agent. */
     boolean reused;
 
-    SlotLease(SlotClient client, String action, String invocation, long quotaAsked, int tid, String reason) {
-        this.client = client;
+    SlotLease(Leases leases, String action, String invocation, long quotaAsked, int tid, String reason) {
+        this.leases = leases;
         this.action = action;
         this.invocation = invocation;
         this.quotaAsked = quotaAsked;
@@ -56,11 +56,11 @@ public final class SlotLease {
     public long quotaAsked() { return quotaAsked; }
     public long periodUs() { return periodUs; }
     /** ACQUIRE_OK outcome name: affinity_hit, cache_hit, retuned, created (or none). */
-    public String outcome() { return SlotClient.outcomeName(outcome); }
+    public String outcome() { return Leases.outcomeName(outcome); }
     public boolean queued() { return (flags & Protocol.ACQ_FLAG_QUEUED) != 0; }
     public boolean degraded() { return (flags & Protocol.ACQ_FLAG_DEGRADED) != 0; }
     /** How the thread got into the slot: none, self, done. */
-    public String place() { return SlotClient.placeName(place); }
+    public String place() { return Leases.placeName(place); }
     public int tid() { return tid; }
     public String action() { return action; }
     public String invocation() { return invocation; }
@@ -80,7 +80,7 @@ public final class SlotLease {
      */
     public Usage stop() {
         if (!active()) return Usage.NONE;
-        return client.stop(this);
+        return leases.stop(this);
     }
 
     /**
@@ -92,7 +92,7 @@ public final class SlotLease {
      */
     public Usage release(ReleaseOutcome outcome) {
         if (!active()) return Usage.NONE;
-        return client.release(this, outcome);
+        return leases.release(this, outcome);
     }
 
     @Override

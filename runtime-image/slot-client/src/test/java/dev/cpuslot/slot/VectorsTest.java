@@ -124,7 +124,7 @@ class VectorsTest {
     @Test
     void stringsAreClippedToProtocolLimitOnCharacterBoundaries() {
         String longAction = "☃".repeat(400); // 1200 bytes
-        String c = SlotClient.clip(longAction);
+        String c = Leases.clip(longAction);
         assertTrue(c.getBytes(java.nio.charset.StandardCharsets.UTF_8).length <= 1024);
         assertEquals(341, c.length());
         assertThrows(IllegalArgumentException.class,
