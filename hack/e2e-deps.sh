@@ -3,7 +3,7 @@
 #   - Debian packages: containerd, runc, containernetworking-plugins,
 #     etcd-server, prometheus, iptables, nftables (installed without starting any
 #     daemon: the tests start their own, and the Debian services stay off),
-#   - Kubernetes v1.32.4 server binaries built from the Go module proxy into
+#   - Kubernetes v1.37.2 server binaries built from the Go module proxy into
 #     a cache dir (skipped when they are there already),
 #   - kubectl: the machine's when there is one, else built the same way;
 #   - helm, by hack/helm.sh (built once from the Go module proxy, cached);
@@ -14,7 +14,7 @@
 #
 # Cache dir: $CPUSLOT_E2E_CACHE, default <repo>/.cache/e2e (gitignored).
 # Results (what e2e/cluster looks for):
-#   $CACHE/k8s/v1.32.4/bin/{kube-apiserver,kube-controller-manager,
+#   $CACHE/k8s/v1.37.2/bin/{kube-apiserver,kube-controller-manager,
 #                           kube-scheduler,kubelet,kube-proxy[,kubectl]}
 # Prints "KUBE_BIN=<that dir>", "KUBECTL=<path>" and "HELM=<path>" on its
 # last lines.
@@ -25,7 +25,7 @@ cache="${CPUSLOT_E2E_CACHE:-$repo/.cache/e2e}"
 mkdir -p "$cache"
 cache="$(cd "$cache" && pwd)"
 
-k8s_version="${CPUSLOT_K8S_VERSION:-v1.32.4}"
+k8s_version="${CPUSLOT_K8S_VERSION:-v1.37.2}"
 bindir="$cache/k8s/$k8s_version/bin"
 servers=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
