@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Prepares what e2e/ needs to run a real single-node Kubernetes here:
-#   - Debian packages: containerd, runc, containernetworking-plugins,
-#     etcd-server, prometheus, iptables, nftables (installed without starting any
-#     daemon: the tests start their own, and the Debian services stay off),
+#   - Debian packages: containernetworking-plugins, etcd-server, prometheus,
+#     iptables, nftables (installed without starting any daemon: the tests
+#     start their own, and the Debian services stay off); containerd 2 and
+#     runc come from hack/v2node-deps.sh (Debian's 1.6 is too old for the
+#     kubelet 1.37),
 #   - Kubernetes v1.37.2 server binaries built from the Go module proxy into
 #     a cache dir (skipped when they are there already),
 #   - kubectl: the machine's when there is one, else built the same way;
@@ -41,7 +43,7 @@ fi
 # ---------------------------------------------------------------------------
 # nftables: nft deletes the nf_tables tables iptables-nft creates for the
 # cluster (iptables itself cannot), so teardown leaves none behind.
-packages=(containerd runc containernetworking-plugins etcd-server prometheus iptables nftables)
+packages=(containernetworking-plugins etcd-server prometheus iptables nftables)
 missing=()
 for p in "${packages[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
