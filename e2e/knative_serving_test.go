@@ -118,8 +118,7 @@ var knativeRequests = map[string]any{"cpu": "20m", "memory": "40Mi"}
 // (serving's release bundles them), config-network, then serving's
 // config/core. Changes:
 //   - ko:// image references -> the imported images;
-//   - every component: KUBERNETES_MIN_VERSION = this cluster's version
-//     (Knative checks the API server's version at start), small requests;
+//   - every component: small requests;
 //   - the activator: a hostAliases entry for the autoscaler (no DNS);
 //   - config-deployment: docker.io (index.docker.io, as Knative names it)
 //     among the registries whose tags are not
@@ -249,8 +248,6 @@ func knativeAdjust(kind string, obj map[string]any) error {
 				ctr["resources"] = res
 			}
 			res["requests"] = knativeRequests
-			env, _ := ctr["env"].([]any)
-			ctr["env"] = append(env, map[string]any{"name": "KUBERNETES_MIN_VERSION", "value": cluster.KubernetesVersion})
 		}
 		if name == "activator" {
 			pspec["hostAliases"] = []any{map[string]any{"ip": knativeAutoscalerIP, "hostnames": []any{

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Prepares what e2e/ needs to run a real single-node Kubernetes here:
-#   - Debian packages: containerd, runc, containernetworking-plugins,
-#     etcd-server, prometheus, iptables, nftables (installed without starting any
-#     daemon: the tests start their own, and the Debian services stay off),
-#   - Kubernetes v1.32.4 server binaries built from the Go module proxy into
+#   - Debian packages: containernetworking-plugins, etcd-server, prometheus,
+#     iptables, nftables (installed without starting any daemon: the tests
+#     start their own, and the Debian services stay off); containerd 2 and
+#     runc come from hack/v2node-deps.sh (Debian's 1.6 is too old for the
+#     kubelet 1.37),
+#   - Kubernetes v1.37.2 server binaries built from the Go module proxy into
 #     a cache dir (skipped when they are there already),
 #   - kubectl: the machine's when there is one, else built the same way;
 #   - helm, by hack/helm.sh (built once from the Go module proxy, cached);
@@ -14,7 +16,7 @@
 #
 # Cache dir: $CPUSLOT_E2E_CACHE, default <repo>/.cache/e2e (gitignored).
 # Results (what e2e/cluster looks for):
-#   $CACHE/k8s/v1.32.4/bin/{kube-apiserver,kube-controller-manager,
+#   $CACHE/k8s/v1.37.2/bin/{kube-apiserver,kube-controller-manager,
 #                           kube-scheduler,kubelet,kube-proxy[,kubectl]}
 # Prints "KUBE_BIN=<that dir>", "KUBECTL=<path>" and "HELM=<path>" on its
 # last lines.
@@ -25,7 +27,7 @@ cache="${CPUSLOT_E2E_CACHE:-$repo/.cache/e2e}"
 mkdir -p "$cache"
 cache="$(cd "$cache" && pwd)"
 
-k8s_version="${CPUSLOT_K8S_VERSION:-v1.32.4}"
+k8s_version="${CPUSLOT_K8S_VERSION:-v1.37.2}"
 bindir="$cache/k8s/$k8s_version/bin"
 servers=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
@@ -41,7 +43,7 @@ fi
 # ---------------------------------------------------------------------------
 # nftables: nft deletes the nf_tables tables iptables-nft creates for the
 # cluster (iptables itself cannot), so teardown leaves none behind.
-packages=(containerd runc containernetworking-plugins etcd-server prometheus iptables nftables)
+packages=(containernetworking-plugins etcd-server prometheus iptables nftables)
 missing=()
 for p in "${packages[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

@@ -35,8 +35,16 @@ import (
 	"time"
 )
 
-// KubernetesVersion is the version hack/e2e-deps.sh builds.
-const KubernetesVersion = "v1.32.4"
+// The legacy node's versions: the newest Kubernetes the module proxy
+// serves that still runs on cgroup v1 (with failCgroupV1: false), and the
+// containerd 2 and runc it needs (since 1.37 the kubelet takes the cgroup
+// driver from the runtime's RuntimeConfig, which containerd 1.x lacks).
+// The same builds as the v2 node's (hack/v2node-deps.sh, e2e/v2node).
+const (
+	KubernetesVersion = "v1.37.2"
+	ContainerdVersion = "v2.4.2"
+	RuncVersion       = "v1.5.2"
+)
 
 // DefaultRunDir holds one cluster's state (certificates, etcd data,
 // containerd's root, pidfiles, the snapshot). A fixed path on purpose: the
@@ -58,6 +66,11 @@ type Options struct {
 	KubeBinDir string
 	// Kubectl: default the kubectl in PATH, else <KubeBinDir>/kubectl.
 	Kubectl string
+	// ContainerdBinDir holds containerd, containerd-shim-runc-v2 and ctr;
+	// default <cache>/containerd/<ContainerdVersion>/bin.
+	ContainerdBinDir string
+	// Runc: default <cache>/runc/<RuncVersion>/bin/runc.
+	Runc string
 	// RunDir: default DefaultRunDir. Removed by Down.
 	RunDir string
 	// LogDir receives each component's log; default <cache>/logs. Its
@@ -188,6 +201,12 @@ func (o *Options) Defaults() error {
 	if o.KubeBinDir == "" {
 		o.KubeBinDir = filepath.Join(o.CacheDir, "k8s", KubernetesVersion, "bin")
 	}
+	if o.ContainerdBinDir == "" {
+		o.ContainerdBinDir = filepath.Join(o.CacheDir, "containerd", ContainerdVersion, "bin")
+	}
+	if o.Runc == "" {
+		o.Runc = filepath.Join(o.CacheDir, "runc", RuncVersion, "bin", "runc")
+	}
 	if o.Kubectl == "" {
 		if p, err := exec.LookPath("kubectl"); err == nil {
 			o.Kubectl = p
@@ -223,7 +242,15 @@ func (o *Options) CheckDeps() error {
 			missing = append(missing, filepath.Join(o.KubeBinDir, b))
 		}
 	}
-	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "etcd", "iptables", "ip"} {
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+		if _, err := os.Stat(filepath.Join(o.ContainerdBinDir, b)); err != nil {
+			missing = append(missing, filepath.Join(o.ContainerdBinDir, b))
+		}
+	}
+	if _, err := os.Stat(o.Runc); err != nil {
+		missing = append(missing, o.Runc)
+	}
+	for _, b := range []string{"etcd", "iptables", "ip"} {
 		if _, err := lookPath(b); err != nil {
 			missing = append(missing, b)
 		}
@@ -493,7 +520,9 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	containerd, err := c.start("containerd", []string{mustLook("containerd"), "--config", ccfg}, nil)
+	containerd, err := c.start("containerd", []string{c.containerdBin("containerd"), "--config", ccfg},
+		// containerd finds its shim on PATH
+		[]string{"PATH=" + c.opts.ContainerdBinDir + ":" + os.Getenv("PATH")})
 	if err != nil {
 		return err
 	}
@@ -521,7 +550,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	imported := make(chan error, 1)
 	go func() {
 		if err := c.waitFor(ctx, containerd, 30*time.Second, "containerd socket", func() error {
-			_, err := run(mustLook("ctr"), "-a", c.containerdSockPath(), "version")
+			_, err := run(c.containerdBin("ctr"), "-a", c.containerdSockPath(), "version")
 			return err
 		}); err != nil {
 			pauseImported <- err
@@ -632,6 +661,11 @@ func checkNoOverlap(nodeIP string) error {
 		}
 	}
 	return nil
+}
+
+// containerdBin is the path of one of the cluster's containerd binaries.
+func (c *Cluster) containerdBin(name string) string {
+	return filepath.Join(c.opts.ContainerdBinDir, name)
 }
 
 func mustLook(name string) string {
@@ -768,7 +802,7 @@ func (c *Cluster) waitFor(ctx context.Context, p *proc, timeout time.Duration, w
 // ImportImage imports an OCI image-layout tarball into the cluster's
 // containerd (namespace k8s.io, where the kubelet finds images).
 func (c *Cluster) ImportImage(tarPath string) error {
-	if _, err := run(mustLook("ctr"), "-a", c.containerdSockPath(), "-n", "k8s.io", "images", "import", tarPath); err != nil {
+	if _, err := run(c.containerdBin("ctr"), "-a", c.containerdSockPath(), "-n", "k8s.io", "images", "import", tarPath); err != nil {
 		return fmt.Errorf("import %s: %w", tarPath, err)
 	}
 	c.logf("cluster: imported %s", filepath.Base(tarPath))
@@ -909,7 +943,7 @@ func (c *Cluster) releaseLock() {
 // removeContainers force-deletes every task and container in containerd's
 // k8s.io namespace.
 func (c *Cluster) removeContainers() {
-	ctr := mustLook("ctr")
+	ctr := c.containerdBin("ctr")
 	sock := c.containerdSockPath()
 	out, err := run(ctr, "-a", sock, "-n", "k8s.io", "containers", "list", "-q")
 	if err != nil {

@@ -36,10 +36,7 @@ func (c *Cluster) writeContainerdConfig() (string, error) {
 	if err := os.MkdirAll(cniConf, 0o755); err != nil {
 		return "", err
 	}
-	runcPath := "runc"
-	if p, err := lookPath("runc"); err == nil {
-		runcPath = p
-	}
+	runcPath := c.opts.Runc
 	cfg := fmt.Sprintf(`version = 2
 root = %q
 state = %q
