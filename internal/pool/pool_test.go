@@ -24,6 +24,8 @@ type fakeBackend struct {
 	maxSlots   int // refuse mkdir beyond this many (0: no bound)
 	ops        []string
 	unprepared bool
+	// onIO, when set, runs at each cgroup operation.
+	onIO func(op string)
 }
 
 type fakeSlot struct {
@@ -38,6 +40,9 @@ type fakeSlot struct {
 func newFake() *fakeBackend { return &fakeBackend{slots: map[uint32]*fakeSlot{}} }
 
 func (b *fakeBackend) op(format string, args ...any) {
+	if b.onIO != nil {
+		b.onIO(format)
+	}
 	b.mu.Lock()
 	b.ops = append(b.ops, fmt.Sprintf(format, args...))
 	b.mu.Unlock()
@@ -100,6 +105,9 @@ func (s *fakeSlot) Retune(sp cgroup.Spec) error {
 	return nil
 }
 func (s *fakeSlot) Usage() (cgroup.Usage, error) {
+	if s.b.onIO != nil {
+		s.b.onIO("usage")
+	}
 	s.cpu += 1000
 	return cgroup.Usage{CPUNanos: s.cpu}, nil
 }
@@ -582,5 +590,56 @@ func TestParse(t *testing.T) {
 	c.Prewarm = map[uint32]int{250: 100}
 	if c.Validate() == nil {
 		t.Fatal("prewarm above maxSlots accepted")
+	}
+}
+
+// TestNoCgroupIOUnderThePoolLock: no mode does cgroup I/O while holding the
+// pool's lock (a slow cgroup write would stall every acquisition of the
+// container), raising a degraded lease included.
+func TestNoCgroupIOUnderThePoolLock(t *testing.T) {
+	ctx := context.Background()
+	for _, mode := range []Mode{Affinity, CacheLazy, CacheEager, Uncached} {
+		t.Run(mode.String(), func(t *testing.T) {
+			b := newFake()
+			b.limit = 1000
+			c := cfg(mode, "500m=2")
+			c.Policy = admission.Degrade
+			p, err := New("test", c, b, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var under []string
+			// The test runs on one goroutine: the lock held during an
+			// operation is held by the operation's caller.
+			b.onIO = func(op string) {
+				if !p.mu.TryLock() {
+					under = append(under, op)
+					return
+				}
+				p.mu.Unlock()
+			}
+			if err := p.Start(); err != nil {
+				t.Fatal(err)
+			}
+			o := &conn{}
+			g1 := must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
+			g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+			if !g2.Degraded {
+				t.Fatalf("not degraded: %+v", g2)
+			}
+			p.Release(o, g1.Lease, metrics.EndOK) // raises g2
+			if s := p.Summary(); s.UsedMilli != 500 || s.Degraded != 0 {
+				t.Fatalf("degraded lease not raised: %+v", s)
+			}
+			g3 := must(t)(p.Acquire(ctx, req(o, 300, 2, g2.SlotID))) // supersedes g2
+			p.Release(o, g3.Lease, metrics.EndPlacementFailed)
+			p.Reap(time.Now().Add(time.Hour))
+			if err := p.Close(true); err != nil {
+				t.Fatal(err)
+			}
+			if len(under) > 0 {
+				t.Fatalf("cgroup operations under the pool lock: %v", under)
+			}
+		})
 	}
 }
