@@ -37,13 +37,13 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	p.mu.Unlock()
 
 	// Execute the plan's cgroup I/O outside the lock.
-	fds, err := p.execute(l, t.plan, req)
+	fds, spec, err := p.execute(l, t.plan, req)
 	if err != nil {
 		p.abort(l, t.plan)
 		return nil, err
 	}
 	p.metrics.Acquired(p.cfg.Mode.String(), t.plan.outcome, time.Since(start))
-	return &Grant{Lease: l.id, SlotID: l.slot.id, FDs: fds, Spec: l.slot.spec, Outcome: t.plan.outcome,
+	return &Grant{Lease: l.id, SlotID: l.slot.id, FDs: fds, Spec: spec, Outcome: t.plan.outcome,
 		Queued: t.queued, Degraded: t.degraded, Place: t.plan.place}, nil
 }
 
@@ -188,9 +188,10 @@ func (p *Pool) commit(req Request, t ticket, host hostThread) *lease {
 	return l
 }
 
-// execute performs a committed plan's cgroup I/O outside the lock and
-// opens the slot's fds when the connection needs them.
-func (p *Pool) execute(l *lease, pl plan, req Request) ([]int, error) {
+// execute performs a committed plan's cgroup I/O outside the lock, opens
+// the slot's fds when the connection needs them, and returns them with the
+// slot's settings.
+func (p *Pool) execute(l *lease, pl plan, req Request) ([]int, cgroup.Spec, error) {
 	s := l.slot
 	spec := p.spec(l.granted)
 	switch {
@@ -199,9 +200,9 @@ func (p *Pool) execute(l *lease, pl plan, req Request) ([]int, error) {
 		if err != nil {
 			if errors.Is(err, cgroup.ErrLimitReached) && !errors.Is(err, cgroup.ErrGone) {
 				p.metrics.Error(metrics.MkdirRefused)
-				return nil, &Error{Reason: NoSlot, RetryAfter: 100 * time.Millisecond, Message: err.Error()}
+				return nil, cgroup.Spec{}, &Error{Reason: NoSlot, RetryAfter: 100 * time.Millisecond, Message: err.Error()}
 			}
-			return nil, p.failed(err, metrics.CreateFailed)
+			return nil, cgroup.Spec{}, p.failed(err, metrics.CreateFailed)
 		}
 		u, _ := io.Usage()
 		p.mu.Lock()
@@ -210,7 +211,7 @@ func (p *Pool) execute(l *lease, pl plan, req Request) ([]int, error) {
 		p.mu.Unlock()
 	case pl.retune:
 		if err := s.io.Retune(spec); err != nil {
-			return nil, p.failed(err, metrics.RetuneFailed)
+			return nil, cgroup.Spec{}, p.failed(err, metrics.RetuneFailed)
 		}
 		p.mu.Lock()
 		s.spec = spec
@@ -223,23 +224,23 @@ func (p *Pool) execute(l *lease, pl plan, req Request) ([]int, error) {
 	}
 	if pl.place == PlaceAgent {
 		if err := s.io.Place(l.hostTID); err != nil {
-			return nil, p.failed(err, metrics.PlaceFailed)
+			return nil, cgroup.Spec{}, p.failed(err, metrics.PlaceFailed)
 		}
 	}
 	var fds []int
 	if pl.place == PlaceSelf && req.NeedFDs != nil && req.NeedFDs(s.id) {
 		var err error
 		if fds, err = s.io.OpenFDs(); err != nil {
-			return nil, p.failed(err, metrics.OpenFailed)
+			return nil, cgroup.Spec{}, p.failed(err, metrics.OpenFailed)
 		}
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if pl.io() {
 		s.busy = false
 	}
 	p.endIO()
-	p.mu.Unlock()
-	return fds, nil
+	return fds, s.spec, nil
 }
 
 // failed turns a failed cgroup operation into the pool's error: the
