@@ -390,7 +390,7 @@ type sourceList []discover.Container
 
 func (s sourceList) Run(_ context.Context, sink discover.Sink) error {
 	for _, c := range s {
-		if err := sink.Serve(c); err != nil {
+		if err := sink.Prepare(c); err != nil {
 			return err
 		}
 	}

@@ -111,7 +111,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, poolCfg: pc, hierarchy: h, registry: reg, metrics: m, log: log,
 		containers: map[string]*served{}, preparing: map[string]*preparation{}}
-	reg.MustRegister(poolCollector{a})
+	metrics.RegisterPools(reg, cfg.MaxContainers, a.poolGauges)
 	a.server = server.New(a, h, m, log)
 	a.server.SetLimits(cfg.ServerLimits())
 	log.Info("cgroup hierarchy", "hierarchy", h.String())
@@ -211,9 +211,9 @@ func (a *Agent) raiseFileLimit() {
 	a.log.Info("open file limit", "nofile", rl.Cur, "maxConnections", a.cfg.Limits.MaxConnections)
 }
 
-// Serve prepares a container's pool (discover.Sink). A *discover.Partial
+// Prepare prepares a container's pool (discover.Sink). A *discover.Partial
 // error means it is served, but not as configured.
-func (a *Agent) Serve(c discover.Container) error {
+func (a *Agent) Prepare(c discover.Container) error {
 	_, err := a.serve(c, false)
 	return err
 }
@@ -243,7 +243,7 @@ func (a *Agent) serveWith(c discover.Container, auto bool, ln *server.Listener) 
 		}
 		if max := a.cfg.MaxContainers; len(a.containers)+len(a.preparing) >= max {
 			a.mu.Unlock()
-			a.metrics.Error("containers_exhausted")
+			a.metrics.Error(metrics.ContainersExhausted)
 			return nil, fmt.Errorf("container %s: %w (%d)", c.Name, ErrTooManyContainers, max)
 		}
 		pr := &preparation{done: make(chan struct{})}
@@ -279,7 +279,7 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	}
 	cg, err := a.hierarchy.Container(c.CgroupPath, a.metrics.CgroupOp)
 	if err != nil {
-		a.metrics.Error("container_not_found")
+		a.metrics.Error(metrics.ContainerNotFound)
 		return nil, fmt.Errorf("container %s: %w", c.Name, err)
 	}
 	cfg := a.poolCfg
@@ -292,14 +292,14 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	}
 	if err != nil {
 		cg.Close()
-		a.metrics.Error("pool_config")
+		a.metrics.Error(metrics.PoolConfig)
 		return nil, fmt.Errorf("container %s: %w", c.Name, err)
 	}
 	start := time.Now()
 	var partial error
 	if err := p.Start(); err != nil {
 		// The pool still serves: slots are created on demand.
-		a.metrics.Error("prewarm_failed")
+		a.metrics.Error(metrics.PrewarmFailed)
 		a.log.Warn("pre-warming incomplete", "container", c.Name, "err", err)
 		partial = &discover.Partial{Err: err}
 	}
@@ -307,7 +307,7 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	if c.Socket != "" && ln == nil {
 		ln, err := server.Listen(c.Socket)
 		if err != nil {
-			a.metrics.Error("socket_failed")
+			a.metrics.Error(metrics.SocketFailed)
 			p.Close(true)
 			return nil, fmt.Errorf("container %s: socket %s: %w", c.Name, c.Socket, err)
 		}
@@ -407,7 +407,7 @@ func (a *Agent) teardown(s *served) {
 		s.ln.Close() // also removes the socket file
 	}
 	if err := s.pool.Close(true); err != nil {
-		a.metrics.Error("teardown_failed")
+		a.metrics.Error(metrics.TeardownFailed)
 		a.log.Error("removing slots", "container", s.Name, "err", err)
 		return
 	}
@@ -581,7 +581,7 @@ func (a *Agent) adoptServeUnder() {
 			n, err := cg.RemoveSlots()
 			cg.Close()
 			if err != nil {
-				a.metrics.Error("teardown_failed")
+				a.metrics.Error(metrics.TeardownFailed)
 				a.log.Warn("removing slots of a container with no process", "container", p, "err", err)
 				continue
 			}
@@ -610,6 +610,19 @@ func (a *Agent) Summaries() []pool.Summary {
 	return out
 }
 
+// poolGauges is the pools' state for a scrape.
+func (a *Agent) poolGauges() []metrics.Pool {
+	var out []metrics.Pool
+	for _, s := range a.Summaries() {
+		g := metrics.Pool{Container: s.Name, BudgetMilli: s.BudgetMilli, UsedMilli: s.UsedMilli, Leases: s.Leases}
+		for _, q := range s.Quotas {
+			g.Quotas = append(g.Quotas, metrics.Quota{Quota: pool.FormatQuota(q.QuotaMilli), Free: q.Free, Leased: q.Leased, Slots: q.Slots})
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
 // Handler serves /metrics, /healthz, /readyz and /debug/pools.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -629,42 +642,4 @@ func (a *Agent) Handler() http.Handler {
 		enc.Encode(map[string]any{"hierarchy": a.hierarchy, "pools": a.Summaries()})
 	})
 	return mux
-}
-
-// poolCollector exports pool state at scrape time.
-type poolCollector struct{ a *Agent }
-
-var (
-	slotsDesc = prometheus.NewDesc("cpuslot_slots", "Slots by container, quota and state (free, leased, busy).",
-		[]string{"container", "quota", "state"}, nil)
-	budgetDesc = prometheus.NewDesc("cpuslot_budget_millicores", "Admission budget per container (0: unlimited).",
-		[]string{"container"}, nil)
-	usedDesc = prometheus.NewDesc("cpuslot_budget_used_millicores", "CPU quota granted to leases now, per container.",
-		[]string{"container"}, nil)
-	leasesDesc = prometheus.NewDesc("cpuslot_leases", "Leases held now, per container.", []string{"container"}, nil)
-	poolsDesc  = prometheus.NewDesc("cpuslot_containers", "Containers served.", nil, nil)
-	maxDesc    = prometheus.NewDesc("cpuslot_containers_max", "The most containers the agent serves (maxContainers); more are refused and counted as errors with reason containers_exhausted.", nil, nil)
-)
-
-func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, poolsDesc, maxDesc} {
-		ch <- d
-	}
-}
-
-func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
-	sums := c.a.Summaries()
-	ch <- metrics.ConstGauge(poolsDesc, float64(len(sums)))
-	ch <- metrics.ConstGauge(maxDesc, float64(c.a.cfg.MaxContainers))
-	for _, s := range sums {
-		for _, q := range s.Quotas {
-			qs := pool.FormatQuota(q.QuotaMilli)
-			ch <- metrics.ConstGauge(slotsDesc, float64(q.Free), s.Name, qs, "free")
-			ch <- metrics.ConstGauge(slotsDesc, float64(q.Leased), s.Name, qs, "leased")
-			ch <- metrics.ConstGauge(slotsDesc, float64(q.Slots-q.Free-q.Leased), s.Name, qs, "busy")
-		}
-		ch <- metrics.ConstGauge(budgetDesc, float64(s.BudgetMilli), s.Name)
-		ch <- metrics.ConstGauge(usedDesc, float64(s.UsedMilli), s.Name)
-		ch <- metrics.ConstGauge(leasesDesc, float64(s.Leases), s.Name)
-	}
 }

@@ -465,7 +465,7 @@ func TestAttackPIDReuseAgentPlaces(t *testing.T) {
 // moves its thread out of the slot. When the process has exited and its
 // TID went to a process of B, B's process must stay where it is. The pool
 // sees that the TID names another thread (start time) and counts it as
-// stale_tid; behind it, cgroup.Container.MoveIn moves only a thread that
+// stale_tid; behind it, cgroup.Container.MoveOut moves only a thread that
 // sits in one of the container's slots (internal/cgroup tests).
 func TestAttackEagerReleaseReusedTID(t *testing.T) {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
@@ -695,7 +695,7 @@ func TestAttackSymlinkedSocket(t *testing.T) {
 			os.MkdirAll(filepath.Join(r, other), 0o755)
 		}
 	}
-	err := a.Serve(discover.Container{Name: "ns/pod/c", CgroupPath: other, Socket: sock})
+	err := a.Prepare(discover.Container{Name: "ns/pod/c", CgroupPath: other, Socket: sock})
 	t.Cleanup(func() { a.Forget(other) })
 	if err == nil {
 		t.Fatal("served a socket at a planted symlink")

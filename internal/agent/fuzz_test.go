@@ -85,7 +85,7 @@ func FuzzServer(f *testing.F) {
 	if err := eagerCfg.Set("pool.mode", "cache-eager"); err != nil { // the agent writes and moves TIDs
 		f.Fatal(err)
 	}
-	if err := a.Serve(discover.Container{Name: "eager", CgroupPath: eager, Pool: &eagerCfg}); err != nil {
+	if err := a.Prepare(discover.Container{Name: "eager", CgroupPath: eager, Pool: &eagerCfg}); err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { a.Forget(eager) })

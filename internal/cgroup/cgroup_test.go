@@ -124,7 +124,7 @@ func TestSlotLifecycle(t *testing.T) {
 	if left := cgrouptest.Leftovers(h, rel); len(left) != 0 {
 		t.Fatalf("leftovers %v", left)
 	}
-	if err := c.Release(); err != nil {
+	if err := c.Unprepare(); err != nil {
 		t.Fatal(err)
 	}
 }

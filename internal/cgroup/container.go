@@ -50,6 +50,9 @@ const (
 	OpReadStat = "read_stat"
 )
 
+// Ops lists every Op name.
+var Ops = []string{OpMkdir, OpSetQuota, OpPlace, OpMoveOut, OpRmdir, OpReadStat}
+
 // Container is the cgroup of one container (or any process group) that
 // cpuslot carves slots out of.
 type Container struct {
@@ -294,15 +297,15 @@ func isSlot(name string) bool {
 	return ok
 }
 
-// ErrNotInSlot is returned by MoveIn for a thread that sits in no slot of
+// ErrNotInSlot is returned by MoveOut for a thread that sits in no slot of
 // the container: a recorded TID that has exited, or been reused since.
 var ErrNotInSlot = errors.New("thread is not in a slot of this container")
 
-// MoveIn moves a thread (a TID in the agent's PID namespace) out of a slot
+// MoveOut moves a thread (a TID in the agent's PID namespace) out of a slot
 // into the container's own cgroup. Only a thread that sits in one of the
 // container's slots now is moved: a TID recorded earlier may belong to
 // another process by now.
-func (c *Container) MoveIn(tid int) error {
+func (c *Container) MoveOut(tid int) error {
 	if p, err := c.h.PathOfThread(tid, tid); err != nil || path.Dir(p) != c.Path || !isSlot(path.Base(p)) {
 		return fmt.Errorf("thread %d: %w", tid, ErrNotInSlot)
 	}
@@ -360,10 +363,10 @@ func (c *Container) populatedV1(rel string, depth int) (bool, error) {
 // maxWalkDepth bounds a walk of a tree the container's owner may shape.
 const maxWalkDepth = 32
 
-// Release undoes what preparing the container changed (v2: the +cpu in
+// Unprepare undoes what preparing the container changed (v2: the +cpu in
 // cgroup.subtree_control), once no slot is left. Runtimes that re-apply the
 // container's resources expect a plain domain cgroup.
-func (c *Container) Release() error {
+func (c *Container) Unprepare() error {
 	if c.h.Version != 2 {
 		return nil
 	}
@@ -417,7 +420,7 @@ func (c *Container) RemoveSlots() (int, error) {
 		n++
 	}
 	if len(errs) == 0 {
-		errs = append(errs, c.Release())
+		errs = append(errs, c.Unprepare())
 	}
 	return n, errors.Join(errs...)
 }

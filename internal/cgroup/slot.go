@@ -490,7 +490,7 @@ func (s *Slot) Remove() error {
 		}
 		for _, t := range tids {
 			// A thread that exited meanwhile gives ESRCH: nothing to move.
-			if merr := s.c.MoveIn(t); merr != nil && !errors.Is(merr, syscall.ESRCH) && !errors.Is(merr, ErrNotInSlot) {
+			if merr := s.c.MoveOut(t); merr != nil && !errors.Is(merr, syscall.ESRCH) && !errors.Is(merr, ErrNotInSlot) {
 				err = merr
 			}
 		}

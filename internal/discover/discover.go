@@ -1,7 +1,7 @@
 // Package discover finds the containers the agent serves. A Source reports
 // containers as they appear and disappear; the agent prepares a pool for
 // each. Standalone mode serves cgroups named by path or by a process in
-// them; Kubernetes mode (a later source) watches the node's pods.
+// them; Kubernetes mode (package kubernetes) watches the node's pods.
 package discover
 
 import (
@@ -25,7 +25,7 @@ type Container struct {
 	Socket string
 }
 
-// Partial is what Serve returns when the container is served but not as
+// Partial is what Prepare returns when the container is served but not as
 // configured (for example fewer slots pre-warmed than asked).
 type Partial struct{ Err error }
 
@@ -34,8 +34,8 @@ func (p *Partial) Unwrap() error { return p.Err }
 
 // Sink receives what a Source discovers.
 type Sink interface {
-	// Serve prepares (or updates) a container's pool.
-	Serve(Container) error
+	// Prepare prepares (or updates) a container's pool.
+	Prepare(Container) error
 	// Forget tears a container's pool down and removes its slots.
 	Forget(cgroupPath string)
 }
@@ -57,7 +57,7 @@ type Static struct {
 func (s Static) Run(ctx context.Context, sink Sink) error {
 	var first error
 	add := func(c Container) {
-		if err := sink.Serve(c); err != nil && first == nil {
+		if err := sink.Prepare(c); err != nil && first == nil {
 			first = err
 		}
 	}

@@ -61,44 +61,6 @@ func ConstGauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metr
 	return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 }
 
-// AdmissionResults are the results of cpuslot_admission_total: what
-// happened to an acquisition that did not fit the CPU budget at once.
-// Every result the agent counts is listed here and exported from the start.
-var AdmissionResults = []string{
-	"queued",                // waited for budget
-	"degraded",              // granted a smaller quota
-	"rejected",              // refused (also a RECLAIM that does not fit)
-	"timeout",               // waited past its wait budget
-	"reclaimed_over_budget", // a slot adopted after a restart, reclaimed beyond the budget
-}
-
-// ErrorReasons are the reasons of cpuslot_errors_total. Every reason the
-// agent counts is listed here and exported from the start, so rates and
-// alerts see a zero rather than nothing; failed cgroup operations add
-// "cgroup_<operation>".
-var ErrorReasons = []string{
-	// wire: what a peer sent or did
-	"bad_request",      // a request the agent refuses (invalid field, foreign thread)
-	"bad_frame",        // a frame that does not decode or exceeds its bounds
-	"no_hello",         // a first request that is not HELLO
-	"not_served",       // a peer in no container the agent serves
-	"unknown_lease",    // a lease that is not the peer's
-	"connection_limit", // a connection over the per-node or per-process cap
-	"accept_failed",    // accept failed (e.g. out of fds); the agent backs off
-	"socket_failed",    // a pod's socket could not be made (e.g. a planted file)
-	// pool: slots and threads
-	"slots_exhausted",      // all slots of a container busy
-	"containers_exhausted", // a container over the cap on served containers
-	"container_not_found",  // a container's cgroup was not found
-	"container_gone",       // a served container's cgroup went away: its pool is stale
-	"pool_config",          // a container's pool settings are invalid
-	"stale_tid",            // a recorded TID now names another thread: not moved
-	"agent_thread_in_slot", // an agent thread found in a slot, moved back
-	"mkdir_refused", "create_failed", "open_failed", "place_failed",
-	"retune_failed", "remove_failed", "teardown_failed", "prewarm_failed",
-	"read_usage",
-}
-
 // Metrics holds the agent's collectors. A nil *Metrics records nothing, so
 // unit tests may pass nil.
 type Metrics struct {
@@ -139,10 +101,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_acquisitions_total", Help: "Granted acquisitions by how the slot was found (affinity_hit needs no cgroup write)."},
 			[]string{"outcome"}),
 		admission: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: " + strings.Join(AdmissionResults, ", ") + "."},
+			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: " + join(AdmissionResults) + "."},
 			[]string{"result"}),
 		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (ok, failed, timeout, placement_failed, abandoned, superseded)."},
+			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (" + join(Endings) + ")."},
 			[]string{"action", "outcome"}),
 		cpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by action."},
@@ -151,7 +113,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by action."},
 			[]string{"action"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_errors_total", Help: "Errors by reason: " + strings.Join(ErrorReasons, ", ") + ", cgroup_<operation>."},
+			Name: "cpuslot_errors_total", Help: "Errors by reason: " + join(ErrorReasons) + "."},
 			[]string{"reason"}),
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cpuslot_connections", Help: "Open client connections."}),
@@ -164,15 +126,27 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.acquireDuration, m.placementDuration, m.cgroupOpDuration, m.acquisitions, m.admission,
 		m.invocations, m.cpuSeconds, m.throttledSeconds, m.errors, m.connections, m.info)
 	for _, r := range AdmissionResults {
-		m.admission.WithLabelValues(r)
+		m.admission.WithLabelValues(string(r))
 	}
-	for _, o := range []string{"affinity_hit", "cache_hit", "retuned", "created", "reclaimed"} {
-		m.acquisitions.WithLabelValues(o)
+	for _, o := range Acquisitions {
+		m.acquisitions.WithLabelValues(string(o))
+	}
+	for _, e := range Endings {
+		m.invocations.WithLabelValues(unnamed, string(e))
 	}
 	for _, r := range ErrorReasons {
-		m.errors.WithLabelValues(r)
+		m.errors.WithLabelValues(string(r))
 	}
 	return m
+}
+
+// join lists label values for a help text.
+func join[T ~string](vs []T) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = string(v)
+	}
+	return strings.Join(s, ", ")
 }
 
 // Info publishes the node's cgroup setup.
@@ -199,35 +173,35 @@ func (m *Metrics) SetMaxActions(n int) {
 }
 
 // Acquired counts a grant.
-func (m *Metrics) Acquired(mode, outcome string, d time.Duration) {
+func (m *Metrics) Acquired(mode string, outcome Acquisition, d time.Duration) {
 	if m == nil {
 		return
 	}
 	m.acquireDuration.WithLabelValues(mode).Observe(d.Seconds())
-	m.acquisitions.WithLabelValues(outcome).Inc()
+	m.acquisitions.WithLabelValues(string(outcome)).Inc()
 }
 
 // Admission counts an acquisition that did not fit at once.
-func (m *Metrics) Admission(result string) {
+func (m *Metrics) Admission(result AdmissionResult) {
 	if m != nil {
-		m.admission.WithLabelValues(result).Inc()
+		m.admission.WithLabelValues(string(result)).Inc()
 	}
 }
 
 // Released accounts a finished lease.
-func (m *Metrics) Released(action, outcome string, cpu, throttled time.Duration) {
+func (m *Metrics) Released(action string, how Ending, cpu, throttled time.Duration) {
 	if m == nil {
 		return
 	}
 	a := m.action(action)
-	m.invocations.WithLabelValues(a, outcome).Inc()
+	m.invocations.WithLabelValues(a, string(how)).Inc()
 	m.cpuSeconds.WithLabelValues(a).Add(cpu.Seconds())
 	m.throttledSeconds.WithLabelValues(a).Add(throttled.Seconds())
 }
 
 func (m *Metrics) action(a string) string {
 	if a == "" {
-		return "_unnamed"
+		return unnamed
 	}
 	a = Label(a)
 	m.mu.Lock()
@@ -242,6 +216,9 @@ func (m *Metrics) action(a string) string {
 	return a
 }
 
+// unnamed is the action label of a lease whose client named no action.
+const unnamed = "_unnamed"
+
 // CgroupOp observes one cgroup operation; failures are also counted as
 // errors with reason "cgroup_<op>".
 func (m *Metrics) CgroupOp(op string, d time.Duration, err error) {
@@ -253,14 +230,14 @@ func (m *Metrics) CgroupOp(op string, d time.Duration, err error) {
 		m.placementDuration.Observe(d.Seconds())
 	}
 	if err != nil {
-		m.errors.WithLabelValues("cgroup_" + op).Inc()
+		m.errors.WithLabelValues(string(cgroupReason(op))).Inc()
 	}
 }
 
 // Error counts an error by reason.
-func (m *Metrics) Error(reason string) {
+func (m *Metrics) Error(reason Reason) {
 	if m != nil {
-		m.errors.WithLabelValues(reason).Inc()
+		m.errors.WithLabelValues(string(reason)).Inc()
 	}
 }
 

@@ -1,6 +1,9 @@
 package metrics
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -11,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cpuslot/cpuslot/internal/cgroup"
 )
 
 func TestLabel(t *testing.T) {
@@ -62,17 +67,23 @@ type collectorFunc func(chan<- prometheus.Metric)
 func (f collectorFunc) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(f, ch) }
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
 
-// TestReasonsListed: every literal reason or admission result the agent
-// counts is in the one list that pre-registers them.
+// TestReasonsListed: every reason or admission result the agent counts is
+// one of the typed constants, never a literal a call site made up.
 func TestReasonsListed(t *testing.T) {
 	listed := map[string]bool{}
-	for _, r := range append(append([]string{}, ErrorReasons...), AdmissionResults...) {
-		if listed[r] {
+	for _, r := range ErrorReasons {
+		if listed[string(r)] {
 			t.Errorf("%q listed twice", r)
 		}
-		listed[r] = true
+		listed[string(r)] = true
 	}
-	call := regexp.MustCompile(`\.(Error|Admission)\("([^"]*)"\)`)
+	for _, r := range AdmissionResults {
+		if listed[string(r)] {
+			t.Errorf("%q listed twice", r)
+		}
+		listed[string(r)] = true
+	}
+	call := regexp.MustCompile(`metrics\.(Error|Admission|Acquired|Released)\(([^()\n]*"[^"\n]*"[^()\n]*)\)`)
 	n := 0
 	err := filepath.WalkDir("../..", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -88,18 +99,70 @@ func TestReasonsListed(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		n++
 		for _, m := range call.FindAllStringSubmatch(string(b), -1) {
-			n++
-			if !listed[m[2]] {
-				t.Errorf("%s counts %s %q, which is not in ErrorReasons or AdmissionResults", p, m[1], m[2])
-			}
+			t.Errorf("%s counts %s(%s) with a literal; use the typed constant of internal/metrics", p, m[1], m[2])
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n < len(listed) {
-		t.Fatalf("found only %d counting calls for %d listed reasons", n, len(listed))
+	if n == 0 {
+		t.Fatal("no source read")
+	}
+}
+
+// TestEveryLabelPreRegistered: every label constant declared in reasons.go
+// is exported from the start, so rates and alerts see a zero.
+func TestEveryLabelPreRegistered(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "reasons.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricOf := map[string]string{
+		"Reason":          "cpuslot_errors_total",
+		"AdmissionResult": "cpuslot_admission_total",
+		"Acquisition":     "cpuslot_acquisitions_total",
+		"Ending":          "cpuslot_lease_releases_total",
+	}
+	type series struct{ metric, value string }
+	want := map[series]bool{}
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, sp := range g.Specs {
+			v := sp.(*ast.ValueSpec)
+			typ, ok := v.Type.(*ast.Ident)
+			if !ok || metricOf[typ.Name] == "" {
+				t.Fatalf("constant %s has no label type", v.Names[0])
+			}
+			lit := v.Values[0].(*ast.BasicLit)
+			want[series{metricOf[typ.Name], strings.Trim(lit.Value, `"`)}] = true
+		}
+	}
+	for _, op := range cgroup.Ops {
+		want[series{"cpuslot_errors_total", "cgroup_" + op}] = true
+	}
+	if len(want) < 40 {
+		t.Fatalf("found only %d label constants", len(want))
+	}
+	reg := prometheus.NewRegistry()
+	New(reg)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				delete(want, series{mf.GetName(), l.GetValue()})
+			}
+		}
+	}
+	for s := range want {
+		t.Errorf("%s{%q} is not pre-registered by New", s.metric, s.value)
 	}
 }

@@ -27,7 +27,7 @@ func (b cgroupBackend) AdoptSlots() (map[uint32]SlotIO, error) {
 	return out, nil
 }
 
-func (b cgroupBackend) MoveIn(tid int) error        { return b.c.MoveIn(tid) }
+func (b cgroupBackend) MoveOut(tid int) error       { return b.c.MoveOut(tid) }
 func (b cgroupBackend) LimitMilli() (uint32, error) { return b.c.LimitMilli() }
-func (b cgroupBackend) Release() error              { return b.c.Release() }
+func (b cgroupBackend) Unprepare() error            { return b.c.Unprepare() }
 func (b cgroupBackend) Close()                      { b.c.Close() }

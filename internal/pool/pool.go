@@ -5,7 +5,6 @@
 package pool
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
@@ -38,9 +36,12 @@ type SlotIO interface {
 type Backend interface {
 	CreateSlot(id uint32, spec cgroup.Spec) (SlotIO, error)
 	AdoptSlots() (map[uint32]SlotIO, error)
-	MoveIn(tid int) error
+	// MoveOut moves a thread out of its slot, back to the container.
+	MoveOut(tid int) error
 	LimitMilli() (uint32, error)
-	Release() error
+	// Unprepare undoes what preparing the container changed, once no
+	// slot is left.
+	Unprepare() error
 	// Close releases what the backend holds open (the container's
 	// directory fds).
 	Close()
@@ -83,10 +84,10 @@ type Grant struct {
 	// them and calls CloseFDs.
 	FDs      []int
 	Spec     cgroup.Spec
-	Outcome  slotv1.Outcome
+	Outcome  metrics.Acquisition
 	Queued   bool
 	Degraded bool
-	Place    slotv1.Place
+	Place    Place
 }
 
 // CloseFDs closes the fds opened for the grant.
@@ -104,6 +105,9 @@ type slot struct {
 	lease *lease
 	// busy marks cgroup I/O in progress outside the pool lock.
 	busy bool
+	// raising marks a retune in progress that gives a degraded lease more;
+	// the slot stays busy after the lease's release until it is done.
+	raising bool
 	// adopted marks a slot an earlier agent left that nobody has leased
 	// since: an invocation of before a restart may still run in it, so a
 	// RECLAIM of it is honoured even beyond the budget.
@@ -148,6 +152,7 @@ var leaseSeq atomic.Uint64
 type Pool struct {
 	name    string
 	cfg     Config
+	mode    mode
 	backend Backend
 	metrics *metrics.Metrics
 	// containerLimit is the container's own CPU limit (0: none).
@@ -190,8 +195,12 @@ func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) 
 	if base == 0 {
 		base = limit
 	}
+	md, ok := modes[cfg.Mode]
+	if !ok {
+		return nil, fmt.Errorf("unknown mode %d", cfg.Mode)
+	}
 	p := &Pool{
-		name: name, cfg: cfg, backend: b, metrics: m, containerLimit: limit,
+		name: name, cfg: cfg, mode: md, backend: b, metrics: m, containerLimit: limit,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		budget:  admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
 		nextID:  1,
@@ -228,9 +237,9 @@ func (p *Pool) checkGone(err error) error {
 	}
 	if !p.stale.Swap(true) {
 		slog.Warn("container cgroup is gone; its pool is stale", "container", p.name, "err", err)
-		p.metrics.Error("container_gone")
+		p.metrics.Error(metrics.ContainerGone)
 	}
-	return slotv1.Errorf(slotv1.CodeShuttingDown, "container %s was removed; reconnect", p.name)
+	return errorf(Closing, "container %s was removed; reconnect", p.name)
 }
 
 // actionLabel is the metric label of an action name: its own name while the
@@ -263,6 +272,13 @@ func (p *Pool) Name() string { return p.name }
 // Config is the pool's configuration.
 func (p *Pool) Config() Config { return p.cfg }
 
+// AgentPlaces reports whether an acquisition has the agent write a thread's
+// TID (agentPlaces: the client asked it to).
+func (p *Pool) AgentPlaces(agentPlaces bool) bool { return p.mode.needsHostTID(agentPlaces) }
+
+// MovesOnRelease reports whether a release has the agent move a thread.
+func (p *Pool) MovesOnRelease() bool { return p.mode.movesOnRelease() }
+
 func (p *Pool) spec(quota uint32) cgroup.Spec {
 	return cgroup.Spec{QuotaMilli: quota, PeriodUS: p.cfg.PeriodUS, Limit: p.cfg.Limit}
 }
@@ -287,7 +303,7 @@ func (p *Pool) Start() error {
 	for _, s := range p.snapshotSlots() {
 		want := s.spec
 		want.PeriodUS, want.Limit = p.cfg.PeriodUS, p.cfg.Limit
-		if p.cfg.Mode == Uncached || want.Validate() != nil || want.QuotaMilli > p.maxQuota() {
+		if !p.mode.keepsSlots() || want.Validate() != nil || want.QuotaMilli > p.maxQuota() {
 			p.removeSlot(s, "adopted slot not usable by this pool")
 			continue
 		}
@@ -302,7 +318,7 @@ func (p *Pool) Start() error {
 			s.spec = want
 		}
 	}
-	if p.cfg.Mode == Uncached {
+	if !p.mode.keepsSlots() {
 		return nil
 	}
 	return p.prewarm()
@@ -369,167 +385,6 @@ func (p *Pool) allocID() uint32 {
 	return id
 }
 
-// plan is what an acquisition will do once the lock is released.
-type plan struct {
-	s       *slot
-	outcome slotv1.Outcome
-	create  bool
-	retune  bool
-	place   slotv1.Place
-	evict   int // host TID of a lazy occupant to move out first (cache-lazy)
-	isNew   bool
-}
-
-// Acquire leases a slot of req.QuotaMilli (or less, when degraded).
-func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
-	start := time.Now()
-	spec := p.spec(req.QuotaMilli)
-	if max := p.maxQuota(); req.QuotaMilli > max {
-		return nil, slotv1.Errorf(slotv1.CodeInvalidQuota, "quota %dm is above the largest of %dm (the container's CPU limit, else the configured maximum)", req.QuotaMilli, max)
-	}
-	if err := spec.Validate(); err != nil {
-		return nil, slotv1.Errorf(slotv1.CodeInvalidQuota, "%v", err)
-	}
-	wait := req.Wait
-	if wait <= 0 {
-		wait = p.cfg.DefaultWait
-	}
-	wait = min(wait, p.cfg.MaxWait)
-	deadline := start.Add(wait)
-
-	// A thread sits in one cgroup at a time: a lease it still holds is over.
-	p.mu.Lock()
-	old := p.held[holder{req.Owner, req.Thread}]
-	p.mu.Unlock()
-	if old != nil {
-		_, _ = p.Release(req.Owner, old.id, "superseded")
-	}
-
-	var hostTID int
-	var hostStart uint64
-	needHost := p.cfg.Mode != Affinity || req.AgentPlaces
-	if needHost {
-		var err error
-		if hostTID, err = req.HostTID(); err != nil {
-			return nil, slotv1.Errorf(slotv1.CodeBadRequest, "thread %d: %v", req.Thread.TID, err)
-		}
-		if hostStart, err = threadStart(hostTID); err != nil {
-			return nil, slotv1.Errorf(slotv1.CodeBadRequest, "thread %d: %v", req.Thread.TID, err)
-		}
-	}
-
-	p.mu.Lock()
-	queued := false
-	var (
-		granted  uint32
-		degraded bool
-		pl       plan
-	)
-	for {
-		if p.closed {
-			p.mu.Unlock()
-			return nil, slotv1.Errorf(slotv1.CodeShuttingDown, "pool %s is closing", p.name)
-		}
-		var waitFor string
-		d, g, reason := p.budget.Admit(req.QuotaMilli)
-		switch d {
-		case admission.Refuse:
-			p.mu.Unlock()
-			p.metrics.Admission("rejected")
-			return nil, slotv1.Errorf(slotv1.CodeRejected, "%s", reason)
-		case admission.Wait:
-			waitFor = "budget"
-		case admission.Grant:
-			var ok bool
-			if pl, ok = p.choose(req, g); !ok {
-				waitFor = "a free slot"
-			} else {
-				granted, degraded = g, g < req.QuotaMilli
-			}
-		}
-		if waitFor == "" {
-			break
-		}
-		if !queued {
-			queued = true
-			if waitFor == "budget" {
-				p.metrics.Admission("queued")
-			}
-		}
-		remaining := time.Until(deadline)
-		if remaining <= 0 {
-			p.mu.Unlock()
-			if waitFor == "budget" {
-				p.metrics.Admission("timeout")
-				return nil, &slotv1.Error{Code: slotv1.CodeTimeout, RetryAfterMS: 10,
-					Message: fmt.Sprintf("no budget for %dm within %v (%dm of %dm granted)", req.QuotaMilli, wait, p.budget.Used(), p.budget.Limit)}
-			}
-			p.metrics.Error("slots_exhausted")
-			return nil, &slotv1.Error{Code: slotv1.CodeSlotUnavailable, RetryAfterMS: 10,
-				Message: fmt.Sprintf("all %d slots busy for %v", p.cfg.MaxSlots, wait)}
-		}
-		ch := p.changed
-		p.mu.Unlock()
-		t := time.NewTimer(remaining)
-		select {
-		case <-ch:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return nil, slotv1.Errorf(slotv1.CodeTimeout, "request cancelled: %v", ctx.Err())
-		}
-		t.Stop()
-		p.mu.Lock()
-	}
-	if degraded {
-		p.metrics.Admission("degraded")
-	}
-	// Commit the decision under the lock; cgroup I/O happens after.
-	s := pl.s
-	l := &lease{id: leaseSeq.Add(1), owner: req.Owner, slot: s, thread: req.Thread, hostTID: hostTID, hostStart: hostStart,
-		want: req.QuotaMilli, granted: granted, action: p.actionLabel(req.Action), degraded: degraded}
-	s.lease = l
-	s.adopted = false
-	s.busy = pl.create || pl.retune || pl.place == slotv1.PlaceDone
-	l.start = s.last
-	p.leases[l.id] = l
-	p.held[holder{l.owner, l.thread}] = l
-	p.budget.Take(granted)
-	if degraded {
-		p.degraded = append(p.degraded, l)
-	}
-	evictStart := s.occupantStart
-	p.setOccupant(s, req.Thread, hostTID, hostStart)
-	p.beginIO()
-	p.mu.Unlock()
-
-	err := p.execute(pl, granted, hostTID, evictStart)
-	var fds []int
-	if err == nil && pl.place == slotv1.PlaceSelf && req.NeedFDs != nil && req.NeedFDs(s.id) {
-		if fds, err = s.io.OpenFDs(); err != nil {
-			if gerr := p.checkGone(err); gerr != nil {
-				err = gerr
-			} else {
-				p.metrics.Error("open_failed")
-				err = slotv1.Errorf(slotv1.CodeInternal, "%v", err)
-			}
-		}
-	}
-	if err != nil {
-		p.abort(l, pl)
-		return nil, err
-	}
-	p.mu.Lock()
-	if pl.create || pl.retune || pl.place == slotv1.PlaceDone {
-		s.busy = false
-	}
-	p.endIO()
-	p.mu.Unlock()
-	p.metrics.Acquired(p.cfg.Mode.String(), pl.outcome.String(), time.Since(start))
-	return &Grant{Lease: l.id, SlotID: s.id, FDs: fds, Spec: s.spec, Outcome: pl.outcome,
-		Queued: queued, Degraded: degraded, Place: pl.place}, nil
-}
-
 // setOccupant records that thread t is (or is about to be) in slot s.
 func (p *Pool) setOccupant(s *slot, t Thread, host int, hostStart uint64) {
 	if old := p.byThread[t]; old != nil && old != s && old.occupant == t {
@@ -540,193 +395,6 @@ func (p *Pool) setOccupant(s *slot, t Thread, host int, hostStart uint64) {
 	}
 	s.occupant, s.occupantHost, s.occupantStart = t, host, hostStart
 	p.byThread[t] = s
-}
-
-// choose picks a slot for quota q according to the mode. It runs under the
-// lock and only decides; execute does the I/O.
-func (p *Pool) choose(req Request, q uint32) (plan, bool) {
-	place := slotv1.PlaceDone // the baselines write numeric TIDs
-	if p.cfg.Mode == Affinity && !req.AgentPlaces {
-		place = slotv1.PlaceSelf
-	}
-	free := func(s *slot) bool { return s.lease == nil && !s.busy }
-
-	switch p.cfg.Mode {
-	case Uncached:
-		if pl, ok := p.planCreate(q, place); ok {
-			return pl, true
-		}
-		return plan{}, false
-	case Affinity:
-		if cur := p.slots[req.CurrentSlot]; cur != nil && free(cur) && cur.occupant == req.Thread {
-			if cur.spec.QuotaMilli == q {
-				return plan{s: cur, outcome: slotv1.OutcomeAffinityHit, place: slotv1.PlaceNone}, true
-			}
-		}
-		if s := p.pickFree(q, true); s != nil {
-			return plan{s: s, outcome: slotv1.OutcomeCacheHit, place: place}, true
-		}
-		if cur := p.slots[req.CurrentSlot]; cur != nil && free(cur) && cur.occupant == req.Thread {
-			return plan{s: cur, outcome: slotv1.OutcomeRetuned, retune: true, place: slotv1.PlaceNone}, true
-		}
-	case CacheLazy, CacheEager:
-		if s := p.pickFree(q, false); s != nil {
-			pl := plan{s: s, outcome: slotv1.OutcomeCacheHit, place: place}
-			if p.cfg.Mode == CacheLazy {
-				if s.occupant == req.Thread {
-					pl.place = slotv1.PlaceNone
-				} else if s.occupantHost != 0 {
-					pl.evict = s.occupantHost
-				}
-			}
-			return pl, true
-		}
-	}
-	if pl, ok := p.planCreate(q, place); ok {
-		return pl, true
-	}
-	// At the bound: retune any free slot, preferring one nobody sits in.
-	if s := p.pickAnyFree(); s != nil {
-		pl := plan{s: s, outcome: slotv1.OutcomeRetuned, retune: true, place: place}
-		if p.cfg.Mode == CacheLazy && s.occupantHost != 0 && s.occupant != req.Thread {
-			pl.evict = s.occupantHost
-		}
-		return pl, true
-	}
-	return plan{}, false
-}
-
-func (p *Pool) planCreate(q uint32, place slotv1.Place) (plan, bool) {
-	if len(p.slots) >= p.cfg.MaxSlots {
-		return plan{}, false
-	}
-	s := &slot{id: p.allocID(), spec: p.spec(q), busy: true}
-	p.slots[s.id] = s
-	return plan{s: s, outcome: slotv1.OutcomeCreated, create: true, place: place, isNew: true}, true
-}
-
-// pickFree returns a free slot of quota q. Affinity prefers a slot no
-// thread sits in, then the one freed longest ago, so that threads keep their
-// own slots; the cache modes take the most recently freed (a LIFO cache).
-func (p *Pool) pickFree(q uint32, preferEmpty bool) *slot {
-	var best *slot
-	for _, s := range p.slots {
-		if s.lease != nil || s.busy || s.spec.QuotaMilli != q {
-			continue
-		}
-		if best == nil {
-			best = s
-			continue
-		}
-		if preferEmpty {
-			be, se := best.occupant == Thread{}, s.occupant == Thread{}
-			if se && !be || se == be && s.freeSince.Before(best.freeSince) {
-				best = s
-			}
-		} else if s.freeSince.After(best.freeSince) {
-			best = s
-		}
-	}
-	return best
-}
-
-func (p *Pool) pickAnyFree() *slot {
-	var best *slot
-	for _, s := range p.slots {
-		if s.lease != nil || s.busy {
-			continue
-		}
-		if best == nil || (s.occupant == Thread{}) && (best.occupant != Thread{}) || s.freeSince.Before(best.freeSince) {
-			best = s
-		}
-	}
-	return best
-}
-
-// execute performs a plan's cgroup I/O outside the lock.
-func (p *Pool) execute(pl plan, quota uint32, hostTID int, evictStart uint64) error {
-	s := pl.s
-	spec := p.spec(quota)
-	switch {
-	case pl.create:
-		io, err := p.backend.CreateSlot(s.id, spec)
-		if err != nil {
-			if gerr := p.checkGone(err); gerr != nil {
-				return gerr
-			}
-			if errors.Is(err, cgroup.ErrLimitReached) {
-				p.metrics.Error("mkdir_refused")
-				return &slotv1.Error{Code: slotv1.CodeSlotUnavailable, RetryAfterMS: 100, Message: err.Error()}
-			}
-			p.metrics.Error("create_failed")
-			return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
-		}
-		u, _ := io.Usage()
-		p.mu.Lock()
-		s.io, s.spec, s.last = io, io.Spec(), u
-		s.lease.start = u
-		p.mu.Unlock()
-	case pl.retune:
-		if err := s.io.Retune(spec); err != nil {
-			if gerr := p.checkGone(err); gerr != nil {
-				return gerr
-			}
-			p.metrics.Error("retune_failed")
-			return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
-		}
-		p.mu.Lock()
-		s.spec = spec
-		p.mu.Unlock()
-	}
-	if pl.evict != 0 {
-		// The lazy baseline moves the previous occupant out first; a thread
-		// that has exited is simply gone.
-		p.moveIn(pl.evict, evictStart)
-	}
-	if pl.place == slotv1.PlaceDone {
-		if err := s.io.Place(hostTID); err != nil {
-			if gerr := p.checkGone(err); gerr != nil {
-				return gerr
-			}
-			p.metrics.Error("place_failed")
-			return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
-		}
-	}
-	return nil
-}
-
-// moveIn moves a thread the agent placed back to the container, if its TID
-// still names the thread that was placed (start time): a TID freed by an
-// exited thread may belong to another process by now.
-func (p *Pool) moveIn(tid int, start uint64) {
-	if now, err := threadStart(tid); err != nil || now != start {
-		if err == nil {
-			p.metrics.Error("stale_tid")
-		}
-		return
-	}
-	_ = p.backend.MoveIn(tid) // the thread may have exited meanwhile
-}
-
-// abort undoes a committed lease whose I/O failed.
-func (p *Pool) abort(l *lease, pl plan) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.endIO()
-	p.forgetLease(l)
-	p.budget.Give(l.granted)
-	p.dropDegraded(l)
-	s := l.slot
-	s.lease, s.busy = nil, false
-	if s.occupant == l.thread {
-		delete(p.byThread, l.thread)
-		s.occupant, s.occupantHost, s.occupantStart = Thread{}, 0, 0
-	}
-	if pl.isNew && s.io == nil {
-		delete(p.slots, s.id)
-	}
-	s.freeSince = time.Now()
-	p.broadcast()
 }
 
 func (p *Pool) forgetLease(l *lease) {
@@ -750,87 +418,6 @@ func (p *Pool) broadcast() {
 	p.changed = make(chan struct{})
 }
 
-// Release ends a lease and returns what its slot used meanwhile.
-func (p *Pool) Release(owner any, id uint64, outcome string) (cgroup.Usage, error) {
-	p.mu.Lock()
-	l := p.leases[id]
-	if l == nil || l.owner != owner {
-		p.mu.Unlock()
-		p.metrics.Error("unknown_lease")
-		return cgroup.Usage{}, slotv1.Errorf(slotv1.CodeUnknownLease, "lease %d is not held by this connection (unknown or already released)", id)
-	}
-	p.forgetLease(l)
-	s := l.slot
-	s.busy = true
-	p.beginIO()
-	p.mu.Unlock()
-
-	end, err := s.io.Usage()
-	if err != nil {
-		if p.checkGone(err) == nil {
-			p.metrics.Error("read_usage")
-		}
-		end = l.start
-	}
-	used := end.Sub(l.start)
-	p.metrics.Released(l.action, outcome, time.Duration(used.CPUNanos), time.Duration(used.ThrottledNanos))
-
-	remove := p.cfg.Mode == Uncached
-	if !remove && p.cfg.Mode == CacheEager && l.hostTID != 0 {
-		p.moveIn(l.hostTID, l.hostStart)
-	}
-	if remove {
-		if rerr := s.io.Remove(); rerr != nil {
-			p.metrics.Error("remove_failed")
-			remove = false // keep it as a free slot; the reaper retries
-		}
-	}
-
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.endIO()
-	p.budget.Give(l.granted)
-	p.dropDegraded(l)
-	s.lease, s.busy, s.last, s.freeSince = nil, false, end, time.Now()
-	if outcome == slotv1.PlacementFailed.String() || p.cfg.Mode == CacheEager || remove {
-		if s.occupant == l.thread {
-			delete(p.byThread, l.thread)
-			s.occupant, s.occupantHost, s.occupantStart = Thread{}, 0, 0
-		}
-	}
-	if remove {
-		delete(p.slots, s.id)
-	}
-	p.raiseDegraded()
-	p.broadcast()
-	return used, nil
-}
-
-// raiseDegraded gives freed budget to degraded leases, oldest first.
-func (p *Pool) raiseDegraded() {
-	for len(p.degraded) > 0 {
-		l := p.degraded[0]
-		free := p.budget.Free()
-		if free == 0 {
-			return
-		}
-		add := min(l.want-l.granted, free)
-		spec := p.spec(l.granted + add)
-		if err := l.slot.io.Retune(spec); err != nil {
-			p.metrics.Error("retune_failed")
-			return
-		}
-		l.slot.spec = spec
-		p.budget.Take(add)
-		l.granted += add
-		if l.granted < l.want {
-			return
-		}
-		l.degraded = false
-		p.degraded = p.degraded[1:]
-	}
-}
-
 // ReleaseOwner releases every lease of a connection that went away.
 func (p *Pool) ReleaseOwner(owner any) int {
 	p.mu.Lock()
@@ -842,7 +429,7 @@ func (p *Pool) ReleaseOwner(owner any) int {
 	}
 	p.mu.Unlock()
 	for _, id := range ids {
-		_, _ = p.Release(owner, id, "abandoned")
+		_, _ = p.Release(owner, id, metrics.Abandoned)
 	}
 	return len(ids)
 }
@@ -858,7 +445,7 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 	s := p.slots[slotID]
 	if p.closed {
 		p.mu.Unlock()
-		return nil, slotv1.Errorf(slotv1.CodeShuttingDown, "pool %s is closing", p.name)
+		return nil, errorf(Closing, "pool %s is closing", p.name)
 	}
 	if s != nil && s.lease != nil && s.lease.owner == owner && !s.busy {
 		// The process re-declares a lease it still holds (one of its
@@ -871,16 +458,16 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 	}
 	if s == nil || s.lease != nil || s.busy {
 		p.mu.Unlock()
-		return nil, slotv1.Errorf(slotv1.CodeUnknownLease, "slot %d is unknown or leased to another process", slotID)
+		return nil, errorf(UnknownLease, "slot %d is unknown or leased to another process", slotID)
 	}
 	q := s.spec.QuotaMilli
 	if !p.budget.Fits(q) {
 		if !s.adopted {
 			p.mu.Unlock()
-			p.metrics.Admission("rejected")
-			return nil, slotv1.Errorf(slotv1.CodeRejected, "reclaim of slot %d (%dm) does not fit: %dm of %dm budget granted", slotID, q, p.budget.Used(), p.budget.Limit)
+			p.metrics.Admission(metrics.Rejected)
+			return nil, errorf(Rejected, "reclaim of slot %d (%dm) does not fit: %dm of %dm budget granted", slotID, q, p.budget.Used(), p.budget.Limit)
 		}
-		p.metrics.Admission("reclaimed_over_budget")
+		p.metrics.Admission(metrics.ReclaimedOverBudget)
 		slog.Warn("reclaim beyond the budget honoured after a restart", "container", p.name, "slot", slotID, "quota", q, "used", p.budget.Used(), "budget", p.budget.Limit)
 	}
 	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last}
@@ -889,7 +476,7 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 	p.held[holder{owner, t}] = l
 	p.budget.Take(l.granted)
 	p.setOccupant(s, t, 0, 0)
-	p.metrics.Acquired(p.cfg.Mode.String(), "reclaimed", 0)
+	p.metrics.Acquired(p.cfg.Mode.String(), metrics.Reclaimed, 0)
 	return p.reclaimed(s, l)
 }
 
@@ -897,7 +484,7 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 // releases it. A reclaim sends no fds (the thread sits in the slot already).
 func (p *Pool) reclaimed(s *slot, l *lease) (*Grant, error) {
 	defer p.mu.Unlock()
-	return &Grant{Lease: l.id, SlotID: s.id, Spec: s.spec, Outcome: slotv1.OutcomeAffinityHit, Place: slotv1.PlaceNone}, nil
+	return &Grant{Lease: l.id, SlotID: s.id, Spec: s.spec, Outcome: metrics.AffinityHit, Place: PlaceNone}, nil
 }
 
 // Reap removes grown slots that stayed free longer than the idle timeout,
@@ -936,7 +523,7 @@ func (p *Pool) removeSlot(s *slot, why string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
-		p.metrics.Error("remove_failed")
+		p.metrics.Error(metrics.RemoveFailed)
 		s.busy = false // try again at the next reap
 		return
 	}
@@ -984,7 +571,7 @@ func (p *Pool) Close(remove bool) error {
 		}
 	}
 	if remove && len(errs) == 0 {
-		if err := p.backend.Release(); err != nil {
+		if err := p.backend.Unprepare(); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -8,22 +8,24 @@ import (
 	"testing"
 	"time"
 
-	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/metrics"
 )
 
 // fakeBackend records cgroup operations so tests can count writes. It is a
 // unit-test stand-in only; the real kernel is exercised by the integration
 // tests in internal/server and internal/cgroup.
 type fakeBackend struct {
-	mu       sync.Mutex
-	slots    map[uint32]*fakeSlot
-	adopt    map[uint32]cgroup.Spec
-	limit    uint32
-	maxSlots int // refuse mkdir beyond this many (0: no bound)
-	ops      []string
-	released bool
+	mu         sync.Mutex
+	slots      map[uint32]*fakeSlot
+	adopt      map[uint32]cgroup.Spec
+	limit      uint32
+	maxSlots   int // refuse mkdir beyond this many (0: no bound)
+	ops        []string
+	unprepared bool
+	// onIO, when set, runs at each cgroup operation.
+	onIO func(op string)
 }
 
 type fakeSlot struct {
@@ -38,6 +40,9 @@ type fakeSlot struct {
 func newFake() *fakeBackend { return &fakeBackend{slots: map[uint32]*fakeSlot{}} }
 
 func (b *fakeBackend) op(format string, args ...any) {
+	if b.onIO != nil {
+		b.onIO(format)
+	}
 	b.mu.Lock()
 	b.ops = append(b.ops, fmt.Sprintf(format, args...))
 	b.mu.Unlock()
@@ -81,9 +86,9 @@ func (b *fakeBackend) AdoptSlots() (map[uint32]SlotIO, error) {
 	return out, nil
 }
 
-func (b *fakeBackend) MoveIn(tid int) error        { b.op("movein %d", tid); return nil }
+func (b *fakeBackend) MoveOut(tid int) error       { b.op("moveout %d", tid); return nil }
 func (b *fakeBackend) LimitMilli() (uint32, error) { return b.limit, nil }
-func (b *fakeBackend) Release() error              { b.released = true; return nil }
+func (b *fakeBackend) Unprepare() error            { b.unprepared = true; return nil }
 func (b *fakeBackend) Close()                      {}
 
 func init() {
@@ -100,6 +105,9 @@ func (s *fakeSlot) Retune(sp cgroup.Spec) error {
 	return nil
 }
 func (s *fakeSlot) Usage() (cgroup.Usage, error) {
+	if s.b.onIO != nil {
+		s.b.onIO("usage")
+	}
 	s.cpu += 1000
 	return cgroup.Usage{CPUNanos: s.cpu}, nil
 }
@@ -152,14 +160,6 @@ func must(t *testing.T) func(*Grant, error) *Grant {
 	}
 }
 
-func code(err error) slotv1.Code {
-	var pe *slotv1.Error
-	if errors.As(err, &pe) {
-		return pe.Code
-	}
-	return 0
-}
-
 func TestAffinityReusesTheThreadsOwnSlot(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=2,500m=1"), b)
@@ -167,18 +167,18 @@ func TestAffinityReusesTheThreadsOwnSlot(t *testing.T) {
 	ctx := context.Background()
 
 	g := must(t)(p.Acquire(ctx, req(c, 250, 1, 0)))
-	if g.Outcome != slotv1.OutcomeCacheHit || g.Place != slotv1.PlaceSelf {
+	if g.Outcome != metrics.CacheHit || g.Place != PlaceSelf {
 		t.Fatalf("first acquisition: %+v", g)
 	}
-	if _, err := p.Release(c, g.Lease, "ok"); err != nil {
+	if _, err := p.Release(c, g.Lease, metrics.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 10; i++ {
 		g2 := must(t)(p.Acquire(ctx, req(c, 250, 1, g.SlotID)))
-		if g2.Outcome != slotv1.OutcomeAffinityHit || g2.Place != slotv1.PlaceNone || g2.SlotID != g.SlotID {
+		if g2.Outcome != metrics.AffinityHit || g2.Place != PlaceNone || g2.SlotID != g.SlotID {
 			t.Fatalf("repeat %d: %+v", i, g2)
 		}
-		if _, err := p.Release(c, g2.Lease, "ok"); err != nil {
+		if _, err := p.Release(c, g2.Lease, metrics.EndOK); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -188,7 +188,7 @@ func TestAffinityReusesTheThreadsOwnSlot(t *testing.T) {
 	// A thread that claims no current slot (a new thread reusing the TID)
 	// is placed again, not trusted.
 	g3 := must(t)(p.Acquire(ctx, req(c, 250, 1, 0)))
-	if g3.Place != slotv1.PlaceSelf {
+	if g3.Place != PlaceSelf {
 		t.Fatalf("unknown current slot must be placed: %+v", g3)
 	}
 	// A second thread gets the other 250m slot, not the first thread's.
@@ -206,28 +206,28 @@ func TestAffinityRetunesOwnSlotThenCreates(t *testing.T) {
 	o := &conn{}
 	ctx := context.Background()
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	p.Release(o, g.Lease, "ok")
+	p.Release(o, g.Lease, metrics.EndOK)
 	// No free 700m slot: the thread's own free slot is retuned, no placement.
 	g2 := must(t)(p.Acquire(ctx, req(o, 700, 1, g.SlotID)))
-	if g2.Outcome != slotv1.OutcomeRetuned || g2.Place != slotv1.PlaceNone || g2.Spec.QuotaMilli != 700 {
+	if g2.Outcome != metrics.Retuned || g2.Place != PlaceNone || g2.Spec.QuotaMilli != 700 {
 		t.Fatalf("%+v", g2)
 	}
 	// Another thread wants 700m while that slot is leased: a slot is created.
 	g3 := must(t)(p.Acquire(ctx, req(o, 700, 2, 0)))
-	if g3.Outcome != slotv1.OutcomeCreated || g3.Place != slotv1.PlaceSelf {
+	if g3.Outcome != metrics.Created || g3.Place != PlaceSelf {
 		t.Fatalf("%+v", g3)
 	}
 	// At the bound with every slot leased, a third waits and times out.
 	_, err := p.Acquire(ctx, req(o, 250, 3, 0))
-	if code(err) != slotv1.CodeSlotUnavailable {
+	if !errors.Is(err, ErrNoSlot) {
 		t.Fatalf("want SLOT_UNAVAILABLE, got %v", err)
 	}
 	// ...unless a slot frees up while it waits.
-	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g3.Lease, "ok") }()
+	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g3.Lease, metrics.EndOK) }()
 	r := req(o, 250, 3, 0)
 	r.Wait = 2 * time.Second
 	g4 := must(t)(p.Acquire(ctx, r))
-	if !g4.Queued || g4.Outcome != slotv1.OutcomeRetuned {
+	if !g4.Queued || g4.Outcome != metrics.Retuned {
 		t.Fatalf("%+v", g4)
 	}
 }
@@ -239,10 +239,10 @@ func TestBaselineModesWriteTIDs(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(CacheEager, "250m=1"), b)
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	p.Release(o, g.Lease, "ok")
+	p.Release(o, g.Lease, metrics.EndOK)
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, g.SlotID)))
-	p.Release(o, g.Lease, "ok")
-	want := []string{"place 1 10001", "movein 10001", "place 1 10001", "movein 10001"}
+	p.Release(o, g.Lease, metrics.EndOK)
+	want := []string{"place 1 10001", "moveout 10001", "place 1 10001", "moveout 10001"}
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
 		t.Fatalf("eager: %v, want %v", ops, want)
 	}
@@ -250,15 +250,15 @@ func TestBaselineModesWriteTIDs(t *testing.T) {
 	b = newFake()
 	p = start(t, cfg(CacheLazy, "250m=1"), b)
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	p.Release(o, g.Lease, "ok")
+	p.Release(o, g.Lease, metrics.EndOK)
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	if g.Place != slotv1.PlaceNone {
+	if g.Place != PlaceNone {
 		t.Fatalf("lazy same thread: %+v", g)
 	}
-	p.Release(o, g.Lease, "ok")
+	p.Release(o, g.Lease, metrics.EndOK)
 	g = must(t)(p.Acquire(ctx, req(o, 250, 2, 0))) // another thread: evict, then place
-	p.Release(o, g.Lease, "ok")
-	want = []string{"place 1 10001", "movein 10001", "place 1 10002"}
+	p.Release(o, g.Lease, metrics.EndOK)
+	want = []string{"place 1 10001", "moveout 10001", "place 1 10002"}
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
 		t.Fatalf("lazy: %v, want %v", ops, want)
 	}
@@ -269,10 +269,10 @@ func TestBaselineModesWriteTIDs(t *testing.T) {
 		t.Fatal("uncached must not pre-warm")
 	}
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	if g.Outcome != slotv1.OutcomeCreated || g.Place != slotv1.PlaceDone {
+	if g.Outcome != metrics.Created || g.Place != PlaceAgent {
 		t.Fatalf("%+v", g)
 	}
-	p.Release(o, g.Lease, "ok")
+	p.Release(o, g.Lease, metrics.EndOK)
 	want = []string{"create 1 250m", "place 1 10001", "remove 1"}
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
 		t.Fatalf("uncached: %v, want %v", ops, want)
@@ -289,22 +289,22 @@ func TestBadInput(t *testing.T) {
 	o, other := &conn{}, &conn{}
 	ctx := context.Background()
 	for _, q := range []uint32{0, 5, 1500} {
-		if _, err := p.Acquire(ctx, req(o, q, 1, 0)); code(err) != slotv1.CodeInvalidQuota {
+		if _, err := p.Acquire(ctx, req(o, q, 1, 0)); !errors.Is(err, ErrInvalidQuota) {
 			t.Errorf("quota %d: %v", q, err)
 		}
 	}
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	if _, err := p.Release(other, g.Lease, "ok"); code(err) != slotv1.CodeUnknownLease {
+	if _, err := p.Release(other, g.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("release by another connection: %v", err)
 	}
-	if _, err := p.Release(o, 999999, "ok"); code(err) != slotv1.CodeUnknownLease {
+	if _, err := p.Release(o, 999999, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("unknown lease: %v", err)
 	}
-	u, err := p.Release(o, g.Lease, "ok")
+	u, err := p.Release(o, g.Lease, metrics.EndOK)
 	if err != nil || u.CPUNanos == 0 {
 		t.Fatalf("release: %+v %v", u, err)
 	}
-	if _, err := p.Release(o, g.Lease, "ok"); code(err) != slotv1.CodeUnknownLease {
+	if _, err := p.Release(o, g.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("double release: %v", err)
 	}
 	if s := p.Summary(); s.UsedMilli != 0 || s.Leases != 0 {
@@ -320,14 +320,14 @@ func TestCgroupRefusesMkdir(t *testing.T) {
 	ctx := context.Background()
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	_, err := p.Acquire(ctx, req(o, 500, 2, 0))
-	if code(err) != slotv1.CodeSlotUnavailable {
+	if !errors.Is(err, ErrNoSlot) {
 		t.Fatalf("want SLOT_UNAVAILABLE, got %v", err)
 	}
 	s := p.Summary()
 	if s.Leases != 1 || s.UsedMilli != 250 || len(p.slots) != 1 {
 		t.Fatalf("failed create left state behind: %+v, %d slots", s, len(p.slots))
 	}
-	p.Release(o, g.Lease, "ok")
+	p.Release(o, g.Lease, metrics.EndOK)
 }
 
 func TestAdmissionPolicies(t *testing.T) {
@@ -343,17 +343,17 @@ func TestAdmissionPolicies(t *testing.T) {
 
 	p, _ := mk(admission.Reject)
 	g := must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
-	if _, err := p.Acquire(ctx, req(o, 500, 2, 0)); code(err) != slotv1.CodeRejected {
+	if _, err := p.Acquire(ctx, req(o, 500, 2, 0)); !errors.Is(err, ErrRejected) {
 		t.Fatalf("reject: %v", err)
 	}
-	p.Release(o, g.Lease, "ok")
+	p.Release(o, g.Lease, metrics.EndOK)
 
 	p, _ = mk(admission.Queue)
 	g = must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
-	if _, err := p.Acquire(ctx, req(o, 500, 2, 0)); code(err) != slotv1.CodeTimeout {
+	if _, err := p.Acquire(ctx, req(o, 500, 2, 0)); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("queue timeout: %v", err)
 	}
-	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g.Lease, "ok") }()
+	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g.Lease, metrics.EndOK) }()
 	r := req(o, 500, 2, 0)
 	r.Wait = 2 * time.Second
 	g2 := must(t)(p.Acquire(ctx, r))
@@ -368,7 +368,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		t.Fatalf("degraded grant %+v", g2)
 	}
 	b.takeOps()
-	p.Release(o, g.Lease, "ok")
+	p.Release(o, g.Lease, metrics.EndOK)
 	// The freed budget raises the degraded lease to what it asked for.
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 500m]", g2.SlotID) {
 		t.Fatalf("raise: %v", ops)
@@ -394,10 +394,10 @@ func TestOwnerGoneAndReclaim(t *testing.T) {
 	// A reconnecting client re-declares a lease it still runs under.
 	o2 := &conn{}
 	g := must(t)(p.Reclaim(o2, g1.SlotID, 250, Thread{NS: 1, TID: 1}, "a"))
-	if g.Place != slotv1.PlaceNone {
+	if g.Place != PlaceNone {
 		t.Fatalf("%+v", g)
 	}
-	if _, err := p.Reclaim(&conn{}, g1.SlotID, 250, Thread{NS: 1, TID: 9}, "a"); code(err) != slotv1.CodeUnknownLease {
+	if _, err := p.Reclaim(&conn{}, g1.SlotID, 250, Thread{NS: 1, TID: 9}, "a"); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("double reclaim: %v", err)
 	}
 	// The same process re-declaring its own lease gets it under a new id.
@@ -405,14 +405,14 @@ func TestOwnerGoneAndReclaim(t *testing.T) {
 	if g2.Lease == g.Lease || g2.SlotID != g.SlotID {
 		t.Fatalf("re-reclaim: %+v after %+v", g2, g)
 	}
-	if _, err := p.Release(o2, g.Lease, "ok"); code(err) != slotv1.CodeUnknownLease {
+	if _, err := p.Release(o2, g.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("the old id must be void: %v", err)
 	}
 	g = g2
-	if _, err := p.Reclaim(o2, 4242, 250, Thread{NS: 1, TID: 1}, "a"); code(err) != slotv1.CodeUnknownLease {
+	if _, err := p.Reclaim(o2, 4242, 250, Thread{NS: 1, TID: 1}, "a"); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("unknown slot: %v", err)
 	}
-	if _, err := p.Release(o2, g.Lease, "ok"); err != nil {
+	if _, err := p.Release(o2, g.Lease, metrics.EndOK); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -447,8 +447,8 @@ func TestAdoptionAndReap(t *testing.T) {
 	if len(s.Quotas) != 2 || s.Quotas[0].Slots != 1 || s.Quotas[1].Slots != 1 {
 		t.Fatalf("%+v", s)
 	}
-	if err := p.Close(true); err != nil || !b.released {
-		t.Fatalf("close: %v released=%v", err, b.released)
+	if err := p.Close(true); err != nil || !b.unprepared {
+		t.Fatalf("close: %v released=%v", err, b.unprepared)
 	}
 	for _, fs := range b.slots {
 		if !fs.removed {
@@ -466,10 +466,10 @@ func TestSupersede(t *testing.T) {
 	ctx := context.Background()
 	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 250, 1, g1.SlotID)))
-	if g2.SlotID != g1.SlotID || g2.Outcome != slotv1.OutcomeAffinityHit {
+	if g2.SlotID != g1.SlotID || g2.Outcome != metrics.AffinityHit {
 		t.Fatalf("the thread's own slot should be reused: %+v", g2)
 	}
-	if _, err := p.Release(o, g1.Lease, "ok"); code(err) != slotv1.CodeUnknownLease {
+	if _, err := p.Release(o, g1.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("late release of the superseded lease: %v", err)
 	}
 	// Another process's thread with the same id is someone else.
@@ -492,8 +492,8 @@ func TestRemovalBusy(t *testing.T) {
 	ctx := context.Background()
 	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 250, 2, 0))) // grown: an extra slot
-	p.Release(o, g1.Lease, "ok")
-	p.Release(o, g2.Lease, "ok")
+	p.Release(o, g1.Lease, metrics.EndOK)
+	p.Release(o, g2.Lease, metrics.EndOK)
 	for _, fs := range b.slots {
 		fs.busy = 1 // whichever slot the reaper picks is busy once
 	}
@@ -536,7 +536,7 @@ func TestConcurrentAcquireRelease(t *testing.T) {
 					return
 				}
 				cur = g.SlotID
-				if _, err := p.Release(o, g.Lease, "ok"); err != nil {
+				if _, err := p.Release(o, g.Lease, metrics.EndOK); err != nil {
 					t.Error(err)
 					return
 				}
@@ -590,5 +590,56 @@ func TestParse(t *testing.T) {
 	c.Prewarm = map[uint32]int{250: 100}
 	if c.Validate() == nil {
 		t.Fatal("prewarm above maxSlots accepted")
+	}
+}
+
+// TestNoCgroupIOUnderThePoolLock: no mode does cgroup I/O while holding the
+// pool's lock (a slow cgroup write would stall every acquisition of the
+// container), raising a degraded lease included.
+func TestNoCgroupIOUnderThePoolLock(t *testing.T) {
+	ctx := context.Background()
+	for _, mode := range []Mode{Affinity, CacheLazy, CacheEager, Uncached} {
+		t.Run(mode.String(), func(t *testing.T) {
+			b := newFake()
+			b.limit = 1000
+			c := cfg(mode, "500m=2")
+			c.Policy = admission.Degrade
+			p, err := New("test", c, b, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var under []string
+			// The test runs on one goroutine: the lock held during an
+			// operation is held by the operation's caller.
+			b.onIO = func(op string) {
+				if !p.mu.TryLock() {
+					under = append(under, op)
+					return
+				}
+				p.mu.Unlock()
+			}
+			if err := p.Start(); err != nil {
+				t.Fatal(err)
+			}
+			o := &conn{}
+			g1 := must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
+			g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+			if !g2.Degraded {
+				t.Fatalf("not degraded: %+v", g2)
+			}
+			p.Release(o, g1.Lease, metrics.EndOK) // raises g2
+			if s := p.Summary(); s.UsedMilli != 500 || s.Degraded != 0 {
+				t.Fatalf("degraded lease not raised: %+v", s)
+			}
+			g3 := must(t)(p.Acquire(ctx, req(o, 300, 2, g2.SlotID))) // supersedes g2
+			p.Release(o, g3.Lease, metrics.EndPlacementFailed)
+			p.Reap(time.Now().Add(time.Hour))
+			if err := p.Close(true); err != nil {
+				t.Fatal(err)
+			}
+			if len(under) > 0 {
+				t.Fatalf("cgroup operations under the pool lock: %v", under)
+			}
+		})
 	}
 }

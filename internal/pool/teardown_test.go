@@ -2,12 +2,11 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
-
-	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
@@ -110,7 +109,7 @@ func TestRemovedContainerMakesPoolStale(t *testing.T) {
 	for _, q := range []uint32{250, 500} { // a cached slot, then a new one
 		r := req(&conn{}, q, 1, 0)
 		r.HostTID = func() (int, error) { return self, nil }
-		if _, err := p.Acquire(context.Background(), r); code(err) != slotv1.CodeShuttingDown {
+		if _, err := p.Acquire(context.Background(), r); !errors.Is(err, ErrClosing) {
 			t.Errorf("acquire %dm in a removed container: %v, want SHUTTING_DOWN", q, err)
 		}
 	}

@@ -40,7 +40,7 @@ func (g *selfGuard) check() {
 func (g *selfGuard) run() {
 	for range g.kick {
 		if n := g.scan(); n > 0 {
-			g.metrics.Error("agent_thread_in_slot")
+			g.metrics.Error(metrics.AgentThreadInSlot)
 		}
 	}
 }

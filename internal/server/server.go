@@ -113,7 +113,7 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 			}
 			// Out of fds or memory: wait, more each time, and say so
 			// rarely; the pending connection stays queued meanwhile.
-			s.metrics.Error("accept_failed")
+			s.metrics.Error(metrics.AcceptFailed)
 			d, report, n := backoff.failed(time.Now())
 			if report {
 				s.log.Warn("accept failing; backing off", "err", err, "failures", n, "wait", d)
@@ -130,7 +130,7 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 		}
 		if len(s.conns) >= s.limits.MaxConns {
 			s.mu.Unlock()
-			s.metrics.Error("connection_limit")
+			s.metrics.Error(metrics.ConnectionLimit)
 			c.Close()
 			continue
 		}
@@ -248,7 +248,7 @@ func (c *conn) serve() {
 	}()
 	if err := c.identify(); err != nil {
 		if errors.Is(err, errTooManyConns) {
-			c.srv.metrics.Error("connection_limit")
+			c.srv.metrics.Error(metrics.ConnectionLimit)
 			log.Debug("connection refused", "pid", c.peer.PID, "err", err)
 		} else {
 			log.Warn("cannot identify peer", "err", err)
@@ -263,7 +263,7 @@ func (c *conn) serve() {
 		if err != nil {
 			var pe *slotv1.Error
 			if errors.As(err, &pe) {
-				c.srv.metrics.Error("bad_frame")
+				c.srv.metrics.Error(metrics.BadFrame)
 				log.Warn("bad frame; closing connection", "pid", c.peer.PID, "err", err)
 				c.send(0, pe, nil)
 			}
@@ -271,7 +271,7 @@ func (c *conn) serve() {
 		}
 		f, err := slotv1.DecodeBody(body)
 		if err != nil {
-			c.srv.metrics.Error("bad_request")
+			c.srv.metrics.Error(metrics.BadRequest)
 			var pe *slotv1.Error
 			errors.As(err, &pe)
 			c.badRequests++
@@ -455,11 +455,7 @@ func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
 }
 
 func (c *conn) fail(request uint32, err error) bool {
-	var pe *slotv1.Error
-	if !errors.As(err, &pe) {
-		pe = slotv1.Errorf(slotv1.CodeInternal, "%v", err)
-	}
-	return c.send(request, pe, nil)
+	return c.send(request, wireError(err), nil)
 }
 
 // handle answers one request; false closes the connection.
@@ -467,7 +463,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	if c.pool == nil {
 		h, ok := f.Msg.(*slotv1.Hello)
 		if !ok {
-			c.srv.metrics.Error("no_hello")
+			c.srv.metrics.Error(metrics.NoHello)
 			return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "the first request must be HELLO")) && false
 		}
 		return c.hello(f.Request, h)
@@ -476,8 +472,8 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	case *slotv1.Acquire:
 		return c.acquire(f.Request, m)
 	case *slotv1.Release:
-		u, err := c.pool.Release(c.session, m.Lease, m.Outcome.String())
-		if c.pool.Config().Mode == pool.CacheEager && c.peer.PID != c.srv.self {
+		u, err := c.pool.Release(c.session, m.Lease, ending(m.Outcome))
+		if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
 			c.srv.guard.check() // the agent moved the thread out
 		}
 		if m.Flags&slotv1.ReleaseNoReply != 0 {
@@ -497,7 +493,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	case *slotv1.Hello:
 		return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "HELLO sent twice"))
 	}
-	c.srv.metrics.Error("bad_request")
+	c.srv.metrics.Error(metrics.BadRequest)
 	return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "unexpected %T from a client", f.Msg))
 }
 
@@ -518,7 +514,7 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 		if errors.As(err, &pe) && pe.Code == slotv1.CodeNotReady {
 			return c.fail(request, err) // the client may say HELLO again later
 		}
-		c.srv.metrics.Error("not_served")
+		c.srv.metrics.Error(metrics.NotServed)
 		c.srv.log.Warn("refused peer", "pid", c.peer.PID, "uid", c.peer.UID, "err", err)
 		c.fail(request, err)
 		return false
@@ -552,7 +548,7 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 	req.HostTID = func() (int, error) { return c.hostTID(m.TID) }
 	req.NeedFDs = c.needFDs
 	g, err := c.pool.Acquire(c.srv.ctx, req)
-	if c.peer.PID != c.srv.self && (req.AgentPlaces || c.pool.Config().Mode != pool.Affinity) {
+	if c.peer.PID != c.srv.self && c.pool.AgentPlaces(req.AgentPlaces) {
 		c.srv.guard.check() // an agent placement (or eviction) may have run
 	}
 	if err != nil {
@@ -568,7 +564,7 @@ func (c *conn) needFDs(id uint32) bool { return c.fds && !c.seen[id] }
 func (c *conn) grant(request uint32, g *pool.Grant) bool {
 	defer g.CloseFDs() // opened for this grant; the client got its copies
 	resp := &slotv1.AcquireOK{Lease: g.Lease, Slot: g.SlotID, QuotaMilli: g.Spec.QuotaMilli, PeriodUS: g.Spec.PeriodUS,
-		Outcome: g.Outcome, Place: g.Place}
+		Outcome: outcomes[g.Outcome], Place: places[g.Place]}
 	if g.Queued {
 		resp.Flags |= slotv1.AcquiredQueued
 	}

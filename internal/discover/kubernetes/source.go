@@ -189,7 +189,7 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 		Pool:       &cfg,
 		Socket:     SocketPath(s.cfg.PodsDir, uid, s.cfg.SocketVolume),
 	}
-	if err := sink.Serve(c); err != nil {
+	if err := sink.Prepare(c); err != nil {
 		var partial *discover.Partial
 		if !errors.As(err, &partial) {
 			s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPrepareFailed, "%v", err)

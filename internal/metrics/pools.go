@@ -1,0 +1,64 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Pool is one container's pool as a scrape sees it.
+type Pool struct {
+	Container   string
+	BudgetMilli uint32
+	UsedMilli   uint32
+	Leases      int
+	Quotas      []Quota
+}
+
+// Quota counts the slots of one quota of a pool.
+type Quota struct {
+	Quota               string // as configured, e.g. "250m"
+	Free, Leased, Slots int
+}
+
+var (
+	slotsDesc = prometheus.NewDesc("cpuslot_slots", "Slots by container, quota and state (free, leased, busy).",
+		[]string{"container", "quota", "state"}, nil)
+	budgetDesc = prometheus.NewDesc("cpuslot_budget_millicores", "Admission budget per container (0: unlimited).",
+		[]string{"container"}, nil)
+	usedDesc = prometheus.NewDesc("cpuslot_budget_used_millicores", "CPU quota granted to leases now, per container.",
+		[]string{"container"}, nil)
+	leasesDesc = prometheus.NewDesc("cpuslot_leases", "Leases held now, per container.", []string{"container"}, nil)
+	poolsDesc  = prometheus.NewDesc("cpuslot_containers", "Containers served.", nil, nil)
+	maxDesc    = prometheus.NewDesc("cpuslot_containers_max", "The most containers the agent serves (maxContainers); more are refused and counted as errors with reason "+string(ContainersExhausted)+".", nil, nil)
+)
+
+// poolCollector exports pool state at scrape time.
+type poolCollector struct {
+	maxContainers int
+	pools         func() []Pool
+}
+
+// RegisterPools exports the state of the served pools, read from pools at
+// each scrape; maxContainers is the most the agent serves.
+func RegisterPools(reg prometheus.Registerer, maxContainers int, pools func() []Pool) {
+	reg.MustRegister(poolCollector{maxContainers, pools})
+}
+
+func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, poolsDesc, maxDesc} {
+		ch <- d
+	}
+}
+
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	pools := c.pools()
+	ch <- ConstGauge(poolsDesc, float64(len(pools)))
+	ch <- ConstGauge(maxDesc, float64(c.maxContainers))
+	for _, p := range pools {
+		for _, q := range p.Quotas {
+			ch <- ConstGauge(slotsDesc, float64(q.Free), p.Container, q.Quota, "free")
+			ch <- ConstGauge(slotsDesc, float64(q.Leased), p.Container, q.Quota, "leased")
+			ch <- ConstGauge(slotsDesc, float64(q.Slots-q.Free-q.Leased), p.Container, q.Quota, "busy")
+		}
+		ch <- ConstGauge(budgetDesc, float64(p.BudgetMilli), p.Container)
+		ch <- ConstGauge(usedDesc, float64(p.UsedMilli), p.Container)
+		ch <- ConstGauge(leasesDesc, float64(p.Leases), p.Container)
+	}
+}

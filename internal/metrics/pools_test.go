@@ -1,0 +1,46 @@
+package metrics
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestPoolGauges: the scrape-time pool state keeps the names and labels
+// the dashboards and alert rules query.
+func TestPoolGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	RegisterPools(reg, 7, func() []Pool {
+		return []Pool{{Container: "ns/pod/c", BudgetMilli: 1000, UsedMilli: 250, Leases: 1,
+			Quotas: []Quota{{Quota: "250m", Free: 2, Leased: 1, Slots: 4}}}}
+	})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			got = append(got, fmt.Sprintf("%s{%s} %v", mf.GetName(), strings.Join(ls, ","), m.GetGauge().GetValue()))
+		}
+	}
+	want := []string{
+		"cpuslot_budget_millicores{container=ns/pod/c} 1000",
+		"cpuslot_budget_used_millicores{container=ns/pod/c} 250",
+		"cpuslot_containers{} 1",
+		"cpuslot_containers_max{} 7",
+		"cpuslot_leases{container=ns/pod/c} 1",
+		"cpuslot_slots{container=ns/pod/c,quota=250m,state=busy} 1",
+		"cpuslot_slots{container=ns/pod/c,quota=250m,state=free} 2",
+		"cpuslot_slots{container=ns/pod/c,quota=250m,state=leased} 1",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

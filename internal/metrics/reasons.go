@@ -1,0 +1,108 @@
+package metrics
+
+// The label values the agent counts, typed so that no call site invents
+// one: every value listed here is exported from the start (metrics.New),
+// so rates and alerts see a zero rather than nothing.
+
+// Reason is why an error was counted (cpuslot_errors_total{reason}).
+type Reason string
+
+// Wire: what a peer sent or did.
+const (
+	BadRequest      Reason = "bad_request"      // a request the agent refuses (invalid field, foreign thread)
+	BadFrame        Reason = "bad_frame"        // a frame that does not decode or exceeds its bounds
+	NoHello         Reason = "no_hello"         // a first request that is not HELLO
+	NotServed       Reason = "not_served"       // a peer in no container the agent serves
+	UnknownLease    Reason = "unknown_lease"    // a lease that is not the peer's
+	ConnectionLimit Reason = "connection_limit" // a connection over the per-node or per-process cap
+	AcceptFailed    Reason = "accept_failed"    // accept failed (e.g. out of fds); the agent backs off
+	SocketFailed    Reason = "socket_failed"    // a pod's socket could not be made (e.g. a planted file)
+)
+
+// Pool: slots and threads.
+const (
+	SlotsExhausted      Reason = "slots_exhausted"      // all slots of a container busy
+	ContainersExhausted Reason = "containers_exhausted" // a container over the cap on served containers
+	ContainerNotFound   Reason = "container_not_found"  // a container's cgroup was not found
+	ContainerGone       Reason = "container_gone"       // a served container's cgroup went away: its pool is stale
+	PoolConfig          Reason = "pool_config"          // a container's pool settings are invalid
+	StaleTID            Reason = "stale_tid"            // a recorded TID now names another thread: not moved
+	AgentThreadInSlot   Reason = "agent_thread_in_slot" // an agent thread found in a slot, moved back
+	MkdirRefused        Reason = "mkdir_refused"        // the kernel refused a new slot (cgroup.max.descendants/depth)
+	CreateFailed        Reason = "create_failed"
+	OpenFailed          Reason = "open_failed"
+	PlaceFailed         Reason = "place_failed"
+	RetuneFailed        Reason = "retune_failed"
+	RemoveFailed        Reason = "remove_failed"
+	TeardownFailed      Reason = "teardown_failed"
+	PrewarmFailed       Reason = "prewarm_failed"
+	ReadUsage           Reason = "read_usage"
+)
+
+// CgroupOps are the cgroup file operations timed by
+// cpuslot_cgroup_operation_duration_seconds{operation} (cgroup.Op*); a
+// failed one counts as the error reason "cgroup_<operation>".
+var CgroupOps = []string{"mkdir", "set_quota", "place", "move_out", "rmdir", "read_stat"}
+
+// cgroupReason is the error reason of a failed cgroup operation.
+func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
+
+// ErrorReasons lists every Reason, cgroup operations included.
+var ErrorReasons = func() []Reason {
+	r := []Reason{
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, AcceptFailed, SocketFailed,
+		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
+		AgentThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
+		TeardownFailed, PrewarmFailed, ReadUsage,
+	}
+	for _, op := range CgroupOps {
+		r = append(r, cgroupReason(op))
+	}
+	return r
+}()
+
+// AdmissionResult is what happened to an acquisition that did not fit the
+// CPU budget at once (cpuslot_admission_total{result}).
+type AdmissionResult string
+
+const (
+	Queued              AdmissionResult = "queued"                // waited for budget
+	Degraded            AdmissionResult = "degraded"              // granted a smaller quota
+	Rejected            AdmissionResult = "rejected"              // refused (also a RECLAIM that does not fit)
+	AdmissionTimeout    AdmissionResult = "timeout"               // waited past its wait budget
+	ReclaimedOverBudget AdmissionResult = "reclaimed_over_budget" // a slot adopted after a restart, reclaimed beyond the budget
+)
+
+// AdmissionResults lists every AdmissionResult.
+var AdmissionResults = []AdmissionResult{Queued, Degraded, Rejected, AdmissionTimeout, ReclaimedOverBudget}
+
+// Acquisition is how a granted acquisition found its slot
+// (cpuslot_acquisitions_total{outcome}).
+type Acquisition string
+
+const (
+	AffinityHit Acquisition = "affinity_hit" // the thread sits in a free slot of the quota: no cgroup write
+	CacheHit    Acquisition = "cache_hit"    // a free slot of the quota
+	Retuned     Acquisition = "retuned"      // a free slot of another quota, retuned
+	Created     Acquisition = "created"      // a new slot
+	Reclaimed   Acquisition = "reclaimed"    // a lease re-declared after a reconnect
+)
+
+// Acquisitions lists every Acquisition.
+var Acquisitions = []Acquisition{AffinityHit, CacheHit, Retuned, Created, Reclaimed}
+
+// Ending is how a lease ended (cpuslot_lease_releases_total{outcome}).
+type Ending string
+
+const (
+	EndOK              Ending = "ok"               // the invocation succeeded
+	EndFailed          Ending = "failed"           // the invocation failed
+	EndTimeout         Ending = "timeout"          // the invocation timed out
+	EndPlacementFailed Ending = "placement_failed" // the client could not place its thread
+	EndUnknown         Ending = "unknown"          // the client reported an outcome this agent does not know
+	Abandoned          Ending = "abandoned"        // the client process went away holding the lease
+	Superseded         Ending = "superseded"       // the thread asked for another slot while holding this one
+)
+
+// Endings lists every Ending.
+var Endings = []Ending{EndOK, EndFailed, EndTimeout, EndPlacementFailed, EndUnknown, Abandoned, Superseded}

@@ -1,0 +1,70 @@
+package server
+
+import (
+	"errors"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool"
+)
+
+// The one place where the pool's results become the wire's.
+
+var reasonCodes = map[pool.Reason]slotv1.Code{
+	pool.Internal:     slotv1.CodeInternal,
+	pool.InvalidQuota: slotv1.CodeInvalidQuota,
+	pool.BadThread:    slotv1.CodeBadRequest,
+	pool.Rejected:     slotv1.CodeRejected,
+	pool.Timeout:      slotv1.CodeTimeout,
+	pool.NoSlot:       slotv1.CodeSlotUnavailable,
+	pool.UnknownLease: slotv1.CodeUnknownLease,
+	pool.Closing:      slotv1.CodeShuttingDown,
+}
+
+// wireError is err as the protocol's typed error; an error of no known type
+// is internal.
+func wireError(err error) *slotv1.Error {
+	var we *slotv1.Error
+	if errors.As(err, &we) {
+		return we
+	}
+	var pe *pool.Error
+	if errors.As(err, &pe) {
+		code, ok := reasonCodes[pe.Reason]
+		if !ok {
+			code = slotv1.CodeInternal
+		}
+		return &slotv1.Error{Code: code, RetryAfterMS: uint32(pe.RetryAfter.Milliseconds()), Message: pe.Message}
+	}
+	return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
+}
+
+var outcomes = map[metrics.Acquisition]slotv1.Outcome{
+	metrics.AffinityHit: slotv1.OutcomeAffinityHit,
+	metrics.CacheHit:    slotv1.OutcomeCacheHit,
+	metrics.Retuned:     slotv1.OutcomeRetuned,
+	metrics.Created:     slotv1.OutcomeCreated,
+	metrics.Reclaimed:   slotv1.OutcomeAffinityHit, // the thread sits in the slot
+}
+
+var places = map[pool.Place]slotv1.Place{
+	pool.PlaceNone:  slotv1.PlaceNone,
+	pool.PlaceSelf:  slotv1.PlaceSelf,
+	pool.PlaceAgent: slotv1.PlaceDone,
+}
+
+var endings = map[slotv1.ReleaseOutcome]metrics.Ending{
+	slotv1.InvocationOK:      metrics.EndOK,
+	slotv1.InvocationFailed:  metrics.EndFailed,
+	slotv1.InvocationTimeout: metrics.EndTimeout,
+	slotv1.PlacementFailed:   metrics.EndPlacementFailed,
+}
+
+// ending is how a client says its invocation ended; an outcome this agent
+// does not know is counted as such, not as a label of the client's making.
+func ending(o slotv1.ReleaseOutcome) metrics.Ending {
+	if e, ok := endings[o]; ok {
+		return e
+	}
+	return metrics.EndUnknown
+}
