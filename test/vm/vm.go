@@ -256,7 +256,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			modules = append(modules, g)
 		}
 	}
-	if opts.Watchdog == 0 {
+	derived := opts.Watchdog == 0 // from ctx's deadline, not asked for
+	if derived {
 		if dl, ok := ctx.Deadline(); ok {
 			opts.Watchdog = max(time.Until(dl)-30*time.Second, 20*time.Second)
 		}
@@ -273,9 +274,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer unlock()
 	// The watchdog counts from boot; time spent waiting for another boot
-	// comes off it, so the report still arrives before ctx expires.
+	// comes off one derived from ctx's deadline, so the report still
+	// arrives before ctx expires. One the caller asked for stays as asked.
 	waited := time.Since(waitStart)
-	if opts.Watchdog > 0 && waited > time.Second {
+	if derived && opts.Watchdog > 0 && waited > time.Second {
 		if _, ok := ctx.Deadline(); ok {
 			opts.Watchdog = max(opts.Watchdog-waited, 20*time.Second)
 			if err := writeInitramfs(initrd, p.busybox, initScript(opts, n, modules, shares), files, opts.Symlinks); err != nil {
