@@ -97,7 +97,7 @@ ensure_tools() {
 
 build_all() {
 	say "Building the node agent (Go) and the runtime (Java, Maven)"
-	(cd "$REPO" && CGO_ENABLED=0 "$GO" build -o bin/node-agent ./cmd/node-agent && CGO_ENABLED=0 "$GO" build -o bin/slotbench ./cmd/slotbench)
+	(cd "$REPO" && CGO_ENABLED=0 "$GO" build -o bin/node-agent ./cmd/node-agent && CGO_ENABLED=0 "$GO" build -C tools -o "$REPO/bin/slotbench" ./slotbench)
 	info "bin/node-agent, bin/slotbench"
 	(cd "$REPO/runtime-image" && ./build.sh -q -DskipTests package) >"$WORK/maven.log" 2>&1 ||
 		{ tail -40 "$WORK/maven.log"; die "runtime build failed (log: $WORK/maven.log)"; }
