@@ -23,8 +23,13 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 )
 
-// Hierarchy detects the cpu hierarchy, skipping the test when not root.
-func Hierarchy(t testing.TB) *cgroup.Hierarchy {
+// Kernel marks a test as a kernel test and returns the cpu hierarchy,
+// skipping the test when not root. Every test that works on the real
+// kernel's cgroups gets its hierarchy here, directly or through a helper of
+// its package: the package's cgroup v2 run (vm.RunKernelTests) finds the
+// tests that reach this call in the source and runs each of them in the
+// VM, so a new kernel test runs on both kernels without being listed.
+func Kernel(t testing.TB) *cgroup.Hierarchy {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create cgroups")
