@@ -278,7 +278,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	waited := time.Since(waitStart)
 	if opts.Watchdog > 0 && waited > time.Second {
 		if _, ok := ctx.Deadline(); ok {
-			opts.Watchdog = max(opts.Watchdog-waited, 20*time.Second)
+			// Never longer than asked: a short watchdog stays short.
+			opts.Watchdog = max(opts.Watchdog-waited, min(opts.Watchdog, 20*time.Second))
 			if err := writeInitramfs(initrd, p.busybox, initScript(opts, n, modules, shares), files, opts.Symlinks); err != nil {
 				return nil, err
 			}
