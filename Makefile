@@ -3,7 +3,8 @@
 #   make demo      set up and run the demo (see README)
 #   make test      every test: Go (host cgroup v1 + cgroup v2 VM) and Java
 #   make bench     slot overhead, side by side per mode (host, then v2 VM)
-#   make build     the agent and tools into bin/
+#   make build     what ships: the agent, into bin/
+#   make tools     the development tools (tools/: slotbench, ocitar) into bin/
 #   make images    OCI image tarballs for the e2e cluster into bin/images/
 #   make e2e       the end-to-end tests on real Kubernetes nodes, v1 and v2 (e2e/)
 
@@ -15,24 +16,39 @@ LDFLAGS   := -s -w -X github.com/cpuslot/cpuslot/internal/agent.Version=$(VERSIO
 # failed test again at the end, where a CI log's tail shows it.
 GOTESTSUM ?= $(GO) run gotest.tools/gotestsum@v1.13.0
 
-.PHONY: build test test-go test-java vm-deps vet fuzz bench bench-host bench-vm clean
+.PHONY: build tools test test-go test-java vm-deps tidy-check vet fuzz bench bench-host bench-vm clean
+
+# The product module (the repository root) holds what ships; test and
+# development tooling lives in modules of its own beside it, each using the
+# product through a replace directive: e2e/ (the end-to-end tests) and
+# tools/ (benchmark, image packer).
+MODULES := . e2e tools
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/node-agent ./cmd/node-agent
-	CGO_ENABLED=0 $(GO) build -o bin/slotbench ./cmd/slotbench
+
+tools:
+	CGO_ENABLED=0 $(GO) build -C tools -o $(CURDIR)/bin/ ./slotbench ./ocitar
 
 # The v2 tests boot a VM; CPUSLOT_REQUIRE_VM=1 makes them fail rather than
 # skip when the VM cannot be prepared.
-test: vm-deps vet test-go test-java
+test: vm-deps tidy-check vet test-go test-java
 
 vm-deps:
 	bash hack/vm-deps.sh
 
-vet:
-	$(GO) vet ./...
+# go.mod and go.sum of every module are exactly what go mod tidy makes.
+tidy-check:
+	set -e; for m in $(MODULES); do echo "go mod tidy -diff: $$m"; $(GO) -C $$m mod tidy -diff; done
 
+vet:
+	set -e; for m in $(MODULES); do $(GO) -C $$m vet ./...; done
+
+# Kernel tests (cgrouptest.Kernel) run on the host's cgroup hierarchy here
+# and again on cgroup v2 in the VM (test/vm). The e2e module's cluster tests
+# skip without CPUSLOT_E2E=1 (make e2e).
 test-go:
-	CPUSLOT_REQUIRE_VM=1 $(GOTESTSUM) --format standard-quiet -- -p 1 -count=1 -timeout 30m ./...
+	set -e; for m in $(MODULES); do (cd $$m && CPUSLOT_REQUIRE_VM=1 $(GOTESTSUM) --format standard-quiet -- -p 1 -count=1 -timeout 30m ./...); done
 
 test-java:
 	cd runtime-image && CPUSLOT_REQUIRE_IT=1 ./build.sh verify
@@ -42,31 +58,29 @@ fuzz:
 
 bench: bench-host bench-vm
 
-bench-host: build
+bench-host: tools
 	bin/slotbench
 
-bench-vm: build vm-deps
+bench-vm: tools vm-deps
 	bin/slotbench -vm -steady 500 -sporadic 60 -threads 1,2 -share 4s
 
 clean:
 	rm -rf bin
 
 # --- e2e: a real single-node Kubernetes, see e2e/README.md -----------------
-# Images are OCI image-layout tarballs (cmd/ocitar) imported into the e2e
+# Images are OCI image-layout tarballs (tools/ocitar) imported into the e2e
 # cluster's containerd; no registry, no Docker engine. The names are the
 # ones e2e/cluster and the tests use (e2e/cluster/images.go).
 IMAGES_DIR       := bin/images
 E2E_IMAGE_PREFIX ?= docker.io/cpuslot
-# make images also builds the Java runtime image when that target exists.
-RUNTIME_IMAGE    := $(shell grep -qE '^runtime-image:' $(firstword $(MAKEFILE_LIST)) && echo runtime-image)
 
 .PHONY: images e2e e2e-deps e2e-v2node
 
-images: build $(RUNTIME_IMAGE)
+images: build runtime-image
 	mkdir -p $(IMAGES_DIR)
-	CGO_ENABLED=0 $(GO) build -o $(IMAGES_DIR)/ocitar ./cmd/ocitar
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(IMAGES_DIR)/pause ./e2e/images/pause
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(IMAGES_DIR)/probe ./e2e/images/probe
+	CGO_ENABLED=0 $(GO) build -C tools -o $(CURDIR)/$(IMAGES_DIR)/ocitar ./ocitar
+	CGO_ENABLED=0 $(GO) build -C e2e -trimpath -ldflags '-s -w' -o $(CURDIR)/$(IMAGES_DIR)/pause ./images/pause
+	CGO_ENABLED=0 $(GO) build -C e2e -trimpath -ldflags '-s -w' -o $(CURDIR)/$(IMAGES_DIR)/probe ./images/probe
 	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/pause.tar -name $(E2E_IMAGE_PREFIX)/pause:e2e \
 		-entrypoint /pause -add $(IMAGES_DIR)/pause:/pause
 	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/probe.tar -name $(E2E_IMAGE_PREFIX)/e2e-probe:e2e \
@@ -75,7 +89,7 @@ images: build $(RUNTIME_IMAGE)
 		-entrypoint /node-agent -add bin/node-agent:/node-agent
 	rm -f $(IMAGES_DIR)/ocitar $(IMAGES_DIR)/pause $(IMAGES_DIR)/probe
 	# The Java runtime image (make runtime-image), imported with the rest.
-	if [ -f bin/cpuslot-runtime.tar ]; then ln -sf ../cpuslot-runtime.tar $(IMAGES_DIR)/cpuslot-runtime.tar; fi
+	ln -sf ../cpuslot-runtime.tar $(IMAGES_DIR)/cpuslot-runtime.tar
 
 e2e-deps:
 	bash hack/e2e-deps.sh
@@ -86,12 +100,12 @@ e2e-deps:
 # -p 1: one e2e package at a time (each brings up its cluster once;
 # e2e/cluster also serialises with a lock).
 e2e: e2e-deps images
-	CPUSLOT_E2E=1 $(GOTESTSUM) --format standard-verbose -- ./e2e/... -count=1 -timeout 40m -p 1
+	cd e2e && CPUSLOT_E2E=1 $(GOTESTSUM) --format standard-verbose -- ./... -count=1 -timeout 40m -p 1
 
 # The current node alone.
 e2e-v2node: images
 	bash hack/v2node-deps.sh
-	CPUSLOT_E2E=1 $(GO) test ./e2e/v2node -count=1 -timeout 40m -v
+	CPUSLOT_E2E=1 $(GO) -C e2e test ./v2node -count=1 -timeout 40m -v
 
 # --- Helm chart and plain manifests (charts/cpuslot, deploy/) ----------------
 # helm is built once from the Go module proxy and cached (hack/helm.sh).

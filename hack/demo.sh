@@ -97,7 +97,7 @@ ensure_tools() {
 
 build_all() {
 	say "Building the node agent (Go) and the runtime (Java, Maven)"
-	(cd "$REPO" && CGO_ENABLED=0 "$GO" build -o bin/node-agent ./cmd/node-agent && CGO_ENABLED=0 "$GO" build -o bin/slotbench ./cmd/slotbench)
+	(cd "$REPO" && CGO_ENABLED=0 "$GO" build -o bin/node-agent ./cmd/node-agent && CGO_ENABLED=0 "$GO" build -C tools -o "$REPO/bin/slotbench" ./slotbench)
 	info "bin/node-agent, bin/slotbench"
 	(cd "$REPO/runtime-image" && ./build.sh -q -DskipTests package) >"$WORK/maven.log" 2>&1 ||
 		{ tail -40 "$WORK/maven.log"; die "runtime build failed (log: $WORK/maven.log)"; }
@@ -143,20 +143,6 @@ cg_join_snippet() {
 	local r s=""
 	for r in "${CG_ROOTS[@]}"; do s+="echo \$\$ > '$r$1/cgroup.procs' && "; done
 	printf '%s' "$s"
-}
-
-cg_remove_tree() { # every cgroup below and including $1, bottom up
-	local r d
-	for r in "${CG_ROOTS[@]}"; do
-		[ -d "$r$1" ] || continue
-		for _ in 1 2 3 4 5 6 7 8 9 10; do
-			find "$r$1" -depth -mindepth 0 -type d -exec rmdir {} \; 2>/dev/null || true
-			[ -d "$r$1" ] || break
-			sleep 0.3
-		done
-		[ -d "$r$1" ] && info "warning: could not remove $r$1"
-	done
-	return 0
 }
 
 # ---------------------------------------------------------------- processes ----------
@@ -253,10 +239,11 @@ cleanup() {
 	local f
 	[ "$HOLDING_QUIET" = 1 ] && rm -f "$QUIET" && HOLDING_QUIET=0
 	for f in "$WORK"/*.pid; do [ -e "$f" ] && stop_pid_file "$f"; done
+	# the agent's cleanup: slots, then every cgroup of the demo, bottom up
 	if [ -x "$REPO/bin/node-agent" ] && [ ${#CG_ROOTS[@]} -gt 0 ] && [ -d "${CG_ROOTS[0]}$DEMO_CG" ]; then
-		"$REPO/bin/node-agent" cleanup -under "$DEMO_CG" -wait 5s >/dev/null
+		"$REPO/bin/node-agent" cleanup -under "$DEMO_CG" -tree -wait 5s >/dev/null ||
+			info "warning: could not remove the cgroups under $DEMO_CG"
 	fi
-	[ ${#CG_ROOTS[@]} -gt 0 ] && cg_remove_tree "$DEMO_CG"
 	rm -f "$WORK/agent.sock"
 	set -e
 }

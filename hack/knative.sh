@@ -4,7 +4,7 @@
 #
 #   - the five components (controller, webhook, activator, autoscaler,
 #     queue) built with CGO_ENABLED=0 from knative.dev/serving@$version in a
-#     throwaway module, packed as OCI image-layout tarballs by cmd/ocitar
+#     throwaway module, packed as OCI image-layout tarballs by tools/ocitar
 #     (docker.io/cpuslot/knative-<name>:<version>, user 65532 as Knative's
 #     own images, which its manifests require: runAsNonRoot);
 #   - nothing of Knative's is copied: the e2e tests read Knative's manifests
@@ -74,7 +74,7 @@ if [ ! -f "$stamp" ]; then
 	log "built in $(($(date +%s) - start)) s"
 
 	ocitar="$cache/ocitar"
-	(cd "$repo" && GOFLAGS=-buildvcs=false go build -o "$ocitar" ./cmd/ocitar)
+	(cd "$repo/tools" && GOFLAGS=-buildvcs=false go build -o "$ocitar" ./ocitar)
 	for c in "${components[@]}"; do
 		[ -x "$bin/$c" ] || { log "$bin/$c missing after the build"; exit 1; }
 		"$ocitar" -o "$images/$c.tar.tmp" -name "$prefix/knative-$c:$version" \

@@ -3,7 +3,8 @@
 // runtimes over a Unix socket.
 //
 //	node-agent [run] [flags]   serve (standalone mode)
-//	node-agent cleanup [flags] remove every cpuslot slot (uninstall)
+//	node-agent cleanup [flags] remove every cpuslot slot (uninstall); with
+//	                           -tree, also the whole cgroup tree at -under
 //	node-agent version
 package main
 
@@ -15,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path"
 	"strconv"
 	"strings"
 	"syscall"
@@ -227,9 +229,14 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (disco
 func cleanup(args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
 	under := fs.String("under", "/", "remove slots below this cgroup path")
-	wait := fs.Duration("wait", 0, "keep retrying busy slots for this long")
+	wait := fs.Duration("wait", 0, "keep retrying busy slots (and, with -tree, busy cgroups) for this long")
+	tree := fs.Bool("tree", false, "then remove the cgroup at -under and every cgroup below it, moving what still runs there to the root")
+	kill := fs.Bool("kill", false, "with -tree: kill the processes still in the tree instead of moving them")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *tree && path.Clean("/"+*under) == "/" {
+		return errors.New("cleanup -tree: -under must name a cgroup below the root")
 	}
 	h, err := cgroup.Detect()
 	if err != nil {
@@ -239,12 +246,17 @@ func cleanup(args []string) error {
 	for {
 		n, err := h.RemoveAllSlots(*under)
 		fmt.Printf("removed %d slots under %s (%s)\n", n, *under, h)
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		if !errors.Is(err, cgroup.ErrBusy) {
-			return err
+		if err == nil || time.Now().After(deadline) || !errors.Is(err, cgroup.ErrBusy) {
+			if err != nil || !*tree {
+				return err
+			}
+			break
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	if err := h.RemoveTree(*under, cgroup.TreeOptions{Kill: *kill, Wait: time.Until(deadline)}); err != nil {
+		return err
+	}
+	fmt.Printf("removed the cgroup tree %s\n", *under)
+	return nil
 }

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cpuslot/cpuslot/internal/cgroup"
 )
 
 // Snapshot is the part of the machine's state that a cluster run changes:
@@ -511,73 +512,13 @@ func removeNewCgroups(s *Snapshot) []error {
 			if !e.IsDir() || before[e.Name()] || !ourCgroup(e.Name()) {
 				continue
 			}
-			if err := removeCgroupTree(filepath.Join(root, e.Name())); err != nil {
+			// Processes of pods this cluster ran may still run there.
+			if err := cgroup.RemoveTree(root, filepath.Join(root, e.Name()), cgroup.TreeOptions{Kill: true, Wait: 15 * time.Second}); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	return errs
-}
-
-// cgroupPIDs lists the processes in a cgroup tree.
-func cgroupPIDs(dir string) []int {
-	var pids []int
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return nil
-		}
-		b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
-		sc := bufio.NewScanner(bytes.NewReader(b))
-		for sc.Scan() {
-			var pid int
-			if _, err := fmt.Sscan(sc.Text(), &pid); err == nil && pid > 0 {
-				pids = append(pids, pid)
-			}
-		}
-		return nil
-	})
-	return pids
-}
-
-// removeCgroupTree kills what still runs in a pod cgroup tree (processes of
-// pods this cluster ran) and removes the tree bottom-up.
-func removeCgroupTree(dir string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pids := cgroupPIDs(dir)
-		if len(pids) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("cgroup %s: processes %v do not exit", dir, pids)
-		}
-		for _, pid := range pids {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	var dirs []string
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	var last error
-	for try := 0; try < 50; try++ {
-		last = nil
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := syscall.Rmdir(dirs[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
-				last = fmt.Errorf("rmdir %s: %w", dirs[i], err)
-			}
-		}
-		if last == nil {
-			return nil
-		}
-		// A cgroup whose last task just died can be busy for a moment.
-		time.Sleep(100 * time.Millisecond)
-	}
-	return last
 }
 
 // ourChain reports the iptables chains the kubelet, kube-proxy and the CNI

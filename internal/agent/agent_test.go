@@ -30,8 +30,8 @@ import (
 	"github.com/cpuslot/cpuslot/test/vm"
 )
 
-// TestAgentOnCgroupV2 runs this package's tests inside the cgroup v2 VM,
-// with and without favordynmods.
+// TestAgentOnCgroupV2 runs this package's kernel tests (cgrouptest.Kernel)
+// inside the cgroup v2 VM, with and without favordynmods.
 func TestAgentOnCgroupV2(t *testing.T) {
 	if vm.InGuest() {
 		t.Skip("already in the VM")
@@ -39,7 +39,7 @@ func TestAgentOnCgroupV2(t *testing.T) {
 	vm.Require(t)
 	for _, opts := range []string{"", "favordynmods"} {
 		t.Run("mount="+opts, func(t *testing.T) {
-			vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/agent", "^Test(AffinityThroughSocket|Linger|QuotaHolds|UnprivilegedChildPlacesItself|ForeignProcessRefused|BadInput|AbandonedLeases|ServeUnder|Restart|Hostile.*|Attack.*|PodGetsPlacementFDs)$", vm.Options{
+			vm.RunKernelTests(t, "github.com/cpuslot/cpuslot/internal/agent", vm.Options{
 				MountOptions: opts, Env: []string{"CPUSLOT_QUOTA_SECONDS=4", "CPUSLOT_QUOTA_TOLERANCE=5"}})
 		})
 	}

@@ -46,7 +46,7 @@ type env struct {
 // newEnv makes a container cgroup (with a CPU limit when limitMilli > 0)
 // and a config whose socket lives in a world-accessible temp dir.
 func newEnv(t testing.TB, limitMilli uint32, mutate func(*agent.Config)) *env {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	e := &env{t: t, h: h, rel: cgrouptest.NewContainer(t, h, limitMilli)}
 	e.dir = worldDir(t)
 	e.socket = filepath.Join(e.dir, "agent.sock")

@@ -44,7 +44,7 @@ func TestSpecValidate(t *testing.T) {
 }
 
 func TestDetect(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	t.Logf("detected %s", h)
 	if h.Version != 1 && h.Version != 2 {
 		t.Fatalf("version %d", h.Version)
@@ -54,7 +54,7 @@ func TestDetect(t *testing.T) {
 // TestSlotLifecycle creates, places, measures, retunes, adopts and removes
 // slots on the real kernel.
 func TestSlotLifecycle(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 0)
 	if h.Version == 2 {
 		cgrouptest.JoinProcess(t, h, rel)
@@ -130,7 +130,7 @@ func TestSlotLifecycle(t *testing.T) {
 }
 
 func TestShareOnlyAdoption(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 0)
 	c, err := h.Container(rel, nil)
 	if err != nil {
@@ -153,7 +153,7 @@ func TestShareOnlyAdoption(t *testing.T) {
 
 // TestQuotaAboveContainerLimit: v1 refuses a child quota above the parent's.
 func TestCreateFailsCleanly(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 500)
 	c, err := h.Container(rel, nil)
 	if err != nil {
@@ -174,7 +174,7 @@ func TestCreateFailsCleanly(t *testing.T) {
 }
 
 func TestMkdirRefused(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	if h.Version != 2 {
 		t.Skip("cgroup.max.descendants exists on v2 only")
 	}
@@ -209,7 +209,7 @@ func readFile(t *testing.T, dir, name string) string {
 // TestKeptFDsBounded: slots keep their files open only within the
 // node-wide budget; beyond it they open them per use, and every slot works.
 func TestKeptFDsBounded(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 0)
 	c, err := h.Container(rel, nil)
 	if err != nil {

@@ -27,7 +27,7 @@ func (b gatedBackend) CreateSlot(id uint32, spec cgroup.Spec) (SlotIO, error) {
 // TestCloseWaitsForCreation (issue item 8): a pool torn down while an
 // acquisition creates a slot leaves no slot directory behind.
 func TestCloseWaitsForCreation(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 0)
 	c, err := h.Container(rel, nil)
 	if err != nil {
@@ -78,7 +78,7 @@ func waitClosed(t *testing.T, p *Pool) {
 // pool fails its next placement as stale (the client reconnects and gets a
 // fresh pool) and never touches the new cgroup.
 func TestRemovedContainerMakesPoolStale(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 0)
 	c, err := h.Container(rel, nil)
 	if err != nil {

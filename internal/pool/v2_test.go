@@ -6,12 +6,12 @@ import (
 	"github.com/cpuslot/cpuslot/test/vm"
 )
 
-// TestPoolOnCgroupV2 runs this package's kernel tests on cgroup v2 (in the
+// TestPoolOnCgroupV2 runs this package's kernel tests (cgrouptest.Kernel) on cgroup v2 (in the
 // test VM).
 func TestPoolOnCgroupV2(t *testing.T) {
 	if vm.InGuest() {
 		t.Skip("already in the VM")
 	}
 	vm.Require(t)
-	vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/pool", "^Test(CloseWaitsForCreation|RemovedContainerMakesPoolStale)$", vm.Options{})
+	vm.RunKernelTests(t, "github.com/cpuslot/cpuslot/internal/pool", vm.Options{})
 }

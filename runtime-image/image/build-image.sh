@@ -17,7 +17,7 @@
 # Entrypoint: java [image/jvm-options] -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
 # need no privilege), port 8080, metrics 9102.
 # Needs: the runtime built (runtime-image/build.sh -DskipTests package), a JDK 25, Go (to build
-# cmd/ocitar from this repository), ldd.
+# tools/ocitar from this repository), ldd.
 set -euo pipefail
 
 out="${1:?usage: build-image.sh OUT.tar [IMAGE_NAME]}"
@@ -72,8 +72,8 @@ printf 'root:x:0:0:root:/tmp:/sbin/nologin\nnobody:x:65534:65534:nobody:/tmp:/sb
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
 chmod 1777 "$root/tmp"
 
-# 4. the OCI layout tarball (cmd/ocitar of this repository)
-(cd "$repo" && CGO_ENABLED=0 "$GO" build -o "$stage/ocitar" ./cmd/ocitar)
+# 4. the OCI layout tarball (tools/ocitar of this repository)
+(cd "$repo/tools" && CGO_ENABLED=0 "$GO" build -o "$stage/ocitar" ./ocitar)
 adds=()
 for top in "$root"/*; do adds+=(-add "$top:/$(basename "$top")"); done
 # the JVM options are the ones the conformance tests start the runtime with

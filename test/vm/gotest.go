@@ -5,10 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,4 +215,102 @@ func (l *lineLogger) flush() {
 		l.t.Log("guest: " + string(l.buf))
 		l.buf = nil
 	}
+}
+
+// KernelMarker is the call that marks a kernel test (cgrouptest.Kernel).
+const KernelMarker = "cgrouptest.Kernel"
+
+// RunKernelTests runs the kernel tests of package pkg in the guest, as
+// RunGoTest does: every Test function of the package that calls
+// cgrouptest.Kernel, directly or through functions of its own test files.
+// The selection comes from the source (KernelTests), not from a list kept
+// by hand.
+func RunKernelTests(t testing.TB, pkg string, opts Options) *Result {
+	t.Helper()
+	names, err := KernelTests(pkg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) == 0 {
+		t.Fatalf("vm: no test of %s calls %s", pkg, KernelMarker)
+	}
+	t.Logf("vm: %d kernel tests of %s: %s", len(names), pkg, strings.Join(names, " "))
+	return RunGoTest(t, pkg, "^("+strings.Join(names, "|")+")$", opts)
+}
+
+// KernelTests lists the Test functions of package pkg (an import path in
+// this module) that reach KernelMarker: they call it, or call (or refer to)
+// a function or method of the package's test files that does, at any depth.
+func KernelTests(pkg string) ([]string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	rel, ok := strings.CutPrefix(pkg, modulePath)
+	if !ok || (rel != "" && rel[0] != '/') {
+		return nil, fmt.Errorf("vm: %s is not a package of %s", pkg, modulePath)
+	}
+	dir := filepath.Join(root, filepath.FromSlash(rel))
+	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	if err != nil {
+		return nil, err
+	}
+	// uses: function name -> names it refers to; marked: calls the marker.
+	uses := map[string]map[string]bool{}
+	marked := map[string]bool{}
+	var tests []string
+	fset := token.NewFileSet()
+	for _, f := range files {
+		af, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range af.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			name := fd.Name.Name
+			if fd.Recv == nil && strings.HasPrefix(name, "Test") && name != "TestMain" {
+				tests = append(tests, name)
+			}
+			if uses[name] == nil {
+				uses[name] = map[string]bool{}
+			}
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				switch x := n.(type) {
+				case *ast.SelectorExpr:
+					if id, ok := x.X.(*ast.Ident); ok && id.Name+"."+x.Sel.Name == KernelMarker {
+						marked[name] = true
+					}
+					uses[name][x.Sel.Name] = true // a method of the package's test types
+				case *ast.Ident:
+					uses[name][x.Name] = true
+				}
+				return true
+			})
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for fn, refs := range uses {
+			if marked[fn] {
+				continue
+			}
+			for r := range refs {
+				if marked[r] && r != fn {
+					marked[fn], changed = true, true
+					break
+				}
+			}
+		}
+	}
+	var out []string
+	for _, name := range tests {
+		if marked[name] {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }

@@ -11,9 +11,10 @@
 // The kernel, busybox and qemu come from hack/vm-deps.sh, which keeps them
 // in $CPUSLOT_VM_CACHE (default <repo>/.cache/vm).
 //
-// Tests in other packages usually call RunGoTest, which runs part of their
-// own test binary in the guest: a host-side driver test boots the VM, and
-// guest-side tests skip unless InGuest:
+// Packages with kernel tests (marked by cgrouptest.Kernel) call
+// RunKernelTests from one host-side driver test, which runs every marked
+// test of the package's own test binary in the guest. Other tests call
+// RunGoTest with a -test.run regex; guest-only tests skip unless InGuest:
 //
 //	func TestV2InVM(t *testing.T) {
 //		vm.RunGoTest(t, "github.com/cpuslot/cpuslot/internal/cgroup", "^TestGuestV2",
@@ -279,7 +280,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	waited := time.Since(waitStart)
 	if derived && opts.Watchdog > 0 && waited > time.Second {
 		if _, ok := ctx.Deadline(); ok {
-			opts.Watchdog = max(opts.Watchdog-waited, 20*time.Second)
+			// Never longer than asked: a short watchdog stays short.
+			opts.Watchdog = max(opts.Watchdog-waited, min(opts.Watchdog, 20*time.Second))
 			if err := writeInitramfs(initrd, p.busybox, initScript(opts, n, modules, shares), files, opts.Symlinks); err != nil {
 				return nil, err
 			}

@@ -442,3 +442,20 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestKernelTests: the kernel tests of a package are the ones that reach
+// cgrouptest.Kernel, directly, through helpers or methods, or through a
+// function passed to t.Run; TestMain and the others are not.
+func TestKernelTests(t *testing.T) {
+	got, err := KernelTests(modulePath + "/test/vm/testdata/kernelpkg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"TestDirect", "TestHelperAsValue", "TestThroughHelper", "TestThroughMethod"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("kernel tests %v, want %v", got, want)
+	}
+	if _, err := KernelTests("example.com/other"); err == nil {
+		t.Fatal("a package outside the module was accepted")
+	}
+}

@@ -2,7 +2,7 @@
 // up until SIGINT or SIGTERM, then takes it down and checks the machine is
 // as before. For poking at the cluster by hand:
 //
-//	go run ./e2e/cmd/e2e-cluster          # as root, after make e2e-deps images
+//	go -C e2e run ./cmd/e2e-cluster       # as root, after make e2e-deps images
 //	export KUBECONFIG=/var/lib/cpuslot-e2e/admin.kubeconfig   # printed
 //
 // -for 10m stops it after a while on its own.

@@ -4,15 +4,10 @@
 package cgrouptest
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -23,8 +18,13 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 )
 
-// Hierarchy detects the cpu hierarchy, skipping the test when not root.
-func Hierarchy(t testing.TB) *cgroup.Hierarchy {
+// Kernel marks a test as a kernel test and returns the cpu hierarchy,
+// skipping the test when not root. Every test that works on the real
+// kernel's cgroups gets its hierarchy here, directly or through a helper of
+// its package: the package's cgroup v2 run (vm.RunKernelTests) finds the
+// tests that reach this call in the source and runs each of them in the
+// VM, so a new kernel test runs on both kernels without being listed.
+func Kernel(t testing.TB) *cgroup.Hierarchy {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create cgroups")
@@ -51,10 +51,8 @@ func NewContainer(t testing.TB, h *cgroup.Hierarchy, limitMilli uint32) string {
 		roots = append(roots, h.AcctRoot)
 	}
 	t.Cleanup(func() {
-		for _, r := range roots {
-			if err := RemoveTree(h, r, filepath.Join(r, parent)); err != nil {
-				t.Errorf("cleanup: %v", err)
-			}
+		if err := h.RemoveTree(parent, cgroup.TreeOptions{}); err != nil {
+			t.Errorf("cleanup: %v", err)
 		}
 	})
 	for _, r := range roots {
@@ -98,89 +96,6 @@ func write(t testing.TB, path, v string) {
 	if err := os.WriteFile(path, []byte(v), 0); err != nil {
 		t.Fatalf("write %s: %v", path, err)
 	}
-}
-
-// RemoveTree empties and removes a cgroup directory tree: threads go back to
-// the hierarchy root (whole processes on v2, whose threaded subtrees do not
-// let single threads leave), then directories are removed deepest first.
-func RemoveTree(h *cgroup.Hierarchy, root, dir string) error {
-	var dirs []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
-	for _, d := range dirs {
-		for _, tid := range ids(filepath.Join(d, threadsFile(h))) {
-			if h.Version == 2 {
-				_ = os.WriteFile(filepath.Join(root, "cgroup.procs"), []byte(strconv.Itoa(tgid(tid))), 0)
-			} else {
-				_ = os.WriteFile(filepath.Join(root, "tasks"), []byte(strconv.Itoa(tid)), 0)
-			}
-		}
-	}
-	for _, d := range dirs {
-		var err error
-		for i := 0; i < 20; i++ {
-			if err = syscall.Rmdir(d); err == nil || errors.Is(err, syscall.ENOENT) {
-				err = nil
-				break
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("rmdir %s: %w", d, err)
-		}
-	}
-	return nil
-}
-
-func threadsFile(h *cgroup.Hierarchy) string {
-	if h.Version == 2 {
-		return "cgroup.threads"
-	}
-	return "tasks"
-}
-
-func ids(file string) []int {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []int
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, err := strconv.Atoi(strings.TrimSpace(s.Text())); err == nil {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
-func tgid(tid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
-	if err != nil {
-		return tid
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
-			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-				return n
-			}
-		}
-	}
-	return tid
 }
 
 // ThreadCgroup returns the cpu cgroup path of the calling OS thread.

@@ -26,7 +26,7 @@ import (
 // stand-in: the e2e tests use a real API server and containerd) against a
 // real agent on the real kernel's cgroups.
 func TestReconcile(t *testing.T) {
-	h := cgrouptest.Hierarchy(t)
+	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 0)
 	podsDir := t.TempDir()
 	os.Chmod(podsDir, 0o755)

@@ -94,12 +94,15 @@ final class Agent {
         if (!process.waitFor(10, TimeUnit.SECONDS)) kill();
     }
 
-    /** node-agent cleanup -under: removes every slot below a cgroup. */
+    /**
+     * node-agent cleanup -under -tree: removes every slot below a cgroup, then the cgroup and every
+     * cgroup below it (bottom up, in every root of the cpu hierarchy, retrying while busy).
+     */
     static String cleanup(Path bin, String under) throws IOException, InterruptedException {
-        Process p = new ProcessBuilder(bin.toString(), "cleanup", "-under", under, "-wait", "5s").redirectErrorStream(true).start();
+        Process p = new ProcessBuilder(bin.toString(), "cleanup", "-under", under, "-tree", "-wait", "10s").redirectErrorStream(true).start();
         String out = new String(p.getInputStream().readAllBytes());
         p.waitFor(30, TimeUnit.SECONDS);
-        if (p.exitValue() != 0) throw new IOException("node-agent cleanup -under " + under + ": " + out);
+        if (p.exitValue() != 0) throw new IOException("node-agent cleanup -under " + under + " -tree: " + out);
         return out.trim();
     }
 

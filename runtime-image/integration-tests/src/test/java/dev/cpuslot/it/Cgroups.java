@@ -1,20 +1,17 @@
 package dev.cpuslot.it;
 
 import java.io.IOException;
-import java.nio.file.DirectoryNotEmptyException;
-import java.nio.file.FileSystemException;
 import java.nio.file.Files;
-import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Comparator;
 import java.util.List;
 import java.util.stream.Stream;
 
 /**
  * The host's cpu cgroup hierarchy, found in /proc/self/mountinfo: cgroup v1 (cpu, and cpuacct
- * when mounted apart) or cgroup v2 with the cpu controller. Creates and removes test cgroups.
+ * when mounted apart) or cgroup v2 with the cpu controller. Creates test cgroups; node-agent
+ * cleanup -tree removes them (Agent.cleanup).
  */
 final class Cgroups {
     final int version;
@@ -100,35 +97,6 @@ final class Cgroups {
 
     /** A cpu interface file of a cgroup, as text. */
     String read(String rel, String file) throws IOException { return Files.readString(dir(roots.get(0), rel).resolve(file)).trim(); }
-
-    /** Removes rel and every cgroup below it (bottom up), retrying while they are still busy. */
-    void removeTree(String rel) throws IOException, InterruptedException {
-        for (Path r : roots) {
-            Path top = dir(r, rel);
-            if (!Files.isDirectory(top)) continue;
-            long until = System.nanoTime() + 10_000_000_000L;
-            while (true) {
-                List<Path> dirs;
-                try (Stream<Path> s = Files.walk(top)) {
-                    dirs = s.filter(Files::isDirectory).sorted(Comparator.comparingInt(Path::getNameCount).reversed()).toList();
-                }
-                FileSystemException last = null;
-                for (Path d : dirs) {
-                    try {
-                        Files.delete(d);
-                    } catch (NoSuchFileException ignored) {
-                    } catch (DirectoryNotEmptyException e) {
-                        last = e;
-                    } catch (FileSystemException e) { // EBUSY: tasks still leaving
-                        last = e;
-                    }
-                }
-                if (!Files.exists(top)) break;
-                if (System.nanoTime() > until) throw new IOException("could not remove " + top + ": " + last);
-                Thread.sleep(100);
-            }
-        }
-    }
 
     /** Test cgroups left by earlier runs whose process is gone: /cpuslot-it-<pid>. */
     List<String> stale() throws IOException {

@@ -168,7 +168,6 @@ class RuntimeImageIT {
             if (agent != null) agent.stop();
             if (parent != null) {
                 Agent.cleanup(agentBin, parent);
-                cg.removeTree(parent);
             }
         } finally {
             if (procMounted) run(null, "umount", rootfs.resolve("proc").toString());

@@ -27,7 +27,7 @@ import static org.junit.jupiter.api.Assumptions.assumeTrue;
  *
  * <p>Layout: /cpuslot-it-PID/rt is the runtime's cgroup ("its container"); the agent serves
  * every process below /cpuslot-it-PID and makes its slots inside rt. Everything is removed at
- * the end (node-agent cleanup, then rmdir).
+ * the end (node-agent cleanup -tree).
  */
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 @TestMethodOrder(MethodOrderer.OrderAnnotation.class)
@@ -66,7 +66,6 @@ class RuntimeWithAgentIT {
         agentBin = Agent.build(repo, work.resolve("node-agent"));
         for (String stale : cg.stale()) { // an earlier run that was killed
             System.out.println("[it] removing stale " + stale + ": " + Agent.cleanup(agentBin, stale));
-            cg.removeTree(stale);
         }
         quiet = Quiet.hold();
         parent = "/cpuslot-it-" + ProcessHandle.current().pid();
@@ -116,7 +115,6 @@ class RuntimeWithAgentIT {
             }
             if (parent != null && Files.isDirectory(cg.dir(cg.roots.get(0), parent))) {
                 Agent.cleanup(agentBin, parent);
-                cg.removeTree(parent);
                 for (Path r : cg.roots) assertFalse(Files.exists(cg.dir(r, parent)), "left behind: " + cg.dir(r, parent));
             }
         } finally {

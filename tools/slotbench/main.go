@@ -42,7 +42,6 @@ import (
 	"github.com/cpuslot/cpuslot/client"
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/discover"
 	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/test/vm"
@@ -204,12 +203,8 @@ func bench(p params) error {
 	}
 	root := fmt.Sprintf("/cpuslot-bench-%d", os.Getpid())
 	defer func() {
-		for _, r := range []string{h.CPURoot, h.AcctRoot} {
-			if r != "" {
-				if err := cgrouptest.RemoveTree(h, r, filepath.Join(r, root)); err != nil {
-					fmt.Fprintln(os.Stderr, "slotbench: cleanup:", err)
-				}
-			}
+		if err := h.RemoveTree(root, cgroup.TreeOptions{}); err != nil {
+			fmt.Fprintln(os.Stderr, "slotbench: cleanup:", err)
 		}
 	}()
 	dir, err := os.MkdirTemp("", "slotbench")

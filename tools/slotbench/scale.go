@@ -32,7 +32,6 @@ import (
 	"github.com/cpuslot/cpuslot/client"
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/discover"
 )
 
@@ -66,10 +65,8 @@ func scaleBench(p scaleParams) error {
 		roots = append(roots, h.AcctRoot)
 	}
 	defer func() {
-		for _, r := range roots {
-			if err := cgrouptest.RemoveTree(h, r, filepath.Join(r, root)); err != nil {
-				fmt.Fprintln(os.Stderr, "slotbench: cleanup:", err)
-			}
+		if err := h.RemoveTree(root, cgroup.TreeOptions{}); err != nil {
+			fmt.Fprintln(os.Stderr, "slotbench: cleanup:", err)
 		}
 	}()
 	var paths []string
