@@ -459,3 +459,58 @@ func TestKernelTests(t *testing.T) {
 		t.Fatal("a package outside the module was accepted")
 	}
 }
+
+// TestEveryKernelPackageRunsOnV2: a package whose tests mark kernel tests
+// (cgrouptest.Kernel) must have a test that runs them on cgroup v2
+// (RunKernelTests with the package's path); otherwise its kernel tests
+// would silently run on the host's hierarchy only.
+func TestEveryKernelPackageRunsOnV2(t *testing.T) {
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "runtime-image") {
+			return filepath.SkipDir
+		}
+		if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil && path != root {
+			return filepath.SkipDir // another module (e2e, tools)
+		}
+		rel, _ := filepath.Rel(root, path)
+		pkg := modulePath
+		if rel != "." {
+			pkg += "/" + filepath.ToSlash(rel)
+		}
+		names, err := KernelTests(pkg)
+		if err != nil || len(names) == 0 {
+			return err
+		}
+		checked++
+		files, _ := filepath.Glob(filepath.Join(path, "*_test.go"))
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			if strings.Contains(string(b), "RunKernelTests(") && strings.Contains(string(b), `"`+pkg+`"`) {
+				return nil
+			}
+		}
+		t.Errorf("%s has kernel tests (%s) but no test runs them on cgroup v2 (vm.RunKernelTests(t, %q, ...))", pkg, strings.Join(names, " "), pkg)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked == 0 {
+		t.Fatal("found no package with kernel tests")
+	}
+	t.Logf("%d packages with kernel tests", checked)
+}
