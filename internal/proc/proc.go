@@ -11,8 +11,8 @@ import (
 
 // StartTime returns the start time (field 22 of /proc/<id>/stat, clock
 // ticks after boot) of process or thread id in the agent's PID namespace.
-// An id and its start time name one process or thread for good: a reused
-// id comes with a later start time.
+// An id and its start time name one process or thread, except when the id
+// is reused within the clock tick (1/100 s) its first owner started in.
 func StartTime(id int) (uint64, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(id) + "/stat")
 	if err != nil {
