@@ -423,13 +423,8 @@ func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
 	var best *served
 	for {
 		a.mu.Lock()
-		best = nil
-		bestPath := ""
-		for path, s := range a.containers {
-			if within(cg, path) && len(path) >= len(bestPath) {
-				best, bestPath = s, path
-			}
-		}
+		var bestPath string
+		best, bestPath = a.servingLocked(cg)
 		// A container whose pool is being made is served once it is made.
 		var wait *preparation
 		for path, pr := range a.preparing {
@@ -478,13 +473,21 @@ func (a *Agent) Holds(p server.Peer, pl *pool.Pool) bool {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	best, bestPath := (*served)(nil), ""
+	best, _ := a.servingLocked(cg)
+	return best != nil && best.pool == pl && !pl.Stale()
+}
+
+// servingLocked is the served container that holds cgroup cg (the deepest
+// one), and its path; a.mu is held.
+func (a *Agent) servingLocked(cg string) (*served, string) {
+	var best *served
+	bestPath := ""
 	for path, s := range a.containers {
 		if within(cg, path) && len(path) >= len(bestPath) {
 			best, bestPath = s, path
 		}
 	}
-	return best != nil && best.pool == pl && !pl.Stale()
+	return best, bestPath
 }
 
 // serveError is what a client is told when its container cannot be served:
