@@ -21,10 +21,14 @@ const (
 	MinBodyLen   = 6         // version, type, request id
 	MaxBodyLen   = 64 * 1024 // larger frames are refused
 	MaxStringLen = 1024
+	// MaxUsageRecords bounds the records of one USAGE.
+	MaxUsageRecords = 8
+	// usageRecordLen is the longest USAGE record (action at MaxStringLen).
+	usageRecordLen = 2 + MaxStringLen + 1 + 4 + 8 + 8
 	// MaxRequestLen is the longest body of any request a client sends
-	// (ACQUIRE or RECLAIM with both strings at MaxStringLen); an agent
-	// refuses longer request frames without buffering them.
-	MaxRequestLen = MinBodyLen + 17 + 2*(2+MaxStringLen)
+	// (USAGE with MaxUsageRecords records whose actions are MaxStringLen
+	// long); an agent refuses longer request frames without buffering them.
+	MaxRequestLen = MinBodyLen + 1 + MaxUsageRecords*usageRecordLen
 	// MaxHelloLen is the longest HELLO body: all an agent buffers before
 	// it knows its peer.
 	MaxHelloLen = MinBodyLen + 6 + 2 + MaxStringLen
@@ -36,6 +40,7 @@ const (
 	TypeAcquire   = 0x02
 	TypeRelease   = 0x03
 	TypeReclaim   = 0x04
+	TypeUsage     = 0x05
 	TypeHelloOK   = 0x81
 	TypeAcquireOK = 0x82
 	TypeReleaseOK = 0x83
@@ -45,11 +50,14 @@ const (
 // Flags and enumerations.
 const (
 	HelloFDPassing = 1 << 0
+	HelloLocal     = 1 << 1
 
 	HelloOKFavorDynMods = 1 << 0
 	HelloOKAgentPlaces  = 1 << 1
+	HelloOKLocal        = 1 << 2
 
 	AcquireAgentPlaces = 1 << 0
+	AcquireHold        = 1 << 1
 
 	AcquiredQueued   = 1 << 0
 	AcquiredDegraded = 1 << 1
@@ -232,6 +240,31 @@ type Reclaim struct {
 	Invocation string
 }
 
+// Usage reports what invocations under HOLD leases used (one-way).
+type Usage struct {
+	Records []UsageRecord
+}
+
+// UsageRecord sums the invocations of one action that ended one way.
+type UsageRecord struct {
+	Action         string
+	Outcome        ReleaseOutcome // InvocationOK, InvocationFailed or InvocationTimeout
+	Invocations    uint32         // at least 1
+	CPUNanos       uint64
+	ThrottledNanos uint64
+}
+
+// check reports why the record may not travel.
+func (u UsageRecord) check() error {
+	if u.Outcome > InvocationTimeout {
+		return fmt.Errorf("usage outcome %s is not ok, failed or timeout", u.Outcome)
+	}
+	if u.Invocations == 0 {
+		return errors.New("usage record of 0 invocations")
+	}
+	return nil
+}
+
 // Error is a typed failure; it is also a Go error.
 type Error struct {
 	Code         Code
@@ -259,6 +292,7 @@ func (*AcquireOK) msgType() uint8 { return TypeAcquireOK }
 func (*Release) msgType() uint8   { return TypeRelease }
 func (*ReleaseOK) msgType() uint8 { return TypeReleaseOK }
 func (*Reclaim) msgType() uint8   { return TypeReclaim }
+func (*Usage) msgType() uint8     { return TypeUsage }
 func (*Error) msgType() uint8     { return TypeError }
 
 // Frame is a decoded frame: its request id and message.
@@ -331,6 +365,23 @@ func Append(buf []byte, request uint32, m Message) ([]byte, error) {
 			return nil, err
 		}
 		buf, err = appendString(buf, m.Invocation)
+	case *Usage:
+		if n := len(m.Records); n < 1 || n > MaxUsageRecords {
+			return nil, fmt.Errorf("usage with %d records, want 1..%d", n, MaxUsageRecords)
+		}
+		buf = append(buf, uint8(len(m.Records)))
+		for _, u := range m.Records {
+			if err = u.check(); err != nil {
+				return nil, err
+			}
+			if buf, err = appendString(buf, u.Action); err != nil {
+				return nil, err
+			}
+			buf = append(buf, uint8(u.Outcome))
+			buf = binary.BigEndian.AppendUint32(buf, u.Invocations)
+			buf = binary.BigEndian.AppendUint64(buf, u.CPUNanos)
+			buf = binary.BigEndian.AppendUint64(buf, u.ThrottledNanos)
+		}
 	case *Error:
 		buf = binary.BigEndian.AppendUint16(buf, uint16(m.Code))
 		buf = binary.BigEndian.AppendUint32(buf, m.RetryAfterMS)
@@ -451,6 +502,22 @@ func DecodeBody(body []byte) (Frame, error) {
 		f.Msg = &ReleaseOK{CPUNanos: r.u64(), ThrottledNanos: r.u64(), Periods: r.u64(), ThrottledPeriods: r.u64()}
 	case TypeReclaim:
 		f.Msg = &Reclaim{Slot: r.u32(), QuotaMilli: r.u32(), TID: r.u32(), Action: r.str(), Invocation: r.str()}
+	case TypeUsage:
+		m := &Usage{}
+		n := int(r.u8())
+		if r.err == nil && (n < 1 || n > MaxUsageRecords) {
+			r.fail("usage with %d records, want 1..%d", n, MaxUsageRecords)
+		}
+		for i := 0; i < n && r.err == nil; i++ {
+			u := UsageRecord{Action: r.str(), Outcome: ReleaseOutcome(r.u8()), Invocations: r.u32(), CPUNanos: r.u64(), ThrottledNanos: r.u64()}
+			if r.err == nil {
+				if err := u.check(); err != nil {
+					r.fail("record %d: %v", i, err)
+				}
+			}
+			m.Records = append(m.Records, u)
+		}
+		f.Msg = m
 	case TypeError:
 		f.Msg = &Error{Code: Code(r.u16()), RetryAfterMS: r.u32(), Message: r.str()}
 	default:

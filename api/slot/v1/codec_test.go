@@ -38,7 +38,7 @@ type vectorFile struct {
 
 var typeNames = map[uint8]string{
 	TypeHello: "HELLO", TypeHelloOK: "HELLO_OK", TypeAcquire: "ACQUIRE", TypeAcquireOK: "ACQUIRE_OK",
-	TypeRelease: "RELEASE", TypeReleaseOK: "RELEASE_OK", TypeReclaim: "RECLAIM", TypeError: "ERROR",
+	TypeRelease: "RELEASE", TypeReleaseOK: "RELEASE_OK", TypeReclaim: "RECLAIM", TypeUsage: "USAGE", TypeError: "ERROR",
 }
 
 func newMessage(typ string) Message {
@@ -57,6 +57,8 @@ func newMessage(typ string) Message {
 		return &ReleaseOK{}
 	case "RECLAIM":
 		return &Reclaim{}
+	case "USAGE":
+		return &Usage{}
 	case "ERROR":
 		return &Error{}
 	}
@@ -83,6 +85,13 @@ var table = []struct {
 	{"release_placement_failed", 13, &Release{Lease: 1 << 63, Outcome: PlacementFailed}},
 	{"release_ok", 12, &ReleaseOK{CPUNanos: 24_999_000, ThrottledNanos: 75_000_000, Periods: 10, ThrottledPeriods: 9}},
 	{"reclaim", 14, &Reclaim{Slot: 12, QuotaMilli: 250, TID: 4242, Action: "guest/fib", Invocation: "a1b2c3"}},
+	{"hello_local", 3, &Hello{MinVersion: 1, MaxVersion: 1, Flags: HelloFDPassing | HelloLocal, Client: "go"}},
+	{"hello_ok_local", 3, &HelloOK{Version: 1, Hierarchy: 2, Flags: HelloOKLocal, PlaceFDs: 1, StatFDs: 1, Container: "default/fn/user-action", BudgetMilli: 1000}},
+	{"acquire_hold", 17, &Acquire{QuotaMilli: 333, WaitUS: 20000, Flags: AcquireHold}},
+	{"reclaim_hold", 18, &Reclaim{Slot: 7, QuotaMilli: 333}},
+	{"usage", 19, &Usage{Records: []UsageRecord{
+		{Action: "guest/fib", Outcome: InvocationOK, Invocations: 41, CPUNanos: 1_230_000_000, ThrottledNanos: 4_500_000},
+		{Action: "gäst/ƒib☃", Outcome: InvocationTimeout, Invocations: 1, CPUNanos: 100_000_000, ThrottledNanos: 0}}}},
 	{"error_rejected", 15, &Error{Code: CodeRejected, Message: "quota 1500m does not fit: 500m of 2000m free"}},
 	{"error_not_ready", 1, &Error{Code: CodeNotReady, RetryAfterMS: 200, Message: "pool is being prepared"}},
 }
@@ -100,6 +109,10 @@ var invalidTable = []invalidVector{
 	{"invocation_control_char", "00000027010200000001000000fa00000000000000010000000000000967756573742f6669620003610a62", "BAD_REQUEST"},
 	{"action_c1_control", "0000001e010200000001000000fa000000000000000100000000000003c285780000", "BAD_REQUEST"},
 	{"hello_client_nul", "0000001301010000000101010000000100056a61007661", "BAD_REQUEST"},
+	{"usage_zero_records", "00000007" + "0105" + "00000001" + "00", "BAD_REQUEST"},
+	{"usage_nine_records", "0000001f" + "0105" + "00000001" + "09" + "000161" + "00" + "00000001" + "0000000000000005" + "0000000000000000", "BAD_REQUEST"},
+	{"usage_zero_invocations", "0000001f" + "0105" + "00000001" + "01" + "000161" + "00" + "00000000" + "0000000000000005" + "0000000000000000", "BAD_REQUEST"},
+	{"usage_placement_failed", "0000001f" + "0105" + "00000001" + "01" + "000161" + "03" + "00000001" + "0000000000000005" + "0000000000000000", "BAD_REQUEST"},
 	{"reclaim_surrogate", "000000180104000000010000000c000000fa000000010002eda00000", "BAD_REQUEST"},
 }
 
