@@ -41,6 +41,11 @@ final class SocketTransport implements Transport {
 
     void listener(Listener l) { this.listener = l; }
 
+    private volatile boolean local;
+
+    /** Ask for local leasing (HELLO flag LOCAL) on connections opened from now on; needs fd passing. */
+    void local(boolean on) { this.local = on; }
+
     @Override
     public Protocol.HelloOk lastHello() { return lastHello; }
 
@@ -217,7 +222,8 @@ final class SocketTransport implements Transport {
             // AF_UNIX answers EAGAIN when the listener's backlog is full: wait a little and retry
             LockSupport.parkNanos(200_000);
         }
-        Reply r = call(c, new Protocol.Hello(1, 1, fdPassing ? Protocol.HELLO_FD_PASSING : 0, clientName), deadline);
+        long flags = fdPassing ? Protocol.HELLO_FD_PASSING | (local ? Protocol.HELLO_LOCAL : 0) : 0;
+        Reply r = call(c, new Protocol.Hello(1, 1, flags, clientName), deadline);
         closeAll(r.fds());
         if (r.message() instanceof Protocol.HelloOk ok) {
             if (ok.version() != 1) throw new IOException("agent chose version " + ok.version());
