@@ -488,6 +488,7 @@ public final class FunctionRuntime implements AutoCloseable {
                 headers.put("X-Cpuslot-Slot", Long.toString(l.slot()));
                 headers.put("X-Cpuslot-Outcome", l.outcome());
                 if (l.reused()) headers.put("X-Cpuslot-Reused", "true");
+                if (l.local()) headers.put("X-Cpuslot-Local", "true");
             } else {
                 headers.put("X-Cpuslot-Noslot", l.reason());
             }
@@ -505,7 +506,7 @@ public final class FunctionRuntime implements AutoCloseable {
         Log.activation("cpuslot: activation=" + activationId + " action=" + action + " status=" + status
                 + " quota=" + q.milli() + "m source=" + q.source() + (q.capped() ? " capped" : "")
                 + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()
-                        + (l.reused() ? " reused" : "") : "none")
+                        + (l.reused() ? " reused" : "") + (l.local() ? " local" : "") : "none")
                 + (l != null && !l.active() ? " noslot=" + l.reason() : "")
                 + (u != null && u.measured() ? String.format(Locale.ROOT, " cpu_ms=%.3f throttled_ms=%.3f periods=%d throttled_periods=%d",
                 u.cpuNanos() / 1e6, u.throttledNanos() / 1e6, u.periods(), u.throttledPeriods()) : "")
@@ -539,6 +540,7 @@ public final class FunctionRuntime implements AutoCloseable {
             o.addProperty("outcome", l.outcome());
             o.addProperty("place", l.place());
             if (l.reused()) o.addProperty("reused", true);
+            if (l.local()) o.addProperty("local", true);
         } else if (l != null) {
             o.addProperty("noslot", l.reason());
         }
