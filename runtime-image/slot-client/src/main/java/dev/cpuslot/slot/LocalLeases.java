@@ -86,7 +86,7 @@ final class LocalLeases {
         // (1) the entry the thread used last: it already sits in that slot, nothing to write
         int i = last[0];
         if (i >= 0) {
-            long s = table.claim(i, tid, quotaMilli);
+            long s = table.claim(i, tid, quotaMilli, System.nanoTime());
             if (s != 0) {
                 if (table.slot(i) == current[0]) {
                     count("local.hit");
@@ -98,7 +98,7 @@ final class LocalLeases {
         }
         // (2) any free entry of the quota: one write
         for (int tries = 0; tries < 4; tries++) {
-            SlotTable.Claimed c = table.find(quotaMilli, tid, Math.max(0, i), i);
+            SlotTable.Claimed c = table.findAndClaim(quotaMilli, tid, Math.max(0, i), i, System.nanoTime());
             if (c == null) break;
             SlotLease l = place(c.index(), c.state(), act, inv, quotaMilli, tid, current, last);
             if (l != null) return l;
@@ -218,7 +218,7 @@ final class LocalLeases {
         }
         if (got.length > 0) fds.put(ok.slot(), got, c.hello);
         int flags = (ok.flags() & Protocol.ACQ_FLAG_DEGRADED) != 0 ? SlotTable.FLAG_DEGRADED : 0;
-        SlotTable.Claimed e = table.publish(tid, ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota);
+        SlotTable.Claimed e = table.publish(tid, ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota, System.nanoTime());
         if (e == null) {
             count("local.table_full");
             releaseHold(ok.lease(), ReleaseOutcome.OK);
@@ -465,7 +465,7 @@ final class LocalLeases {
             boolean dropped = table.drop(i, (slot, lease, flags) -> {
                 // a lease the agent still backs is released (an entry the agent refused has no owner)
                 if (owner.getAndSet(idx, null) != null) sent[0] = releaseHold(lease, ReleaseOutcome.OK);
-            });
+            }, now);
             if (dropped) count(gone ? "local.dropped_gone" : "local.dropped_idle");
             if (!sent[0]) return; // the agent is away: its lease ends with our connections
         }

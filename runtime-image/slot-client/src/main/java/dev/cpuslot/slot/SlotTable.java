@@ -58,22 +58,35 @@ final class SlotTable {
         return new SlotTable(m, capacity, fd);
     }
 
+    /** A table a reader refuses: which field is wrong, and whether it is another layout version. */
+    static final class BadTable extends IllegalArgumentException {
+        final String field;
+        final boolean otherLayout;
+        BadTable(String field, long got, long want, boolean otherLayout) {
+            super((otherLayout ? "slot table of another layout version: " : "not a usable slot table: ") + field + " is " + got
+                    + ", want " + want);
+            this.field = field;
+            this.otherLayout = otherLayout;
+        }
+    }
+
     /**
-     * A table over memory that already holds one (validated: magic, layout, entry size, a
-     * capacity that matches the size). The memory must be 8-aligned.
+     * A table over memory that already holds one, validated before it is trusted: a size of
+     * whole entries (1..1024), 8-aligned memory, magic, layout, entry size, and a capacity that
+     * matches the size. Throws {@link BadTable}.
      */
     static SlotTable over(MemorySegment m) {
-        if (m.byteSize() < HEADER) throw new IllegalArgumentException("table of " + m.byteSize() + " bytes: shorter than its header");
-        if ((m.address() & 7) != 0) throw new IllegalArgumentException("table memory is not 8-aligned");
+        long n = m.byteSize();
+        if (n < size(1) || n > size(MAX_CAPACITY) || n % ENTRY != 0) throw new BadTable("size", n, size(1), false);
+        if ((m.address() & 7) != 0) throw new BadTable("alignment", m.address() & 7, 0, false);
         for (int i = 0; i < MAGIC.length; i++)
-            if (m.get(ValueLayout.JAVA_BYTE, i) != MAGIC[i]) throw new IllegalArgumentException("not a slot table (magic)");
-        int layout = m.get(U32, 8), entrySize = m.get(U32, 12), cap = m.get(U32, 16);
-        if (layout != LAYOUT) throw new IllegalArgumentException("table layout " + Integer.toUnsignedString(layout) + ", want 1");
-        if (entrySize != ENTRY) throw new IllegalArgumentException("entry size " + Integer.toUnsignedString(entrySize) + ", want 64");
-        if (cap < 1 || cap > MAX_CAPACITY || size(cap) != m.byteSize())
-            throw new IllegalArgumentException("capacity " + Integer.toUnsignedString(cap) + " does not match " + m.byteSize() + " bytes");
-        SlotTable t = new SlotTable(m, cap, -1);
-        for (int i = cap - 1; i >= 0; i--) {
+            if (m.get(ValueLayout.JAVA_BYTE, i) != MAGIC[i]) throw new BadTable("magic", m.get(U64, 0), 0, false);
+        long layout = m.get(U32, 8) & 0xFFFFFFFFL, entrySize = m.get(U32, 12) & 0xFFFFFFFFL, cap = m.get(U32, 16) & 0xFFFFFFFFL;
+        if (layout != LAYOUT) throw new BadTable("layout", layout, LAYOUT, true);
+        if (entrySize != ENTRY) throw new BadTable("entry_size", entrySize, ENTRY, false);
+        if (cap != (n - HEADER) / ENTRY) throw new BadTable("capacity", cap, (n - HEADER) / ENTRY, false);
+        SlotTable t = new SlotTable(m, (int) cap, -1);
+        for (int i = (int) cap - 1; i >= 0; i--) {
             if (t.slot(i) != 0) {
                 t.high.set(i + 1);
                 break;
@@ -121,73 +134,95 @@ final class SlotTable {
     long idleSince(int i) { return seg.get(U64, at(i, IDLE_SINCE)); }
     boolean gone(int i) { return (flags(i) & FLAG_GONE) != 0; }
 
-    /** Sets the lease id (re-declared after a reconnect). Only the holder of CONTROL, or the one control thread. */
+    /** Sets the lease id (re-declared after a RECLAIM gave it a new one). */
     void setLease(int i, long lease) { seg.set(U64, at(i, LEASE), lease); }
 
-    /** Marks the entry GONE: the agent no longer backs it; nothing is claimed there from now on. */
-    void markGone(int i) { seg.set(U32, at(i, FLAGS), flags(i) | FLAG_GONE); }
+    private static final VarHandle FLAGS_WORD = U32.varHandle();
+
+    /** Sets the GONE flag (atomically): claims fail from now on, and the entry is dropped once free. */
+    void markGone(int i) { FLAGS_WORD.getAndBitwiseOr(seg, at(i, FLAGS), FLAG_GONE); }
 
     // ---- operations (spec: "Operations") ------------------------------------------------------
 
+    // how a claim ended (the names of testdata/table.json)
+    static final int CLAIMED = 0, HELD = 1, LOST = 2, EMPTY = 3, GONE = 4, OTHER_QUOTA = 5, BAD_INDEX = 6;
+    static final String[] CLAIM_NAMES = {"claimed", "held", "lost", "empty", "gone", "other_quota", "bad_index"};
+
     /**
-     * Takes entry i for {@code holder} (a TID, or {@link #CONTROL}): compare-and-swap of a free
-     * state to the next generation. Returns the state written, or 0 when the entry is held or
-     * another thread won.
+     * Takes free entry i for {@code holder} (a TID, or {@link #CONTROL}): compare-and-swap to the
+     * next generation. Returns how it ended; the state written goes to {@code out[0]}.
      */
-    long claimState(int i, int holder) {
+    private int take(int i, int holder, long[] out) {
+        if (i < 0 || i >= capacity || holder == 0) return BAD_INDEX;
         long s = state(i);
-        if (hold(s) != 0) return 0;
+        if (hold(s) != 0) return HELD;
         long n = state(gen(s) + 1, holder);
-        return STATE_WORD.compareAndSet(seg, at(i, STATE), s, n) ? n : 0;
+        if (!STATE_WORD.compareAndSet(seg, at(i, STATE), s, n)) return LOST;
+        out[0] = n;
+        return CLAIMED;
     }
 
     /**
-     * claim(i, tid) for quota {@code asked}: the state written, or 0 when the entry is held,
-     * another thread won, or (given back at once) it is empty, GONE or of another quota.
+     * claim(i, tid) for quota {@code asked}: how it ended, the state written in {@code out[0]}.
+     * A claim that wins the compare-and-swap on an entry that is empty, GONE or of another quota
+     * gives it back at once (release, stamping {@code now}).
      */
-    long claim(int i, int tid, long asked) {
-        long s = claimState(i, tid);
-        if (s == 0) return 0;
-        if (slot(i) == 0 || gone(i) || asked(i) != asked) {
-            free(i, s);
-            return 0;
-        }
-        return s;
+    int claim(int i, int tid, long asked, long now, long[] out) {
+        if (tid == CONTROL) return BAD_INDEX;
+        int r = take(i, tid, out);
+        if (r != CLAIMED) return r;
+        if (slot(i) == 0) r = EMPTY;
+        else if (gone(i)) r = GONE;
+        else if (asked(i) != asked) r = OTHER_QUOTA;
+        else return CLAIMED;
+        release(i, out[0], now);
+        return r;
     }
+
+    /** claim for the invocation path: the state written, or 0 when the claim failed. */
+    long claim(int i, int tid, long asked, long now) {
+        long[] out = new long[1];
+        return claim(i, tid, asked, now, out) == CLAIMED ? out[0] : 0;
+    }
+
+    /** control(i): takes entry i with holder CONTROL, whatever it holds (to re-declare or drop it). */
+    int control(int i, long[] out) { return take(i, CONTROL, out); }
 
     /** release(i): idle_since, then state = gen << 32 (release ordering); s is what the claim wrote. */
     void release(int i, long s, long nowNs) {
         seg.set(U64, at(i, IDLE_SINCE), nowNs);
-        free(i, s);
-    }
-
-    /** Frees a claimed entry without touching idle_since (a claim that found the entry unfit). */
-    private void free(int i, long s) {
         STATE_WORD.setRelease(seg, at(i, STATE), state(gen(s), 0));
     }
 
+    /** clear: zeroes every field of a CONTROL-held entry but its state, then releases it (empty). */
+    void clear(int i, long s, long nowNs) {
+        seg.asSlice(at(i, SLOT), ENTRY - SLOT).fill((byte) 0);
+        release(i, s, nowNs);
+    }
+
     /**
-     * publish after a HOLD grant: claims an empty entry with holder CONTROL, writes the lease,
-     * then hands it to {@code tid} (or frees it when tid is 0). Returns the entry index and the
-     * state written as {@code (index, state)} packed in a {@link Claimed}, or null when the table is
-     * full.
+     * publish after a HOLD grant: claims the first empty entry with holder CONTROL, writes the
+     * lease (idle_since = now), then hands it to {@code holder} (a TID, to use it at once) or
+     * leaves it free (holder 0). Null when the table is full.
      */
-    Claimed publish(int tid, long slot, long quota, long period, int flags, long lease, long asked) {
+    Claimed publish(int holder, long slot, long quota, long period, int flags, long lease, long asked, long now) {
+        if (holder == CONTROL) throw new IllegalArgumentException("publish to CONTROL");
+        long[] out = new long[1];
         for (int i = 0; i < capacity; i++) {
             if (slot(i) != 0 || hold(state(i)) != 0) continue;
-            long s = claimState(i, CONTROL);
-            if (s == 0) continue;
+            if (take(i, CONTROL, out) != CLAIMED) continue;
             if (slot(i) != 0) { // published by another thread between the look and the claim
-                free(i, s);
+                release(i, out[0], now);
                 continue;
             }
-            seg.set(U32, at(i, SLOT), (int) slot);
             seg.set(U32, at(i, QUOTA), (int) quota);
             seg.set(U32, at(i, PERIOD), (int) period);
             seg.set(U32, at(i, FLAGS), flags);
             seg.set(U64, at(i, LEASE), lease);
             seg.set(U32, at(i, ASKED), (int) asked);
-            long n = state(gen(s), tid);
+            seg.set(U64, at(i, IDLE_SINCE), now);
+            seg.set(U32, at(i, SLOT), (int) slot);
+            long n = state(gen(out[0]), holder);
             high.accumulateAndGet(i + 1, Math::max);
             STATE_WORD.setRelease(seg, at(i, STATE), n);
             return new Claimed(i, n);
@@ -198,40 +233,50 @@ final class SlotTable {
     /** An entry a thread holds: its index and the state its claim wrote. */
     record Claimed(int index, long state) {}
 
-    /** What drop does with the entry's lease (RELEASE it, unless GONE). */
+    /** What drop does with the entry's lease (RELEASE it, unless nobody backs it). */
     @FunctionalInterface
     interface Releaser {
         void release(long slot, long lease, int flags);
     }
 
     /**
-     * drop(i): claims the entry with holder CONTROL, hands its lease to {@code releaser}, zeroes
-     * every field but {@code state}, then frees it. False when the entry is held (or another
-     * thread won).
+     * drop(i): control, hand the lease to {@code releaser}, clear. False when the entry is held
+     * (or another thread won).
      */
-    boolean drop(int i, Releaser releaser) {
-        long s = claimState(i, CONTROL);
-        if (s == 0) return false;
+    boolean drop(int i, Releaser releaser, long now) {
+        long[] out = new long[1];
+        if (control(i, out) != CLAIMED) return false;
         long slot = slot(i);
         if (slot != 0) releaser.release(slot, lease(i), flags(i));
-        seg.asSlice(at(i, SLOT), ENTRY - SLOT).fill((byte) 0);
-        free(i, s);
+        clear(i, out[0], now);
         return true;
     }
 
     /**
-     * find: a free entry for quota {@code asked} that is not GONE, claimed for tid, from
-     * {@code from} on (wrapping), skipping {@code skip}. Looks before it claims, so that entries of
-     * other quotas are not claimed (and their generation not bumped) for nothing. Null when none.
+     * find: the first entry at or after {@code from} (wrapping) among the first {@code limit}
+     * that is free, holds a slot, is not GONE and was asked for {@code asked}; -1 if none. It
+     * only looks: claim decides.
      */
-    Claimed find(long asked, int tid, int from, int skip) {
-        int n = high.get();
-        if (from >= n) from = 0;
+    int find(long asked, int from, int limit) {
+        int n = Math.min(limit, capacity);
+        if (from < 0 || from >= n) from = 0;
         for (int k = 0; k < n; k++) {
             int i = from + k;
             if (i >= n) i -= n;
-            if (i == skip || slot(i) == 0 || asked(i) != asked || gone(i) || hold(state(i)) != 0) continue;
-            long s = claim(i, tid, asked);
+            if (asked(i) == asked && hold(state(i)) == 0 && slot(i) != 0 && !gone(i)) return i;
+        }
+        return -1;
+    }
+
+    /** find, then claim for tid, skipping {@code skip}; over the entries this process published. Null when none. */
+    Claimed findAndClaim(long asked, int tid, int from, int skip, long now) {
+        int n = used();
+        if (from < 0 || from >= n) from = 0;
+        for (int k = 0; k < n; k++) {
+            int i = from + k;
+            if (i >= n) i -= n;
+            if (i < 0 || i == skip || slot(i) == 0 || asked(i) != asked || gone(i) || hold(state(i)) != 0) continue;
+            long s = claim(i, tid, asked, now);
             if (s != 0) return new Claimed(i, s);
         }
         return null;

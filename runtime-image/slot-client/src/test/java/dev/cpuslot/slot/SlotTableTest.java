@@ -88,8 +88,8 @@ class SlotTableTest {
     void claimReleaseAndTheGenerationFollowTheSpec() {
         try (Arena a = Arena.ofConfined()) {
             SlotTable t = fresh(a, 4);
-            assertNull(t.find(250, 42, 0, -1), "an empty table has nothing to claim");
-            SlotTable.Claimed p = t.publish(42, 7, 240, 100_000, SlotTable.FLAG_DEGRADED, 0x1122334455667788L, 250);
+            assertNull(t.findAndClaim(250, 42, 0, -1, 1), "an empty table has nothing to claim");
+            SlotTable.Claimed p = t.publish(42, 7, 240, 100_000, SlotTable.FLAG_DEGRADED, 0x1122334455667788L, 250, 1);
             assertEquals(0, p.index());
             assertEquals((1L << 32) | 42, p.state(), "publish claims (generation 1) and hands it to the thread");
             assertEquals(p.state(), t.state(0));
@@ -100,19 +100,19 @@ class SlotTableTest {
             assertEquals(SlotTable.FLAG_DEGRADED, m.get(U32, entry(0, 20)));
             assertEquals(0x1122334455667788L, m.get(U64, entry(0, 24)));
             assertEquals(250, m.get(U32, entry(0, 32)));
-            assertEquals(0, t.claim(0, 43, 250), "held: another thread cannot claim it");
+            assertEquals(0, t.claim(0, 43, 250, 2), "held: another thread cannot claim it");
             t.release(0, p.state(), 123_456_789L);
             assertEquals(1L << 32, t.state(0), "free, same generation");
             assertEquals(123_456_789L, t.idleSince(0));
-            long s = t.claim(0, 43, 250);
+            long s = t.claim(0, 43, 250, 2);
             assertEquals((2L << 32) | 43, s, "+1 on every claim");
             t.release(0, s, 5);
-            assertEquals(0, t.claim(0, 43, 500), "another quota");
+            assertEquals(0, t.claim(0, 43, 500, 2), "another quota");
             assertEquals(3L << 32, t.state(0), "a claim of the wrong quota counts and is given back");
-            assertEquals(5, t.idleSince(0), "without touching idle_since");
+            assertEquals(2, t.idleSince(0), "by a release (stamping its time)");
             t.markGone(0);
-            assertEquals(0, t.claim(0, 43, 250), "GONE: nothing is claimed there");
-            assertNull(t.find(250, 43, 0, -1));
+            assertEquals(0, t.claim(0, 43, 250, 2), "GONE: nothing is claimed there");
+            assertNull(t.findAndClaim(250, 43, 0, -1, 1));
         }
     }
 
@@ -120,18 +120,18 @@ class SlotTableTest {
     void findClaimsAFreeEntryOfTheQuotaWithoutTouchingOthers() {
         try (Arena a = Arena.ofConfined()) {
             SlotTable t = fresh(a, 8);
-            var e0 = t.publish(1, 10, 500, 100_000, 0, 1, 500);
-            var e1 = t.publish(1, 11, 250, 100_000, 0, 2, 250);
-            var e2 = t.publish(1, 12, 250, 100_000, 0, 3, 250);
+            var e0 = t.publish(1, 10, 500, 100_000, 0, 1, 500, 1);
+            var e1 = t.publish(1, 11, 250, 100_000, 0, 2, 250, 1);
+            var e2 = t.publish(1, 12, 250, 100_000, 0, 3, 250, 1);
             t.release(0, e0.state(), 1);
             t.release(1, e1.state(), 1);
             assertEquals(3, t.used());
-            SlotTable.Claimed c = t.find(250, 9, 0, -1);
+            SlotTable.Claimed c = t.findAndClaim(250, 9, 0, -1, 1);
             assertEquals(1, c.index(), "entry 2 is held, entry 0 is 500m");
             assertEquals(1L << 32, t.state(0), "entry 0 was not claimed for nothing");
-            assertNull(t.find(250, 9, 0, -1), "both 250m entries held now");
+            assertNull(t.findAndClaim(250, 9, 0, -1, 1), "both 250m entries held now");
             t.release(2, e2.state(), 1);
-            assertEquals(2, t.find(250, 9, 2, 1).index(), "from the given entry, skipping one");
+            assertEquals(2, t.findAndClaim(250, 9, 2, 1, 1).index(), "from the given entry, skipping one");
         }
     }
 
@@ -139,11 +139,11 @@ class SlotTableTest {
     void publishTakesTheLowestEmptyEntryAndSaysWhenTheTableIsFull() {
         try (Arena a = Arena.ofConfined()) {
             SlotTable t = fresh(a, 2);
-            assertEquals(0, t.publish(5, 1, 250, 100_000, 0, 100, 250).index());
-            var b = t.publish(0, 2, 250, 100_000, 0, 101, 250);
+            assertEquals(0, t.publish(5, 1, 250, 100_000, 0, 100, 250, 1).index());
+            var b = t.publish(0, 2, 250, 100_000, 0, 101, 250, 1);
             assertEquals(1, b.index());
             assertEquals(1L << 32, b.state(), "tid 0: published free");
-            assertNull(t.publish(5, 3, 250, 100_000, 0, 102, 250), "full");
+            assertNull(t.publish(5, 3, 250, 100_000, 0, 102, 250, 1), "full");
         }
     }
 
@@ -151,18 +151,20 @@ class SlotTableTest {
     void dropReleasesTheLeaseAndZeroesEverythingButTheState() {
         try (Arena a = Arena.ofConfined()) {
             SlotTable t = fresh(a, 2);
-            var p = t.publish(5, 9, 250, 100_000, 0, 777, 250);
+            var p = t.publish(5, 9, 250, 100_000, 0, 777, 250, 1);
             List<Long> released = new ArrayList<>();
-            assertFalse(t.drop(0, (slot, lease, flags) -> released.add(lease)), "held by a thread: not dropped");
+            assertFalse(t.drop(0, (slot, lease, flags) -> released.add(lease), 3), "held by a thread: not dropped");
             t.release(0, p.state(), 99);
             assertTrue(t.drop(0, (slot, lease, flags) -> {
                 assertEquals(SlotTable.CONTROL, SlotTable.hold(t.state(0)), "held by CONTROL while it is released");
                 released.add(lease);
-            }));
+            }, 3));
             assertEquals(List.of(777L), released);
             assertEquals(2L << 32, t.state(0), "free; the drop's claim counted");
-            for (long o = 8; o < 64; o++) assertEquals(0, t.memory().get(ValueLayout.JAVA_BYTE, entry(0, (int) o)), "zero at " + o);
-            assertEquals(0, t.publish(6, 3, 250, 100_000, 0, 778, 250).index(), "the empty entry is reused");
+            for (long o = 8; o < 40; o++) assertEquals(0, t.memory().get(ValueLayout.JAVA_BYTE, entry(0, (int) o)), "zero at " + o);
+            assertEquals(3, t.idleSince(0), "released when cleared");
+            for (long o = 48; o < 64; o++) assertEquals(0, t.memory().get(ValueLayout.JAVA_BYTE, entry(0, (int) o)), "zero at " + o);
+            assertEquals(0, t.publish(6, 3, 250, 100_000, 0, 778, 250, 1).index(), "the empty entry is reused");
         }
     }
 
@@ -170,7 +172,7 @@ class SlotTableTest {
     void threadsRacingForOneEntryNeverHoldItTogether() throws Exception {
         SlotTable t = SlotTable.create(1);
         try {
-            var p = t.publish(1, 3, 250, 100_000, 0, 1, 250);
+            var p = t.publish(1, 3, 250, 100_000, 0, 1, 250, 1);
             t.release(0, p.state(), 0);
             int threads = 4, rounds = 20_000;
             AtomicInteger inside = new AtomicInteger();
@@ -187,7 +189,7 @@ class SlotTableTest {
                         return;
                     }
                     for (int r = 0; r < rounds; r++) {
-                        long s = t.claim(0, tid, 250);
+                        long s = t.claim(0, tid, 250, r);
                         if (s == 0) continue;
                         claims.incrementAndGet();
                         if (inside.incrementAndGet() != 1) overlaps.incrementAndGet();
