@@ -14,7 +14,9 @@
 #   "no cgroups":  the same runtime JVM in /cpuslot-bench/base with CPUSLOT_ENABLED=false and no
 #                  agent: invocations never touch a slot.
 #
-# Both JVMs are started the same way and warmed up; the client (runtime-image/bench) keeps one
+# Every runtime JVM runs in a PID namespace of its own, as in a pod: on cgroup v1 the agent
+# passes slot fds (which local leasing, lingering and the client's own counter reads need) only
+# to such peers. All JVMs are started the same way and warmed up; the client (runtime-image/bench) keeps one
 # keep-alive connection per thread and alternates between the two every round.
 # Environment: BENCH_THREADS (default 1,4), BENCH_REQUESTS (per thread per round, 2000),
 #              BENCH_ROUNDS (6), BENCH_WARMUP (5000), BENCH_LINGER=0 (leave out the
@@ -23,6 +25,7 @@
 set -euo pipefail
 
 export DEMO_CG=/cpuslot-bench
+export RUNTIME_PIDNS=1
 export CPUSLOT_DEMO_WORK="${CPUSLOT_DEMO_WORK:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.cache/bench-runtime}"
 # shellcheck source=hack/demo.sh
 source "$(dirname "${BASH_SOURCE[0]}")/demo.sh"

@@ -203,7 +203,11 @@ start_runtime() {
 	metrics="$(free_port $((port + 1000)))"
 	cg_create "$cg"
 	# the runtime's own lines into its log file; OpenWhisk /run from several client threads at once
-	start_in_cgroup "$name" "$cg" env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@" \
+	# RUNTIME_PIDNS=1: in a PID namespace of its own, as in a pod (on cgroup v1 the agent passes
+	# slot fds only to such peers: without them it places threads itself; docs/security.md)
+	local pidns=()
+	[ "${RUNTIME_PIDNS:-0}" = 1 ] && pidns=(unshare --pid --fork --kill-child=SIGTERM)
+	start_in_cgroup "$name" "$cg" "${pidns[@]}" env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@" \
 		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m -Dpolyglot.engine.WarnInterpreterOnly=false -jar "$RUNTIME_JAR"
 	wait_http "http://127.0.0.1:$metrics/metrics" "the runtime ($name)" "$WORK/$name.pid"
 	printf -v "${name^^}_PORT" '%s' "$port"
