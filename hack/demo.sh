@@ -169,6 +169,7 @@ stop_pid_file() { # SIGTERM, then SIGKILL, the process we started (by its record
 	[ -f "$f" ] || return 0
 	pid="$(cat "$f")"
 	if kill -0 "$pid" 2>/dev/null; then
+		pkill -TERM -P "$pid" 2>/dev/null || true # its child, when started in a PID namespace (unshare --fork)
 		kill "$pid" 2>/dev/null || true
 		for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 		kill -9 "$pid" 2>/dev/null || true

@@ -65,6 +65,17 @@ class SlotsAndQuotaTest {
     }
 
     @Test
+    void millisecondsInTheActivationLineHaveThreeDecimalsAsBefore() {
+        assertEquals("1.436", FunctionRuntime.ms(1_436_000));
+        assertEquals("0.000", FunctionRuntime.ms(0));
+        assertEquals("0.050", FunctionRuntime.ms(49_999));
+        assertEquals("12.001", FunctionRuntime.ms(12_000_600));
+        assertEquals("60000.000", FunctionRuntime.ms(60_000_000_000L));
+        for (long ns : new long[]{1, 999, 1_000_500, 123_456_789, 7_000_000_001L})
+            assertEquals(String.format(java.util.Locale.ROOT, "%.3f", Math.round(ns / 1e3) / 1e3), FunctionRuntime.ms(ns), "ns " + ns);
+    }
+
+    @Test
     void withLocalLeasingTheWorkerClaimsItsHeldSlotWithNoMessageAndTheAgentGetsTheUsage() throws Exception {
         try (FakeAgent agent = new FakeAgent(dir).start()) {
             agent.statFds = 1;

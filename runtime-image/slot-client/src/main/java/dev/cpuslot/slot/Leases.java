@@ -81,6 +81,7 @@ final class Leases {
      */
     static String clip(String s) {
         if (s == null) return "";
+        if (s.length() * 3 <= Protocol.MAX_STRING && plain(s)) return s; // at most 3 UTF-8 bytes a char: fits
         for (int i = 0; i < s.length(); i++) {
             char c = s.charAt(i);
             if (Character.isISOControl(c) || Character.isSurrogate(c)) {
@@ -93,6 +94,14 @@ final class Leases {
         int n = Protocol.MAX_STRING;
         while (n > 0 && (b[n] & 0xC0) == 0x80) n--;
         return new String(b, 0, n, StandardCharsets.UTF_8);
+    }
+
+    private static boolean plain(String s) {
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            if (Character.isISOControl(c) || Character.isSurrogate(c)) return false;
+        }
+        return true;
     }
 
     private static String sanitize(String s) {

@@ -34,6 +34,13 @@ final class LocalLeases {
     private final boolean failClosed;
     /** The connection each entry's HOLD lease was granted (or re-declared) on. */
     private final AtomicReferenceArray<Connection> owner;
+    /**
+     * Each entry's counters as its last release read them: the next claim's start (the slot's
+     * counters are cumulative; between invocations nothing of the process runs in it but threads
+     * an invocation left behind, whose CPU then counts for the next one, as with lingering).
+     * Saves reading the counters at every acquire.
+     */
+    private final AtomicReferenceArray<SlotCounters> lastEnd;
     /** Entries whose lease must be re-declared (their connection died). */
     private final AtomicReferenceArray<Boolean> reclaim;
     /** The entry the thread used last; -1 = none. */
@@ -60,6 +67,7 @@ final class LocalLeases {
         this.failClosed = failClosed;
         this.owner = new AtomicReferenceArray<>(table.capacity());
         this.reclaim = new AtomicReferenceArray<>(table.capacity());
+        this.lastEnd = new AtomicReferenceArray<>(table.capacity());
     }
 
     SlotTable table() { return table; }
@@ -138,7 +146,8 @@ final class LocalLeases {
         l.flags = (table.flags(i) & SlotTable.FLAG_DEGRADED) != 0 ? Protocol.ACQ_FLAG_DEGRADED : 0;
         l.outcome = outcome;
         l.place = place;
-        l.start = fds.readCounters(l.slot);
+        SlotCounters last = lastEnd.get(i);
+        l.start = last != null ? last : fds.readCounters(l.slot);
         return l;
     }
 
@@ -226,6 +235,7 @@ final class LocalLeases {
         }
         owner.set(e.index(), c);
         reclaim.set(e.index(), null);
+        lastEnd.set(e.index(), null);
         if (!transport.isAlive(c)) reclaim.set(e.index(), Boolean.TRUE); // died before we noted the owner
         String err = ok.place() == Protocol.PLACE_NONE && current[0] == ok.slot() ? null : fds.place(ok.slot(), ZERO);
         if (err != null) {
@@ -291,6 +301,7 @@ final class LocalLeases {
             l.released = true;
             SlotCounters end = l.end != null ? l.end : l.start != null ? fds.readCounters(l.slot) : null;
             Usage u = end != null && l.start != null ? end.since(l.start) : Usage.NONE;
+            lastEnd.set(l.entry, end);
             table.release(l.entry, l.claim, System.nanoTime());
             count("release.local");
             if (reports.add(l.action, outcome, u)) wake();
@@ -465,6 +476,7 @@ final class LocalLeases {
             boolean dropped = table.drop(i, (slot, lease, flags) -> {
                 // a lease the agent still backs is released (an entry the agent refused has no owner)
                 if (owner.getAndSet(idx, null) != null) sent[0] = releaseHold(lease, ReleaseOutcome.OK);
+                lastEnd.set(idx, null);
             }, now);
             if (dropped) count(gone ? "local.dropped_gone" : "local.dropped_idle");
             if (!sent[0]) return; // the agent is away: its lease ends with our connections
