@@ -43,8 +43,11 @@ final class LocalLeases {
     private final AtomicReferenceArray<SlotCounters> lastEnd;
     /** Entries whose lease must be re-declared (their connection died). */
     private final AtomicReferenceArray<Boolean> reclaim;
-    /** The entry the thread used last; -1 = none. */
-    private final ThreadLocal<int[]> lastEntry = ThreadLocal.withInitial(() -> new int[]{-1});
+    /**
+     * Per thread: [0] the entry it used last (-1 = none), [1] its kernel tid (a platform
+     * thread's never changes: read once, not with a system call per invocation).
+     */
+    private final ThreadLocal<int[]> perThread = ThreadLocal.withInitial(() -> new int[]{-1, Native.gettid()});
     /** Set when the agent's HELLO_OK said no LOCAL: the old path serves until a connection says yes. */
     private volatile boolean agentRefused;
     private volatile Thread worker;
@@ -76,7 +79,7 @@ final class LocalLeases {
     private void count(String name) { counters.count(name); }
 
     /** Creates the calling thread's per-thread state. */
-    void prepareThread() { lastEntry.get(); }
+    void prepareThread() { perThread.get(); }
 
     // ---- acquire ----------------------------------------------------------------------------
 
@@ -88,8 +91,8 @@ final class LocalLeases {
     SlotLease acquire(long quotaMilli, String act, String inv) {
         if (closed || agentRefused || !Native.available() || Thread.currentThread().isVirtual()
                 || quotaMilli <= 0 || quotaMilli > 0xFFFFFFFFL) return null;
-        int tid = Native.gettid();
-        int[] last = lastEntry.get();
+        int[] last = perThread.get();
+        int tid = last[1];
         long[] current = leases.currentSlotCell();
         // (1) the entry the thread used last: it already sits in that slot, nothing to write
         int i = last[0];
