@@ -320,6 +320,7 @@ public final class SlotClient implements AutoCloseable {
         if (sf.retain()) fds.unref(sf);
         fds.unref(sf);
         leases.warmCode();
+        if (local != null) local.warmCode();
     }
 
     /** Closes all connections (the agent releases their leases) and cached fds. */
