@@ -280,6 +280,12 @@ public final class FunctionPool implements AutoCloseable {
                     retired = true; // caller gave up on us: this sandbox is cancelled
                 }
             } catch (RuntimeException | Error e) {
+                if (j.lease != null) {
+                    try {
+                        j.lease.release(ReleaseOutcome.FAILED); // a held slot must not stay claimed (a no-op if it was released)
+                    } catch (RuntimeException ignored) {
+                    }
+                }
                 if (j.claimed.compareAndSet(false, true)) {
                     busy.decrementAndGet();
                     retired = true;

@@ -123,7 +123,9 @@ final class LocalLeases {
         long[] current = leases.currentSlotCell();
         // (1) the entry the thread used last: it already sits in that slot, nothing to write
         int i = last[0];
-        if (i >= 0) {
+        // look before claiming: a claim that finds another quota gives the entry back stamping
+        // idle_since, which would keep an entry this thread no longer uses from ever idling out
+        if (i >= 0 && table.asked(i) == quotaMilli && table.slot(i) != 0) {
             long s = table.claim(i, tid, quotaMilli, System.nanoTime());
             if (s != 0) {
                 if (table.slot(i) == current[0]) {

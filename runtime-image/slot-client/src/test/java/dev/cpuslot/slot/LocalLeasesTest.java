@@ -274,4 +274,17 @@ class LocalLeasesTest {
         assertNotEquals(a.slot(), b.slot(), "a miss instead");
         b.release(ReleaseOutcome.OK);
     }
+
+    @Test
+    void anEntryTheThreadNoLongerUsesStillIdlesOutWhileItRunsAnotherQuota() {
+        SlotLease a = local.acquire(250, "f", "1");
+        int e = a.entry;
+        a.release(ReleaseOutcome.OK);
+        long idle = table.idleSince(e), state = table.state(e);
+        for (int k = 0; k < 3; k++) local.acquire(500, "g", "x" + k).release(ReleaseOutcome.OK);
+        assertEquals(idle, table.idleSince(e), "another quota's invocations leave the 250m entry's idle time alone");
+        assertEquals(state, table.state(e), "and do not claim it");
+        local.dropIdle(idle + IDLE);
+        assertEquals(0, table.slot(e), "so it idles out");
+    }
 }
