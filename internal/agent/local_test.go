@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -634,4 +635,61 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 	if s := a2.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
 		t.Fatalf("after releasing: %+v", s)
 	}
+}
+
+// TestAttackUsageFlood: a process floods USAGE frames (one-way, so no
+// round trip paces it). Past the agent's rate they wait, and its
+// connection is not read meanwhile: the flood blocks its sender, while
+// another process is served; nothing of the flood is lost.
+func TestAttackUsageFlood(t *testing.T) {
+	const frames = 300
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	var recs []slotv1.UsageRecord
+	for i := 0; i < slotv1.MaxUsageRecords; i++ {
+		recs = append(recs, slotv1.UsageRecord{Action: "flood", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: 1})
+	}
+	one := usageFrame(t, recs...)
+	var all []byte
+	for i := 0; i < frames; i++ {
+		all = append(all, one...)
+	}
+	written := make(chan error, 1)
+	go func() { _, err := c.Write(all); written <- err }()
+
+	other := startLive(t, e, e.rel, 1)
+	oc := localConn(t, e.socket, other)
+	for i := 0; i < 50; i++ {
+		oc.Write(frame(t, holdReq(250, 0)))
+		m, _ := readFDs(t, oc)
+		g, ok := m.(*slotv1.AcquireOK)
+		if !ok {
+			t.Fatalf("another process during the flood: %+v", m)
+		}
+		oc.Write(frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("writing the flood: %v", err)
+	}
+	syncConn(t, c)
+	body := scrape(t, a)
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",outcome="ok"} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
+		t.Errorf("missing %s:\n%s", want, grep(body, "flood"))
+	}
+	if v, ok := metricValue(body, `cpuslot_errors_total{reason="usage_throttled"}`); !ok || v == 0 {
+		t.Errorf("the flood was never paced:\n%s", grep(body, "cpuslot_errors_total"))
+	}
+}
+
+// metricValue is the value of one series in a scrape.
+func metricValue(body, series string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
@@ -164,7 +165,19 @@ func (s *Server) Shutdown() {
 type session struct {
 	key  processKey
 	refs int
+	// usage paces the process's USAGE reports, over all its connections.
+	usage *rate.Limiter
 }
+
+// USAGE is one-way, so nothing paces a sender but the agent: past
+// usageRate frames a second (bursts of usageBurst) a process's USAGE waits
+// before it is credited, and its connection is not read meanwhile, so a
+// flood fills its own socket and blocks its sender, not the agent. The
+// reference clients send about one a second (SPEC.md).
+const (
+	usageRate  = 100
+	usageBurst = 100
+)
 
 // processKey tells processes apart even when a PID is reused.
 type processKey struct {
@@ -179,7 +192,7 @@ func (s *Server) join(k processKey) *session {
 	defer s.mu.Unlock()
 	ss := s.sessions[k]
 	if ss == nil {
-		ss = &session{key: k}
+		ss = &session{key: k, usage: rate.NewLimiter(usageRate, usageBurst)}
 		s.sessions[k] = ss
 	}
 	if ss.refs >= s.limits.MaxConnsPerProcess {
@@ -610,6 +623,12 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 	if !c.local {
 		c.badRequest(request, "USAGE needs a connection granted LOCAL at HELLO")
 		return false
+	}
+	if !c.session.usage.Allow() {
+		c.srv.metrics.Error(metrics.UsageThrottled)
+		if c.session.usage.Wait(c.srv.ctx) != nil {
+			return false // the agent is stopping
+		}
 	}
 	for _, r := range m.Records {
 		c.pool.Reported(r.Action, ending(r.Outcome), r.Invocations, r.CPUNanos, r.ThrottledNanos)
