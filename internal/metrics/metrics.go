@@ -104,10 +104,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: " + join(AdmissionResults) + "."},
 			[]string{"result"}),
 		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (" + join(Endings) + ")."},
+			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (" + join(Endings) + "); action " + Held + ": HOLD leases (local leasing), whose invocations the runtime reports under their own actions."},
 			[]string{"action", "outcome"}),
 		cpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by action."},
+			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by action; " + Held + ": the slots of HOLD leases over the whole hold, measured by the agent (the other actions of local leasing are the runtime's reports)."},
 			[]string{"action"}),
 		throttledSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by action."},
