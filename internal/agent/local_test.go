@@ -693,3 +693,29 @@ func metricValue(body, series string) (float64, bool) {
 	}
 	return 0, false
 }
+
+// TestLocalHoldDegraded: a HOLD lease is admitted like any lease: under
+// policy degrade it gets what the budget has left (flag DEGRADED), and is
+// raised to what it asked once budget frees up.
+func TestLocalHoldDegraded(t *testing.T) {
+	e := localEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	c.Write(frame(t, holdReq(800, 0)))
+	first, _ := readFDs(t, c)
+	g, ok := first.(*slotv1.AcquireOK)
+	if !ok || g.Flags&slotv1.AcquiredDegraded != 0 {
+		t.Fatalf("first HOLD: %+v", first)
+	}
+	c.Write(frame(t, holdReq(500, 0)))
+	m, _ := readFDs(t, c)
+	if d, ok := m.(*slotv1.AcquireOK); !ok || d.Flags&slotv1.AcquiredDegraded == 0 || d.QuotaMilli != 200 {
+		t.Fatalf("HOLD beyond the budget under degrade: %+v", m)
+	}
+	c.Write(frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+	waitFor(t, "the degraded HOLD lease to be raised", func() bool {
+		s := a.Summaries()[0]
+		return s.Degraded == 0 && s.UsedMilli == 500
+	})
+}

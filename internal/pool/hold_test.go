@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 )
@@ -172,33 +171,5 @@ func TestReportedActionsBounded(t *testing.T) {
 	}
 	if l := p.actionLabel(metrics.Held); l != "_other" {
 		t.Fatalf("a client's %q is labelled %q", metrics.Held, l)
-	}
-}
-
-// TestHoldDegraded: a HOLD lease is admitted like any lease: under policy
-// degrade it gets what the budget has left, and is raised when budget
-// frees up.
-func TestHoldDegraded(t *testing.T) {
-	b := newFake()
-	b.limit = 1000
-	c := cfg(Affinity, "500m=2")
-	c.Policy = admission.Degrade
-	p := start(t, c, b)
-	ctx := context.Background()
-	o := &conn{}
-	g := must(t)(p.Acquire(ctx, holdReq(o, 800)))
-	h := must(t)(p.Acquire(ctx, holdReq(o, 500)))
-	if !h.Degraded || h.Spec.QuotaMilli != 200 || h.Place != PlaceSelf {
-		t.Fatalf("degraded HOLD lease %+v", h)
-	}
-	b.takeOps()
-	if _, err := p.Release(o, g.Lease, metrics.EndOK); err != nil {
-		t.Fatal(err)
-	}
-	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 500m]", h.SlotID) {
-		t.Fatalf("raise: %v", ops)
-	}
-	if s := p.Summary(); s.UsedMilli != 500 || s.Degraded != 0 {
-		t.Fatalf("%+v", s)
 	}
 }
