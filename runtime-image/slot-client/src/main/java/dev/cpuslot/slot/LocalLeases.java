@@ -48,8 +48,6 @@ final class LocalLeases {
      * thread's never changes: read once, not with a system call per invocation).
      */
     private final ThreadLocal<int[]> perThread = ThreadLocal.withInitial(() -> new int[]{-1, Native.gettid()});
-    /** Set when the agent's HELLO_OK said no LOCAL: the old path serves until a connection says yes. */
-    private volatile boolean agentRefused;
     private volatile Thread worker;
     private volatile boolean closed;
     private long lastReport;
@@ -116,8 +114,12 @@ final class LocalLeases {
      * the caller takes the per-invocation path.
      */
     SlotLease acquire(long quotaMilli, String act, String inv) {
-        if (closed || agentRefused || !Native.available() || Thread.currentThread().isVirtual()
-                || quotaMilli <= 0 || quotaMilli > 0xFFFFFFFFL) return null;
+        if (closed || !Native.available() || Thread.currentThread().isVirtual() || quotaMilli <= 0 || quotaMilli > 0xFFFFFFFFL)
+            return null;
+        // the agent's last word: no LOCAL (an older agent, or one that places threads itself)
+        // sends the call to the per-invocation path without asking again
+        Protocol.HelloOk h = transport.lastHello();
+        if (h != null && (h.flags() & Protocol.HELLO_OK_LOCAL) == 0) return null;
         int[] last = perThread.get();
         int tid = last[1];
         long[] current = leases.currentSlotCell();
@@ -198,8 +200,7 @@ final class LocalLeases {
                 return leases.noSlot(act, inv, quota, tid, "unreachable", e.getMessage());
             }
             if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
-                transport.giveBack(c);
-                agentRefused = true; // an agent without HOLD leases: the per-invocation path
+                transport.giveBack(c); // an agent without HOLD leases: the per-invocation path
                 count("local.refused");
                 return null;
             }
@@ -365,11 +366,8 @@ final class LocalLeases {
         }
     }
 
-    /** A connection said HELLO: re-declare what waits, and try the local path again if it may. */
-    void connected(Connection c) {
-        if (c.hello != null && (c.hello.flags() & Protocol.HELLO_OK_LOCAL) != 0) agentRefused = false;
-        wake();
-    }
+    /** A connection said HELLO: re-declare what waits. */
+    void connected(Connection c) { wake(); }
 
     private void wake() {
         Thread w = worker;
