@@ -356,8 +356,8 @@ func loadConfig(t *testing.T, cm obj) agent.Config {
 	if err != nil {
 		t.Fatalf("agent.LoadConfig: %v", err)
 	}
-	if _, err := cfg.PoolSettings(); err != nil {
-		t.Fatalf("PoolSettings: %v", err)
+	if _, err := cfg.Settings(); err != nil {
+		t.Fatalf("Settings: %v", err)
 	}
 	return cfg
 }
@@ -393,7 +393,7 @@ func TestAllOn(t *testing.T) {
 	}
 	// The all-on values change the agent settings: they reach the agent.
 	cfg := loadConfig(t, configMap(t, objs))
-	pc, _ := cfg.PoolSettings()
+	pc, _ := cfg.Settings()
 	if cfg.Pool.Mode != "cache-lazy" || cfg.Admission.Policy != "degrade" || pc.BudgetMilli != 2000 ||
 		pc.Prewarm[250] != 8 || pc.Prewarm[1500] != 1 || cfg.Pool.Period.Milliseconds() != 50 ||
 		!slices.Equal(cfg.Kubernetes.Select, []string{"openwhisk", "knative"}) ||
@@ -486,7 +486,7 @@ func TestSchema(t *testing.T) {
 	}
 	objs := render(t, "--set", "admission.budget=2,admission.minDegraded=0.1,pool.prewarm=0.5=2\\,1500m=1,pool.mode=uncached")
 	cfg := loadConfig(t, configMap(t, objs))
-	pc, _ := cfg.PoolSettings()
+	pc, _ := cfg.Settings()
 	if pc.BudgetMilli != 2000 || pc.MinDegradedMilli != 100 || pc.Prewarm[500] != 2 || pc.Prewarm[1500] != 1 {
 		t.Errorf("quantities given as numbers: %+v", pc)
 	}

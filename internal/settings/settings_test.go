@@ -113,24 +113,6 @@ func TestNamesUnique(t *testing.T) {
 	}
 }
 
-// pool.ConfigFrom keeps what the settings say and fills the node's CPUs
-// for an unset largest quota.
-func TestPoolConfigFrom(t *testing.T) {
-	s := settings.Default()
-	for key, v := range map[string]string{"pool.mode": "cache-eager", "admission.policy": "degrade", "pool.maxSlots": "9", "admission.budget": "1500m"} {
-		if err := s.Set(key, v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c, err := pool.ConfigFrom(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Mode != pool.CacheEager || c.Policy != admission.Degrade || c.MaxSlots != 9 || c.BudgetMilli != 1500 || c.MaxQuotaMilli != settings.NodeMaxQuota() {
-		t.Fatalf("%+v", c)
-	}
-}
-
 // The README's settings table lists every key with its flag and
 // annotation, and nothing the table does not have.
 func TestReadmeTable(t *testing.T) {
