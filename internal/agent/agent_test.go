@@ -33,10 +33,6 @@ import (
 // TestAgentOnCgroupV2 runs this package's kernel tests (cgrouptest.Kernel)
 // inside the cgroup v2 VM, with and without favordynmods.
 func TestAgentOnCgroupV2(t *testing.T) {
-	if vm.InGuest() {
-		t.Skip("already in the VM")
-	}
-	vm.Require(t)
 	for _, opts := range []string{"", "favordynmods"} {
 		t.Run("mount="+opts, func(t *testing.T) {
 			vm.RunKernelTests(t, "github.com/cpuslot/cpuslot/internal/agent", vm.Options{
