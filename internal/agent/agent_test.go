@@ -426,9 +426,7 @@ func TestAbandonedLeases(t *testing.T) {
 // served in its own cgroup, and its slots go away when it does.
 func TestServeUnder(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	parent := filepath.Dir(e.rel)
-	e.cfg.Standalone.Containers = nil
-	e.cfg.Standalone.ServeUnder = []string{parent}
+	e.serveUnder()
 	a := e.start()
 	ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=500", "N=3"}})
 	var r acquireResult
