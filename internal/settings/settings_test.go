@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
@@ -148,5 +149,29 @@ func TestReadmeTable(t *testing.T) {
 	}
 	for name := range rows {
 		t.Errorf("README: row %q is no setting", name)
+	}
+}
+
+// Validate refuses a Pool built in code (not through Set) with values Set
+// would refuse: pool.New relies on it.
+func TestValidateBuiltInCode(t *testing.T) {
+	for name, mutate := range map[string]func(*settings.Pool){
+		"mode":           func(p *settings.Pool) { p.Mode = "turbo" },
+		"policy":         func(p *settings.Pool) { p.Policy = "drop" },
+		"maxSlots":       func(p *settings.Pool) { p.MaxSlots = 0 },
+		"maxActions":     func(p *settings.Pool) { p.MaxActions = 0 },
+		"overcommit":     func(p *settings.Pool) { p.Overcommit = -1 },
+		"wait":           func(p *settings.Pool) { p.DefaultWait = -time.Millisecond },
+		"negative count": func(p *settings.Pool) { p.Prewarm = map[uint32]int{250: -1} },
+		"maxQuota":       func(p *settings.Pool) { p.MaxQuotaMilli = 2_000_000 },
+	} {
+		p := settings.Default()
+		mutate(&p)
+		if err := p.Validate(); err == nil {
+			t.Errorf("%s: %+v accepted", name, p)
+		}
+	}
+	if err := settings.Default().Validate(); err != nil {
+		t.Fatalf("defaults refused: %v", err)
 	}
 }
