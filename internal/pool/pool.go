@@ -17,6 +17,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // SlotIO is one slot's cgroup (cgroup.Slot in production).
@@ -157,7 +158,7 @@ var leaseSeq atomic.Uint64
 // Pool is the set of slots of one container.
 type Pool struct {
 	name    string
-	cfg     Config
+	cfg     settings.Pool
 	mode    mode
 	backend Backend
 	metrics *metrics.Metrics
@@ -190,9 +191,21 @@ type Pool struct {
 	degraded []*lease
 }
 
-// New makes a pool for one container; call Start to adopt and pre-warm.
-func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) {
+// New makes a pool for one container from its settings; call Start to
+// adopt and pre-warm.
+func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxQuotaMilli == 0 {
+		cfg.MaxQuotaMilli = settings.NodeMaxQuota()
+	}
+	mode, err := ParseMode(cfg.Mode)
+	if err != nil {
+		return nil, err
+	}
+	policy, err := admission.ParsePolicy(cfg.Policy)
+	if err != nil {
 		return nil, err
 	}
 	limit, err := b.LimitMilli()
@@ -203,15 +216,15 @@ func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) 
 	if base == 0 {
 		base = limit
 	}
-	md, ok := modes[cfg.Mode]
+	md, ok := modes[mode]
 	if !ok {
-		return nil, fmt.Errorf("unknown mode %d", cfg.Mode)
+		return nil, fmt.Errorf("unknown mode %d", mode)
 	}
 	p := &Pool{
 		name: name, cfg: cfg, mode: md, backend: b, metrics: m, containerLimit: limit,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		holds:   map[any]int{},
-		budget:  admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
+		budget:  admission.New(base, cfg.Overcommit, policy, cfg.MinDegradedMilli),
 		nextID:  1,
 		changed: make(chan struct{}),
 		actions: map[string]bool{},
@@ -280,9 +293,6 @@ func (p *Pool) maxQuota() uint32 {
 
 // Name is the pool's container identity.
 func (p *Pool) Name() string { return p.name }
-
-// Config is the pool's configuration.
-func (p *Pool) Config() Config { return p.cfg }
 
 // GrantsHold reports whether the pool grants HOLD leases (local leasing):
 // only in the mode where clients place their threads themselves. The
@@ -527,7 +537,7 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 		p.held[holder{owner, t}] = l
 		p.setOccupant(s, t, 0, 0)
 	}
-	p.metrics.Acquired(p.cfg.Mode.String(), metrics.Reclaimed, 0)
+	p.metrics.Acquired(p.cfg.Mode, metrics.Reclaimed, 0)
 	return p.reclaimed(s, l)
 }
 
@@ -685,7 +695,7 @@ func (p *Pool) Summary() Summary {
 			st.Free++
 		}
 	}
-	sum := Summary{Name: p.name, Mode: p.cfg.Mode.String(), BudgetMilli: p.budget.Limit, UsedMilli: p.budget.Used(),
+	sum := Summary{Name: p.name, Mode: p.cfg.Mode, BudgetMilli: p.budget.Limit, UsedMilli: p.budget.Used(),
 		Leases: len(p.leases), Degraded: len(p.degraded)}
 	for _, st := range byQ {
 		sum.Quotas = append(sum.Quotas, *st)
