@@ -146,6 +146,9 @@ type lease struct {
 	degraded  bool
 	// hold marks a HOLD lease: the process's, no thread's.
 	hold bool
+	// seen is how far the slot's counters were credited to the process
+	// (HOLD leases; see credit).
+	seen cgroup.Usage
 }
 
 type holder struct {
@@ -172,7 +175,9 @@ type Pool struct {
 	// held finds the lease a thread of a client process holds.
 	held map[holder]*lease
 	// holds counts the HOLD leases of each client process.
-	holds   map[any]int
+	holds map[any]int
+	// credits bounds what each process may report in USAGE.
+	credits map[any]*credit
 	budget  *admission.Budget
 	nextID  uint32
 	changed chan struct{} // closed when a slot or budget frees up
@@ -224,6 +229,7 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 		name: name, cfg: cfg, mode: md, backend: b, metrics: m, containerLimit: limit,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		holds:   map[any]int{},
+		credits: map[any]*credit{},
 		budget:  admission.New(base, cfg.Overcommit, policy, cfg.MinDegradedMilli),
 		nextID:  1,
 		changed: make(chan struct{}),
@@ -468,6 +474,9 @@ func (p *Pool) ReleaseOwner(owner any) int {
 	for _, id := range ids {
 		_, _ = p.Release(owner, id, metrics.Abandoned)
 	}
+	p.mu.Lock()
+	delete(p.credits, owner)
+	p.mu.Unlock()
 	return len(ids)
 }
 
@@ -526,7 +535,7 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 		p.metrics.Admission(metrics.ReclaimedOverBudget)
 		slog.Warn("reclaim beyond the budget honoured after a restart", "container", p.name, "slot", slotID, "quota", q, "used", p.budget.Used(), "budget", p.budget.Limit)
 	}
-	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last, hold: hold}
+	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last, hold: hold, seen: s.last}
 	s.lease, s.adopted = l, false
 	p.leases[l.id] = l
 	p.budget.Take(l.granted)
@@ -621,6 +630,7 @@ func (p *Pool) Close(remove bool) error {
 	p.leases = map[uint64]*lease{}
 	p.held = map[holder]*lease{}
 	p.holds = map[any]int{}
+	p.credits = map[any]*credit{}
 	p.mu.Unlock()
 	var errs []error
 	for _, s := range slots {
