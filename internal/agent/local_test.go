@@ -20,8 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
-	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/counters"
+	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 )
