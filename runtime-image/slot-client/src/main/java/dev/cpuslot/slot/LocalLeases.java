@@ -32,8 +32,13 @@ final class LocalLeases {
     private final UsageReports reports;
     private final long budgetNs, releaseNs, idleNs, tickNs;
     private final boolean failClosed;
-    /** The connection each entry's HOLD lease was granted (or re-declared) on. */
-    private final AtomicReferenceArray<Connection> owner;
+    /**
+     * The process's own record of each entry's HOLD lease (null: the agent does not back it):
+     * releases and re-declarations use this, never what the table says, so a scribbled table
+     * cannot make the client release or re-declare anything it was not granted.
+     */
+    private record Held(long slot, long quota, long lease, Connection conn) {}
+    private final AtomicReferenceArray<Held> held;
     /**
      * Each entry's counters as its last release read them: the next claim's start (the slot's
      * counters are cumulative; between invocations nothing of the process runs in it but threads
@@ -66,7 +71,7 @@ final class LocalLeases {
         this.idleNs = idleNs;
         this.tickNs = tickNs;
         this.failClosed = failClosed;
-        this.owner = new AtomicReferenceArray<>(table.capacity());
+        this.held = new AtomicReferenceArray<>(table.capacity());
         this.reclaim = new AtomicReferenceArray<>(table.capacity());
         this.lastEnd = new AtomicReferenceArray<>(table.capacity());
     }
@@ -266,7 +271,7 @@ final class LocalLeases {
             releaseHold(ok.lease(), ReleaseOutcome.OK);
             return null; // the per-invocation path serves it
         }
-        owner.set(e.index(), c);
+        held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), c));
         reclaim.set(e.index(), null);
         lastEnd.set(e.index(), null);
         if (!transport.isAlive(c)) reclaim.set(e.index(), Boolean.TRUE); // died before we noted the owner
@@ -275,7 +280,7 @@ final class LocalLeases {
             current[0] = 0;
             count("place.failed");
             releaseHold(ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
-            owner.set(e.index(), null); // released: dropped without another RELEASE once free
+            held.set(e.index(), null); // released: dropped without another RELEASE once free
             table.markGone(e.index());
             table.release(e.index(), e.state(), System.nanoTime());
             return leases.noSlot(act, inv, quota, tid, "placement_failed", err);
@@ -361,8 +366,9 @@ final class LocalLeases {
 
     /** A connection died: the entries it granted are re-declared on a new one. */
     void lost(Connection c) {
-        for (int i = 0; i < owner.length(); i++) {
-            if (owner.get(i) == c) reclaim.set(i, Boolean.TRUE);
+        for (int i = 0; i < held.length(); i++) {
+            Held h = held.get(i);
+            if (h != null && h.conn() == c) reclaim.set(i, Boolean.TRUE);
         }
     }
 
@@ -403,11 +409,12 @@ final class LocalLeases {
     void reclaimOnce() {
         for (int i = 0; i < table.used(); i++) {
             if (reclaim.get(i) == null) continue;
-            long slot = table.slot(i);
-            if (slot == 0 || table.gone(i)) {
+            Held h = held.get(i);
+            if (h == null || table.gone(i)) {
                 reclaim.set(i, null);
                 continue;
             }
+            long slot = h.slot();
             long deadline = System.nanoTime() + releaseNs;
             Connection c;
             try {
@@ -417,7 +424,7 @@ final class LocalLeases {
             }
             Transport.Reply r;
             try {
-                r = transport.call(c, new Protocol.Reclaim(slot, table.quota(i), 0, "", ""), deadline);
+                r = transport.call(c, new Protocol.Reclaim(slot, h.quota(), 0, "", ""), deadline);
             } catch (TimeoutException e) {
                 recovery.drain(c);
                 return;
@@ -429,7 +436,7 @@ final class LocalLeases {
             if (r.message() instanceof Protocol.AcquireOk ok && ok.slot() == slot && r.fds().length == ok.nfds()) {
                 if (r.fds().length > 0) fds.put(slot, r.fds(), c.hello);
                 table.setLease(i, ok.lease());
-                owner.set(i, c);
+                held.set(i, new Held(slot, h.quota(), ok.lease(), c));
                 reclaim.set(i, null);
                 if (!transport.isAlive(c)) reclaim.set(i, Boolean.TRUE);
                 count("local.reclaimed");
@@ -441,7 +448,7 @@ final class LocalLeases {
                 return; // NOT_READY, INTERNAL...: next round
             }
             // refused (UNKNOWN_LEASE, REJECTED) or a grant of another slot: the agent does not back this one
-            owner.set(i, null); // nothing to release when dropped
+            held.set(i, null); // nothing to release when dropped
             table.markGone(i);
             reclaim.set(i, null);
             count("local.reclaim_refused");
@@ -504,8 +511,9 @@ final class LocalLeases {
             boolean[] sent = {true};
             int idx = i;
             boolean dropped = table.drop(i, (slot, lease, flags) -> {
-                // a lease the agent still backs is released (an entry the agent refused has no owner)
-                if (owner.getAndSet(idx, null) != null) sent[0] = releaseHold(lease, ReleaseOutcome.OK);
+                // a lease the agent still backs is released, by the process's own record
+                Held h = held.getAndSet(idx, null);
+                if (h != null) sent[0] = releaseHold(h.lease(), ReleaseOutcome.OK);
                 lastEnd.set(idx, null);
             }, now);
             if (dropped) count(gone ? "local.dropped_gone" : "local.dropped_idle");

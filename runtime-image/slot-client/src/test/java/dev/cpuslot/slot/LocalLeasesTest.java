@@ -287,4 +287,26 @@ class LocalLeasesTest {
         local.dropIdle(idle + IDLE);
         assertEquals(0, table.slot(e), "so it idles out");
     }
+
+    @Test
+    void aScribbledTableCannotMakeTheClientReleaseOrReDeclareWhatItWasNotGranted() {
+        SlotLease a = local.acquire(250, "f", "1");
+        int e = a.entry;
+        long granted = table.lease(e);
+        a.release(ReleaseOutcome.OK);
+        // an invocation of this process writes over its own table
+        var m = table.memory();
+        m.set(java.lang.foreign.ValueLayout.JAVA_LONG_UNALIGNED, SlotTable.HEADER + 64L * e + SlotTable.LEASE, 999_999L);
+        m.set(java.lang.foreign.ValueLayout.JAVA_INT_UNALIGNED, SlotTable.HEADER + 64L * e + SlotTable.QUOTA, 4000);
+        transport.dropConnection();
+        local.reclaimOnce();
+        Protocol.Reclaim rc = (Protocol.Reclaim) transport.sent.stream().filter(x -> x instanceof Protocol.Reclaim).findFirst().orElseThrow();
+        assertEquals(new Protocol.Reclaim(a.slot(), 250, 0, "", ""), rc, "re-declared as granted, not as the table says");
+        long reclaimed = table.lease(e);
+        assertNotEquals(granted, reclaimed);
+        m.set(java.lang.foreign.ValueLayout.JAVA_LONG_UNALIGNED, SlotTable.HEADER + 64L * e + SlotTable.LEASE, 999_999L);
+        local.dropIdle(System.nanoTime() + 2 * IDLE);
+        Protocol.Release r = (Protocol.Release) transport.oneWay.getLast();
+        assertEquals(reclaimed, r.lease(), "the lease the agent granted is released, not the table's 999999");
+    }
 }
