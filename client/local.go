@@ -33,9 +33,9 @@ var errNoLocal = errors.New("cpuslot: agent grants no HOLD leases")
 
 // local is a Client's local leasing state.
 type local struct {
-	c     *Client
-	t     *slotv1.Table
-	idle  time.Duration
+	c    *Client
+	t    *slotv1.Table
+	idle time.Duration
 
 	// mu guards own; held off the invocation path (misses aside).
 	mu sync.Mutex

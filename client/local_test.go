@@ -397,4 +397,3 @@ func TestLocalTableFull(t *testing.T) {
 	}
 	waitFor(t, "the unpublishable HOLD lease released", func() bool { return f.count("release") >= 2 })
 }
-
