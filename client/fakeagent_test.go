@@ -50,6 +50,9 @@ type fakeAgent struct {
 	requests  map[string]int
 	usage     []slotv1.Usage
 	released  []uint64
+	// unknownReleases counts RELEASEs of lease ids the fake never granted
+	// (or had released already).
+	unknownReleases int
 	hellos    []uint32 // HELLO flags
 	// refuseReclaim answers RECLAIM with UNKNOWN_LEASE.
 	refuseReclaim bool
@@ -274,6 +277,8 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			delete(f.leases, m.Lease)
 			f.slots[id].leasedTo = 0
 			f.released = append(f.released, m.Lease)
+		} else {
+			f.unknownReleases++
 		}
 		if m.Flags&slotv1.ReleaseNoReply != 0 {
 			return nil, nil

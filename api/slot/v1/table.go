@@ -401,13 +401,19 @@ func (t *Table) Find(askedM uint32, from int) int {
 		if i >= t.n {
 			i -= t.n
 		}
-		o := entryOff(i)
-		if t.load32(o+offAsked) == askedM && Holder(t.load64(o+offState)) == 0 &&
-			t.load32(o+offSlot) != 0 && t.load32(o+offFlags)&EntryGone == 0 {
+		if t.Match(i, askedM) {
 			return i
 		}
 	}
 	return -1
+}
+
+// Match reports whether entry i looks claimable for askedM: free, holding
+// a slot, not GONE, asked for askedM. It only looks: Claim decides.
+func (t *Table) Match(i int, askedM uint32) bool {
+	o := entryOff(i)
+	return t.load32(o+offAsked) == askedM && Holder(t.load64(o+offState)) == 0 &&
+		t.load32(o+offSlot) != 0 && t.load32(o+offFlags)&EntryGone == 0
 }
 
 // Publish writes a granted HOLD lease into the first empty entry: claimed
