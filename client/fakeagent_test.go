@@ -53,7 +53,7 @@ type fakeAgent struct {
 	// unknownReleases counts RELEASEs of lease ids the fake never granted
 	// (or had released already).
 	unknownReleases int
-	hellos    []uint32 // HELLO flags
+	hellos          []uint32 // HELLO flags
 	// refuseReclaim answers RECLAIM with UNKNOWN_LEASE.
 	refuseReclaim bool
 }
