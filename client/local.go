@@ -108,11 +108,14 @@ func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, err
 	cur := c.current[tid]
 	last, hasLast := c.lastEntry[tid]
 	c.mu.Unlock()
+	if !hasLast {
+		last = -1
+	}
 	now := monotonicNow()
 	// (1) The thread's last entry.
 	if hasLast {
 		if cl, r := t.Claim(last, uint32(tid), quotaMilli, now); r == slotv1.Claimed {
-			if l, err := lc.use(tid, cl, cur, action, slotv1.OutcomeAffinityHit); err == nil {
+			if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeAffinityHit); err == nil {
 				return l, nil
 			}
 		}
@@ -133,7 +136,7 @@ func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, err
 		if r != slotv1.Claimed {
 			continue
 		}
-		if l, err := lc.use(tid, cl, cur, action, slotv1.OutcomeCacheHit); err == nil {
+		if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeCacheHit); err == nil {
 			return l, nil
 		}
 	}
@@ -150,7 +153,8 @@ var errNotUsable = errors.New("entry not usable")
 
 // use places the thread in claimed entry cl's slot unless it sits there,
 // and starts the invocation's usage.
-func (lc *local) use(tid int, cl slotv1.Claim, cur uint32, action string, outcome slotv1.Outcome) (*Lease, error) {
+// last is the entry the thread used last (-1: none).
+func (lc *local) use(tid int, cl slotv1.Claim, cur uint32, last int, action string, outcome slotv1.Outcome) (*Lease, error) {
 	c, t := lc.c, lc.t
 	e := t.Entry(cl.Index)
 	c.mu.Lock()
@@ -177,12 +181,12 @@ func (lc *local) use(tid int, cl slotv1.Claim, cur uint32, action string, outcom
 			l.Outcome = slotv1.OutcomeCacheHit
 		}
 	}
-	c.mu.Lock()
-	if cur != e.Slot {
+	if cur != e.Slot || last != cl.Index {
+		c.mu.Lock()
 		c.current[tid] = e.Slot
+		c.lastEntry[tid] = cl.Index
+		c.mu.Unlock()
 	}
-	c.lastEntry[tid] = cl.Index
-	c.mu.Unlock()
 	l.start, l.hasStart = readCounters(stat)
 	return l, nil
 }
@@ -230,7 +234,7 @@ func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error)
 		// way: declare it too (it is the old agent's lease).
 		lc.reclaim(cl.Index)
 	}
-	l, err := lc.use(tid, cl, 0, action, ok.Outcome)
+	l, err := lc.use(tid, cl, 0, -1, action, ok.Outcome)
 	if err != nil {
 		return nil, fmt.Errorf("cpuslot: placing thread in slot %d: %w", ok.Slot, err)
 	}
