@@ -132,8 +132,9 @@ type Lease struct {
 	// Local reports a slot the process holds (local leasing): the
 	// acquisition sent nothing to the agent unless it was a miss.
 	Local bool
-	claim slotv1.Claim
-	stat  []int // the slot's counter fds (local leases)
+	claim    slotv1.Claim
+	stat     []int // the slot's counter fds (local leases)
+	released atomic.Bool
 }
 
 // Dial connects to the agent and says HELLO.

@@ -248,6 +248,10 @@ func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error)
 // release ends an invocation on a held slot: usage from the counters, then
 // one store.
 func (lc *local) release(l *Lease, outcome slotv1.ReleaseOutcome) (Usage, error) {
+	if !l.released.CompareAndSwap(false, true) {
+		// Another thread may hold the entry by now: touch nothing.
+		return Usage{}, errors.New("cpuslot: lease released twice")
+	}
 	var u Usage
 	var err error
 	if end, ok := readCounters(l.stat); ok && l.hasStart {

@@ -397,3 +397,33 @@ func TestLocalTableFull(t *testing.T) {
 	}
 	waitFor(t, "the unpublishable HOLD lease released", func() bool { return f.count("release") >= 2 })
 }
+
+// TestLocalDoubleRelease: releasing a local lease twice is an error and
+// does not free the entry for a second thread while a first one holds it.
+func TestLocalDoubleRelease(t *testing.T) {
+	f := newFakeAgent(t, true)
+	c := dialFake(t, f, client.Options{TableCapacity: 1})
+	var first *client.Lease
+	onThread(func() {
+		var err error
+		if first, err = c.Acquire(250, "a", ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := first.Release(slotv1.InvocationOK); err != nil {
+			t.Fatal(err)
+		}
+	})
+	onThread(func() {
+		l, err := c.Acquire(250, "a", "")
+		if err != nil || !l.Local {
+			t.Fatalf("%v", err)
+		}
+		if _, err := first.Release(slotv1.InvocationOK); err == nil {
+			t.Error("a second Release of a local lease succeeded")
+		}
+		if h := slotv1.Holder(c.Table().State(0)); h == 0 {
+			t.Error("a stale Release freed the entry another thread holds")
+		}
+		l.Release(slotv1.InvocationOK)
+	})
+}
