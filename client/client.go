@@ -131,7 +131,7 @@ type Lease struct {
 	Reused bool
 	// Local reports a slot the process holds (local leasing): the
 	// acquisition sent nothing to the agent unless it was a miss.
-	Local bool
+	Local    bool
 	claim    slotv1.Claim
 	stat     []int // the slot's counter fds (local leases)
 	released atomic.Bool
