@@ -404,12 +404,21 @@ func bench(p params) error {
 		fmt.Println("local leasing against uncached and the floor:")
 		fmt.Println(strings.Join(summary, "\n"))
 	}
-	if p.share > 0 && clients["affinity"] != nil {
-		res, err := clients["affinity"].run(job{Share: p.share.Nanoseconds(), Quota: 250})
-		if err != nil {
-			return err
+	if p.share > 0 {
+		name := "local"
+		if clients[name] == nil {
+			name = "affinity"
 		}
-		fmt.Printf("\nCPU-bound thread in a 250m slot (affinity) for %v: %.1f%% of a core (target 25%% +/- 2.5)\n", p.share, res.SharePct)
+		if clients[name] != nil {
+			fmt.Println()
+			for _, q := range []uint32{150, 250, 750} {
+				res, err := clients[name].run(job{Share: p.share.Nanoseconds(), Quota: q})
+				if err != nil {
+					return err
+				}
+				fmt.Printf("CPU-bound thread in a %dm slot (%s) for %v: %.1f%% of a core (target %.1f%% +/- 2.5)\n", q, name, p.share, res.SharePct, float64(q)/10)
+			}
+		}
 	}
 	return nil
 }
