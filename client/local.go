@@ -113,7 +113,7 @@ func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, err
 	}
 	now := monotonicNow()
 	// (1) The thread's last entry.
-	if hasLast {
+	if hasLast && t.Match(last, quotaMilli) {
 		if cl, r := t.Claim(last, uint32(tid), quotaMilli, now); r == slotv1.Claimed {
 			if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeAffinityHit); err == nil {
 				return l, nil
