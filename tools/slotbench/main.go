@@ -331,7 +331,7 @@ func bench(p params) error {
 		fdm = strconv.FormatBool(h.FavorDynMods)
 	}
 	fmt.Printf("slotbench: %s, kernel %s, favordynmods %s, %d CPUs\n", h, kernel, fdm, runtime.NumCPU())
-	fmt.Printf("per invocation: acquire + placement + release through the agent socket; %d rounds per cell, modes alternating\n\n", p.rounds)
+	fmt.Printf("per invocation: acquire + placement + release through the agent socket; %d rounds per cell after one uncounted warm-up round, variants alternating\n\n", p.rounds)
 
 	floor, err := clients["floor"].run(job{Echo: echo, N: p.steadyN})
 	if err != nil {
@@ -364,7 +364,11 @@ func bench(p params) error {
 				byMode[v.name] = &cell{scenario: scenario, threads: threads, name: v.name}
 			}
 			per := max(1, n/p.rounds)
-			for r := 0; r < p.rounds; r++ {
+			// Round -1 warms every variant up and is not counted: slots
+			// made or held, a thread's affinity, held slots for each quota
+			// a thread may switch to (a runtime pays that once, not per
+			// invocation).
+			for r := -1; r < p.rounds; r++ {
 				order := append([]variant(nil), variants...)
 				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 				for _, v := range order {
@@ -376,6 +380,9 @@ func bench(p params) error {
 					res, err := clients[v.name].run(j)
 					if err != nil {
 						return fmt.Errorf("%s %s: %w", scenario, v.name, err)
+					}
+					if r < 0 {
+						continue
 					}
 					c := byMode[v.name]
 					for _, ns := range res.LatNS {
