@@ -60,6 +60,15 @@ func FuzzServer(f *testing.F) {
 		f.Add(mode, cat(hello(slotv1.HelloFDPassing), frameBytes(&slotv1.Reclaim{Slot: 1, QuotaMilli: 250, TID: 1, Action: "r"})))
 		f.Add(mode, cat(hello(0), acq(10, 0, slotv1.AcquireAgentPlaces, "zero")))
 		f.Add(mode, []byte{0, 1, 0, 0, 1, 1, 0, 0, 0, 1})
+		// Local leasing: HOLD leases, USAGE reports, RECLAIM of a HOLD lease.
+		hold := frameBytes(&slotv1.Acquire{QuotaMilli: 250, WaitUS: 1000, Flags: slotv1.AcquireHold})
+		usage := frameBytes(&slotv1.Usage{Records: []slotv1.UsageRecord{
+			{Action: "u", Outcome: slotv1.InvocationOK, Invocations: 2, CPUNanos: 5},
+			{Action: "v", Outcome: slotv1.InvocationTimeout, Invocations: 1, ThrottledNanos: 7}}})
+		local := hello(slotv1.HelloFDPassing | slotv1.HelloLocal)
+		f.Add(mode, cat(local, hold, hold, usage, rel(slotv1.ReleaseNoReply), rel(0)))
+		f.Add(mode, cat(local, hold, frameBytes(&slotv1.Reclaim{Slot: relayLease, QuotaMilli: 250}), usage, hold))
+		f.Add(mode, cat(hello(slotv1.HelloFDPassing), usage, hold))
 	}
 	if p := os.Getenv("CPUSLOT_FUZZ_CRASH_OUTPUT"); p != "" && isFuzzWorker() {
 		out, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -318,6 +327,10 @@ func relayOnce(socket string, in []byte) (out []byte, nfds int, problem string) 
 				binary.BigEndian.PutUint64(body[6:], lease)
 			}
 			answered = !(len(body) == 16 && body[15]&slotv1.ReleaseNoReply != 0)
+		case slotv1.TypeUsage:
+			// One-way: only a refusal is answered, and the connection is
+			// closed after it; the reads at the end collect it.
+			answered = false
 		case slotv1.TypeReclaim:
 			if len(body) >= 10 && binary.BigEndian.Uint32(body[6:]) == relayLease {
 				binary.BigEndian.PutUint32(body[6:], slot)

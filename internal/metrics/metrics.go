@@ -104,10 +104,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: " + join(AdmissionResults) + "."},
 			[]string{"result"}),
 		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (" + join(Endings) + ")."},
+			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (" + join(Endings) + "); action " + Held + ": HOLD leases (local leasing), whose invocations the runtime reports under their own actions."},
 			[]string{"action", "outcome"}),
 		cpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by action."},
+			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by action; " + Held + ": the slots of HOLD leases over the whole hold, measured by the agent (the other actions of local leasing are the runtime's reports)."},
 			[]string{"action"}),
 		throttledSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by action."},
@@ -133,6 +133,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	for _, e := range Endings {
 		m.invocations.WithLabelValues(unnamed, string(e))
+		m.invocations.WithLabelValues(Held, string(e))
 	}
 	for _, r := range ErrorReasons {
 		m.errors.WithLabelValues(string(r))
@@ -199,9 +200,27 @@ func (m *Metrics) Released(action string, how Ending, cpu, throttled time.Durati
 	m.throttledSeconds.WithLabelValues(a).Add(throttled.Seconds())
 }
 
+// Reported accounts invocations a client reports (USAGE): n released
+// leases of action ending how, and the CPU and throttled time it says they
+// used. Every value is a valid report: nanoseconds become seconds as a
+// float, never a time.Duration, which would wrap to a negative increment
+// (a panic in the metrics library).
+func (m *Metrics) Reported(action string, how Ending, n uint32, cpuNanos, throttledNanos uint64) {
+	if m == nil {
+		return
+	}
+	a := m.action(action)
+	m.invocations.WithLabelValues(a, string(how)).Add(float64(n))
+	m.cpuSeconds.WithLabelValues(a).Add(float64(cpuNanos) / 1e9)
+	m.throttledSeconds.WithLabelValues(a).Add(float64(throttledNanos) / 1e9)
+}
+
 func (m *Metrics) action(a string) string {
 	if a == "" {
 		return unnamed
+	}
+	if a == Held {
+		return Held
 	}
 	a = Label(a)
 	m.mu.Lock()
@@ -218,6 +237,11 @@ func (m *Metrics) action(a string) string {
 
 // unnamed is the action label of a lease whose client named no action.
 const unnamed = "_unnamed"
+
+// Held is the action label of HOLD leases (local leasing): a release counts
+// the whole hold, measured by the agent; what each action used comes from
+// the client's USAGE reports, under the action's own label.
+const Held = "_held"
 
 // CgroupOp observes one cgroup operation; failures are also counted as
 // errors with reason "cgroup_<op>".

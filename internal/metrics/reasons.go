@@ -17,6 +17,7 @@ const (
 	ConnectionLimit Reason = "connection_limit" // a connection over the per-node or per-process cap
 	AcceptFailed    Reason = "accept_failed"    // accept failed (e.g. out of fds); the agent backs off
 	SocketFailed    Reason = "socket_failed"    // a pod's socket could not be made (e.g. a planted file)
+	UsageThrottled  Reason = "usage_throttled"  // a USAGE report waited: its process sent them faster than the agent credits them
 )
 
 // Pool: slots and threads.
@@ -50,7 +51,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 // ErrorReasons lists every Reason, cgroup operations included.
 var ErrorReasons = func() []Reason {
 	r := []Reason{
-		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, AcceptFailed, SocketFailed,
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, AcceptFailed, SocketFailed, UsageThrottled,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
 		TeardownFailed, PrewarmFailed, ReadUsage,

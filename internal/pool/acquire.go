@@ -19,7 +19,9 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.supersede(req)
+	if !req.Hold {
+		p.supersede(req)
+	}
 	host, err := p.hostThread(req)
 	if err != nil {
 		return nil, err
@@ -49,6 +51,11 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 
 // decide checks the request's quota and returns how long it may wait.
 func (p *Pool) decide(req Request, start time.Time) (time.Time, error) {
+	if req.Hold {
+		if err := p.checkHold(req); err != nil {
+			return time.Time{}, err
+		}
+	}
 	if max := p.maxQuota(); req.QuotaMilli > max {
 		return time.Time{}, errorf(InvalidQuota, "quota %dm is above the largest of %dm (the container's CPU limit, else the configured maximum)", req.QuotaMilli, max)
 	}
@@ -56,6 +63,23 @@ func (p *Pool) decide(req Request, start time.Time) (time.Time, error) {
 		return time.Time{}, errorf(InvalidQuota, "%v", err)
 	}
 	return start.Add(p.waitOf(req)), nil
+}
+
+// checkHold refuses a HOLD request that names what a HOLD lease has not
+// (a thread, a slot it sits in, an agent placement, an action, an
+// invocation), or that this pool's mode does not grant.
+func (p *Pool) checkHold(req Request) error {
+	switch {
+	case !p.GrantsHold():
+		return errorf(BadRequest, "this pool's mode (%s) grants no HOLD leases", p.cfg.Mode)
+	case req.AgentPlaces:
+		return errorf(BadRequest, "a HOLD lease is placed by the client's threads, not by the agent")
+	case req.Thread.TID != 0 || req.CurrentSlot != 0:
+		return errorf(BadRequest, "a HOLD lease has no thread: tid %d and current slot %d must be 0", req.Thread.TID, req.CurrentSlot)
+	case req.Action != "" || req.Invocation != "":
+		return errorf(BadRequest, "a HOLD lease has no action or invocation (per-action usage comes in USAGE)")
+	}
+	return nil
 }
 
 // waitOf is how long req may wait for budget or a slot.
@@ -86,7 +110,7 @@ type hostThread struct {
 }
 
 func (p *Pool) hostThread(req Request) (hostThread, error) {
-	if !p.mode.needsHostTID(req.AgentPlaces) {
+	if req.Hold || !p.mode.needsHostTID(req.AgentPlaces) {
 		return hostThread{}, nil
 	}
 	tid, err := req.HostTID()
@@ -117,6 +141,12 @@ func (p *Pool) admitAndPick(ctx context.Context, req Request, deadline time.Time
 		if p.closed {
 			return t, errorf(Closing, "pool %s is closing", p.name)
 		}
+		if req.Hold && p.holds[req.Owner] >= p.cfg.MaxSlots {
+			// Only the process itself can free one: waiting is no use.
+			p.metrics.Error(metrics.SlotsExhausted)
+			return t, &Error{Reason: NoSlot, RetryAfter: 100 * time.Millisecond,
+				Message: fmt.Sprintf("the process holds %d HOLD leases, the most a process may (maxSlots)", p.holds[req.Owner])}
+		}
 		var waitFor string
 		d, g, reason := p.budget.Admit(req.QuotaMilli)
 		switch d {
@@ -126,7 +156,7 @@ func (p *Pool) admitAndPick(ctx context.Context, req Request, deadline time.Time
 		case admission.Wait:
 			waitFor = "budget"
 		case admission.Grant:
-			pl, ok := p.mode.pick(p, req, g)
+			pl, ok := p.pick(req, g)
 			if ok {
 				t.plan, t.granted, t.degraded = pl, g, g < req.QuotaMilli
 				if t.degraded {
@@ -169,6 +199,19 @@ func (p *Pool) admitAndPick(ctx context.Context, req Request, deadline time.Time
 	}
 }
 
+// pick has the mode pick a slot of quota q for req; a HOLD lease takes any
+// free slot of the quota, preferring one no thread sits in, else one made
+// or retuned, and the client's threads place themselves.
+func (p *Pool) pick(req Request, q uint32) (plan, bool) {
+	if !req.Hold {
+		return p.mode.pick(p, req, q)
+	}
+	if s := p.pickFree(q, true); s != nil {
+		return plan{s: s, outcome: metrics.CacheHit, place: PlaceSelf}, true
+	}
+	return p.growOrRetune(q, PlaceSelf)
+}
+
 // commit records the lease under the lock; the plan's I/O runs after.
 func (p *Pool) commit(req Request, t ticket, host hostThread) *lease {
 	s := t.plan.s
@@ -178,11 +221,18 @@ func (p *Pool) commit(req Request, t ticket, host hostThread) *lease {
 	s.adopted = false
 	s.busy = t.plan.io()
 	p.leases[l.id] = l
-	p.held[holder{l.owner, l.thread}] = l
 	p.budget.Take(t.granted)
 	if t.degraded {
 		p.degraded = append(p.degraded, l)
 	}
+	if req.Hold {
+		// No thread: nothing to supersede later, no occupant to record.
+		l.hold, l.thread, l.action = true, Thread{}, metrics.Held
+		p.holds[l.owner]++
+		p.beginIO()
+		return l
+	}
+	p.held[holder{l.owner, l.thread}] = l
 	p.setOccupant(s, req.Thread, host.tid, host.start)
 	p.beginIO()
 	return l
@@ -277,7 +327,7 @@ func (p *Pool) abort(l *lease, pl plan) {
 	p.dropDegraded(l)
 	s := l.slot
 	s.lease, s.busy = nil, false
-	if s.occupant == l.thread {
+	if !l.hold && s.occupant == l.thread {
 		p.vacate(s)
 	}
 	if pl.create && s.io == nil {

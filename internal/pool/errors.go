@@ -28,9 +28,12 @@ const (
 	UnknownLease
 	// Closing: the pool is closing, or its container is gone.
 	Closing
+	// BadRequest: a request the pool does not serve as asked (a HOLD
+	// lease with a thread, or where the mode grants none).
+	BadRequest
 )
 
-var reasonNames = [...]string{"internal", "invalid quota", "bad thread", "rejected", "timeout", "no slot", "unknown lease", "closing"}
+var reasonNames = [...]string{"internal", "invalid quota", "bad thread", "rejected", "timeout", "no slot", "unknown lease", "closing", "bad request"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -65,6 +68,7 @@ var (
 	ErrNoSlot       = &Error{Reason: NoSlot}
 	ErrUnknownLease = &Error{Reason: UnknownLease}
 	ErrClosing      = &Error{Reason: Closing}
+	ErrBadRequest   = &Error{Reason: BadRequest}
 )
 
 func errorf(r Reason, format string, args ...any) *Error {

@@ -73,6 +73,10 @@ type Request struct {
 	Wait       time.Duration
 	Action     string
 	Invocation string
+	// Hold asks for a HOLD lease (local leasing): a slot leased to the
+	// client process, which leases it to its threads itself. It has no
+	// thread, no action and no invocation, and ends no other lease.
+	Hold bool
 }
 
 // Grant is a leased slot.
@@ -139,6 +143,8 @@ type lease struct {
 	start     cgroup.Usage
 	action    string
 	degraded  bool
+	// hold marks a HOLD lease: the process's, no thread's.
+	hold bool
 }
 
 type holder struct {
@@ -163,7 +169,9 @@ type Pool struct {
 	byThread map[Thread]*slot
 	leases   map[uint64]*lease
 	// held finds the lease a thread of a client process holds.
-	held    map[holder]*lease
+	held map[holder]*lease
+	// holds counts the HOLD leases of each client process.
+	holds   map[any]int
 	budget  *admission.Budget
 	nextID  uint32
 	changed chan struct{} // closed when a slot or budget frees up
@@ -202,6 +210,7 @@ func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) 
 	p := &Pool{
 		name: name, cfg: cfg, mode: md, backend: b, metrics: m, containerLimit: limit,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
+		holds:   map[any]int{},
 		budget:  admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
 		nextID:  1,
 		changed: make(chan struct{}),
@@ -247,6 +256,9 @@ func (p *Pool) checkGone(err error) error {
 // per container, so one container's flood of names costs no other its own.
 // The caller holds the lock.
 func (p *Pool) actionLabel(a string) string {
+	if a == metrics.Held {
+		return "_other" // the agent's own measure of HOLD leases is not a client's to feed
+	}
 	if a == "" || p.actions[a] {
 		return a
 	}
@@ -271,6 +283,15 @@ func (p *Pool) Name() string { return p.name }
 
 // Config is the pool's configuration.
 func (p *Pool) Config() Config { return p.cfg }
+
+// GrantsHold reports whether the pool grants HOLD leases (local leasing):
+// only in the mode where clients place their threads themselves. The
+// research baselines have the agent place every thread, which is what they
+// measure.
+func (p *Pool) GrantsHold() bool {
+	_, ok := p.mode.(affinity)
+	return ok
+}
 
 // AgentPlaces reports whether an acquisition has the agent write a thread's
 // TID (agentPlaces: the client asked it to).
@@ -399,6 +420,12 @@ func (p *Pool) setOccupant(s *slot, t Thread, host int, hostStart uint64) {
 
 func (p *Pool) forgetLease(l *lease) {
 	delete(p.leases, l.id)
+	if l.hold {
+		if p.holds[l.owner]--; p.holds[l.owner] <= 0 {
+			delete(p.holds, l.owner)
+		}
+		return
+	}
 	if k := (holder{l.owner, l.thread}); p.held[k] == l {
 		delete(p.held, k)
 	}
@@ -441,6 +468,20 @@ func (p *Pool) ReleaseOwner(owner any) int {
 // restart may run in it); it is counted, and its quota counts against the
 // budget, so it never makes room for more.
 func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string) (*Grant, error) {
+	return p.reclaim(owner, slotID, t, action, false)
+}
+
+// ReclaimHold re-declares a HOLD lease held across a reconnect, as Reclaim
+// does a thread's lease. A process holds at most MaxSlots HOLD leases, also
+// after a restart that adopted more slots: a reclaim beyond is refused.
+func (p *Pool) ReclaimHold(owner any, slotID, quota uint32) (*Grant, error) {
+	if !p.GrantsHold() {
+		return nil, errorf(BadRequest, "this pool's mode (%s) grants no HOLD leases", p.cfg.Mode)
+	}
+	return p.reclaim(owner, slotID, Thread{}, "", true)
+}
+
+func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold bool) (*Grant, error) {
 	p.mu.Lock()
 	s := p.slots[slotID]
 	if p.closed {
@@ -461,6 +502,11 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 		return nil, errorf(UnknownLease, "slot %d is unknown or leased to another process", slotID)
 	}
 	q := s.spec.QuotaMilli
+	if hold && p.holds[owner] >= p.cfg.MaxSlots {
+		p.mu.Unlock()
+		p.metrics.Admission(metrics.Rejected)
+		return nil, errorf(Rejected, "reclaim of slot %d: the process holds %d HOLD leases, the most a process may (maxSlots)", slotID, p.holds[owner])
+	}
 	if !p.budget.Fits(q) {
 		if !s.adopted {
 			p.mu.Unlock()
@@ -470,12 +516,17 @@ func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string)
 		p.metrics.Admission(metrics.ReclaimedOverBudget)
 		slog.Warn("reclaim beyond the budget honoured after a restart", "container", p.name, "slot", slotID, "quota", q, "used", p.budget.Used(), "budget", p.budget.Limit)
 	}
-	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last}
+	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last, hold: hold}
 	s.lease, s.adopted = l, false
 	p.leases[l.id] = l
-	p.held[holder{owner, t}] = l
 	p.budget.Take(l.granted)
-	p.setOccupant(s, t, 0, 0)
+	if hold {
+		l.action = metrics.Held
+		p.holds[owner]++
+	} else {
+		p.held[holder{owner, t}] = l
+		p.setOccupant(s, t, 0, 0)
+	}
 	p.metrics.Acquired(p.cfg.Mode.String(), metrics.Reclaimed, 0)
 	return p.reclaimed(s, l)
 }
@@ -559,6 +610,7 @@ func (p *Pool) Close(remove bool) error {
 	p.slots = map[uint32]*slot{}
 	p.leases = map[uint64]*lease{}
 	p.held = map[holder]*lease{}
+	p.holds = map[any]int{}
 	p.mu.Unlock()
 	var errs []error
 	for _, s := range slots {

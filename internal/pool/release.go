@@ -23,6 +23,16 @@ func (p *Pool) Release(owner any, id uint64, how metrics.Ending) (cgroup.Usage, 
 	return used, nil
 }
 
+// Reported counts what a client says n invocations of action that ended
+// how used under its HOLD leases (USAGE): its word, in the series a release
+// feeds, through the container's cap on action names like any name.
+func (p *Pool) Reported(action string, how metrics.Ending, n uint32, cpuNanos, throttledNanos uint64) {
+	p.mu.Lock()
+	a := p.actionLabel(action)
+	p.mu.Unlock()
+	p.metrics.Reported(a, how, n, cpuNanos, throttledNanos)
+}
+
 // takeLease removes the owner's lease id from the pool's books and marks
 // its slot busy for the release's I/O.
 func (p *Pool) takeLease(owner any, id uint64) (*lease, error) {
@@ -64,7 +74,7 @@ func (p *Pool) freeSlot(l *lease, end cgroup.Usage, r released) []raise {
 	p.dropDegraded(l)
 	s := l.slot
 	s.lease, s.busy, s.last, s.freeSince = nil, s.raising, end, time.Now()
-	if r.vacated && s.occupant == l.thread {
+	if r.vacated && !l.hold && s.occupant == l.thread {
 		p.vacate(s)
 	}
 	if r.removed {

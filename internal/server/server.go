@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
@@ -164,7 +165,19 @@ func (s *Server) Shutdown() {
 type session struct {
 	key  processKey
 	refs int
+	// usage paces the process's USAGE reports, over all its connections.
+	usage *rate.Limiter
 }
+
+// USAGE is one-way, so nothing paces a sender but the agent: past
+// usageRate frames a second (bursts of usageBurst) a process's USAGE waits
+// before it is credited, and its connection is not read meanwhile, so a
+// flood fills its own socket and blocks its sender, not the agent. The
+// reference clients send about one a second (SPEC.md).
+const (
+	usageRate  = 100
+	usageBurst = 100
+)
 
 // processKey tells processes apart even when a PID is reused.
 type processKey struct {
@@ -179,7 +192,7 @@ func (s *Server) join(k processKey) *session {
 	defer s.mu.Unlock()
 	ss := s.sessions[k]
 	if ss == nil {
-		ss = &session{key: k}
+		ss = &session{key: k, usage: rate.NewLimiter(usageRate, usageBurst)}
 		s.sessions[k] = ss
 	}
 	if ss.refs >= s.limits.MaxConnsPerProcess {
@@ -214,6 +227,8 @@ type conn struct {
 	session *session
 	pool    *pool.Pool
 	fds     bool // the client takes fds
+	// local: the client was granted LOCAL (HOLD leases, USAGE reports).
+	local bool
 	// seen holds the slots whose fds this connection was sent.
 	seen map[uint32]bool
 	// hostTIDs caches the translation of the peer's TIDs into the agent's
@@ -271,6 +286,9 @@ func (c *conn) serve() {
 		}
 		f, err := slotv1.DecodeBody(body)
 		if err != nil {
+			// A USAGE is one-way: its sender reads no answer, so after the
+			// error the connection is out of step and is closed.
+			oneWay := body[1] == slotv1.TypeUsage
 			c.srv.metrics.Error(metrics.BadRequest)
 			var pe *slotv1.Error
 			errors.As(err, &pe)
@@ -280,7 +298,7 @@ func (c *conn) serve() {
 				level = slog.LevelDebug
 			}
 			log.Log(context.Background(), level, "bad request", "pid", c.peer.PID, "err", err, "count", c.badRequests)
-			if !c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) || pe.Code == slotv1.CodeUnsupportedVersion {
+			if !c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) || pe.Code == slotv1.CodeUnsupportedVersion || oneWay {
 				return
 			}
 			continue
@@ -485,11 +503,9 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		return c.send(f.Request, &slotv1.ReleaseOK{CPUNanos: u.CPUNanos, ThrottledNanos: u.ThrottledNanos,
 			Periods: u.Periods, ThrottledPeriods: u.ThrottledPeriods}, nil)
 	case *slotv1.Reclaim:
-		g, err := c.pool.Reclaim(c.session, m.Slot, m.QuotaMilli, pool.Thread{NS: c.peer.NS, TID: m.TID}, m.Action)
-		if err != nil {
-			return c.fail(f.Request, err)
-		}
-		return c.grant(f.Request, g)
+		return c.reclaim(f.Request, m)
+	case *slotv1.Usage:
+		return c.usage(f.Request, m)
 	case *slotv1.Hello:
 		return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "HELLO sent twice"))
 	}
@@ -532,29 +548,92 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 	if !c.fds {
 		ok.Flags |= slotv1.HelloOKAgentPlaces
 	}
+	// LOCAL needs fds: the client's threads place themselves in the slots
+	// the process holds.
+	if c.local = h.Flags&slotv1.HelloLocal != 0 && c.fds && p.GrantsHold(); c.local {
+		ok.Flags |= slotv1.HelloOKLocal
+	}
 	for _, q := range sum.Quotas {
 		ok.Pools = append(ok.Pools, slotv1.PoolSummary{QuotaMilli: q.QuotaMilli, PeriodUS: q.PeriodUS, Slots: uint16(min(q.Slots, 0xFFFF)), Free: uint16(min(q.Free, 0xFFFF))})
 	}
-	c.srv.log.Debug("client connected", "container", sum.Name, "pid", c.peer.PID, "client", h.Client, "fds", c.fds)
+	c.srv.log.Debug("client connected", "container", sum.Name, "pid", c.peer.PID, "client", h.Client, "fds", c.fds, "local", c.local)
 	return c.send(request, ok, nil)
 }
 
+// badRequest answers a request the agent refuses as malformed, and counts
+// it; the connection stays open.
+func (c *conn) badRequest(request uint32, format string, args ...any) bool {
+	c.srv.metrics.Error(metrics.BadRequest)
+	return c.fail(request, slotv1.Errorf(slotv1.CodeBadRequest, format, args...))
+}
+
 func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
+	hold := m.Flags&slotv1.AcquireHold != 0
+	if hold && !c.local {
+		return c.badRequest(request, "HOLD needs a connection granted LOCAL at HELLO")
+	}
 	req := pool.Request{
 		Owner: c.session, QuotaMilli: m.QuotaMilli, Thread: pool.Thread{NS: c.peer.NS, TID: m.TID},
 		CurrentSlot: m.CurrentSlot, AgentPlaces: !c.fds || m.Flags&slotv1.AcquireAgentPlaces != 0,
 		Wait: time.Duration(m.WaitUS) * time.Microsecond, Action: m.Action, Invocation: m.Invocation,
+		Hold: hold,
 	}
 	req.HostTID = func() (int, error) { return c.hostTID(m.TID) }
 	req.NeedFDs = c.needFDs
 	g, err := c.pool.Acquire(c.srv.ctx, req)
-	if c.peer.PID != c.srv.self && c.pool.AgentPlaces(req.AgentPlaces) {
+	if errors.Is(err, pool.ErrBadRequest) {
+		c.srv.metrics.Error(metrics.BadRequest)
+	}
+	if !hold && c.peer.PID != c.srv.self && c.pool.AgentPlaces(req.AgentPlaces) {
 		c.srv.guard.check() // an agent placement (or eviction) may have run
 	}
 	if err != nil {
 		return c.fail(request, err)
 	}
 	return c.grant(request, g)
+}
+
+// reclaim re-declares a lease after a reconnect: a thread's, or with tid 0
+// and no action a HOLD lease (only on a LOCAL connection).
+func (c *conn) reclaim(request uint32, m *slotv1.Reclaim) bool {
+	var g *pool.Grant
+	var err error
+	if m.TID == 0 && m.Action == "" {
+		if !c.local {
+			return c.badRequest(request, "RECLAIM of a HOLD lease (tid 0, no action) needs a connection granted LOCAL at HELLO")
+		}
+		if m.Invocation != "" {
+			return c.badRequest(request, "a HOLD lease has no invocation")
+		}
+		g, err = c.pool.ReclaimHold(c.session, m.Slot, m.QuotaMilli)
+	} else {
+		g, err = c.pool.Reclaim(c.session, m.Slot, m.QuotaMilli, pool.Thread{NS: c.peer.NS, TID: m.TID}, m.Action)
+	}
+	if err != nil {
+		return c.fail(request, err)
+	}
+	return c.grant(request, g)
+}
+
+// usage credits a USAGE report. It is one-way: nothing is answered unless
+// it is refused, and then the connection is closed (its sender reads no
+// answer, so it would be out of step). Its cost is bounded per frame like
+// any request's: at most MaxUsageRecords records, each a label lookup.
+func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
+	if !c.local {
+		c.badRequest(request, "USAGE needs a connection granted LOCAL at HELLO")
+		return false
+	}
+	if !c.session.usage.Allow() {
+		c.srv.metrics.Error(metrics.UsageThrottled)
+		if c.session.usage.Wait(c.srv.ctx) != nil {
+			return false // the agent is stopping
+		}
+	}
+	for _, r := range m.Records {
+		c.pool.Reported(r.Action, ending(r.Outcome), r.Invocations, r.CPUNanos, r.ThrottledNanos)
+	}
+	return true
 }
 
 // needFDs reports whether this connection takes fds and was not yet sent

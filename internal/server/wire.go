@@ -19,6 +19,7 @@ var reasonCodes = map[pool.Reason]slotv1.Code{
 	pool.NoSlot:       slotv1.CodeSlotUnavailable,
 	pool.UnknownLease: slotv1.CodeUnknownLease,
 	pool.Closing:      slotv1.CodeShuttingDown,
+	pool.BadRequest:   slotv1.CodeBadRequest,
 }
 
 // wireError is err as the protocol's typed error; an error of no known type

@@ -24,6 +24,7 @@ func TestPoolErrorsOnTheWire(t *testing.T) {
 		pool.NoSlot:       slotv1.CodeSlotUnavailable,
 		pool.UnknownLease: slotv1.CodeUnknownLease,
 		pool.Closing:      slotv1.CodeShuttingDown,
+		pool.BadRequest:   slotv1.CodeBadRequest,
 	}
 	for r := range pool.Reason(255) {
 		if strings.HasPrefix(r.String(), "reason(") {

@@ -1,0 +1,721 @@
+package agent_test
+
+// Local leasing (SPEC.md, "Local leasing"): HOLD leases and USAGE reports
+// against the real agent on the real kernel's cgroups. The attacks pass
+// when the attack fails.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+)
+
+// localEnv is an agent whose peers are live child processes of the host's
+// PID namespace; on v1 they get fds only with hostNamespaceFDs (a pod,
+// in a PID namespace of its own, gets them without).
+func localEnv(t *testing.T, mutate func(*agent.Config)) *env {
+	return newEnv(t, 0, func(c *agent.Config) {
+		c.Limits.HostNamespaceFDs = true
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+}
+
+// readFDs reads one response and the fds that came with it (closed here).
+func readFDs(t *testing.T, c net.Conn) (slotv1.Message, int) {
+	t.Helper()
+	body, fds, err := readRawFrame(c.(*net.UnixConn))
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	if err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	f, err := slotv1.DecodeBody(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Msg, len(fds)
+}
+
+// helloWith says HELLO with flags on c.
+func helloWith(t *testing.T, c net.Conn, flags uint32) *slotv1.HelloOK {
+	t.Helper()
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: flags}))
+	m, _ := readFDs(t, c)
+	ok, isOK := m.(*slotv1.HelloOK)
+	if !isOK {
+		t.Fatalf("hello refused: %+v", m)
+	}
+	return ok
+}
+
+// localConn is a connection of the live child l that was granted LOCAL.
+func localConn(t *testing.T, socket string, l *liveChild) net.Conn {
+	t.Helper()
+	c := l.dial(t, socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal == 0 || ok.Flags&slotv1.HelloOKAgentPlaces != 0 {
+		t.Fatalf("LOCAL not granted: flags %b", ok.Flags)
+	}
+	return c
+}
+
+func holdReq(q, waitUS uint32) *slotv1.Acquire {
+	return &slotv1.Acquire{QuotaMilli: q, WaitUS: waitUS, Flags: slotv1.AcquireHold}
+}
+
+// syncConn sends a request that is answered (a RELEASE of a lease nobody
+// holds), so that every one-way frame sent before it has been handled.
+func syncConn(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.Write(frame(t, &slotv1.Release{Lease: 0}))
+	if m, _ := readFDs(t, c); !isErr(m, slotv1.CodeUnknownLease) {
+		t.Fatalf("sync: %+v", m)
+	}
+}
+
+// TestLocalHoldGrant: a LOCAL connection gets HOLD leases with the slot's
+// fds and place SELF, once per slot and connection; their releases are
+// counted under _held; a HOLD lease ends no other.
+func TestLocalHoldGrant(t *testing.T) {
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	place, stat := e.h.SlotFDs()
+
+	var leases []uint64
+	slots := map[uint32]bool{}
+	for i := 0; i < 2; i++ {
+		c.Write(frame(t, holdReq(250, 0)))
+		m, nfds := readFDs(t, c)
+		g, ok := m.(*slotv1.AcquireOK)
+		if !ok || g.Place != slotv1.PlaceSelf || int(g.NumFDs) != place+stat || nfds != place+stat || g.QuotaMilli != 250 {
+			t.Fatalf("hold %d: %+v with %d fds, want place SELF and %d fds", i, m, nfds, place+stat)
+		}
+		leases = append(leases, g.Lease)
+		slots[g.Slot] = true
+	}
+	if len(slots) != 2 {
+		t.Fatalf("two HOLD leases share a slot: %v", slots)
+	}
+	// A thread's lease of the same process ends no HOLD lease.
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: l.tids[0]}))
+	tl, _ := readFDs(t, c)
+	if _, ok := tl.(*slotv1.AcquireOK); !ok {
+		t.Fatalf("thread acquire: %+v", tl)
+	}
+	if s := a.Summaries()[0]; s.Leases != 3 || s.UsedMilli != 1000 {
+		t.Fatalf("while held: %+v", s)
+	}
+	c.Write(frame(t, &slotv1.Release{Lease: leases[0], Flags: slotv1.ReleaseNoReply}))
+	c.Write(frame(t, &slotv1.Release{Lease: leases[1], Outcome: slotv1.InvocationFailed}))
+	if m, _ := readFDs(t, c); !isReleaseOK(m) {
+		t.Fatalf("release: %+v", m)
+	}
+	// The connection has the fds of both slots: a new HOLD lease of one of
+	// them comes without.
+	c.Write(frame(t, holdReq(250, 0)))
+	m, nfds := readFDs(t, c)
+	if g, ok := m.(*slotv1.AcquireOK); !ok || !slots[g.Slot] || g.NumFDs != 0 || nfds != 0 || g.Place != slotv1.PlaceSelf {
+		t.Fatalf("hold of a slot the connection knows: %+v with %d fds", m, nfds)
+	}
+	body := scrape(t, a)
+	for _, want := range []string{
+		`cpuslot_lease_releases_total{action="_held",outcome="ok"} 1`,
+		`cpuslot_lease_releases_total{action="_held",outcome="failed"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("missing %s:\n%s", want, grep(body, "lease_releases_total"))
+		}
+	}
+}
+
+func isReleaseOK(m slotv1.Message) bool { _, ok := m.(*slotv1.ReleaseOK); return ok }
+
+// TestAttackHoldWithoutLocal: HOLD (and RECLAIM of a HOLD lease) from a
+// connection that was not granted LOCAL is BAD_REQUEST: without fds
+// (AGENT_PLACES) a HOLD lease could not be used, and a client that did not
+// ask for LOCAL does not get leases without a thread.
+func TestAttackHoldWithoutLocal(t *testing.T) {
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	for _, flags := range []uint32{slotv1.HelloFDPassing, slotv1.HelloLocal, 0} {
+		c := l.dial(t, e.socket)
+		c.SetDeadline(time.Now().Add(time.Minute))
+		if ok := helloWith(t, c, flags); ok.Flags&slotv1.HelloOKLocal != 0 {
+			t.Fatalf("hello flags %b: LOCAL granted (%b)", flags, ok.Flags)
+		}
+		c.Write(frame(t, holdReq(250, 0)))
+		m, nfds := readFDs(t, c)
+		wantCode(t, fmt.Sprintf("HOLD after hello flags %b", flags), m, slotv1.CodeBadRequest)
+		if nfds != 0 {
+			t.Fatalf("fds sent with a refusal")
+		}
+		c.Write(frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}))
+		m, _ = readFDs(t, c)
+		wantCode(t, fmt.Sprintf("RECLAIM tid 0 after hello flags %b", flags), m, slotv1.CodeBadRequest)
+	}
+	if s := a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
+		t.Fatalf("leases granted: %+v", s)
+	}
+}
+
+// TestLocalOnlyInAffinityMode: the research baselines have the agent place
+// every thread; a pool in one of them grants no LOCAL, so a baseline stays
+// what it measures.
+func TestLocalOnlyInAffinityMode(t *testing.T) {
+	e := localEnv(t, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
+	e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := l.dial(t, e.socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal != 0 {
+		t.Fatalf("cache-eager granted LOCAL: %b", ok.Flags)
+	}
+}
+
+// TestAttackHoldMalformed: a HOLD that names a thread, a current slot, an
+// agent placement, an action or an invocation is BAD_REQUEST; the
+// connection serves a valid HOLD after.
+func TestAttackHoldMalformed(t *testing.T) {
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	for name, m := range map[string]*slotv1.Acquire{
+		"tid":           {QuotaMilli: 250, Flags: slotv1.AcquireHold, TID: l.tids[0]},
+		"current slot":  {QuotaMilli: 250, Flags: slotv1.AcquireHold, CurrentSlot: 1},
+		"agent places":  {QuotaMilli: 250, Flags: slotv1.AcquireHold | slotv1.AcquireAgentPlaces},
+		"agent+tid":     {QuotaMilli: 250, Flags: slotv1.AcquireHold | slotv1.AcquireAgentPlaces, TID: l.tids[0]},
+		"action":        {QuotaMilli: 250, Flags: slotv1.AcquireHold, Action: "guest/a"},
+		"invocation":    {QuotaMilli: 250, Flags: slotv1.AcquireHold, Invocation: "id"},
+		"reclaim+inv":   nil, // below
+		"invalid quota": {QuotaMilli: 0, Flags: slotv1.AcquireHold},
+	} {
+		if m == nil {
+			continue
+		}
+		c.Write(frame(t, m))
+		resp, nfds := readFDs(t, c)
+		want := slotv1.CodeBadRequest
+		if name == "invalid quota" {
+			want = slotv1.CodeInvalidQuota
+		}
+		wantCode(t, "HOLD with "+name, resp, want)
+		if nfds != 0 {
+			t.Fatalf("HOLD with %s: fds sent with a refusal", name)
+		}
+	}
+	// A RECLAIM of a HOLD lease names no invocation either.
+	c.Write(frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250, Invocation: "id"}))
+	resp, _ := readFDs(t, c)
+	wantCode(t, "RECLAIM tid 0 with an invocation", resp, slotv1.CodeBadRequest)
+	if s := a.Summaries()[0]; s.Leases != 0 {
+		t.Fatalf("a malformed HOLD was granted: %+v", s)
+	}
+	c.Write(frame(t, holdReq(250, 0)))
+	if m, _ := readFDs(t, c); !isAcquireOK(m) {
+		t.Fatalf("a valid HOLD after bad ones: %+v", m)
+	}
+}
+
+func isAcquireOK(m slotv1.Message) bool { _, ok := m.(*slotv1.AcquireOK); return ok }
+
+// slotDirs counts the container's slot directories.
+func slotDirs(e *env) int {
+	d, _ := filepath.Glob(filepath.Join(e.h.CPURoot, e.rel, cgroup.SlotPrefix+"*"))
+	return len(d)
+}
+
+// TestAttackHoldBeyondMaxSlots: a process asks for HOLD leases until it is
+// refused. It gets at most maxSlots (SLOT_UNAVAILABLE after), on any of
+// its connections, and admission bounds them like any lease (REJECTED
+// under policy reject).
+func TestAttackHoldBeyondMaxSlots(t *testing.T) {
+	t.Run("maxSlots", func(t *testing.T) {
+		e := localEnv(t, func(c *agent.Config) { c.Pool.MaxSlots = 4; c.Pool.Prewarm = "250m=2" })
+		a := e.start()
+		l := startLive(t, e, e.rel, 1)
+		c := localConn(t, e.socket, l)
+		c2 := localConn(t, e.socket, l)
+		granted := 0
+		var last slotv1.Message
+		for i := 0; i < 8; i++ {
+			cn := c
+			if i%2 == 1 {
+				cn = c2
+			}
+			cn.Write(frame(t, holdReq(250, 1000)))
+			if last, _ = readFDs(t, cn); isAcquireOK(last) {
+				granted++
+			} else {
+				wantCode(t, fmt.Sprintf("HOLD %d", i), last, slotv1.CodeSlotUnavailable)
+			}
+		}
+		if granted != 4 {
+			t.Fatalf("%d HOLD leases granted with maxSlots 4; last %+v", granted, last)
+		}
+		if n := slotDirs(e); n > 4 {
+			t.Fatalf("%d slot directories with maxSlots 4", n)
+		}
+		if s := a.Summaries()[0]; s.Leases != 4 {
+			t.Fatalf("summary %+v", s)
+		}
+	})
+	t.Run("budget", func(t *testing.T) {
+		e := localEnv(t, func(c *agent.Config) {
+			c.Pool.MaxSlots = 8
+			c.Admission.Budget = "1"
+			c.Admission.Policy = "reject"
+		})
+		a := e.start()
+		l := startLive(t, e, e.rel, 1)
+		c := localConn(t, e.socket, l)
+		for i := 0; i < 4; i++ {
+			c.Write(frame(t, holdReq(250, 1000)))
+			if m, _ := readFDs(t, c); !isAcquireOK(m) {
+				t.Fatalf("HOLD %d within the budget: %+v", i, m)
+			}
+		}
+		c.Write(frame(t, holdReq(250, 1000)))
+		m, _ := readFDs(t, c)
+		wantCode(t, "HOLD beyond the budget", m, slotv1.CodeRejected)
+		if s := a.Summaries()[0]; s.UsedMilli > s.BudgetMilli || s.Leases != 4 {
+			t.Fatalf("summary %+v", s)
+		}
+	})
+}
+
+// TestAttackHoldEverySlotAndDie: a process holds every slot the pool may
+// have, then dies. Its HOLD leases are released as abandoned, the slots are
+// free, the budget is back, and another process gets them.
+func TestAttackHoldEverySlotAndDie(t *testing.T) {
+	e := localEnv(t, func(c *agent.Config) { c.Pool.MaxSlots = 5; c.Admission.Budget = "2" })
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	held := 0
+	for i := 0; i < 6; i++ {
+		c.Write(frame(t, holdReq(250, 1000)))
+		if m, _ := readFDs(t, c); isAcquireOK(m) {
+			held++
+		}
+	}
+	if s := a.Summaries()[0]; held != 5 || s.Leases != 5 || s.UsedMilli != 1250 {
+		t.Fatalf("held %d: %+v", held, s)
+	}
+	other := startLive(t, e, e.rel, 1)
+	oc := localConn(t, e.socket, other)
+	oc.Write(frame(t, holdReq(250, 1000)))
+	if m, _ := readFDs(t, oc); !isErr(m, slotv1.CodeSlotUnavailable) {
+		t.Fatalf("another process while every slot is held: %+v", m)
+	}
+	// The holder dies: the kernel closes its connections.
+	l.pair.Close()
+	c.Close()
+	waitFor(t, "the dead process's HOLD leases to be released", func() bool {
+		s := a.Summaries()[0]
+		return s.Leases == 0 && s.UsedMilli == 0
+	})
+	for i := 0; i < 5; i++ {
+		oc.Write(frame(t, holdReq(250, 1000)))
+		if m, _ := readFDs(t, oc); !isAcquireOK(m) {
+			t.Fatalf("HOLD %d after the holder died: %+v", i, m)
+		}
+	}
+	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",outcome="abandoned"} 5`) {
+		t.Errorf("abandoned HOLD leases not counted:\n%s", grep(body, "lease_releases_total"))
+	}
+}
+
+// usageFrame encodes a USAGE through the codec.
+func usageFrame(t *testing.T, recs ...slotv1.UsageRecord) []byte {
+	t.Helper()
+	return frame(t, &slotv1.Usage{Records: recs})
+}
+
+// TestLocalUsage: USAGE lands in the per-action series a RELEASE feeds,
+// and is never answered.
+func TestLocalUsage(t *testing.T) {
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	c.Write(usageFrame(t,
+		slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationOK, Invocations: 3, CPUNanos: 1_500_000_000, ThrottledNanos: 500_000_000},
+		slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationTimeout, Invocations: 1, CPUNanos: 250_000_000},
+		slotv1.UsageRecord{Action: "", Outcome: slotv1.InvocationFailed, Invocations: 2}))
+	c.Write(usageFrame(t, slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: 250_000_000}))
+	syncConn(t, c) // also: no answer came to either USAGE
+	body := scrape(t, a)
+	for _, want := range []string{
+		`cpuslot_lease_releases_total{action="guest/fib",outcome="ok"} 4`,
+		`cpuslot_lease_releases_total{action="guest/fib",outcome="timeout"} 1`,
+		`cpuslot_lease_releases_total{action="_unnamed",outcome="failed"} 2`,
+		`cpuslot_invocation_cpu_seconds_total{action="guest/fib"} 2`,
+		`cpuslot_invocation_throttled_seconds_total{action="guest/fib"} 0.5`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("missing %s:\n%s", want, grep(body, "guest/fib"))
+		}
+	}
+}
+
+// actionLabels lists the distinct action label values of
+// cpuslot_lease_releases_total.
+func actionLabels(body string) map[string]bool {
+	out := map[string]bool{}
+	for _, line := range strings.Split(body, "\n") {
+		rest, ok := strings.CutPrefix(line, `cpuslot_lease_releases_total{action="`)
+		if !ok {
+			continue
+		}
+		if i := strings.Index(rest, `"`); i >= 0 {
+			out[rest[:i]] = true
+		}
+	}
+	return out
+}
+
+// TestAttackUsageActionFlood: USAGE naming 200 distinct actions gets the
+// first maxActions of them a series each and counts the rest as _other:
+// the label count stays bounded, nothing is lost.
+func TestAttackUsageActionFlood(t *testing.T) {
+	const maxActions = 10
+	e := localEnv(t, func(c *agent.Config) { c.Pool.MaxActions = maxActions })
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	before := len(actionLabels(scrape(t, a)))
+	var recs []slotv1.UsageRecord
+	for i := 0; i < 200; i++ {
+		recs = append(recs, slotv1.UsageRecord{Action: fmt.Sprintf("flood-%03d", i), Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: 1_000_000})
+		if len(recs) == slotv1.MaxUsageRecords {
+			c.Write(usageFrame(t, recs...))
+			recs = recs[:0]
+		}
+	}
+	syncConn(t, c)
+	body := scrape(t, a)
+	labels := actionLabels(body)
+	if n := len(labels) - before; n > maxActions+1 {
+		t.Fatalf("200 action names made %d new labels, want at most %d and _other: %v", n, maxActions, labels)
+	}
+	if !labels["flood-000"] || labels["flood-199"] {
+		t.Fatalf("labels %v", labels)
+	}
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="_other",outcome="ok"} %d`, 200-maxActions); !strings.Contains(body, want) {
+		t.Fatalf("missing %s:\n%s", want, grep(body, "_other"))
+	}
+}
+
+// wantClosed reads c to its end: the agent must close it, after at most
+// the error it answered.
+func wantClosed(t *testing.T, what string, c net.Conn) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	if _, err := io.ReadAll(c); !closedByAgent(err) {
+		t.Fatalf("%s: connection not closed: %v", what, err)
+	}
+}
+
+// TestAttackUsageWithoutLocal: a USAGE before HELLO, or on a connection
+// not granted LOCAL, is BAD_REQUEST and closes the connection (a one-way
+// message's sender reads no answer: the connection is out of step);
+// nothing is counted.
+func TestAttackUsageWithoutLocal(t *testing.T) {
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	u := usageFrame(t, slotv1.UsageRecord{Action: "sneaky", Outcome: slotv1.InvocationOK, Invocations: 7, CPUNanos: 1e9})
+
+	c := l.dial(t, e.socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	c.Write(u)
+	m, _ := readFDs(t, c)
+	wantCode(t, "USAGE before HELLO", m, slotv1.CodeBadRequest)
+	wantClosed(t, "USAGE before HELLO", c)
+
+	for _, flags := range []uint32{slotv1.HelloFDPassing, slotv1.HelloLocal, 0} {
+		c := l.dial(t, e.socket)
+		c.SetDeadline(time.Now().Add(time.Minute))
+		helloWith(t, c, flags)
+		c.Write(u)
+		m, _ := readFDs(t, c)
+		wantCode(t, fmt.Sprintf("USAGE after hello flags %b", flags), m, slotv1.CodeBadRequest)
+		wantClosed(t, "USAGE without LOCAL", c)
+	}
+	if body := scrape(t, a); strings.Contains(body, "sneaky") {
+		t.Fatalf("USAGE without LOCAL was counted:\n%s", grep(body, "sneaky"))
+	}
+}
+
+// usageBody builds a USAGE frame from raw payload bytes: an attacker does
+// not use the encoder.
+func usageBody(payload []byte) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(6+len(payload)))
+	b = append(b, slotv1.Version, slotv1.TypeUsage, 0, 0, 0, 9)
+	return append(b, payload...)
+}
+
+// usageRecord encodes one record with raw fields.
+func usageRecord(action []byte, outcome uint8, n uint32, cpu, thr uint64) []byte {
+	b := binary.BigEndian.AppendUint16(nil, uint16(len(action)))
+	b = append(b, action...)
+	b = append(b, outcome)
+	b = binary.BigEndian.AppendUint32(b, n)
+	b = binary.BigEndian.AppendUint64(b, cpu)
+	return binary.BigEndian.AppendUint64(b, thr)
+}
+
+// TestAttackUsageMalformed: each malformed USAGE is answered BAD_REQUEST
+// and closes the connection; none of it is counted, and the agent serves
+// the next connection.
+func TestAttackUsageMalformed(t *testing.T) {
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	ok := usageRecord([]byte("mal-ok"), 0, 1, 1e9, 0)
+	var nine []byte
+	for i := 0; i < 9; i++ {
+		nine = append(nine, usageRecord([]byte(fmt.Sprintf("mal-%d", i)), 0, 1, 1, 0)...)
+	}
+	cases := map[string][]byte{
+		"no records":        {0},
+		"nine records":      append([]byte{9}, nine...),
+		"placement failed":  append([]byte{1}, usageRecord([]byte("mal-pf"), 3, 1, 1, 0)...),
+		"unknown outcome":   append([]byte{1}, usageRecord([]byte("mal-uo"), 200, 1, 1, 0)...),
+		"zero invocations":  append([]byte{1}, usageRecord([]byte("mal-zero"), 0, 0, 1, 0)...),
+		"invalid UTF-8":     append([]byte{1}, usageRecord([]byte{'m', 'a', 'l', 0xff}, 0, 1, 1, 0)...),
+		"control character": append([]byte{1}, usageRecord([]byte("mal\nx"), 0, 1, 1, 0)...),
+		"count too high":    append([]byte{2}, ok...),
+		"bytes left over":   append(append([]byte{1}, ok...), 0),
+		"truncated":         append([]byte{1}, ok[:len(ok)-3]...),
+	}
+	for name, payload := range cases {
+		c := localConn(t, e.socket, l)
+		c.Write(usageBody(payload))
+		m, _ := readFDs(t, c)
+		wantCode(t, "USAGE with "+name, m, slotv1.CodeBadRequest)
+		wantClosed(t, "USAGE with "+name, c)
+	}
+	body := scrape(t, a)
+	if strings.Contains(body, `action="mal`) {
+		t.Fatalf("a malformed USAGE was counted:\n%s", grep(body, "mal"))
+	}
+	c := localConn(t, e.socket, l)
+	c.Write(usageBody(append([]byte{1}, ok...)))
+	syncConn(t, c)
+	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="mal-ok",outcome="ok"} 1`) {
+		t.Fatalf("a valid USAGE after malformed ones:\n%s", grep(body, "mal"))
+	}
+}
+
+// TestAttackUsageAbsurdCPU: a USAGE may claim any CPU time: the numbers
+// are the client's word (docs/security.md). The agent survives the
+// largest values (no overflow into a negative counter increment, which
+// the metrics library refuses with a panic) and counts them as sent.
+func TestAttackUsageAbsurdCPU(t *testing.T) {
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	huge := slotv1.UsageRecord{Action: "absurd", Outcome: slotv1.InvocationOK, Invocations: math.MaxUint32,
+		CPUNanos: math.MaxUint64, ThrottledNanos: math.MaxUint64}
+	c.Write(usageFrame(t, huge, huge))
+	syncConn(t, c)
+	body := scrape(t, a)
+	for _, want := range []string{
+		`cpuslot_lease_releases_total{action="absurd",outcome="ok"} 8.58993459e+09`,
+		`cpuslot_invocation_cpu_seconds_total{action="absurd"} 3.6893488147419106e+10`,
+		`cpuslot_invocation_throttled_seconds_total{action="absurd"} 3.6893488147419106e+10`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("missing %s:\n%s", want, grep(body, "absurd"))
+		}
+	}
+	c.Write(frame(t, holdReq(250, 0)))
+	if m, _ := readFDs(t, c); !isAcquireOK(m) {
+		t.Fatalf("the connection after absurd USAGE: %+v", m)
+	}
+}
+
+// TestLocalReclaimAfterRestart: HOLD leases survive an agent restart: the
+// new agent adopts the slots and the process re-declares each with RECLAIM
+// tid 0, also beyond the new agent's budget (the invocations run already),
+// which then leaves no room for more.
+func TestLocalReclaimAfterRestart(t *testing.T) {
+	e := localEnv(t, func(c *agent.Config) { c.Pool.Prewarm = "500m=3" })
+	e.cfg.Socket = filepath.Join(e.dir, "first.sock")
+	a, stop := runAgent(t, e.h, e.cfg, false)
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.cfg.Socket, l)
+	type held struct{ slot, quota uint32 }
+	var hs []held
+	for i := 0; i < 3; i++ {
+		c.Write(frame(t, holdReq(500, 0)))
+		m, _ := readFDs(t, c)
+		g, ok := m.(*slotv1.AcquireOK)
+		if !ok {
+			t.Fatalf("hold %d: %+v", i, m)
+		}
+		hs = append(hs, held{g.Slot, g.QuotaMilli})
+	}
+	// The same process re-declares a HOLD lease it still holds (one of its
+	// connections died, the agent did not): the same lease, a new id.
+	c2 := localConn(t, e.cfg.Socket, l)
+	c2.Write(frame(t, &slotv1.Reclaim{Slot: hs[0].slot, QuotaMilli: 500}))
+	if m, _ := readFDs(t, c2); !isAcquireOK(m) {
+		t.Fatalf("reclaim of a held slot: %+v", m)
+	}
+	if s := a.Summaries()[0]; s.Leases != 3 || s.UsedMilli != 1500 {
+		t.Fatalf("before the restart: %+v", s)
+	}
+	stop() // the slots stay for the next agent
+
+	e.cfg.Socket = filepath.Join(e.dir, "second.sock")
+	e.cfg.Admission.Budget = "1"
+	a2, _ := runAgent(t, e.h, e.cfg, true)
+	c = l.dial(t, e.cfg.Socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal)
+	var leases []uint64
+	for _, h := range hs {
+		c.Write(frame(t, &slotv1.Reclaim{Slot: h.slot, QuotaMilli: h.quota}))
+		m, nfds := readFDs(t, c)
+		g, ok := m.(*slotv1.AcquireOK)
+		if !ok || g.Place != slotv1.PlaceNone {
+			t.Fatalf("reclaim of slot %d after the restart: %+v", h.slot, m)
+		}
+		if int(g.NumFDs) != nfds {
+			t.Fatalf("reclaim said %d fds, %d came", g.NumFDs, nfds)
+		}
+		leases = append(leases, g.Lease)
+	}
+	if s := a2.Summaries()[0]; s.Leases != 3 || s.UsedMilli != 1500 {
+		t.Fatalf("after reclaiming: %+v", s)
+	}
+	body := scrape(t, a2)
+	if !strings.Contains(body, `cpuslot_admission_total{result="reclaimed_over_budget"} 1`) {
+		t.Errorf("over-budget reclaim not counted:\n%s", grep(body, "cpuslot_admission_total"))
+	}
+	// No room for more while over budget.
+	c.Write(frame(t, holdReq(250, 1000)))
+	if m, _ := readFDs(t, c); !isErr(m, slotv1.CodeTimeout) {
+		t.Fatalf("HOLD while over budget: %+v", m)
+	}
+	// A slot of another process cannot be reclaimed.
+	other := startLive(t, e, e.rel, 1)
+	oc := localConn(t, e.cfg.Socket, other)
+	oc.Write(frame(t, &slotv1.Reclaim{Slot: hs[1].slot, QuotaMilli: 500}))
+	if m, _ := readFDs(t, oc); !isErr(m, slotv1.CodeUnknownLease) {
+		t.Fatalf("reclaim of another process's slot: %+v", m)
+	}
+	for _, id := range leases {
+		c.Write(frame(t, &slotv1.Release{Lease: id, Flags: slotv1.ReleaseNoReply}))
+	}
+	syncConn(t, c)
+	if s := a2.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
+		t.Fatalf("after releasing: %+v", s)
+	}
+}
+
+// TestAttackUsageFlood: a process floods USAGE frames (one-way, so no
+// round trip paces it). Past the agent's rate they wait, and its
+// connection is not read meanwhile: the flood blocks its sender, while
+// another process is served; nothing of the flood is lost.
+func TestAttackUsageFlood(t *testing.T) {
+	const frames = 300
+	e := localEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	var recs []slotv1.UsageRecord
+	for i := 0; i < slotv1.MaxUsageRecords; i++ {
+		recs = append(recs, slotv1.UsageRecord{Action: "flood", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: 1})
+	}
+	one := usageFrame(t, recs...)
+	var all []byte
+	for i := 0; i < frames; i++ {
+		all = append(all, one...)
+	}
+	written := make(chan error, 1)
+	go func() { _, err := c.Write(all); written <- err }()
+
+	other := startLive(t, e, e.rel, 1)
+	oc := localConn(t, e.socket, other)
+	for i := 0; i < 50; i++ {
+		oc.Write(frame(t, holdReq(250, 0)))
+		m, _ := readFDs(t, oc)
+		g, ok := m.(*slotv1.AcquireOK)
+		if !ok {
+			t.Fatalf("another process during the flood: %+v", m)
+		}
+		oc.Write(frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("writing the flood: %v", err)
+	}
+	syncConn(t, c)
+	body := scrape(t, a)
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",outcome="ok"} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
+		t.Errorf("missing %s:\n%s", want, grep(body, "flood"))
+	}
+	if v, ok := metricValue(body, `cpuslot_errors_total{reason="usage_throttled"}`); !ok || v == 0 {
+		t.Errorf("the flood was never paced:\n%s", grep(body, "cpuslot_errors_total"))
+	}
+}
+
+// metricValue is the value of one series in a scrape.
+func metricValue(body, series string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}
+
+// TestLocalHoldDegraded: a HOLD lease is admitted like any lease: under
+// policy degrade it gets what the budget has left (flag DEGRADED), and is
+// raised to what it asked once budget frees up.
+func TestLocalHoldDegraded(t *testing.T) {
+	e := localEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	c.Write(frame(t, holdReq(800, 0)))
+	first, _ := readFDs(t, c)
+	g, ok := first.(*slotv1.AcquireOK)
+	if !ok || g.Flags&slotv1.AcquiredDegraded != 0 {
+		t.Fatalf("first HOLD: %+v", first)
+	}
+	c.Write(frame(t, holdReq(500, 0)))
+	m, _ := readFDs(t, c)
+	if d, ok := m.(*slotv1.AcquireOK); !ok || d.Flags&slotv1.AcquiredDegraded == 0 || d.QuotaMilli != 200 {
+		t.Fatalf("HOLD beyond the budget under degrade: %+v", m)
+	}
+	c.Write(frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+	waitFor(t, "the degraded HOLD lease to be raised", func() bool {
+		s := a.Summaries()[0]
+		return s.Degraded == 0 && s.UsedMilli == 500
+	})
+}

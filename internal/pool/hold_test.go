@@ -1,0 +1,175 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/metrics"
+)
+
+func holdReq(owner any, q uint32) Request {
+	return Request{Owner: owner, QuotaMilli: q, Hold: true}
+}
+
+// TestHoldLeases: a HOLD lease is the process's: the client places its
+// threads itself, a thread's acquisition ends none, and releasing or
+// abandoning it frees slot and budget.
+func TestHoldLeases(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=2"), b)
+	ctx := context.Background()
+	o := &conn{}
+	tl := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
+	h1 := must(t)(p.Acquire(ctx, holdReq(o, 250)))
+	if h1.Place != PlaceSelf || h1.Outcome != metrics.CacheHit || h1.SlotID == tl.SlotID {
+		t.Fatalf("first hold: %+v (thread's slot %d)", h1, tl.SlotID)
+	}
+	h2 := must(t)(p.Acquire(ctx, holdReq(o, 250)))
+	if h2.Place != PlaceSelf || h2.Outcome != metrics.Created {
+		t.Fatalf("second hold: %+v", h2)
+	}
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[create %d 250m]", h2.SlotID) {
+		t.Fatalf("a HOLD lease made cgroup writes other than its slot: %v", ops)
+	}
+	// The thread acquires again: its own lease is superseded, no HOLD lease.
+	must(t)(p.Acquire(ctx, req(o, 250, 1, tl.SlotID)))
+	if s := p.Summary(); s.Leases != 3 || s.UsedMilli != 750 {
+		t.Fatalf("after a thread's acquisition: %+v", s)
+	}
+	if _, err := p.Release(o, h1.Lease, metrics.EndOK); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Release(o, h1.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+		t.Fatalf("double release: %v", err)
+	}
+	if _, err := p.Release(&conn{}, h2.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+		t.Fatalf("another process released a HOLD lease: %v", err)
+	}
+	if n := p.ReleaseOwner(o); n != 2 {
+		t.Fatalf("abandoned %d leases, want 2", n)
+	}
+	if s := p.Summary(); s.Leases != 0 || s.UsedMilli != 0 || len(p.holds) != 0 || len(p.held) != 0 {
+		t.Fatalf("after the process left: %+v, holds %v", s, p.holds)
+	}
+}
+
+// TestHoldRefusals: a HOLD request that names a thread, a current slot,
+// an agent placement, an action or an invocation is a bad request, and so
+// is any HOLD in a research baseline's pool.
+func TestHoldRefusals(t *testing.T) {
+	p := start(t, cfg(Affinity, "250m=1"), newFake())
+	ctx := context.Background()
+	o := &conn{}
+	for name, mut := range map[string]func(*Request){
+		"tid":          func(r *Request) { r.Thread.TID = 7 },
+		"current slot": func(r *Request) { r.CurrentSlot = 1 },
+		"agent places": func(r *Request) { r.AgentPlaces = true },
+		"action":       func(r *Request) { r.Action = "a" },
+		"invocation":   func(r *Request) { r.Invocation = "i" },
+	} {
+		r := holdReq(o, 250)
+		mut(&r)
+		if _, err := p.Acquire(ctx, r); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("HOLD with %s: %v", name, err)
+		}
+	}
+	for _, m := range []Mode{CacheLazy, CacheEager, Uncached} {
+		bp := start(t, cfg(m, ""), newFake())
+		if bp.GrantsHold() {
+			t.Errorf("%s grants HOLD leases", m)
+		}
+		if _, err := bp.Acquire(ctx, holdReq(o, 250)); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("HOLD in %s: %v", m, err)
+		}
+		if _, err := bp.ReclaimHold(o, 1, 250); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("RECLAIM of a HOLD lease in %s: %v", m, err)
+		}
+	}
+	if s := p.Summary(); s.Leases != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// TestHoldBoundedByMaxSlots: a process holds at most maxSlots HOLD leases,
+// even when a restart adopted more slots than that; the bound is refused
+// at once (only the process itself can free one), and a reclaim beyond it
+// is refused too.
+func TestHoldBoundedByMaxSlots(t *testing.T) {
+	b := newFake()
+	b.adopt = map[uint32]cgroup.Spec{}
+	c := cfg(Affinity, "")
+	c.MaxSlots = 4
+	for id := uint32(1); id <= 6; id++ {
+		b.adopt[id] = cgroup.Spec{QuotaMilli: 250, PeriodUS: c.PeriodUS, Limit: c.Limit}
+	}
+	p := start(t, c, b)
+	ctx := context.Background()
+	o := &conn{}
+	held := map[uint32]bool{}
+	for i := 0; i < 4; i++ {
+		held[must(t)(p.Acquire(ctx, holdReq(o, 250))).SlotID] = true
+	}
+	if _, err := p.Acquire(ctx, holdReq(o, 250)); !errors.Is(err, ErrNoSlot) {
+		t.Fatalf("a fifth HOLD lease with maxSlots 4: %v", err)
+	}
+	var free uint32
+	for id := uint32(1); id <= 6; id++ {
+		if !held[id] {
+			free = id
+		}
+	}
+	if _, err := p.ReclaimHold(o, free, 250); !errors.Is(err, ErrRejected) {
+		t.Fatalf("a reclaim beyond maxSlots HOLD leases: %v", err)
+	}
+	// Another process of the container may hold the rest.
+	must(t)(p.Acquire(ctx, holdReq(&conn{}, 250)))
+}
+
+// TestReclaimHold: a HOLD lease re-declared after a reconnect is again the
+// process's: no thread, not superseded, counted under _held.
+func TestReclaimHold(t *testing.T) {
+	p := start(t, cfg(Affinity, "250m=2"), newFake())
+	ctx := context.Background()
+	o := &conn{}
+	h := must(t)(p.Acquire(ctx, holdReq(o, 250)))
+	p.ReleaseOwner(o)
+	o2 := &conn{}
+	g := must(t)(p.ReclaimHold(o2, h.SlotID, 250))
+	if g.Place != PlaceNone || g.SlotID != h.SlotID {
+		t.Fatalf("%+v", g)
+	}
+	if _, err := p.ReclaimHold(&conn{}, h.SlotID, 250); !errors.Is(err, ErrUnknownLease) {
+		t.Fatalf("another process reclaimed a held slot: %v", err)
+	}
+	must(t)(p.Acquire(ctx, req(o2, 250, 1, 0))) // a thread's lease ends no HOLD lease
+	if s := p.Summary(); s.Leases != 2 || p.holds[o2] != 1 {
+		t.Fatalf("%+v holds %v", p.Summary(), p.holds)
+	}
+	if _, err := p.Release(o2, g.Lease, metrics.EndOK); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.holds) != 0 {
+		t.Fatalf("holds %v", p.holds)
+	}
+}
+
+// TestReportedActionsBounded: reports naming any number of actions keep at
+// most maxActions names per container, and a client cannot feed the
+// agent's own _held series.
+func TestReportedActionsBounded(t *testing.T) {
+	c := cfg(Affinity, "")
+	c.MaxActions = 5
+	p := start(t, c, newFake())
+	for i := 0; i < 10000; i++ {
+		p.Reported(fmt.Sprintf("a%d", i), metrics.EndOK, 1, 1, 0)
+	}
+	if len(p.actions) != 5 {
+		t.Fatalf("%d action names kept, want 5", len(p.actions))
+	}
+	if l := p.actionLabel(metrics.Held); l != "_other" {
+		t.Fatalf("a client's %q is labelled %q", metrics.Held, l)
+	}
+}
