@@ -56,6 +56,11 @@ type fakeAgent struct {
 	hellos          []uint32 // HELLO flags
 	// refuseReclaim answers RECLAIM with UNKNOWN_LEASE.
 	refuseReclaim bool
+	// budget, when set, rejects a HOLD that does not fit beside the
+	// quotas leased (admission policy reject); sayBudget announces it in
+	// HELLO_OK.
+	budget    uint32
+	sayBudget bool
 }
 
 func newFakeAgent(t testing.TB, local bool) *fakeAgent {
@@ -240,6 +245,9 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		f.requests["hello"]++
 		f.hellos = append(f.hellos, m.Flags)
 		h := &slotv1.HelloOK{Version: 1, Hierarchy: 2, PlaceFDs: 1, StatFDs: 1, Container: "fake"}
+		if f.sayBudget {
+			h.BudgetMilli = f.budget
+		}
 		if f.local && m.Flags&slotv1.HelloLocal != 0 {
 			h.Flags |= slotv1.HelloOKLocal
 		}
@@ -252,6 +260,16 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			}
 		} else {
 			f.requests["acquire"]++
+		}
+		if f.budget > 0 {
+			used := m.QuotaMilli
+			for _, id := range f.leases {
+				used += f.slots[id].quota
+			}
+			if used > f.budget {
+				f.requests["rejected"]++
+				return &slotv1.Error{Code: slotv1.CodeRejected, Message: "over budget"}, nil
+			}
 		}
 		for id := uint32(1); id <= uint32(len(f.slots)); id++ {
 			if s := f.slots[id]; s.quota == m.QuotaMilli && s.leasedTo == 0 {

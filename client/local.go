@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"sync"
 	"time"
 
@@ -201,7 +202,15 @@ func (lc *local) use(tid int, cl slotv1.Claim, cur uint32, last int, action stri
 func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error) {
 	c := lc.c
 	req := &slotv1.Acquire{QuotaMilli: quotaMilli, Flags: slotv1.AcquireHold, WaitUS: uint32(min(c.opts.Wait.Microseconds(), 1<<32-1))}
-	resp, fds, gen, err := c.call(req)
+	// Idle held slots hold budget: give back what the new one would not
+	// fit beside (the budget HELLO_OK announced), and if the agent still
+	// refuses for budget, whatever is free.
+	resp, fds, gen, err := lc.hold(lc.makeRoom(quotaMilli, false), req)
+	if errors.Is(err, &slotv1.Error{Code: slotv1.CodeRejected}) || errors.Is(err, &slotv1.Error{Code: slotv1.CodeTimeout}) {
+		if rel := lc.makeRoom(quotaMilli, true); len(rel) > 0 {
+			resp, fds, gen, err = lc.hold(rel, req)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -248,6 +257,92 @@ func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error)
 		l.Outcome = ok.Outcome
 	}
 	return l, nil
+}
+
+// makeRoom empties free held entries, least recently used first, and
+// returns their leases to release: until the process's held quota plus
+// quotaMilli fits the container's announced budget, or (force) until they
+// add up to quotaMilli.
+func (lc *local) makeRoom(quotaMilli uint32, force bool) []uint64 {
+	lc.c.mu.Lock()
+	budget := uint64(lc.c.hello.BudgetMilli)
+	lc.c.mu.Unlock()
+	if budget == 0 && !force {
+		return nil
+	}
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	held := uint64(quotaMilli)
+	type cand struct {
+		i    int
+		idle uint64
+	}
+	var free []cand
+	for i, o := range lc.own {
+		if !o.gone {
+			held += uint64(o.quota)
+		}
+		if e := lc.t.Entry(i); slotv1.Holder(e.State) == 0 {
+			free = append(free, cand{i, e.IdleSince})
+		}
+	}
+	sort.Slice(free, func(a, b int) bool { return free[a].idle < free[b].idle })
+	var leases []uint64
+	freed := uint64(0)
+	for _, f := range free {
+		if force && freed >= uint64(quotaMilli) || !force && held <= budget {
+			break
+		}
+		cl, r := lc.t.Control(f.i)
+		if r != slotv1.Claimed {
+			continue
+		}
+		o := lc.own[f.i]
+		lc.t.Clear(cl, f.idle)
+		delete(lc.own, f.i)
+		if !o.gone {
+			leases = append(leases, o.lease)
+			held -= uint64(o.quota)
+			freed += uint64(o.quota)
+		}
+	}
+	return leases
+}
+
+// hold sends the releases, then the HOLD request, on one connection, so
+// that the agent frees the budget before it admits the new lease.
+func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, []int, uint64, error) {
+	c := lc.c
+	if len(releases) == 0 {
+		return c.call(req)
+	}
+	cn, err := c.get()
+	if err == nil {
+		for _, id := range releases {
+			if err = cn.send(&slotv1.Release{Lease: id, Outcome: slotv1.InvocationOK, Flags: slotv1.ReleaseNoReply}); err != nil {
+				break
+			}
+		}
+	}
+	if err == nil {
+		resp, fds, rerr := cn.roundTrip(req)
+		if rerr == nil {
+			c.put(cn)
+			if e, isErr := resp.(*slotv1.Error); isErr {
+				return nil, nil, cn.gen, e
+			}
+			return resp, fds, cn.gen, nil
+		}
+		err = rerr
+	}
+	if cn != nil {
+		cn.close()
+	}
+	// The connection broke: the releases may not have arrived.
+	for _, id := range releases {
+		lc.sendRelease(id)
+	}
+	return c.call(req)
 }
 
 // release ends an invocation on a held slot: usage from the counters, then

@@ -427,3 +427,38 @@ func TestLocalDoubleRelease(t *testing.T) {
 		l.Release(slotv1.InvocationOK)
 	})
 }
+
+// TestLocalMissMakesRoom: held slots count against the container's budget
+// while idle. A miss that would not fit gives back the process's least
+// recently used free held slots first (on the same connection, so the
+// agent sees them go before the new HOLD): with the budget announced in
+// HELLO_OK before asking, and after a REJECTED when it is not.
+func TestLocalMissMakesRoom(t *testing.T) {
+	for _, say := range []bool{true, false} {
+		t.Run(fmt.Sprintf("budget_announced=%v", say), func(t *testing.T) {
+			f := newFakeAgent(t, true)
+			f.budget, f.sayBudget = 1000, say
+			c := dialFake(t, f, client.Options{})
+			for _, q := range []uint32{750, 150, 500} {
+				onThread(func() {
+					l, err := c.Acquire(q, "a", "")
+					if err != nil {
+						t.Fatalf("quota %d: %v", q, err)
+					}
+					if !l.Local {
+						t.Fatalf("quota %d: not local", q)
+					}
+					l.Release(slotv1.InvocationOK)
+				})
+			}
+			if h, r := f.count("hold"), f.count("release"); h < 3 || r != 1 {
+				t.Fatalf("%d HOLD, %d RELEASE; want 3 (or 4 with one rejected) and 1 (the 750m slot)", h, r)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.unknownReleases != 0 {
+				t.Fatalf("%d unknown releases", f.unknownReleases)
+			}
+		})
+	}
+}
