@@ -437,7 +437,9 @@ func TestLocalMissMakesRoom(t *testing.T) {
 	for _, say := range []bool{true, false} {
 		t.Run(fmt.Sprintf("budget_announced=%v", say), func(t *testing.T) {
 			f := newFakeAgent(t, true)
+			f.mu.Lock()
 			f.budget, f.sayBudget = 1000, say
+			f.mu.Unlock()
 			c := dialFake(t, f, client.Options{})
 			for _, q := range []uint32{750, 150, 500} {
 				onThread(func() {
