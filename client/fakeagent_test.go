@@ -50,6 +50,7 @@ type fakeAgent struct {
 	requests  map[string]int
 	usage     []slotv1.Usage
 	released  []uint64
+	reclaims  []slotv1.Reclaim
 	// unknownReleases counts RELEASEs of lease ids the fake never granted
 	// (or had released already).
 	unknownReleases int
@@ -283,6 +284,7 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		return grant(s, slotv1.OutcomeCreated, slotv1.PlaceSelf)
 	case *slotv1.Reclaim:
 		f.requests["reclaim"]++
+		f.reclaims = append(f.reclaims, *m)
 		s := f.slots[m.Slot]
 		if f.refuseReclaim || s == nil || s.leasedTo != 0 {
 			return &slotv1.Error{Code: slotv1.CodeUnknownLease, Message: "no such slot"}, nil

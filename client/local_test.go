@@ -316,6 +316,13 @@ func TestLocalAgentAway(t *testing.T) {
 	if h := f.count("hold"); h != 2 {
 		t.Fatalf("%d HOLD leases, want the 2 before the restart", h)
 	}
+	f.mu.Lock()
+	for _, r := range f.reclaims {
+		if r.TID != 0 || r.Action != "" || r.Invocation != "" || (r.QuotaMilli != 150 && r.QuotaMilli != 750) {
+			t.Errorf("RECLAIM of a held slot: %+v, want tid 0, no action, the granted quota", r)
+		}
+	}
+	f.mu.Unlock()
 	// Usage of the invocations while away reaches the new agent.
 	c.Close()
 	var inv uint32
