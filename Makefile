@@ -109,7 +109,7 @@ e2e-v2node: images
 
 # --- Helm chart and plain manifests (charts/cpuslot, deploy/) ----------------
 # helm is built once from the Go module proxy and cached (hack/helm.sh).
-#   make manifests   regenerate deploy/cpuslot.yaml (helm template of the
+#   make manifests   tools/manifests: regenerate deploy/cpuslot.yaml (helm template of the
 #                    chart with default values, release/namespace cpuslot),
 #                    charts/cpuslot/queries.txt (every PromQL query shipped),
 #                    deploy/prometheus/cpuslot-rules.yml and
@@ -124,8 +124,7 @@ helm:
 	@bash hack/helm.sh
 
 manifests:
-	$(GO) test ./charts/cpuslot -count=1 -run 'TestQueries|TestManifests' -args -update
-	$(GO) test ./deploy -count=1 -run 'TestOpenWhiskActionPod' -args -update
+	$(GO) run -C tools ./manifests $(CURDIR)
 
 chart-test:
 	$(GO) test ./charts/cpuslot ./deploy -count=1 -v

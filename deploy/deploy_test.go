@@ -1,19 +1,15 @@
 // Tests of the recipes in deploy/: the OpenWhisk action pod the invoker
-// builds from our pod template (simulated, written to
+// builds from our pod template (simulated by generate.go, written to
 // openwhisk/action-pod.example.yaml), the runtime manifest, the helm
 // post-renderer (with kubectl; against the real openwhisk-deploy-kube chart
 // when OPENWHISK_CHART names its helm/openwhisk directory), the Knative
 // Services, and the Prometheus configuration. Pods are checked with the
 // agent's own selection code.
-//
-//	go test ./deploy                 check
-//	go test ./deploy -args -update   rewrite openwhisk/action-pod.example.yaml
-package deploy_test
+package deploy
 
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,14 +19,11 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
 	k8sdiscover "github.com/cpuslot/cpuslot/internal/discover/kubernetes"
 	"github.com/cpuslot/cpuslot/internal/pool"
 )
-
-var update = flag.Bool("update", false, "rewrite openwhisk/action-pod.example.yaml")
 
 const (
 	socketDir  = "/run/cpuslot"
@@ -38,14 +31,10 @@ const (
 	volume     = "cpuslot" // the chart's kubernetes.socketVolume default
 )
 
-func readYAML(t *testing.T, path string, into any) {
+func mustReadYAML(t *testing.T, path string, into any) {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
+	if err := readYAML(path, into); err != nil {
 		t.Fatal(err)
-	}
-	if err := yaml.UnmarshalStrict(b, into); err != nil {
-		t.Fatalf("%s: %v", path, err)
 	}
 }
 
@@ -98,91 +87,11 @@ func envMap(c *corev1.Container) map[string]string {
 
 // ---------------------------------------------------------------- OpenWhisk
 
-// invokerEnv reads the env entries of kustomize/invoker-patch.yaml.
-func invokerEnv(t *testing.T) map[string]corev1.EnvVar {
-	var patch struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
-		Metadata   any    `json:"metadata"`
-		Spec       struct {
-			Template corev1.PodTemplateSpec `json:"template"`
-		} `json:"spec"`
-	}
-	readYAML(t, "openwhisk/kustomize/invoker-patch.yaml", &patch)
-	out := map[string]corev1.EnvVar{}
-	for _, c := range patch.Spec.Template.Spec.Containers {
-		if c.Name == "invoker" {
-			for _, e := range c.Env {
-				out[e.Name] = e
-			}
-		}
-	}
-	return out
-}
-
-// owActionPod builds the action pod the way OpenWhisk's WhiskPodBuilder
-// (core/invoker/.../kubernetes/WhiskPodBuilder.scala) does from the pod
-// template: name and labels, restartPolicy, node affinity, and in the
-// "user-action" container resources (memory, and CPU with cpu-scaling),
-// image, env (replaced by __OW_API_HOST + containerArgs.extraEnvVars),
-// port 8080 "action", dropped capabilities.
-func owActionPod(t *testing.T) *corev1.Pod {
-	var pod corev1.Pod
-	readYAML(t, "openwhisk/kustomize/pod-template.yaml", &pod)
-	env := invokerEnv(t)
-	if !strings.HasSuffix(env["CONFIG_whisk_kubernetes_podTemplate"].Value, "/pod-template.yaml") {
-		t.Errorf("invoker-patch.yaml does not point whisk.kubernetes.pod-template at pod-template.yaml: %v", env["CONFIG_whisk_kubernetes_podTemplate"])
-	}
-	name := "wskowdev-invoker-00-1-guest-fib"
-	pod.Name = name
-	pod.Labels = map[string]string{"name": name, "user-action-pod": "true", "invoker": "invoker0", "release": "owdev"}
-	pod.Spec.RestartPolicy = corev1.RestartPolicyAlways
-	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "openwhisk-role", Operator: corev1.NodeSelectorOpIn, Values: []string{"invoker"}}},
-		}}},
-	}}
-	idx := -1
-	for i, c := range pod.Spec.Containers {
-		if c.Name == "user-action" {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{})
-		idx = len(pod.Spec.Containers) - 1
-	}
-	c := &pod.Spec.Containers[idx]
-	// an action created with --memory 2048: cpu-scaling 250m per 256 MB
-	millicpus, _ := resource.ParseQuantity(env["CONFIG_whisk_kubernetes_cpuScaling_millicpus"].Value + "m")
-	res := corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2048Mi")}
-	if !millicpus.IsZero() {
-		res[corev1.ResourceCPU] = *resource.NewMilliQuantity(millicpus.MilliValue()*2048/256, resource.DecimalSI)
-	}
-	c.Resources = corev1.ResourceRequirements{Limits: res, Requests: res.DeepCopy()}
-	c.Name = "user-action"
-	c.Image = "cpuslot/runtime:jvm"
-	c.Env = []corev1.EnvVar{{Name: "__OW_API_HOST", Value: "http://owdev-nginx.openwhisk.svc.cluster.local:80"}}
-	for i := 0; i < 10; i++ {
-		v, ok := env["CONFIG_whisk_containerFactory_containerArgs_extraEnvVars_"+string(rune('0'+i))]
-		if i == 0 && !ok { // set by the openwhisk-deploy-kube chart itself
-			v, ok = corev1.EnvVar{Value: "__OW_ALLOW_CONCURRENT=true"}, true
-		}
-		if ok {
-			k, val, _ := strings.Cut(v.Value, "=")
-			c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: val})
-		}
-	}
-	c.Ports = append(c.Ports, corev1.ContainerPort{ContainerPort: 8080, Name: "action"})
-	if c.SecurityContext == nil {
-		c.SecurityContext = &corev1.SecurityContext{}
-	}
-	c.SecurityContext.Capabilities = &corev1.Capabilities{Drop: []corev1.Capability{"NET_RAW", "NET_ADMIN"}}
-	return &pod
-}
-
 func TestOpenWhiskActionPod(t *testing.T) {
-	pod := owActionPod(t)
+	pod, err := owActionPod(".")
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := checkServed(t, pod, "user-action")
 	if q := c.Resources.Limits.Cpu(); q.IsZero() {
 		t.Error("action pods get no CPU limit (cpu-scaling): no admission budget")
@@ -190,31 +99,20 @@ func TestOpenWhiskActionPod(t *testing.T) {
 	if pod.Annotations["prometheus.io/port"] != "9102" {
 		t.Error("action pods are not annotated for scraping the runtime on 9102")
 	}
-	pod.TypeMeta.APIVersion, pod.TypeMeta.Kind = "v1", "Pod"
-	b, err := yaml.Marshal(pod)
+}
+
+// TestGenerate: the committed generated files are what `make manifests`
+// makes now.
+func TestGenerate(t *testing.T) {
+	files, err := Generate("..")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b = regexp.MustCompile(`(?m)^\s*creationTimestamp: null\n`).ReplaceAll(b, nil)
-	b = regexp.MustCompile(`(?m)^(\s*)resources: \{\}\n`).ReplaceAll(b, nil)
-	b = regexp.MustCompile(`(?m)^status: \{\}\n`).ReplaceAll(b, nil)
-	want := `# The action pod OpenWhisk's invoker (KubernetesContainerFactory) creates
-# from kustomize/pod-template.yaml with this recipe's invoker settings, for
-# an action created with --memory 2048 (kind java:cpuslot). Built by
-# deploy_test.go the way WhiskPodBuilder.scala builds it: a simulation, not
-# captured from a running OpenWhisk. Generated by ` + "`go test ./deploy -args -update`" + `.
-# The invoker later adds labels openwhisk/action and openwhisk/namespace.
-` + string(b)
-	path := "openwhisk/action-pod.example.yaml"
-	if *update {
-		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-			t.Fatal(err)
+	for path, want := range files {
+		got, err := os.ReadFile(filepath.Join("..", path))
+		if err != nil || string(got) != want {
+			t.Errorf("%s is out of date (%v): run make manifests", path, err)
 		}
-		return
-	}
-	got, err := os.ReadFile(path)
-	if err != nil || string(got) != want {
-		t.Errorf("%s is out of date (%v): go test ./deploy -args -update", path, err)
 	}
 }
 
@@ -499,7 +397,7 @@ func TestKnative(t *testing.T) {
 	for _, f := range []string{"knative/service.yaml", "knative/service-plain-env.yaml"} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			var s knService
-			readYAML(t, f, &s)
+			mustReadYAML(t, f, &s)
 			if s.Kind != "Service" || s.APIVersion != "serving.knative.dev/v1" || len(s.Spec.Template.Spec.Containers) != 1 {
 				t.Fatalf("not a one-container Knative Service: %+v", s)
 			}

@@ -1,4 +1,4 @@
-package chart_test
+package chart
 
 import (
 	"encoding/json"

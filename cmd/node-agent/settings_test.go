@@ -32,7 +32,7 @@ var sources = []source{
 		}
 		c, err := agent.LoadConfig(p)
 		if err == nil {
-			_, err = c.PoolSettings()
+			_, err = c.Settings()
 		}
 		return err
 	}},

@@ -30,6 +30,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/internal/server"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // Version is set at build time.
@@ -38,7 +39,7 @@ var Version = "dev"
 // Agent is one node agent.
 type Agent struct {
 	cfg       Config
-	poolCfg   pool.Config
+	poolCfg   settings.Pool
 	hierarchy *cgroup.Hierarchy
 	registry  *prometheus.Registry
 	metrics   *metrics.Metrics
@@ -79,7 +80,7 @@ type served struct {
 
 // New checks the configuration and the node's cgroups.
 func New(cfg Config, log *slog.Logger) (*Agent, error) {
-	pc, err := cfg.PoolSettings()
+	pc, err := cfg.Settings()
 	if err != nil {
 		return nil, err
 	}
@@ -284,12 +285,9 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	}
 	cfg := a.poolCfg
 	if c.Pool != nil {
-		cfg, err = pool.ConfigFrom(*c.Pool)
+		cfg = *c.Pool
 	}
-	var p *pool.Pool
-	if err == nil {
-		p, err = pool.New(c.Name, cfg, pool.CgroupBackend(cg), a.metrics)
-	}
+	p, err := pool.New(c.Name, cfg, pool.CgroupBackend(cg), a.metrics)
 	if err != nil {
 		cg.Close()
 		a.metrics.Error(metrics.PoolConfig)

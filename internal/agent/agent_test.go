@@ -33,10 +33,6 @@ import (
 // TestAgentOnCgroupV2 runs this package's kernel tests (cgrouptest.Kernel)
 // inside the cgroup v2 VM, with and without favordynmods.
 func TestAgentOnCgroupV2(t *testing.T) {
-	if vm.InGuest() {
-		t.Skip("already in the VM")
-	}
-	vm.Require(t)
 	for _, opts := range []string{"", "favordynmods"} {
 		t.Run("mount="+opts, func(t *testing.T) {
 			vm.RunKernelTests(t, "github.com/cpuslot/cpuslot/internal/agent", vm.Options{
@@ -430,9 +426,7 @@ func TestAbandonedLeases(t *testing.T) {
 // served in its own cgroup, and its slots go away when it does.
 func TestServeUnder(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	parent := filepath.Dir(e.rel)
-	e.cfg.Standalone.Containers = nil
-	e.cfg.Standalone.ServeUnder = []string{parent}
+	e.serveUnder()
 	a := e.start()
 	ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=500", "N=3"}})
 	var r acquireResult

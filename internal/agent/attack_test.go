@@ -303,68 +303,74 @@ func startWithPID(t *testing.T, want int, mk func() *exec.Cmd) *exec.Cmd {
 	return nil
 }
 
-// secondContainer makes a sibling container cgroup B next to e's A.
-func secondContainer(t testing.TB, e *env) string {
-	b := filepath.Dir(e.rel) + "/b"
-	for _, r := range []string{e.h.CPURoot, e.h.AcctRoot} {
-		if r != "" {
-			if err := os.MkdirAll(filepath.Join(r, b), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	return b
-}
-
 // connectedByChild has a short-lived child in cgroup rel connect to the
 // agent (and send frames), hands the connection to the test and exits: a
 // socket inherited by another process after its opener is gone.
 func connectedByChild(t *testing.T, e *env, rel string, frames ...slotv1.Message) (*net.UnixConn, int) {
 	t.Helper()
-	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	cmd, pair := startPaired(t, e, rel, unix.SOCK_STREAM, "CPUSLOT_CHILD=pass", "SOCKET="+e.socket, "FRAMES="+hexFrames(t, frames...))
+	defer pair.Close()
+	pair.SetDeadline(time.Now().Add(30 * time.Second))
+	c := receiveConn(t, pair, "child did not pass its connection")
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	return c, cmd.Process.Pid
+}
+
+// startPaired starts this test binary as a child (env says its role) in
+// cgroup rel, with one end of a socket pair of sockType as its fd 3, and
+// returns the other end.
+func startPaired(t *testing.T, e *env, rel string, sockType int, env ...string) (*exec.Cmd, *net.UnixConn) {
+	t.Helper()
+	sp, err := unix.Socketpair(unix.AF_UNIX, sockType, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mine := os.NewFile(uintptr(sp[0]), "pair")
 	theirs := os.NewFile(uintptr(sp[1]), "pair")
 	defer mine.Close()
+	defer theirs.Close()
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), "CPUSLOT_CHILD=pass", "SOCKET="+e.socket, "FRAMES="+hexFrames(t, frames...))
+	cmd.Env = append(os.Environ(), env...)
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stderr = testWriter{t}
 	stdin, _ := cmd.StdinPipe()
 	if err := e.h.StartIn(cmd, rel); err != nil {
 		t.Fatal(err)
 	}
-	theirs.Close()
 	io.WriteString(stdin, "go\n")
 	pc, err := net.FileConn(mine)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pc.Close()
+	return cmd, pc.(*net.UnixConn)
+}
+
+// receiveConn reads a message that passes one fd over pair and returns the
+// fd as a connection, closed when the test ends; failing, it says why.
+func receiveConn(t *testing.T, pair *net.UnixConn, why string) *net.UnixConn {
+	t.Helper()
 	oob := make([]byte, unix.CmsgSpace(4))
-	buf := make([]byte, 1)
-	pc.SetDeadline(time.Now().Add(30 * time.Second))
-	_, oobn, _, _, err := pc.(*net.UnixConn).ReadMsgUnix(buf, oob)
+	buf := make([]byte, 512)
+	n, oobn, _, _, err := pair.ReadMsgUnix(buf, oob)
 	if err != nil {
-		t.Fatalf("child did not pass its connection: %v", err)
+		t.Fatalf("%s: %v", why, err)
+	}
+	if oobn == 0 {
+		t.Fatalf("%s: %s", why, buf[:n])
 	}
 	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
 	fds, _ := unix.ParseUnixRights(&msgs[0])
-	pid := cmd.Process.Pid
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("child: %v", err)
-	}
 	f := os.NewFile(uintptr(fds[0]), "agent")
+	defer f.Close()
 	c, err := net.FileConn(f)
-	f.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return c.(*net.UnixConn), pid
+	return c.(*net.UnixConn)
 }
 
 // childPass connects, sends FRAMES (reading a response to each), passes the
@@ -411,7 +417,7 @@ func sleeper(h *cgroup.Hierarchy, rel string) func() *exec.Cmd {
 // be served B's pool.
 func TestAttackPIDReuseAtHello(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	b := secondContainer(t, e)
+	b := e.sibling("b")
 	e.cfg.Standalone.Containers = []string{e.rel, b}
 	a := e.start()
 	t.Cleanup(func() { a.Forget(b) })
@@ -444,7 +450,7 @@ func TestAttackPIDReuseAtHello(t *testing.T) {
 // into A's slot.
 func TestAttackPIDReuseAgentPlaces(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	b := secondContainer(t, e)
+	b := e.sibling("b")
 	e.cfg.Standalone.Containers = []string{e.rel, b}
 	a := e.start()
 	t.Cleanup(func() { a.Forget(b) })
@@ -469,7 +475,7 @@ func TestAttackPIDReuseAgentPlaces(t *testing.T) {
 // sits in one of the container's slots (internal/cgroup tests).
 func TestAttackEagerReleaseReusedTID(t *testing.T) {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
-	b := secondContainer(t, e)
+	b := e.sibling("b")
 	e.cfg.Standalone.Containers = []string{e.rel, b}
 	a := e.start()
 	t.Cleanup(func() { a.Forget(b) })
@@ -516,7 +522,7 @@ func frameBytes(m slotv1.Message) []byte {
 // outside the container's threaded subtree. Either way the victim stays.
 func TestAttackPlacementFDOnForeignProcess(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	b := secondContainer(t, e)
+	b := e.sibling("b")
 	e.start()
 	victim := exec.Command("sleep", "600")
 	if err := e.h.StartIn(victim, b); err != nil {
@@ -766,30 +772,9 @@ type liveChild struct {
 // long as the child.
 func startLive(t *testing.T, e *env, rel string, n int) *liveChild {
 	t.Helper()
-	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mine := os.NewFile(uintptr(sp[0]), "pair")
-	theirs := os.NewFile(uintptr(sp[1]), "pair")
-	defer mine.Close()
-	exe, _ := os.Executable()
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), "CPUSLOT_CHILD=live", "THREADS="+strconv.Itoa(n))
-	cmd.ExtraFiles = []*os.File{theirs}
-	cmd.Stderr = testWriter{t}
-	stdin, _ := cmd.StdinPipe()
-	if err := e.h.StartIn(cmd, rel); err != nil {
-		t.Fatal(err)
-	}
-	theirs.Close()
+	cmd, pair := startPaired(t, e, rel, unix.SOCK_SEQPACKET, "CPUSLOT_CHILD=live", "THREADS="+strconv.Itoa(n))
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	io.WriteString(stdin, "go\n")
-	pc, err := net.FileConn(mine)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &liveChild{pair: pc.(*net.UnixConn), pid: cmd.Process.Pid}
+	l := &liveChild{pair: pair, pid: cmd.Process.Pid}
 	t.Cleanup(func() { l.pair.Close() })
 	l.pair.SetDeadline(time.Now().Add(30 * time.Second))
 	buf := make([]byte, 4096)
@@ -810,25 +795,7 @@ func (l *liveChild) dial(t *testing.T, socket string) net.Conn {
 	if _, err := l.pair.Write([]byte(socket)); err != nil {
 		t.Fatal(err)
 	}
-	oob := make([]byte, unix.CmsgSpace(4))
-	buf := make([]byte, 512)
-	n, oobn, _, _, err := l.pair.ReadMsgUnix(buf, oob)
-	if err != nil {
-		t.Fatalf("live child: %v", err)
-	}
-	if oobn == 0 {
-		t.Fatalf("live child could not connect: %s", buf[:n])
-	}
-	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
-	fds, _ := unix.ParseUnixRights(&msgs[0])
-	f := os.NewFile(uintptr(fds[0]), "agent")
-	defer f.Close()
-	c, err := net.FileConn(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return receiveConn(t, l.pair, "live child could not connect")
 }
 
 // childLive starts THREADS threads that live until it exits, says their
@@ -883,15 +850,8 @@ func childLive() (any, error) {
 // pool (slot directories, budget, fds) for the cgroup the peer moved to.
 func TestAttackPlacementPreparesNoPool(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	parent := filepath.Dir(e.rel)
-	e.cfg.Standalone.Containers = nil
-	e.cfg.Standalone.ServeUnder = []string{parent}
-	relB := parent + "/moved"
-	for _, root := range cgroupRoots(e.h) {
-		if err := os.Mkdir(filepath.Join(root, relB), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.serveUnder()
+	relB := e.sibling("moved")
 	a := e.start()
 	t.Cleanup(func() { a.Forget(relB) })
 	l := startLive(t, e, e.rel, 1)

@@ -12,7 +12,6 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/internal/server"
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
@@ -213,16 +212,6 @@ func (c Config) Settings() (settings.Pool, error) {
 		return s, fmt.Errorf("maxContainers %d: must be at least 1", c.MaxContainers)
 	}
 	return s, s.Validate()
-}
-
-// PoolSettings turns the file's pool and admission sections into a
-// pool.Config, with clear errors for bad values.
-func (c Config) PoolSettings() (pool.Config, error) {
-	s, err := c.Settings()
-	if err != nil {
-		return pool.DefaultConfig(), err
-	}
-	return pool.ConfigFrom(s)
 }
 
 // Set sets a pool or admission setting by its key (settings.Keys), as a

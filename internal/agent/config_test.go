@@ -16,11 +16,11 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc, err := c.PoolSettings()
+	pc, err := c.Settings()
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, _ := DefaultConfig().PoolSettings()
+	d, _ := DefaultConfig().Settings()
 	if pool.FormatPrewarm(pc.Prewarm) != pool.FormatPrewarm(d.Prewarm) || pc.Mode != d.Mode || pc.PeriodUS != d.PeriodUS || pc.MaxSlots != d.MaxSlots {
 		t.Fatalf("example drifted from defaults: %+v vs %+v", pc, d)
 	}
@@ -54,7 +54,7 @@ func TestBadConfig(t *testing.T) {
 		os.WriteFile(p, []byte(body), 0o644)
 		c, err := LoadConfig(p)
 		if err == nil {
-			_, err = c.PoolSettings()
+			_, err = c.Settings()
 		}
 		if err == nil {
 			err = c.checkLimits()

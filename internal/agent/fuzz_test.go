@@ -84,7 +84,7 @@ func FuzzServer(f *testing.F) {
 		c.Pool.MaxWait = agent.Duration{Duration: 20 * time.Millisecond}
 		c.Admission.Budget = "1500m"
 	})
-	eager := secondContainer(f, e)
+	eager := e.sibling("b")
 	pc, err := e.cfg.Settings()
 	if err != nil {
 		f.Fatal(err)

@@ -67,6 +67,26 @@ func newEnv(t testing.TB, limitMilli uint32, mutate func(*agent.Config)) *env {
 	return e
 }
 
+// serveUnder has the agent serve whatever connects from below the
+// container's parent cgroup (standalone.serveUnder) instead of the
+// container alone.
+func (e *env) serveUnder() {
+	e.cfg.Standalone.Containers = nil
+	e.cfg.Standalone.ServeUnder = []string{filepath.Dir(e.rel)}
+}
+
+// sibling makes cgroup name beside the container, in every hierarchy, and
+// returns its path.
+func (e *env) sibling(name string) string {
+	rel := filepath.Join(filepath.Dir(e.rel), name)
+	for _, root := range cgroupRoots(e.h) {
+		if err := os.MkdirAll(filepath.Join(root, rel), 0o755); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return rel
+}
+
 // worldDir is a temp dir that an unprivileged child can reach.
 func worldDir(t testing.TB) string {
 	d := t.TempDir()

@@ -221,8 +221,7 @@ func isErr(m slotv1.Message, code slotv1.Code) bool {
 // removed.
 func TestHostileLeakAfterRestart(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	e.cfg.Standalone.Containers = nil
-	e.cfg.Standalone.ServeUnder = []string{filepath.Dir(e.rel)}
+	e.serveUnder()
 	e.cfg.Socket = filepath.Join(e.dir, "first.sock")
 	_, stop := runAgent(t, e.h, e.cfg, false)
 	ch := spawn(t, e.h, "hold", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.cfg.Socket}})
@@ -261,8 +260,7 @@ func cgroupRoots(h *cgroup.Hierarchy) []string {
 // the old pool's slots are dead cgroups.
 func TestHostileRecreatedContainer(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	e.cfg.Standalone.Containers = nil
-	e.cfg.Standalone.ServeUnder = []string{filepath.Dir(e.rel)}
+	e.serveUnder()
 	e.start()
 	run := func() acquireResult {
 		ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=2"}})
@@ -339,15 +337,8 @@ func TestHostileActionNamesPerContainer(t *testing.T) {
 // HELLO again later) and counted.
 func TestHostileMaxContainers(t *testing.T) {
 	e := newEnv(t, 0, func(c *agent.Config) { c.MaxContainers = 1 })
-	parent := filepath.Dir(e.rel)
-	e.cfg.Standalone.Containers = nil
-	e.cfg.Standalone.ServeUnder = []string{parent}
-	relB := parent + "/other"
-	for _, root := range cgroupRoots(e.h) {
-		if err := os.Mkdir(filepath.Join(root, relB), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.serveUnder()
+	relB := e.sibling("other")
 	a := e.start()
 	ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
 	var r acquireResult

@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,8 +20,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/counters"
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 )
 
 // localEnv is an agent whose peers are live child processes of the host's
@@ -352,30 +355,106 @@ func usageFrame(t *testing.T, recs ...slotv1.UsageRecord) []byte {
 }
 
 // TestLocalUsage: USAGE lands in the per-action series a RELEASE feeds,
-// and is never answered.
+// is never answered, and is credited up to what the process's held slots
+// used: a thread of the test burns CPU in a held slot, the reports split
+// it among outcomes, and a last report claiming more than is left gets
+// what is left.
 func TestLocalUsage(t *testing.T) {
 	e := localEnv(t, nil)
 	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	raw, err := net.Dial("unix", e.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	c := raw.(*net.UnixConn)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal == 0 {
+		t.Fatalf("LOCAL not granted: flags %b", ok.Flags)
+	}
+	c.Write(frame(t, holdReq(1000, 0)))
+	_, fds, err := readRawFrame(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	place, stat := e.h.SlotFDs()
+	if len(fds) != place+stat {
+		t.Fatalf("%d fds with the HOLD grant, want %d", len(fds), place+stat)
+	}
+	burnt := burnInSlot(t, fds[:place], fds[place:])
+	half, quarter := burnt/2, burnt/4
 	c.Write(usageFrame(t,
-		slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationOK, Invocations: 3, CPUNanos: 1_500_000_000, ThrottledNanos: 500_000_000},
-		slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationTimeout, Invocations: 1, CPUNanos: 250_000_000},
+		slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationOK, Invocations: 3, CPUNanos: half},
+		slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationTimeout, Invocations: 1, CPUNanos: quarter},
 		slotv1.UsageRecord{Action: "", Outcome: slotv1.InvocationFailed, Invocations: 2}))
-	c.Write(usageFrame(t, slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: 250_000_000}))
+	c.Write(usageFrame(t, slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: burnt}))
 	syncConn(t, c) // also: no answer came to either USAGE
 	body := scrape(t, a)
 	for _, want := range []string{
 		`cpuslot_lease_releases_total{action="guest/fib",outcome="ok"} 4`,
 		`cpuslot_lease_releases_total{action="guest/fib",outcome="timeout"} 1`,
 		`cpuslot_lease_releases_total{action="_unnamed",outcome="failed"} 2`,
-		`cpuslot_invocation_cpu_seconds_total{action="guest/fib"} 2`,
-		`cpuslot_invocation_throttled_seconds_total{action="guest/fib"} 0.5`,
+		`cpuslot_errors_total{reason="usage_overclaimed"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %s:\n%s", want, grep(body, "guest/fib"))
 		}
 	}
+	// Credited: all the slot used by the time of the last report, which is
+	// what the test's thread burnt there and the little it used after its
+	// last counter read; never the 1.75x claimed.
+	v, ok := metricValue(body, `cpuslot_invocation_cpu_seconds_total{action="guest/fib"}`)
+	if !ok {
+		t.Fatalf("no CPU series for guest/fib:\n%s", grep(body, "guest/fib"))
+	}
+	got := time.Duration(v * 1e9)
+	t.Logf("burnt %v in the slot, claimed %v, credited %v", time.Duration(burnt), time.Duration(half+quarter+burnt), got)
+	if got < time.Duration(burnt)-time.Microsecond || got > time.Duration(burnt)+time.Duration(burnt)/4 {
+		t.Errorf("credited %v for a slot that used %v", got, time.Duration(burnt))
+	}
+}
+
+// burnInSlot moves a new thread of the test into a slot through its
+// placement fds, burns CPU there until the slot's counter fds show 200 ms,
+// and ends the thread; it returns what the counters advanced.
+func burnInSlot(t *testing.T, place, stat []int) uint64 {
+	t.Helper()
+	acct := -1
+	if len(stat) > 1 {
+		acct = stat[1]
+	}
+	read := func() uint64 {
+		u, err := counters.Read(stat[0], acct)
+		if err != nil {
+			t.Error(err)
+		}
+		return u.CPUNanos
+	}
+	before := read()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		for _, fd := range place {
+			if _, err := unix.Write(fd, []byte("0")); err != nil {
+				done <- err
+				return
+			}
+		}
+		for read()-before < uint64(200*time.Millisecond) {
+			cgrouptest.BurnCPU(t, 10*time.Millisecond)
+		}
+		done <- nil
+	}()
+	if err := <-done; err != nil {
+		t.Fatalf("placing a thread in the held slot: %v", err)
+	}
+	return read() - before
 }
 
 // actionLabels lists the distinct action label values of
@@ -542,10 +621,13 @@ func TestAttackUsageAbsurdCPU(t *testing.T) {
 	c.Write(usageFrame(t, huge, huge))
 	syncConn(t, c)
 	body := scrape(t, a)
+	// The invocation count is the client's word; CPU is cut to what the
+	// process's held slots used: it holds none.
 	for _, want := range []string{
 		`cpuslot_lease_releases_total{action="absurd",outcome="ok"} 8.58993459e+09`,
-		`cpuslot_invocation_cpu_seconds_total{action="absurd"} 3.6893488147419106e+10`,
-		`cpuslot_invocation_throttled_seconds_total{action="absurd"} 3.6893488147419106e+10`,
+		`cpuslot_invocation_cpu_seconds_total{action="absurd"} 0`,
+		`cpuslot_invocation_throttled_seconds_total{action="absurd"} 0`,
+		`cpuslot_errors_total{reason="usage_overclaimed"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %s:\n%s", want, grep(body, "absurd"))

@@ -163,7 +163,7 @@ func (m *Metrics) Info(hierarchy string, favorDynMods bool, version string) {
 }
 
 // SetMaxActions sets the node-wide bound on action labels. Pools cap the
-// names of each container (pool.Config.MaxActions); this bound is their
+// names of each container (settings.Pool.MaxActions); this bound is their
 // sum, a backstop.
 func (m *Metrics) SetMaxActions(n int) {
 	if m != nil {

@@ -9,15 +9,16 @@ type Reason string
 
 // Wire: what a peer sent or did.
 const (
-	BadRequest      Reason = "bad_request"      // a request the agent refuses (invalid field, foreign thread)
-	BadFrame        Reason = "bad_frame"        // a frame that does not decode or exceeds its bounds
-	NoHello         Reason = "no_hello"         // a first request that is not HELLO
-	NotServed       Reason = "not_served"       // a peer in no container the agent serves
-	UnknownLease    Reason = "unknown_lease"    // a lease that is not the peer's
-	ConnectionLimit Reason = "connection_limit" // a connection over the per-node or per-process cap
-	AcceptFailed    Reason = "accept_failed"    // accept failed (e.g. out of fds); the agent backs off
-	SocketFailed    Reason = "socket_failed"    // a pod's socket could not be made (e.g. a planted file)
-	UsageThrottled  Reason = "usage_throttled"  // a USAGE report waited: its process sent them faster than the agent credits them
+	BadRequest       Reason = "bad_request"       // a request the agent refuses (invalid field, foreign thread)
+	BadFrame         Reason = "bad_frame"         // a frame that does not decode or exceeds its bounds
+	NoHello          Reason = "no_hello"          // a first request that is not HELLO
+	NotServed        Reason = "not_served"        // a peer in no container the agent serves
+	UnknownLease     Reason = "unknown_lease"     // a lease that is not the peer's
+	ConnectionLimit  Reason = "connection_limit"  // a connection over the per-node or per-process cap
+	AcceptFailed     Reason = "accept_failed"     // accept failed (e.g. out of fds); the agent backs off
+	SocketFailed     Reason = "socket_failed"     // a pod's socket could not be made (e.g. a planted file)
+	UsageThrottled   Reason = "usage_throttled"   // a USAGE report waited: its process sent them faster than the agent credits them
+	UsageOverclaimed Reason = "usage_overclaimed" // a USAGE report claimed more CPU than the process's held slots used: cut to that
 )
 
 // Pool: slots and threads.
@@ -51,7 +52,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 // ErrorReasons lists every Reason, cgroup operations included.
 var ErrorReasons = func() []Reason {
 	r := []Reason{
-		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, AcceptFailed, SocketFailed, UsageThrottled,
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
 		TeardownFailed, PrewarmFailed, ReadUsage,

@@ -44,7 +44,7 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 		p.abort(l, t.plan)
 		return nil, err
 	}
-	p.metrics.Acquired(p.cfg.Mode.String(), t.plan.outcome, time.Since(start))
+	p.metrics.Acquired(p.cfg.Mode, t.plan.outcome, time.Since(start))
 	return &Grant{Lease: l.id, SlotID: l.slot.id, FDs: fds, Spec: spec, Outcome: t.plan.outcome,
 		Queued: t.queued, Degraded: t.degraded, Place: t.plan.place}, nil
 }
@@ -227,7 +227,7 @@ func (p *Pool) commit(req Request, t ticket, host hostThread) *lease {
 	}
 	if req.Hold {
 		// No thread: nothing to supersede later, no occupant to record.
-		l.hold, l.thread, l.action = true, Thread{}, metrics.Held
+		l.hold, l.thread, l.action, l.seen = true, Thread{}, metrics.Held, l.start
 		p.holds[l.owner]++
 		p.beginIO()
 		return l
@@ -257,7 +257,7 @@ func (p *Pool) execute(l *lease, pl plan, req Request) ([]int, cgroup.Spec, erro
 		u, _ := io.Usage()
 		p.mu.Lock()
 		s.io, s.spec, s.last = io, io.Spec(), u
-		l.start = u
+		l.start, l.seen = u, u
 		p.mu.Unlock()
 	case pl.retune:
 		if err := s.io.Retune(spec); err != nil {

@@ -164,12 +164,54 @@ func TestReportedActionsBounded(t *testing.T) {
 	c.MaxActions = 5
 	p := start(t, c, newFake())
 	for i := 0; i < 10000; i++ {
-		p.Reported(fmt.Sprintf("a%d", i), metrics.EndOK, 1, 1, 0)
+		p.Reported(p, []Report{{Action: fmt.Sprintf("a%d", i), How: metrics.EndOK, N: 1, CPUNanos: 1}})
 	}
 	if len(p.actions) != 5 {
 		t.Fatalf("%d action names kept, want 5", len(p.actions))
 	}
 	if l := p.actionLabel(metrics.Held); l != "_other" {
 		t.Fatalf("a client's %q is labelled %q", metrics.Held, l)
+	}
+}
+
+// TestReportedBoundedByHeldUsage: what a process reports in USAGE is cut
+// to what its held slots used (read by the agent) and no earlier report
+// claimed; a HOLD lease's release counts none of its CPU itself, and a
+// process cannot spend another's credit.
+func TestReportedBoundedByHeldUsage(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=2"), b)
+	ctx := context.Background()
+	o, other := &conn{}, &conn{}
+	h := must(t)(p.Acquire(ctx, holdReq(o, 250)))
+	s := b.slots[h.SlotID]
+	report := func(owner any, cpu uint64) uint64 {
+		return p.Reported(owner, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: cpu}})[0].CPUNanos
+	}
+	s.cpu += 300_000 // an invocation ran
+	if got := report(o, 200_000); got != 200_000 {
+		t.Fatalf("an honest report credited %d", got)
+	}
+	// Each counter read of the fake adds 1000 ns: about 100_000 are left.
+	if got := report(o, 1_000_000); got < 100_000 || got > 110_000 {
+		t.Fatalf("an overclaim credited %d, want what is left (about 100000)", got)
+	}
+	if got := report(o, 1_000_000); got > 10_000 {
+		t.Fatalf("a repeated overclaim credited %d", got)
+	}
+	s.cpu += 500_000
+	if got := report(other, 400_000); got != 0 {
+		t.Fatalf("a process holding nothing was credited %d", got)
+	}
+	if _, err := p.Release(o, h.Lease, metrics.EndOK); err != nil {
+		t.Fatal(err)
+	}
+	// Reported after the release: the slot's use up to it still counts.
+	if got := report(o, 400_000); got != 400_000 {
+		t.Fatalf("a report after the release credited %d", got)
+	}
+	p.ReleaseOwner(o)
+	if len(p.credits) != 1 { // other's (empty) credit stays until it leaves
+		t.Fatalf("credits left: %d", len(p.credits))
 	}
 }

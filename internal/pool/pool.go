@@ -17,6 +17,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // SlotIO is one slot's cgroup (cgroup.Slot in production).
@@ -145,6 +146,9 @@ type lease struct {
 	degraded  bool
 	// hold marks a HOLD lease: the process's, no thread's.
 	hold bool
+	// seen is how far the slot's counters were credited to the process
+	// (HOLD leases; see credit).
+	seen cgroup.Usage
 }
 
 type holder struct {
@@ -157,7 +161,7 @@ var leaseSeq atomic.Uint64
 // Pool is the set of slots of one container.
 type Pool struct {
 	name    string
-	cfg     Config
+	cfg     settings.Pool
 	mode    mode
 	backend Backend
 	metrics *metrics.Metrics
@@ -171,7 +175,9 @@ type Pool struct {
 	// held finds the lease a thread of a client process holds.
 	held map[holder]*lease
 	// holds counts the HOLD leases of each client process.
-	holds   map[any]int
+	holds map[any]int
+	// credits bounds what each process may report in USAGE.
+	credits map[any]*credit
 	budget  *admission.Budget
 	nextID  uint32
 	changed chan struct{} // closed when a slot or budget frees up
@@ -190,9 +196,21 @@ type Pool struct {
 	degraded []*lease
 }
 
-// New makes a pool for one container; call Start to adopt and pre-warm.
-func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) {
+// New makes a pool for one container from its settings; call Start to
+// adopt and pre-warm.
+func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxQuotaMilli == 0 {
+		cfg.MaxQuotaMilli = settings.NodeMaxQuota()
+	}
+	mode, err := ParseMode(cfg.Mode)
+	if err != nil {
+		return nil, err
+	}
+	policy, err := admission.ParsePolicy(cfg.Policy)
+	if err != nil {
 		return nil, err
 	}
 	limit, err := b.LimitMilli()
@@ -203,15 +221,16 @@ func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) 
 	if base == 0 {
 		base = limit
 	}
-	md, ok := modes[cfg.Mode]
+	md, ok := modes[mode]
 	if !ok {
-		return nil, fmt.Errorf("unknown mode %d", cfg.Mode)
+		return nil, fmt.Errorf("unknown mode %d", mode)
 	}
 	p := &Pool{
 		name: name, cfg: cfg, mode: md, backend: b, metrics: m, containerLimit: limit,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		holds:   map[any]int{},
-		budget:  admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
+		credits: map[any]*credit{},
+		budget:  admission.New(base, cfg.Overcommit, policy, cfg.MinDegradedMilli),
 		nextID:  1,
 		changed: make(chan struct{}),
 		actions: map[string]bool{},
@@ -280,9 +299,6 @@ func (p *Pool) maxQuota() uint32 {
 
 // Name is the pool's container identity.
 func (p *Pool) Name() string { return p.name }
-
-// Config is the pool's configuration.
-func (p *Pool) Config() Config { return p.cfg }
 
 // GrantsHold reports whether the pool grants HOLD leases (local leasing):
 // only in the mode where clients place their threads themselves. The
@@ -458,6 +474,9 @@ func (p *Pool) ReleaseOwner(owner any) int {
 	for _, id := range ids {
 		_, _ = p.Release(owner, id, metrics.Abandoned)
 	}
+	p.mu.Lock()
+	delete(p.credits, owner)
+	p.mu.Unlock()
 	return len(ids)
 }
 
@@ -516,7 +535,7 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 		p.metrics.Admission(metrics.ReclaimedOverBudget)
 		slog.Warn("reclaim beyond the budget honoured after a restart", "container", p.name, "slot", slotID, "quota", q, "used", p.budget.Used(), "budget", p.budget.Limit)
 	}
-	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last, hold: hold}
+	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last, hold: hold, seen: s.last}
 	s.lease, s.adopted = l, false
 	p.leases[l.id] = l
 	p.budget.Take(l.granted)
@@ -527,7 +546,7 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 		p.held[holder{owner, t}] = l
 		p.setOccupant(s, t, 0, 0)
 	}
-	p.metrics.Acquired(p.cfg.Mode.String(), metrics.Reclaimed, 0)
+	p.metrics.Acquired(p.cfg.Mode, metrics.Reclaimed, 0)
 	return p.reclaimed(s, l)
 }
 
@@ -611,6 +630,7 @@ func (p *Pool) Close(remove bool) error {
 	p.leases = map[uint64]*lease{}
 	p.held = map[holder]*lease{}
 	p.holds = map[any]int{}
+	p.credits = map[any]*credit{}
 	p.mu.Unlock()
 	var errs []error
 	for _, s := range slots {
@@ -685,7 +705,7 @@ func (p *Pool) Summary() Summary {
 			st.Free++
 		}
 	}
-	sum := Summary{Name: p.name, Mode: p.cfg.Mode.String(), BudgetMilli: p.budget.Limit, UsedMilli: p.budget.Used(),
+	sum := Summary{Name: p.name, Mode: p.cfg.Mode, BudgetMilli: p.budget.Limit, UsedMilli: p.budget.Used(),
 		Leases: len(p.leases), Degraded: len(p.degraded)}
 	for _, st := range byQ {
 		sum.Quotas = append(sum.Quotas, *st)

@@ -11,6 +11,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // fakeBackend records cgroup operations so tests can count writes. It is a
@@ -122,15 +123,15 @@ func (s *fakeSlot) Remove() error {
 }
 func (s *fakeSlot) Close() {}
 
-func cfg(mode Mode, prewarm string) Config {
-	c := DefaultConfig()
-	c.Mode = mode
+func cfg(mode Mode, prewarm string) settings.Pool {
+	c := settings.Default()
+	c.Mode = mode.String()
 	c.Prewarm, _ = ParsePrewarm(prewarm)
 	c.DefaultWait = 50 * time.Millisecond
 	return c
 }
 
-func start(t *testing.T, c Config, b *fakeBackend) *Pool {
+func start(t *testing.T, c settings.Pool, b *fakeBackend) *Pool {
 	t.Helper()
 	p, err := New("test", c, b, nil)
 	if err != nil {
@@ -337,7 +338,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		b := newFake()
 		b.limit = 1000
 		c := cfg(Affinity, "500m=2")
-		c.Policy = policy
+		c.Policy = policy.String()
 		return start(t, c, b), b
 	}
 
@@ -586,7 +587,7 @@ func TestParse(t *testing.T) {
 	if _, err := ParseMode("fast"); err == nil {
 		t.Fatal("accepted unknown mode")
 	}
-	c := DefaultConfig()
+	c := settings.Default()
 	c.Prewarm = map[uint32]int{250: 100}
 	if c.Validate() == nil {
 		t.Fatal("prewarm above maxSlots accepted")
@@ -603,7 +604,7 @@ func TestNoCgroupIOUnderThePoolLock(t *testing.T) {
 			b := newFake()
 			b.limit = 1000
 			c := cfg(mode, "500m=2")
-			c.Policy = admission.Degrade
+			c.Policy = admission.Degrade.String()
 			p, err := New("test", c, b, nil)
 			if err != nil {
 				t.Fatal(err)

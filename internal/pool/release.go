@@ -23,14 +23,102 @@ func (p *Pool) Release(owner any, id uint64, how metrics.Ending) (cgroup.Usage, 
 	return used, nil
 }
 
-// Reported counts what a client says n invocations of action that ended
-// how used under its HOLD leases (USAGE): its word, in the series a release
-// feeds, through the container's cap on action names like any name.
-func (p *Pool) Reported(action string, how metrics.Ending, n uint32, cpuNanos, throttledNanos uint64) {
+// Report is what a client says N invocations of Action that ended How used
+// under its HOLD leases (one USAGE record).
+type Report struct {
+	Action         string
+	How            metrics.Ending
+	N              uint32
+	CPUNanos       uint64
+	ThrottledNanos uint64
+}
+
+// credit is what a process's HOLD leases used, as the agent read it from
+// their slots' counters, that its reports have not claimed yet. How a
+// process splits its CPU among its actions is its word; the total it
+// reports cannot exceed what its slots used.
+type credit struct{ cpu, throttled uint64 }
+
+// Reported counts a process's USAGE records in the series a release feeds,
+// through the container's cap on action names like any name, each record's
+// times cut to what the process's held slots used and no earlier record
+// claimed. It returns the records as counted.
+func (p *Pool) Reported(owner any, rs []Report) []Report {
+	p.observeHolds(owner)
 	p.mu.Lock()
-	a := p.actionLabel(action)
+	c := p.creditOf(owner)
+	over := false
+	out := make([]Report, len(rs))
+	for i, r := range rs {
+		r.Action = p.actionLabel(r.Action)
+		cpu, thr := min(r.CPUNanos, c.cpu), min(r.ThrottledNanos, c.throttled)
+		over = over || cpu < r.CPUNanos || thr < r.ThrottledNanos
+		c.cpu, c.throttled = c.cpu-cpu, c.throttled-thr
+		r.CPUNanos, r.ThrottledNanos = cpu, thr
+		out[i] = r
+	}
 	p.mu.Unlock()
-	p.metrics.Reported(a, how, n, cpuNanos, throttledNanos)
+	if over {
+		p.metrics.Error(metrics.UsageOverclaimed)
+	}
+	for _, r := range out {
+		p.metrics.Reported(r.Action, r.How, r.N, r.CPUNanos, r.ThrottledNanos)
+	}
+	return out
+}
+
+// observeHolds credits the owner with what its HOLD leases' slots used
+// since last seen. The counters are read outside the lock.
+func (p *Pool) observeHolds(owner any) {
+	p.mu.Lock()
+	var ls []*lease
+	for _, l := range p.leases {
+		if l.owner == owner && l.hold && l.slot.io != nil {
+			ls = append(ls, l)
+		}
+	}
+	p.mu.Unlock()
+	us := make([]cgroup.Usage, len(ls))
+	read := make([]bool, len(ls))
+	for i, l := range ls {
+		u, err := l.slot.io.Usage()
+		us[i], read[i] = u, err == nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, l := range ls {
+		if read[i] && p.leases[l.id] == l {
+			p.credit(l, us[i])
+		}
+	}
+}
+
+// credit adds what l's slot used up to u to its owner's credit. The
+// caller holds the lock.
+func (p *Pool) credit(l *lease, u cgroup.Usage) {
+	if u.CPUNanos < l.seen.CPUNanos {
+		return // an older read than one already credited
+	}
+	d := u.Sub(l.seen)
+	c := p.creditOf(l.owner)
+	c.cpu, c.throttled = satAdd(c.cpu, d.CPUNanos), satAdd(c.throttled, d.ThrottledNanos)
+	l.seen = u
+}
+
+func (p *Pool) creditOf(owner any) *credit {
+	c := p.credits[owner]
+	if c == nil {
+		c = &credit{}
+		p.credits[owner] = c
+	}
+	return c
+}
+
+func satAdd(a, b uint64) uint64 {
+	if a+b < a {
+		return ^uint64(0)
+	}
+	return a + b
 }
 
 // takeLease removes the owner's lease id from the pool's books and marks
@@ -60,6 +148,16 @@ func (p *Pool) account(l *lease, how metrics.Ending) (end, used cgroup.Usage) {
 		end = l.start
 	}
 	used = end.Sub(l.start)
+	if l.hold {
+		// Its invocations' CPU is counted as the process reports it
+		// (Reported), up to what the slot used: counted here as well, it
+		// would count twice.
+		p.mu.Lock()
+		p.credit(l, end)
+		p.mu.Unlock()
+		p.metrics.Released(l.action, how, 0, 0)
+		return end, used
+	}
 	p.metrics.Released(l.action, how, time.Duration(used.CPUNanos), time.Duration(used.ThrottledNanos))
 	return end, used
 }

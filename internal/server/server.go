@@ -630,9 +630,11 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 			return false // the agent is stopping
 		}
 	}
-	for _, r := range m.Records {
-		c.pool.Reported(r.Action, ending(r.Outcome), r.Invocations, r.CPUNanos, r.ThrottledNanos)
+	rs := make([]pool.Report, len(m.Records))
+	for i, r := range m.Records {
+		rs[i] = pool.Report{Action: r.Action, How: ending(r.Outcome), N: r.Invocations, CPUNanos: r.CPUNanos, ThrottledNanos: r.ThrottledNanos}
 	}
+	c.pool.Reported(c.session, rs)
 	return true
 }
 

@@ -2,8 +2,8 @@
 // admission settings: their keys, defaults and validation. The agent's
 // flags, its YAML file and pod annotations all set them through Pool.Set,
 // so a value is accepted or refused the same way whichever source gives it;
-// the chart's values schema is checked against Keys by a test. pool and
-// admission convert from Pool; discover carries it without importing them.
+// the chart's values schema is checked against Keys by a test. A pool is
+// made from a Pool as it is; discover carries it without importing pool.
 package settings
 
 import (
@@ -334,16 +334,39 @@ func (k Key) RangeText() string {
 	return "in " + f(k.Min) + ".." + f(k.Max)
 }
 
-// Validate checks what no single value shows: the settings together.
+// Validate checks what no single value shows: the settings together, and
+// the bounds Set keeps for a Pool built in code rather than parsed.
 func (p Pool) Validate() error {
 	maxQuota := p.MaxQuotaMilli
 	if maxQuota == 0 {
 		maxQuota = NodeMaxQuota()
 	}
+	if maxQuota > 1_000_000 {
+		return fmt.Errorf("maxQuota %dm: must be within 1m..1000 cores", maxQuota)
+	}
+	if !slices.Contains(Modes, p.Mode) {
+		return fmt.Errorf("mode %q: want one of %s", p.Mode, strings.Join(Modes, ", "))
+	}
+	if !slices.Contains(Policies, p.Policy) {
+		return fmt.Errorf("policy %q: want one of %s", p.Policy, strings.Join(Policies, ", "))
+	}
+	switch {
+	case p.MaxActions < 1:
+		return fmt.Errorf("maxActions %d: must be at least 1", p.MaxActions)
+	case p.MaxSlots < 1:
+		return fmt.Errorf("maxSlots %d: must be at least 1", p.MaxSlots)
+	case p.Overcommit < 0 || math.IsNaN(p.Overcommit):
+		return fmt.Errorf("overcommit %v: must be positive", p.Overcommit)
+	case p.DefaultWait < 0 || p.MaxWait < 0:
+		return fmt.Errorf("wait budgets must not be negative")
+	}
 	total := 0
 	for q, n := range p.Prewarm {
 		if err := (cgroup.Spec{QuotaMilli: q, PeriodUS: p.PeriodUS, Limit: p.Limit}).Validate(); err != nil {
 			return fmt.Errorf("prewarm %dm: %w", q, err)
+		}
+		if n < 0 {
+			return fmt.Errorf("prewarm %dm: negative count", q)
 		}
 		if q > maxQuota {
 			return fmt.Errorf("prewarm %dm: above the largest quota of %dm", q, maxQuota)

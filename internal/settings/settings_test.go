@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
@@ -113,24 +114,6 @@ func TestNamesUnique(t *testing.T) {
 	}
 }
 
-// pool.ConfigFrom keeps what the settings say and fills the node's CPUs
-// for an unset largest quota.
-func TestPoolConfigFrom(t *testing.T) {
-	s := settings.Default()
-	for key, v := range map[string]string{"pool.mode": "cache-eager", "admission.policy": "degrade", "pool.maxSlots": "9", "admission.budget": "1500m"} {
-		if err := s.Set(key, v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c, err := pool.ConfigFrom(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Mode != pool.CacheEager || c.Policy != admission.Degrade || c.MaxSlots != 9 || c.BudgetMilli != 1500 || c.MaxQuotaMilli != settings.NodeMaxQuota() {
-		t.Fatalf("%+v", c)
-	}
-}
-
 // The README's settings table lists every key with its flag and
 // annotation, and nothing the table does not have.
 func TestReadmeTable(t *testing.T) {
@@ -166,5 +149,29 @@ func TestReadmeTable(t *testing.T) {
 	}
 	for name := range rows {
 		t.Errorf("README: row %q is no setting", name)
+	}
+}
+
+// Validate refuses a Pool built in code (not through Set) with values Set
+// would refuse: pool.New relies on it.
+func TestValidateBuiltInCode(t *testing.T) {
+	for name, mutate := range map[string]func(*settings.Pool){
+		"mode":           func(p *settings.Pool) { p.Mode = "turbo" },
+		"policy":         func(p *settings.Pool) { p.Policy = "drop" },
+		"maxSlots":       func(p *settings.Pool) { p.MaxSlots = 0 },
+		"maxActions":     func(p *settings.Pool) { p.MaxActions = 0 },
+		"overcommit":     func(p *settings.Pool) { p.Overcommit = -1 },
+		"wait":           func(p *settings.Pool) { p.DefaultWait = -time.Millisecond },
+		"negative count": func(p *settings.Pool) { p.Prewarm = map[uint32]int{250: -1} },
+		"maxQuota":       func(p *settings.Pool) { p.MaxQuotaMilli = 2_000_000 },
+	} {
+		p := settings.Default()
+		mutate(&p)
+		if err := p.Validate(); err == nil {
+			t.Errorf("%s: %+v accepted", name, p)
+		}
+	}
+	if err := settings.Default().Validate(); err != nil {
+		t.Fatalf("defaults refused: %v", err)
 	}
 }

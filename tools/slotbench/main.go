@@ -223,31 +223,13 @@ type cell struct {
 }
 
 func bench(p params) error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("needs root to create cgroups")
-	}
-	h, err := cgroup.Detect()
+	tb, err := newTestbed("bench")
 	if err != nil {
 		return err
 	}
-	kernel := "unknown"
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		kernel = strings.TrimSpace(string(b))
-	}
-	root := fmt.Sprintf("/cpuslot-bench-%d", os.Getpid())
-	defer func() {
-		if err := h.RemoveTree(root, cgroup.TreeOptions{}); err != nil {
-			fmt.Fprintln(os.Stderr, "slotbench: cleanup:", err)
-		}
-	}()
-	dir, err := os.MkdirTemp("", "slotbench")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	cfg := agent.DefaultConfig()
-	cfg.Socket = filepath.Join(dir, "agent.sock")
-	cfg.HTTP = ""
+	defer tb.close()
+	h := tb.h
+	cfg := tb.config()
 	cfg.LogLevel = "warn"
 	maxThreads := 0
 	for _, n := range append(p.threads, p.sporThreads...) {
@@ -261,19 +243,9 @@ func bench(p params) error {
 		}
 		made[v.container] = true
 		m := v.mode
-		rel := root + "/" + v.container
-		for _, r := range []string{h.CPURoot, h.AcctRoot} {
-			if r == "" {
-				continue
-			}
-			if err := os.MkdirAll(filepath.Join(r, rel), 0o755); err != nil {
-				return err
-			}
-		}
-		if h.Version == 2 {
-			if err := os.WriteFile(filepath.Join(h.CPURoot, root, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
-				return err
-			}
+		rel, err := tb.container(v.container)
+		if err != nil {
+			return err
 		}
 		pc, err := cfg.Settings()
 		if err != nil {
@@ -299,29 +271,25 @@ func bench(p params) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, []discover.Source{sourceList(containers)}, true) }()
-	defer func() { cancel(); <-done }()
-	for !a.Ready() {
-		time.Sleep(time.Millisecond)
+	if err := tb.run(a, sourceList(containers)); err != nil {
+		return err
 	}
 
-	echo := filepath.Join(dir, "echo.sock")
+	echo := filepath.Join(tb.dir, "echo.sock")
 	if err := serveEcho(echo); err != nil {
 		return err
 	}
 
 	clients := map[string]*benchClient{}
 	for _, v := range variants {
-		c, err := startClient(h, root+"/"+v.container, cfg.Socket, v)
+		c, err := startClient(h, tb.root+"/"+v.container, cfg.Socket, v)
 		if err != nil {
 			return fmt.Errorf("client for %s: %w", v.name, err)
 		}
 		defer c.close()
 		clients[v.name] = c
 	}
-	floorFDs, err := floorSlots(h, root+"/floor")
+	floorFDs, err := floorSlots(h, tb.root+"/floor")
 	if err != nil {
 		return err
 	}
@@ -330,7 +298,7 @@ func bench(p params) error {
 	if h.Version == 2 {
 		fdm = strconv.FormatBool(h.FavorDynMods)
 	}
-	fmt.Printf("slotbench: %s, kernel %s, favordynmods %s, %d CPUs\n", h, kernel, fdm, runtime.NumCPU())
+	fmt.Printf("slotbench: %s, kernel %s, favordynmods %s, %d CPUs\n", h, kernelRelease(), fdm, runtime.NumCPU())
 	fmt.Printf("per invocation: acquire + placement + release through the agent socket; %d rounds per cell after one uncounted warm-up round, variants alternating\n\n", p.rounds)
 
 	floor, err := clients["floor"].run(job{Echo: echo, N: p.steadyN})

@@ -10,7 +10,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -19,7 +18,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -50,49 +48,23 @@ type probeResult struct {
 }
 
 func scaleBench(p scaleParams) error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("needs root to create cgroups")
-	}
-	h, err := cgroup.Detect()
+	tb, err := newTestbed("scale")
 	if err != nil {
 		return err
 	}
+	defer tb.close()
+	h := tb.h
 	var lim unix.Rlimit
 	unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
-	root := fmt.Sprintf("/cpuslot-scale-%d", os.Getpid())
-	roots := []string{h.CPURoot}
-	if h.AcctRoot != "" {
-		roots = append(roots, h.AcctRoot)
-	}
-	defer func() {
-		if err := h.RemoveTree(root, cgroup.TreeOptions{}); err != nil {
-			fmt.Fprintln(os.Stderr, "slotbench: cleanup:", err)
-		}
-	}()
 	var paths []string
 	for i := 0; i < p.containers; i++ {
-		rel := fmt.Sprintf("%s/c%03d", root, i)
-		for _, r := range roots {
-			if err := os.MkdirAll(filepath.Join(r, rel), 0o755); err != nil {
-				return err
-			}
+		rel, err := tb.container(fmt.Sprintf("c%03d", i))
+		if err != nil {
+			return err
 		}
 		paths = append(paths, rel)
 	}
-	if h.Version == 2 {
-		if err := os.WriteFile(filepath.Join(h.CPURoot, root, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
-			return err
-		}
-	}
-	dir, err := os.MkdirTemp("", "slotbench")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	os.Chmod(dir, 0o755)
-	cfg := agent.DefaultConfig()
-	cfg.Socket = filepath.Join(dir, "agent.sock")
-	cfg.HTTP = ""
+	cfg := tb.config()
 	cfg.Pool.Prewarm = fmt.Sprintf("250m=%d", p.slots)
 	cfg.Pool.MaxSlots = max(p.slots, cfg.Pool.MaxSlots)
 	cfg.Standalone.Containers = paths
@@ -103,25 +75,11 @@ func scaleBench(p scaleParams) error {
 		return err
 	}
 	baseFDs, baseRSS := countFDs(), rssKiB()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- a.Run(ctx, []discover.Source{discover.Static{Hierarchy: h, Cgroups: paths}}, true) }()
-	for !a.Ready() {
-		select {
-		case err := <-done:
-			cancel()
-			return fmt.Errorf("agent: %v", err)
-		case <-time.After(10 * time.Millisecond):
-		}
+	if err := tb.run(a, discover.Static{Hierarchy: h, Cgroups: paths}); err != nil {
+		return err
 	}
 	prepared := time.Since(start)
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			fmt.Fprintln(os.Stderr, "slotbench: agent:", err)
-		}
-	}()
 	slots := 0
 	for _, s := range a.Summaries() {
 		for _, q := range s.Quotas {
@@ -231,21 +189,36 @@ func scaleChildCmd(role, socket string, p scaleParams) *exec.Cmd {
 	return cmd
 }
 
-// runScaleChild runs a child in cgroup rel and decodes its one JSON line.
-func runScaleChild(h *cgroup.Hierarchy, rel, role, socket string, p scaleParams, v any) error {
+// startScaleChild starts a child in cgroup rel and decodes its first JSON
+// line into v; the child runs on (the caller waits for it).
+func startScaleChild(h *cgroup.Hierarchy, rel, role, socket string, p scaleParams, v any) (*exec.Cmd, error) {
 	cmd := scaleChildCmd(role, socket, p)
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	if err := h.StartIn(cmd, rel); err != nil {
-		return err
+		return nil, err
 	}
-	defer cmd.Wait()
 	io.WriteString(in, "go\n") // placed in its cgroup
 	line, err := bufio.NewReader(out).ReadBytes('\n')
-	if err != nil {
-		return fmt.Errorf("%s child: %w", role, err)
+	if err == nil {
+		err = json.Unmarshal(line, v)
 	}
-	return json.Unmarshal(line, v)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("%s child: %w", role, err)
+	}
+	return cmd, nil
+}
+
+// runScaleChild runs a child in cgroup rel to its end and decodes its one
+// JSON line.
+func runScaleChild(h *cgroup.Hierarchy, rel, role, socket string, p scaleParams, v any) error {
+	cmd, err := startScaleChild(h, rel, role, socket, p, v)
+	if err != nil {
+		return err
+	}
+	return cmd.Wait()
 }
 
 // startFlood starts procs children in rel that open n connections in all,
@@ -272,26 +245,15 @@ func startFlood(h *cgroup.Hierarchy, rel, socket string, n, procs int) ([]*exec.
 	return cmds, held, nil
 }
 
+// startFlooder starts a child in rel that opens n connections and stalls;
+// it returns the child and how many it holds.
 func startFlooder(h *cgroup.Hierarchy, rel, socket string, n int) (*exec.Cmd, int, error) {
-	cmd := scaleChildCmd("flood", socket, scaleParams{flood: n})
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := h.StartIn(cmd, rel); err != nil {
-		return nil, 0, err
-	}
-	io.WriteString(in, "go\n")
 	var r struct {
-		Held int    `json:"held"`
-		Err  string `json:"err"`
+		Held int `json:"held"`
 	}
-	line, err := bufio.NewReader(out).ReadBytes('\n')
-	if err == nil {
-		err = json.Unmarshal(line, &r)
-	}
+	cmd, err := startScaleChild(h, rel, "flood", socket, scaleParams{flood: n}, &r)
 	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return nil, 0, fmt.Errorf("flood child: %w", err)
+		return nil, 0, err
 	}
 	return cmd, r.Held, nil
 }
