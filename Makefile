@@ -62,7 +62,7 @@ bench-host: tools
 	bin/slotbench
 
 bench-vm: tools vm-deps
-	bin/slotbench -vm -steady 500 -sporadic 60 -threads 1,2 -share 4s
+	bin/slotbench -vm -steady 500 -sporadic 60 -threads 1,2 -sporadic-threads 1,3 -share 4s
 
 clean:
 	rm -rf bin

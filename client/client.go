@@ -9,6 +9,12 @@
 // A Client is safe for concurrent use. It keeps a pool of connections (one
 // request in flight on each), caches slot fds, and after an agent restart
 // reconnects and re-declares the leases it holds.
+//
+// When the agent grants it (HELLO_OK with LOCAL), the client leases locally
+// (local.go; Options.NoLocal turns it off): the process holds slots and its
+// threads claim them in a slot table in shared memory, so an invocation
+// sends nothing to the agent unless no held slot of its quota is free, and
+// keeps running in held slots while the agent restarts.
 package client
 
 import (
@@ -16,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,8 +50,26 @@ type Options struct {
 	// thread reuses it with no message to the agent at all. Quota
 	// enforcement is unchanged; an idle lingering lease holds admission
 	// budget until it expires, and the agent sees one lease for the
-	// invocations that reused it. 0 releases at once.
+	// invocations that reused it. 0 releases at once. Unused with local
+	// leasing, which needs no message per invocation at all.
 	Linger time.Duration
+	// NoLocal turns local leasing off: every invocation asks the agent for
+	// a lease of its own thread (the path before local leasing).
+	NoLocal bool
+	// LocalIdle is how long a held slot may go unused before the client
+	// gives it back (default 30s): a held slot counts against the
+	// container's admission budget.
+	LocalIdle time.Duration
+	// TableCapacity is the number of entries of the slot table the client
+	// creates (default 128, at most 1024). When the table is full a miss
+	// leases for the thread alone, as without local leasing.
+	TableCapacity int
+	// TableFile is the memfd of a slot table to share instead of creating
+	// one: another process of the container created it (Client.Table) and
+	// passed it down. Dial refuses a table it cannot use (slotv1.ErrBadTable;
+	// slotv1.ErrTableLayout for one of another layout version). The client
+	// uses a duplicate; the caller keeps TableFile.
+	TableFile *os.File
 }
 
 // Client talks to one agent socket.
@@ -64,10 +89,18 @@ type Client struct {
 	held map[*Lease]struct{}
 	// parked are lingering leases by thread (see Options.Linger).
 	parked map[int]*Lease
-	stop   chan struct{}
+	// lastEntry is the slot table entry each thread used last.
+	lastEntry map[int]int
+	// local is the local leasing state once an agent granted LOCAL;
+	// localOn says the agent of the current connections grants it.
+	local   *local
+	localOn atomic.Bool
+	stop    chan struct{}
 
 	recoverMu sync.Mutex
 	closed    bool
+	// down: the last reconnect failed; checkAgent tries again.
+	down bool
 }
 
 // Usage is what a lease's slot used while held.
@@ -102,6 +135,12 @@ type Lease struct {
 	// Reused reports that the lease lingered from the thread's previous
 	// invocation: no message went to the agent.
 	Reused bool
+	// Local reports a slot the process holds (local leasing): the
+	// acquisition sent nothing to the agent unless it was a miss.
+	Local    bool
+	claim    slotv1.Claim
+	stat     []int // the slot's counter fds (local leases)
+	released atomic.Bool
 }
 
 // Dial connects to the agent and says HELLO.
@@ -113,10 +152,16 @@ func Dial(path string, opts Options) (*Client, error) {
 		opts.ReconnectFor = 2 * time.Second
 	}
 	c := &Client{path: path, opts: opts, fds: map[uint32][]int{}, current: map[int]uint32{}, held: map[*Lease]struct{}{},
-		parked: map[int]*Lease{}, stop: make(chan struct{})}
+		parked: map[int]*Lease{}, lastEntry: map[int]int{}, stop: make(chan struct{})}
 	cn, err := c.dial()
 	if err != nil {
 		return nil, err
+	}
+	if !opts.NoLocal && !opts.AgentPlaces {
+		if c.local, err = newLocal(c); err != nil {
+			cn.close()
+			return nil, err
+		}
 	}
 	c.put(cn)
 	if opts.Linger > 0 {
@@ -157,6 +202,15 @@ func (l *Lease) releaseParked() {
 	}
 }
 
+// Table is the slot table of local leasing (nil without): its File can be
+// passed to a child process of the same container (Options.TableFile).
+func (c *Client) Table() *slotv1.Table {
+	if c.local == nil {
+		return nil
+	}
+	return c.local.t
+}
+
 // Hello is what the agent said about this client's container.
 func (c *Client) Hello() slotv1.HelloOK {
 	c.mu.Lock()
@@ -173,6 +227,10 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	for _, l := range parked {
 		l.releaseParked()
+	}
+	if c.local != nil {
+		c.local.flush()
+		c.local.close()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -195,6 +253,12 @@ func (c *Client) Close() error {
 // calling OS thread in it.
 func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, error) {
 	tid := unix.Gettid()
+	if c.local != nil && (c.localOn.Load() || c.opts.TableFile != nil) {
+		l, err := c.local.acquire(tid, quotaMilli, action)
+		if !errors.Is(err, slotv1.ErrTableFull) && !errors.Is(err, errNoLocal) {
+			return l, err
+		}
+	}
 	c.mu.Lock()
 	cur := c.current[tid]
 	p := c.parked[tid]
@@ -248,8 +312,12 @@ func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, 
 // agent announced in HELLO_OK.
 func (c *Client) split(fds []int) (place, stat []int) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.splitLocked(fds)
+}
+
+func (c *Client) splitLocked(fds []int) (place, stat []int) {
 	p, s := int(c.hello.PlaceFDs), int(c.hello.StatFDs)
-	c.mu.Unlock()
 	if p == 0 || len(fds) != p+s {
 		return fds, nil // an agent that passes placement fds only
 	}
@@ -286,6 +354,9 @@ func placeSelf(fds []int) error {
 // no cgroup write.
 func (l *Lease) Release(outcome slotv1.ReleaseOutcome) (Usage, error) {
 	c := l.c
+	if l.Local {
+		return c.local.release(l, outcome)
+	}
 	if c.opts.Linger > 0 && l.hasStart && outcome == slotv1.InvocationOK {
 		if u, ok := l.park(); ok {
 			return u, nil
@@ -398,6 +469,47 @@ func (l *Lease) releaseOneWay(outcome slotv1.ReleaseOutcome) (Usage, bool) {
 	return usageOf(end.Sub(l.start)), true
 }
 
+// checkAgent notices, off the invocation path, that the agent went away
+// (idle connections hung up), and reconnects: a client whose invocations
+// all hit held slots sends nothing else that would notice, and the new
+// agent must learn which slots it holds (RECLAIM).
+func (c *Client) checkAgent() {
+	c.mu.Lock()
+	gen, broken := c.gen, c.down
+	fds := make([]unix.PollFd, len(c.idle))
+	for i, cn := range c.idle {
+		fds[i] = unix.PollFd{Fd: int32(cn.fd), Events: unix.POLLIN}
+	}
+	if len(fds) > 0 {
+		// An idle connection has nothing to read: readable means hung up.
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			broken = true
+		}
+	}
+	c.mu.Unlock()
+	if broken {
+		_ = c.recover(gen)
+	}
+}
+
+// sendOneWay sends a request that gets no answer (USAGE, RELEASE with
+// NO_REPLY) on a pooled connection; false if it could not.
+func (c *Client) sendOneWay(m slotv1.Message) bool {
+	cn, err := c.get()
+	if err != nil {
+		return false
+	}
+	if err := cn.send(m); err != nil {
+		cn.close()
+		c.mu.Lock()
+		c.down = true // the agent went away: checkAgent reconnects
+		c.mu.Unlock()
+		return false
+	}
+	c.put(cn)
+	return true
+}
+
 func (c *Client) forget(l *Lease) {
 	c.mu.Lock()
 	delete(c.held, l)
@@ -471,6 +583,7 @@ func (c *Client) recover(gen uint64) error {
 	}
 	c.idle = nil
 	c.gen++
+	c.down = true // until the leases are re-declared
 	c.mu.Unlock()
 
 	deadline := time.Now().Add(c.opts.ReconnectFor)
@@ -509,6 +622,15 @@ func (c *Client) recover(gen uint64) error {
 		}
 		c.mu.Unlock()
 	}
+	if c.local != nil {
+		if err := c.local.reclaimAll(cn); err != nil {
+			cn.close()
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.down = false
+	c.mu.Unlock()
 	c.put(cn)
 	return nil
 }
@@ -556,6 +678,9 @@ func (c *Client) dial() (*conn, error) {
 	c.mu.Unlock()
 	cn := &conn{fd: fd, gen: gen, buf: make([]byte, 0, 256), oob: make([]byte, unix.CmsgSpace(4*8))}
 	flags := uint32(slotv1.HelloFDPassing)
+	if !c.opts.NoLocal {
+		flags |= slotv1.HelloLocal
+	}
 	if c.opts.AgentPlaces {
 		flags = 0
 	}
@@ -577,6 +702,7 @@ func (c *Client) dial() (*conn, error) {
 		c.mu.Lock()
 		c.hello = *h
 		c.mu.Unlock()
+		c.localOn.Store(flags&slotv1.HelloLocal != 0 && h.Flags&slotv1.HelloOKLocal != 0 && h.Flags&slotv1.HelloOKAgentPlaces == 0)
 		return cn, nil
 	case *slotv1.Error:
 		cn.close()

@@ -47,7 +47,7 @@ func TestAffinityThroughSocket(t *testing.T) {
 	e := newEnv(t, 0, nil)
 	a := e.start()
 	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{Name: "test"})
+	c, err := client.Dial(e.socket, client.Options{Name: "test", NoLocal: true}) // the per-thread path
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestLinger(t *testing.T) {
 	e := newEnv(t, 0, nil)
 	a := e.start()
 	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{Linger: 300 * time.Millisecond})
+	c, err := client.Dial(e.socket, client.Options{Linger: 300 * time.Millisecond, NoLocal: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -644,6 +644,9 @@ func childAgent() error {
 	cfg.HTTP = ""
 	cfg.Pool.Prewarm = "250m=2,500m=1"
 	cfg.Standalone.Containers = []string{os.Getenv("CONTAINER")}
+	// v1: fds (and so local leasing) also for a client in the test's own
+	// PID namespace.
+	cfg.Limits.HostNamespaceFDs = os.Getenv("HOST_NAMESPACE_FDS") == "1"
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a, err := agent.New(cfg, log)
 	if err != nil {

@@ -1,13 +1,19 @@
 // Command slotbench measures what a CPU slot costs per invocation, side by
-// side for the four pool modes, in one run on this machine's kernel.
+// side for the four pool modes and local leasing, in one run on this
+// machine's kernel, against the floor: one write of "0" to a slot fd.
 //
-// One in-process agent serves four containers, one per mode. In each
-// container a client process (this binary, re-executed) plays a runtime:
-// its locked OS threads acquire a slot, are placed, and release it, through
-// the real socket. Rounds alternate between modes so that machine noise
-// hits all of them alike. Steady arrivals run back to back; sporadic ones
-// pause 20-30 ms every few invocations, which is when the kernel's cgroup
-// lock makes numeric-TID moves slow.
+// One in-process agent serves a container per variant. In each container a
+// client process (this binary, re-executed) plays a runtime: its locked OS
+// threads acquire a slot, are placed, and release it, through the real
+// socket (local leasing: through the client's slot table, asking the agent
+// on a miss only). Rounds alternate between variants so that machine noise
+// hits all of them alike. Each thread runs one action at one quota (150m,
+// 333m, 750m, 1200m by thread) and switches to another action and quota for
+// a tenth of its invocations. Steady arrivals run back to back; sporadic
+// ones pause 15-35 ms after every burst of 3, which is when the kernel's
+// cgroup lock makes numeric-TID moves slow. The floor variant is a thread
+// that writes "0" to an already open slot fd (every placement fd of the
+// slot), alternating between two slots, with the same arrivals.
 //
 //	slotbench                    # on this machine's hierarchy
 //	slotbench -vm                # in the cgroup v2 VM, without and with favordynmods
@@ -49,33 +55,58 @@ import (
 
 var modes = []pool.Mode{pool.Uncached, pool.CacheEager, pool.CacheLazy, pool.Affinity}
 
-// variant is one row of the comparison: a pool mode, and whether the client
-// keeps leases between invocations (client.Options.Linger).
+// variant is one row of the comparison: a pool mode, whether the client
+// keeps leases between invocations (client.Options.Linger), and whether it
+// leases locally; each local or floor variant has a container of its own.
 type variant struct {
-	name   string
-	mode   pool.Mode
-	linger time.Duration
+	name      string
+	mode      pool.Mode
+	linger    time.Duration
+	local     bool
+	floor     bool
+	container string
 }
 
 var variants []variant
 
 type params struct {
-	steadyN, sporadicN int
-	threads            []int
-	rounds             int
-	burst              int
-	share              time.Duration
+	steadyN, sporadicN   int
+	threads, sporThreads []int
+	rounds               int
+	burst                int
+	pauseMin, pauseMax   time.Duration
+	quotas               []uint32
+	switchP              float64
+	share                time.Duration
+}
+
+func parseList(flagName, s string, min int) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < min {
+			fatal(fmt.Errorf("-%s %q", flagName, s))
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 func main() {
 	steadyN := flag.Int("steady", 2000, "invocations per thread per cell, steady arrivals")
-	sporadicN := flag.Int("sporadic", 200, "invocations per thread per cell, sporadic arrivals")
-	threads := flag.String("threads", "1,2,4", "client thread counts")
-	rounds := flag.Int("rounds", 4, "rounds per cell (modes alternate between rounds)")
-	burst := flag.Int("burst", 4, "sporadic: invocations between pauses")
+	sporadicN := flag.Int("sporadic", 300, "invocations per thread per cell, sporadic arrivals")
+	threads := flag.String("threads", "1,4", "client thread counts, steady arrivals")
+	sporThreads := flag.String("sporadic-threads", "1,3,4", "client thread counts, sporadic arrivals")
+	rounds := flag.Int("rounds", 4, "rounds per cell (variants alternate between rounds)")
+	burst := flag.Int("burst", 3, "sporadic: invocations between pauses")
+	pauseMin := flag.Duration("pause-min", 15*time.Millisecond, "sporadic: shortest pause")
+	pauseMax := flag.Duration("pause-max", 35*time.Millisecond, "sporadic: longest pause")
+	quotaList := flag.String("quotas", "150,333,750,1200", "quotas (millicores) the threads run at, one per thread in turn")
+	switchP := flag.Float64("switch", 0.1, "share of invocations that switch to another action and quota")
 	share := flag.Duration("share", 10*time.Second, "also measure a CPU-bound thread in a 250m slot for this long (0: skip)")
 	modeList := flag.String("modes", "uncached,cache-eager,cache-lazy,affinity", "modes to compare (ratios need uncached)")
 	linger := flag.Duration("linger", 100*time.Millisecond, "also run affinity with a client that keeps leases this long (0: skip)")
+	local := flag.Bool("local", true, "also run local leasing (the client's default) in a container of its own")
 	cpuprofile := flag.String("cpuprofile", "", "write the agent side's CPU profile here")
 	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods")
 	scale := flag.Bool("scale", false, "measure one agent serving many containers instead (see -containers)")
@@ -100,24 +131,26 @@ func main() {
 		fatal(scaleBench(sp))
 		return
 	}
-	p := params{steadyN: *steadyN, sporadicN: *sporadicN, rounds: *rounds, burst: *burst, share: *share}
-	for _, s := range strings.Split(*threads, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			fatal(fmt.Errorf("-threads %q", *threads))
-		}
-		p.threads = append(p.threads, n)
+	p := params{steadyN: *steadyN, sporadicN: *sporadicN, rounds: *rounds, burst: max(1, *burst), share: *share,
+		pauseMin: *pauseMin, pauseMax: max(*pauseMin, *pauseMax), switchP: *switchP,
+		threads: parseList("threads", *threads, 1), sporThreads: parseList("sporadic-threads", *sporThreads, 1)}
+	for _, q := range parseList("quotas", *quotaList, 1) {
+		p.quotas = append(p.quotas, uint32(q))
 	}
 	modes = nil
 	for _, s := range strings.Split(*modeList, ",") {
 		m, err := pool.ParseMode(strings.TrimSpace(s))
 		fatal(err)
 		modes = append(modes, m)
-		variants = append(variants, variant{name: m.String(), mode: m})
+		variants = append(variants, variant{name: m.String(), mode: m, container: m.String()})
 		if m == pool.Affinity && *linger > 0 {
-			variants = append(variants, variant{name: "affinity+linger", mode: m, linger: *linger})
+			variants = append(variants, variant{name: "affinity+linger", mode: m, linger: *linger, container: m.String()})
 		}
 	}
+	if *local {
+		variants = append(variants, variant{name: "local", mode: pool.Affinity, local: true, container: "local"})
+	}
+	variants = append(variants, variant{name: "floor", mode: pool.Affinity, floor: true, container: "floor"})
 	if *inVM {
 		fatal(runInVM(os.Args[1:]))
 		return
@@ -199,12 +232,18 @@ func bench(p params) error {
 	cfg := tb.config()
 	cfg.LogLevel = "warn"
 	maxThreads := 0
-	for _, n := range p.threads {
+	for _, n := range append(p.threads, p.sporThreads...) {
 		maxThreads = max(maxThreads, n)
 	}
 	var containers []discover.Container
-	for _, m := range modes {
-		rel, err := tb.container(m.String())
+	made := map[string]bool{}
+	for _, v := range variants {
+		if made[v.container] {
+			continue
+		}
+		made[v.container] = true
+		m := v.mode
+		rel, err := tb.container(v.container)
 		if err != nil {
 			return err
 		}
@@ -213,12 +252,19 @@ func bench(p params) error {
 			return err
 		}
 		pc.Mode = m.String()
-		pc.Prewarm = map[uint32]int{250: maxThreads}
-		pc.MaxSlots = 4 * maxThreads
-		if m == pool.Uncached {
-			pc.Prewarm = nil
+		// Every quota a thread may switch to, for every thread.
+		pc.Prewarm = map[uint32]int{}
+		for _, q := range p.quotas {
+			pc.Prewarm[q] = maxThreads
 		}
-		containers = append(containers, discover.Container{Name: m.String(), CgroupPath: rel, Pool: &pc})
+		pc.MaxSlots = 2 * maxThreads * len(p.quotas)
+		switch {
+		case m == pool.Uncached:
+			pc.Prewarm = nil
+		case v.floor:
+			pc.Prewarm = map[uint32]int{p.quotas[0]: 2} // the two slots the floor alternates between
+		}
+		containers = append(containers, discover.Container{Name: v.container, CgroupPath: rel, Pool: &pc})
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a, err := agent.New(cfg, log)
@@ -236,12 +282,16 @@ func bench(p params) error {
 
 	clients := map[string]*benchClient{}
 	for _, v := range variants {
-		c, err := startClient(h, tb.root+"/"+v.mode.String(), cfg.Socket, v.linger)
+		c, err := startClient(h, tb.root+"/"+v.container, cfg.Socket, v)
 		if err != nil {
 			return fmt.Errorf("client for %s: %w", v.name, err)
 		}
 		defer c.close()
 		clients[v.name] = c
+	}
+	floorFDs, err := floorSlots(h, tb.root+"/floor")
+	if err != nil {
+		return err
 	}
 
 	fdm := "n/a (v1)"
@@ -249,9 +299,9 @@ func bench(p params) error {
 		fdm = strconv.FormatBool(h.FavorDynMods)
 	}
 	fmt.Printf("slotbench: %s, kernel %s, favordynmods %s, %d CPUs\n", h, kernelRelease(), fdm, runtime.NumCPU())
-	fmt.Printf("per invocation: acquire + placement + release through the agent socket; %d rounds per cell, modes alternating\n\n", p.rounds)
+	fmt.Printf("per invocation: acquire + placement + release through the agent socket; %d rounds per cell after one uncounted warm-up round, variants alternating\n\n", p.rounds)
 
-	floor, err := clients[variants[0].name].run(job{Echo: echo, N: p.steadyN})
+	floor, err := clients["floor"].run(job{Echo: echo, N: p.steadyN})
 	if err != nil {
 		return fmt.Errorf("echo: %w", err)
 	}
@@ -259,26 +309,48 @@ func bench(p params) error {
 	fmt.Printf("IPC floor, a bare 64-byte round trip to a Go server on the same machine: p50 %s  p90 %s  p99 %s\n\n",
 		us(time.Duration(pctNS(floor.LatNS, .5))), us(time.Duration(pctNS(floor.LatNS, .9))), us(time.Duration(pctNS(floor.LatNS, .99))))
 
-	var cells []*cell
-	for _, scenario := range []string{"steady", "sporadic"} {
-		n := p.steadyN
-		if scenario == "sporadic" {
-			n = p.sporadicN
+	if c := clients["local"]; c != nil {
+		res, err := c.run(job{Probe: true})
+		if err != nil {
+			return err
 		}
-		for _, threads := range p.threads {
+		if !res.Local {
+			fmt.Printf("NOTE: the agent did not grant LOCAL: the local variant ran the per-thread path\n\n")
+		}
+	}
+	fmt.Printf("arrivals: each thread runs one action at its quota (%v by thread), %.0f%% of invocations switch to another; sporadic: bursts of %d, pauses %v-%v\n\n",
+		p.quotas, 100*p.switchP, p.burst, p.pauseMin, p.pauseMax)
+	var summary []string
+	for _, scenario := range []string{"steady", "sporadic"} {
+		n, threadList := p.steadyN, p.threads
+		if scenario == "sporadic" {
+			n, threadList = p.sporadicN, p.sporThreads
+		}
+		for _, threads := range threadList {
 			byMode := map[string]*cell{}
 			for _, v := range variants {
 				byMode[v.name] = &cell{scenario: scenario, threads: threads, name: v.name}
-				cells = append(cells, byMode[v.name])
 			}
 			per := max(1, n/p.rounds)
-			for r := 0; r < p.rounds; r++ {
+			// Round -1 warms every variant up and is not counted: slots
+			// made or held, a thread's affinity, held slots for each quota
+			// a thread may switch to (a runtime pays that once, not per
+			// invocation).
+			for r := -1; r < p.rounds; r++ {
 				order := append([]variant(nil), variants...)
 				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 				for _, v := range order {
-					res, err := clients[v.name].run(job{Threads: threads, N: per, Sporadic: scenario == "sporadic", Burst: p.burst, Quota: 250})
+					j := job{Threads: threads, N: per, Sporadic: scenario == "sporadic", Burst: p.burst, Quotas: p.quotas, Switch: p.switchP,
+						PauseMinNS: p.pauseMin.Nanoseconds(), PauseMaxNS: p.pauseMax.Nanoseconds()}
+					if v.floor {
+						j.Floor = floorFDs
+					}
+					res, err := clients[v.name].run(j)
 					if err != nil {
 						return fmt.Errorf("%s %s: %w", scenario, v.name, err)
+					}
+					if r < 0 {
+						continue
 					}
 					c := byMode[v.name]
 					for _, ns := range res.LatNS {
@@ -296,14 +368,32 @@ func bench(p params) error {
 				}
 			}
 			printCells(byMode)
+			if u, l := byMode["uncached"], byMode["local"]; u != nil && l != nil {
+				summary = append(summary, fmt.Sprintf("  %-8s threads=%d: uncached/local p50 %.1fx, p99 %.1fx; local/floor p50 %.2fx, p99 %.2fx",
+					scenario, threads, ratio(pct(u.lat, .5), pct(l.lat, .5)), ratio(pct(u.lat, .99), pct(l.lat, .99)),
+					ratio(pct(l.lat, .5), pct(byMode["floor"].lat, .5)), ratio(pct(l.lat, .99), pct(byMode["floor"].lat, .99))))
+			}
 		}
 	}
-	if p.share > 0 && clients["affinity"] != nil {
-		res, err := clients["affinity"].run(job{Share: p.share.Nanoseconds(), Quota: 250})
-		if err != nil {
-			return err
+	if len(summary) > 0 {
+		fmt.Println("local leasing against uncached and the floor:")
+		fmt.Println(strings.Join(summary, "\n"))
+	}
+	if p.share > 0 {
+		name := "local"
+		if clients[name] == nil {
+			name = "affinity"
 		}
-		fmt.Printf("\nCPU-bound thread in a 250m slot (affinity) for %v: %.1f%% of a core (target 25%% +/- 2.5)\n", p.share, res.SharePct)
+		if clients[name] != nil {
+			fmt.Println()
+			for _, q := range []uint32{150, 250, 750} {
+				res, err := clients[name].run(job{Share: p.share.Nanoseconds(), Quota: q})
+				if err != nil {
+					return err
+				}
+				fmt.Printf("CPU-bound thread in a %dm slot (%s) for %v: %.1f%% of a core (target %.1f%% +/- 2.5)\n", q, name, p.share, res.SharePct, float64(q)/10)
+			}
+		}
 	}
 	return nil
 }
@@ -365,24 +455,28 @@ func pct(d []time.Duration, q float64) time.Duration {
 	return d[min(len(d)-1, int(q*float64(len(d))))]
 }
 
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(max(b, 1)) }
+
 func printCells(byMode map[string]*cell) {
 	base := byMode["uncached"]
 	if base == nil {
 		base = byMode[variants[0].name]
 	}
+	floor := byMode["floor"]
 	for _, c := range byMode {
 		sort.Slice(c.lat, func(i, j int) bool { return c.lat[i] < c.lat[j] })
 		sort.Slice(c.acq, func(i, j int) bool { return c.acq[i] < c.acq[j] })
 	}
 	first := byMode[variants[0].name]
 	fmt.Printf("%-8s threads=%d\n", first.scenario, first.threads)
-	fmt.Printf("  %-16s %6s %10s %10s %10s %12s %12s %9s %12s\n", "mode", "n", "p50", "p90", "p99", "p50 vs unc.", "p99 vs unc.", "no-write", "acquire p50")
+	fmt.Printf("  %-16s %6s %10s %10s %10s %10s %10s %12s %12s %9s %12s\n", "variant", "n", "p50", "p90", "p99", "p50/floor", "p99/floor",
+		"p50 vs unc.", "p99 vs unc.", "no-write", "acquire p50")
 	for _, v := range variants {
 		c := byMode[v.name]
 		p50, p90, p99 := pct(c.lat, .5), pct(c.lat, .9), pct(c.lat, .99)
-		fmt.Printf("  %-16s %6d %10s %10s %10s %11.1fx %11.1fx %8.1f%%",
-			v.name, len(c.lat), us(p50), us(p90), us(p99),
-			float64(pct(base.lat, .5))/float64(max(p50, 1)), float64(pct(base.lat, .99))/float64(max(p99, 1)),
+		fmt.Printf("  %-16s %6d %10s %10s %10s %9.2fx %9.2fx %11.1fx %11.1fx %8.1f%%",
+			v.name, len(c.lat), us(p50), us(p90), us(p99), ratio(p50, pct(floor.lat, .5)), ratio(p99, pct(floor.lat, .99)),
+			ratio(pct(base.lat, .5), p50), ratio(pct(base.lat, .99), p99),
 			100*float64(c.noWrite)/float64(max(c.total, 1)))
 		fmt.Printf(" %12s", us(pct(c.acq, .5)))
 		if c.errors > 0 {
@@ -398,13 +492,22 @@ func us(d time.Duration) string { return fmt.Sprintf("%.1fus", float64(d.Nanosec
 // The client side: a runtime stand-in in one container.
 
 type job struct {
-	Threads  int    `json:"threads"`
-	N        int    `json:"n"`
-	Sporadic bool   `json:"sporadic"`
-	Burst    int    `json:"burst"`
-	Quota    uint32 `json:"quota"`
-	Share    int64  `json:"shareNS,omitempty"`
-	Echo     string `json:"echo,omitempty"`
+	Threads    int      `json:"threads"`
+	N          int      `json:"n"`
+	Sporadic   bool     `json:"sporadic"`
+	Burst      int      `json:"burst"`
+	PauseMinNS int64    `json:"pauseMin"`
+	PauseMaxNS int64    `json:"pauseMax"`
+	Quotas     []uint32 `json:"quotas"`
+	Switch     float64  `json:"switch"`
+	Quota      uint32   `json:"quota"` // -share only
+	Share      int64    `json:"shareNS,omitempty"`
+	Echo       string   `json:"echo,omitempty"`
+	// Floor: the placement files of two slots the threads write "0" to,
+	// alternating, instead of acquiring.
+	Floor [2][]string `json:"floor,omitempty"`
+	// Probe asks whether the client leases locally.
+	Probe bool `json:"probe,omitempty"`
 }
 
 type jobResult struct {
@@ -415,6 +518,7 @@ type jobResult struct {
 	Total    int     `json:"total"`
 	Errors   int     `json:"errors"`
 	SharePct float64 `json:"sharePct"`
+	Local    bool    `json:"local,omitempty"`
 	Err      string  `json:"err,omitempty"`
 }
 
@@ -424,13 +528,14 @@ type benchClient struct {
 	out *bufio.Reader
 }
 
-func startClient(h *cgroup.Hierarchy, rel, socket string, linger time.Duration) (*benchClient, error) {
+func startClient(h *cgroup.Hierarchy, rel, socket string, v variant) (*benchClient, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket, "SLOTBENCH_LINGER="+linger.String())
+	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket, "SLOTBENCH_LINGER="+v.linger.String(),
+		"SLOTBENCH_LOCAL="+strconv.FormatBool(v.local))
 	cmd.Stderr = os.Stderr
 	// A client runs in a PID namespace of its own, as in a pod: on v1 the
 	// agent passes placement fds only to such peers (docs/security.md).
@@ -485,16 +590,21 @@ func clientMain() {
 		if err := json.Unmarshal(in.Bytes(), &j); err != nil {
 			r.Err = err.Error()
 		} else {
-			if c == nil && j.Echo == "" {
+			if c == nil && j.Echo == "" && j.Floor[0] == nil {
 				var err error
 				linger, _ := time.ParseDuration(os.Getenv("SLOTBENCH_LINGER"))
-				if c, err = client.Dial(os.Getenv("SLOTBENCH_SOCKET"), client.Options{Name: "slotbench", Wait: time.Second, Linger: linger}); err != nil {
+				local := os.Getenv("SLOTBENCH_LOCAL") == "true"
+				if c, err = client.Dial(os.Getenv("SLOTBENCH_SOCKET"), client.Options{Name: "slotbench", Wait: time.Second, Linger: linger, NoLocal: !local}); err != nil {
 					r.Err = err.Error()
 					enc.Encode(r)
 					continue
 				}
 			}
-			if j.Share > 0 {
+			if j.Probe {
+				r.Local = c.Hello().Flags&slotv1.HelloOKLocal != 0
+			} else if j.Floor[0] != nil {
+				r = floorJob(j)
+			} else if j.Share > 0 {
 				r.SharePct, r.Err = share(c, j)
 			} else if j.Echo != "" {
 				r = echoJob(j)
@@ -524,7 +634,34 @@ func worker(i int) chan func() {
 	return workers[i]
 }
 
-func runJob(c *client.Client, j job) jobResult {
+// arrivals drives thread t's invocations: pauses after each burst when
+// sporadic, and its action and quota (a tenth switch to another).
+type arrivals struct {
+	j   job
+	t   int
+	rng *rand.Rand
+}
+
+func newArrivals(j job, t int) *arrivals {
+	return &arrivals{j: j, t: t, rng: rand.New(rand.NewPCG(uint64(t), uint64(time.Now().UnixNano())))}
+}
+
+// next waits before invocation i if it starts a burst, and returns the
+// index of its quota (and action).
+func (a *arrivals) next(i int) int {
+	j := a.j
+	if j.Sporadic && i%j.Burst == 0 {
+		time.Sleep(time.Duration(j.PauseMinNS + a.rng.Int64N(j.PauseMaxNS-j.PauseMinNS+1)))
+	}
+	home := a.t % len(j.Quotas)
+	if len(j.Quotas) > 1 && a.rng.Float64() < j.Switch {
+		return (home + 1 + a.rng.IntN(len(j.Quotas)-1)) % len(j.Quotas)
+	}
+	return home
+}
+
+// collect runs body on j.Threads worker threads and merges their results.
+func collect(j job, body func(t int, r *jobResult)) jobResult {
 	var mu sync.Mutex
 	var r jobResult
 	var wg sync.WaitGroup
@@ -532,48 +669,123 @@ func runJob(c *client.Client, j job) jobResult {
 		wg.Add(1)
 		worker(t) <- func() {
 			defer wg.Done()
-			lat := make([]int64, 0, j.N)
-			acq := make([]int64, 0, j.N)
-			noWrite, errs := 0, 0
-			firstErr := ""
-			for i := 0; i < j.N; i++ {
-				if j.Sporadic && i%j.Burst == 0 {
-					time.Sleep(time.Duration(20+rand.IntN(11)) * time.Millisecond)
-				}
-				start := time.Now()
-				l, err := c.Acquire(j.Quota, "bench", "")
-				a := time.Since(start)
-				if err == nil {
-					_, err = l.Release(slotv1.InvocationOK)
-				}
-				d := time.Since(start)
-				if err != nil {
-					if errs == 0 {
-						firstErr = err.Error()
-					}
-					errs++
-					continue
-				}
-				lat = append(lat, d.Nanoseconds())
-				acq = append(acq, a.Nanoseconds())
-				if l.Place == slotv1.PlaceNone && (l.Outcome == slotv1.OutcomeAffinityHit || l.Outcome == slotv1.OutcomeCacheHit) || l.Reused {
-					noWrite++
-				}
-			}
+			var mine jobResult
+			body(t, &mine)
 			mu.Lock()
-			r.LatNS = append(r.LatNS, lat...)
-			r.AcqNS = append(r.AcqNS, acq...)
+			r.LatNS = append(r.LatNS, mine.LatNS...)
+			r.AcqNS = append(r.AcqNS, mine.AcqNS...)
 			if r.FirstErr == "" {
-				r.FirstErr = firstErr
+				r.FirstErr = mine.FirstErr
 			}
-			r.NoWrite += noWrite
-			r.Total += len(lat)
-			r.Errors += errs
+			r.NoWrite += mine.NoWrite
+			r.Total += mine.Total
+			r.Errors += mine.Errors
 			mu.Unlock()
 		}
 	}
 	wg.Wait()
 	return r
+}
+
+func runJob(c *client.Client, j job) jobResult {
+	actions := make([]string, len(j.Quotas))
+	for i, q := range j.Quotas {
+		actions[i] = fmt.Sprintf("bench/fn%d", q)
+	}
+	return collect(j, func(t int, r *jobResult) {
+		a := newArrivals(j, t)
+		r.LatNS = make([]int64, 0, j.N)
+		r.AcqNS = make([]int64, 0, j.N)
+		for i := 0; i < j.N; i++ {
+			q := a.next(i)
+			start := time.Now()
+			l, err := c.Acquire(j.Quotas[q], actions[q], "")
+			acq := time.Since(start)
+			if err == nil {
+				_, err = l.Release(slotv1.InvocationOK)
+			}
+			d := time.Since(start)
+			if err != nil {
+				if r.Errors == 0 {
+					r.FirstErr = err.Error()
+				}
+				r.Errors++
+				continue
+			}
+			r.LatNS = append(r.LatNS, d.Nanoseconds())
+			r.AcqNS = append(r.AcqNS, acq.Nanoseconds())
+			if l.Place == slotv1.PlaceNone && (l.Outcome == slotv1.OutcomeAffinityHit || l.Outcome == slotv1.OutcomeCacheHit) || l.Reused {
+				r.NoWrite++
+			}
+			r.Total++
+		}
+	})
+}
+
+// floorJob is the floor under any slot protocol: each invocation is one
+// write of "0" to every placement fd of a slot that is already open,
+// alternating between two slots, so that every write moves the thread.
+func floorJob(j job) jobResult {
+	var fds [2][]int
+	for s, paths := range j.Floor {
+		for _, p := range paths {
+			fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return jobResult{Err: err.Error()}
+			}
+			defer unix.Close(fd)
+			fds[s] = append(fds[s], fd)
+		}
+	}
+	zero := []byte("0")
+	return collect(j, func(t int, r *jobResult) {
+		a := newArrivals(j, t)
+		r.LatNS = make([]int64, 0, j.N)
+		for i := 0; i < j.N; i++ {
+			a.next(i)
+			start := time.Now()
+			var err error
+			for _, fd := range fds[i%2] {
+				if _, err = unix.Write(fd, zero); err != nil {
+					break
+				}
+			}
+			d := time.Since(start)
+			if err != nil {
+				if r.Errors == 0 {
+					r.FirstErr = err.Error()
+				}
+				r.Errors++
+				continue
+			}
+			r.LatNS = append(r.LatNS, d.Nanoseconds())
+			r.AcqNS = append(r.AcqNS, d.Nanoseconds())
+			r.Total++
+		}
+	})
+}
+
+// floorSlots finds the two slots the agent pre-warmed in the floor's
+// container and returns their placement files (one per hierarchy).
+func floorSlots(h *cgroup.Hierarchy, rel string) ([2][]string, error) {
+	var out [2][]string
+	dirs, err := filepath.Glob(filepath.Join(h.CPURoot, rel, cgroup.SlotPrefix+"*"))
+	if err != nil || len(dirs) < 2 {
+		return out, fmt.Errorf("floor: want 2 pre-warmed slots in %s, found %d (%v)", rel, len(dirs), err)
+	}
+	sort.Strings(dirs)
+	file := "tasks"
+	if h.Version == 2 {
+		file = "cgroup.threads"
+	}
+	for s := 0; s < 2; s++ {
+		name := filepath.Base(dirs[s])
+		out[s] = append(out[s], filepath.Join(dirs[s], file))
+		if h.AcctRoot != "" {
+			out[s] = append(out[s], filepath.Join(h.AcctRoot, rel, name, file))
+		}
+	}
+	return out, nil
 }
 
 // echoJob measures bare round trips from a locked thread with blocking

@@ -12,7 +12,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/vectors.json from the table below")
+var update = flag.Bool("update", false, "rewrite testdata/vectors.json and testdata/table.json from the tables in the tests")
 
 // vector is one entry of testdata/vectors.json. Fields holds the message with
 // the Go field names; other implementations map them to their own.

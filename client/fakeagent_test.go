@@ -1,0 +1,343 @@
+package client_test
+
+// A fake agent for unit tests of the client's logic (local leasing, usage
+// batching, reconnects) that need no cgroups: it speaks the slot protocol
+// on a Unix socket and passes, as a slot's fds, a pipe (so it can count the
+// client's placement writes) and a memfd holding cpu.stat text (so it can
+// say what the slot used). The agent's real behaviour is tested in
+// internal/agent against the kernel.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+)
+
+type fakeSlot struct {
+	id       uint32
+	quota    uint32
+	placeR   *os.File
+	placeW   *os.File
+	stat     *os.File
+	writes   atomic.Int64
+	cpuUsec  atomic.Uint64
+	leasedTo uint64 // lease id, 0 = free
+}
+
+type fakeAgent struct {
+	t     testing.TB
+	path  string
+	local bool // grant LOCAL to clients that ask
+
+	mu        sync.Mutex
+	ln        *net.UnixListener
+	conns     map[*net.UnixConn]bool
+	slots     map[uint32]*fakeSlot
+	leases    map[uint64]uint32 // lease -> slot
+	nextLease uint64
+	requests  map[string]int
+	usage     []slotv1.Usage
+	released  []uint64
+	reclaims  []slotv1.Reclaim
+	// unknownReleases counts RELEASEs of lease ids the fake never granted
+	// (or had released already).
+	unknownReleases int
+	hellos          []uint32 // HELLO flags
+	// refuseReclaim answers RECLAIM with UNKNOWN_LEASE.
+	refuseReclaim bool
+	// budget, when set, rejects a HOLD that does not fit beside the
+	// quotas leased (admission policy reject); sayBudget announces it in
+	// HELLO_OK.
+	budget    uint32
+	sayBudget bool
+}
+
+func newFakeAgent(t testing.TB, local bool) *fakeAgent {
+	f := &fakeAgent{t: t, path: filepath.Join(t.TempDir(), "agent.sock"), local: local, slots: map[uint32]*fakeSlot{},
+		leases: map[uint64]uint32{}, nextLease: 100, requests: map[string]int{}}
+	f.listen()
+	t.Cleanup(func() {
+		f.stop()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, s := range f.slots {
+			s.placeR.Close()
+			s.placeW.Close()
+			s.stat.Close()
+		}
+	})
+	return f
+}
+
+func (f *fakeAgent) listen() {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: f.path, Net: "unix"})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.ln, f.conns = ln, map[*net.UnixConn]bool{}
+	f.mu.Unlock()
+	go func() {
+		for {
+			cn, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			f.mu.Lock()
+			f.conns[cn] = true
+			f.mu.Unlock()
+			go f.serve(cn)
+		}
+	}()
+}
+
+// stop closes the socket and every connection, as a killed agent does;
+// slots and their fds live on.
+func (f *fakeAgent) stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ln == nil {
+		return
+	}
+	f.ln.Close()
+	os.Remove(f.path)
+	for cn := range f.conns {
+		cn.Close()
+	}
+	f.ln, f.conns = nil, nil
+}
+
+// restart is a new agent on the same socket: it adopts the slots, knows no
+// lease (clients re-declare theirs).
+func (f *fakeAgent) restart() {
+	f.stop()
+	f.mu.Lock()
+	f.leases = map[uint64]uint32{}
+	for _, s := range f.slots {
+		s.leasedTo = 0
+	}
+	f.mu.Unlock()
+	f.listen()
+}
+
+func (f *fakeAgent) count(what string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.requests[what]
+}
+
+func (f *fakeAgent) helloFlags() uint32 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hellos[0]
+}
+
+// writes is the number of placement writes into every slot.
+func (f *fakeAgent) writes() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var n int64
+	for _, s := range f.slots {
+		n += s.writes.Load()
+	}
+	return n
+}
+
+// burn makes slot id's counters say it used d more CPU.
+func (f *fakeAgent) burn(id uint32, d time.Duration) {
+	f.mu.Lock()
+	s := f.slots[id]
+	f.mu.Unlock()
+	u := s.cpuUsec.Add(uint64(d.Microseconds()))
+	// Fixed width: a reader never sees a half-written number.
+	s.stat.WriteAt([]byte(fmt.Sprintf("usage_usec %020d\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n", u)), 0)
+}
+
+func (f *fakeAgent) usageRecords() []slotv1.UsageRecord {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []slotv1.UsageRecord
+	for _, u := range f.usage {
+		out = append(out, u.Records...)
+	}
+	return out
+}
+
+func (f *fakeAgent) newSlot(quota uint32) *fakeSlot {
+	r, w, err := os.Pipe()
+	if err != nil {
+		f.t.Error(err)
+		return nil
+	}
+	fd, err := unix.MemfdCreate("cpu.stat", unix.MFD_CLOEXEC)
+	if err != nil {
+		f.t.Error(err)
+		return nil
+	}
+	s := &fakeSlot{id: uint32(len(f.slots) + 1), quota: quota, placeR: r, placeW: w, stat: os.NewFile(uintptr(fd), "cpu.stat")}
+	s.stat.WriteAt([]byte(fmt.Sprintf("usage_usec %020d\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n", 0)), 0)
+	f.slots[s.id] = s
+	go func() {
+		b := make([]byte, 64)
+		for {
+			n, err := r.Read(b)
+			s.writes.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return s
+}
+
+func (f *fakeAgent) serve(cn *net.UnixConn) {
+	defer cn.Close()
+	sent := map[uint32]bool{} // slots whose fds this connection got
+	for {
+		var hdr [4]byte
+		if _, err := io.ReadFull(cn, hdr[:]); err != nil {
+			return
+		}
+		body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
+		if _, err := io.ReadFull(cn, body); err != nil {
+			return
+		}
+		fr, err := slotv1.DecodeBody(body)
+		if err != nil {
+			f.reply(cn, 0, &slotv1.Error{Code: slotv1.CodeBadRequest, Message: err.Error()}, nil)
+			return
+		}
+		resp, fds := f.handle(fr.Msg, sent)
+		if resp != nil {
+			f.reply(cn, fr.Request, resp, fds)
+		}
+	}
+}
+
+func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Message, []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	grant := func(s *fakeSlot, outcome slotv1.Outcome, place slotv1.Place) (slotv1.Message, []int) {
+		f.nextLease++
+		f.leases[f.nextLease] = s.id
+		s.leasedTo = f.nextLease
+		ok := &slotv1.AcquireOK{Lease: f.nextLease, Slot: s.id, QuotaMilli: s.quota, PeriodUS: 100000, Outcome: outcome, Place: place}
+		if sent[s.id] {
+			return ok, nil
+		}
+		sent[s.id] = true
+		ok.NumFDs = 2
+		return ok, []int{int(s.placeW.Fd()), int(s.stat.Fd())}
+	}
+	switch m := m.(type) {
+	case *slotv1.Hello:
+		f.requests["hello"]++
+		f.hellos = append(f.hellos, m.Flags)
+		h := &slotv1.HelloOK{Version: 1, Hierarchy: 2, PlaceFDs: 1, StatFDs: 1, Container: "fake"}
+		if f.sayBudget {
+			h.BudgetMilli = f.budget
+		}
+		if f.local && m.Flags&slotv1.HelloLocal != 0 {
+			h.Flags |= slotv1.HelloOKLocal
+		}
+		return h, nil
+	case *slotv1.Acquire:
+		if m.Flags&slotv1.AcquireHold != 0 {
+			f.requests["hold"]++
+			if !f.local {
+				return &slotv1.Error{Code: slotv1.CodeBadRequest, Message: "HOLD without LOCAL"}, nil
+			}
+		} else {
+			f.requests["acquire"]++
+		}
+		if f.budget > 0 {
+			used := m.QuotaMilli
+			for _, id := range f.leases {
+				used += f.slots[id].quota
+			}
+			if used > f.budget {
+				f.requests["rejected"]++
+				return &slotv1.Error{Code: slotv1.CodeRejected, Message: "over budget"}, nil
+			}
+		}
+		for id := uint32(1); id <= uint32(len(f.slots)); id++ {
+			if s := f.slots[id]; s.quota == m.QuotaMilli && s.leasedTo == 0 {
+				return grant(s, slotv1.OutcomeCacheHit, slotv1.PlaceSelf)
+			}
+		}
+		s := f.newSlot(m.QuotaMilli)
+		if s == nil {
+			return &slotv1.Error{Code: slotv1.CodeInternal, Message: "no slot"}, nil
+		}
+		return grant(s, slotv1.OutcomeCreated, slotv1.PlaceSelf)
+	case *slotv1.Reclaim:
+		f.requests["reclaim"]++
+		f.reclaims = append(f.reclaims, *m)
+		s := f.slots[m.Slot]
+		if f.refuseReclaim || s == nil || s.leasedTo != 0 {
+			return &slotv1.Error{Code: slotv1.CodeUnknownLease, Message: "no such slot"}, nil
+		}
+		return grant(s, slotv1.OutcomeAffinityHit, slotv1.PlaceNone)
+	case *slotv1.Release:
+		f.requests["release"]++
+		id, ok := f.leases[m.Lease]
+		if ok {
+			delete(f.leases, m.Lease)
+			f.slots[id].leasedTo = 0
+			f.released = append(f.released, m.Lease)
+		} else {
+			f.unknownReleases++
+		}
+		if m.Flags&slotv1.ReleaseNoReply != 0 {
+			return nil, nil
+		}
+		if !ok {
+			return &slotv1.Error{Code: slotv1.CodeUnknownLease, Message: "unknown lease"}, nil
+		}
+		return &slotv1.ReleaseOK{}, nil
+	case *slotv1.Usage:
+		f.requests["usage"]++
+		f.usage = append(f.usage, *m)
+		return nil, nil
+	}
+	return &slotv1.Error{Code: slotv1.CodeBadRequest, Message: fmt.Sprintf("unexpected %T", m)}, nil
+}
+
+func (f *fakeAgent) reply(cn *net.UnixConn, req uint32, m slotv1.Message, fds []int) {
+	b, err := slotv1.Append(nil, req, m)
+	if err != nil {
+		f.t.Error(err)
+		return
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := cn.WriteMsgUnix(b, oob, nil); err != nil && !errors.Is(err, net.ErrClosed) {
+		return
+	}
+}
+
+// waitFor polls ok until it holds; the bound only keeps a broken test from
+// hanging.
+func waitFor(t testing.TB, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if ok() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}

@@ -1,0 +1,562 @@
+package client
+
+// Local leasing (SPEC.md, "Local leasing"): the process holds slots as HOLD
+// leases, keeps them in a slot table, and its threads claim them with a
+// compare-and-swap. An invocation then costs one write when the thread must
+// move, nothing when it sits in the slot already, and a round trip to the
+// agent only on a miss. Per-invocation usage travels later, summed, in
+// one-way USAGE messages.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/counters"
+)
+
+const (
+	defaultLocalIdle     = 30 * time.Second
+	defaultTableCapacity = 128
+	usageEvery           = time.Second
+)
+
+// errNoLocal: no held slot fits and the agent grants no HOLD leases (an
+// agent without local leasing answered the last reconnect); the caller
+// leases for the thread instead.
+var errNoLocal = errors.New("cpuslot: agent grants no HOLD leases")
+
+// local is a Client's local leasing state.
+type local struct {
+	c    *Client
+	t    *slotv1.Table
+	idle time.Duration
+
+	// mu guards own; held off the invocation path (misses aside).
+	mu sync.Mutex
+	// own are the entries this process published: its HOLD leases, the
+	// only entries it re-declares and drops. Lease ids come from here,
+	// never from the table, which the process's own code may scribble on.
+	own map[int]*ownEntry
+
+	usageMu sync.Mutex
+	usage   map[usageKey]*slotv1.UsageRecord
+	flushMu sync.Mutex // one flush at a time: Close's waits for the ticker's
+	kick    chan struct{}
+}
+
+type ownEntry struct {
+	slot  uint32
+	quota uint32
+	lease uint64
+	gone  bool // the agent refused it after a reconnect
+}
+
+type usageKey struct {
+	action  string
+	outcome slotv1.ReleaseOutcome
+}
+
+func newLocal(c *Client) (*local, error) {
+	lc := &local{c: c, idle: c.opts.LocalIdle, own: map[int]*ownEntry{}, usage: map[usageKey]*slotv1.UsageRecord{}, kick: make(chan struct{}, 1)}
+	if lc.idle <= 0 {
+		lc.idle = defaultLocalIdle
+	}
+	if f := c.opts.TableFile; f != nil {
+		fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("cpuslot: slot table fd: %w", err)
+		}
+		if lc.t, err = slotv1.OpenTable(os.NewFile(uintptr(fd), "cpuslot-table")); err != nil {
+			return nil, fmt.Errorf("cpuslot: slot table: %w", err)
+		}
+	} else {
+		n := c.opts.TableCapacity
+		if n <= 0 {
+			n = defaultTableCapacity
+		}
+		t, err := slotv1.CreateTable(n)
+		if err != nil {
+			return nil, err
+		}
+		lc.t = t
+	}
+	go lc.run()
+	return lc, nil
+}
+
+// CLOCK_MONOTONIC, as idle_since wants it, read through Go's monotonic
+// clock (vDSO) from one system call at start: a system call per release
+// would cost more than the release.
+var monoBase, monoStart = func() (int64, time.Time) {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano(), time.Now()
+}()
+
+func monotonicNow() uint64 { return uint64(monoBase + int64(time.Since(monoStart))) }
+
+// acquire places the calling thread in a held slot of quotaMilli: the entry
+// it used last (no write when it still sits there), else any free entry
+// (one write), else a new HOLD lease (a round trip).
+func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, error) {
+	if err := slotv1.CheckString(action); err != nil {
+		return nil, fmt.Errorf("cpuslot: action: %w", err)
+	}
+	c, t := lc.c, lc.t
+	c.mu.Lock()
+	cur := c.current[tid]
+	last, hasLast := c.lastEntry[tid]
+	c.mu.Unlock()
+	if !hasLast {
+		last = -1
+	}
+	now := monotonicNow()
+	// (1) The thread's last entry.
+	if hasLast && t.Match(last, quotaMilli) {
+		if cl, r := t.Claim(last, uint32(tid), quotaMilli, now); r == slotv1.Claimed {
+			if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeAffinityHit); err == nil {
+				return l, nil
+			}
+		}
+	}
+	// (2) Any free entry of the quota, starting at a place of the thread's
+	// own so that threads do not all race for the first one.
+	n := t.Cap()
+	from := tid % n
+	for k := 0; k < n; k++ {
+		i := from + k
+		if i >= n {
+			i -= n
+		}
+		if !t.Match(i, quotaMilli) {
+			continue
+		}
+		cl, r := t.Claim(i, uint32(tid), quotaMilli, now)
+		if r != slotv1.Claimed {
+			continue
+		}
+		if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeCacheHit); err == nil {
+			return l, nil
+		}
+	}
+	// (3) A miss: ask the agent for a HOLD lease.
+	if !c.localOn.Load() {
+		return nil, errNoLocal
+	}
+	return lc.miss(tid, quotaMilli, action)
+}
+
+// errNotUsable means a claimed entry could not be used (its slot has no fds
+// here, or placement failed); the entry was given back.
+var errNotUsable = errors.New("entry not usable")
+
+// use places the thread in claimed entry cl's slot unless it sits there,
+// and starts the invocation's usage.
+// last is the entry the thread used last (-1: none).
+func (lc *local) use(tid int, cl slotv1.Claim, cur uint32, last int, action string, outcome slotv1.Outcome) (*Lease, error) {
+	c, t := lc.c, lc.t
+	e := t.Entry(cl.Index)
+	c.mu.Lock()
+	place, stat := c.splitLocked(c.fds[e.Slot])
+	c.mu.Unlock()
+	if len(place) == 0 {
+		// A slot this process holds no fds for (another process's entry,
+		// or a scribbled slot id): GONE for this process.
+		t.Release(cl, e.IdleSince)
+		return nil, errNotUsable
+	}
+	l := &Lease{c: c, Local: true, claim: cl, Slot: e.Slot, QuotaMilli: e.QuotaMilli, Outcome: outcome, Place: slotv1.PlaceNone,
+		Degraded: e.Flags&slotv1.EntryDegraded != 0, tid: tid, action: action, stat: stat}
+	if cur != e.Slot {
+		if err := placeSelf(place); err != nil {
+			// The slot is gone (or the entry lies): never claim it again.
+			t.MarkGone(cl.Index)
+			t.Release(cl, e.IdleSince)
+			c.setCurrent(tid, 0)
+			return nil, errNotUsable
+		}
+		l.Place = slotv1.PlaceSelf
+		if outcome == slotv1.OutcomeAffinityHit {
+			l.Outcome = slotv1.OutcomeCacheHit
+		}
+	}
+	if cur != e.Slot || last != cl.Index {
+		c.mu.Lock()
+		c.current[tid] = e.Slot
+		c.lastEntry[tid] = cl.Index
+		c.mu.Unlock()
+	}
+	l.start, l.hasStart = readCounters(stat)
+	return l, nil
+}
+
+// miss leases a new slot to the process and publishes it, held by the
+// calling thread.
+func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error) {
+	c := lc.c
+	req := &slotv1.Acquire{QuotaMilli: quotaMilli, Flags: slotv1.AcquireHold, WaitUS: uint32(min(c.opts.Wait.Microseconds(), 1<<32-1))}
+	// Idle held slots hold budget: give back what the new one would not
+	// fit beside (the budget HELLO_OK announced), and if the agent still
+	// refuses for budget, whatever is free.
+	resp, fds, gen, err := lc.hold(lc.makeRoom(quotaMilli, false), req)
+	if errors.Is(err, &slotv1.Error{Code: slotv1.CodeRejected}) || errors.Is(err, &slotv1.Error{Code: slotv1.CodeTimeout}) {
+		if rel := lc.makeRoom(quotaMilli, true); len(rel) > 0 {
+			resp, fds, gen, err = lc.hold(rel, req)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	ok, isOK := resp.(*slotv1.AcquireOK)
+	if !isOK {
+		closeFDs(fds)
+		return nil, fmt.Errorf("cpuslot: unexpected %T to ACQUIRE", resp)
+	}
+	c.mu.Lock()
+	c.cacheFDs(ok.Slot, fds)
+	stale := gen != c.gen
+	c.mu.Unlock()
+	var flags uint32
+	if ok.Flags&slotv1.AcquiredDegraded != 0 {
+		flags |= slotv1.EntryDegraded
+	}
+	lc.mu.Lock()
+	cl, err := lc.t.Publish(slotv1.Entry{Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, PeriodUS: ok.PeriodUS, Flags: flags, Lease: ok.Lease, AskedMilli: quotaMilli},
+		uint32(tid), monotonicNow())
+	if err == nil {
+		if old := lc.own[cl.Index]; old != nil && !old.gone {
+			// Our entry was scribbled empty: its lease is still ours.
+			defer lc.sendRelease(old.lease)
+		}
+		lc.own[cl.Index] = &ownEntry{slot: ok.Slot, quota: ok.QuotaMilli, lease: ok.Lease}
+	}
+	lc.mu.Unlock()
+	if err != nil {
+		// The table is full: give the lease back and lease for this thread.
+		lc.sendRelease(ok.Lease)
+		return nil, err
+	}
+	if stale {
+		// A reconnect re-declared held entries while this grant was on its
+		// way: declare it too (it is the old agent's lease).
+		lc.reclaim(cl.Index)
+	}
+	l, err := lc.use(tid, cl, 0, -1, action, ok.Outcome)
+	if err != nil {
+		return nil, fmt.Errorf("cpuslot: placing thread in slot %d: %w", ok.Slot, err)
+	}
+	l.Queued = ok.Flags&slotv1.AcquiredQueued != 0
+	if ok.Place == slotv1.PlaceNone {
+		l.Outcome = ok.Outcome
+	}
+	return l, nil
+}
+
+// makeRoom empties free held entries, least recently used first, and
+// returns their leases to release: until the process's held quota plus
+// quotaMilli fits the container's announced budget, or (force) until they
+// add up to quotaMilli.
+func (lc *local) makeRoom(quotaMilli uint32, force bool) []uint64 {
+	lc.c.mu.Lock()
+	budget := uint64(lc.c.hello.BudgetMilli)
+	lc.c.mu.Unlock()
+	if budget == 0 && !force {
+		return nil
+	}
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	held := uint64(quotaMilli)
+	type cand struct {
+		i    int
+		idle uint64
+	}
+	var free []cand
+	for i, o := range lc.own {
+		if !o.gone {
+			held += uint64(o.quota)
+		}
+		if e := lc.t.Entry(i); slotv1.Holder(e.State) == 0 {
+			free = append(free, cand{i, e.IdleSince})
+		}
+	}
+	sort.Slice(free, func(a, b int) bool { return free[a].idle < free[b].idle })
+	var leases []uint64
+	freed := uint64(0)
+	for _, f := range free {
+		if force && freed >= uint64(quotaMilli) || !force && held <= budget {
+			break
+		}
+		cl, r := lc.t.Control(f.i)
+		if r != slotv1.Claimed {
+			continue
+		}
+		o := lc.own[f.i]
+		lc.t.Clear(cl, f.idle)
+		delete(lc.own, f.i)
+		if !o.gone {
+			leases = append(leases, o.lease)
+			held -= uint64(o.quota)
+			freed += uint64(o.quota)
+		}
+	}
+	return leases
+}
+
+// hold sends the releases, then the HOLD request, on one connection, so
+// that the agent frees the budget before it admits the new lease.
+func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, []int, uint64, error) {
+	c := lc.c
+	if len(releases) == 0 {
+		return c.call(req)
+	}
+	cn, err := c.get()
+	if err == nil {
+		for _, id := range releases {
+			if err = cn.send(&slotv1.Release{Lease: id, Outcome: slotv1.InvocationOK, Flags: slotv1.ReleaseNoReply}); err != nil {
+				break
+			}
+		}
+	}
+	if err == nil {
+		resp, fds, rerr := cn.roundTrip(req)
+		if rerr == nil {
+			c.put(cn)
+			if e, isErr := resp.(*slotv1.Error); isErr {
+				return nil, nil, cn.gen, e
+			}
+			return resp, fds, cn.gen, nil
+		}
+		err = rerr
+	}
+	if cn != nil {
+		cn.close()
+	}
+	// The connection broke: the releases may not have arrived.
+	for _, id := range releases {
+		lc.sendRelease(id)
+	}
+	return c.call(req)
+}
+
+// release ends an invocation on a held slot: usage from the counters, then
+// one store.
+func (lc *local) release(l *Lease, outcome slotv1.ReleaseOutcome) (Usage, error) {
+	if !l.released.CompareAndSwap(false, true) {
+		// Another thread may hold the entry by now: touch nothing.
+		return Usage{}, errors.New("cpuslot: lease released twice")
+	}
+	var u Usage
+	var err error
+	if end, ok := readCounters(l.stat); ok && l.hasStart {
+		d := end.Sub(l.start)
+		u = usageOf(d)
+		lc.add(l.action, outcome, d)
+	} else {
+		err = errors.New("cpuslot: slot counters unreadable; usage unknown")
+	}
+	lc.t.Release(l.claim, monotonicNow())
+	return u, err
+}
+
+// add sums an invocation's usage into the next USAGE.
+func (lc *local) add(action string, outcome slotv1.ReleaseOutcome, d counters.Usage) {
+	if outcome > slotv1.InvocationTimeout {
+		outcome = slotv1.InvocationFailed
+	}
+	k := usageKey{action, outcome}
+	lc.usageMu.Lock()
+	r := lc.usage[k]
+	if r == nil {
+		r = &slotv1.UsageRecord{Action: action, Outcome: outcome}
+		lc.usage[k] = r
+	}
+	if r.Invocations < 1<<32-1 {
+		r.Invocations++
+	}
+	r.CPUNanos += d.CPUNanos
+	r.ThrottledNanos += d.ThrottledNanos
+	full := len(lc.usage) >= slotv1.MaxUsageRecords
+	lc.usageMu.Unlock()
+	if full {
+		select {
+		case lc.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run sends USAGE (every second, or early with 8 keys pending) and drops
+// idle and GONE entries, off the invocation path.
+func (lc *local) run() {
+	tick := time.NewTicker(usageEvery)
+	defer tick.Stop()
+	sweep := time.NewTicker(max(lc.idle/4, 10*time.Millisecond))
+	defer sweep.Stop()
+	for {
+		select {
+		case <-lc.c.stop:
+			return
+		case <-lc.kick:
+			lc.flush()
+		case <-tick.C:
+			lc.flush()
+			lc.c.checkAgent()
+		case <-sweep.C:
+			lc.dropIdle(monotonicNow())
+		}
+	}
+}
+
+// flush sends pending usage; what cannot be sent stays pending.
+func (lc *local) flush() {
+	lc.flushMu.Lock()
+	defer lc.flushMu.Unlock()
+	lc.usageMu.Lock()
+	pending := lc.usage
+	lc.usage = map[usageKey]*slotv1.UsageRecord{}
+	lc.usageMu.Unlock()
+	var recs []slotv1.UsageRecord
+	for _, r := range pending {
+		recs = append(recs, *r)
+	}
+	for len(recs) > 0 {
+		n := min(len(recs), slotv1.MaxUsageRecords)
+		if !lc.c.sendOneWay(&slotv1.Usage{Records: recs[:n]}) {
+			break
+		}
+		recs = recs[n:]
+	}
+	if len(recs) == 0 {
+		return
+	}
+	lc.usageMu.Lock()
+	for _, r := range recs {
+		k := usageKey{r.Action, r.Outcome}
+		if p := lc.usage[k]; p != nil {
+			p.Invocations = uint32(min(uint64(p.Invocations)+uint64(r.Invocations), 1<<32-1))
+			p.CPUNanos += r.CPUNanos
+			p.ThrottledNanos += r.ThrottledNanos
+		} else {
+			r := r
+			lc.usage[k] = &r
+		}
+	}
+	lc.usageMu.Unlock()
+}
+
+// dropIdle gives back held slots no invocation used for the idle time, and
+// entries the agent no longer backs.
+func (lc *local) dropIdle(now uint64) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	for i, o := range lc.own {
+		e := lc.t.Entry(i)
+		if slotv1.Holder(e.State) != 0 {
+			continue
+		}
+		if o.gone || e.Slot != o.slot || e.Flags&slotv1.EntryGone != 0 || now-e.IdleSince >= uint64(lc.idle) {
+			lc.dropLocked(i, o)
+		}
+	}
+}
+
+// dropLocked releases own entry i's lease (unless the agent refused it)
+// and empties the entry, if it is free. The caller holds lc.mu.
+func (lc *local) dropLocked(i int, o *ownEntry) {
+	cl, r := lc.t.Control(i)
+	if r != slotv1.Claimed {
+		return
+	}
+	idle := lc.t.Entry(i).IdleSince
+	if !o.gone && !lc.sendRelease(o.lease) {
+		lc.t.Release(cl, idle) // agent away: try again later
+		return
+	}
+	lc.t.Clear(cl, idle)
+	delete(lc.own, i)
+}
+
+func (lc *local) sendRelease(lease uint64) bool {
+	return lc.c.sendOneWay(&slotv1.Release{Lease: lease, Outcome: slotv1.InvocationOK, Flags: slotv1.ReleaseNoReply})
+}
+
+// reclaimAll re-declares every held entry on cn after a reconnect.
+func (lc *local) reclaimAll(cn *conn) error {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	for i := range lc.own {
+		if err := lc.reclaimOn(cn, i); err != nil {
+			return err
+		}
+	}
+	// Refused entries no invocation holds go now; the others once free.
+	for i, o := range lc.own {
+		if o.gone && slotv1.Holder(lc.t.State(i)) == 0 {
+			lc.dropLocked(i, o)
+		}
+	}
+	return nil
+}
+
+func (lc *local) reclaim(i int) {
+	cn, err := lc.c.get()
+	if err != nil {
+		return
+	}
+	lc.mu.Lock()
+	err = lc.reclaimOn(cn, i)
+	lc.mu.Unlock()
+	if err != nil {
+		cn.close()
+		return
+	}
+	lc.c.put(cn)
+}
+
+// reclaimOn sends RECLAIM (tid 0) for own entry i: the new lease id goes
+// into the entry; a refusal marks it GONE. The caller holds lc.mu.
+func (lc *local) reclaimOn(cn *conn, i int) error {
+	o, ok := lc.own[i]
+	if !ok {
+		return nil
+	}
+	if o.gone {
+		return nil
+	}
+	resp, fds, err := cn.roundTrip(&slotv1.Reclaim{Slot: o.slot, QuotaMilli: o.quota})
+	if err != nil {
+		return err
+	}
+	if ok, isOK := resp.(*slotv1.AcquireOK); isOK && ok.Slot == o.slot {
+		o.lease = ok.Lease
+		lc.t.SetLease(i, ok.Lease)
+		lc.c.mu.Lock()
+		lc.c.cacheFDs(ok.Slot, fds)
+		lc.c.mu.Unlock()
+		return nil
+	}
+	closeFDs(fds)
+	o.gone = true
+	lc.t.MarkGone(i)
+	return nil
+}
+
+// close gives back every free held entry; entries invocations still hold
+// are released by the agent when the connections close. The table stays
+// mapped (a few KiB) for invocations still running.
+func (lc *local) close() {
+	lc.mu.Lock()
+	for i, o := range lc.own {
+		if slotv1.Holder(lc.t.State(i)) == 0 {
+			lc.dropLocked(i, o)
+		}
+	}
+	lc.mu.Unlock()
+}
