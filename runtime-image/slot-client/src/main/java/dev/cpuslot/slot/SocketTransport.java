@@ -68,11 +68,19 @@ final class SocketTransport implements Transport {
         try {
             while (fresh == null) {
                 if (closed) throw new IOException("client closed");
+                boolean probed = false;
                 for (Connection c : conns) {
                     if (c.alive && !c.busy && c.hello != null) {
                         c.busy = true;
                         return c;
                     }
+                    probed |= c.alive && c.probing;
+                }
+                // a connection the monitor is checking is free again in a moment: wait for it
+                // rather than open another one
+                if (probed) {
+                    awaitFreed(deadline);
+                    continue;
                 }
                 if (conns.size() < maxConnections) {
                     if (System.nanoTime() < downUntil) {
@@ -141,6 +149,7 @@ final class SocketTransport implements Transport {
         lock.lock();
         try {
             c.busy = false;
+            c.probing = false;
             freed.signalAll();
         } finally {
             lock.unlock();
@@ -154,6 +163,7 @@ final class SocketTransport implements Transport {
             if (!c.alive) return;
             c.alive = false;
             c.busy = false;
+            c.probing = false;
             conns.remove(c);
             freed.signalAll();
         } finally {
@@ -173,6 +183,7 @@ final class SocketTransport implements Transport {
             for (Connection c : conns) {
                 if (c.alive && !c.busy && c.hello != null) {
                     c.busy = true;
+                    c.probing = true;
                     idle.add(c);
                 }
             }
