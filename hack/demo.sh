@@ -169,6 +169,7 @@ stop_pid_file() { # SIGTERM, then SIGKILL, the process we started (by its record
 	[ -f "$f" ] || return 0
 	pid="$(cat "$f")"
 	if kill -0 "$pid" 2>/dev/null; then
+		pkill -TERM -P "$pid" 2>/dev/null || true # its child, when started in a PID namespace (unshare --fork)
 		kill "$pid" 2>/dev/null || true
 		for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 		kill -9 "$pid" 2>/dev/null || true
@@ -203,7 +204,11 @@ start_runtime() {
 	metrics="$(free_port $((port + 1000)))"
 	cg_create "$cg"
 	# the runtime's own lines into its log file; OpenWhisk /run from several client threads at once
-	start_in_cgroup "$name" "$cg" env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@" \
+	# RUNTIME_PIDNS=1: in a PID namespace of its own, as in a pod (on cgroup v1 the agent passes
+	# slot fds only to such peers: without them it places threads itself; docs/security.md)
+	local pidns=()
+	[ "${RUNTIME_PIDNS:-0}" = 1 ] && pidns=(unshare --pid --fork --kill-child=SIGTERM)
+	start_in_cgroup "$name" "$cg" "${pidns[@]}" env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@" \
 		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m -Dpolyglot.engine.WarnInterpreterOnly=false -jar "$RUNTIME_JAR"
 	wait_http "http://127.0.0.1:$metrics/metrics" "the runtime ($name)" "$WORK/$name.pid"
 	printf -v "${name^^}_PORT" '%s' "$port"

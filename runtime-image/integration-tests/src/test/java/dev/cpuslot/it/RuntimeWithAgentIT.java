@@ -78,10 +78,10 @@ class RuntimeWithAgentIT {
         agent = new Agent(agentBin, sockDir.resolve("agent.sock"), parent, "200m=2,300m=2,500m=2", RuntimeProc.freePort(),
                 work.resolve("agent.log"));
         agent.start();
-        // lingering off here: these tests look at every invocation's own ACQUIRE (the lingering
-        // test below starts a runtime of its own with it on)
+        // the per-invocation path here, lingering off: these tests look at every invocation's own
+        // ACQUIRE (the lingering and local leasing tests below start runtimes of their own)
         rt = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(), "CPUSLOT_ACQUIRE_BUDGET_MS", "2000",
-                "CPUSLOT_LINGER", "0"),
+                "CPUSLOT_LINGER", "0", "CPUSLOT_LOCAL", "false"),
                 cg.procsFiles(rtCgroup), work.resolve("runtime.log"));
         assertEquals(rtCgroup, cg.cgroupOf(rt.pid(), rt.pid()), "the runtime JVM lives in its cgroup");
         rt.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
@@ -292,7 +292,8 @@ class RuntimeWithAgentIT {
         cg.create(cgroup);
         // a generous linger so that a slow test machine does not expire the lease between requests
         try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "3s"), cg.procsFiles(cgroup), work.resolve("runtime-linger.log"))) {
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "3s", "CPUSLOT_LOCAL", "false"), cg.procsFiles(cgroup),
+                work.resolve("runtime-linger.log"))) {
             lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             Map<String, Double> a0 = agent.metrics(), r0 = lr.metrics();
             int n = 50;
@@ -448,6 +449,114 @@ class RuntimeWithAgentIT {
             // the other tenants are served
             RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next\"}");
             assertEquals(200, hello.status(), hello.body());
+        }
+    }
+
+    /**
+     * Local leasing, the default: the runtime holds its slot (one HOLD lease), each invocation
+     * claims it from the process's table and sends nothing; the agent still learns what every
+     * invocation used, from USAGE, in the same series a RELEASE feeds.
+     */
+    @Test
+    @Order(9)
+    void withLocalLeasingInvocationsSendNothingAndTheAgentStillCountsEachOne() throws Exception {
+        String cgroup = parent + "/rt-local";
+        cg.create(cgroup);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-local.log"))) {
+            lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            Map<String, Double> a0 = agent.metrics(), r0 = lr.metrics();
+            int n = 50;
+            String slot0 = null;
+            for (int i = 0; i < n; i++) {
+                RuntimeProc.Reply r = lr.invoke("hello", "{\"name\":\"l" + i + "\"}");
+                assertEquals(200, r.status(), r.body());
+                assertEquals("true", r.header("X-Cpuslot-Local"), "invocation " + i + ": " + r.headers());
+                assertNotNull(r.header("X-Cpuslot-Cpu-Ns"), "per-invocation usage reported: " + r.headers());
+                if (i == 0) slot0 = r.header("X-Cpuslot-Slot");
+                else {
+                    assertEquals(slot0, r.header("X-Cpuslot-Slot"));
+                    assertEquals("affinity_hit", r.header("X-Cpuslot-Outcome"), "the worker sits in its slot: " + r.headers());
+                }
+            }
+            Map<String, Double> a1 = agent.metrics(), r1 = lr.metrics();
+            double acquires = Prom.sum(a1, "cpuslot_acquire_duration_seconds_count") - Prom.sum(a0, "cpuslot_acquire_duration_seconds_count");
+            assertEquals(1, acquires, "the agent saw one ACQUIRE (HOLD) for " + n + " invocations");
+            assertEquals(n - 1, RuntimeProc.event(r1, "local.hit") - RuntimeProc.event(r0, "local.hit"), r1.toString());
+            List<Long> workers = lr.threads("fn-hello-");
+            assertEquals(1, workers.size(), "one worker served them all: " + workers);
+            String in = cg.cgroupOf(lr.pid(), workers.get(0));
+            assertTrue(in.startsWith(cgroup + "/cpuslot-"), "the worker sits in a slot of its container: " + in);
+            if (cg.version == 1) assertEquals("20000", cg.read(in, "cpu.cfs_quota_us"));
+            else assertEquals("20000 100000", cg.read(in, "cpu.max"));
+            // USAGE goes out within about a second: the agent counts each invocation
+            Map<String, Double> a2 = a1;
+            long until = System.nanoTime() + 15_000_000_000L;
+            while (Prom.sum(a2, "cpuslot_lease_releases_total") - Prom.sum(a0, "cpuslot_lease_releases_total") < n
+                    && System.nanoTime() < until) {
+                Thread.sleep(200);
+                a2 = agent.metrics();
+            }
+            assertEquals(n, Prom.sum(a2, "cpuslot_lease_releases_total") - Prom.sum(a0, "cpuslot_lease_releases_total"),
+                    "the agent counted every invocation from USAGE: " + lr.metricsText());
+            report.add(String.format(Locale.ROOT, "local leasing: %d sequential hello invocations on one worker: %d ACQUIRE (HOLD) at "
+                    + "the agent, %d with no message and no cgroup write, %d invocations counted by the agent from USAGE", n,
+                    (long) acquires, (long) (RuntimeProc.event(r1, "local.hit") - RuntimeProc.event(r0, "local.hit")),
+                    (long) (Prom.sum(a2, "cpuslot_lease_releases_total") - Prom.sum(a0, "cpuslot_lease_releases_total"))));
+        }
+    }
+
+    /**
+     * The issue's restart under load: a runtime holding its slots keeps every invocation in a slot
+     * while the agent is down and after it restarts, and re-declares what it holds (RECLAIM).
+     */
+    @Test
+    @Order(10)
+    void withLocalLeasingEveryInvocationKeepsItsSlotThroughAnAgentRestart() throws Exception {
+        String cgroup = parent + "/rt-local-restart";
+        cg.create(cgroup);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-local-restart.log"))) {
+            lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            RuntimeProc.Reply first = lr.invoke("hello", "{\"name\":\"first\"}");
+            assertEquals("true", first.header("X-Cpuslot-Local"), first.headers().toString());
+            Map<String, Double> r0 = lr.metrics();
+            java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
+            List<String> without = java.util.Collections.synchronizedList(new ArrayList<>());
+            java.util.concurrent.atomic.AtomicInteger ran = new java.util.concurrent.atomic.AtomicInteger();
+            Thread load = Thread.ofPlatform().start(() -> {
+                while (!stop.get()) {
+                    try {
+                        RuntimeProc.Reply r = lr.invoke("hello", "{\"name\":\"load\"}");
+                        ran.incrementAndGet();
+                        if (r.status() != 200 || r.header("X-Cpuslot-Slot") == null) without.add(r.status() + " " + r.headers());
+                    } catch (Exception e) {
+                        without.add(e.toString());
+                    }
+                }
+            });
+            Thread.sleep(500);
+            agent.kill();
+            int beforeDown = ran.get();
+            Thread.sleep(1000);
+            int whileDown = ran.get() - beforeDown;
+            agent.start();
+            long until = System.nanoTime() + 15_000_000_000L;
+            Map<String, Double> r1 = lr.metrics();
+            while (RuntimeProc.event(r1, "local.reclaimed") - RuntimeProc.event(r0, "local.reclaimed") < 1 && System.nanoTime() < until) {
+                Thread.sleep(100);
+                r1 = lr.metrics();
+            }
+            Thread.sleep(500);
+            stop.set(true);
+            load.join();
+            assertTrue(whileDown > 0, "invocations ran while the agent was down");
+            assertEquals(List.of(), without, "every invocation ran in a slot");
+            assertTrue(RuntimeProc.event(r1, "local.reclaimed") - RuntimeProc.event(r0, "local.reclaimed") >= 1,
+                    "the held slot was re-declared: " + r1);
+            assertTrue(Prom.get(agent.metrics(), "cpuslot_acquisitions_total{outcome=\"reclaimed\"}") >= 1, "restarted agent saw the RECLAIM");
+            report.add(String.format(Locale.ROOT, "local leasing, agent SIGKILLed and restarted under a stream of invocations: %d invocations,"
+                    + " %d of them while the agent was down, all in a slot; the held slot re-declared", ran.get(), whileDown));
         }
     }
 

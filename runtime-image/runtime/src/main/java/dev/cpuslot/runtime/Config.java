@@ -33,7 +33,9 @@ public record Config(
         int owMaxConcurrency,         // bound of sandboxes per OpenWhisk action when concurrent
         boolean enforceDeadline,      // cancel an activation at __OW_DEADLINE (past deadlines: default timeout)
         String runawayQuota,          // the slot a worker that ignores its deadline is confined to
-        long runawayGraceMs) {        // how long a cancelled worker may take to stop before that
+        long runawayGraceMs,          // how long a cancelled worker may take to stop before that
+        boolean local,                // local leasing: the process holds slots and leases them to workers itself
+        long localIdleMs) {           // a held slot unused this long goes back to the agent
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -74,7 +76,9 @@ public record Config(
                 Math.max(1, intOf(env, "CPUSLOT_OW_MAX_CONCURRENCY", 256)),
                 bool(env, "CPUSLOT_ENFORCE_DEADLINE", true),
                 env.getOrDefault("CPUSLOT_RUNAWAY_QUOTA", "10m"),
-                Math.max(0, durationMs(env, "CPUSLOT_RUNAWAY_GRACE", 200)));
+                Math.max(0, durationMs(env, "CPUSLOT_RUNAWAY_GRACE", 200)),
+                bool(env, "CPUSLOT_LOCAL", true),
+                Math.max(0, durationMs(env, "CPUSLOT_LOCAL_IDLE", 30_000)));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

@@ -260,9 +260,12 @@ public final class FunctionPool implements AutoCloseable {
                     long r0 = System.nanoTime();
                     // Usage from the slot's counters now; the one-way RELEASE goes out after the
                     // caller has its answer (this thread sends it before it takes another job).
-                    Usage u = lease == null ? Usage.NONE : lease.stop();
-                    boolean releaseLater = u.measured();
-                    if (lease != null && !releaseLater) u = lease.release(outcome);
+                    // A slot from the process's own table (local leasing) is given back at once:
+                    // one store, and the next job (on any worker) finds it free.
+                    boolean local = lease != null && lease.local();
+                    Usage u = lease == null ? Usage.NONE : local ? lease.release(outcome) : lease.stop();
+                    boolean releaseLater = !local && u.measured();
+                    if (lease != null && !local && !releaseLater) u = lease.release(outcome);
                     if (lease != null) metrics.add("cpuslot_slot_release_seconds_total", "", (System.nanoTime() - r0) / 1e9);
                     Thread.interrupted(); // clear a stray interrupt before going back to the pool
                     boolean reuse = !sandbox_poisoned() && !closed;
@@ -277,6 +280,12 @@ public final class FunctionPool implements AutoCloseable {
                     retired = true; // caller gave up on us: this sandbox is cancelled
                 }
             } catch (RuntimeException | Error e) {
+                if (j.lease != null) {
+                    try {
+                        j.lease.release(ReleaseOutcome.FAILED); // a held slot must not stay claimed (a no-op if it was released)
+                    } catch (RuntimeException ignored) {
+                    }
+                }
                 if (j.claimed.compareAndSet(false, true)) {
                     busy.decrementAndGet();
                     retired = true;

@@ -27,7 +27,8 @@ public final class Main {
             } else {
                 slots = SlotClient.builder().socket(cfg.agentSocket()).clientName("cpuslot-runtime-java")
                         .acquireBudget(Duration.ofMillis(cfg.acquireBudgetMs())).failClosed(cfg.failClosed())
-                        .linger(Duration.ofMillis(Math.max(0, cfg.lingerMs()))).build();
+                        .linger(Duration.ofMillis(Math.max(0, cfg.lingerMs())))
+                        .local(cfg.local()).localIdle(Duration.ofMillis(cfg.localIdleMs())).build();
             }
         }
         // an image of one kind: load its language while the container waits for /init
@@ -53,6 +54,7 @@ public final class Main {
         }));
         Log.info("listening on :" + front.port() + " (metrics :" + front.metricsPort() + "), slots "
                 + (slots == null ? "off" : "via " + cfg.agentSocket() + (cfg.failClosed() ? " fail-closed" : " fail-open")
+                + (cfg.local() ? ", local leasing (held slots idle " + cfg.localIdleMs() + " ms go back)" : ", no local leasing")
                 + (cfg.lingerMs() > 0 ? ", leases linger " + cfg.lingerMs() + " ms" : ", no lingering")));
     }
 }

@@ -65,6 +65,50 @@ class SlotsAndQuotaTest {
     }
 
     @Test
+    void millisecondsInTheActivationLineHaveThreeDecimalsAsBefore() {
+        assertEquals("1.436", FunctionRuntime.ms(1_436_000));
+        assertEquals("0.000", FunctionRuntime.ms(0));
+        assertEquals("0.050", FunctionRuntime.ms(49_999));
+        assertEquals("12.001", FunctionRuntime.ms(12_000_600));
+        assertEquals("60000.000", FunctionRuntime.ms(60_000_000_000L));
+        for (long ns : new long[]{1, 999, 1_000_500, 123_456_789, 7_000_000_001L})
+            assertEquals(String.format(java.util.Locale.ROOT, "%.3f", Math.round(ns / 1e3) / 1e3), FunctionRuntime.ms(ns), "ns " + ns);
+    }
+
+    @Test
+    void withLocalLeasingTheWorkerClaimsItsHeldSlotWithNoMessageAndTheAgentGetsTheUsage() throws Exception {
+        try (FakeAgent agent = new FakeAgent(dir).start()) {
+            agent.statFds = 1;
+            agent.grantsLocal = true;
+            SlotClient c = SlotClient.builder().socket(agent.socket.toString()).acquireBudget(Duration.ofMillis(500)).build();
+            try (Harness h = new Harness(Map.of("CPUSLOT_ANNOTATION_LOOKUP", "false"), c)) {
+                JsonObject init = json(initJava("testfns.Echo"));
+                init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
+                assertEquals(200, h.post("/init", init.toString()).status());
+                Resp first = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "a")));
+                assertEquals("true", first.header("X-Cpuslot-Local"), first.raw());
+                long slot = Long.parseLong(first.header("X-Cpuslot-Slot"));
+                for (int i = 0; i < 10; i++) {
+                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "a" + i)));
+                    assertEquals(200, r.status(), r.raw());
+                    assertEquals("true", r.header("X-Cpuslot-Local"), r.raw());
+                    assertEquals(slot, Long.parseLong(r.header("X-Cpuslot-Slot")));
+                    assertNotNull(r.header("X-Cpuslot-Cpu-Ns"), "usage per invocation: " + r.raw());
+                }
+                assertEquals(1, agent.count(Protocol.Acquire.class), "one HOLD lease for eleven invocations");
+                assertEquals(0, agent.count(Protocol.Release.class));
+                assertEquals("0", agent.slotContent(slot), "one placement write");
+                assertTrue(h.log().contains("outcome=affinity_hit place=none local cpu_ms="), h.log());
+                long until = System.nanoTime() + 10_000_000_000L;
+                while (agent.count(Protocol.UsageReport.class) == 0 && System.nanoTime() < until) Thread.sleep(10);
+                long invocations = agent.received.stream().filter(m -> m instanceof Protocol.UsageReport)
+                        .flatMap(m -> ((Protocol.UsageReport) m).records().stream()).mapToLong(Protocol.UsageRecord::invocations).sum();
+                assertTrue(invocations >= 1 && invocations <= 11, "USAGE reached the agent: " + agent.received);
+            }
+        }
+    }
+
+    @Test
     void withLingeringTheWorkersNextInvocationReusesItsLeaseWithNoMessageAndStillReportsUsage() throws Exception {
         try (FakeAgent agent = new FakeAgent(dir).start()) {
             agent.statFds = 1;

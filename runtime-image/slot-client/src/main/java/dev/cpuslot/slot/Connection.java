@@ -16,6 +16,8 @@ final class Connection {
     final long id = IDS.incrementAndGet();
     int fd = -1;
     boolean busy, alive = true;        // guarded by the transport's lock
+    /** Busy only while the monitor checks it is still open (a borrower waits, not opens another). */
+    boolean probing;                   // guarded by the transport's lock
     boolean agentPlaces;
     Protocol.HelloOk hello;
     long nextRequest = 1;              // used only while busy

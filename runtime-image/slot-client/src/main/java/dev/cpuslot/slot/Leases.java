@@ -74,14 +74,49 @@ final class Leases {
     static String acquireCounter(int outcome) { return "acquire." + outcomeName(outcome); }
     static String placeCounter(int place) { return "place." + placeName(place); }
 
-    /** Clips a string to the protocol's 1024 UTF-8 bytes without splitting a character. */
+    /**
+     * Makes a protocol string of s: control characters and unpaired surrogates (which the
+     * encoder refuses) become U+FFFD, and it is clipped to 1024 UTF-8 bytes without splitting a
+     * character.
+     */
     static String clip(String s) {
         if (s == null) return "";
+        if (s.length() * 3 <= Protocol.MAX_STRING && plain(s)) return s; // at most 3 UTF-8 bytes a char: fits
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            if (Character.isISOControl(c) || Character.isSurrogate(c)) {
+                s = sanitize(s);
+                break;
+            }
+        }
         byte[] b = s.getBytes(StandardCharsets.UTF_8);
         if (b.length <= Protocol.MAX_STRING) return s;
         int n = Protocol.MAX_STRING;
         while (n > 0 && (b[n] & 0xC0) == 0x80) n--;
         return new String(b, 0, n, StandardCharsets.UTF_8);
+    }
+
+    private static boolean plain(String s) {
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            if (Character.isISOControl(c) || Character.isSurrogate(c)) return false;
+        }
+        return true;
+    }
+
+    private static String sanitize(String s) {
+        StringBuilder b = new StringBuilder(s.length());
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            if (Character.isHighSurrogate(c) && i + 1 < s.length() && Character.isLowSurrogate(s.charAt(i + 1))) {
+                b.append(c).append(s.charAt(++i));
+            } else if (Character.isISOControl(c) || Character.isSurrogate(c)) {
+                b.append('\uFFFD');
+            } else {
+                b.append(c);
+            }
+        }
+        return b.toString();
     }
 
     /** Runs the lease path's Java code once on throwaway values (no connection, no lease). */
@@ -97,13 +132,22 @@ final class Leases {
         currentSlot.get();
     }
 
+    /**
+     * The calling thread's current slot (spec: current_slot), shared with the local path: a
+     * thread that moved through either path sits where the other one thinks.
+     */
+    long[] currentSlotCell() { return currentSlot.get(); }
+
     /** Creates the calling thread's per-thread state (see {@link SlotClient#prepareThread}). */
     void prepareThread() { currentSlot.get(); }
 
     // ---- acquire ----------------------------------------------------------------------------
 
-    SlotLease acquire(long quotaMilli, String action, String invocationId) {
-        count("acquire.calls");
+    SlotLease acquire(long quotaMilli, String action, String invocationId) { return acquire(quotaMilli, action, invocationId, true); }
+
+    /** countCall false: the local path counted this call already and handed it over. */
+    SlotLease acquire(long quotaMilli, String action, String invocationId, boolean countCall) {
+        if (countCall) count("acquire.calls");
         String act = clip(action), inv = clip(invocationId);
         if (closed) return noSlot(act, inv, quotaMilli, -1, "closed", null);
         if (!Native.available()) return noSlot(act, inv, quotaMilli, -1, "unavailable", String.valueOf(Native.loadError()));
@@ -227,7 +271,7 @@ final class Leases {
         return System.nanoTime() < deadline;
     }
 
-    private SlotLease noSlot(String act, String inv, long quota, int tid, String reason, String detail) {
+    SlotLease noSlot(String act, String inv, long quota, int tid, String reason, String detail) {
         count("noslot." + reason);
         if (failClosed) throw new SlotUnavailableException(reason, detail);
         return new SlotLease(this, act, inv, quota, tid, reason);
@@ -243,6 +287,7 @@ final class Leases {
     // ---- release and linger -----------------------------------------------------------------
 
     Usage release(SlotLease l, ReleaseOutcome outcome) {
+        if (l.local != null) return l.local.release(l, outcome);
         l.lock.lock();
         try {
             if (l.released || l.parked) return Usage.NONE;
@@ -411,6 +456,7 @@ final class Leases {
     }
 
     Usage stop(SlotLease l) {
+        if (l.local != null) return l.local.stop(l);
         l.lock.lock();
         try {
             if (l.released || l.parked || l.start == null || l.end != null || l.conn == null || !transport.isAlive(l.conn))

@@ -58,12 +58,12 @@ public final class Native {
 
     private static final Throwable LOAD_ERROR;
     private static final MethodHandle SOCKET, CONNECT, BIND, LISTEN, ACCEPT4, SENDMSG, RECVMSG, POLL, WRITE, CLOSE,
-            OPEN, GETTID, SYSCALL, STRERROR, PREAD;
+            OPEN, GETTID, SYSCALL, STRERROR, PREAD, MEMFD_CREATE, FTRUNCATE, FCNTL, MMAP;
 
     static {
         MethodHandle socket = null, connect = null, bind = null, listen = null, accept4 = null, sendmsg = null,
                 recvmsg = null, poll = null, write = null, close = null, open = null, gettid = null, syscall = null,
-                strerror = null, pread = null;
+                strerror = null, pread = null, memfd = null, ftruncate = null, fcntl = null, mmap = null;
         Throwable err = null;
         try {
             if (!System.getProperty("os.name", "").toLowerCase().contains("linux"))
@@ -83,6 +83,11 @@ public final class Native {
                     Linker.Option.firstVariadicArg(2));
             strerror = h(libc, "strerror", FunctionDescriptor.of(ADDRESS, JAVA_INT));
             pread = h(libc, "pread", FunctionDescriptor.of(JAVA_LONG, JAVA_INT, ADDRESS, JAVA_LONG, JAVA_LONG), CCS);
+            memfd = h(libc, "memfd_create", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_INT), CCS);
+            ftruncate = h(libc, "ftruncate", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_LONG), CCS);
+            fcntl = h(libc, "fcntl", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT, JAVA_INT), CCS,
+                    Linker.Option.firstVariadicArg(2));
+            mmap = h(libc, "mmap", FunctionDescriptor.of(ADDRESS, ADDRESS, JAVA_LONG, JAVA_INT, JAVA_INT, JAVA_INT, JAVA_LONG), CCS);
             Optional<MemorySegment> gt = libc.find("gettid");
             if (gt.isPresent()) {
                 gettid = LINKER.downcallHandle(gt.get(), FunctionDescriptor.of(JAVA_INT));
@@ -96,6 +101,7 @@ public final class Native {
         RECVMSG = recvmsg; POLL = poll; WRITE = write; CLOSE = close; OPEN = open; GETTID = gettid; SYSCALL = syscall;
         STRERROR = strerror;
         PREAD = pread;
+        MEMFD_CREATE = memfd; FTRUNCATE = ftruncate; FCNTL = fcntl; MMAP = mmap;
         LOAD_ERROR = err;
     }
 
@@ -489,6 +495,73 @@ public final class Native {
             MemorySegment cs = a.allocate(CAPTURE);
             int r = (int) CLOSE.invokeExact(cs, fd);
         } catch (Throwable ignored) {
+        }
+    }
+
+    // ---- the slot table's shared memory ---------------------------------------------------------
+
+    public static final int MFD_CLOEXEC = 1, MFD_ALLOW_SEALING = 2;
+    public static final int F_ADD_SEALS = 1033, F_GET_SEALS = 1034;
+    public static final int F_SEAL_SEAL = 1, F_SEAL_SHRINK = 2, F_SEAL_GROW = 4;
+    private static final int PROT_READ = 1, PROT_WRITE = 2, MAP_SHARED = 1;
+
+    /**
+     * A sealed memfd of exactly {@code size} bytes (spec: "Slot table layout"): memfd_create with
+     * MFD_CLOEXEC | MFD_ALLOW_SEALING, ftruncate, then F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL,
+     * so that no mapping of it can ever fault past its end. Returns the fd.
+     */
+    public static int sealedMemfd(String name, long size) throws NativeException {
+        check();
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment cs = a.allocate(CAPTURE);
+            int fd = (int) MEMFD_CREATE.invokeExact(cs, a.allocateFrom(name), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+            if (fd < 0) throw fail("memfd_create", errno(cs));
+            try {
+                if ((int) FTRUNCATE.invokeExact(cs, fd, size) != 0) throw fail("ftruncate", errno(cs));
+                if ((int) FCNTL.invokeExact(cs, fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+                    throw fail("fcntl F_ADD_SEALS", errno(cs));
+            } catch (NativeException e) {
+                close(fd);
+                throw e;
+            }
+            return fd;
+        } catch (NativeException e) {
+            throw e;
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+    }
+
+    /** The seals of a memfd (F_GET_SEALS). */
+    public static int seals(int fd) throws NativeException {
+        check();
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment cs = a.allocate(CAPTURE);
+            int r = (int) FCNTL.invokeExact(cs, fd, F_GET_SEALS, 0);
+            if (r < 0) throw fail("fcntl F_GET_SEALS", errno(cs));
+            return r;
+        } catch (NativeException e) {
+            throw e;
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+    }
+
+    /**
+     * Maps {@code size} bytes of fd read-write, MAP_SHARED. The mapping lives until the process
+     * ends (threads may still touch it while a client closes; unmapping then would fault them).
+     */
+    public static MemorySegment mapShared(int fd, long size) throws NativeException {
+        check();
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment cs = a.allocate(CAPTURE);
+            MemorySegment p = (MemorySegment) MMAP.invokeExact(cs, MemorySegment.NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0L);
+            if (p.address() == -1L) throw fail("mmap", errno(cs));
+            return p.reinterpret(size);
+        } catch (NativeException e) {
+            throw e;
+        } catch (Throwable t) {
+            throw rethrow(t);
         }
     }
 }

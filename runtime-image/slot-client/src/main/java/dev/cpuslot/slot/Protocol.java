@@ -21,20 +21,30 @@ public final class Protocol {
     public static final int MIN_LENGTH = 6;
     public static final int MAX_LENGTH = 65536;
     public static final int MAX_STRING = 1024;
+    /** Most records in one USAGE. */
+    public static final int MAX_USAGE_RECORDS = 8;
+    /**
+     * The longest body of any valid request (USAGE with eight records of 1024-byte actions): an
+     * agent reads no longer request frame, so a client never sends one.
+     */
+    public static final int MAX_REQUEST_LENGTH = HEADER + 1 + MAX_USAGE_RECORDS * (2 + MAX_STRING + 1 + 4 + 8 + 8);
+    /** The longest HELLO body: all an agent reads before HELLO. */
+    public static final int MAX_HELLO_LENGTH = HEADER + 1 + 1 + 4 + 2 + MAX_STRING;
 
     // message types
     public static final int HELLO = 0x01, HELLO_OK = 0x81;
     public static final int ACQUIRE = 0x02, ACQUIRE_OK = 0x82;
     public static final int RELEASE = 0x03, RELEASE_OK = 0x83;
     public static final int RECLAIM = 0x04;
+    public static final int USAGE = 0x05;
     public static final int ERROR = 0x7F;
 
     // HELLO flags
-    public static final long HELLO_FD_PASSING = 1;
+    public static final long HELLO_FD_PASSING = 1, HELLO_LOCAL = 2;
     // HELLO_OK flags
-    public static final long HELLO_OK_FAVORDYNMODS = 1, HELLO_OK_AGENT_PLACES = 2;
+    public static final long HELLO_OK_FAVORDYNMODS = 1, HELLO_OK_AGENT_PLACES = 2, HELLO_OK_LOCAL = 4;
     // ACQUIRE flags
-    public static final int ACQUIRE_AGENT_PLACES = 1;
+    public static final int ACQUIRE_AGENT_PLACES = 1, ACQUIRE_HOLD = 2;
     // ACQUIRE_OK outcome / flags / place
     public static final int OUTCOME_AFFINITY_HIT = 1, OUTCOME_CACHE_HIT = 2, OUTCOME_RETUNED = 3, OUTCOME_CREATED = 4;
     public static final int ACQ_FLAG_QUEUED = 1, ACQ_FLAG_DEGRADED = 2;
@@ -75,6 +85,7 @@ public final class Protocol {
             case RELEASE -> "RELEASE";
             case RELEASE_OK -> "RELEASE_OK";
             case RECLAIM -> "RECLAIM";
+            case USAGE -> "USAGE";
             case ERROR -> "ERROR";
             default -> "TYPE_0x" + Integer.toHexString(type);
         };
@@ -83,7 +94,7 @@ public final class Protocol {
     // ---- messages -------------------------------------------------------------------------
 
     /** Marker for all message bodies. */
-    public sealed interface Message permits Hello, HelloOk, Acquire, AcquireOk, Release, ReleaseOk, Reclaim, Error {
+    public sealed interface Message permits Hello, HelloOk, Acquire, AcquireOk, Release, ReleaseOk, Reclaim, UsageReport, Error {
         int type();
     }
 
@@ -125,6 +136,18 @@ public final class Protocol {
 
     public record Reclaim(long slot, long quotaMilli, long tid, String action, String invocation) implements Message {
         public int type() { return RECLAIM; }
+    }
+
+    /**
+     * One USAGE record: what {@code invocations} invocations of an action with one outcome (OK,
+     * FAILED or TIMEOUT) used under HOLD leases.
+     */
+    public record UsageRecord(String action, int outcome, long invocations, long cpuNanos, long throttledNanos) {}
+
+    /** USAGE, one-way: 1 to 8 records. */
+    public record UsageReport(List<UsageRecord> records) implements Message {
+        public UsageReport { records = List.copyOf(records); }
+        public int type() { return USAGE; }
     }
 
     public record Error(int code, long retryAfterMs, String message) implements Message {
@@ -169,11 +192,24 @@ public final class Protocol {
             case Release r -> { o.u64(r.lease()); o.u8(r.outcome()); o.u8(r.flags()); }
             case ReleaseOk r -> { o.u64(r.cpuNanos()); o.u64(r.throttledNanos()); o.u64(r.periods()); o.u64(r.throttledPeriods()); }
             case Reclaim r -> { o.u32(r.slot()); o.u32(r.quotaMilli()); o.u32(r.tid()); o.str(r.action()); o.str(r.invocation()); }
+            case UsageReport u -> {
+                int n = u.records().size();
+                if (n < 1 || n > MAX_USAGE_RECORDS) throw new IllegalArgumentException("USAGE with " + n + " records, want 1..8");
+                o.u8(n);
+                for (UsageRecord r : u.records()) {
+                    if (r.outcome() < RELEASE_OK_OUTCOME || r.outcome() > RELEASE_TIMEOUT)
+                        throw new IllegalArgumentException("USAGE outcome " + r.outcome() + ", want OK, FAILED or TIMEOUT");
+                    if (r.invocations() < 1) throw new IllegalArgumentException("USAGE record of " + r.invocations() + " invocations");
+                    o.str(r.action()); o.u8(r.outcome()); o.u32(r.invocations()); o.u64(r.cpuNanos()); o.u64(r.throttledNanos());
+                }
+            }
             case Error e -> { o.u16(e.code()); o.u32(e.retryAfterMs()); o.str(e.message()); }
         }
         byte[] b = o.toByteArray();
         int len = b.length - 4;
         if (len > MAX_LENGTH) throw new IllegalArgumentException("frame too long: " + len);
+        if (m.type() < 0x80 && m.type() != ERROR && len > MAX_REQUEST_LENGTH)
+            throw new IllegalArgumentException("request of " + len + " bytes > " + MAX_REQUEST_LENGTH);
         ByteBuffer.wrap(b).putInt(0, len);
         return b;
     }
@@ -226,6 +262,18 @@ public final class Protocol {
             case RELEASE -> new Release(in.u64(), in.u8(), in.u8());
             case RELEASE_OK -> new ReleaseOk(in.u64(), in.u64(), in.u64(), in.u64());
             case RECLAIM -> new Reclaim(in.u32(), in.u32(), in.u32(), in.str(), in.str());
+            case USAGE -> {
+                int n = in.u8();
+                if (n < 1 || n > MAX_USAGE_RECORDS) throw new ProtocolException(E_BAD_REQUEST, "USAGE with " + n + " records");
+                List<UsageRecord> rs = new ArrayList<>(n);
+                for (int i = 0; i < n; i++) {
+                    UsageRecord r = new UsageRecord(in.str(), in.u8(), in.u32(), in.u64(), in.u64());
+                    if (r.outcome() > RELEASE_TIMEOUT) throw new ProtocolException(E_BAD_REQUEST, "USAGE outcome " + r.outcome());
+                    if (r.invocations() < 1) throw new ProtocolException(E_BAD_REQUEST, "USAGE record of 0 invocations");
+                    rs.add(r);
+                }
+                yield new UsageReport(rs);
+            }
             case ERROR -> new Error(in.u16(), in.u32(), in.str());
             default -> throw new ProtocolException(E_BAD_REQUEST, "unknown type 0x" + Integer.toHexString(type));
         };
@@ -234,6 +282,34 @@ public final class Protocol {
     }
 
     // ---- helpers ----------------------------------------------------------------------------
+
+    /**
+     * The spec's rule for strings, on the sending side: a string with a control character
+     * (U+0000..U+001F, U+007F..U+009F) or an unpaired surrogate (not valid UTF-8) is refused.
+     */
+    static void checkString(String s) {
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            if (Character.isISOControl(c)) throw new IllegalArgumentException("string holds a control character");
+            if (Character.isSurrogate(c)) {
+                if (Character.isHighSurrogate(c) && i + 1 < s.length() && Character.isLowSurrogate(s.charAt(i + 1))) {
+                    i++;
+                    continue;
+                }
+                throw new IllegalArgumentException("string holds an unpaired surrogate (not valid UTF-8)");
+            }
+        }
+    }
+
+    /** True when a sender may send s as a protocol string (valid, at most 1024 UTF-8 bytes). */
+    public static boolean validString(String s) {
+        try {
+            checkString(s);
+        } catch (IllegalArgumentException e) {
+            return false;
+        }
+        return s.getBytes(StandardCharsets.UTF_8).length <= MAX_STRING;
+    }
 
     private static final class Out extends ByteArrayOutputStream {
         Out() { super(64); }
@@ -245,7 +321,9 @@ public final class Protocol {
         }
         void u64(long v) { for (int s = 56; s >= 0; s -= 8) u8((int) (v >>> s)); }
         void str(String s) {
-            byte[] b = (s == null ? "" : s).getBytes(StandardCharsets.UTF_8);
+            String v = s == null ? "" : s;
+            checkString(v);
+            byte[] b = v.getBytes(StandardCharsets.UTF_8);
             if (b.length > MAX_STRING) throw new IllegalArgumentException("string longer than 1024 bytes");
             u16(b.length);
             write(b, 0, b.length);

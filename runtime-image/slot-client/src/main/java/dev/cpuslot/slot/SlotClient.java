@@ -66,6 +66,9 @@ public final class SlotClient implements AutoCloseable {
         private boolean failClosed;
         private boolean fdPassing = true;
         private Duration linger = Duration.ZERO;
+        private boolean local = true;
+        private Duration localIdle = Duration.ofSeconds(30);
+        private int localCapacity = 256;
 
         public Builder socket(String path) { this.socket = path; return this; }
         public Builder clientName(String name) { this.clientName = name; return this; }
@@ -91,6 +94,17 @@ public final class SlotClient implements AutoCloseable {
          * releases it first; {@link #close()} releases all. Zero (the default) releases at once.
          */
         public Builder linger(Duration d) { this.linger = d == null || d.isNegative() ? Duration.ZERO : d; return this; }
+        /**
+         * Local leasing (spec: "Local leasing"; on by default, used when the agent's HELLO_OK says
+         * LOCAL): the process holds slots (HOLD leases) in its own slot table and leases them to
+         * its threads itself, so an invocation sends nothing to the agent unless the process
+         * holds no free slot of its quota. Off: one ACQUIRE per invocation (and lingering, if set).
+         */
+        public Builder local(boolean b) { this.local = b; return this; }
+        /** Local leasing: a held slot unused this long is released to the agent (default 30 s). */
+        public Builder localIdle(Duration d) { this.localIdle = d; return this; }
+        /** Local leasing: most slots the process holds at once (table entries, 1..1024, default 256). */
+        public Builder localCapacity(int n) { this.localCapacity = Math.max(1, Math.min(SlotTable.MAX_CAPACITY, n)); return this; }
         public SlotClient build() { return new SlotClient(this); }
     }
 
@@ -106,6 +120,8 @@ public final class SlotClient implements AutoCloseable {
     private final FdCache fds;
     private final Recovery recovery;
     private final Leases leases;
+    /** Local leasing, or null (off, or the table could not be made). */
+    private final LocalLeases local;
     private volatile boolean closed;
 
     private SlotClient(Builder b) {
@@ -116,14 +132,33 @@ public final class SlotClient implements AutoCloseable {
         fds = new FdCache(FdCache.NATIVE, counters);
         recovery = new Recovery(transport, fds, counters, b.releaseTimeout.toNanos(), b.drainTimeout.toNanos(),
                 b.monitorInterval.toNanos());
-        transport.listener(recovery);
         leases = new Leases(transport, fds, recovery, counters, budgetNs, b.releaseTimeout.toNanos(), b.linger.toNanos(),
                 b.failClosed, b.fdPassing);
+        LocalLeases loc = null;
+        if (b.local && b.fdPassing && Native.available()) {
+            try {
+                loc = new LocalLeases(transport, fds, recovery, leases, counters, SlotTable.create(b.localCapacity), budgetNs,
+                        b.releaseTimeout.toNanos(), b.localIdle.toNanos(), Math.min(b.monitorInterval.toNanos(), 250_000_000L),
+                        b.failClosed);
+            } catch (IOException | RuntimeException e) {
+                counters.count("local.unavailable");
+            }
+        }
+        local = loc;
+        transport.local(local != null);
+        transport.listener(local == null ? recovery : new Transport.Listener() {
+            public void connected(Connection c) { recovery.connected(c); local.connected(c); }
+            public void lost(Connection c) { recovery.lost(c); local.lost(c); }
+        });
         if (Native.available()) {
             recovery.start();
             leases.start();
+            if (local != null) local.start();
         }
     }
+
+    /** True when local leasing is on (the agent may still refuse it: then acquire takes the old path). */
+    public boolean local() { return local != null; }
 
     /** How long a lease lingers after an invocation (zero: off). */
     public Duration linger() { return Duration.ofNanos(leases.lingerNs()); }
@@ -153,7 +188,13 @@ public final class SlotClient implements AutoCloseable {
      * the acquire budget. In fail-open mode never throws; the lease may be inactive.
      */
     public SlotLease acquire(long quotaMilli, String action, String invocationId) {
-        return leases.acquire(quotaMilli, action, invocationId);
+        if (local != null && !closed) {
+            counters.count("acquire.calls");
+            SlotLease l = local.acquire(quotaMilli, Leases.clip(action), Leases.clip(invocationId));
+            if (l != null) return l;
+            return leases.acquire(quotaMilli, action, invocationId, false);
+        }
+        return leases.acquire(quotaMilli, action, invocationId, true);
     }
 
     /**
@@ -225,6 +266,7 @@ public final class SlotClient implements AutoCloseable {
         if (!Native.available() || Thread.currentThread().isVirtual()) return;
         Native.prepareThread();
         leases.prepareThread();
+        if (local != null) local.prepareThread();
         Native.gettid();
     }
 
@@ -278,11 +320,13 @@ public final class SlotClient implements AutoCloseable {
         if (sf.retain()) fds.unref(sf);
         fds.unref(sf);
         leases.warmCode();
+        if (local != null) local.warmCode();
     }
 
     /** Closes all connections (the agent releases their leases) and cached fds. */
     @Override
     public void close() {
+        if (local != null) local.close(); // sends pending usage first
         leases.close(); // releases lingering leases first
         closed = true;
         recovery.close();

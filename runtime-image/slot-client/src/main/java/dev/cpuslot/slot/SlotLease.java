@@ -34,6 +34,11 @@ public final class SlotLease {
     volatile long parkedAt;
     /** This invocation reused the thread's lingering lease: no message went to the agent. */
     boolean reused;
+    /** Set when the slot came from the process's slot table (local leasing): its path. */
+    LocalLeases local;
+    /** The table entry and the state the claim wrote (local leasing). */
+    int entry = -1;
+    long claim;
 
     SlotLease(Leases leases, String action, String invocation, long quotaAsked, int tid, String reason) {
         this.leases = leases;
@@ -70,6 +75,8 @@ public final class SlotLease {
      * (lingering, {@link SlotClient.Builder#linger}): nothing was sent to the agent.
      */
     public boolean reused() { return reused; }
+    /** True when the slot came from the process's own slot table (local leasing, spec "Local leasing"). */
+    public boolean local() { return local != null; }
     public boolean lost() { lock.lock(); try { return lost; } finally { lock.unlock(); } }
 
     /**

@@ -41,6 +41,11 @@ final class SocketTransport implements Transport {
 
     void listener(Listener l) { this.listener = l; }
 
+    private volatile boolean local;
+
+    /** Ask for local leasing (HELLO flag LOCAL) on connections opened from now on; needs fd passing. */
+    void local(boolean on) { this.local = on; }
+
     @Override
     public Protocol.HelloOk lastHello() { return lastHello; }
 
@@ -63,11 +68,19 @@ final class SocketTransport implements Transport {
         try {
             while (fresh == null) {
                 if (closed) throw new IOException("client closed");
+                boolean probed = false;
                 for (Connection c : conns) {
                     if (c.alive && !c.busy && c.hello != null) {
                         c.busy = true;
                         return c;
                     }
+                    probed |= c.alive && c.probing;
+                }
+                // a connection the monitor is checking is free again in a moment: wait for it
+                // rather than open another one
+                if (probed) {
+                    awaitFreed(deadline);
+                    continue;
                 }
                 if (conns.size() < maxConnections) {
                     if (System.nanoTime() < downUntil) {
@@ -136,6 +149,7 @@ final class SocketTransport implements Transport {
         lock.lock();
         try {
             c.busy = false;
+            c.probing = false;
             freed.signalAll();
         } finally {
             lock.unlock();
@@ -149,6 +163,7 @@ final class SocketTransport implements Transport {
             if (!c.alive) return;
             c.alive = false;
             c.busy = false;
+            c.probing = false;
             conns.remove(c);
             freed.signalAll();
         } finally {
@@ -168,6 +183,7 @@ final class SocketTransport implements Transport {
             for (Connection c : conns) {
                 if (c.alive && !c.busy && c.hello != null) {
                     c.busy = true;
+                    c.probing = true;
                     idle.add(c);
                 }
             }
@@ -217,7 +233,8 @@ final class SocketTransport implements Transport {
             // AF_UNIX answers EAGAIN when the listener's backlog is full: wait a little and retry
             LockSupport.parkNanos(200_000);
         }
-        Reply r = call(c, new Protocol.Hello(1, 1, fdPassing ? Protocol.HELLO_FD_PASSING : 0, clientName), deadline);
+        long flags = fdPassing ? Protocol.HELLO_FD_PASSING | (local ? Protocol.HELLO_LOCAL : 0) : 0;
+        Reply r = call(c, new Protocol.Hello(1, 1, flags, clientName), deadline);
         closeAll(r.fds());
         if (r.message() instanceof Protocol.HelloOk ok) {
             if (ok.version() != 1) throw new IOException("agent chose version " + ok.version());

@@ -33,6 +33,8 @@ public final class FakeAgent implements AutoCloseable {
     final AtomicInteger pipelined = new AtomicInteger();
     final AtomicInteger connections = new AtomicInteger();
     volatile long helloFlags = 0;
+    /** Grant HOLD leases (HELLO_OK flag LOCAL) to a client that asks for local leasing. */
+    public volatile boolean grantsLocal;
     volatile long acquireDelayMs = 0;
     volatile boolean alwaysSendFds = false;
     /**
@@ -124,8 +126,12 @@ public final class FakeAgent implements AutoCloseable {
                 Protocol.Message answer;
                 int[] fds = new int[0];
                 switch (f.message()) {
-                    case Protocol.Hello h -> answer = new Protocol.HelloOk(1, statFds == 2 ? 1 : 2, helloFlags, 1, statFds,
-                            "fake/container", 0, List.of());
+                    case Protocol.Hello h -> answer = new Protocol.HelloOk(1, statFds == 2 ? 1 : 2,
+                            helloFlags | (grantsLocal && (h.flags() & Protocol.HELLO_LOCAL) != 0 ? Protocol.HELLO_OK_LOCAL : 0),
+                            1, statFds, "fake/container", 0, List.of());
+                    case Protocol.UsageReport u -> {
+                        continue; // one-way
+                    }
                     case Protocol.Acquire a -> {
                         if (acquireDelayMs > 0) Thread.sleep(acquireDelayMs);
                         Protocol.Message hook = acquireHook == null ? null : acquireHook.apply(a);
@@ -225,6 +231,7 @@ public final class FakeAgent implements AutoCloseable {
         byte[] hdr = new byte[4];
         if (!readFully(fd, hdr, 0, 4, gen)) return null;
         int len = ((hdr[0] & 0xFF) << 24) | ((hdr[1] & 0xFF) << 16) | ((hdr[2] & 0xFF) << 8) | (hdr[3] & 0xFF);
+        if (len < Protocol.MIN_LENGTH || len > Protocol.MAX_REQUEST_LENGTH) return null; // as the agent: no longer request exists
         byte[] frame = new byte[4 + len];
         System.arraycopy(hdr, 0, frame, 0, 4);
         if (!readFully(fd, frame, 4, len, gen)) return null;

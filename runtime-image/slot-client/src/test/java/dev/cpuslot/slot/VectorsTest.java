@@ -52,6 +52,15 @@ class VectorsTest {
                     u(f, "ThrottledPeriods"));
             case "RECLAIM" -> new Protocol.Reclaim(u(f, "Slot"), u(f, "QuotaMilli"), u(f, "TID"), s(f, "Action"),
                     s(f, "Invocation"));
+            case "USAGE" -> {
+                List<Protocol.UsageRecord> rs = new ArrayList<>();
+                for (JsonElement e : f.getAsJsonArray("Records")) {
+                    JsonObject r = e.getAsJsonObject();
+                    rs.add(new Protocol.UsageRecord(s(r, "Action"), i(r, "Outcome"), u(r, "Invocations"), u(r, "CPUNanos"),
+                            u(r, "ThrottledNanos")));
+                }
+                yield new Protocol.UsageReport(rs);
+            }
             case "ERROR" -> new Protocol.Error(i(f, "Code"), u(f, "RetryAfterMS"), s(f, "Message"));
             default -> throw new IllegalArgumentException("unknown vector type " + type);
         };
@@ -129,6 +138,48 @@ class VectorsTest {
         assertEquals(341, c.length());
         assertThrows(IllegalArgumentException.class,
                 () -> Protocol.encode(1, new Protocol.Acquire(1, 0, 1, 0, 0, longAction, "")));
+    }
+
+    @Test
+    void theLongestRequestIsAFullUsageAndNothingLongerIsEncoded() throws Exception {
+        assertEquals(8383, Protocol.MAX_REQUEST_LENGTH, "SPEC: USAGE with eight records of 1024-byte actions");
+        assertEquals(1038, Protocol.MAX_HELLO_LENGTH);
+        String act = "a".repeat(Protocol.MAX_STRING);
+        List<Protocol.UsageRecord> eight = new ArrayList<>();
+        for (int k = 0; k < 8; k++) eight.add(new Protocol.UsageRecord(act, 0, 1, 2, 3));
+        byte[] b = Protocol.encode(1, new Protocol.UsageReport(eight));
+        assertEquals(Protocol.MAX_REQUEST_LENGTH, b.length - 4);
+        assertEquals(new Protocol.UsageReport(eight), Protocol.decodeFrame(b).message());
+        byte[] h = Protocol.encode(1, new Protocol.Hello(1, 1, 3, act));
+        assertEquals(Protocol.MAX_HELLO_LENGTH, h.length - 4);
+    }
+
+    @Test
+    void usageRecordsOutsideTheSpecAreRefusedOnEncode() {
+        var ok = new Protocol.UsageRecord("a", 0, 1, 0, 0);
+        List<Protocol.UsageRecord> nine = new ArrayList<>();
+        for (int k = 0; k < 9; k++) nine.add(ok);
+        assertThrows(IllegalArgumentException.class, () -> Protocol.encode(1, new Protocol.UsageReport(List.of())), "no record");
+        assertThrows(IllegalArgumentException.class, () -> Protocol.encode(1, new Protocol.UsageReport(nine)), "nine records");
+        assertThrows(IllegalArgumentException.class, () -> Protocol.encode(1,
+                new Protocol.UsageReport(List.of(new Protocol.UsageRecord("a", 0, 0, 0, 0)))), "zero invocations");
+        assertThrows(IllegalArgumentException.class, () -> Protocol.encode(1,
+                new Protocol.UsageReport(List.of(new Protocol.UsageRecord("a", Protocol.RELEASE_PLACEMENT_FAILED, 1, 0, 0)))),
+                "PLACEMENT_FAILED is no USAGE outcome");
+    }
+
+    @Test
+    void stringsWithControlCharactersOrUnpairedSurrogatesAreRefusedOnEncode() {
+        for (String bad : new String[]{"a\nb", "nul\u0000", "c1\u0085", "del\u007f", "lone\ud800", "rev\udc00\ud800"}) {
+            assertThrows(IllegalArgumentException.class, () -> Protocol.encode(1,
+                    new Protocol.UsageReport(List.of(new Protocol.UsageRecord(bad, 0, 1, 0, 0)))), "USAGE action " + bad);
+            assertThrows(IllegalArgumentException.class, () -> Protocol.encode(1,
+                    new Protocol.Acquire(1, 0, 1, 0, 0, "a", bad)), "ACQUIRE invocation " + bad);
+            assertThrows(IllegalArgumentException.class, () -> Protocol.encode(1, new Protocol.Hello(1, 1, 1, bad)), "HELLO " + bad);
+            String clipped = Leases.clip(bad);
+            assertTrue(Protocol.validString(clipped), "clip makes a sendable string of " + bad + ": " + clipped);
+        }
+        assertTrue(Protocol.validString("gäst/ƒib☃\ud83d\ude00"), "a surrogate pair is one valid character");
     }
 
     @Test

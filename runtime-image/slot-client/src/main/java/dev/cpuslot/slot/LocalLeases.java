@@ -1,0 +1,534 @@
+package dev.cpuslot.slot;
+
+import java.io.IOException;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicReferenceArray;
+import java.util.concurrent.locks.LockSupport;
+
+/**
+ * Local leasing (spec: "Local leasing"): the process holds slots with HOLD leases, keeps them in
+ * its {@link SlotTable}, and leases them to its threads itself. An invocation claims a free entry
+ * of its quota with one compare-and-swap (the entry its thread used last first: then the thread
+ * already sits in the slot and nothing is written), places itself with one write when it must,
+ * and gives the entry back with one store. Only a miss (no free entry of the quota) asks the
+ * agent: ACQUIRE with HOLD, publish, place.
+ *
+ * <p>Off the invocation path, one background thread sends what invocations used as USAGE (at most
+ * once a second, or early at 8 keys), releases entries idle for longer than the idle time, and
+ * re-declares held slots with RECLAIM after a lost connection (an agent restart): invocations go
+ * on claiming held slots while the agent is away.
+ */
+final class LocalLeases {
+    private static final byte[] ZERO = {'0'};
+
+    private final Transport transport;
+    private final FdCache fds;
+    private final Recovery recovery;
+    private final Leases leases;
+    private final Counters counters;
+    private final SlotTable table;
+    private final UsageReports reports;
+    private final long budgetNs, releaseNs, idleNs, tickNs;
+    private final boolean failClosed;
+    /**
+     * The process's own record of each entry's HOLD lease (null: the agent does not back it):
+     * releases and re-declarations use this, never what the table says, so a scribbled table
+     * cannot make the client release or re-declare anything it was not granted.
+     */
+    private record Held(long slot, long quota, long lease, Connection conn) {}
+    private final AtomicReferenceArray<Held> held;
+    /**
+     * Each entry's counters as its last release read them: the next claim's start (the slot's
+     * counters are cumulative; between invocations nothing of the process runs in it but threads
+     * an invocation left behind, whose CPU then counts for the next one, as with lingering).
+     * Saves reading the counters at every acquire.
+     */
+    private final AtomicReferenceArray<SlotCounters> lastEnd;
+    /** Entries whose lease must be re-declared (their connection died). */
+    private final AtomicReferenceArray<Boolean> reclaim;
+    /**
+     * Per thread: [0] the entry it used last (-1 = none), [1] its kernel tid (a platform
+     * thread's never changes: read once, not with a system call per invocation).
+     */
+    private final ThreadLocal<int[]> perThread = ThreadLocal.withInitial(() -> new int[]{-1, Native.gettid()});
+    private volatile Thread worker;
+    private volatile boolean closed;
+    private long lastReport;
+
+    LocalLeases(Transport transport, FdCache fds, Recovery recovery, Leases leases, Counters counters, SlotTable table,
+                long budgetNs, long releaseNs, long idleNs, long tickNs, boolean failClosed) {
+        this.transport = transport;
+        this.fds = fds;
+        this.recovery = recovery;
+        this.leases = leases;
+        this.counters = counters;
+        this.table = table;
+        this.reports = new UsageReports(counters);
+        this.budgetNs = budgetNs;
+        this.releaseNs = releaseNs;
+        this.idleNs = idleNs;
+        this.tickNs = tickNs;
+        this.failClosed = failClosed;
+        this.held = new AtomicReferenceArray<>(table.capacity());
+        this.reclaim = new AtomicReferenceArray<>(table.capacity());
+        this.lastEnd = new AtomicReferenceArray<>(table.capacity());
+    }
+
+    SlotTable table() { return table; }
+    UsageReports reports() { return reports; }
+
+    private void count(String name) { counters.count(name); }
+
+    /** Creates the calling thread's per-thread state. */
+    void prepareThread() { perThread.get(); }
+
+    /**
+     * Runs the local path's code once on a scratch table (no connection, no lease): the first
+     * atomic access through a VarHandle links it, which a cold JVM would otherwise pay inside
+     * the first invocation's acquire budget.
+     */
+    void warmCode() {
+        try (java.lang.foreign.Arena a = java.lang.foreign.Arena.ofConfined()) {
+            java.lang.foreign.MemorySegment m = a.allocate(SlotTable.size(1), 64);
+            SlotTable.format(m, 1);
+            SlotTable t = SlotTable.over(m);
+            SlotTable.Claimed c = t.publish(1, 1, 1, 100_000, 0, 1, 1, 1);
+            t.release(c.index(), c.state(), 1);
+            SlotTable.Claimed d = t.findAndClaim(1, 1, 0, -1, 1);
+            if (d != null) t.release(d.index(), d.state(), 1);
+            t.claim(0, 1, 2, 1);
+            t.markGone(0);
+            t.setLease(0, 2);
+            t.drop(0, (slot, lease, flags) -> { }, 1);
+        }
+        UsageReports r = new UsageReports(counters);
+        r.add("warmup", ReleaseOutcome.OK, Usage.NONE);
+        Protocol.encode(1, new Protocol.UsageReport(r.take(Protocol.MAX_USAGE_RECORDS)));
+        Protocol.encode(1, new Protocol.Acquire(1, 1, 0, Protocol.ACQUIRE_HOLD, 0, "", ""));
+        Protocol.encode(1, new Protocol.Reclaim(1, 1, 0, "", ""));
+        perThread.get();
+    }
+
+    // ---- acquire ----------------------------------------------------------------------------
+
+    /**
+     * A slot from the table, or from the agent on a miss; null when the local path cannot serve
+     * this call (the agent does not grant HOLD leases, the table is full, a virtual thread...):
+     * the caller takes the per-invocation path.
+     */
+    SlotLease acquire(long quotaMilli, String act, String inv) {
+        if (closed || !Native.available() || Thread.currentThread().isVirtual() || quotaMilli <= 0 || quotaMilli > 0xFFFFFFFFL)
+            return null;
+        // the agent's last word: no LOCAL (an older agent, or one that places threads itself)
+        // sends the call to the per-invocation path without asking again
+        Protocol.HelloOk h = transport.lastHello();
+        if (h != null && (h.flags() & Protocol.HELLO_OK_LOCAL) == 0) return null;
+        int[] last = perThread.get();
+        int tid = last[1];
+        long[] current = leases.currentSlotCell();
+        // (1) the entry the thread used last: it already sits in that slot, nothing to write
+        int i = last[0];
+        // look before claiming: a claim that finds another quota gives the entry back stamping
+        // idle_since, which would keep an entry this thread no longer uses from ever idling out
+        if (i >= 0 && table.asked(i) == quotaMilli && table.slot(i) != 0) {
+            long s = table.claim(i, tid, quotaMilli, System.nanoTime());
+            if (s != 0) {
+                if (table.slot(i) == current[0]) {
+                    count("local.hit");
+                    return lease(i, s, act, inv, quotaMilli, tid, Protocol.OUTCOME_AFFINITY_HIT, Protocol.PLACE_NONE);
+                }
+                SlotLease l = place(i, s, act, inv, quotaMilli, tid, current, last);
+                if (l != null) return l;
+            }
+        }
+        // (2) any free entry of the quota: one write
+        for (int tries = 0; tries < 4; tries++) {
+            SlotTable.Claimed c = table.findAndClaim(quotaMilli, tid, Math.max(0, i), i, System.nanoTime());
+            if (c == null) break;
+            SlotLease l = place(c.index(), c.state(), act, inv, quotaMilli, tid, current, last);
+            if (l != null) return l;
+        }
+        // (3) a miss: a new HOLD lease from the agent
+        return miss(quotaMilli, act, inv, tid, current, last);
+    }
+
+    /** The thread claimed entry i (state s) and must move into its slot: one write. */
+    private SlotLease place(int i, long s, String act, String inv, long quota, int tid, long[] current, int[] last) {
+        long slot = table.slot(i);
+        String err = fds.place(slot, ZERO);
+        if (err != null) {
+            // no fds for the slot (spec: treat as GONE), or the kernel refused: claim nothing here again
+            count("local.place_failed");
+            current[0] = 0;
+            table.markGone(i);
+            table.release(i, s, System.nanoTime());
+            wake();
+            return null;
+        }
+        current[0] = slot;
+        last[0] = i;
+        count("local.placed");
+        return lease(i, s, act, inv, quota, tid, Protocol.OUTCOME_CACHE_HIT, Protocol.PLACE_SELF);
+    }
+
+    private SlotLease lease(int i, long s, String act, String inv, long quota, int tid, int outcome, int place) {
+        SlotLease l = new SlotLease(leases, act, inv, quota, tid, null);
+        l.local = this;
+        l.entry = i;
+        l.claim = s;
+        l.slot = table.slot(i);
+        l.quotaMilli = table.quota(i);
+        l.periodUs = table.period(i);
+        l.lease = table.lease(i);
+        l.flags = (table.flags(i) & SlotTable.FLAG_DEGRADED) != 0 ? Protocol.ACQ_FLAG_DEGRADED : 0;
+        l.outcome = outcome;
+        l.place = place;
+        SlotCounters last = lastEnd.get(i);
+        l.start = last != null ? last : fds.readCounters(l.slot);
+        return l;
+    }
+
+    /** ACQUIRE with HOLD, publish, place; within the acquire budget. */
+    private SlotLease miss(long quota, String act, String inv, int tid, long[] current, int[] last) {
+        count("local.miss");
+        long deadline = System.nanoTime() + budgetNs;
+        String reason = "budget", detail = null;
+        while (true) {
+            Connection c;
+            try {
+                c = transport.borrow(deadline, true);
+            } catch (TimeoutException e) {
+                return leases.noSlot(act, inv, quota, tid, "budget", "no connection within budget");
+            } catch (IOException e) {
+                return leases.noSlot(act, inv, quota, tid, "unreachable", e.getMessage());
+            }
+            if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
+                transport.giveBack(c); // an agent without HOLD leases: the per-invocation path
+                count("local.refused");
+                return null;
+            }
+            long remUs = (deadline - System.nanoTime()) / 1000;
+            if (remUs <= 0) {
+                transport.giveBack(c);
+                return leases.noSlot(act, inv, quota, tid, "budget", null);
+            }
+            long waitUs = Math.max(1, remUs - Math.min(1000, remUs / 10));
+            Transport.Reply r;
+            try {
+                r = transport.call(c, new Protocol.Acquire(quota, waitUs, 0, Protocol.ACQUIRE_HOLD, 0, "", ""), deadline);
+            } catch (TimeoutException e) {
+                recovery.drain(c); // a late grant is released
+                return leases.noSlot(act, inv, quota, tid, "budget", "no answer within budget");
+            } catch (IOException | Protocol.ProtocolException e) {
+                transport.kill(c, e.getMessage());
+                reason = "unreachable";
+                detail = e.getMessage();
+                if (System.nanoTime() < deadline) continue;
+                return leases.noSlot(act, inv, quota, tid, reason, detail);
+            }
+            if (r.message() instanceof Protocol.AcquireOk ok) {
+                transport.giveBack(c);
+                return granted(c, ok, r.fds(), quota, act, inv, tid, current, last);
+            }
+            fds.discard(r.fds());
+            if (r.message() instanceof Protocol.Error e) {
+                switch (e.code()) {
+                    case Protocol.E_SHUTTING_DOWN, Protocol.E_BAD_REQUEST, Protocol.E_UNSUPPORTED_VERSION -> transport.kill(c, e.message());
+                    default -> transport.giveBack(c);
+                }
+                reason = Protocol.errorName(e.code());
+                detail = e.message();
+                boolean retry = switch (e.code()) {
+                    case Protocol.E_NOT_READY -> sleepUntil(Math.min(deadline,
+                            System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Math.max(1, e.retryAfterMs()))), deadline);
+                    case Protocol.E_INTERNAL, Protocol.E_SHUTTING_DOWN -> System.nanoTime() < deadline;
+                    default -> false;
+                };
+                if (retry) continue;
+                return leases.noSlot(act, inv, quota, tid, reason, detail);
+            }
+            transport.kill(c, "unexpected " + Protocol.typeName(r.frame().type()));
+            return leases.noSlot(act, inv, quota, tid, "protocol", "unexpected " + Protocol.typeName(r.frame().type()));
+        }
+    }
+
+    private SlotLease granted(Connection c, Protocol.AcquireOk ok, int[] got, long quota, String act, String inv, int tid,
+                              long[] current, int[] last) {
+        count("local.hold");
+        if (got.length != ok.nfds()) {
+            fds.discard(got);
+            releaseHold(ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            count("place.failed");
+            return leases.noSlot(act, inv, quota, tid, "fd_mismatch", "nfds " + ok.nfds() + " but " + got.length + " fds");
+        }
+        if (got.length > 0) fds.put(ok.slot(), got, c.hello);
+        int flags = (ok.flags() & Protocol.ACQ_FLAG_DEGRADED) != 0 ? SlotTable.FLAG_DEGRADED : 0;
+        SlotTable.Claimed e = table.publish(tid, ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota, System.nanoTime());
+        if (e == null) {
+            count("local.table_full");
+            releaseHold(ok.lease(), ReleaseOutcome.OK);
+            return null; // the per-invocation path serves it
+        }
+        held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), c));
+        reclaim.set(e.index(), null);
+        lastEnd.set(e.index(), null);
+        if (!transport.isAlive(c)) reclaim.set(e.index(), Boolean.TRUE); // died before we noted the owner
+        String err = ok.place() == Protocol.PLACE_NONE && current[0] == ok.slot() ? null : fds.place(ok.slot(), ZERO);
+        if (err != null) {
+            current[0] = 0;
+            count("place.failed");
+            releaseHold(ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            held.set(e.index(), null); // released: dropped without another RELEASE once free
+            table.markGone(e.index());
+            table.release(e.index(), e.state(), System.nanoTime());
+            return leases.noSlot(act, inv, quota, tid, "placement_failed", err);
+        }
+        current[0] = ok.slot();
+        last[0] = e.index();
+        SlotLease l = lease(e.index(), e.state(), act, inv, quota, tid, ok.outcome(), Protocol.PLACE_SELF);
+        if ((ok.flags() & Protocol.ACQ_FLAG_QUEUED) != 0) l.flags |= Protocol.ACQ_FLAG_QUEUED;
+        return l;
+    }
+
+    private static boolean sleepUntil(long until, long deadline) {
+        long ns = until - System.nanoTime();
+        if (ns > 0) {
+            try {
+                TimeUnit.NANOSECONDS.sleep(ns);
+            } catch (InterruptedException ie) {
+                Thread.currentThread().interrupt();
+                return false;
+            }
+        }
+        return System.nanoTime() < deadline;
+    }
+
+    /** One-way RELEASE of a HOLD lease. False when it could not be sent. */
+    private boolean releaseHold(long lease, ReleaseOutcome outcome) {
+        long deadline = System.nanoTime() + releaseNs;
+        Connection c;
+        try {
+            c = transport.borrow(deadline, true);
+        } catch (IOException | TimeoutException e) {
+            count("local.release_unsent");
+            return false;
+        }
+        try {
+            transport.send(c, new Protocol.Release(lease, outcome.code, Protocol.RELEASE_NO_REPLY), deadline);
+            transport.giveBack(c);
+            count("local.released");
+            return true;
+        } catch (TimeoutException e) {
+            transport.giveBack(c);
+        } catch (IOException e) {
+            transport.kill(c, e.getMessage());
+        }
+        count("local.release_unsent");
+        return false;
+    }
+
+    // ---- release ----------------------------------------------------------------------------
+
+    /** Gives the entry back (one store) and adds the invocation's usage to the next USAGE. */
+    Usage release(SlotLease l, ReleaseOutcome outcome) {
+        l.lock.lock();
+        try {
+            if (l.released) return Usage.NONE;
+            l.released = true;
+            SlotCounters end = l.end != null ? l.end : l.start != null ? fds.readCounters(l.slot) : null;
+            Usage u = end != null && l.start != null ? end.since(l.start) : Usage.NONE;
+            lastEnd.set(l.entry, end);
+            table.release(l.entry, l.claim, System.nanoTime());
+            count("release.local");
+            if (reports.add(l.action, outcome, u)) wake();
+            return u;
+        } finally {
+            l.lock.unlock();
+        }
+    }
+
+    Usage stop(SlotLease l) {
+        l.lock.lock();
+        try {
+            if (l.released || l.start == null || l.end != null) return Usage.NONE;
+            SlotCounters end = fds.readCounters(l.slot);
+            if (end == null) return Usage.NONE;
+            l.end = end;
+            return end.since(l.start);
+        } finally {
+            l.lock.unlock();
+        }
+    }
+
+    // ---- connections ------------------------------------------------------------------------
+
+    /** A connection died: the entries it granted are re-declared on a new one. */
+    void lost(Connection c) {
+        for (int i = 0; i < held.length(); i++) {
+            Held h = held.get(i);
+            if (h != null && h.conn() == c) reclaim.set(i, Boolean.TRUE);
+        }
+    }
+
+    /** A connection said HELLO: re-declare what waits. */
+    void connected(Connection c) { wake(); }
+
+    private void wake() {
+        Thread w = worker;
+        if (w != null) LockSupport.unpark(w);
+    }
+
+    // ---- the background thread --------------------------------------------------------------
+
+    void start() {
+        worker = Thread.ofPlatform().daemon().name("cpuslot-local").start(this::loop);
+    }
+
+    private void loop() {
+        while (!closed) {
+            LockSupport.parkNanos(tickNs);
+            if (closed) return;
+            try {
+                tick(System.nanoTime());
+            } catch (RuntimeException e) {
+                count("local.error");
+            }
+        }
+    }
+
+    /** One round: re-declare, report usage, drop idle and gone entries. */
+    void tick(long now) {
+        reclaimOnce();
+        reportOnce(now, false);
+        dropIdle(now);
+    }
+
+    /** Re-declares (RECLAIM, tid 0) each entry whose connection died. */
+    void reclaimOnce() {
+        for (int i = 0; i < table.used(); i++) {
+            if (reclaim.get(i) == null) continue;
+            Held h = held.get(i);
+            if (h == null || table.gone(i)) {
+                reclaim.set(i, null);
+                continue;
+            }
+            long slot = h.slot();
+            long deadline = System.nanoTime() + releaseNs;
+            Connection c;
+            try {
+                c = transport.borrow(deadline, true);
+            } catch (IOException | TimeoutException e) {
+                return; // the agent is still away: next round
+            }
+            Transport.Reply r;
+            try {
+                r = transport.call(c, new Protocol.Reclaim(slot, h.quota(), 0, "", ""), deadline);
+            } catch (TimeoutException e) {
+                recovery.drain(c);
+                return;
+            } catch (IOException | Protocol.ProtocolException e) {
+                transport.kill(c, e.getMessage());
+                return;
+            }
+            transport.giveBack(c);
+            if (r.message() instanceof Protocol.AcquireOk ok && ok.slot() == slot && r.fds().length == ok.nfds()) {
+                if (r.fds().length > 0) fds.put(slot, r.fds(), c.hello);
+                table.setLease(i, ok.lease());
+                held.set(i, new Held(slot, h.quota(), ok.lease(), c));
+                reclaim.set(i, null);
+                if (!transport.isAlive(c)) reclaim.set(i, Boolean.TRUE);
+                count("local.reclaimed");
+                continue;
+            }
+            fds.discard(r.fds());
+            if (r.message() instanceof Protocol.Error e && e.code() != Protocol.E_UNKNOWN_LEASE && e.code() != Protocol.E_REJECTED) {
+                count("local.reclaim_error");
+                return; // NOT_READY, INTERNAL...: next round
+            }
+            // refused (UNKNOWN_LEASE, REJECTED) or a grant of another slot: the agent does not back this one
+            held.set(i, null); // nothing to release when dropped
+            table.markGone(i);
+            reclaim.set(i, null);
+            count("local.reclaim_refused");
+        }
+    }
+
+    /**
+     * Sends pending usage: once a second, and at once when 8 keys wait ({@code force}: all of it,
+     * as at close). Records that cannot be sent wait for the next round.
+     */
+    void reportOnce(long now, boolean force) {
+        while (reports.keys() > 0) {
+            boolean due = force || reports.keys() >= UsageReports.EARLY || now - lastReport >= 1_000_000_000L;
+            if (!due) return;
+            List<Protocol.UsageRecord> rs = reports.take(Protocol.MAX_USAGE_RECORDS);
+            if (rs.isEmpty()) return;
+            if (!send(new Protocol.UsageReport(rs))) {
+                reports.putBack(rs);
+                return;
+            }
+            lastReport = now;
+            count("usage.sent");
+            if (!force && reports.keys() < UsageReports.EARLY) return;
+        }
+    }
+
+    private boolean send(Protocol.Message m) {
+        long deadline = System.nanoTime() + releaseNs;
+        Connection c;
+        try {
+            c = transport.borrow(deadline, true);
+        } catch (IOException | TimeoutException e) {
+            return false;
+        }
+        if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
+            transport.giveBack(c); // an agent that knows no USAGE would close the connection
+            return false;
+        }
+        try {
+            transport.send(c, m, deadline);
+            transport.giveBack(c);
+            return true;
+        } catch (TimeoutException e) {
+            transport.giveBack(c);
+        } catch (IOException e) {
+            transport.kill(c, e.getMessage());
+        }
+        return false;
+    }
+
+    /**
+     * Drops free entries idle for the idle time and free GONE entries, releasing the HOLD leases
+     * the agent still backs. An entry waiting to be re-declared stays.
+     */
+    void dropIdle(long now) {
+        for (int i = 0; i < table.used(); i++) {
+            if (table.slot(i) == 0 || SlotTable.hold(table.state(i)) != 0 || reclaim.get(i) != null) continue;
+            boolean gone = table.gone(i);
+            if (!gone && now - table.idleSince(i) < idleNs) continue;
+            boolean[] sent = {true};
+            int idx = i;
+            boolean dropped = table.drop(i, (slot, lease, flags) -> {
+                // a lease the agent still backs is released, by the process's own record
+                Held h = held.getAndSet(idx, null);
+                if (h != null) sent[0] = releaseHold(h.lease(), ReleaseOutcome.OK);
+                lastEnd.set(idx, null);
+            }, now);
+            if (dropped) count(gone ? "local.dropped_gone" : "local.dropped_idle");
+            if (!sent[0]) return; // the agent is away: its lease ends with our connections
+        }
+    }
+
+    /** Sends what is pending and stops the background thread (the connections' close ends the HOLD leases). */
+    void close() {
+        closed = true;
+        wake();
+        try {
+            reportOnce(System.nanoTime(), true);
+        } catch (RuntimeException e) {
+            count("local.error");
+        }
+    }
+}

@@ -1,0 +1,312 @@
+package dev.cpuslot.slot;
+
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.atomic.AtomicReference;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/** Local leasing alone: a fake transport (an agent granting HOLD leases) and fds on made-up numbers. */
+class LocalLeasesTest {
+    static final long S = 1_000_000_000L;
+    static final long IDLE = 30 * S;
+
+    final Counters counters = new Counters();
+    final FakeTransport transport = new FakeTransport();
+    final FakeFds ops = new FakeFds();
+    final FdCache fds = new FdCache(ops, counters);
+    final Recovery recovery = new Recovery(transport, fds, counters, S, S, S);
+    final Leases leases = new Leases(transport, fds, recovery, counters, S, S, 0, false, true);
+    SlotTable table;
+    LocalLeases local;
+    long nextLease = 100, nextSlot = 1;
+    /** What the fake agent answers RECLAIM with (null: a new lease for the same slot). */
+    volatile Protocol.Message reclaimAnswer;
+
+    @BeforeEach
+    void setUp() throws Exception {
+        assertTrue(Native.available(), "acquire reads the thread's kernel tid: " + Native.loadError());
+        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL, 1, 1, "fake", 0, List.of());
+        transport.script = this::agent;
+        table = SlotTable.create(4);
+        local = new LocalLeases(transport, fds, recovery, leases, counters, table, S, S, IDLE, S, false);
+        transport.listener = new Transport.Listener() {
+            public void connected(Connection c) { recovery.connected(c); local.connected(c); }
+            public void lost(Connection c) { recovery.lost(c); local.lost(c); }
+        };
+    }
+
+    @AfterEach
+    void tearDown() { Native.close(table.fd()); }
+
+    /** Slot n's fds: 10n places, 10n+1 counts. Each HOLD grant is a new slot. */
+    synchronized Object agent(Protocol.Message m) {
+        if (m instanceof Protocol.Acquire a) {
+            assertEquals(Protocol.ACQUIRE_HOLD, a.flags(), "a HOLD lease");
+            assertEquals(0, a.tid());
+            assertEquals(0, a.currentSlot());
+            assertEquals("", a.action());
+            assertEquals("", a.invocation());
+            long slot = nextSlot++;
+            int[] f = {(int) slot * 10, (int) slot * 10 + 1};
+            ops.counters.put(f[1], new SlotCounters(0, 0, 0, 0));
+            var ok = new Protocol.AcquireOk(++nextLease, slot, a.quotaMilli(), 100_000, Protocol.OUTCOME_CACHE_HIT, 0,
+                    Protocol.PLACE_SELF, 2);
+            return new Transport.Reply(new Protocol.Frame(1, ok.type(), 1, ok), f);
+        }
+        if (m instanceof Protocol.Reclaim r) {
+            if (reclaimAnswer != null) return reclaimAnswer;
+            return new Protocol.AcquireOk(++nextLease, r.slot(), r.quotaMilli(), 100_000, Protocol.OUTCOME_AFFINITY_HIT, 0,
+                    Protocol.PLACE_NONE, 0);
+        }
+        throw new AssertionError("unexpected " + m);
+    }
+
+    /** Runs r on a new platform thread (another kernel tid) and waits. */
+    static <T> T onOtherThread(java.util.function.Supplier<T> r) throws Exception {
+        AtomicReference<T> out = new AtomicReference<>();
+        Thread t = Thread.ofPlatform().start(() -> out.set(r.get()));
+        t.join();
+        return out.get();
+    }
+
+    @Test
+    void aMissAsksForAHoldLeaseThenTheThreadsNextInvocationSendsAndWritesNothing() {
+        SlotLease a = local.acquire(250, "guest/fib", "a1");
+        assertNotNull(a);
+        assertTrue(a.active() && a.local(), a.toString());
+        assertEquals(1, transport.count(Protocol.Acquire.class));
+        assertEquals(List.of(new FakeFds.Write(10, "0")), ops.writes, "placed itself with one write");
+        assertEquals("self", a.place());
+        int e = a.entry;
+        assertEquals(Native.gettid(), SlotTable.hold(table.state(e)), "the entry is the thread's");
+        assertEquals(101, table.lease(e));
+        assertEquals(250, table.asked(e));
+
+        ops.counters.put(11, new SlotCounters(4_000, 100, 3, 1));
+        Usage u = a.release(ReleaseOutcome.OK);
+        assertEquals(new Usage(true, 4_000, 100, 3, 1), u, "the invocation's usage, from the counters");
+        assertEquals(0, SlotTable.hold(table.state(e)), "released with one store");
+        assertTrue(table.idleSince(e) > 0);
+        assertEquals(Usage.NONE, a.release(ReleaseOutcome.OK), "a second release is a no-op");
+
+        int sent = transport.sent.size();
+        SlotLease b = local.acquire(250, "guest/fib", "a2");
+        assertEquals("none", b.place(), "the thread sits in the slot already");
+        assertEquals("affinity_hit", b.outcome());
+        assertEquals(sent, transport.sent.size(), "nothing sent to the agent");
+        assertEquals(1, ops.writes.size(), "nothing written");
+        b.release(ReleaseOutcome.FAILED);
+        assertEquals(sent, transport.sent.size(), "release sends nothing either");
+        assertEquals(2, counters.get("release.local"));
+    }
+
+    @Test
+    void anotherThreadTakesAFreeEntryOfItsQuotaWithOneWriteAndAHeldOneIsNeverShared() throws Exception {
+        SlotLease a = local.acquire(250, "f", "a1");
+        // while the main thread holds slot 1, another thread misses and gets slot 2
+        SlotLease b = onOtherThread(() -> local.acquire(250, "f", "b1"));
+        assertNotEquals(a.slot(), b.slot());
+        assertEquals(2, transport.count(Protocol.Acquire.class));
+        b.release(ReleaseOutcome.OK);
+        a.release(ReleaseOutcome.OK);
+        // a third thread: both entries free, it sits in neither: one write, no message
+        SlotLease c = onOtherThread(() -> local.acquire(250, "f", "c1"));
+        assertEquals("self", c.place());
+        assertEquals(2, transport.count(Protocol.Acquire.class), "a free entry of the quota: no miss");
+        c.release(ReleaseOutcome.OK);
+        // another quota is a miss
+        SlotLease d = local.acquire(500, "f", "d1");
+        assertEquals(3, transport.count(Protocol.Acquire.class));
+        assertEquals(500, d.quotaMilli());
+        d.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void usageGoesOutOffThePathSummedPerActionAndOutcomeAtMostOnceASecondOrEarlyAtEightKeys() {
+        long now = System.nanoTime();
+        ops.counters.put(11, new SlotCounters(0, 0, 0, 0));
+        for (int k = 0; k < 3; k++) {
+            SlotLease l = local.acquire(250, "guest/a", "i" + k);
+            ops.counters.put(11, new SlotCounters(l.start.cpuNanos() + 1_000, l.start.throttledNanos() + 10, 0, 0));
+            l.release(ReleaseOutcome.OK);
+        }
+        local.acquire(250, "guest/b", "x").release(ReleaseOutcome.TIMEOUT);
+        assertTrue(transport.oneWay.isEmpty(), "nothing sent on the invocation path");
+        local.reportOnce(now, false);
+        Protocol.UsageReport r = (Protocol.UsageReport) transport.oneWay.getLast();
+        assertEquals(List.of(new Protocol.UsageRecord("guest/a", 0, 3, 3_000, 30),
+                new Protocol.UsageRecord("guest/b", Protocol.RELEASE_TIMEOUT, 1, 0, 0)), r.records());
+
+        local.acquire(250, "guest/c", "y").release(ReleaseOutcome.OK);
+        local.reportOnce(now + S / 2, false);
+        assertEquals(1, transport.count(Protocol.UsageReport.class), "not again within a second");
+        local.reportOnce(now + S, false);
+        assertEquals(2, transport.count(Protocol.UsageReport.class), "a second later");
+
+        for (int k = 0; k < 9; k++) local.acquire(250, "act-" + k, "z").release(ReleaseOutcome.OK);
+        local.reportOnce(now + S + 1, false);
+        assertEquals(3, transport.count(Protocol.UsageReport.class), "early at 8 keys");
+        assertEquals(8, ((Protocol.UsageReport) transport.oneWay.getLast()).records().size());
+        assertEquals(1, local.reports().keys(), "the ninth waits for the next second");
+        local.close();
+        assertEquals(4, transport.count(Protocol.UsageReport.class), "close sends what is pending");
+    }
+
+    @Test
+    void usageThatCannotBeSentWaitsForTheAgent() {
+        SlotLease l = local.acquire(250, "f", "1");
+        l.release(ReleaseOutcome.OK);
+        transport.dropConnection();
+        transport.connectError = new IOException("agent away");
+        local.reportOnce(System.nanoTime(), true);
+        assertEquals(0, transport.count(Protocol.UsageReport.class));
+        assertEquals(1, local.reports().keys());
+        transport.connectError = null;
+        local.reportOnce(System.nanoTime(), true);
+        assertEquals(List.of(new Protocol.UsageRecord("f", 0, 1, 0, 0)),
+                ((Protocol.UsageReport) transport.oneWay.getLast()).records());
+    }
+
+    @Test
+    void whileTheAgentIsAwayHeldSlotsAreStillClaimedAndAfterItReturnsTheyAreReDeclared() {
+        SlotLease a = local.acquire(250, "f", "1");
+        int e = a.entry;
+        a.release(ReleaseOutcome.OK);
+        transport.dropConnection(); // the agent restarts
+        transport.connectError = new IOException("agent away");
+        int sent = transport.sent.size();
+        for (int k = 0; k < 3; k++) {
+            SlotLease l = local.acquire(250, "f", "away-" + k);
+            assertTrue(l.active(), "a held slot keeps serving while the agent is away: " + l);
+            l.release(ReleaseOutcome.OK);
+        }
+        SlotLease other = local.acquire(750, "f", "miss");
+        assertFalse(other.active(), "a miss fails open while the agent is away");
+        assertEquals("unreachable", other.reason());
+        local.tick(System.nanoTime());
+        assertEquals(sent, transport.sent.size(), "nothing reaches an absent agent");
+
+        transport.connectError = null;
+        SlotLease busy = local.acquire(250, "f", "during-reclaim"); // re-declared while a thread uses it
+        local.reclaimOnce();
+        Protocol.Reclaim r = (Protocol.Reclaim) transport.sent.stream().filter(m -> m instanceof Protocol.Reclaim)
+                .findFirst().orElseThrow();
+        assertEquals(new Protocol.Reclaim(a.slot(), 250, 0, "", ""), r, "RECLAIM of the held slot with tid 0");
+        assertEquals(nextLease, table.lease(e), "the new lease id is in the entry");
+        busy.release(ReleaseOutcome.OK);
+        local.reclaimOnce();
+        assertEquals(1, transport.count(Protocol.Reclaim.class), "once");
+    }
+
+    @Test
+    void aSlotTheRestartedAgentRefusesIsMarkedGoneAndDroppedWithoutARelease() {
+        SlotLease a = local.acquire(250, "f", "1");
+        int e = a.entry;
+        a.release(ReleaseOutcome.OK);
+        transport.dropConnection();
+        reclaimAnswer = new Protocol.Error(Protocol.E_UNKNOWN_LEASE, 0, "no such slot");
+        local.reclaimOnce();
+        assertTrue(table.gone(e));
+        long acquires = transport.count(Protocol.Acquire.class);
+        SlotLease b = local.acquire(250, "f", "2");
+        assertNotEquals(a.slot(), b.slot(), "nothing is claimed in a GONE entry: a miss");
+        assertEquals(acquires + 1, transport.count(Protocol.Acquire.class));
+        local.dropIdle(System.nanoTime());
+        assertEquals(0, table.slot(e), "dropped once free");
+        assertEquals(0, transport.count(Protocol.Release.class), "the agent does not back it: no RELEASE");
+        b.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void aSlotIdleForTheIdleTimeIsReleasedToTheAgent() {
+        SlotLease a = local.acquire(250, "f", "1");
+        int e = a.entry;
+        long lease = table.lease(e);
+        a.release(ReleaseOutcome.OK);
+        long released = table.idleSince(e);
+        local.dropIdle(released + IDLE - 1);
+        assertEquals(0, transport.count(Protocol.Release.class), "not idle long enough");
+        local.dropIdle(released + IDLE);
+        Protocol.Release r = (Protocol.Release) transport.oneWay.getLast();
+        assertEquals(new Protocol.Release(lease, 0, Protocol.RELEASE_NO_REPLY), r);
+        assertEquals(0, table.slot(e), "the entry is empty");
+        SlotLease b = local.acquire(250, "f", "2");
+        assertEquals(2, transport.count(Protocol.Acquire.class), "the next invocation misses");
+        local.dropIdle(System.nanoTime() + 10 * IDLE);
+        assertEquals(1, transport.count(Protocol.Release.class), "a held entry is never dropped");
+        b.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void anAgentWithoutLocalLeasingLeavesThePerInvocationPath() {
+        transport.hello = new Protocol.HelloOk(1, 1, 0, 1, 1, "old agent", 0, List.of());
+        assertNull(local.acquire(250, "f", "1"), "the caller takes the old path");
+        assertEquals(0, transport.count(Protocol.Acquire.class), "no HOLD asked of an agent that grants none");
+        assertNull(local.acquire(250, "f", "2"));
+        assertEquals(0, transport.connects.get(), "the agent's last HELLO_OK said no LOCAL: not asked again");
+    }
+
+    @Test
+    void aFullTableGivesTheHoldBackAndLeavesTheCallToTheOldPath() throws Exception {
+        List<SlotLease> held = new ArrayList<>();
+        for (int k = 0; k < table.capacity(); k++) {
+            held.add(onOtherThread(() -> local.acquire(250, "f", "x")));
+        }
+        assertNull(local.acquire(250, "f", "one too many"));
+        Protocol.Release r = (Protocol.Release) transport.oneWay.getLast();
+        assertEquals(nextLease, r.lease(), "the extra HOLD lease is released");
+        for (SlotLease l : held) l.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void aSlotWithoutFdsIsTreatedAsGone() throws Exception {
+        SlotLease a = onOtherThread(() -> local.acquire(250, "f", "1"));
+        a.release(ReleaseOutcome.OK);
+        fds.close(); // the process no longer holds the slot's fds
+        SlotLease b = local.acquire(250, "f", "2");
+        assertTrue(table.gone(a.entry));
+        assertNotEquals(a.slot(), b.slot(), "a miss instead");
+        b.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void anEntryTheThreadNoLongerUsesStillIdlesOutWhileItRunsAnotherQuota() {
+        SlotLease a = local.acquire(250, "f", "1");
+        int e = a.entry;
+        a.release(ReleaseOutcome.OK);
+        long idle = table.idleSince(e), state = table.state(e);
+        for (int k = 0; k < 3; k++) local.acquire(500, "g", "x" + k).release(ReleaseOutcome.OK);
+        assertEquals(idle, table.idleSince(e), "another quota's invocations leave the 250m entry's idle time alone");
+        assertEquals(state, table.state(e), "and do not claim it");
+        local.dropIdle(idle + IDLE);
+        assertEquals(0, table.slot(e), "so it idles out");
+    }
+
+    @Test
+    void aScribbledTableCannotMakeTheClientReleaseOrReDeclareWhatItWasNotGranted() {
+        SlotLease a = local.acquire(250, "f", "1");
+        int e = a.entry;
+        long granted = table.lease(e);
+        a.release(ReleaseOutcome.OK);
+        // an invocation of this process writes over its own table
+        var m = table.memory();
+        m.set(java.lang.foreign.ValueLayout.JAVA_LONG_UNALIGNED, SlotTable.HEADER + 64L * e + SlotTable.LEASE, 999_999L);
+        m.set(java.lang.foreign.ValueLayout.JAVA_INT_UNALIGNED, SlotTable.HEADER + 64L * e + SlotTable.QUOTA, 4000);
+        transport.dropConnection();
+        local.reclaimOnce();
+        Protocol.Reclaim rc = (Protocol.Reclaim) transport.sent.stream().filter(x -> x instanceof Protocol.Reclaim).findFirst().orElseThrow();
+        assertEquals(new Protocol.Reclaim(a.slot(), 250, 0, "", ""), rc, "re-declared as granted, not as the table says");
+        long reclaimed = table.lease(e);
+        assertNotEquals(granted, reclaimed);
+        m.set(java.lang.foreign.ValueLayout.JAVA_LONG_UNALIGNED, SlotTable.HEADER + 64L * e + SlotTable.LEASE, 999_999L);
+        local.dropIdle(System.nanoTime() + 2 * IDLE);
+        Protocol.Release r = (Protocol.Release) transport.oneWay.getLast();
+        assertEquals(reclaimed, r.lease(), "the lease the agent granted is released, not the table's 999999");
+    }
+}
