@@ -23,6 +23,9 @@
 # Environment: CPUSLOT_V2_K8S_VERSION, CPUSLOT_CONTAINERD_VERSION,
 # CPUSLOT_RUNC_VERSION override the pins below.
 set -euo pipefail
+# Version checks pipe into grep without -q: grep -q exits at its first
+# match, and the version command, still writing, then dies of SIGPIPE,
+# which pipefail turns into a failed check.
 
 # The newest releases the Go module proxy serves that build here
 # (`go list -m -versions MODULE`).
@@ -63,7 +66,7 @@ prepare_module() {
 
 # 1. containerd 2.
 cbin="$cache/containerd/$containerd_version/bin"
-if ! "$cbin/containerd" --version 2>/dev/null | grep -q " $containerd_version\b" ||
+if ! "$cbin/containerd" --version 2>/dev/null | grep " $containerd_version\b" >/dev/null ||
 	[ ! -x "$cbin/containerd-shim-runc-v2" ] || [ ! -x "$cbin/ctr" ]; then
 	wait_quiet
 	mod="$cache/containerd/$containerd_version/module"
@@ -84,12 +87,12 @@ if ! "$cbin/containerd" --version 2>/dev/null | grep -q " $containerd_version\b"
 		github.com/containerd/containerd/v2/cmd/ctr)
 	log "containerd built in $(($(date +%s) - start)) s"
 fi
-"$cbin/containerd" --version | grep -q " $containerd_version\b" ||
+"$cbin/containerd" --version | grep " $containerd_version\b" >/dev/null ||
 	{ log "$cbin/containerd reports '$("$cbin/containerd" --version)', want $containerd_version"; exit 1; }
 
 # 2. runc, with seccomp (cgo + libseccomp).
 rbin="$cache/runc/$runc_version/bin"
-if ! "$rbin/runc" --version 2>/dev/null | grep -q "^runc version ${runc_version#v}\$"; then
+if ! "$rbin/runc" --version 2>/dev/null | grep "^runc version ${runc_version#v}\$" >/dev/null; then
 	wait_quiet
 	if ! dpkg-query -W -f='${Status}' libseccomp-dev 2>/dev/null | grep -q 'install ok installed'; then
 		log "installing libseccomp-dev"
@@ -108,9 +111,9 @@ if ! "$rbin/runc" --version 2>/dev/null | grep -q "^runc version ${runc_version#
 		-o "$rbin/runc" github.com/opencontainers/runc)
 	log "runc built in $(($(date +%s) - start)) s"
 fi
-"$rbin/runc" --version | grep -q "^runc version ${runc_version#v}\$" ||
+"$rbin/runc" --version | grep "^runc version ${runc_version#v}\$" >/dev/null ||
 	{ log "$rbin/runc reports '$("$rbin/runc" --version | head -n1)', want ${runc_version#v}"; exit 1; }
-"$rbin/runc" --version | grep -q '^libseccomp' ||
+"$rbin/runc" --version | grep '^libseccomp' >/dev/null ||
 	{ log "$rbin/runc was built without seccomp"; exit 1; }
 
 # 3. Kubernetes, the way the v1 node's is built.
