@@ -155,10 +155,18 @@ echo "scope $(cat %[2]s/cgroup.type) subtree=$(cat %[2]s/cgroup.subtree_control)
 	t.Run("ContainerdRestart", func(t *testing.T) { f.restartUnit(t, "containerd.service") })
 	t.Run("LimitBelowSlotQuota", f.limitBelowSlotQuota)
 	t.Run("DeletedPodLeavesNoSlot", f.deletedPodLeavesNoSlot)
+	t.Run("Resize", f.resize)
 	t.Run("ContainerRestartNewScope", f.containerRestart)
 	t.Run("AgentPodDeletedUnderLoad", f.agentPodDeletedUnderLoad)
 	t.Run("NoUnplannedRestart", f.noUnplannedRestart)
-	scope, id = f.scope, f.id
+	t.Run("PodStartServedVsNot", f.podStart)
+	t.Run("DeletedWhilePreparing", f.deletedWhilePreparing)
+	t.Run("ContainerdRestartMidPrepare", f.containerdRestartMidPrepare)
+	defer n.Kubectl(context.WithoutCancel(ctx), "delete", "deployment", "svc", "--ignore-not-found", "--wait=false")
+	t.Run("Drain", f.drain)
+	// The served pod is now the one f names (Drain replaces fn with a
+	// Deployment's pod).
+	pod, scope, id := f.pod, f.scope, f.id
 
 	// helm uninstall (cleanupOnUninstall) with the pod still running: no
 	// cpuslot cgroup remains, and the container's scope is still systemd's.
@@ -180,7 +188,7 @@ find /sys/fs/cgroup/kubepods.slice -type d -name 'cpuslot-*'`)
 	if got := guest(t, ctx, n, "systemctl is-active cri-containerd-"+id+".scope || true"); got != "active" {
 		t.Errorf("cri-containerd-%s.scope is %q after the slots were removed", id[:12], got)
 	}
-	if _, err := n.Kubectl(ctx, "exec", "fn", "--", "/probe", "info"); err != nil {
+	if _, err := n.Kubectl(ctx, "exec", pod, "--", "/probe", "info"); err != nil {
 		t.Errorf("kubectl exec after the slots were removed: %v", err)
 	}
 }
