@@ -541,6 +541,12 @@ func (a *Agent) Maintain(now time.Time) {
 				continue
 			}
 		}
+		// An in-place resize changes the container's CPU limit: refused
+		// quotas, the budget and the slots follow it (the reap below
+		// removes free slots above a lowered limit).
+		if _, _, err := s.pool.RefreshLimit(); err != nil {
+			a.log.Warn("following the container's CPU limit", "container", s.Name, "err", err)
+		}
 		if n := s.pool.Reap(now); n > 0 {
 			a.log.Debug("reaped idle slots", "container", s.Name, "slots", n)
 		}

@@ -155,8 +155,9 @@ type Pool struct {
 	mode    mode
 	backend Backend
 	metrics *metrics.Metrics
-	// containerLimit is the container's own CPU limit (0: none).
-	containerLimit uint32
+	// containerLimit is the container's own CPU limit (0: none); an
+	// in-place resize changes it (RefreshLimit).
+	containerLimit atomic.Uint32
 
 	mu       sync.Mutex
 	slots    map[uint32]*slot
@@ -200,13 +201,14 @@ func New(name string, cfg Config, b Backend, m *metrics.Metrics) (*Pool, error) 
 		return nil, fmt.Errorf("unknown mode %d", cfg.Mode)
 	}
 	p := &Pool{
-		name: name, cfg: cfg, mode: md, backend: b, metrics: m, containerLimit: limit,
+		name: name, cfg: cfg, mode: md, backend: b, metrics: m,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		budget:  admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
 		nextID:  1,
 		changed: make(chan struct{}),
 		actions: map[string]bool{},
 	}
+	p.containerLimit.Store(limit)
 	p.ioDone = sync.NewCond(&p.mu)
 	return p, nil
 }
@@ -260,10 +262,64 @@ func (p *Pool) actionLabel(a string) string {
 // maxQuota is the largest quota a request may ask for: the container's
 // CPU limit, else the configured maximum (by default the node's CPUs).
 func (p *Pool) maxQuota() uint32 {
-	if p.containerLimit > 0 {
-		return p.containerLimit
+	if l := p.containerLimit.Load(); l > 0 {
+		return l
 	}
 	return p.cfg.MaxQuotaMilli
+}
+
+// RefreshLimit re-reads the container's CPU limit, which an in-place
+// resize changes while the container runs, and returns the limit before
+// and now (0: none). Under a lower limit requests above it are refused
+// (INVALID_QUOTA, as for a container that started with that limit), a
+// budget that follows the limit shrinks, and Reap removes the free slots
+// above it; a leased one goes once it is released (until then the kernel
+// caps it at the container's limit anyway). Under a higher limit the
+// budget grows and the pre-warmed slots that fit again are made.
+func (p *Pool) RefreshLimit() (before, now uint32, err error) {
+	now, err = p.backend.LimitMilli()
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading the container's CPU limit: %w", err)
+	}
+	before = p.containerLimit.Load()
+	if now == before {
+		return before, now, nil
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return before, before, nil
+	}
+	p.containerLimit.Store(now)
+	if p.cfg.BudgetMilli == 0 {
+		// Leases granted under the old budget keep their share of it.
+		b := admission.New(now, p.cfg.Overcommit, p.cfg.Policy, p.cfg.MinDegradedMilli)
+		b.Take(p.budget.Used())
+		p.budget = b
+	}
+	raises := p.planRaises()
+	p.broadcast() // waiting requests see the new limit and budget
+	p.mu.Unlock()
+	p.raise(raises)
+	largest := func(limit uint32) uint32 {
+		if limit > 0 {
+			return limit
+		}
+		return p.cfg.MaxQuotaMilli
+	}
+	slog.Info("container CPU limit changed", "container", p.name, "from", formatLimit(before), "to", formatLimit(now),
+		"largestQuota", FormatQuota(largest(now)))
+	if largest(now) > largest(before) && p.mode.keepsSlots() {
+		err = p.prewarm()
+	}
+	return before, now, err
+}
+
+func formatLimit(m uint32) string {
+	if m == 0 {
+		return "none"
+	}
+	return FormatQuota(m)
 }
 
 // Name is the pool's container identity.
@@ -488,8 +544,10 @@ func (p *Pool) reclaimed(s *slot, l *lease) (*Grant, error) {
 }
 
 // Reap removes grown slots that stayed free longer than the idle timeout,
-// keeping the pre-warmed count of each quota.
+// keeping the pre-warmed count of each quota, and free slots above the
+// container's CPU limit (it was lowered).
 func (p *Pool) Reap(now time.Time) int {
+	max := p.maxQuota()
 	p.mu.Lock()
 	count := map[uint32]int{}
 	for _, s := range p.slots {
@@ -498,7 +556,8 @@ func (p *Pool) Reap(now time.Time) int {
 	var victims []*slot
 	for _, s := range p.slots {
 		q := s.spec.QuotaMilli
-		if !p.closed && s.lease == nil && !s.busy && count[q] > p.cfg.Prewarm[q] && now.Sub(s.freeSince) >= p.cfg.IdleTimeout {
+		idle := count[q] > p.cfg.Prewarm[q] && now.Sub(s.freeSince) >= p.cfg.IdleTimeout
+		if !p.closed && s.lease == nil && !s.busy && (idle || q > max) {
 			count[q]--
 			s.busy = true
 			victims = append(victims, s)

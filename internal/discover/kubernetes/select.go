@@ -117,6 +117,28 @@ func CheckQuotaAnnotation(pod *corev1.Pod, container string) error {
 	return nil
 }
 
+// CPULimit is a container's CPU limit as the kubelet reports it applied
+// (status, which an in-place resize changes once it is done), else as the
+// spec asks; "" when it has none.
+func CPULimit(pod *corev1.Pod, container string) string {
+	for _, st := range pod.Status.ContainerStatuses {
+		if st.Name == container && st.Resources != nil {
+			if lim, ok := st.Resources.Limits[corev1.ResourceCPU]; ok && !lim.IsZero() {
+				return lim.String()
+			}
+			return ""
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == container {
+			if lim, ok := c.Resources.Limits[corev1.ResourceCPU]; ok && !lim.IsZero() {
+				return lim.String()
+			}
+		}
+	}
+	return ""
+}
+
 // HasVolume reports whether the pod declares the emptyDir the agent puts
 // its socket in.
 func HasVolume(pod *corev1.Pod, volume string) bool {

@@ -35,6 +35,7 @@ const (
 	ReasonInvalidAnnotation = "CpuslotInvalidAnnotation"
 	ReasonCgroupNotFound    = "CpuslotCgroupNotFound"
 	ReasonPrepareFailed     = "CpuslotPrepareFailed"
+	ReasonResized           = "CpuslotResized"
 )
 
 // Config shapes the source.
@@ -73,6 +74,9 @@ type servedPod struct {
 	key         string // namespace/name
 	containerID string
 	cgroupPath  string
+	// cpuLimit is the served container's CPU limit as the kubelet last
+	// reported it applied ("": none).
+	cpuLimit string
 }
 
 // New makes a source; Run starts it.
@@ -167,6 +171,9 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 		s.mu.Unlock()
 		serving = false
 	}
+	if serving {
+		s.noteResize(pod, uid, have, want.container)
+	}
 	if want == nil || serving {
 		return nil
 	}
@@ -198,11 +205,46 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPrepareFailed, "serving with fewer pre-warmed slots: %v", partial.Err)
 	}
 	s.mu.Lock()
-	s.served[uid] = servedPod{key: key, containerID: want.containerID, cgroupPath: cg}
+	s.served[uid] = servedPod{key: key, containerID: want.containerID, cgroupPath: cg, cpuLimit: CPULimit(pod, want.container)}
 	s.mu.Unlock()
 	s.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonServing, "CPU slots ready for container %s (mode %s, prewarm %s)",
 		want.container, cfg.Mode, settings.FormatPrewarm(cfg.Prewarm))
 	return nil
+}
+
+// noteResize tells the pod's owner what an in-place resize of the served
+// container's CPU limit does to its slots. The agent follows the limit
+// from the container's cgroup (the kernel's truth) within a maintenance
+// interval; the pod's status says when the kubelet has applied it.
+func (s *Source) noteResize(pod *corev1.Pod, uid string, have servedPod, container string) {
+	now := CPULimit(pod, container)
+	if now == have.cpuLimit {
+		return
+	}
+	s.mu.Lock()
+	if p, ok := s.served[uid]; ok && p.containerID == have.containerID {
+		p.cpuLimit = now
+		s.served[uid] = p
+	}
+	s.mu.Unlock()
+	from, to := have.cpuLimit, now
+	if from == "" {
+		from = "none"
+	}
+	if to == "" {
+		to = "none"
+	}
+	msg := fmt.Sprintf("CPU limit of container %s resized from %s to %s: ", container, from, to)
+	if now == "" {
+		msg += "quotas up to the configured maximum are served"
+	} else {
+		msg += fmt.Sprintf("quotas above %s are refused and their slots removed; pre-warmed slots within it are kept or made", now)
+	}
+	s.log.Info("served container resized", "pod", pod.Namespace+"/"+pod.Name, "container", container, "from", from, "to", to)
+	s.recorder.Event(pod, corev1.EventTypeNormal, ReasonResized, msg)
+	if err := CheckQuotaAnnotation(pod, container); err != nil {
+		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonInvalidAnnotation, "%v", err)
+	}
 }
 
 type want struct {
