@@ -402,6 +402,20 @@ func (a *Agent) Forget(cgroupPath string) {
 	}
 }
 
+// Resize serves a container within the CPU limit its orchestrator now
+// asks for (discover.Sink).
+func (a *Agent) Resize(cgroupPath string, limitMilli uint32) {
+	a.mu.Lock()
+	s := a.containers[cgroupPath]
+	a.mu.Unlock()
+	if s == nil {
+		return
+	}
+	if err := s.pool.AskLimit(limitMilli); err != nil {
+		a.log.Warn("following the container's asked CPU limit", "container", s.Name, "err", err)
+	}
+}
+
 func (a *Agent) teardown(s *served) {
 	if s.ln != nil {
 		s.ln.Close() // also removes the socket file

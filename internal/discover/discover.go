@@ -38,6 +38,11 @@ type Sink interface {
 	Prepare(Container) error
 	// Forget tears a container's pool down and removes its slots.
 	Forget(cgroupPath string)
+	// Resize passes on the CPU limit (millicores, 0: none) a served
+	// container's orchestrator asks for before the kernel has it (an
+	// in-place resize): slots above it go first, as cgroup v1 refuses a
+	// container a quota below a child's.
+	Resize(cgroupPath string, limitMilli uint32)
 }
 
 // Source reports containers to a Sink until ctx ends.

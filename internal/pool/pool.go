@@ -156,8 +156,9 @@ type Pool struct {
 	backend Backend
 	metrics *metrics.Metrics
 	// containerLimit is the container's own CPU limit (0: none); an
-	// in-place resize changes it (RefreshLimit).
-	containerLimit atomic.Uint32
+	// in-place resize changes it (RefreshLimit). askedLimit is the one its
+	// orchestrator asks for, applied or not yet (AskLimit; 0: none).
+	containerLimit, askedLimit atomic.Uint32
 
 	mu       sync.Mutex
 	slots    map[uint32]*slot
@@ -262,10 +263,20 @@ func (p *Pool) actionLabel(a string) string {
 // maxQuota is the largest quota a request may ask for: the container's
 // CPU limit, else the configured maximum (by default the node's CPUs).
 func (p *Pool) maxQuota() uint32 {
-	if l := p.containerLimit.Load(); l > 0 {
+	if l := p.limit(); l > 0 {
 		return l
 	}
 	return p.cfg.MaxQuotaMilli
+}
+
+// limit is the container's CPU limit the pool serves within (0: none): the
+// cgroup's, or the one its orchestrator asks for when that is lower.
+func (p *Pool) limit() uint32 {
+	c, a := p.containerLimit.Load(), p.askedLimit.Load()
+	if c == 0 || (a > 0 && a < c) {
+		return a
+	}
+	return c
 }
 
 // RefreshLimit re-reads the container's CPU limit, which an in-place
@@ -285,13 +296,36 @@ func (p *Pool) RefreshLimit() (before, now uint32, err error) {
 	if now == before {
 		return before, now, nil
 	}
+	return before, now, p.setLimit(&p.containerLimit, now, "container CPU limit changed")
+}
+
+// AskLimit is the CPU limit the container's orchestrator asks for before
+// the kernel has it (a resize in the pod's spec; 0: none). Below the
+// cgroup's limit the pool serves within it at once, and the free slots
+// above it are removed now: cgroup v1 refuses a container a quota below a
+// child's, so they would make the resize fail.
+func (p *Pool) AskLimit(milli uint32) error {
+	if p.askedLimit.Load() == milli {
+		return nil
+	}
+	err := p.setLimit(&p.askedLimit, milli, "container CPU limit asked")
+	p.Reap(time.Now())
+	return err
+}
+
+// setLimit stores one of the pool's limits and applies what changed: the
+// budget (when it follows the limit), waiting requests, and the pre-warmed
+// slots that fit again under a higher limit.
+func (p *Pool) setLimit(which *atomic.Uint32, milli uint32, what string) error {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return before, before, nil
+		return nil
 	}
-	p.containerLimit.Store(now)
-	if p.cfg.BudgetMilli == 0 {
+	before, maxBefore := p.limit(), p.maxQuota()
+	which.Store(milli)
+	now := p.limit()
+	if p.cfg.BudgetMilli == 0 && now != before {
 		// Leases granted under the old budget keep their share of it.
 		b := admission.New(now, p.cfg.Overcommit, p.cfg.Policy, p.cfg.MinDegradedMilli)
 		b.Take(p.budget.Used())
@@ -301,18 +335,11 @@ func (p *Pool) RefreshLimit() (before, now uint32, err error) {
 	p.broadcast() // waiting requests see the new limit and budget
 	p.mu.Unlock()
 	p.raise(raises)
-	largest := func(limit uint32) uint32 {
-		if limit > 0 {
-			return limit
-		}
-		return p.cfg.MaxQuotaMilli
+	slog.Info(what, "container", p.name, "to", formatLimit(milli), "servedWithin", formatLimit(now), "was", formatLimit(before))
+	if p.maxQuota() > maxBefore && p.mode.keepsSlots() {
+		return p.prewarm()
 	}
-	slog.Info("container CPU limit changed", "container", p.name, "from", formatLimit(before), "to", formatLimit(now),
-		"largestQuota", FormatQuota(largest(now)))
-	if largest(now) > largest(before) && p.mode.keepsSlots() {
-		err = p.prewarm()
-	}
-	return before, now, err
+	return nil
 }
 
 func formatLimit(m uint32) string {
@@ -566,7 +593,11 @@ func (p *Pool) Reap(now time.Time) int {
 	}
 	p.mu.Unlock()
 	for _, s := range victims {
-		p.removeSlot(s, "idle")
+		why := "idle"
+		if s.spec.QuotaMilli > max {
+			why = "above the container's CPU limit of " + FormatQuota(max)
+		}
+		p.removeSlot(s, why)
 	}
 	p.mu.Lock()
 	for range victims {

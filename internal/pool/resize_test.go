@@ -121,3 +121,51 @@ func TestRefreshLimitRefusesWaitingRequest(t *testing.T) {
 		t.Fatal("the queued request still waits 5 s after the limit fell below its quota")
 	}
 }
+
+// TestAskLimitBeforeTheKernel: the orchestrator asks for a lower limit
+// before the cgroup has it (cgroup v1 refuses a container quota below a
+// slot's, so the slot must go first): the free slot above it goes at
+// once. Asked higher again, the pool still serves within the cgroup's
+// limit until the cgroup has the new one.
+func TestAskLimitBeforeTheKernel(t *testing.T) {
+	b := newFake()
+	b.limit = 1000
+	p := start(t, cfg(Affinity, "250m=1,500m=1"), b)
+	ctx := context.Background()
+	if err := p.AskLimit(400); err != nil {
+		t.Fatal(err)
+	}
+	if got := slotsByQuota(p); fmt.Sprint(got) != "map[250:1]" {
+		t.Fatalf("asked 400m: slots %v, want the 500m one removed at once", got)
+	}
+	if _, err := p.Acquire(ctx, req(&conn{}, 500, 1, 0)); !errors.Is(err, ErrInvalidQuota) {
+		t.Fatalf("500m with 400m asked: %v", err)
+	}
+	b.limit = 400 // the kubelet applied it
+	if _, _, err := p.RefreshLimit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AskLimit(1000); err != nil {
+		t.Fatal(err)
+	}
+	if got := slotsByQuota(p); fmt.Sprint(got) != "map[250:1]" {
+		t.Fatalf("asked 1000m, cgroup still 400m: slots %v", got)
+	}
+	if s := p.Summary(); s.BudgetMilli != 400 {
+		t.Fatalf("budget %dm before the cgroup grew", s.BudgetMilli)
+	}
+	b.limit = 1000
+	if _, _, err := p.RefreshLimit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := slotsByQuota(p); fmt.Sprint(got) != "map[250:1 500:1]" {
+		t.Fatalf("cgroup 1000m: slots %v", got)
+	}
+	// No limit asked (the spec lost its limit): the cgroup's rules.
+	if err := p.AskLimit(0); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Summary(); s.BudgetMilli != 1000 {
+		t.Fatalf("budget %dm with no limit asked", s.BudgetMilli)
+	}
+}

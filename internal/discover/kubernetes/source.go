@@ -75,8 +75,10 @@ type servedPod struct {
 	containerID string
 	cgroupPath  string
 	// cpuLimit is the served container's CPU limit as the kubelet last
-	// reported it applied ("": none).
-	cpuLimit string
+	// reported it applied ("": none); askedMilli the one its spec asks
+	// for (0: none).
+	cpuLimit   string
+	askedMilli uint32
 }
 
 // New makes a source; Run starts it.
@@ -172,7 +174,7 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 		serving = false
 	}
 	if serving {
-		s.noteResize(pod, uid, have, want.container)
+		s.followResize(pod, uid, have, want.container, sink)
 	}
 	if want == nil || serving {
 		return nil
@@ -205,28 +207,38 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPrepareFailed, "serving with fewer pre-warmed slots: %v", partial.Err)
 	}
 	s.mu.Lock()
-	s.served[uid] = servedPod{key: key, containerID: want.containerID, cgroupPath: cg, cpuLimit: CPULimit(pod, want.container)}
+	s.served[uid] = servedPod{key: key, containerID: want.containerID, cgroupPath: cg, cpuLimit: CPULimit(pod, want.container),
+		askedMilli: SpecCPULimitMilli(pod, want.container)}
 	s.mu.Unlock()
 	s.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonServing, "CPU slots ready for container %s (mode %s, prewarm %s)",
 		want.container, cfg.Mode, settings.FormatPrewarm(cfg.Prewarm))
 	return nil
 }
 
-// noteResize tells the pod's owner what an in-place resize of the served
-// container's CPU limit does to its slots. The agent follows the limit
-// from the container's cgroup (the kernel's truth) within a maintenance
-// interval; the pod's status says when the kubelet has applied it.
-func (s *Source) noteResize(pod *corev1.Pod, uid string, have servedPod, container string) {
-	now := CPULimit(pod, container)
-	if now == have.cpuLimit {
+// followResize follows an in-place resize of the served container's CPU
+// limit. The limit its spec asks for goes to the agent at once (the slots
+// above a lower one go before the kubelet applies it: cgroup v1 refuses a
+// container a quota below a slot's); the agent also follows the cgroup's
+// limit, the kernel's truth, every maintenance interval. Once the pod's
+// status says the kubelet applied the new limit, an Event tells the pod's
+// owner what it does to the slots.
+func (s *Source) followResize(pod *corev1.Pod, uid string, have servedPod, container string, sink discover.Sink) {
+	asked, now := SpecCPULimitMilli(pod, container), CPULimit(pod, container)
+	if asked == have.askedMilli && now == have.cpuLimit {
 		return
 	}
 	s.mu.Lock()
 	if p, ok := s.served[uid]; ok && p.containerID == have.containerID {
-		p.cpuLimit = now
+		p.cpuLimit, p.askedMilli = now, asked
 		s.served[uid] = p
 	}
 	s.mu.Unlock()
+	if asked != have.askedMilli {
+		sink.Resize(have.cgroupPath, asked)
+	}
+	if now == have.cpuLimit {
+		return
+	}
 	from, to := have.cpuLimit, now
 	if from == "" {
 		from = "none"
