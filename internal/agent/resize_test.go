@@ -29,8 +29,10 @@ func quotaSlots(sums []pool.Summary) map[uint32]int {
 // lowered below the 500m slot's quota: the next maintenance removes that
 // slot and keeps the 250m ones; raised again: the 500m slot is pre-warmed
 // anew. On v1 the kernel itself refuses a container quota below a child's
-// (EINVAL), so such a resize fails before the agent could follow it; a
-// limit lowered above every slot's quota shrinks the budget only.
+// (EINVAL): the agent must remove such slots when the pod's spec asks for
+// the lower limit, before the kubelet writes it (the Kubernetes source's
+// TestResizeBelowSlotQuota); a limit lowered above every slot's quota
+// shrinks the budget only.
 func TestFollowsResize(t *testing.T) {
 	e := newEnv(t, 1000, nil)
 	a := e.start()
