@@ -20,28 +20,35 @@ func (f *served) resize(t *testing.T) {
 	before, st0 := f.slots(t, ctx, f.scope), f.stats(t, ctx)
 	t.Logf("slots before: %v", before)
 
+	// The pre-warmed set is three 250m slots and one 500m; a 250m slot
+	// grown by an earlier step may be there too, until it idles out.
 	shrunk := f.resizeTo(t, ctx, "300m", "400m", "40000 100000")
-	want := map[string]int{"25000 100000": 3}
 	var slots map[string]string
+	atLimit := func() bool {
+		c := quotaCounts(slots)
+		return c["50000 100000"] == 0 && c["25000 100000"] >= 3 && len(c) == 1
+	}
 	for start := time.Now(); ; time.Sleep(time.Second) {
 		slots = f.slots(t, ctx, f.scope)
-		if fmt.Sprint(quotaCounts(slots)) == fmt.Sprint(want) || time.Since(start) > 2*time.Minute {
+		if atLimit() || time.Since(start) > 2*time.Minute {
 			break
 		}
 	}
 	t.Logf("limit 400m: slots %v, %v after the resize was applied", slots, time.Since(shrunk).Round(time.Millisecond))
-	if got := quotaCounts(slots); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("after the limit went to 400m: slots by cpu.max %v, want %v (the 500m slot removed, the 250m ones kept)", got, want)
+	if !atLimit() {
+		t.Errorf("after the limit went to 400m: slots by cpu.max %v, want the 500m slot removed, the 250m ones kept", quotaCounts(slots))
 	}
-	for name := range slots {
-		if _, ok := before[name]; !ok {
-			t.Errorf("slot %s is new after the shrink (want the 250m slots kept as they were)", name)
+	for name, s := range slots {
+		if before[name] != s {
+			t.Errorf("slot %s is %q after the shrink, was %q (want the 250m slots kept as they were)", name, s, before[name])
 		}
 	}
 	if _, out, err := f.probeQuota(t, ctx, f.pod, "500m", "100ms"); err == nil || !strings.Contains(out, "INVALID_QUOTA") {
 		t.Errorf("asking 500m under a 400m limit: %v: %q, want INVALID_QUOTA", err, lastLine(out))
 	} else {
-		t.Logf("asking 500m under a 400m limit: %s", lastLine(out))
+		_, refusal, _ := strings.Cut(out, "INVALID_QUOTA")
+		refusal, _, _ = strings.Cut(refusal, "\n")
+		t.Logf("asking 500m under a 400m limit: INVALID_QUOTA%s", refusal)
 	}
 	if r, out, err := f.probeQuota(t, ctx, f.pod, "250m", "200ms"); err != nil || r.QuotaMilli != 250 {
 		t.Errorf("asking 250m under a 400m limit: %v: %s", err, out)
@@ -57,16 +64,19 @@ func (f *served) resize(t *testing.T) {
 	}
 
 	grown := f.resizeTo(t, ctx, "500m", "1", "100000 100000")
-	want = map[string]int{"25000 100000": 3, "50000 100000": 1}
+	grownBack := func() bool {
+		c := quotaCounts(slots)
+		return c["50000 100000"] == 1 && c["25000 100000"] >= 3 && len(c) == 2
+	}
 	for start := time.Now(); ; time.Sleep(time.Second) {
 		slots = f.slots(t, ctx, f.scope)
-		if fmt.Sprint(quotaCounts(slots)) == fmt.Sprint(want) || time.Since(start) > 2*time.Minute {
+		if grownBack() || time.Since(start) > 2*time.Minute {
 			break
 		}
 	}
 	t.Logf("limit 1: slots %v, %v after the resize was applied", slots, time.Since(grown).Round(time.Millisecond))
-	if got := quotaCounts(slots); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("after the limit went back to 1: slots by cpu.max %v, want %v", got, want)
+	if !grownBack() {
+		t.Errorf("after the limit went back to 1: slots by cpu.max %v, want the 500m slot pre-warmed again beside the 250m ones", quotaCounts(slots))
 	}
 	if r, out, err := f.probeQuota(t, ctx, f.pod, "500m", "200ms"); err != nil || r.QuotaMilli != 500 {
 		t.Errorf("asking 500m under a limit of 1 again: %v: %s", err, lastLine(out))

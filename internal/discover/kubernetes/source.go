@@ -250,7 +250,7 @@ func (s *Source) followResize(pod *corev1.Pod, uid string, have servedPod, conta
 	if now == "" {
 		msg += "quotas up to the configured maximum are served"
 	} else {
-		msg += fmt.Sprintf("quotas above %s are refused and their slots removed; pre-warmed slots within it are kept or made", now)
+		msg += fmt.Sprintf("quotas up to %s are served; slots above it are removed, pre-warmed slots within it kept or made again", now)
 	}
 	s.log.Info("served container resized", "pod", pod.Namespace+"/"+pod.Name, "container", container, "from", from, "to", to)
 	s.recorder.Event(pod, corev1.EventTypeNormal, ReasonResized, msg)
