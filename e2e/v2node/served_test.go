@@ -50,6 +50,9 @@ func TestAgentServesPodInSystemdScope(t *testing.T) {
 		"--set", "kubernetes.containerdSocket="+ContainerdSocket,
 		"--set", "apiServer.host="+vm.GuestIP, "--set", fmt.Sprintf("apiServer.port=%d", apiPort),
 		"--set", "logLevel=debug",
+		// Generous: the node is emulated, and a loaded guest answered
+		// no /healthz within the default 2 s three times in a row.
+		"--set", "livenessProbe.timeoutSeconds=15", "--set", "readinessProbe.timeoutSeconds=15",
 		"--wait", "--timeout", "8m"); err != nil {
 		desc, _ := n.Kubectl(ctx, "-n", ns, "describe", "pods")
 		t.Fatalf("%v\n%s\n--- pods:\n%s", err, out, desc)
