@@ -30,13 +30,25 @@ func (f *served) podUID(t *testing.T, ctx context.Context, pod string) string {
 
 // noSlotOutside fails the test for any cpuslot cgroup that is not in one
 // of the scopes named (the served containers the test still runs).
+// The agent removes a deleted pod's slots once it has seen the deletion:
+// wait for that, at most 2 minutes.
 func (f *served) noSlotOutside(t *testing.T, ctx context.Context, scopes ...string) {
 	t.Helper()
-	out := guest(t, ctx, f.n, "find /sys/fs/cgroup/kubepods.slice -type d -name 'cpuslot-*'")
-	for _, p := range strings.Fields(out) {
-		if !slices.Contains(scopes, filepath.Dir(p)) {
-			t.Errorf("cpuslot cgroup outside the served containers' scopes: %s", p)
+	var outside []string
+	for start := time.Now(); ; time.Sleep(time.Second) {
+		outside = nil
+		out := guest(t, ctx, f.n, "find /sys/fs/cgroup/kubepods.slice -type d -name 'cpuslot-*'")
+		for _, p := range strings.Fields(out) {
+			if !slices.Contains(scopes, filepath.Dir(p)) {
+				outside = append(outside, p)
+			}
 		}
+		if len(outside) == 0 || time.Since(start) > 2*time.Minute {
+			break
+		}
+	}
+	if len(outside) > 0 {
+		t.Errorf("cpuslot cgroups outside the served containers' scopes 2 min on: %s", strings.Join(outside, " "))
 	}
 }
 
@@ -110,18 +122,11 @@ echo "$n $(count) $code"`, slice, pki, apiPort, pod))
 	if _, err := f.n.Kubectl(ctx, "wait", "--for=delete", "pod/"+pod, "--timeout=4m"); err != nil {
 		t.Fatal(err)
 	}
-	// The kubelet removes the slice once the container's scope is gone;
-	// a scope whose slots outlived its container is removed by its later
-	// housekeeping (minutes on this node): the bound is for a hang.
-	if out, code, err := f.n.Exec(ctx, fmt.Sprintf(`for i in $(seq 300); do
-	[ ! -e %[1]s ] && exit 0
-	sleep 1
-done
-find %[1]s; exit 1`, slice)); err != nil || code != 0 {
-		t.Errorf("%s's slice is still there 300 s after the pod was gone: %v\n%s", pod, err, out)
-	} else {
-		t.Logf("%s's slice gone %v after the pod left the API", pod, time.Since(t0).Round(time.Millisecond))
-	}
+	// The kubelet removes the slice once the container's scope is gone; a
+	// scope whose slots outlived its container goes at its later
+	// housekeeping (106 s once here): SliceGone checks it after the other
+	// steps, not waiting here.
+	f.prep.slice, f.prep.gone = slice, t0
 	f.noSlotOutside(t, ctx, f.scope)
 	var pools []string
 	for start := time.Now(); time.Since(start) < time.Minute; time.Sleep(time.Second) {
@@ -133,6 +138,26 @@ find %[1]s; exit 1`, slice)); err != nil || code != 0 {
 		t.Errorf("the agent still has a pool for the deleted pod: %v", pools)
 	}
 	t.Logf("agent log on %s:\n%s", pod, f.agentLog(t, ctx, pod))
+}
+
+// sliceGone: the slice of DeletedWhilePreparing's pod is gone (checked
+// last, as the kubelet may take minutes), and no cpuslot cgroup is left
+// outside the served pod's scope.
+func (f *served) sliceGone(t *testing.T) {
+	if f.prep.slice == "" {
+		t.Skip("DeletedWhilePreparing made no pod")
+	}
+	ctx := f.ctx(t, 6*time.Minute)
+	if out, code, err := f.n.Exec(ctx, fmt.Sprintf(`for i in $(seq 300); do
+	[ ! -e %[1]s ] && exit 0
+	sleep 1
+done
+find %[1]s; exit 1`, f.prep.slice)); err != nil || code != 0 {
+		t.Errorf("the deleted pod's slice is still there %v after it was gone from the API: %v\n%s", time.Since(f.prep.gone).Round(time.Second), err, out)
+	} else {
+		t.Logf("the deleted pod's slice gone (seen %v after the pod left the API)", time.Since(f.prep.gone).Round(time.Second))
+	}
+	f.noSlotOutside(t, ctx, f.scope)
 }
 
 // containerdRestartMidPrepare: containerd restarts as a served pod's

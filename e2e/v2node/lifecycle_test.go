@@ -87,6 +87,12 @@ type served struct {
 	// small is the pod of LimitBelowSlotQuota, deleted by
 	// DeletedPodLeavesNoSlot.
 	small struct{ scope, uid string }
+	// prep is the slice of DeletedWhilePreparing's pod and when the pod
+	// left the API, for SliceGone.
+	prep struct {
+		slice string
+		gone  time.Time
+	}
 }
 
 func (f *served) ctx(t *testing.T, d time.Duration) context.Context {

@@ -167,6 +167,7 @@ echo "scope $(cat %[2]s/cgroup.type) subtree=$(cat %[2]s/cgroup.subtree_control)
 	t.Run("ContainerdRestartMidPrepare", f.containerdRestartMidPrepare)
 	defer n.Kubectl(context.WithoutCancel(ctx), "delete", "deployment", "svc", "--ignore-not-found", "--wait=false")
 	t.Run("Drain", f.drain)
+	t.Run("SliceGone", f.sliceGone)
 	// The served pod is now the one f names (Drain replaces fn with a
 	// Deployment's pod).
 	pod, scope, id := f.pod, f.scope, f.id
