@@ -629,6 +629,11 @@ func (f *served) agentPodDeletedUnderLoad(t *testing.T) {
 	if after := f.slots(t, ctx, f.scope); fmt.Sprint(before) != fmt.Sprint(after) {
 		t.Errorf("slots across the agent's restart: before %v, after %v (want adopted as they were)", before, after)
 	}
+	// fn's main thread may sit in a slot: the new agent must still serve
+	// the container's scope, not the slot (it made slots inside a slot).
+	if nested := guest(t, ctx, f.n, "find /sys/fs/cgroup/kubepods.slice -type d -path '*/cpuslot-*/cpuslot-*'"); nested != "" {
+		t.Errorf("slots inside a slot after the agent's restart:\n%s", nested)
+	}
 }
 
 // noUnplannedRestart: fn's container restarted only when a step killed it,

@@ -181,3 +181,19 @@ func TestCPULimit(t *testing.T) {
 		t.Fatalf("status says none: %q", got)
 	}
 }
+
+// TestOutsideSlot: a container whose main thread sits in one of its slots
+// is served at the container's cgroup, not the slot's (an agent that
+// restarted made slots inside a slot that way).
+func TestOutsideSlot(t *testing.T) {
+	for in, want := range map[string]string{
+		"/kubepods.slice/p.slice/cri-containerd-1.scope/cpuslot-1": "/kubepods.slice/p.slice/cri-containerd-1.scope",
+		"/kubepods.slice/p.slice/cri-containerd-1.scope":           "/kubepods.slice/p.slice/cri-containerd-1.scope",
+		"/kubepods/burstable/pod1/abc/cpuslot-42":                  "/kubepods/burstable/pod1/abc",
+		"/kubepods.slice/p.slice/cri-containerd-1.scope/cpuslot-x": "/kubepods.slice/p.slice/cri-containerd-1.scope/cpuslot-x",
+	} {
+		if got := OutsideSlot(in); got != want {
+			t.Errorf("OutsideSlot(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

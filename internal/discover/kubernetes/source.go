@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -327,7 +328,7 @@ func (s *Source) containerdCgroup(ctx context.Context, id string) (string, error
 	}
 	if task, err := ctr.Task(ctx, nil); err == nil {
 		if p, err := s.hierarchy.PathOfPID(int(task.Pid())); err == nil {
-			return p, nil
+			return OutsideSlot(p), nil
 		}
 	}
 	spec, err := ctr.Spec(ctx)
@@ -338,6 +339,18 @@ func (s *Source) containerdCgroup(ctx context.Context, id string) (string, error
 		return "", errors.New("container spec has no linux section")
 	}
 	return CgroupFromSpec(spec.Linux.CgroupsPath)
+}
+
+// OutsideSlot is the container's cgroup for the cgroup of its main
+// process: that thread may sit in one of the container's slots (a runtime
+// places its threads, and the main one may run invocations too), and
+// serving the slot as the container would make slots inside a slot, with
+// the slot's quota as the container's limit.
+func OutsideSlot(p string) string {
+	if _, ok := cgroup.ParseSlotName(path.Base(p)); ok {
+		return path.Dir(p)
+	}
+	return p
 }
 
 func (s *Source) containerd() (*containerd.Client, error) {
