@@ -7,6 +7,7 @@ package discover
 import (
 	"context"
 	"fmt"
+	"path"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/settings"
@@ -76,6 +77,10 @@ func (s Static) Run(ctx context.Context, sink Sink) error {
 				first = fmt.Errorf("process %d: %w", pid, err)
 			}
 			continue
+		}
+		// Its main thread may sit in one of its slots (an agent restarted).
+		if _, ok := cgroup.ParseSlotName(path.Base(p)); ok {
+			p = path.Dir(p)
 		}
 		add(Container{Name: p, CgroupPath: p})
 	}
