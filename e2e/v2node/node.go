@@ -198,10 +198,23 @@ func (n *Node) Down() {
 // 127.0.0.1 port).
 func (n *Node) Kubeconfig() string { return n.kubeconfig }
 
-// Kubectl runs kubectl on the host against the node's API server.
+// Kubectl runs kubectl on the host against the node's API server. A
+// command that could not reach the API server at all (the emulated API
+// server times out TLS handshakes when the machine is loaded) is tried
+// again, twice; any other failure is returned as it is.
 func (n *Node) Kubectl(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, n.kubectl, append([]string{"--kubeconfig", n.kubeconfig}, args...)...)
-	out, err := cmd.CombinedOutput()
+	var out []byte
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if attempt > 0 {
+			time.Sleep(2 * time.Second)
+		}
+		cmd := exec.CommandContext(ctx, n.kubectl, append([]string{"--kubeconfig", n.kubeconfig}, args...)...)
+		out, err = cmd.CombinedOutput()
+		if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "Unable to connect to the server") {
+			break
+		}
+	}
 	if err != nil {
 		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}

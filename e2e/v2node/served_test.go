@@ -49,7 +49,10 @@ func TestAgentServesPodInSystemdScope(t *testing.T) {
 		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
 		"--set", "kubernetes.containerdSocket="+ContainerdSocket,
 		"--set", "apiServer.host="+vm.GuestIP, "--set", fmt.Sprintf("apiServer.port=%d", apiPort),
-		"--set", "cleanupOnUninstall=true", "--set", "logLevel=debug",
+		"--set", "logLevel=debug",
+		// Generous: the node is emulated, and a loaded guest answered
+		// no /healthz within the default 2 s three times in a row.
+		"--set", "livenessProbe.timeoutSeconds=15", "--set", "readinessProbe.timeoutSeconds=15",
 		"--wait", "--timeout", "8m"); err != nil {
 		desc, _ := n.Kubectl(ctx, "-n", ns, "describe", "pods")
 		t.Fatalf("%v\n%s\n--- pods:\n%s", err, out, desc)
@@ -155,13 +158,39 @@ echo "scope $(cat %[2]s/cgroup.type) subtree=$(cat %[2]s/cgroup.subtree_control)
 	t.Run("ContainerdRestart", func(t *testing.T) { f.restartUnit(t, "containerd.service") })
 	t.Run("LimitBelowSlotQuota", f.limitBelowSlotQuota)
 	t.Run("DeletedPodLeavesNoSlot", f.deletedPodLeavesNoSlot)
+	t.Run("Resize", f.resize)
 	t.Run("ContainerRestartNewScope", f.containerRestart)
 	t.Run("AgentPodDeletedUnderLoad", f.agentPodDeletedUnderLoad)
 	t.Run("NoUnplannedRestart", f.noUnplannedRestart)
-	scope, id = f.scope, f.id
+	t.Run("PodStartServedVsNot", f.podStart)
+	t.Run("DeletedWhilePreparing", f.deletedWhilePreparing)
+	t.Run("ContainerdRestartMidPrepare", f.containerdRestartMidPrepare)
+	defer n.Kubectl(context.WithoutCancel(ctx), "delete", "deployment", "svc", "--ignore-not-found", "--wait=false")
+	t.Run("Drain", f.drain)
+	t.Run("SliceGone", f.sliceGone)
+	// The served pod is now the one f names (Drain replaces fn with a
+	// Deployment's pod).
+	pod, scope, id := f.pod, f.scope, f.id
 
-	// helm uninstall (cleanupOnUninstall) with the pod still running: no
-	// cpuslot cgroup remains, and the container's scope is still systemd's.
+	// Uninstall as the chart's README says: cleanupOnUninstall first (the
+	// rollout removes nothing: the old agent stops without the flag, the
+	// new one adopts the slots), then helm uninstall, with the pod still
+	// running: no cpuslot cgroup remains, and the container's scope is
+	// still systemd's. (Installed with it, every agent stop would remove
+	// all slots, and AgentPodDeletedUnderLoad could not see them adopted.)
+	t0 = time.Now()
+	before := f.slots(t, ctx, scope)
+	if out, err := helm("upgrade", release, filepath.Join(n.RepoDir(), "charts", "cpuslot"), "-n", ns, "--reuse-values",
+		"--set", "cleanupOnUninstall=true", "--wait", "--timeout", "8m"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := n.Kubectl(ctx, "-n", ns, "rollout", "status", "daemonset/"+release, "--timeout=8m"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if after := f.slots(t, ctx, scope); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("slots across helm upgrade --set cleanupOnUninstall=true: before %v, after %v (want kept and adopted)", before, after)
+	}
+	t.Logf("helm upgrade --set cleanupOnUninstall=true: rolled out in %v, slots kept", time.Since(t0).Round(time.Second))
 	t0 = time.Now()
 	uninstalled = true
 	if out, err := helm("uninstall", release, "-n", ns, "--wait", "--timeout", "4m"); err != nil {
@@ -180,7 +209,7 @@ find /sys/fs/cgroup/kubepods.slice -type d -name 'cpuslot-*'`)
 	if got := guest(t, ctx, n, "systemctl is-active cri-containerd-"+id+".scope || true"); got != "active" {
 		t.Errorf("cri-containerd-%s.scope is %q after the slots were removed", id[:12], got)
 	}
-	if _, err := n.Kubectl(ctx, "exec", "fn", "--", "/probe", "info"); err != nil {
+	if _, err := n.Kubectl(ctx, "exec", pod, "--", "/probe", "info"); err != nil {
 		t.Errorf("kubectl exec after the slots were removed: %v", err)
 	}
 }

@@ -400,6 +400,20 @@ func (a *Agent) Forget(cgroupPath string) {
 	}
 }
 
+// Resize serves a container within the CPU limit its orchestrator now
+// asks for (discover.Sink).
+func (a *Agent) Resize(cgroupPath string, limitMilli uint32) {
+	a.mu.Lock()
+	s := a.containers[cgroupPath]
+	a.mu.Unlock()
+	if s == nil {
+		return
+	}
+	if err := s.pool.AskLimit(limitMilli); err != nil {
+		a.log.Warn("following the container's asked CPU limit", "container", s.Name, "err", err)
+	}
+}
+
 func (a *Agent) teardown(s *served) {
 	if s.ln != nil {
 		s.ln.Close() // also removes the socket file
@@ -538,6 +552,12 @@ func (a *Agent) Maintain(now time.Time) {
 				a.Forget(s.CgroupPath)
 				continue
 			}
+		}
+		// An in-place resize changes the container's CPU limit: refused
+		// quotas, the budget and the slots follow it (the reap below
+		// removes free slots above a lowered limit).
+		if _, _, err := s.pool.RefreshLimit(); err != nil {
+			a.log.Warn("following the container's CPU limit", "container", s.Name, "err", err)
 		}
 		if n := s.pool.Reap(now); n > 0 {
 			a.log.Debug("reaped idle slots", "container", s.Name, "slots", n)

@@ -7,6 +7,7 @@ package discover
 import (
 	"context"
 	"fmt"
+	"path"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/settings"
@@ -38,6 +39,11 @@ type Sink interface {
 	Prepare(Container) error
 	// Forget tears a container's pool down and removes its slots.
 	Forget(cgroupPath string)
+	// Resize passes on the CPU limit (millicores, 0: none) a served
+	// container's orchestrator asks for before the kernel has it (an
+	// in-place resize): slots above it go first, as cgroup v1 refuses a
+	// container a quota below a child's.
+	Resize(cgroupPath string, limitMilli uint32)
 }
 
 // Source reports containers to a Sink until ctx ends.
@@ -71,6 +77,10 @@ func (s Static) Run(ctx context.Context, sink Sink) error {
 				first = fmt.Errorf("process %d: %w", pid, err)
 			}
 			continue
+		}
+		// Its main thread may sit in one of its slots (an agent restarted).
+		if _, ok := cgroup.ParseSlotName(path.Base(p)); ok {
+			p = path.Dir(p)
 		}
 		add(Container{Name: p, CgroupPath: p})
 	}

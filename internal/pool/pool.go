@@ -165,8 +165,10 @@ type Pool struct {
 	mode    mode
 	backend Backend
 	metrics *metrics.Metrics
-	// containerLimit is the container's own CPU limit (0: none).
-	containerLimit uint32
+	// containerLimit is the container's own CPU limit (0: none); an
+	// in-place resize changes it (RefreshLimit). askedLimit is the one its
+	// orchestrator asks for, applied or not yet (AskLimit; 0: none).
+	containerLimit, askedLimit atomic.Uint32
 
 	mu       sync.Mutex
 	slots    map[uint32]*slot
@@ -226,7 +228,7 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 		return nil, fmt.Errorf("unknown mode %d", mode)
 	}
 	p := &Pool{
-		name: name, cfg: cfg, mode: md, backend: b, metrics: m, containerLimit: limit,
+		name: name, cfg: cfg, mode: md, backend: b, metrics: m,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		holds:   map[any]int{},
 		credits: map[any]*credit{},
@@ -235,6 +237,7 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 		changed: make(chan struct{}),
 		actions: map[string]bool{},
 	}
+	p.containerLimit.Store(limit)
 	p.ioDone = sync.NewCond(&p.mu)
 	return p, nil
 }
@@ -291,10 +294,90 @@ func (p *Pool) actionLabel(a string) string {
 // maxQuota is the largest quota a request may ask for: the container's
 // CPU limit, else the configured maximum (by default the node's CPUs).
 func (p *Pool) maxQuota() uint32 {
-	if p.containerLimit > 0 {
-		return p.containerLimit
+	if l := p.limit(); l > 0 {
+		return l
 	}
 	return p.cfg.MaxQuotaMilli
+}
+
+// limit is the container's CPU limit the pool serves within (0: none): the
+// cgroup's, or the one its orchestrator asks for when that is lower.
+func (p *Pool) limit() uint32 {
+	c, a := p.containerLimit.Load(), p.askedLimit.Load()
+	if c == 0 || (a > 0 && a < c) {
+		return a
+	}
+	return c
+}
+
+// RefreshLimit re-reads the container's CPU limit, which an in-place
+// resize changes while the container runs, and returns the limit before
+// and now (0: none). Under a lower limit requests above it are refused
+// (INVALID_QUOTA, as for a container that started with that limit), a
+// budget that follows the limit shrinks, and Reap removes the free slots
+// above it; a leased one goes once it is released (until then the kernel
+// caps it at the container's limit anyway). Under a higher limit the
+// budget grows and the pre-warmed slots that fit again are made.
+func (p *Pool) RefreshLimit() (before, now uint32, err error) {
+	now, err = p.backend.LimitMilli()
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading the container's CPU limit: %w", err)
+	}
+	before = p.containerLimit.Load()
+	if now == before {
+		return before, now, nil
+	}
+	return before, now, p.setLimit(&p.containerLimit, now, "container CPU limit changed")
+}
+
+// AskLimit is the CPU limit the container's orchestrator asks for before
+// the kernel has it (a resize in the pod's spec; 0: none). Below the
+// cgroup's limit the pool serves within it at once, and the free slots
+// above it are removed now: cgroup v1 refuses a container a quota below a
+// child's, so they would make the resize fail.
+func (p *Pool) AskLimit(milli uint32) error {
+	if p.askedLimit.Load() == milli {
+		return nil
+	}
+	err := p.setLimit(&p.askedLimit, milli, "container CPU limit asked")
+	p.Reap(time.Now())
+	return err
+}
+
+// setLimit stores one of the pool's limits and applies what changed: the
+// budget (when it follows the limit), waiting requests, and the pre-warmed
+// slots that fit again under a higher limit.
+func (p *Pool) setLimit(which *atomic.Uint32, milli uint32, what string) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	before, maxBefore := p.limit(), p.maxQuota()
+	which.Store(milli)
+	now := p.limit()
+	if p.cfg.BudgetMilli == 0 && now != before {
+		// Leases granted under the old budget keep their share of it.
+		b := admission.New(now, p.cfg.Overcommit, p.cfg.Policy, p.cfg.MinDegradedMilli)
+		b.Take(p.budget.Used())
+		p.budget = b
+	}
+	raises := p.planRaises()
+	p.broadcast() // waiting requests see the new limit and budget
+	p.mu.Unlock()
+	p.raise(raises)
+	slog.Info(what, "container", p.name, "to", formatLimit(milli), "servedWithin", formatLimit(now), "was", formatLimit(before))
+	if p.maxQuota() > maxBefore && p.mode.keepsSlots() {
+		return p.prewarm()
+	}
+	return nil
+}
+
+func formatLimit(m uint32) string {
+	if m == 0 {
+		return "none"
+	}
+	return FormatQuota(m)
 }
 
 // Name is the pool's container identity.
@@ -558,8 +641,10 @@ func (p *Pool) reclaimed(s *slot, l *lease) (*Grant, error) {
 }
 
 // Reap removes grown slots that stayed free longer than the idle timeout,
-// keeping the pre-warmed count of each quota.
+// keeping the pre-warmed count of each quota, and free slots above the
+// container's CPU limit (it was lowered).
 func (p *Pool) Reap(now time.Time) int {
+	max := p.maxQuota()
 	p.mu.Lock()
 	count := map[uint32]int{}
 	for _, s := range p.slots {
@@ -568,7 +653,8 @@ func (p *Pool) Reap(now time.Time) int {
 	var victims []*slot
 	for _, s := range p.slots {
 		q := s.spec.QuotaMilli
-		if !p.closed && s.lease == nil && !s.busy && count[q] > p.cfg.Prewarm[q] && now.Sub(s.freeSince) >= p.cfg.IdleTimeout {
+		idle := count[q] > p.cfg.Prewarm[q] && now.Sub(s.freeSince) >= p.cfg.IdleTimeout
+		if !p.closed && s.lease == nil && !s.busy && (idle || q > max) {
 			count[q]--
 			s.busy = true
 			victims = append(victims, s)
@@ -577,7 +663,11 @@ func (p *Pool) Reap(now time.Time) int {
 	}
 	p.mu.Unlock()
 	for _, s := range victims {
-		p.removeSlot(s, "idle")
+		why := "idle"
+		if s.spec.QuotaMilli > max {
+			why = "above the container's CPU limit of " + FormatQuota(max)
+		}
+		p.removeSlot(s, why)
 	}
 	p.mu.Lock()
 	for range victims {

@@ -7,6 +7,7 @@ package kubernetes
 
 import (
 	"fmt"
+	"math"
 	"path"
 	"strings"
 
@@ -115,6 +116,42 @@ func CheckQuotaAnnotation(pod *corev1.Pod, container string) error {
 		}
 	}
 	return nil
+}
+
+// CPULimit is a container's CPU limit as the kubelet reports it applied
+// (status, which an in-place resize changes once it is done), else as the
+// spec asks; "" when it has none.
+func CPULimit(pod *corev1.Pod, container string) string {
+	for _, st := range pod.Status.ContainerStatuses {
+		if st.Name == container && st.Resources != nil {
+			if lim, ok := st.Resources.Limits[corev1.ResourceCPU]; ok && !lim.IsZero() {
+				return lim.String()
+			}
+			return ""
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == container {
+			if lim, ok := c.Resources.Limits[corev1.ResourceCPU]; ok && !lim.IsZero() {
+				return lim.String()
+			}
+		}
+	}
+	return ""
+}
+
+// SpecCPULimitMilli is the CPU limit a container's spec asks for, in
+// millicores (0: none); an in-place resize changes it before the kubelet
+// applies it.
+func SpecCPULimitMilli(pod *corev1.Pod, container string) uint32 {
+	for _, c := range pod.Spec.Containers {
+		if c.Name == container {
+			if lim, ok := c.Resources.Limits[corev1.ResourceCPU]; ok && lim.MilliValue() > 0 {
+				return uint32(min(lim.MilliValue(), math.MaxUint32))
+			}
+		}
+	}
+	return 0
 }
 
 // HasVolume reports whether the pod declares the emptyDir the agent puts

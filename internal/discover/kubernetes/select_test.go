@@ -157,3 +157,43 @@ func TestPoolConfigHostileAnnotations(t *testing.T) {
 		t.Fatalf("prewarm of 50001 entries: %v", errs)
 	}
 }
+
+// TestCPULimit: the limit the kubelet reports applied wins over the spec
+// (an in-place resize changes the spec first, the status once applied).
+func TestCPULimit(t *testing.T) {
+	lim := func(q string) corev1.ResourceRequirements {
+		return corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(q)}}
+	}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "fn", Resources: lim("400m")}, {Name: "side"}}}}
+	if got := CPULimit(pod, "fn"); got != "400m" {
+		t.Fatalf("spec only: %q", got)
+	}
+	if got := CPULimit(pod, "side"); got != "" {
+		t.Fatalf("no limit: %q", got)
+	}
+	applied := lim("1")
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "fn", Resources: &applied}}
+	if got := CPULimit(pod, "fn"); got != "1" {
+		t.Fatalf("status says 1, spec 400m: %q, want the applied 1", got)
+	}
+	pod.Status.ContainerStatuses[0].Resources = &corev1.ResourceRequirements{}
+	if got := CPULimit(pod, "fn"); got != "" {
+		t.Fatalf("status says none: %q", got)
+	}
+}
+
+// TestOutsideSlot: a container whose main thread sits in one of its slots
+// is served at the container's cgroup, not the slot's (an agent that
+// restarted made slots inside a slot that way).
+func TestOutsideSlot(t *testing.T) {
+	for in, want := range map[string]string{
+		"/kubepods.slice/p.slice/cri-containerd-1.scope/cpuslot-1": "/kubepods.slice/p.slice/cri-containerd-1.scope",
+		"/kubepods.slice/p.slice/cri-containerd-1.scope":           "/kubepods.slice/p.slice/cri-containerd-1.scope",
+		"/kubepods/burstable/pod1/abc/cpuslot-42":                  "/kubepods/burstable/pod1/abc",
+		"/kubepods.slice/p.slice/cri-containerd-1.scope/cpuslot-x": "/kubepods.slice/p.slice/cri-containerd-1.scope/cpuslot-x",
+	} {
+		if got := OutsideSlot(in); got != want {
+			t.Errorf("OutsideSlot(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

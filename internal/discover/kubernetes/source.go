@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ const (
 	ReasonInvalidAnnotation = "CpuslotInvalidAnnotation"
 	ReasonCgroupNotFound    = "CpuslotCgroupNotFound"
 	ReasonPrepareFailed     = "CpuslotPrepareFailed"
+	ReasonResized           = "CpuslotResized"
 )
 
 // Config shapes the source.
@@ -73,6 +75,11 @@ type servedPod struct {
 	key         string // namespace/name
 	containerID string
 	cgroupPath  string
+	// cpuLimit is the served container's CPU limit as the kubelet last
+	// reported it applied ("": none); askedMilli the one its spec asks
+	// for (0: none).
+	cpuLimit   string
+	askedMilli uint32
 }
 
 // New makes a source; Run starts it.
@@ -167,6 +174,9 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 		s.mu.Unlock()
 		serving = false
 	}
+	if serving {
+		s.followResize(pod, uid, have, want.container, sink)
+	}
 	if want == nil || serving {
 		return nil
 	}
@@ -198,11 +208,56 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPrepareFailed, "serving with fewer pre-warmed slots: %v", partial.Err)
 	}
 	s.mu.Lock()
-	s.served[uid] = servedPod{key: key, containerID: want.containerID, cgroupPath: cg}
+	s.served[uid] = servedPod{key: key, containerID: want.containerID, cgroupPath: cg, cpuLimit: CPULimit(pod, want.container),
+		askedMilli: SpecCPULimitMilli(pod, want.container)}
 	s.mu.Unlock()
 	s.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonServing, "CPU slots ready for container %s (mode %s, prewarm %s)",
 		want.container, cfg.Mode, settings.FormatPrewarm(cfg.Prewarm))
 	return nil
+}
+
+// followResize follows an in-place resize of the served container's CPU
+// limit. The limit its spec asks for goes to the agent at once (the slots
+// above a lower one go before the kubelet applies it: cgroup v1 refuses a
+// container a quota below a slot's); the agent also follows the cgroup's
+// limit, the kernel's truth, every maintenance interval. Once the pod's
+// status says the kubelet applied the new limit, an Event tells the pod's
+// owner what it does to the slots.
+func (s *Source) followResize(pod *corev1.Pod, uid string, have servedPod, container string, sink discover.Sink) {
+	asked, now := SpecCPULimitMilli(pod, container), CPULimit(pod, container)
+	if asked == have.askedMilli && now == have.cpuLimit {
+		return
+	}
+	s.mu.Lock()
+	if p, ok := s.served[uid]; ok && p.containerID == have.containerID {
+		p.cpuLimit, p.askedMilli = now, asked
+		s.served[uid] = p
+	}
+	s.mu.Unlock()
+	if asked != have.askedMilli {
+		sink.Resize(have.cgroupPath, asked)
+	}
+	if now == have.cpuLimit {
+		return
+	}
+	from, to := have.cpuLimit, now
+	if from == "" {
+		from = "none"
+	}
+	if to == "" {
+		to = "none"
+	}
+	msg := fmt.Sprintf("CPU limit of container %s resized from %s to %s: ", container, from, to)
+	if now == "" {
+		msg += "quotas up to the configured maximum are served"
+	} else {
+		msg += fmt.Sprintf("quotas up to %s are served; slots above it are removed, pre-warmed slots within it kept or made again", now)
+	}
+	s.log.Info("served container resized", "pod", pod.Namespace+"/"+pod.Name, "container", container, "from", from, "to", to)
+	s.recorder.Event(pod, corev1.EventTypeNormal, ReasonResized, msg)
+	if err := CheckQuotaAnnotation(pod, container); err != nil {
+		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonInvalidAnnotation, "%v", err)
+	}
 }
 
 type want struct {
@@ -273,7 +328,7 @@ func (s *Source) containerdCgroup(ctx context.Context, id string) (string, error
 	}
 	if task, err := ctr.Task(ctx, nil); err == nil {
 		if p, err := s.hierarchy.PathOfPID(int(task.Pid())); err == nil {
-			return p, nil
+			return OutsideSlot(p), nil
 		}
 	}
 	spec, err := ctr.Spec(ctx)
@@ -284,6 +339,18 @@ func (s *Source) containerdCgroup(ctx context.Context, id string) (string, error
 		return "", errors.New("container spec has no linux section")
 	}
 	return CgroupFromSpec(spec.Linux.CgroupsPath)
+}
+
+// OutsideSlot is the container's cgroup for the cgroup of its main
+// process: that thread may sit in one of the container's slots (a runtime
+// places its threads, and the main one may run invocations too), and
+// serving the slot as the container would make slots inside a slot, with
+// the slot's quota as the container's limit.
+func OutsideSlot(p string) string {
+	if _, ok := cgroup.ParseSlotName(path.Base(p)); ok {
+		return path.Dir(p)
+	}
+	return p
 }
 
 func (s *Source) containerd() (*containerd.Client, error) {
