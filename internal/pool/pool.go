@@ -163,6 +163,7 @@ type Pool struct {
 	name    string
 	cfg     settings.Pool
 	mode    mode
+	policy  admission.Policy
 	backend Backend
 	metrics *metrics.Metrics
 	// containerLimit is the container's own CPU limit (0: none); an
@@ -228,7 +229,7 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 		return nil, fmt.Errorf("unknown mode %d", mode)
 	}
 	p := &Pool{
-		name: name, cfg: cfg, mode: md, backend: b, metrics: m,
+		name: name, cfg: cfg, mode: md, policy: policy, backend: b, metrics: m,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
 		holds:   map[any]int{},
 		credits: map[any]*credit{},
@@ -358,7 +359,7 @@ func (p *Pool) setLimit(which *atomic.Uint32, milli uint32, what string) error {
 	now := p.limit()
 	if p.cfg.BudgetMilli == 0 && now != before {
 		// Leases granted under the old budget keep their share of it.
-		b := admission.New(now, p.cfg.Overcommit, p.cfg.Policy, p.cfg.MinDegradedMilli)
+		b := admission.New(now, p.cfg.Overcommit, p.policy, p.cfg.MinDegradedMilli)
 		b.Take(p.budget.Used())
 		p.budget = b
 	}
