@@ -522,6 +522,14 @@ type jobResult struct {
 	Err      string  `json:"err,omitempty"`
 }
 
+// failed counts an invocation that failed, keeping the first error.
+func (r *jobResult) failed(err error) {
+	if r.Errors == 0 {
+		r.FirstErr = err.Error()
+	}
+	r.Errors++
+}
+
 type benchClient struct {
 	cmd *exec.Cmd
 	in  io.WriteCloser
@@ -706,10 +714,7 @@ func runJob(c *client.Client, j job) jobResult {
 			}
 			d := time.Since(start)
 			if err != nil {
-				if r.Errors == 0 {
-					r.FirstErr = err.Error()
-				}
-				r.Errors++
+				r.failed(err)
 				continue
 			}
 			r.LatNS = append(r.LatNS, d.Nanoseconds())
@@ -752,10 +757,7 @@ func floorJob(j job) jobResult {
 			}
 			d := time.Since(start)
 			if err != nil {
-				if r.Errors == 0 {
-					r.FirstErr = err.Error()
-				}
-				r.Errors++
+				r.failed(err)
 				continue
 			}
 			r.LatNS = append(r.LatNS, d.Nanoseconds())
