@@ -196,19 +196,9 @@ final class Leases {
             }
             if (r.message() instanceof Protocol.AcquireOk ok) return granted(c, ok, r.fds(), act, inv, quotaMilli, tid);
             if (r.message() instanceof Protocol.Error e) {
-                switch (e.code()) {
-                    case Protocol.E_SHUTTING_DOWN, Protocol.E_BAD_REQUEST, Protocol.E_UNSUPPORTED_VERSION -> transport.kill(c, e.message());
-                    default -> transport.giveBack(c);
-                }
                 reason = Protocol.errorName(e.code());
                 detail = e.message();
-                boolean retry = switch (e.code()) {
-                    case Protocol.E_NOT_READY -> sleepUntil(Math.min(deadline,
-                            System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Math.max(1, e.retryAfterMs()))), deadline);
-                    case Protocol.E_INTERNAL, Protocol.E_SHUTTING_DOWN -> System.nanoTime() < deadline;
-                    default -> false;
-                };
-                if (retry) continue;
+                if (Leases.retryAfter(transport, c, e, deadline)) continue;
                 return noSlot(act, inv, quotaMilli, tid, reason, detail);
             }
             fds.discard(r.fds());
@@ -258,6 +248,24 @@ final class Leases {
     }
 
     /** Sleeps until {@code until}; returns true when there is budget left afterwards. */
+    /**
+     * Handles an error answer to ACQUIRE on connection c: closes the connection when the error
+     * means it is unusable, gives it back otherwise, and says whether to try again before the
+     * deadline (waiting out NOT_READY's retry-after first).
+     */
+    static boolean retryAfter(Transport transport, Connection c, Protocol.Error e, long deadline) {
+        switch (e.code()) {
+            case Protocol.E_SHUTTING_DOWN, Protocol.E_BAD_REQUEST, Protocol.E_UNSUPPORTED_VERSION -> transport.kill(c, e.message());
+            default -> transport.giveBack(c);
+        }
+        return switch (e.code()) {
+            case Protocol.E_NOT_READY -> sleepUntil(Math.min(deadline,
+                    System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Math.max(1, e.retryAfterMs()))), deadline);
+            case Protocol.E_INTERNAL, Protocol.E_SHUTTING_DOWN -> System.nanoTime() < deadline;
+            default -> false;
+        };
+    }
+
     private static boolean sleepUntil(long until, long deadline) {
         long ns = until - System.nanoTime();
         if (ns > 0) {

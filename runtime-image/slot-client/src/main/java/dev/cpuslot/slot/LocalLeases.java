@@ -2,7 +2,6 @@ package dev.cpuslot.slot;
 
 import java.io.IOException;
 import java.util.List;
-import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicReferenceArray;
 import java.util.concurrent.locks.LockSupport;
@@ -234,19 +233,9 @@ final class LocalLeases {
             }
             fds.discard(r.fds());
             if (r.message() instanceof Protocol.Error e) {
-                switch (e.code()) {
-                    case Protocol.E_SHUTTING_DOWN, Protocol.E_BAD_REQUEST, Protocol.E_UNSUPPORTED_VERSION -> transport.kill(c, e.message());
-                    default -> transport.giveBack(c);
-                }
                 reason = Protocol.errorName(e.code());
                 detail = e.message();
-                boolean retry = switch (e.code()) {
-                    case Protocol.E_NOT_READY -> sleepUntil(Math.min(deadline,
-                            System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Math.max(1, e.retryAfterMs()))), deadline);
-                    case Protocol.E_INTERNAL, Protocol.E_SHUTTING_DOWN -> System.nanoTime() < deadline;
-                    default -> false;
-                };
-                if (retry) continue;
+                if (Leases.retryAfter(transport, c, e, deadline)) continue;
                 return leases.noSlot(act, inv, quota, tid, reason, detail);
             }
             transport.kill(c, "unexpected " + Protocol.typeName(r.frame().type()));
@@ -290,19 +279,6 @@ final class LocalLeases {
         SlotLease l = lease(e.index(), e.state(), act, inv, quota, tid, ok.outcome(), Protocol.PLACE_SELF);
         if ((ok.flags() & Protocol.ACQ_FLAG_QUEUED) != 0) l.flags |= Protocol.ACQ_FLAG_QUEUED;
         return l;
-    }
-
-    private static boolean sleepUntil(long until, long deadline) {
-        long ns = until - System.nanoTime();
-        if (ns > 0) {
-            try {
-                TimeUnit.NANOSECONDS.sleep(ns);
-            } catch (InterruptedException ie) {
-                Thread.currentThread().interrupt();
-                return false;
-            }
-        }
-        return System.nanoTime() < deadline;
     }
 
     /** One-way RELEASE of a HOLD lease. False when it could not be sent. */
