@@ -192,8 +192,9 @@ systemctl restart containerd.service && echo restarted`, podSlice(uid)))
 		desc, _ := f.n.Kubectl(ctx, "describe", "pod", pod)
 		t.Fatalf("%v\n%s", err, desc)
 	}
-	scope, _, _ := containerScope(t, ctx, f.n, "default", pod)
-	slots := f.waitSlots(t, ctx, uid, scope, 2)
+	// The interrupted start may make the kubelet start the container again
+	// (a new scope): wait for the slots of whichever container runs.
+	scope, slots := f.waitContainerSlots(t, ctx, pod, uid, 2)
 	t.Logf("%s Ready and served %v after containerd's restart: %v", pod, time.Since(t0).Round(time.Millisecond), slots)
 	// Converged: exactly the pre-warmed slots, and one pool for the pod.
 	time.Sleep(3 * time.Second)

@@ -159,6 +159,33 @@ exit 1`, sock, scope, want))
 	return f.slots(t, ctx, scope)
 }
 
+// waitContainerSlots waits (at most 5 minutes) until the pod's socket
+// exists and the scope of the container running then holds want slots; it
+// asks the API server for the container again each round, because a
+// container restarted meanwhile has a new scope.
+func (f *served) waitContainerSlots(t *testing.T, ctx context.Context, pod, uid string, want int) (string, map[string]string) {
+	t.Helper()
+	sock := "/var/lib/kubelet/pods/" + uid + "/volumes/kubernetes.io~empty-dir/cpuslot/agent.sock"
+	var scopes []string
+	for start := time.Now(); ; time.Sleep(2 * time.Second) {
+		scope, _, _ := containerScope(t, ctx, f.n, "default", pod)
+		if len(scopes) == 0 || scopes[len(scopes)-1] != scope {
+			scopes = append(scopes, scope)
+		}
+		out := guest(t, ctx, f.n, fmt.Sprintf(`[ -S %s ] && ls -d %s/cpuslot-* 2>/dev/null | wc -l; true`, sock, scope))
+		if n, err := strconv.Atoi(strings.TrimSpace(out)); err == nil && n >= want {
+			if len(scopes) > 1 {
+				t.Logf("%s's container was started %d times meanwhile; served in the last", pod, len(scopes))
+			}
+			return scope, f.slots(t, ctx, scope)
+		}
+		if time.Since(start) > 5*time.Minute {
+			logs, _ := f.n.Kubectl(ctx, "-n", f.ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=40")
+			t.Fatalf("no socket %s or fewer than %d slots in %s's container after 5 min (containers seen: %v)\n--- agent logs:\n%s", sock, want, pod, scopes, logs)
+		}
+	}
+}
+
 type quotaResult struct {
 	QuotaMilli       uint32 `json:"quotaMilli"`
 	Slot             uint32 `json:"slot"`
