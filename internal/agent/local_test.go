@@ -395,6 +395,7 @@ func TestLocalUsage(t *testing.T) {
 		slotv1.UsageRecord{Action: "", Outcome: slotv1.InvocationFailed, Invocations: 2}))
 	c.Write(usageFrame(t, slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: burnt}))
 	syncConn(t, c) // also: no answer came to either USAGE
+	settleUsage(a)
 	body := scrape(t, a)
 	for _, want := range []string{
 		`cpuslot_lease_releases_total{action="guest/fib",outcome="ok"} 4`,
@@ -492,6 +493,7 @@ func TestAttackUsageActionFlood(t *testing.T) {
 		}
 	}
 	syncConn(t, c)
+	settleUsage(a)
 	body := scrape(t, a)
 	labels := actionLabels(body)
 	if n := len(labels) - before; n > maxActions+1 {
@@ -602,6 +604,7 @@ func TestAttackUsageMalformed(t *testing.T) {
 	c := localConn(t, e.socket, l)
 	c.Write(usageBody(append([]byte{1}, ok...)))
 	syncConn(t, c)
+	settleUsage(a)
 	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="mal-ok",outcome="ok"} 1`) {
 		t.Fatalf("a valid USAGE after malformed ones:\n%s", grep(body, "mal"))
 	}
@@ -620,6 +623,7 @@ func TestAttackUsageAbsurdCPU(t *testing.T) {
 		CPUNanos: math.MaxUint64, ThrottledNanos: math.MaxUint64}
 	c.Write(usageFrame(t, huge, huge))
 	syncConn(t, c)
+	settleUsage(a)
 	body := scrape(t, a)
 	// The invocation count is the client's word; CPU is cut to what the
 	// process's held slots used: it holds none.
@@ -756,6 +760,7 @@ func TestAttackUsageFlood(t *testing.T) {
 		t.Fatalf("writing the flood: %v", err)
 	}
 	syncConn(t, c)
+	settleUsage(a)
 	body := scrape(t, a)
 	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",outcome="ok"} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
 		t.Errorf("missing %s:\n%s", want, grep(body, "flood"))
@@ -801,3 +806,8 @@ func TestLocalHoldDegraded(t *testing.T) {
 		return s.Degraded == 0 && s.UsedMilli == 500
 	})
 }
+
+// settleUsage has the agent count the USAGE records that wait for their
+// process's next counter read (at most one read a second per process):
+// a maintenance round one second on.
+func settleUsage(a *agent.Agent) { a.Maintain(time.Now().Add(time.Second)) }

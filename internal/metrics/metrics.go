@@ -205,7 +205,7 @@ func (m *Metrics) Released(action string, how Ending, cpu, throttled time.Durati
 // used. Every value is a valid report: nanoseconds become seconds as a
 // float, never a time.Duration, which would wrap to a negative increment
 // (a panic in the metrics library).
-func (m *Metrics) Reported(action string, how Ending, n uint32, cpuNanos, throttledNanos uint64) {
+func (m *Metrics) Reported(action string, how Ending, n, cpuNanos, throttledNanos uint64) {
 	if m == nil {
 		return
 	}

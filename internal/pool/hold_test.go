@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
@@ -185,8 +187,12 @@ func TestReportedBoundedByHeldUsage(t *testing.T) {
 	o, other := &conn{}, &conn{}
 	h := must(t)(p.Acquire(ctx, holdReq(o, 250)))
 	s := b.slots[h.SlotID]
+	// Each report comes observeEvery after the one before, so each is
+	// settled at once.
+	now := time.Now()
 	report := func(owner any, cpu uint64) uint64 {
-		return p.Reported(owner, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: cpu}})[0].CPUNanos
+		now = now.Add(observeEvery)
+		return p.report(owner, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: cpu}}, now)[0].CPUNanos
 	}
 	s.cpu += 300_000 // an invocation ran
 	if got := report(o, 200_000); got != 200_000 {
@@ -212,6 +218,113 @@ func TestReportedBoundedByHeldUsage(t *testing.T) {
 	}
 	p.ReleaseOwner(o)
 	if len(p.credits) != 1 { // other's (empty) credit stays until it leaves
+		t.Fatalf("credits left: %d", len(p.credits))
+	}
+}
+
+// TestReportFloodReadsBounded: a process flooding USAGE frames costs the
+// agent at most one read of each held slot's counters per observeEvery,
+// not one per frame; the claims of frames in between wait and are counted
+// at the next read, cut to what the slots used, none lost.
+func TestReportFloodReadsBounded(t *testing.T) {
+	b := newFake()
+	c := cfg(Affinity, "250m=4")
+	p := start(t, c, b)
+	o := &conn{}
+	for range 4 {
+		must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
+	}
+	var reads atomic.Int64
+	b.onIO = func(op string) {
+		if op == "usage" {
+			reads.Add(1)
+		}
+	}
+	for _, s := range b.slots {
+		s.cpu += 10_000_000 // 10 ms each, 40 ms held in all
+	}
+	now := time.Now()
+	var counted uint64
+	const frames = 10_000
+	for i := range frames {
+		// 10000 frames over 2.5 observeEvery: a flood.
+		at := now.Add(time.Duration(i) * observeEvery / 4000)
+		for _, r := range p.report(o, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: 1000}}, at) {
+			counted += uint64(r.N)
+		}
+	}
+	// The first frame reads; then one read per observeEvery (at 1 and 2).
+	if got := reads.Load(); got > 3*4 {
+		t.Fatalf("%d frames over 2.5 s read the held slots' counters %d times, want at most %d", frames, got, 3*4)
+	}
+	for _, r := range p.settle(o, now.Add(4*observeEvery)) {
+		counted += uint64(r.N)
+	}
+	c2 := p.creditOf(o)
+	if len(c2.pending) != 0 {
+		t.Fatalf("claims still waiting after settleDue: %v", c2.pending)
+	}
+	if counted != frames {
+		t.Fatalf("%d invocations counted of %d reported", counted, frames)
+	}
+	t.Logf("%d frames: %d counter reads", frames, reads.Load())
+}
+
+// TestReportWaitsForNextRead: a frame sent sooner than observeEvery after
+// the last read is not cut against stale counters: it is counted in full
+// at the next read, by a later report or by Reap.
+func TestReportWaitsForNextRead(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=1"), b)
+	o := &conn{}
+	h := must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
+	s := b.slots[h.SlotID]
+	now := time.Now()
+	if got := p.report(o, []Report{{Action: "a", How: metrics.EndOK, N: 1}}, now); len(got) != 1 {
+		t.Fatalf("the first report: %v", got)
+	}
+	s.cpu += 500_000 // used after that read
+	if got := p.report(o, []Report{{Action: "b", How: metrics.EndOK, N: 2, CPUNanos: 400_000}}, now.Add(observeEvery/10)); len(got) != 0 {
+		t.Fatalf("a report within observeEvery was counted at once: %v", got)
+	}
+	got := p.report(o, []Report{{Action: "b", How: metrics.EndOK, N: 1, CPUNanos: 50_000}}, now.Add(observeEvery/5))
+	if len(got) != 0 {
+		t.Fatalf("a second early report was counted at once: %v", got)
+	}
+	p.Reap(now.Add(observeEvery))
+	cr := p.creditOf(o)
+	if len(cr.pending) != 0 {
+		t.Fatalf("Reap left claims waiting: %v", cr.pending)
+	}
+	// Both early claims were counted in full: 450_000 of the 500_000 used.
+	if cr.cpu < 50_000 || cr.cpu > 60_000 {
+		t.Fatalf("credit left %d, want about 50000 (the early claims counted in full)", cr.cpu)
+	}
+}
+
+// TestReportPendingSettledOnLeave: what a process claimed and the agent
+// has not counted yet is counted when the process goes away.
+func TestReportPendingSettledOnLeave(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=1"), b)
+	o := &conn{}
+	h := must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
+	now := time.Now()
+	p.report(o, nil, now)
+	b.slots[h.SlotID].cpu += 300_000
+	p.report(o, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: 200_000}}, now.Add(time.Millisecond))
+	var reads int
+	b.onIO = func(op string) {
+		if op == "usage" {
+			reads++
+		}
+	}
+	p.ReleaseOwner(o)
+	// One read settles the waiting claim, one ends the lease.
+	if reads != 2 {
+		t.Fatalf("%d counter reads as the process left, want 2 (its waiting claims settled, then its lease ended)", reads)
+	}
+	if len(p.credits) != 0 {
 		t.Fatalf("credits left: %d", len(p.credits))
 	}
 }

@@ -555,6 +555,14 @@ func (p *Pool) ReleaseOwner(owner any) int {
 		}
 	}
 	p.mu.Unlock()
+	// What its reports claimed and the agent has not counted yet is
+	// settled against its slots' counters before they go.
+	p.mu.Lock()
+	waiting := p.credits[owner] != nil && len(p.credits[owner].pending) > 0
+	p.mu.Unlock()
+	if waiting {
+		p.settle(owner, time.Now())
+	}
 	for _, id := range ids {
 		_, _ = p.Release(owner, id, metrics.Abandoned)
 	}
@@ -645,6 +653,7 @@ func (p *Pool) reclaimed(s *slot, l *lease) (*Grant, error) {
 // keeping the pre-warmed count of each quota, and free slots above the
 // container's CPU limit (it was lowered).
 func (p *Pool) Reap(now time.Time) int {
+	p.settleDue(now)
 	max := p.maxQuota()
 	p.mu.Lock()
 	count := map[uint32]int{}

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"sort"
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
@@ -28,7 +29,7 @@ func (p *Pool) Release(owner any, id uint64, how metrics.Ending) (cgroup.Usage, 
 type Report struct {
 	Action         string
 	How            metrics.Ending
-	N              uint32
+	N              uint64
 	CPUNanos       uint64
 	ThrottledNanos uint64
 }
@@ -37,25 +38,86 @@ type Report struct {
 // their slots' counters, that its reports have not claimed yet. How a
 // process splits its CPU among its actions is its word; the total it
 // reports cannot exceed what its slots used.
-type credit struct{ cpu, throttled uint64 }
+type credit struct {
+	cpu, throttled uint64
+	// observed is when the slots' counters were last read for the process.
+	observed time.Time
+	// pending holds what reports claimed since then, by action and ending
+	// (as many keys as the container's action names allow).
+	pending map[reportKey]*Report
+}
 
-// Reported counts a process's USAGE records in the series a release feeds,
-// through the container's cap on action names like any name, each record's
-// times cut to what the process's held slots used and no earlier record
-// claimed. It returns the records as counted.
+type reportKey struct {
+	action string
+	how    metrics.Ending
+}
+
+// observeEvery bounds how often a process's reports have the agent read
+// its held slots' counters: a process holding n slots costs n reads per
+// observeEvery however many USAGE frames it sends. Clients send one a
+// second; what comes sooner waits for the next read.
+const observeEvery = time.Second
+
+// Reported takes a process's USAGE records. They are counted in the series
+// a release feeds, through the container's cap on action names like any
+// name, each record's times cut to what the process's held slots used and
+// no earlier record claimed. Records that come within observeEvery of the
+// last read wait for the next one (the next report, the next Reap, or the
+// process leaving). It returns the records counted now.
 func (p *Pool) Reported(owner any, rs []Report) []Report {
+	return p.report(owner, rs, time.Now())
+}
+
+func (p *Pool) report(owner any, rs []Report, now time.Time) []Report {
+	p.mu.Lock()
+	c := p.creditOf(owner)
+	if c.pending == nil {
+		c.pending = map[reportKey]*Report{}
+	}
+	for _, r := range rs {
+		r.Action = p.actionLabel(r.Action)
+		k := reportKey{r.Action, r.How}
+		if q := c.pending[k]; q != nil {
+			q.N = satAdd(q.N, r.N)
+			q.CPUNanos, q.ThrottledNanos = satAdd(q.CPUNanos, r.CPUNanos), satAdd(q.ThrottledNanos, r.ThrottledNanos)
+		} else {
+			c.pending[k] = &r
+		}
+	}
+	due := now.Sub(c.observed) >= observeEvery
+	p.mu.Unlock()
+	if !due {
+		return nil
+	}
+	return p.settle(owner, now)
+}
+
+// settle reads the owner's held slots' counters and counts its pending
+// records against what they used.
+func (p *Pool) settle(owner any, now time.Time) []Report {
 	p.observeHolds(owner)
 	p.mu.Lock()
 	c := p.creditOf(owner)
+	c.observed = now
+	out := make([]Report, 0, len(c.pending))
+	for _, r := range c.pending {
+		out = append(out, *r)
+	}
+	c.pending = nil
+	// Cut in a fixed order, so which record a short credit falls on does
+	// not depend on map order.
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Action != out[j].Action {
+			return out[i].Action < out[j].Action
+		}
+		return out[i].How < out[j].How
+	})
 	over := false
-	out := make([]Report, len(rs))
-	for i, r := range rs {
-		r.Action = p.actionLabel(r.Action)
+	for i, r := range out {
 		cpu, thr := min(r.CPUNanos, c.cpu), min(r.ThrottledNanos, c.throttled)
 		over = over || cpu < r.CPUNanos || thr < r.ThrottledNanos
 		c.cpu, c.throttled = c.cpu-cpu, c.throttled-thr
-		r.CPUNanos, r.ThrottledNanos = cpu, thr
-		out[i] = r
+		out[i].CPUNanos, out[i].ThrottledNanos = cpu, thr
 	}
 	p.mu.Unlock()
 	if over {
@@ -65,6 +127,21 @@ func (p *Pool) Reported(owner any, rs []Report) []Report {
 		p.metrics.Reported(r.Action, r.How, r.N, r.CPUNanos, r.ThrottledNanos)
 	}
 	return out
+}
+
+// settleDue settles the records that have waited observeEvery.
+func (p *Pool) settleDue(now time.Time) {
+	p.mu.Lock()
+	var due []any
+	for owner, c := range p.credits {
+		if len(c.pending) > 0 && now.Sub(c.observed) >= observeEvery {
+			due = append(due, owner)
+		}
+	}
+	p.mu.Unlock()
+	for _, owner := range due {
+		p.settle(owner, now)
+	}
 }
 
 // observeHolds credits the owner with what its HOLD leases' slots used

@@ -632,7 +632,7 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 	}
 	rs := make([]pool.Report, len(m.Records))
 	for i, r := range m.Records {
-		rs[i] = pool.Report{Action: r.Action, How: ending(r.Outcome), N: r.Invocations, CPUNanos: r.CPUNanos, ThrottledNanos: r.ThrottledNanos}
+		rs[i] = pool.Report{Action: r.Action, How: ending(r.Outcome), N: uint64(r.Invocations), CPUNanos: r.CPUNanos, ThrottledNanos: r.ThrottledNanos}
 	}
 	c.pool.Reported(c.session, rs)
 	return true
