@@ -307,3 +307,54 @@ func (f *served) podStart(t *testing.T) {
 		med(served).Round(10*time.Millisecond), med(plain).Round(10*time.Millisecond),
 		float64(med(served))/float64(med(plain)), round(slotted), med(slotted).Round(10*time.Millisecond))
 }
+
+// undelegatedScope: a container whose systemd scope does not delegate its
+// subtree (its trusted.delegate mark removed, as a scope made without
+// Delegate=yes would be). systemd owns such a cgroup and may reset it, so
+// the agent makes no slot there: a Warning Event and a log line say why,
+// the scope stays as runc made it, and the pod runs on unserved.
+func (f *served) undelegatedScope(t *testing.T) {
+	ctx := f.ctx(t, 6*time.Minute)
+	const pod = "nodeleg"
+	if _, err := f.n.Kubectl(ctx, "apply", "-f", writeManifest(t, servedPod(servedPodSpec{
+		name: pod, prewarm: "250m=2", request: "100m", limit: "1", args: `["serve"]`, disabled: true,
+	}))); err != nil {
+		t.Fatal(err)
+	}
+	defer f.n.Kubectl(context.WithoutCancel(ctx), "delete", "pod", pod, "--ignore-not-found", "--wait=false")
+	if _, err := f.n.Kubectl(ctx, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=4m"); err != nil {
+		t.Fatal(err)
+	}
+	scope, _, _ := containerScope(t, ctx, f.n, "default", pod)
+	mark := guest(t, ctx, f.n, fmt.Sprintf(`python3 -c 'import os,sys; p=sys.argv[1]; print(os.getxattr(p, "trusted.delegate").decode()); os.removexattr(p, "trusted.delegate")' %s`, scope))
+	t.Logf("%s's scope had trusted.delegate=%q (runc asks systemd for Delegate=yes); removed", pod, mark)
+	if mark != "1" {
+		t.Errorf("runc's scope was marked trusted.delegate=%q, want 1", mark)
+	}
+	if _, err := f.n.Kubectl(ctx, "annotate", "pod", pod, "cpuslot.dev/enabled=true", "--overwrite"); err != nil {
+		t.Fatal(err)
+	}
+	var ev string
+	for start := time.Now(); ; time.Sleep(2 * time.Second) {
+		ev = f.podEvents(t, ctx, pod)
+		if strings.Contains(ev, "does not delegate") || time.Since(start) > 2*time.Minute {
+			break
+		}
+	}
+	t.Logf("events of %s:\n%s", pod, ev)
+	if !strings.Contains(ev, "Warning CpuslotPrepareFailed") || !strings.Contains(ev, "does not delegate") {
+		t.Errorf("no Warning CpuslotPrepareFailed naming the missing delegation within 2 min")
+	}
+	if strings.Contains(ev, "CpuslotServing") {
+		t.Errorf("the undelegated scope was served")
+	}
+	state := guest(t, ctx, f.n, fmt.Sprintf(`cd %s && echo "$(cat cgroup.type) [$(cat cgroup.subtree_control)] $(ls -d cpuslot-* 2>/dev/null | wc -l)"`, scope))
+	t.Logf("the scope: type, subtree_control, slots: %s", state)
+	if state != "domain [] 0" {
+		t.Errorf("the undelegated scope was changed: %q, want %q", state, "domain [] 0")
+	}
+	logs, _ := f.n.Kubectl(ctx, "-n", f.ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=200")
+	if !strings.Contains(logs, "does not delegate") {
+		t.Errorf("no agent log line names the missing delegation:\n%s", logs)
+	}
+}

@@ -22,9 +22,14 @@ type servedPodSpec struct {
 	name, prewarm, request, limit string
 	args                          string // JSON list
 	liveness                      bool   // an exec liveness probe (/probe info)
+	disabled                      bool   // cpuslot.dev/enabled "false"
 }
 
 func servedPod(s servedPodSpec) string {
+	enabled := "true"
+	if s.disabled {
+		enabled = "false"
+	}
 	liveness := ""
 	if s.liveness {
 		// Generous: the node is emulated, and a slow exec must not count
@@ -42,7 +47,7 @@ metadata:
   name: %s
   namespace: default
   annotations:
-    cpuslot.dev/enabled: "true"
+    cpuslot.dev/enabled: "%s"
     cpuslot.dev/prewarm: "%s"
 spec:
   terminationGracePeriodSeconds: 1
@@ -63,7 +68,7 @@ spec:
     resources:
       requests: {cpu: "%s", memory: 32Mi}
       limits: {cpu: "%s", memory: 64Mi}
-%s`, s.name, s.prewarm, cluster.ProbeImage, s.args, s.request, s.limit, liveness)
+%s`, s.name, enabled, s.prewarm, cluster.ProbeImage, s.args, s.request, s.limit, liveness)
 }
 
 func writeManifest(t *testing.T, manifest string) string {

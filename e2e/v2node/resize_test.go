@@ -56,7 +56,13 @@ func (f *served) resize(t *testing.T) {
 	// asking now may get 250m or wait for budget; both are right, so the
 	// answer is shown, not checked.
 	if r, out, err := f.probeQuota(t, ctx, f.pod, "250m", "200ms"); err != nil {
-		t.Logf("another process asking 250m under a 400m limit while fn's holds 2x250m: %s", lastLine(out))
+		why := lastLine(out)
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "acquire:") {
+				why = line
+			}
+		}
+		t.Logf("another process asking 250m under a 400m limit while fn's holds 2x250m: %s", why)
 	} else {
 		t.Logf("another process asking 250m under a 400m limit: granted %dm", r.QuotaMilli)
 	}

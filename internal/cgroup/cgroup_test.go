@@ -11,6 +11,7 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"golang.org/x/sys/unix"
 )
 
 func TestSlotNames(t *testing.T) {
@@ -244,4 +245,63 @@ func TestKeptFDsBounded(t *testing.T) {
 	if n := countFDs() - before; n != 0 {
 		t.Errorf("%d fds left after removing every slot", n)
 	}
+}
+
+// TestSystemdUnitWithoutDelegation: on v2 a container cgroup named like a
+// systemd unit (.scope, .service) is served only with the trusted.delegate
+// mark systemd sets when it delegates the unit's subtree (Delegate=yes);
+// without it, or with another value, Container refuses with
+// ErrNotDelegated and makes nothing there. A cgroup of another name (the
+// cgroupfs driver) and v1 are not checked.
+func TestSystemdUnitWithoutDelegation(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	parent := filepath.Dir(cgrouptest.NewContainer(t, h, 0))
+	mk := func(name string) (string, string) {
+		rel := parent + "/" + name
+		for _, r := range []string{h.CPURoot, h.AcctRoot} {
+			if r == "" {
+				continue
+			}
+			if err := os.Mkdir(filepath.Join(r, rel), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.Remove(filepath.Join(r, rel)) })
+		}
+		return rel, filepath.Join(h.CPURoot, rel)
+	}
+	for _, name := range []string{"cri-containerd-abc.scope", "runtime.service"} {
+		rel, dir := mk(name)
+		c, err := h.Container(rel, nil)
+		if h.Version == 1 {
+			if err != nil {
+				t.Fatalf("v1 %s: %v", name, err)
+			}
+			c.Close()
+			continue
+		}
+		if !errors.Is(err, cgroup.ErrNotDelegated) {
+			t.Fatalf("%s without trusted.delegate: %v, want ErrNotDelegated", name, err)
+		}
+		t.Logf("%s: %v", name, err)
+		if err := unix.Setxattr(dir, "trusted.delegate", []byte("0"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.Container(rel, nil); !errors.Is(err, cgroup.ErrNotDelegated) {
+			t.Fatalf("%s with trusted.delegate=0: %v, want ErrNotDelegated", name, err)
+		}
+		if err := unix.Setxattr(dir, "trusted.delegate", []byte("1"), 0); err != nil {
+			t.Fatal(err)
+		}
+		c, err = h.Container(rel, nil)
+		if err != nil {
+			t.Fatalf("%s delegated: %v", name, err)
+		}
+		c.Close()
+	}
+	rel, _ := mk("ctr-cgroupfs")
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatalf("a cgroup that is no systemd unit: %v", err)
+	}
+	c.Close()
 }

@@ -115,8 +115,40 @@ func (h *Hierarchy) Container(rel string, observe Observer) (*Container, error) 
 			return nil, err
 		}
 		c.cpuEnabled = hasOpt(strings.Fields(string(sub)), "cpu")
+		if err := c.checkDelegated(); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	return c, nil
+}
+
+// ErrNotDelegated: the container's cgroup is a systemd unit that does not
+// delegate its subtree. systemd then owns what is below it and may remove
+// or reset slots on a daemon-reload or a property change, so none is made.
+var ErrNotDelegated = errors.New("systemd unit does not delegate its cgroup (Delegate=yes)")
+
+// checkDelegated refuses, on v2, a container cgroup that is a systemd unit
+// (a .scope or .service, as the systemd cgroup driver makes them) without
+// the trusted.delegate mark systemd sets on the units it delegates. Only
+// a process with CAP_SYS_ADMIN on the host can set that mark, so a pod
+// cannot forge it.
+func (c *Container) checkDelegated() error {
+	name := filepath.Base(c.Path)
+	if !strings.HasSuffix(name, ".scope") && !strings.HasSuffix(name, ".service") {
+		return nil
+	}
+	buf := make([]byte, 8)
+	n, err := unix.Fgetxattr(c.fds[0], "trusted.delegate", buf)
+	switch {
+	case errors.Is(err, unix.ENODATA):
+		return fmt.Errorf("cgroup %s: %w: it has no trusted.delegate mark", c.Path, ErrNotDelegated)
+	case err != nil:
+		return fmt.Errorf("cgroup %s: reading its trusted.delegate mark: %w", c.Path, err)
+	case string(buf[:n]) != "1":
+		return fmt.Errorf("cgroup %s: %w: trusted.delegate is %q", c.Path, ErrNotDelegated, buf[:n])
+	}
+	return nil
 }
 
 func errOr(err, alt error) error {
