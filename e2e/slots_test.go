@@ -101,7 +101,7 @@ func TestInvocationsRunInSlots(t *testing.T) {
 				t.Fatal(err)
 			}
 			var r quotaResult
-			if err := json.Unmarshal([]byte(lastLine(out)), &r); err != nil {
+			if err := json.Unmarshal([]byte(cluster.ProbeResult(out)), &r); err != nil {
 				t.Fatalf("quota %s: %v: %q", q.quota, err, out)
 			}
 			share = float64(r.SlotCPUNanos) / float64(r.WallNanos)

@@ -34,3 +34,16 @@ func ContainerCgroupDir(controller, qosClass, podUID, containerID string) string
 	}
 	return filepath.Join(append(parts, "pod"+podUID, containerID)...)
 }
+
+// ProbeResult is the result line of a probe command run through kubectl
+// exec, which interleaves the probe's log (stderr) with its result (stdout)
+// in any order: the last line that is a JSON object ("" if none).
+func ProbeResult(out string) string {
+	result := ""
+	for _, line := range strings.Split(out, "\n") {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "{") {
+			result = line
+		}
+	}
+	return result
+}

@@ -209,9 +209,8 @@ func (f *served) probeQuota(t *testing.T, ctx context.Context, pod, quota, wall 
 	if err != nil {
 		return quotaResult{}, out, err
 	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var r quotaResult
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+	if err := json.Unmarshal([]byte(cluster.ProbeResult(out)), &r); err != nil {
 		t.Fatalf("probe quota %s: %v: %q", quota, err, out)
 	}
 	return r, out, nil
