@@ -3,22 +3,16 @@ package kubernetes
 import (
 	"context"
 	"io/fs"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
-	"github.com/cpuslot/cpuslot/internal/discover"
 )
 
 // TestUnrecognisedCgroupLayout: a selected pod whose container cgroup the
@@ -40,34 +34,10 @@ func TestUnrecognisedCgroupLayout(t *testing.T) {
 		{"bad-slice", "kubepods-.slice:cri-containerd:c1", ReasonCgroupNotFound, "bad slice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			podsDir := t.TempDir()
-			pod := &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Name: "fn", Namespace: "default", UID: "uid-l",
-					Annotations: map[string]string{AnnEnabled: "true", AnnPrewarm: "250m=2"}},
-				Spec: corev1.PodSpec{NodeName: "n1",
-					Containers: []corev1.Container{{Name: "fn"}},
-					Volumes:    []corev1.Volume{{Name: "cpuslot", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
-				Status: corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{
-					Name: "fn", ContainerID: "containerd://c1", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
-			}
-			cs := fake.NewSimpleClientset(pod)
-			os.MkdirAll(filepath.Dir(SocketPath(podsDir, "uid-l", "cpuslot")), 0o777)
-			cfg := agent.DefaultConfig()
-			cfg.Socket, cfg.HTTP = "", ""
-			logs := &syncWriter{w: &strings.Builder{}}
-			log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			a, err := agent.New(cfg, log)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pc, _ := cfg.Settings()
-			src := New(Config{NodeName: "n1", PodsDir: podsDir, SocketVolume: "cpuslot",
-				Selector: Selector{Annotated: true}, Pool: pc, Resync: time.Hour}, cs, h, log)
-			src.cgroupOf = func(context.Context, string) (string, error) { return CgroupFromSpec(tc.cgroupsPath) }
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- a.Run(ctx, []discover.Source{src}, true) }()
-			defer func() { cancel(); <-done }()
+			cs := fake.NewSimpleClientset(selectedPod("uid-l", "250m=2", corev1.ResourceRequirements{}))
+			logs := &syncWriter{}
+			a := runAgent(t, h, cs, "uid-l", logs, func(context.Context, string) (string, error) { return CgroupFromSpec(tc.cgroupsPath) })
+			ctx := context.Background()
 			var msg string
 			waitUntil(t, "a Warning "+tc.reason+" event", func() bool {
 				ev, _ := cs.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
@@ -96,22 +66,4 @@ func TestUnrecognisedCgroupLayout(t *testing.T) {
 			waitUntil(t, "a log line", func() bool { return strings.Contains(logs.String(), tc.says) })
 		})
 	}
-}
-
-// syncWriter lets the test read what the agent's logger wrote.
-type syncWriter struct {
-	mu sync.Mutex
-	w  *strings.Builder
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.String()
 }

@@ -3,7 +3,6 @@ package kubernetes
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,9 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
-	"github.com/cpuslot/cpuslot/internal/discover"
 )
 
 // TestResizeBelowSlotQuota: the pod's spec lowers its served container's
@@ -30,38 +27,12 @@ import (
 func TestResizeBelowSlotQuota(t *testing.T) {
 	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 1000)
-	podsDir := t.TempDir()
-	os.Chmod(podsDir, 0o755)
 	limits := func(cpu string) corev1.ResourceRequirements {
 		return corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}}
 	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "fn", Namespace: "default", UID: "uid-r",
-			Annotations: map[string]string{AnnEnabled: "true", AnnPrewarm: "250m=1,500m=1"}},
-		Spec: corev1.PodSpec{NodeName: "n1",
-			Containers: []corev1.Container{{Name: "fn", Resources: limits("1")}},
-			Volumes:    []corev1.Volume{{Name: "cpuslot", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{
-			Name: "fn", ContainerID: "containerd://c1", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
-	}
-	cs := fake.NewSimpleClientset(pod)
-	os.MkdirAll(filepath.Dir(SocketPath(podsDir, "uid-r", "cpuslot")), 0o777)
-	cfg := agent.DefaultConfig()
-	cfg.Socket, cfg.HTTP = "", ""
-	cfg.ReapInterval = agent.Duration{Duration: time.Hour} // only the spec can make the agent act
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	a, err := agent.New(cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, _ := cfg.Settings()
-	src := New(Config{NodeName: "n1", PodsDir: podsDir, SocketVolume: "cpuslot",
-		Selector: Selector{Annotated: true}, Pool: pc, Resync: time.Hour}, cs, h, log)
-	src.cgroupOf = func(context.Context, string) (string, error) { return rel, nil }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, []discover.Source{src}, true) }()
-	defer func() { cancel(); <-done }()
+	cs := fake.NewSimpleClientset(selectedPod("uid-r", "250m=1,500m=1", limits("1")))
+	a := runAgent(t, h, cs, "uid-r", os.Stderr, func(context.Context, string) (string, error) { return rel, nil })
+	ctx := context.Background()
 	waitUntil(t, "agent ready", a.Ready)
 	slots := func() string {
 		m := map[uint32]int{}
