@@ -37,11 +37,12 @@ func selectedPod(uid, prewarm string, res corev1.ResourceRequirements) *corev1.P
 }
 
 // runAgent runs a real agent (no socket or HTTP of its own, maintenance
-// hourly: only the API makes it act) with a Source over cs that finds
-// container cgroups with cgroupOf, until the test ends. The agent logs
-// warnings to log.
-func runAgent(t *testing.T, h *cgroup.Hierarchy, cs kubernetes.Interface, uid string, log io.Writer,
-	cgroupOf func(context.Context, string) (string, error)) *agent.Agent {
+// hourly: only the API makes it act) with a Source over cs selecting pods
+// by sel and finding container cgroups with cgroupOf, until the test ends.
+// The agent logs warnings to log; pod uid's socket directory is made. It
+// returns the agent and the pods directory.
+func runAgent(t *testing.T, h *cgroup.Hierarchy, cs kubernetes.Interface, sel Selector, uid string, log io.Writer,
+	cgroupOf func(context.Context, string) (string, error)) (*agent.Agent, string) {
 	t.Helper()
 	podsDir := t.TempDir()
 	os.Chmod(podsDir, 0o755)
@@ -56,13 +57,13 @@ func runAgent(t *testing.T, h *cgroup.Hierarchy, cs kubernetes.Interface, uid st
 	}
 	pc, _ := cfg.Settings()
 	src := New(Config{NodeName: "n1", PodsDir: podsDir, SocketVolume: "cpuslot",
-		Selector: Selector{Annotated: true}, Pool: pc, Resync: time.Hour}, cs, h, logger)
+		Selector: sel, Pool: pc, Resync: time.Hour}, cs, h, logger)
 	src.cgroupOf = cgroupOf
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx, []discover.Source{src}, true) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return a
+	return a, podsDir
 }
 
 // syncWriter lets a test read what the agent's logger wrote.

@@ -36,7 +36,8 @@ func TestUnrecognisedCgroupLayout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := fake.NewSimpleClientset(selectedPod("uid-l", "250m=2", corev1.ResourceRequirements{}))
 			logs := &syncWriter{}
-			a := runAgent(t, h, cs, "uid-l", logs, func(context.Context, string) (string, error) { return CgroupFromSpec(tc.cgroupsPath) })
+			a, _ := runAgent(t, h, cs, Selector{Annotated: true}, "uid-l", logs,
+				func(context.Context, string) (string, error) { return CgroupFromSpec(tc.cgroupsPath) })
 			ctx := context.Background()
 			var msg string
 			waitUntil(t, "a Warning "+tc.reason+" event", func() bool {

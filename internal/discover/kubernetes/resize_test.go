@@ -31,7 +31,7 @@ func TestResizeBelowSlotQuota(t *testing.T) {
 		return corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}}
 	}
 	cs := fake.NewSimpleClientset(selectedPod("uid-r", "250m=1,500m=1", limits("1")))
-	a := runAgent(t, h, cs, "uid-r", os.Stderr, func(context.Context, string) (string, error) { return rel, nil })
+	a, _ := runAgent(t, h, cs, Selector{Annotated: true}, "uid-r", os.Stderr, func(context.Context, string) (string, error) { return rel, nil })
 	ctx := context.Background()
 	waitUntil(t, "agent ready", a.Ready)
 	slots := func() string {

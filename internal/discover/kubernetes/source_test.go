@@ -2,9 +2,7 @@ package kubernetes
 
 import (
 	"context"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -17,9 +15,7 @@ import (
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/client"
-	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
-	"github.com/cpuslot/cpuslot/internal/discover"
 )
 
 // TestReconcile drives the source with the client-go fake API (a unit-test
@@ -28,9 +24,6 @@ import (
 func TestReconcile(t *testing.T) {
 	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 0)
-	podsDir := t.TempDir()
-	os.Chmod(podsDir, 0o755)
-
 	runtimePod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "wsk-action-1", Namespace: "openwhisk", UID: types.UID("uid-1"),
 			Labels:      map[string]string{"user-action-pod": "true"},
@@ -46,29 +39,14 @@ func TestReconcile(t *testing.T) {
 	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "uid-3"},
 		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "nginx"}}}}
 	cs := fake.NewSimpleClientset(runtimePod, noVolume, plain)
-	os.MkdirAll(filepath.Dir(SocketPath(podsDir, "uid-1", "cpuslot")), 0o777)
-
-	cfg := agent.DefaultConfig()
-	cfg.Socket, cfg.HTTP = "", ""
-	cfg.ReapInterval = agent.Duration{Duration: time.Hour}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	a, err := agent.New(cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, _ := cfg.Settings()
-	src := New(Config{NodeName: "n1", PodsDir: podsDir, SocketVolume: "cpuslot",
-		Selector: Selector{OpenWhisk: true, Knative: true, Annotated: true}, Pool: pc, Resync: time.Hour}, cs, h, log)
-	src.cgroupOf = func(_ context.Context, id string) (string, error) {
-		if id != "c1" {
-			t.Errorf("asked for container %q", id)
-		}
-		return rel, nil
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, []discover.Source{src}, true) }()
-	defer func() { cancel(); <-done }()
+	a, podsDir := runAgent(t, h, cs, Selector{OpenWhisk: true, Knative: true, Annotated: true}, "uid-1", os.Stderr,
+		func(_ context.Context, id string) (string, error) {
+			if id != "c1" {
+				t.Errorf("asked for container %q", id)
+			}
+			return rel, nil
+		})
+	ctx := context.Background()
 	waitUntil(t, "agent ready", a.Ready)
 
 	sums := a.Summaries()
