@@ -171,6 +171,11 @@ func TestReportedActionsBounded(t *testing.T) {
 	if len(p.actions) != 5 {
 		t.Fatalf("%d action names kept, want 5", len(p.actions))
 	}
+	// Records waiting for the next counter read are keyed by the capped
+	// label too: at most the 5 names and _other.
+	if n := len(p.creditOf(p).pending); n > 6 {
+		t.Fatalf("%d records waiting after 10000 action names, want at most 6", n)
+	}
 	if l := p.actionLabel(metrics.Held); l != "_other" {
 		t.Fatalf("a client's %q is labelled %q", metrics.Held, l)
 	}

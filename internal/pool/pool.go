@@ -554,12 +554,10 @@ func (p *Pool) ReleaseOwner(owner any) int {
 			ids = append(ids, id)
 		}
 	}
+	waiting := p.credits[owner] != nil && len(p.credits[owner].pending) > 0
 	p.mu.Unlock()
 	// What its reports claimed and the agent has not counted yet is
 	// settled against its slots' counters before they go.
-	p.mu.Lock()
-	waiting := p.credits[owner] != nil && len(p.credits[owner].pending) > 0
-	p.mu.Unlock()
 	if waiting {
 		p.settle(owner, time.Now())
 	}
