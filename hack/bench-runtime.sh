@@ -77,12 +77,15 @@ move_workers() {
 kernel_target() {
 	local name=$1 quota=$2 cg="$DEMO_CG/$1" port
 	start_runtime "$name" "$cg" CPUSLOT_ENABLED=false $(jfr "$name")
-	cg_create "$cg/w"
 	if [ "$CG_VERSION" = 1 ]; then
+		cg_create "$cg/w"
 		echo 100000 >"${CG_ROOTS[0]}$cg/w/cpu.cfs_period_us"
 		echo "$quota" >"${CG_ROOTS[0]}$cg/w/cpu.cfs_quota_us"
 	else
+		# as the agent makes a slot: threaded first, then the controller (the runtime's cgroup has processes)
+		mkdir -p "${CG_ROOTS[0]}$cg/w"
 		echo threaded >"${CG_ROOTS[0]}$cg/w/cgroup.type"
+		echo +cpu >"${CG_ROOTS[0]}$cg/cgroup.subtree_control"
 		if [ "$quota" = -1 ]; then echo "max 100000" >"${CG_ROOTS[0]}$cg/w/cpu.max"; else echo "$quota 100000" >"${CG_ROOTS[0]}$cg/w/cpu.max"; fi
 	fi
 	port="${name^^}_PORT"
