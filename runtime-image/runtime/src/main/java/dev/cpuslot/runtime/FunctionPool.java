@@ -49,6 +49,9 @@ public final class FunctionPool implements AutoCloseable {
     private static final AtomicLong WORKER_IDS = new AtomicLong();
 
     private final Runaways runaways;
+    /** Added to on every invocation with a slot: held rather than looked up each time. */
+    private final java.util.concurrent.atomic.DoubleAdder acquireSeconds, releaseSeconds;
+    private final String labels;
 
     public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics) {
         this(fn, max, idleMs, slots, metrics, null);
@@ -62,7 +65,13 @@ public final class FunctionPool implements AutoCloseable {
         this.slots = slots;
         this.metrics = metrics;
         this.permits = new Semaphore(max, true);
+        this.acquireSeconds = metrics.counter("cpuslot_slot_acquire_seconds_total", "");
+        this.releaseSeconds = metrics.counter("cpuslot_slot_release_seconds_total", "");
+        this.labels = Metrics.labels("function", fn.name());
     }
+
+    /** The function's metric labels ({@code function="..."}), built once. */
+    String labels() { return labels; }
 
     public Function function() { return fn; }
     public int max() { return max; }
@@ -237,7 +246,7 @@ public final class FunctionPool implements AutoCloseable {
                     } catch (RuntimeException e) { // fail-closed
                         error = "no CPU slot: " + e.getMessage();
                     }
-                    metrics.add("cpuslot_slot_acquire_seconds_total", "", (System.nanoTime() - a0) / 1e9);
+                    acquireSeconds.add((System.nanoTime() - a0) / 1e9);
                     j.lease = lease;
                     if (j.claimed.get() && lease != null) lease.release(ReleaseOutcome.TIMEOUT);
                 }
@@ -266,7 +275,7 @@ public final class FunctionPool implements AutoCloseable {
                     Usage u = lease == null ? Usage.NONE : local ? lease.release(outcome) : lease.stop();
                     boolean releaseLater = !local && u.measured();
                     if (lease != null && !local && !releaseLater) u = lease.release(outcome);
-                    if (lease != null) metrics.add("cpuslot_slot_release_seconds_total", "", (System.nanoTime() - r0) / 1e9);
+                    if (lease != null) releaseSeconds.add((System.nanoTime() - r0) / 1e9);
                     Thread.interrupted(); // clear a stray interrupt before going back to the pool
                     boolean reuse = !sandbox_poisoned() && !closed;
                     busy.decrementAndGet();

@@ -497,8 +497,8 @@ public final class FunctionRuntime implements AutoCloseable {
         if (u != null && u.measured()) {
             headers.put("X-Cpuslot-Cpu-Ns", Long.toString(u.cpuNanos()));
             headers.put("X-Cpuslot-Throttled-Ns", Long.toString(u.throttledNanos()));
-            metrics.add("cpuslot_slot_cpu_seconds_total", Metrics.labels("function", fn.name()), u.cpuNanos() / 1e9);
-            metrics.add("cpuslot_slot_throttled_seconds_total", Metrics.labels("function", fn.name()), u.throttledNanos() / 1e9);
+            metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), u.cpuNanos() / 1e9);
+            metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), u.throttledNanos() / 1e9);
         }
         String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
         metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", slotOutcome));

@@ -61,7 +61,12 @@ public final class Metrics {
     public void inc(String name, String labels) { add(name, labels, 1); }
 
     public void add(String name, String labels, double v) {
-        counters.computeIfAbsent(new Key(name, labels), k -> new DoubleAdder()).add(v);
+        counter(name, labels).add(v);
+    }
+
+    /** The counter itself, for a caller that adds on every invocation (no map lookup then). */
+    public DoubleAdder counter(String name, String labels) {
+        return counters.computeIfAbsent(new Key(name, labels), k -> new DoubleAdder());
     }
 
     public AtomicLong gauge(String name, String labels) {

@@ -110,13 +110,23 @@ public final class Quota {
         return new Resolved(0, "none", false);
     }
 
+    /** The last value that parsed: most invocations repeat one (the init env's), parsed once then. */
+    private record Parsed(String raw, long milli) {}
+    private volatile Parsed lastParsed;
+
     private Resolved of(String source, String raw) throws InvalidQuotaException {
         long m;
-        try {
-            m = parseMilli(raw);
-        } catch (IllegalArgumentException e) {
-            metrics.inc("cpuslot_quota_invalid_total", Metrics.labels("source", source));
-            throw new InvalidQuotaException(source, "invalid CPU quota from " + source + ": " + e.getMessage());
+        Parsed last = lastParsed;
+        if (last != null && last.raw().equals(raw)) {
+            m = last.milli();
+        } else {
+            try {
+                m = parseMilli(raw);
+            } catch (IllegalArgumentException e) {
+                metrics.inc("cpuslot_quota_invalid_total", Metrics.labels("source", source));
+                throw new InvalidQuotaException(source, "invalid CPU quota from " + source + ": " + e.getMessage());
+            }
+            lastParsed = new Parsed(raw, m);
         }
         if (cfg.maxQuotaMilli() > 0 && m > cfg.maxQuotaMilli()) {
             metrics.inc("cpuslot_quota_capped_total", Metrics.labels("source", source));

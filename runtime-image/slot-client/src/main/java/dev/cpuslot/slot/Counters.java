@@ -9,7 +9,10 @@ import java.util.concurrent.atomic.LongAdder;
 final class Counters {
     private final Map<String, LongAdder> counters = new ConcurrentHashMap<>();
 
-    void count(String name) { counters.computeIfAbsent(name, k -> new LongAdder()).increment(); }
+    void count(String name) { adder(name).increment(); }
+
+    /** The counter itself, for a caller that counts on every invocation (no map lookup then). */
+    LongAdder adder(String name) { return counters.computeIfAbsent(name, k -> new LongAdder()); }
 
     long get(String name) {
         LongAdder a = counters.get(name);

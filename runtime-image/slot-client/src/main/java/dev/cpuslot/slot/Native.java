@@ -147,6 +147,7 @@ public final class Native {
         try { recv(-1, new byte[4], 0, 4); } catch (NativeException expected) { }
         try { write(-1, one); } catch (NativeException expected) { }
         try { preadText(-1, 64); } catch (NativeException expected) { }
+        try { pread(-1, new byte[1], 0, 1); } catch (NativeException expected) { }
         try (Arena a = Arena.ofConfined()) {
             MemorySegment cs = a.allocate(CAPTURE);
             int r = (int) CLOSE.invokeExact(cs, -1);
@@ -462,6 +463,31 @@ public final class Native {
                     byte[] b = new byte[(int) n];
                     MemorySegment.copy(s.buf, JAVA_BYTE, 0, b, 0, (int) n);
                     return new String(b, StandardCharsets.US_ASCII);
+                }
+                int e = errno(s.cs);
+                if (e != EINTR) throw fail("pread", e);
+            }
+        } catch (NativeException e) {
+            throw e;
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+    }
+
+    /**
+     * pread(2) at offset 0 of up to max bytes into dst[off..]; returns the bytes read. As
+     * {@link #preadText} without a String per call: the per-invocation counter reads use it.
+     */
+    public static int pread(int fd, byte[] dst, int off, int max) throws NativeException {
+        check();
+        Scratch s = SCRATCH.get();
+        int len = Math.min(Math.min(max, Scratch.BUF), dst.length - off);
+        try {
+            while (true) {
+                long n = (long) PREAD.invokeExact(s.cs, fd, s.buf, (long) len, 0L);
+                if (n >= 0) {
+                    MemorySegment.copy(s.buf, JAVA_BYTE, 0, dst, off, (int) n);
+                    return (int) n;
                 }
                 int e = errno(s.cs);
                 if (e != EINTR) throw fail("pread", e);

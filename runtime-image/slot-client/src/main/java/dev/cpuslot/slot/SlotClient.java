@@ -116,6 +116,7 @@ public final class SlotClient implements AutoCloseable {
 
     // the parts, one concept each (see their classes)
     private final Counters counters = new Counters();
+    private final java.util.concurrent.atomic.LongAdder acquireCalls = counters.adder("acquire.calls");
     private final SocketTransport transport;
     private final FdCache fds;
     private final Recovery recovery;
@@ -189,7 +190,7 @@ public final class SlotClient implements AutoCloseable {
      */
     public SlotLease acquire(long quotaMilli, String action, String invocationId) {
         if (local != null && !closed) {
-            counters.count("acquire.calls");
+            acquireCalls.increment();
             SlotLease l = local.acquire(quotaMilli, Leases.clip(action), Leases.clip(invocationId));
             if (l != null) return l;
             return leases.acquire(quotaMilli, action, invocationId, false);

@@ -332,6 +332,29 @@ class SlotClientTest {
     }
 
     @Test
+    void countersReadWithPreadReuseNoBytesOfAnEarlierReading(@org.junit.jupiter.api.io.TempDir java.nio.file.Path dir)
+            throws Exception {
+        org.junit.jupiter.api.Assumptions.assumeTrue(Native.available(), "needs the FFM natives");
+        java.nio.file.Path stat = dir.resolve("cpu.stat"), acct = dir.resolve("cpuacct.usage");
+        java.nio.file.Files.writeString(stat, "nr_periods 123456789\nnr_throttled 3\nthrottled_time 4500123\nnr_bursts 0\n");
+        java.nio.file.Files.writeString(acct, "98765432\n");
+        int s = Native.open(stat.toString(), 0, 0), a = Native.open(acct.toString(), 0, 0);
+        try {
+            assertEquals(new SlotCounters(98_765_432, 4_500_123, 123_456_789, 3), SlotCounters.read(s, a));
+            // a shorter rendering in the same thread's buffer: only its own bytes count
+            java.nio.file.Files.writeString(stat, "nr_periods 7\n");
+            java.nio.file.Files.writeString(acct, "5\n");
+            assertEquals(new SlotCounters(5, 0, 7, 0), SlotCounters.read(s, a));
+            // v2: one fd, no cpuacct.usage; keys match whole words only
+            java.nio.file.Files.writeString(stat, "usage_usec 12\nusage_usec_x 99\nnr_periods 1\nthrottled_usec 2\n");
+            assertEquals(new SlotCounters(12_000, 2_000, 1, 0), SlotCounters.read(s, -1));
+        } finally {
+            Native.close(s);
+            Native.close(a);
+        }
+    }
+
+    @Test
     void stopMeasuresNowAndTheOneWayReleaseCanFollowLater() throws Exception {
         agent.statFds = 1;
         client = builder().build();
