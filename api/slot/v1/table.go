@@ -453,6 +453,19 @@ func (t *Table) Publish(e Entry, holder uint32, now uint64) (Claim, error) {
 // SetLease writes the lease id of entry i (after a RECLAIM gave it a new one).
 func (t *Table) SetLease(i int, lease uint64) { t.store64(entryOff(i)+offLease, lease) }
 
+// SetGranted writes what the agent grants entry i's lease now: its quota,
+// and the DEGRADED flag set or cleared (a degraded lease raised later).
+func (t *Table) SetGranted(i int, quotaM uint32, degraded bool) {
+	o := entryOff(i)
+	t.store32(o+offQuota, quotaM)
+	p := t.p32(o + offFlags)
+	if degraded {
+		atomic.OrUint32(p, le32(EntryDegraded))
+	} else {
+		atomic.AndUint32(p, ^le32(EntryDegraded))
+	}
+}
+
 // MarkGone sets entry i's GONE flag: its slot is no longer backed; claims
 // fail from now on, and the entry is dropped once free.
 func (t *Table) MarkGone(i int) {
