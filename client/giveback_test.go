@@ -84,7 +84,9 @@ func TestLocalGiveBackFree(t *testing.T) {
 		t.Fatalf("%d releases once 250m of 400m is held, want 1", r)
 	}
 	close(release) // the running invocation was never disturbed
-	waitFor(t, "the invocation's end", func() bool { return c.Table().Entry(0).State&0xFFFFFFFF == 0 && c.Table().Entry(1).State&0xFFFFFFFF == 0 })
+	waitFor(t, "the invocation's end", func() bool {
+		return c.Table().Entry(0).State&0xFFFFFFFF == 0 && c.Table().Entry(1).State&0xFFFFFFFF == 0
+	})
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.unknownReleases != 0 || len(f.leases) != 1 {

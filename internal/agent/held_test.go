@@ -118,7 +118,6 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 	}
 }
 
-
 // TestAttackHeld: HELD on a connection not granted LOCAL, or with a
 // payload, is BAD_REQUEST; a flood of HELD is answered REJECTED past the
 // per-process rate (counted as held_throttled) while another process's
