@@ -142,6 +142,16 @@ final class SlotTable {
     /** Sets the GONE flag (atomically): claims fail from now on, and the entry is dropped once free. */
     void markGone(int i) { FLAGS_WORD.getAndBitwiseOr(seg, at(i, FLAGS), FLAG_GONE); }
 
+    /**
+     * Writes what the agent grants entry i's lease now (HELD_OK): its quota, and DEGRADED set or
+     * cleared (a degraded lease raised later).
+     */
+    void setGranted(int i, long quotaMilli, boolean degraded) {
+        seg.set(U32, at(i, QUOTA), (int) quotaMilli);
+        if (degraded) FLAGS_WORD.getAndBitwiseOr(seg, at(i, FLAGS), FLAG_DEGRADED);
+        else FLAGS_WORD.getAndBitwiseAnd(seg, at(i, FLAGS), ~FLAG_DEGRADED);
+    }
+
     // ---- operations (spec: "Operations") ------------------------------------------------------
 
     // how a claim ended (the names of testdata/table.json)
