@@ -408,6 +408,7 @@ func (lc *local) run() {
 		case <-tick.C:
 			lc.flush()
 			lc.c.checkAgent()
+			lc.freeDead(monotonicNow())
 			lc.held()
 		case <-sweep.C:
 			lc.dropIdle(monotonicNow())
@@ -549,6 +550,29 @@ func (lc *local) giveBack(ok *slotv1.HeldOK) {
 		// it back once its invocation released it.
 		lc.t.MarkGone(cd.i)
 		want -= min(want, uint64(o.quota))
+	}
+}
+
+// freeDead frees the process's own entries claimed by a thread that no
+// longer exists: a thread of a process sharing the table (SPEC.md: "A
+// process's children may share it") or of this one that died in an
+// invocation would otherwise hold the entry, and the held slot with it, for
+// ever. A holder counts as dead only when the kernel says no thread has its
+// TID (kill(tid, 0): ESRCH); a TID reused since by a live thread keeps the
+// entry claimed (the safe side), and the compare-and-swap on the state
+// word read before the check leaves alone an entry claimed anew meanwhile.
+func (lc *local) freeDead(now uint64) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	for i := range lc.own {
+		s := lc.t.State(i)
+		h := slotv1.Holder(s)
+		if h == 0 || h == slotv1.HolderControl || h > 1<<22 {
+			continue // free, ours to control, or no TID the kernel hands out (a scribble)
+		}
+		if unix.Kill(int(h), 0) == unix.ESRCH {
+			lc.t.FreeDead(i, s, now)
+		}
 	}
 }
 
