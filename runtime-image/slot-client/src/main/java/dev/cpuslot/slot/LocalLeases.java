@@ -384,12 +384,30 @@ final class LocalLeases {
         }
     }
 
-    /** One round: re-declare, report usage, ask what is held, drop idle and gone entries. */
+    /** One round: re-declare, report usage, free dead claims, ask what is held, drop idle and gone entries. */
     void tick(long now) {
         reclaimOnce();
         reportOnce(now, false);
+        freeDead(now);
         heldOnce(now);
         dropIdle(now);
+    }
+
+    /**
+     * Frees the process's own entries claimed by a thread that no longer exists: a thread of a
+     * process sharing the table, or of this one, that died in an invocation would otherwise hold
+     * the entry and its slot for ever. Dead means the kernel has no thread of that TID (ESRCH); a
+     * TID reused by a live thread keeps the claim, and the compare-and-swap on the state read
+     * before the check leaves a claim made since alone.
+     */
+    void freeDead(long now) {
+        for (int i = 0; i < table.used(); i++) {
+            if (held.get(i) == null) continue;
+            long s = table.state(i);
+            int h = SlotTable.hold(s);
+            if (h == 0 || h == SlotTable.CONTROL || h < 0 || h > (1 << 22)) continue;
+            if (Native.threadGone(h) && table.freeDead(i, s, now)) count("local.freed_dead");
+        }
     }
 
     /**

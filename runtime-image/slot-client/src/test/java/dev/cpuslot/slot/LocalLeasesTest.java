@@ -366,7 +366,27 @@ class LocalLeasesTest {
     void whenEveryHeldSlotIsBusyOneIsMarkedGoneAndGivenBackOnceItsInvocationEnds() throws Exception {
         announceHeld();
         SlotLease a = local.acquire(250, "f", "a");
-        SlotLease b = onOtherThread(() -> local.acquire(250, "f", "b"));
+        // b's invocation runs on a thread that lives until the test ends (a claim by a thread that
+        // ended would be freed as a dead holder's)
+        var alive = new java.util.concurrent.CountDownLatch(1);
+        var got = new java.util.concurrent.SynchronousQueue<SlotLease>();
+        Thread.ofPlatform().daemon().start(() -> {
+            try {
+                got.put(local.acquire(250, "f", "b"));
+                alive.await();
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        });
+        SlotLease b = got.take();
+        try {
+            busyBoth(a, b);
+        } finally {
+            alive.countDown();
+        }
+    }
+
+    private void busyBoth(SlotLease a, SlotLease b) {
         heldAnswer = heldOk(400, 100, new Protocol.HeldLease(a.lease, a.slot(), 250, 0), new Protocol.HeldLease(b.lease, b.slot(), 250, 0));
         long now = System.nanoTime() + 10 * S;
         local.tick(now);
@@ -433,5 +453,35 @@ class LocalLeasesTest {
         local.tick(now + S);
         assertEquals(2, transport.count(Protocol.Held.class));
         assertEquals(250, table.slot(a.entry) != 0 ? table.quota(a.entry) : -1);
+    }
+
+    // ---- a dead holder's claim (spec: free_dead) ------------------------------------------------
+
+    @Test
+    void anOwnEntryClaimedByAThreadThatDiedIsFreedAndOneClaimedByALiveThreadIsNot() throws Exception {
+        SlotLease a = local.acquire(250, "f", "a");
+        SlotLease b = onOtherThread(() -> local.acquire(250, "f", "b"));
+        a.release(ReleaseOutcome.OK);
+        b.release(ReleaseOutcome.OK);
+        // a sharer's thread claims entry a and dies holding it; a live one (this thread) holds b
+        int[] dead = new int[1];
+        Thread t = Thread.ofPlatform().start(() -> dead[0] = Native.gettid());
+        t.join();
+        assertTrue(Native.threadGone(dead[0]), "the thread's TID is gone once it ended");
+        assertFalse(Native.threadGone(Native.gettid()));
+        long now = System.nanoTime();
+        assertNotEquals(0, table.claim(a.entry, dead[0], 250, now), "claimed by the thread that died");
+        assertNotEquals(0, table.claim(b.entry, Native.gettid(), 250, now), "claimed by a live thread");
+        int gen = SlotTable.gen(table.state(a.entry));
+        local.tick(now + S);
+        assertEquals(0, SlotTable.hold(table.state(a.entry)), "the dead thread's claim is freed");
+        assertEquals(gen + 1, SlotTable.gen(table.state(a.entry)), "with the next generation");
+        assertEquals(Native.gettid(), SlotTable.hold(table.state(b.entry)), "a live thread's claim stands");
+        assertEquals(1, counters.get("local.freed_dead"));
+        // the freed entry serves again, with no miss
+        SlotLease c = onOtherThread(() -> local.acquire(250, "f", "c"));
+        assertEquals(a.entry, c.entry);
+        assertEquals(2, transport.count(Protocol.Acquire.class));
+        c.release(ReleaseOutcome.OK);
     }
 }
