@@ -275,3 +275,62 @@ func TestLocalClientGiveBack(t *testing.T) {
 		t.Errorf("the client was throttled:\n%s", grep(scrape(t, a), "held_throttled"))
 	}
 }
+
+// TestLocalClientDegradedRaised: the Go client's HOLD lease granted less
+// than asked (policy degrade) is raised by the agent once budget frees; the
+// client's table entry then says so (HELD_OK carries the grant): its next
+// invocation runs at the full quota, not degraded.
+func TestLocalClientDegradedRaised(t *testing.T) {
+	e := localEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
+	e.start()
+	other := startLive(t, e, e.rel, 1)
+	oc := localConn(t, e.socket, other)
+	oc.Write(frame(t, holdReq(800, 0)))
+	m, _ := readFDs(t, oc)
+	big, ok := m.(*slotv1.AcquireOK)
+	if !ok {
+		t.Fatalf("HOLD 800m: %+v", m)
+	}
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c, err := client.Dial(e.socket, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var slot uint32
+	onLockedThread(func() {
+		l, err := c.Acquire(500, "guest/raised", "")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if !l.Local || !l.Degraded || l.QuotaMilli != 200 {
+			t.Errorf("500m beside 800m of a 1000m budget: local %v degraded %v quota %d, want a degraded 200m", l.Local, l.Degraded, l.QuotaMilli)
+		}
+		slot = l.Slot
+		l.Release(slotv1.InvocationOK)
+	})
+	if t.Failed() {
+		return
+	}
+	oc.Write(frame(t, &slotv1.Release{Lease: big.Lease, Flags: slotv1.ReleaseNoReply}))
+	waitFor(t, "the client's entry raised to 500m, not degraded", func() bool {
+		for i := 0; i < c.Table().Cap(); i++ {
+			if en := c.Table().Entry(i); en.Slot == slot {
+				return en.QuotaMilli == 500 && en.Flags&slotv1.EntryDegraded == 0
+			}
+		}
+		return false
+	})
+	onLockedThread(func() {
+		l, err := c.Acquire(500, "guest/raised", "")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if l.Slot != slot || l.Degraded || l.QuotaMilli != 500 || !inSlot(e.h, e.rel, l.Slot) {
+			t.Errorf("after the raise: slot %d (was %d) degraded %v quota %d", l.Slot, slot, l.Degraded, l.QuotaMilli)
+		}
+		l.Release(slotv1.InvocationOK)
+	})
+}
