@@ -467,7 +467,9 @@ class LocalLeasesTest {
         int[] dead = new int[1];
         Thread t = Thread.ofPlatform().start(() -> dead[0] = Native.gettid());
         t.join();
-        assertTrue(Native.threadGone(dead[0]), "the thread's TID is gone once it ended");
+        // join returns when the Java thread ended; its OS thread exits just after
+        for (long until = System.nanoTime() + 30 * S; !Native.threadGone(dead[0]) && System.nanoTime() < until; ) Thread.sleep(1);
+        assertTrue(Native.threadGone(dead[0]), "the thread's TID is gone within 30 s of its end");
         assertFalse(Native.threadGone(Native.gettid()));
         long now = System.nanoTime();
         assertNotEquals(0, table.claim(a.entry, dead[0], 250, now), "claimed by the thread that died");
