@@ -51,6 +51,27 @@ func runChild(role string) int {
 		out.Encode(rep)
 		return 0
 	}
+	if role == "claim-raw" {
+		// A sharer that claims every held entry of the table on one of its
+		// threads (as its invocations would, racing the owner), reports
+		// them, and waits to be killed.
+		t, err := slotv1.OpenTable(os.NewFile(3, "table"))
+		if err != nil {
+			return fail(err)
+		}
+		runtime.LockOSThread()
+		tid := uint32(unix.Gettid())
+		for i := 0; i < t.Cap(); i++ {
+			if e := t.Entry(i); e.Slot != 0 {
+				if _, r := t.Claim(i, tid, e.AskedMilli, 1); r == slotv1.Claimed {
+					rep.Slots = append(rep.Slots, e.Slot)
+					rep.N = int(tid)
+				}
+			}
+		}
+		out.Encode(rep)
+		select {}
+	}
 	c, err := client.Dial(os.Getenv("SOCKET"), client.Options{TableFile: os.NewFile(3, "table")})
 	if err != nil {
 		return fail(err)
@@ -331,6 +352,64 @@ func TestSharedTableClaimAllAndDie(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSharedTableDeadClaimerFreed: a process sharing the table claims
+// the survivor's held entries and dies holding them. While it lives its
+// claims stand; once no thread has its TID, the survivor frees its own
+// entries (compare-and-swap on the claim's generation) and serves its
+// invocations from them again, with no new HOLD lease.
+func TestSharedTableDeadClaimerFreed(t *testing.T) {
+	f := newFakeAgent(t, true)
+	f.held = true // the client's loop asks HELD each round: rounds to count
+	c := dialFake(t, f, client.Options{TableCapacity: 4})
+	var a, b *client.Lease
+	onThread(func() {
+		var err error
+		if a, err = c.Acquire(250, "p", ""); err != nil {
+			t.Fatal(err)
+		}
+		onThread(func() {
+			if b, err = c.Acquire(250, "p", ""); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+	a.Release(slotv1.InvocationOK)
+	b.Release(slotv1.InvocationOK)
+	ch := startChild(t, "claim-raw", f, c.Table().File(), 0)
+	r := ch.report(t)
+	if len(r.Slots) != 2 {
+		t.Fatalf("the sharer claimed slots %v, want both held entries", r.Slots)
+	}
+	held := func() (n int) {
+		for i := 0; i < 4; i++ {
+			if slotv1.Holder(c.Table().State(i)) == uint32(r.N) {
+				n++
+			}
+		}
+		return n
+	}
+	heldRounds(t, f, 2)
+	if n := held(); n != 2 {
+		t.Fatalf("%d entries held by the live sharer after two rounds, want 2 (a live holder's claim stands)", n)
+	}
+	ch.cmd.Process.Signal(syscall.SIGKILL)
+	ch.cmd.Wait()
+	waitFor(t, "the dead sharer's claims freed", func() bool { return held() == 0 })
+	holds := f.count("hold")
+	onThread(func() {
+		for i := 0; i < 10; i++ {
+			l, err := c.Acquire(250, "survivor", "")
+			if err != nil || !l.Local {
+				t.Fatalf("invocation %d after the sharer died: %v", i, err)
+			}
+			l.Release(slotv1.InvocationOK)
+		}
+	})
+	if h := f.count("hold"); h != holds {
+		t.Fatalf("%d new HOLD leases, want none: the freed entries serve", h-holds)
+	}
 }
 
 // TestTableOfOldLayout: a table from an agent or client of another layout

@@ -95,7 +95,9 @@ type Client struct {
 	// localOn says the agent of the current connections grants it.
 	local   *local
 	localOn atomic.Bool
-	stop    chan struct{}
+	// heldOn says the agent of the current connections answers HELD.
+	heldOn atomic.Bool
+	stop   chan struct{}
 
 	recoverMu sync.Mutex
 	closed    bool
@@ -703,6 +705,7 @@ func (c *Client) dial() (*conn, error) {
 		c.hello = *h
 		c.mu.Unlock()
 		c.localOn.Store(flags&slotv1.HelloLocal != 0 && h.Flags&slotv1.HelloOKLocal != 0 && h.Flags&slotv1.HelloOKAgentPlaces == 0)
+		c.heldOn.Store(c.localOn.Load() && h.Flags&slotv1.HelloOKHeld != 0)
 		return cn, nil
 	case *slotv1.Error:
 		cn.close()

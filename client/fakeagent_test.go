@@ -62,6 +62,12 @@ type fakeAgent struct {
 	// HELLO_OK.
 	budget    uint32
 	sayBudget bool
+	// held answers HELD (and says so in HELLO_OK): the budget, the leased
+	// quota above it as what to give back, and each HOLD lease with its
+	// quota (granted overrides it) and degraded flag.
+	held     bool
+	granted  map[uint64]uint32
+	degraded map[uint64]bool
 }
 
 func newFakeAgent(t testing.TB, local bool) *fakeAgent {
@@ -251,6 +257,9 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		}
 		if f.local && m.Flags&slotv1.HelloLocal != 0 {
 			h.Flags |= slotv1.HelloOKLocal
+			if f.held {
+				h.Flags |= slotv1.HelloOKHeld
+			}
 		}
 		return h, nil
 	case *slotv1.Acquire:
@@ -307,6 +316,29 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			return &slotv1.Error{Code: slotv1.CodeUnknownLease, Message: "unknown lease"}, nil
 		}
 		return &slotv1.ReleaseOK{}, nil
+	case *slotv1.HeldRequest:
+		f.requests["held"]++
+		if !f.held {
+			return &slotv1.Error{Code: slotv1.CodeBadRequest, Message: "unknown message type 0x06"}, nil
+		}
+		ok := &slotv1.HeldOK{BudgetMilli: f.budget}
+		var used uint32
+		for lease, id := range f.leases {
+			q := f.slots[id].quota
+			if g, set := f.granted[lease]; set {
+				q = g
+			}
+			used += q
+			l := slotv1.HeldLease{Lease: lease, Slot: id, QuotaMilli: q}
+			if f.degraded[lease] {
+				l.Flags = slotv1.HeldDegraded
+			}
+			ok.Leases = append(ok.Leases, l)
+		}
+		if f.budget > 0 && used > f.budget {
+			ok.GiveBackMilli = used - f.budget
+		}
+		return ok, nil
 	case *slotv1.Usage:
 		f.requests["usage"]++
 		f.usage = append(f.usage, *m)

@@ -408,6 +408,8 @@ func (lc *local) run() {
 		case <-tick.C:
 			lc.flush()
 			lc.c.checkAgent()
+			lc.freeDead(monotonicNow())
+			lc.held()
 		case <-sweep.C:
 			lc.dropIdle(monotonicNow())
 		}
@@ -449,6 +451,129 @@ func (lc *local) flush() {
 		}
 	}
 	lc.usageMu.Unlock()
+}
+
+// held asks the agent (HELD) what the process's HOLD leases are granted now
+// and how much of them to give back, once a round of run while it holds
+// slots: a CPU limit shrink can leave the container's leases above its new
+// budget, and a busy held slot never idles long enough to be dropped. An
+// agent that did not announce HELD is never asked.
+func (lc *local) held() {
+	c := lc.c
+	if !c.heldOn.Load() {
+		return
+	}
+	lc.mu.Lock()
+	n := len(lc.own)
+	lc.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	resp, _, gen, err := c.call(&slotv1.HeldRequest{})
+	if err != nil {
+		return // refused for its rate, or the agent is away: next round
+	}
+	ok, isOK := resp.(*slotv1.HeldOK)
+	if !isOK {
+		return
+	}
+	c.mu.Lock()
+	c.hello.BudgetMilli = ok.BudgetMilli // makeRoom fits misses within it
+	current := gen == c.gen
+	c.mu.Unlock()
+	if !current {
+		return // lease ids of before a reconnect
+	}
+	lc.giveBack(ok)
+	lc.dropIdle(monotonicNow())
+}
+
+// giveBack applies a HELD_OK: each own entry takes its lease's current
+// grant, and entries adding up to give_back_m are given back, free ones
+// at once (least recently used first), busy ones marked GONE so that no
+// new claim takes them and dropped once their invocation released them.
+func (lc *local) giveBack(ok *slotv1.HeldOK) {
+	byLease := make(map[uint64]slotv1.HeldLease, len(ok.Leases))
+	for _, l := range ok.Leases {
+		byLease[l.Lease] = l
+	}
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	want := uint64(ok.GiveBackMilli)
+	type cand struct {
+		i    int
+		busy bool
+		idle uint64
+	}
+	var cands []cand
+	for i, o := range lc.own {
+		if o.gone {
+			continue
+		}
+		e := lc.t.Entry(i)
+		if l, found := byLease[o.lease]; found && l.Slot == o.slot && e.Slot == o.slot {
+			o.quota = l.QuotaMilli
+			lc.t.SetGranted(i, l.QuotaMilli, l.Flags&slotv1.HeldDegraded != 0)
+		}
+		if e.Flags&slotv1.EntryGone != 0 || e.Slot != o.slot {
+			// Given back already, its invocation still running: counted.
+			want -= min(want, uint64(o.quota))
+			continue
+		}
+		cands = append(cands, cand{i, slotv1.Holder(e.State) != 0, e.IdleSince})
+	}
+	sort.Slice(cands, func(a, b int) bool {
+		if cands[a].busy != cands[b].busy {
+			return !cands[a].busy
+		}
+		return cands[a].idle < cands[b].idle
+	})
+	for _, cd := range cands {
+		if want == 0 {
+			return
+		}
+		o := lc.own[cd.i]
+		if !cd.busy {
+			if cl, r := lc.t.Control(cd.i); r == slotv1.Claimed {
+				idle := lc.t.Entry(cd.i).IdleSince
+				if lc.sendRelease(o.lease) {
+					lc.t.Clear(cl, idle)
+					delete(lc.own, cd.i)
+					want -= min(want, uint64(o.quota))
+					continue
+				}
+				lc.t.Release(cl, idle)
+				return // agent away: next round
+			}
+		}
+		// In use (or claimed since): no new claim takes it; dropIdle gives
+		// it back once its invocation released it.
+		lc.t.MarkGone(cd.i)
+		want -= min(want, uint64(o.quota))
+	}
+}
+
+// freeDead frees the process's own entries claimed by a thread that no
+// longer exists: a thread of a process sharing the table (SPEC.md: "A
+// process's children may share it") or of this one that died in an
+// invocation would otherwise hold the entry, and the held slot with it, for
+// ever. A holder counts as dead only when the kernel says no thread has its
+// TID (kill(tid, 0): ESRCH); a TID reused since by a live thread keeps the
+// entry claimed (the safe side), and the compare-and-swap on the state
+// word read before the check leaves alone an entry claimed anew meanwhile.
+func (lc *local) freeDead(now uint64) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	for i := range lc.own {
+		s := lc.t.State(i)
+		h := slotv1.Holder(s)
+		if h == 0 || h == slotv1.HolderControl || h > 1<<22 {
+			continue // free, ours to control, or no TID the kernel hands out (a scribble)
+		}
+		if unix.Kill(int(h), 0) == unix.ESRCH {
+			lc.t.FreeDead(i, s, now)
+		}
+	}
 }
 
 // dropIdle gives back held slots no invocation used for the idle time, and

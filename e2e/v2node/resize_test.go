@@ -2,6 +2,7 @@ package v2node
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,9 +13,11 @@ import (
 // its slots exist. Shrinking the limit (1 -> 400m) below the 500m slot's
 // quota: the kubelet changes the scope's cpu.max without restarting the
 // container; the agent removes the 500m slot, keeps the 250m ones, refuses
-// 500m (INVALID_QUOTA) and says so in a CpuslotResized Event; invocations
-// at 250m go on in their held slots, none fails. Growing back (400m -> 1): the 500m slot is
-// pre-warmed again and 500m is granted.
+// 500m (INVALID_QUOTA) and says so in a CpuslotResized Event; fn's process
+// gives back one of its two held 250m slots, so the pool's granted total
+// comes within the new 400m budget; invocations at 250m go on, none fails.
+// Growing back (400m -> 1): the 500m slot is pre-warmed again and 500m is
+// granted.
 func (f *served) resize(t *testing.T) {
 	ctx := f.ctx(t, 10*time.Minute)
 	before, st0 := f.slots(t, ctx, f.scope), f.stats(t, ctx)
@@ -50,11 +53,25 @@ func (f *served) resize(t *testing.T) {
 		refusal, _, _ = strings.Cut(refusal, "\n")
 		t.Logf("asking 500m under a 400m limit: INVALID_QUOTA%s", refusal)
 	}
-	// fn's process holds its two 250m slots (local leasing) across the
-	// shrink: leases granted under the old budget keep their share until
-	// given back (idle, or at that process's next miss). Another process
-	// asking now may get 250m or wait for budget; both are right, so the
-	// answer is shown, not checked.
+	// fn's process held two 250m slots (local leasing) across the shrink:
+	// 500m granted against a 400m budget. It asks the agent once a second
+	// what to give back (HELD) and gives a held slot back, a busy one once
+	// its invocation ends: the granted total comes within 400m while fn
+	// keeps invoking.
+	var use poolUse
+	for start := time.Now(); ; time.Sleep(time.Second) {
+		use = f.poolUse(t, ctx, "default/"+f.pod+"/")
+		if use.BudgetMilli == 400 && use.UsedMilli <= 400 {
+			t.Logf("granted %dm of the 400m budget %v after the shrink was applied", use.UsedMilli, time.Since(shrunk).Round(time.Millisecond))
+			break
+		}
+		if time.Since(start) > 2*time.Minute {
+			t.Errorf("2 min after the shrink fn's pool grants %dm of a %dm budget, want within 400m (held slots given back)", use.UsedMilli, use.BudgetMilli)
+			break
+		}
+	}
+	// Another process asking now may get 250m or wait for budget (fn may
+	// hold 250m and be asking for its second thread): shown, not checked.
 	if r, out, err := f.probeQuota(t, ctx, f.pod, "250m", "200ms"); err != nil {
 		why := lastLine(out)
 		for _, line := range strings.Split(out, "\n") {
@@ -62,9 +79,9 @@ func (f *served) resize(t *testing.T) {
 				why = line
 			}
 		}
-		t.Logf("another process asking 250m under a 400m limit while fn's holds 2x250m: %s", why)
+		t.Logf("another process asking 250m under a 400m limit after the give-back: %s", why)
 	} else {
-		t.Logf("another process asking 250m under a 400m limit: granted %dm", r.QuotaMilli)
+		t.Logf("another process asking 250m under a 400m limit after the give-back: granted %dm", r.QuotaMilli)
 	}
 	f.waitEvent(t, ctx, "CpuslotResized", "from 1 to 400m")
 	st1 := f.stats(t, ctx)
@@ -158,4 +175,34 @@ func quotaCounts(slots map[string]string) map[string]int {
 		}
 	}
 	return m
+}
+
+// poolUse is a pool's budget and what it has granted (/debug/pools).
+type poolUse struct {
+	Name        string `json:"name"`
+	BudgetMilli uint32 `json:"budgetMilli"`
+	UsedMilli   uint32 `json:"usedMilli"`
+}
+
+// poolUse reads the agent's pool whose name starts with prefix.
+func (f *served) poolUse(t *testing.T, ctx context.Context, prefix string) poolUse {
+	t.Helper()
+	agent := f.agentPod(t, ctx)
+	out, err := f.n.Kubectl(ctx, "get", "--raw", "/api/v1/namespaces/"+f.ns+"/pods/"+agent+":9464/proxy/debug/pools")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p struct {
+		Pools []poolUse `json:"pools"`
+	}
+	if err := json.Unmarshal([]byte(out), &p); err != nil {
+		t.Fatalf("/debug/pools: %v: %s", err, out)
+	}
+	for _, x := range p.Pools {
+		if strings.HasPrefix(x.Name, prefix) {
+			return x
+		}
+	}
+	t.Fatalf("no pool named %s* in /debug/pools: %s", prefix, out)
+	return poolUse{}
 }

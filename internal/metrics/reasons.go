@@ -19,6 +19,7 @@ const (
 	SocketFailed     Reason = "socket_failed"     // a pod's socket could not be made (e.g. a planted file)
 	UsageThrottled   Reason = "usage_throttled"   // a USAGE report waited: its process sent them faster than the agent credits them
 	UsageOverclaimed Reason = "usage_overclaimed" // a USAGE report claimed more CPU than the process's held slots used: cut to that
+	HeldThrottled    Reason = "held_throttled"    // a HELD request refused: its process asked more often than the agent answers
 )
 
 // Pool: slots and threads.
@@ -52,7 +53,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 // ErrorReasons lists every Reason, cgroup operations included.
 var ErrorReasons = func() []Reason {
 	r := []Reason{
-		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed,
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
 		TeardownFailed, PrewarmFailed, ReadUsage,

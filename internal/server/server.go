@@ -167,6 +167,8 @@ type session struct {
 	refs int
 	// usage paces the process's USAGE reports, over all its connections.
 	usage *rate.Limiter
+	// held paces its HELD requests.
+	held *rate.Limiter
 }
 
 // USAGE is one-way, so nothing paces a sender but the agent: past
@@ -177,6 +179,16 @@ type session struct {
 const (
 	usageRate  = 100
 	usageBurst = 100
+)
+
+// HELD is answered at most heldRate times a second per process (bursts of
+// heldBurst; SPEC.md): each answer walks the pool's leases under its lock.
+// The reference clients ask once a second.
+const (
+	heldRate  = 5
+	heldBurst = 2
+	// heldRetry is the retry_after_ms of a HELD refused for its rate.
+	heldRetry = 1000 / heldRate
 )
 
 // processKey tells processes apart even when a PID is reused.
@@ -192,7 +204,7 @@ func (s *Server) join(k processKey) *session {
 	defer s.mu.Unlock()
 	ss := s.sessions[k]
 	if ss == nil {
-		ss = &session{key: k, usage: rate.NewLimiter(usageRate, usageBurst)}
+		ss = &session{key: k, usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst)}
 		s.sessions[k] = ss
 	}
 	if ss.refs >= s.limits.MaxConnsPerProcess {
@@ -506,6 +518,8 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		return c.reclaim(f.Request, m)
 	case *slotv1.Usage:
 		return c.usage(f.Request, m)
+	case *slotv1.HeldRequest:
+		return c.held(f.Request)
 	case *slotv1.Hello:
 		return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "HELLO sent twice"))
 	}
@@ -551,7 +565,7 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 	// LOCAL needs fds: the client's threads place themselves in the slots
 	// the process holds.
 	if c.local = h.Flags&slotv1.HelloLocal != 0 && c.fds && p.GrantsHold(); c.local {
-		ok.Flags |= slotv1.HelloOKLocal
+		ok.Flags |= slotv1.HelloOKLocal | slotv1.HelloOKHeld
 	}
 	for _, q := range sum.Quotas {
 		ok.Pools = append(ok.Pools, slotv1.PoolSummary{QuotaMilli: q.QuotaMilli, PeriodUS: q.PeriodUS, Slots: uint16(min(q.Slots, 0xFFFF)), Free: uint16(min(q.Free, 0xFFFF))})
@@ -636,6 +650,30 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 	}
 	c.pool.Reported(c.session, rs)
 	return true
+}
+
+// held answers HELD: the process's HOLD leases as granted now, and how
+// much of them to give back so that the container fits its budget again.
+// Its cost is bounded: at most heldRate answers a second per process, each
+// listing at most MaxHeldLeases leases.
+func (c *conn) held(request uint32) bool {
+	if !c.local {
+		return c.badRequest(request, "HELD needs a connection granted LOCAL at HELLO")
+	}
+	if !c.session.held.Allow() {
+		c.srv.metrics.Error(metrics.HeldThrottled)
+		return c.send(request, &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: heldRetry,
+			Message: fmt.Sprintf("HELD at most %d times a second per process", heldRate)}, nil)
+	}
+	h := c.pool.Held(c.session, slotv1.MaxHeldLeases)
+	ok := &slotv1.HeldOK{BudgetMilli: h.BudgetMilli, GiveBackMilli: h.GiveBackMilli, Leases: make([]slotv1.HeldLease, len(h.Leases))}
+	for i, l := range h.Leases {
+		ok.Leases[i] = slotv1.HeldLease{Lease: l.Lease, Slot: l.SlotID, QuotaMilli: l.QuotaMilli}
+		if l.Degraded {
+			ok.Leases[i].Flags = slotv1.HeldDegraded
+		}
+	}
+	return c.send(request, ok, nil)
 }
 
 // needFDs reports whether this connection takes fds and was not yet sent

@@ -29,6 +29,8 @@ const (
 	// (USAGE with MaxUsageRecords records whose actions are MaxStringLen
 	// long); an agent refuses longer request frames without buffering them.
 	MaxRequestLen = MinBodyLen + 1 + MaxUsageRecords*usageRecordLen
+	// MaxHeldLeases bounds the leases one HELD_OK lists.
+	MaxHeldLeases = 1024
 	// MaxHelloLen is the longest HELLO body: all an agent buffers before
 	// it knows its peer.
 	MaxHelloLen = MinBodyLen + 6 + 2 + MaxStringLen
@@ -41,9 +43,11 @@ const (
 	TypeRelease   = 0x03
 	TypeReclaim   = 0x04
 	TypeUsage     = 0x05
+	TypeHeld      = 0x06
 	TypeHelloOK   = 0x81
 	TypeAcquireOK = 0x82
 	TypeReleaseOK = 0x83
+	TypeHeldOK    = 0x86
 	TypeError     = 0x7F
 )
 
@@ -55,6 +59,7 @@ const (
 	HelloOKFavorDynMods = 1 << 0
 	HelloOKAgentPlaces  = 1 << 1
 	HelloOKLocal        = 1 << 2
+	HelloOKHeld         = 1 << 3
 
 	AcquireAgentPlaces = 1 << 0
 	AcquireHold        = 1 << 1
@@ -63,6 +68,8 @@ const (
 	AcquiredDegraded = 1 << 1
 
 	ReleaseNoReply = 1 << 0
+
+	HeldDegraded = 1 << 1
 )
 
 // Outcome says how a slot was found for an acquisition.
@@ -265,6 +272,34 @@ func (u UsageRecord) check() error {
 	return nil
 }
 
+// HeldRequest (HELD) asks which HOLD leases the process holds and how much it should
+// give back (local leasing). It has no payload.
+type HeldRequest struct{}
+
+// HeldOK (HELD_OK) answers HeldRequest.
+type HeldOK struct {
+	// BudgetMilli is the container's admission budget now (0: unlimited).
+	BudgetMilli uint32
+	// GiveBackMilli is how much of its held quota the process should give
+	// back (RELEASE free held slots, least recently used first) so that
+	// the container's granted total fits the budget again.
+	GiveBackMilli uint32
+	// Leases are the process's HOLD leases and what each is granted now
+	// (at most MaxHeldLeases).
+	Leases []HeldLease
+}
+
+// HeldLease is one HOLD lease in HeldOK.
+type HeldLease struct {
+	Lease      uint64
+	Slot       uint32
+	QuotaMilli uint32
+	Flags      uint8 // HeldDegraded
+}
+
+// heldLeaseLen is the wire size of a HeldLease.
+const heldLeaseLen = 8 + 4 + 4 + 1
+
 // Error is a typed failure; it is also a Go error.
 type Error struct {
 	Code         Code
@@ -285,15 +320,17 @@ func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-func (*Hello) msgType() uint8     { return TypeHello }
-func (*HelloOK) msgType() uint8   { return TypeHelloOK }
-func (*Acquire) msgType() uint8   { return TypeAcquire }
-func (*AcquireOK) msgType() uint8 { return TypeAcquireOK }
-func (*Release) msgType() uint8   { return TypeRelease }
-func (*ReleaseOK) msgType() uint8 { return TypeReleaseOK }
-func (*Reclaim) msgType() uint8   { return TypeReclaim }
-func (*Usage) msgType() uint8     { return TypeUsage }
-func (*Error) msgType() uint8     { return TypeError }
+func (*Hello) msgType() uint8       { return TypeHello }
+func (*HelloOK) msgType() uint8     { return TypeHelloOK }
+func (*Acquire) msgType() uint8     { return TypeAcquire }
+func (*AcquireOK) msgType() uint8   { return TypeAcquireOK }
+func (*Release) msgType() uint8     { return TypeRelease }
+func (*ReleaseOK) msgType() uint8   { return TypeReleaseOK }
+func (*Reclaim) msgType() uint8     { return TypeReclaim }
+func (*Usage) msgType() uint8       { return TypeUsage }
+func (*HeldRequest) msgType() uint8 { return TypeHeld }
+func (*HeldOK) msgType() uint8      { return TypeHeldOK }
+func (*Error) msgType() uint8       { return TypeError }
 
 // Frame is a decoded frame: its request id and message.
 type Frame struct {
@@ -381,6 +418,20 @@ func Append(buf []byte, request uint32, m Message) ([]byte, error) {
 			buf = binary.BigEndian.AppendUint32(buf, u.Invocations)
 			buf = binary.BigEndian.AppendUint64(buf, u.CPUNanos)
 			buf = binary.BigEndian.AppendUint64(buf, u.ThrottledNanos)
+		}
+	case *HeldRequest:
+	case *HeldOK:
+		if len(m.Leases) > MaxHeldLeases {
+			return nil, fmt.Errorf("held_ok with %d leases, at most %d", len(m.Leases), MaxHeldLeases)
+		}
+		buf = binary.BigEndian.AppendUint32(buf, m.BudgetMilli)
+		buf = binary.BigEndian.AppendUint32(buf, m.GiveBackMilli)
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(m.Leases)))
+		for _, l := range m.Leases {
+			buf = binary.BigEndian.AppendUint64(buf, l.Lease)
+			buf = binary.BigEndian.AppendUint32(buf, l.Slot)
+			buf = binary.BigEndian.AppendUint32(buf, l.QuotaMilli)
+			buf = append(buf, l.Flags)
 		}
 	case *Error:
 		buf = binary.BigEndian.AppendUint16(buf, uint16(m.Code))
@@ -516,6 +567,21 @@ func DecodeBody(body []byte) (Frame, error) {
 				}
 			}
 			m.Records = append(m.Records, u)
+		}
+		f.Msg = m
+	case TypeHeld:
+		f.Msg = &HeldRequest{}
+	case TypeHeldOK:
+		m := &HeldOK{BudgetMilli: r.u32(), GiveBackMilli: r.u32()}
+		n := int(r.u16())
+		if r.err == nil && n > MaxHeldLeases {
+			r.fail("held_ok with %d leases, at most %d", n, MaxHeldLeases)
+		}
+		if r.err == nil && n*heldLeaseLen > len(r.b) {
+			r.fail("lease count %d exceeds payload", n)
+		}
+		for i := 0; i < n && r.err == nil; i++ {
+			m.Leases = append(m.Leases, HeldLease{Lease: r.u64(), Slot: r.u32(), QuotaMilli: r.u32(), Flags: r.u8()})
 		}
 		f.Msg = m
 	case TypeError:

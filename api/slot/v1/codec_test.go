@@ -39,6 +39,7 @@ type vectorFile struct {
 var typeNames = map[uint8]string{
 	TypeHello: "HELLO", TypeHelloOK: "HELLO_OK", TypeAcquire: "ACQUIRE", TypeAcquireOK: "ACQUIRE_OK",
 	TypeRelease: "RELEASE", TypeReleaseOK: "RELEASE_OK", TypeReclaim: "RECLAIM", TypeUsage: "USAGE", TypeError: "ERROR",
+	TypeHeld: "HELD", TypeHeldOK: "HELD_OK",
 }
 
 func newMessage(typ string) Message {
@@ -59,6 +60,10 @@ func newMessage(typ string) Message {
 		return &Reclaim{}
 	case "USAGE":
 		return &Usage{}
+	case "HELD":
+		return &HeldRequest{}
+	case "HELD_OK":
+		return &HeldOK{}
 	case "ERROR":
 		return &Error{}
 	}
@@ -92,6 +97,11 @@ var table = []struct {
 	{"usage", 19, &Usage{Records: []UsageRecord{
 		{Action: "guest/fib", Outcome: InvocationOK, Invocations: 41, CPUNanos: 1_230_000_000, ThrottledNanos: 4_500_000},
 		{Action: "gäst/ƒib☃", Outcome: InvocationTimeout, Invocations: 1, CPUNanos: 100_000_000, ThrottledNanos: 0}}}},
+	{"hello_ok_local_held", 4, &HelloOK{Version: 1, Hierarchy: 1, Flags: HelloOKLocal | HelloOKHeld, PlaceFDs: 1, StatFDs: 2, Container: "default/fn/user-action", BudgetMilli: 400}},
+	{"held", 20, &HeldRequest{}},
+	{"held_ok_give_back", 20, &HeldOK{BudgetMilli: 400, GiveBackMilli: 100, Leases: []HeldLease{
+		{Lease: 0x0102030405060708, Slot: 7, QuotaMilli: 250}, {Lease: 9, Slot: 12, QuotaMilli: 150, Flags: HeldDegraded}}}},
+	{"held_ok_none", 21, &HeldOK{}},
 	{"error_rejected", 15, &Error{Code: CodeRejected, Message: "quota 1500m does not fit: 500m of 2000m free"}},
 	{"error_not_ready", 1, &Error{Code: CodeNotReady, RetryAfterMS: 200, Message: "pool is being prepared"}},
 }
@@ -113,6 +123,9 @@ var invalidTable = []invalidVector{
 	{"usage_nine_records", "0000001f" + "0105" + "00000001" + "09" + "000161" + "00" + "00000001" + "0000000000000005" + "0000000000000000", "BAD_REQUEST"},
 	{"usage_zero_invocations", "0000001f" + "0105" + "00000001" + "01" + "000161" + "00" + "00000000" + "0000000000000005" + "0000000000000000", "BAD_REQUEST"},
 	{"usage_placement_failed", "0000001f" + "0105" + "00000001" + "01" + "000161" + "03" + "00000001" + "0000000000000005" + "0000000000000000", "BAD_REQUEST"},
+	{"held_trailing_bytes", "00000007" + "0106" + "00000001" + "00", "BAD_REQUEST"},
+	{"held_ok_lease_past_end", "00000021" + "0186" + "00000001" + "00000190" + "00000064" + "0002" + "0000000000000009" + "00000007" + "000000fa" + "00", "BAD_REQUEST"},
+	{"held_ok_too_many_leases", "00000010" + "0186" + "00000001" + "00000190" + "00000064" + "0401", "BAD_REQUEST"},
 	{"reclaim_surrogate", "000000180104000000010000000c000000fa000000010002eda00000", "BAD_REQUEST"},
 }
 
@@ -203,6 +216,11 @@ func normalize(m Message) Message {
 	if h, ok := m.(*HelloOK); ok && len(h.Pools) == 0 {
 		c := *h
 		c.Pools = nil
+		return &c
+	}
+	if h, ok := m.(*HeldOK); ok && len(h.Leases) == 0 {
+		c := *h
+		c.Leases = nil
 		return &c
 	}
 	return m

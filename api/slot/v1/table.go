@@ -453,6 +453,36 @@ func (t *Table) Publish(e Entry, holder uint32, now uint64) (Claim, error) {
 // SetLease writes the lease id of entry i (after a RECLAIM gave it a new one).
 func (t *Table) SetLease(i int, lease uint64) { t.store64(entryOff(i)+offLease, lease) }
 
+// FreeDead frees entry i, which the caller read as state s, held by a
+// thread that no longer exists (the caller checked): idle_since, then the
+// state word with the next generation and no holder, by compare-and-swap
+// from s so that a claim since (a new generation) is left alone. False when
+// s does not name a thread's claim or the state changed.
+func (t *Table) FreeDead(i int, s uint64, now uint64) bool {
+	if h := Holder(s); h == 0 || h == HolderControl || i < 0 || i >= t.n {
+		return false
+	}
+	o := entryOff(i)
+	if t.load64(o+offState) != s {
+		return false
+	}
+	t.store64(o+offIdleSince, now)
+	return t.cas(o+offState, s, uint64(Generation(s)+1)<<32)
+}
+
+// SetGranted writes what the agent grants entry i's lease now: its quota,
+// and the DEGRADED flag set or cleared (a degraded lease raised later).
+func (t *Table) SetGranted(i int, quotaM uint32, degraded bool) {
+	o := entryOff(i)
+	t.store32(o+offQuota, quotaM)
+	p := t.p32(o + offFlags)
+	if degraded {
+		atomic.OrUint32(p, le32(EntryDegraded))
+	} else {
+		atomic.AndUint32(p, ^le32(EntryDegraded))
+	}
+}
+
 // MarkGone sets entry i's GONE flag: its slot is no longer backed; claims
 // fail from now on, and the entry is dropped once free.
 func (t *Table) MarkGone(i int) {

@@ -110,6 +110,12 @@ func applyOp(tb *Table, op string, a map[string]uint64) (*Table, string, int) {
 		tb.MarkGone(i)
 	case "set_lease":
 		tb.SetLease(i, a["lease"])
+	case "set_granted":
+		tb.SetGranted(i, uint32(a["quota_m"]), a["degraded"] != 0)
+	case "free_dead":
+		if !tb.FreeDead(i, tb.State(i), a["now"]) {
+			return tb, "unchanged", -1
+		}
 	default:
 		panic("unknown op " + op)
 	}
@@ -162,6 +168,11 @@ func tableCases(t *testing.T) []tableVector {
 	cur.store64(entryOff(0)+offState, 0xFFFFFFFF<<32)
 	step("claim_generation_wraps", "claim", map[string]uint64{"index": 0, "tid": 7, "quota": 250, "now": 1013 * ms})
 	step("release_generation_0", "release", map[string]uint64{"index": 0, "now": 1014 * ms})
+	// HELD_OK's grants; a dead holder's claim freed.
+	step("set_granted_degraded", "set_granted", map[string]uint64{"index": 1, "quota_m": 600, "degraded": 1})
+	step("set_granted_raised", "set_granted", map[string]uint64{"index": 1, "quota_m": 1200, "degraded": 0})
+	step("free_dead", "free_dead", map[string]uint64{"index": 2, "now": 1015 * ms})
+	step("free_dead_free", "free_dead", map[string]uint64{"index": 2, "now": 1016 * ms})
 	return out
 }
 

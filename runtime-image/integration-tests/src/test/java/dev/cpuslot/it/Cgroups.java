@@ -95,6 +95,13 @@ final class Cgroups {
         throw new IOException("no cpu cgroup for " + pid + "/" + tid);
     }
 
+    /** Sets a cgroup's CPU limit in millicores (v1 cpu.cfs_quota_us, v2 cpu.max; period 100 ms). */
+    void limit(String rel, long milli) throws IOException {
+        Path d = dir(roots.get(0), rel);
+        if (version == 1) Files.writeString(d.resolve("cpu.cfs_quota_us"), Long.toString(milli * 100));
+        else Files.writeString(d.resolve("cpu.max"), milli * 100 + " 100000");
+    }
+
     /** A cpu interface file of a cgroup, as text. */
     String read(String rel, String file) throws IOException { return Files.readString(dir(roots.get(0), rel).resolve(file)).trim(); }
 

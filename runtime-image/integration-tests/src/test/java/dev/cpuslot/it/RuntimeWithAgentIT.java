@@ -1,5 +1,6 @@
 package dev.cpuslot.it;
 
+import com.google.gson.JsonObject;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.MethodOrderer;
@@ -558,6 +559,83 @@ class RuntimeWithAgentIT {
             report.add(String.format(Locale.ROOT, "local leasing, agent SIGKILLed and restarted under a stream of invocations: %d invocations,"
                     + " %d of them while the agent was down, all in a slot; the held slot re-declared", ran.get(), whileDown));
         }
+    }
+
+    /**
+     * Give-back after a CPU limit shrink (spec: HELD): the runtime holds two 500m slots (two
+     * invocations at once) in a container of a 1000m limit, and the limit shrinks to 600m while it
+     * keeps invoking. The agent sees the new limit at its next maintenance round (reapInterval,
+     * 10 s); the runtime's once-a-second HELD then gives a held slot back, and the container's
+     * granted total (/debug/pools) comes within 600m. No invocation fails.
+     */
+    @Test
+    @Order(11)
+    void withLocalLeasingHeldSlotsAreGivenBackAfterALimitShrink() throws Exception {
+        String cgroup = parent + "/rt-giveback";
+        cg.create(cgroup);
+        cg.limit(cgroup, 1000);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-giveback.log"))) {
+            lr.register("burn", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
+            java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
+            List<String> failed = java.util.Collections.synchronizedList(new ArrayList<>());
+            java.util.concurrent.atomic.AtomicInteger ran = new java.util.concurrent.atomic.AtomicInteger(),
+                    slotted = new java.util.concurrent.atomic.AtomicInteger();
+            List<Thread> load = new ArrayList<>();
+            for (int w = 0; w < 2; w++) {
+                load.add(Thread.ofPlatform().start(() -> {
+                    while (!stop.get()) {
+                        try {
+                            RuntimeProc.Reply r = lr.invoke("burn", "{\"ms\":100}");
+                            ran.incrementAndGet();
+                            if (r.status() != 200) failed.add(r.status() + " " + r.body());
+                            else if (r.header("X-Cpuslot-Slot") != null) slotted.incrementAndGet();
+                        } catch (Exception e) {
+                            failed.add(e.toString());
+                        }
+                    }
+                }));
+            }
+            try {
+                long until = System.nanoTime() + 60_000_000_000L;
+                JsonObject pool = pool(cgroup);
+                while (pool.get("usedMilli").getAsLong() < 1000 && System.nanoTime() < until) {
+                    Thread.sleep(50);
+                    pool = pool(cgroup);
+                }
+                assertEquals(1000, pool.get("usedMilli").getAsLong(), "two 500m slots held: " + pool);
+                cg.limit(cgroup, 600);
+                long shrunk = System.nanoTime();
+                until = shrunk + 60_000_000_000L;
+                while ((pool.get("budgetMilli").getAsLong() != 600 || pool.get("usedMilli").getAsLong() > 600) && System.nanoTime() < until) {
+                    Thread.sleep(50);
+                    pool = pool(cgroup);
+                }
+                double fit = (System.nanoTime() - shrunk) / 1e9;
+                assertEquals(600, pool.get("budgetMilli").getAsLong(), "the agent follows the shrink: " + pool);
+                assertTrue(pool.get("usedMilli").getAsLong() <= 600, "granted within the 600m budget 60 s after the shrink: " + pool);
+                int before = ran.get();
+                until = System.nanoTime() + 30_000_000_000L;
+                while (ran.get() < before + 10 && System.nanoTime() < until) Thread.sleep(50);
+                assertTrue(ran.get() >= before + 10, "invocations go on after the give-back");
+                report.add(String.format(Locale.ROOT, "local leasing, CPU limit 1000m -> 600m with 2x500m held: granted total within 600m"
+                        + " %.1f s after the shrink (agent reapInterval 10 s, then HELD once a second); %d invocations, %d in a slot, %d failed",
+                        fit, ran.get(), slotted.get(), failed.size()));
+            } finally {
+                stop.set(true);
+                for (Thread t : load) t.join();
+            }
+            assertEquals(List.of(), failed, "no invocation failed");
+        }
+    }
+
+    /** The agent's pool of a container (/debug/pools), by its cgroup path. */
+    private JsonObject pool(String cgroup) throws Exception {
+        JsonObject all = com.google.gson.JsonParser.parseString(agent.get("/debug/pools").body()).getAsJsonObject();
+        for (var p : all.getAsJsonArray("pools")) {
+            if (p.getAsJsonObject().get("name").getAsString().equals(cgroup)) return p.getAsJsonObject();
+        }
+        throw new AssertionError("no pool " + cgroup + " in " + all);
     }
 
     /** utime + stime of a thread, in clock ticks (USER_HZ 100). */

@@ -1,7 +1,11 @@
 package dev.cpuslot.slot;
 
 import java.io.IOException;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicReferenceArray;
 import java.util.concurrent.locks.LockSupport;
@@ -17,7 +21,10 @@ import java.util.concurrent.locks.LockSupport;
  * <p>Off the invocation path, one background thread sends what invocations used as USAGE (at most
  * once a second, or early at 8 keys), releases entries idle for longer than the idle time, and
  * re-declares held slots with RECLAIM after a lost connection (an agent restart): invocations go
- * on claiming held slots while the agent is away.
+ * on claiming held slots while the agent is away. While it holds slots it also asks the agent, once
+ * a second, what they are granted now and how much of them to give back (HELD): after a CPU limit
+ * shrink it gives back free entries, least recently used first, and marks busy ones GONE to drop
+ * them once their invocations end.
  */
 final class LocalLeases {
     private static final byte[] ZERO = {'0'};
@@ -54,7 +61,9 @@ final class LocalLeases {
     private final ThreadLocal<int[]> perThread = ThreadLocal.withInitial(() -> new int[]{-1, Native.gettid()});
     private volatile Thread worker;
     private volatile boolean closed;
-    private long lastReport;
+    private long lastReport, lastHeld;
+    /** Rounds between HELD requests (the agent answers a process at most 5 a second). */
+    static final long HELD_EVERY_NS = 1_000_000_000L;
 
     LocalLeases(Transport transport, FdCache fds, Recovery recovery, Leases leases, Counters counters, SlotTable table,
                 long budgetNs, long releaseNs, long idleNs, long tickNs, boolean failClosed) {
@@ -111,6 +120,7 @@ final class LocalLeases {
         Protocol.encode(1, new Protocol.UsageReport(r.take(Protocol.MAX_USAGE_RECORDS)));
         Protocol.encode(1, new Protocol.Acquire(1, 1, 0, Protocol.ACQUIRE_HOLD, 0, "", ""));
         Protocol.encode(1, new Protocol.Reclaim(1, 1, 0, "", ""));
+        Protocol.encode(1, new Protocol.Held());
         perThread.get();
     }
 
@@ -378,11 +388,122 @@ final class LocalLeases {
         }
     }
 
-    /** One round: re-declare, report usage, drop idle and gone entries. */
+    /** One round: re-declare, report usage, free dead claims, ask what is held, drop idle and gone entries. */
     void tick(long now) {
         reclaimOnce();
         reportOnce(now, false);
+        freeDead(now);
+        heldOnce(now);
         dropIdle(now);
+    }
+
+    /**
+     * Frees the process's own entries claimed by a thread that no longer exists: a thread of a
+     * process sharing the table, or of this one, that died in an invocation would otherwise hold
+     * the entry and its slot for ever. Dead means the kernel has no thread of that TID (ESRCH); a
+     * TID reused by a live thread keeps the claim, and the compare-and-swap on the state read
+     * before the check leaves a claim made since alone.
+     */
+    void freeDead(long now) {
+        for (int i = 0; i < table.used(); i++) {
+            if (held.get(i) == null) continue;
+            long s = table.state(i);
+            int h = SlotTable.hold(s);
+            if (h == 0 || h == SlotTable.CONTROL || h < 0 || h > (1 << 22)) continue;
+            if (Native.threadGone(h) && table.freeDead(i, s, now)) count("local.freed_dead");
+        }
+    }
+
+    /**
+     * Asks HELD, at most once a second and only while the process holds slots, of an agent that
+     * announced it (an older agent is never asked), and applies the answer.
+     */
+    void heldOnce(long now) {
+        if (now - lastHeld < HELD_EVERY_NS) return;
+        boolean any = false;
+        for (int i = 0; i < table.used() && !any; i++) any = held.get(i) != null;
+        if (!any) return;
+        long deadline = System.nanoTime() + releaseNs;
+        Connection c;
+        try {
+            c = transport.borrow(deadline, true);
+        } catch (IOException | TimeoutException e) {
+            return;
+        }
+        if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_HELD) == 0 || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
+            transport.giveBack(c);
+            return;
+        }
+        lastHeld = now;
+        Transport.Reply r;
+        try {
+            r = transport.call(c, new Protocol.Held(), deadline);
+        } catch (TimeoutException e) {
+            recovery.drain(c);
+            return;
+        } catch (IOException | Protocol.ProtocolException e) {
+            transport.kill(c, e.getMessage());
+            return;
+        }
+        transport.giveBack(c);
+        fds.discard(r.fds());
+        if (r.message() instanceof Protocol.HeldOk ok) {
+            count("local.held");
+            giveBack(ok, now);
+        } else {
+            count("local.held_refused"); // REJECTED for the rate: next round
+        }
+    }
+
+    /**
+     * Applies a HELD_OK: each entry takes its lease's current grant (quota, DEGRADED), and entries
+     * adding up to give_back_m are given back: free ones now, least recently used first; busy ones
+     * are marked GONE (no new claim takes them) and dropped by dropIdle once their invocation ends.
+     */
+    void giveBack(Protocol.HeldOk ok, long now) {
+        Map<Long, Protocol.HeldLease> byLease = new HashMap<>();
+        for (Protocol.HeldLease l : ok.leases()) byLease.put(l.lease(), l);
+        long want = ok.giveBackMilli();
+        List<Integer> free = new ArrayList<>(), busy = new ArrayList<>();
+        for (int i = 0; i < table.used(); i++) {
+            Held h = held.get(i);
+            if (h == null || table.slot(i) != h.slot()) continue;
+            Protocol.HeldLease l = byLease.get(h.lease());
+            if (l != null && l.slot() == h.slot()) {
+                table.setGranted(i, l.quotaMilli(), (l.flags() & Protocol.HELD_DEGRADED) != 0);
+                held.compareAndSet(i, h, h = new Held(h.slot(), l.quotaMilli(), h.lease(), h.conn()));
+            }
+            if (table.gone(i)) {
+                want -= Math.min(want, h.quota()); // given back already, its invocation still running
+                continue;
+            }
+            if (reclaim.get(i) != null) continue;
+            (SlotTable.hold(table.state(i)) == 0 ? free : busy).add(i);
+        }
+        free.sort(Comparator.comparingLong(table::idleSince));
+        for (int i : free) {
+            if (want == 0) return;
+            Held h = held.get(i);
+            if (h == null) continue;
+            boolean[] sent = {true};
+            boolean dropped = table.drop(i, (slot, lease, flags) -> {
+                Held mine = held.getAndSet(i, null);
+                if (mine != null) sent[0] = releaseHold(mine.lease(), ReleaseOutcome.OK);
+                lastEnd.set(i, null);
+            }, now);
+            if (!sent[0]) return; // the agent is away: next round
+            if (!dropped) table.markGone(i); // claimed meanwhile: given back once free
+            count("local.given_back");
+            want -= Math.min(want, h.quota());
+        }
+        for (int i : busy) {
+            if (want == 0) return;
+            Held h = held.get(i);
+            if (h == null) continue;
+            table.markGone(i);
+            count("local.given_back");
+            want -= Math.min(want, h.quota());
+        }
     }
 
     /** Re-declares (RECLAIM, tid 0) each entry whose connection died. */

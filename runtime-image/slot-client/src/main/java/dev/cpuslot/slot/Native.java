@@ -58,12 +58,12 @@ public final class Native {
 
     private static final Throwable LOAD_ERROR;
     private static final MethodHandle SOCKET, CONNECT, BIND, LISTEN, ACCEPT4, SENDMSG, RECVMSG, POLL, WRITE, CLOSE,
-            OPEN, GETTID, SYSCALL, STRERROR, PREAD, MEMFD_CREATE, FTRUNCATE, FCNTL, MMAP;
+            OPEN, GETTID, SYSCALL, STRERROR, PREAD, MEMFD_CREATE, FTRUNCATE, FCNTL, MMAP, KILL;
 
     static {
         MethodHandle socket = null, connect = null, bind = null, listen = null, accept4 = null, sendmsg = null,
                 recvmsg = null, poll = null, write = null, close = null, open = null, gettid = null, syscall = null,
-                strerror = null, pread = null, memfd = null, ftruncate = null, fcntl = null, mmap = null;
+                strerror = null, pread = null, memfd = null, ftruncate = null, fcntl = null, mmap = null, kill = null;
         Throwable err = null;
         try {
             if (!System.getProperty("os.name", "").toLowerCase().contains("linux"))
@@ -88,6 +88,7 @@ public final class Native {
             fcntl = h(libc, "fcntl", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT, JAVA_INT), CCS,
                     Linker.Option.firstVariadicArg(2));
             mmap = h(libc, "mmap", FunctionDescriptor.of(ADDRESS, ADDRESS, JAVA_LONG, JAVA_INT, JAVA_INT, JAVA_INT, JAVA_LONG), CCS);
+            kill = h(libc, "kill", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT), CCS);
             Optional<MemorySegment> gt = libc.find("gettid");
             if (gt.isPresent()) {
                 gettid = LINKER.downcallHandle(gt.get(), FunctionDescriptor.of(JAVA_INT));
@@ -101,7 +102,7 @@ public final class Native {
         RECVMSG = recvmsg; POLL = poll; WRITE = write; CLOSE = close; OPEN = open; GETTID = gettid; SYSCALL = syscall;
         STRERROR = strerror;
         PREAD = pread;
-        MEMFD_CREATE = memfd; FTRUNCATE = ftruncate; FCNTL = fcntl; MMAP = mmap;
+        MEMFD_CREATE = memfd; FTRUNCATE = ftruncate; FCNTL = fcntl; MMAP = mmap; KILL = kill;
         LOAD_ERROR = err;
     }
 
@@ -494,6 +495,21 @@ public final class Native {
             }
         } catch (NativeException e) {
             throw e;
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+    }
+
+    /**
+     * True when no thread has id {@code tid} in this PID namespace: kill(tid, 0) fails with ESRCH.
+     * A live thread of any process (EPERM included) is not gone.
+     */
+    public static boolean threadGone(int tid) {
+        if (LOAD_ERROR != null) return false;
+        try {
+            MemorySegment cs = SCRATCH.get().cs;
+            if ((int) KILL.invokeExact(cs, tid, 0) == 0) return false;
+            return errno(cs) == 3; // ESRCH
         } catch (Throwable t) {
             throw rethrow(t);
         }

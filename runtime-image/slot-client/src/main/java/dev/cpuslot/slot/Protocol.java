@@ -37,12 +37,13 @@ public final class Protocol {
     public static final int RELEASE = 0x03, RELEASE_OK = 0x83;
     public static final int RECLAIM = 0x04;
     public static final int USAGE = 0x05;
+    public static final int HELD = 0x06, HELD_OK = 0x86;
     public static final int ERROR = 0x7F;
 
     // HELLO flags
     public static final long HELLO_FD_PASSING = 1, HELLO_LOCAL = 2;
     // HELLO_OK flags
-    public static final long HELLO_OK_FAVORDYNMODS = 1, HELLO_OK_AGENT_PLACES = 2, HELLO_OK_LOCAL = 4;
+    public static final long HELLO_OK_FAVORDYNMODS = 1, HELLO_OK_AGENT_PLACES = 2, HELLO_OK_LOCAL = 4, HELLO_OK_HELD = 8;
     // ACQUIRE flags
     public static final int ACQUIRE_AGENT_PLACES = 1, ACQUIRE_HOLD = 2;
     // ACQUIRE_OK outcome / flags / place
@@ -53,6 +54,10 @@ public final class Protocol {
     public static final int RELEASE_OK_OUTCOME = 0, RELEASE_FAILED = 1, RELEASE_TIMEOUT = 2, RELEASE_PLACEMENT_FAILED = 3;
     // RELEASE flags
     public static final int RELEASE_NO_REPLY = 1;
+    // HELD_OK lease flags
+    public static final int HELD_DEGRADED = 2;
+    /** Most leases one HELD_OK lists. */
+    public static final int MAX_HELD_LEASES = 1024;
 
     // error codes
     public static final int E_BAD_REQUEST = 1, E_UNSUPPORTED_VERSION = 2, E_NOT_SERVED = 3, E_INVALID_QUOTA = 4,
@@ -86,6 +91,8 @@ public final class Protocol {
             case RELEASE_OK -> "RELEASE_OK";
             case RECLAIM -> "RECLAIM";
             case USAGE -> "USAGE";
+            case HELD -> "HELD";
+            case HELD_OK -> "HELD_OK";
             case ERROR -> "ERROR";
             default -> "TYPE_0x" + Integer.toHexString(type);
         };
@@ -94,7 +101,7 @@ public final class Protocol {
     // ---- messages -------------------------------------------------------------------------
 
     /** Marker for all message bodies. */
-    public sealed interface Message permits Hello, HelloOk, Acquire, AcquireOk, Release, ReleaseOk, Reclaim, UsageReport, Error {
+    public sealed interface Message permits Hello, HelloOk, Acquire, AcquireOk, Release, ReleaseOk, Reclaim, UsageReport, Held, HeldOk, Error {
         int type();
     }
 
@@ -150,6 +157,23 @@ public final class Protocol {
         public int type() { return USAGE; }
     }
 
+    /** HELD: which HOLD leases the process holds and how much to give back. No payload. */
+    public record Held() implements Message {
+        public int type() { return HELD; }
+    }
+
+    /** One HOLD lease in HELD_OK, with what it is granted now (flags: HELD_DEGRADED). */
+    public record HeldLease(long lease, long slot, long quotaMilli, int flags) {}
+
+    /**
+     * HELD_OK: the container's budget now, how many millicores of its HOLD leases the process
+     * should give back, and its HOLD leases (at most 1024).
+     */
+    public record HeldOk(long budgetMilli, long giveBackMilli, List<HeldLease> leases) implements Message {
+        public HeldOk { leases = leases == null ? List.of() : List.copyOf(leases); }
+        public int type() { return HELD_OK; }
+    }
+
     public record Error(int code, long retryAfterMs, String message) implements Message {
         public int type() { return ERROR; }
     }
@@ -202,6 +226,13 @@ public final class Protocol {
                     if (r.invocations() < 1) throw new IllegalArgumentException("USAGE record of " + r.invocations() + " invocations");
                     o.str(r.action()); o.u8(r.outcome()); o.u32(r.invocations()); o.u64(r.cpuNanos()); o.u64(r.throttledNanos());
                 }
+            }
+            case Held h -> { }
+            case HeldOk h -> {
+                if (h.leases().size() > MAX_HELD_LEASES)
+                    throw new IllegalArgumentException("HELD_OK with " + h.leases().size() + " leases, at most 1024");
+                o.u32(h.budgetMilli()); o.u32(h.giveBackMilli()); o.u16(h.leases().size());
+                for (HeldLease l : h.leases()) { o.u64(l.lease()); o.u32(l.slot()); o.u32(l.quotaMilli()); o.u8(l.flags()); }
             }
             case Error e -> { o.u16(e.code()); o.u32(e.retryAfterMs()); o.str(e.message()); }
         }
@@ -273,6 +304,16 @@ public final class Protocol {
                     rs.add(r);
                 }
                 yield new UsageReport(rs);
+            }
+            case HELD -> new Held();
+            case HELD_OK -> {
+                long budget = in.u32(), giveBack = in.u32();
+                int n = in.u16();
+                if (n > MAX_HELD_LEASES) throw new ProtocolException(E_BAD_REQUEST, "HELD_OK with " + n + " leases");
+                if ((long) n * 17 > in.remaining()) throw new ProtocolException(E_BAD_REQUEST, "HELD_OK lease count past the payload");
+                List<HeldLease> ls = new ArrayList<>(n);
+                for (int i = 0; i < n; i++) ls.add(new HeldLease(in.u64(), in.u32(), in.u32(), in.u8()));
+                yield new HeldOk(budget, giveBack, ls);
             }
             case ERROR -> new Error(in.u16(), in.u32(), in.str());
             default -> throw new ProtocolException(E_BAD_REQUEST, "unknown type 0x" + Integer.toHexString(type));

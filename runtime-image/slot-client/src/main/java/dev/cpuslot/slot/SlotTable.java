@@ -142,6 +142,29 @@ final class SlotTable {
     /** Sets the GONE flag (atomically): claims fail from now on, and the entry is dropped once free. */
     void markGone(int i) { FLAGS_WORD.getAndBitwiseOr(seg, at(i, FLAGS), FLAG_GONE); }
 
+    /**
+     * Frees entry i, read as state {@code s}, whose holder thread no longer exists (the caller
+     * checked): idle_since, then compare-and-swap of the state to the next generation with no
+     * holder, so a claim made since (a new generation) is left alone. False when s names no
+     * thread's claim or the state changed.
+     */
+    boolean freeDead(int i, long s, long now) {
+        int h = hold(s);
+        if (h == 0 || h == CONTROL || i < 0 || i >= capacity || state(i) != s) return false;
+        seg.set(U64, at(i, IDLE_SINCE), now);
+        return STATE_WORD.compareAndSet(seg, at(i, STATE), s, state(gen(s) + 1, 0));
+    }
+
+    /**
+     * Writes what the agent grants entry i's lease now (HELD_OK): its quota, and DEGRADED set or
+     * cleared (a degraded lease raised later).
+     */
+    void setGranted(int i, long quotaMilli, boolean degraded) {
+        seg.set(U32, at(i, QUOTA), (int) quotaMilli);
+        if (degraded) FLAGS_WORD.getAndBitwiseOr(seg, at(i, FLAGS), FLAG_DEGRADED);
+        else FLAGS_WORD.getAndBitwiseAnd(seg, at(i, FLAGS), ~FLAG_DEGRADED);
+    }
+
     // ---- operations (spec: "Operations") ------------------------------------------------------
 
     // how a claim ended (the names of testdata/table.json)

@@ -27,6 +27,8 @@ class LocalLeasesTest {
     long nextLease = 100, nextSlot = 1;
     /** What the fake agent answers RECLAIM with (null: a new lease for the same slot). */
     volatile Protocol.Message reclaimAnswer;
+    /** What the fake agent answers HELD with. */
+    volatile Protocol.Message heldAnswer;
 
     @BeforeEach
     void setUp() throws Exception {
@@ -58,6 +60,10 @@ class LocalLeasesTest {
             var ok = new Protocol.AcquireOk(++nextLease, slot, a.quotaMilli(), 100_000, Protocol.OUTCOME_CACHE_HIT, 0,
                     Protocol.PLACE_SELF, 2);
             return new Transport.Reply(new Protocol.Frame(1, ok.type(), 1, ok), f);
+        }
+        if (m instanceof Protocol.Held) {
+            if (heldAnswer != null) return heldAnswer;
+            throw new AssertionError("HELD with no answer set");
         }
         if (m instanceof Protocol.Reclaim r) {
             if (reclaimAnswer != null) return reclaimAnswer;
@@ -308,5 +314,176 @@ class LocalLeasesTest {
         local.dropIdle(System.nanoTime() + 2 * IDLE);
         Protocol.Release r = (Protocol.Release) transport.oneWay.getLast();
         assertEquals(reclaimed, r.lease(), "the lease the agent granted is released, not the table's 999999");
+    }
+
+    // ---- giving back (spec: HELD) ---------------------------------------------------------------
+
+    /** The agent announces HELD (and LOCAL). */
+    void announceHeld() {
+        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL | Protocol.HELLO_OK_HELD, 1, 1, "fake", 0, List.of());
+    }
+
+    /** The one-way RELEASEs sent (USAGE aside). */
+    List<Protocol.Message> releases() {
+        return transport.oneWay.stream().filter(m -> m instanceof Protocol.Release).toList();
+    }
+
+    static Protocol.HeldOk heldOk(long budget, long giveBack, Protocol.HeldLease... ls) {
+        return new Protocol.HeldOk(budget, giveBack, List.of(ls));
+    }
+
+    @Test
+    void afterAShrinkAFreeHeldSlotIsGivenBackLeastRecentlyUsedFirstAndABusyOneKeepsRunning() throws Exception {
+        announceHeld();
+        SlotLease busy = local.acquire(250, "f", "a");
+        SlotLease idle1 = onOtherThread(() -> local.acquire(250, "f", "b"));
+        SlotLease idle2 = onOtherThread(() -> local.acquire(250, "f", "c"));
+        idle2.release(ReleaseOutcome.OK);
+        Thread.sleep(1); // idle_since apart
+        idle1.release(ReleaseOutcome.OK);
+        heldAnswer = heldOk(1000, 0, new Protocol.HeldLease(busy.lease, busy.slot(), 250, 0),
+                new Protocol.HeldLease(idle1.lease, idle1.slot(), 250, 0), new Protocol.HeldLease(idle2.lease, idle2.slot(), 250, 0));
+        long now = System.nanoTime() + 10 * S;
+        local.tick(now);
+        assertEquals(1, transport.count(Protocol.Held.class));
+        assertEquals(0, releases().size(), "within the budget: nothing given back");
+        local.tick(now + S / 2);
+        assertEquals(1, transport.count(Protocol.Held.class), "at most one HELD a second");
+
+        heldAnswer = heldOk(500, 200, new Protocol.HeldLease(busy.lease, busy.slot(), 250, 0),
+                new Protocol.HeldLease(idle1.lease, idle1.slot(), 250, 0), new Protocol.HeldLease(idle2.lease, idle2.slot(), 250, 0));
+        local.tick(now + S);
+        assertEquals(2, transport.count(Protocol.Held.class));
+        assertEquals(List.of(new Protocol.Release(idle2.lease, 0, Protocol.RELEASE_NO_REPLY)), releases(),
+                "the least recently used free slot is given back, and only one (250m >= 200m)");
+        assertEquals(0, table.slot(idle2.entry), "its entry is empty");
+        assertTrue(busy.active(), "the running invocation keeps its slot");
+        assertFalse(table.gone(busy.entry));
+        assertEquals(0, busy.release(ReleaseOutcome.OK).cpuNanos());
+    }
+
+    @Test
+    void whenEveryHeldSlotIsBusyOneIsMarkedGoneAndGivenBackOnceItsInvocationEnds() throws Exception {
+        announceHeld();
+        SlotLease a = local.acquire(250, "f", "a");
+        // b's invocation runs on a thread that lives until the test ends (a claim by a thread that
+        // ended would be freed as a dead holder's)
+        var alive = new java.util.concurrent.CountDownLatch(1);
+        var got = new java.util.concurrent.SynchronousQueue<SlotLease>();
+        Thread.ofPlatform().daemon().start(() -> {
+            try {
+                got.put(local.acquire(250, "f", "b"));
+                alive.await();
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        });
+        SlotLease b = got.take();
+        try {
+            busyBoth(a, b);
+        } finally {
+            alive.countDown();
+        }
+    }
+
+    private void busyBoth(SlotLease a, SlotLease b) {
+        heldAnswer = heldOk(400, 100, new Protocol.HeldLease(a.lease, a.slot(), 250, 0), new Protocol.HeldLease(b.lease, b.slot(), 250, 0));
+        long now = System.nanoTime() + 10 * S;
+        local.tick(now);
+        assertEquals(0, releases().size(), "both busy: nothing released yet");
+        int gone = table.gone(a.entry) ? a.entry : b.entry;
+        assertTrue(table.gone(gone) ^ table.gone(gone == a.entry ? b.entry : a.entry), "exactly one marked GONE");
+        // the next round is asked the same; the GONE entry counts as given back already
+        local.tick(now + S);
+        assertTrue(table.gone(gone) && !table.gone(gone == a.entry ? b.entry : a.entry), "no second entry marked");
+        a.release(ReleaseOutcome.OK);
+        b.release(ReleaseOutcome.OK);
+        heldAnswer = heldOk(400, 100, new Protocol.HeldLease(a.lease, a.slot(), 250, 0), new Protocol.HeldLease(b.lease, b.slot(), 250, 0));
+        local.tick(now + 2 * S);
+        long lease = gone == a.entry ? a.lease : b.lease;
+        assertEquals(List.of(new Protocol.Release(lease, 0, Protocol.RELEASE_NO_REPLY)), releases(),
+                "the GONE entry given back once free, and nothing more");
+        // the other entry serves the next invocation as usual
+        SlotLease c = local.acquire(250, "f", "c");
+        assertEquals(2, transport.count(Protocol.Acquire.class), "no miss");
+        c.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void aDegradedLeaseRaisedLaterUpdatesItsEntry() {
+        announceHeld();
+        SlotLease a = local.acquire(250, "f", "a");
+        a.release(ReleaseOutcome.OK);
+        heldAnswer = heldOk(1000, 0, new Protocol.HeldLease(a.lease, a.slot(), 200, Protocol.HELD_DEGRADED));
+        long now = System.nanoTime() + 10 * S;
+        local.tick(now);
+        assertEquals(200, table.quota(a.entry));
+        assertTrue((table.flags(a.entry) & SlotTable.FLAG_DEGRADED) != 0);
+        heldAnswer = heldOk(1000, 0, new Protocol.HeldLease(a.lease, a.slot(), 250, 0));
+        local.tick(now + S);
+        assertEquals(250, table.quota(a.entry));
+        assertEquals(0, table.flags(a.entry) & SlotTable.FLAG_DEGRADED, "raised: no longer degraded");
+        SlotLease b = local.acquire(250, "f", "b");
+        assertEquals(250, b.quotaMilli());
+        assertFalse(b.degraded());
+        b.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void anAgentThatDidNotAnnounceHeldIsNeverAsked() {
+        SlotLease a = local.acquire(250, "f", "a");
+        a.release(ReleaseOutcome.OK);
+        long now = System.nanoTime() + 10 * S;
+        local.tick(now);
+        local.tick(now + 2 * S);
+        assertEquals(0, transport.count(Protocol.Held.class));
+    }
+
+    @Test
+    void aRefusedHeldIsTriedAgainNextRoundAndGivesNothingBack() {
+        announceHeld();
+        SlotLease a = local.acquire(250, "f", "a");
+        a.release(ReleaseOutcome.OK);
+        heldAnswer = new Protocol.Error(Protocol.E_REJECTED, 200, "rate");
+        long now = System.nanoTime() + 10 * S;
+        local.tick(now);
+        assertEquals(0, releases().size());
+        assertEquals(1, counters.get("local.held_refused"));
+        heldAnswer = heldOk(0, 0, new Protocol.HeldLease(a.lease, a.slot(), 250, 0));
+        local.tick(now + S);
+        assertEquals(2, transport.count(Protocol.Held.class));
+        assertEquals(250, table.slot(a.entry) != 0 ? table.quota(a.entry) : -1);
+    }
+
+    // ---- a dead holder's claim (spec: free_dead) ------------------------------------------------
+
+    @Test
+    void anOwnEntryClaimedByAThreadThatDiedIsFreedAndOneClaimedByALiveThreadIsNot() throws Exception {
+        SlotLease a = local.acquire(250, "f", "a");
+        SlotLease b = onOtherThread(() -> local.acquire(250, "f", "b"));
+        a.release(ReleaseOutcome.OK);
+        b.release(ReleaseOutcome.OK);
+        // a sharer's thread claims entry a and dies holding it; a live one (this thread) holds b
+        int[] dead = new int[1];
+        Thread t = Thread.ofPlatform().start(() -> dead[0] = Native.gettid());
+        t.join();
+        // join returns when the Java thread ended; its OS thread exits just after
+        for (long until = System.nanoTime() + 30 * S; !Native.threadGone(dead[0]) && System.nanoTime() < until; ) Thread.sleep(1);
+        assertTrue(Native.threadGone(dead[0]), "the thread's TID is gone within 30 s of its end");
+        assertFalse(Native.threadGone(Native.gettid()));
+        long now = System.nanoTime();
+        assertNotEquals(0, table.claim(a.entry, dead[0], 250, now), "claimed by the thread that died");
+        assertNotEquals(0, table.claim(b.entry, Native.gettid(), 250, now), "claimed by a live thread");
+        int gen = SlotTable.gen(table.state(a.entry));
+        local.tick(now + S);
+        assertEquals(0, SlotTable.hold(table.state(a.entry)), "the dead thread's claim is freed");
+        assertEquals(gen + 1, SlotTable.gen(table.state(a.entry)), "with the next generation");
+        assertEquals(Native.gettid(), SlotTable.hold(table.state(b.entry)), "a live thread's claim stands");
+        assertEquals(1, counters.get("local.freed_dead"));
+        // the freed entry serves again, with no miss
+        SlotLease c = onOtherThread(() -> local.acquire(250, "f", "c"));
+        assertEquals(a.entry, c.entry);
+        assertEquals(2, transport.count(Protocol.Acquire.class));
+        c.release(ReleaseOutcome.OK);
     }
 }

@@ -80,6 +80,14 @@ class TableVectorsTest {
                 t.setLease(i(a, "index"), u(a, "lease"));
                 return new Done("ok", -1);
             }
+            case "set_granted" -> {
+                t.setGranted(i(a, "index"), u(a, "quota_m"), u(a, "degraded") != 0);
+                return new Done("ok", -1);
+            }
+            case "free_dead" -> {
+                int idx = i(a, "index");
+                return new Done(t.freeDead(idx, t.state(idx), u(a, "now")) ? "ok" : "unchanged", -1);
+            }
             default -> throw new IllegalArgumentException("unknown table op " + op);
         }
     }

@@ -61,6 +61,18 @@ class VectorsTest {
                 }
                 yield new Protocol.UsageReport(rs);
             }
+            case "HELD" -> new Protocol.Held();
+            case "HELD_OK" -> {
+                List<Protocol.HeldLease> ls = new ArrayList<>();
+                JsonElement le = f.get("Leases");
+                if (le != null && le.isJsonArray()) {
+                    for (JsonElement e : le.getAsJsonArray()) {
+                        JsonObject l = e.getAsJsonObject();
+                        ls.add(new Protocol.HeldLease(u(l, "Lease"), u(l, "Slot"), u(l, "QuotaMilli"), i(l, "Flags")));
+                    }
+                }
+                yield new Protocol.HeldOk(u(f, "BudgetMilli"), u(f, "GiveBackMilli"), ls);
+            }
             case "ERROR" -> new Protocol.Error(i(f, "Code"), u(f, "RetryAfterMS"), s(f, "Message"));
             default -> throw new IllegalArgumentException("unknown vector type " + type);
         };

@@ -1,0 +1,336 @@
+package agent_test
+
+// Giving held slots back after a CPU limit shrink (SPEC.md, HELD), against
+// the real agent on the real kernel's cgroups.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+)
+
+// setCPULimit writes the container's CPU limit, as an in-place resize does.
+func setCPULimit(e *env, milli uint32) error {
+	p, v := filepath.Join(e.h.CPURoot, e.rel, "cpu.max"), fmt.Sprintf("%d 100000", milli*100)
+	if e.h.Version == 1 {
+		p, v = filepath.Join(e.h.CPURoot, e.rel, "cpu.cfs_quota_us"), fmt.Sprint(milli*100)
+	}
+	return os.WriteFile(p, []byte(v), 0)
+}
+
+// shrinkEnv is a container of a 1000m limit with 250m slots only (cgroup
+// v1 refuses a container quota below a child's), whose live children get
+// fds.
+func shrinkEnv(t *testing.T, mutate func(*agent.Config)) *env {
+	return newEnv(t, 1000, func(c *agent.Config) {
+		c.Limits.HostNamespaceFDs = true
+		c.Pool.Prewarm = "250m=2"
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+}
+
+// askHeld sends HELD on c until it is answered (a REJECTED for the rate is
+// retried after its retry_after_ms, a bounded number of times).
+func askHeld(t *testing.T, c net.Conn) *slotv1.HeldOK {
+	t.Helper()
+	for try := 0; try < 50; try++ {
+		c.Write(frame(t, &slotv1.HeldRequest{}))
+		m, nfds := readFDs(t, c)
+		if nfds != 0 {
+			t.Fatalf("fds sent with HELD_OK")
+		}
+		if ok, isOK := m.(*slotv1.HeldOK); isOK {
+			return ok
+		}
+		pe, isErr := m.(*slotv1.Error)
+		if !isErr || pe.Code != slotv1.CodeRejected || pe.RetryAfterMS == 0 {
+			t.Fatalf("HELD: %+v", m)
+		}
+		time.Sleep(time.Duration(pe.RetryAfterMS) * time.Millisecond)
+	}
+	t.Fatal("HELD refused 50 times in a row")
+	return nil
+}
+
+// TestLocalHeldAfterShrink: after the limit shrinks from 1000m to 400m a
+// process holding 2x250m is told to give back 100m; once it released one,
+// nothing. The answer lists its own HOLD leases only, with their grants.
+func TestLocalHeldAfterShrink(t *testing.T) {
+	e := shrinkEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	c := l.dial(t, e.socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKHeld == 0 || ok.Flags&slotv1.HelloOKLocal == 0 {
+		t.Fatalf("LOCAL and HELD not announced: flags %b", ok.Flags)
+	}
+	var leases []*slotv1.AcquireOK
+	for i := 0; i < 2; i++ {
+		c.Write(frame(t, holdReq(250, 0)))
+		m, _ := readFDs(t, c)
+		g, ok := m.(*slotv1.AcquireOK)
+		if !ok {
+			t.Fatalf("HOLD: %+v", m)
+		}
+		leases = append(leases, g)
+	}
+	other := startLive(t, e, e.rel, 1)
+	oc := localConn(t, e.socket, other)
+	if h := askHeld(t, oc); len(h.Leases) != 0 || h.GiveBackMilli != 0 {
+		t.Fatalf("a process without HOLD leases: %+v", h)
+	}
+	h := askHeld(t, c)
+	if h.BudgetMilli != 1000 || h.GiveBackMilli != 0 || len(h.Leases) != 2 {
+		t.Fatalf("within the budget: %+v", h)
+	}
+	for i, hl := range h.Leases {
+		if hl.Lease != leases[i].Lease || hl.Slot != leases[i].Slot || hl.QuotaMilli != 250 || hl.Flags != 0 {
+			t.Fatalf("lease %d: %+v, granted %+v", i, hl, leases[i])
+		}
+	}
+	if err := setCPULimit(e, 400); err != nil {
+		t.Fatal(err)
+	}
+	a.Maintain(time.Now())
+	if h := askHeld(t, c); h.BudgetMilli != 400 || h.GiveBackMilli != 100 {
+		t.Fatalf("after the shrink to 400m: %+v, want give back 100m", h)
+	}
+	c.Write(frame(t, &slotv1.Release{Lease: leases[0].Lease}))
+	if m, _ := readFDs(t, c); !isReleaseOK(m) {
+		t.Fatalf("release: %+v", m)
+	}
+	if h := askHeld(t, c); h.GiveBackMilli != 0 || len(h.Leases) != 1 || a.Summaries()[0].UsedMilli != 250 {
+		t.Fatalf("after giving one back: %+v, %+v", h, a.Summaries()[0])
+	}
+}
+
+// TestAttackHeld: HELD on a connection not granted LOCAL, or with a
+// payload, is BAD_REQUEST; a flood of HELD is answered REJECTED past the
+// per-process rate (counted as held_throttled) while another process's
+// HELD is answered as usual.
+func TestAttackHeld(t *testing.T) {
+	e := shrinkEnv(t, nil)
+	a := e.start()
+	l := startLive(t, e, e.rel, 1)
+	plain := l.dial(t, e.socket)
+	plain.SetDeadline(time.Now().Add(time.Minute))
+	if ok := helloWith(t, plain, slotv1.HelloFDPassing); ok.Flags&(slotv1.HelloOKHeld|slotv1.HelloOKLocal) != 0 {
+		t.Fatalf("HELD announced without LOCAL: %b", ok.Flags)
+	}
+	plain.Write(frame(t, &slotv1.HeldRequest{}))
+	m, _ := readFDs(t, plain)
+	wantCode(t, "HELD without LOCAL", m, slotv1.CodeBadRequest)
+
+	c := localConn(t, e.socket, l)
+	// HELD with a byte of payload: the frame of HELD plus one byte.
+	b := frame(t, &slotv1.HeldRequest{})
+	b[3]++
+	c.Write(append(b, 0))
+	m, _ = readFDs(t, c)
+	wantCode(t, "HELD with a payload", m, slotv1.CodeBadRequest)
+
+	const flood = 100
+	var all []byte
+	for i := 0; i < flood; i++ {
+		all = append(all, frame(t, &slotv1.HeldRequest{})...)
+	}
+	c.Write(all)
+	answered, refused := 0, 0
+	for i := 0; i < flood; i++ {
+		switch m, _ := readFDs(t, c); r := m.(type) {
+		case *slotv1.HeldOK:
+			answered++
+		case *slotv1.Error:
+			if r.Code != slotv1.CodeRejected || r.RetryAfterMS == 0 {
+				t.Fatalf("flood answer %d: %+v", i, r)
+			}
+			refused++
+		default:
+			t.Fatalf("flood answer %d: %+v", i, m)
+		}
+	}
+	if refused == 0 || answered+refused != flood {
+		t.Fatalf("%d HELD back to back: %d answered, %d refused; want the rate to refuse some", flood, answered, refused)
+	}
+	other := startLive(t, e, e.rel, 1)
+	if h := askHeld(t, localConn(t, e.socket, other)); h.GiveBackMilli != 0 {
+		t.Fatalf("another process: %+v", h)
+	}
+	if v, ok := metricValue(scrape(t, a), `cpuslot_errors_total{reason="held_throttled"}`); !ok || int(v) != refused {
+		t.Fatalf("held_throttled %v (%v), want %d", v, ok, refused)
+	}
+}
+
+// TestLocalClientGiveBack: the Go client holds 2x250m with two threads
+// invoking back to back; the limit shrinks to 400m. Within a bounded time
+// the container's granted total fits 400m, with no help from idling: the
+// client gives a held slot back because HELD says so. Invocations go on
+// throughout: every one granted runs in its slot, and none that ran in a
+// slot is failed or moved; misses beyond the new budget wait for
+// admission, as any request does.
+func TestLocalClientGiveBack(t *testing.T) {
+	e := shrinkEnv(t, nil)
+	a := e.start()
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c, err := client.Dial(e.socket, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Hello().Flags&slotv1.HelloOKHeld == 0 {
+		t.Fatalf("HELD not announced: %+v", c.Hello())
+	}
+	var stop atomic.Bool
+	var ran, admission atomic.Int64
+	var mu sync.Mutex
+	var failures []string
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		failures = append(failures, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	started := make(chan struct{}, 2)
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			onLockedThread(func() {
+				first := true
+				for !stop.Load() {
+					l, err := c.Acquire(250, "guest/giveback", "")
+					if err != nil {
+						if errors.Is(err, &slotv1.Error{Code: slotv1.CodeTimeout}) || errors.Is(err, &slotv1.Error{Code: slotv1.CodeRejected}) {
+							admission.Add(1)
+							continue
+						}
+						fail("acquire: %v", err)
+						return
+					}
+					if first {
+						started <- struct{}{}
+						first = false
+					}
+					// A short invocation, checked in its slot at both ends.
+					ok := l.Local && inSlot(e.h, e.rel, l.Slot)
+					for end := time.Now().Add(2 * time.Millisecond); time.Now().Before(end); {
+					}
+					ok = ok && inSlot(e.h, e.rel, l.Slot)
+					if !ok {
+						fail("invocation not in its local slot %d", l.Slot)
+					}
+					if _, err := l.Release(slotv1.InvocationOK); err != nil {
+						fail("release: %v", err)
+					}
+					ran.Add(1)
+				}
+			})
+		}()
+	}
+	<-started
+	<-started
+	waitFor(t, "2x250m held", func() bool { return a.Summaries()[0].UsedMilli == 500 })
+	if err := setCPULimit(e, 400); err != nil {
+		t.Fatal(err)
+	}
+	a.Maintain(time.Now())
+	if s := a.Summaries()[0]; s.BudgetMilli != 400 {
+		t.Fatalf("budget after the shrink: %+v", s)
+	}
+	shrunk := time.Now()
+	waitFor(t, "the granted total within the 400m budget", func() bool { return a.Summaries()[0].UsedMilli <= 400 })
+	fit := time.Since(shrunk)
+	before := ran.Load()
+	waitFor(t, "invocations going on after the give-back", func() bool { return ran.Load() > before+50 })
+	// It stays within: the client takes no slot beyond the new budget.
+	for i := 0; i < 20; i++ {
+		if s := a.Summaries()[0]; s.UsedMilli > 400 {
+			t.Fatalf("granted %dm of 400m after the give-back", s.UsedMilli)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop.Store(true)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(failures) > 0 {
+		t.Fatalf("%d failures, first: %s", len(failures), failures[0])
+	}
+	t.Logf("granted total fit the new budget %v after the shrink; %d invocations in slots, %d misses waited out admission", fit.Round(time.Millisecond), ran.Load(), admission.Load())
+	if !strings.Contains(scrape(t, a), `cpuslot_errors_total{reason="held_throttled"} 0`) {
+		t.Errorf("the client was throttled:\n%s", grep(scrape(t, a), "held_throttled"))
+	}
+}
+
+// TestLocalClientDegradedRaised: the Go client's HOLD lease granted less
+// than asked (policy degrade) is raised by the agent once budget frees; the
+// client's table entry then says so (HELD_OK carries the grant): its next
+// invocation runs at the full quota, not degraded.
+func TestLocalClientDegradedRaised(t *testing.T) {
+	e := localEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
+	e.start()
+	other := startLive(t, e, e.rel, 1)
+	oc := localConn(t, e.socket, other)
+	oc.Write(frame(t, holdReq(800, 0)))
+	m, _ := readFDs(t, oc)
+	big, ok := m.(*slotv1.AcquireOK)
+	if !ok {
+		t.Fatalf("HOLD 800m: %+v", m)
+	}
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c, err := client.Dial(e.socket, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var slot uint32
+	onLockedThread(func() {
+		l, err := c.Acquire(500, "guest/raised", "")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if !l.Local || !l.Degraded || l.QuotaMilli != 200 {
+			t.Errorf("500m beside 800m of a 1000m budget: local %v degraded %v quota %d, want a degraded 200m", l.Local, l.Degraded, l.QuotaMilli)
+		}
+		slot = l.Slot
+		l.Release(slotv1.InvocationOK)
+	})
+	if t.Failed() {
+		return
+	}
+	oc.Write(frame(t, &slotv1.Release{Lease: big.Lease, Flags: slotv1.ReleaseNoReply}))
+	waitFor(t, "the client's entry raised to 500m, not degraded", func() bool {
+		for i := 0; i < c.Table().Cap(); i++ {
+			if en := c.Table().Entry(i); en.Slot == slot {
+				return en.QuotaMilli == 500 && en.Flags&slotv1.EntryDegraded == 0
+			}
+		}
+		return false
+	})
+	onLockedThread(func() {
+		l, err := c.Acquire(500, "guest/raised", "")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if l.Slot != slot || l.Degraded || l.QuotaMilli != 500 || !inSlot(e.h, e.rel, l.Slot) {
+			t.Errorf("after the raise: slot %d (was %d) degraded %v quota %d", l.Slot, slot, l.Degraded, l.QuotaMilli)
+		}
+		l.Release(slotv1.InvocationOK)
+	})
+}
