@@ -5,7 +5,9 @@
 #
 #   HELM=$(hack/helm.sh) && "$HELM" template charts/cpuslot
 #
-# The binary lives in <repo>/.cache/tools/bin/helm. It is rebuilt only when
+# The binary lives in $CPUSLOT_E2E_CACHE/tools/bin/helm (default
+# <repo>/.cache/e2e/tools/bin/helm), beside the other builds keyed by version,
+# so a fresh clone on a machine that built it once builds nothing. It is rebuilt only when
 # the pinned version or the link-time settings below change (a stamp file
 # records them) or the binary is missing.
 #
@@ -29,7 +31,7 @@ HELM_KUBE_MINOR=${HELM_KUBE_MINOR:-32}
 QUIET=${CPUSLOT_QUIET:-/tmp/cpuslot-quiet}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-tools="$root/.cache/tools"
+tools="${CPUSLOT_E2E_CACHE:-$root/.cache/e2e}/tools"
 bin="$tools/bin"
 helm="$bin/helm"
 stamp="$tools/helm.stamp"

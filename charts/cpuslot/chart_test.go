@@ -36,7 +36,7 @@ var (
 )
 
 // helmChart opens the chart once per test binary (hack/helm.sh builds helm
-// once per machine, cached in .cache/tools).
+// once per machine, cached in $CPUSLOT_E2E_CACHE/tools, see hack/helm.sh).
 func helmChart(t *testing.T) *Chart {
 	t.Helper()
 	chartOnce.Do(func() { theChart, chartErr = Open(repoRoot) })
