@@ -105,3 +105,28 @@ func TestShippedQueries(t *testing.T) {
 		t.Errorf("%d of %d queries read the runtime's series", runtime, len(qs))
 	}
 }
+
+func TestPercentile(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		var d []time.Duration
+		for _, x := range v {
+			d = append(d, time.Duration(x)*time.Millisecond)
+		}
+		return d
+	}
+	d := ms(9, 1, 5, 3, 7, 2, 8, 4, 6, 10)
+	for _, c := range []struct {
+		p    float64
+		want int
+	}{{0, 1}, {0.5, 5}, {0.99, 9}, {1, 10}} {
+		if got := Percentile(d, c.p); got != time.Duration(c.want)*time.Millisecond {
+			t.Errorf("p%v: %v, want %dms", c.p, got, c.want)
+		}
+	}
+	if d[0] != 9*time.Millisecond {
+		t.Error("Percentile sorted its argument")
+	}
+	if Percentile(nil, 0.5) != 0 {
+		t.Error("no samples: want 0")
+	}
+}
