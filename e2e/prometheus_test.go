@@ -81,11 +81,7 @@ func startPrometheus(t *testing.T, c *cluster.Cluster) *prom {
 // pods running now. Call it again when pods change.
 func (p *prom) writeTargets(ctx context.Context, t *testing.T) {
 	t.Helper()
-	out, err := p.c.Kubectl(ctx, "get", "pods", "-A", "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := cluster.TargetFiles([]byte(out))
+	files, err := cluster.PodTargetFiles(ctx, p.c.Kubectl)
 	if err != nil {
 		t.Fatal(err)
 	}

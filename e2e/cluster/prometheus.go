@@ -112,6 +112,16 @@ func TargetFiles(podsJSON []byte) (map[string][]byte, error) {
 	return files, nil
 }
 
+// PodTargetFiles is TargetFiles of the pods running now; kubectl is a
+// cluster's (Cluster.Kubectl, or the v2 node's).
+func PodTargetFiles(ctx context.Context, kubectl func(context.Context, ...string) (string, error)) (map[string][]byte, error) {
+	out, err := kubectl(ctx, "get", "pods", "-A", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	return TargetFiles([]byte(out))
+}
+
 // ShippedQuery is a line of charts/cpuslot/queries.txt.
 type ShippedQuery struct {
 	Source, Expect, Query string

@@ -79,11 +79,7 @@ func (p *guestProm) writeFile(t *testing.T, ctx context.Context, name string, b 
 // running now.
 func (p *guestProm) writeTargets(t *testing.T, ctx context.Context) {
 	t.Helper()
-	out, err := p.n.Kubectl(ctx, "get", "pods", "-A", "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := cluster.TargetFiles([]byte(out))
+	files, err := cluster.PodTargetFiles(ctx, p.n.Kubectl)
 	if err != nil {
 		t.Fatal(err)
 	}
