@@ -222,16 +222,6 @@ func podCgroupDirs(uid string) []string {
 	return out
 }
 
-func percentile(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := int(p * float64(len(s)-1))
-	return s[i]
-}
-
 // checkShare runs a CPU-bound activation of 3 s up to three times until
 // its share of a CPU is within +/- 2.5 points of quota (the lower bound
 // only counts when the machine let it run: retries). Returns the share.
@@ -459,8 +449,8 @@ func TestKnativeServing(t *testing.T) {
 			t.Logf("agent:\n%s", logs)
 			t.Errorf("%d of %d requests to fn ran in a slot; without: %v", slotted, rounds*perRound, noslot)
 		}
-		p50s, p50p := percentile(lat[rev], 0.5), percentile(lat[plainRev], 0.5)
-		p99s, p99p := percentile(lat[rev], 0.99), percentile(lat[plainRev], 0.99)
+		p50s, p50p := cluster.Percentile(lat[rev], 0.5), cluster.Percentile(lat[plainRev], 0.5)
+		p99s, p99p := cluster.Percentile(lat[rev], 0.99), cluster.Percentile(lat[plainRev], 0.99)
 		t.Logf("request through queue-proxy (node -> pod :8012 -> runtime), %d each, alternating rounds: with slots p50 %v p99 %v; without p50 %v p99 %v; ratio p50 %.2fx p99 %.2fx",
 			rounds*perRound, p50s.Round(time.Microsecond), p99s.Round(time.Microsecond), p50p.Round(time.Microsecond), p99p.Round(time.Microsecond),
 			float64(p50s)/float64(p50p), float64(p99s)/float64(p99p))
@@ -519,7 +509,7 @@ func TestKnativeServing(t *testing.T) {
 				}
 			}
 		}
-		ms, mp := percentile(cold[rev], 0.5), percentile(cold[plainRev], 0.5)
+		ms, mp := cluster.Percentile(cold[rev], 0.5), cluster.Percentile(cold[plainRev], 0.5)
 		t.Logf("cold start (request through the activator from zero pods to the answer), %d each: with cpuslot %v (median %v), without %v (median %v); ratio of medians %.2fx",
 			rounds, cold[rev], ms.Round(time.Millisecond), cold[plainRev], mp.Round(time.Millisecond), float64(ms)/float64(mp))
 	})

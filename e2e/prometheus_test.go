@@ -1,13 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,9 +21,9 @@ import (
 // the targets files (agent pods, runtime pods) from the API, with the
 // labels the Kubernetes variant adds; pod IPs are routed by the CNI bridge.
 type prom struct {
-	base string
-	dir  string
-	c    *cluster.Cluster
+	cluster.Prometheus
+	dir string
+	c   *cluster.Cluster
 }
 
 const promAddr = "127.0.0.1:19090"
@@ -49,31 +45,19 @@ func startPrometheus(t *testing.T, c *cluster.Cluster) *prom {
 	if err := os.MkdirAll(filepath.Join(dir, "cpuslot-targets"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	src, err := os.ReadFile(filepath.Join(repo, "deploy", "prometheus", "prometheus-file-sd.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules, err := os.ReadFile(filepath.Join(repo, "deploy", "prometheus", "cpuslot-rules.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Scrape and evaluate every 2 s so that the test need not wait long.
-	var out []string
-	for _, line := range strings.Split(string(src), "\n") {
-		trim := strings.TrimSpace(line)
-		if strings.HasPrefix(trim, "scrape_interval:") || strings.HasPrefix(trim, "evaluation_interval:") {
-			line = line[:len(line)-len(trim)] + strings.SplitN(trim, ":", 2)[0] + ": 2s"
-		}
-		out = append(out, line)
+	config, rules, err := cluster.PrometheusConfig(repo, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
 	cfg := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfg, []byte(strings.Join(out, "\n")), 0o644); err != nil {
+	if err := os.WriteFile(cfg, config, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "cpuslot-rules.yml"), rules, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p := &prom{base: "http://" + promAddr, dir: dir, c: c}
+	p := &prom{Prometheus: cluster.Prometheus{Base: "http://" + promAddr}, dir: dir, c: c}
 	p.writeTargets(context.Background(), t)
 	stop, err := c.Start("prometheus", bin,
 		"--config.file="+cfg,
@@ -84,82 +68,24 @@ func startPrometheus(t *testing.T, c *cluster.Cluster) *prom {
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(p.base + "/-/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(c.LogDir(), "prometheus.log"))
-			t.Fatalf("prometheus not ready after 30 s (%v); its log:\n%s", err, log)
-		}
-		time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.WaitReady(ctx); err != nil {
+		log, _ := os.ReadFile(filepath.Join(c.LogDir(), "prometheus.log"))
+		t.Fatalf("%v; its log:\n%s", err, log)
 	}
 	return p
 }
 
-type fileSDGroup struct {
-	Targets []string          `json:"targets"`
-	Labels  map[string]string `json:"labels"`
-}
-
-// writeTargets writes the file_sd targets: the chart's agent pods
-// (<pod IP>:9464) and the running runtime pods (OpenWhisk action pods,
-// Knative revision pods, pods annotated cpuslot.dev/enabled=true;
-// <pod IP>:9102 or the prometheus.io/port annotation), as
-// deploy/prometheus/prometheus.yml selects them. Call it again when pods
-// change.
+// writeTargets writes the file_sd targets (cluster.TargetFiles) of the
+// pods running now. Call it again when pods change.
 func (p *prom) writeTargets(ctx context.Context, t *testing.T) {
 	t.Helper()
-	out, err := p.c.Kubectl(ctx, "get", "pods", "-A", "-o", "json")
+	files, err := cluster.PodTargetFiles(ctx, p.c.Kubectl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pods struct {
-		Items []struct {
-			Metadata struct {
-				Name        string            `json:"name"`
-				Namespace   string            `json:"namespace"`
-				Labels      map[string]string `json:"labels"`
-				Annotations map[string]string `json:"annotations"`
-			} `json:"metadata"`
-			Spec struct {
-				NodeName string `json:"nodeName"`
-			} `json:"spec"`
-			Status struct {
-				Phase string `json:"phase"`
-				PodIP string `json:"podIP"`
-			} `json:"status"`
-		} `json:"items"`
-	}
-	if err := json.Unmarshal([]byte(out), &pods); err != nil {
-		t.Fatal(err)
-	}
-	agents, runtimes := []fileSDGroup{}, []fileSDGroup{}
-	for _, pod := range pods.Items {
-		m := pod.Metadata
-		if pod.Status.PodIP == "" || pod.Status.Phase != "Running" {
-			continue
-		}
-		labels := map[string]string{"namespace": m.Namespace, "pod": m.Name, "node": pod.Spec.NodeName}
-		switch {
-		case m.Labels["app.kubernetes.io/name"] == "cpuslot" && m.Labels["app.kubernetes.io/component"] == "node-agent":
-			agents = append(agents, fileSDGroup{[]string{pod.Status.PodIP + ":9464"}, labels})
-		case m.Annotations["cpuslot.dev/enabled"] == "false":
-		case m.Labels["user-action-pod"] == "true" || m.Labels["serving.knative.dev/revision"] != "" || m.Annotations["cpuslot.dev/enabled"] == "true":
-			port := "9102"
-			if v := m.Annotations["prometheus.io/port"]; v != "" {
-				port = v
-			}
-			runtimes = append(runtimes, fileSDGroup{[]string{pod.Status.PodIP + ":" + port}, labels})
-		}
-	}
-	for name, groups := range map[string][]fileSDGroup{"node-agent.json": agents, "runtime.json": runtimes} {
-		b, _ := json.Marshal(groups)
+	for name, b := range files {
 		tmp := filepath.Join(p.dir, "cpuslot-targets", "."+name)
 		if err := os.WriteFile(tmp, b, 0o644); err != nil {
 			t.Fatal(err)
@@ -170,86 +96,12 @@ func (p *prom) writeTargets(ctx context.Context, t *testing.T) {
 	}
 }
 
-// query runs an instant query and returns the number of series (or
-// samples) in its result.
-func (p *prom) query(ctx context.Context, q string) (int, error) {
-	req, _ := http.NewRequestWithContext(ctx, "GET", p.base+"/api/v1/query?query="+url.QueryEscape(q), nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var r struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			ResultType string          `json:"resultType"`
-			Result     json.RawMessage `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return 0, err
-	}
-	if r.Status != "success" {
-		return 0, fmt.Errorf("query %q: %s", q, r.Error)
-	}
-	if r.Data.ResultType == "scalar" || r.Data.ResultType == "string" {
-		return 1, nil
-	}
-	var series []json.RawMessage
-	if err := json.Unmarshal(r.Data.Result, &series); err != nil {
-		return 0, err
-	}
-	return len(series), nil
-}
-
 // waitSeries waits until q returns at least one series.
 func (p *prom) waitSeries(ctx context.Context, t *testing.T, q string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		n, err := p.query(ctx, q)
-		if err == nil && n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			targets := ""
-			if resp, herr := http.Get(p.base + "/api/v1/targets?state=active"); herr == nil {
-				var b strings.Builder
-				bufio.NewReader(resp.Body).WriteTo(&b)
-				resp.Body.Close()
-				targets = b.String()
-			}
-			t.Fatalf("%s: no series after %v (%v)\n--- targets:\n%s", q, timeout, err, targets)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
-
-type shippedQuery struct {
-	source, expect, query string
-}
-
-// shippedQueries reads charts/cpuslot/queries.txt: every PromQL query of
-// the chart's dashboards and alert rules.
-func shippedQueries(t *testing.T) []shippedQuery {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(chartDir(t), "queries.txt"))
-	if err != nil {
+	if err := p.WaitSeries(ctx, q, timeout); err != nil {
 		t.Fatal(err)
 	}
-	var qs []shippedQuery
-	for _, line := range strings.Split(string(b), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		f := strings.SplitN(line, "\t", 3)
-		if len(f) != 3 {
-			t.Fatalf("queries.txt: bad line %q", line)
-		}
-		qs = append(qs, shippedQuery{f[0], f[1], f[2]})
-	}
-	return qs
 }
 
 // TestPrometheusScrapesAgent: a real Prometheus with the shipped scrape
@@ -334,24 +186,24 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	// expected to return data once an agent serves a pod whose runtime runs
 	// invocations with slots (and those that need a CPU budget: the pods
 	// have CPU limits) does.
-	qs := shippedQueries(t)
+	repo, err := cluster.FindRepo(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := cluster.ShippedQueries(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := func(q cluster.ShippedQuery) bool { return q.Expect == "data" || q.Expect == "budget" }
+	got, err := p.EvalQueries(ctx, qs, want, 90*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var empty []string
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		empty = empty[:0]
-		for _, q := range qs {
-			got, err := p.query(ctx, q.query)
-			if err != nil {
-				t.Fatalf("%s: %v", q.source, err)
-			}
-			if got == 0 && (q.expect == "data" || q.expect == "budget") {
-				empty = append(empty, q.source+"\t"+q.query)
-			}
+	for i, q := range qs {
+		if got[i] == 0 && want(q) {
+			empty = append(empty, q.Source+"\t"+q.Query)
 		}
-		if len(empty) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(2 * time.Second)
 	}
 	if len(empty) > 0 {
 		t.Errorf("%d shipped queries return no data:\n  %s", len(empty), strings.Join(empty, "\n  "))

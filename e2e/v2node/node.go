@@ -45,7 +45,10 @@ const (
 	serviceCIDR      = "10.97.0.0/24"
 	serviceIP        = "10.97.0.1"
 	apiPort          = 6443
-	target           = "v2node.target"
+	// PrometheusPort is forwarded from the host for a Prometheus a test
+	// runs in the guest (where pod IPs are routed).
+	PrometheusPort = 9090
+	target         = "v2node.target"
 	// stateDir holds etcd's and containerd's data in the guest, on a tmpfs
 	// of its own (overlayfs snapshots cannot sit on the root overlay).
 	stateDir = "/var/lib/v2node"
@@ -84,6 +87,8 @@ type Node struct {
 	kubeconfig string
 	kubectl    string
 	bins       binaries
+	// promHostPort is the host's end of PrometheusPort.
+	promHostPort int
 	// Boot is the time from starting qemu to systemd's control shell;
 	// Ready the time from starting qemu to the node's Ready condition.
 	Boot, Ready time.Duration
@@ -136,6 +141,11 @@ func Up(ctx context.Context, opts Options) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	for n.promHostPort == 0 || n.promHostPort == hostPort {
+		if n.promHostPort, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
 	etc, err := n.writeConfig(hostPort)
 	if err != nil {
 		return nil, err
@@ -148,7 +158,7 @@ func Up(ctx context.Context, opts Options) (_ *Node, err error) {
 		Target:   target,
 		Etc:      etc,
 		Tmpfs:    []string{stateDir, logDir, "/var/lib/kubelet"},
-		Forward:  map[int]int{hostPort: apiPort},
+		Forward:  map[int]int{hostPort: apiPort, n.promHostPort: PrometheusPort},
 		MemoryMB: 3072,
 		Console:  opts.Console,
 	})
@@ -197,6 +207,9 @@ func (n *Node) Down() {
 // Kubeconfig is the host-side admin kubeconfig (API server on a forwarded
 // 127.0.0.1 port).
 func (n *Node) Kubeconfig() string { return n.kubeconfig }
+
+// PrometheusURL is the host's URL of the guest's PrometheusPort.
+func (n *Node) PrometheusURL() string { return fmt.Sprintf("http://127.0.0.1:%d", n.promHostPort) }
 
 // Kubectl runs kubectl on the host against the node's API server. A
 // command that could not reach the API server at all (the emulated API

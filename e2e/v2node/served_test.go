@@ -152,6 +152,8 @@ echo "scope $(cat %[2]s/cgroup.type) subtree=$(cat %[2]s/cgroup.subtree_control)
 	f := &served{n: n, ns: ns, release: release, pod: "fn", scope: scope, id: id}
 	defer n.Kubectl(context.WithoutCancel(ctx), "delete", "pod", "small", "--ignore-not-found", "--wait=false")
 	t.Run("QuotaHolds", f.quotaHolds)
+	t.Run("PrometheusQueries", f.prometheusQueries)
+	t.Run("OverheadServedVsNot", f.overheadServedVsNot)
 	t.Run("DaemonReloadKeepsSlots", f.daemonReloadKeepsSlots)
 	t.Run("ExecLivenessProbe", f.execLivenessProbe)
 	t.Run("KubeletRestart", func(t *testing.T) { f.restartUnit(t, "kubelet.service") })

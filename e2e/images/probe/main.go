@@ -11,6 +11,12 @@
 //	                             invoke through the cpuslot agent's socket
 //	                             ($CPUSLOT_SOCKET) in a loop with the Go
 //	                             client; /stats counts successes and failures
+//	probe invoke [-quota 250m -burn 0s -addr :8080]
+//	                             serve /invoke: one invocation per request
+//	                             on one thread, in a slot when the agent
+//	                             serves the pod, else without one (as a
+//	                             runtime fails open); the answer names the
+//	                             slot (X-Cpuslot-Slot, "none" without)
 //	probe quota [-quota 250m -for 2s]
 //	                             spin in one slot, print its usage, exit
 //	                             (for kubectl exec)
@@ -61,6 +67,8 @@ func main() {
 		return
 	case "slots":
 		runSlots(args, mux)
+	case "invoke":
+		addr = runInvoke(args, mux)
 	case "quota":
 		runQuota(args)
 		return

@@ -36,16 +36,25 @@ func socketPath() string {
 }
 
 // dial waits for the agent's socket (it appears once the agent serves the
-// pod) and connects.
+// pod) and connects; a minute without it ends the probe.
 func dial() *client.Client {
+	c, err := dialAgent(600)
+	if err != nil {
+		log.Fatalf("probe: %v", err)
+	}
+	return c
+}
+
+// dialAgent tries to connect every 100 ms, tries times (0: until it does).
+func dialAgent(tries int) (*client.Client, error) {
 	path := socketPath()
 	var last error
-	for i := 0; i < 600; i++ {
+	for i := 0; tries == 0 || i < tries; i++ {
 		c, err := client.Dial(path, client.Options{Name: "e2e-probe"})
 		if err == nil {
 			h := c.Hello()
 			log.Printf("probe: connected to %s: %+v", path, h)
-			return c
+			return c, nil
 		}
 		if last == nil || err.Error() != last.Error() {
 			log.Printf("probe: dial %s: %v (retrying)", path, err)
@@ -53,8 +62,7 @@ func dial() *client.Client {
 		last = err
 		time.Sleep(100 * time.Millisecond)
 	}
-	log.Fatalf("probe: no agent at %s: %v", path, last)
-	return nil
+	return nil, fmt.Errorf("no agent at %s: %w", path, last)
 }
 
 // burnFor spins until the thread has used cpu of CPU time (not wall time).
