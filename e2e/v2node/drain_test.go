@@ -52,9 +52,17 @@ spec:
 `, name, prewarm, cluster.ProbeImage)
 }
 
-// pools lists the agent's pools (/debug/pools, through the API server's
-// proxy to the agent pod).
-func (f *served) pools(t *testing.T, ctx context.Context) []string {
+// poolUse is one of the agent's pools: its name, budget and what it has
+// granted (/debug/pools).
+type poolUse struct {
+	Name        string `json:"name"`
+	BudgetMilli uint32 `json:"budgetMilli"`
+	UsedMilli   uint32 `json:"usedMilli"`
+}
+
+// debugPools reads the agent's pools (/debug/pools, through the API
+// server's proxy to the agent pod).
+func (f *served) debugPools(t *testing.T, ctx context.Context) []poolUse {
 	t.Helper()
 	agent := f.agentPod(t, ctx)
 	out, err := f.n.Kubectl(ctx, "get", "--raw", "/api/v1/namespaces/"+f.ns+"/pods/"+agent+":9464/proxy/debug/pools")
@@ -62,15 +70,19 @@ func (f *served) pools(t *testing.T, ctx context.Context) []string {
 		t.Fatal(err)
 	}
 	var p struct {
-		Pools []struct {
-			Name string `json:"name"`
-		} `json:"pools"`
+		Pools []poolUse `json:"pools"`
 	}
 	if err := json.Unmarshal([]byte(out), &p); err != nil {
 		t.Fatalf("/debug/pools: %v: %s", err, out)
 	}
+	return p.Pools
+}
+
+// pools lists the names of the agent's pools, sorted.
+func (f *served) pools(t *testing.T, ctx context.Context) []string {
+	t.Helper()
 	var names []string
-	for _, x := range p.Pools {
+	for _, x := range f.debugPools(t, ctx) {
 		names = append(names, x.Name)
 	}
 	sort.Strings(names)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -508,30 +507,7 @@ func (f *served) deletedPodLeavesNoSlot(t *testing.T) {
 	}
 	ctx := f.ctx(t, 6*time.Minute)
 	const pod = "small"
-	pools := func() string {
-		agent, err := f.n.Kubectl(ctx, "-n", f.ns, "get", "pods", "-l", "app.kubernetes.io/name=cpuslot", "-o", "jsonpath={.items[0].metadata.name}")
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := f.n.Kubectl(ctx, "get", "--raw", "/api/v1/namespaces/"+f.ns+"/pods/"+agent+":9464/proxy/debug/pools")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var p struct {
-			Pools []struct {
-				Name string `json:"name"`
-			} `json:"pools"`
-		}
-		if err := json.Unmarshal([]byte(out), &p); err != nil {
-			t.Fatalf("/debug/pools: %v: %s", err, out)
-		}
-		var names []string
-		for _, x := range p.Pools {
-			names = append(names, x.Name)
-		}
-		sort.Strings(names)
-		return strings.Join(names, " ")
-	}
+	pools := func() string { return strings.Join(f.pools(t, ctx), " ") }
 	if got := pools(); !strings.Contains(got, "default/"+pod+"/") {
 		t.Fatalf("the agent has no pool for %s before the delete: %q", pod, got)
 	}

@@ -2,7 +2,6 @@ package v2node
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -177,32 +176,15 @@ func quotaCounts(slots map[string]string) map[string]int {
 	return m
 }
 
-// poolUse is a pool's budget and what it has granted (/debug/pools).
-type poolUse struct {
-	Name        string `json:"name"`
-	BudgetMilli uint32 `json:"budgetMilli"`
-	UsedMilli   uint32 `json:"usedMilli"`
-}
-
 // poolUse reads the agent's pool whose name starts with prefix.
 func (f *served) poolUse(t *testing.T, ctx context.Context, prefix string) poolUse {
 	t.Helper()
-	agent := f.agentPod(t, ctx)
-	out, err := f.n.Kubectl(ctx, "get", "--raw", "/api/v1/namespaces/"+f.ns+"/pods/"+agent+":9464/proxy/debug/pools")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var p struct {
-		Pools []poolUse `json:"pools"`
-	}
-	if err := json.Unmarshal([]byte(out), &p); err != nil {
-		t.Fatalf("/debug/pools: %v: %s", err, out)
-	}
-	for _, x := range p.Pools {
+	pools := f.debugPools(t, ctx)
+	for _, x := range pools {
 		if strings.HasPrefix(x.Name, prefix) {
 			return x
 		}
 	}
-	t.Fatalf("no pool named %s* in /debug/pools: %s", prefix, out)
+	t.Fatalf("no pool named %s* in /debug/pools: %+v", prefix, pools)
 	return poolUse{}
 }
