@@ -435,16 +435,8 @@ final class LocalLeases {
             return;
         }
         lastHeld = now;
-        Transport.Reply r;
-        try {
-            r = transport.call(c, new Protocol.Held(), deadline);
-        } catch (TimeoutException e) {
-            recovery.drain(c);
-            return;
-        } catch (IOException | Protocol.ProtocolException e) {
-            transport.kill(c, e.getMessage());
-            return;
-        }
+        Transport.Reply r = recovery.callOrDrop(c, new Protocol.Held(), deadline);
+        if (r == null) return;
         transport.giveBack(c);
         fds.discard(r.fds());
         if (r.message() instanceof Protocol.HeldOk ok) {
@@ -523,16 +515,8 @@ final class LocalLeases {
             } catch (IOException | TimeoutException e) {
                 return; // the agent is still away: next round
             }
-            Transport.Reply r;
-            try {
-                r = transport.call(c, new Protocol.Reclaim(slot, h.quota(), 0, "", ""), deadline);
-            } catch (TimeoutException e) {
-                recovery.drain(c);
-                return;
-            } catch (IOException | Protocol.ProtocolException e) {
-                transport.kill(c, e.getMessage());
-                return;
-            }
+            Transport.Reply r = recovery.callOrDrop(c, new Protocol.Reclaim(slot, h.quota(), 0, "", ""), deadline);
+            if (r == null) return;
             transport.giveBack(c);
             if (r.message() instanceof Protocol.AcquireOk ok && ok.slot() == slot && r.fds().length == ok.nfds()) {
                 if (r.fds().length > 0) fds.put(slot, r.fds(), c.hello);

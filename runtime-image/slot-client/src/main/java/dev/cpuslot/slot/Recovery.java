@@ -60,16 +60,8 @@ final class Recovery implements Transport.Listener {
         } catch (IOException | TimeoutException e) {
             return false;
         }
-        Transport.Reply r;
-        try {
-            r = transport.call(c, new Protocol.Reclaim(l.slot, l.quotaMilli, l.tid & 0xFFFFFFFFL, l.action, l.invocation), deadline);
-        } catch (TimeoutException e) {
-            drain(c);
-            return false;
-        } catch (IOException | Protocol.ProtocolException e) {
-            transport.kill(c, e.getMessage());
-            return false;
-        }
+        Transport.Reply r = callOrDrop(c, new Protocol.Reclaim(l.slot, l.quotaMilli, l.tid & 0xFFFFFFFFL, l.action, l.invocation), deadline);
+        if (r == null) return false;
         if (r.message() instanceof Protocol.AcquireOk ok) {
             if (r.fds().length > 0) fds.put(ok.slot(), r.fds(), c.hello);
             l.conn = c;
@@ -91,6 +83,22 @@ final class Recovery implements Transport.Listener {
         }
         counters.count("reclaim.error");
         return false;
+    }
+
+    /**
+     * One request off the invocation path, with the transport's error policy: a timeout drains
+     * the connection (a late answer is read and undone), a broken one is killed. Null on either;
+     * the caller gives the connection back only after an answer.
+     */
+    Transport.Reply callOrDrop(Connection c, Protocol.Message m, long deadline) {
+        try {
+            return transport.call(c, m, deadline);
+        } catch (TimeoutException e) {
+            drain(c);
+        } catch (IOException | Protocol.ProtocolException e) {
+            transport.kill(c, e.getMessage());
+        }
+        return null;
     }
 
     /** A request timed out: finish reading its answer in the background, undo a late lease. */
