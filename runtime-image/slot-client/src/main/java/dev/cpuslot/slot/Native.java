@@ -454,25 +454,9 @@ public final class Native {
      * this way renders it afresh each time. EINTR is retried.
      */
     public static String preadText(int fd, int max) throws NativeException {
-        check();
-        Scratch s = SCRATCH.get();
-        int len = Math.min(max, Scratch.BUF);
-        try {
-            while (true) {
-                long n = (long) PREAD.invokeExact(s.cs, fd, s.buf, (long) len, 0L);
-                if (n >= 0) {
-                    byte[] b = new byte[(int) n];
-                    MemorySegment.copy(s.buf, JAVA_BYTE, 0, b, 0, (int) n);
-                    return new String(b, StandardCharsets.US_ASCII);
-                }
-                int e = errno(s.cs);
-                if (e != EINTR) throw fail("pread", e);
-            }
-        } catch (NativeException e) {
-            throw e;
-        } catch (Throwable t) {
-            throw rethrow(t);
-        }
+        byte[] b = new byte[Math.max(0, Math.min(max, Scratch.BUF))];
+        int n = pread(fd, b, 0, b.length);
+        return new String(b, 0, n, StandardCharsets.US_ASCII);
     }
 
     /**
