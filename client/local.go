@@ -534,15 +534,12 @@ func (lc *local) giveBack(ok *slotv1.HeldOK) {
 		}
 		o := lc.own[cd.i]
 		if !cd.busy {
-			if cl, r := lc.t.Control(cd.i); r == slotv1.Claimed {
-				idle := lc.t.Entry(cd.i).IdleSince
-				if lc.sendRelease(o.lease) {
-					lc.t.Clear(cl, idle)
-					delete(lc.own, cd.i)
-					want -= min(want, uint64(o.quota))
-					continue
-				}
-				lc.t.Release(cl, idle)
+			dropped, claimed := lc.dropLocked(cd.i, o)
+			if dropped {
+				want -= min(want, uint64(o.quota))
+				continue
+			}
+			if claimed {
 				return // agent away: next round
 			}
 		}
@@ -593,19 +590,22 @@ func (lc *local) dropIdle(now uint64) {
 }
 
 // dropLocked releases own entry i's lease (unless the agent refused it)
-// and empties the entry, if it is free. The caller holds lc.mu.
-func (lc *local) dropLocked(i int, o *ownEntry) {
+// and empties the entry, if it is free. claimed says whether it was free;
+// dropped whether it is gone (not when the agent was away: try again
+// later). The caller holds lc.mu.
+func (lc *local) dropLocked(i int, o *ownEntry) (dropped, claimed bool) {
 	cl, r := lc.t.Control(i)
 	if r != slotv1.Claimed {
-		return
+		return false, false
 	}
 	idle := lc.t.Entry(i).IdleSince
 	if !o.gone && !lc.sendRelease(o.lease) {
 		lc.t.Release(cl, idle) // agent away: try again later
-		return
+		return false, true
 	}
 	lc.t.Clear(cl, idle)
 	delete(lc.own, i)
+	return true, true
 }
 
 func (lc *local) sendRelease(lease uint64) bool {
