@@ -134,7 +134,8 @@ chart-test:
 #                       quota shares and per-invocation overhead as tables (root)
 #   make build-runtime  the runtime's jars (runtime-image/build.sh, tests skipped)
 #   make bench-runtime  hello-world through the runtime, with slots vs without cgroups
-#   make runtime-image  bin/cpuslot-runtime.tar, the JVM image as an OCI layout tarball
+#   make runtime-image  bin/cpuslot-runtime.tar, the JVM image as an OCI layout tarball, and
+#                       bin/cpuslot-runtime-java.tar, the java kind's (no JavaScript or Python)
 .PHONY: demo build-runtime bench-runtime runtime-image
 
 demo:
@@ -146,7 +147,9 @@ build-runtime:
 bench-runtime:
 	bash hack/bench-runtime.sh
 
-# docker.io/cpuslot/runtime-jvm:dev; import with: ctr -n k8s.io images import bin/cpuslot-runtime.tar
+# docker.io/cpuslot/runtime-jvm:dev and docker.io/cpuslot/runtime-java:dev; import with:
+# ctr -n k8s.io images import bin/cpuslot-runtime.tar
 runtime-image: build-runtime
 	bash runtime-image/image/build-image.sh bin/cpuslot-runtime.tar docker.io/cpuslot/runtime-jvm:dev
+	bash runtime-image/image/build-image.sh bin/cpuslot-runtime-java.tar docker.io/cpuslot/runtime-java:dev java
 	tar tf bin/cpuslot-runtime.tar

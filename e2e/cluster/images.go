@@ -16,6 +16,10 @@ const (
 	ProbeImage = "docker.io/cpuslot/e2e-probe:e2e"
 	// AgentImage is bin/node-agent.
 	AgentImage = "docker.io/cpuslot/node-agent:dev"
+	// RuntimeJavaImage is the Java runtime for Java functions only (the
+	// image OpenWhisk's java kind maps to; no JavaScript or Python engine):
+	// bin/cpuslot-runtime-java.tar (only the v2 node imports it).
+	RuntimeJavaImage = "docker.io/cpuslot/runtime-java:dev"
 )
 
 // ContainerCgroupDir is where the kubelet (cgroupfs driver, as this cluster

@@ -14,9 +14,7 @@ import (
 )
 
 // podSlice is the systemd slice cgroup (a guest path) of a Burstable pod.
-func podSlice(uid string) string {
-	return "/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice"
-}
+func podSlice(uid string) string { return podSlicePath(uid, "Burstable") }
 
 // podUID is a pod's UID, known as soon as it is created.
 func (f *served) podUID(t *testing.T, ctx context.Context, pod string) string {

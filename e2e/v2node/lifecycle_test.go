@@ -97,6 +97,9 @@ type served struct {
 		slice string
 		gone  time.Time
 	}
+	// java says the Java runtime pods of JavaRuntimePods run (until
+	// endJava).
+	java bool
 }
 
 func (f *served) ctx(t *testing.T, d time.Duration) context.Context {

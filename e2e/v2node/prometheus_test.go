@@ -93,10 +93,10 @@ func (p *guestProm) writeTargets(t *testing.T, ctx context.Context) {
 // the served pods; the agent's series of fn (invoking through its slots)
 // appear; every query of the chart's dashboards and alerts evaluates, and
 // every one expected to return data ("data", "budget") does: all of the
-// agent's. The runtime dashboard's queries (job cpuslot-runtime) read the
-// Java runtime's own series: they must return data only while a Java
-// runtime pod runs on the node; fn is the Go probe, which exports none.
-// Each query's result is logged.
+// agent's, and the runtime dashboard's (job cpuslot-runtime: the Java
+// runtime's own series, from the pods JavaRuntimePods leaves running with a
+// light load; fn is the Go probe, which exports none). Each query's result
+// is logged.
 func (f *served) prometheusQueries(t *testing.T) {
 	ctx := f.ctx(t, 6*time.Minute)
 	t0 := time.Now()
@@ -118,12 +118,18 @@ func (f *served) prometheusQueries(t *testing.T) {
 	if rules == 0 || len(bad) > 0 {
 		t.Errorf("the chart's rules: %d loaded, failing: %v", rules, bad)
 	}
+	// While the Java runtime pods of JavaRuntimePods run, their targets
+	// must be up and every runtime-side query must return data too.
+	if f.java {
+		must(p.WaitSeries(ctx, `count(up{job="cpuslot-runtime"} == 1) >= 2`, 2*time.Minute))
+		must(p.WaitSeries(ctx, `sum(rate(cpuslot_invocations_total{job="cpuslot-runtime"}[1m])) > 0`, 2*time.Minute))
+	}
 	runtimes, err := p.Query(ctx, `up{job="cpuslot-runtime"} == 1`)
 	must(err)
 	qs, err := cluster.ShippedQueries(f.n.RepoDir())
 	must(err)
 	want := func(q cluster.ShippedQuery) bool {
-		return (q.Expect == "data" || q.Expect == "budget") && (runtimes > 0 || !q.RuntimeSide())
+		return (q.Expect == "data" || q.Expect == "budget") && (f.java || !q.RuntimeSide())
 	}
 	got, err := p.EvalQueries(ctx, qs, want, 90*time.Second)
 	must(err)
@@ -145,7 +151,7 @@ func (f *served) prometheusQueries(t *testing.T) {
 			reason = "EXPECTED DATA"
 			t.Errorf("%s returns no data: %s", q.Source, q.Query)
 		} else if q.RuntimeSide() && q.Expect != "error" && q.Expect != "alert" {
-			reason = "the Java runtime's series: no Java runtime pod on the node"
+			reason = "the Java runtime's series: no Java runtime pod ran (JavaRuntimePods failed)"
 		}
 		none = append(none, q.Source+" ("+reason+")")
 	}

@@ -152,7 +152,12 @@ echo "scope $(cat %[2]s/cgroup.type) subtree=$(cat %[2]s/cgroup.subtree_control)
 	f := &served{n: n, ns: ns, release: release, pod: "fn", scope: scope, id: id}
 	defer n.Kubectl(context.WithoutCancel(ctx), "delete", "pod", "small", "--ignore-not-found", "--wait=false")
 	t.Run("QuotaHolds", f.quotaHolds)
+	// The Java runtime pods run from JavaRuntimePods until after
+	// PrometheusQueries (the runtime dashboard's series are theirs).
+	defer f.endJava(t)
+	t.Run("JavaRuntimePods", f.javaRuntimePods)
 	t.Run("PrometheusQueries", f.prometheusQueries)
+	f.endJava(t)
 	t.Run("OverheadServedVsNot", f.overheadServedVsNot)
 	t.Run("DaemonReloadKeepsSlots", f.daemonReloadKeepsSlots)
 	t.Run("ExecLivenessProbe", f.execLivenessProbe)
@@ -233,13 +238,15 @@ func containerScope(t *testing.T, ctx context.Context, n *Node, ns, name string)
 	if !ok {
 		t.Fatalf("container ID %q is not containerd's", cid)
 	}
-	// Guaranteed pods sit directly in kubepods.slice.
+	return podSlicePath(uid, qos) + "/cri-containerd-" + id + ".scope", uid, id
+}
+
+// podSlicePath is the guest path of the systemd slice of a pod with this
+// UID and QoS class; Guaranteed pods sit directly in kubepods.slice.
+func podSlicePath(uid, qos string) string {
 	uidU := strings.ReplaceAll(uid, "-", "_")
-	podSlice := "kubepods-pod" + uidU + ".slice"
-	parent := "/sys/fs/cgroup/kubepods.slice"
 	if q := strings.ToLower(qos); q != "guaranteed" {
-		podSlice = fmt.Sprintf("kubepods-%s-pod%s.slice", q, uidU)
-		parent += "/kubepods-" + q + ".slice"
+		return fmt.Sprintf("/sys/fs/cgroup/kubepods.slice/kubepods-%[1]s.slice/kubepods-%[1]s-pod%[2]s.slice", q, uidU)
 	}
-	return fmt.Sprintf("%s/%s/cri-containerd-%s.scope", parent, podSlice, id), uid, id
+	return "/sys/fs/cgroup/kubepods.slice/kubepods-pod" + uidU + ".slice"
 }
