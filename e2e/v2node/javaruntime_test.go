@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -17,32 +18,38 @@ import (
 	"github.com/cpuslot/cpuslot/test/vm"
 )
 
-// The Java runtime on the v2 node: the image OpenWhisk's java kind maps to
-// (runtime-java: the runtime without the JavaScript and Python engines, so
-// that an emulated node imports and starts it in reasonable time), in the
-// two pod shapes the agent serves by shape, with no cpuslot annotation:
+// The Java runtime on the v2 node, and the two pod shapes the agent serves
+// by shape, with no cpuslot annotation:
 //
 //   - OpenWhisk: label user-action-pod=true, container user-action, as the
-//     invoker makes it (deploy/openwhisk/action-pod.example.yaml), driven
-//     as the invoker drives it (/init, concurrent /run); the action's
-//     cpu-quota annotation comes from a stand-in of the OpenWhisk API: a
-//     static file served in the guest (pods reach the node's address);
+//     invoker makes it (deploy/openwhisk/action-pod.example.yaml), on the
+//     Java runtime: the image OpenWhisk's java kind maps to (runtime-java:
+//     the runtime without the JavaScript and Python engines, which an
+//     emulated node imports and starts in minutes), driven as the invoker
+//     drives it (/init, /run); the action's cpu-quota annotation comes from
+//     a stand-in of the OpenWhisk API: a static file served in the guest
+//     (pods reach the node's address);
 //   - Knative: label serving.knative.dev/revision, container
 //     user-container beside a queue-proxy container listed first (the
-//     agent must pick user-container by name), driven with Knative's
-//     request (init in the body, revision headers), the quota from the
-//     revision's pod default (CPUSLOT_DEFAULT_QUOTA).
+//     agent must pick user-container by name), on the Go probe invoking
+//     through the agent. The Java runtime's Knative protocol runs against
+//     the real Knative on the v1 node; what is node-specific, the slots in
+//     the container's systemd scope and the slot client in them, is the
+//     same for both shapes, and a second JVM would double the longest
+//     part of this step on the emulated node (its start).
 //
 // Requests go from the guest (pod IPs are routed there only).
 const (
-	owPod     = "wskowdev-invoker-00-1-guest-cpuburn"
-	knPod     = "fn-00001-deployment-5d8f9c7b6d-x2v9q"
-	knRev     = "fn-00001"
-	javaDir   = stateDir + "/java"
-	owAPIUnit = "v2node-openwhisk-api.service"
-	owAPIPort = 8091
-	javaLoad  = "v2node-java-load.service"
-	owAPIKey  = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
+	owPod      = "wskowdev-invoker-00-1-guest-cpuburn"
+	knPod      = "fn-00001-deployment-5d8f9c7b6d-x2v9q"
+	javaTar    = "cpuslot-runtime-java.tar" // in bin/ (make runtime-image)
+	importUnit = "v2node-import-java.service"
+	knRev      = "fn-00001"
+	javaDir    = stateDir + "/java"
+	owAPIUnit  = "v2node-openwhisk-api.service"
+	owAPIPort  = 8091
+	javaLoad   = "v2node-java-load.service"
+	owAPIKey   = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
 )
 
 func javaPods() string {
@@ -97,10 +104,7 @@ metadata:
     serving.knative.dev/revision: %[6]s
     serving.knative.dev/service: fn
   annotations:
-    cpuslot.dev/cpu-quota: "250m"
     cpuslot.dev/prewarm: "250m=2"
-    prometheus.io/port: "9102"
-    prometheus.io/scrape: "true"
 spec:
   terminationGracePeriodSeconds: 5
   containers:
@@ -112,22 +116,17 @@ spec:
       limits: {cpu: 100m, memory: 32Mi}
       requests: {cpu: 25m, memory: 32Mi}
   - name: user-container
-    image: %[3]s
+    image: %[7]s
     imagePullPolicy: Never
+    args: ["invoke", "-quota", "250m"]
     env:
     - name: CPUSLOT_SOCKET
       value: /run/cpuslot/agent.sock
-    - name: CPUSLOT_DEFAULT_QUOTA
-      valueFrom:
-        fieldRef:
-          fieldPath: metadata.annotations['cpuslot.dev/cpu-quota']
-    - name: CPUSLOT_LOG
-      value: stderr
     ports:
     - containerPort: 8080
     resources:
-      limits: {cpu: "1", memory: 384Mi}
-      requests: {cpu: 250m, memory: 384Mi}
+      limits: {cpu: 500m, memory: 64Mi}
+      requests: {cpu: 100m, memory: 32Mi}
     volumeMounts:
     - {mountPath: /run/cpuslot, name: cpuslot}
   volumes:
@@ -136,36 +135,61 @@ spec:
 `, owPod, knPod, cluster.RuntimeJavaImage, vm.GuestIP, owAPIPort, knRev, cluster.ProbeImage)
 }
 
+// startJavaImport imports the runtime-java image into the node's
+// containerd in the background (a guest unit): the import is the longest
+// part of JavaRuntimePods on the emulated node (minutes), and overlaps the
+// steps before it. javaRuntimePods waits for it.
+func startJavaImport(t *testing.T, ctx context.Context, n *Node) {
+	t.Helper()
+	tar := filepath.Join(n.RepoDir(), "bin", javaTar)
+	if _, err := os.Stat(tar); err != nil {
+		t.Fatalf("%v (make images writes it: make runtime-image)", err)
+	}
+	guest(t, ctx, n, fmt.Sprintf(`systemd-run --unit=%s -p DefaultDependencies=no -p Type=oneshot -p RemainAfterExit=yes --no-block \
+	-p StandardOutput=append:%s/import-java.log -p StandardError=append:%[2]s/import-java.log \
+	%s -a %s -n k8s.io images import %s`, importUnit, logDir, filepath.Join(n.bins.containerd, "ctr"), ContainerdSocket, tar))
+}
+
+// waitJavaImport waits until the background import has ended, and fails
+// unless it succeeded.
+func waitJavaImport(t *testing.T, ctx context.Context, n *Node) {
+	t.Helper()
+	out, code, err := n.Exec(ctx, fmt.Sprintf(`for i in $(seq 1200); do
+	s=$(systemctl show -p ActiveState,Result --value %[1]s | paste -sd' ')
+	case "$s" in "active success") exit 0 ;; failed*|*" exit-code"|*" signal"|*" timeout") break ;; esac
+	sleep 1
+done
+echo "$s"; tail -n 20 %[2]s/import-java.log; exit 1`, importUnit, logDir))
+	if err != nil || code != 0 {
+		t.Fatalf("importing %s: %v %s", javaTar, err, out)
+	}
+}
+
 // javaRuntimePods starts both pods and checks each is served in its
-// function container's systemd scope, runs its invocations in slots at the
-// quota its platform gives, and holds a CPU-bound one at 250m to 25 % +/-
-// 2.5 points. The pods stay, with a light load of invocations from the
-// guest, for PrometheusQueries (the runtime dashboard's series);
-// endJava removes them.
+// function container's systemd scope (and only there); the OpenWhisk
+// action's invocations run in slots at its annotation's quota, and a
+// CPU-bound one at 250m gets 25 % +/- 2.5 points; the Knative-shaped
+// pod's invocations run in slots. The action pod stays, with a light load
+// of invocations from the guest, for PrometheusQueries (the runtime
+// dashboard's series); endJava removes both.
 func (f *served) javaRuntimePods(t *testing.T) {
 	ctx := f.ctx(t, 20*time.Minute)
 	t0 := time.Now()
-	tar := filepath.Join(f.n.RepoDir(), "bin", "cpuslot-runtime-java.tar")
-	if err := f.n.ImportImage(ctx, tar); err != nil {
-		t.Fatalf("%v (make images writes it: make runtime-image)", err)
-	}
-	t.Logf("runtime-java image imported in %v (emulated node)", time.Since(t0).Round(time.Second))
+	f.java = true
+	waitJavaImport(t, ctx, f.n)
+	t.Logf("runtime-java image imported (in the background since the agent's install) %v after the step began", time.Since(t0).Round(time.Second))
 
 	// The OpenWhisk API stand-in: the action's record, as the real API
 	// answers GET /api/v1/namespaces/guest/actions/cpuburn (the runtime
 	// sends the activation's api_key; the stand-in does not check it).
-	f.java = true
 	record := `{"namespace":"guest","name":"cpuburn","version":"0.0.1","annotations":[{"key":"exec","value":"java:cpuslot"},{"key":"cpu-quota","value":"250m"}]}`
-	jar := samplesJar(t, f.n.RepoDir())
 	guest(t, ctx, f.n, fmt.Sprintf(`set -e
 mkdir -p %[1]s/api/v1/namespaces/guest/actions
 printf '%%s' '%[2]s' > %[1]s/api/v1/namespaces/guest/actions/cpuburn
-code=$(base64 -w0 %[3]s)
-printf '{"value":{"name":"cpuburn","main":"dev.cpuslot.samples.CpuBurn","binary":true,"code":"%%s","env":{}}}' "$code" > %[1]s/ow-init.json
-printf '{"activation":{"namespace":"default","action_name":"%[4]s","activation_id":"kn-init"},"value":{"ms":1,"threads":1},"init":{"name":"cpuburn","main":"dev.cpuslot.samples.CpuBurn","binary":true,"code":"%%s"}}' "$code" > %[1]s/kn-init.json
-systemd-run --unit=%[5]s -p DefaultDependencies=no -p StandardOutput=append:%[6]s/openwhisk-api.log -p StandardError=append:%[6]s/openwhisk-api.log \
-	/usr/bin/python3 -m http.server --bind %[7]s --directory %[1]s %[8]d
-`, javaDir, record, jar, knRev, owAPIUnit, logDir, vm.GuestIP, owAPIPort))
+printf '{"value":{"name":"cpuburn","main":"dev.cpuslot.samples.CpuBurn","binary":true,"code":"%%s","env":{}}}' "$(base64 -w0 %[3]s)" > %[1]s/ow-init.json
+systemd-run --unit=%[4]s -p DefaultDependencies=no -p StandardOutput=append:%[5]s/openwhisk-api.log -p StandardError=append:%[5]s/openwhisk-api.log \
+	/usr/bin/python3 -m http.server --bind %[6]s --directory %[1]s %[7]d
+`, javaDir, record, samplesJar(t, f.n.RepoDir()), owAPIUnit, logDir, vm.GuestIP, owAPIPort))
 
 	t1 := time.Now()
 	if _, err := f.n.Kubectl(ctx, "apply", "-f", writeManifest(t, javaPods())); err != nil {
@@ -177,156 +201,154 @@ systemd-run --unit=%[5]s -p DefaultDependencies=no -p StandardOutput=append:%[6]
 			t.Fatalf("%v\n%s\nnode:\n%s", err, desc, f.n.Diagnose(ctx))
 		}
 	}
-	t.Logf("both Java runtime pods Ready %v after kubectl apply (emulated node)", time.Since(t1).Round(time.Second))
+	t.Logf("both pods Ready %v after kubectl apply (emulated node)", time.Since(t1).Round(time.Second))
 
-	// Served by shape, in the function container's scope: OpenWhisk's
-	// runtime pre-warms nothing by annotation (the agent's default set),
-	// the Knative revision two 250m slots.
+	// Served by shape, in the function container's scope: the action pod
+	// with the agent's default pre-warm set, the revision pod with its
+	// annotation's two 250m slots; none in queue-proxy's scope.
 	for _, c := range []struct{ pod, container string }{{owPod, "user-action"}, {knPod, "user-container"}} {
 		scope, uid := namedContainerScope(t, ctx, f.n, c.pod, c.container)
 		slots := f.waitSlots(t, ctx, uid, scope, 1)
-		types := map[string]int{}
+		threaded := 0
 		for _, v := range slots {
-			types[v[strings.LastIndex(v, " ")+1:]]++
+			if strings.HasSuffix(v, " threaded") {
+				threaded++
+			}
 		}
-		if types["threaded"] != len(slots) {
+		if threaded != len(slots) {
 			t.Errorf("%s: slots %v, want all threaded", c.pod, slots)
 		}
 		if typ := guest(t, ctx, f.n, "cat "+scope+"/cgroup.type"); typ != "domain threaded" {
 			t.Errorf("%s/%s: scope cgroup.type %q, want domain threaded", c.pod, c.container, typ)
 		}
-		t.Logf("%s served in its %s container's scope %s: %v", c.pod, c.container, path.Base(scope), slots)
+		t.Logf("%s served in its %s container's scope %s: %d slots", c.pod, c.container, path.Base(scope), len(slots))
 	}
 	if qp, _ := namedContainerScope(t, ctx, f.n, knPod, "queue-proxy"); guest(t, ctx, f.n, "ls -d "+qp+"/cpuslot-* 2>/dev/null | wc -l") != "0" {
 		t.Errorf("the Knative pod's queue-proxy container got slots")
 	}
 
-	ow := "http://" + podIPOf(t, ctx, f.n, owPod) + ":8080"
-	kn := "http://" + podIPOf(t, ctx, f.n, knPod) + ":8080"
-	deadline := strconv.FormatInt(time.Now().Add(2*time.Hour).UnixMilli(), 10)
-	owRun := func(id string, ms int) string {
-		return fmt.Sprintf(`{"value":{"ms":%d,"threads":1},"namespace":"guest","action_name":"/guest/cpuburn","action_version":"0.0.1","activation_id":"%s","transaction_id":"t%s","deadline":"%s","api_key":"%s"}`,
-			ms, id, id, deadline, owAPIKey)
+	// The Knative-shaped pod's invocations run in slots (its probe
+	// connects once the socket is there).
+	kn := "http://" + podIPOf(t, ctx, f.n, knPod) + ":8080/invoke"
+	if out, code, err := f.n.Exec(ctx, fmt.Sprintf(`for i in $(seq 120); do
+	slot=$(curl -sS -m 30 -o /dev/null -w '%%header{x-cpuslot-slot}' %s)
+	[ -n "$slot" ] && [ "$slot" != none ] && break
+	sleep 1
+done
+[ -n "$slot" ] && [ "$slot" != none ] || { echo "last answer: slot=$slot"; exit 1; }
+n=0; for i in $(seq 20); do s=$(curl -sS -m 30 -o /dev/null -w '%%header{x-cpuslot-slot}' %[1]s); [ -n "$s" ] && [ "$s" != none ] && n=$((n+1)); done; echo $n`, kn)); err != nil || code != 0 {
+		logs, _ := f.n.Kubectl(ctx, "logs", knPod, "-c", "user-container", "--tail=20")
+		t.Fatalf("no invocation of the Knative-shaped pod in a slot after 2 min: %v %s\n--- its log:\n%s", err, out, logs)
+	} else if n, _ := strconv.Atoi(strings.TrimSpace(out)); n < 18 {
+		t.Errorf("%d of 20 invocations of the Knative-shaped pod ran in a slot, want 18 (90 %%)", n)
+	} else {
+		t.Logf("Knative-shaped pod: %d of 20 invocations in a slot", n)
 	}
-	knRun := func(id string, ms int) string {
-		return fmt.Sprintf(`{"activation":{"namespace":"default","action_name":"%s","activation_id":"%s"},"value":{"ms":%d,"threads":1}}`, knRev, id, ms)
-	}
-	knHdr := []string{"Knative-Serving-Namespace: default", "Knative-Serving-Revision: " + knRev}
-	// Ready is the container started: wait until each JVM answers at all.
-	t2 := time.Now()
-	if out, code, err := f.n.Exec(ctx, fmt.Sprintf(`for u in %s %s; do
-	for i in $(seq 600); do curl -s -o /dev/null -m 10 $u/ && continue 2; sleep 1; done
-	echo "$u: no answer after 600 tries"; exit 1
-done`, ow, kn)); err != nil || code != 0 {
-		logs, _ := f.n.Kubectl(ctx, "logs", owPod, "--tail=20")
-		t.Fatalf("the runtimes do not answer HTTP: %v %s\n--- %s log:\n%s", err, out, owPod, logs)
-	}
-	t.Logf("both runtimes answer HTTP %v after both pods were Ready", time.Since(t2).Round(time.Second))
 
-	// OpenWhisk: /init once (a second is refused), then /run until the
-	// action's annotation is in (the runtime never waits for the lookup),
-	// then four at once.
+	// The Java runtime: Ready is its container started; wait until the
+	// JVM answers at all.
+	ow := "http://" + podIPOf(t, ctx, f.n, owPod) + ":8080"
+	t2 := time.Now()
+	if out, code, err := f.n.Exec(ctx, fmt.Sprintf(`for i in $(seq 600); do curl -s -o /dev/null -m 10 %s/ && exit 0; sleep 1; done; exit 1`, ow)); err != nil || code != 0 {
+		logs, _ := f.n.Kubectl(ctx, "logs", owPod, "--tail=20")
+		t.Fatalf("the Java runtime does not answer HTTP: %v %s\n--- its log:\n%s", err, out, logs)
+	}
+	t.Logf("the Java runtime answers HTTP %v after its pod was Ready (JVM start, emulated node)", time.Since(t2).Round(time.Second))
+
+	deadline := strconv.FormatInt(time.Now().Add(2*time.Hour).UnixMilli(), 10)
+	owRun := func(id string, ms int) guestReq {
+		return guestReq{url: ow + "/run", body: fmt.Sprintf(`{"value":{"ms":%d,"threads":1},"namespace":"guest","action_name":"/guest/cpuburn","action_version":"0.0.1","activation_id":"%s","transaction_id":"t%s","deadline":"%s","api_key":"%s"}`,
+			ms, id, id, deadline, owAPIKey)}
+	}
+	// /init once (a second is refused), then /run until the action's
+	// annotation is in (the runtime never waits for the lookup), then
+	// four at once.
 	if a := guestPosts(t, ctx, f.n, []guestReq{{url: ow + "/init", file: javaDir + "/ow-init.json"}})[0]; a.status != 200 {
-		t.Fatalf("OpenWhisk /init: %d %s", a.status, a.body)
+		t.Fatalf("/init: %d %s", a.status, a.body)
 	}
 	if a := guestPosts(t, ctx, f.n, []guestReq{{url: ow + "/init", file: javaDir + "/ow-init.json"}})[0]; a.status == 200 {
-		t.Errorf("a second OpenWhisk /init succeeded: %s", a.body)
+		t.Errorf("a second /init succeeded: %s", a.body)
 	}
 	for i := 0; ; i++ {
-		a := guestPosts(t, ctx, f.n, []guestReq{{url: ow + "/run", body: owRun(fmt.Sprintf("ow%d", i), 1)}})[0]
+		a := guestPosts(t, ctx, f.n, []guestReq{owRun(fmt.Sprintf("ow%d", i), 1)})[0]
 		if a.status != 200 {
-			t.Fatalf("OpenWhisk /run: %d %s", a.status, a.body)
+			t.Fatalf("/run: %d %s", a.status, a.body)
 		}
 		if a.headers.Get("X-Cpuslot-Quota-Source") == "annotation" {
-			t.Logf("OpenWhisk: the action's annotation applies from /run %d", i+1)
+			t.Logf("the action's annotation applies from /run %d", i+1)
 			break
 		}
 		if i == 120 {
 			logs, _ := f.n.Kubectl(ctx, "logs", owPod, "--tail=20")
-			t.Fatalf("OpenWhisk: after %d /run the runtime had not read the action's annotation (quota %q from %q)\n%s\n--- stand-in API log:\n%s",
+			t.Fatalf("after %d /run the runtime had not read the action's annotation (quota %q from %q)\n%s\n--- stand-in API log:\n%s",
 				i+1, a.headers.Get("X-Cpuslot-Quota-Milli"), a.headers.Get("X-Cpuslot-Quota-Source"), logs,
 				guest(t, ctx, f.n, "tail -n 5 "+logDir+"/openwhisk-api.log; true"))
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
 	}
-	// Knative: the first request carries the init.
-	if a := guestPosts(t, ctx, f.n, []guestReq{{url: kn + "/", file: javaDir + "/kn-init.json", headers: knHdr}})[0]; a.status != 200 {
-		t.Fatalf("Knative first request: %d %s", a.status, a.body)
+	var reqs []guestReq
+	for i := 0; i < 4; i++ {
+		reqs = append(reqs, owRun(fmt.Sprintf("owc%d", i), 200))
 	}
-	for _, p := range []struct {
-		name, source string
-		req          func(i int) guestReq
-	}{
-		{"OpenWhisk", "annotation", func(i int) guestReq { return guestReq{url: ow + "/run", body: owRun(fmt.Sprintf("owc%d", i), 200)} }},
-		{"Knative", "default", func(i int) guestReq {
-			return guestReq{url: kn + "/", body: knRun(fmt.Sprintf("knc%d", i), 200), headers: knHdr}
-		}},
-	} {
-		var reqs []guestReq
-		for i := 0; i < 4; i++ {
-			reqs = append(reqs, p.req(i))
+	var got []string
+	for i, a := range guestPosts(t, ctx, f.n, reqs) {
+		if a.status != 200 {
+			t.Fatalf("concurrent /run %d: %d %s", i, a.status, a.body)
 		}
-		var got []string
-		for i, a := range guestPosts(t, ctx, f.n, reqs) {
-			if a.status != 200 {
-				t.Fatalf("%s: concurrent request %d: %d %s", p.name, i, a.status, a.body)
-			}
-			q, src := a.headers.Get("X-Cpuslot-Quota-Milli"), a.headers.Get("X-Cpuslot-Quota-Source")
-			if q != "250" || src != p.source {
-				t.Errorf("%s: request %d ran at quota %q from %q, want 250 from %s", p.name, i, q, src, p.source)
-			}
-			if a.headers.Get("X-Cpuslot-Slot") == "" {
-				t.Errorf("%s: request %d ran without a slot (X-Cpuslot-Noslot %q)", p.name, i, a.headers.Get("X-Cpuslot-Noslot"))
-			}
-			got = append(got, a.headers.Get("X-Cpuslot-Slot")+"/"+a.headers.Get("X-Cpuslot-Outcome")+a.headers.Get("X-Cpuslot-Noslot"))
+		if q, src := a.headers.Get("X-Cpuslot-Quota-Milli"), a.headers.Get("X-Cpuslot-Quota-Source"); q != "250" || src != "annotation" {
+			t.Errorf("/run %d ran at quota %q from %q, want 250 from the annotation", i, q, src)
 		}
-		t.Logf("%s: 4 concurrent invocations, slot/outcome %v", p.name, got)
-		// A CPU-bound invocation alone at 250m: 25 % +/- 2.5 points (the
-		// lower bound only when the node let it run: up to three tries).
-		for try := 1; ; try++ {
-			req := p.req(100 + try)
-			if p.name == "OpenWhisk" {
-				req.body = owRun(fmt.Sprintf("owburn%d", try), 3000)
-			} else {
-				req.body = knRun(fmt.Sprintf("knburn%d", try), 3000)
-			}
-			a := guestPosts(t, ctx, f.n, []guestReq{req})[0]
-			if a.status != 200 {
-				t.Fatalf("%s: CPU-bound invocation: %d %s", p.name, a.status, a.body)
-			}
-			share, err := cpuShare(a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("%s: CPU-bound invocation at 250m: %.1f%% of a CPU (throttled %s ns)", p.name, 100*share, a.headers.Get("X-Cpuslot-Throttled-Ns"))
-			if share > 0.275 {
-				t.Errorf("%s: %.1f%% of a CPU at 250m: above the cap", p.name, 100*share)
-				break
-			}
-			if share >= 0.225 {
-				break
-			}
-			if try == 3 {
-				t.Errorf("%s: %.1f%% of a CPU at 250m after 3 tries (node busy?)", p.name, 100*share)
-				break
-			}
+		if a.headers.Get("X-Cpuslot-Slot") == "" {
+			t.Errorf("/run %d ran without a slot (X-Cpuslot-Noslot %q)", i, a.headers.Get("X-Cpuslot-Noslot"))
+		}
+		got = append(got, a.headers.Get("X-Cpuslot-Slot")+"/"+a.headers.Get("X-Cpuslot-Outcome")+a.headers.Get("X-Cpuslot-Noslot"))
+	}
+	t.Logf("4 /run sent at once: slot/outcome %v", got)
+
+	// A CPU-bound invocation alone at 250m: 25 % +/- 2.5 points. The cap
+	// is checked every time; the lower bound only when the slot was
+	// throttled for at least half the wall time (else the emulated node
+	// did not give it the CPU: measured again, three times at most).
+	for try := 1; ; try++ {
+		a := guestPosts(t, ctx, f.n, []guestReq{owRun(fmt.Sprintf("owburn%d", try), 3000)})[0]
+		if a.status != 200 {
+			t.Fatalf("CPU-bound /run: %d %s", a.status, a.body)
+		}
+		share, wall, err := cpuShare(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		throttled, _ := strconv.ParseInt(a.headers.Get("X-Cpuslot-Throttled-Ns"), 10, 64)
+		t.Logf("CPU-bound invocation at 250m: %.1f%% of a CPU, throttled %.0f%% of its wall time", 100*share, 100*float64(throttled)/float64(wall))
+		if share > 0.275 {
+			t.Errorf("%.1f%% of a CPU at 250m: above the cap", 100*share)
+			break
+		}
+		if share >= 0.225 {
+			break
+		}
+		if throttled >= wall/2 {
+			t.Errorf("%.1f%% of a CPU at 250m while throttled for %.0f%% of the time: below the quota", 100*share, 100*float64(throttled)/float64(wall))
+			break
+		}
+		if try == 3 {
+			t.Logf("LOWER BOUND NOT CHECKED: the node did not let the slot reach its quota in 3 tries")
+			break
 		}
 	}
 	if logs, _ := f.n.Kubectl(ctx, "logs", owPod, "--tail=50"); !strings.Contains(logs, "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX") {
-		t.Errorf("no activation sentinel in the OpenWhisk action's log:\n%s", logs)
+		t.Errorf("no activation sentinel in the action's log:\n%s", logs)
 	}
 
-	// A light load for PrometheusQueries: one invocation of each pod every
-	// half second, from a guest unit endJava stops.
+	// A light load for PrometheusQueries: one /run every half second, from
+	// a guest unit endJava stops.
 	guest(t, ctx, f.n, fmt.Sprintf(`set -e
-printf '%%s' '%[1]s' > %[3]s/ow-load.json
-printf '%%s' '%[2]s' > %[3]s/kn-load.json
-systemd-run --unit=%[4]s -p DefaultDependencies=no -p StandardOutput=null -p StandardError=null /bin/bash -c '
+printf '%%s' '%[1]s' > %[2]s/ow-load.json
+systemd-run --unit=%[3]s -p DefaultDependencies=no -p StandardOutput=null -p StandardError=null /bin/bash -c '
 while true; do
-	curl -s -m 30 -o /dev/null -H "Content-Type: application/json" --data-binary @%[3]s/ow-load.json %[5]s/run
-	curl -s -m 30 -o /dev/null -H "Content-Type: application/json" -H "Knative-Serving-Namespace: default" -H "Knative-Serving-Revision: %[6]s" --data-binary @%[3]s/kn-load.json %[7]s/
+	curl -s -m 30 -o /dev/null -H "Content-Type: application/json" --data-binary @%[2]s/ow-load.json %[4]s/run
 	sleep 0.5
-done'`, owRun("owload", 5), knRun("knload", 5), javaDir, javaLoad, ow, knRev, kn))
+done'`, owRun("owload", 5).body, javaDir, javaLoad, ow))
 	t.Logf("step took %v", time.Since(t0).Round(time.Second))
 }
 
@@ -339,7 +361,7 @@ func (f *served) endJava(t *testing.T) {
 	f.java = false
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 5*time.Minute)
 	defer cancel()
-	if out, err := f.n.MustExec(ctx, fmt.Sprintf("for u in %s %s; do systemctl stop $u; systemctl reset-failed $u; done 2>/dev/null; rm -rf %s; true", javaLoad, owAPIUnit, javaDir)); err != nil {
+	if out, err := f.n.MustExec(ctx, fmt.Sprintf("for u in %s %s %s; do systemctl stop $u; systemctl reset-failed $u; done 2>/dev/null; rm -rf %s; true", javaLoad, owAPIUnit, importUnit, javaDir)); err != nil {
 		t.Errorf("stopping the Java load: %v: %s", err, out)
 	}
 	if _, err := f.n.Kubectl(ctx, "delete", "pod", owPod, knPod, "--ignore-not-found", "--wait=true", "--timeout=4m"); err != nil {
@@ -455,17 +477,19 @@ func guestPosts(t *testing.T, ctx context.Context, n *Node, reqs []guestReq) []g
 }
 
 // cpuShare is a CPU-bound invocation's share of a CPU: the slot CPU time
-// the runtime reports over the function's own wall time.
-func cpuShare(a guestAnswer) (float64, error) {
+// the runtime reports over the function's own wall time (also returned,
+// in nanoseconds).
+func cpuShare(a guestAnswer) (float64, int64, error) {
 	cpu, err := strconv.ParseInt(a.headers.Get("X-Cpuslot-Cpu-Ns"), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("X-Cpuslot-Cpu-Ns %q: %v", a.headers.Get("X-Cpuslot-Cpu-Ns"), err)
+		return 0, 0, fmt.Errorf("X-Cpuslot-Cpu-Ns %q: %v", a.headers.Get("X-Cpuslot-Cpu-Ns"), err)
 	}
 	var body struct {
 		WallMS float64 `json:"wall_ms"`
 	}
 	if err := json.Unmarshal(a.body, &body); err != nil || body.WallMS <= 0 {
-		return 0, fmt.Errorf("reply %s: no wall_ms", a.body)
+		return 0, 0, fmt.Errorf("reply %s: no wall_ms", a.body)
 	}
-	return float64(cpu) / (body.WallMS * 1e6), nil
+	wall := int64(body.WallMS * 1e6)
+	return float64(cpu) / float64(wall), wall, nil
 }

@@ -27,6 +27,8 @@ func TestAgentServesPodInSystemdScope(t *testing.T) {
 	if err := n.ImportImage(ctx, agentTar); err != nil {
 		t.Fatalf("%v (make images writes it)", err)
 	}
+	// JavaRuntimePods' image, in the background meanwhile (minutes here).
+	startJavaImport(t, ctx, n)
 	helmBin, err := exec.Command("bash", filepath.Join(n.RepoDir(), "hack", "helm.sh")).Output()
 	if err != nil {
 		t.Fatalf("hack/helm.sh: %v", err)

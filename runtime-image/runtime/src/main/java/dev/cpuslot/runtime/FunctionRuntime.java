@@ -58,8 +58,8 @@ public final class FunctionRuntime implements AutoCloseable {
     private final Object initLock = new Object();
     private final Runaways runaways;
     private final AtomicLong inFlight;
-    private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
-            .followRedirects(HttpClient.Redirect.NORMAL).build();
+    private final Lazy<HttpClient> http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
+            .followRedirects(HttpClient.Redirect.NORMAL).build());
 
     public FunctionRuntime(Config cfg, Metrics metrics, SlotClient slots, PrintStream out, PrintStream err) {
         this.cfg = cfg;
@@ -365,7 +365,7 @@ public final class FunctionRuntime implements AutoCloseable {
         if (url == null || url.isBlank()) throw new IllegalArgumentException("missing url (or code in the body)");
         URI u = URI.create(url);
         if ("file".equals(u.getScheme())) return Files.readAllBytes(Path.of(u));
-        HttpResponse<byte[]> r = http.send(HttpRequest.newBuilder(u).timeout(Duration.ofSeconds(60)).GET().build(),
+        HttpResponse<byte[]> r = http.get().send(HttpRequest.newBuilder(u).timeout(Duration.ofSeconds(60)).GET().build(),
                 HttpResponse.BodyHandlers.ofByteArray());
         if (r.statusCode() != 200) throw new IllegalStateException("HTTP " + r.statusCode() + " from " + url);
         return r.body();

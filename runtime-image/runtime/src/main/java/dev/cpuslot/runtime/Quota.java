@@ -77,7 +77,7 @@ public final class Quota {
 
     private final Config cfg;
     private final Metrics metrics;
-    private final HttpClient http;
+    private final Lazy<HttpClient> http;
     private record CacheEntry(CompletableFuture<Optional<String>> value, long expiresNanos) {}
     private final Map<String, CacheEntry> annotations = new ConcurrentHashMap<>();
     static final long NEGATIVE_TTL_NS = TimeUnit.SECONDS.toNanos(30);
@@ -85,7 +85,7 @@ public final class Quota {
     public Quota(Config cfg, Metrics metrics) {
         this.cfg = cfg;
         this.metrics = metrics;
-        this.http = HttpClient.newBuilder().connectTimeout(Duration.ofMillis(cfg.annotationTimeoutMs())).build();
+        this.http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofMillis(cfg.annotationTimeoutMs())).build());
     }
 
     /**
@@ -186,7 +186,7 @@ public final class Quota {
                 .header("Authorization", "Basic " + Base64.getEncoder().encodeToString(apiKey.getBytes(StandardCharsets.UTF_8)))
                 .header("Accept", "application/json")
                 .GET().build();
-        return http.sendAsync(req, HttpResponse.BodyHandlers.ofString()).thenApply(r -> {
+        return http.get().sendAsync(req, HttpResponse.BodyHandlers.ofString()).thenApply(r -> {
             if (r.statusCode() != 200) throw new IllegalStateException("HTTP " + r.statusCode() + " from " + uri);
             JsonObject o = JsonParser.parseString(r.body()).getAsJsonObject();
             JsonArray anns = o.has("annotations") && o.get("annotations").isJsonArray() ? o.getAsJsonArray("annotations") : new JsonArray();
