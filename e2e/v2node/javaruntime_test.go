@@ -364,8 +364,15 @@ func (f *served) endJava(t *testing.T) {
 	if out, err := f.n.MustExec(ctx, fmt.Sprintf("for u in %s %s %s; do systemctl stop $u; systemctl reset-failed $u; done 2>/dev/null; rm -rf %s; true", javaLoad, owAPIUnit, importUnit, javaDir)); err != nil {
 		t.Errorf("stopping the Java load: %v: %s", err, out)
 	}
+	uid, _ := f.n.Kubectl(ctx, "get", "pod", owPod, "-o", "jsonpath={.metadata.uid}")
+	t0 := time.Now()
 	if _, err := f.n.Kubectl(ctx, "delete", "pod", owPod, knPod, "--ignore-not-found", "--wait=true", "--timeout=4m"); err != nil {
-		t.Errorf("deleting the Java runtime pods: %v", err)
+		desc, _ := f.n.Kubectl(ctx, "describe", "pod", owPod)
+		logs, _ := f.n.Kubectl(ctx, "-n", f.ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=40")
+		left, _, _ := f.n.Exec(ctx, fmt.Sprintf("find %s 2>&1 | head -n 40; journalctl -u kubelet.service -n 0 >/dev/null 2>&1; tail -n 30 %s/kubelet.log", podSlicePath(uid, "Burstable"), logDir))
+		t.Errorf("deleting the Java runtime pods: %v\n--- %s:\n%s\n--- agent:\n%s\n--- the pod's slice and the kubelet's log:\n%s", err, owPod, desc, logs, left)
+	} else {
+		t.Logf("the Java runtime pods deleted in %v", time.Since(t0).Round(time.Second))
 	}
 }
 
