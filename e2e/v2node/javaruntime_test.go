@@ -138,7 +138,8 @@ spec:
 // startJavaImport imports the runtime-java image into the node's
 // containerd in the background (a guest unit): the import is the longest
 // part of JavaRuntimePods on the emulated node (minutes), and overlaps the
-// steps before it. javaRuntimePods waits for it.
+// steps before it (none may restart containerd). javaRuntimePods waits for
+// it.
 func startJavaImport(t *testing.T, ctx context.Context, n *Node) {
 	t.Helper()
 	tar := filepath.Join(n.RepoDir(), "bin", javaTar)
@@ -177,7 +178,7 @@ func (f *served) javaRuntimePods(t *testing.T) {
 	t0 := time.Now()
 	f.java = true
 	waitJavaImport(t, ctx, f.n)
-	t.Logf("runtime-java image imported (in the background since the agent's install) %v after the step began", time.Since(t0).Round(time.Second))
+	t.Logf("runtime-java image imported (in the background since QuotaHolds) %v after the step began", time.Since(t0).Round(time.Second))
 
 	// The OpenWhisk API stand-in: the action's record, as the real API
 	// answers GET /api/v1/namespaces/guest/actions/cpuburn (the runtime
