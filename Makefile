@@ -100,12 +100,12 @@ e2e-deps:
 # -p 1: one e2e package at a time (each brings up its cluster once;
 # e2e/cluster also serialises with a lock).
 e2e: e2e-deps images
-	cd e2e && CPUSLOT_E2E=1 $(GOTESTSUM) --format standard-verbose -- ./... -count=1 -timeout 40m -p 1
+	cd e2e && CPUSLOT_E2E=1 $(GOTESTSUM) --format standard-verbose -- ./... -count=1 -timeout 60m -p 1
 
 # The current node alone.
 e2e-v2node: images
 	bash hack/v2node-deps.sh
-	CPUSLOT_E2E=1 $(GO) -C e2e test ./v2node -count=1 -timeout 40m -v
+	CPUSLOT_E2E=1 $(GO) -C e2e test ./v2node -count=1 -timeout 60m -v
 
 # --- Helm chart and plain manifests (charts/cpuslot, deploy/) ----------------
 # helm is built once from the Go module proxy and cached (hack/helm.sh).

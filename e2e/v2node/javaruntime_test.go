@@ -155,12 +155,14 @@ func startJavaImport(t *testing.T, ctx context.Context, n *Node) {
 // unless it succeeded.
 func waitJavaImport(t *testing.T, ctx context.Context, n *Node) {
 	t.Helper()
+	// (systemctl show prints properties in its own order: one at a time.)
 	out, code, err := n.Exec(ctx, fmt.Sprintf(`for i in $(seq 1200); do
-	s=$(systemctl show -p ActiveState,Result --value %[1]s | paste -sd' ')
-	case "$s" in "active success") exit 0 ;; failed*|*" exit-code"|*" signal"|*" timeout") break ;; esac
+	a=$(systemctl show -p ActiveState --value %[1]s); r=$(systemctl show -p Result --value %[1]s)
+	[ "$a" = active ] && [ "$r" = success ] && exit 0
+	[ "$a" = failed ] || { [ -n "$r" ] && [ "$r" != success ]; } && break
 	sleep 1
 done
-echo "$s"; tail -n 20 %[2]s/import-java.log; exit 1`, importUnit, logDir))
+echo "import unit: $a $r"; tail -n 20 %[2]s/import-java.log; exit 1`, importUnit, logDir))
 	if err != nil || code != 0 {
 		t.Fatalf("importing %s: %v %s", javaTar, err, out)
 	}
@@ -360,14 +362,16 @@ func (f *served) endJava(t *testing.T) {
 		return
 	}
 	f.java = false
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 10*time.Minute)
 	defer cancel()
 	if out, err := f.n.MustExec(ctx, fmt.Sprintf("for u in %s %s %s; do systemctl stop $u; systemctl reset-failed $u; done 2>/dev/null; rm -rf %s; true", javaLoad, owAPIUnit, importUnit, javaDir)); err != nil {
 		t.Errorf("stopping the Java load: %v: %s", err, out)
 	}
 	uid, _ := f.n.Kubectl(ctx, "get", "pod", owPod, "-o", "jsonpath={.metadata.uid}")
 	t0 := time.Now()
-	if _, err := f.n.Kubectl(ctx, "delete", "pod", owPod, knPod, "--ignore-not-found", "--wait=true", "--timeout=4m"); err != nil {
+	// Generous: on the loaded emulated node the kubelet has taken minutes
+	// to finish a pod (the slice goes at its housekeeping).
+	if _, err := f.n.Kubectl(ctx, "delete", "pod", owPod, knPod, "--ignore-not-found", "--wait=true", "--timeout=8m"); err != nil {
 		desc, _ := f.n.Kubectl(ctx, "describe", "pod", owPod)
 		logs, _ := f.n.Kubectl(ctx, "-n", f.ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=40")
 		left, _, _ := f.n.Exec(ctx, fmt.Sprintf("find %s 2>&1 | head -n 40; journalctl -u kubelet.service -n 0 >/dev/null 2>&1; tail -n 30 %s/kubelet.log", podSlicePath(uid, "Burstable"), logDir))

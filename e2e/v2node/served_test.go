@@ -21,7 +21,7 @@ import (
 // cgroup).
 func TestAgentServesPodInSystemdScope(t *testing.T) {
 	n := need(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Minute)
 	defer cancel()
 	agentTar := filepath.Join(n.RepoDir(), "bin", "images", "node-agent.tar")
 	if err := n.ImportImage(ctx, agentTar); err != nil {
