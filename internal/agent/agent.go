@@ -51,7 +51,11 @@ type Agent struct {
 	containers map[string]*served // by cgroup path
 	// preparing are containers whose pools are being made.
 	preparing map[string]*preparation
-	ready     atomic.Bool
+	// leftover are torn-down containers whose slots still had threads
+	// arriving (the container's process ending while it places its threads
+	// itself); Maintain removes them once the threads are gone.
+	leftover []leftover
+	ready    atomic.Bool
 }
 
 // ErrTooManyContainers means the agent serves its maximum of containers
@@ -192,6 +196,7 @@ loop:
 			errs = append(errs, err)
 		}
 	}
+	a.removeLeftovers() // once more: their containers may be gone by now
 	a.log.Info("agent stopped", "removedSlots", cleanup)
 	return errors.Join(errs...)
 }
@@ -414,16 +419,67 @@ func (a *Agent) Resize(cgroupPath string, limitMilli uint32) {
 	}
 }
 
+// leftover is a torn-down container with slots still to remove, and how
+// many maintenance rounds have tried.
+type leftover struct {
+	s      *served
+	rounds int
+}
+
+// leftoverRounds bounds the maintenance rounds that retry a leftover's
+// slots: a container's process ends within its grace period.
+const leftoverRounds = 60
+
 func (a *Agent) teardown(s *served) {
 	if s.ln != nil {
 		s.ln.Close() // also removes the socket file
 	}
-	if err := s.pool.Close(true); err != nil {
+	if err := s.pool.Close(true); errors.Is(err, cgroup.ErrBusy) {
+		// The container's threads still enter its slots (it is ending: its
+		// pod deleted): removed at the next maintenance rounds, so that
+		// nothing of ours keeps its cgroup from going.
+		a.mu.Lock()
+		a.leftover = append(a.leftover, leftover{s: s})
+		a.mu.Unlock()
+		a.log.Info("slots still entered by the container's threads; removed again at the next maintenance rounds", "container", s.Name, "err", err)
+		return
+	} else if err != nil {
 		a.metrics.Error(metrics.TeardownFailed)
 		a.log.Error("removing slots", "container", s.Name, "err", err)
 		return
 	}
 	a.log.Info("stopped serving container; slots removed", "container", s.Name)
+}
+
+// removeLeftovers tries again to remove the slots of torn-down containers
+// whose threads kept entering them.
+func (a *Agent) removeLeftovers() {
+	a.mu.Lock()
+	left := a.leftover
+	a.leftover = nil
+	a.mu.Unlock()
+	var again []leftover
+	for _, l := range left {
+		l.rounds++
+		done, err := l.s.pool.RemoveLeft()
+		switch {
+		case !done && l.rounds < leftoverRounds:
+			again = append(again, l)
+		case !done:
+			a.metrics.Error(metrics.TeardownFailed)
+			a.log.Error("removing slots: threads kept entering them; given up", "container", l.s.Name, "rounds", l.rounds, "err", err)
+		case err != nil:
+			a.metrics.Error(metrics.TeardownFailed)
+			a.log.Error("removing slots", "container", l.s.Name, "err", err)
+		default:
+			a.log.Info("stopped serving container; slots removed", "container", l.s.Name, "rounds", l.rounds)
+		}
+	}
+	if len(again) > 0 {
+		a.mu.Lock()
+		a.leftover = append(a.leftover, again...)
+		a.mu.Unlock()
+	}
 }
 
 // Resolve finds the pool of a connecting process (server.Resolver).
@@ -529,6 +585,7 @@ func containerOf(p string) string {
 // gone or were made anew, and tears down auto-served containers no thread
 // is left in.
 func (a *Agent) Maintain(now time.Time) {
+	a.removeLeftovers()
 	for _, s := range a.snapshot() {
 		id, err := a.hierarchy.IdentityOf(s.CgroupPath)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,6 +198,10 @@ type Pool struct {
 	actions map[string]bool
 	// degraded leases in grant order, raised as budget frees.
 	degraded []*lease
+	// left are the slots Close(true) could not remove because threads
+	// kept arriving (a container's process placing its threads while it
+	// ends); RemoveLeft tries them again. The backend stays open for them.
+	left []*slot
 }
 
 // New makes a pool for one container from its settings; call Start to
@@ -731,14 +736,26 @@ func (p *Pool) Close(remove bool) error {
 	p.credits = map[any]*credit{}
 	p.mu.Unlock()
 	var errs []error
+	var left []*slot
 	for _, s := range slots {
 		if remove {
 			if err := s.io.Remove(); err != nil {
 				errs = append(errs, err)
+				if errors.Is(err, cgroup.ErrBusy) {
+					left = append(left, s)
+				}
 			}
 		} else {
 			s.io.Close()
 		}
+	}
+	if len(left) > 0 && !p.stale.Load() {
+		// Removed later (RemoveLeft), once the container's threads are
+		// gone; the backend stays open until then.
+		p.mu.Lock()
+		p.left = left
+		p.mu.Unlock()
+		return errors.Join(errs...)
 	}
 	if remove && len(errs) == 0 {
 		if err := p.backend.Unprepare(); err != nil {
@@ -756,6 +773,41 @@ func (p *Pool) Close(remove bool) error {
 		return nil
 	}
 	return errors.Join(errs...)
+}
+
+// RemoveLeft tries again to remove the slots Close(true) left behind
+// (ErrBusy: threads kept arriving), then undoes the container's
+// preparation and releases the backend. done is false while a slot still
+// has threads arriving; once done, err says what failed, if anything (a
+// slot already gone counts as removed).
+func (p *Pool) RemoveLeft() (done bool, err error) {
+	p.mu.Lock()
+	left := p.left
+	p.mu.Unlock()
+	var still []*slot
+	var errs []error
+	for _, s := range left {
+		if err := s.io.Remove(); err != nil {
+			if errors.Is(err, cgroup.ErrBusy) {
+				still = append(still, s)
+			} else if !errors.Is(err, cgroup.ErrGone) && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	p.mu.Lock()
+	p.left = still
+	p.mu.Unlock()
+	if len(still) > 0 {
+		return false, fmt.Errorf("%d slot(s) still have threads: %w", len(still), cgroup.ErrBusy)
+	}
+	if len(errs) == 0 && len(left) > 0 {
+		if err := p.backend.Unprepare(); err != nil && !errors.Is(err, cgroup.ErrGone) && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	p.backend.Close()
+	return true, errors.Join(errs...)
 }
 
 // Summary describes the pool per quota, for HELLO and /debug/pools.

@@ -25,6 +25,7 @@ type fakeBackend struct {
 	maxSlots   int // refuse mkdir beyond this many (0: no bound)
 	ops        []string
 	unprepared bool
+	closed     bool
 	// onIO, when set, runs at each cgroup operation.
 	onIO func(op string)
 }
@@ -90,7 +91,7 @@ func (b *fakeBackend) AdoptSlots() (map[uint32]SlotIO, error) {
 func (b *fakeBackend) MoveOut(tid int) error       { b.op("moveout %d", tid); return nil }
 func (b *fakeBackend) LimitMilli() (uint32, error) { return b.limit, nil }
 func (b *fakeBackend) Unprepare() error            { b.unprepared = true; return nil }
-func (b *fakeBackend) Close()                      {}
+func (b *fakeBackend) Close()                      { b.closed = true }
 
 func init() {
 	// Fake threads never end: a TID keeps its start time.
@@ -513,6 +514,50 @@ func TestRemovalBusy(t *testing.T) {
 	p.Reap(later)
 	if s := p.Summary(); s.Quotas[0].Slots != 1 {
 		t.Fatalf("second reap should remove it: %+v", s)
+	}
+}
+
+// A container ending while its threads still enter its slots (the
+// runtime places them itself): Close(true) cannot remove those slots; it
+// keeps them, and the backend, for RemoveLeft, which removes them once the
+// threads are gone and only then undoes the preparation.
+func TestCloseLeavesBusySlotsForRemoveLeft(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=2"), b)
+	n := 0
+	for _, fs := range b.slots {
+		if n == 0 {
+			fs.busy = 3 // Close and two more rounds find it busy
+		}
+		n++
+	}
+	err := p.Close(true)
+	if !errors.Is(err, cgroup.ErrBusy) {
+		t.Fatalf("Close(true) = %v, want ErrBusy", err)
+	}
+	if b.unprepared || b.closed {
+		t.Fatalf("unprepared %v, backend closed %v with a slot left", b.unprepared, b.closed)
+	}
+	for round := 1; ; round++ {
+		done, err := p.RemoveLeft()
+		if !done {
+			if !errors.Is(err, cgroup.ErrBusy) || b.unprepared || b.closed {
+				t.Fatalf("round %d: %v; unprepared %v, closed %v", round, err, b.unprepared, b.closed)
+			}
+			continue
+		}
+		if err != nil || round != 3 {
+			t.Fatalf("done at round %d: %v, want round 3 without error", round, err)
+		}
+		break
+	}
+	for id, fs := range b.slots {
+		if !fs.removed {
+			t.Errorf("slot %d not removed", id)
+		}
+	}
+	if !b.unprepared || !b.closed {
+		t.Errorf("after the last slot: unprepared %v, backend closed %v", b.unprepared, b.closed)
 	}
 }
 
