@@ -461,13 +461,10 @@ func (a *Agent) removeLeftovers() {
 	var again []leftover
 	for _, l := range left {
 		l.rounds++
-		done, err := l.s.pool.RemoveLeft()
+		done, err := l.s.pool.RemoveLeft(l.rounds >= leftoverRounds)
 		switch {
-		case !done && l.rounds < leftoverRounds:
-			again = append(again, l)
 		case !done:
-			a.metrics.Error(metrics.TeardownFailed)
-			a.log.Error("removing slots: threads kept entering them; given up", "container", l.s.Name, "rounds", l.rounds, "err", err)
+			again = append(again, l)
 		case err != nil:
 			a.metrics.Error(metrics.TeardownFailed)
 			a.log.Error("removing slots", "container", l.s.Name, "err", err)

@@ -779,11 +779,15 @@ func (p *Pool) Close(remove bool) error {
 // (ErrBusy: threads kept arriving), then undoes the container's
 // preparation and releases the backend. done is false while a slot still
 // has threads arriving; once done, err says what failed, if anything (a
-// slot already gone counts as removed).
-func (p *Pool) RemoveLeft() (done bool, err error) {
+// slot already gone counts as removed). With last, slots still busy are
+// given up: their descriptors and the backend's are closed.
+func (p *Pool) RemoveLeft(last bool) (done bool, err error) {
 	p.mu.Lock()
 	left := p.left
 	p.mu.Unlock()
+	if len(left) == 0 {
+		return true, nil // nothing left, the backend already released
+	}
 	var still []*slot
 	var errs []error
 	for _, s := range left {
@@ -795,13 +799,26 @@ func (p *Pool) RemoveLeft() (done bool, err error) {
 			}
 		}
 	}
+	if len(still) > 0 && last {
+		// Given up: release what they hold open, so that a container that
+		// keeps entering them leaks no descriptor.
+		for _, s := range still {
+			s.io.Close()
+		}
+		p.backend.Close()
+		still = nil
+		p.mu.Lock()
+		p.left = nil
+		p.mu.Unlock()
+		return true, fmt.Errorf("slot(s) still had threads when given up: %w", cgroup.ErrBusy)
+	}
 	p.mu.Lock()
 	p.left = still
 	p.mu.Unlock()
 	if len(still) > 0 {
 		return false, fmt.Errorf("%d slot(s) still have threads: %w", len(still), cgroup.ErrBusy)
 	}
-	if len(errs) == 0 && len(left) > 0 {
+	if len(errs) == 0 {
 		if err := p.backend.Unprepare(); err != nil && !errors.Is(err, cgroup.ErrGone) && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

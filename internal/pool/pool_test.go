@@ -539,7 +539,7 @@ func TestCloseLeavesBusySlotsForRemoveLeft(t *testing.T) {
 		t.Fatalf("unprepared %v, backend closed %v with a slot left", b.unprepared, b.closed)
 	}
 	for round := 1; ; round++ {
-		done, err := p.RemoveLeft()
+		done, err := p.RemoveLeft(false)
 		if !done {
 			if !errors.Is(err, cgroup.ErrBusy) || b.unprepared || b.closed {
 				t.Fatalf("round %d: %v; unprepared %v, closed %v", round, err, b.unprepared, b.closed)
@@ -558,6 +558,26 @@ func TestCloseLeavesBusySlotsForRemoveLeft(t *testing.T) {
 	}
 	if !b.unprepared || !b.closed {
 		t.Errorf("after the last slot: unprepared %v, backend closed %v", b.unprepared, b.closed)
+	}
+}
+
+// Given up (last): slots still busy are closed, with the backend, so a
+// container that keeps entering them leaks no descriptor.
+func TestRemoveLeftGivesUp(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=1"), b)
+	for _, fs := range b.slots {
+		fs.busy = 100
+	}
+	if err := p.Close(true); !errors.Is(err, cgroup.ErrBusy) {
+		t.Fatalf("Close(true) = %v, want ErrBusy", err)
+	}
+	done, err := p.RemoveLeft(true)
+	if !done || !errors.Is(err, cgroup.ErrBusy) || !b.closed || b.unprepared {
+		t.Fatalf("RemoveLeft(true) = %v, %v; backend closed %v, unprepared %v", done, err, b.closed, b.unprepared)
+	}
+	if done, err := p.RemoveLeft(false); !done || err != nil {
+		t.Fatalf("after giving up, RemoveLeft = %v, %v, want nothing left", done, err)
 	}
 }
 
