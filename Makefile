@@ -95,12 +95,12 @@ e2e-deps:
 	bash hack/e2e-deps.sh
 	bash hack/v2node-deps.sh
 
-# Both node kinds: the legacy one on this machine (cgroup v1, cgroupfs) and
-# the current one in the VM (e2e/v2node: cgroup v2, systemd, containerd 2).
-# -p 1: one e2e package at a time (each brings up its cluster once;
-# e2e/cluster also serialises with a lock).
+# Both node kinds at once (hack/e2e.sh): the legacy one on this machine
+# (cgroup v1, cgroupfs; its packages one at a time, each brings up its
+# cluster once) and, beside it, the current one in the VM (e2e/v2node:
+# cgroup v2, systemd, containerd 2).
 e2e: e2e-deps images
-	cd e2e && CPUSLOT_E2E=1 $(GOTESTSUM) --format standard-verbose -- ./... -count=1 -timeout 60m -p 1
+	GOTESTSUM='$(GOTESTSUM)' bash hack/e2e.sh
 
 # The current node alone.
 e2e-v2node: images

@@ -10,7 +10,7 @@
 #   - kubectl: the machine's when there is one, else built the same way;
 #   - helm, by hack/helm.sh (built once from the Go module proxy, cached);
 #   - Knative Serving's components as image tarballs, by hack/knative.sh
-#     (built once from the Go module proxy, cached).
+#     (built once from the Go module proxy, cached; beside Kubernetes').
 #
 # Idempotent. Run as root on Debian 12.
 #
@@ -115,6 +115,17 @@ for p in bridge host-local loopback; do
 	[ -x "/usr/lib/cni/$p" ] || { log "/usr/lib/cni/$p missing"; exit 1; }
 done
 
+# Knative's build (step 4) starts now, beside Kubernetes': on a new machine
+# it mostly waits on module downloads while Kubernetes compiles.
+knative_out=""
+knative_pid=""
+if [ -f "$repo/hack/knative.sh" ]; then
+	knative_out="$(mktemp)"
+	trap 'rm -f "$knative_out"; [ -z "$knative_pid" ] || kill "$knative_pid" 2>/dev/null || true' EXIT
+	bash "$repo/hack/knative.sh" >"$knative_out" &
+	knative_pid=$!
+fi
+
 # ---------------------------------------------------------------------------
 # 2. Kubernetes binaries from the Go module proxy.
 # ---------------------------------------------------------------------------
@@ -207,8 +218,11 @@ fi
 # 4. Knative Serving, from hack/knative.sh (which builds and caches it).
 # ---------------------------------------------------------------------------
 knative=""
-if [ -f "$repo/hack/knative.sh" ]; then
-	knative="$(bash "$repo/hack/knative.sh" | sed -n 's/^KNATIVE_IMAGES=//p')"
+if [ -n "$knative_pid" ]; then
+	pid=$knative_pid
+	knative_pid=""
+	wait "$pid" || { log "hack/knative.sh failed"; exit 1; }
+	knative="$(sed -n 's/^KNATIVE_IMAGES=//p' "$knative_out")"
 	[ -d "$knative" ] || { log "hack/knative.sh printed no image directory"; exit 1; }
 fi
 

@@ -57,8 +57,12 @@ mods="$("$JAVA_HOME/bin/jdeps" --multi-release 25 --ignore-missing-deps --print-
 	--class-path "$cp_list" "$root/opt/cpuslot/runtime.jar" "$root"/opt/cpuslot/lib/*.jar 2>/dev/null | tail -1)"
 mods="$mods,java.logging,java.management,java.naming,jdk.zipfs,jdk.crypto.ec,jdk.localedata"
 echo "build-image: jlink --add-modules $mods" >&2
+# Compressed modules (zip-6) and a class-data-sharing archive: the image is a quarter smaller
+# (pulled and unpacked on every node) and the JVM starts faster (a JVM per pod: cold starts).
+# Measured side by side: README, runtime start-up. classes_nocoops.jsa serves heaps over 32 GB only.
 "$JAVA_HOME/bin/jlink" --add-modules "$mods" --strip-debug --no-header-files --no-man-pages \
-	--output "$root/opt/java"
+	--compress=zip-6 --generate-cds-archive --output "$root/opt/java"
+rm -f "$root/opt/java/lib/server/classes_nocoops.jsa"
 
 # 2. the shared libraries the JRE links, at the paths the loader looks them up
 #    (not for the X11/sound parts of java.desktop: the runtime is headless; libraries inside the
