@@ -467,7 +467,7 @@ func (a *Agent) removeLeftovers() {
 			again = append(again, l)
 		case err != nil:
 			a.metrics.Error(metrics.TeardownFailed)
-			a.log.Error("removing slots", "container", l.s.Name, "err", err)
+			a.log.Error("removing slots", "container", l.s.Name, "rounds", l.rounds, "err", err)
 		default:
 			a.log.Info("stopped serving container; slots removed", "container", l.s.Name, "rounds", l.rounds)
 		}

@@ -799,26 +799,23 @@ func (p *Pool) RemoveLeft(last bool) (done bool, err error) {
 			}
 		}
 	}
-	if len(still) > 0 && last {
+	if len(still) > 0 && !last {
+		p.mu.Lock()
+		p.left = still
+		p.mu.Unlock()
+		return false, fmt.Errorf("%d slot(s) still have threads: %w", len(still), cgroup.ErrBusy)
+	}
+	p.mu.Lock()
+	p.left = nil
+	p.mu.Unlock()
+	if len(still) > 0 {
 		// Given up: release what they hold open, so that a container that
 		// keeps entering them leaks no descriptor.
 		for _, s := range still {
 			s.io.Close()
 		}
-		p.backend.Close()
-		still = nil
-		p.mu.Lock()
-		p.left = nil
-		p.mu.Unlock()
-		return true, fmt.Errorf("slot(s) still had threads when given up: %w", cgroup.ErrBusy)
-	}
-	p.mu.Lock()
-	p.left = still
-	p.mu.Unlock()
-	if len(still) > 0 {
-		return false, fmt.Errorf("%d slot(s) still have threads: %w", len(still), cgroup.ErrBusy)
-	}
-	if len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("%d slot(s) still had threads when given up: %w", len(still), cgroup.ErrBusy))
+	} else if len(errs) == 0 {
 		if err := p.backend.Unprepare(); err != nil && !errors.Is(err, cgroup.ErrGone) && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
