@@ -17,7 +17,6 @@ set -euo pipefail
 n="${3:-10}"
 work="$(mktemp -d)"
 cleanup() {
-	pkill -f "$work/" 2>/dev/null || true
 	for r in "$work"/a "$work"/b; do
 		umount "$r/proc" "$r/dev" 2>/dev/null || true
 	done
@@ -59,9 +58,9 @@ once() {
 	local pid=$!
 	local tries=0
 	until curl -s -o /dev/null -m 1 "http://127.0.0.1:$2/" 2>/dev/null; do
-		kill -0 "$pid" 2>/dev/null || { echo "bench-startup: $1 exited before answering" >&2; exit 1; }
+		kill -0 "$pid" 2>/dev/null || { echo "bench-startup: $1 exited before answering" >&2; return 1; }
 		tries=$((tries + 1))
-		[ "$tries" -lt 6000 ] || { echo "bench-startup: $1 did not answer" >&2; exit 1; }
+		[ "$tries" -lt 6000 ] || { echo "bench-startup: $1 did not answer" >&2; kill "$pid"; wait "$pid" 2>/dev/null; return 1; }
 		sleep 0.02
 	done
 	t1=$(date +%s.%N)
@@ -74,7 +73,9 @@ echo "# load: $(cut -d' ' -f1-3 /proc/loadavg); A=$1 B=$2"
 echo "# A_s B_s"
 out="$work/pairs"
 for _ in $(seq 1 "$n"); do
-	echo "$(once "$work/a" 18080) $(once "$work/b" 18090)" | tee -a "$out"
+	a="$(once "$work/a" 18080)"
+	b="$(once "$work/b" 18090)"
+	echo "$a $b" | tee -a "$out"
 done
 python3 - "$out" <<'EOF'
 import statistics, sys

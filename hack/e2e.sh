@@ -25,6 +25,10 @@ while read -r pkg; do
 done < <(go list ./...)
 
 start=$SECONDS
+# Each side in a process group of its own (set -m), waited for with wait
+# (which a trap interrupts), so that a stop of make (SIGINT, SIGTERM)
+# reaches both go tests and the VM.
+set -m
 # shellcheck disable=SC2086 # gotestsum may be a command with arguments
 (
 	$gotestsum --format standard-verbose -- ./v2node -count=1 -timeout "$timeout" 2>&1 |
@@ -34,11 +38,13 @@ start=$SECONDS
 	exit "$rc"
 ) &
 v2=$!
-# A stop of make (SIGINT, SIGTERM) stops both.
-trap 'kill "$v2" 2>/dev/null; exit 130' INT TERM
-
 # shellcheck disable=SC2086
-$gotestsum --format standard-verbose -- "${legacy[@]}" -count=1 -timeout "$timeout" -p 1
+$gotestsum --format standard-verbose -- "${legacy[@]}" -count=1 -timeout "$timeout" -p 1 &
+legacy=$!
+set +m
+trap 'kill -TERM -- -"$v2" -"$legacy" 2>/dev/null; exit 130' INT TERM
+
+wait "$legacy"
 legacy_rc=$?
 echo "e2e: the legacy node's packages: exit $legacy_rc after $((SECONDS - start)) s; waiting for e2e/v2node"
 wait "$v2"
