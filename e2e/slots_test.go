@@ -176,6 +176,7 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	}
 
 	type sample struct {
+		worker  int
 		at      time.Time
 		ok      bool
 		slot    bool
@@ -198,7 +199,7 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 					"deadline": strconv.FormatInt(time.Now().Add(30*time.Second).UnixMilli(), 10),
 					"api_key":  api.apiKey,
 				})
-				s := sample{at: time.Now(), ok: err == nil && r.status == 200}
+				s := sample{worker: w, at: time.Now(), ok: err == nil && r.status == 200}
 				if err != nil {
 					s.failure = err.Error()
 				} else if r.status != 200 {
@@ -238,7 +239,32 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 		}
 		return
 	}
-	time.Sleep(3 * time.Second)
+	// The first invocations run without a slot until the runtime's lookup
+	// of the action's annotation has answered (it never waits for it; a
+	// cold JVM on a busy machine can take seconds). The agent is deleted
+	// only once every worker has had an invocation in a slot: each of its
+	// later invocations starts after the quota is known.
+	warm := func() (warmed, n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen := map[int]bool{}
+		for _, s := range samples {
+			if s.ok && s.slot {
+				seen[s.worker] = true
+			}
+		}
+		return len(seen), len(samples)
+	}
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		w, n := warm()
+		if w == 4 {
+			t.Logf("every worker had an invocation in a slot after %v (%d /run)", time.Since(start).Round(time.Millisecond), n)
+			break
+		}
+		if time.Since(start) > 2*time.Minute {
+			t.Fatalf("after %v only %d of 4 workers had an invocation in a slot (%d /run): the runtime never learned the action's quota", time.Since(start).Round(time.Second), w, n)
+		}
+	}
 	t0 := time.Now()
 	if out, err := c.Kubectl(ctx, "-n", ns, "delete", "pod", "-l", "app.kubernetes.io/name=cpuslot", "--wait=true", "--timeout=60s"); err != nil {
 		t.Fatalf("%v: %s", err, out)
