@@ -432,3 +432,90 @@ func readRespOrNil(c net.Conn) slotv1.Message {
 	}
 	return f.Msg
 }
+
+// TestHostileLeftoverGivenUp: a forgotten container (its pod deleted)
+// whose slot cannot be removed (its threads keep entering it) is retried at
+// each maintenance round, but only for LeftoverRounds rounds. Then the
+// agent gives up: it counts teardown_failed once and closes the
+// descriptors it held on the container's cgroup, so that such a container
+// costs the agent neither descriptors nor work for ever. A cgroup inside
+// the slot keeps it busy: what a thread that re-enters faster than the
+// agent moves it out does, without the race.
+func TestHostileLeftoverGivenUp(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Prewarm = "250m=1" })
+	a := e.start()
+	slots := cgrouptest.Leftovers(e.h, e.rel)
+	if len(slots) != 1 {
+		t.Fatalf("slots: %v, want 1", slots)
+	}
+	slotDir := filepath.Join(e.h.CPURoot, e.rel, slots[0])
+	if err := os.Mkdir(filepath.Join(slotDir, "busy"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Before newEnv's check for leaked slots.
+	t.Cleanup(func() {
+		os.Remove(filepath.Join(slotDir, "busy"))
+		for _, root := range cgroupRoots(e.h) {
+			if err := os.Remove(filepath.Join(root, e.rel, slots[0])); err != nil && !os.IsNotExist(err) {
+				t.Errorf("removing the given-up slot: %v", err)
+			}
+		}
+	})
+
+	// Descriptors on the container's cgroup directories, by inode: a
+	// descriptor's link names a cgroup by a path that need not be the one
+	// it was opened by.
+	dirs := map[[2]uint64]bool{}
+	for _, root := range cgroupRoots(e.h) {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(root, e.rel), &st); err != nil {
+			t.Fatal(err)
+		}
+		dirs[[2]uint64{st.Dev, st.Ino}] = true
+	}
+	held := func() int {
+		n := 0
+		fds, _ := os.ReadDir("/proc/self/fd")
+		for _, fd := range fds {
+			var st syscall.Stat_t
+			if syscall.Stat(filepath.Join("/proc/self/fd", fd.Name()), &st) == nil && dirs[[2]uint64{st.Dev, st.Ino}] {
+				n++
+			}
+		}
+		return n
+	}
+	failed := func() float64 {
+		v, _ := metricValue(scrape(t, a), `cpuslot_errors_total{reason="teardown_failed"}`)
+		return v
+	}
+
+	a.Forget(e.rel)
+	retrying := held()
+	if retrying == 0 {
+		t.Fatalf("after the teardown the agent holds no descriptor on %s: the test cannot see them closed", e.rel)
+	}
+	for round := 1; round < agent.LeftoverRounds; round++ {
+		a.Maintain(time.Now())
+	}
+	if _, err := os.Stat(slotDir); err != nil {
+		t.Fatalf("the busy slot went before the last round: %v", err)
+	}
+	if n := held(); n != retrying {
+		t.Errorf("after %d rounds the agent holds %d descriptors on the container, want still %d (retrying)", agent.LeftoverRounds-1, n, retrying)
+	}
+	if v := failed(); v != 0 {
+		t.Errorf("teardown_failed %v before the last round, want 0", v)
+	}
+
+	a.Maintain(time.Now()) // the last round: given up
+	if n := held(); n != 0 {
+		t.Errorf("after %d rounds the agent still holds %d descriptors on the container, want 0 (given up)", agent.LeftoverRounds, n)
+	}
+	if v := failed(); v != 1 {
+		t.Errorf("teardown_failed %v after giving up, want 1", v)
+	}
+	a.Maintain(time.Now()) // nothing left to retry: counted once
+	if v := failed(); v != 1 {
+		t.Errorf("teardown_failed %v a round after giving up, want 1", v)
+	}
+}

@@ -305,3 +305,49 @@ func TestSystemdUnitWithoutDelegation(t *testing.T) {
 	}
 	c.Close()
 }
+
+// TestRemoveBusyInOneHierarchy: on v1 with cpu and cpuacct mounted apart a
+// slot is a directory in each. When only the cpu one cannot go (a thread
+// re-entered it, here a cgroup inside it), Remove must say ErrBusy and try
+// again later: not report the slot removed once the cpuacct directory is
+// gone, which left the cpu one behind, uncounted.
+func TestRemoveBusyInOneHierarchy(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	if h.AcctRoot == "" {
+		t.Skip("one hierarchy: a slot is one directory")
+	}
+	rel := cgrouptest.NewContainer(t, h, 0)
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.CreateSlot(1, cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := filepath.Join(h.CPURoot, rel, s.Name(), "busy")
+	if err := os.Mkdir(busy, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(); !errors.Is(err, cgroup.ErrBusy) {
+		t.Errorf("Remove of a slot busy in the cpu hierarchy: %v, want ErrBusy", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.CPURoot, rel, s.Name())); err != nil {
+		t.Fatalf("the busy slot's cpu directory: %v", err)
+	}
+	if err := s.Remove(); !errors.Is(err, cgroup.ErrBusy) {
+		t.Errorf("Remove again, its cpuacct directory gone: %v, want ErrBusy", err)
+	}
+	if err := os.Remove(busy); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(); err != nil {
+		t.Errorf("Remove once no longer busy: %v", err)
+	}
+	for _, root := range []string{h.CPURoot, h.AcctRoot} {
+		if _, err := os.Stat(filepath.Join(root, rel, s.Name())); !os.IsNotExist(err) {
+			t.Errorf("%s: the slot's directory is still there (%v)", root, err)
+		}
+	}
+}

@@ -452,12 +452,21 @@ func (s *Slot) readUsage() (Usage, error) {
 	return u, nil
 }
 
-// Threads lists the threads in the slot (TIDs in the agent's PID namespace).
+// Threads lists the threads in the slot (TIDs in the agent's PID namespace);
+// an error wrapping os.ErrNotExist when the slot is gone from every
+// hierarchy.
 func (s *Slot) Threads() ([]int, error) {
 	seen := map[int]bool{}
 	var tids []int
+	gone := 0
 	for i := range s.c.dirs {
 		lines, err := s.c.linesAt(i, s.name+"/"+s.c.h.threadsFile())
+		if errors.Is(err, os.ErrNotExist) {
+			// Half removed (v1, hierarchies apart): the threads are those
+			// of the directories left.
+			gone++
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -467,6 +476,9 @@ func (s *Slot) Threads() ([]int, error) {
 				tids = append(tids, t)
 			}
 		}
+	}
+	if gone == len(s.c.dirs) {
+		return nil, fmt.Errorf("slot %s: %w", s.name, os.ErrNotExist)
 	}
 	return tids, nil
 }
