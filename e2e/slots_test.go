@@ -175,6 +175,69 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 		t.Fatalf("/init: %v %d", err, r.status)
 	}
 
+	const workers = 4
+	run := func(id string, ms int) (invokeResult, error) {
+		return post(ctx, base+"/run", map[string]any{
+			"value": map[string]any{"ms": ms, "threads": 1}, "namespace": "guest",
+			"action_name": "/guest/cpuburn", "action_version": "0.0.1",
+			"activation_id": fmt.Sprintf("%032s", id), "transaction_id": "tid-" + id,
+			"deadline": strconv.FormatInt(time.Now().Add(30*time.Second).UnixMilli(), 10),
+			"api_key":  api.apiKey,
+		})
+	}
+	// The runtime holds the slots its invocations were granted (local
+	// leasing) and claims them while no agent runs; only an invocation
+	// that finds every held slot busy asks the agent. So before the agent
+	// goes, the runtime must hold one slot per worker: once it has read the
+	// action's quota (an asynchronous annotation lookup, which a cold JVM
+	// on a busy machine answers after seconds), a burst of overlapping
+	// invocations, one per worker, each in a slot of its own. Held slots
+	// go back after 30 s unused; the load below uses them.
+	warm := time.Now()
+	for i := 0; ; i++ {
+		r, err := run(fmt.Sprintf("w%d", i), 1)
+		if err != nil || r.status != 200 {
+			t.Fatalf("/run: %v %d %s", err, r.status, r.body)
+		}
+		if r.headers.Get("X-Cpuslot-Quota-Source") == "annotation" {
+			break
+		}
+		if time.Since(warm) > 2*time.Minute {
+			t.Fatalf("after %d /run the runtime still had not read the action's annotation (quota %q from %q)",
+				i+1, r.headers.Get("X-Cpuslot-Quota-Milli"), r.headers.Get("X-Cpuslot-Quota-Source"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for burst := 1; ; burst++ {
+		var wg sync.WaitGroup
+		res := make([]invokeResult, workers)
+		errs := make([]error, workers)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[w], errs[w] = run(fmt.Sprintf("b%d-%d", burst, w), 1000)
+			}()
+		}
+		wg.Wait()
+		held := map[string]bool{}
+		for w := range workers {
+			if errs[w] != nil || res[w].status != 200 {
+				t.Fatalf("/run: %v %d %s", errs[w], res[w].status, res[w].body)
+			}
+			if sl := res[w].headers.Get("X-Cpuslot-Slot"); sl != "" {
+				held[sl] = true
+			}
+		}
+		if len(held) == workers {
+			t.Logf("the runtime holds %d slots %v after %v (%d bursts of %d overlapping /run)", len(held), held, time.Since(warm).Round(time.Millisecond), burst, workers)
+			break
+		}
+		if burst == 10 {
+			t.Fatalf("after %d bursts of %d overlapping /run the runtime holds slots %v, want %d", burst, workers, held, workers)
+		}
+	}
+
 	type sample struct {
 		worker  int
 		at      time.Time
@@ -187,18 +250,12 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	var samples []sample
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
+	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
 			for i := 0; loadCtx.Err() == nil; i++ {
-				r, err := post(ctx, base+"/run", map[string]any{
-					"value": map[string]any{"ms": 20, "threads": 1}, "namespace": "guest",
-					"action_name": "/guest/cpuburn", "action_version": "0.0.1",
-					"activation_id": fmt.Sprintf("r%d%028d", w, i), "transaction_id": fmt.Sprintf("tid%d-%d", w, i),
-					"deadline": strconv.FormatInt(time.Now().Add(30*time.Second).UnixMilli(), 10),
-					"api_key":  api.apiKey,
-				})
+				r, err := run(fmt.Sprintf("r%d-%d", w, i), 20)
 				s := sample{worker: w, at: time.Now(), ok: err == nil && r.status == 200}
 				if err != nil {
 					s.failure = err.Error()
@@ -239,30 +296,22 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 		}
 		return
 	}
-	// The first invocations run without a slot until the runtime's lookup
-	// of the action's annotation has answered (it never waits for it; a
-	// cold JVM on a busy machine can take seconds). The agent is deleted
-	// only once every worker has had an invocation in a slot: each of its
-	// later invocations starts after the quota is known.
-	warm := func() (warmed, n int) {
+	// Every worker has run in a slot before the agent goes.
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
 		mu.Lock()
-		defer mu.Unlock()
 		seen := map[int]bool{}
 		for _, s := range samples {
 			if s.ok && s.slot {
 				seen[s.worker] = true
 			}
 		}
-		return len(seen), len(samples)
-	}
-	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
-		w, n := warm()
-		if w == 4 {
-			t.Logf("every worker had an invocation in a slot after %v (%d /run)", time.Since(start).Round(time.Millisecond), n)
+		n := len(samples)
+		mu.Unlock()
+		if len(seen) == workers {
 			break
 		}
 		if time.Since(start) > 2*time.Minute {
-			t.Fatalf("after %v only %d of 4 workers had an invocation in a slot (%d /run): the runtime never learned the action's quota", time.Since(start).Round(time.Second), w, n)
+			t.Fatalf("after %v only %d of %d workers had an invocation in a slot (%d /run)", time.Since(start).Round(time.Second), len(seen), workers, n)
 		}
 	}
 	t0 := time.Now()

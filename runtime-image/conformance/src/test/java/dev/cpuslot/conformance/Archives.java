@@ -23,6 +23,15 @@ final class Archives {
     /** Compiles {@code path -> source} (paths like {@code example/HelloWhisk.java}) against Gson; a base64 jar. */
     static String jar(Map<String, String> sources) throws Exception {
         Path src = Files.createTempDirectory("conf-src"), classes = Files.createTempDirectory("conf-classes");
+        try {
+            return compile(sources, src, classes);
+        } finally {
+            deleteTree(src);
+            deleteTree(classes);
+        }
+    }
+
+    private static String compile(Map<String, String> sources, Path src, Path classes) throws Exception {
         List<String> args = new ArrayList<>(List.of("-d", classes.toString(), "-classpath", gsonJar(), "-encoding", "UTF-8", "-nowarn"));
         for (Map.Entry<String, String> e : sources.entrySet()) {
             Path p = src.resolve(e.getKey());
@@ -40,6 +49,12 @@ final class Archives {
                 files.put(classes.relativize(p).toString().replace(File.separatorChar, '/'), Files.readAllBytes(p));
         }
         return zipBytes(files);
+    }
+
+    private static void deleteTree(Path root) throws Exception {
+        try (Stream<Path> w = Files.walk(root)) {
+            for (Path p : w.sorted(java.util.Comparator.reverseOrder()).toList()) Files.deleteIfExists(p);
+        }
     }
 
     /** A base64 zip of {@code path -> text}. */
