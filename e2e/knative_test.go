@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -572,7 +573,16 @@ func TestKnativeServing(t *testing.T) {
 			}
 			done <- r
 		}()
-		time.Sleep(time.Second) // the request is in the runtime now
+		// Delete once the request is in the runtime (its in-flight gauge,
+		// on the pod's metrics port), not after a guess of how long the
+		// activator and queue-proxy take on a busy machine.
+		metricsURL := "http://" + podIP(ctx, t, c, knNS, pods[0]) + ":9102/metrics"
+		if err := pollFor(ctx, time.Minute, func() (bool, string) {
+			n, err := gauge(ctx, metricsURL, "cpuslot_invocations_in_flight")
+			return err == nil && n >= 1, fmt.Sprintf("cpuslot_invocations_in_flight of %s: %v %v", pods[0], n, err)
+		}); err != nil {
+			t.Fatal(err)
+		}
 		t0 := time.Now()
 		if out, err := c.Kubectl(ctx, "-n", knNS, "delete", "pod", pods[0], "--wait=false"); err != nil {
 			t.Fatalf("%v: %s", err, out)
@@ -747,4 +757,27 @@ func TestKnativeServing(t *testing.T) {
 		}
 		t.Logf("back to at most one pod %v after the load stopped", time.Since(t1).Round(time.Second))
 	})
+}
+
+// gauge reads an unlabelled sample from a Prometheus text endpoint.
+func gauge(ctx context.Context, url, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("no sample %s at %s", name, url)
 }
