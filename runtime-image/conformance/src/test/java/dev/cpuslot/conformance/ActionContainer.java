@@ -63,6 +63,10 @@ final class ActionContainer implements AutoCloseable {
         List<String> cmd = new ArrayList<>();
         cmd.add(Path.of(System.getProperty("java.home"), "bin", "java").toString());
         for (String l : Files.readAllLines(Path.of(prop("cpuslot.jvm.options")))) if (!l.isBlank()) cmd.add(l.strip());
+        // A container's own /tmp: the runtime's temporary files (an action's jar) stay beside its
+        // logs, not in the machine's /tmp, when the case kills it as docker kill does.
+        Path tmp = Files.createDirectories(dir.resolve("tmp"));
+        cmd.add("-Djava.io.tmpdir=" + tmp);
         cmd.add("-jar");
         cmd.add(prop("cpuslot.runtime.jar"));
         ProcessBuilder pb = new ProcessBuilder(cmd).directory(dir.toFile())
