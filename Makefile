@@ -105,7 +105,7 @@ e2e: e2e-deps images
 # The current node alone.
 e2e-v2node: images
 	bash hack/v2node-deps.sh
-	CPUSLOT_E2E=1 $(GO) -C e2e test ./v2node -count=1 -timeout 60m -v
+	CPUSLOT_E2E=1 $(GO) -C e2e test ./v2node -count=1 -timeout 70m -v
 
 # --- Helm chart and plain manifests (charts/cpuslot, deploy/) ----------------
 # helm is built once from the Go module proxy and cached (hack/helm.sh).

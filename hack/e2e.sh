@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../e2e"
 gotestsum="${GOTESTSUM:-go run gotest.tools/gotestsum@v1.13.0}"
-timeout="${E2E_TIMEOUT:-60m}"
+timeout="${E2E_TIMEOUT:-70m}"
 export CPUSLOT_E2E=1
 
 legacy=()
