@@ -40,7 +40,8 @@ func TestMain(m *testing.M) {
 	defer cancel()
 	var last <-chan time.Time
 	if d, ok := deadline(); ok {
-		last = time.After(time.Until(d.Add(-time.Minute)))
+		downAt = d.Add(-time.Minute)
+		last = time.After(time.Until(downAt))
 	}
 	var up atomic.Pointer[Node]
 	sigs := make(chan os.Signal, 1)
@@ -72,6 +73,11 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// downAt is when TestMain takes the node down, a minute before go test's
+// -timeout as counted from TestMain's start (Up included; testing's own
+// alarm, and t.Deadline, start only after Up). Zero: no timeout.
+var downAt time.Time
 
 func deadline() (time.Time, bool) {
 	f := flag.Lookup("test.timeout")

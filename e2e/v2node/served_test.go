@@ -21,13 +21,13 @@ import (
 // cgroup).
 func TestAgentServesPodInSystemdScope(t *testing.T) {
 	n := need(t)
-	// The budget is what the test binary's -timeout (E2E_TIMEOUT) leaves,
-	// less room for the deferred uninstall (5 min) and the node's
-	// shutdown: on a slow day the emulated node needs most of it, and a
+	// The budget is what go test's -timeout (E2E_TIMEOUT) leaves until
+	// TestMain takes the node down, less room for the deferred uninstall
+	// (5 min): on a slow day the emulated node needs most of it, and a
 	// fixed 45 min ran out at the last step of a run that was passing.
 	budget := 45 * time.Minute
-	if d, ok := t.Deadline(); ok {
-		budget = time.Until(d) - 7*time.Minute
+	if !downAt.IsZero() {
+		budget = time.Until(downAt) - 6*time.Minute
 	}
 	if budget < 10*time.Minute {
 		t.Fatalf("the test binary's -timeout leaves %v for the served node's steps; give go test -timeout 70m", budget.Round(time.Second))
