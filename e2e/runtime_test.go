@@ -218,6 +218,31 @@ func cpuShare(r invokeResult) (share float64, quota int, err error) {
 	return float64(cpu) / (body.WallMS * 1e6), quota, nil
 }
 
+// waitAnnotationQuota sends /run, one at a time (run(0), run(1), ...),
+// until one runs with the quota of the action's annotation, and returns how
+// many it took. The runtime never blocks an activation on the annotation
+// lookup: the first activations of an action may run with the next quota
+// source while the lookup runs in the background (seconds for a cold JVM on
+// a busy machine).
+func waitAnnotationQuota(t *testing.T, run func(i int) (invokeResult, error)) int {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for i := 0; ; i++ {
+		r, err := run(i)
+		if err != nil || r.status != 200 {
+			t.Fatalf("/run: %v %d %s", err, r.status, r.body)
+		}
+		if r.headers.Get("X-Cpuslot-Quota-Source") == "annotation" {
+			return i + 1
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d /run the runtime still had not read the action's annotation (quota %q from %q)",
+				i+1, r.headers.Get("X-Cpuslot-Quota-Milli"), r.headers.Get("X-Cpuslot-Quota-Source"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // TestOpenWhiskActionPod: an action pod shaped as OpenWhisk's invoker makes
 // it is served by the agent; the test drives it as the invoker does: one
 // actionPodName is the action pod the OpenWhisk invoker would create.
@@ -289,25 +314,8 @@ func TestOpenWhiskActionPod(t *testing.T) {
 	const conc = 4
 	for batch, what := range []string{"first (cold)", "second"} {
 		if batch == 1 {
-			// The runtime never blocks an activation on the annotation
-			// lookup: the first activations of an action may run with the
-			// next quota source while the lookup runs in the background.
-			deadline := time.Now().Add(2 * time.Minute)
-			for i := 0; ; i++ {
-				r, err := run(ctx, 50+i, 1)
-				if err != nil || r.status != 200 {
-					t.Fatalf("/run: %v %d %s", err, r.status, r.body)
-				}
-				if r.headers.Get("X-Cpuslot-Quota-Source") == "annotation" {
-					t.Logf("the annotation's quota applies from /run %d after the first batch", i+1)
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("after %d more /run the runtime still had not read the action's annotation (quota %q from %q)",
-						i+1, r.headers.Get("X-Cpuslot-Quota-Milli"), r.headers.Get("X-Cpuslot-Quota-Source"))
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			n := waitAnnotationQuota(t, func(i int) (invokeResult, error) { return run(ctx, 50+i, 1) })
+			t.Logf("the annotation's quota applies from /run %d after the first batch", n)
 		}
 		var wg sync.WaitGroup
 		results := make([]invokeResult, conc)

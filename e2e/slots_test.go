@@ -194,20 +194,7 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	// invocations, one per worker, each in a slot of its own. Held slots
 	// go back after 30 s unused; the load below uses them.
 	warm := time.Now()
-	for i := 0; ; i++ {
-		r, err := run(fmt.Sprintf("w%d", i), 1)
-		if err != nil || r.status != 200 {
-			t.Fatalf("/run: %v %d %s", err, r.status, r.body)
-		}
-		if r.headers.Get("X-Cpuslot-Quota-Source") == "annotation" {
-			break
-		}
-		if time.Since(warm) > 2*time.Minute {
-			t.Fatalf("after %d /run the runtime still had not read the action's annotation (quota %q from %q)",
-				i+1, r.headers.Get("X-Cpuslot-Quota-Milli"), r.headers.Get("X-Cpuslot-Quota-Source"))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitAnnotationQuota(t, func(i int) (invokeResult, error) { return run(fmt.Sprintf("w%d", i), 1) })
 	for burst := 1; ; burst++ {
 		var wg sync.WaitGroup
 		res := make([]invokeResult, workers)

@@ -46,10 +46,10 @@ func TestAgentServesPodInSystemdScope(t *testing.T) {
 	helm := func(args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, strings.TrimSpace(string(helmBin)), append([]string{"--kubeconfig", n.Kubeconfig()}, args...)...)
 		out, err := cmd.CombinedOutput()
-		if err != nil && ctx.Err() != nil {
-			return string(out), fmt.Errorf("helm %s: %v: the test's budget of %v ran out: %s", strings.Join(args, " "), err, budget.Round(time.Second), strings.TrimSpace(string(out)))
-		}
 		if err != nil {
+			if ctx.Err() != nil {
+				err = fmt.Errorf("%v (the test's budget of %v ran out)", err, budget.Round(time.Second))
+			}
 			return string(out), fmt.Errorf("helm %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 		}
 		return string(out), nil
