@@ -20,7 +20,9 @@ cleanup() {
 	for r in "$work"/a "$work"/b; do
 		umount "$r/proc" "$r/dev" 2>/dev/null || true
 	done
-	rm -rf "$work"
+	# --one-file-system: should a mount stay (a process still in a chroot),
+	# never recurse through it into the host's /dev or /proc.
+	rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 
