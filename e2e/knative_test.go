@@ -88,6 +88,45 @@ func (f knFn) mustInvoke(ctx context.Context, t *testing.T, url, rev, id string,
 	return r
 }
 
+// keepUp sends an empty activation through the activator to each of revs
+// every second until stop is called, so that none scales to zero while a
+// test talks to its pod directly. It logs how many of them failed.
+func keepUp(ctx context.Context, t *testing.T, f knFn, activator string, revs ...string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	sent, failed, last := 0, 0, ""
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			for _, r := range revs {
+				res, err := f.invoke(ctx, activator, r, fmt.Sprintf("keep-up-%d", sent), 0, nil)
+				if ctx.Err() != nil {
+					return
+				}
+				sent++
+				if err != nil || res.status != 200 {
+					failed++
+					last = fmt.Sprintf("%s: %v %d %s", r, err, res.status, res.body)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		if failed > 0 {
+			t.Logf("keep-up requests: %d of %d failed, the last: %s", failed, sent, last)
+		}
+	}
+}
+
 func slotOf(r invokeResult) string {
 	if s := r.headers.Get("X-Cpuslot-Slot"); s != "" {
 		return s
@@ -398,7 +437,12 @@ func TestKnativeServing(t *testing.T) {
 		if plainRev == "" {
 			t.Skip("needs fn-plain")
 		}
-		// Both pods up (requests through the activator bring them back).
+		// Both pods up (requests through the activator bring them back),
+		// and kept up: the recipe's autoscaler scales a revision to zero
+		// 6 s after its last request, and one left idle while the other
+		// cold-starts went away under this test (a CI run).
+		stop := keepUp(ctx, t, f, kn.activator, rev, plainRev)
+		defer stop()
 		f.mustInvoke(ctx, t, kn.activator, rev, "warm", 0, nil)
 		f.mustInvoke(ctx, t, kn.activator, plainRev, "warm", 0, nil)
 		qp := map[string]string{}
