@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 const (
@@ -150,11 +151,36 @@ func (c *Cluster) writeKubeletConfig() (string, error) {
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return "", err
 	}
-	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-cgroupDriver: cgroupfs
-failCgroupV1: false
-failSwapOn: false
+	cfg := KubeletConfig{
+		CgroupDriver: "cgroupfs", AllowCgroupV1: true,
+		RuntimeSocket: c.containerdSockPath(),
+		CertFile:      c.pki.path("kubelet.crt"), KeyFile: c.pki.path("kubelet.key"), ClientCAFile: c.pki.path("ca.crt"),
+		PodLogsDir: filepath.Join(c.runDir, "pod-logs"), MaxPods: 110,
+	}.YAML()
+	path := filepath.Join(d, "config.yaml")
+	return path, os.WriteFile(path, []byte(cfg), 0o600)
+}
+
+// KubeletConfig holds what differs between the e2e nodes' kubelets; YAML
+// writes the configuration they share around it.
+type KubeletConfig struct {
+	CgroupDriver  string // "cgroupfs" or "systemd"
+	AllowCgroupV1 bool   // failCgroupV1: false (the legacy node)
+	RuntimeSocket string
+	CertFile      string
+	KeyFile       string
+	ClientCAFile  string
+	PodLogsDir    string // "": the kubelet's default
+	MaxPods       int
+}
+
+func (k KubeletConfig) YAML() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: %s\n", k.CgroupDriver)
+	if k.AllowCgroupV1 {
+		b.WriteString("failCgroupV1: false\n")
+	}
+	fmt.Fprintf(&b, `failSwapOn: false
 containerRuntimeEndpoint: unix://%s
 address: 0.0.0.0
 port: 10250
@@ -183,19 +209,20 @@ evictionHard:
   imagefs.available: "1%%"
   imagefs.inodesFree: "1%%"
 evictionPressureTransitionPeriod: 10s
-podLogsDir: %s
-serializeImagePulls: false
-maxPods: 110
+`, k.RuntimeSocket, k.CertFile, k.KeyFile, k.ClientCAFile)
+	if k.PodLogsDir != "" {
+		fmt.Fprintf(&b, "podLogsDir: %s\n", k.PodLogsDir)
+	}
+	fmt.Fprintf(&b, `serializeImagePulls: false
+maxPods: %d
 resolvConf: /etc/resolv.conf
 clusterDomain: cluster.local
 syncFrequency: 10s
 fileCheckFrequency: 10s
 nodeStatusUpdateFrequency: 5s
 shutdownGracePeriod: 0s
-`, c.containerdSockPath(), c.pki.path("kubelet.crt"), c.pki.path("kubelet.key"), c.pki.path("ca.crt"),
-		filepath.Join(c.runDir, "pod-logs"))
-	path := filepath.Join(d, "config.yaml")
-	return path, os.WriteFile(path, []byte(cfg), 0o600)
+`, k.MaxPods)
+	return b.String()
 }
 
 func (c *Cluster) writeKubeProxyConfig(kubeconfig string) (string, error) {

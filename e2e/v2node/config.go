@@ -107,46 +107,11 @@ state = "/run/containerd"
 	}
 
 	kubeletConfig := filepath.Join(n.dir, "kubelet.yaml")
-	if err := os.WriteFile(kubeletConfig, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-cgroupDriver: systemd
-failSwapOn: false
-containerRuntimeEndpoint: unix://%s
-address: 0.0.0.0
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-tlsCertFile: %s
-tlsPrivateKeyFile: %s
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: %s
-authorization:
-  mode: Webhook
-# Images are imported, not pulled: never collect them.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-imageMinimumGCAge: 24h
-evictionHard:
-  memory.available: "50Mi"
-  nodefs.available: "1%%"
-  nodefs.inodesFree: "1%%"
-  imagefs.available: "1%%"
-  imagefs.inodesFree: "1%%"
-serializeImagePulls: false
-maxPods: 30
-resolvConf: /etc/resolv.conf
-clusterDomain: cluster.local
-syncFrequency: 10s
-fileCheckFrequency: 10s
-nodeStatusUpdateFrequency: 5s
-shutdownGracePeriod: 0s
-`, ContainerdSocket, p.Path("kubelet.crt"), p.Path("kubelet.key"), p.Path("ca.crt"))), 0o644); err != nil {
+	if err := os.WriteFile(kubeletConfig, []byte(cluster.KubeletConfig{
+		CgroupDriver: "systemd", RuntimeSocket: ContainerdSocket,
+		CertFile: p.Path("kubelet.crt"), KeyFile: p.Path("kubelet.key"), ClientCAFile: p.Path("ca.crt"),
+		MaxPods: 30,
+	}.YAML()), 0o644); err != nil {
 		return nil, err
 	}
 
