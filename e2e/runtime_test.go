@@ -30,11 +30,11 @@ func samplesJar(t *testing.T) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jars, _ := filepath.Glob(filepath.Join(repo, "runtime-image", "samples", "target", "samples-*.jar"))
-	if len(jars) == 0 {
-		t.Fatal("runtime-image/samples/target/samples-*.jar missing (make runtime-image builds it)")
+	jar, err := cluster.SamplesJar(repo)
+	if err != nil {
+		t.Fatal(err)
 	}
-	b, err := os.ReadFile(jars[0])
+	b, err := os.ReadFile(jar)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,22 +200,26 @@ func waitHTTP(ctx context.Context, t *testing.T, url string) {
 
 // cpuShare is a CPU-bound invocation's share of a CPU, from the runtime's
 // report headers (slot CPU time) and the function's own wall time.
+// initCpuBurn sends the action pod at base its /init: the samples' CPU-bound
+// action.
+func initCpuBurn(ctx context.Context, t *testing.T, base string, jar []byte) {
+	t.Helper()
+	r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
+		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
+		"code": base64.StdEncoding.EncodeToString(jar), "env": map[string]string{},
+	}})
+	if err != nil || r.status != 200 {
+		t.Fatalf("/init: %v %d %s", err, r.status, r.body)
+	}
+}
+
 func cpuShare(r invokeResult) (share float64, quota int, err error) {
 	quota, err = strconv.Atoi(r.headers.Get("X-Cpuslot-Quota-Milli"))
 	if err != nil {
 		return 0, 0, fmt.Errorf("X-Cpuslot-Quota-Milli %q: %v", r.headers.Get("X-Cpuslot-Quota-Milli"), err)
 	}
-	cpu, err := strconv.ParseInt(r.headers.Get("X-Cpuslot-Cpu-Ns"), 10, 64)
-	if err != nil {
-		return 0, 0, fmt.Errorf("X-Cpuslot-Cpu-Ns %q: %v", r.headers.Get("X-Cpuslot-Cpu-Ns"), err)
-	}
-	var body struct {
-		WallMS float64 `json:"wall_ms"`
-	}
-	if err := json.Unmarshal(r.body, &body); err != nil || body.WallMS <= 0 {
-		return 0, 0, fmt.Errorf("reply %s: no wall_ms", r.body)
-	}
-	return float64(cpu) / (body.WallMS * 1e6), quota, nil
+	share, _, err = cluster.ActivationShare(r.headers, r.body)
+	return share, quota, err
 }
 
 // waitAnnotationQuota sends /run, one at a time (run(0), run(1), ...),
@@ -284,14 +288,8 @@ func TestOpenWhiskActionPod(t *testing.T) {
 	base, slots := startActionPod(ctx, t, c, ns, appNS, api)
 	t.Logf("action pod served: %d pre-warmed slots in its user-action container's cgroup", len(slots))
 
-	r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
-		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
-		"code": base64.StdEncoding.EncodeToString(jar), "env": map[string]string{},
-	}})
-	if err != nil || r.status != 200 {
-		t.Fatalf("/init: %v %d %s", err, r.status, r.body)
-	}
-	r, _ = post(ctx, base+"/init", map[string]any{"value": map[string]any{"name": "cpuburn", "main": "x", "code": "", "binary": true}})
+	initCpuBurn(ctx, t, base, jar)
+	r, _ := post(ctx, base+"/init", map[string]any{"value": map[string]any{"name": "cpuburn", "main": "x", "code": "", "binary": true}})
 	if r.status == 200 {
 		t.Errorf("a second /init succeeded: %s", r.body)
 	}

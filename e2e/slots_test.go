@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -168,12 +167,7 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	base, _ := startActionPod(ctx, t, c, ns, appNS, api)
-	if r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
-		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
-		"code": base64.StdEncoding.EncodeToString(jar),
-	}}); err != nil || r.status != 200 {
-		t.Fatalf("/init: %v %d", err, r.status)
-	}
+	initCpuBurn(ctx, t, base, jar)
 
 	const workers = 4
 	run := func(id string, ms int) (invokeResult, error) {

@@ -3,7 +3,6 @@ package v2node
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -321,7 +320,8 @@ n=0; for i in $(seq 20); do s=$(curl -sS -m 30 -o /dev/null -w '%%header{x-cpusl
 		if err != nil {
 			t.Fatal(err)
 		}
-		throttled, _ := strconv.ParseInt(a.headers.Get("X-Cpuslot-Throttled-Ns"), 10, 64)
+		ns, _ := strconv.ParseInt(a.headers.Get("X-Cpuslot-Throttled-Ns"), 10, 64)
+		throttled := time.Duration(ns)
 		t.Logf("CPU-bound invocation at 250m: %.1f%% of a CPU, throttled %.0f%% of its wall time", 100*share, 100*float64(throttled)/float64(wall))
 		if share > 0.275 {
 			t.Errorf("%.1f%% of a CPU at 250m: above the cap", 100*share)
@@ -411,11 +411,11 @@ func podIPOf(t *testing.T, ctx context.Context, n *Node, pod string) string {
 
 func samplesJar(t *testing.T, repo string) string {
 	t.Helper()
-	jars, _ := filepath.Glob(filepath.Join(repo, "runtime-image", "samples", "target", "samples-*.jar"))
-	if len(jars) == 0 {
-		t.Fatal("runtime-image/samples/target/samples-*.jar missing (make images builds it)")
+	jar, err := cluster.SamplesJar(repo)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return jars[0]
+	return jar
 }
 
 // guestReq is a POST of a JSON body (inline, or a guest file) from the
@@ -489,19 +489,7 @@ func guestPosts(t *testing.T, ctx context.Context, n *Node, reqs []guestReq) []g
 }
 
 // cpuShare is a CPU-bound invocation's share of a CPU: the slot CPU time
-// the runtime reports over the function's own wall time (also returned,
-// in nanoseconds).
-func cpuShare(a guestAnswer) (float64, int64, error) {
-	cpu, err := strconv.ParseInt(a.headers.Get("X-Cpuslot-Cpu-Ns"), 10, 64)
-	if err != nil {
-		return 0, 0, fmt.Errorf("X-Cpuslot-Cpu-Ns %q: %v", a.headers.Get("X-Cpuslot-Cpu-Ns"), err)
-	}
-	var body struct {
-		WallMS float64 `json:"wall_ms"`
-	}
-	if err := json.Unmarshal(a.body, &body); err != nil || body.WallMS <= 0 {
-		return 0, 0, fmt.Errorf("reply %s: no wall_ms", a.body)
-	}
-	wall := int64(body.WallMS * 1e6)
-	return float64(cpu) / float64(wall), wall, nil
+// the runtime reports over the function's own wall time (also returned).
+func cpuShare(a guestAnswer) (float64, time.Duration, error) {
+	return cluster.ActivationShare(a.headers, a.body)
 }
