@@ -631,8 +631,19 @@ func (f *served) agentPodDeletedUnderLoad(t *testing.T) {
 	}
 	tReady := time.Since(t0)
 	stReady := f.stats(t, ctx)
-	// The probe's client reconnects on its next call; give it a moment.
-	time.Sleep(3 * time.Second)
+	// The probe's client reconnects on its next call: from the first
+	// invocation in a slot after Ready on, every one runs in a slot.
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Minute)
+	err := f.n.poll(pctx, "an invocation in a slot after the new agent is Ready", func() error {
+		if st := f.stats(t, ctx); st.OK == stReady.OK {
+			return fmt.Errorf("none in a slot since Ready, %d without, %d failed", st.Unslotted-stReady.Unslotted, st.Failed-stReady.Failed)
+		}
+		return nil
+	})
+	pcancel()
+	if err != nil {
+		t.Fatal(err)
+	}
 	st1 := f.stats(t, ctx)
 	time.Sleep(5 * time.Second)
 	st2 := f.stats(t, ctx)
@@ -641,7 +652,6 @@ func (f *served) agentPodDeletedUnderLoad(t *testing.T) {
 	if st2.Failed != st0.Failed {
 		t.Errorf("%d invocations failed: %v", st2.Failed-st0.Failed, st2.Errors)
 	}
-	// From 3 s after Ready on, invocations run in slots.
 	checkLoad(t, st1, st2, true)
 	if after := f.slots(t, ctx, f.scope); fmt.Sprint(before) != fmt.Sprint(after) {
 		t.Errorf("slots across the agent's restart: before %v, after %v (want adopted as they were)", before, after)
