@@ -114,7 +114,12 @@ func (f *fakeOpenWhiskAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // The action pod as OpenWhisk's invoker creates it with the recipe in
 // deploy/openwhisk (see deploy/openwhisk/action-pod.example.yaml), the CPU
-// request/limit lowered to fit this 2-core node beside the agent.
+// request/limit lowered to fit this 2-core node beside the agent, and a
+// longer acquire budget: these tests prove each concurrent invocation gets a
+// slot, and with an emulated node beside this one on two cores the agent's
+// answer to a miss has taken longer than the default 50 ms (the runtime then
+// runs the invocation without a slot, by design; the budget's own tests are
+// the slot client's).
 const openWhiskActionPod = `
 apiVersion: v1
 kind: Pod
@@ -142,6 +147,8 @@ spec:
       value: "true"
     - name: CPUSLOT_SOCKET
       value: /run/cpuslot/agent.sock
+    - name: CPUSLOT_ACQUIRE_BUDGET_MS
+      value: "5000"
     ports:
     - containerPort: 8080
       name: action
