@@ -79,6 +79,11 @@ spec:
       value: "true"
     - name: CPUSLOT_SOCKET
       value: /run/cpuslot/agent.sock
+    # As on the legacy node: four concurrent /run must each get a slot,
+    # and the emulated node's agent may answer a miss after the default
+    # 50 ms acquire budget.
+    - name: CPUSLOT_ACQUIRE_BUDGET_MS
+      value: "5000"
     ports:
     - {containerPort: 8080, name: action}
     resources:
