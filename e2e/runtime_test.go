@@ -205,8 +205,6 @@ func waitHTTP(ctx context.Context, t *testing.T, url string) {
 	}
 }
 
-// cpuShare is a CPU-bound invocation's share of a CPU, from the runtime's
-// report headers (slot CPU time) and the function's own wall time.
 // initCpuBurn sends the action pod at base its /init: the samples' CPU-bound
 // action.
 func initCpuBurn(ctx context.Context, t *testing.T, base string, jar []byte) {
@@ -220,6 +218,8 @@ func initCpuBurn(ctx context.Context, t *testing.T, base string, jar []byte) {
 	}
 }
 
+// cpuShare is a CPU-bound invocation's share of a CPU, from the runtime's
+// report headers (slot CPU time) and the function's own wall time.
 func cpuShare(r invokeResult) (share float64, quota int, err error) {
 	quota, err = strconv.Atoi(r.headers.Get("X-Cpuslot-Quota-Milli"))
 	if err != nil {

@@ -23,7 +23,7 @@ func TestAgentServesPodInSystemdScope(t *testing.T) {
 	n := need(t)
 	// The budget is what go test's -timeout (E2E_TIMEOUT) leaves until
 	// TestMain takes the node down, less room for the deferred uninstall
-	// (5 min): on a slow day the emulated node needs most of it, and a
+	// (its 5 min, and a minute to spare): on a slow day the emulated node needs most of it, and a
 	// fixed 45 min ran out at the last step of a run that was passing.
 	budget := 45 * time.Minute
 	if !downAt.IsZero() {
