@@ -468,19 +468,28 @@ func TestAttackPIDReuseAgentPlaces(t *testing.T) {
 }
 
 // TestAttackEagerReleaseReusedTID: in cache-eager mode the end of a lease
-// moves its thread out of the slot. When the process has exited and its
-// TID went to a process of B, B's process must stay where it is. The pool
+// moves its thread out of the slot. When the thread has exited and its TID
+// went to a process of B, B's process must stay where it is. The pool
 // sees that the TID names another thread (start time) and counts it as
 // stale_tid; behind it, cgroup.Container.MoveOut moves only a thread that
-// sits in one of the container's slots (internal/cgroup tests).
+// sits in one of the container's slots (internal/cgroup tests). (The
+// process lives on: a process that exits ends its leases at once.)
 func TestAttackEagerReleaseReusedTID(t *testing.T) {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
 	b := e.sibling("b")
 	e.cfg.Standalone.Containers = []string{e.rel, b}
 	a := e.start()
 	t.Cleanup(func() { a.Forget(b) })
-	c, pid := connectedByChild(t, e, e.rel, &slotv1.Hello{MinVersion: 1, MaxVersion: 1},
-		&slotv1.Acquire{QuotaMilli: 250, TID: selfTID, Flags: slotv1.AcquireAgentPlaces})
+	l := startLive(t, e, e.rel, 1)
+	c := l.dial(t, e.socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	sayHello(t, c)
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.tids[0], Flags: slotv1.AcquireAgentPlaces}))
+	if m := readResp(t, c); !isAcquireOK(m) {
+		t.Fatalf("acquire: %+v", m)
+	}
+	tid := int(l.tids[0])
+	l.endThread(t, 0)
 	if s := a.Summaries(); s[0].Leases+s[1].Leases != 1 {
 		t.Fatalf("the child's lease is not held: %+v", s)
 	}
@@ -490,7 +499,7 @@ func TestAttackEagerReleaseReusedTID(t *testing.T) {
 	// thread sits in one of the container's slots protects B. Reuse it in
 	// a later tick, to test what the agent can detect.
 	time.Sleep(30 * time.Millisecond)
-	q := startWithPID(t, pid, sleeper(e.h, b))
+	q := startWithPID(t, tid, sleeper(e.h, b))
 	if err := e.h.MoveProcess(q.Process.Pid, b); err != nil {
 		t.Fatal(err)
 	}
@@ -802,18 +811,44 @@ func (l *liveChild) dial(t *testing.T, socket string) net.Conn {
 	return receiveConn(t, l.pair, "live child could not connect")
 }
 
-// childLive starts THREADS threads that live until it exits, says their
-// ids, then connects to each socket the test names and passes the
-// connection back, until the test closes the pair.
+// endThread has the live child end its thread i (the process lives on).
+func (l *liveChild) endThread(t *testing.T, i int) {
+	t.Helper()
+	if _, err := l.pair.Write([]byte("end " + strconv.Itoa(i))); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := l.pair.Read(buf); err != nil || string(buf[:n]) != "ended" {
+		t.Fatalf("live child did not end thread %d: %q %v", i, buf[:n], err)
+	}
+}
+
+// childLive starts THREADS threads that live until it exits (or the test
+// ends one), says their ids, then connects to each socket the test names
+// and passes the connection back, until the test closes the pair.
 func childLive() (any, error) {
+	// The main thread stays this goroutine's: a thread the test may end is
+	// never the main thread (the runtime parks that one instead of ending it).
+	runtime.LockOSThread()
 	n, _ := strconv.Atoi(os.Getenv("THREADS"))
 	tids := make([]int, n)
+	end := make([]chan chan struct{}, n)
 	for i := range tids {
 		ch := make(chan int)
+		end[i] = make(chan chan struct{})
 		go func() {
-			runtime.LockOSThread() // never unlocked: the thread is this goroutine's
+			runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
 			ch <- syscall.Gettid()
-			select {}
+			done := <-end[i]
+			// The thread exits when the goroutine returns locked to it;
+			// say so only once it is gone.
+			tid := syscall.Gettid()
+			go func() {
+				for unix.Tgkill(os.Getpid(), tid, 0) == nil {
+					time.Sleep(time.Millisecond)
+				}
+				close(done)
+			}()
 		}()
 		tids[i] = <-ch
 	}
@@ -831,6 +866,14 @@ func childLive() (any, error) {
 		m, err := pair.Read(buf)
 		if err != nil || m == 0 {
 			return map[string]int{}, nil // the test is done
+		}
+		if i, ok := strings.CutPrefix(string(buf[:m]), "end "); ok {
+			n, _ := strconv.Atoi(i)
+			done := make(chan struct{})
+			end[n] <- done
+			<-done
+			pair.Write([]byte("ended"))
+			continue
 		}
 		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: string(buf[:m]), Net: "unix"})
 		if err != nil {

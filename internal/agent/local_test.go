@@ -6,6 +6,7 @@ package agent_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -24,6 +25,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"github.com/cpuslot/cpuslot/internal/pool"
 )
 
 // localEnv is an agent whose peers are live child processes of the host's
@@ -346,6 +348,79 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",outcome="abandoned"} 5`) {
 		t.Errorf("abandoned HOLD leases not counted:\n%s", grep(body, "lease_releases_total"))
 	}
+}
+
+// TestAttackHoldOnDeadOpenersSocket (issue 19, finding 3): P holds three
+// slots and exits while another process keeps its socket (the test here,
+// as a forked child that inherited it would). The dead process's HOLD
+// leases end without the socket closing, and nothing more is granted,
+// answered or credited on a connection whose opener is gone: each request
+// is NOT_SERVED (and the connection closed) or finds it closed already.
+func TestAttackHoldOnDeadOpenersSocket(t *testing.T) {
+	e := localEnv(t, nil)
+	a := e.start()
+	hello := &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing | slotv1.HelloLocal}
+	c, pid := connectedByChild(t, e, e.rel, hello, holdReq(250, 0), holdReq(250, 0), holdReq(250, 0))
+	c.SetDeadline(time.Now().Add(time.Minute))
+	// P (pid) has exited; the test keeps its socket open. Its leases must
+	// end: poll, with a bound that only keeps a broken agent from hanging.
+	var s pool.Summary
+	deadline := time.Now().Add(time.Minute)
+	for s = a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0; s = a.Summaries()[0] {
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute after process %d exited, its socket still open: %d leases, %dm used", pid, s.Leases, s.UsedMilli)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	wantRefused(t, "HOLD on the dead opener's socket", c, frame(t, holdReq(250, 0)))
+
+	// Each request that grants or keeps fds or budget, on a connection
+	// whose opener has gone (and whose HELLO was granted LOCAL).
+	requests := map[string][]byte{
+		"HOLD":                 frame(t, holdReq(250, 0)),
+		"ACQUIRE":              frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: 1}),
+		"HELD":                 frame(t, &slotv1.HeldRequest{}),
+		"RECLAIM of a HOLD":    frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}),
+		"USAGE (then RELEASE)": append(usageFrame(t, slotv1.UsageRecord{Action: "ghost", Outcome: slotv1.InvocationOK, Invocations: 5}), frame(t, &slotv1.Release{Lease: 0})...),
+		"RELEASE of no lease":  frame(t, &slotv1.Release{Lease: 0}),
+	}
+	for what, req := range requests {
+		c, _ := connectedByChild(t, e, e.rel, hello)
+		c.SetDeadline(time.Now().Add(time.Minute))
+		wantRefused(t, what+" after the opener exited", c, req)
+	}
+	settleUsage(a)
+	if body := scrape(t, a); strings.Contains(body, `"ghost"`) {
+		t.Errorf("USAGE of a dead opener was credited:\n%s", grep(body, "ghost"))
+	}
+	if s := a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
+		t.Errorf("after requests on dead openers' sockets: %d leases, %dm used", s.Leases, s.UsedMilli)
+	}
+}
+
+// wantRefused sends req on c, whose opener is gone: the answer must be
+// NOT_SERVED and the connection closed, or the connection closed already.
+func wantRefused(t *testing.T, what string, c net.Conn, req []byte) {
+	t.Helper()
+	if _, err := c.Write(req); err != nil {
+		return // closed by the agent already
+	}
+	body, fds, err := readRawFrame(c.(*net.UnixConn))
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) || closedByAgent(err) {
+			return
+		}
+		t.Fatalf("%s: %v", what, err)
+	}
+	f, err := slotv1.DecodeBody(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, what, f.Msg, slotv1.CodeNotServed)
+	wantClosed(t, what, c)
 }
 
 // usageFrame encodes a USAGE through the codec.

@@ -161,10 +161,21 @@ func (s *Server) Shutdown() {
 }
 
 // session is one client process: it owns the leases taken on any of its
-// connections, and loses them when its last connection closes.
+// connections, and loses them when its last connection closes. When the
+// process exits, its connections are closed even if another process
+// (a child that inherited them, or one they were passed to) keeps them
+// open, so its leases end with it.
 type session struct {
 	key  processKey
 	refs int
+	// conns are the session's open connections (under Server.mu).
+	conns map[*conn]struct{}
+	// ctx ends when the process exits or the session ends: a request
+	// waiting for a slot on its behalf stops waiting.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// unwatch stops watching the process's exit (nil: not watched).
+	unwatch func()
 	// usage paces the process's USAGE reports, over all its connections.
 	usage *rate.Limiter
 	// held paces its HELD requests.
@@ -197,34 +208,70 @@ type processKey struct {
 	startTime uint64
 }
 
-// join adds a connection to its process's session, or refuses it when
-// the process holds MaxConnsPerProcess connections already.
-func (s *Server) join(k processKey) *session {
+// join adds connection c to its process's session, or refuses it when the
+// process holds MaxConnsPerProcess connections already. A new session
+// watches the process's exit through pidfd (when there is one).
+func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ss := s.sessions[k]
 	if ss == nil {
-		ss = &session{key: k, usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst)}
+		ss = &session{key: k, conns: map[*conn]struct{}{},
+			usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst)}
+		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
+		if pidfd >= 0 {
+			var err error
+			if ss.unwatch, err = watchExit(pidfd, func() { s.exited(ss) }); err != nil {
+				// Requests still check the process at every use.
+				s.log.Warn("cannot watch a client process's exit", "pid", k.pid, "err", err)
+			}
+		}
 		s.sessions[k] = ss
 	}
 	if ss.refs >= s.limits.MaxConnsPerProcess {
 		return nil
 	}
 	ss.refs++
+	ss.conns[c] = struct{}{}
 	return ss
 }
 
-// leave drops a connection from its session and reports whether it was the
-// last one.
-func (s *Server) leave(ss *session) bool {
+// leave drops connection c from its session and reports whether it was
+// the last one.
+func (s *Server) leave(ss *session, c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	delete(ss.conns, c)
 	ss.refs--
 	if ss.refs > 0 {
 		return false
 	}
 	delete(s.sessions, ss.key)
+	ss.cancel()
+	if ss.unwatch != nil {
+		ss.unwatch()
+	}
 	return true
+}
+
+// exited ends the session of a process that has exited: requests waiting
+// on its behalf stop, and its connections are closed, so the last one to
+// go releases its leases (as abandoned) although another process may
+// still hold the sockets.
+func (s *Server) exited(ss *session) {
+	ss.cancel()
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(ss.conns))
+	for c := range ss.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	if len(conns) > 0 {
+		s.log.Debug("client process exited; closing its connections", "pid", ss.key.pid, "connections", len(conns))
+	}
+	for _, c := range conns {
+		c.c.Close()
+	}
 }
 
 type conn struct {
@@ -264,7 +311,7 @@ func (c *conn) serve() {
 		if c.pidfd >= 0 {
 			unix.Close(c.pidfd)
 		}
-		if c.session != nil && c.srv.leave(c.session) && c.pool != nil {
+		if c.session != nil && c.srv.leave(c.session, c) && c.pool != nil {
 			if n := c.pool.ReleaseOwner(c.session); n > 0 {
 				log.Info("client process went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
 			}
@@ -373,7 +420,7 @@ func (c *conn) identify() error {
 	if err := c.alive(); err != nil {
 		return err
 	}
-	if c.session = c.srv.join(processKey{pid: c.peer.PID, startTime: c.start}); c.session == nil {
+	if c.session = c.srv.join(processKey{pid: c.peer.PID, startTime: c.start}, c, c.pidfd); c.session == nil {
 		return errTooManyConns
 	}
 	return nil
@@ -498,6 +545,15 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		}
 		return c.hello(f.Request, h)
 	}
+	// Every request is the opener's: a connection that outlived its
+	// process (a child inherited it, or it was passed on) gets nothing
+	// more. The session's watch closes it soon; this closes the gap.
+	if err := c.alive(); err != nil {
+		c.srv.metrics.Error(metrics.NotServed)
+		c.srv.log.Info("request on a connection whose process has exited; closing", "container", c.pool.Name(), "pid", c.peer.PID)
+		c.fail(f.Request, slotv1.Errorf(slotv1.CodeNotServed, "%v", err))
+		return false
+	}
 	switch m := f.Msg.(type) {
 	case *slotv1.Acquire:
 		return c.acquire(f.Request, m)
@@ -594,7 +650,7 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 	}
 	req.HostTID = func() (int, error) { return c.hostTID(m.TID) }
 	req.NeedFDs = c.needFDs
-	g, err := c.pool.Acquire(c.srv.ctx, req)
+	g, err := c.pool.Acquire(c.session.ctx, req)
 	if errors.Is(err, pool.ErrBadRequest) {
 		c.srv.metrics.Error(metrics.BadRequest)
 	}
@@ -640,8 +696,8 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 	}
 	if !c.session.usage.Allow() {
 		c.srv.metrics.Error(metrics.UsageThrottled)
-		if c.session.usage.Wait(c.srv.ctx) != nil {
-			return false // the agent is stopping
+		if c.session.usage.Wait(c.session.ctx) != nil {
+			return false // the agent is stopping, or the process exited
 		}
 	}
 	rs := make([]pool.Report, len(m.Records))
