@@ -80,7 +80,7 @@ func TestAffinityThroughSocket(t *testing.T) {
 	body := scrape(t, a)
 	for _, want := range []string{
 		`cpuslot_acquisitions_total{outcome="affinity_hit"} 199`,
-		`cpuslot_lease_releases_total{action="guest/hello",outcome="ok"} 200`,
+		`cpuslot_lease_releases_total{action="guest/hello",container="` + e.rel + `",outcome="ok"} 200`,
 		`cpuslot_slots{container="` + e.rel + `",quota="250m",state="free"} 2`,
 		`cpuslot_acquire_duration_seconds_count{mode="affinity"} 200`,
 		`cpuslot_agent_info{favordynmods=`,
@@ -155,7 +155,7 @@ func TestLinger(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "lingering lease expired", func() bool { return a.Summaries()[0].Leases == 0 })
-	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",outcome="ok"} 1`) {
+	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",container="`+e.rel+`",outcome="ok"} 1`) {
 		t.Errorf("lease of guest/a:\n%s", grep(body, "lease_releases_total"))
 	}
 }

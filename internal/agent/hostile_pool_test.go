@@ -328,7 +328,7 @@ func TestHostileActionNamesPerContainer(t *testing.T) {
 		t.Fatal(r.Error)
 	}
 	waitFor(t, "B's release counted", func() bool {
-		return strings.Contains(scrape(t, a), `cpuslot_lease_releases_total{action="child"`)
+		return strings.Contains(scrape(t, a), `cpuslot_lease_releases_total{action="child",container="`+relB+`"`)
 	})
 }
 

@@ -142,8 +142,8 @@ func TestLocalHoldGrant(t *testing.T) {
 	}
 	body := scrape(t, a)
 	for _, want := range []string{
-		`cpuslot_lease_releases_total{action="_held",outcome="ok"} 1`,
-		`cpuslot_lease_releases_total{action="_held",outcome="failed"} 1`,
+		`cpuslot_lease_releases_total{action="_held",container="` + e.rel + `",outcome="ok"} 1`,
+		`cpuslot_lease_releases_total{action="_held",container="` + e.rel + `",outcome="failed"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %s:\n%s", want, grep(body, "lease_releases_total"))
@@ -345,7 +345,7 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 			t.Fatalf("HOLD %d after the holder died: %+v", i, m)
 		}
 	}
-	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",outcome="abandoned"} 5`) {
+	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",container="`+e.rel+`",outcome="abandoned"} 5`) {
 		t.Errorf("abandoned HOLD leases not counted:\n%s", grep(body, "lease_releases_total"))
 	}
 }
@@ -473,9 +473,9 @@ func TestLocalUsage(t *testing.T) {
 	settleUsage(a)
 	body := scrape(t, a)
 	for _, want := range []string{
-		`cpuslot_lease_releases_total{action="guest/fib",outcome="ok"} 4`,
-		`cpuslot_lease_releases_total{action="guest/fib",outcome="timeout"} 1`,
-		`cpuslot_lease_releases_total{action="_unnamed",outcome="failed"} 2`,
+		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.rel + `",outcome="ok"} 4`,
+		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.rel + `",outcome="timeout"} 1`,
+		`cpuslot_lease_releases_total{action="_unnamed",container="` + e.rel + `",outcome="failed"} 2`,
 		`cpuslot_errors_total{reason="usage_overclaimed"} 1`,
 	} {
 		if !strings.Contains(body, want) {
@@ -485,7 +485,7 @@ func TestLocalUsage(t *testing.T) {
 	// Credited: all the slot used by the time of the last report, which is
 	// what the test's thread burnt there and the little it used after its
 	// last counter read; never the 1.75x claimed.
-	v, ok := metricValue(body, `cpuslot_invocation_cpu_seconds_total{action="guest/fib"}`)
+	v, ok := metricValue(body, `cpuslot_invocation_cpu_seconds_total{action="guest/fib",container="`+e.rel+`"}`)
 	if !ok {
 		t.Fatalf("no CPU series for guest/fib:\n%s", grep(body, "guest/fib"))
 	}
@@ -558,6 +558,7 @@ func TestAttackUsageActionFlood(t *testing.T) {
 	a := e.start()
 	l := startLive(t, e, e.rel, 1)
 	c := localConn(t, e.socket, l)
+	holdOne(t, c)
 	before := len(actionLabels(scrape(t, a)))
 	var recs []slotv1.UsageRecord
 	for i := 0; i < 200; i++ {
@@ -577,7 +578,7 @@ func TestAttackUsageActionFlood(t *testing.T) {
 	if !labels["flood-000"] || labels["flood-199"] {
 		t.Fatalf("labels %v", labels)
 	}
-	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="_other",outcome="ok"} %d`, 200-maxActions); !strings.Contains(body, want) {
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="_other",container="`+e.rel+`",outcome="ok"} %d`, 200-maxActions); !strings.Contains(body, want) {
 		t.Fatalf("missing %s:\n%s", want, grep(body, "_other"))
 	}
 }
@@ -677,18 +678,20 @@ func TestAttackUsageMalformed(t *testing.T) {
 		t.Fatalf("a malformed USAGE was counted:\n%s", grep(body, "mal"))
 	}
 	c := localConn(t, e.socket, l)
+	holdOne(t, c)
 	c.Write(usageBody(append([]byte{1}, ok...)))
 	syncConn(t, c)
 	settleUsage(a)
-	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="mal-ok",outcome="ok"} 1`) {
+	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="mal-ok",container="`+e.rel+`",outcome="ok"} 1`) {
 		t.Fatalf("a valid USAGE after malformed ones:\n%s", grep(body, "mal"))
 	}
 }
 
-// TestAttackUsageAbsurdCPU: a USAGE may claim any CPU time: the numbers
-// are the client's word (docs/security.md). The agent survives the
-// largest values (no overflow into a negative counter increment, which
-// the metrics library refuses with a panic) and counts them as sent.
+// TestAttackUsageAbsurdCPU: a USAGE may claim any numbers. The agent
+// survives the largest values (no overflow into a negative counter
+// increment, which the metrics library refuses with a panic) and credits
+// what the process's held slots allow: it holds none, so nothing, and
+// the action gets no series.
 func TestAttackUsageAbsurdCPU(t *testing.T) {
 	e := localEnv(t, nil)
 	a := e.start()
@@ -700,21 +703,92 @@ func TestAttackUsageAbsurdCPU(t *testing.T) {
 	syncConn(t, c)
 	settleUsage(a)
 	body := scrape(t, a)
-	// The invocation count is the client's word; CPU is cut to what the
-	// process's held slots used: it holds none.
-	for _, want := range []string{
-		`cpuslot_lease_releases_total{action="absurd",outcome="ok"} 8.58993459e+09`,
-		`cpuslot_invocation_cpu_seconds_total{action="absurd"} 0`,
-		`cpuslot_invocation_throttled_seconds_total{action="absurd"} 0`,
-		`cpuslot_errors_total{reason="usage_overclaimed"} 1`,
-	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("missing %s:\n%s", want, grep(body, "absurd"))
-		}
+	if strings.Contains(body, "absurd") {
+		t.Errorf("a process holding no slot was credited:\n%s", grep(body, "absurd"))
+	}
+	if !strings.Contains(body, `cpuslot_errors_total{reason="usage_overclaimed"} 1`) {
+		t.Errorf("the overclaim was not counted:\n%s", grep(body, "usage_overclaimed"))
 	}
 	c.Write(frame(t, holdReq(250, 0)))
 	if m, _ := readFDs(t, c); !isAcquireOK(m) {
 		t.Fatalf("the connection after absurd USAGE: %+v", m)
+	}
+}
+
+// actionSeries names a per-action series of container ctr: name{action,
+// container, outcome} (outcome "" for the CPU series), labels in the order
+// a scrape prints them.
+func actionSeries(name, action, ctr, outcome string) string {
+	s := fmt.Sprintf(`%s{action=%q,container=%q`, name, action, ctr)
+	if outcome != "" {
+		s += fmt.Sprintf(`,outcome=%q`, outcome)
+	}
+	return s + "}"
+}
+
+// TestAttackUsageInflateCounts (issue 19, finding 5): a process of A
+// that holds no slot reports 8 x (2^32-1) invocations of an action that
+// B also runs. Nothing is credited, and B's series, which carry B's name,
+// do not move. Once A holds a slot its reports are credited at most one
+// invocation per microsecond it held the slot, under A's name.
+func TestAttackUsageInflateCounts(t *testing.T) {
+	e := localEnv(t, nil)
+	relB := cgrouptest.NewContainer(t, e.h, 0)
+	e.cfg.Standalone.Containers = []string{e.rel, relB}
+	a := e.start()
+	victim := startLive(t, e, relB, 1)
+	vc := localConn(t, e.socket, victim)
+	vc.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: victim.tids[0], Action: "victim-act"}))
+	m, _ := readFDs(t, vc)
+	g, ok := m.(*slotv1.AcquireOK)
+	if !ok {
+		t.Fatalf("B's acquire: %+v", m)
+	}
+	vc.Write(frame(t, &slotv1.Release{Lease: g.Lease}))
+	if m, _ := readFDs(t, vc); !isReleaseOK(m) {
+		t.Fatalf("B's release: %+v", m)
+	}
+
+	l := startLive(t, e, e.rel, 1)
+	c := localConn(t, e.socket, l)
+	huge := slotv1.UsageRecord{Action: "victim-act", Outcome: slotv1.InvocationOK, Invocations: math.MaxUint32}
+	var recs []slotv1.UsageRecord
+	for i := 0; i < slotv1.MaxUsageRecords; i++ {
+		recs = append(recs, huge)
+	}
+	c.Write(usageFrame(t, recs...))
+	syncConn(t, c)
+	settleUsage(a)
+	body := scrape(t, a)
+	wantB := actionSeries("cpuslot_lease_releases_total", "victim-act", relB, "ok")
+	if v, ok := metricValue(body, wantB); !ok || v != 1 {
+		t.Fatalf("B's series %s is %v (present %v), want 1:\n%s", wantB, v, ok, grep(body, "victim-act"))
+	}
+	if v, ok := metricValue(body, actionSeries("cpuslot_lease_releases_total", "victim-act", e.rel, "ok")); ok && v != 0 {
+		t.Fatalf("a process holding no slot was credited %v invocations:\n%s", v, grep(body, "victim-act"))
+	}
+	if !strings.Contains(body, `cpuslot_errors_total{reason="usage_overclaimed"} 1`) {
+		t.Errorf("the overclaim was not counted:\n%s", grep(body, "usage_overclaimed"))
+	}
+
+	// Holding a slot, A is credited no more than its held time allows.
+	start := time.Now()
+	c.Write(frame(t, holdReq(250, 0)))
+	if m, _ := readFDs(t, c); !isAcquireOK(m) {
+		t.Fatalf("A's HOLD: %+v", m)
+	}
+	c.Write(usageFrame(t, recs...))
+	syncConn(t, c)
+	settleUsage(a) // settles as of a second from now
+	held := time.Since(start) + time.Second
+	body = scrape(t, a)
+	gotA, _ := metricValue(body, actionSeries("cpuslot_lease_releases_total", "victim-act", e.rel, "ok"))
+	t.Logf("A held a slot at most %v and was credited %v of %v invocations claimed", held, gotA, float64(len(recs))*math.MaxUint32)
+	if gotA == 0 || gotA > float64(held/time.Microsecond) {
+		t.Errorf("A credited %v invocations for a slot held at most %v", gotA, held)
+	}
+	if v, _ := metricValue(body, wantB); v != 1 {
+		t.Errorf("B's series moved to %v:\n%s", v, grep(body, "victim-act"))
 	}
 }
 
@@ -808,6 +882,7 @@ func TestAttackUsageFlood(t *testing.T) {
 	a := e.start()
 	l := startLive(t, e, e.rel, 1)
 	c := localConn(t, e.socket, l)
+	holdOne(t, c)
 	var recs []slotv1.UsageRecord
 	for i := 0; i < slotv1.MaxUsageRecords; i++ {
 		recs = append(recs, slotv1.UsageRecord{Action: "flood", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: 1})
@@ -837,7 +912,7 @@ func TestAttackUsageFlood(t *testing.T) {
 	syncConn(t, c)
 	settleUsage(a)
 	body := scrape(t, a)
-	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",outcome="ok"} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",container="`+e.rel+`",outcome="ok"} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
 		t.Errorf("missing %s:\n%s", want, grep(body, "flood"))
 	}
 	if v, ok := metricValue(body, `cpuslot_errors_total{reason="usage_throttled"}`); !ok || v == 0 {
@@ -880,6 +955,16 @@ func TestLocalHoldDegraded(t *testing.T) {
 		s := a.Summaries()[0]
 		return s.Degraded == 0 && s.UsedMilli == 500
 	})
+}
+
+// holdOne takes a HOLD lease of 250m on c: a process's USAGE is credited
+// only for slots it holds.
+func holdOne(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.Write(frame(t, holdReq(250, 0)))
+	if m, _ := readFDs(t, c); !isAcquireOK(m) {
+		t.Fatalf("HOLD: %+v", m)
+	}
 }
 
 // settleUsage has the agent count the USAGE records that wait for their

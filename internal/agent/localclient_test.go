@@ -100,7 +100,7 @@ func TestLocalClient(t *testing.T) {
 	}
 	c.Close()
 	waitFor(t, "USAGE of 100 invocations and both holds released", func() bool {
-		return strings.Contains(scrape(t, a), `cpuslot_lease_releases_total{action="guest/local",outcome="ok"} 100`) &&
+		return strings.Contains(scrape(t, a), `cpuslot_lease_releases_total{action="guest/local",container="`+e.rel+`",outcome="ok"} 100`) &&
 			a.Summaries()[0].Leases == 0
 	})
 }

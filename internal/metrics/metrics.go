@@ -1,6 +1,8 @@
 // Package metrics defines cpuslot's Prometheus metrics. Per-invocation data
 // is aggregated: no label carries an invocation or thread id, and action
 // names are capped so a flood of distinct names cannot blow up cardinality.
+// Per-action series carry their container, so no tenant moves another's,
+// and end with the container's pool.
 package metrics
 
 import (
@@ -13,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// MaxActions bounds the distinct action label values; later ones are
-// counted as "_other".
+// MaxActions bounds the distinct (container, action) label pairs; later
+// ones are counted as "_other".
 const MaxActions = 500
 
 // MaxLabelLen bounds a label value taken from outside the agent.
@@ -76,8 +78,11 @@ type Metrics struct {
 	connections       prometheus.Gauge
 	info              *prometheus.GaugeVec
 
-	mu         sync.Mutex
-	actions    map[string]bool
+	mu sync.Mutex
+	// actions are the action labels in use, by container; nActions counts
+	// them all.
+	actions    map[string]map[string]bool
+	nActions   int
 	maxActions int
 }
 
@@ -104,14 +109,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: " + join(AdmissionResults) + "."},
 			[]string{"result"}),
 		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_lease_releases_total", Help: "Released leases by action and outcome (" + join(Endings) + "); action " + Held + ": HOLD leases (local leasing), whose invocations the runtime reports under their own actions."},
-			[]string{"action", "outcome"}),
+			Name: "cpuslot_lease_releases_total", Help: "Released leases by container, action and outcome (" + join(Endings) + "); action " + Held + ": HOLD leases (local leasing), whose invocations the runtime reports under their own actions."},
+			[]string{"container", "action", "outcome"}),
 		cpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by action; " + Held + ": the slots of HOLD leases over the whole hold, measured by the agent (the other actions of local leasing are the runtime's reports)."},
-			[]string{"action"}),
+			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by container and action; " + Held + ": the slots of HOLD leases over the whole hold, measured by the agent (the other actions of local leasing are the runtime's reports)."},
+			[]string{"container", "action"}),
 		throttledSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by action."},
-			[]string{"action"}),
+			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by container and action."},
+			[]string{"container", "action"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_errors_total", Help: "Errors by reason: " + join(ErrorReasons) + "."},
 			[]string{"reason"}),
@@ -120,7 +125,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "cpuslot_agent_info", Help: "Always 1; labels describe the node's cgroup setup."},
 			[]string{"hierarchy", "favordynmods", "version"}),
-		actions:    map[string]bool{},
+		actions:    map[string]map[string]bool{},
 		maxActions: MaxActions,
 	}
 	reg.MustRegister(m.acquireDuration, m.placementDuration, m.cgroupOpDuration, m.acquisitions, m.admission,
@@ -130,10 +135,6 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	for _, o := range Acquisitions {
 		m.acquisitions.WithLabelValues(string(o))
-	}
-	for _, e := range Endings {
-		m.invocations.WithLabelValues(unnamed, string(e))
-		m.invocations.WithLabelValues(Held, string(e))
 	}
 	for _, r := range ErrorReasons {
 		m.errors.WithLabelValues(string(r))
@@ -162,9 +163,9 @@ func (m *Metrics) Info(hierarchy string, favorDynMods bool, version string) {
 	m.info.WithLabelValues(hierarchy, fdm, version).Set(1)
 }
 
-// SetMaxActions sets the node-wide bound on action labels. Pools cap the
-// names of each container (settings.Pool.MaxActions); this bound is their
-// sum, a backstop.
+// SetMaxActions sets the node-wide bound on (container, action) labels.
+// Pools cap the names of each container (settings.Pool.MaxActions); this
+// bound is their sum, a backstop.
 func (m *Metrics) SetMaxActions(n int) {
 	if m != nil {
 		m.mu.Lock()
@@ -189,15 +190,15 @@ func (m *Metrics) Admission(result AdmissionResult) {
 	}
 }
 
-// Released accounts a finished lease.
-func (m *Metrics) Released(action string, how Ending, cpu, throttled time.Duration) {
+// Released accounts a finished lease of container.
+func (m *Metrics) Released(container, action string, how Ending, cpu, throttled time.Duration) {
 	if m == nil {
 		return
 	}
-	a := m.action(action)
-	m.invocations.WithLabelValues(a, string(how)).Inc()
-	m.cpuSeconds.WithLabelValues(a).Add(cpu.Seconds())
-	m.throttledSeconds.WithLabelValues(a).Add(throttled.Seconds())
+	c, a := m.action(container, action)
+	m.invocations.WithLabelValues(c, a, string(how)).Inc()
+	m.cpuSeconds.WithLabelValues(c, a).Add(cpu.Seconds())
+	m.throttledSeconds.WithLabelValues(c, a).Add(throttled.Seconds())
 }
 
 // Reported accounts invocations a client reports (USAGE): n released
@@ -205,34 +206,60 @@ func (m *Metrics) Released(action string, how Ending, cpu, throttled time.Durati
 // used. Every value is a valid report: nanoseconds become seconds as a
 // float, never a time.Duration, which would wrap to a negative increment
 // (a panic in the metrics library).
-func (m *Metrics) Reported(action string, how Ending, n, cpuNanos, throttledNanos uint64) {
+func (m *Metrics) Reported(container, action string, how Ending, n, cpuNanos, throttledNanos uint64) {
 	if m == nil {
 		return
 	}
-	a := m.action(action)
-	m.invocations.WithLabelValues(a, string(how)).Add(float64(n))
-	m.cpuSeconds.WithLabelValues(a).Add(float64(cpuNanos) / 1e9)
-	m.throttledSeconds.WithLabelValues(a).Add(float64(throttledNanos) / 1e9)
+	c, a := m.action(container, action)
+	m.invocations.WithLabelValues(c, a, string(how)).Add(float64(n))
+	m.cpuSeconds.WithLabelValues(c, a).Add(float64(cpuNanos) / 1e9)
+	m.throttledSeconds.WithLabelValues(c, a).Add(float64(throttledNanos) / 1e9)
 }
 
-func (m *Metrics) action(a string) string {
+// action returns the container and action labels of a count, the action
+// "_other" once the node-wide bound is reached.
+func (m *Metrics) action(container, a string) (string, string) {
+	container = Label(container)
 	if a == "" {
-		return unnamed
+		return container, unnamed
 	}
 	if a == Held {
-		return Held
+		return container, Held
 	}
 	a = Label(a)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.actions[a] {
-		return a
+	names := m.actions[container]
+	if names[a] {
+		return container, a
 	}
-	if len(m.actions) >= m.maxActions {
-		return "_other"
+	if m.nActions >= m.maxActions {
+		return container, "_other"
 	}
-	m.actions[a] = true
-	return a
+	if names == nil {
+		names = map[string]bool{}
+		m.actions[container] = names
+	}
+	names[a] = true
+	m.nActions++
+	return container, a
+}
+
+// ForgetContainer deletes a container's per-action series, when its pool
+// ends, so that containers come and go without the series piling up.
+func (m *Metrics) ForgetContainer(container string) {
+	if m == nil {
+		return
+	}
+	container = Label(container)
+	m.mu.Lock()
+	m.nActions -= len(m.actions[container])
+	delete(m.actions, container)
+	m.mu.Unlock()
+	l := prometheus.Labels{"container": container}
+	m.invocations.DeletePartialMatch(l)
+	m.cpuSeconds.DeletePartialMatch(l)
+	m.throttledSeconds.DeletePartialMatch(l)
 }
 
 // unnamed is the action label of a lease whose client named no action.

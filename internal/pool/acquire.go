@@ -227,7 +227,7 @@ func (p *Pool) commit(req Request, t ticket, host hostThread) *lease {
 	}
 	if req.Hold {
 		// No thread: nothing to supersede later, no occupant to record.
-		l.hold, l.thread, l.action, l.seen = true, Thread{}, metrics.Held, l.start
+		l.hold, l.thread, l.action, l.seen, l.heldUntil = true, Thread{}, metrics.Held, l.start, time.Now()
 		p.holds[l.owner]++
 		p.beginIO()
 		return l

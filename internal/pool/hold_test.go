@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,6 +166,7 @@ func TestReportedActionsBounded(t *testing.T) {
 	c := cfg(Affinity, "")
 	c.MaxActions = 5
 	p := start(t, c, newFake())
+	must(t)(p.Acquire(context.Background(), holdReq(p, 250))) // reports need a held slot
 	for i := 0; i < 10000; i++ {
 		p.Reported(p, []Report{{Action: fmt.Sprintf("a%d", i), How: metrics.EndOK, N: 1, CPUNanos: 1}})
 	}
@@ -195,9 +197,12 @@ func TestReportedBoundedByHeldUsage(t *testing.T) {
 	// Each report comes observeEvery after the one before, so each is
 	// settled at once.
 	now := time.Now()
-	report := func(owner any, cpu uint64) uint64 {
+	report := func(owner any, cpu uint64) (credited uint64) {
 		now = now.Add(observeEvery)
-		return p.report(owner, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: cpu}}, now)[0].CPUNanos
+		for _, r := range p.report(owner, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: cpu}}, now) {
+			credited += r.CPUNanos
+		}
+		return credited
 	}
 	s.cpu += 300_000 // an invocation ran
 	if got := report(o, 200_000); got != 200_000 {
@@ -224,6 +229,48 @@ func TestReportedBoundedByHeldUsage(t *testing.T) {
 	p.ReleaseOwner(o)
 	if len(p.credits) != 1 { // other's (empty) credit stays until it leaves
 		t.Fatalf("credits left: %d", len(p.credits))
+	}
+}
+
+// TestReportedInvocationsBoundedByHeldTime: the invocations a process
+// reports are cut to one per minInvocation of slot time its HOLD leases
+// held since; a process that holds nothing is credited none (and its
+// records take no action name), and after a release the time held up to
+// it still counts.
+func TestReportedInvocationsBoundedByHeldTime(t *testing.T) {
+	p := start(t, cfg(Affinity, "250m=2"), newFake())
+	ctx := context.Background()
+	o, other := &conn{}, &conn{}
+	h := must(t)(p.Acquire(ctx, holdReq(o, 250)))
+	granted := time.Now()
+	now := granted
+	count := func(owner any, n uint64) (credited uint64) {
+		now = now.Add(observeEvery)
+		for _, r := range p.report(owner, []Report{{Action: "a", How: metrics.EndOK, N: n}}, now) {
+			credited += r.N
+		}
+		return credited
+	}
+	most := func() uint64 { return uint64(now.Sub(granted.Add(-time.Second)) / minInvocation) }
+	if got := count(o, math.MaxUint64); got == 0 || got > most() {
+		t.Fatalf("one slot held about %v: %d invocations credited, want 1..%d", observeEvery, got, most())
+	}
+	if got := count(o, 5); got != 5 {
+		t.Fatalf("an honest count after an overclaim: %d credited, want 5", got)
+	}
+	if got := count(other, 1_000_000); got != 0 {
+		t.Fatalf("a process holding nothing was credited %d invocations", got)
+	}
+	if len(p.actions) != 1 {
+		t.Fatalf("action names kept: %v", p.actions)
+	}
+	if _, err := p.Release(o, h.Lease, metrics.EndOK); err != nil {
+		t.Fatal(err)
+	}
+	// What the lease earned before its release and no report claimed
+	// still counts.
+	if got := count(o, 7); got != 7 {
+		t.Fatalf("a report after the release: %d credited, want 7", got)
 	}
 }
 

@@ -150,6 +150,9 @@ type lease struct {
 	// seen is how far the slot's counters were credited to the process
 	// (HOLD leases; see credit).
 	seen cgroup.Usage
+	// heldUntil is how far the lease's held time was credited to the
+	// process as invocations it may report (HOLD leases; see credit).
+	heldUntil time.Time
 }
 
 type holder struct {
@@ -630,7 +633,7 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 		p.metrics.Admission(metrics.ReclaimedOverBudget)
 		slog.Warn("reclaim beyond the budget honoured after a restart", "container", p.name, "slot", slotID, "quota", q, "used", p.budget.Used(), "budget", p.budget.Limit)
 	}
-	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last, hold: hold, seen: s.last}
+	l := &lease{id: leaseSeq.Add(1), owner: owner, slot: s, thread: t, want: q, granted: q, action: p.actionLabel(action), start: s.last, hold: hold, seen: s.last, heldUntil: time.Now()}
 	s.lease, s.adopted = l, false
 	p.leases[l.id] = l
 	p.budget.Take(l.granted)
@@ -735,6 +738,8 @@ func (p *Pool) Close(remove bool) error {
 	p.holds = map[any]int{}
 	p.credits = map[any]*credit{}
 	p.mu.Unlock()
+	// Nothing counts for the container any more (settle checks closed).
+	p.metrics.ForgetContainer(p.name)
 	var errs []error
 	var left []*slot
 	for _, s := range slots {

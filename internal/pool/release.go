@@ -37,9 +37,12 @@ type Report struct {
 // credit is what a process's HOLD leases used, as the agent read it from
 // their slots' counters, that its reports have not claimed yet. How a
 // process splits its CPU among its actions is its word; the total it
-// reports cannot exceed what its slots used.
+// reports cannot exceed what its slots used, nor its invocations what its
+// slots could have run (minInvocation).
 type credit struct {
 	cpu, throttled uint64
+	// invocations is how many more invocations its reports may claim.
+	invocations uint64
 	// observed is when the slots' counters were last read for the process.
 	observed time.Time
 	// pending holds what reports claimed since then, by action and ending
@@ -51,6 +54,15 @@ type reportKey struct {
 	action string
 	how    metrics.Ending
 }
+
+// minInvocation is the least slot time the agent believes one reported
+// invocation took. A held slot runs one invocation at a time (the slot
+// table leases an entry to one thread), and none takes less than a
+// microsecond, so a process is credited at most one invocation per
+// microsecond its HOLD leases were held: a bound on what a report can
+// inflate (10^6 a second per held slot, none without one), far above any
+// honest count.
+const minInvocation = time.Microsecond
 
 // observeEvery bounds how often a process's reports have the agent read
 // its held slots' counters: a process holding n slots costs n reads per
@@ -74,6 +86,12 @@ func (p *Pool) report(owner any, rs []Report, now time.Time) []Report {
 	if c.pending == nil {
 		c.pending = map[reportKey]*Report{}
 	}
+	if p.holds[owner] == 0 && c.invocations == 0 && len(rs) > 0 {
+		// It holds no slot and has nothing left to claim: nothing of
+		// these records could be credited, and they take no action name.
+		rs = nil
+		p.metrics.Error(metrics.UsageOverclaimed)
+	}
 	for _, r := range rs {
 		r.Action = p.actionLabel(r.Action)
 		k := reportKey{r.Action, r.How}
@@ -93,9 +111,9 @@ func (p *Pool) report(owner any, rs []Report, now time.Time) []Report {
 }
 
 // settle reads the owner's held slots' counters and counts its pending
-// records against what they used.
+// records against what they used and the time they were held.
 func (p *Pool) settle(owner any, now time.Time) []Report {
-	p.observeHolds(owner)
+	p.observeHolds(owner, now)
 	p.mu.Lock()
 	c := p.creditOf(owner)
 	c.observed = now
@@ -104,6 +122,11 @@ func (p *Pool) settle(owner any, now time.Time) []Report {
 		out = append(out, *r)
 	}
 	c.pending = nil
+	if p.closed {
+		// Its container is no longer served: its series are gone.
+		p.mu.Unlock()
+		return nil
+	}
 	// Cut in a fixed order, so which record a short credit falls on does
 	// not depend on map order.
 	sort.Slice(out, func(i, j int) bool {
@@ -113,20 +136,24 @@ func (p *Pool) settle(owner any, now time.Time) []Report {
 		return out[i].How < out[j].How
 	})
 	over := false
-	for i, r := range out {
-		cpu, thr := min(r.CPUNanos, c.cpu), min(r.ThrottledNanos, c.throttled)
-		over = over || cpu < r.CPUNanos || thr < r.ThrottledNanos
-		c.cpu, c.throttled = c.cpu-cpu, c.throttled-thr
-		out[i].CPUNanos, out[i].ThrottledNanos = cpu, thr
+	kept := out[:0]
+	for _, r := range out {
+		cpu, thr, n := min(r.CPUNanos, c.cpu), min(r.ThrottledNanos, c.throttled), min(r.N, c.invocations)
+		over = over || cpu < r.CPUNanos || thr < r.ThrottledNanos || n < r.N
+		c.cpu, c.throttled, c.invocations = c.cpu-cpu, c.throttled-thr, c.invocations-n
+		r.CPUNanos, r.ThrottledNanos, r.N = cpu, thr, n
+		if n > 0 || cpu > 0 || thr > 0 {
+			kept = append(kept, r) // a record cut to nothing makes no series
+		}
 	}
 	p.mu.Unlock()
 	if over {
 		p.metrics.Error(metrics.UsageOverclaimed)
 	}
-	for _, r := range out {
-		p.metrics.Reported(r.Action, r.How, r.N, r.CPUNanos, r.ThrottledNanos)
+	for _, r := range kept {
+		p.metrics.Reported(p.name, r.Action, r.How, r.N, r.CPUNanos, r.ThrottledNanos)
 	}
-	return out
+	return kept
 }
 
 // settleDue settles the records that have waited observeEvery.
@@ -145,13 +172,17 @@ func (p *Pool) settleDue(now time.Time) {
 }
 
 // observeHolds credits the owner with what its HOLD leases' slots used
-// since last seen. The counters are read outside the lock.
-func (p *Pool) observeHolds(owner any) {
+// since last seen, and with the time they were held until now. The
+// counters are read outside the lock.
+func (p *Pool) observeHolds(owner any, now time.Time) {
 	p.mu.Lock()
 	var ls []*lease
 	for _, l := range p.leases {
-		if l.owner == owner && l.hold && l.slot.io != nil {
-			ls = append(ls, l)
+		if l.owner == owner && l.hold {
+			p.creditHeld(l, now)
+			if l.slot.io != nil {
+				ls = append(ls, l)
+			}
 		}
 	}
 	p.mu.Unlock()
@@ -180,6 +211,17 @@ func (p *Pool) credit(l *lease, u cgroup.Usage) {
 	c := p.creditOf(l.owner)
 	c.cpu, c.throttled = satAdd(c.cpu, d.CPUNanos), satAdd(c.throttled, d.ThrottledNanos)
 	l.seen = u
+}
+
+// creditHeld adds the invocations the time l was held until now allows to
+// its owner's credit. The caller holds the lock.
+func (p *Pool) creditHeld(l *lease, now time.Time) {
+	if !now.After(l.heldUntil) {
+		return
+	}
+	c := p.creditOf(l.owner)
+	c.invocations = satAdd(c.invocations, uint64(now.Sub(l.heldUntil)/minInvocation))
+	l.heldUntil = now
 }
 
 func (p *Pool) creditOf(owner any) *credit {
@@ -231,11 +273,12 @@ func (p *Pool) account(l *lease, how metrics.Ending) (end, used cgroup.Usage) {
 		// would count twice.
 		p.mu.Lock()
 		p.credit(l, end)
+		p.creditHeld(l, time.Now())
 		p.mu.Unlock()
-		p.metrics.Released(l.action, how, 0, 0)
+		p.metrics.Released(p.name, l.action, how, 0, 0)
 		return end, used
 	}
-	p.metrics.Released(l.action, how, time.Duration(used.CPUNanos), time.Duration(used.ThrottledNanos))
+	p.metrics.Released(p.name, l.action, how, time.Duration(used.CPUNanos), time.Duration(used.ThrottledNanos))
 	return end, used
 }
 
