@@ -51,7 +51,7 @@ type Agent struct {
 	containers map[string]*served // by cgroup path
 	// preparing are containers whose pools are being made.
 	preparing map[string]*preparation
-	// leftover are torn-down containers whose slots still had threads
+	// leftover are torn-down containers whose slots could not be removed yet
 	// arriving (the container's process ending while it places its threads
 	// itself); Maintain removes them once the threads are gone.
 	leftover []leftover
@@ -441,7 +441,7 @@ func (a *Agent) teardown(s *served) {
 		a.mu.Lock()
 		a.leftover = append(a.leftover, leftover{s: s})
 		a.mu.Unlock()
-		a.log.Info("slots still entered by the container's threads; removed again at the next maintenance rounds", "container", s.Name, "err", err)
+		a.log.Info("slots not removed yet (err says why); tried again at the next maintenance rounds", "container", s.Name, "err", err)
 		return
 	} else if err != nil {
 		a.metrics.Error(metrics.TeardownFailed)

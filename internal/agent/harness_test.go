@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,6 +42,26 @@ type env struct {
 	cfg    agent.Config
 	a      *agent.Agent
 	stop   func()
+	// logs, when set, gets the agent's log from info level up.
+	logs *logBuffer
+}
+
+// logBuffer collects an agent's log lines for a test to search.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // newEnv makes a container cgroup (with a CPU limit when limitMilli > 0)
@@ -100,6 +121,9 @@ func worldDir(t testing.TB) string {
 // agent removes its slots, as an uninstall does.
 func (e *env) start() *agent.Agent {
 	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if e.logs != nil {
+		log = slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{e.t}, e.logs), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	a, err := agent.New(e.cfg, log)
 	if err != nil {
 		e.t.Fatal(err)

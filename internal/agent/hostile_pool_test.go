@@ -433,6 +433,53 @@ func readRespOrNil(c net.Conn) slotv1.Message {
 	return f.Msg
 }
 
+// TestHostileChildCgroupNamed (issue 19, finding 7): a cgroup planted
+// inside a slot that an agent adopted keeps the slot from being removed.
+// The agent retries at each round as for threads that keep entering, but
+// says what it is: the slot has a child cgroup, named, at the teardown and
+// when it gives up; never "still had threads".
+func TestHostileChildCgroupNamed(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Prewarm = "250m=1" })
+	_, stop := runAgent(t, e.h, e.cfg, false)
+	stop() // the slot stays for the next agent, which adopts it
+	slots := cgrouptest.Leftovers(e.h, e.rel)
+	if len(slots) != 1 {
+		t.Fatalf("slots: %v, want 1", slots)
+	}
+	slotDir := filepath.Join(e.h.CPURoot, e.rel, slots[0])
+	if err := os.Mkdir(filepath.Join(slotDir, "planted"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.Remove(filepath.Join(slotDir, "planted"))
+		for _, root := range cgroupRoots(e.h) {
+			os.Remove(filepath.Join(root, e.rel, slots[0]))
+		}
+	})
+	e.logs = &logBuffer{}
+	a := e.start()
+	a.Forget(e.rel)
+	for round := 0; round < agent.LeftoverRounds; round++ {
+		a.Maintain(time.Now())
+	}
+	logs := e.logs.String()
+	want := fmt.Sprintf("slot %s has a child cgroup %q", slots[0], "planted")
+	var teardown, givenUp string
+	for _, line := range strings.Split(logs, "\n") {
+		switch {
+		case strings.Contains(line, "level=INFO") && strings.Contains(line, slots[0]) && teardown == "":
+			teardown = line
+		case strings.Contains(line, "level=ERROR") && strings.Contains(line, "removing slots"):
+			givenUp = line
+		}
+	}
+	for what, line := range map[string]string{"at the teardown": teardown, "when given up": givenUp} {
+		if !strings.Contains(line, strings.ReplaceAll(want, `"`, `\"`)) || strings.Contains(line, "threads") {
+			t.Errorf("%s the agent said %q, want the cause named: %s", what, line, want)
+		}
+	}
+}
+
 // TestHostileLeftoverGivenUp: a forgotten container (its pod deleted)
 // whose slot cannot be removed (its threads keep entering it) is retried at
 // each maintenance round, but only for LeftoverRounds rounds. Then the

@@ -333,6 +333,10 @@ func TestRemoveBusyInOneHierarchy(t *testing.T) {
 	if err := s.Remove(); !errors.Is(err, cgroup.ErrBusy) {
 		t.Errorf("Remove of a slot busy in the cpu hierarchy: %v, want ErrBusy", err)
 	}
+	var child *cgroup.ChildCgroupError
+	if err := s.Remove(); !errors.As(err, &child) || child.Slot != s.Name() || child.Child != "busy" {
+		t.Errorf("Remove of a slot with a cgroup inside: %v, want it named (issue 19, finding 7)", err)
+	}
 	if _, err := os.Stat(filepath.Join(h.CPURoot, rel, s.Name())); err != nil {
 		t.Fatalf("the busy slot's cpu directory: %v", err)
 	}

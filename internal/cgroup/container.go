@@ -425,8 +425,24 @@ func (c *Container) Unprepare() error {
 // (cgroup.max.descendants or cgroup.max.depth).
 var ErrLimitReached = errors.New("cgroup limit reached")
 
-// ErrBusy means a slot could not be removed because threads kept arriving.
+// ErrBusy means a slot could not be removed: threads kept arriving, or a
+// cgroup was made inside it (then the error is a *ChildCgroupError).
 var ErrBusy = errors.New("slot still has threads")
+
+// ChildCgroupError says that a slot could not be removed because a cgroup
+// the agent did not make sits inside it. The agent leaves that cgroup
+// alone (it removes only what it made); whoever made it must remove it.
+type ChildCgroupError struct {
+	Slot, Child string
+}
+
+func (e *ChildCgroupError) Error() string {
+	return fmt.Sprintf("slot %s has a child cgroup %q, which the agent did not make and leaves alone", e.Slot, e.Child)
+}
+
+// Is makes a ChildCgroupError an ErrBusy: the slot is retried like one
+// whose threads keep arriving.
+func (e *ChildCgroupError) Is(target error) bool { return target == ErrBusy }
 
 func classify(err error) error {
 	if errors.Is(err, syscall.EAGAIN) {

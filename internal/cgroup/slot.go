@@ -485,7 +485,8 @@ func (s *Slot) Threads() ([]int, error) {
 
 // Remove moves any thread left in the slot back to the container and
 // deletes the slot's directories. Threads that keep arriving (an invocation
-// spawning threads) are retried a few times before ErrBusy.
+// spawning threads) are retried a few times before ErrBusy; a cgroup made
+// inside the slot is a *ChildCgroupError at once.
 func (s *Slot) Remove() error {
 	s.forget()
 	var err error
@@ -512,8 +513,21 @@ func (s *Slot) Remove() error {
 		if !errors.Is(err, syscall.EBUSY) {
 			return err
 		}
+		if child := s.child(); child != "" {
+			return &ChildCgroupError{Slot: s.Name(), Child: child}
+		}
 	}
 	return fmt.Errorf("removing %s: %w: %w", s.Name(), ErrBusy, err)
+}
+
+// child names a cgroup inside the slot, in any hierarchy ("" if none).
+func (s *Slot) child() string {
+	for i := range s.c.dirs {
+		if names, err := s.c.subdirsOf(i, s.name); err == nil && len(names) > 0 {
+			return names[0]
+		}
+	}
+	return ""
 }
 
 func (s *Slot) rmdir() error {

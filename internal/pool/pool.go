@@ -794,11 +794,12 @@ func (p *Pool) RemoveLeft(last bool) (done bool, err error) {
 		return true, nil // nothing left, the backend already released
 	}
 	var still []*slot
-	var errs []error
+	var errs, busy []error
 	for _, s := range left {
 		if err := s.io.Remove(); err != nil {
 			if errors.Is(err, cgroup.ErrBusy) {
 				still = append(still, s)
+				busy = append(busy, err) // says why: threads, or a child cgroup
 			} else if !errors.Is(err, cgroup.ErrGone) && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 			}
@@ -808,7 +809,7 @@ func (p *Pool) RemoveLeft(last bool) (done bool, err error) {
 		p.mu.Lock()
 		p.left = still
 		p.mu.Unlock()
-		return false, fmt.Errorf("%d slot(s) still have threads: %w", len(still), cgroup.ErrBusy)
+		return false, fmt.Errorf("%d slot(s) not removed yet: %w", len(still), errors.Join(busy...))
 	}
 	p.mu.Lock()
 	p.left = nil
@@ -819,7 +820,7 @@ func (p *Pool) RemoveLeft(last bool) (done bool, err error) {
 		for _, s := range still {
 			s.io.Close()
 		}
-		errs = append(errs, fmt.Errorf("%d slot(s) still had threads when given up: %w", len(still), cgroup.ErrBusy))
+		errs = append(errs, fmt.Errorf("%d slot(s) given up: %w", len(still), errors.Join(busy...)))
 	} else if len(errs) == 0 {
 		if err := p.backend.Unprepare(); err != nil && !errors.Is(err, cgroup.ErrGone) && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
