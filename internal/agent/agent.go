@@ -51,9 +51,10 @@ type Agent struct {
 	containers map[string]*served // by cgroup path
 	// preparing are containers whose pools are being made.
 	preparing map[string]*preparation
-	// leftover are torn-down containers whose slots could not be removed yet
-	// arriving (the container's process ending while it places its threads
-	// itself); Maintain removes them once the threads are gone.
+	// leftover are torn-down containers whose slots could not be removed
+	// yet: threads kept arriving (the container's process ending while it
+	// places its threads itself) or a cgroup sits inside one; Maintain
+	// removes them once that is gone.
 	leftover []leftover
 	ready    atomic.Bool
 }
