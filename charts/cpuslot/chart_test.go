@@ -316,6 +316,24 @@ func TestAllOn(t *testing.T) {
 	if !found {
 		t.Errorf("containerd volume does not follow kubernetes.containerdSocket: %v", list(spec, "volumes"))
 	}
+	if !cfg.DebugPoolsRemote {
+		t.Error("metrics.debugPoolsRemote did not reach the agent")
+	}
+	// The NetworkPolicy admits the given peers to the metrics port of the
+	// agent pods, and nothing else.
+	np := one(t, objs, "NetworkPolicy")
+	if !reflect.DeepEqual(get(np, "spec", "podSelector", "matchLabels"), get(ds, "spec", "selector", "matchLabels")) ||
+		!slices.Equal(strings_(list(np, "spec", "policyTypes")), []string{"Ingress"}) ||
+		len(list(np, "spec", "ingress")) != 1 ||
+		str(np, "spec", "ingress", "0", "from", "0", "namespaceSelector", "matchLabels", "kubernetes.io/metadata.name") != "monitoring" ||
+		get(np, "spec", "ingress", "0", "ports", "0", "port") != float64(9464) {
+		t.Errorf("NetworkPolicy %v", np)
+	}
+	// Enabled without peers: no pod may reach the port.
+	np = one(t, render(t, "--set", "metrics.networkPolicy.enabled=true"), "NetworkPolicy")
+	if in, ok := get(np, "spec", "ingress").([]any); !ok || len(in) != 0 {
+		t.Errorf("NetworkPolicy without peers: ingress %v, want [] (deny)", get(np, "spec", "ingress"))
+	}
 	sm := one(t, objs, "ServiceMonitor")
 	if str(sm, "metadata", "labels", "release") != "kube-prometheus-stack" ||
 		str(sm, "spec", "endpoints", "0", "relabelings", "0", "replacement") != "cpuslot-node-agent" {

@@ -75,6 +75,7 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	socket := fs.String("socket", "", "Unix socket for runtimes (default /run/cpuslot/agent.sock)")
 	httpAddr := fs.String("http", "", "address for /metrics, /healthz, /readyz, /debug/pools (default 127.0.0.1:9464; empty string in the file disables)")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error")
+	debugPoolsRemote := fs.Bool("debug-pools-remote", false, "serve /debug/pools (every container's name and budget) also to peers not on loopback")
 	type setting struct{ key, value string }
 	var settingFlags []setting
 	var badSetting error // the flag package keeps only the message
@@ -137,6 +138,9 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	set(&cfg.Socket, *socket)
 	set(&cfg.HTTP, *httpAddr)
 	set(&cfg.LogLevel, *logLevel)
+	if *debugPoolsRemote {
+		cfg.DebugPoolsRemote = true
+	}
 	setInt(&cfg.MaxContainers, *maxContainers)
 	setInt(&cfg.Limits.MaxConnections, *maxConns)
 	setInt(&cfg.Limits.MaxConnectionsPerProcess, *maxConnsPerProcess)

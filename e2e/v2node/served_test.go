@@ -65,6 +65,9 @@ func TestAgentServesPodInSystemdScope(t *testing.T) {
 		"--set", "kubernetes.containerdSocket="+ContainerdSocket,
 		"--set", "apiServer.host="+vm.GuestIP, "--set", fmt.Sprintf("apiServer.port=%d", apiPort),
 		"--set", "logLevel=debug",
+		// The tests read /debug/pools through the API server's pod proxy,
+		// which does not arrive on the agent pod's loopback.
+		"--set", "metrics.debugPoolsRemote=true",
 		// Generous: the node is emulated, and a loaded guest answered
 		// no /healthz within the default 2 s three times in a row.
 		"--set", "livenessProbe.timeoutSeconds=15", "--set", "readinessProbe.timeoutSeconds=15",

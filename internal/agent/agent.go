@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"path"
 	"sort"
 	"strings"
@@ -699,7 +700,18 @@ func (a *Agent) poolGauges() []metrics.Pool {
 	return out
 }
 
-// Handler serves /metrics, /healthz, /readyz and /debug/pools.
+// fromLoopback reports whether r came from a loopback address: in a pod
+// the agent's own network namespace, on the host the node. The address is
+// the TCP peer's; nothing the client sends is believed.
+func fromLoopback(r *http.Request) bool {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	return err == nil && ap.Addr().Unmap().IsLoopback()
+}
+
+// Handler serves /metrics, /healthz, /readyz and /debug/pools; the last
+// only to loopback peers unless DebugPoolsRemote says otherwise: it names
+// every container and its budget, and the port may be open on the pod
+// network for /metrics.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
@@ -711,7 +723,11 @@ func (a *Agent) Handler() http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/debug/pools", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/debug/pools", func(w http.ResponseWriter, r *http.Request) {
+		if !a.cfg.DebugPoolsRemote && !fromLoopback(r) {
+			http.Error(w, "/debug/pools is served to loopback only (debugPoolsRemote)", http.StatusForbidden)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -23,6 +23,10 @@ type Config struct {
 	Socket string `json:"socket"`
 	// HTTP is the address of /metrics, /healthz, /readyz and /debug/pools.
 	HTTP string `json:"http"`
+	// DebugPoolsRemote serves /debug/pools (every container's name and
+	// budget) also to peers that are not on loopback; off, they get 403
+	// there, while /metrics and the probes answer everyone.
+	DebugPoolsRemote bool `json:"debugPoolsRemote"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel  string          `json:"logLevel"`
 	Pool      PoolConfig      `json:"pool"`

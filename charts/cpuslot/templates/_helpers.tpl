@@ -60,6 +60,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 # cpuslot node agent configuration, rendered by the cpuslot chart from its
 # values (docs/agent.example.yaml). Node name: env NODE_NAME.
 http: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
+debugPoolsRemote: {{ .Values.metrics.debugPoolsRemote }}
 logLevel: {{ .Values.logLevel }}
 reapInterval: {{ .Values.reapInterval | quote }}
 maxContainers: {{ int .Values.maxContainers }}
