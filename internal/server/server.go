@@ -73,6 +73,9 @@ type Server struct {
 	self   int
 	selfNS uint64
 	guard  *selfGuard
+	// watchExits has each client process's session watch for its exit
+	// (tests turn it off to reach the per-request check alone).
+	watchExits bool
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
@@ -86,7 +89,7 @@ type Server struct {
 // New makes a server.
 func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(),
+	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(), watchExits: true,
 		conns: map[*conn]struct{}{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
 	var st unix.Stat_t
 	if unix.Stat("/proc/self/ns/pid", &st) == nil {
@@ -219,7 +222,7 @@ func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 		ss = &session{key: k, conns: map[*conn]struct{}{},
 			usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst)}
 		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
-		if pidfd >= 0 {
+		if pidfd >= 0 && s.watchExits {
 			var err error
 			if ss.unwatch, err = watchExit(pidfd, func() { s.exited(ss) }); err != nil {
 				// Requests still check the process at every use.
