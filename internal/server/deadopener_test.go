@@ -60,7 +60,7 @@ func openAndPass(sock, hello string) int {
 type oneResolver struct{ p *pool.Pool }
 
 func (r oneResolver) Resolve(Peer) (*pool.Pool, error) { return r.p, nil }
-func (r oneResolver) Holds(Peer, *pool.Pool) bool       { return true }
+func (r oneResolver) Holds(Peer, *pool.Pool) bool      { return true }
 
 // deadOpenersConn has a child process connect, say HELLO with flags and
 // exit; it returns the connection, which the test keeps.
