@@ -382,6 +382,9 @@ func (r containerResolver) Holds(p server.Peer, pl *pool.Pool) bool {
 	return s != nil && s.pool == pl && r.a.Holds(p, pl)
 }
 
+// Processes lists the processes of the container pl serves.
+func (r containerResolver) Processes(pl *pool.Pool) ([]int, error) { return r.a.Processes(pl) }
+
 func countSlots(s pool.Summary) int {
 	n := 0
 	for _, q := range s.Quotas {
@@ -540,6 +543,24 @@ func (a *Agent) Holds(p server.Peer, pl *pool.Pool) bool {
 	defer a.mu.Unlock()
 	best, _ := a.servingLocked(cg)
 	return best != nil && best.pool == pl && !pl.Stale()
+}
+
+// Processes lists the processes of the container pl serves, in its cgroup
+// and below (server.Resolver).
+func (a *Agent) Processes(pl *pool.Pool) ([]int, error) {
+	a.mu.Lock()
+	var cg *cgroup.Container
+	for _, s := range a.containers {
+		if s.pool == pl {
+			cg = s.cg
+			break
+		}
+	}
+	a.mu.Unlock()
+	if cg == nil {
+		return nil, errors.New("container no longer served")
+	}
+	return cg.Processes()
 }
 
 // servingLocked is the served container that holds cgroup cg (the deepest

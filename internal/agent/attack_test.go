@@ -878,3 +878,57 @@ func TestAttackPlacementPreparesNoPool(t *testing.T) {
 		t.Errorf("slot directories made in the cgroup the peer moved to: %v", left)
 	}
 }
+
+// TestAttackNestedNamespaceFDs (issue 19, finding 1): a process of a
+// served container that lives in the host's PID namespace forks a child
+// into a new user and PID namespace (no privilege needed) and has it ask
+// for placement fds. On v1 such a fd could be handed back to the parent,
+// which names every process of the node. The child must get AGENT_PLACES
+// and no fd: its namespace is not the one that holds all of its
+// container's processes.
+func TestAttackNestedNamespaceFDs(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	e.start()
+	if e.h.Version == 2 {
+		t.Skip("v2: placement fds are bounded by the kernel")
+	}
+	ch := spawn(t, e.h, "nested", childOpts{cgroup: e.rel, unprivileged: true, env: []string{
+		"SOCKET=" + e.socket, "FRAMES=" + hexFrames(t,
+			&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing},
+			&slotv1.Acquire{QuotaMilli: 250, TID: 1})}})
+	var r rawResult
+	ch.result(t, &r)
+	t.Logf("nested child: %+v", r)
+	if r.Error != "" || len(r.Responses) == 0 {
+		t.Fatalf("nested child: %+v", r)
+	}
+	if r.FDs != 0 {
+		t.Fatalf("a namespace nested in a host-namespace container got %d placement fds: %v", r.FDs, r.Responses)
+	}
+	if !strings.Contains(r.Responses[0], fmt.Sprintf("flags=%d", slotv1.HelloOKAgentPlaces)) {
+		t.Fatalf("HELLO_OK without AGENT_PLACES: %v", r.Responses)
+	}
+}
+
+// childNested stays in the caller's PID namespace and runs the raw child
+// in a new user and PID namespace, as an unprivileged process can.
+func childNested() (any, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CPUSLOT_CHILD=raw")
+	cmd.Stdin = strings.NewReader("go\n")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID}
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("nested child: %w (%s)", err, out)
+	}
+	var r rawResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		return nil, fmt.Errorf("nested child said %q: %w", out, err)
+	}
+	return r, nil
+}

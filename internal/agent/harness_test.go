@@ -261,6 +261,8 @@ func runChild(name string) int {
 		res, err = childPass()
 	case "live":
 		res, err = childLive()
+	case "nested":
+		res, err = childNested()
 
 	default:
 		err = fmt.Errorf("unknown child %q", name)

@@ -60,6 +60,9 @@ type Resolver interface {
 	// Holds reports whether the peer is still a process of the container
 	// pl serves, without preparing anything.
 	Holds(p Peer, pl *pool.Pool) bool
+	// Processes lists the processes of the container pl serves, in its
+	// cgroup and below (cgroup v1: what a placement fd could be handed to).
+	Processes(pl *pool.Pool) ([]int, error)
 }
 
 // Server accepts slot-protocol connections.
@@ -239,6 +242,8 @@ type conn struct {
 	session *session
 	pool    *pool.Pool
 	fds     bool // the client takes fds
+	// confinedAt is when the v1 rule for fds was last checked (passesFDs).
+	confinedAt time.Time
 	// local: the client was granted LOCAL (HOLD leases, USAGE reports).
 	local bool
 	// seen holds the slots whose fds this connection was sent.
@@ -500,7 +505,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	}
 	switch m := f.Msg.(type) {
 	case *slotv1.Acquire:
-		return c.acquire(f.Request, m)
+		return c.stillConfined() && c.acquire(f.Request, m)
 	case *slotv1.Release:
 		u, err := c.pool.Release(c.session, m.Lease, ending(m.Outcome))
 		if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
@@ -515,7 +520,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		return c.send(f.Request, &slotv1.ReleaseOK{CPUNanos: u.CPUNanos, ThrottledNanos: u.ThrottledNanos,
 			Periods: u.Periods, ThrottledPeriods: u.ThrottledPeriods}, nil)
 	case *slotv1.Reclaim:
-		return c.reclaim(f.Request, m)
+		return c.stillConfined() && c.reclaim(f.Request, m)
 	case *slotv1.Usage:
 		return c.usage(f.Request, m)
 	case *slotv1.HeldRequest:
@@ -551,7 +556,13 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 	}
 	c.pool = p
 	c.c.SetReadDeadline(time.Time{})
-	c.fds = h.Flags&slotv1.HelloFDPassing != 0 && c.srv.passesFDs(c.peer)
+	if h.Flags&slotv1.HelloFDPassing != 0 {
+		err := c.passesFDs()
+		c.fds = err == nil
+		if err != nil {
+			c.srv.log.Debug("the agent places this peer's threads", "pid", c.peer.PID, "reason", err)
+		}
+	}
 	sum := p.Summary()
 	place, stat := c.srv.hierarchy.SlotFDs()
 	ok := &slotv1.HelloOK{Version: slotv1.Version, Hierarchy: uint8(c.srv.hierarchy.Version), PlaceFDs: uint8(place), StatFDs: uint8(stat),
@@ -699,15 +710,48 @@ func (c *conn) grant(request uint32, g *pool.Grant) bool {
 	return c.send(request, resp, fds)
 }
 
-// passesFDs reports whether a peer may hold placement fds. On v2 the kernel
-// lets a placement fd move only threads of the container's own threaded
-// subtree. On v1 it checks nothing but the opener (the agent), so a holder
-// could move any process it can name: fds go only to peers in a PID
-// namespace of their own (a pod sees its own processes only), and to the
-// agent's own process, which holds them anyway. Everyone else has the
-// agent place its threads (docs/security.md).
-func (s *Server) passesFDs(p Peer) bool {
-	return s.hierarchy.Version == 2 || p.NS != s.selfNS || p.PID == s.self || s.limits.HostNamespaceFDs
+// passesFDs reports why a peer may not hold placement fds (nil: it may).
+// On v2 the kernel lets a placement fd move only threads of the
+// container's own threaded subtree. On v1 it checks nothing but the
+// opener (the agent), so a holder could move any process it can name: fds
+// go only to a peer whose PID namespace holds its whole container
+// (confined), and to the agent's own process, which holds them anyway.
+// Everyone else has the agent place its threads (docs/security.md).
+func (c *conn) passesFDs() error {
+	s := c.srv
+	if s.hierarchy.Version == 2 || c.peer.PID == s.self || s.limits.HostNamespaceFDs {
+		return nil
+	}
+	if c.peer.NS == s.selfNS {
+		return errors.New("the peer is in the agent's PID namespace")
+	}
+	procs, err := c.resolve.Processes(c.pool)
+	if err != nil {
+		return err
+	}
+	if err := confined(c.peer.NS, procs); err != nil {
+		return err
+	}
+	c.confinedAt = time.Now()
+	return c.alive() // the namespace read at accept is the peer's
+}
+
+// stillConfined checks again, at most every confineRecheck, that a v1
+// connection holding fds still meets passesFDs: the container may have
+// gained a process outside the peer's namespace (the runtime's exec into
+// a host-namespace container). If not, the connection is closed; the
+// client's next HELLO gets AGENT_PLACES.
+func (c *conn) stillConfined() bool {
+	if !c.fds || c.srv.hierarchy.Version == 2 || time.Since(c.confinedAt) < confineRecheck {
+		return true
+	}
+	if err := c.passesFDs(); err != nil {
+		c.srv.metrics.Error(metrics.FDsRevoked)
+		c.srv.log.Warn("container no longer confined to the peer's PID namespace; closing its fd connection",
+			"container", c.pool.Name(), "pid", c.peer.PID, "err", err)
+		return false
+	}
+	return true
 }
 
 // hostTID translates a TID of the peer's PID namespace into the agent's,
