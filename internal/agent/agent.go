@@ -385,6 +385,9 @@ func (r containerResolver) Holds(p server.Peer, pl *pool.Pool) bool {
 // Processes lists the processes of the container pl serves.
 func (r containerResolver) Processes(pl *pool.Pool) ([]int, error) { return r.a.Processes(pl) }
 
+// Serving names the served container that holds cgroup cg.
+func (r containerResolver) Serving(cg string) string { return r.a.Serving(cg) }
+
 func countSlots(s pool.Summary) int {
 	n := 0
 	for _, q := range s.Quotas {
@@ -561,6 +564,15 @@ func (a *Agent) Processes(pl *pool.Pool) ([]int, error) {
 		return nil, errors.New("container no longer served")
 	}
 	return cg.Processes()
+}
+
+// Serving names the served container that holds cgroup cg ("": none); it
+// never prepares a pool (server.Resolver).
+func (a *Agent) Serving(cg string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, path := a.servingLocked(cg)
+	return path
 }
 
 // servingLocked is the served container that holds cgroup cg (the deepest

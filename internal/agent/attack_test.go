@@ -656,10 +656,11 @@ func TestAttackStalls(t *testing.T) {
 	}
 }
 
-// TestAttackNodeConnectionCap: past the node-wide cap new connections are
-// closed at once, and served again once others close.
-func TestAttackNodeConnectionCap(t *testing.T) {
-	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.MaxConnections = 4 })
+// TestAttackContainerConnectionCap: past a served container's own share of
+// connections its new connections are closed at once, and served again
+// once others close.
+func TestAttackContainerConnectionCap(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.MaxConnectionsPerContainer = 4 })
 	e.start()
 	cgrouptest.JoinProcess(t, e.h, e.rel)
 	var held []net.Conn
@@ -931,4 +932,61 @@ func childNested() (any, error) {
 		return nil, fmt.Errorf("nested child said %q: %w", out, err)
 	}
 	return r, nil
+}
+
+// TestAttackPreHelloFlood (issue 19, finding 2): processes of an
+// unprivileged user outside every served container each hold idle
+// connections without HELLO until the node cap is full. A process of a
+// served container must still have its HELLO answered: each served
+// container has its own share.
+func TestAttackPreHelloFlood(t *testing.T) {
+	const nodeCap, floods, perFlood = 32, 4, 16
+	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.MaxConnections = nodeCap })
+	a := e.start()
+	for i := 0; i < floods; i++ {
+		ch := spawn(t, e.h, "idle", childOpts{unprivileged: true, env: []string{
+			"SOCKET=" + e.socket, "CONNS=" + strconv.Itoa(perFlood)}})
+		var r map[string]int
+		ch.result(t, &r)
+		if r["opened"] != perFlood {
+			t.Fatalf("flood %d: %v", i, r)
+		}
+	}
+	waitFor(t, "the flood to fill the node cap", func() bool {
+		v, _ := metricValue(scrape(t, a), `cpuslot_errors_total{reason="connection_limit"}`)
+		return v > 0
+	})
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	answered := 0
+	for i := 0; i < 10; i++ {
+		c := dialRaw(t, e.socket)
+		c.SetDeadline(time.Now().Add(time.Minute))
+		c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+		var hdr [4]byte
+		if _, err := io.ReadFull(c, hdr[:]); err == nil {
+			answered++
+		}
+		c.Close()
+	}
+	if answered != 10 {
+		t.Fatalf("a served container's process got %d of 10 HELLOs answered while the node cap was full", answered)
+	}
+}
+
+// childIdle opens CONNS connections to SOCKET, says nothing on them, and
+// keeps them until the test ends (its stdin closes).
+func childIdle() (any, error) {
+	n, _ := strconv.Atoi(os.Getenv("CONNS"))
+	var conns []net.Conn
+	for i := 0; i < n; i++ {
+		c, err := net.Dial("unix", os.Getenv("SOCKET"))
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	b, _ := json.Marshal(map[string]int{"opened": len(conns)})
+	fmt.Println(string(b))
+	io.Copy(io.Discard, os.Stdin)
+	return map[string]int{}, nil
 }

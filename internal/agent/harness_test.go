@@ -263,6 +263,8 @@ func runChild(name string) int {
 		res, err = childLive()
 	case "nested":
 		res, err = childNested()
+	case "idle":
+		res, err = childIdle()
 
 	default:
 		err = fmt.Errorf("unknown child %q", name)

@@ -35,8 +35,17 @@ type Peer struct {
 
 // Limits bound what peers can make the server hold (docs/security.md).
 type Limits struct {
-	// MaxConns is the most open connections; more are closed at accept.
+	// MaxConns is the most open connections of peers in no served
+	// container (checked at accept); more are closed at accept.
 	MaxConns int
+	// MaxConnsPerContainer is the most open connections of the processes
+	// of one served container: each container's own share, apart from
+	// MaxConns, so no one else can use it up.
+	MaxConnsPerContainer int
+	// MaxPendingPerUID and MaxPendingPerCgroup bound the connections of
+	// peers in no served container that have not completed HELLO, per
+	// user and per cgroup.
+	MaxPendingPerUID, MaxPendingPerCgroup int
 	// MaxConnsPerProcess is the most open connections of one peer process.
 	MaxConnsPerProcess int
 	// HelloTimeout is how long a connection may take to complete HELLO.
@@ -51,7 +60,8 @@ type Limits struct {
 }
 
 // DefaultLimits hold 250 pods with a few connections per process each.
-var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second}
+var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerContainer: 1024, MaxPendingPerUID: 256, MaxPendingPerCgroup: 256,
+	MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second}
 
 // Resolver finds the pool that serves a peer, or a typed error
 // (NOT_SERVED, NOT_READY).
@@ -63,6 +73,9 @@ type Resolver interface {
 	// Processes lists the processes of the container pl serves, in its
 	// cgroup and below (cgroup v1: what a placement fd could be handed to).
 	Processes(pl *pool.Pool) ([]int, error)
+	// Serving names the served container that holds cgroup cg ("": none),
+	// without preparing anything: a connection is charged to it at accept.
+	Serving(cg string) string
 }
 
 // Server accepts slot-protocol connections.
@@ -79,6 +92,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
+	charges  charges
 	sessions map[processKey]*session
 	closing  bool
 	serving  sync.WaitGroup
@@ -90,7 +104,7 @@ type Server struct {
 func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(),
-		conns: map[*conn]struct{}{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
+		conns: map[*conn]struct{}{}, charges: newCharges(), sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
 	var st unix.Stat_t
 	if unix.Stat("/proc/self/ns/pid", &st) == nil {
 		s.selfNS = st.Ino
@@ -126,19 +140,20 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 			continue
 		}
 		backoff.reset()
+		ch := s.chargeOf(c, r)
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()
 			c.Close()
 			return nil
 		}
-		if len(s.conns) >= s.limits.MaxConns {
+		if !s.charges.admit(&ch, s.limits) {
 			s.mu.Unlock()
 			s.metrics.Error(metrics.ConnectionLimit)
 			c.Close()
 			continue
 		}
-		cn := &conn{srv: s, resolve: r, c: c, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+		cn := &conn{srv: s, resolve: r, c: c, charge: ch, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
 		s.conns[cn] = struct{}{}
 		s.serving.Add(1)
 		s.mu.Unlock()
@@ -234,7 +249,9 @@ type conn struct {
 	srv     *Server
 	resolve Resolver
 	c       *net.UnixConn
-	peer    Peer
+	// charge is what the connection counts against (admit.go).
+	charge charge
+	peer   Peer
 	// pidfd refers to the peer process (-1: the kernel has no pidfds;
 	// start then re-checks the PID).
 	pidfd   int
@@ -276,6 +293,7 @@ func (c *conn) serve() {
 		}
 		c.srv.mu.Lock()
 		delete(c.srv.conns, c)
+		c.srv.charges.drop(&c.charge)
 		c.srv.mu.Unlock()
 	}()
 	if err := c.identify(); err != nil {
@@ -556,6 +574,9 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 	}
 	c.pool = p
 	c.c.SetReadDeadline(time.Time{})
+	c.srv.mu.Lock()
+	c.srv.charges.identified(&c.charge)
+	c.srv.mu.Unlock()
 	if h.Flags&slotv1.HelloFDPassing != 0 {
 		err := c.passesFDs()
 		c.fds = err == nil
