@@ -189,7 +189,7 @@ func (c Config) ServerLimits() server.Limits {
 	return server.Limits{MaxConns: c.Limits.MaxConnections, MaxConnsPerContainer: c.Limits.MaxConnectionsPerContainer,
 		MaxPendingPerUID: c.Limits.MaxPendingHelloPerUID, MaxPendingPerCgroup: c.Limits.MaxPendingHelloPerCgroup,
 		MaxConnsPerProcess: c.Limits.MaxConnectionsPerProcess,
-		HelloTimeout: c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration,
+		HelloTimeout:       c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration,
 		HostNamespaceFDs: c.Limits.HostNamespaceFDs}
 }
 
