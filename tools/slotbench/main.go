@@ -118,6 +118,8 @@ func main() {
 	flag.IntVar(&sp.acquires, "acquires", 5000, "-scale: ACQUIRE samples per phase")
 	flag.IntVar(&sp.flood, "flood", 5000, "-scale: stalled connections the flooding container opens")
 	flag.IntVar(&sp.floodProcs, "flood-procs", 100, "-scale: processes of the flooding container the connections are spread over")
+	flag.IntVar(&sp.outsideProcs, "outside-procs", 70, "-scale: processes outside every served container, each its own user and cgroup, holding idle connections without HELLO (0: no such phase)")
+	flag.IntVar(&sp.outsideConns, "outside-conns", 63, "-scale: idle connections each of -outside-procs holds, reopening any closed")
 	flag.Parse()
 	if os.Getenv("SLOTBENCH_CLIENT") != "" {
 		clientMain()
