@@ -323,6 +323,13 @@ func connectedByChild(t *testing.T, e *env, rel string, frames ...slotv1.Message
 // returns the other end.
 func startPaired(t *testing.T, e *env, rel string, sockType int, env ...string) (*exec.Cmd, *net.UnixConn) {
 	t.Helper()
+	return startPairedIn(t, e, rel, false, sockType, env...)
+}
+
+// startPairedIn is startPaired, with the child in a PID namespace of its
+// own (as in a pod) when newPIDNS.
+func startPairedIn(t *testing.T, e *env, rel string, newPIDNS bool, sockType int, env ...string) (*exec.Cmd, *net.UnixConn) {
+	t.Helper()
 	sp, err := unix.Socketpair(unix.AF_UNIX, sockType, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -336,6 +343,9 @@ func startPaired(t *testing.T, e *env, rel string, sockType int, env ...string) 
 	cmd.Env = append(os.Environ(), env...)
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stderr = testWriter{t}
+	if newPIDNS {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	}
 	stdin, _ := cmd.StdinPipe()
 	if err := e.h.StartIn(cmd, rel); err != nil {
 		t.Fatal(err)
@@ -777,7 +787,14 @@ type liveChild struct {
 // long as the child.
 func startLive(t *testing.T, e *env, rel string, n int) *liveChild {
 	t.Helper()
-	cmd, pair := startPaired(t, e, rel, unix.SOCK_SEQPACKET, "CPUSLOT_CHILD=live", "THREADS="+strconv.Itoa(n))
+	return startLiveIn(t, e, rel, false, n)
+}
+
+// startLiveIn is startLive, with the child in a PID namespace of its own
+// when newPIDNS.
+func startLiveIn(t *testing.T, e *env, rel string, newPIDNS bool, n int) *liveChild {
+	t.Helper()
+	cmd, pair := startPairedIn(t, e, rel, newPIDNS, unix.SOCK_SEQPACKET, "CPUSLOT_CHILD=live", "THREADS="+strconv.Itoa(n))
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	l := &liveChild{pair: pair, pid: cmd.Process.Pid}
 	t.Cleanup(func() { l.pair.Close() })
@@ -989,4 +1006,50 @@ func childIdle() (any, error) {
 	fmt.Println(string(b))
 	io.Copy(io.Discard, os.Stdin)
 	return map[string]int{}, nil
+}
+
+// TestAttackFDsAfterHostProcessJoins (issue 19, finding 1): a pod-like
+// peer holds a fd connection; then a process in the host's PID namespace
+// joins its container (as a runtime's exec into a host-namespace container
+// would). The peer's namespace no longer holds the whole container, so its
+// next ACQUIRE after the recheck interval (1 s) closes the connection
+// (fds_revoked), and a new HELLO gets AGENT_PLACES.
+func TestAttackFDsAfterHostProcessJoins(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	a := e.start()
+	if e.h.Version == 2 {
+		t.Skip("v2: placement fds are bounded by the kernel")
+	}
+	l := startLiveIn(t, e, e.rel, true, 1)
+	hello := func(c net.Conn) *slotv1.HelloOK {
+		c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+		ok, isOK := readResp(t, c).(*slotv1.HelloOK)
+		if !isOK {
+			t.Fatal("hello refused")
+		}
+		return ok
+	}
+	c := l.dial(t, e.socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if ok := hello(c); ok.Flags&slotv1.HelloOKAgentPlaces != 0 {
+		t.Fatalf("a peer whose namespace holds its container got AGENT_PLACES: %+v", ok)
+	}
+	host := exec.Command("sleep", "1000")
+	if err := e.h.StartIn(host, e.rel); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Process.Kill(); host.Wait() })
+	time.Sleep(1100 * time.Millisecond) // the recheck interval, and a little
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: uint32(l.tids[0])}))
+	if _, err := io.ReadAll(c); !closedByAgent(err) {
+		t.Fatalf("the fd connection was not closed once a host process joined the container: %v", err)
+	}
+	if v, _ := metricValue(scrape(t, a), `cpuslot_errors_total{reason="fds_revoked"}`); v != 1 {
+		t.Fatalf("fds_revoked = %v, want 1", v)
+	}
+	c2 := l.dial(t, e.socket)
+	c2.SetDeadline(time.Now().Add(time.Minute))
+	if ok := hello(c2); ok.Flags&slotv1.HelloOKAgentPlaces == 0 {
+		t.Fatalf("a new HELLO got fds while a host process is in the container: %+v", ok)
+	}
 }
