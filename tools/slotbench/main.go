@@ -547,8 +547,9 @@ func startClient(h *cgroup.Hierarchy, rel, socket string, v variant) (*benchClie
 	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket, "SLOTBENCH_LINGER="+v.linger.String(),
 		"SLOTBENCH_LOCAL="+strconv.FormatBool(v.local))
 	cmd.Stderr = os.Stderr
-	// A client runs in a PID namespace of its own, as in a pod: on v1 the
-	// agent passes placement fds only to such peers (docs/security.md).
+	// A client runs in a PID namespace of its own, as in a pod, alone in
+	// its cgroup: on v1 the agent passes placement fds only to a peer
+	// whose PID namespace holds its whole container (docs/security.md).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
 	in, err := cmd.StdinPipe()
 	if err != nil {
