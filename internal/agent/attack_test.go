@@ -958,7 +958,12 @@ func childNested() (any, error) {
 // container has its own share.
 func TestAttackPreHelloFlood(t *testing.T) {
 	const nodeCap, floods, perFlood = 32, 4, 16
-	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.MaxConnections = nodeCap })
+	e := newEnv(t, 0, func(c *agent.Config) {
+		c.Limits.MaxConnections = nodeCap
+		// The flood's connections stay until the test ends, however slow
+		// the machine is to start the flooders.
+		c.Limits.HelloTimeout = agent.Duration{Duration: time.Hour}
+	})
 	a := e.start()
 	for i := 0; i < floods; i++ {
 		ch := spawn(t, e.h, "idle", childOpts{unprivileged: true, env: []string{
