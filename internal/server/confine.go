@@ -23,9 +23,17 @@ import (
 // beyond its PID namespace, or that namespace's init lives elsewhere.
 var errNotConfined = errors.New("PID namespace does not hold the whole container")
 
-// confineRecheck is how often a connection that holds fds has its
-// container checked again, before its next ACQUIRE or RECLAIM.
+// confineRecheck is how long a check stands: a connection that holds fds
+// has its container checked again at its first ACQUIRE or RECLAIM after
+// it, and a HELLO within it reuses its pool's last check.
 const confineRecheck = time.Second
+
+// confineResult is one check of a pool's container for namespace ns.
+type confineResult struct {
+	ns  uint64
+	at  time.Time
+	err error
+}
 
 // nsGetParent is ioctl_ns(2)'s NS_GET_PARENT, _IO(0xb7, 0x2): a new fd of
 // the parent of the PID namespace a fd refers to.

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -90,21 +91,23 @@ type Server struct {
 	selfNS uint64
 	guard  *selfGuard
 
-	mu       sync.Mutex
-	conns    map[*conn]struct{}
-	charges  charges
-	sessions map[processKey]*session
-	closing  bool
-	serving  sync.WaitGroup
-	ctx      context.Context
-	cancel   context.CancelFunc
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	charges charges
+	// confinedCache holds the last v1 fd rule check per pool.
+	confinedCache map[*pool.Pool]confineResult
+	sessions      map[processKey]*session
+	closing       bool
+	serving       sync.WaitGroup
+	ctx           context.Context
+	cancel        context.CancelFunc
 }
 
 // New makes a server.
 func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(),
-		conns: map[*conn]struct{}{}, charges: newCharges(), sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
+		conns: map[*conn]struct{}{}, charges: newCharges(), confinedCache: map[*pool.Pool]confineResult{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
 	var st unix.Stat_t
 	if unix.Stat("/proc/self/ns/pid", &st) == nil {
 		s.selfNS = st.Ino
@@ -259,8 +262,12 @@ type conn struct {
 	session *session
 	pool    *pool.Pool
 	fds     bool // the client takes fds
-	// confinedAt is when the v1 rule for fds was last checked (passesFDs).
-	confinedAt time.Time
+	// confine: the connection got fds by the v1 rule (passesFDs), which
+	// is checked again; confinedAt is when it last was (unix ns), and
+	// rechecking is set while a check runs.
+	confine    bool
+	confinedAt atomic.Int64
+	rechecking atomic.Bool
 	// local: the client was granted LOCAL (HOLD leases, USAGE reports).
 	local bool
 	// seen holds the slots whose fds this connection was sent.
@@ -523,7 +530,8 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	}
 	switch m := f.Msg.(type) {
 	case *slotv1.Acquire:
-		return c.stillConfined() && c.acquire(f.Request, m)
+		c.recheckConfined()
+		return c.acquire(f.Request, m)
 	case *slotv1.Release:
 		u, err := c.pool.Release(c.session, m.Lease, ending(m.Outcome))
 		if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
@@ -538,7 +546,8 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		return c.send(f.Request, &slotv1.ReleaseOK{CPUNanos: u.CPUNanos, ThrottledNanos: u.ThrottledNanos,
 			Periods: u.Periods, ThrottledPeriods: u.ThrottledPeriods}, nil)
 	case *slotv1.Reclaim:
-		return c.stillConfined() && c.reclaim(f.Request, m)
+		c.recheckConfined()
+		return c.reclaim(f.Request, m)
 	case *slotv1.Usage:
 		return c.usage(f.Request, m)
 	case *slotv1.HeldRequest:
@@ -746,33 +755,62 @@ func (c *conn) passesFDs() error {
 	if c.peer.NS == s.selfNS {
 		return errors.New("the peer is in the agent's PID namespace")
 	}
-	procs, err := c.resolve.Processes(c.pool)
-	if err != nil {
+	if err := s.confinedPool(c.peer.NS, c.pool, c.resolve); err != nil {
 		return err
 	}
-	if err := confined(c.peer.NS, procs); err != nil {
-		return err
-	}
-	c.confinedAt = time.Now()
+	c.confine = true
+	c.confinedAt.Store(time.Now().UnixNano())
 	return c.alive() // the namespace read at accept is the peer's
 }
 
-// stillConfined checks again, at most every confineRecheck, that a v1
-// connection holding fds still meets passesFDs: the container may have
-// gained a process outside the peer's namespace (the runtime's exec into
-// a host-namespace container). If not, the connection is closed; the
-// client's next HELLO gets AGENT_PLACES.
-func (c *conn) stillConfined() bool {
-	if !c.fds || c.srv.hierarchy.Version == 2 || time.Since(c.confinedAt) < confineRecheck {
-		return true
+// recheckConfined checks again, at most every confineRecheck and off the
+// request's path, that a v1 connection holding fds still meets passesFDs:
+// the container may have gained a process outside the peer's namespace
+// (the runtime's exec into a host-namespace container). If not, the
+// connection is closed; the client's next HELLO gets AGENT_PLACES.
+func (c *conn) recheckConfined() {
+	if !c.fds || !c.confine || time.Since(time.Unix(0, c.confinedAt.Load())) < confineRecheck ||
+		!c.rechecking.CompareAndSwap(false, true) {
+		return
 	}
-	if err := c.passesFDs(); err != nil {
+	go func() {
+		defer c.rechecking.Store(false)
+		err := c.srv.confinedPool(c.peer.NS, c.pool, c.resolve)
+		if err == nil {
+			c.confinedAt.Store(time.Now().UnixNano())
+			return
+		}
 		c.srv.metrics.Error(metrics.FDsRevoked)
 		c.srv.log.Warn("container no longer confined to the peer's PID namespace; closing its fd connection",
 			"container", c.pool.Name(), "pid", c.peer.PID, "err", err)
-		return false
+		c.c.Close()
+	}()
+}
+
+// confinedPool is confined for the processes of the container pl serves,
+// remembered for confineRecheck per pool and namespace, so that the
+// connections of one pod share one walk of its cgroups.
+func (s *Server) confinedPool(ns uint64, pl *pool.Pool, r Resolver) error {
+	now := time.Now()
+	s.mu.Lock()
+	if e, ok := s.confinedCache[pl]; ok && e.ns == ns && now.Sub(e.at) < confineRecheck {
+		s.mu.Unlock()
+		return e.err
 	}
-	return true
+	s.mu.Unlock()
+	procs, err := r.Processes(pl)
+	if err == nil {
+		err = confined(ns, procs)
+	}
+	s.mu.Lock()
+	for p, e := range s.confinedCache {
+		if now.Sub(e.at) >= confineRecheck {
+			delete(s.confinedCache, p) // stale, perhaps of a pool that is gone
+		}
+	}
+	s.confinedCache[pl] = confineResult{ns: ns, at: now, err: err}
+	s.mu.Unlock()
+	return err
 }
 
 // hostTID translates a TID of the peer's PID namespace into the agent's,
