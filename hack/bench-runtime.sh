@@ -35,7 +35,6 @@
 set -euo pipefail
 
 export DEMO_CG=/cpuslot-bench
-export RUNTIME_PIDNS=1
 export CPUSLOT_DEMO_WORK="${CPUSLOT_DEMO_WORK:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.cache/bench-runtime}"
 # shellcheck source=hack/demo.sh
 source "$(dirname "${BASH_SOURCE[0]}")/demo.sh"

@@ -12,6 +12,8 @@
 #
 # Safe to run again: leftovers of an interrupted run are removed first.
 # Environment: CPUSLOT_DEMO_SECONDS (length of each CPU run, default 5),
+#              RUNTIME_PIDNS=0 (the runtime in the host's PID namespace: on cgroup v1 the agent
+#              then places every thread itself, the slow path; default 1, a namespace of its own),
 #              CPUSLOT_DEMO_WORK (scratch dir, default <repo>/.cache/demo),
 #              CPUSLOT_NO_INSTALL=1 (only check for the tools, install nothing).
 #
@@ -204,12 +206,18 @@ start_runtime() {
 	metrics="$(free_port $((port + 1000)))"
 	cg_create "$cg"
 	# the runtime's own lines into its log file; OpenWhisk /run from several client threads at once
-	# RUNTIME_PIDNS=1: in a PID namespace of its own, as in a pod (on cgroup v1 the agent passes
-	# slot fds only to such peers: without them it places threads itself; docs/security.md)
-	local pidns=()
-	[ "${RUNTIME_PIDNS:-0}" = 1 ] && pidns=(unshare --pid --fork --kill-child=SIGTERM)
-	start_in_cgroup "$name" "$cg" "${pidns[@]}" env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@" \
-		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m -Dpolyglot.engine.WarnInterpreterOnly=false -jar "$RUNTIME_JAR"
+	local cmd=(env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@"
+		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m -Dpolyglot.engine.WarnInterpreterOnly=false -jar "$RUNTIME_JAR")
+	if [ "${RUNTIME_PIDNS:-1}" = 1 ]; then
+		# In a PID namespace of its own, as in a pod: on cgroup v1 the agent passes slot fds only
+		# to a peer whose PID namespace holds every process of its cgroup (docs/security.md), so
+		# unshare stays outside the cgroup and the JVM, the namespace's PID 1, joins it itself.
+		unshare --pid --fork --kill-child=SIGTERM sh -c "$(cg_join_snippet "$cg") exec \"\$@\"" sh "${cmd[@]}" >"$WORK/$name.log" 2>&1 &
+		echo $! >"$WORK/$name.pid"
+	else
+		# RUNTIME_PIDNS=0: in the host's PID namespace; the agent then places every thread itself
+		start_in_cgroup "$name" "$cg" "${cmd[@]}"
+	fi
 	wait_http "http://127.0.0.1:$metrics/metrics" "the runtime ($name)" "$WORK/$name.pid"
 	printf -v "${name^^}_PORT" '%s' "$port"
 	printf -v "${name^^}_METRICS" '%s' "$metrics"
@@ -304,7 +312,7 @@ main() {
 	info "node agent: serves every process in a cgroup below $DEMO_CG; slots kept ready: 200m, 300m, 500m, 1 core (2 each)"
 	info "            socket $AGENT_SOCK, metrics http://127.0.0.1:$AGENT_HTTP/metrics"
 	start_runtime rt "$DEMO_CG/runtime" CPUSLOT_SOCKET="$AGENT_SOCK"
-	info "runtime:    JVM pid $(cat "$WORK/rt.pid") in cgroup $DEMO_CG/runtime, HTTP :$RT_PORT (OpenWhisk, Knative, Hydra), metrics :$RT_METRICS"
+	info "runtime:    JVM in cgroup $DEMO_CG/runtime, HTTP :$RT_PORT (OpenWhisk, Knative, Hydra), metrics :$RT_METRICS$([ "${RUNTIME_PIDNS:-1}" = 1 ] && echo ", PID 1 of a PID namespace of its own")"
 
 	say "Registering the sample functions (Hydra /register; the quota is the function's CPU limit per invocation)"
 	register "$RT_PORT" hello HelloWorld 200m

@@ -384,6 +384,12 @@ func (r containerResolver) Holds(p server.Peer, pl *pool.Pool) bool {
 	return s != nil && s.pool == pl && r.a.Holds(p, pl)
 }
 
+// Processes lists the processes of the container pl serves.
+func (r containerResolver) Processes(pl *pool.Pool) ([]int, error) { return r.a.Processes(pl) }
+
+// Serving names the served container that holds cgroup cg.
+func (r containerResolver) Serving(cg string) string { return r.a.Serving(cg) }
+
 func countSlots(s pool.Summary) int {
 	n := 0
 	for _, q := range s.Quotas {
@@ -542,6 +548,33 @@ func (a *Agent) Holds(p server.Peer, pl *pool.Pool) bool {
 	defer a.mu.Unlock()
 	best, _ := a.servingLocked(cg)
 	return best != nil && best.pool == pl && !pl.Stale()
+}
+
+// Processes lists the processes of the container pl serves, in its cgroup
+// and below (server.Resolver).
+func (a *Agent) Processes(pl *pool.Pool) ([]int, error) {
+	a.mu.Lock()
+	var cg *cgroup.Container
+	for _, s := range a.containers {
+		if s.pool == pl {
+			cg = s.cg
+			break
+		}
+	}
+	a.mu.Unlock()
+	if cg == nil {
+		return nil, errors.New("container no longer served")
+	}
+	return cg.Processes()
+}
+
+// Serving names the served container that holds cgroup cg ("": none); it
+// never prepares a pool (server.Resolver).
+func (a *Agent) Serving(cg string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, path := a.servingLocked(cg)
+	return path
 }
 
 // servingLocked is the served container that holds cgroup cg (the deepest

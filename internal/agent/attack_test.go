@@ -323,6 +323,13 @@ func connectedByChild(t *testing.T, e *env, rel string, frames ...slotv1.Message
 // returns the other end.
 func startPaired(t *testing.T, e *env, rel string, sockType int, env ...string) (*exec.Cmd, *net.UnixConn) {
 	t.Helper()
+	return startPairedIn(t, e, rel, false, sockType, env...)
+}
+
+// startPairedIn is startPaired, with the child in a PID namespace of its
+// own (as in a pod) when newPIDNS.
+func startPairedIn(t *testing.T, e *env, rel string, newPIDNS bool, sockType int, env ...string) (*exec.Cmd, *net.UnixConn) {
+	t.Helper()
 	sp, err := unix.Socketpair(unix.AF_UNIX, sockType, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -336,6 +343,9 @@ func startPaired(t *testing.T, e *env, rel string, sockType int, env ...string) 
 	cmd.Env = append(os.Environ(), env...)
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stderr = testWriter{t}
+	if newPIDNS {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	}
 	stdin, _ := cmd.StdinPipe()
 	if err := e.h.StartIn(cmd, rel); err != nil {
 		t.Fatal(err)
@@ -665,10 +675,11 @@ func TestAttackStalls(t *testing.T) {
 	}
 }
 
-// TestAttackNodeConnectionCap: past the node-wide cap new connections are
-// closed at once, and served again once others close.
-func TestAttackNodeConnectionCap(t *testing.T) {
-	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.MaxConnections = 4 })
+// TestAttackContainerConnectionCap: past a served container's own share of
+// connections its new connections are closed at once, and served again
+// once others close.
+func TestAttackContainerConnectionCap(t *testing.T) {
+	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.MaxConnectionsPerContainer = 4 })
 	e.start()
 	cgrouptest.JoinProcess(t, e.h, e.rel)
 	var held []net.Conn
@@ -785,7 +796,14 @@ type liveChild struct {
 // long as the child.
 func startLive(t *testing.T, e *env, rel string, n int) *liveChild {
 	t.Helper()
-	cmd, pair := startPaired(t, e, rel, unix.SOCK_SEQPACKET, "CPUSLOT_CHILD=live", "THREADS="+strconv.Itoa(n))
+	return startLiveIn(t, e, rel, false, n)
+}
+
+// startLiveIn is startLive, with the child in a PID namespace of its own
+// when newPIDNS.
+func startLiveIn(t *testing.T, e *env, rel string, newPIDNS bool, n int) *liveChild {
+	t.Helper()
+	cmd, pair := startPairedIn(t, e, rel, newPIDNS, unix.SOCK_SEQPACKET, "CPUSLOT_CHILD=live", "THREADS="+strconv.Itoa(n))
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	l := &liveChild{pair: pair, pid: cmd.Process.Pid}
 	t.Cleanup(func() { l.pair.Close() })
@@ -959,5 +977,167 @@ func TestAttackDebugPoolsFromPodNetwork(t *testing.T) {
 	a = e.start()
 	if code, body := get(a, "/debug/pools", "10.244.1.7:40312"); code != 200 || !strings.Contains(body, e.rel) {
 		t.Errorf("/debug/pools from the pod network with debugPoolsRemote: %d %q", code, body)
+	}
+}
+
+// TestAttackNestedNamespaceFDs (issue 19, finding 1): a process of a
+// served container that lives in the host's PID namespace forks a child
+// into a new user and PID namespace (no privilege needed) and has it ask
+// for placement fds. On v1 such a fd could be handed back to the parent,
+// which names every process of the node. The child must get AGENT_PLACES
+// and no fd: its namespace is not the one that holds all of its
+// container's processes.
+func TestAttackNestedNamespaceFDs(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	e.start()
+	if e.h.Version == 2 {
+		t.Skip("v2: placement fds are bounded by the kernel")
+	}
+	ch := spawn(t, e.h, "nested", childOpts{cgroup: e.rel, unprivileged: true, env: []string{
+		"SOCKET=" + e.socket, "FRAMES=" + hexFrames(t,
+			&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing},
+			&slotv1.Acquire{QuotaMilli: 250, TID: 1})}})
+	var r rawResult
+	ch.result(t, &r)
+	t.Logf("nested child: %+v", r)
+	if r.Error != "" || len(r.Responses) == 0 {
+		t.Fatalf("nested child: %+v", r)
+	}
+	if r.FDs != 0 {
+		t.Fatalf("a namespace nested in a host-namespace container got %d placement fds: %v", r.FDs, r.Responses)
+	}
+	if !strings.Contains(r.Responses[0], fmt.Sprintf("flags=%d", slotv1.HelloOKAgentPlaces)) {
+		t.Fatalf("HELLO_OK without AGENT_PLACES: %v", r.Responses)
+	}
+}
+
+// childNested stays in the caller's PID namespace and runs the raw child
+// in a new user and PID namespace, as an unprivileged process can.
+func childNested() (any, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CPUSLOT_CHILD=raw")
+	cmd.Stdin = strings.NewReader("go\n")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID}
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("nested child: %w (%s)", err, out)
+	}
+	var r rawResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		return nil, fmt.Errorf("nested child said %q: %w", out, err)
+	}
+	return r, nil
+}
+
+// TestAttackPreHelloFlood (issue 19, finding 2): processes of an
+// unprivileged user outside every served container each hold idle
+// connections without HELLO until the node cap is full. A process of a
+// served container must still have its HELLO answered: each served
+// container has its own share.
+func TestAttackPreHelloFlood(t *testing.T) {
+	const nodeCap, floods, perFlood = 32, 4, 16
+	e := newEnv(t, 0, func(c *agent.Config) {
+		c.Limits.MaxConnections = nodeCap
+		// The flood's connections stay until the test ends, however slow
+		// the machine is to start the flooders.
+		c.Limits.HelloTimeout = agent.Duration{Duration: time.Hour}
+	})
+	a := e.start()
+	for i := 0; i < floods; i++ {
+		ch := spawn(t, e.h, "idle", childOpts{unprivileged: true, env: []string{
+			"SOCKET=" + e.socket, "CONNS=" + strconv.Itoa(perFlood)}})
+		var r map[string]int
+		ch.result(t, &r)
+		if r["opened"] != perFlood {
+			t.Fatalf("flood %d: %v", i, r)
+		}
+	}
+	waitFor(t, "the flood to fill the node cap", func() bool {
+		v, _ := metricValue(scrape(t, a), `cpuslot_errors_total{reason="connection_limit"}`)
+		return v > 0
+	})
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	answered := 0
+	for i := 0; i < 10; i++ {
+		c := dialRaw(t, e.socket)
+		c.SetDeadline(time.Now().Add(time.Minute))
+		c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+		var hdr [4]byte
+		if _, err := io.ReadFull(c, hdr[:]); err == nil {
+			answered++
+		}
+		c.Close()
+	}
+	if answered != 10 {
+		t.Fatalf("a served container's process got %d of 10 HELLOs answered while the node cap was full", answered)
+	}
+}
+
+// childIdle opens CONNS connections to SOCKET, says nothing on them, and
+// keeps them until the test ends (its stdin closes).
+func childIdle() (any, error) {
+	n, _ := strconv.Atoi(os.Getenv("CONNS"))
+	var conns []net.Conn
+	for i := 0; i < n; i++ {
+		c, err := net.Dial("unix", os.Getenv("SOCKET"))
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	b, _ := json.Marshal(map[string]int{"opened": len(conns)})
+	fmt.Println(string(b))
+	io.Copy(io.Discard, os.Stdin)
+	return map[string]int{}, nil
+}
+
+// TestAttackFDsAfterHostProcessJoins (issue 19, finding 1): a pod-like
+// peer holds a fd connection; then a process in the host's PID namespace
+// joins its container (as a runtime's exec into a host-namespace container
+// would). The peer's namespace no longer holds the whole container, so its
+// next ACQUIRE after the recheck interval (1 s) closes the connection
+// (fds_revoked), and a new HELLO gets AGENT_PLACES.
+func TestAttackFDsAfterHostProcessJoins(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	a := e.start()
+	if e.h.Version == 2 {
+		t.Skip("v2: placement fds are bounded by the kernel")
+	}
+	l := startLiveIn(t, e, e.rel, true, 1)
+	hello := func(c net.Conn) *slotv1.HelloOK {
+		c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+		ok, isOK := readResp(t, c).(*slotv1.HelloOK)
+		if !isOK {
+			t.Fatal("hello refused")
+		}
+		return ok
+	}
+	c := l.dial(t, e.socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if ok := hello(c); ok.Flags&slotv1.HelloOKAgentPlaces != 0 {
+		t.Fatalf("a peer whose namespace holds its container got AGENT_PLACES: %+v", ok)
+	}
+	host := exec.Command("sleep", "1000")
+	if err := e.h.StartIn(host, e.rel); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Process.Kill(); host.Wait() })
+	time.Sleep(1100 * time.Millisecond) // the recheck interval, and a little
+	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: uint32(l.tids[0])}))
+	if _, err := io.ReadAll(c); !closedByAgent(err) {
+		t.Fatalf("the fd connection was not closed once a host process joined the container: %v", err)
+	}
+	if v, _ := metricValue(scrape(t, a), `cpuslot_errors_total{reason="fds_revoked"}`); v != 1 {
+		t.Fatalf("fds_revoked = %v, want 1", v)
+	}
+	c2 := l.dial(t, e.socket)
+	c2.SetDeadline(time.Now().Add(time.Minute))
+	if ok := hello(c2); ok.Flags&slotv1.HelloOKAgentPlaces == 0 {
+		t.Fatalf("a new HELLO got fds while a host process is in the container: %+v", ok)
 	}
 }

@@ -46,8 +46,17 @@ type Config struct {
 
 // LimitsConfig bounds the resources peers can make the agent hold.
 type LimitsConfig struct {
-	// MaxConnections is the most open connections on the node.
+	// MaxConnections is the most open connections on the node of peers in
+	// no served container.
 	MaxConnections int `json:"maxConnections"`
+	// MaxConnectionsPerContainer is each served container's own share of
+	// connections, apart from MaxConnections.
+	MaxConnectionsPerContainer int `json:"maxConnectionsPerContainer"`
+	// MaxPendingHelloPerUID and MaxPendingHelloPerCgroup bound the
+	// connections without a completed HELLO of peers in no served
+	// container, per user and per cgroup.
+	MaxPendingHelloPerUID    int `json:"maxPendingHelloPerUID"`
+	MaxPendingHelloPerCgroup int `json:"maxPendingHelloPerCgroup"`
 	// MaxConnectionsPerProcess is the most open connections per peer process.
 	MaxConnectionsPerProcess int `json:"maxConnectionsPerProcess"`
 	// HelloTimeout is how long a new connection may take to complete HELLO.
@@ -152,7 +161,8 @@ func DefaultConfig() Config {
 		Pool:          c.Pool,
 		Admission:     c.Admission,
 		MaxContainers: DefaultMaxContainers,
-		Limits: LimitsConfig{MaxConnections: 4096, MaxConnectionsPerProcess: 64,
+		Limits: LimitsConfig{MaxConnections: 4096, MaxConnectionsPerContainer: 1024, MaxPendingHelloPerUID: 256,
+			MaxPendingHelloPerCgroup: 256, MaxConnectionsPerProcess: 64,
 			HelloTimeout: Duration{10 * time.Second}, FrameTimeout: Duration{10 * time.Second}},
 		ReapInterval: Duration{10 * time.Second},
 		Kubernetes: KubernetesConfig{
@@ -180,8 +190,10 @@ func LoadConfig(path string) (Config, error) {
 
 // ServerLimits are the connection limits for the server.
 func (c Config) ServerLimits() server.Limits {
-	return server.Limits{MaxConns: c.Limits.MaxConnections, MaxConnsPerProcess: c.Limits.MaxConnectionsPerProcess,
-		HelloTimeout: c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration,
+	return server.Limits{MaxConns: c.Limits.MaxConnections, MaxConnsPerContainer: c.Limits.MaxConnectionsPerContainer,
+		MaxPendingPerUID: c.Limits.MaxPendingHelloPerUID, MaxPendingPerCgroup: c.Limits.MaxPendingHelloPerCgroup,
+		MaxConnsPerProcess: c.Limits.MaxConnectionsPerProcess,
+		HelloTimeout:       c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration,
 		HostNamespaceFDs: c.Limits.HostNamespaceFDs}
 }
 
@@ -191,6 +203,12 @@ func (c Config) checkLimits() error {
 	switch {
 	case l.MaxConnections < 1:
 		return fmt.Errorf("limits.maxConnections %d: must be at least 1", l.MaxConnections)
+	case l.MaxConnectionsPerContainer < 1:
+		return fmt.Errorf("limits.maxConnectionsPerContainer %d: must be at least 1", l.MaxConnectionsPerContainer)
+	case l.MaxPendingHelloPerUID < 1:
+		return fmt.Errorf("limits.maxPendingHelloPerUID %d: must be at least 1", l.MaxPendingHelloPerUID)
+	case l.MaxPendingHelloPerCgroup < 1:
+		return fmt.Errorf("limits.maxPendingHelloPerCgroup %d: must be at least 1", l.MaxPendingHelloPerCgroup)
 	case l.MaxConnectionsPerProcess < 1:
 		return fmt.Errorf("limits.maxConnectionsPerProcess %d: must be at least 1", l.MaxConnectionsPerProcess)
 	case l.HelloTimeout.Duration <= 0:

@@ -285,6 +285,10 @@ func runChild(name string) int {
 		res, err = childPass()
 	case "live":
 		res, err = childLive()
+	case "nested":
+		res, err = childNested()
+	case "idle":
+		res, err = childIdle()
 
 	default:
 		err = fmt.Errorf("unknown child %q", name)

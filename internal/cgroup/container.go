@@ -527,3 +527,50 @@ func (h *Hierarchy) RemoveAllSlots(under string) (int, error) {
 	}
 	return n, errors.Join(errs...)
 }
+
+// MaxProcesses bounds Processes: a container with more is not listed.
+const MaxProcesses = 1 << 16
+
+// ErrTooManyProcesses: the container holds more than MaxProcesses
+// processes.
+var ErrTooManyProcesses = errors.New("container holds too many processes to list")
+
+// Processes lists the processes (thread-group ids) in the container's
+// cgroup and every cgroup below it (its slots included) in the cpu
+// hierarchy. A process whose threads sit in several of them is listed once
+// per cgroup.
+func (c *Container) Processes() ([]int, error) {
+	var pids []int
+	err := c.processesIn(".", 0, &pids)
+	return pids, c.gone(err)
+}
+
+func (c *Container) processesIn(rel string, depth int, pids *[]int) error {
+	lines, err := c.linesAt(0, rel+"/cgroup.procs")
+	if err != nil {
+		return err
+	}
+	for _, l := range lines {
+		pid, err := strconv.Atoi(l)
+		if err != nil {
+			return fmt.Errorf("cgroup %s/%s: bad pid %q", c.Path, rel, l)
+		}
+		*pids = append(*pids, pid)
+	}
+	if len(*pids) > MaxProcesses {
+		return fmt.Errorf("cgroup %s: %w (more than %d)", c.Path, ErrTooManyProcesses, MaxProcesses)
+	}
+	if depth >= maxWalkDepth {
+		return fmt.Errorf("cgroup %s/%s: deeper than %d levels", c.Path, rel, maxWalkDepth)
+	}
+	names, err := c.subdirsOf(0, rel)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := c.processesIn(rel+"/"+n, depth+1, pids); err != nil {
+			return err
+		}
+	}
+	return nil
+}

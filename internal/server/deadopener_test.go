@@ -59,8 +59,10 @@ func openAndPass(sock, hello string) int {
 // oneResolver serves every peer from one pool.
 type oneResolver struct{ p *pool.Pool }
 
-func (r oneResolver) Resolve(Peer) (*pool.Pool, error) { return r.p, nil }
-func (r oneResolver) Holds(Peer, *pool.Pool) bool      { return true }
+func (r oneResolver) Resolve(Peer) (*pool.Pool, error)    { return r.p, nil }
+func (r oneResolver) Holds(Peer, *pool.Pool) bool         { return true }
+func (r oneResolver) Processes(*pool.Pool) ([]int, error) { return nil, nil }
+func (r oneResolver) Serving(string) string               { return "" }
 
 // deadOpenersConn has a child process connect, say HELLO with flags and
 // exit; it returns the connection, which the test keeps.

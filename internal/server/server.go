@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -35,8 +36,17 @@ type Peer struct {
 
 // Limits bound what peers can make the server hold (docs/security.md).
 type Limits struct {
-	// MaxConns is the most open connections; more are closed at accept.
+	// MaxConns is the most open connections of peers in no served
+	// container (checked at accept); more are closed at accept.
 	MaxConns int
+	// MaxConnsPerContainer is the most open connections of the processes
+	// of one served container: each container's own share, apart from
+	// MaxConns, so no one else can use it up.
+	MaxConnsPerContainer int
+	// MaxPendingPerUID and MaxPendingPerCgroup bound the connections of
+	// peers in no served container that have not completed HELLO, per
+	// user and per cgroup.
+	MaxPendingPerUID, MaxPendingPerCgroup int
 	// MaxConnsPerProcess is the most open connections of one peer process.
 	MaxConnsPerProcess int
 	// HelloTimeout is how long a connection may take to complete HELLO.
@@ -51,7 +61,8 @@ type Limits struct {
 }
 
 // DefaultLimits hold 250 pods with a few connections per process each.
-var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second}
+var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerContainer: 1024, MaxPendingPerUID: 256, MaxPendingPerCgroup: 256,
+	MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second}
 
 // Resolver finds the pool that serves a peer, or a typed error
 // (NOT_SERVED, NOT_READY).
@@ -60,6 +71,12 @@ type Resolver interface {
 	// Holds reports whether the peer is still a process of the container
 	// pl serves, without preparing anything.
 	Holds(p Peer, pl *pool.Pool) bool
+	// Processes lists the processes of the container pl serves, in its
+	// cgroup and below (cgroup v1: what a placement fd could be handed to).
+	Processes(pl *pool.Pool) ([]int, error)
+	// Serving names the served container that holds cgroup cg ("": none),
+	// without preparing anything: a connection is charged to it at accept.
+	Serving(cg string) string
 }
 
 // Server accepts slot-protocol connections.
@@ -77,20 +94,23 @@ type Server struct {
 	// (tests turn it off to reach the per-request check alone).
 	watchExits bool
 
-	mu       sync.Mutex
-	conns    map[*conn]struct{}
-	sessions map[processKey]*session
-	closing  bool
-	serving  sync.WaitGroup
-	ctx      context.Context
-	cancel   context.CancelFunc
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	charges charges
+	// confinedCache holds the last v1 fd rule check per pool.
+	confinedCache map[*pool.Pool]confineResult
+	sessions      map[processKey]*session
+	closing       bool
+	serving       sync.WaitGroup
+	ctx           context.Context
+	cancel        context.CancelFunc
 }
 
 // New makes a server.
 func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(), watchExits: true,
-		conns: map[*conn]struct{}{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
+		conns: map[*conn]struct{}{}, charges: newCharges(), confinedCache: map[*pool.Pool]confineResult{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
 	var st unix.Stat_t
 	if unix.Stat("/proc/self/ns/pid", &st) == nil {
 		s.selfNS = st.Ino
@@ -126,19 +146,20 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 			continue
 		}
 		backoff.reset()
+		ch := s.chargeOf(c, r)
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()
 			c.Close()
 			return nil
 		}
-		if len(s.conns) >= s.limits.MaxConns {
+		if !s.charges.admit(&ch, s.limits) {
 			s.mu.Unlock()
 			s.metrics.Error(metrics.ConnectionLimit)
 			c.Close()
 			continue
 		}
-		cn := &conn{srv: s, resolve: r, c: c, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+		cn := &conn{srv: s, resolve: r, c: c, charge: ch, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
 		s.conns[cn] = struct{}{}
 		s.serving.Add(1)
 		s.mu.Unlock()
@@ -281,7 +302,9 @@ type conn struct {
 	srv     *Server
 	resolve Resolver
 	c       *net.UnixConn
-	peer    Peer
+	// charge is what the connection counts against (admit.go).
+	charge charge
+	peer   Peer
 	// pidfd refers to the peer process (-1: the kernel has no pidfds;
 	// start then re-checks the PID).
 	pidfd   int
@@ -289,6 +312,12 @@ type conn struct {
 	session *session
 	pool    *pool.Pool
 	fds     bool // the client takes fds
+	// confine: the connection got fds by the v1 rule (passesFDs), which
+	// is checked again; confinedAt is when it last was (unix ns), and
+	// rechecking is set while a check runs.
+	confine    bool
+	confinedAt atomic.Int64
+	rechecking atomic.Bool
 	// local: the client was granted LOCAL (HOLD leases, USAGE reports).
 	local bool
 	// seen holds the slots whose fds this connection was sent.
@@ -321,6 +350,7 @@ func (c *conn) serve() {
 		}
 		c.srv.mu.Lock()
 		delete(c.srv.conns, c)
+		c.srv.charges.drop(&c.charge)
 		c.srv.mu.Unlock()
 	}()
 	if err := c.identify(); err != nil {
@@ -559,6 +589,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	}
 	switch m := f.Msg.(type) {
 	case *slotv1.Acquire:
+		c.recheckConfined()
 		return c.acquire(f.Request, m)
 	case *slotv1.Release:
 		u, err := c.pool.Release(c.session, m.Lease, ending(m.Outcome))
@@ -574,6 +605,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		return c.send(f.Request, &slotv1.ReleaseOK{CPUNanos: u.CPUNanos, ThrottledNanos: u.ThrottledNanos,
 			Periods: u.Periods, ThrottledPeriods: u.ThrottledPeriods}, nil)
 	case *slotv1.Reclaim:
+		c.recheckConfined()
 		return c.reclaim(f.Request, m)
 	case *slotv1.Usage:
 		return c.usage(f.Request, m)
@@ -610,7 +642,16 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 	}
 	c.pool = p
 	c.c.SetReadDeadline(time.Time{})
-	c.fds = h.Flags&slotv1.HelloFDPassing != 0 && c.srv.passesFDs(c.peer)
+	c.srv.mu.Lock()
+	c.srv.charges.identified(&c.charge)
+	c.srv.mu.Unlock()
+	if h.Flags&slotv1.HelloFDPassing != 0 {
+		err := c.passesFDs()
+		c.fds = err == nil
+		if err != nil {
+			c.srv.log.Debug("the agent places this peer's threads", "pid", c.peer.PID, "reason", err)
+		}
+	}
 	sum := p.Summary()
 	place, stat := c.srv.hierarchy.SlotFDs()
 	ok := &slotv1.HelloOK{Version: slotv1.Version, Hierarchy: uint8(c.srv.hierarchy.Version), PlaceFDs: uint8(place), StatFDs: uint8(stat),
@@ -758,15 +799,77 @@ func (c *conn) grant(request uint32, g *pool.Grant) bool {
 	return c.send(request, resp, fds)
 }
 
-// passesFDs reports whether a peer may hold placement fds. On v2 the kernel
-// lets a placement fd move only threads of the container's own threaded
-// subtree. On v1 it checks nothing but the opener (the agent), so a holder
-// could move any process it can name: fds go only to peers in a PID
-// namespace of their own (a pod sees its own processes only), and to the
-// agent's own process, which holds them anyway. Everyone else has the
-// agent place its threads (docs/security.md).
-func (s *Server) passesFDs(p Peer) bool {
-	return s.hierarchy.Version == 2 || p.NS != s.selfNS || p.PID == s.self || s.limits.HostNamespaceFDs
+// passesFDs reports why a peer may not hold placement fds (nil: it may).
+// On v2 the kernel lets a placement fd move only threads of the
+// container's own threaded subtree. On v1 it checks nothing but the
+// opener (the agent), so a holder could move any process it can name: fds
+// go only to a peer whose PID namespace holds its whole container
+// (confined), and to the agent's own process, which holds them anyway.
+// Everyone else has the agent place its threads (docs/security.md).
+func (c *conn) passesFDs() error {
+	s := c.srv
+	if s.hierarchy.Version == 2 || c.peer.PID == s.self || s.limits.HostNamespaceFDs {
+		return nil
+	}
+	if c.peer.NS == s.selfNS {
+		return errors.New("the peer is in the agent's PID namespace")
+	}
+	if err := s.confinedPool(c.peer.NS, c.pool, c.resolve); err != nil {
+		return err
+	}
+	c.confine = true
+	c.confinedAt.Store(time.Now().UnixNano())
+	return c.alive() // the namespace read at accept is the peer's
+}
+
+// recheckConfined checks again, at most every confineRecheck and off the
+// request's path, that a v1 connection holding fds still meets passesFDs:
+// the container may have gained a process outside the peer's namespace
+// (the runtime's exec into a host-namespace container). If not, the
+// connection is closed; the client's next HELLO gets AGENT_PLACES.
+func (c *conn) recheckConfined() {
+	if !c.fds || !c.confine || time.Since(time.Unix(0, c.confinedAt.Load())) < confineRecheck ||
+		!c.rechecking.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer c.rechecking.Store(false)
+		err := c.srv.confinedPool(c.peer.NS, c.pool, c.resolve)
+		if err == nil {
+			c.confinedAt.Store(time.Now().UnixNano())
+			return
+		}
+		c.srv.metrics.Error(metrics.FDsRevoked)
+		c.srv.log.Warn("container no longer confined to the peer's PID namespace; closing its fd connection",
+			"container", c.pool.Name(), "pid", c.peer.PID, "err", err)
+		c.c.Close()
+	}()
+}
+
+// confinedPool is confined for the processes of the container pl serves,
+// remembered for confineRecheck per pool and namespace, so that the
+// connections of one pod share one walk of its cgroups.
+func (s *Server) confinedPool(ns uint64, pl *pool.Pool, r Resolver) error {
+	now := time.Now()
+	s.mu.Lock()
+	if e, ok := s.confinedCache[pl]; ok && e.ns == ns && now.Sub(e.at) < confineRecheck {
+		s.mu.Unlock()
+		return e.err
+	}
+	s.mu.Unlock()
+	procs, err := r.Processes(pl)
+	if err == nil {
+		err = confined(ns, procs)
+	}
+	s.mu.Lock()
+	for p, e := range s.confinedCache {
+		if now.Sub(e.at) >= confineRecheck {
+			delete(s.confinedCache, p) // stale, perhaps of a pool that is gone
+		}
+	}
+	s.confinedCache[pl] = confineResult{ns: ns, at: now, err: err}
+	s.mu.Unlock()
+	return err
 }
 
 // hostTID translates a TID of the peer's PID namespace into the agent's,

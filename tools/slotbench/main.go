@@ -118,6 +118,8 @@ func main() {
 	flag.IntVar(&sp.acquires, "acquires", 5000, "-scale: ACQUIRE samples per phase")
 	flag.IntVar(&sp.flood, "flood", 5000, "-scale: stalled connections the flooding container opens")
 	flag.IntVar(&sp.floodProcs, "flood-procs", 100, "-scale: processes of the flooding container the connections are spread over")
+	flag.IntVar(&sp.outsideProcs, "outside-procs", 70, "-scale: processes outside every served container, each its own user and cgroup, holding idle connections without HELLO (0: no such phase)")
+	flag.IntVar(&sp.outsideConns, "outside-conns", 63, "-scale: idle connections each of -outside-procs holds, reopening any closed")
 	flag.Parse()
 	if os.Getenv("SLOTBENCH_CLIENT") != "" {
 		clientMain()
@@ -545,8 +547,9 @@ func startClient(h *cgroup.Hierarchy, rel, socket string, v variant) (*benchClie
 	cmd.Env = append(os.Environ(), "SLOTBENCH_CLIENT=1", "SLOTBENCH_SOCKET="+socket, "SLOTBENCH_LINGER="+v.linger.String(),
 		"SLOTBENCH_LOCAL="+strconv.FormatBool(v.local))
 	cmd.Stderr = os.Stderr
-	// A client runs in a PID namespace of its own, as in a pod: on v1 the
-	// agent passes placement fds only to such peers (docs/security.md).
+	// A client runs in a PID namespace of its own, as in a pod, alone in
+	// its cgroup: on v1 the agent passes placement fds only to a peer
+	// whose PID namespace holds its whole container (docs/security.md).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
 	in, err := cmd.StdinPipe()
 	if err != nil {

@@ -3,10 +3,12 @@ package main
 // The scale benchmark: one agent serving many containers with many slots
 // each (by default 250 x 64, what the agent's defaults must hold), and the
 // latency one container sees while another floods the agent with
-// connections.
+// connections, and while processes outside every served container, each
+// its own user in its own cgroup, hold idle connections without HELLO.
 //
 //	slotbench -scale                         # 250 containers x 64 slots
 //	slotbench -scale -containers 50 -slots 16
+//	slotbench -scale -outside-procs 70 -outside-conns 63
 
 import (
 	"bufio"
@@ -38,6 +40,9 @@ type scaleParams struct {
 	idle              time.Duration
 	hellos, acquires  int
 	flood, floodProcs int
+	// outsideProcs processes outside every served container hold
+	// outsideConns idle connections each.
+	outsideProcs, outsideConns int
 }
 
 // probeResult is what the probe client in an unaffected container measured.
@@ -121,13 +126,16 @@ func scaleBench(p scaleParams) error {
 	}
 	// Measure once the agent has taken the flood in: its fd count has not
 	// changed for 2 s (it holds what its limits let it hold), or after 60 s.
-	last, since := countFDs(), time.Now()
-	for deadline := time.Now().Add(60 * time.Second); time.Since(since) < 2*time.Second && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond)
-		if n := countFDs(); n != last {
-			last, since = n, time.Now()
+	settle := func() {
+		last, since := countFDs(), time.Now()
+		for deadline := time.Now().Add(60 * time.Second); time.Since(since) < 2*time.Second && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			if n := countFDs(); n != last {
+				last, since = n, time.Now()
+			}
 		}
 	}
+	settle()
 	floodFDs, floodRSS := countFDs(), rssKiB()
 	flooded, perr := probe()
 	for _, f := range flooders {
@@ -147,8 +155,51 @@ func scaleBench(p scaleParams) error {
 	}
 	row("connect + HELLO", quiet.Hello, flooded.Hello)
 	row("ACQUIRE", quiet.Acquire, flooded.Acquire)
+	if p.outsideProcs == 0 {
+		return nil
+	}
+
+	// Processes in no served container, each its own user in its own
+	// cgroup, hold idle connections without HELLO and reopen any closed.
+	var idlers []*exec.Cmd
+	defer func() {
+		for _, c := range idlers {
+			c.Process.Kill()
+			c.Wait()
+		}
+	}()
+	held = 0
+	for i := 0; i < p.outsideProcs; i++ {
+		rel, err := tb.container(fmt.Sprintf("outside%03d", i))
+		if err != nil {
+			return err
+		}
+		var r struct {
+			Held int `json:"held"`
+		}
+		cmd := scaleChildCmd("idle", cfg.Socket, scaleParams{flood: p.outsideConns})
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(outsideUID + i), Gid: uint32(outsideUID + i)}}
+		if cmd, err = startChildCmd(h, rel, "idle", cmd, &r); err != nil {
+			return err
+		}
+		idlers, held = append(idlers, cmd), held+r.Held
+	}
+	settle()
+	outFDs, outRSS := countFDs(), rssKiB()
+	outside, err := probe()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nContainer c000's latency, quiet and while %d processes outside every served container (each its own user and cgroup) hold %d idle connections without HELLO and reopen any closed (agent then: %d fds, %.1f MiB RSS):\n\n",
+		len(idlers), held, outFDs, float64(outRSS)/1024)
+	fmt.Printf("| | quiet p50 | quiet p99 | flooded p50 | flooded p99 | p99 ratio |\n|---|---|---|---|---|---|\n")
+	row("connect + HELLO", quiet.Hello, outside.Hello)
+	row("ACQUIRE", quiet.Acquire, outside.Acquire)
 	return nil
 }
+
+// outsideUID is the first user id of the outside flooders.
+const outsideUID = 20000
 
 func usNS(ns int64) string { return fmt.Sprintf("%.1fus", float64(ns)/1000) }
 
@@ -192,7 +243,11 @@ func scaleChildCmd(role, socket string, p scaleParams) *exec.Cmd {
 // startScaleChild starts a child in cgroup rel and decodes its first JSON
 // line into v; the child runs on (the caller waits for it).
 func startScaleChild(h *cgroup.Hierarchy, rel, role, socket string, p scaleParams, v any) (*exec.Cmd, error) {
-	cmd := scaleChildCmd(role, socket, p)
+	return startChildCmd(h, rel, role, scaleChildCmd(role, socket, p), v)
+}
+
+// startChildCmd is startScaleChild for a command made by scaleChildCmd.
+func startChildCmd(h *cgroup.Hierarchy, rel, role string, cmd *exec.Cmd, v any) (*exec.Cmd, error) {
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	if err := h.StartIn(cmd, rel); err != nil {
@@ -284,11 +339,33 @@ func scaleChild(role string) {
 			conns = append(conns, c)
 		}
 		enc.Encode(map[string]int{"held": len(conns)})
-		// Stall until killed. Not select{}: with no goroutine left to wake
-		// it, the runtime would end the process, and the connections.
-		for {
-			time.Sleep(time.Hour)
+		stall()
+	case "idle":
+		// Idle connections without HELLO; each one closed is reopened.
+		n := atoi("SLOTBENCH_FLOOD")
+		for i := 0; i < n; i++ {
+			go func() {
+				for {
+					c, err := net.Dial("unix", socket)
+					if err == nil {
+						c.Read(make([]byte, 1)) // returns when the agent closes it
+						c.Close()
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}()
 		}
+		enc.Encode(map[string]int{"held": n})
+		stall()
+	}
+}
+
+// stall waits until the process is killed.
+func stall() {
+	// Not select{}: with no goroutine left to wake it, the runtime would
+	// end the process, and the connections.
+	for {
+		time.Sleep(time.Hour)
 	}
 }
 

@@ -82,6 +82,9 @@ admission:
   minDegraded: {{ include "cpuslot.quantity" .Values.admission.minDegraded }}
 limits:
   maxConnections: {{ int .Values.limits.maxConnections }}
+  maxConnectionsPerContainer: {{ int .Values.limits.maxConnectionsPerContainer }}
+  maxPendingHelloPerUID: {{ int .Values.limits.maxPendingHelloPerUID }}
+  maxPendingHelloPerCgroup: {{ int .Values.limits.maxPendingHelloPerCgroup }}
   maxConnectionsPerProcess: {{ int .Values.limits.maxConnectionsPerProcess }}
   helloTimeout: {{ .Values.limits.helloTimeout | quote }}
   frameTimeout: {{ .Values.limits.frameTimeout | quote }}
