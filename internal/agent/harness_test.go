@@ -261,6 +261,8 @@ func runChild(name string) int {
 		res, err = childPass()
 	case "live":
 		res, err = childLive()
+	case "handfds":
+		res, err = childHandFDs()
 
 	default:
 		err = fmt.Errorf("unknown child %q", name)
