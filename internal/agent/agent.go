@@ -55,7 +55,11 @@ type Agent struct {
 	// arriving (the container's process ending while it places its threads
 	// itself); Maintain removes them once the threads are gone.
 	leftover []leftover
-	ready    atomic.Bool
+	// scanNext is the container the next foreign-thread scan starts at.
+	scanNext int
+	// reporters are the sources that tell a container's owner (Events).
+	reporters []discover.Reporter
+	ready     atomic.Bool
 }
 
 // ErrTooManyContainers means the agent serves its maximum of containers
@@ -156,6 +160,11 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 		go a.server.Serve(ln)
 	}
 	a.adoptServeUnder()
+	for _, s := range sources {
+		if r, ok := s.(discover.Reporter); ok {
+			a.reporters = append(a.reporters, r)
+		}
+	}
 	for _, s := range sources {
 		if err := s.Run(ctx, a); err != nil {
 			a.log.Error("source reported errors", "err", err)
@@ -615,6 +624,77 @@ func (a *Agent) Maintain(now time.Time) {
 		}
 		if n := s.pool.Reap(now); n > 0 {
 			a.log.Debug("reaped idle slots", "container", s.Name, "slots", n)
+		}
+	}
+	a.evictForeign()
+}
+
+// The foreign-thread scan's bounds (docs/security.md): threads checked
+// per maintenance round on the node, and per container within those.
+const (
+	foreignScanPerRound     = 4096
+	foreignScanPerContainer = 512
+)
+
+// evictForeign finds threads of other containers in the slots of served
+// containers (v1: a slot's placement fd moves any thread its holder can
+// name) and moves them back to their own cgroups. Containers take turns:
+// a round that runs out of its bound goes on at the next container next
+// time.
+func (a *Agent) evictForeign() {
+	if a.hierarchy.Version != 1 {
+		return // the kernel keeps threads in their own threaded subtree
+	}
+	all := a.snapshot()
+	if len(all) == 0 {
+		return
+	}
+	a.mu.Lock()
+	start := a.scanNext % len(all)
+	a.mu.Unlock()
+	budget, next := foreignScanPerRound, start
+	for k := 0; k < len(all) && budget > 0; k++ {
+		i := (start + k) % len(all)
+		s := all[i]
+		next = i + 1
+		sc, err := s.cg.EvictForeign(min(budget, foreignScanPerContainer))
+		budget -= sc.Checked
+		if err != nil {
+			a.log.Debug("scanning slots for foreign threads", "container", s.Name, "err", err)
+			continue
+		}
+		for _, f := range sc.Foreign {
+			a.foreignFound(s, f)
+		}
+	}
+	a.mu.Lock()
+	a.scanNext = next
+	a.mu.Unlock()
+}
+
+// foreignFound counts, logs and reports one foreign thread.
+func (a *Agent) foreignFound(s *served, f cgroup.Foreign) {
+	a.metrics.Error(metrics.ForeignThreadInSlot)
+	slot := path.Join(s.CgroupPath, f.Slot)
+	if f.Err != nil {
+		a.log.Error("thread of another cgroup in a slot; not moved", "container", s.Name, "slot", slot,
+			"tid", f.TID, "pid", f.PID, "home", f.Home, "err", f.Err)
+	} else {
+		a.log.Warn("thread of another cgroup in a slot (the slot's fds were passed on); moved back", "container", s.Name,
+			"slot", slot, "tid", f.TID, "pid", f.PID, "home", f.Home, "movedTo", f.MovedTo)
+	}
+	what := "moved back to " + f.MovedTo
+	if f.Err != nil {
+		what = "not moved: " + f.Err.Error()
+	}
+	for _, r := range a.reporters {
+		r.Report(s.CgroupPath, discover.ReasonForeignThread, fmt.Sprintf(
+			"thread %d of process %d (cgroup %s) ran in slot %s of this container, whose placement fds were passed to it; %s",
+			f.TID, f.PID, f.Home, f.Slot, what))
+		if f.Home != "" {
+			r.Report(f.Home, discover.ReasonForeignThread, fmt.Sprintf(
+				"thread %d of process %d wrote itself into slot %s of container %s with that container's fds; %s",
+				f.TID, f.PID, f.Slot, s.Name, what))
 		}
 	}
 }

@@ -68,8 +68,12 @@ type Container struct {
 	id   Identity
 	fdMu sync.RWMutex
 
+	// witness tells the container's threads from others' (v1; nil: none).
+	witness *Witness
+
 	mu         sync.Mutex
 	cpuEnabled bool // v2: we wrote +cpu to cgroup.subtree_control
+	scanNext   int  // where EvictForeign goes on
 }
 
 // Container opens the cgroup at a relative path. On v2 it checks that the
@@ -98,6 +102,9 @@ func (h *Hierarchy) Container(rel string, observe Observer) (*Container, error) 
 			}
 			c.id = identityOf(&st)
 		}
+	}
+	if h.Version == 1 {
+		c.witness = h.witnessOf(rel)
 	}
 	if h.Version == 2 {
 		ctrls, err := c.readAt(0, "cgroup.controllers")

@@ -31,6 +31,9 @@ type Hierarchy struct {
 	// AcctRoot is the mount point of cpuacct on v1 when it is mounted apart
 	// from cpu; empty otherwise.
 	AcctRoot string `json:"cpuacctRoot,omitempty"`
+	// Witnesses are the other v1 hierarchies, which tell a container's
+	// threads from those of others (foreign.go); none on v2.
+	Witnesses []Witness `json:"witnesses,omitempty"`
 }
 
 func (h *Hierarchy) String() string {
@@ -57,9 +60,27 @@ func Detect() (*Hierarchy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading mountinfo: %w", err)
 	}
-	return detect(mounts, func(dir string) ([]byte, error) {
+	h, err := detect(mounts, func(dir string) ([]byte, error) {
 		return os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	})
+	if err == nil && h.Version == 1 {
+		h.Witnesses = witnessesIn(canonicalMounts(mounts))
+	}
+	return h, err
+}
+
+// canonicalMounts are the mounts under /sys/fs/cgroup, or all when none is.
+func canonicalMounts(all []*mountinfo.Info) []*mountinfo.Info {
+	var canonical []*mountinfo.Info
+	for _, m := range all {
+		if m.Mountpoint == "/sys/fs/cgroup" || strings.HasPrefix(m.Mountpoint, "/sys/fs/cgroup/") {
+			canonical = append(canonical, m)
+		}
+	}
+	if len(canonical) == 0 {
+		return all
+	}
+	return canonical
 }
 
 func detect(all []*mountinfo.Info, controllers func(dir string) ([]byte, error)) (*Hierarchy, error) {
