@@ -136,56 +136,93 @@ func childHandFDs() (any, error) {
 // in a hierarchy no slot fd reaches says it is B's), moves it back to B's
 // cgroup, and counts it; A's own thread in the slot stays.
 func TestAttackSlotFDsHandedToAnotherContainer(t *testing.T) {
+	x := intrude(t)
+	var seen []string
+	for round := 1; round <= 3; round++ {
+		x.a.Maintain(time.Now())
+		p, err := x.e.h.PathOfPID(x.pid)
+		seen = append(seen, fmt.Sprintf("round %d: %s (%v)", round, p, err))
+		if p == x.b {
+			break
+		}
+	}
+	if p, _ := x.e.h.PathOfPID(x.pid); p != x.b {
+		t.Fatalf("B's process was not moved back to %s:\n%s", x.b, strings.Join(seen, "\n"))
+	}
+	x.check(t)
+	if p, err := x.e.h.PathOfThread(x.holder.cmd.Process.Pid, x.holder.res.TID); err != nil || p != x.slot {
+		t.Errorf("A's own thread was moved from its slot %s to %s (%v)", x.slot, p, err)
+	}
+}
+
+// TestAttackForeignThreadLaunderedByRemoval: when A's slot is removed (A
+// torn down, or an idle slot reaped) while B's process sits in it, the
+// agent empties the slot. B's process must go back to B, not into A's own
+// cgroup, where no slot scan would look and A's limit and bill stay on it.
+func TestAttackForeignThreadLaunderedByRemoval(t *testing.T) {
+	x := intrude(t)
+	x.a.Forget(x.e.rel)
+	if p, err := x.e.h.PathOfPID(x.pid); p != x.b {
+		t.Fatalf("B's process was moved to %s (%v) when A's slot was removed, want %s", p, err, x.b)
+	}
+	x.check(t)
+}
+
+// intrusion is B's process written into A's slot with A's fds.
+type intrusion struct {
+	e       *env
+	a       *agent.Agent
+	b, slot string
+	pid     int
+	holder  *handFDs
+}
+
+// intrude serves container A, whose runtime passes its slot's placement
+// fds to a process of container B (a sibling cgroup, made in the pids
+// hierarchy too, as container runtimes do), which writes itself into A's
+// slot. Maintenance is left to the test.
+func intrude(t *testing.T) *intrusion {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.HostNamespaceFDs = true })
 	if e.h.Version == 2 {
 		t.Skip("v2: the kernel refuses a thread from outside the threaded subtree (TestAttackPlacementFDOnForeignProcess)")
 	}
 	pids := pidsRoot(t)
-	b := e.sibling("b")
-	intoA, intoB := alsoIn(t, pids, e.rel), alsoIn(t, pids, b)
-	a := e.start()
+	x := &intrusion{e: e, b: e.sibling("b")}
+	intoA, intoB := alsoIn(t, pids, e.rel), alsoIn(t, pids, x.b)
+	x.a = e.start()
 
 	// A's runtime, with its slot's fds.
-	holder := startHandFDs(t, e, intoA)
+	x.holder = startHandFDs(t, e, intoA)
 	// B's process takes them and writes itself into A's slot.
 	intruder := exec.Command("sh", "-c", `read x; echo 0 >&3 && echo 0 >&4 && exec sleep 600`)
-	intruder.ExtraFiles = holder.fds
+	intruder.ExtraFiles = x.holder.fds
 	in, _ := intruder.StdinPipe()
-	if err := e.h.StartIn(intruder, b); err != nil {
+	if err := e.h.StartIn(intruder, x.b); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { intruder.Process.Kill(); intruder.Wait() })
 	intoB(intruder.Process.Pid)
 	io.WriteString(in, "go\n")
-	slotDir := path.Join(e.rel, cgroup.SlotName(holder.res.Slot))
-	pid := intruder.Process.Pid
+	x.slot = path.Join(e.rel, cgroup.SlotName(x.holder.res.Slot))
+	x.pid = intruder.Process.Pid
 	waitFor(t, "B's process to write itself into A's slot", func() bool {
-		p, err := e.h.PathOfPID(pid)
-		return err == nil && p == slotDir
+		p, err := e.h.PathOfPID(x.pid)
+		return err == nil && p == x.slot
 	})
+	return x
+}
 
-	var seen []string
-	for round := 1; round <= 3; round++ {
-		a.Maintain(time.Now())
-		p, err := e.h.PathOfPID(pid)
-		seen = append(seen, fmt.Sprintf("round %d: %s (%v)", round, p, err))
-		if p == b {
-			break
-		}
-	}
-	if p, _ := e.h.PathOfPID(pid); p != b {
-		t.Fatalf("B's process was not moved back to %s:\n%s", b, strings.Join(seen, "\n"))
-	}
+// check: B's process is back in B in both hierarchies a slot fd reaches,
+// and counted.
+func (x *intrusion) check(t *testing.T) {
+	t.Helper()
 	for _, key := range []string{"cpu", "cpuacct"} {
-		if p := cgroupOf(t, pid, key); p != b {
-			t.Errorf("B's process is in %s in the %s hierarchy, want %s", p, key, b)
+		if p := cgroupOf(t, x.pid, key); p != x.b {
+			t.Errorf("B's process is in %s in the %s hierarchy, want %s", p, key, x.b)
 		}
 	}
-	if p, err := e.h.PathOfThread(holder.cmd.Process.Pid, holder.res.TID); err != nil || p != slotDir {
-		t.Errorf("A's own thread was moved from its slot %s to %s (%v)", slotDir, p, err)
-	}
-	if body := scrape(t, a); !strings.Contains(body, `reason="foreign_thread_in_slot"} 1`) {
-		t.Errorf("the foreign thread was not counted:\n%s", grep(body, "foreign_thread"))
+	if body := scrape(t, x.a); !strings.Contains(body, `reason="foreign_thread_in_slot"} 1`) {
+		t.Errorf("the foreign thread was not counted once:\n%s", grep(body, "foreign_thread"))
 	}
 }
 
