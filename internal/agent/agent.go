@@ -297,6 +297,7 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 		a.metrics.Error(metrics.ContainerNotFound)
 		return nil, fmt.Errorf("container %s: %w", c.Name, err)
 	}
+	cg.OnForeign(func(f cgroup.Foreign) { a.foreignFound(c.Name, c.CgroupPath, f) })
 	cfg := a.poolCfg
 	if c.Pool != nil {
 		cfg = *c.Pool
@@ -664,7 +665,7 @@ func (a *Agent) evictForeign() {
 			continue
 		}
 		for _, f := range sc.Foreign {
-			a.foreignFound(s, f)
+			a.foreignFound(s.Name, s.CgroupPath, f)
 		}
 	}
 	a.mu.Lock()
@@ -673,14 +674,14 @@ func (a *Agent) evictForeign() {
 }
 
 // foreignFound counts, logs and reports one foreign thread.
-func (a *Agent) foreignFound(s *served, f cgroup.Foreign) {
+func (a *Agent) foreignFound(name, cgroupPath string, f cgroup.Foreign) {
 	a.metrics.Error(metrics.ForeignThreadInSlot)
-	slot := path.Join(s.CgroupPath, f.Slot)
+	slot := path.Join(cgroupPath, f.Slot)
 	if f.Err != nil {
-		a.log.Error("thread of another cgroup in a slot; not moved", "container", s.Name, "slot", slot,
+		a.log.Error("thread of another cgroup in a slot; not moved", "container", name, "slot", slot,
 			"tid", f.TID, "pid", f.PID, "home", f.Home, "err", f.Err)
 	} else {
-		a.log.Warn("thread of another cgroup in a slot (the slot's fds were passed on); moved back", "container", s.Name,
+		a.log.Warn("thread of another cgroup in a slot (the slot's fds were passed on); moved back", "container", name,
 			"slot", slot, "tid", f.TID, "pid", f.PID, "home", f.Home, "movedTo", f.MovedTo)
 	}
 	what := "moved back to " + f.MovedTo
@@ -688,13 +689,13 @@ func (a *Agent) foreignFound(s *served, f cgroup.Foreign) {
 		what = "not moved: " + f.Err.Error()
 	}
 	for _, r := range a.reporters {
-		r.Report(s.CgroupPath, discover.ReasonForeignThread, fmt.Sprintf(
+		r.Report(cgroupPath, discover.ReasonForeignThread, fmt.Sprintf(
 			"thread %d of process %d (cgroup %s) ran in slot %s of this container, whose placement fds were passed to it; %s",
 			f.TID, f.PID, f.Home, f.Slot, what))
 		if f.Home != "" {
 			r.Report(f.Home, discover.ReasonForeignThread, fmt.Sprintf(
 				"thread %d of process %d wrote itself into slot %s of container %s with that container's fds; %s",
-				f.TID, f.PID, f.Slot, s.Name, what))
+				f.TID, f.PID, f.Slot, name, what))
 		}
 	}
 }

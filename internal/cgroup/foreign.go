@@ -170,9 +170,17 @@ func (c *Container) EvictForeign(max int) (Scan, error) {
 // foreign decides whether thread tid in slot belongs to another container,
 // and if so moves it back.
 func (c *Container) foreign(slot string, tid int) (Foreign, bool) {
-	own, err := cgroups.ParseCgroupFile(fmt.Sprintf("/proc/%d/task/%d/cgroup", tid, tid))
+	own, err := threadCgroups(tid)
 	if err != nil {
 		return Foreign{}, false // exited
+	}
+	return c.foreignIn(slot, tid, own)
+}
+
+// foreignIn is foreign for a thread whose cgroups (own) are read.
+func (c *Container) foreignIn(slot string, tid int, own map[string]string) (Foreign, bool) {
+	if c.h.Version != 1 {
+		return Foreign{}, false
 	}
 	f := Foreign{TID: tid, Slot: slot}
 	if c.witness != nil {
@@ -197,6 +205,28 @@ func (c *Container) foreign(slot string, tid int) (Foreign, bool) {
 	}
 	f.MovedTo, f.Err = c.sendHome(slot, tid, f.Home, own, leader)
 	return f, true
+}
+
+// threadCgroups reads the cgroups of one thread, by hierarchy key.
+func threadCgroups(tid int) (map[string]string, error) {
+	return cgroups.ParseCgroupFile(fmt.Sprintf("/proc/%d/task/%d/cgroup", tid, tid))
+}
+
+// OnForeign has f told of each foreign thread MoveOut moves elsewhere
+// than the container (a slot removed or a lease ended with one in it).
+func (c *Container) OnForeign(f func(Foreign)) {
+	c.mu.Lock()
+	c.onForeign = f
+	c.mu.Unlock()
+}
+
+func (c *Container) report(f Foreign) {
+	c.mu.Lock()
+	fn := c.onForeign
+	c.mu.Unlock()
+	if fn != nil {
+		fn(f)
+	}
 }
 
 // sendHome moves a foreign thread out of the container's slot in every

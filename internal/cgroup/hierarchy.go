@@ -168,15 +168,20 @@ func (h *Hierarchy) pathFrom(file string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	key := "cpu"
-	if h.Version == 2 {
-		key = ""
-	}
+	key := h.cpuKey()
 	p, ok := m[key]
 	if !ok {
 		return "", fmt.Errorf("%s has no %q entry", file, key)
 	}
 	return p, nil
+}
+
+// cpuKey names the cpu hierarchy in /proc/<pid>/cgroup.
+func (h *Hierarchy) cpuKey() string {
+	if h.Version == 2 {
+		return ""
+	}
+	return "cpu"
 }
 
 // dirs are the absolute directories of one relative cgroup path: the cpu
