@@ -207,9 +207,53 @@ func (c *Container) foreignIn(slot string, tid int, own map[string]string) (Fore
 	return f, true
 }
 
-// threadCgroups reads the cgroups of one thread, by hierarchy key.
+// threadCgroups reads the cgroups of one thread, by hierarchy key. It is
+// the scan's cost per thread, so it reads the file in one read where it
+// can (a few hierarchies of short paths) and parses it in place.
 func threadCgroups(tid int) (map[string]string, error) {
-	return cgroups.ParseCgroupFile(fmt.Sprintf("/proc/%d/task/%d/cgroup", tid, tid))
+	name := "/proc/" + strconv.Itoa(tid) + "/task/" + strconv.Itoa(tid) + "/cgroup"
+	fd, err := unix.Open(name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: name, Err: err}
+	}
+	defer unix.Close(fd)
+	var small [2048]byte
+	buf := small[:0]
+	for {
+		if len(buf) == cap(buf) {
+			if cap(buf) >= 1<<20 {
+				return nil, fmt.Errorf("%s: longer than 1 MiB", name)
+			}
+			buf = append(buf, make([]byte, cap(buf))...)[:len(buf)]
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: name, Err: err}
+		}
+		if n == 0 {
+			break
+		}
+		buf = buf[:len(buf)+n]
+	}
+	m := map[string]string{}
+	for _, l := range strings.Split(string(buf), "\n") {
+		// id:controllers:path; the path may hold colons.
+		_, rest, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		ctrls, p, ok := strings.Cut(rest, ":")
+		if !ok {
+			continue
+		}
+		for _, k := range strings.Split(ctrls, ",") {
+			m[k] = p
+		}
+	}
+	return m, nil
 }
 
 // OnForeign has f told of each foreign thread MoveOut moves elsewhere

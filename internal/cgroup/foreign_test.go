@@ -199,6 +199,17 @@ func TestEvictForeignWithoutWitness(t *testing.T) {
 //	go test -run '^$' -bench EvictForeign -benchtime 200x ./internal/cgroup/
 func BenchmarkEvictForeign(b *testing.B) {
 	h := cgrouptest.Kernel(b)
+	// The floor: one read of one thread's cgroup file, which a scan does
+	// for each thread it checks (compare in one run: the machine is noisy).
+	b.Run("floor=read-proc-cgroup", func(b *testing.B) {
+		pid := sleepers(b, h, nil, "/", 1)[0]
+		name := fmt.Sprintf("/proc/%d/task/%d/cgroup", pid, pid)
+		for i := 0; i < b.N; i++ {
+			if _, err := os.ReadFile(name); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	for _, sz := range []struct{ slots, threads int }{{1, 64}, {8, 64}, {64, 8}} {
 		b.Run(fmt.Sprintf("slots=%d/threads=%d", sz.slots, sz.threads), func(b *testing.B) {
 			rel := cgrouptest.NewContainer(b, h, 0)
