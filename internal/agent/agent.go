@@ -297,7 +297,7 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 		a.metrics.Error(metrics.ContainerNotFound)
 		return nil, fmt.Errorf("container %s: %w", c.Name, err)
 	}
-	cg.OnForeign(func(f cgroup.Foreign) { a.foreignFound(c.Name, c.CgroupPath, f) })
+	cg.OnForeign(func(f cgroup.Foreign) { a.foreignFound(c.Name, c.CgroupPath, []cgroup.Foreign{f}) })
 	cfg := a.poolCfg
 	if c.Pool != nil {
 		cfg = *c.Pool
@@ -664,38 +664,45 @@ func (a *Agent) evictForeign() {
 			a.log.Debug("scanning slots for foreign threads", "container", s.Name, "err", err)
 			continue
 		}
-		for _, f := range sc.Foreign {
-			a.foreignFound(s.Name, s.CgroupPath, f)
-		}
+		a.foreignFound(s.Name, s.CgroupPath, sc.Foreign)
 	}
 	a.mu.Lock()
 	a.scanNext = next
 	a.mu.Unlock()
 }
 
-// foreignFound counts, logs and reports one foreign thread.
-func (a *Agent) foreignFound(name, cgroupPath string, f cgroup.Foreign) {
-	a.metrics.Error(metrics.ForeignThreadInSlot)
-	slot := path.Join(cgroupPath, f.Slot)
-	if f.Err != nil {
-		a.log.Error("thread of another cgroup in a slot; not moved", "container", name, "slot", slot,
-			"tid", f.TID, "pid", f.PID, "home", f.Home, "err", f.Err)
-	} else {
-		a.log.Warn("thread of another cgroup in a slot (the slot's fds were passed on); moved back", "container", name,
-			"slot", slot, "tid", f.TID, "pid", f.PID, "home", f.Home, "movedTo", f.MovedTo)
+// foreignFound counts the foreign threads found in one container's slots
+// at once, logs the first and reports it to the pods involved: a tenant
+// that writes threads back in every round makes one log line and one
+// Event per round, not one per thread.
+func (a *Agent) foreignFound(name, cgroupPath string, found []cgroup.Foreign) {
+	if len(found) == 0 {
+		return
 	}
+	a.metrics.ErrorN(metrics.ForeignThreadInSlot, len(found))
+	f := found[0]
+	slot := path.Join(cgroupPath, f.Slot)
 	what := "moved back to " + f.MovedTo
 	if f.Err != nil {
 		what = "not moved: " + f.Err.Error()
+		a.log.Error("thread of another cgroup in a slot; not moved", "container", name, "slot", slot,
+			"tid", f.TID, "pid", f.PID, "home", f.Home, "err", f.Err, "found", len(found))
+	} else {
+		a.log.Warn("thread of another cgroup in a slot (the slot's fds were passed on); moved back", "container", name,
+			"slot", slot, "tid", f.TID, "pid", f.PID, "home", f.Home, "movedTo", f.MovedTo, "found", len(found))
+	}
+	more := ""
+	if len(found) > 1 {
+		more = fmt.Sprintf(" (and %d more threads found in this round)", len(found)-1)
 	}
 	for _, r := range a.reporters {
 		r.Report(cgroupPath, discover.ReasonForeignThread, fmt.Sprintf(
-			"thread %d of process %d (cgroup %s) ran in slot %s of this container, whose placement fds were passed to it; %s",
-			f.TID, f.PID, f.Home, f.Slot, what))
+			"thread %d of process %d (cgroup %s) ran in slot %s of this container, whose placement fds were passed to it; %s%s",
+			f.TID, f.PID, f.Home, f.Slot, what, more))
 		if f.Home != "" {
 			r.Report(f.Home, discover.ReasonForeignThread, fmt.Sprintf(
-				"thread %d of process %d wrote itself into slot %s of container %s with that container's fds; %s",
-				f.TID, f.PID, f.Slot, name, what))
+				"thread %d of process %d wrote itself into slot %s of container %s with that container's fds; %s%s",
+				f.TID, f.PID, f.Slot, name, what, more))
 		}
 	}
 }
