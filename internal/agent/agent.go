@@ -631,8 +631,9 @@ func (a *Agent) Maintain(now time.Time) {
 }
 
 // The foreign-thread scan's bounds (docs/security.md): threads checked
-// per maintenance round on the node, and per container within those.
-const (
+// per maintenance round on the node, and per container within those
+// (variables for tests only).
+var (
 	foreignScanPerRound     = 4096
 	foreignScanPerContainer = 512
 )

@@ -168,6 +168,38 @@ func TestAttackForeignThreadLaunderedByRemoval(t *testing.T) {
 	x.check(t)
 }
 
+// TestForeignScanTakesTurns: the scan's node-wide bound per round is
+// shared by the containers in turns. With one thread per round, a
+// container whose name comes first cannot keep the scan from reaching
+// the next: B's process in A's slot is found within as many rounds as
+// there are threads in the two containers' slots.
+func TestForeignScanTakesTurns(t *testing.T) {
+	defer agent.SetForeignScanBounds(1, 1)()
+	var c string
+	var intoC func(int)
+	x := intrudeWith(t, func(e *env, pids string) {
+		c = e.sibling("a-first") // scanned first: its name sorts before A's
+		e.cfg.Standalone.Containers = append(e.cfg.Standalone.Containers, c)
+		intoC = alsoIn(t, pids, c)
+	})
+	startHandFDs(t, x.e, c, intoC) // C's own thread, in C's slot
+	t.Cleanup(func() { x.a.Forget(c) })
+	var seen []string
+	rounds := 4 // C's thread, A's own and B's
+	for r := 1; r <= rounds; r++ {
+		x.a.Maintain(time.Now())
+		p, err := x.e.h.PathOfPID(x.pid)
+		seen = append(seen, fmt.Sprintf("round %d: %s (%v)", r, p, err))
+		if p == x.b {
+			break
+		}
+	}
+	if p, _ := x.e.h.PathOfPID(x.pid); p != x.b {
+		t.Fatalf("B's process was not found in %d rounds of one thread each:\n%s", rounds, strings.Join(seen, "\n"))
+	}
+	x.check(t)
+}
+
 // intrusion is B's process written into A's slot with A's fds.
 type intrusion struct {
 	e       *env
@@ -181,7 +213,10 @@ type intrusion struct {
 // fds to a process of container B (a sibling cgroup, made in the pids
 // hierarchy too, as container runtimes do), which writes itself into A's
 // slot. Maintenance is left to the test.
-func intrude(t *testing.T) *intrusion {
+func intrude(t *testing.T) *intrusion { return intrudeWith(t, nil) }
+
+// intrudeWith is intrude with more to do before the agent starts.
+func intrudeWith(t *testing.T, before func(e *env, pids string)) *intrusion {
 	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.HostNamespaceFDs = true })
 	if e.h.Version == 2 {
 		t.Skip("v2: the kernel refuses a thread from outside the threaded subtree (TestAttackPlacementFDOnForeignProcess)")
@@ -189,10 +224,13 @@ func intrude(t *testing.T) *intrusion {
 	pids := pidsRoot(t)
 	x := &intrusion{e: e, b: e.sibling("b")}
 	intoA, intoB := alsoIn(t, pids, e.rel), alsoIn(t, pids, x.b)
+	if before != nil {
+		before(e, pids)
+	}
 	x.a = e.start()
 
 	// A's runtime, with its slot's fds.
-	x.holder = startHandFDs(t, e, intoA)
+	x.holder = startHandFDs(t, e, e.rel, intoA)
 	// B's process takes them and writes itself into A's slot.
 	intruder := exec.Command("sh", "-c", `read x; echo 0 >&3 && echo 0 >&4 && exec sleep 600`)
 	intruder.ExtraFiles = x.holder.fds
@@ -252,9 +290,9 @@ type handFDs struct {
 	res handFDsResult
 }
 
-// startHandFDs starts the handfds child in container A (moved into its
+// startHandFDs starts the handfds child in container rel (moved into its
 // other hierarchies by into) and receives its report and fds.
-func startHandFDs(t *testing.T, e *env, into func(int)) *handFDs {
+func startHandFDs(t *testing.T, e *env, rel string, into func(int)) *handFDs {
 	t.Helper()
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 	if err != nil {
@@ -269,7 +307,7 @@ func startHandFDs(t *testing.T, e *env, into func(int)) *handFDs {
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stderr = testWriter{t}
 	stdin, _ := cmd.StdinPipe()
-	if err := e.h.StartIn(cmd, e.rel); err != nil {
+	if err := e.h.StartIn(cmd, rel); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
