@@ -298,6 +298,11 @@ func (c *Container) sendHome(slot string, tid int, witness string, own, leader m
 			}
 			dest = nearest(root, witness)
 		}
+		// Read again just before the write: the reads above took a while,
+		// and a TID that exited and was reused meanwhile is another thread.
+		if now, err := threadCgroups(tid); err != nil || now[key] != path.Join(c.Path, slot) {
+			continue
+		}
 		if err := moveUnder(root, dest, tid); err != nil {
 			return moved, err
 		}
