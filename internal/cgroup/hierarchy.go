@@ -40,10 +40,18 @@ func (h *Hierarchy) String() string {
 	if h.Version == 2 {
 		return fmt.Sprintf("cgroup v2 at %s (favordynmods=%t)", h.CPURoot, h.FavorDynMods)
 	}
-	if h.AcctRoot != "" {
-		return fmt.Sprintf("cgroup v1: cpu at %s, cpuacct at %s", h.CPURoot, h.AcctRoot)
+	var keys []string
+	for _, w := range h.Witnesses {
+		keys = append(keys, w.Key)
 	}
-	return fmt.Sprintf("cgroup v1: cpu,cpuacct at %s", h.CPURoot)
+	witnesses := ", witness hierarchies: " + strings.Join(keys, ",")
+	if len(keys) == 0 {
+		witnesses = ", no witness hierarchy"
+	}
+	if h.AcctRoot != "" {
+		return fmt.Sprintf("cgroup v1: cpu at %s, cpuacct at %s%s", h.CPURoot, h.AcctRoot, witnesses)
+	}
+	return fmt.Sprintf("cgroup v1: cpu,cpuacct at %s%s", h.CPURoot, witnesses)
 }
 
 // Detect finds the cpu controller from /proc/self/mountinfo. A v1 mount of
