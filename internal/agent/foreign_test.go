@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/discover"
 )
 
 // pidsRoot is the mount point of the v1 pids hierarchy, a hierarchy no
@@ -153,6 +156,34 @@ func TestAttackSlotFDsHandedToAnotherContainer(t *testing.T) {
 	if p, err := x.e.h.PathOfThread(x.holder.cmd.Process.Pid, x.holder.res.TID); err != nil || p != x.slot {
 		t.Errorf("A's own thread was moved from its slot %s to %s (%v)", x.slot, p, err)
 	}
+	// Reported to the owners of both containers (Kubernetes: Events).
+	got := x.reports.list()
+	if len(got) != 2 || got[0].cg != x.e.rel || got[1].cg != x.b ||
+		!strings.Contains(got[0].msg, "moved back to "+x.b) || got[0].reason != discover.ReasonForeignThread {
+		t.Errorf("reports: %+v", got)
+	}
+}
+
+// reporter is a source that records what the agent reports.
+type reporter struct {
+	mu   sync.Mutex
+	seen []report
+}
+
+type report struct{ cg, reason, msg string }
+
+func (r *reporter) Run(context.Context, discover.Sink) error { return nil }
+
+func (r *reporter) Report(cg, reason, msg string) {
+	r.mu.Lock()
+	r.seen = append(r.seen, report{cg, reason, msg})
+	r.mu.Unlock()
+}
+
+func (r *reporter) list() []report {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]report(nil), r.seen...)
 }
 
 // TestAttackForeignThreadLaunderedByRemoval: when A's slot is removed (A
@@ -207,6 +238,7 @@ type intrusion struct {
 	b, slot string
 	pid     int
 	holder  *handFDs
+	reports *reporter
 }
 
 // intrude serves container A, whose runtime passes its slot's placement
@@ -222,7 +254,8 @@ func intrudeWith(t *testing.T, before func(e *env, pids string)) *intrusion {
 		t.Skip("v2: the kernel refuses a thread from outside the threaded subtree (TestAttackPlacementFDOnForeignProcess)")
 	}
 	pids := pidsRoot(t)
-	x := &intrusion{e: e, b: e.sibling("b")}
+	x := &intrusion{e: e, b: e.sibling("b"), reports: &reporter{}}
+	e.sources = append(e.sources, x.reports)
 	intoA, intoB := alsoIn(t, pids, e.rel), alsoIn(t, pids, x.b)
 	if before != nil {
 		before(e, pids)

@@ -41,6 +41,8 @@ type env struct {
 	cfg    agent.Config
 	a      *agent.Agent
 	stop   func()
+	// sources run beside the configured containers' static source.
+	sources []discover.Source
 }
 
 // newEnv makes a container cgroup (with a CPU limit when limitMilli > 0)
@@ -107,7 +109,7 @@ func (e *env) start() *agent.Agent {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- a.Run(ctx, []discover.Source{discover.Static{Hierarchy: e.h, Cgroups: e.cfg.Standalone.Containers}}, true)
+		done <- a.Run(ctx, append([]discover.Source{discover.Static{Hierarchy: e.h, Cgroups: e.cfg.Standalone.Containers}}, e.sources...), true)
 	}()
 	e.a = a
 	e.stop = func() {

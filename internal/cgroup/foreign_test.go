@@ -126,6 +126,62 @@ func TestEvictForeignBounded(t *testing.T) {
 	}
 }
 
+// lockedNonLeader returns the TID of an OS thread of this process that is
+// not its leader, locked until the test ends.
+func lockedNonLeader(t *testing.T) int {
+	tids := make(chan int)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	var spawn func()
+	spawn = func() {
+		runtime.LockOSThread()
+		if syscall.Gettid() == os.Getpid() {
+			go spawn() // stay locked to the leader; try another thread
+		} else {
+			tids <- syscall.Gettid()
+		}
+		<-stop
+	}
+	go spawn()
+	return <-tids
+}
+
+// TestEvictForeignThreadToItsLeader: one thread of a process of another
+// cgroup in a slot goes back to the cgroup its process's leader is in.
+func TestEvictForeignThreadToItsLeader(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	witnessed(t, h, rel)
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.CreateSlot(1, cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Remove()
+	home, err := h.PathOfPID(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tid := lockedNonLeader(t)
+	if err := s.Place(tid); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := c.EvictForeign(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Foreign) != 1 || sc.Foreign[0].TID != tid || sc.Foreign[0].PID != os.Getpid() || sc.Foreign[0].MovedTo != home {
+		t.Fatalf("scan: %+v, want thread %d moved to %s", sc, tid, home)
+	}
+	if p, _ := h.PathOfThread(os.Getpid(), tid); p != home {
+		t.Fatalf("thread %d is in %s, want %s", tid, p, home)
+	}
+}
+
 // TestEvictForeignWithoutWitness: a container whose path exists in no
 // other v1 hierarchy is judged by the process leader's cpu cgroup. A
 // thread whose leader stays outside is found and sent back to the
@@ -154,22 +210,7 @@ func TestEvictForeignWithoutWitness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A thread of this process that is not its leader.
-	tids := make(chan int)
-	stop := make(chan struct{})
-	defer close(stop)
-	var spawn func()
-	spawn = func() {
-		runtime.LockOSThread()
-		if syscall.Gettid() == os.Getpid() {
-			go spawn() // stay locked to the leader; try another thread
-		} else {
-			tids <- syscall.Gettid()
-		}
-		<-stop
-	}
-	go spawn()
-	tid := <-tids
+	tid := lockedNonLeader(t)
 	if err := s.Place(tid); err != nil {
 		t.Fatal(err)
 	}
