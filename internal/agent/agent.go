@@ -137,6 +137,12 @@ func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 // place for the next agent (or removes them with cleanup).
 func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool) error {
 	a.raiseFileLimit()
+	// Before anything is served: a slot emptied on any path reports.
+	for _, s := range sources {
+		if r, ok := s.(discover.Reporter); ok {
+			a.reporters = append(a.reporters, r)
+		}
+	}
 	var ln *server.Listener
 	if a.cfg.Socket != "" {
 		var err error
@@ -160,11 +166,6 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 		go a.server.Serve(ln)
 	}
 	a.adoptServeUnder()
-	for _, s := range sources {
-		if r, ok := s.(discover.Reporter); ok {
-			a.reporters = append(a.reporters, r)
-		}
-	}
 	for _, s := range sources {
 		if err := s.Run(ctx, a); err != nil {
 			a.log.Error("source reported errors", "err", err)

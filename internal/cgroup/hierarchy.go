@@ -92,13 +92,7 @@ func canonicalMounts(all []*mountinfo.Info) []*mountinfo.Info {
 }
 
 func detect(all []*mountinfo.Info, controllers func(dir string) ([]byte, error)) (*Hierarchy, error) {
-	var canonical []*mountinfo.Info
-	for _, m := range all {
-		if m.Mountpoint == "/sys/fs/cgroup" || strings.HasPrefix(m.Mountpoint, "/sys/fs/cgroup/") {
-			canonical = append(canonical, m)
-		}
-	}
-	if h, err := detectIn(canonical, controllers); err == nil {
+	if h, err := detectIn(canonicalMounts(all), controllers); err == nil {
 		return h, nil
 	}
 	return detectIn(all, controllers)
