@@ -57,7 +57,11 @@ type Agent struct {
 	// places its threads itself) or a cgroup sits inside one; Maintain
 	// removes them once that is gone.
 	leftover []leftover
-	ready    atomic.Bool
+	// scanNext is the container the next foreign-thread scan starts at.
+	scanNext int
+	// reporters are the sources that tell a container's owner (Events).
+	reporters []discover.Reporter
+	ready     atomic.Bool
 }
 
 // ErrTooManyContainers means the agent serves its maximum of containers
@@ -135,6 +139,12 @@ func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 // place for the next agent (or removes them with cleanup).
 func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool) error {
 	a.raiseFileLimit()
+	// Before anything is served: a slot emptied on any path reports.
+	for _, s := range sources {
+		if r, ok := s.(discover.Reporter); ok {
+			a.reporters = append(a.reporters, r)
+		}
+	}
 	var ln *server.Listener
 	if a.cfg.Socket != "" {
 		var err error
@@ -290,6 +300,7 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 		a.metrics.Error(metrics.ContainerNotFound)
 		return nil, fmt.Errorf("container %s: %w", c.Name, err)
 	}
+	cg.OnForeign(func(f cgroup.Foreign) { a.foreignFound(c.Name, c.CgroupPath, []cgroup.Foreign{f}) })
 	cfg := a.poolCfg
 	if c.Pool != nil {
 		cfg = *c.Pool
@@ -322,6 +333,10 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	sum := p.Summary()
 	a.log.Info("serving container", "container", c.Name, "cgroup", c.CgroupPath, "mode", sum.Mode,
 		"budget", sum.BudgetMilli, "slots", countSlots(sum), "socket", c.Socket, "took", time.Since(start).Round(time.Microsecond).String())
+	if a.hierarchy.Version == 1 && cg.Witness() == nil {
+		a.log.Warn("the container's cgroup exists in no v1 hierarchy but cpu and cpuacct: a thread of another container in its slots is found only by its process leader's cgroup, which the holder of passed fds can move too (docs/security.md)",
+			"container", c.Name, "cgroup", c.CgroupPath)
+	}
 	if partial != nil {
 		return s, partial
 	}
@@ -650,6 +665,85 @@ func (a *Agent) Maintain(now time.Time) {
 		}
 		if n := s.pool.Reap(now); n > 0 {
 			a.log.Debug("reaped idle slots", "container", s.Name, "slots", n)
+		}
+	}
+	a.evictForeign()
+}
+
+// The foreign-thread scan's bounds (docs/security.md): threads checked
+// per maintenance round on the node, and per container within those
+// (variables for tests only).
+var (
+	foreignScanPerRound     = 4096
+	foreignScanPerContainer = 512
+)
+
+// evictForeign finds threads of other containers in the slots of served
+// containers (v1: a slot's placement fd moves any thread its holder can
+// name) and moves them back to their own cgroups. Containers take turns:
+// a round that runs out of its bound goes on at the next container next
+// time.
+func (a *Agent) evictForeign() {
+	if a.hierarchy.Version != 1 {
+		return // the kernel keeps threads in their own threaded subtree
+	}
+	all := a.snapshot()
+	if len(all) == 0 {
+		return
+	}
+	a.mu.Lock()
+	start := a.scanNext % len(all)
+	a.mu.Unlock()
+	budget, next := foreignScanPerRound, start
+	for k := 0; k < len(all) && budget > 0; k++ {
+		i := (start + k) % len(all)
+		s := all[i]
+		next = i + 1
+		sc, err := s.cg.EvictForeign(min(budget, foreignScanPerContainer))
+		budget -= sc.Checked
+		if err != nil {
+			a.log.Debug("scanning slots for foreign threads", "container", s.Name, "err", err)
+			continue
+		}
+		a.foreignFound(s.Name, s.CgroupPath, sc.Foreign)
+	}
+	a.mu.Lock()
+	a.scanNext = next
+	a.mu.Unlock()
+}
+
+// foreignFound counts the foreign threads found in one container's slots
+// at once, logs the first and reports it to the pods involved: a tenant
+// that writes threads back in every round makes one log line and one
+// Event per round, not one per thread.
+func (a *Agent) foreignFound(name, cgroupPath string, found []cgroup.Foreign) {
+	if len(found) == 0 {
+		return
+	}
+	a.metrics.ErrorN(metrics.ForeignThreadInSlot, len(found))
+	f := found[0]
+	slot := path.Join(cgroupPath, f.Slot)
+	what := "moved back to " + f.MovedTo
+	if f.Err != nil {
+		what = "not moved: " + f.Err.Error()
+		a.log.Error("thread of another cgroup in a slot; not moved", "container", name, "slot", slot,
+			"tid", f.TID, "pid", f.PID, "home", f.Home, "err", f.Err, "found", len(found))
+	} else {
+		a.log.Warn("thread of another cgroup in a slot (the slot's fds were passed on); moved back", "container", name,
+			"slot", slot, "tid", f.TID, "pid", f.PID, "home", f.Home, "movedTo", f.MovedTo, "found", len(found))
+	}
+	more := ""
+	if len(found) > 1 {
+		more = fmt.Sprintf(" (and %d more threads found in this round)", len(found)-1)
+	}
+	for _, r := range a.reporters {
+		r.Report(cgroupPath, discover.ReasonForeignThread, fmt.Sprintf(
+			"thread %d of process %d (cgroup %s) ran in slot %s of this container, whose placement fds were passed to it; %s%s",
+			f.TID, f.PID, f.Home, f.Slot, what, more))
+		if f.Home != "" {
+			r.Report(f.Home, discover.ReasonForeignThread, fmt.Sprintf(
+				"thread %d of process %d wrote itself into slot %s of container %s with that container's fds; %s%s",
+				f.TID, f.PID, f.Slot, name, what, more))
 		}
 	}
 }

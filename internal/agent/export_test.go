@@ -6,3 +6,11 @@ func SetPrepareHook(f func(cgroupPath string)) { prepareHook = f }
 // LeftoverRounds is how many maintenance rounds retry a torn-down
 // container's busy slots before they are given up.
 const LeftoverRounds = leftoverRounds
+
+// SetForeignScanBounds sets the foreign-thread scan's bounds and returns a
+// function that restores them.
+func SetForeignScanBounds(perRound, perContainer int) func() {
+	r, c := foreignScanPerRound, foreignScanPerContainer
+	foreignScanPerRound, foreignScanPerContainer = perRound, perContainer
+	return func() { foreignScanPerRound, foreignScanPerContainer = r, c }
+}

@@ -42,6 +42,8 @@ type env struct {
 	cfg    agent.Config
 	a      *agent.Agent
 	stop   func()
+	// sources run beside the configured containers' static source.
+	sources []discover.Source
 	// logs, when set, gets the agent's log from info level up.
 	logs *logBuffer
 }
@@ -131,7 +133,7 @@ func (e *env) start() *agent.Agent {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- a.Run(ctx, []discover.Source{discover.Static{Hierarchy: e.h, Cgroups: e.cfg.Standalone.Containers}}, true)
+		done <- a.Run(ctx, append([]discover.Source{discover.Static{Hierarchy: e.h, Cgroups: e.cfg.Standalone.Containers}}, e.sources...), true)
 	}()
 	e.a = a
 	e.stop = func() {
@@ -289,6 +291,8 @@ func runChild(name string) int {
 		res, err = childNested()
 	case "idle":
 		res, err = childIdle()
+	case "handfds":
+		res, err = childHandFDs()
 
 	default:
 		err = fmt.Errorf("unknown child %q", name)

@@ -68,8 +68,14 @@ type Container struct {
 	id   Identity
 	fdMu sync.RWMutex
 
+	// witness tells the container's threads from others' (v1; nil: none).
+	witness *Witness
+	// onForeign is told of each foreign thread moved out of a slot.
+	onForeign func(Foreign)
+
 	mu         sync.Mutex
 	cpuEnabled bool // v2: we wrote +cpu to cgroup.subtree_control
+	scanNext   int  // where EvictForeign goes on
 }
 
 // Container opens the cgroup at a relative path. On v2 it checks that the
@@ -98,6 +104,9 @@ func (h *Hierarchy) Container(rel string, observe Observer) (*Container, error) 
 			}
 			c.id = identityOf(&st)
 		}
+	}
+	if h.Version == 1 {
+		c.witness = h.witnessOf(rel)
 	}
 	if h.Version == 2 {
 		ctrls, err := c.readAt(0, "cgroup.controllers")
@@ -337,13 +346,27 @@ var ErrNotInSlot = errors.New("thread is not in a slot of this container")
 // into the container's own cgroup. Only a thread that sits in one of the
 // container's slots now is moved: a TID recorded earlier may belong to
 // another process by now.
+//
+// A thread of another container (v1: it wrote itself in with fds passed
+// on) goes back to its own cgroup instead, and is reported (OnForeign):
+// in the container's cgroup no slot scan would find it.
 func (c *Container) MoveOut(tid int) error {
-	if p, err := c.h.PathOfThread(tid, tid); err != nil || path.Dir(p) != c.Path || !isSlot(path.Base(p)) {
+	own, err := threadCgroups(tid)
+	p := own[c.h.cpuKey()]
+	if err != nil || path.Dir(p) != c.Path || !isSlot(path.Base(p)) {
 		return fmt.Errorf("thread %d: %w", tid, ErrNotInSlot)
+	}
+	// Only by a witness: the leader's cgroup (the scan's fallback) costs
+	// two more reads on a release path, and a tenant can move it anyway.
+	if c.witness != nil {
+		if f, ok := c.foreignIn(path.Base(p), tid, own); ok {
+			c.report(f)
+			return f.Err
+		}
 	}
 	start := time.Now()
 	b := strconv.Itoa(tid)
-	var err error
+	err = nil
 	for i := range c.dirs {
 		if werr := c.writeAt(i, c.h.threadsFile(), b); werr != nil && err == nil {
 			err = c.gone(fmt.Errorf("moving thread %d back to %s: %w", tid, c.Path, werr))

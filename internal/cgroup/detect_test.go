@@ -2,6 +2,7 @@ package cgroup
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/moby/sys/mountinfo"
@@ -41,5 +42,29 @@ func TestDetectPicksHostMounts(t *testing.T) {
 	}
 	if _, err := detect(v2[:1], cpu); err == nil {
 		t.Fatal("a container-scoped mount alone must not be used")
+	}
+}
+
+// TestWitnesses: the witness hierarchies are v1 mounts of a hierarchy's
+// root that no slot fd reaches (not cpu, not cpuacct), ranked, and only
+// the canonical ones when there are any.
+func TestWitnesses(t *testing.T) {
+	mounts := []*mountinfo.Info{
+		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/cpu,cpuacct", VFSOptions: "rw,cpu,cpuacct"},
+		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/systemd", VFSOptions: "rw,xattr,name=systemd"},
+		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/memory", VFSOptions: "rw,memory"},
+		{FSType: "cgroup", Root: "/kubepods/pod1/abc", Mountpoint: "/sys/fs/cgroup/devices", VFSOptions: "rw,devices"},
+		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/net_cls,net_prio", VFSOptions: "rw,net_cls,net_prio"},
+		{FSType: "cgroup", Root: "/", Mountpoint: "/sys/fs/cgroup/pids", VFSOptions: "rw,pids"},
+		{FSType: "cgroup2", Root: "/", Mountpoint: "/sys/fs/cgroup/unified", VFSOptions: "rw"},
+		{FSType: "cgroup", Root: "/", Mountpoint: "/var/lib/kubelet/x/rootfs/sys/fs/cgroup/freezer", VFSOptions: "rw,freezer"},
+	}
+	var got []string
+	for _, w := range witnessesIn(canonicalMounts(mounts)) {
+		got = append(got, w.Key+"="+w.Root)
+	}
+	want := "pids=/sys/fs/cgroup/pids memory=/sys/fs/cgroup/memory net_cls=/sys/fs/cgroup/net_cls,net_prio name=systemd=/sys/fs/cgroup/systemd"
+	if g := strings.Join(got, " "); g != want {
+		t.Fatalf("witnesses %s\nwant %s", g, want)
 	}
 }

@@ -31,16 +31,27 @@ type Hierarchy struct {
 	// AcctRoot is the mount point of cpuacct on v1 when it is mounted apart
 	// from cpu; empty otherwise.
 	AcctRoot string `json:"cpuacctRoot,omitempty"`
+	// Witnesses are the other v1 hierarchies, which tell a container's
+	// threads from those of others (foreign.go); none on v2.
+	Witnesses []Witness `json:"witnesses,omitempty"`
 }
 
 func (h *Hierarchy) String() string {
 	if h.Version == 2 {
 		return fmt.Sprintf("cgroup v2 at %s (favordynmods=%t)", h.CPURoot, h.FavorDynMods)
 	}
-	if h.AcctRoot != "" {
-		return fmt.Sprintf("cgroup v1: cpu at %s, cpuacct at %s", h.CPURoot, h.AcctRoot)
+	var keys []string
+	for _, w := range h.Witnesses {
+		keys = append(keys, w.Key)
 	}
-	return fmt.Sprintf("cgroup v1: cpu,cpuacct at %s", h.CPURoot)
+	witnesses := ", witness hierarchies: " + strings.Join(keys, ",")
+	if len(keys) == 0 {
+		witnesses = ", no witness hierarchy"
+	}
+	if h.AcctRoot != "" {
+		return fmt.Sprintf("cgroup v1: cpu at %s, cpuacct at %s%s", h.CPURoot, h.AcctRoot, witnesses)
+	}
+	return fmt.Sprintf("cgroup v1: cpu,cpuacct at %s%s", h.CPURoot, witnesses)
 }
 
 // Detect finds the cpu controller from /proc/self/mountinfo. A v1 mount of
@@ -57,19 +68,31 @@ func Detect() (*Hierarchy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading mountinfo: %w", err)
 	}
-	return detect(mounts, func(dir string) ([]byte, error) {
+	h, err := detect(mounts, func(dir string) ([]byte, error) {
 		return os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	})
+	if err == nil && h.Version == 1 {
+		h.Witnesses = witnessesIn(canonicalMounts(mounts))
+	}
+	return h, err
 }
 
-func detect(all []*mountinfo.Info, controllers func(dir string) ([]byte, error)) (*Hierarchy, error) {
+// canonicalMounts are the mounts under /sys/fs/cgroup, or all when none is.
+func canonicalMounts(all []*mountinfo.Info) []*mountinfo.Info {
 	var canonical []*mountinfo.Info
 	for _, m := range all {
 		if m.Mountpoint == "/sys/fs/cgroup" || strings.HasPrefix(m.Mountpoint, "/sys/fs/cgroup/") {
 			canonical = append(canonical, m)
 		}
 	}
-	if h, err := detectIn(canonical, controllers); err == nil {
+	if len(canonical) == 0 {
+		return all
+	}
+	return canonical
+}
+
+func detect(all []*mountinfo.Info, controllers func(dir string) ([]byte, error)) (*Hierarchy, error) {
+	if h, err := detectIn(canonicalMounts(all), controllers); err == nil {
 		return h, nil
 	}
 	return detectIn(all, controllers)
@@ -147,15 +170,20 @@ func (h *Hierarchy) pathFrom(file string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	key := "cpu"
-	if h.Version == 2 {
-		key = ""
-	}
+	key := h.cpuKey()
 	p, ok := m[key]
 	if !ok {
 		return "", fmt.Errorf("%s has no %q entry", file, key)
 	}
 	return p, nil
+}
+
+// cpuKey names the cpu hierarchy in /proc/<pid>/cgroup.
+func (h *Hierarchy) cpuKey() string {
+	if h.Version == 2 {
+		return ""
+	}
+	return "cpu"
 }
 
 // dirs are the absolute directories of one relative cgroup path: the cpu

@@ -46,6 +46,18 @@ type Sink interface {
 	Resize(cgroupPath string, limitMilli uint32)
 }
 
+// Reporter is a Source that can tell the owner of a container what the
+// agent found (Kubernetes: an Event on the pod).
+type Reporter interface {
+	// Report tells the owner of the served container that holds cgroup
+	// path cg, if the source serves one.
+	Report(cg, reason, message string)
+}
+
+// ReasonForeignThread: on cgroup v1, a thread of another cgroup was found
+// in a slot (the slot's placement fds were passed on).
+const ReasonForeignThread = "CpuslotForeignThread"
+
 // Source reports containers to a Sink until ctx ends.
 type Source interface {
 	Run(ctx context.Context, sink Sink) error

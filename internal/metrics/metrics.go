@@ -292,6 +292,13 @@ func (m *Metrics) Error(reason Reason) {
 	}
 }
 
+// ErrorN counts n errors of one reason at once.
+func (m *Metrics) ErrorN(reason Reason, n int) {
+	if m != nil && n > 0 {
+		m.errors.WithLabelValues(string(reason)).Add(float64(n))
+	}
+}
+
 // Connections tracks open client connections.
 func (m *Metrics) Connections(delta int) {
 	if m != nil {

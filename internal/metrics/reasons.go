@@ -25,14 +25,15 @@ const (
 
 // Pool: slots and threads.
 const (
-	SlotsExhausted      Reason = "slots_exhausted"      // all slots of a container busy
-	ContainersExhausted Reason = "containers_exhausted" // a container over the cap on served containers
-	ContainerNotFound   Reason = "container_not_found"  // a container's cgroup was not found
-	ContainerGone       Reason = "container_gone"       // a served container's cgroup went away: its pool is stale
-	PoolConfig          Reason = "pool_config"          // a container's pool settings are invalid
-	StaleTID            Reason = "stale_tid"            // a recorded TID now names another thread: not moved
-	AgentThreadInSlot   Reason = "agent_thread_in_slot" // an agent thread found in a slot, moved back
-	MkdirRefused        Reason = "mkdir_refused"        // the kernel refused a new slot (cgroup.max.descendants/depth)
+	SlotsExhausted      Reason = "slots_exhausted"        // all slots of a container busy
+	ContainersExhausted Reason = "containers_exhausted"   // a container over the cap on served containers
+	ContainerNotFound   Reason = "container_not_found"    // a container's cgroup was not found
+	ContainerGone       Reason = "container_gone"         // a served container's cgroup went away: its pool is stale
+	PoolConfig          Reason = "pool_config"            // a container's pool settings are invalid
+	StaleTID            Reason = "stale_tid"              // a recorded TID now names another thread: not moved
+	AgentThreadInSlot   Reason = "agent_thread_in_slot"   // an agent thread found in a slot, moved back
+	ForeignThreadInSlot Reason = "foreign_thread_in_slot" // v1: a thread of another container found in a slot (its fds passed on), moved back
+	MkdirRefused        Reason = "mkdir_refused"          // the kernel refused a new slot (cgroup.max.descendants/depth)
 	CreateFailed        Reason = "create_failed"
 	OpenFailed          Reason = "open_failed"
 	PlaceFailed         Reason = "place_failed"
@@ -56,7 +57,7 @@ var ErrorReasons = func() []Reason {
 	r := []Reason{
 		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
-		AgentThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
+		AgentThreadInSlot, ForeignThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
 		TeardownFailed, PrewarmFailed, ReadUsage,
 	}
 	for _, op := range CgroupOps {

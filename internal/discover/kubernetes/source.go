@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -293,6 +294,31 @@ func (s *Source) desired(pod *corev1.Pod) *want {
 		return &want{container: name, containerID: id}
 	}
 	return nil // not running yet
+}
+
+// Report puts an Event on the served pod whose container holds cgroup cg
+// (discover.Reporter); nothing when the source serves none.
+func (s *Source) Report(cg, reason, message string) {
+	s.mu.Lock()
+	var best servedPod
+	var bestUID string
+	for uid, p := range s.served {
+		if within(cg, p.cgroupPath) && len(p.cgroupPath) > len(best.cgroupPath) {
+			best, bestUID = p, uid
+		}
+	}
+	s.mu.Unlock()
+	if bestUID == "" {
+		return
+	}
+	ns, name, _ := strings.Cut(best.key, "/")
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: name, UID: types.UID(bestUID)}
+	s.recorder.Event(ref, corev1.EventTypeWarning, reason, message)
+}
+
+// within reports whether cgroup path p is dir or below it.
+func within(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
 
 func (s *Source) forgetKey(key string, sink discover.Sink) {
