@@ -1,27 +1,26 @@
 package dev.cpuslot.runtime.guard;
 
-import java.lang.classfile.ClassFile;
-import java.lang.classfile.ClassHierarchyResolver;
-import java.lang.classfile.ClassModel;
-import java.lang.classfile.ClassTransform;
-import java.lang.classfile.MethodModel;
-import java.lang.classfile.Opcode;
-import java.lang.classfile.instruction.InvokeInstruction;
-import java.lang.constant.ClassDesc;
-import java.lang.constant.MethodTypeDesc;
+import java.io.File;
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.attribute.FileAttribute;
 import java.util.Collections;
+import java.util.Properties;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.HashMap;
 import java.util.Map;
 
 /**
  * What a Java action's classes call instead of the process-wide calls a multi-tenant runtime cannot
- * give one tenant: the runtime rewrites, in every class it loads from an action's jar, the calls
- * {@code System.exit}, {@code Runtime.exit}, {@code Runtime.halt} (to throw a SecurityException, as
- * a SecurityManager used to) and {@code System.getenv} (to see the activation's {@code __OW_*} and
- * /init environment on top of the process's, as the OpenWhisk Java runtime provides them).
+ * give one tenant ({@link Rewriter} redirects them here): {@code System.exit}, {@code Runtime.exit},
+ * {@code Runtime.halt} throw a SecurityException (as a SecurityManager used to);
+ * {@code System.getenv} sees the activation's {@code __OW_*} and /init environment on top of the
+ * process's, as the OpenWhisk Java runtime provides them; {@code java.io.tmpdir} and the
+ * temporary-file calls give the function's own directory.
  *
- * <p>Shared with every action class loader. Calls made through reflection or method handles are
- * not rewritten (see runtime-image/README.md).
+ * <p>Shared with every action class loader; functions cannot call it themselves (the guard refuses
+ * references to the runtime's classes).
  */
 public final class ActionGuard {
     private ActionGuard() {}
@@ -65,64 +64,61 @@ public final class ActionGuard {
         return Collections.unmodifiableMap(m);
     }
 
-    // ---- the rewrite ------------------------------------------------------------------------
+    // ---- the function's own temporary directory ----------------------------------------------
 
-    private static final ClassDesc GUARD = ClassDesc.of(ActionGuard.class.getName());
-    private static final ClassDesc RUNTIME = ClassDesc.of("java.lang.Runtime");
-    private static final MethodTypeDesc I_V = MethodTypeDesc.ofDescriptor("(I)V");
-    private static final MethodTypeDesc RT_I_V = MethodTypeDesc.of(java.lang.constant.ConstantDescs.CD_void, RUNTIME,
-            java.lang.constant.ConstantDescs.CD_int);
+    /** Each function's class loader -> its temporary directory (removed with the function). */
+    private static final Map<ClassLoader, Path> TMP = new ConcurrentHashMap<>();
+    private static final StackWalker WALKER = StackWalker.getInstance(StackWalker.Option.RETAIN_CLASS_REFERENCE);
 
-    /** Which guarded call an instruction is, or null. */
-    private static String target(InvokeInstruction i) {
-        String owner = i.owner().asInternalName(), name = i.name().stringValue(), type = i.type().stringValue();
-        if (owner.equals("java/lang/System") && i.opcode() == Opcode.INVOKESTATIC) {
-            if (name.equals("exit") && type.equals("(I)V")) return "exit";
-            if (name.equals("getenv") && type.equals("(Ljava/lang/String;)Ljava/lang/String;")) return "getenv1";
-            if (name.equals("getenv") && type.equals("()Ljava/util/Map;")) return "getenv0";
-        }
-        if (owner.equals("java/lang/Runtime") && i.opcode() == Opcode.INVOKEVIRTUAL && type.equals("(I)V")
-                && (name.equals("exit") || name.equals("halt"))) return "rt" + name;
-        return null;
+    /** Gives the function whose classes the loader defines its own temporary directory (null removes it). */
+    public static void setTmpdir(ClassLoader function, Path dir) {
+        if (dir == null) TMP.remove(function);
+        else TMP.put(function, dir);
     }
 
     /**
-     * Returns the class with its guarded calls redirected here, or the same bytes when it has none.
-     * @param loader resolves the action's own classes when stack maps are recomputed
+     * The calling function's temporary directory: found from the class that made the call (the
+     * rewritten call site), so threads the function starts have it too.
      */
-    public static byte[] rewrite(byte[] classBytes, ClassLoader loader) {
-        ClassFile plain = ClassFile.of();
-        ClassModel cm = plain.parse(classBytes);
-        boolean any = false;
-        for (MethodModel m : cm.methods()) {
-            if (m.code().isEmpty()) continue;
-            for (var e : m.code().get()) {
-                if (e instanceof InvokeInstruction i && target(i) != null) {
-                    any = true;
-                    break;
-                }
-            }
-            if (any) break;
-        }
-        if (!any) return classBytes;
-        ClassFile cf = ClassFile.of(ClassFile.ClassHierarchyResolverOption.of(
-                ClassHierarchyResolver.defaultResolver().orElse(ClassHierarchyResolver.ofResourceParsing(loader))));
-        return cf.transformClass(cm, ClassTransform.transformingMethodBodies((cob, coe) -> {
-            if (coe instanceof InvokeInstruction i) {
-                String t = target(i);
-                if (t != null) {
-                    switch (t) {
-                        case "exit" -> cob.invokestatic(GUARD, "exit", I_V);
-                        case "getenv1" -> cob.invokestatic(GUARD, "getenv", i.typeSymbol());
-                        case "getenv0" -> cob.invokestatic(GUARD, "getenv", i.typeSymbol());
-                        case "rtexit" -> cob.invokestatic(GUARD, "exit", RT_I_V);
-                        case "rthalt" -> cob.invokestatic(GUARD, "halt", RT_I_V);
-                        default -> cob.with(coe);
-                    }
-                    return;
-                }
-            }
-            cob.with(coe);
-        }));
+    private static Path tmpdir() {
+        Class<?> caller = WALKER.walk(s -> s.map(StackWalker.StackFrame::getDeclaringClass)
+                .filter(c -> c != ActionGuard.class).findFirst().orElse(ActionGuard.class));
+        Path p = TMP.get(caller.getClassLoader());
+        if (p == null) throw new SecurityException("no temporary directory for " + caller.getName());
+        return p;
+    }
+
+    public static String getProperty(String key) {
+        if ("java.io.tmpdir".equals(key)) return tmpdir().toString();
+        return System.getProperty(key);
+    }
+
+    public static String getProperty(String key, String def) {
+        if ("java.io.tmpdir".equals(key)) return tmpdir().toString();
+        return System.getProperty(key, def);
+    }
+
+    /** A copy: a function cannot change the JVM's properties through it. */
+    public static Properties getProperties() {
+        Properties p = new Properties();
+        p.putAll(System.getProperties());
+        p.setProperty("java.io.tmpdir", tmpdir().toString());
+        return p;
+    }
+
+    public static File createTempFile(String prefix, String suffix) throws IOException {
+        return File.createTempFile(prefix, suffix, tmpdir().toFile());
+    }
+
+    public static File createTempFile(String prefix, String suffix, File dir) throws IOException {
+        return File.createTempFile(prefix, suffix, dir != null ? dir : tmpdir().toFile());
+    }
+
+    public static Path createTempFile(String prefix, String suffix, FileAttribute<?>... attrs) throws IOException {
+        return Files.createTempFile(tmpdir(), prefix, suffix, attrs);
+    }
+
+    public static Path createTempDirectory(String prefix, FileAttribute<?>... attrs) throws IOException {
+        return Files.createTempDirectory(tmpdir(), prefix, attrs);
     }
 }
