@@ -162,6 +162,44 @@ class JavaContainmentTest {
         });
     }
 
+    /**
+     * A function that fills the heap while another function is invoked again and again (a small
+     * heap, so the JVM is full often): the hog's activation fails alone, every other invocation and
+     * the runtime's HTTP front go on.
+     */
+    @Test
+    void anOutOfMemoryErrorLeavesTheOtherFunctionsServed() throws Exception {
+        String hog = probe("""
+                List<long[]> hog = new ArrayList<>();
+                while (true) hog.add(new long[1 << 16]);""");
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        with("java", env("JAVA_TOOL_OPTIONS", "-Xmx96m"), c -> {
+            assertEquals(200, register(c, "hog", jarFile(c, "hog", hog), null).code());
+            assertEquals(200, register(c, "hello", jarFile(c, "hello", hello), null).code());
+            for (int round = 0; round < 3; round++) {
+                var hogReply = new java.util.concurrent.CompletableFuture<Reply>();
+                Thread t = Thread.ofPlatform().start(() -> {
+                    try {
+                        hogReply.complete(invoke(c, "hog"));
+                    } catch (Throwable e) {
+                        hogReply.completeExceptionally(e);
+                    }
+                });
+                int hellos = 0;
+                while (!hogReply.isDone() || hellos < 5) {
+                    Reply h = invoke(c, "hello");
+                    assertEquals(200, h.code(), "hello while the hog runs (round " + round + "): " + h.raw());
+                    hellos++;
+                }
+                t.join();
+                Reply r = hogReply.get();
+                assertEquals(502, r.code(), String.valueOf(r.raw()));
+                assertTrue(r.raw().toString().contains("OutOfMemoryError"), String.valueOf(r.raw()));
+            }
+            assertAlive(c);
+        });
+    }
+
     /** Writes the function's jar to a file (for Hydra /register?url=file:). */
     static Path jarFile(ActionContainer c, String name, String base64) throws Exception {
         Path p = c.dir.resolve(name + ".jar");

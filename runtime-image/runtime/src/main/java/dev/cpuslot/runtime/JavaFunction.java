@@ -167,6 +167,7 @@ public final class JavaFunction implements Function {
                 ClassLoader prev = t.getContextClassLoader();
                 t.setContextClassLoader(loader);
                 ActionGuard.setEnv(env);
+                ActionGuard.begin();
                 try {
                     JsonObject in = args != null && args.isJsonObject() ? args.getAsJsonObject() : new JsonObject();
                     Object out = switch (kind) {
@@ -194,13 +195,17 @@ public final class JavaFunction implements Function {
                 } catch (Throwable th) {
                     throw new Function.FunctionError(th.toString(), th);
                 } finally {
+                    ActionGuard.end();
                     ActionGuard.setEnv(null);
                     t.setContextClassLoader(prev);
                 }
             }
 
             @Override
-            public void cancel(Thread worker) { worker.interrupt(); }
+            public void cancel(Thread worker) {
+                ActionGuard.cancel(worker); // its loops stop at their next backward branch
+                worker.interrupt();
+            }
 
             @Override
             public void close() {}

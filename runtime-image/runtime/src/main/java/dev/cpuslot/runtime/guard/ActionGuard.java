@@ -5,7 +5,13 @@ import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.attribute.FileAttribute;
+import java.lang.management.ManagementFactory;
+import java.lang.management.MemoryPoolMXBean;
+import java.lang.management.MemoryType;
+import java.lang.management.MemoryUsage;
+import java.util.List;
 import java.util.Collections;
+import java.util.Set;
 import java.util.Properties;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.HashMap;
@@ -62,6 +68,103 @@ public final class ActionGuard {
         Map<String, String> m = new HashMap<>(System.getenv());
         m.putAll(e);
         return Collections.unmodifiableMap(m);
+    }
+
+    // ---- the poll at every backward branch of a function's code -------------------------------
+
+    /** Set while any thread is to be stopped or the heap is nearly full: the poll's fast path reads only this. */
+    private static volatile boolean alert;
+    private static volatile boolean pressure;
+    private static final Set<Thread> CANCELLED = ConcurrentHashMap.newKeySet();
+    /** Bytes the calling thread had allocated when its activation began. */
+    private static final ThreadLocal<long[]> START = new ThreadLocal<>();
+    private static final com.sun.management.ThreadMXBean THREADS =
+            (com.sun.management.ThreadMXBean) ManagementFactory.getThreadMXBean();
+    private static final long MAX_HEAP = Runtime.getRuntime().maxMemory();
+    /** Under pressure, a function thread that allocated more than this in its activation is stopped. */
+    private static volatile long share = MAX_HEAP / 8;
+
+    static {
+        // The old generation holds what survived collections: nearly full, it is a function's
+        // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
+        // next backward branch) before the runtime's own threads find no memory.
+        List<MemoryPoolMXBean> old = ManagementFactory.getMemoryPoolMXBeans().stream()
+                .filter(p -> p.getType() == MemoryType.HEAP && p.isCollectionUsageThresholdSupported()
+                        && !p.getName().contains("Eden") && !p.getName().contains("Survivor"))
+                .toList();
+        Thread.ofPlatform().daemon().name("cpuslot-heap-watch").start(() -> {
+            while (true) {
+                try {
+                    Thread.sleep(5);
+                    long used = 0, max = 0;
+                    for (MemoryPoolMXBean p : old) {
+                        MemoryUsage u = p.getUsage();
+                        used += u.getUsed();
+                        max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
+                    }
+                    heapUsed(used, max > 0 ? max : MAX_HEAP);
+                } catch (InterruptedException e) {
+                    return;
+                } catch (Throwable e) { // an OutOfMemoryError of its own: go on watching
+                }
+            }
+        });
+    }
+
+    private static void heapUsed(long used, long max) {
+        boolean high = used > max / 10 * 7, low = used < max / 10 * 5;
+        if (high && !pressure) {
+            pressure = true;
+            alert = true;
+        } else if (low && pressure) {
+            pressure = false;
+            alert = !CANCELLED.isEmpty();
+        }
+    }
+
+    /** Sets the share of the heap a function thread may allocate in one activation before it is stopped under pressure. */
+    public static void setShare(long bytes) { share = bytes; }
+
+    /** The calling (worker) thread starts an activation. */
+    public static void begin() {
+        CANCELLED.remove(Thread.currentThread());
+        START.set(new long[] {THREADS.getCurrentThreadAllocatedBytes()});
+    }
+
+    /** The calling (worker) thread ended its activation. */
+    public static void end() {
+        CANCELLED.remove(Thread.currentThread());
+        START.remove();
+        if (CANCELLED.isEmpty() && !pressure) alert = false;
+    }
+
+    /** The activation on this worker passed its deadline: its code stops at its next backward branch. */
+    public static void cancel(Thread worker) {
+        CANCELLED.add(worker);
+        alert = true;
+    }
+
+    /** Inserted by the guard before every backward branch of a function's code. */
+    public static void poll() {
+        if (alert) slowPoll();
+    }
+
+    private static void slowPoll() {
+        Thread t = Thread.currentThread();
+        if (CANCELLED.contains(t)) throw new Stopped("the activation passed its deadline");
+        if (pressure) {
+            long[] st = START.get();
+            long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);
+            if (allocated > share) {
+                throw new OutOfMemoryError("the function allocated " + (allocated >> 20) + " MiB in this activation while the"
+                        + " runtime's heap is nearly full (its share: " + (share >> 20) + " MiB)");
+            }
+        }
+    }
+
+    /** Ends a function's code at its deadline (thrown again at every backward branch if it is caught). */
+    public static final class Stopped extends Error {
+        Stopped(String msg) { super(msg, null, false, false); }
     }
 
     // ---- the function's own temporary directory ----------------------------------------------

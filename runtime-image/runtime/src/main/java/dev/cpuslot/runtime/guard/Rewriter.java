@@ -4,6 +4,16 @@ import java.lang.classfile.ClassFile;
 import java.lang.classfile.ClassHierarchyResolver;
 import java.lang.classfile.ClassModel;
 import java.lang.classfile.ClassTransform;
+import java.lang.classfile.CodeBuilder;
+import java.lang.classfile.CodeElement;
+import java.lang.classfile.CodeTransform;
+import java.lang.classfile.Label;
+import java.lang.classfile.instruction.BranchInstruction;
+import java.lang.classfile.instruction.LabelTarget;
+import java.lang.classfile.instruction.LookupSwitchInstruction;
+import java.lang.classfile.instruction.TableSwitchInstruction;
+import java.lang.constant.ConstantDescs;
+import java.util.HashSet;
 import java.lang.classfile.Opcode;
 import java.lang.classfile.constantpool.ClassEntry;
 import java.lang.classfile.constantpool.MemberRefEntry;
@@ -53,7 +63,7 @@ public final class Rewriter {
     private static final List<String> DENIED_PACKAGES = List.of(
             "sun/", "jdk/internal/", "com/sun/", "jdk/jfr/", "jdk/jshell/", "java/lang/foreign/", "java/lang/instrument/",
             "java/lang/management/", "javax/management/", "java/beans/", "javax/script/", "javax/naming/", "java/rmi/",
-            "javax/tools/", "dev/cpuslot/");
+            "javax/tools/", "dev/cpuslot/runtime/");
 
     /** Classes no function may call at all. */
     private static final Set<String> DENIED_CLASSES = Set.of(
@@ -182,17 +192,30 @@ public final class Rewriter {
             String why = check(cm);
             if (why != null) throw new Refused(why);
         }
-        boolean any = false;
-        for (PoolEntry e : cm.constantPool()) {
-            if (e instanceof MemberRefEntry m && redirectOf(m) != null) {
-                any = true;
-                break;
-            }
-        }
-        if (!any) return classBytes;
         ClassFile cf = ClassFile.of(ClassFile.ClassHierarchyResolverOption.of(
                 ClassHierarchyResolver.defaultResolver().orElse(ClassHierarchyResolver.ofResourceParsing(loader))));
-        return cf.transformClass(cm, ClassTransform.transformingMethodBodies((cob, coe) -> {
+        return cf.transformClass(cm, ClassTransform.transformingMethodBodies(CodeTransform.ofStateful(() -> new CodeTransform() {
+            /** Labels already bound in this method: a branch to one of them goes backward. */
+            private final Set<Label> seen = new HashSet<>();
+
+            @Override
+            public void accept(CodeBuilder cob, CodeElement coe) {
+                if (coe instanceof LabelTarget lt) seen.add(lt.label());
+                boolean back = switch (coe) {
+                    case BranchInstruction b -> seen.contains(b.target());
+                    case LookupSwitchInstruction l -> seen.contains(l.defaultTarget()) || l.cases().stream().anyMatch(c -> seen.contains(c.target()));
+                    case TableSwitchInstruction t -> seen.contains(t.defaultTarget()) || t.cases().stream().anyMatch(c -> seen.contains(c.target()));
+                    default -> false;
+                };
+                // a loop stops at its deadline or when it fills the heap (ActionGuard.poll)
+                if (back) cob.invokestatic(GUARD, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
+                redirect(cob, coe);
+            }
+        })));
+    }
+
+    private static void redirect(CodeBuilder cob, CodeElement coe) {
+        {
             if (coe instanceof InvokeInstruction i && (i.opcode() == Opcode.INVOKESTATIC || i.opcode() == Opcode.INVOKEVIRTUAL)) {
                 Redirect r = redirectOf(i.method());
                 if (r != null && r.virtual() == (i.opcode() == Opcode.INVOKEVIRTUAL)) {
@@ -203,7 +226,7 @@ public final class Rewriter {
                 }
             }
             cob.with(coe);
-        }));
+        }
     }
 
     /** Checks only (for a whole jar at /init): the refusal, or null. */
