@@ -164,6 +164,8 @@ final class ActionContainer implements AutoCloseable {
 
     boolean alive() { return proc.isAlive(); }
 
+    long pid() { return proc.pid(); }
+
     /** As {@code docker kill}: SIGKILL, then the logs as written until then. */
     private void kill() throws IOException, InterruptedException {
         if (out != null) return;

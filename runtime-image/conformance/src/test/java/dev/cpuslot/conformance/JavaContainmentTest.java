@@ -200,6 +200,45 @@ class JavaContainmentTest {
         });
     }
 
+    /** Names of the runtime's threads whose name starts with prefix (from /proc). */
+    static List<String> threads(ActionContainer c, String prefix) throws Exception {
+        List<String> l = new java.util.ArrayList<>();
+        try (var s = Files.list(Path.of("/proc/" + c.pid() + "/task"))) {
+            for (Path t : (Iterable<Path>) s::iterator) {
+                try {
+                    String n = Files.readString(t.resolve("comm")).trim();
+                    if (n.startsWith(prefix)) l.add(n);
+                } catch (java.io.IOException gone) {
+                }
+            }
+        }
+        return l;
+    }
+
+    /**
+     * A loop that ignores interrupts ends at its deadline: the 502 comes at the deadline and the
+     * worker thread that ran it ends too (before: it spun on, burning CPU, for the process's life).
+     */
+    @Test
+    void aLoopThatIgnoresInterruptsEndsAtItsDeadline() throws Exception {
+        String spin = probe("""
+                long x = 1;
+                while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; }
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(spin)).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = threads(c, "fn-");
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = threads(c, "fn-");
+            }
+            assertEquals(List.of(), left, "the activation's worker still runs 60 s after its deadline");
+        });
+    }
+
     /** Writes the function's jar to a file (for Hydra /register?url=file:). */
     static Path jarFile(ActionContainer c, String name, String base64) throws Exception {
         Path p = c.dir.resolve(name + ".jar");
