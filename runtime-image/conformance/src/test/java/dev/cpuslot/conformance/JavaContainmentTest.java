@@ -50,8 +50,10 @@ class JavaContainmentTest {
     }
 
     /**
-     * Probes that would end the runtime: the guard refuses the jar at /init and says which member;
-     * the runtime lives on. (Before: /init accepted them and /run ended the process.)
+     * Probes that would end the runtime or reach past the function: the guard refuses the jar at
+     * /init and says which member, or (reflection, which may act on the function's own classes)
+     * the call fails with a SecurityException; the runtime lives on. (Before: /init accepted them
+     * and /run ended the process or reached JVM-wide state.)
      */
     @ParameterizedTest(name = "{0}")
     @ValueSource(strings = {
@@ -109,8 +111,10 @@ class JavaContainmentTest {
             Reply init = c.init(init(jar));
             Reply run = init.code() == 200 ? c.run(runPayload(new JsonObject())) : null;
             assertAlive(c);
-            assertEquals(502, init.code(), "/init of the " + probe + " probe (then /run: " + (run == null ? "-" : run.code() + " " + run.raw()) + ")");
-            String err = init.body().get("error").getAsString();
+            Reply refused = init.code() == 200 ? run : init;
+            assertEquals(502, refused.code(), "/init of the " + probe + " probe: " + init.code() + " " + init.raw()
+                    + ", then /run: " + (run == null ? "-" : run.code() + " " + run.raw()));
+            String err = refused.body().get("error").getAsString();
             assertTrue(err.contains("not allowed to a function in a shared runtime"), err);
         });
     }
@@ -119,13 +123,38 @@ class JavaContainmentTest {
     @Test
     void theRefusalNamesTheMember() throws Exception {
         String jar = probe("""
-                Class.forName("java.lang.System").getMethod("exit", int.class).invoke(null, 1);
+                new ProcessBuilder("true").start();
                 return args;""");
         with("java", c -> {
             Reply init = c.init(init(jar));
             assertEquals(502, init.code());
             String err = init.body().get("error").getAsString();
-            assertTrue(err.contains("example/Probe") && err.contains("java.lang.reflect.Method.invoke"), err);
+            assertTrue(err.contains("example/Probe") && err.contains("java.lang.ProcessBuilder"), err);
+        });
+    }
+
+    /** Reflection on the function's own classes works; on the JDK's, the call fails. */
+    @Test
+    void reflectionActsOnTheFunctionsOwnClassesOnly() throws Exception {
+        String jar = probe("""
+                JsonObject r = new JsonObject();
+                java.lang.reflect.Method own = Probe.class.getDeclaredMethod("secret");
+                own.setAccessible(true);
+                r.addProperty("own", (String) own.invoke(null));
+                try {
+                    r.addProperty("jdk", (String) String.class.getMethod("valueOf", int.class).invoke(null, 7));
+                } catch (SecurityException e) {
+                    r.addProperty("jdk", "refused");
+                }
+                return r;
+                }
+                private static String secret() { return "mine";""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply r = c.run(runPayload(new JsonObject()));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            assertEquals("mine", r.body().get("own").getAsString());
+            assertEquals("refused", r.body().get("jdk").getAsString());
         });
     }
 

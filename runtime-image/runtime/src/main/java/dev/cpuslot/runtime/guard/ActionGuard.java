@@ -6,6 +6,11 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.attribute.FileAttribute;
 import java.lang.management.ManagementFactory;
+import java.lang.reflect.AccessibleObject;
+import java.lang.reflect.Constructor;
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Member;
+import java.lang.reflect.Method;
 import java.lang.management.MemoryPoolMXBean;
 import java.lang.management.MemoryType;
 import java.lang.management.MemoryUsage;
@@ -167,6 +172,58 @@ public final class ActionGuard {
         Stopped(String msg) { super(msg, null, false, false); }
     }
 
+    // ---- reflection on the function's own classes only ---------------------------------------
+
+    /** The function class that called the guard (the rewritten call site). */
+    private static Class<?> caller() {
+        return WALKER.walk(s -> s.map(StackWalker.StackFrame::getDeclaringClass)
+                .filter(c -> c != ActionGuard.class).findFirst().orElse(ActionGuard.class));
+    }
+
+    /** Reflection may act only on members of the calling function's own classes. */
+    private static void own(Class<?> target, String what) {
+        ClassLoader l = caller().getClassLoader();
+        if (target == null || target.getClassLoader() != l || !TMP.containsKey(l)) {
+            throw new SecurityException(what + " of " + (target == null ? "null" : target.getName())
+                    + ": reflection on other than the function's own classes is not allowed to a function in a shared runtime");
+        }
+    }
+
+    public static Object invoke(Object method, Object target, Object[] args) throws IllegalAccessException, InvocationTargetException {
+        Method m = (Method) method;
+        own(m.getDeclaringClass(), "Method.invoke");
+        return m.invoke(target, args);
+    }
+
+    public static Object newInstance(Object constructor, Object[] args)
+            throws InstantiationException, IllegalAccessException, InvocationTargetException {
+        Constructor<?> c = (Constructor<?>) constructor;
+        own(c.getDeclaringClass(), "Constructor.newInstance");
+        return c.newInstance(args);
+    }
+
+    public static Object newInstance(Object cls) throws InstantiationException, IllegalAccessException {
+        Class<?> c = (Class<?>) cls;
+        own(c, "Class.newInstance");
+        try {
+            return c.getDeclaredConstructor().newInstance();
+        } catch (NoSuchMethodException e) {
+            throw new InstantiationException(c.getName() + " has no constructor without parameters");
+        } catch (InvocationTargetException e) {
+            throw new IllegalStateException(e.getCause());
+        }
+    }
+
+    public static void setAccessible(Object member, boolean flag) {
+        own(((Member) member).getDeclaringClass(), "setAccessible");
+        ((AccessibleObject) member).setAccessible(flag);
+    }
+
+    public static boolean trySetAccessible(Object member) {
+        own(((Member) member).getDeclaringClass(), "trySetAccessible");
+        return ((AccessibleObject) member).trySetAccessible();
+    }
+
     // ---- the function's own temporary directory ----------------------------------------------
 
     /** Each function's class loader -> its temporary directory (removed with the function). */
@@ -184,8 +241,7 @@ public final class ActionGuard {
      * rewritten call site), so threads the function starts have it too.
      */
     private static Path tmpdir() {
-        Class<?> caller = WALKER.walk(s -> s.map(StackWalker.StackFrame::getDeclaringClass)
-                .filter(c -> c != ActionGuard.class).findFirst().orElse(ActionGuard.class));
+        Class<?> caller = caller();
         Path p = TMP.get(caller.getClassLoader());
         if (p == null) throw new SecurityException("no temporary directory for " + caller.getName());
         return p;

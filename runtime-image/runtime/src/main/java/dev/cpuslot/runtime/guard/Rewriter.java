@@ -31,23 +31,26 @@ import java.util.Set;
  * first checked, then rewritten:
  * <ul>
  * <li><b>Refused</b> (the jar is rejected at /init, naming class and member): any reference to a
- * member that could end the runtime or reach past the function: reflection ({@code java.lang.reflect}
- * but Array and Modifier, {@code Class.newInstance}), method handles and their lookups
+ * member that could end the runtime or reach past the function: reflection on fields, method
+ * handles and their lookups
  * ({@code java.lang.invoke} but the bootstraps javac emits for lambdas and string concatenation),
  * {@code sun.*}, {@code jdk.internal.*}, {@code com.sun.*} (so {@code sun.misc.Unsafe}), the
  * foreign-function API and {@code System/Runtime.load*}, process start and process handles, class
  * loaders of its own, the JVM-wide defaults (standard streams, system properties, default time
  * zone, locale, uncaught-exception handler, network and security defaults, shutdown hooks), other
  * threads ({@code Thread.getAllStackTraces}, {@code enumerate}), management, JFR, scripting, JNDI,
- * {@code java.beans} (reflective calls by name), and the runtime's own classes. A method handle
+ * {@code java.beans} (reflective calls by name), Java deserialization and XSLT (code the guard
+ * never saw), and the runtime's own classes. A method handle
  * constant to a rewritten member is refused too.</li>
- * <li><b>Rewritten</b> to {@link ActionGuard}: {@code System.exit}, {@code Runtime.exit/halt}
+ * <li><b>Rewritten</b> to {@link ActionGuard}: {@code Method.invoke}, {@code Constructor/Class.newInstance},
+ * {@code setAccessible} (allowed on the function's own classes only), {@code System.exit}, {@code Runtime.exit/halt}
  * (a SecurityException), {@code System.getenv} (the activation's environment),
  * {@code System.getProperty/getProperties} and the temporary-file calls (the function's own
  * temporary directory).</li>
  * </ul>
- * Reflection by name cannot be told apart at load time, so it is refused whole; a runtime that
- * hosts only trusted code may turn the refusal off (CPUSLOT_JAVA_TRUSTED, runtime-image/README.md).
+ * Reflection by name cannot be told apart at load time, so it is checked when it acts; a runtime
+ * that hosts only trusted code may turn the refusals and that check off (CPUSLOT_JAVA_TRUSTED,
+ * runtime-image/README.md).
  */
 public final class Rewriter {
     private Rewriter() {}
@@ -69,7 +72,9 @@ public final class Rewriter {
     private static final Set<String> DENIED_CLASSES = Set.of(
             "java/lang/ProcessBuilder", "java/lang/ProcessBuilder$Redirect", "java/lang/Process", "java/lang/ProcessHandle",
             "java/lang/ProcessHandle$Info", "java/net/URLClassLoader", "java/security/SecureClassLoader",
-            "java/lang/invoke/MethodHandleProxies");
+            "java/lang/invoke/MethodHandleProxies",
+            // deserialization gadgets and XSLT extension functions run code the guard never saw
+            "java/io/ObjectInputStream", "javax/xml/transform/TransformerFactory", "javax/xml/transform/sax/SAXTransformerFactory");
 
     /** owner -> members no function may call (or take a handle to). */
     private static final Map<String, Set<String>> DENIED_MEMBERS = Map.ofEntries(
@@ -78,7 +83,6 @@ public final class Rewriter {
             Map.entry("java/lang/Runtime", Set.of("exec", "load", "loadLibrary", "addShutdownHook", "removeShutdownHook")),
             Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler")),
             Map.entry("java/lang/ThreadGroup", Set.of("enumerate")),
-            Map.entry("java/lang/Class", Set.of("newInstance")),
             Map.entry("java/lang/ClassLoader", Set.of("<init>", "defineClass", "defineClass1", "defineClass2", "resolveClass",
                     "setDefaultAssertionStatus", "setClassAssertionStatus", "setPackageAssertionStatus")),
             Map.entry("java/util/TimeZone", Set.of("setDefault")),
@@ -105,11 +109,13 @@ public final class Rewriter {
     private static final Set<String> ALLOWED_INVOKE = Set.of("java/lang/invoke/LambdaMetafactory", "java/lang/invoke/StringConcatFactory");
 
     /** Why a reference to owner.name is refused, or null. */
-    static String deniedMember(String owner, String name) {
+    static String deniedMember(String owner, String name, String type) {
         for (String p : DENIED_PACKAGES) if (owner.startsWith(p)) return "its classes";
         if (DENIED_CLASSES.contains(owner)) return "its members";
-        if (owner.startsWith("java/lang/reflect/") && !owner.equals("java/lang/reflect/Array") && !owner.equals("java/lang/reflect/Modifier"))
-            return "reflection";
+        // reflection: looking is allowed; acting (invoke, newInstance, setAccessible) is
+        // redirected to a check that the member is the function's own; fields are refused
+        if (owner.equals("java/lang/reflect/Field")) return "reflection on fields";
+        if (owner.startsWith("java/lang/reflect/") && name.equals("setAccessible") && type.startsWith("([")) return "reflection";
         if (owner.startsWith("java/lang/invoke/") && !ALLOWED_INVOKE.contains(owner)) return "method handles";
         Set<String> m = DENIED_MEMBERS.get(owner);
         if (m != null && m.contains(name)) return "a JVM-wide call";
@@ -125,7 +131,7 @@ public final class Rewriter {
 
     // ---- rewritten calls --------------------------------------------------------------------
 
-    private record Redirect(String owner, String name, String type, boolean virtual) {}
+    private record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
 
     /** owner.name+type (JVM form) -> the ActionGuard method of the same name (a virtual call gets its receiver first). */
     private static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
@@ -142,10 +148,26 @@ public final class Rewriter {
             redirect("java/nio/file/Files", "createTempFile",
                     "(Ljava/lang/String;Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false),
             redirect("java/nio/file/Files", "createTempDirectory",
-                    "(Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false));
+                    "(Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false),
+            reflect("java/lang/reflect/Method", "invoke", "(Ljava/lang/Object;[Ljava/lang/Object;)Ljava/lang/Object;"),
+            reflect("java/lang/reflect/Constructor", "newInstance", "([Ljava/lang/Object;)Ljava/lang/Object;"),
+            reflect("java/lang/Class", "newInstance", "()Ljava/lang/Object;"),
+            reflect("java/lang/reflect/Method", "setAccessible", "(Z)V"),
+            reflect("java/lang/reflect/Constructor", "setAccessible", "(Z)V"),
+            reflect("java/lang/reflect/Executable", "setAccessible", "(Z)V"),
+            reflect("java/lang/reflect/AccessibleObject", "setAccessible", "(Z)V"),
+            reflect("java/lang/reflect/Method", "trySetAccessible", "()Z"),
+            reflect("java/lang/reflect/Constructor", "trySetAccessible", "()Z"),
+            reflect("java/lang/reflect/Executable", "trySetAccessible", "()Z"),
+            reflect("java/lang/reflect/AccessibleObject", "trySetAccessible", "()Z"));
 
     private static Map.Entry<String, Redirect> redirect(String owner, String name, String type, boolean virtual) {
-        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, virtual));
+        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, virtual, false));
+    }
+
+    /** A redirect that only the guard makes (a trusted runtime leaves the call as it is). */
+    private static Map.Entry<String, Redirect> reflect(String owner, String name, String type) {
+        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, true, true));
     }
 
     private static final ClassDesc GUARD = ClassDesc.of(ActionGuard.class.getName());
@@ -162,7 +184,8 @@ public final class Rewriter {
             if (e instanceof MemberRefEntry m) {
                 String owner = m.owner().asInternalName();
                 if (owner.equals(self)) continue;
-                why = deniedMember(owner, m.name().stringValue());
+                if (redirectOf(m) != null) continue;
+                why = deniedMember(owner, m.name().stringValue(), m.type().stringValue());
                 what = owner.replace('/', '.') + "." + m.name().stringValue();
             } else if (e instanceof ClassEntry c && !c.asInternalName().startsWith("[")) {
                 why = deniedClass(c.asInternalName());
@@ -209,18 +232,18 @@ public final class Rewriter {
                 };
                 // a loop stops at its deadline or when it fills the heap (ActionGuard.poll)
                 if (back) cob.invokestatic(GUARD, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
-                redirect(cob, coe);
+                redirect(cob, coe, trusted);
             }
         })));
     }
 
-    private static void redirect(CodeBuilder cob, CodeElement coe) {
+    private static void redirect(CodeBuilder cob, CodeElement coe, boolean trusted) {
         {
             if (coe instanceof InvokeInstruction i && (i.opcode() == Opcode.INVOKESTATIC || i.opcode() == Opcode.INVOKEVIRTUAL)) {
                 Redirect r = redirectOf(i.method());
-                if (r != null && r.virtual() == (i.opcode() == Opcode.INVOKEVIRTUAL)) {
+                if (r != null && r.virtual() == (i.opcode() == Opcode.INVOKEVIRTUAL) && !(trusted && r.guardOnly())) {
                     MethodTypeDesc t = i.typeSymbol();
-                    if (r.virtual()) t = t.insertParameterTypes(0, ClassDesc.ofInternalName(r.owner()));
+                    if (r.virtual()) t = t.insertParameterTypes(0, ClassDesc.of("java.lang.Object"));
                     cob.invokestatic(GUARD, r.name(), t);
                     return;
                 }
