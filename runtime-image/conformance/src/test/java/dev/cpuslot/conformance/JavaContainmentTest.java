@@ -59,7 +59,7 @@ class JavaContainmentTest {
     @ValueSource(strings = {
             "exitViaReflection", "haltViaMethodHandle", "killOwnPid", "runtimeExec", "unsafePutAddress",
             "setOut", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
-            "processHandle"})
+            "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -104,6 +104,22 @@ class JavaContainmentTest {
                     // (the runtime's parent, here the test JVM, would be ProcessHandle.current().parent())
                     args.addProperty("processes", ProcessHandle.allProcesses().count());
                     return args;""";
+            case "exitByMethodReference" -> """
+                    java.util.function.IntConsumer f = System::exit;
+                    f.accept(1);
+                    return args;""";
+            case "haltByMethodReference" -> """
+                    java.util.function.IntConsumer f = Runtime.getRuntime()::halt;
+                    f.accept(1);
+                    return args;""";
+            case "fieldReflection" -> """
+                    java.lang.reflect.Field f = Thread.class.getDeclaredField("threadLocals");
+                    f.setAccessible(true);
+                    args.addProperty("tl", String.valueOf(f.get(Thread.currentThread())));
+                    return args;""";
+            case "deserialization" -> """
+                    new ObjectInputStream(new ByteArrayInputStream(new byte[0])).readObject();
+                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         String jar = probe(body);
@@ -130,6 +146,34 @@ class JavaContainmentTest {
             assertEquals(502, init.code());
             String err = init.body().get("error").getAsString();
             assertTrue(err.contains("example/Probe") && err.contains("java.lang.ProcessBuilder"), err);
+        });
+    }
+
+    /** What ordinary code compiles to (lambdas, string concatenation, switches, records, loops) passes the guard. */
+    @Test
+    void ordinaryCodeRuns() throws Exception {
+        String jar = probe("""
+                record P(String name, int n) {}
+                List<P> ps = new ArrayList<>();
+                for (int i = 0; i < 5; i++) ps.add(new P("p" + i, i));
+                int sum = ps.stream().mapToInt(P::n).sum();
+                String kind = switch (args.has("x") ? "x" : "none") { case "x" -> "has x"; default -> "no x"; };
+                Path tmp = Files.createTempFile("t", ".txt");
+                Files.writeString(tmp, "ok");
+                JsonObject r = new JsonObject();
+                r.addProperty("sum", sum);
+                r.addProperty("kind", kind + " " + ps.get(1));
+                r.addProperty("file", Files.readString(tmp));
+                r.addProperty("env", String.valueOf(System.getenv("__OW_ACTIVATION_ID") != null));
+                return r;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("activation_id", "a1")));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            assertEquals(10, r.body().get("sum").getAsInt());
+            assertEquals("no x P[name=p1, n=1]", r.body().get("kind").getAsString());
+            assertEquals("ok", r.body().get("file").getAsString());
+            assertEquals("true", r.body().get("env").getAsString());
         });
     }
 

@@ -123,7 +123,7 @@ public final class ActionGuard {
             alert = true;
         } else if (low && pressure) {
             pressure = false;
-            alert = !CANCELLED.isEmpty();
+            calm();
         }
     }
 
@@ -140,7 +140,14 @@ public final class ActionGuard {
     public static void end() {
         CANCELLED.remove(Thread.currentThread());
         START.remove();
-        if (CANCELLED.isEmpty() && !pressure) alert = false;
+        calm();
+    }
+
+    /** Clears the alert when nothing is pending; a cancel or pressure racing with it sets it again. */
+    private static void calm() {
+        if (!CANCELLED.isEmpty() || pressure) return;
+        alert = false;
+        if (!CANCELLED.isEmpty() || pressure) alert = true;
     }
 
     /** The activation on this worker passed its deadline: its code stops at its next backward branch. */
