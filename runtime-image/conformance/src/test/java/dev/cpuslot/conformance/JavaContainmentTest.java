@@ -274,13 +274,18 @@ class JavaContainmentTest {
     }
 
     /** Names of the runtime's threads whose name starts with prefix (from /proc). */
-    static List<String> threads(ActionContainer c, String prefix) throws Exception {
+    static List<String> threads(ActionContainer c, String prefix) throws Exception { return threads(c, prefix, false); }
+
+    /** The same, only those running or runnable (state R): a thread blocked in a queue uses no CPU. */
+    static List<String> threads(ActionContainer c, String prefix, boolean runnableOnly) throws Exception {
         List<String> l = new java.util.ArrayList<>();
         try (var s = Files.list(Path.of("/proc/" + c.pid() + "/task"))) {
             for (Path t : (Iterable<Path>) s::iterator) {
                 try {
                     String n = Files.readString(t.resolve("comm")).trim();
-                    if (n.startsWith(prefix)) l.add(n);
+                    String stat = Files.readString(t.resolve("stat"));
+                    boolean runnable = stat.substring(stat.lastIndexOf(')') + 2).startsWith("R");
+                    if (n.startsWith(prefix) && (runnable || !runnableOnly)) l.add(n);
                 } catch (java.io.IOException gone) {
                 }
             }
@@ -309,6 +314,37 @@ class JavaContainmentTest {
                 left = threads(c, "fn-");
             }
             assertEquals(List.of(), left, "the activation's worker still runs 60 s after its deadline");
+        });
+    }
+
+    /**
+     * Threads the activation started (directly or through an executor it made) stop at its
+     * deadline too, whatever they do with interrupts: none is left running (an executor's thread
+     * may stay, blocked on its queue).
+     */
+    @Test
+    void threadsAnActivationStartedEndAtItsDeadline() throws Exception {
+        String spin = probe("""
+                Runnable r = () -> { long x = 1; while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; } };
+                Thread.ofPlatform().name("spinner-own").start(r);
+                java.util.concurrent.Executors.newFixedThreadPool(2, t -> new Thread(t, "spinner-pool")).submit(r);
+                r.run();
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(spin)).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = threads(c, "spinner", true);
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = threads(c, "spinner", true);
+                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
+                    Thread.sleep(200);
+                    left = threads(c, "spinner", true);
+                }
+            }
+            assertEquals(List.of(), left, "threads the activation started still run 60 s after its deadline");
         });
     }
 

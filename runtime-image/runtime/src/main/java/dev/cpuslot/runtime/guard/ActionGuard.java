@@ -80,7 +80,18 @@ public final class ActionGuard {
     /** Set while any thread is to be stopped or the heap is nearly full: the poll's fast path reads only this. */
     private static volatile boolean alert;
     private static volatile boolean pressure;
-    private static final Set<Thread> CANCELLED = ConcurrentHashMap.newKeySet();
+    /** One activation: every thread it starts inherits it, so all of them stop at its deadline. */
+    private static final class Activation {
+        volatile boolean cancelled;
+    }
+
+    private static final InheritableThreadLocal<Activation> ACTIVATION = new InheritableThreadLocal<>();
+    /** Worker -> its running activation (for the caller that cancels it at the deadline). */
+    private static final Map<Thread, Activation> RUNNING = new ConcurrentHashMap<>();
+    /** Until then the alert stays on after a cancel: the activation's other threads poll within it. */
+    private static volatile long alertUntil;
+    /** How long after a deadline the alert stays on for the threads an activation started. */
+    private static final long ALERT_NANOS = 30_000_000_000L;
     /** Bytes the calling thread had allocated when its activation began. */
     private static final ThreadLocal<long[]> START = new ThreadLocal<>();
     private static final com.sun.management.ThreadMXBean THREADS =
@@ -108,6 +119,7 @@ public final class ActionGuard {
                         max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
                     }
                     heapUsed(used, max > 0 ? max : MAX_HEAP);
+                    if (alert) calm();
                 } catch (InterruptedException e) {
                     return;
                 } catch (Throwable e) { // an OutOfMemoryError of its own: go on watching
@@ -132,27 +144,35 @@ public final class ActionGuard {
 
     /** The calling (worker) thread starts an activation. */
     public static void begin() {
-        CANCELLED.remove(Thread.currentThread());
+        Activation a = new Activation();
+        ACTIVATION.set(a);
+        RUNNING.put(Thread.currentThread(), a);
         START.set(new long[] {THREADS.getCurrentThreadAllocatedBytes()});
     }
 
     /** The calling (worker) thread ended its activation. */
     public static void end() {
-        CANCELLED.remove(Thread.currentThread());
+        RUNNING.remove(Thread.currentThread());
+        ACTIVATION.remove();
         START.remove();
         calm();
     }
 
     /** Clears the alert when nothing is pending; a cancel or pressure racing with it sets it again. */
     private static void calm() {
-        if (!CANCELLED.isEmpty() || pressure) return;
+        if (busy()) return;
         alert = false;
-        if (!CANCELLED.isEmpty() || pressure) alert = true;
+        if (busy()) alert = true;
     }
+
+    private static boolean busy() { return pressure || System.nanoTime() - alertUntil < 0; }
 
     /** The activation on this worker passed its deadline: its code stops at its next backward branch. */
     public static void cancel(Thread worker) {
-        CANCELLED.add(worker);
+        Activation a = RUNNING.get(worker);
+        if (a == null) return;
+        a.cancelled = true;
+        alertUntil = System.nanoTime() + ALERT_NANOS;
         alert = true;
     }
 
@@ -162,8 +182,8 @@ public final class ActionGuard {
     }
 
     private static void slowPoll() {
-        Thread t = Thread.currentThread();
-        if (CANCELLED.contains(t)) throw new Stopped("the activation passed its deadline");
+        Activation a = ACTIVATION.get();
+        if (a != null && a.cancelled) throw new Stopped("the activation passed its deadline");
         if (pressure) {
             long[] st = START.get();
             long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);
