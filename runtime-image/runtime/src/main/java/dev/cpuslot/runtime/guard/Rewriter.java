@@ -215,6 +215,7 @@ public final class Rewriter {
             String why = check(cm);
             if (why != null) throw new Refused(why);
         }
+        if (trusted && !hasRedirect(cm, true)) return classBytes; // a trusted runtime's classes are not polled
         ClassFile cf = ClassFile.of(ClassFile.ClassHierarchyResolverOption.of(
                 ClassHierarchyResolver.defaultResolver().orElse(ClassHierarchyResolver.ofResourceParsing(loader))));
         return cf.transformClass(cm, ClassTransform.transformingMethodBodies(CodeTransform.ofStateful(() -> new CodeTransform() {
@@ -231,10 +232,17 @@ public final class Rewriter {
                     default -> false;
                 };
                 // a loop stops at its deadline or when it fills the heap (ActionGuard.poll)
-                if (back) cob.invokestatic(GUARD, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
+                if (back && !trusted) cob.invokestatic(GUARD, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
                 redirect(cob, coe, trusted);
             }
         })));
+    }
+
+    private static boolean hasRedirect(ClassModel cm, boolean trusted) {
+        for (PoolEntry e : cm.constantPool()) {
+            if (e instanceof MemberRefEntry m && redirectOf(m) != null && !(trusted && redirectOf(m).guardOnly())) return true;
+        }
+        return false;
     }
 
     private static void redirect(CodeBuilder cob, CodeElement coe, boolean trusted) {
