@@ -59,7 +59,8 @@ class JavaContainmentTest {
     @ValueSource(strings = {
             "exitViaReflection", "haltViaMethodHandle", "killOwnPid", "runtimeExec", "unsafePutAddress",
             "setOut", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
-            "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization"})
+            "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization",
+            "allStackTracesThroughASubclass", "timeZoneThroughASubclass"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -120,6 +121,17 @@ class JavaContainmentTest {
             case "deserialization" -> """
                     new ObjectInputStream(new ByteArrayInputStream(new byte[0])).readObject();
                     return args;""";
+            case "allStackTracesThroughASubclass" -> """
+                    args.addProperty("threads", T.getAllStackTraces().size());
+                    return args;
+                    }
+                    static class T extends Thread {""";
+            case "timeZoneThroughASubclass" -> """
+                    Z.setDefault(TimeZone.getTimeZone("Pacific/Kiritimati"));
+                    return args;
+                    }
+                    static abstract class Z extends SimpleTimeZone {
+                        Z() { super(0, "z"); }""";
             default -> throw new IllegalArgumentException(probe);
         };
         String jar = probe(body);

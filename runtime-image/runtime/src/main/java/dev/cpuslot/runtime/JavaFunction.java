@@ -93,7 +93,7 @@ public final class JavaFunction implements Function {
                 if (!e.getKey().endsWith(".class") || e.getKey().startsWith("META-INF/")) continue;
                 String why;
                 try {
-                    why = Rewriter.refusal(e.getValue());
+                    why = Rewriter.refusal(e.getValue(), entries::get);
                 } catch (IllegalArgumentException bad) {
                     why = e.getKey() + " is not a class file: " + bad.getMessage();
                 }
@@ -301,7 +301,7 @@ public final class JavaFunction implements Function {
             byte[] b = entry(name.replace('.', '/') + ".class");
             if (b == null) throw new ClassNotFoundException(name);
             try {
-                b = Rewriter.rewrite(b, this, trusted);
+                b = Rewriter.rewrite(b, this, trusted, this::entry);
             } catch (Rewriter.Refused e) {
                 throw e;
             } catch (RuntimeException e) {

@@ -13,6 +13,8 @@ import java.lang.classfile.instruction.LabelTarget;
 import java.lang.classfile.instruction.LookupSwitchInstruction;
 import java.lang.classfile.instruction.TableSwitchInstruction;
 import java.lang.constant.ConstantDescs;
+import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.HashSet;
 import java.lang.classfile.Opcode;
 import java.lang.classfile.constantpool.ClassEntry;
@@ -176,16 +178,43 @@ public final class Rewriter {
         return REDIRECTS.get(m.owner().asInternalName() + "." + m.name().stringValue() + m.type().stringValue());
     }
 
+    /**
+     * The class and its superclasses (internal names): through the function's jar, then the JDK.
+     * A member named through a subclass ({@code MyThread.getAllStackTraces()}) is the JDK's.
+     */
+    private static List<String> lineage(String owner, java.util.function.Function<String, byte[]> jar) {
+        List<String> l = new ArrayList<>();
+        String c = owner;
+        for (int depth = 0; c != null && depth < 64; depth++) {
+            l.add(c);
+            byte[] b = jar.apply(c + ".class");
+            if (b != null) {
+                c = ClassFile.of().parse(b).superclass().map(ClassEntry::asInternalName).orElse(null);
+                continue;
+            }
+            try {
+                Class<?> k = Class.forName(c.replace('/', '.'), false, ClassLoader.getPlatformClassLoader());
+                for (Class<?> s = k.getSuperclass(); s != null; s = s.getSuperclass()) l.add(s.getName().replace('.', '/'));
+            } catch (ClassNotFoundException | LinkageError notJdk) {
+            }
+            break;
+        }
+        return l;
+    }
+
     /** The refusal for this class, or null: every constant-pool reference is looked at, whatever uses it. */
-    static String check(ClassModel cm) {
+    static String check(ClassModel cm, java.util.function.Function<String, byte[]> jar) {
         String self = cm.thisClass().asInternalName();
+        Map<String, List<String>> lineages = new HashMap<>();
         for (PoolEntry e : cm.constantPool()) {
             String why = null, what = null;
             if (e instanceof MemberRefEntry m) {
                 String owner = m.owner().asInternalName();
-                if (owner.equals(self)) continue;
                 if (redirectOf(m) != null) continue;
-                why = deniedMember(owner, m.name().stringValue(), m.type().stringValue());
+                for (String a : lineages.computeIfAbsent(owner, o -> lineage(o, jar))) {
+                    why = deniedMember(a, m.name().stringValue(), m.type().stringValue());
+                    if (why != null) break;
+                }
                 what = owner.replace('/', '.') + "." + m.name().stringValue();
             } else if (e instanceof ClassEntry c && !c.asInternalName().startsWith("[")) {
                 why = deniedClass(c.asInternalName());
@@ -206,13 +235,15 @@ public final class Rewriter {
      * Checks the class (unless trusted) and returns it with its guarded calls redirected to
      * {@link ActionGuard}, or the same bytes when it has none.
      * @param loader resolves the function's own classes when stack maps are recomputed
+     * @param jar the function's jar: entry name -> bytes (its classes' superclasses)
      * @throws Refused when the class references what the guard refuses
      */
-    public static byte[] rewrite(byte[] classBytes, ClassLoader loader, boolean trusted) {
+    public static byte[] rewrite(byte[] classBytes, ClassLoader loader, boolean trusted,
+                                 java.util.function.Function<String, byte[]> jar) {
         ClassFile plain = ClassFile.of();
         ClassModel cm = plain.parse(classBytes);
         if (!trusted) {
-            String why = check(cm);
+            String why = check(cm, jar);
             if (why != null) throw new Refused(why);
         }
         if (trusted && !hasRedirect(cm, true)) return classBytes; // a trusted runtime's classes are not polled
@@ -260,8 +291,8 @@ public final class Rewriter {
         }
     }
 
-    /** Checks only (for a whole jar at /init): the refusal, or null. */
-    public static String refusal(byte[] classBytes) {
-        return check(ClassFile.of().parse(classBytes));
+    /** Checks only (for a whole jar at /init): the refusal, or null. @param jar entry name -> bytes */
+    public static String refusal(byte[] classBytes, java.util.function.Function<String, byte[]> jar) {
+        return check(ClassFile.of().parse(classBytes), jar);
     }
 }
