@@ -141,7 +141,8 @@ final class ActionContainer implements AutoCloseable {
         }
     }
 
-    private Reply post(String path, String body) throws Exception {
+    /** A POST of any body to a path with its query (Hydra /register, invoke). */
+    Reply post(String path, String body) throws Exception {
         HttpRequest req = HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path)).timeout(REQUEST_TIMEOUT)
                 .header("Content-Type", "application/json")
                 .POST(HttpRequest.BodyPublishers.ofString(body, StandardCharsets.UTF_8)).build();
@@ -162,6 +163,8 @@ final class ActionContainer implements AutoCloseable {
     }
 
     boolean alive() { return proc.isAlive(); }
+
+    long pid() { return proc.pid(); }
 
     /** As {@code docker kill}: SIGKILL, then the logs as written until then. */
     private void kill() throws IOException, InterruptedException {

@@ -406,7 +406,9 @@ class RuntimeWithAgentIT {
     /**
      * A Java function that ignores interrupts keeps running after its deadline answer. Its worker
      * thread must not keep burning in the slot the next activation gets: it is moved into a tiny
-     * slot (CPUSLOT_RUNAWAY_QUOTA) that a jail thread holds until the function returns.
+     * slot (CPUSLOT_RUNAWAY_QUOTA) that a jail thread holds until the function returns. The
+     * runtime is a trusted one (CPUSLOT_JAVA_TRUSTED): the guard's poll would stop this loop at
+     * its deadline (conformance JavaContainmentTest); the jail is for code nothing polls.
      */
     @Test
     @Order(8)
@@ -415,7 +417,7 @@ class RuntimeWithAgentIT {
         cg.create(cgroup);
         try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
                 "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "0", "CPUSLOT_DEFAULT_TIMEOUT_MS", "1500",
-                "CPUSLOT_RUNAWAY_QUOTA", "20m"), cg.procsFiles(cgroup), work.resolve("runtime-runaway.log"))) {
+                "CPUSLOT_RUNAWAY_QUOTA", "20m", "CPUSLOT_JAVA_TRUSTED", "true"), cg.procsFiles(cgroup), work.resolve("runtime-runaway.log"))) {
             r.register("runaway", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
             r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             RuntimeProc.Reply timedOut = r.invoke("runaway", "{\"ms\":60000}");

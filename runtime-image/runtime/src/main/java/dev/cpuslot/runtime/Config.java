@@ -35,7 +35,9 @@ public record Config(
         String runawayQuota,          // the slot a worker that ignores its deadline is confined to
         long runawayGraceMs,          // how long a cancelled worker may take to stop before that
         boolean local,                // local leasing: the process holds slots and leases them to workers itself
-        long localIdleMs) {           // a held slot unused this long goes back to the agent
+        long localIdleMs,             // a held slot unused this long goes back to the agent
+        boolean javaTrusted,          // CPUSLOT_JAVA_TRUSTED: the Java guard refuses nothing (trusted code only)
+        String owner) {               // CPUSLOT_OWNER: the one owner served (null: the first one seen; "*": any)
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -78,7 +80,9 @@ public record Config(
                 env.getOrDefault("CPUSLOT_RUNAWAY_QUOTA", "10m"),
                 Math.max(0, durationMs(env, "CPUSLOT_RUNAWAY_GRACE", 200)),
                 bool(env, "CPUSLOT_LOCAL", true),
-                Math.max(0, durationMs(env, "CPUSLOT_LOCAL_IDLE", 30_000)));
+                Math.max(0, durationMs(env, "CPUSLOT_LOCAL_IDLE", 30_000)),
+                bool(env, "CPUSLOT_JAVA_TRUSTED", false),
+                blankToNull(env.get("CPUSLOT_OWNER")));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

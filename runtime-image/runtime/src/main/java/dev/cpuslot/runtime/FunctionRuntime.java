@@ -56,6 +56,8 @@ public final class FunctionRuntime implements AutoCloseable {
     /** Actions already warned about: no api_key in /run, so no annotation lookup (warned once each). */
     private final Map<String, Boolean> warnedNoApiKey = new ConcurrentHashMap<>();
     private final Object initLock = new Object();
+    /** The owner this runtime serves: CPUSLOT_OWNER, else the first one seen; "*" serves any. */
+    private final java.util.concurrent.atomic.AtomicReference<String> owner = new java.util.concurrent.atomic.AtomicReference<>();
     private final Runaways runaways;
     private final AtomicLong inFlight;
     private final Lazy<HttpClient> http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
@@ -76,6 +78,7 @@ public final class FunctionRuntime implements AutoCloseable {
             throw new IllegalArgumentException("CPUSLOT_RUNAWAY_QUOTA: " + e.getMessage());
         }
         this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
+        owner.set(cfg.owner());
         describeMetrics();
         inFlight = metrics.gauge("cpuslot_invocations_in_flight", "");
         metrics.gaugeFunction("cpuslot_sandboxes", () -> {
@@ -141,7 +144,7 @@ public final class FunctionRuntime implements AutoCloseable {
             boolean zip = binary.length > 3 && binary[0] == 'P' && binary[1] == 'K';
             if (language != null && !language.equals("java")) return PolyglotFunction.fromZip(name, language, binary, main, initEnv);
             if (!zip) throw new IllegalArgumentException("binary code must be a jar");
-            return new JavaFunction(name, binary, main, initEnv);
+            return new JavaFunction(name, binary, main, initEnv, cfg.javaTrusted());
         }
         if (text == null || text.isEmpty()) throw new IllegalArgumentException("Missing main/no code to execute.");
         String lang = language != null ? language : detectLanguage(text);
@@ -340,6 +343,8 @@ public final class FunctionRuntime implements AutoCloseable {
         if (name == null || name.isBlank()) return Reply.error(400, "missing name");
         String language = q.getOrDefault("language", "java").toLowerCase(Locale.ROOT);
         String entry = q.get("entryPoint");
+        Reply refused = checkOwner(q.get("owner"), "/register of " + name);
+        if (refused != null) return refused;
         try {
             byte[] code = body != null && body.length > 0 ? body : fetch(q.get("url"));
             Map<String, String> env = new LinkedHashMap<>();
@@ -404,12 +409,39 @@ public final class FunctionRuntime implements AutoCloseable {
         return run(p, activation, args, quotaHeader, "hydra", false, report || cfg.reportInBody());
     }
 
+    // ---- tenancy ------------------------------------------------------------------------------
+
+    /**
+     * A runtime serves one owner (OpenWhisk or Knative namespace, Hydra owner): the configured
+     * one, else the first one it sees. Another owner's request gets 403; null means go on.
+     */
+    Reply checkOwner(String who, String what) {
+        String w = who == null ? "" : who.trim();
+        if ("*".equals(owner.get())) return null;
+        if (owner.compareAndSet(null, w)) {
+            Log.info("this runtime serves owner '" + w + "' (" + what + "); requests of other owners are refused");
+            return null;
+        }
+        String o = owner.get();
+        if (o.equals(w)) return null;
+        metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "other_owner"));
+        String msg = "this runtime serves owner '" + o + "': " + what + " of owner '" + w
+                + "' refused (one owner per runtime; CPUSLOT_OWNER=* lets a runtime serve several)";
+        Log.warn(msg);
+        return Reply.error(403, msg);
+    }
+
     // ---- running ------------------------------------------------------------------------------
 
     private Reply run(FunctionPool p, JsonObject activation, JsonElement value, String quotaHeader, String platform,
                       boolean sentinels, boolean reportInBody) {
         long t0 = System.nanoTime();
         Function fn = p.function();
+        JsonElement ns = activation.get("namespace");
+        if (!platform.equals("hydra") && ns != null && ns.isJsonPrimitive()) {
+            Reply refused = checkOwner(ns.getAsString(), "an activation");
+            if (refused != null) return finish(platform, fn, t0, refused, sentinels, "other_owner");
+        }
         Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
         for (Map.Entry<String, JsonElement> e : activation.entrySet()) {
             JsonElement v = e.getValue();

@@ -7,7 +7,21 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 
+import dev.cpuslot.runtime.guard.Rewriter;
+
+import java.io.ByteArrayInputStream;
 import java.io.IOException;
+import java.io.InputStream;
+import java.net.URI;
+import java.net.URISyntaxException;
+import java.net.URLConnection;
+import java.net.URLStreamHandler;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.Collections;
+import java.util.Enumeration;
+import java.util.HashMap;
+import java.util.zip.ZipEntry;
+import java.util.zip.ZipInputStream;
 import java.lang.invoke.MethodHandle;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.MethodType;
@@ -15,7 +29,6 @@ import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
 import java.lang.reflect.Modifier;
 import java.net.URL;
-import java.net.URLClassLoader;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.LinkedHashMap;
@@ -51,12 +64,20 @@ public final class JavaFunction implements Function {
 
     private final String name;
     private final Map<String, String> initEnv;
-    private final URLClassLoader loader;
-    private final Path jar;
+    private final ActionLoader loader;
+    private final Path tmpdir;
     private final MethodHandle handle;
     private final Kind kind;
 
     public JavaFunction(String name, byte[] jarBytes, String main, Map<String, String> initEnv) throws Exception {
+        this(name, jarBytes, main, initEnv, false);
+    }
+
+    /**
+     * @param trusted the guard rewrites but refuses nothing (CPUSLOT_JAVA_TRUSTED: a runtime for
+     *                trusted code only)
+     */
+    public JavaFunction(String name, byte[] jarBytes, String main, Map<String, String> initEnv, boolean trusted) throws Exception {
         this.name = name;
         this.initEnv = Map.copyOf(initEnv);
         String cls = main, method = "main";
@@ -65,9 +86,27 @@ public final class JavaFunction implements Function {
             cls = main.substring(0, hash);
             method = main.substring(hash + 1);
         }
-        jar = Files.createTempFile("cpuslot-fn-", ".jar");
-        Files.write(jar, jarBytes);
-        loader = new ActionLoader("fn:" + name, new URL[]{jar.toUri().toURL()}, new SharedParent(JavaFunction.class.getClassLoader()));
+        // the jar stays in memory: no file another function could read
+        Map<String, byte[]> entries = unzip(jarBytes);
+        if (!trusted) {
+            for (Map.Entry<String, byte[]> e : entries.entrySet()) {
+                if (!e.getKey().endsWith(".class") || e.getKey().startsWith("META-INF/")) continue;
+                String why;
+                try {
+                    why = Rewriter.refusal(e.getValue(), entries::get);
+                } catch (IllegalArgumentException bad) {
+                    why = e.getKey() + " is not a class file: " + bad.getMessage();
+                }
+                if (why != null) {
+                    System.err.println(why);
+                    throw new InitError(ERR_PREFIX + "java.lang.SecurityException: " + why, null);
+                }
+            }
+        }
+        // its own temporary directory (java.io.tmpdir, createTempFile), removed with it
+        tmpdir = Files.createTempDirectory("cpuslot-fn-", PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rwx------")));
+        loader = new ActionLoader("fn:" + name, entries, trusted, new SharedParent(JavaFunction.class.getClassLoader()));
+        ActionGuard.setTmpdir(loader, tmpdir);
         if (method.isEmpty()) method = "main";
         Class<?> c;
         // static initialisers run now and see the /init environment through System.getenv
@@ -128,6 +167,7 @@ public final class JavaFunction implements Function {
                 ClassLoader prev = t.getContextClassLoader();
                 t.setContextClassLoader(loader);
                 ActionGuard.setEnv(env);
+                ActionGuard.begin();
                 try {
                     JsonObject in = args != null && args.isJsonObject() ? args.getAsJsonObject() : new JsonObject();
                     Object out = switch (kind) {
@@ -144,6 +184,10 @@ public final class JavaFunction implements Function {
                     return toJson(out);
                 } catch (Function.FunctionError e) {
                     throw e;
+                } catch (OutOfMemoryError e) {
+                    // the function's own: its objects are unreachable once its frames are gone,
+                    // so the runtime and the other functions go on; only this activation fails
+                    throw new Function.FunctionError(e.toString(), null);
                 } catch (Exception | Error e) {
                     if (e instanceof InvocationTargetException ite && ite.getCause() != null) throw new Function.FunctionError(String.valueOf(ite.getCause()), ite.getCause());
                     if (e instanceof VirtualMachineError vme && !(e instanceof StackOverflowError)) throw vme;
@@ -151,13 +195,17 @@ public final class JavaFunction implements Function {
                 } catch (Throwable th) {
                     throw new Function.FunctionError(th.toString(), th);
                 } finally {
+                    ActionGuard.end();
                     ActionGuard.setEnv(null);
                     t.setContextClassLoader(prev);
                 }
             }
 
             @Override
-            public void cancel(Thread worker) { worker.interrupt(); }
+            public void cancel(Thread worker) {
+                ActionGuard.cancel(worker); // its loops stop at their next backward branch
+                worker.interrupt();
+            }
 
             @Override
             public void close() {}
@@ -178,14 +226,32 @@ public final class JavaFunction implements Function {
 
     @Override
     public void close() {
-        try {
+        if (loader != null) {
+            ActionGuard.setTmpdir(loader, null);
             loader.close();
-        } catch (IOException | RuntimeException ignored) {
         }
-        try {
-            Files.deleteIfExists(jar);
-        } catch (IOException ignored) {
+        deleteTree(tmpdir);
+    }
+
+    private static void deleteTree(Path root) {
+        if (root == null) return;
+        try (var w = Files.walk(root)) {
+            for (Path p : w.sorted(java.util.Comparator.reverseOrder()).toList()) Files.deleteIfExists(p);
+        } catch (IOException | RuntimeException e) {
+            Log.warn("could not remove a function's temporary directory " + root + ": " + e);
         }
+    }
+
+    private static Map<String, byte[]> unzip(byte[] jar) throws IOException {
+        Map<String, byte[]> m = new HashMap<>();
+        try (ZipInputStream z = new ZipInputStream(new ByteArrayInputStream(jar))) {
+            for (ZipEntry e; (e = z.getNextEntry()) != null; ) {
+                if (!e.isDirectory()) m.putIfAbsent(e.getName(), z.readAllBytes());
+            }
+        } catch (IOException | IllegalArgumentException e) {
+            throw new InitError(ERR_PREFIX + "the jar cannot be read: " + e, e);
+        }
+        return m;
     }
 
     static final String ERR_PREFIX = "An error has occurred (see logs for details): ";
@@ -196,27 +262,48 @@ public final class JavaFunction implements Function {
     }
 
     /**
-     * Loads an action's classes from its jar with the guarded calls rewritten ({@link ActionGuard}):
-     * System.exit cannot end the shared runtime, System.getenv sees the activation's environment.
+     * Loads an action's classes from its jar's bytes with the guard applied ({@link Rewriter}):
+     * System.exit cannot end the shared runtime, System.getenv sees the activation's environment,
+     * and (unless trusted) a class that reaches past the function is refused.
      */
-    static final class ActionLoader extends URLClassLoader {
+    static final class ActionLoader extends ClassLoader {
         static { registerAsParallelCapable(); }
 
-        ActionLoader(String name, URL[] urls, ClassLoader parent) { super(name, urls, parent); }
+        private volatile Map<String, byte[]> entries;
+        private final boolean trusted;
+        private final URLStreamHandler handler = new URLStreamHandler() {
+            @Override
+            protected URLConnection openConnection(URL u) throws IOException {
+                String path = URI.create(u.toExternalForm()).getPath();
+                byte[] b = path == null || path.isEmpty() ? null : entry(path.substring(1));
+                if (b == null) throw new java.io.FileNotFoundException(u.toString());
+                return new URLConnection(u) {
+                    @Override public void connect() {}
+                    @Override public InputStream getInputStream() { return new ByteArrayInputStream(b); }
+                    @Override public long getContentLengthLong() { return b.length; }
+                };
+            }
+        };
+
+        ActionLoader(String name, Map<String, byte[]> entries, boolean trusted, ClassLoader parent) {
+            super(name, parent);
+            this.entries = entries;
+            this.trusted = trusted;
+        }
+
+        private byte[] entry(String name) {
+            Map<String, byte[]> m = entries;
+            return m == null ? null : m.get(name);
+        }
 
         @Override
         protected Class<?> findClass(String name) throws ClassNotFoundException {
-            String path = name.replace('.', '/') + ".class";
-            URL u = findResource(path);
-            if (u == null) throw new ClassNotFoundException(name);
-            byte[] b;
-            try (var in = u.openStream()) {
-                b = in.readAllBytes();
-            } catch (IOException e) {
-                throw new ClassNotFoundException(name, e);
-            }
+            byte[] b = entry(name.replace('.', '/') + ".class");
+            if (b == null) throw new ClassNotFoundException(name);
             try {
-                b = ActionGuard.rewrite(b, this);
+                b = Rewriter.rewrite(b, this, trusted, this::entry);
+            } catch (Rewriter.Refused e) {
+                throw e;
             } catch (RuntimeException e) {
                 throw new ClassNotFoundException(name + " (cannot be prepared: " + e + ")", e);
             }
@@ -230,8 +317,27 @@ public final class JavaFunction implements Function {
                     }
                 }
             }
-            return defineClass(name, b, 0, b.length, (java.security.CodeSource) null);
+            return defineClass(name, b, 0, b.length, (java.security.ProtectionDomain) null);
         }
+
+        @Override
+        protected URL findResource(String name) {
+            if (entry(name) == null) return null;
+            try {
+                // an opaque URL of this loader's entry: no file behind it
+                return URL.of(new URI("cpuslot-fn", null, "/" + name, null), handler);
+            } catch (URISyntaxException | java.net.MalformedURLException e) {
+                return null;
+            }
+        }
+
+        @Override
+        protected Enumeration<URL> findResources(String name) {
+            URL u = findResource(name);
+            return Collections.enumeration(u == null ? List.of() : List.of(u));
+        }
+
+        void close() { entries = null; }
     }
 
     /** Parent of every function class loader: the JDK, Gson and the action guard from the runtime, nothing else. */

@@ -1,0 +1,466 @@
+package dev.cpuslot.conformance;
+
+import com.google.gson.JsonObject;
+import org.junit.jupiter.api.DisplayName;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Base64;
+import java.util.List;
+import java.util.Map;
+
+import static dev.cpuslot.conformance.ActionContainer.*;
+import static org.junit.jupiter.api.Assertions.*;
+
+/**
+ * A Java function as a hostile tenant of the shared runtime (issue 21), against the runtime as its
+ * image starts it: it cannot end the runtime, reach JVM-wide state or another function's files,
+ * and a runtime serves one owner. Each probe is an action a tenant could deploy.
+ */
+@DisplayName("Java function containment")
+class JavaContainmentTest {
+
+    /** An action {@code example.Probe} whose main runs {@code body} (imports: java.util.*, java.io.*, java.nio.file.*). */
+    static String probe(String body) throws Exception {
+        return Archives.jar(Map.of("example/Probe.java", """
+                package example;
+                import com.google.gson.JsonObject;
+                import java.io.*;
+                import java.nio.file.*;
+                import java.util.*;
+                public class Probe {
+                    public static JsonObject main(JsonObject args) throws Throwable {
+                %s
+                    }
+                }
+                """.formatted(body)));
+    }
+
+    static JsonObject init(String jar) { return initPayload(jar, "example.Probe", true, null); }
+
+    /** The runtime is still up and serves an action: a fresh /run of a harmless one needs a new container, so ask / (health). */
+    static void assertAlive(ActionContainer c) throws Exception {
+        Thread.sleep(300); // a dying JVM (halt, signal) is gone by then; no bound on a live one
+        assertTrue(c.alive(), "the runtime process died");
+        Reply r = c.post("/", "");
+        assertEquals(200, r.code(), "health after the probe: " + r.raw());
+    }
+
+    /**
+     * Probes that would end the runtime or reach past the function: the guard refuses the jar at
+     * /init and says which member, or (reflection, which may act on the function's own classes)
+     * the call fails with a SecurityException; the runtime lives on. (Before: /init accepted them
+     * and /run ended the process or reached JVM-wide state.)
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {
+            "exitViaReflection", "haltViaMethodHandle", "killOwnPid", "runtimeExec", "unsafePutAddress",
+            "setOut", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
+            "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization",
+            "allStackTracesThroughASubclass", "timeZoneThroughASubclass"})
+    void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
+        String body = switch (probe) {
+            case "exitViaReflection" -> """
+                    Class.forName("java.lang.System").getMethod("exit", int.class).invoke(null, 1);
+                    return args;""";
+            case "haltViaMethodHandle" -> """
+                    java.lang.invoke.MethodHandles.lookup().findVirtual(Runtime.class, "halt",
+                        java.lang.invoke.MethodType.methodType(void.class, int.class)).invoke(Runtime.getRuntime(), 1);
+                    return args;""";
+            case "killOwnPid" -> """
+                    new ProcessBuilder("kill", "-9", Long.toString(ProcessHandle.current().pid())).start().waitFor();
+                    return args;""";
+            case "runtimeExec" -> """
+                    Runtime.getRuntime().exec(new String[]{"sh", "-c", "kill -9 $PPID"}).waitFor();
+                    return args;""";
+            case "unsafePutAddress" -> """
+                    java.lang.reflect.Field f = sun.misc.Unsafe.class.getDeclaredField("theUnsafe");
+                    f.setAccessible(true);
+                    ((sun.misc.Unsafe) f.get(null)).putAddress(0L, 42L);
+                    return args;""";
+            case "setOut" -> """
+                    System.setOut(new PrintStream(new ByteArrayOutputStream()));
+                    return args;""";
+            case "setProperty" -> """
+                    System.setProperty("user.timezone", "Pacific/Kiritimati");
+                    return args;""";
+            case "timeZoneDefault" -> """
+                    TimeZone.setDefault(TimeZone.getTimeZone("Pacific/Kiritimati"));
+                    Locale.setDefault(Locale.JAPAN);
+                    return args;""";
+            case "allStackTraces" -> """
+                    JsonObject r = new JsonObject();
+                    for (Thread t : Thread.getAllStackTraces().keySet()) r.addProperty(t.getName(), String.valueOf(t.getContextClassLoader()));
+                    return r;""";
+            case "ownClassLoader" -> """
+                    ClassLoader l = new java.net.URLClassLoader(new java.net.URL[0]);
+                    return args;""";
+            case "nativeLibrary" -> """
+                    System.loadLibrary("c");
+                    return args;""";
+            case "processHandle" -> """
+                    // (the runtime's parent, here the test JVM, would be ProcessHandle.current().parent())
+                    args.addProperty("processes", ProcessHandle.allProcesses().count());
+                    return args;""";
+            case "exitByMethodReference" -> """
+                    java.util.function.IntConsumer f = System::exit;
+                    f.accept(1);
+                    return args;""";
+            case "haltByMethodReference" -> """
+                    java.util.function.IntConsumer f = Runtime.getRuntime()::halt;
+                    f.accept(1);
+                    return args;""";
+            case "fieldReflection" -> """
+                    java.lang.reflect.Field f = Thread.class.getDeclaredField("threadLocals");
+                    f.setAccessible(true);
+                    args.addProperty("tl", String.valueOf(f.get(Thread.currentThread())));
+                    return args;""";
+            case "deserialization" -> """
+                    new ObjectInputStream(new ByteArrayInputStream(new byte[0])).readObject();
+                    return args;""";
+            case "allStackTracesThroughASubclass" -> """
+                    args.addProperty("threads", T.getAllStackTraces().size());
+                    return args;
+                    }
+                    static class T extends Thread {""";
+            case "timeZoneThroughASubclass" -> """
+                    Z.setDefault(TimeZone.getTimeZone("Pacific/Kiritimati"));
+                    return args;
+                    }
+                    static abstract class Z extends SimpleTimeZone {
+                        Z() { super(0, "z"); }""";
+            default -> throw new IllegalArgumentException(probe);
+        };
+        String jar = probe(body);
+        with("java", c -> {
+            Reply init = c.init(init(jar));
+            Reply run = init.code() == 200 ? c.run(runPayload(new JsonObject())) : null;
+            assertAlive(c);
+            Reply refused = init.code() == 200 ? run : init;
+            assertEquals(502, refused.code(), "/init of the " + probe + " probe: " + init.code() + " " + init.raw()
+                    + ", then /run: " + (run == null ? "-" : run.code() + " " + run.raw()));
+            String err = refused.body().get("error").getAsString();
+            assertTrue(err.contains("not allowed to a function in a shared runtime"), err);
+        });
+    }
+
+    /** The guard's message names the class and the member it refused. */
+    @Test
+    void theRefusalNamesTheMember() throws Exception {
+        String jar = probe("""
+                new ProcessBuilder("true").start();
+                return args;""");
+        with("java", c -> {
+            Reply init = c.init(init(jar));
+            assertEquals(502, init.code());
+            String err = init.body().get("error").getAsString();
+            assertTrue(err.contains("example/Probe") && err.contains("java.lang.ProcessBuilder"), err);
+        });
+    }
+
+    /** What ordinary code compiles to (lambdas, string concatenation, switches, records, loops) passes the guard. */
+    @Test
+    void ordinaryCodeRuns() throws Exception {
+        String jar = probe("""
+                record P(String name, int n) {}
+                List<P> ps = new ArrayList<>();
+                for (int i = 0; i < 5; i++) ps.add(new P("p" + i, i));
+                int sum = ps.stream().mapToInt(P::n).sum();
+                String kind = switch (args.has("x") ? "x" : "none") { case "x" -> "has x"; default -> "no x"; };
+                Path tmp = Files.createTempFile("t", ".txt");
+                Files.writeString(tmp, "ok");
+                JsonObject r = new JsonObject();
+                r.addProperty("sum", sum);
+                r.addProperty("kind", kind + " " + ps.get(1));
+                r.addProperty("file", Files.readString(tmp));
+                r.addProperty("env", String.valueOf(System.getenv("__OW_ACTIVATION_ID") != null));
+                return r;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("activation_id", "a1")));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            assertEquals(10, r.body().get("sum").getAsInt());
+            assertEquals("no x P[name=p1, n=1]", r.body().get("kind").getAsString());
+            assertEquals("ok", r.body().get("file").getAsString());
+            assertEquals("true", r.body().get("env").getAsString());
+        });
+    }
+
+    /** Reflection on the function's own classes works; on the JDK's, the call fails. */
+    @Test
+    void reflectionActsOnTheFunctionsOwnClassesOnly() throws Exception {
+        String jar = probe("""
+                JsonObject r = new JsonObject();
+                java.lang.reflect.Method own = Probe.class.getDeclaredMethod("secret");
+                own.setAccessible(true);
+                r.addProperty("own", (String) own.invoke(null));
+                try {
+                    r.addProperty("jdk", (String) String.class.getMethod("valueOf", int.class).invoke(null, 7));
+                } catch (SecurityException e) {
+                    r.addProperty("jdk", "refused");
+                }
+                return r;
+                }
+                private static String secret() { return "mine";""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply r = c.run(runPayload(new JsonObject()));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            assertEquals("mine", r.body().get("own").getAsString());
+            assertEquals("refused", r.body().get("jdk").getAsString());
+        });
+    }
+
+    /** The trusted mode (runtime configuration, not the function's) turns the guard off. */
+    @Test
+    void theTrustedModeRunsReflection() throws Exception {
+        String jar = probe("""
+                JsonObject r = new JsonObject();
+                r.addProperty("v", (String) Class.forName("java.lang.String").getMethod("valueOf", int.class).invoke(null, 7));
+                return r;""");
+        with("java", env("CPUSLOT_JAVA_TRUSTED", "true"), c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply r = c.run(runPayload(new JsonObject()));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            assertEquals("7", r.body().get("v").getAsString());
+        });
+    }
+
+    /** A function's own OutOfMemoryError is its activation's 502; the runtime answers the next one. */
+    @Test
+    void anOutOfMemoryErrorFailsOnlyItsActivation() throws Exception {
+        String jar = probe("""
+                if (args.has("ok")) return args;
+                List<long[]> hog = new ArrayList<>();
+                while (true) hog.add(new long[1 << 20]);""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply oom = c.run(runPayload(new JsonObject()));
+            assertEquals(502, oom.code(), String.valueOf(oom.raw()));
+            assertTrue(oom.body().get("error").getAsString().contains("OutOfMemoryError"), String.valueOf(oom.raw()));
+            assertAlive(c);
+            Reply next = c.run(runPayload(json("{\"ok\":true}")));
+            assertEquals(200, next.code(), String.valueOf(next.raw()));
+        });
+    }
+
+    /**
+     * A function that fills the heap while another function is invoked again and again (a small
+     * heap, so the JVM is full often): the hog's activation fails alone, every other invocation and
+     * the runtime's HTTP front go on.
+     */
+    @Test
+    void anOutOfMemoryErrorLeavesTheOtherFunctionsServed() throws Exception {
+        String hog = probe("""
+                List<long[]> hog = new ArrayList<>();
+                while (true) hog.add(new long[1 << 16]);""");
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        with("java", env("JAVA_TOOL_OPTIONS", "-Xmx96m"), c -> {
+            assertEquals(200, register(c, "hog", jarFile(c, "hog", hog), null).code());
+            assertEquals(200, register(c, "hello", jarFile(c, "hello", hello), null).code());
+            for (int round = 0; round < 3; round++) {
+                var hogReply = new java.util.concurrent.CompletableFuture<Reply>();
+                Thread t = Thread.ofPlatform().start(() -> {
+                    try {
+                        hogReply.complete(invoke(c, "hog"));
+                    } catch (Throwable e) {
+                        hogReply.completeExceptionally(e);
+                    }
+                });
+                int hellos = 0;
+                while (!hogReply.isDone() || hellos < 5) {
+                    Reply h = invoke(c, "hello");
+                    assertEquals(200, h.code(), "hello while the hog runs (round " + round + "): " + h.raw());
+                    hellos++;
+                }
+                t.join();
+                Reply r = hogReply.get();
+                assertEquals(502, r.code(), String.valueOf(r.raw()));
+                assertTrue(r.raw().toString().contains("OutOfMemoryError"), String.valueOf(r.raw()));
+            }
+            assertAlive(c);
+        });
+    }
+
+    /** Names of the runtime's threads whose name starts with prefix (from /proc). */
+    static List<String> threads(ActionContainer c, String prefix) throws Exception { return threads(c, prefix, false); }
+
+    /** The same, only those running or runnable (state R): a thread blocked in a queue uses no CPU. */
+    static List<String> threads(ActionContainer c, String prefix, boolean runnableOnly) throws Exception {
+        List<String> l = new java.util.ArrayList<>();
+        try (var s = Files.list(Path.of("/proc/" + c.pid() + "/task"))) {
+            for (Path t : (Iterable<Path>) s::iterator) {
+                try {
+                    String n = Files.readString(t.resolve("comm")).trim();
+                    String stat = Files.readString(t.resolve("stat"));
+                    boolean runnable = stat.substring(stat.lastIndexOf(')') + 2).startsWith("R");
+                    if (n.startsWith(prefix) && (runnable || !runnableOnly)) l.add(n);
+                } catch (java.io.IOException gone) {
+                }
+            }
+        }
+        return l;
+    }
+
+    /**
+     * A loop that ignores interrupts ends at its deadline: the 502 comes at the deadline and the
+     * worker thread that ran it ends too (before: it spun on, burning CPU, for the process's life).
+     */
+    @Test
+    void aLoopThatIgnoresInterruptsEndsAtItsDeadline() throws Exception {
+        String spin = probe("""
+                long x = 1;
+                while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; }
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(spin)).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = threads(c, "fn-");
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = threads(c, "fn-");
+            }
+            assertEquals(List.of(), left, "the activation's worker still runs 60 s after its deadline");
+        });
+    }
+
+    /**
+     * Threads the activation started (directly or through an executor it made) stop at its
+     * deadline too, whatever they do with interrupts: none is left running (an executor's thread
+     * may stay, blocked on its queue).
+     */
+    @Test
+    void threadsAnActivationStartedEndAtItsDeadline() throws Exception {
+        String spin = probe("""
+                Runnable r = () -> { long x = 1; while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; } };
+                Thread.ofPlatform().name("spinner-own").start(r);
+                java.util.concurrent.Executors.newFixedThreadPool(2, t -> new Thread(t, "spinner-pool")).submit(r);
+                r.run();
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(spin)).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = threads(c, "spinner", true);
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = threads(c, "spinner", true);
+                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
+                    Thread.sleep(200);
+                    left = threads(c, "spinner", true);
+                }
+            }
+            assertEquals(List.of(), left, "threads the activation started still run 60 s after its deadline");
+        });
+    }
+
+    /** Writes the function's jar to a file (for Hydra /register?url=file:). */
+    static Path jarFile(ActionContainer c, String name, String base64) throws Exception {
+        Path p = c.dir.resolve(name + ".jar");
+        Files.write(p, Base64.getDecoder().decode(base64));
+        return p;
+    }
+
+    static Reply register(ActionContainer c, String name, Path jar, String owner) throws Exception {
+        return c.post("/register?name=" + name + "&language=java&entryPoint=example.Probe&url=" + jar.toUri()
+                + (owner == null ? "" : "&owner=" + owner), "");
+    }
+
+    static Reply invoke(ActionContainer c, String name) throws Exception {
+        JsonObject o = new JsonObject();
+        o.addProperty("name", name);
+        o.addProperty("arguments", "{}");
+        return c.post("/", o.toString());
+    }
+
+    /**
+     * Each function has its own temporary directory (java.io.tmpdir, File.createTempFile,
+     * Files.createTempFile), removed with the function; no function's jar is a file another can read.
+     */
+    @Test
+    void eachFunctionHasItsOwnTemporaryDirectory() throws Exception {
+        String writer = probe("""
+                Path f = Files.createTempFile("secret", ".txt");
+                Files.writeString(f, "mine");
+                File g = File.createTempFile("secret", ".bin");
+                JsonObject r = new JsonObject();
+                r.addProperty("tmpdir", System.getProperty("java.io.tmpdir"));
+                r.addProperty("file", f.toString());
+                r.addProperty("file2", g.getPath());
+                return r;""");
+        String reader = probe("""
+                JsonObject r = new JsonObject();
+                String dir = System.getProperty("java.io.tmpdir");
+                r.addProperty("tmpdir", dir);
+                StringBuilder sb = new StringBuilder();
+                try (var s = Files.list(Path.of(dir))) { s.forEach(p -> sb.append(p.getFileName()).append(' ')); }
+                r.addProperty("list", sb.toString());
+                return r;""");
+        with("java", c -> {
+            assertEquals(200, register(c, "writer", jarFile(c, "writer", writer), null).code());
+            assertEquals(200, register(c, "reader", jarFile(c, "reader", reader), null).code());
+            JsonObject w = invoke(c, "writer").body().getAsJsonObject("result");
+            JsonObject r = invoke(c, "reader").body().getAsJsonObject("result");
+            String jvmTmp = c.dir.resolve("tmp").toString();
+            String wDir = w.get("tmpdir").getAsString(), rDir = r.get("tmpdir").getAsString();
+            assertNotEquals(jvmTmp, wDir, "the writer's java.io.tmpdir is the JVM's");
+            assertNotEquals(wDir, rDir, "two functions share a temporary directory");
+            assertTrue(w.get("file").getAsString().startsWith(wDir + "/"), w.toString());
+            assertTrue(w.get("file2").getAsString().startsWith(wDir + "/"), w.toString());
+            assertFalse(r.get("list").getAsString().contains("secret"), r.toString());
+            // no jar of any function lies in the runtime's temporary directory for others to read
+            try (var s = Files.walk(c.dir.resolve("tmp"))) {
+                List<Path> jars = s.filter(p -> p.toString().endsWith(".jar")).toList();
+                assertEquals(List.of(), jars, "function jars on disk");
+            }
+            assertTrue(Files.isDirectory(Path.of(wDir)));
+            assertEquals(200, c.post("/deregister?name=writer", "").code());
+            assertFalse(Files.exists(Path.of(wDir)), "the writer's temporary directory outlived it");
+        });
+    }
+
+    /** A runtime serves one owner: /register from another owner is refused with 403. */
+    @Test
+    void aRegisterFromAnotherOwnerIsRefused() throws Exception {
+        String hello = probe("return args;");
+        with("java", c -> {
+            Path jar = jarFile(c, "hello", hello);
+            assertEquals(200, register(c, "a", jar, "alice").code());
+            assertEquals(200, register(c, "a2", jar, "alice").code());
+            Reply bob = register(c, "b", jar, "bob");
+            assertEquals(403, bob.code(), String.valueOf(bob.raw()));
+            assertTrue(bob.body().get("error").getAsString().contains("alice"), String.valueOf(bob.raw()));
+            assertEquals(404, invoke(c, "b").code());
+        });
+    }
+
+    /** The configured owner: another is refused from the first /register on. */
+    @Test
+    void theConfiguredOwnerIsTheOnlyOne() throws Exception {
+        String hello = probe("return args;");
+        with("java", env("CPUSLOT_OWNER", "alice"), c -> {
+            Path jar = jarFile(c, "hello", hello);
+            assertEquals(403, register(c, "b", jar, "bob").code());
+            assertEquals(200, register(c, "a", jar, "alice").code());
+        });
+    }
+
+    /** An OpenWhisk runtime serves the namespace of its first activation; another namespace's /run gets 403. */
+    @Test
+    void anActivationFromAnotherNamespaceIsRefused() throws Exception {
+        String hello = probe("return args;");
+        with("java", c -> {
+            assertEquals(200, c.init(init(hello)).code());
+            assertEquals(200, c.run(runPayload(new JsonObject(), Map.of("namespace", "alice"))).code());
+            Reply bob = c.run(runPayload(new JsonObject(), Map.of("namespace", "bob")));
+            assertEquals(403, bob.code(), String.valueOf(bob.raw()));
+            assertEquals(200, c.run(runPayload(new JsonObject(), Map.of("namespace", "alice"))).code());
+        });
+    }
+}

@@ -1,0 +1,298 @@
+package dev.cpuslot.runtime.guard;
+
+import java.lang.classfile.ClassFile;
+import java.lang.classfile.ClassHierarchyResolver;
+import java.lang.classfile.ClassModel;
+import java.lang.classfile.ClassTransform;
+import java.lang.classfile.CodeBuilder;
+import java.lang.classfile.CodeElement;
+import java.lang.classfile.CodeTransform;
+import java.lang.classfile.Label;
+import java.lang.classfile.instruction.BranchInstruction;
+import java.lang.classfile.instruction.LabelTarget;
+import java.lang.classfile.instruction.LookupSwitchInstruction;
+import java.lang.classfile.instruction.TableSwitchInstruction;
+import java.lang.constant.ConstantDescs;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.lang.classfile.Opcode;
+import java.lang.classfile.constantpool.ClassEntry;
+import java.lang.classfile.constantpool.MemberRefEntry;
+import java.lang.classfile.constantpool.MethodHandleEntry;
+import java.lang.classfile.constantpool.PoolEntry;
+import java.lang.classfile.instruction.InvokeInstruction;
+import java.lang.constant.ClassDesc;
+import java.lang.constant.MethodTypeDesc;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+/**
+ * The load-time guard on a Java function's bytecode. Every class loaded from a function's jar is
+ * first checked, then rewritten:
+ * <ul>
+ * <li><b>Refused</b> (the jar is rejected at /init, naming class and member): any reference to a
+ * member that could end the runtime or reach past the function: reflection on fields, method
+ * handles and their lookups
+ * ({@code java.lang.invoke} but the bootstraps javac emits for lambdas and string concatenation),
+ * {@code sun.*}, {@code jdk.internal.*}, {@code com.sun.*} (so {@code sun.misc.Unsafe}), the
+ * foreign-function API and {@code System/Runtime.load*}, process start and process handles, class
+ * loaders of its own, the JVM-wide defaults (standard streams, system properties, default time
+ * zone, locale, uncaught-exception handler, network and security defaults, shutdown hooks), other
+ * threads ({@code Thread.getAllStackTraces}, {@code enumerate}), management, JFR, scripting, JNDI,
+ * {@code java.beans} (reflective calls by name), Java deserialization and XSLT (code the guard
+ * never saw), and the runtime's own classes. A method handle
+ * constant to a rewritten member is refused too.</li>
+ * <li><b>Rewritten</b> to {@link ActionGuard}: {@code Method.invoke}, {@code Constructor/Class.newInstance},
+ * {@code setAccessible} (allowed on the function's own classes only), {@code System.exit}, {@code Runtime.exit/halt}
+ * (a SecurityException), {@code System.getenv} (the activation's environment),
+ * {@code System.getProperty/getProperties} and the temporary-file calls (the function's own
+ * temporary directory).</li>
+ * </ul>
+ * Reflection by name cannot be told apart at load time, so it is checked when it acts; a runtime
+ * that hosts only trusted code may turn the refusals and that check off (CPUSLOT_JAVA_TRUSTED,
+ * runtime-image/README.md).
+ */
+public final class Rewriter {
+    private Rewriter() {}
+
+    /** A class refused by the guard: the reply's error names why. */
+    public static final class Refused extends SecurityException {
+        public Refused(String msg) { super(msg); }
+    }
+
+    static final String NOT_ALLOWED = "not allowed to a function in a shared runtime";
+
+    /** Packages no function may reference (class or member). */
+    private static final List<String> DENIED_PACKAGES = List.of(
+            "sun/", "jdk/internal/", "com/sun/", "jdk/jfr/", "jdk/jshell/", "java/lang/foreign/", "java/lang/instrument/",
+            "java/lang/management/", "javax/management/", "java/beans/", "javax/script/", "javax/naming/", "java/rmi/",
+            "javax/tools/", "dev/cpuslot/runtime/");
+
+    /** Classes no function may call at all. */
+    private static final Set<String> DENIED_CLASSES = Set.of(
+            "java/lang/ProcessBuilder", "java/lang/ProcessBuilder$Redirect", "java/lang/Process", "java/lang/ProcessHandle",
+            "java/lang/ProcessHandle$Info", "java/net/URLClassLoader", "java/security/SecureClassLoader",
+            "java/lang/invoke/MethodHandleProxies",
+            // deserialization gadgets and XSLT extension functions run code the guard never saw
+            "java/io/ObjectInputStream", "javax/xml/transform/TransformerFactory", "javax/xml/transform/sax/SAXTransformerFactory");
+
+    /** owner -> members no function may call (or take a handle to). */
+    private static final Map<String, Set<String>> DENIED_MEMBERS = Map.ofEntries(
+            Map.entry("java/lang/System", Set.of("setOut", "setErr", "setIn", "setProperty", "setProperties", "clearProperty",
+                    "load", "loadLibrary", "setSecurityManager", "console")),
+            Map.entry("java/lang/Runtime", Set.of("exec", "load", "loadLibrary", "addShutdownHook", "removeShutdownHook")),
+            Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler")),
+            Map.entry("java/lang/ThreadGroup", Set.of("enumerate")),
+            Map.entry("java/lang/ClassLoader", Set.of("<init>", "defineClass", "defineClass1", "defineClass2", "resolveClass",
+                    "setDefaultAssertionStatus", "setClassAssertionStatus", "setPackageAssertionStatus")),
+            Map.entry("java/util/TimeZone", Set.of("setDefault")),
+            Map.entry("java/util/Locale", Set.of("setDefault")),
+            Map.entry("java/net/CookieHandler", Set.of("setDefault")),
+            Map.entry("java/net/ProxySelector", Set.of("setDefault")),
+            Map.entry("java/net/ResponseCache", Set.of("setDefault")),
+            Map.entry("java/net/Authenticator", Set.of("setDefault")),
+            Map.entry("java/net/URL", Set.of("setURLStreamHandlerFactory")),
+            Map.entry("java/net/URLConnection", Set.of("setContentHandlerFactory", "setFileNameMap", "setDefaultUseCaches",
+                    "setDefaultAllowUserInteraction", "setDefaultRequestProperty")),
+            Map.entry("java/net/HttpURLConnection", Set.of("setFollowRedirects")),
+            Map.entry("java/net/Socket", Set.of("setSocketImplFactory")),
+            Map.entry("java/net/ServerSocket", Set.of("setSocketFactory")),
+            Map.entry("java/net/DatagramSocket", Set.of("setDatagramSocketImplFactory")),
+            Map.entry("javax/net/ssl/HttpsURLConnection", Set.of("setDefaultHostnameVerifier", "setDefaultSSLSocketFactory")),
+            Map.entry("javax/net/ssl/SSLContext", Set.of("setDefault")),
+            Map.entry("java/security/Security", Set.of("setProperty", "addProvider", "insertProviderAt", "removeProvider")),
+            Map.entry("java/security/Policy", Set.of("setPolicy")),
+            Map.entry("java/util/logging/LogManager", Set.of("reset", "readConfiguration", "updateConfiguration")),
+            Map.entry("java/lang/invoke/MethodHandles$Lookup", Set.of()));
+
+    /** The bootstraps javac emits (lambdas, string concatenation); the rest of java.lang.invoke is refused. */
+    private static final Set<String> ALLOWED_INVOKE = Set.of("java/lang/invoke/LambdaMetafactory", "java/lang/invoke/StringConcatFactory");
+
+    /** Why a reference to owner.name is refused, or null. */
+    static String deniedMember(String owner, String name, String type) {
+        for (String p : DENIED_PACKAGES) if (owner.startsWith(p)) return "its classes";
+        if (DENIED_CLASSES.contains(owner)) return "its members";
+        // reflection: looking is allowed; acting (invoke, newInstance, setAccessible) is
+        // redirected to a check that the member is the function's own; fields are refused
+        if (owner.equals("java/lang/reflect/Field")) return "reflection on fields";
+        if (owner.startsWith("java/lang/reflect/") && name.equals("setAccessible") && type.startsWith("([")) return "reflection";
+        if (owner.startsWith("java/lang/invoke/") && !ALLOWED_INVOKE.contains(owner)) return "method handles";
+        Set<String> m = DENIED_MEMBERS.get(owner);
+        if (m != null && m.contains(name)) return "a JVM-wide call";
+        if (owner.equals("java/net/URLClassLoader") || owner.equals("java/security/SecureClassLoader")) return "class loaders";
+        return null;
+    }
+
+    /** Why a class reference is refused, or null (only packages: a type alone reaches nothing). */
+    static String deniedClass(String owner) {
+        for (String p : DENIED_PACKAGES) if (owner.startsWith(p)) return "its classes";
+        return null;
+    }
+
+    // ---- rewritten calls --------------------------------------------------------------------
+
+    private record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
+
+    /** owner.name+type (JVM form) -> the ActionGuard method of the same name (a virtual call gets its receiver first). */
+    private static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
+            redirect("java/lang/System", "exit", "(I)V", false),
+            redirect("java/lang/Runtime", "exit", "(I)V", true),
+            redirect("java/lang/Runtime", "halt", "(I)V", true),
+            redirect("java/lang/System", "getenv", "(Ljava/lang/String;)Ljava/lang/String;", false),
+            redirect("java/lang/System", "getenv", "()Ljava/util/Map;", false),
+            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;)Ljava/lang/String;", false),
+            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;Ljava/lang/String;)Ljava/lang/String;", false),
+            redirect("java/lang/System", "getProperties", "()Ljava/util/Properties;", false),
+            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;)Ljava/io/File;", false),
+            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;Ljava/io/File;)Ljava/io/File;", false),
+            redirect("java/nio/file/Files", "createTempFile",
+                    "(Ljava/lang/String;Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false),
+            redirect("java/nio/file/Files", "createTempDirectory",
+                    "(Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false),
+            reflect("java/lang/reflect/Method", "invoke", "(Ljava/lang/Object;[Ljava/lang/Object;)Ljava/lang/Object;"),
+            reflect("java/lang/reflect/Constructor", "newInstance", "([Ljava/lang/Object;)Ljava/lang/Object;"),
+            reflect("java/lang/Class", "newInstance", "()Ljava/lang/Object;"),
+            reflect("java/lang/reflect/Method", "setAccessible", "(Z)V"),
+            reflect("java/lang/reflect/Constructor", "setAccessible", "(Z)V"),
+            reflect("java/lang/reflect/Executable", "setAccessible", "(Z)V"),
+            reflect("java/lang/reflect/AccessibleObject", "setAccessible", "(Z)V"),
+            reflect("java/lang/reflect/Method", "trySetAccessible", "()Z"),
+            reflect("java/lang/reflect/Constructor", "trySetAccessible", "()Z"),
+            reflect("java/lang/reflect/Executable", "trySetAccessible", "()Z"),
+            reflect("java/lang/reflect/AccessibleObject", "trySetAccessible", "()Z"));
+
+    private static Map.Entry<String, Redirect> redirect(String owner, String name, String type, boolean virtual) {
+        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, virtual, false));
+    }
+
+    /** A redirect that only the guard makes (a trusted runtime leaves the call as it is). */
+    private static Map.Entry<String, Redirect> reflect(String owner, String name, String type) {
+        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, true, true));
+    }
+
+    private static final ClassDesc GUARD = ClassDesc.of(ActionGuard.class.getName());
+
+    private static Redirect redirectOf(MemberRefEntry m) {
+        return REDIRECTS.get(m.owner().asInternalName() + "." + m.name().stringValue() + m.type().stringValue());
+    }
+
+    /**
+     * The class and its superclasses (internal names): through the function's jar, then the JDK.
+     * A member named through a subclass ({@code MyThread.getAllStackTraces()}) is the JDK's.
+     */
+    private static List<String> lineage(String owner, java.util.function.Function<String, byte[]> jar) {
+        List<String> l = new ArrayList<>();
+        String c = owner;
+        for (int depth = 0; c != null && depth < 64; depth++) {
+            l.add(c);
+            byte[] b = jar.apply(c + ".class");
+            if (b != null) {
+                c = ClassFile.of().parse(b).superclass().map(ClassEntry::asInternalName).orElse(null);
+                continue;
+            }
+            try {
+                Class<?> k = Class.forName(c.replace('/', '.'), false, ClassLoader.getPlatformClassLoader());
+                for (Class<?> s = k.getSuperclass(); s != null; s = s.getSuperclass()) l.add(s.getName().replace('.', '/'));
+            } catch (ClassNotFoundException | LinkageError notJdk) {
+            }
+            break;
+        }
+        return l;
+    }
+
+    /** The refusal for this class, or null: every constant-pool reference is looked at, whatever uses it. */
+    static String check(ClassModel cm, java.util.function.Function<String, byte[]> jar) {
+        String self = cm.thisClass().asInternalName();
+        Map<String, List<String>> lineages = new HashMap<>();
+        for (PoolEntry e : cm.constantPool()) {
+            String why = null, what = null;
+            if (e instanceof MemberRefEntry m) {
+                String owner = m.owner().asInternalName();
+                if (redirectOf(m) != null) continue;
+                for (String a : lineages.computeIfAbsent(owner, o -> lineage(o, jar))) {
+                    why = deniedMember(a, m.name().stringValue(), m.type().stringValue());
+                    if (why != null) break;
+                }
+                what = owner.replace('/', '.') + "." + m.name().stringValue();
+            } else if (e instanceof ClassEntry c && !c.asInternalName().startsWith("[")) {
+                why = deniedClass(c.asInternalName());
+                what = c.asInternalName().replace('/', '.');
+            } else if (e instanceof MethodHandleEntry h && redirectOf(h.reference()) != null) {
+                why = "a method handle to a guarded call";
+                what = h.reference().owner().asInternalName().replace('/', '.') + "." + h.reference().name().stringValue();
+            }
+            if (why != null) {
+                return self + " uses " + what + " (" + why + "): " + NOT_ALLOWED
+                        + " (a runtime for trusted code only may set CPUSLOT_JAVA_TRUSTED=true)";
+            }
+        }
+        return null;
+    }
+
+    /**
+     * Checks the class (unless trusted) and returns it with its guarded calls redirected to
+     * {@link ActionGuard}, or the same bytes when it has none.
+     * @param loader resolves the function's own classes when stack maps are recomputed
+     * @param jar the function's jar: entry name -> bytes (its classes' superclasses)
+     * @throws Refused when the class references what the guard refuses
+     */
+    public static byte[] rewrite(byte[] classBytes, ClassLoader loader, boolean trusted,
+                                 java.util.function.Function<String, byte[]> jar) {
+        ClassFile plain = ClassFile.of();
+        ClassModel cm = plain.parse(classBytes);
+        if (!trusted) {
+            String why = check(cm, jar);
+            if (why != null) throw new Refused(why);
+        }
+        if (trusted && !hasRedirect(cm, true)) return classBytes; // a trusted runtime's classes are not polled
+        ClassFile cf = ClassFile.of(ClassFile.ClassHierarchyResolverOption.of(
+                ClassHierarchyResolver.defaultResolver().orElse(ClassHierarchyResolver.ofResourceParsing(loader))));
+        return cf.transformClass(cm, ClassTransform.transformingMethodBodies(CodeTransform.ofStateful(() -> new CodeTransform() {
+            /** Labels already bound in this method: a branch to one of them goes backward. */
+            private final Set<Label> seen = new HashSet<>();
+
+            @Override
+            public void accept(CodeBuilder cob, CodeElement coe) {
+                if (coe instanceof LabelTarget lt) seen.add(lt.label());
+                boolean back = switch (coe) {
+                    case BranchInstruction b -> seen.contains(b.target());
+                    case LookupSwitchInstruction l -> seen.contains(l.defaultTarget()) || l.cases().stream().anyMatch(c -> seen.contains(c.target()));
+                    case TableSwitchInstruction t -> seen.contains(t.defaultTarget()) || t.cases().stream().anyMatch(c -> seen.contains(c.target()));
+                    default -> false;
+                };
+                // a loop stops at its deadline or when it fills the heap (ActionGuard.poll)
+                if (back && !trusted) cob.invokestatic(GUARD, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
+                redirect(cob, coe, trusted);
+            }
+        })));
+    }
+
+    private static boolean hasRedirect(ClassModel cm, boolean trusted) {
+        for (PoolEntry e : cm.constantPool()) {
+            if (e instanceof MemberRefEntry m && redirectOf(m) != null && !(trusted && redirectOf(m).guardOnly())) return true;
+        }
+        return false;
+    }
+
+    private static void redirect(CodeBuilder cob, CodeElement coe, boolean trusted) {
+        {
+            if (coe instanceof InvokeInstruction i && (i.opcode() == Opcode.INVOKESTATIC || i.opcode() == Opcode.INVOKEVIRTUAL)) {
+                Redirect r = redirectOf(i.method());
+                if (r != null && r.virtual() == (i.opcode() == Opcode.INVOKEVIRTUAL) && !(trusted && r.guardOnly())) {
+                    MethodTypeDesc t = i.typeSymbol();
+                    if (r.virtual()) t = t.insertParameterTypes(0, ClassDesc.of("java.lang.Object"));
+                    cob.invokestatic(GUARD, r.name(), t);
+                    return;
+                }
+            }
+            cob.with(coe);
+        }
+    }
+
+    /** Checks only (for a whole jar at /init): the refusal, or null. @param jar entry name -> bytes */
+    public static String refusal(byte[] classBytes, java.util.function.Function<String, byte[]> jar) {
+        return check(ClassFile.of().parse(classBytes), jar);
+    }
+}
