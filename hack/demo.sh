@@ -209,7 +209,9 @@ start_runtime() {
 	local pidns=()
 	[ "${RUNTIME_PIDNS:-0}" = 1 ] && pidns=(unshare --pid --fork --kill-child=SIGTERM)
 	start_in_cgroup "$name" "$cg" "${pidns[@]}" env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@" \
-		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m -Dpolyglot.engine.WarnInterpreterOnly=false -jar "$RUNTIME_JAR"
+		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m \
+		-XX:+UnlockExperimentalVMOptions -XX:+EnableJVMCI --upgrade-module-path="$(dirname "$RUNTIME_JAR")/compiler" \
+		-jar "$RUNTIME_JAR"
 	wait_http "http://127.0.0.1:$metrics/metrics" "the runtime ($name)" "$WORK/$name.pid"
 	printf -v "${name^^}_PORT" '%s' "$port"
 	printf -v "${name^^}_METRICS" '%s' "$metrics"

@@ -156,9 +156,18 @@ public final class PolyglotFunction implements Function {
     private static final Map<String, Engine> ENGINES = new ConcurrentHashMap<>();
     private static final Gson GSON = new Gson();
 
-    /** The shared engine of a language: made once, kept for the process (code caches). */
+    /**
+     * The shared engine of a language: made once, kept for the process (code caches, compiled
+     * code). Its implementation is logged: "Interpreted" means Truffle found no JIT (no JVMCI or
+     * no Graal on the upgrade module path) and guest code runs many times slower; Truffle's own
+     * warning (engine.WarnInterpreterOnly) says why.
+     */
     static Engine engine(String polyglotId) {
-        return ENGINES.computeIfAbsent(polyglotId, id -> Engine.newBuilder(id).option("engine.WarnInterpreterOnly", "false").build());
+        return ENGINES.computeIfAbsent(polyglotId, id -> {
+            Engine e = Engine.newBuilder(id).build();
+            Log.info("polyglot engine " + id + ": " + e.getImplementationName());
+            return e;
+        });
     }
 
     /**
