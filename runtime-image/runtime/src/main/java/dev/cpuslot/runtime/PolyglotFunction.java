@@ -195,9 +195,7 @@ public final class PolyglotFunction implements Function {
 
     private static void prewarmNow(String id, String language) {
         long t0 = System.nanoTime();
-        Context.Builder b = Context.newBuilder(id).engine(engine(id)).allowAllAccess(false);
-        if (id.equals("python")) b.option("python.ForceImportSite", "false");
-        try (Context c = b.build()) {
+        try (Context c = contextBuilder(id, engine(id)).build()) {
             c.eval(id, id.equals("python") ? "import json, os, sys\n" : "JSON.stringify({})");
         }
         Log.info("prewarmed " + language + " in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
@@ -319,14 +317,23 @@ public final class PolyglotFunction implements Function {
         return s != null ? s : makeSandbox();
     }
 
-    private Sandbox makeSandbox() {
+    /**
+     * A function's context, and the prewarm's: the same options, so that the contexts share the
+     * engine's parsed and compiled code (Truffle shares it between contexts of one engine whose
+     * options agree).
+     */
+    private static Context.Builder contextBuilder(String polyglotId, Engine engine) {
         Context.Builder b = Context.newBuilder(polyglotId).engine(engine)
                 .out(System.out).err(System.err) // the tenant's streams now (the engine is shared)
                 .allowAllAccess(false)
                 .allowCreateThread(false)
                 .allowNativeAccess(false);
         if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3");
-        Context ctx = b.build();
+        return b;
+    }
+
+    private Sandbox makeSandbox() {
+        Context ctx = contextBuilder(polyglotId, engine).build();
         Value call, poll = null, loop = null;
         try {
             if (polyglotId.equals("js")) {
