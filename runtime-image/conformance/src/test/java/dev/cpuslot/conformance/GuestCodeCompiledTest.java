@@ -42,5 +42,8 @@ class GuestCodeCompiledTest {
             assertNotEquals("Interpreted", m.group(2).strip(), "guest code runs in Truffle's interpreter only:\n" + log);
         });
         assertFalse(outErr[1].contains("fallback runtime"), "Truffle warned of its interpreter-only fallback:\n" + outErr[1]);
+        // e.g. "Using polyglot contexts on Java virtual threads on HotSpot is experimental": guest
+        // code must run on platform threads (compiled code cannot materialize frames on virtual ones)
+        assertFalse(outErr[1].contains("[engine] WARNING"), "Truffle warned:\n" + outErr[1]);
     }
 }

@@ -237,7 +237,41 @@ public final class PolyglotFunction implements Function {
         this.engine = engine(polyglotId);
         this.source = Source.newBuilder(polyglotId, code, name + (polyglotId.equals("js") ? ".js" : ".py")).buildLiteral();
         // compile and check the entry point once, so /init reports errors; the context is kept
-        spare.set(makeSandbox());
+        spare.set(onPlatformThread(this::makeSandbox));
+    }
+
+    /**
+     * Runs guest code on a platform thread when called on a virtual one (an HTTP request's):
+     * compiled Truffle code cannot materialize caller frames on virtual threads (Truffle warns
+     * "Using polyglot contexts on Java virtual threads on HotSpot is experimental"), and
+     * Python's frames (tracebacks, sys._getframe) need that. Workers are platform threads.
+     */
+    static <T> T onPlatformThread(java.util.function.Supplier<T> work) {
+        if (!Thread.currentThread().isVirtual()) return work.get();
+        AtomicReference<T> result = new AtomicReference<>();
+        AtomicReference<Throwable> failure = new AtomicReference<>();
+        Thread t = Thread.ofPlatform().daemon().name("polyglot-init").start(() -> {
+            try {
+                result.set(work.get());
+            } catch (Throwable e) {
+                failure.set(e);
+            }
+        });
+        boolean interrupted = false;
+        while (true) {
+            try {
+                t.join();
+                break;
+            } catch (InterruptedException e) {
+                interrupted = true; // the guest code is not stopped by it: wait for it as before
+            }
+        }
+        if (interrupted) Thread.currentThread().interrupt();
+        Throwable e = failure.get();
+        if (e instanceof RuntimeException re) throw re;
+        if (e instanceof Error err) throw err;
+        if (e != null) throw new IllegalStateException(e);
+        return result.get();
     }
 
     /**
