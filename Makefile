@@ -134,9 +134,10 @@ chart-test:
 #                       quota shares and per-invocation overhead as tables (root)
 #   make build-runtime  the runtime's jars (runtime-image/build.sh, tests skipped)
 #   make bench-runtime  hello-world through the runtime, with slots vs without cgroups
+#   make bench-guest    JavaScript and Python through the runtime against node and python3
 #   make runtime-image  bin/cpuslot-runtime.tar, the JVM image as an OCI layout tarball, and
 #                       bin/cpuslot-runtime-java.tar, the java kind's (no JavaScript or Python)
-.PHONY: demo build-runtime bench-runtime runtime-image
+.PHONY: demo build-runtime bench-runtime bench-guest runtime-image
 
 demo:
 	bash hack/demo.sh
@@ -146,6 +147,9 @@ build-runtime:
 
 bench-runtime:
 	bash hack/bench-runtime.sh
+
+bench-guest:
+	bash hack/bench-guest.sh $(BENCH_GUEST_ARGS)
 
 # docker.io/cpuslot/runtime-jvm:dev and docker.io/cpuslot/runtime-java:dev; import with:
 # ctr -n k8s.io images import bin/cpuslot-runtime.tar

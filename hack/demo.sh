@@ -207,7 +207,9 @@ start_runtime() {
 	cg_create "$cg"
 	# the runtime's own lines into its log file; OpenWhisk /run from several client threads at once
 	local cmd=(env PORT="$port" CPUSLOT_METRICS_PORT="$metrics" CPUSLOT_LOG=stderr __OW_ALLOW_CONCURRENT=true "$@"
-		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m -Dpolyglot.engine.WarnInterpreterOnly=false -jar "$RUNTIME_JAR")
+		"$JAVA_HOME/bin/java" -XX:+UseSerialGC -Xmx512m
+		-XX:+UnlockExperimentalVMOptions -XX:+EnableJVMCI --upgrade-module-path="$(dirname "$RUNTIME_JAR")/compiler"
+		-jar "$RUNTIME_JAR")
 	if [ "${RUNTIME_PIDNS:-1}" = 1 ]; then
 		# In a PID namespace of its own, as in a pod: on cgroup v1 the agent passes slot fds only
 		# to a peer whose PID namespace holds every process of its cgroup (docs/security.md), so

@@ -12,11 +12,13 @@
 #   /opt/java            a minimal JRE made with jlink from the JDK 25 (modules from jdeps)
 #   /opt/cpuslot/        runtime.jar and lib/ (the runtime module's jar and dependencies; for
 #                        KIND java only those Java functions need: no JavaScript or Python engine,
-#                        a third of the size, and a smaller JRE)
+#                        a third of the size, and a smaller JRE), and compiler/ (Graal, the JIT of
+#                        JavaScript and Python code; not for KIND java, whose functions HotSpot's
+#                        own JIT compiles)
 #   /lib*, /usr/lib*     the shared libraries the JRE's binaries link (found with ldd, copied
 #                        from this machine: glibc, libz...) and the dynamic loader
 #   /etc/passwd, /tmp    root and nobody; a world-writable /tmp (user.home for polyglot caches)
-# Entrypoint: java [image/jvm-options] -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
+# Entrypoint: java [image/jvm-options] [image/jvm-options-jit unless KIND java] -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
 # need no privilege), port 8080, metrics 9102.
 # Needs: the runtime built (runtime-image/build.sh -DskipTests package), a JDK 25, Go (to build
 # tools/ocitar from this repository), ldd.
@@ -32,7 +34,10 @@ target="$repo/runtime-image/runtime/target"
 jar="$target/runtime-0.1.0-SNAPSHOT.jar"
 lib="$target/lib"
 [ "$kind" = java ] && lib="$target/lib-java"
-[ -f "$jar" ] && [ -d "$lib" ] || { echo "build-image: build the runtime first (make build-runtime)" >&2; exit 1; }
+# guest code (JavaScript, Python) is compiled by Graal through JVMCI; without it Truffle interprets only
+jit=1
+[ "$kind" = java ] && jit=0
+[ -f "$jar" ] && [ -d "$lib" ] && { [ $jit = 0 ] || [ -f "$target/compiler/compiler.jar" ]; } || { echo "build-image: build the runtime first (make build-runtime)" >&2; exit 1; }
 
 java_major() { "$1/bin/java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
 if [ -z "${JAVA_HOME:-}" ] || [ ! -x "$JAVA_HOME/bin/jlink" ] || [ "$(java_major "$JAVA_HOME")" -lt 25 ]; then
@@ -52,10 +57,16 @@ mkdir -p "$root/opt/cpuslot/lib" "$root/etc" "$root/tmp"
 #    reflectively (zip file system for polyglot resources, naming, EC crypto for https)
 cp "$jar" "$root/opt/cpuslot/runtime.jar"
 cp "$lib"/*.jar "$root/opt/cpuslot/lib/"
+if [ $jit = 1 ]; then
+	mkdir -p "$root/opt/cpuslot/compiler"
+	cp "$target"/compiler/*.jar "$root/opt/cpuslot/compiler/"
+fi
 cp_list="$(ls "$root"/opt/cpuslot/lib/*.jar | tr '\n' ':')"
 mods="$("$JAVA_HOME/bin/jdeps" --multi-release 25 --ignore-missing-deps --print-module-deps \
 	--class-path "$cp_list" "$root/opt/cpuslot/runtime.jar" "$root"/opt/cpuslot/lib/*.jar 2>/dev/null | tail -1)"
 mods="$mods,java.logging,java.management,java.naming,jdk.zipfs,jdk.crypto.ec,jdk.localedata"
+# what the compiler's modules require (they come from compiler/ through --upgrade-module-path)
+[ $jit = 1 ] && mods="$mods,jdk.internal.vm.ci,jdk.management,jdk.unsupported"
 echo "build-image: jlink --add-modules $mods" >&2
 # Compressed modules (zip-6) and a class-data-sharing archive: the image is a quarter smaller
 # (pulled and unpacked on every node) and the JVM starts faster (a JVM per pod: cold starts).
@@ -86,7 +97,9 @@ adds=()
 for top in "$root"/*; do adds+=(-add "$top:/$(basename "$top")"); done
 # the JVM options are the ones the conformance tests start the runtime with
 entry=(-entrypoint /opt/java/bin/java)
-while read -r opt; do [ -n "$opt" ] && entry+=(-entrypoint "$opt"); done <"$here/jvm-options"
+opts=("$here/jvm-options")
+[ $jit = 1 ] && opts+=("$here/jvm-options-jit")
+while read -r opt; do [ -n "$opt" ] && entry+=(-entrypoint "$opt"); done < <(cat "${opts[@]}")
 entry+=(-entrypoint -jar -entrypoint /opt/cpuslot/runtime.jar)
 kindenv=()
 [ -n "$kind" ] && kindenv=(-env "CPUSLOT_LANGUAGE=$kind")

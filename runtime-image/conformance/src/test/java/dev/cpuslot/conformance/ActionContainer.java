@@ -62,7 +62,7 @@ final class ActionContainer implements AutoCloseable {
         runtimeLog = dir.resolve("runtime.log");
         List<String> cmd = new ArrayList<>();
         cmd.add(Path.of(System.getProperty("java.home"), "bin", "java").toString());
-        for (String l : Files.readAllLines(Path.of(prop("cpuslot.jvm.options")))) if (!l.isBlank()) cmd.add(l.strip());
+        cmd.addAll(imageJvmOptions(kind));
         // A container's own /tmp: the runtime's temporary files (an action's jar) stay beside its
         // logs, not in the machine's /tmp, when the case kills it as docker kill does.
         Path tmp = Files.createDirectories(dir.resolve("tmp"));
@@ -81,6 +81,21 @@ final class ActionContainer implements AutoCloseable {
         e.putAll(env);
         proc = pb.start();
         port = awaitPort();
+    }
+
+    /**
+     * The image's JVM options for a kind (image/jvm-options, plus image/jvm-options-jit unless
+     * the kind is java, as build-image.sh does), with the image's /opt/cpuslot/ (runtime.jar,
+     * compiler/) read as the runtime's build directory, which holds the same files.
+     */
+    static List<String> imageJvmOptions(String kind) throws IOException {
+        List<Path> files = new ArrayList<>(List.of(Path.of(prop("cpuslot.jvm.options"))));
+        if (!kind.equals("java")) files.add(Path.of(prop("cpuslot.jvm.options.jit")));
+        String home = Path.of(prop("cpuslot.runtime.jar")).toAbsolutePath().getParent() + "/";
+        List<String> opts = new ArrayList<>();
+        for (Path f : files)
+            for (String l : Files.readAllLines(f)) if (!l.isBlank()) opts.add(l.strip().replace("/opt/cpuslot/", home));
+        return opts;
     }
 
     private static String prop(String k) {

@@ -111,8 +111,11 @@ class RuntimeImageIT {
         String listing = run(null, "tar", "-tvf", layer().toString());
         List<String> names = new ArrayList<>();
         for (String line : listing.split("\n")) names.add(line.substring(line.lastIndexOf(' ') + 1));
+        // guest code compiled: JVMCI on, Graal on the upgrade module path (image/jvm-options-jit)
+        assertTrue(entry.contains("-XX:+EnableJVMCI") && entry.contains("--upgrade-module-path=/opt/cpuslot/compiler"), entry.toString());
         for (String want : List.of("opt/java/bin/java", "opt/java/lib/server/libjvm.so", "opt/java/lib/modules", "opt/cpuslot/runtime.jar",
-                "opt/cpuslot/lib/gson-2.11.0.jar", "opt/cpuslot/lib/slot-client-0.1.0-SNAPSHOT.jar", "etc/passwd"))
+                "opt/cpuslot/lib/gson-2.11.0.jar", "opt/cpuslot/lib/slot-client-0.1.0-SNAPSHOT.jar", "etc/passwd",
+                "opt/cpuslot/compiler/compiler.jar", "opt/cpuslot/compiler/truffle-compiler.jar"))
             assertTrue(names.contains(want), "layer lacks " + want);
         assertTrue(names.stream().anyMatch(n -> n.matches("lib.*/ld-linux.*\\.so\\.\\d")), "the dynamic loader");
         assertTrue(names.stream().anyMatch(n -> n.matches("lib.*/libc\\.so\\.6")), "libc");

@@ -54,7 +54,9 @@ final class RuntimeProc implements AutoCloseable {
     }
 
     RuntimeProc(Path jar, Map<String, String> env, List<Path> procsFiles, Path log) throws Exception {
-        this(List.of(javaCommand(), "-Xmx512m", "-XX:+UseSerialGC", "-Dpolyglot.engine.WarnInterpreterOnly=false",
+        // guest code compiled as in the image (image/jvm-options-jit): Graal beside the jar, in compiler/
+        this(List.of(javaCommand(), "-Xmx512m", "-XX:+UseSerialGC",
+                "-XX:+UnlockExperimentalVMOptions", "-XX:+EnableJVMCI", "--upgrade-module-path=" + jar.toAbsolutePath().getParent().resolve("compiler"),
                 "-jar", jar.toString()), env, procsFiles, log);
     }
 

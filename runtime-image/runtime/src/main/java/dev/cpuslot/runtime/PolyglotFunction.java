@@ -156,9 +156,18 @@ public final class PolyglotFunction implements Function {
     private static final Map<String, Engine> ENGINES = new ConcurrentHashMap<>();
     private static final Gson GSON = new Gson();
 
-    /** The shared engine of a language: made once, kept for the process (code caches). */
+    /**
+     * The shared engine of a language: made once, kept for the process (code caches, compiled
+     * code). Its implementation is logged: "Interpreted" means Truffle found no JIT (no JVMCI or
+     * no Graal on the upgrade module path) and guest code runs many times slower; Truffle's own
+     * warning (engine.WarnInterpreterOnly) says why.
+     */
     static Engine engine(String polyglotId) {
-        return ENGINES.computeIfAbsent(polyglotId, id -> Engine.newBuilder(id).option("engine.WarnInterpreterOnly", "false").build());
+        return ENGINES.computeIfAbsent(polyglotId, id -> {
+            Engine e = Engine.newBuilder(id).build();
+            Log.info("polyglot engine " + id + ": " + e.getImplementationName());
+            return e;
+        });
     }
 
     /**
@@ -186,9 +195,7 @@ public final class PolyglotFunction implements Function {
 
     private static void prewarmNow(String id, String language) {
         long t0 = System.nanoTime();
-        Context.Builder b = Context.newBuilder(id).engine(engine(id)).allowAllAccess(false);
-        if (id.equals("python")) b.option("python.ForceImportSite", "false");
-        try (Context c = b.build()) {
+        try (Context c = contextBuilder(id, engine(id)).build()) {
             c.eval(id, id.equals("python") ? "import json, os, sys\n" : "JSON.stringify({})");
         }
         Log.info("prewarmed " + language + " in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
@@ -230,7 +237,41 @@ public final class PolyglotFunction implements Function {
         this.engine = engine(polyglotId);
         this.source = Source.newBuilder(polyglotId, code, name + (polyglotId.equals("js") ? ".js" : ".py")).buildLiteral();
         // compile and check the entry point once, so /init reports errors; the context is kept
-        spare.set(makeSandbox());
+        spare.set(onPlatformThread(this::makeSandbox));
+    }
+
+    /**
+     * Runs guest code on a platform thread when called on a virtual one (an HTTP request's):
+     * compiled Truffle code cannot materialize caller frames on virtual threads (Truffle warns
+     * "Using polyglot contexts on Java virtual threads on HotSpot is experimental"), and
+     * Python's frames (tracebacks, sys._getframe) need that. Workers are platform threads.
+     */
+    static <T> T onPlatformThread(java.util.function.Supplier<T> work) {
+        if (!Thread.currentThread().isVirtual()) return work.get();
+        AtomicReference<T> result = new AtomicReference<>();
+        AtomicReference<Throwable> failure = new AtomicReference<>();
+        Thread t = Thread.ofPlatform().daemon().name("polyglot-init").start(() -> {
+            try {
+                result.set(work.get());
+            } catch (Throwable e) {
+                failure.set(e);
+            }
+        });
+        boolean interrupted = false;
+        while (true) {
+            try {
+                t.join();
+                break;
+            } catch (InterruptedException e) {
+                interrupted = true; // the guest code is not stopped by it: wait for it as before
+            }
+        }
+        if (interrupted) Thread.currentThread().interrupt();
+        Throwable e = failure.get();
+        if (e instanceof RuntimeException re) throw re;
+        if (e instanceof Error err) throw err;
+        if (e != null) throw new IllegalStateException(e);
+        return result.get();
     }
 
     /**
@@ -310,14 +351,23 @@ public final class PolyglotFunction implements Function {
         return s != null ? s : makeSandbox();
     }
 
-    private Sandbox makeSandbox() {
+    /**
+     * A function's context, and the prewarm's: the same options, so that the contexts share the
+     * engine's parsed and compiled code (Truffle shares it between contexts of one engine whose
+     * options agree).
+     */
+    private static Context.Builder contextBuilder(String polyglotId, Engine engine) {
         Context.Builder b = Context.newBuilder(polyglotId).engine(engine)
                 .out(System.out).err(System.err) // the tenant's streams now (the engine is shared)
                 .allowAllAccess(false)
                 .allowCreateThread(false)
                 .allowNativeAccess(false);
         if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3");
-        Context ctx = b.build();
+        return b;
+    }
+
+    private Sandbox makeSandbox() {
+        Context ctx = contextBuilder(polyglotId, engine).build();
         Value call, poll = null, loop = null;
         try {
             if (polyglotId.equals("js")) {

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Guest code through the runtime against node and python3, side by side in one run (issue 22):
+# warm fib, JSON transform and regex functions, and a hello-world action's start-up, /init and
+# first /run, with the runtime started as its image starts it (compiled) and without the JIT
+# options (interpreted). Needs node and python3 on PATH. Arguments go to GuestBench, e.g.
+#   make bench-guest BENCH_GUEST_ARGS="--runs 40 --last 10 --languages python"
+set -euo pipefail
+cd "$(dirname "$0")/../runtime-image"
+java_major() { "$1/bin/java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if [ -z "${JAVA_HOME:-}" ] || [ "$(java_major "$JAVA_HOME" 2>/dev/null || echo 0)" -lt 25 ]; then
+	for d in /usr/lib/jvm/*; do
+		if [ -x "$d/bin/java" ] && [ "$(java_major "$d")" -ge 25 ] 2>/dev/null; then export JAVA_HOME="$d"; break; fi
+	done
+fi
+for t in node python3; do command -v "$t" >/dev/null || { echo "bench-guest: needs $t (the baseline)" >&2; exit 1; }; done
+./build.sh -q -DskipTests package -pl runtime,bench -am
+exec "$JAVA_HOME/bin/java" -cp bench/target/bench-0.1.0-SNAPSHOT.jar dev.cpuslot.bench.GuestBench \
+	--runtime-jar runtime/target/runtime-0.1.0-SNAPSHOT.jar --image-dir image "$@"
