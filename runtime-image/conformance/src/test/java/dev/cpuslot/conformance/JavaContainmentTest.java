@@ -360,6 +360,40 @@ class JavaContainmentTest {
         });
     }
 
+    /**
+     * A function cannot fill the process with threads: one that starts 1000 sleeping threads
+     * (half directly, half through a cached executor, whose threads the JDK starts) is refused past
+     * its limit (CPUSLOT_JAVA_MAX_THREADS, 64 by default) with a clear error that fails its
+     * activation; another function beside it still answers (before: 1000 threads stayed).
+     */
+    @Test
+    void theThreadsAFunctionStartsAreBounded() throws Exception {
+        String starter = probe("""
+                Runnable nap = () -> { try { Thread.sleep(600_000); } catch (InterruptedException e) { } };
+                var pool = java.util.concurrent.Executors.newCachedThreadPool(t -> new Thread(t, "sleeper-pool"));
+                for (int i = 0; i < 500; i++) {
+                    new Thread(nap, "sleeper-own").start();
+                    pool.execute(nap);
+                }
+                return args;""");
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        with("java", c -> {
+            assertEquals(200, register(c, "starter", jarFile(c, "starter", starter), null).code());
+            assertEquals(200, register(c, "hello", jarFile(c, "hello", hello), null).code());
+            Reply r = invoke(c, "starter");
+            int started = threads(c, "sleeper").size();
+            assertTrue(started <= 64, started + " threads of the function live in the runtime (its limit: 64)");
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            assertTrue(r.raw().toString().contains("CPUSLOT_JAVA_MAX_THREADS"), String.valueOf(r.raw()));
+            Reply h = invoke(c, "hello");
+            assertEquals(200, h.code(), "the other function: " + h.raw());
+            // a second activation of the same function gets no more: the limit is the function's
+            assertEquals(502, invoke(c, "starter").code());
+            assertTrue(threads(c, "sleeper").size() <= 64, "the function's threads after a second activation");
+            assertAlive(c);
+        });
+    }
+
     /** Writes the function's jar to a file (for Hydra /register?url=file:). */
     static Path jarFile(ActionContainer c, String name, String base64) throws Exception {
         Path p = c.dir.resolve(name + ".jar");
