@@ -60,7 +60,7 @@ class JavaContainmentTest {
             "exitViaReflection", "haltViaMethodHandle", "killOwnPid", "runtimeExec", "unsafePutAddress",
             "setOut", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
             "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization",
-            "allStackTracesThroughASubclass", "timeZoneThroughASubclass"})
+            "allStackTracesThroughASubclass", "timeZoneThroughASubclass", "threadWithoutTheActivation"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -132,6 +132,10 @@ class JavaContainmentTest {
                     }
                     static abstract class Z extends SimpleTimeZone {
                         Z() { super(0, "z"); }""";
+            case "threadWithoutTheActivation" -> """
+                    // a thread that does not inherit the activation would escape its thread limit and deadline
+                    Thread.ofPlatform().inheritInheritableThreadLocals(false).start(() -> { });
+                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         String jar = probe(body);
@@ -390,6 +394,22 @@ class JavaContainmentTest {
             // a second activation of the same function gets no more: the limit is the function's
             assertEquals(502, invoke(c, "starter").code());
             assertTrue(threads(c, "sleeper").size() <= 64, "the function's threads after a second activation");
+            // threads that ended free their count: 300 started one after the other all run
+            String churn = probe("""
+                    int n = 0;
+                    for (int i = 0; i < 300; i++) {
+                        int[] ran = new int[1];
+                        Thread t = new Thread(() -> ran[0] = 1);
+                        t.start();
+                        t.join();
+                        n += ran[0];
+                    }
+                    args.addProperty("ran", n);
+                    return args;""");
+            assertEquals(200, register(c, "churn", jarFile(c, "churn", churn), null).code());
+            Reply ch = invoke(c, "churn");
+            assertEquals(200, ch.code(), String.valueOf(ch.raw()));
+            assertTrue(ch.raw().toString().contains("300"), String.valueOf(ch.raw()));
             assertAlive(c);
         });
     }

@@ -37,6 +37,7 @@ public record Config(
         boolean local,                // local leasing: the process holds slots and leases them to workers itself
         long localIdleMs,             // a held slot unused this long goes back to the agent
         boolean javaTrusted,          // CPUSLOT_JAVA_TRUSTED: the Java guard refuses nothing (trusted code only)
+        int javaMaxThreads,           // CPUSLOT_JAVA_MAX_THREADS: most live threads one Java function may have made (0: no limit)
         String owner) {               // CPUSLOT_OWNER: the one owner served (null: the first one seen; "*": any)
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
@@ -82,6 +83,7 @@ public record Config(
                 bool(env, "CPUSLOT_LOCAL", true),
                 Math.max(0, durationMs(env, "CPUSLOT_LOCAL_IDLE", 30_000)),
                 bool(env, "CPUSLOT_JAVA_TRUSTED", false),
+                nonNegative(env, "CPUSLOT_JAVA_MAX_THREADS", 64),
                 blankToNull(env.get("CPUSLOT_OWNER")));
     }
 
@@ -103,6 +105,12 @@ public record Config(
     private static String blankToNull(String s) { return s == null || s.isBlank() ? null : s.trim(); }
 
     private static int intOf(Map<String, String> env, String k, int def) { return (int) longOf(env, k, def); }
+
+    private static int nonNegative(Map<String, String> env, String k, int def) {
+        long v = longOf(env, k, def);
+        if (v < 0 || v > Integer.MAX_VALUE) throw new IllegalArgumentException(k + " is not a count (0 or more): " + v);
+        return (int) v;
+    }
 
     private static long longOf(Map<String, String> env, String k, long def) {
         String v = env.get(k);

@@ -65,6 +65,7 @@ public final class FunctionRuntime implements AutoCloseable {
 
     public FunctionRuntime(Config cfg, Metrics metrics, SlotClient slots, PrintStream out, PrintStream err) {
         this.cfg = cfg;
+        dev.cpuslot.runtime.guard.ActionGuard.setMaxThreads(cfg.javaMaxThreads());
         this.metrics = metrics;
         this.quota = new Quota(cfg, metrics);
         this.slots = slots;

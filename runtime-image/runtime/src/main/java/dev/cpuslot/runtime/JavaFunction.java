@@ -167,7 +167,7 @@ public final class JavaFunction implements Function {
                 ClassLoader prev = t.getContextClassLoader();
                 t.setContextClassLoader(loader);
                 ActionGuard.setEnv(env);
-                ActionGuard.begin();
+                ActionGuard.begin(loader);
                 try {
                     JsonObject in = args != null && args.isJsonObject() ? args.getAsJsonObject() : new JsonObject();
                     Object out = switch (kind) {

@@ -80,12 +80,125 @@ public final class ActionGuard {
     /** Set while any thread is to be stopped or the heap is nearly full: the poll's fast path reads only this. */
     private static volatile boolean alert;
     private static volatile boolean pressure;
-    /** One activation: every thread it starts inherits it, so all of them stop at its deadline. */
+    /**
+     * One activation: every thread it starts inherits it, so all of them stop at its deadline.
+     * Each thread has its own (a child of the worker's), so a thread that ended is seen to end.
+     */
     private static final class Activation {
+        /** The worker's: cancelled there. */
+        final Activation root;
+        final ThreadBudget budget;
         volatile boolean cancelled;
+
+        Activation(Activation root, ThreadBudget budget) {
+            this.root = root == null ? this : root;
+            this.budget = budget;
+        }
+
+        boolean cancelled() { return root.cancelled; }
     }
 
-    private static final InheritableThreadLocal<Activation> ACTIVATION = new InheritableThreadLocal<>();
+    /**
+     * Every thread constructed by a thread of an activation, platform or virtual, started by the
+     * function or by the JDK on its behalf (executors, builders, thread factories), inherits it:
+     * the JVM calls {@link InheritableThreadLocal#childValue} in the parent as it constructs the
+     * child. That is the one place where every thread a function makes passes, so it is counted
+     * there. (A thread constructed without inheriting would escape both the count and the
+     * deadline: the guard refuses the calls that ask for that.)
+     */
+    private static final InheritableThreadLocal<Activation> ACTIVATION = new InheritableThreadLocal<>() {
+        @Override
+        protected Activation childValue(Activation parent) {
+            if (parent == null || parent.budget == null) return parent;
+            return parent.budget.admit(parent.root);
+        }
+    };
+
+    // ---- threads per function ----------------------------------------------------------------
+
+    /** Most live threads one function may have made (CPUSLOT_JAVA_MAX_THREADS; 0: no limit). */
+    private static volatile int maxThreads = 64;
+    /** Each function's class loader -> its threads. */
+    private static final Map<ClassLoader, ThreadBudget> BUDGETS = new ConcurrentHashMap<>();
+    /**
+     * A thread's own Activation becomes unreachable once the thread ended (the JVM drops its
+     * thread locals at exit): its reference is enqueued then and its function's count freed.
+     */
+    private static final java.lang.ref.ReferenceQueue<Activation> ENDED = new java.lang.ref.ReferenceQueue<>();
+    private static final Set<Counted> COUNTED = ConcurrentHashMap.newKeySet();
+
+    private static final class Counted extends java.lang.ref.PhantomReference<Activation> {
+        final ThreadBudget budget;
+
+        Counted(Activation a, ThreadBudget budget) {
+            super(a, ENDED);
+            this.budget = budget;
+        }
+    }
+
+    /** The live threads one function made. */
+    private static final class ThreadBudget {
+        final java.util.concurrent.atomic.AtomicInteger live = new java.util.concurrent.atomic.AtomicInteger();
+
+        /** The new thread's Activation, or the refusal when the function has its limit of threads. */
+        Activation admit(Activation root) {
+            freeEnded();
+            int max = maxThreads;
+            // ended threads are seen only once collected: at the limit, collect, then look again
+            if (max > 0 && !reserve(max) && !(collectEnded() && reserve(max))) {
+                throw new IllegalStateException("the function already has " + max + " live threads, its limit in"
+                        + " this shared runtime (CPUSLOT_JAVA_MAX_THREADS): no more can be started until some end");
+            }
+            if (max <= 0) live.incrementAndGet();
+            Activation child = new Activation(root, this);
+            COUNTED.add(new Counted(child, this));
+            return child;
+        }
+
+        private boolean reserve(int max) {
+            for (int n = live.get(); n < max; n = live.get()) {
+                if (live.compareAndSet(n, n + 1)) return true;
+            }
+            return false;
+        }
+    }
+
+    /** The last collection asked for ended threads: at most one per COLLECT_NANOS for the whole runtime. */
+    private static final java.util.concurrent.atomic.AtomicLong lastCollect = new java.util.concurrent.atomic.AtomicLong(System.nanoTime() - 1_000_000_000L);
+    private static final long COLLECT_NANOS = 200_000_000L;
+
+    /**
+     * A function at its limit may have threads that ended but are not collected yet: a collection
+     * (at most one per 200 ms for the whole runtime; the caller waits its turn, within its own
+     * activation's time) frees their count. False when interrupted.
+     */
+    private static boolean collectEnded() {
+        synchronized (lastCollect) {
+            long wait = lastCollect.get() + COLLECT_NANOS - System.nanoTime();
+            try {
+                if (wait > 0) Thread.sleep(wait / 1_000_000 + 1);
+                System.gc();
+                lastCollect.set(System.nanoTime());
+                // the reference handler enqueues what the collection found; a little later
+                for (java.lang.ref.Reference<? extends Activation> r; (r = ENDED.remove(20)) != null; ) {
+                    if (COUNTED.remove(r)) ((Counted) r).budget.live.decrementAndGet();
+                }
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                return false;
+            }
+            return true;
+        }
+    }
+
+    private static void freeEnded() {
+        for (java.lang.ref.Reference<? extends Activation> r; (r = ENDED.poll()) != null; ) {
+            if (COUNTED.remove(r)) ((Counted) r).budget.live.decrementAndGet();
+        }
+    }
+
+    /** Sets the most live threads one function may have made (0: no limit). */
+    public static void setMaxThreads(int max) { maxThreads = max; }
     /** Worker -> its running activation (for the caller that cancels it at the deadline). */
     private static final Map<Thread, Activation> RUNNING = new ConcurrentHashMap<>();
     /** Until then the alert stays on after a cancel: the activation's other threads poll within it. */
@@ -142,9 +255,9 @@ public final class ActionGuard {
     /** Sets the share of the heap a function thread may allocate in one activation before it is stopped under pressure. */
     public static void setShare(long bytes) { share = bytes; }
 
-    /** The calling (worker) thread starts an activation. */
-    public static void begin() {
-        Activation a = new Activation();
+    /** The calling (worker) thread starts an activation of the function whose classes the loader defines. */
+    public static void begin(ClassLoader function) {
+        Activation a = new Activation(null, function == null ? null : BUDGETS.computeIfAbsent(function, f -> new ThreadBudget()));
         ACTIVATION.set(a);
         RUNNING.put(Thread.currentThread(), a);
         START.set(new long[] {THREADS.getCurrentThreadAllocatedBytes()});
@@ -183,7 +296,7 @@ public final class ActionGuard {
 
     private static void slowPoll() {
         Activation a = ACTIVATION.get();
-        if (a != null && a.cancelled) throw new Stopped("the activation passed its deadline");
+        if (a != null && a.cancelled()) throw new Stopped("the activation passed its deadline");
         if (pressure) {
             long[] st = START.get();
             long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);
@@ -259,8 +372,12 @@ public final class ActionGuard {
 
     /** Gives the function whose classes the loader defines its own temporary directory (null removes it). */
     public static void setTmpdir(ClassLoader function, Path dir) {
-        if (dir == null) TMP.remove(function);
-        else TMP.put(function, dir);
+        if (dir == null) {
+            TMP.remove(function);
+            BUDGETS.remove(function); // its threads still alive keep their count object
+        } else {
+            TMP.put(function, dir);
+        }
     }
 
     /**

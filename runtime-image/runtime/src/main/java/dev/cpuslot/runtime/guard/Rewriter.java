@@ -85,6 +85,10 @@ public final class Rewriter {
             Map.entry("java/lang/Runtime", Set.of("exec", "load", "loadLibrary", "addShutdownHook", "removeShutdownHook")),
             Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler")),
             Map.entry("java/lang/ThreadGroup", Set.of("enumerate")),
+            // a thread that does not inherit the activation escapes its thread limit and deadline
+            Map.entry("java/lang/Thread$Builder", Set.of("inheritInheritableThreadLocals")),
+            Map.entry("java/lang/Thread$Builder$OfPlatform", Set.of("inheritInheritableThreadLocals")),
+            Map.entry("java/lang/Thread$Builder$OfVirtual", Set.of("inheritInheritableThreadLocals")),
             Map.entry("java/lang/ClassLoader", Set.of("<init>", "defineClass", "defineClass1", "defineClass2", "resolveClass",
                     "setDefaultAssertionStatus", "setClassAssertionStatus", "setPackageAssertionStatus")),
             Map.entry("java/util/TimeZone", Set.of("setDefault")),
@@ -119,6 +123,7 @@ public final class Rewriter {
         if (owner.equals("java/lang/reflect/Field")) return "reflection on fields";
         if (owner.startsWith("java/lang/reflect/") && name.equals("setAccessible") && type.startsWith("([")) return "reflection";
         if (owner.startsWith("java/lang/invoke/") && !ALLOWED_INVOKE.contains(owner)) return "method handles";
+        if (owner.equals("java/lang/Thread") && name.equals("<init>") && type.endsWith("JZ)V")) return "a thread that escapes its activation";
         Set<String> m = DENIED_MEMBERS.get(owner);
         if (m != null && m.contains(name)) return "a JVM-wide call";
         if (owner.equals("java/net/URLClassLoader") || owner.equals("java/security/SecureClassLoader")) return "class loaders";
