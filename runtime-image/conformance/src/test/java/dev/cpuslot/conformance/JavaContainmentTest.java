@@ -262,7 +262,7 @@ class JavaContainmentTest {
                 List<long[]> hog = new ArrayList<>();
                 while (true) hog.add(new long[1 << 16]);""");
         String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
-        with("java", env("JAVA_TOOL_OPTIONS", "-Xmx96m"), c -> {
+        with("java", env("JAVA_TOOL_OPTIONS", "-Xmx256m"), c -> {
             assertEquals(200, register(c, "hog", jarFile(c, "hog", hog), null).code());
             assertEquals(200, register(c, "hello", jarFile(c, "hello", hello), null).code());
             for (int round = 0; round < 3; round++) {
