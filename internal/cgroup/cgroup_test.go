@@ -317,15 +317,7 @@ func TestRemoveBusyInOneHierarchy(t *testing.T) {
 		t.Skip("one hierarchy: a slot is one directory")
 	}
 	rel := cgrouptest.NewContainer(t, h, 0)
-	c, err := h.Container(rel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.CreateSlot(1, cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := containerWithSlot(t, h, rel)
 	busy := filepath.Join(h.CPURoot, rel, s.Name(), "busy")
 	if err := os.Mkdir(busy, 0o755); err != nil {
 		t.Fatal(err)

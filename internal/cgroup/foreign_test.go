@@ -38,6 +38,22 @@ func witnessed(t testing.TB, h *cgroup.Hierarchy, rels ...string) cgroup.Witness
 	return w
 }
 
+// containerWithSlot opens the container at rel (closed when the test
+// ends) and makes one 250m slot in it; the caller removes the slot.
+func containerWithSlot(t testing.TB, h *cgroup.Hierarchy, rel string) (*cgroup.Container, *cgroup.Slot) {
+	t.Helper()
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := c.CreateSlot(1, cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, s
+}
+
 // sleepers starts n processes in cgroup rel (and in rel of the witness
 // hierarchy w, unless w is nil), ended when the test ends.
 func sleepers(t testing.TB, h *cgroup.Hierarchy, w *cgroup.Witness, rel string, n int) []int {
@@ -74,19 +90,11 @@ func TestEvictForeignBounded(t *testing.T) {
 		}
 	}
 	w := witnessed(t, h, rel, b)
-	c, err := h.Container(rel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, s := containerWithSlot(t, h, rel)
+	defer s.Remove()
 	if c.Witness() == nil || c.Witness().Key != w.Key {
 		t.Fatalf("witness %+v, want %s", c.Witness(), w.Key)
 	}
-	s, err := c.CreateSlot(1, cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Remove()
 	own := sleepers(t, h, &w, rel, 2)
 	foreign := sleepers(t, h, &w, b, 5)
 	for _, pid := range append(append([]int{}, own...), foreign...) {
@@ -152,15 +160,7 @@ func TestEvictForeignThreadToItsLeader(t *testing.T) {
 	h := cgrouptest.Kernel(t)
 	rel := cgrouptest.NewContainer(t, h, 0)
 	witnessed(t, h, rel)
-	c, err := h.Container(rel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.CreateSlot(1, cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, s := containerWithSlot(t, h, rel)
 	defer s.Remove()
 	home, err := h.PathOfPID(os.Getpid())
 	if err != nil {
@@ -193,19 +193,11 @@ func TestEvictForeignWithoutWitness(t *testing.T) {
 		t.Skip("v1 only: on v2 the kernel refuses foreign threads")
 	}
 	rel := cgrouptest.NewContainer(t, h, 0)
-	c, err := h.Container(rel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, s := containerWithSlot(t, h, rel)
+	defer s.Remove()
 	if c.Witness() != nil {
 		t.Fatalf("witness %+v for a container made in cpu and cpuacct only", c.Witness())
 	}
-	s, err := c.CreateSlot(1, cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Remove()
 	home, err := h.PathOfPID(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
