@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -41,9 +42,10 @@ type System struct {
 	waitErr error
 	start   time.Time
 
-	consoleMu sync.Mutex
-	console   bytes.Buffer
-	setupFail string
+	consoleMu   sync.Mutex
+	console     bytes.Buffer
+	consoleLast time.Time // when the console's last line came
+	setupFail   string
 
 	ctlMu   sync.Mutex
 	ctl     net.Conn
@@ -314,6 +316,7 @@ func (s *System) readConsole(r io.Reader, stream io.Writer) {
 		if line != "" {
 			s.consoleMu.Lock()
 			s.console.WriteString(line)
+			s.consoleLast = time.Now()
 			if i := strings.Index(line, fail); i >= 0 && s.setupFail == "" {
 				s.setupFail = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(line[i+len(fail):]), "@@"))
 			}
@@ -375,13 +378,53 @@ func (s *System) why(what string, ctx context.Context, err error) error {
 		err = fmt.Errorf("qemu exited after %v (%v)", s.Uptime().Round(time.Second), s.waitErr)
 	default:
 		if ctx.Err() != nil {
-			err = fmt.Errorf("%w after %v", ctx.Err(), s.Uptime().Round(time.Second))
+			err = fmt.Errorf("%w after %v; %s", ctx.Err(), s.Uptime().Round(time.Second), s.hostView())
 		}
 	}
 	if fail != "" {
 		err = fmt.Errorf("guest setup failed: %s (%v)", fail, err)
 	}
 	return fmt.Errorf("vm: %s: %w; console tail:\n%s", what, err, s.ConsoleTail(40))
+}
+
+// hostView says what the host sees of a guest that does not answer: whether
+// qemu still uses CPU (a busy or a frozen guest) and how long the console
+// has been silent. It takes 5 s.
+func (s *System) hostView() string {
+	s.consoleMu.Lock()
+	silent := time.Since(s.consoleLast).Round(time.Second)
+	s.consoleMu.Unlock()
+	pid := s.cmd.Process.Pid
+	before, err1 := cpuTicks(pid)
+	time.Sleep(5 * time.Second)
+	after, err2 := cpuTicks(pid)
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Sprintf("qemu's CPU time unknown (%v); console silent for %v", err, silent)
+	}
+	// Ticks are 1/100 s (USER_HZ) on every Linux architecture Go supports,
+	// so ticks over 5 s divided by 5 is a percentage of one CPU.
+	return fmt.Sprintf("qemu used %d%% of a CPU over 5 s (0: the guest is frozen); console silent for %v",
+		(after-before)/5, silent)
+}
+
+// cpuTicks is a process's user+system CPU time in clock ticks (proc(5)).
+func cpuTicks(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command, which is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	return u + st, errors.Join(err1, err2)
 }
 
 // Exec runs script with bash as root in the guest (stdin /dev/null) and

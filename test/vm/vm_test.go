@@ -514,3 +514,26 @@ func TestEveryKernelPackageRunsOnV2(t *testing.T) {
 	}
 	t.Logf("%d packages with kernel tests", checked)
 }
+
+// TestCPUTicks: the host's view of a silent guest reads qemu's CPU time
+// from /proc; this process's own grows while it spins.
+func TestCPUTicks(t *testing.T) {
+	before, err := cpuTicks(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var after uint64
+	for after <= before {
+		for i := 0; i < 1e7; i++ {
+			spin++
+		}
+		if after, err = cpuTicks(os.Getpid()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cpuTicks(-1); err == nil {
+		t.Error("cpuTicks(-1): no error")
+	}
+}
+
+var spin int
