@@ -260,7 +260,7 @@ func (c *Container) MoveOut(tid int) error {
 	b := strconv.Itoa(tid)
 	err = nil
 	for i := range c.dirs {
-		if werr := c.writeAt(i, c.h.threadsFile(), b); werr != nil && err == nil {
+		if werr := c.writeAt(i, c.h.ThreadsFile(), b); werr != nil && err == nil {
 			err = c.gone(fmt.Errorf("moving thread %d back to %s: %w", tid, c.Path, werr))
 		}
 	}

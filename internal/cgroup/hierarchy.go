@@ -187,9 +187,18 @@ func (h *Hierarchy) dirs(rel string) []string {
 // SlotFDs says how many placement and counter fds each slot has.
 func (h *Hierarchy) SlotFDs() (place, stat int) { return h.v.slotFDs(h) }
 
-// threadsFile is the file a thread id is written to in order to move one
-// thread.
-func (h *Hierarchy) threadsFile() string { return h.v.threadsFile() }
+// DelegateCPU makes the cpu controller available to the cgroups below the
+// one at rel (v2: +cpu in its cgroup.subtree_control), as a container
+// runtime does for a pod. For tests and tools that make such cgroups.
+func (h *Hierarchy) DelegateCPU(rel string) error { return h.v.delegateCPU(h, rel) }
+
+// SetLimit gives the cgroup at rel a CPU limit of milli millicores per
+// 100ms period, as a pod's limit would. For tests and tools.
+func (h *Hierarchy) SetLimit(rel string, milli uint32) error { return h.v.setLimit(h, rel, milli) }
+
+// ThreadsFile is the file a thread id is written to in order to move one
+// thread (tasks on v1, cgroup.threads on v2).
+func (h *Hierarchy) ThreadsFile() string { return h.v.threadsFile() }
 
 // readLines reads a small cgroup file into its lines.
 func readLines(path string) ([]string, error) {
@@ -223,7 +232,7 @@ func (h *Hierarchy) MoveProcess(pid int, rel string) error {
 // the cpu controller spans.
 func (h *Hierarchy) MoveThread(tid int, rel string) error {
 	for _, d := range h.dirs(rel) {
-		if err := os.WriteFile(filepath.Join(d, h.threadsFile()), []byte(strconv.Itoa(tid)), 0); err != nil {
+		if err := os.WriteFile(filepath.Join(d, h.ThreadsFile()), []byte(strconv.Itoa(tid)), 0); err != nil {
 			return fmt.Errorf("moving thread %d to %s: %w", tid, rel, err)
 		}
 	}

@@ -167,7 +167,7 @@ func (s *Slot) use(f func(*slotFiles) error) error {
 func (s *Slot) open() (*slotFiles, error) {
 	files := &slotFiles{stat: -1, acct: -1}
 	for i := range s.c.dirs {
-		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.threadsFile(), unix.O_WRONLY)
+		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.ThreadsFile(), unix.O_WRONLY)
 		if err != nil {
 			closeFDs(files.place)
 			return nil, s.c.gone(err)
@@ -214,7 +214,7 @@ func (s *Slot) OpenFDs() ([]int, error) {
 		return nil, s.c.gone(err)
 	}
 	for i := range s.c.dirs {
-		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.threadsFile(), unix.O_WRONLY)
+		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.ThreadsFile(), unix.O_WRONLY)
 		if err != nil {
 			return fail(err)
 		}
@@ -340,7 +340,7 @@ func (s *Slot) Threads() ([]int, error) {
 	var tids []int
 	gone := 0
 	for i := range s.c.dirs {
-		lines, err := s.c.linesAt(i, s.name+"/"+s.c.h.threadsFile())
+		lines, err := s.c.linesAt(i, s.name+"/"+s.c.h.ThreadsFile())
 		if errors.Is(err, os.ErrNotExist) {
 			// Half removed (v1, hierarchies apart): the threads are those
 			// of the directories left.

@@ -2,7 +2,9 @@ package cgroup
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -47,6 +49,13 @@ func (v1) startIn(h *Hierarchy, cmd *exec.Cmd, rel string) error {
 		return err
 	}
 	return nil
+}
+
+// delegateCPU: every cgroup of the cpu hierarchy has the controller.
+func (v1) delegateCPU(*Hierarchy, string) error { return nil }
+
+func (v1) setLimit(h *Hierarchy, rel string, milli uint32) error {
+	return os.WriteFile(filepath.Join(h.CPURoot, rel, "cpu.cfs_quota_us"), []byte(strconv.Itoa(int(milli)*100)), 0)
 }
 
 func (v1) openContainer(c *Container) error {

@@ -89,6 +89,14 @@ func (c *Container) ensureCPU() error {
 	return nil
 }
 
+func (v2) delegateCPU(h *Hierarchy, rel string) error {
+	return os.WriteFile(filepath.Join(h.CPURoot, rel, "cgroup.subtree_control"), []byte("+cpu"), 0)
+}
+
+func (v2) setLimit(h *Hierarchy, rel string, milli uint32) error {
+	return os.WriteFile(filepath.Join(h.CPURoot, rel, "cpu.max"), []byte(fmt.Sprintf("%d 100000", milli*100)), 0)
+}
+
 // openContainer checks that the cpu controller is available in the
 // container and that systemd delegated it, and notes whether +cpu is
 // already enabled for its children.

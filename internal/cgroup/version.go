@@ -18,6 +18,11 @@ type version interface {
 	slotFDs(h *Hierarchy) (place, stat int)
 	// startIn starts cmd inside the cgroup at rel.
 	startIn(h *Hierarchy, cmd *exec.Cmd, rel string) error
+	// delegateCPU makes the cpu controller available below the cgroup at
+	// rel.
+	delegateCPU(h *Hierarchy, rel string) error
+	// setLimit gives the cgroup at rel a CPU limit per 100ms period.
+	setLimit(h *Hierarchy, rel string, milli uint32) error
 	// confinesFDs reports whether the kernel lets a placement fd move only
 	// threads of the container's own subtree.
 	confinesFDs() bool
