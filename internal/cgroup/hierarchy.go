@@ -2,6 +2,13 @@
 // slots themselves on cgroup v1 and v2. It holds every cgroup file operation
 // of cpuslot. A container's files and slots are reached relative to the
 // container's directory fds, never by path (dirfd.go).
+//
+// The version is chosen once: Detect picks v1 (v1.go) or v2 (v2.go), the
+// two implementations of the version interface (version.go), and
+// everything else asks for what it needs (ConfinesFDs, SlotFDs, a slot's
+// quota written) instead of comparing version numbers. Before, 24 places
+// outside detection compared Hierarchy.Version; now none does outside
+// v1.go and v2.go but one benchmark label (docs/cgroups.md).
 package cgroup
 
 import (
@@ -20,7 +27,8 @@ import (
 
 // Hierarchy is where the cpu controller lives on this machine.
 type Hierarchy struct {
-	// Version is 1 or 2.
+	// Version is 1 or 2, for reports (logs, metrics, HELLO_OK). What
+	// differs between the versions is asked of v.
 	Version int `json:"version"`
 	// FavorDynMods reports the cgroup2 mount option that makes thread
 	// migration cheap (kernel 6.0+). Always false on v1.
