@@ -333,7 +333,7 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	sum := p.Summary()
 	a.log.Info("serving container", "container", c.Name, "cgroup", c.CgroupPath, "mode", sum.Mode,
 		"budget", sum.BudgetMilli, "slots", countSlots(sum), "socket", c.Socket, "took", time.Since(start).Round(time.Microsecond).String())
-	if a.hierarchy.Version == 1 && cg.Witness() == nil {
+	if !a.hierarchy.ConfinesFDs() && cg.Witness() == nil {
 		a.log.Warn("the container's cgroup exists in no v1 hierarchy but cpu and cpuacct: a thread of another container in its slots is found only by its process leader's cgroup, which the holder of passed fds can move too (docs/security.md)",
 			"container", c.Name, "cgroup", c.CgroupPath)
 	}
@@ -684,7 +684,7 @@ var (
 // a round that runs out of its bound goes on at the next container next
 // time.
 func (a *Agent) evictForeign() {
-	if a.hierarchy.Version != 1 {
+	if a.hierarchy.ConfinesFDs() {
 		return // the kernel keeps threads in their own threaded subtree
 	}
 	all := a.snapshot()

@@ -105,59 +105,11 @@ func (h *Hierarchy) Container(rel string, observe Observer) (*Container, error) 
 			c.id = identityOf(&st)
 		}
 	}
-	if h.Version == 1 {
-		c.witness = h.witnessOf(rel)
-	}
-	if h.Version == 2 {
-		ctrls, err := c.readAt(0, "cgroup.controllers")
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
-		if !hasOpt(strings.Fields(string(ctrls)), "cpu") {
-			c.Close()
-			return nil, fmt.Errorf("cgroup %s lacks the cpu controller: enable +cpu in its parent's cgroup.subtree_control", rel)
-		}
-		sub, err := c.readAt(0, "cgroup.subtree_control")
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
-		c.cpuEnabled = hasOpt(strings.Fields(string(sub)), "cpu")
-		if err := c.checkDelegated(); err != nil {
-			c.Close()
-			return nil, err
-		}
+	if err := h.v.openContainer(c); err != nil {
+		c.Close()
+		return nil, err
 	}
 	return c, nil
-}
-
-// ErrNotDelegated: the container's cgroup is a systemd unit that does not
-// delegate its subtree. systemd then owns what is below it and may remove
-// or reset slots on a daemon-reload or a property change, so none is made.
-var ErrNotDelegated = errors.New("systemd unit does not delegate its cgroup (Delegate=yes)")
-
-// checkDelegated refuses, on v2, a container cgroup that is a systemd unit
-// (a .scope or .service, as the systemd cgroup driver makes them) without
-// the trusted.delegate mark systemd sets on the units it delegates. Only
-// a process with CAP_SYS_ADMIN on the host can set that mark, so a pod
-// cannot forge it.
-func (c *Container) checkDelegated() error {
-	name := filepath.Base(c.Path)
-	if !strings.HasSuffix(name, ".scope") && !strings.HasSuffix(name, ".service") {
-		return nil
-	}
-	buf := make([]byte, 8)
-	n, err := unix.Fgetxattr(c.fds[0], "trusted.delegate", buf)
-	switch {
-	case errors.Is(err, unix.ENODATA):
-		return fmt.Errorf("cgroup %s: %w: it has no trusted.delegate mark", c.Path, ErrNotDelegated)
-	case err != nil:
-		return fmt.Errorf("cgroup %s: reading its trusted.delegate mark: %w", c.Path, err)
-	case string(buf[:n]) != "1":
-		return fmt.Errorf("cgroup %s: %w: trusted.delegate is %q", c.Path, ErrNotDelegated, buf[:n])
-	}
-	return nil
 }
 
 func errOr(err, alt error) error {
@@ -180,33 +132,11 @@ func (c *Container) Exists() bool {
 // LimitMilli returns the container's own CPU limit in millicores, or 0
 // when it has none.
 func (c *Container) LimitMilli() (uint32, error) {
-	var quota, period int64
-	if c.h.Version == 2 {
-		b, err := c.readAt(0, "cpu.max")
-		if err != nil {
-			return 0, err
-		}
-		f := strings.Fields(string(b))
-		if len(f) != 2 {
-			return 0, fmt.Errorf("unexpected cpu.max %q", b)
-		}
-		if f[0] == "max" {
-			return 0, nil
-		}
-		quota, _ = strconv.ParseInt(f[0], 10, 64)
-		period, _ = strconv.ParseInt(f[1], 10, 64)
-	} else {
-		var err error
-		if quota, err = c.readInt("cpu.cfs_quota_us"); err != nil {
-			return 0, err
-		}
-		if quota < 0 {
-			return 0, nil
-		}
-		if period, err = c.readInt("cpu.cfs_period_us"); err != nil {
-			return 0, err
-		}
-	}
+	return c.h.v.limitMilli(c)
+}
+
+// limitOf turns a quota and period read from the container into millicores.
+func limitOf(c *Container, quota, period int64) (uint32, error) {
 	if period <= 0 {
 		return 0, fmt.Errorf("cgroup %s: period %d", c.Path, period)
 	}
@@ -219,23 +149,6 @@ func (c *Container) readInt(name string) (int64, error) {
 		return 0, err
 	}
 	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-}
-
-// ensureCPU enables the cpu controller for the container's threaded
-// children (v2). It must run after the first child became threaded: the
-// container has processes, and only a threaded subtree lets a cgroup with
-// processes enable a controller for its children.
-func (c *Container) ensureCPU() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cpuEnabled {
-		return nil
-	}
-	if err := c.writeAt(0, "cgroup.subtree_control", "+cpu"); err != nil {
-		return fmt.Errorf("enabling +cpu in %s/cgroup.subtree_control: %w", c.Path, err)
-	}
-	c.cpuEnabled = true
-	return nil
 }
 
 // CreateSlot makes slot id with spec, ready to take threads. On failure
@@ -260,15 +173,9 @@ func (c *Container) CreateSlot(id uint32, spec Spec) (s *Slot, err error) {
 		}
 		made++
 	}
-	if c.h.Version == 2 {
-		if err = c.writeAt(0, s.name+"/cgroup.type", "threaded"); err != nil {
-			c.observe(OpMkdir, time.Since(start), err)
-			return nil, fmt.Errorf("making slot %s threaded: %w", s.Dir(), err)
-		}
-		if err = c.ensureCPU(); err != nil {
-			c.observe(OpMkdir, time.Since(start), err)
-			return nil, err
-		}
+	if err = c.h.v.prepareSlot(c, s); err != nil {
+		c.observe(OpMkdir, time.Since(start), err)
+		return nil, err
 	}
 	c.observe(OpMkdir, time.Since(start), nil)
 	if err = s.apply(spec, true); err != nil {
@@ -306,10 +213,8 @@ func (c *Container) AdoptSlots() ([]*Slot, error) {
 				return nil, c.gone(fmt.Errorf("repairing slot: %w", err))
 			}
 		}
-		if c.h.Version == 2 {
-			if err := c.adoptThreaded(s); err != nil {
-				return nil, c.gone(err)
-			}
+		if err := c.h.v.adoptSlot(c, s); err != nil {
+			return nil, c.gone(err)
 		}
 		var err error
 		if s.spec, err = s.readSpec(); err != nil {
@@ -318,19 +223,6 @@ func (c *Container) AdoptSlots() ([]*Slot, error) {
 		slots = append(slots, s)
 	}
 	return slots, nil
-}
-
-func (c *Container) adoptThreaded(s *Slot) error {
-	b, err := c.readAt(0, s.name+"/cgroup.type")
-	if err != nil {
-		return err
-	}
-	if strings.TrimSpace(string(b)) != "threaded" {
-		if err := c.writeAt(0, s.name+"/cgroup.type", "threaded"); err != nil {
-			return fmt.Errorf("making adopted slot %s threaded: %w", s.Dir(), err)
-		}
-	}
-	return c.ensureCPU()
 }
 
 func isSlot(name string) bool {
@@ -368,7 +260,7 @@ func (c *Container) MoveOut(tid int) error {
 	b := strconv.Itoa(tid)
 	err = nil
 	for i := range c.dirs {
-		if werr := c.writeAt(i, c.h.threadsFile(), b); werr != nil && err == nil {
+		if werr := c.writeAt(i, c.h.ThreadsFile(), b); werr != nil && err == nil {
 			err = c.gone(fmt.Errorf("moving thread %d back to %s: %w", tid, c.Path, werr))
 		}
 	}
@@ -379,40 +271,8 @@ func (c *Container) MoveOut(tid int) error {
 // Populated reports whether any thread is left in the container or its
 // cgroups below.
 func (c *Container) Populated() (bool, error) {
-	if c.h.Version == 2 {
-		lines, err := c.linesAt(0, "cgroup.events")
-		if err != nil {
-			return false, c.gone(err)
-		}
-		for _, l := range lines {
-			if l == "populated 1" {
-				return true, nil
-			}
-		}
-		return false, nil
-	}
-	found, err := c.populatedV1(".", 0)
+	found, err := c.h.v.populated(c)
 	return found, c.gone(err)
-}
-
-func (c *Container) populatedV1(rel string, depth int) (bool, error) {
-	lines, err := c.linesAt(0, rel+"/tasks")
-	if err != nil || len(lines) > 0 {
-		return len(lines) > 0, err
-	}
-	if depth >= maxWalkDepth {
-		return false, fmt.Errorf("cgroup %s/%s: deeper than %d levels", c.Path, rel, maxWalkDepth)
-	}
-	names, err := c.subdirsOf(0, rel)
-	if err != nil {
-		return false, err
-	}
-	for _, n := range names {
-		if found, err := c.populatedV1(rel+"/"+n, depth+1); found || err != nil {
-			return found, err
-		}
-	}
-	return false, nil
 }
 
 // maxWalkDepth bounds a walk of a tree the container's owner may shape.
@@ -422,26 +282,7 @@ const maxWalkDepth = 32
 // cgroup.subtree_control), once no slot is left. Runtimes that re-apply the
 // container's resources expect a plain domain cgroup.
 func (c *Container) Unprepare() error {
-	if c.h.Version != 2 {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.cpuEnabled {
-		return nil
-	}
-	names, err := c.subdirs(0)
-	if err != nil {
-		return c.gone(err)
-	}
-	if len(names) > 0 {
-		return nil // children left (ours or not): +cpu stays
-	}
-	if err := c.writeAt(0, "cgroup.subtree_control", "-cpu"); err != nil {
-		return fmt.Errorf("disabling cpu in %s/cgroup.subtree_control: %w", c.Path, err)
-	}
-	c.cpuEnabled = false
-	return nil
+	return c.h.v.unprepare(c)
 }
 
 // ErrLimitReached means the kernel refused a new cgroup

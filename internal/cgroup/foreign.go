@@ -115,7 +115,7 @@ var ErrNoHome = errors.New("its own cgroup is not known")
 // more threads than max is covered over several calls.
 func (c *Container) EvictForeign(max int) (Scan, error) {
 	var sc Scan
-	if c.h.Version != 1 || max <= 0 {
+	if c.h.ConfinesFDs() || max <= 0 {
 		return sc, nil
 	}
 	type entry struct {
@@ -179,7 +179,7 @@ func (c *Container) foreign(slot string, tid int) (Foreign, bool) {
 
 // foreignIn is foreign for a thread whose cgroups (own) are read.
 func (c *Container) foreignIn(slot string, tid int, own map[string]string) (Foreign, bool) {
-	if c.h.Version != 1 {
+	if c.h.ConfinesFDs() {
 		return Foreign{}, false
 	}
 	f := Foreign{TID: tid, Slot: slot}

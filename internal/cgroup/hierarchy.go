@@ -2,6 +2,13 @@
 // slots themselves on cgroup v1 and v2. It holds every cgroup file operation
 // of cpuslot. A container's files and slots are reached relative to the
 // container's directory fds, never by path (dirfd.go).
+//
+// The version is chosen once: Detect picks v1 (v1.go) or v2 (v2.go), the
+// two implementations of the version interface (version.go), and
+// everything else asks for what it needs (ConfinesFDs, SlotFDs, a slot's
+// quota written) instead of comparing version numbers. Before, 24 places
+// outside detection compared Hierarchy.Version; now none does outside
+// v1.go and v2.go but one benchmark label (docs/cgroups.md).
 package cgroup
 
 import (
@@ -13,7 +20,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/cgroups"
@@ -21,7 +27,8 @@ import (
 
 // Hierarchy is where the cpu controller lives on this machine.
 type Hierarchy struct {
-	// Version is 1 or 2.
+	// Version is 1 or 2, for reports (logs, metrics, HELLO_OK). What
+	// differs between the versions is asked of v.
 	Version int `json:"version"`
 	// FavorDynMods reports the cgroup2 mount option that makes thread
 	// migration cheap (kernel 6.0+). Always false on v1.
@@ -34,25 +41,18 @@ type Hierarchy struct {
 	// Witnesses are the other v1 hierarchies, which tell a container's
 	// threads from those of others (foreign.go); none on v2.
 	Witnesses []Witness `json:"witnesses,omitempty"`
+
+	// v is what differs between the versions, picked at detection.
+	v version
 }
 
-func (h *Hierarchy) String() string {
-	if h.Version == 2 {
-		return fmt.Sprintf("cgroup v2 at %s (favordynmods=%t)", h.CPURoot, h.FavorDynMods)
-	}
-	var keys []string
-	for _, w := range h.Witnesses {
-		keys = append(keys, w.Key)
-	}
-	witnesses := ", witness hierarchies: " + strings.Join(keys, ",")
-	if len(keys) == 0 {
-		witnesses = ", no witness hierarchy"
-	}
-	if h.AcctRoot != "" {
-		return fmt.Sprintf("cgroup v1: cpu at %s, cpuacct at %s%s", h.CPURoot, h.AcctRoot, witnesses)
-	}
-	return fmt.Sprintf("cgroup v1: cpu,cpuacct at %s%s", h.CPURoot, witnesses)
-}
+func (h *Hierarchy) String() string { return h.v.describe(h) }
+
+// ConfinesFDs reports whether the kernel lets a slot's placement fd move
+// only threads of the container's own subtree (v2: its threaded subtree).
+// Where it does not (v1), the holder of a passed fd can move any thread
+// it can name into the slot (foreign.go).
+func (h *Hierarchy) ConfinesFDs() bool { return h.v.confinesFDs() }
 
 // Detect finds the cpu controller from /proc/self/mountinfo. A v1 mount of
 // cpu wins over a cgroup2 mount (hybrid hosts keep cpu on v1); a cgroup2
@@ -71,7 +71,7 @@ func Detect() (*Hierarchy, error) {
 	h, err := detect(mounts, func(dir string) ([]byte, error) {
 		return os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	})
-	if err == nil && h.Version == 1 {
+	if err == nil && !h.ConfinesFDs() {
 		h.Witnesses = witnessesIn(canonicalMounts(mounts))
 	}
 	return h, err
@@ -115,7 +115,7 @@ func detectIn(mounts []*mountinfo.Info, controllers func(dir string) ([]byte, er
 		}
 	}
 	if cpu != "" {
-		h := &Hierarchy{Version: 1, CPURoot: cpu}
+		h := &Hierarchy{Version: 1, CPURoot: cpu, v: v1{}}
 		if acct != cpu {
 			h.AcctRoot = acct
 		}
@@ -135,6 +135,7 @@ func detectIn(mounts []*mountinfo.Info, controllers func(dir string) ([]byte, er
 		}
 		found = &Hierarchy{
 			Version:      2,
+			v:            v2{},
 			CPURoot:      m.Mountpoint,
 			FavorDynMods: hasOpt(strings.Split(m.VFSOptions, ","), "favordynmods"),
 		}
@@ -179,12 +180,7 @@ func (h *Hierarchy) pathFrom(file string) (string, error) {
 }
 
 // cpuKey names the cpu hierarchy in /proc/<pid>/cgroup.
-func (h *Hierarchy) cpuKey() string {
-	if h.Version == 2 {
-		return ""
-	}
-	return "cpu"
-}
+func (h *Hierarchy) cpuKey() string { return h.v.cpuKey() }
 
 // dirs are the absolute directories of one relative cgroup path: the cpu
 // directory first, then the separate cpuacct one if there is one.
@@ -197,21 +193,20 @@ func (h *Hierarchy) dirs(rel string) []string {
 }
 
 // SlotFDs says how many placement and counter fds each slot has.
-func (h *Hierarchy) SlotFDs() (place, stat int) {
-	if h.Version == 2 {
-		return 1, 1
-	}
-	return len(h.dirs("/")), 2
-}
+func (h *Hierarchy) SlotFDs() (place, stat int) { return h.v.slotFDs(h) }
 
-// threadsFile is the file a thread id is written to in order to move one
-// thread.
-func (h *Hierarchy) threadsFile() string {
-	if h.Version == 2 {
-		return "cgroup.threads"
-	}
-	return "tasks"
-}
+// DelegateCPU makes the cpu controller available to the cgroups below the
+// one at rel (v2: +cpu in its cgroup.subtree_control), as a container
+// runtime does for a pod. For tests and tools that make such cgroups.
+func (h *Hierarchy) DelegateCPU(rel string) error { return h.v.delegateCPU(h, rel) }
+
+// SetLimit gives the cgroup at rel a CPU limit of milli millicores per
+// 100ms period, as a pod's limit would. For tests and tools.
+func (h *Hierarchy) SetLimit(rel string, milli uint32) error { return h.v.setLimit(h, rel, milli) }
+
+// ThreadsFile is the file a thread id is written to in order to move one
+// thread (tasks on v1, cgroup.threads on v2).
+func (h *Hierarchy) ThreadsFile() string { return h.v.threadsFile() }
 
 // readLines reads a small cgroup file into its lines.
 func readLines(path string) ([]string, error) {
@@ -245,7 +240,7 @@ func (h *Hierarchy) MoveProcess(pid int, rel string) error {
 // the cpu controller spans.
 func (h *Hierarchy) MoveThread(tid int, rel string) error {
 	for _, d := range h.dirs(rel) {
-		if err := os.WriteFile(filepath.Join(d, h.threadsFile()), []byte(strconv.Itoa(tid)), 0); err != nil {
+		if err := os.WriteFile(filepath.Join(d, h.ThreadsFile()), []byte(strconv.Itoa(tid)), 0); err != nil {
 			return fmt.Errorf("moving thread %d to %s: %w", tid, rel, err)
 		}
 	}
@@ -256,27 +251,4 @@ func (h *Hierarchy) MoveThread(tid int, rel string) error {
 // there (CLONE_INTO_CGROUP), so a new cgroup namespace is rooted there too.
 // On v1 it is moved right after start: a child that must not run outside
 // the cgroup should wait for a word on stdin from the caller.
-func (h *Hierarchy) StartIn(cmd *exec.Cmd, rel string) error {
-	if h.Version == 2 {
-		f, err := os.Open(filepath.Join(h.CPURoot, rel))
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if cmd.SysProcAttr == nil {
-			cmd.SysProcAttr = &syscall.SysProcAttr{}
-		}
-		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = int(f.Fd())
-		return cmd.Start()
-	}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	if err := h.MoveProcess(cmd.Process.Pid, rel); err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return err
-	}
-	return nil
-}
+func (h *Hierarchy) StartIn(cmd *exec.Cmd, rel string) error { return h.v.startIn(h, cmd, rel) }

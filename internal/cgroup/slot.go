@@ -87,12 +87,6 @@ func (s Spec) Validate() error {
 	return nil
 }
 
-// weightV2 maps a quota to cpu.weight (1..10000; 100 is one core's default).
-func weightV2(milli uint32) int64 { return clamp(int64(milli+5)/10, 1, 10000) }
-
-// sharesV1 maps a quota to cpu.shares (1024 per core).
-func sharesV1(milli uint32) int64 { return clamp((int64(milli)*1024+500)/1000, 2, 262144) }
-
 func clamp(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
 
 // Usage is what a slot has consumed since it was made (defined in the
@@ -173,7 +167,7 @@ func (s *Slot) use(f func(*slotFiles) error) error {
 func (s *Slot) open() (*slotFiles, error) {
 	files := &slotFiles{stat: -1, acct: -1}
 	for i := range s.c.dirs {
-		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.threadsFile(), unix.O_WRONLY)
+		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.ThreadsFile(), unix.O_WRONLY)
 		if err != nil {
 			closeFDs(files.place)
 			return nil, s.c.gone(err)
@@ -220,7 +214,7 @@ func (s *Slot) OpenFDs() ([]int, error) {
 		return nil, s.c.gone(err)
 	}
 	for i := range s.c.dirs {
-		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.threadsFile(), unix.O_WRONLY)
+		fd, err := s.c.openAt(i, s.name+"/"+s.c.h.ThreadsFile(), unix.O_WRONLY)
 		if err != nil {
 			return fail(err)
 		}
@@ -249,13 +243,9 @@ func (s *Slot) openCounters() (stat, acct int, err error) {
 	if err != nil {
 		return -1, -1, err
 	}
-	acct = -1
-	if s.c.h.Version == 1 {
-		// The cpuacct dir, or the joint cpu,cpuacct one.
-		if acct, err = s.c.openAt(len(s.c.dirs)-1, s.name+"/cpuacct.usage", unix.O_RDONLY); err != nil {
-			unix.Close(stat)
-			return -1, -1, err
-		}
+	if acct, err = s.c.h.v.openAcct(s); err != nil {
+		unix.Close(stat)
+		return -1, -1, err
 	}
 	return stat, acct, nil
 }
@@ -305,131 +295,21 @@ func (s *Slot) apply(spec Spec, fresh bool) error {
 	return nil
 }
 
-func (s *Slot) write(spec Spec, fresh bool) error {
-	old := s.spec
-	if s.c.h.Version == 2 {
-		if fresh || spec.QuotaMilli != old.QuotaMilli || spec.PeriodUS != old.PeriodUS || spec.Limit&LimitCap != old.Limit&LimitCap {
-			quota := "max"
-			if spec.Limit&LimitCap != 0 {
-				quota = strconv.FormatInt(spec.QuotaUS(), 10)
-			}
-			if err := s.writeFile("cpu.max", quota+" "+strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
-				return err
-			}
-		}
-		if fresh || spec.QuotaMilli != old.QuotaMilli || spec.Limit&LimitShare != old.Limit&LimitShare {
-			w := int64(100)
-			if spec.Limit&LimitShare != 0 {
-				w = weightV2(spec.QuotaMilli)
-			}
-			if !(fresh && w == 100) {
-				return s.writeFile("cpu.weight", strconv.FormatInt(w, 10))
-			}
-		}
-		return nil
-	}
-	if fresh || spec.PeriodUS != old.PeriodUS {
-		// A shorter period with the old quota in place could exceed the
-		// parent's ratio: drop the quota first.
-		if !fresh {
-			if err := s.writeFile("cpu.cfs_quota_us", "-1"); err != nil {
-				return err
-			}
-			old.Limit &^= LimitCap
-		}
-		if err := s.writeFile("cpu.cfs_period_us", strconv.FormatUint(uint64(spec.PeriodUS), 10)); err != nil {
-			return err
-		}
-	}
-	if fresh || spec.QuotaMilli != old.QuotaMilli || spec.Limit&LimitCap != old.Limit&LimitCap || spec.PeriodUS != old.PeriodUS {
-		quota := int64(-1)
-		if spec.Limit&LimitCap != 0 {
-			quota = spec.QuotaUS()
-		}
-		if !(fresh && quota == -1) {
-			if err := s.writeFile("cpu.cfs_quota_us", strconv.FormatInt(quota, 10)); err != nil {
-				return err
-			}
-		}
-	}
-	if fresh || spec.QuotaMilli != old.QuotaMilli || spec.Limit&LimitShare != old.Limit&LimitShare {
-		sh := int64(1024)
-		if spec.Limit&LimitShare != 0 {
-			sh = sharesV1(spec.QuotaMilli)
-		}
-		if !(fresh && sh == 1024) {
-			return s.writeFile("cpu.shares", strconv.FormatInt(sh, 10))
-		}
-	}
-	return nil
-}
+func (s *Slot) write(spec Spec, fresh bool) error { return s.c.h.v.writeSpec(s, spec, fresh) }
 
 func (s *Slot) writeFile(name, value string) error { return s.c.writeAt(0, s.name+"/"+name, value) }
 
-// readSpec reads back what an adopted slot enforces.
-func (s *Slot) readSpec() (Spec, error) {
-	d := s.Dir()
-	spec := Spec{}
-	readInt := func(name string) (int64, error) {
-		b, err := s.c.readAt(0, s.name+"/"+name)
-		if err != nil {
-			return 0, err
-		}
-		return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+// readSpec reads back what an adopted slot enforces. A slot that limits
+// nothing (made but never configured) is marked by a zero quota; the pool
+// retunes or removes it.
+func (s *Slot) readSpec() (Spec, error) { return s.c.h.v.readSpec(s) }
+
+func (s *Slot) readInt(name string) (int64, error) {
+	b, err := s.c.readAt(0, s.name+"/"+name)
+	if err != nil {
+		return 0, err
 	}
-	if s.c.h.Version == 2 {
-		b, err := s.c.readAt(0, s.name+"/cpu.max")
-		if err != nil {
-			return spec, err
-		}
-		f := strings.Fields(string(b))
-		if len(f) != 2 {
-			return spec, fmt.Errorf("unexpected cpu.max %q in %s", b, d)
-		}
-		p, _ := strconv.ParseUint(f[1], 10, 32)
-		spec.PeriodUS = uint32(p)
-		w, err := readInt("cpu.weight")
-		if err != nil {
-			return spec, err
-		}
-		if f[0] != "max" {
-			q, _ := strconv.ParseInt(f[0], 10, 64)
-			spec.QuotaMilli = uint32(q * 1000 / int64(p))
-			spec.Limit = LimitCap
-			if w == weightV2(spec.QuotaMilli) && w != 100 {
-				spec.Limit |= LimitShare
-			}
-		} else if w != 100 {
-			spec.QuotaMilli, spec.Limit = uint32(w*10), LimitShare
-		}
-	} else {
-		q, err := readInt("cpu.cfs_quota_us")
-		if err != nil {
-			return spec, err
-		}
-		p, err := readInt("cpu.cfs_period_us")
-		if err != nil {
-			return spec, err
-		}
-		sh, err := readInt("cpu.shares")
-		if err != nil {
-			return spec, err
-		}
-		spec.PeriodUS = uint32(p)
-		if q > 0 {
-			spec.QuotaMilli = uint32(q * 1000 / p)
-			spec.Limit = LimitCap
-			if sh == sharesV1(spec.QuotaMilli) && sh != 1024 {
-				spec.Limit |= LimitShare
-			}
-		} else if sh != 1024 {
-			spec.QuotaMilli = uint32((sh*1000 + 512) / 1024)
-			spec.Limit = LimitShare
-		}
-	}
-	// A slot that limits nothing (made but never configured) is marked by a
-	// zero quota; the pool retunes or removes it.
-	return spec, nil
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
 // Usage reads the slot's counters.
@@ -460,7 +340,7 @@ func (s *Slot) Threads() ([]int, error) {
 	var tids []int
 	gone := 0
 	for i := range s.c.dirs {
-		lines, err := s.c.linesAt(i, s.name+"/"+s.c.h.threadsFile())
+		lines, err := s.c.linesAt(i, s.name+"/"+s.c.h.ThreadsFile())
 		if errors.Is(err, os.ErrNotExist) {
 			// Half removed (v1, hierarchies apart): the threads are those
 			// of the directories left.

@@ -808,7 +808,7 @@ func (c *conn) grant(request uint32, g *pool.Grant) bool {
 // Everyone else has the agent place its threads (docs/security.md).
 func (c *conn) passesFDs() error {
 	s := c.srv
-	if s.hierarchy.Version == 2 || c.peer.PID == s.self || s.limits.HostNamespaceFDs {
+	if s.hierarchy.ConfinesFDs() || c.peer.PID == s.self || s.limits.HostNamespaceFDs {
 		return nil
 	}
 	if c.peer.NS == s.selfNS {

@@ -779,10 +779,7 @@ func floorSlots(h *cgroup.Hierarchy, rel string) ([2][]string, error) {
 		return out, fmt.Errorf("floor: want 2 pre-warmed slots in %s, found %d (%v)", rel, len(dirs), err)
 	}
 	sort.Strings(dirs)
-	file := "tasks"
-	if h.Version == 2 {
-		file = "cgroup.threads"
-	}
+	file := h.ThreadsFile()
 	for s := 0; s < 2; s++ {
 		name := filepath.Base(dirs[s])
 		out[s] = append(out[s], filepath.Join(dirs[s], file))

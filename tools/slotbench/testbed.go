@@ -52,10 +52,8 @@ func (b *testbed) container(name string) (string, error) {
 			return "", err
 		}
 	}
-	if b.h.Version == 2 {
-		if err := os.WriteFile(filepath.Join(b.h.CPURoot, b.root, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
-			return "", err
-		}
+	if err := b.h.DelegateCPU(b.root); err != nil {
+		return "", err
 	}
 	return rel, nil
 }

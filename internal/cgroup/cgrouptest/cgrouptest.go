@@ -60,13 +60,13 @@ func NewContainer(t testing.TB, h *cgroup.Hierarchy, limitMilli uint32) string {
 			t.Fatal(err)
 		}
 	}
-	if h.Version == 2 {
-		write(t, filepath.Join(h.CPURoot, parent, "cgroup.subtree_control"), "+cpu")
-		if limitMilli > 0 {
-			write(t, filepath.Join(h.CPURoot, rel, "cpu.max"), fmt.Sprintf("%d 100000", limitMilli*100))
+	if err := h.DelegateCPU(parent); err != nil {
+		t.Fatal(err)
+	}
+	if limitMilli > 0 {
+		if err := h.SetLimit(rel, limitMilli); err != nil {
+			t.Fatal(err)
 		}
-	} else if limitMilli > 0 {
-		write(t, filepath.Join(h.CPURoot, rel, "cpu.cfs_quota_us"), strconv.Itoa(int(limitMilli)*100))
 	}
 	return rel
 }
