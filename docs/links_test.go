@@ -14,21 +14,23 @@ import (
 // link matches a Markdown link or image: [text](target) or [text](target "title").
 var link = regexp.MustCompile(`\]\(([^)\s]+)(?:\s+"[^"]*")?\)`)
 
-// pages are the files whose links are checked, relative to the repository root.
+// pages are the files whose links are checked (README.md, the sub-READMEs,
+// docs/*.md), relative to the repository root.
 func pages(t *testing.T) []string {
 	t.Helper()
 	docs, err := filepath.Glob("*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := []string{"README.md"}
+	out := []string{"README.md", "charts/cpuslot/README.md", "deploy/README.md", "deploy/openwhisk/README.md",
+		"deploy/knative/README.md", "e2e/README.md", "runtime-image/README.md", "test/vm/README.md"}
 	for _, d := range docs {
 		out = append(out, filepath.Join("docs", d))
 	}
 	return out
 }
 
-// TestLinks: every relative link in README.md and docs/*.md names a file
+// TestLinks: every relative link in the READMEs and docs/*.md names a file
 // or directory that exists, and a #fragment into a Markdown file names one
 // of its headings.
 func TestLinks(t *testing.T) {
