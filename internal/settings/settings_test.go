@@ -114,41 +114,42 @@ func TestNamesUnique(t *testing.T) {
 	}
 }
 
-// The README's settings table lists every key with its flag and
-// annotation, and nothing the table does not have.
+// docs/settings.md's pool and admission table lists every key with its
+// flag, annotation and chart value, and nothing the table does not have.
 func TestReadmeTable(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/settings.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	rows := map[string][]string{}
 	for _, line := range strings.Split(string(b), "\n") {
 		cells := strings.Split(line, "|")
-		if len(cells) != 8 || !(strings.HasPrefix(cells[1], " `pool.") || strings.HasPrefix(cells[1], " `admission.")) {
-			continue // not a row of | setting | flag | annotation | default | accepts | meaning |
+		if len(cells) != 9 || !(strings.HasPrefix(cells[1], " `pool.") || strings.HasPrefix(cells[1], " `admission.")) {
+			continue // not a row of | setting | flag | annotation | chart value | default | accepts | meaning |
 		}
 		for i := range cells {
 			cells[i] = strings.TrimSpace(cells[i])
 		}
-		rows[strings.Trim(cells[1], "`")] = cells[2:4]
+		rows[strings.Trim(cells[1], "`")] = cells[2:5]
 	}
 	for _, k := range settings.Keys {
 		row, ok := rows[k.Name]
 		if !ok {
-			t.Errorf("README: no row for %s", k.Name)
+			t.Errorf("docs/settings.md: no row for %s", k.Name)
 			continue
 		}
 		ann := ""
 		if k.Annotation != "" {
 			ann = "`cpuslot.dev/" + k.Annotation + "`"
 		}
-		if row[0] != "`-"+k.Flag+"`" || row[1] != ann {
-			t.Errorf("README: %s has flag %s, annotation %q; want -%s, %q", k.Name, row[0], row[1], k.Flag, ann)
+		if row[0] != "`-"+k.Flag+"`" || row[1] != ann || row[2] != "`"+k.Name+"`" {
+			t.Errorf("docs/settings.md: %s has flag %s, annotation %q, chart value %s; want -%s, %q, %s",
+				k.Name, row[0], row[1], row[2], k.Flag, ann, k.Name)
 		}
 		delete(rows, k.Name)
 	}
 	for name := range rows {
-		t.Errorf("README: row %q is no setting", name)
+		t.Errorf("docs/settings.md: row %q is no setting", name)
 	}
 }
 

@@ -70,7 +70,7 @@ mods="$mods,java.logging,java.management,java.naming,jdk.zipfs,jdk.crypto.ec,jdk
 echo "build-image: jlink --add-modules $mods" >&2
 # Compressed modules (zip-6) and a class-data-sharing archive: the image is a quarter smaller
 # (pulled and unpacked on every node) and the JVM starts faster (a JVM per pod: cold starts).
-# Measured side by side: README, runtime start-up. classes_nocoops.jsa serves heaps over 32 GB only.
+# Measured side by side: docs/benchmarks.md, "Runtime start-up". classes_nocoops.jsa serves heaps over 32 GB only.
 "$JAVA_HOME/bin/jlink" --add-modules "$mods" --strip-debug --no-header-files --no-man-pages \
 	--compress=zip-6 --generate-cds-archive --output "$root/opt/java"
 rm -f "$root/opt/java/lib/server/classes_nocoops.jsa"
