@@ -371,3 +371,26 @@ func TestStrictDecodeRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsNamePanels: docs/dashboards.md lists every panel and row.
+func TestDocsNamePanels(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "docs/dashboards.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range Dashboards {
+		if !bytes.Contains(b, []byte("**"+d.Title+"**")) {
+			t.Errorf("docs/dashboards.md lacks the dashboard %q", d.Title)
+		}
+		for _, r := range d.Rows {
+			if !bytes.Contains(b, []byte("| "+r.Title+" |")) {
+				t.Errorf("docs/dashboards.md lacks the row %s / %q", d.UID, r.Title)
+			}
+			for _, p := range r.Panels {
+				if !bytes.Contains(b, []byte(p.Title)) {
+					t.Errorf("docs/dashboards.md lacks the panel %s / %q", d.UID, p.Title)
+				}
+			}
+		}
+	}
+}
