@@ -21,6 +21,10 @@ var promDS = common.DataSourceRef{Type: cog.ToPtr("prometheus"), Uid: cog.ToPtr(
 // grafanaDashboard builds d with the Grafana Foundation SDK's builders,
 // which check the dashboard model as they go.
 func grafanaDashboard(d Dashboard) (dashboard.Dashboard, error) {
+	linkTitle, ok := titleOf(d.Link)
+	if !ok {
+		return dashboard.Dashboard{}, fmt.Errorf("link to %q: no such dashboard", d.Link)
+	}
 	b := dashboard.NewDashboardBuilder(d.Title).
 		Uid(d.UID).
 		Description(d.Description).
@@ -40,7 +44,7 @@ func grafanaDashboard(d Dashboard) (dashboard.Dashboard, error) {
 			Enable(true).
 			Hide(true).
 			IconColor("rgba(0, 211, 255, 1)")).
-		Link(dashboard.NewDashboardLinkBuilder(titleOf(d.Link)).
+		Link(dashboard.NewDashboardLinkBuilder(linkTitle).
 			Type(dashboard.DashboardLinkTypeLink).
 			Url("/d/" + d.Link).
 			KeepTime(true).
@@ -80,21 +84,18 @@ func grafanaDashboard(d Dashboard) (dashboard.Dashboard, error) {
 	return b.Build()
 }
 
-func titleOf(uid string) string {
+func titleOf(uid string) (string, bool) {
 	for _, d := range Dashboards {
 		if d.UID == uid {
-			return d.Title
+			return d.Title, true
 		}
 	}
-	panic("no dashboard " + uid)
+	return "", false
 }
 
-// panelBuilder is what the stat, timeseries and table builders share.
-type panelBuilder interface {
-	cog.Builder[dashboard.Panel]
-}
-
-func grafanaPanel(id uint32, p Panel) panelBuilder {
+// grafanaPanel is the builder of p's Grafana panel: stat, timeseries or
+// table.
+func grafanaPanel(id uint32, p Panel) cog.Builder[dashboard.Panel] {
 	var targets []cog.Builder[variants.Dataquery]
 	for i, q := range p.Queries {
 		t := prometheus.NewDataqueryBuilder().
