@@ -114,11 +114,15 @@ e2e-v2node: images
 #                    charts/cpuslot/queries.txt (every PromQL query shipped),
 #                    deploy/prometheus/cpuslot-rules.yml and
 #                    deploy/openwhisk/action-pod.example.yaml
+#   make dashboards  tools/dashboards: regenerate the chart's dashboards from their one
+#                    definition (tools/dashboards/model.go): Grafana JSON in
+#                    charts/cpuslot/dashboards/, Perses in charts/cpuslot/dashboards/perses/;
+#                    then make manifests (queries.txt, deploy/cpuslot.yaml embed them)
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
 #                    schema, queries, generated files up to date; the recipes
 #                    in deploy/ (OPENWHISK_CHART=<openwhisk-deploy-kube>/helm/openwhisk
 #                    also renders the real OpenWhisk chart through the post-renderer)
-.PHONY: helm manifests chart-test
+.PHONY: helm manifests dashboards chart-test
 
 helm:
 	@bash hack/helm.sh
@@ -126,8 +130,12 @@ helm:
 manifests:
 	$(GO) run -C tools ./manifests $(CURDIR)
 
+dashboards:
+	$(GO) run -C tools ./dashboards $(CURDIR)
+
 chart-test:
 	$(GO) test ./charts/cpuslot ./deploy -count=1 -v
+	$(GO) test -C tools ./dashboards -count=1 -v
 
 # --- Java runtime (runtime-image/): demo, build, benchmark, OCI image -----------
 #   make demo           the README's first command: agent + runtime + sample functions,

@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/cpuslot/cpuslot v0.0.0
+	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	golang.org/x/sys v0.49.0
 )
 

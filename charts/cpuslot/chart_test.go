@@ -717,3 +717,98 @@ func TestReadmeValues(t *testing.T) {
 	}
 	walk("", values)
 }
+
+// dashboardExprs are the panel queries of each rendered dashboard, sorted,
+// by dashboard file (node, runtime): from the Grafana ConfigMaps and from
+// the PersesDashboards.
+func dashboardExprs(t *testing.T, objs []obj) (grafana, perses map[string][]string) {
+	t.Helper()
+	grafana, perses = map[string][]string{}, map[string][]string{}
+	for _, cm := range find(objs, "ConfigMap") {
+		for k, v := range get(cm, "data").(map[string]any) {
+			name, ok := strings.CutSuffix(strings.TrimPrefix(k, "cpuslot-"), ".json")
+			if !ok {
+				continue
+			}
+			var d map[string]any
+			if err := yaml.Unmarshal([]byte(v.(string)), &d); err != nil {
+				t.Fatalf("%s: %v", k, err)
+			}
+			for _, p := range list(d, "panels") {
+				for _, tg := range list(p, "targets") {
+					grafana[name] = append(grafana[name], str(tg, "expr"))
+				}
+			}
+			slices.Sort(grafana[name])
+		}
+	}
+	for _, pd := range find(objs, "PersesDashboard") {
+		name := strings.TrimPrefix(pd.name(), "cpuslot-")
+		panels, _ := get(pd, "spec", "panels").(map[string]any)
+		for _, p := range panels {
+			for _, q := range list(p, "spec", "queries") {
+				perses[name] = append(perses[name], str(q, "spec", "plugin", "spec", "query"))
+			}
+		}
+		slices.Sort(perses[name])
+	}
+	return grafana, perses
+}
+
+// textVars are a PersesDashboard's constant variables by name.
+func textVars(pd obj) map[string]string {
+	out := map[string]string{}
+	for _, v := range list(pd, "spec", "variables") {
+		if str(v, "kind") == "TextVariable" {
+			out[str(v, "spec", "name")] = str(v, "spec", "value")
+		}
+	}
+	return out
+}
+
+// TestPersesDashboards: off by default; on, one PersesDashboard per
+// Grafana dashboard with the same queries, the job variables from the
+// values, in the namespace asked for.
+func TestPersesDashboards(t *testing.T) {
+	if n := len(find(render(t), "PersesDashboard")); n != 0 {
+		t.Errorf("%d PersesDashboards by default, want none", n)
+	}
+	objs := render(t, "--set", "perses.dashboards.enabled=true")
+	pds := find(objs, "PersesDashboard")
+	if len(pds) != 2 {
+		t.Fatalf("%d PersesDashboards, want 2 (node, runtime)", len(pds))
+	}
+	for _, pd := range pds {
+		if str(pd, "apiVersion") != "perses.dev/v1alpha1" || str(pd, "metadata", "namespace") != manifestNamespace ||
+			str(pd, "spec", "display", "name") == "" || len(list(pd, "spec", "layouts")) == 0 {
+			t.Errorf("PersesDashboard %s: apiVersion %q, namespace %q, display %q, %d layouts", pd.name(), str(pd, "apiVersion"),
+				str(pd, "metadata", "namespace"), str(pd, "spec", "display", "name"), len(list(pd, "spec", "layouts")))
+		}
+	}
+	grafana, perses := dashboardExprs(t, objs)
+	if len(grafana) != 2 || !reflect.DeepEqual(grafana, perses) {
+		t.Errorf("the Perses dashboards' queries differ from the Grafana dashboards':\ngrafana %q\nperses  %q", grafana, perses)
+	}
+	if v := textVars(pds[0]); v["agent_job"] != "cpuslot-node-agent" {
+		t.Errorf("node dashboard variables %v", v)
+	}
+
+	objs = render(t, "--set", "perses.dashboards.enabled=true,perses.dashboards.runtime=false,perses.dashboards.namespace=perses,"+
+		"perses.dashboards.labels.team=infra,metrics.job=agents,runtimeMetrics.job=fns")
+	pds = find(objs, "PersesDashboard")
+	if len(pds) != 1 || pds[0].name() != "cpuslot-node" {
+		t.Fatalf("runtime=false: %d PersesDashboards, want cpuslot-node alone", len(pds))
+	}
+	if str(pds[0], "metadata", "namespace") != "perses" || str(pds[0], "metadata", "labels", "team") != "infra" {
+		t.Errorf("namespace %q, labels %v", str(pds[0], "metadata", "namespace"), get(pds[0], "metadata", "labels"))
+	}
+	if v := textVars(pds[0]); v["agent_job"] != "agents" {
+		t.Errorf("metrics.job=agents: variables %v", v)
+	}
+	objs = render(t, "--set", "perses.dashboards.enabled=true,runtimeMetrics.job=fns")
+	for _, pd := range find(objs, "PersesDashboard") {
+		if pd.name() == "cpuslot-runtime" && textVars(pd)["runtime_job"] != "fns" {
+			t.Errorf("runtimeMetrics.job=fns: variables %v", textVars(pd))
+		}
+	}
+}
