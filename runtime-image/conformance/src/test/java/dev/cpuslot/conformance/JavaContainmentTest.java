@@ -517,4 +517,147 @@ class JavaContainmentTest {
             assertEquals(200, c.run(runPayload(new JsonObject(), Map.of("namespace", "alice"))).code());
         });
     }
+
+    /**
+     * File access by path (issue 21): a function reads and writes what the OS lets the runtime
+     * process, but not the process itself ({@code /proc}, {@code /sys}, devices but the harmless
+     * ones), not the runtime's temporary directory (its log, other functions' directories) outside
+     * its own, and it cannot make links or reach the file system below the paths it names. Each
+     * probe either is refused at /init (a call no function needs) or fails at /run with a
+     * SecurityException naming the path; the runtime lives on. (Before: /proc/self/environ and the
+     * runtime's log were read, /proc/self/mem opened for writing, the standard output closed.)
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {
+            "procSelfEnviron", "procSelfMemWrite", "procThroughFile", "procThroughRelativePath", "procThroughDevFd",
+            "procThroughChannel", "procThroughScanner", "procThroughUrl", "runtimeLog", "listRuntimeTmp",
+            "sysfs", "closeStandardOutput", "symlink", "hardLink", "fileSystemProvider", "deleteRuntimeLog"})
+    void aFunctionCannotReachTheProcessOrTheRuntimesFilesByPath(String probe) throws Exception {
+        String parent = "Path.of(System.getProperty(\"java.io.tmpdir\")).getParent()";
+        // the runtime's log: where CPUSLOT_LOG says (the tests' runtimes log to a file of their own)
+        String log = "Path.of(System.getenv(\"CPUSLOT_LOG\").substring(\"file:\".length()))";
+        String body = switch (probe) {
+            case "procSelfEnviron" -> """
+                    args.addProperty("env", Files.readString(Path.of("/proc/self/environ")));
+                    return args;""";
+            case "procSelfMemWrite" -> """
+                    try (RandomAccessFile f = new RandomAccessFile("/proc/self/mem", "rw")) { f.seek(4096); f.write(0); }
+                    return args;""";
+            case "procThroughFile" -> """
+                    args.addProperty("fds", String.join(",", new File("/proc/self/fd").list()));
+                    return args;""";
+            case "procThroughRelativePath" -> """
+                    Path p = Path.of(System.getProperty("java.io.tmpdir")).relativize(Path.of("/proc/self/environ"));
+                    args.addProperty("env", new String(new FileInputStream(System.getProperty("java.io.tmpdir") + "/" + p).readAllBytes()));
+                    return args;""";
+            case "procThroughDevFd" -> """
+                    try (FileOutputStream o = new FileOutputStream("/dev/fd/1", true)) { o.write("XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX\\n".getBytes()); }
+                    return args;""";
+            case "procThroughChannel" -> """
+                    try (var ch = java.nio.channels.FileChannel.open(Path.of("/proc/self/maps"))) { args.addProperty("size", ch.size()); }
+                    return args;""";
+            case "procThroughScanner" -> """
+                    args.addProperty("line", new Scanner(new File("/proc/self/cmdline")).nextLine());
+                    return args;""";
+            case "procThroughUrl" -> """
+                    try (InputStream in = new java.net.URI("file:///proc/self/environ").toURL().openStream()) { args.addProperty("n", in.readAllBytes().length); }
+                    return args;""";
+            case "runtimeLog" -> """
+                    args.addProperty("log", Files.readString(%s));
+                    return args;""".formatted(log);
+            case "listRuntimeTmp" -> """
+                    try (var s = Files.list(%s)) { args.addProperty("n", s.count()); }
+                    return args;""".formatted(parent);
+            case "deleteRuntimeLog" -> """
+                    args.addProperty("deleted", %s.toFile().delete());
+                    return args;""".formatted(log);
+            case "sysfs" -> """
+                    try (var s = Files.list(Path.of("/sys/fs/cgroup"))) { args.addProperty("n", s.count()); }
+                    return args;""";
+            case "closeStandardOutput" -> """
+                    new FileOutputStream(FileDescriptor.out).close();
+                    return args;""";
+            case "symlink" -> """
+                    Path l = Path.of(System.getProperty("java.io.tmpdir"), "l");
+                    Files.createSymbolicLink(l, Path.of("/proc/self/environ"));
+                    args.addProperty("env", Files.readString(l));
+                    return args;""";
+            case "hardLink" -> """
+                    Files.createLink(Path.of(System.getProperty("java.io.tmpdir"), "l"), %s);
+                    return args;""".formatted(log);
+            case "fileSystemProvider" -> """
+                    Path p = Path.of("/proc/self/environ");
+                    try (InputStream in = p.getFileSystem().provider().newInputStream(p)) { args.addProperty("n", in.readAllBytes().length); }
+                    return args;""";
+            default -> throw new IllegalArgumentException(probe);
+        };
+        String jar = probe(body);
+        with("java", c -> {
+            Reply init = c.init(init(jar));
+            Reply run = init.code() == 200 ? c.run(runPayload(new JsonObject())) : null;
+            assertAlive(c);
+            Reply refused = init.code() == 200 ? run : init;
+            assertEquals(502, refused.code(), "/init of the " + probe + " probe: " + init.code() + " " + init.raw()
+                    + ", then /run: " + (run == null ? "-" : run.code() + " " + run.raw()));
+            String err = refused.body().get("error").getAsString();
+            assertTrue(err.contains("not allowed to a function in a shared runtime"), err);
+        });
+    }
+
+    /** What a function may do with files: its own temporary directory, the image's files, the harmless devices. */
+    @Test
+    void aFunctionUsesItsOwnFilesAndTheImages() throws Exception {
+        String jar = probe("""
+                Path dir = Path.of(System.getProperty("java.io.tmpdir"));
+                Path f = dir.resolve("data.txt");
+                Files.writeString(f, "mine");
+                try (Writer w = new FileWriter(f.toFile(), true)) { w.write("+more"); }
+                try (RandomAccessFile r = new RandomAccessFile(f.toString(), "rw")) { r.seek(0); r.write('M'); }
+                args.addProperty("own", Files.readString(f));
+                args.addProperty("listed", new File(dir.toString()).list().length);
+                Files.createDirectories(dir.resolve("a/b"));
+                Files.move(f, dir.resolve("a/b/moved.txt"));
+                args.addProperty("moved", Files.exists(dir.resolve("a/b/moved.txt")));
+                args.addProperty("image", Files.readAllLines(Path.of("/etc/passwd")).isEmpty() ? "empty" : "read");
+                byte[] b = new byte[8];
+                try (InputStream in = new FileInputStream("/dev/urandom")) { args.addProperty("random", in.read(b)); }
+                try (OutputStream o = new FileOutputStream("/dev/null")) { o.write(b); }
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply r = c.run(runPayload(new JsonObject()));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            JsonObject o = r.body().getAsJsonObject();
+            assertEquals("Mine+more", o.get("own").getAsString(), String.valueOf(r.raw()));
+            assertEquals("read", o.get("image").getAsString(), String.valueOf(r.raw()));
+            assertTrue(o.get("moved").getAsBoolean(), String.valueOf(r.raw()));
+            assertEquals(8, o.get("random").getAsInt(), String.valueOf(r.raw()));
+        });
+    }
+
+    /** One function cannot read another's temporary files, even by their exact path. */
+    @Test
+    void aFunctionCannotReadAnothersFileByItsPath() throws Exception {
+        String writer = probe("""
+                Path f = Files.createTempFile("secret", ".txt");
+                Files.writeString(f, "mine");
+                args.addProperty("file", f.toString());
+                return args;""");
+        String reader = probe("""
+                args.addProperty("read", Files.readString(Path.of(args.get("file").getAsString())));
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, register(c, "writer", jarFile(c, "writer", writer), null).code());
+            assertEquals(200, register(c, "reader", jarFile(c, "reader", reader), null).code());
+            String file = invoke(c, "writer").body().getAsJsonObject("result").get("file").getAsString();
+            JsonObject o = new JsonObject();
+            o.addProperty("name", "reader");
+            JsonObject a = new JsonObject();
+            a.addProperty("file", file);
+            o.addProperty("arguments", a.toString());
+            Reply r = c.post("/", o.toString());
+            assertFalse(String.valueOf(r.raw()).contains("\"read\":\"mine\""), "the reader read the writer's file: " + r.raw());
+            assertTrue(String.valueOf(r.raw()).contains("not allowed to a function in a shared runtime"), String.valueOf(r.raw()));
+        });
+    }
 }

@@ -45,6 +45,7 @@ final class Log {
         } else {
             Path p = Path.of(s.startsWith("file:") ? s.substring(5) : s);
             file = p;
+            dev.cpuslot.runtime.guard.ActionGuard.protect(p); // no function reads or removes it
             written = Files.exists(p) ? Files.size(p) : 0;
             sink = open(p);
         }

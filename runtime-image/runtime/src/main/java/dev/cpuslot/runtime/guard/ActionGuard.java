@@ -414,6 +414,7 @@ public final class ActionGuard {
     }
 
     public static File createTempFile(String prefix, String suffix, File dir) throws IOException {
+        if (dir != null) path(dir);
         return File.createTempFile(prefix, suffix, dir != null ? dir : tmpdir().toFile());
     }
 
@@ -423,5 +424,102 @@ public final class ActionGuard {
 
     public static Path createTempDirectory(String prefix, FileAttribute<?>... attrs) throws IOException {
         return Files.createTempDirectory(tmpdir(), prefix, attrs);
+    }
+
+    // ---- file access by path (the checks FilePaths inserts before the JDK's file calls) --------
+
+    /** Devices a function may open; the rest of /dev (and /dev/fd, the process's descriptors) not. */
+    private static final Set<String> DEVICES = Set.of("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/full");
+
+    /** The runtime's temporary directory, every function's own below it: a function reaches only its own. */
+    private static final Path RUNTIME_TMP = real(Path.of(System.getProperty("java.io.tmpdir")).toAbsolutePath().normalize());
+
+    /** Files of the runtime that no function may open (its log, wherever CPUSLOT_LOG puts it). */
+    private static final Set<Path> PROTECTED = ConcurrentHashMap.newKeySet();
+
+    /** Keeps functions from a file of the runtime's own, or from a directory and everything below it. */
+    public static void protect(Path p) {
+        PROTECTED.add(real(p.toAbsolutePath().normalize()));
+    }
+
+    public static void path(String name) {
+        if (name == null) return; // the JDK call throws its NullPointerException
+        Path p;
+        try {
+            p = Path.of(name);
+        } catch (java.nio.file.InvalidPathException e) {
+            throw new SecurityException(name + ": not a path: file access " + Rewriter.NOT_ALLOWED);
+        }
+        check(p, name);
+    }
+
+    public static void path(File f) {
+        if (f == null) return;
+        // the JDK asks a File for its path again after the check: only File's own answer is trusted
+        if (f.getClass() != File.class) throw new SecurityException("a " + f.getClass().getName() + " as a file: " + Rewriter.NOT_ALLOWED);
+        path(f.getPath());
+    }
+
+    public static void path(Path p) {
+        if (p == null) return;
+        if (p.getClass().getModule().getLayer() != ModuleLayer.boot()) {
+            throw new SecurityException("a " + p.getClass().getName() + " as a path: " + Rewriter.NOT_ALLOWED);
+        }
+        if (p.getFileSystem() != java.nio.file.FileSystems.getDefault()) return; // inside an archive the function opened
+        check(p, p.toString());
+    }
+
+    public static void path(java.net.URL u) {
+        if (u == null) return;
+        String proto = u.getProtocol();
+        if (proto.equalsIgnoreCase("jar")) { // jar:<url of the archive>!/<entry>
+            String f = u.getFile();
+            int bang = f.indexOf("!/");
+            try {
+                path(java.net.URI.create(bang < 0 ? f : f.substring(0, bang)).toURL());
+            } catch (IllegalArgumentException | java.net.MalformedURLException e) {
+                throw new SecurityException(u + ": not a jar URL: file access " + Rewriter.NOT_ALLOWED);
+            }
+        } else if (proto.equalsIgnoreCase("file")) {
+            try {
+                check(Path.of(u.toURI()), u.toString());
+            } catch (java.net.URISyntaxException | IllegalArgumentException | java.nio.file.FileSystemNotFoundException e) {
+                throw new SecurityException(u + ": not a file URL: file access " + Rewriter.NOT_ALLOWED);
+            }
+        }
+    }
+
+    /** Refuses a path (as named, and with its links resolved) in the process, the kernel, a device or the runtime's files. */
+    private static void check(Path p, String name) {
+        Path abs = p.toAbsolutePath().normalize();
+        String why = denied(abs);
+        if (why == null) {
+            Path r = real(abs);
+            if (!r.equals(abs)) why = denied(r);
+        }
+        if (why != null) throw new SecurityException(name + " is " + why + ": file access there is " + Rewriter.NOT_ALLOWED);
+    }
+
+    private static String denied(Path x) {
+        if (x.startsWith("/proc") || x.startsWith("/sys")) return "the process's or the kernel's";
+        if (x.startsWith("/dev") && !DEVICES.contains(x.toString())) return "a device";
+        for (Path q : PROTECTED) if (x.startsWith(q)) return "the runtime's own";
+        if (x.startsWith(RUNTIME_TMP)) {
+            Path own = TMP.get(caller().getClassLoader());
+            if (own == null || !x.startsWith(real(own.toAbsolutePath().normalize()))) return "in the runtime's temporary directory, outside the function's own";
+        }
+        return null;
+    }
+
+    /** The path with the links of its longest existing prefix resolved (what the kernel opens). */
+    private static Path real(Path abs) {
+        for (Path q = abs; q != null; q = q.getParent()) {
+            try {
+                return q.toRealPath().resolve(q.relativize(abs)).normalize();
+            } catch (IOException | SecurityException e) {
+                // not there (yet): its parent
+            }
+        }
+        return abs;
     }
 }

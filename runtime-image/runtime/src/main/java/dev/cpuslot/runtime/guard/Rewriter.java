@@ -68,7 +68,9 @@ public final class Rewriter {
     private static final List<String> DENIED_PACKAGES = List.of(
             "sun/", "jdk/internal/", "com/sun/", "jdk/jfr/", "jdk/jshell/", "java/lang/foreign/", "java/lang/instrument/",
             "java/lang/management/", "javax/management/", "java/beans/", "javax/script/", "javax/naming/", "java/rmi/",
-            "javax/tools/", "dev/cpuslot/runtime/");
+            "javax/tools/", "dev/cpuslot/runtime/",
+            // file systems below the paths a function names (a provider opens any path unchecked)
+            "java/nio/file/spi/");
 
     /** Classes no function may call at all. */
     private static final Set<String> DENIED_CLASSES = Set.of(
@@ -76,7 +78,10 @@ public final class Rewriter {
             "java/lang/ProcessHandle$Info", "java/net/URLClassLoader", "java/security/SecureClassLoader",
             "java/lang/invoke/MethodHandleProxies",
             // deserialization gadgets and XSLT extension functions run code the guard never saw
-            "java/io/ObjectInputStream", "javax/xml/transform/TransformerFactory", "javax/xml/transform/sax/SAXTransformerFactory");
+            "java/io/ObjectInputStream", "javax/xml/transform/TransformerFactory", "javax/xml/transform/sax/SAXTransformerFactory",
+            // the process's own descriptors (closing FileDescriptor.out ends every tenant's logs); opening
+            // relative to a directory descriptor; a log file named by a pattern (%t: the runtime's directory)
+            "java/io/FileDescriptor", "java/nio/file/SecureDirectoryStream", "java/util/logging/FileHandler");
 
     /** owner -> members no function may call (or take a handle to). */
     private static final Map<String, Set<String>> DENIED_MEMBERS = Map.ofEntries(
@@ -91,6 +96,8 @@ public final class Rewriter {
             Map.entry("java/lang/Thread$Builder$OfVirtual", Set.of("inheritInheritableThreadLocals")),
             Map.entry("java/lang/ClassLoader", Set.of("<init>", "defineClass", "defineClass1", "defineClass2", "resolveClass",
                     "setDefaultAssertionStatus", "setClassAssertionStatus", "setPackageAssertionStatus")),
+            // a link would make a checked path name an unchecked file
+            Map.entry("java/nio/file/Files", Set.of("createSymbolicLink", "createLink")),
             Map.entry("java/util/TimeZone", Set.of("setDefault")),
             Map.entry("java/util/Locale", Set.of("setDefault")),
             Map.entry("java/net/CookieHandler", Set.of("setDefault")),
@@ -211,6 +218,11 @@ public final class Rewriter {
     static String check(ClassModel cm, java.util.function.Function<String, byte[]> jar) {
         String self = cm.thisClass().asInternalName();
         Map<String, List<String>> lineages = new HashMap<>();
+        // a File of its own could name one path to the check and another to the JDK
+        if (lineage(self, jar).contains("java/io/File")) {
+            return self + " extends java.io.File (a file path checked at each use): " + NOT_ALLOWED
+                    + " (a runtime for trusted code only may set CPUSLOT_JAVA_TRUSTED=true)";
+        }
         for (PoolEntry e : cm.constantPool()) {
             String why = null, what = null;
             if (e instanceof MemberRefEntry m) {
@@ -226,6 +238,10 @@ public final class Rewriter {
                 what = c.asInternalName().replace('/', '.');
             } else if (e instanceof MethodHandleEntry h && redirectOf(h.reference()) != null) {
                 why = "a method handle to a guarded call";
+                what = h.reference().owner().asInternalName().replace('/', '.') + "." + h.reference().name().stringValue();
+            } else if (e instanceof MethodHandleEntry h && FilePaths.checked(h.reference().owner().asInternalName(),
+                    h.reference().name().stringValue(), h.reference().type().stringValue()) != null) {
+                why = "a method reference to file access, which is checked at the call: write a lambda";
                 what = h.reference().owner().asInternalName().replace('/', '.') + "." + h.reference().name().stringValue();
             }
             if (why != null) {
@@ -282,6 +298,14 @@ public final class Rewriter {
     }
 
     private static void redirect(CodeBuilder cob, CodeElement coe, boolean trusted) {
+        if (!trusted && coe instanceof InvokeInstruction i) {
+            FilePaths.Check c = FilePaths.checked(i.owner().asInternalName(), i.name().stringValue(), i.type().stringValue());
+            if (c != null && redirectOf(i.method()) == null) {
+                FilePaths.emit(cob, i, c, GUARD);
+                cob.with(coe);
+                return;
+            }
+        }
         {
             if (coe instanceof InvokeInstruction i && (i.opcode() == Opcode.INVOKESTATIC || i.opcode() == Opcode.INVOKEVIRTUAL)) {
                 Redirect r = redirectOf(i.method());
