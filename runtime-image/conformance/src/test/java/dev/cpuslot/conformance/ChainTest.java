@@ -100,7 +100,7 @@ class ChainTest {
                             JsonObject next = new JsonObject();
                             next.addProperty("n", n + 1);
                             try {
-                                return Chain.call("rec", next);
+                                return Chain.call("rec", next).getAsJsonObject();
                             } catch (ChainException e) {
                                 if (e.kind() != ChainException.Kind.DEPTH) throw e;
                                 JsonObject r = new JsonObject();
