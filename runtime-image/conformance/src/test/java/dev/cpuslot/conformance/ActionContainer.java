@@ -182,6 +182,9 @@ final class ActionContainer implements AutoCloseable {
 
     boolean alive() { return proc.isAlive(); }
 
+    /** The runtime's HTTP port (for a function that calls the runtime's own HTTP path). */
+    int port() { return port; }
+
     long pid() { return proc.pid(); }
 
     /** As {@code docker kill}: SIGKILL, then the logs as written until then. */
