@@ -641,6 +641,51 @@ class RuntimeWithAgentIT {
     }
 
     /** utime + stime of a thread, in clock ticks (USER_HZ 100). */
+    /**
+     * Local chaining (docs/chaining.md) with local leasing: a JavaScript caller at 500m calls a
+     * CPU-bound Java function at 250m synchronously; the hop runs in a slot of its own quota
+     * while its caller waits, and the answer reports each hop's CPU and the chain's.
+     */
+    @Test
+    @Order(12)
+    void aChainHopRunsInItsOwnSlotAtItsOwnQuota() throws Exception {
+        String cgroup = parent + "/rt-chain";
+        cg.create(cgroup);
+        long ms = Math.min(BURN_MS, 4000);
+        Path js = work.resolve("chain-caller.js");
+        Files.writeString(js, """
+                function main(a) {
+                  var t0 = Date.now();
+                  var hop = cpuslot.call('burn250', { ms: a.ms });
+                  return { hop: hop, wall_ms: Date.now() - t0 };
+                }
+                """);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-chain.log"))) {
+            lr.register("burn250", "dev.cpuslot.samples.CpuBurn", samplesJar, "250m");
+            lr.registerText("caller", "javascript", js, "500m");
+            assertEquals(200, lr.invoke("caller", "{\"ms\":50}").status()); // warm: the caller's context, both slots held
+            RuntimeProc.Reply r = lr.invoke("caller", "{\"ms\":" + ms + "}");
+            assertEquals(200, r.status(), r.body());
+            assertEquals("1", r.header("X-Cpuslot-Chain-Hops"), r.headers().toString());
+            assertEquals("true", r.header("X-Cpuslot-Local"), "the caller ran in a held slot: " + r.headers());
+            String hop = r.header("X-Cpuslot-Chain");
+            assertTrue(hop != null && hop.startsWith("burn250="), r.headers().toString());
+            long hopCpu = Long.parseLong(hop.substring("burn250=".length()));
+            long callerCpu = r.headerLong("X-Cpuslot-Cpu-Ns");
+            assertEquals(hopCpu + callerCpu, r.headerLong("X-Cpuslot-Chain-Cpu-Ns"), r.headers().toString());
+            double hopWallNs = r.json().getAsJsonObject("result").getAsJsonObject("hop").get("wall_ms").getAsDouble() * 1e6;
+            double share = hopCpu / hopWallNs;
+            report.add(String.format(Locale.ROOT, "local chain: a 250m CPU-bound hop called by a 500m JavaScript caller: hop share %.3f"
+                    + " (%.2f s CPU over %.2f s), caller %.3f s CPU while it waited", share, hopCpu / 1e9, hopWallNs / 1e9, callerCpu / 1e9));
+            assertTrue(Math.abs(share - 0.25) <= TOLERANCE, "the hop's share " + share + " is not 0.25 +/- " + TOLERANCE);
+            assertTrue(callerCpu < hopCpu / 4, "the waiting caller used " + callerCpu + " ns, the hop " + hopCpu);
+            Map<String, Double> m = lr.metrics();
+            assertEquals(2, Prom.sum(m, "cpuslot_chain_calls_total", "function=\"burn250\"", "status=\"ok\""), lr.metricsText());
+            assertTrue(Prom.sum(m, "cpuslot_slot_cpu_seconds_total", "function=\"burn250\"") > 0, lr.metricsText());
+        }
+    }
+
     private static long ticks(long pid, long tid) throws IOException {
         String stat = Files.readString(Path.of("/proc/" + pid + "/task/" + tid + "/stat"));
         String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");

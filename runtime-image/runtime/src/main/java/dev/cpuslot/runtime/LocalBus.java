@@ -47,7 +47,8 @@ final class LocalBus {
                 this.cpuNanos += cpuNanos;
                 this.measured = true;
             }
-            if (hops.size() < MAX_LISTED) hops.add(function + "=" + (measured ? Long.toString(cpuNanos) : "-"));
+            // a header value: a function's name is the tenant's, so only plain characters go in
+            if (hops.size() < MAX_LISTED) hops.add(function.replaceAll("[^A-Za-z0-9._:/@-]", "_") + "=" + (measured ? Long.toString(cpuNanos) : "-"));
         }
 
         synchronized int count() { return count; }
