@@ -21,7 +21,8 @@ import static org.junit.jupiter.api.Assertions.*;
  * own HTTP invoke path (Hydra {@code POST /}, keep-alive, as the platform path's stand-in), in
  * alternating rounds, timing each call inside the caller. Not a test (no bound is asserted): run
  * it by name,
- * {@code ./build.sh -pl conformance -Dtest=ChainBenchmark -Dchain.bench.rounds=10 -Dchain.bench.calls=200 test};
+ * {@code ./build.sh -DskipTests package && ./build.sh -pl conformance -am -Dtest=ChainBenchmark
+ * -Dsurefire.failIfNoSpecifiedTests=false -Dchain.bench.rounds=10 -Dchain.bench.calls=200 test};
  * the table goes to stdout and to target/chain-benchmark.md.
  */
 class ChainBenchmark {
