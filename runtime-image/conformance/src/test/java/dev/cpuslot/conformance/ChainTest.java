@@ -311,6 +311,19 @@ class ChainTest {
             boolean ended = s.code() == 502 && s.body().get("error").getAsString().contains("deadline");
             assertTrue(typed || ended, String.valueOf(s.raw()));
             assertAlive(c);
+            // a JavaScript caller waits in host code while its callee runs: the same, its context cancelled at its deadline
+            registerText(c, "jscaller", "javascript", """
+                    function main(a) {
+                      try { cpuslot.call(a.callee, {}); return {}; } catch (e) { return { kind: e.kind }; }
+                    }
+                    """, "");
+            registerText(c, "jsshort", "javascript", "function main(a) { cpuslot.call(a.callee, {}); return {}; }", "&timeout=500");
+            JsonObject js = result(invoke(c, "jscaller", "{\"callee\":\"forever\"}"));
+            assertEquals("TIMEOUT", js.get("kind").getAsString(), js.toString());
+            Reply jss = invoke(c, "jsshort", "{\"callee\":\"forever2\"}");
+            assertEquals(502, jss.code(), String.valueOf(jss.raw()));
+            assertAlive(c);
+            assertEquals("TIMEOUT", result(invoke(c, "jscaller", "{\"callee\":\"forever\"}")).get("kind").getAsString());
             Reply again = invoke(c, "caller", "{\"callee\":\"double2\"}");
             assertEquals(502, again.code(), String.valueOf(again.raw())); // not local: the caller's error, the runtime serves on
         });
