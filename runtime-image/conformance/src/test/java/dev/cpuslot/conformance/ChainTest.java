@@ -276,6 +276,26 @@ class ChainTest {
         });
     }
 
+    /**
+     * The threads that serve a chain call (the callee's worker, an async call's thread) are the
+     * runtime's, not threads the calling Java function made: they do not count against its
+     * CPUSLOT_JAVA_MAX_THREADS nor inherit its activation. (Before: each one counted, and a
+     * chain of new workers hit a limit of 1 at its second hop.)
+     */
+    @Test
+    void chainThreadsAreNotTheCallersThreads() throws Exception {
+        with("java", env("CPUSLOT_JAVA_MAX_THREADS", "1", "CPUSLOT_CHAIN_MAX_DEPTH", "3"), c -> {
+            registerJava(c, "rec", "Rec", "");
+            registerJava(c, "caller", "Caller", "");
+            registerJava(c, "count", "Count", "");
+            JsonObject o = result(invoke(c, "rec", "{\"n\":0}"));
+            assertEquals(3, o.get("deepest").getAsInt(), o.toString());
+            JsonObject r = result(invoke(c, "caller", "{\"mode\":\"async\",\"callee\":\"count\",\"n\":3}"));
+            assertFalse(r.has("kind"), r.toString());
+            awaitCount(c, 3);
+        });
+    }
+
     /** A callee that throws fails its caller with a typed error naming the callee and its error. */
     @Test
     void aCalleeFailureFailsTheCaller() throws Exception {

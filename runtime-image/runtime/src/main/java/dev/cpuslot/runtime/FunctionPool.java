@@ -158,8 +158,10 @@ public final class FunctionPool implements AutoCloseable {
         Worker() {
             live.incrementAndGet();
             created.incrementAndGet();
+            // a worker is the runtime's: made on a chain caller's thread, it must not inherit
+            // (nor count against) that Java function's activation
             thread = Thread.ofPlatform().daemon().name("fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet())
-                    .start(this::loop);
+                    .inheritInheritableThreadLocals(false).start(this::loop);
         }
 
         void hand(Job j) {

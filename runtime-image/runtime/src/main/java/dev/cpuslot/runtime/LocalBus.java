@@ -158,7 +158,8 @@ final class LocalBus {
             Hop hop = new Hop(name, h.owner(), id, depth, deadline, new Trace());
             JsonElement a = args.deepCopy();
             try {
-                Thread.ofVirtual().name("chain-async-" + name).start(() -> {
+                // the runtime's thread, not the caller's: no inherited activation, not in its thread count
+                Thread.ofVirtual().name("chain-async-" + name).inheritInheritableThreadLocals(false).start(() -> {
                     try {
                         host.run(h, a, hop, mode);
                     } catch (RuntimeException | Error e) {
