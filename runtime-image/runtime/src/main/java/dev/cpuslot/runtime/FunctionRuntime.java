@@ -621,6 +621,8 @@ public final class FunctionRuntime implements AutoCloseable {
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt(); // the caller was cancelled: it ends too
             o = new FunctionPool.Outcome(null, "the caller was cancelled", true, null, Usage.NONE, 0);
+        } catch (RuntimeException e) { // the pool's own failure: the caller's typed error, not an escape
+            o = new FunctionPool.Outcome(null, "runtime error: " + e, false, null, Usage.NONE, 0);
         }
         String status = o.error() != null ? (o.timedOut() ? "timeout" : "error")
                 : o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray()) ? "bad_result" : "ok";

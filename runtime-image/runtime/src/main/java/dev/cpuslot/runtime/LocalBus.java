@@ -140,13 +140,14 @@ final class LocalBus {
             String id = UUID.randomUUID().toString().replace("-", "");
             if (!async) {
                 Hop hop = new Hop(name, h.owner(), id, depth, deadline, from.trace);
-                FunctionPool.Outcome o = host.run(h, args, hop, mode);
+                // copies both ways: no JSON object is shared between two functions
+                FunctionPool.Outcome o = host.run(h, args.deepCopy(), hop, mode);
                 if (o.error() != null)
                     throw new ChainException(o.timedOut() ? Kind.TIMEOUT : Kind.FAILED, name, o.error());
                 JsonElement r = o.result();
                 if (r == null || !(r.isJsonObject() || r.isJsonArray()))
                     throw new ChainException(Kind.FAILED, name, "the callee did not return a dictionary");
-                return r;
+                return r.deepCopy();
             }
             if (from.asyncCalls.incrementAndGet() > maxAsync)
                 throw new ChainException(Kind.FAN_OUT, name, "more than " + maxAsync + " asynchronous calls from one activation (CPUSLOT_CHAIN_MAX_ASYNC)");
