@@ -686,6 +686,51 @@ class RuntimeWithAgentIT {
         }
     }
 
+    /**
+     * Hop latency with slots (docs/chaining.md, reported, not asserted): ChainBench calls hello
+     * (200m) through the local bus and through the runtime's own HTTP path, rounds alternating;
+     * every hop takes its slot by local leasing.
+     */
+    @Test
+    @Order(13)
+    void chainHopLatencyLocalAgainstHttpWithSlots() throws Exception {
+        String cgroup = parent + "/rt-chainbench";
+        cg.create(cgroup);
+        int rounds = Integer.getInteger("chain.bench.rounds", 6), calls = Integer.getInteger("chain.bench.calls", 200);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-chainbench.log"))) {
+            lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            lr.register("bench", "dev.cpuslot.samples.ChainBench", samplesJar, "500m");
+            List<Long> local = new ArrayList<>(), http = new ArrayList<>();
+            for (int r = -1; r < rounds; r++) { // round -1 warms up
+                for (String mode : r % 2 == 0 ? new String[]{"local", "http"} : new String[]{"http", "local"}) {
+                    RuntimeProc.Reply rep = lr.invoke("bench", "{\"mode\":\"" + mode + "\",\"callee\":\"hello\",\"n\":" + calls
+                            + ",\"port\":" + lr.port + "}");
+                    assertEquals(200, rep.status(), rep.body());
+                    if (r < 0) continue;
+                    for (var e : rep.json().getAsJsonObject("result").getAsJsonArray("ns")) (mode.equals("local") ? local : http).add(e.getAsLong());
+                }
+            }
+            Map<String, Double> m = lr.metrics();
+            double hops = Prom.sum(m, "cpuslot_chain_calls_total", "function=\"hello\"", "status=\"ok\"");
+            assertEquals((rounds + 1) * calls, hops, lr.metricsText());
+            report.add("local chain hop latency with slots (hello at 200m; call to return, timed in the caller; "
+                    + rounds + " rounds x " + calls + " calls, alternating):");
+            report.add("| path | calls | p50 | p99 |");
+            report.add("|---|---|---|---|");
+            report.add(String.format(Locale.ROOT, "| local (Chain.call) | %d | %.1f us | %.1f us |", local.size(), pct(local, 50) / 1e3, pct(local, 99) / 1e3));
+            report.add(String.format(Locale.ROOT, "| runtime HTTP (POST /) | %d | %.1f us | %.1f us |", http.size(), pct(http, 50) / 1e3, pct(http, 99) / 1e3));
+            report.add(String.format(Locale.ROOT, "ratio HTTP / local: p50 %.1fx, p99 %.1fx; hello's slot outcomes: %s", pct(http, 50) / (double) pct(local, 50),
+                    pct(http, 99) / (double) pct(local, 99), lr.metricsText().lines().filter(l -> l.startsWith("cpuslot_slot_outcomes_total")).toList()));
+        }
+    }
+
+    static long pct(List<Long> v, int p) {
+        List<Long> s = new ArrayList<>(v);
+        java.util.Collections.sort(s);
+        return s.get(Math.min(s.size() - 1, (int) Math.ceil(p / 100.0 * s.size()) - 1));
+    }
+
     private static long ticks(long pid, long tid) throws IOException {
         String stat = Files.readString(Path.of("/proc/" + pid + "/task/" + tid + "/stat"));
         String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
