@@ -45,7 +45,10 @@ final class ActionContainer implements AutoCloseable {
     private static final Pattern LISTENING = Pattern.compile("listening on :(\\d+)");
 
     /** A reply: status and the body as a JSON object (null when it is not one). */
-    record Reply(int code, JsonObject body, JsonElement raw) {}
+    record Reply(int code, JsonObject body, JsonElement raw, java.net.http.HttpHeaders headers) {
+        /** A response header, or null. */
+        String header(String name) { return headers == null ? null : headers.firstValue(name).orElse(null); }
+    }
 
     final Path dir, stdout, stderr, runtimeLog;
     private final Process proc;
@@ -174,10 +177,13 @@ final class ActionContainer implements AutoCloseable {
             if (j.isJsonObject()) o = j.getAsJsonObject();
         } catch (RuntimeException ignored) {
         }
-        return new Reply(r.statusCode(), o, j);
+        return new Reply(r.statusCode(), o, j, r.headers());
     }
 
     boolean alive() { return proc.isAlive(); }
+
+    /** The runtime's HTTP port (for a function that calls the runtime's own HTTP path). */
+    int port() { return port; }
 
     long pid() { return proc.pid(); }
 

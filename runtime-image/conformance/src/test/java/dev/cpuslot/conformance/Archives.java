@@ -32,7 +32,7 @@ final class Archives {
     }
 
     private static String compile(Map<String, String> sources, Path src, Path classes) throws Exception {
-        List<String> args = new ArrayList<>(List.of("-d", classes.toString(), "-classpath", gsonJar(), "-encoding", "UTF-8", "-nowarn"));
+        List<String> args = new ArrayList<>(List.of("-d", classes.toString(), "-classpath", classpath(), "-encoding", "UTF-8", "-nowarn"));
         for (Map.Entry<String, String> e : sources.entrySet()) {
             Path p = src.resolve(e.getKey());
             Files.createDirectories(p.getParent());
@@ -74,6 +74,12 @@ final class Archives {
             }
         }
         return Base64.getEncoder().encodeToString(bos.toByteArray());
+    }
+
+    /** Gson, and the runtime jar when the build names it (the function API {@code dev.cpuslot.chain}). */
+    private static String classpath() {
+        String rt = System.getProperty("cpuslot.runtime.jar");
+        return rt == null ? gsonJar() : gsonJar() + File.pathSeparator + rt;
     }
 
     private static String gsonJar() {

@@ -105,6 +105,15 @@ final class RuntimeProc implements AutoCloseable {
         if (r.statusCode() != 200) throw new IllegalStateException("register " + name + ": " + r.statusCode() + " " + r.body());
     }
 
+    /** Hydra /register of a JavaScript or Python function from a file, with an init-time quota (or none). */
+    void registerText(String name, String language, Path file, String quota) throws Exception {
+        String q = "name=" + enc(name) + "&language=" + enc(language) + "&entryPoint=main&url=" + enc(file.toUri().toString())
+                + (quota == null ? "" : "&quota=" + enc(quota));
+        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(base() + "/register?" + q))
+                .POST(HttpRequest.BodyPublishers.noBody()).timeout(Duration.ofSeconds(120)).build(), HttpResponse.BodyHandlers.ofString());
+        if (r.statusCode() != 200) throw new IllegalStateException("register " + name + ": " + r.statusCode() + " " + r.body());
+    }
+
     /** POST of a JSON body to a path (OpenWhisk /init, /run). */
     Reply post(String path, String json) throws IOException, InterruptedException {
         HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(base() + path))

@@ -641,6 +641,96 @@ class RuntimeWithAgentIT {
     }
 
     /** utime + stime of a thread, in clock ticks (USER_HZ 100). */
+    /**
+     * Local chaining (docs/chaining.md) with local leasing: a JavaScript caller at 500m calls a
+     * CPU-bound Java function at 250m synchronously; the hop runs in a slot of its own quota
+     * while its caller waits, and the answer reports each hop's CPU and the chain's.
+     */
+    @Test
+    @Order(12)
+    void aChainHopRunsInItsOwnSlotAtItsOwnQuota() throws Exception {
+        String cgroup = parent + "/rt-chain";
+        cg.create(cgroup);
+        long ms = Math.min(BURN_MS, 4000);
+        Path js = work.resolve("chain-caller.js");
+        Files.writeString(js, """
+                function main(a) {
+                  var t0 = Date.now();
+                  var hop = cpuslot.call('burn250', { ms: a.ms });
+                  return { hop: hop, wall_ms: Date.now() - t0 };
+                }
+                """);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-chain.log"))) {
+            lr.register("burn250", "dev.cpuslot.samples.CpuBurn", samplesJar, "250m");
+            lr.registerText("caller", "javascript", js, "500m");
+            assertEquals(200, lr.invoke("caller", "{\"ms\":50}").status()); // warm: the caller's context, both slots held
+            RuntimeProc.Reply r = lr.invoke("caller", "{\"ms\":" + ms + "}");
+            assertEquals(200, r.status(), r.body());
+            assertEquals("1", r.header("X-Cpuslot-Chain-Hops"), r.headers().toString());
+            assertEquals("true", r.header("X-Cpuslot-Local"), "the caller ran in a held slot: " + r.headers());
+            String hop = r.header("X-Cpuslot-Chain");
+            assertTrue(hop != null && hop.startsWith("burn250="), r.headers().toString());
+            long hopCpu = Long.parseLong(hop.substring("burn250=".length()));
+            long callerCpu = r.headerLong("X-Cpuslot-Cpu-Ns");
+            assertEquals(hopCpu + callerCpu, r.headerLong("X-Cpuslot-Chain-Cpu-Ns"), r.headers().toString());
+            double hopWallNs = r.json().getAsJsonObject("result").getAsJsonObject("hop").get("wall_ms").getAsDouble() * 1e6;
+            double share = hopCpu / hopWallNs;
+            report.add(String.format(Locale.ROOT, "local chain: a 250m CPU-bound hop called by a 500m JavaScript caller: hop share %.3f"
+                    + " (%.2f s CPU over %.2f s), caller %.3f s CPU while it waited", share, hopCpu / 1e9, hopWallNs / 1e9, callerCpu / 1e9));
+            assertTrue(Math.abs(share - 0.25) <= TOLERANCE, "the hop's share " + share + " is not 0.25 +/- " + TOLERANCE);
+            assertTrue(callerCpu < hopCpu / 4, "the waiting caller used " + callerCpu + " ns, the hop " + hopCpu);
+            Map<String, Double> m = lr.metrics();
+            assertEquals(2, Prom.sum(m, "cpuslot_chain_calls_total", "function=\"burn250\"", "status=\"ok\""), lr.metricsText());
+            assertTrue(Prom.sum(m, "cpuslot_slot_cpu_seconds_total", "function=\"burn250\"") > 0, lr.metricsText());
+        }
+    }
+
+    /**
+     * Hop latency with slots (docs/chaining.md, reported, not asserted): ChainBench calls hello
+     * (200m) through the local bus and through the runtime's own HTTP path, rounds alternating;
+     * every hop takes its slot by local leasing.
+     */
+    @Test
+    @Order(13)
+    void chainHopLatencyLocalAgainstHttpWithSlots() throws Exception {
+        String cgroup = parent + "/rt-chainbench";
+        cg.create(cgroup);
+        int rounds = Integer.getInteger("chain.bench.rounds", 6), calls = Integer.getInteger("chain.bench.calls", 200);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-chainbench.log"))) {
+            lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            lr.register("bench", "dev.cpuslot.samples.ChainBench", samplesJar, "500m");
+            List<Long> local = new ArrayList<>(), http = new ArrayList<>();
+            for (int r = -1; r < rounds; r++) { // round -1 warms up
+                for (String mode : r % 2 == 0 ? new String[]{"local", "http"} : new String[]{"http", "local"}) {
+                    RuntimeProc.Reply rep = lr.invoke("bench", "{\"mode\":\"" + mode + "\",\"callee\":\"hello\",\"n\":" + calls
+                            + ",\"port\":" + lr.port + "}");
+                    assertEquals(200, rep.status(), rep.body());
+                    if (r < 0) continue;
+                    for (var e : rep.json().getAsJsonObject("result").getAsJsonArray("ns")) (mode.equals("local") ? local : http).add(e.getAsLong());
+                }
+            }
+            Map<String, Double> m = lr.metrics();
+            double hops = Prom.sum(m, "cpuslot_chain_calls_total", "function=\"hello\"", "status=\"ok\"");
+            assertEquals((rounds + 1) * calls, hops, lr.metricsText());
+            report.add("local chain hop latency with slots (hello at 200m; call to return, timed in the caller; "
+                    + rounds + " rounds x " + calls + " calls, alternating):");
+            report.add("| path | calls | p50 | p99 |");
+            report.add("|---|---|---|---|");
+            report.add(String.format(Locale.ROOT, "| local (Chain.call) | %d | %.1f us | %.1f us |", local.size(), pct(local, 50) / 1e3, pct(local, 99) / 1e3));
+            report.add(String.format(Locale.ROOT, "| runtime HTTP (POST /) | %d | %.1f us | %.1f us |", http.size(), pct(http, 50) / 1e3, pct(http, 99) / 1e3));
+            report.add(String.format(Locale.ROOT, "ratio HTTP / local: p50 %.1fx, p99 %.1fx; hello's slot outcomes: %s", pct(http, 50) / (double) pct(local, 50),
+                    pct(http, 99) / (double) pct(local, 99), lr.metricsText().lines().filter(l -> l.startsWith("cpuslot_slot_outcomes_total")).toList()));
+        }
+    }
+
+    static long pct(List<Long> v, int p) {
+        List<Long> s = new ArrayList<>(v);
+        java.util.Collections.sort(s);
+        return s.get(Math.min(s.size() - 1, (int) Math.ceil(p / 100.0 * s.size()) - 1));
+    }
+
     private static long ticks(long pid, long tid) throws IOException {
         String stat = Files.readString(Path.of("/proc/" + pid + "/task/" + tid + "/stat"));
         String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");

@@ -38,7 +38,10 @@ public record Config(
         long localIdleMs,             // a held slot unused this long goes back to the agent
         boolean javaTrusted,          // CPUSLOT_JAVA_TRUSTED: the Java guard refuses nothing (trusted code only)
         int javaMaxThreads,           // CPUSLOT_JAVA_MAX_THREADS: most live threads one Java function may have made (0: no limit)
-        String owner) {               // CPUSLOT_OWNER: the one owner served (null: the first one seen; "*": any)
+        String owner,                 // CPUSLOT_OWNER: the one owner served (null: the first one seen; "*": any)
+        int chainMaxDepth,            // CPUSLOT_CHAIN_MAX_DEPTH: most nested chain calls below a platform's activation
+        int chainMaxAsync,            // CPUSLOT_CHAIN_MAX_ASYNC: most asynchronous chain calls per activation
+        int chainMaxPending) {        // CPUSLOT_CHAIN_MAX_PENDING: most asynchronous chain calls pending in the runtime
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -84,7 +87,10 @@ public record Config(
                 Math.max(0, durationMs(env, "CPUSLOT_LOCAL_IDLE", 30_000)),
                 bool(env, "CPUSLOT_JAVA_TRUSTED", false),
                 nonNegative(env, "CPUSLOT_JAVA_MAX_THREADS", 64),
-                blankToNull(env.get("CPUSLOT_OWNER")));
+                blankToNull(env.get("CPUSLOT_OWNER")),
+                nonNegative(env, "CPUSLOT_CHAIN_MAX_DEPTH", 16),
+                nonNegative(env, "CPUSLOT_CHAIN_MAX_ASYNC", 16),
+                nonNegative(env, "CPUSLOT_CHAIN_MAX_PENDING", 256));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

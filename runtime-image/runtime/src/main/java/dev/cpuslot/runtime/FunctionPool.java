@@ -33,8 +33,13 @@ public final class FunctionPool implements AutoCloseable {
     public record Outcome(JsonElement result, String error, boolean timedOut, SlotLease lease, Usage usage,
                           long runNanos) {}
 
-    /** One invocation handed to a worker. */
-    public record Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId) {}
+    /** One invocation handed to a worker; {@code hop}: its place in a chain (null: no chain calls). */
+    public record Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
+                       LocalBus.Hop hop) {
+        public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId) {
+            this(args, env, quotaMilli, action, activationId, null);
+        }
+    }
 
     private final Function fn;
     private final int max;
@@ -153,8 +158,10 @@ public final class FunctionPool implements AutoCloseable {
         Worker() {
             live.incrementAndGet();
             created.incrementAndGet();
+            // a worker is the runtime's: made on a chain caller's thread, it must not inherit
+            // (nor count against) that Java function's activation
             thread = Thread.ofPlatform().daemon().name("fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet())
-                    .start(this::loop);
+                    .inheritInheritableThreadLocals(false).start(this::loop);
         }
 
         void hand(Job j) {
@@ -252,6 +259,7 @@ public final class FunctionPool implements AutoCloseable {
                 }
                 long t0 = System.nanoTime();
                 if (error == null && !j.claimed.get()) {
+                    if (t.hop() != null) LocalBus.enter(t.hop());
                     try {
                         result = sandbox.invoke(t.args(), t.env());
                     } catch (Function.FunctionError e) {
@@ -261,6 +269,8 @@ public final class FunctionPool implements AutoCloseable {
                             e.getCause().printStackTrace(System.err);
                     } catch (Exception e) {
                         error = e.toString();
+                    } finally {
+                        if (t.hop() != null) LocalBus.exit();
                     }
                 }
                 long ran = System.nanoTime() - t0;

@@ -49,7 +49,9 @@ public final class FunctionRuntime implements AutoCloseable {
     private final Quota quota;
     private final SlotClient slots;
     private final PrintStream out, err;
-    private final Map<String, FunctionPool> hydra = new ConcurrentHashMap<>();
+    /** Hydra's registered functions: the co-located set local chain calls reach. */
+    private final Map<String, LocalBus.Hosted> hydra = new ConcurrentHashMap<>();
+    private final LocalBus bus;
     private volatile FunctionPool owPool;
     /** The init that made owPool (its value object), to recognise a repeated Knative init. */
     private volatile JsonObject owInitValue;
@@ -80,6 +82,12 @@ public final class FunctionRuntime implements AutoCloseable {
         }
         this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
         owner.set(cfg.owner());
+        this.bus = new LocalBus(new LocalBus.Host() {
+            @Override public LocalBus.Hosted find(String function) { return hydra.get(function); }
+            @Override public FunctionPool.Outcome run(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
+                return runHop(callee, args, hop, mode);
+            }
+        }, metrics, cfg.chainMaxDepth(), cfg.chainMaxAsync(), cfg.chainMaxPending());
         describeMetrics();
         inFlight = metrics.gauge("cpuslot_invocations_in_flight", "");
         metrics.gaugeFunction("cpuslot_sandboxes", () -> {
@@ -120,12 +128,13 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_repeated_inits_total", "counter", "Knative requests that bundled the same init again (ignored; the activation ran).");
         metrics.describe("cpuslot_deadline_past_total", "counter", "Activations whose __OW_DEADLINE had already passed on arrival: run with the default timeout.");
         metrics.describe("cpuslot_deadline_unparsed_total", "counter", "Activations whose __OW_DEADLINE was not epoch milliseconds: run with the default timeout.");
+        metrics.describe("cpuslot_chain_calls_total", "counter", "Local chain calls by callee, mode (sync, async) and status (ok, error, timeout, bad_result, or the refusal: not_local, other_owner, depth, fan_out...).");
     }
 
     private void forEachPool(java.util.function.BiConsumer<String, FunctionPool> f) {
         FunctionPool p = owPool;
         if (p != null) f.accept(p.function().name(), p);
-        hydra.forEach(f);
+        hydra.forEach((name, h) -> f.accept(name, h.pool()));
     }
 
     public Metrics metrics() { return metrics; }
@@ -354,8 +363,18 @@ public final class FunctionRuntime implements AutoCloseable {
             Function f = language.equals("java")
                     ? create(name, "java", code, null, entry == null ? "main" : entry, env)
                     : create(name, language, null, new String(code, StandardCharsets.UTF_8), entry, env);
-            FunctionPool old = hydra.put(name, pool(f));
-            if (old != null) old.close();
+            long timeoutMs = 0;
+            if (q.containsKey("timeout")) {
+                try {
+                    timeoutMs = Long.parseLong(q.get("timeout").trim());
+                } catch (NumberFormatException e) {
+                    timeoutMs = -1;
+                }
+                if (timeoutMs <= 0) throw new IllegalArgumentException("timeout is not a number of milliseconds above 0: " + q.get("timeout"));
+            }
+            String who = q.get("owner") == null ? "" : q.get("owner").trim();
+            LocalBus.Hosted old = hydra.put(name, new LocalBus.Hosted(pool(f), who, timeoutMs));
+            if (old != null) old.pool().close();
             Log.info("registered " + language + " function " + name);
             warmSlots("/register");
             JsonObject o = new JsonObject();
@@ -378,9 +397,9 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     public Reply hydraDeregister(String name) {
-        FunctionPool p = name == null ? null : hydra.remove(name);
-        if (p == null) return Reply.error(404, "no function named " + name);
-        p.close();
+        LocalBus.Hosted h = name == null ? null : hydra.remove(name);
+        if (h == null) return Reply.error(404, "no function named " + name);
+        h.pool().close();
         JsonObject o = new JsonObject();
         o.addProperty("deregistered", name);
         return Reply.ok(o);
@@ -389,7 +408,8 @@ public final class FunctionRuntime implements AutoCloseable {
     /** Hydra invoke: {@code {"name", "arguments": "<JSON string>"}} -> {@code {"result", "process time (us)"}}. */
     public Reply hydraInvoke(JsonObject body, String quotaHeader, boolean report) {
         String name = body.get("name").isJsonPrimitive() ? body.get("name").getAsString() : null;
-        FunctionPool p = name == null ? null : hydra.get(name);
+        LocalBus.Hosted h = name == null ? null : hydra.get(name);
+        FunctionPool p = h == null ? null : h.pool();
         if (p == null) {
             metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "unknown_function"));
             return Reply.error(404, "no function named " + name);
@@ -407,7 +427,7 @@ public final class FunctionRuntime implements AutoCloseable {
         if (args == null || args.isJsonNull()) args = new JsonObject();
         JsonObject activation = new JsonObject();
         activation.addProperty("action_name", name);
-        return run(p, activation, args, quotaHeader, "hydra", false, report || cfg.reportInBody());
+        return run(p, activation, args, quotaHeader, "hydra", false, report || cfg.reportInBody(), h);
     }
 
     // ---- tenancy ------------------------------------------------------------------------------
@@ -436,6 +456,12 @@ public final class FunctionRuntime implements AutoCloseable {
 
     private Reply run(FunctionPool p, JsonObject activation, JsonElement value, String quotaHeader, String platform,
                       boolean sentinels, boolean reportInBody) {
+        return run(p, activation, value, quotaHeader, platform, sentinels, reportInBody, null);
+    }
+
+    /** @param hosted a Hydra function (its owner and time limit), else null */
+    private Reply run(FunctionPool p, JsonObject activation, JsonElement value, String quotaHeader, String platform,
+                      boolean sentinels, boolean reportInBody, LocalBus.Hosted hosted) {
         long t0 = System.nanoTime();
         Function fn = p.function();
         JsonElement ns = activation.get("namespace");
@@ -452,7 +478,7 @@ public final class FunctionRuntime implements AutoCloseable {
         String activationId = env.getOrDefault("__OW_ACTIVATION_ID", UUID.randomUUID().toString().replace("-", ""));
         String action = env.getOrDefault("__OW_ACTION_NAME", fn.name());
 
-        long timeoutNs = TimeUnit.MILLISECONDS.toNanos(cfg.defaultTimeoutMs());
+        long timeoutNs = TimeUnit.MILLISECONDS.toNanos(hosted != null && hosted.timeoutMs() > 0 ? hosted.timeoutMs() : cfg.defaultTimeoutMs());
         String dl = env.get("__OW_DEADLINE");
         if (dl != null && !dl.isBlank() && cfg.enforceDeadline()) {
             // The invoker enforces the action's time limit; the runtime cancels at the deadline
@@ -482,8 +508,12 @@ public final class FunctionRuntime implements AutoCloseable {
 
         inFlight.incrementAndGet();
         FunctionPool.Outcome o;
+        long deadline = System.nanoTime() + timeoutNs;
+        // the chain's first hop: the owner is the Hydra function's, else the activation's namespace
+        String hopOwner = hosted != null ? hosted.owner() : ns != null && ns.isJsonPrimitive() ? ns.getAsString().trim() : "";
+        LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline);
         try {
-            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId), System.nanoTime() + timeoutNs);
+            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop), deadline);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
             return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error");
@@ -533,6 +563,14 @@ public final class FunctionRuntime implements AutoCloseable {
             metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), u.cpuNanos() / 1e9);
             metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), u.throttledNanos() / 1e9);
         }
+        int hops = hop.trace.count();
+        if (hops > 0) {
+            // the synchronous hops below this activation: each hop's CPU, and the chain's (this one's included)
+            headers.put("X-Cpuslot-Chain-Hops", Integer.toString(hops));
+            headers.put("X-Cpuslot-Chain", hop.trace.listed());
+            if (hop.trace.measured() || (u != null && u.measured()))
+                headers.put("X-Cpuslot-Chain-Cpu-Ns", Long.toString(hop.trace.cpuNanos() + (u != null && u.measured() ? u.cpuNanos() : 0)));
+        }
         String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
         metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", slotOutcome));
         // the activation's log line: what the slot gave and what it used
@@ -543,8 +581,74 @@ public final class FunctionRuntime implements AutoCloseable {
                 + (l != null && !l.active() ? " noslot=" + l.reason() : "")
                 + (u != null && u.measured() ? " cpu_ms=" + ms(u.cpuNanos()) + " throttled_ms=" + ms(u.throttledNanos())
                 + " periods=" + u.periods() + " throttled_periods=" + u.throttledPeriods() : "")
+                + (hops > 0 ? " chain_hops=" + hops : "")
+                + (hops > 0 && headers.containsKey("X-Cpuslot-Chain-Cpu-Ns") ? " chain_cpu_ms=" + ms(Long.parseLong(headers.get("X-Cpuslot-Chain-Cpu-Ns"))) : "")
                 + " duration_ms=" + ms(System.nanoTime() - t0));
         return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers), sentinels, status);
+    }
+
+    /**
+     * One hop of a local chain (called by the bus on the caller's thread, or on a virtual thread
+     * for an asynchronous call): the callee's own quota, pool, slot, metrics and log line, as
+     * an invocation from the platform gets, with the deadline the bus gave it.
+     */
+    private FunctionPool.Outcome runHop(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
+        long t0 = System.nanoTime();
+        FunctionPool p = callee.pool();
+        Function fn = p.function();
+        Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
+        env.put("__OW_ACTION_NAME", hop.function);
+        env.put("__OW_ACTIVATION_ID", hop.activationId);
+        env.put("__OW_DEADLINE", Long.toString(System.currentTimeMillis() + TimeUnit.NANOSECONDS.toMillis(hop.deadlineNanos - t0)));
+        if (!hop.owner.isEmpty()) env.put("__OW_NAMESPACE", hop.owner);
+        if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
+        FunctionPool.Outcome o;
+        Quota.Resolved q = null;
+        try {
+            q = quota.resolve(args, null, env, fn.initEnv().get(Config.INIT_QUOTA_ENV));
+            if (q.source().equals("invocation") && args.isJsonObject()) {
+                args = args.deepCopy();
+                args.getAsJsonObject().remove(Config.QUOTA_PARAM);
+            }
+            inFlight.incrementAndGet();
+            try {
+                o = p.invoke(new FunctionPool.Task(args, env, q.milli(), hop.function, hop.activationId, hop), hop.deadlineNanos);
+            } finally {
+                inFlight.decrementAndGet();
+            }
+        } catch (Quota.InvalidQuotaException e) {
+            o = new FunctionPool.Outcome(null, e.getMessage(), false, null, Usage.NONE, 0);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt(); // the caller was cancelled: it ends too
+            o = new FunctionPool.Outcome(null, "the caller was cancelled", true, null, Usage.NONE, 0);
+        } catch (RuntimeException e) { // the pool's own failure: the caller's typed error, not an escape
+            o = new FunctionPool.Outcome(null, "runtime error: " + e, false, null, Usage.NONE, 0);
+        }
+        String status = o.error() != null ? (o.timedOut() ? "timeout" : "error")
+                : o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray()) ? "bad_result" : "ok";
+        Usage u = o.usage();
+        boolean measured = u != null && u.measured();
+        if (measured) {
+            metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), u.cpuNanos() / 1e9);
+            metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), u.throttledNanos() / 1e9);
+        }
+        if (mode.equals("sync")) hop.trace.add(hop.function, measured ? u.cpuNanos() : 0, measured);
+        SlotLease l = o.lease();
+        if (q != null) {
+            String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
+            metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", slotOutcome));
+        }
+        metrics.inc("cpuslot_chain_calls_total", Metrics.labels("function", fn.name(), "mode", mode, "status", status));
+        metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", "chain", "function", fn.name(), "status", status));
+        metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name())).observe((System.nanoTime() - t0) / 1e9);
+        Log.activation("cpuslot: activation=" + hop.activationId + " action=" + hop.function + " status=" + status
+                + " chain=" + mode + " depth=" + hop.depth
+                + (q != null ? " quota=" + q.milli() + "m source=" + q.source() : "")
+                + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + (l.local() ? " local" : "") : "none")
+                + (measured ? " cpu_ms=" + ms(u.cpuNanos()) + " throttled_ms=" + ms(u.throttledNanos()) : "")
+                + (o.error() != null ? " error=" + o.error().replace('\n', ' ') : "")
+                + " duration_ms=" + ms(System.nanoTime() - t0));
+        return o;
     }
 
     /** Nanoseconds as milliseconds with three decimals (what %.3f printed, without the formatter's cost per invocation). */
@@ -618,7 +722,7 @@ public final class FunctionRuntime implements AutoCloseable {
     public void close() {
         FunctionPool p = owPool;
         if (p != null) p.close();
-        hydra.values().forEach(FunctionPool::close);
+        hydra.values().forEach(h -> h.pool().close());
         if (slots != null) slots.close();
     }
 }

@@ -340,9 +340,9 @@ public final class JavaFunction implements Function {
         void close() { entries = null; }
     }
 
-    /** Parent of every function class loader: the JDK, Gson and the action guard from the runtime, nothing else. */
+    /** Parent of every function class loader: the JDK, Gson, the action guard and the chain API from the runtime, nothing else. */
     static final class SharedParent extends ClassLoader {
-        private static final List<String> SHARED = List.of("com.google.gson.", "dev.cpuslot.runtime.guard.");
+        private static final List<String> SHARED = List.of("com.google.gson.", "dev.cpuslot.runtime.guard.", "dev.cpuslot.chain.");
         private final ClassLoader runtime;
 
         SharedParent(ClassLoader runtime) {
@@ -358,7 +358,7 @@ public final class JavaFunction implements Function {
 
         @Override
         public URL getResource(String name) {
-            if (name.startsWith("com/google/gson/") || name.startsWith("dev/cpuslot/runtime/guard/")) return runtime.getResource(name);
+            if (name.startsWith("com/google/gson/") || name.startsWith("dev/cpuslot/runtime/guard/") || name.startsWith("dev/cpuslot/chain/")) return runtime.getResource(name);
             return super.getResource(name);
         }
     }

@@ -40,8 +40,23 @@ import java.util.zip.ZipInputStream;
 public final class PolyglotFunction implements Function {
     /** Defines the Node-like globals before the action's code runs. */
     private static final String JS_PRELUDE = """
-            (function(initEnv) {
+            (function(initEnv, bus) {
               globalThis.global = globalThis;
+              function chain(mode, name, args) {
+                var r = JSON.parse(bus(mode, String(name), JSON.stringify(args === undefined || args === null ? {} : args)));
+                if (r.error !== undefined) {
+                  var e = new Error(r.error);
+                  e.name = 'ChainError';
+                  e.kind = r.kind;
+                  e.callee = String(name);
+                  throw e;
+                }
+                return r.result;
+              }
+              globalThis.cpuslot = Object.freeze({
+                call: function(name, args) { return chain('sync', name, args); },
+                callAsync: function(name, args) { chain('async', name, args); }
+              });
               globalThis.process = { env: JSON.parse(initEnv), argv: [], platform: 'linux', version: 'graaljs',
                                      cwd: function() { return '/'; }, exit: function() { throw new Error('process.exit is not allowed'); } };
               globalThis.module = { exports: {} };
@@ -141,6 +156,27 @@ public final class PolyglotFunction implements Function {
                 __cpuslot_sys.meta_path.insert(0, Finder())
             if __cpuslot_zip_srcs:
                 __cpuslot_zip(__cpuslot_json.loads(__cpuslot_zip_srcs))
+            def __cpuslot_chain(bus, json):
+                class ChainError(Exception):
+                    def __init__(self, message, kind, callee):
+                        Exception.__init__(self, message)
+                        self.kind = kind
+                        self.callee = callee
+                def go(mode, name, args):
+                    r = json.loads(str(bus(mode, str(name), json.dumps({} if args is None else args))))
+                    if 'error' in r:
+                        raise ChainError(r['error'], r['kind'], str(name))
+                    return r.get('result')
+                class Chain:
+                    pass
+                c = Chain()
+                c.ChainError = ChainError
+                c.call = lambda name, args=None: go('sync', name, args)
+                c.call_async = lambda name, args=None: go('async', name, args) and None
+                c.callAsync = c.call_async
+                return c
+            import builtins as __cpuslot_builtins
+            __cpuslot_builtins.cpuslot = __cpuslot_chain(__cpuslot_bus, __cpuslot_json)
             """;
 
     private static final String PY_WRAPPER = """
@@ -152,6 +188,12 @@ public final class PolyglotFunction implements Function {
                 r = __f(__cpuslot_json.loads(a))
                 return 'null' if r is None else __cpuslot_json.dumps(r)
             """;
+
+    /** Local chaining for guests (cpuslot.call / callAsync): JSON strings both ways, the running activation's hop from the thread. */
+    private static final org.graalvm.polyglot.proxy.ProxyExecutable CHAIN_BUS = a -> LocalBus.polyglot(
+            a.length > 0 && a[0].isString() ? a[0].asString() : "sync",
+            a.length > 1 && a[1].isString() ? a[1].asString() : null,
+            a.length > 2 && a[2].isString() ? a[2].asString() : "{}");
 
     private static final Map<String, Engine> ENGINES = new ConcurrentHashMap<>();
     private static final Gson GSON = new Gson();
@@ -371,7 +413,7 @@ public final class PolyglotFunction implements Function {
         Value call, poll = null, loop = null;
         try {
             if (polyglotId.equals("js")) {
-                loop = ctx.eval("js", JS_PRELUDE).execute(initEnvJson);
+                loop = ctx.eval("js", JS_PRELUDE).execute(initEnvJson, CHAIN_BUS);
                 ctx.eval(source);
                 Value w = ctx.eval("js", JS_WRAPPER).execute(entry, loop);
                 if (w.isNull()) throw new IllegalArgumentException("no function " + entry + " in the JavaScript code");
@@ -381,6 +423,7 @@ public final class PolyglotFunction implements Function {
                 Value bindings = ctx.getBindings("python");
                 bindings.putMember("__cpuslot_init_env", initEnvJson);
                 bindings.putMember("__cpuslot_zip_srcs", zipSources == null ? "" : zipSources);
+                bindings.putMember("__cpuslot_bus", CHAIN_BUS);
                 ctx.eval("python", PY_PRELUDE);
                 ctx.eval(source);
                 Value fn = bindings.getMember(entry);

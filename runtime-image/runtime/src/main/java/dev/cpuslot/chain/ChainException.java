@@ -1,0 +1,34 @@
+package dev.cpuslot.chain;
+
+/** A chain call that did not give a result; {@link #kind()} says why. Unchecked: uncaught, it fails the caller. */
+public final class ChainException extends RuntimeException {
+    public enum Kind {
+        /** No function of that name in this runtime (calls beyond the runtime are not implemented yet). */
+        NOT_LOCAL,
+        /** The callee belongs to another owner. */
+        OTHER_OWNER,
+        /** The chain is as deep as the runtime allows (CPUSLOT_CHAIN_MAX_DEPTH). */
+        DEPTH,
+        /** Too many asynchronous calls from this activation (CPUSLOT_CHAIN_MAX_ASYNC), or in the runtime (CPUSLOT_CHAIN_MAX_PENDING). */
+        FAN_OUT,
+        /** The callee failed: threw, returned no object, or could not start. */
+        FAILED,
+        /** The callee did not finish before its own time limit or its caller's deadline. */
+        TIMEOUT,
+        /** No chain on this thread (not an activation's thread), or bad arguments. */
+        NO_CONTEXT
+    }
+
+    private final Kind kind;
+    private final String callee;
+
+    public ChainException(Kind kind, String callee, String detail) {
+        super("chain call to '" + callee + "' " + kind + ": " + detail);
+        this.kind = kind;
+        this.callee = callee;
+    }
+
+    public Kind kind() { return kind; }
+
+    public String callee() { return callee; }
+}
