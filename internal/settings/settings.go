@@ -155,8 +155,14 @@ type Key struct {
 	Min, Max float64
 	// Optional means the empty string is a value (see Doc).
 	Optional bool
-	Doc      string
-	set      func(*Pool, string) error
+	// EmptyMeans is what an Optional key's empty value stands for, when
+	// it is a default rather than nothing (docs/settings.md).
+	EmptyMeans string
+	// Doc is the flag's help.
+	Doc string
+	// Meaning is the docs' longer Markdown text, when Doc is not enough.
+	Meaning string
+	set     func(*Pool, string) error
 }
 
 const noMax = 0
@@ -164,7 +170,8 @@ const noMax = 0
 // Keys is every setting, in the order of the file.
 var Keys = []Key{
 	{Name: "pool.prewarm", Flag: "prewarm", Annotation: "prewarm", Kind: KindPrewarm, Optional: true,
-		Doc: `slots kept ready per quota, e.g. 250m=8,500m=4,1=2 ("" = none)`,
+		Doc:     `slots kept ready per quota, e.g. 250m=8,500m=4,1=2 ("" = none)`,
+		Meaning: "slots kept ready per quota",
 		set: func(p *Pool, v string) error {
 			m, err := ParsePrewarm(v)
 			if err == nil {
@@ -173,13 +180,16 @@ var Keys = []Key{
 			return err
 		}},
 	{Name: "pool.mode", Flag: "mode", Annotation: "mode", Kind: KindChoice, Choices: Modes,
-		Doc: "pool mode: affinity, cache-lazy, cache-eager or uncached",
-		set: func(p *Pool, v string) error { p.Mode = v; return nil }},
+		Doc:     "pool mode: affinity, cache-lazy, cache-eager or uncached",
+		Meaning: "how the pool finds and places slots ([`architecture.md`](architecture.md#pool-modes))",
+		set:     func(p *Pool, v string) error { p.Mode = v; return nil }},
 	{Name: "pool.limit", Flag: "limit", Annotation: "limit", Kind: KindChoice, Choices: Limits,
-		Doc: "how a slot limits CPU: cap, share or both",
-		set: func(p *Pool, v string) (err error) { p.Limit, err = cgroup.ParseLimit(v); return err }},
+		Doc:     "how a slot limits CPU: cap, share or both",
+		Meaning: "how a slot limits CPU: `cap` (`cpu.max` / `cpu.cfs_quota_us`), `share` (`cpu.weight` / `cpu.shares` in proportion to the quota: a work-conserving minimum), or `both` ([`cgroups.md`](cgroups.md))",
+		set:     func(p *Pool, v string) (err error) { p.Limit, err = cgroup.ParseLimit(v); return err }},
 	{Name: "pool.period", Flag: "period", Kind: KindDuration, Min: 0.001, Max: 1,
-		Doc: "CFS period of every slot, 1ms..1s",
+		Doc:     "CFS period of every slot, 1ms..1s",
+		Meaning: "CFS period of every slot",
 		set: func(p *Pool, v string) error {
 			d, _ := time.ParseDuration(v)
 			p.PeriodUS = uint32(d.Microseconds())
@@ -198,20 +208,27 @@ var Keys = []Key{
 		Doc: "cap on any request's wait budget",
 		set: func(p *Pool, v string) error { p.MaxWait, _ = time.ParseDuration(v); return nil }},
 	{Name: "pool.maxQuota", Flag: "max-quota", Kind: KindQuantity, Optional: true,
-		Doc: `largest quota a request may ask in a container without a CPU limit ("" = the node's CPUs)`,
-		set: func(p *Pool, v string) (err error) { p.MaxQuotaMilli, err = parseOptionalQuota(v, 0); return err }},
+		EmptyMeans: "the node's CPUs",
+		Doc:        `largest quota a request may ask in a container without a CPU limit ("" = the node's CPUs)`,
+		Meaning:    "largest quota a request may ask in a container without a CPU limit (with one: the limit)",
+		set:        func(p *Pool, v string) (err error) { p.MaxQuotaMilli, err = parseOptionalQuota(v, 0); return err }},
 	{Name: "pool.maxActions", Flag: "max-actions", Kind: KindInt, Min: 1, Max: noMax,
-		Doc: "distinct action names per container in metrics; later ones are counted as _other",
-		set: func(p *Pool, v string) error { p.MaxActions, _ = strconv.Atoi(v); return nil }},
+		Doc:     "distinct action names per container in metrics; later ones are counted as _other",
+		Meaning: "action names per container in metrics; later ones count as `_other`",
+		set:     func(p *Pool, v string) error { p.MaxActions, _ = strconv.Atoi(v); return nil }},
 	{Name: "admission.budget", Flag: "budget", Annotation: "budget", Kind: KindQuantity, Optional: true,
-		Doc: `CPU budget per container ("" = the container's CPU limit, or unlimited when it has none)`,
-		set: func(p *Pool, v string) (err error) { p.BudgetMilli, err = parseOptionalQuota(v, 0); return err }},
+		EmptyMeans: "the container's CPU limit",
+		Doc:        `CPU budget per container ("" = the container's CPU limit, or unlimited when it has none)`,
+		Meaning:    "CPU per container; unlimited when neither is set",
+		set:        func(p *Pool, v string) (err error) { p.BudgetMilli, err = parseOptionalQuota(v, 0); return err }},
 	{Name: "admission.overcommit", Flag: "overcommit", Annotation: "overcommit", Kind: KindNumber, Min: 0, Max: 100,
-		Doc: "budget multiplier, in (0, 100]",
-		set: func(p *Pool, v string) error { p.Overcommit, _ = strconv.ParseFloat(v, 64); return nil }},
+		Doc:     "budget multiplier, in (0, 100]",
+		Meaning: "budget multiplier",
+		set:     func(p *Pool, v string) error { p.Overcommit, _ = strconv.ParseFloat(v, 64); return nil }},
 	{Name: "admission.policy", Flag: "policy", Annotation: "policy", Kind: KindChoice, Choices: Policies,
-		Doc: "when a quota does not fit the budget: queue, degrade or reject",
-		set: func(p *Pool, v string) error { p.Policy = v; return nil }},
+		Doc:     "when a quota does not fit the budget: queue, degrade or reject",
+		Meaning: "`queue` (wait up to the request's budget), `degrade` (grant what is left now, raise it when budget frees), `reject`",
+		set:     func(p *Pool, v string) error { p.Policy = v; return nil }},
 	{Name: "admission.minDegraded", Flag: "min-degraded", Kind: KindQuantity,
 		Doc: "smallest quota a degraded grant gets",
 		set: func(p *Pool, v string) (err error) { p.MinDegradedMilli, err = ParseQuota(v); return err }},
