@@ -7,9 +7,6 @@ import (
 	"time"
 )
 
-// AnnotationPrefix is what every pod annotation of the agent starts with.
-const AnnotationPrefix = "cpuslot.dev/"
-
 // The lines between which docs/settings.md holds the generated table.
 const (
 	docBegin = "<!-- BEGIN generated from internal/settings by `make settings-doc`; do not edit -->\n"
