@@ -118,11 +118,13 @@ e2e-v2node: images
 #                    definition (tools/dashboards/model.go): Grafana JSON in
 #                    charts/cpuslot/dashboards/, Perses in charts/cpuslot/dashboards/perses/;
 #                    then make manifests (queries.txt, deploy/cpuslot.yaml embed them)
+#   make settings-doc  regenerate the pool and admission table of docs/settings.md from its
+#                    one definition (internal/settings: settings.Keys)
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
 #                    schema, queries, generated files up to date; the recipes
 #                    in deploy/ (OPENWHISK_CHART=<openwhisk-deploy-kube>/helm/openwhisk
 #                    also renders the real OpenWhisk chart through the post-renderer)
-.PHONY: helm manifests dashboards chart-test
+.PHONY: helm manifests dashboards settings-doc chart-test
 
 helm:
 	@bash hack/helm.sh
@@ -132,6 +134,9 @@ manifests:
 
 dashboards:
 	$(GO) run -C tools ./dashboards $(CURDIR)
+
+settings-doc:
+	$(GO) run ./internal/settings/gen $(CURDIR)/docs/settings.md
 
 chart-test:
 	$(GO) test ./charts/cpuslot ./deploy -count=1 -v

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -247,52 +249,51 @@ func (c *Config) Set(key, value string) error {
 	return nil
 }
 
-// field is the file's field holding a setting.
+// field is the file's field holding a setting: the one at the key's YAML
+// path ("pool.maxSlots" is Pool's field tagged maxSlots), so the file's
+// structs need no list of the keys; nil when there is none.
 func (c *Config) field(key string) any {
-	if f := c.Pool.field(key); f != nil {
-		return f
+	if _, ok := settings.Lookup(key); !ok {
+		return nil
 	}
-	return c.Admission.field(key)
+	return fieldAt(reflect.ValueOf(c).Elem(), key)
 }
 
 func (p *PoolConfig) field(key string) any {
-	switch key {
-	case "pool.prewarm":
-		return &p.Prewarm
-	case "pool.mode":
-		return &p.Mode
-	case "pool.limit":
-		return &p.Limit
-	case "pool.period":
-		return &p.Period
-	case "pool.maxSlots":
-		return &p.MaxSlots
-	case "pool.idleTimeout":
-		return &p.IdleTimeout
-	case "pool.defaultWait":
-		return &p.DefaultWait
-	case "pool.maxWait":
-		return &p.MaxWait
-	case "pool.maxQuota":
-		return &p.MaxQuota
-	case "pool.maxActions":
-		return &p.MaxActions
+	name, ok := strings.CutPrefix(key, "pool.")
+	if !ok {
+		return nil
 	}
-	return nil
+	return fieldAt(reflect.ValueOf(p).Elem(), name)
 }
 
 func (a *AdmissionConfig) field(key string) any {
-	switch key {
-	case "admission.budget":
-		return &a.Budget
-	case "admission.overcommit":
-		return &a.Overcommit
-	case "admission.policy":
-		return &a.Policy
-	case "admission.minDegraded":
-		return &a.MinDegraded
+	name, ok := strings.CutPrefix(key, "admission.")
+	if !ok {
+		return nil
 	}
-	return nil
+	return fieldAt(reflect.ValueOf(a).Elem(), name)
+}
+
+// fieldAt follows a dotted path of json tags from a struct to a field and
+// returns a pointer to it, or nil.
+func fieldAt(v reflect.Value, path string) any {
+	for name := range strings.SplitSeq(path, ".") {
+		if v.Kind() != reflect.Struct || name == "" {
+			return nil
+		}
+		next := reflect.Value{}
+		for i := range v.NumField() {
+			if tag, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ","); tag == name {
+				next = v.Field(i)
+			}
+		}
+		if !next.IsValid() {
+			return nil
+		}
+		v = next
+	}
+	return v.Addr().Interface()
 }
 
 // UnmarshalJSON reads the file's pool section through the settings'

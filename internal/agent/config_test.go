@@ -1,12 +1,16 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // TestExampleConfig keeps the documented example loadable and equal to the
@@ -64,5 +68,41 @@ func TestBadConfig(t *testing.T) {
 		} else {
 			t.Logf("%s: %v", name, err)
 		}
+	}
+}
+
+// The file's pool and admission sections hold exactly the settings' keys,
+// each at its key's path: the file has no list of its own.
+func TestConfigFieldsAreSettings(t *testing.T) {
+	var c Config
+	for _, k := range settings.Keys {
+		if c.field(k.Name) == nil {
+			t.Errorf("%s: no field in the file", k.Name)
+		}
+	}
+	for section, v := range map[string]any{"pool": c.Pool, "admission": c.Admission} {
+		typ := reflect.TypeOf(v)
+		for i := range typ.NumField() {
+			tag, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+			if _, ok := settings.Lookup(section + "." + tag); !ok {
+				t.Errorf("%s.%s (%s): no setting", section, tag, typ.Field(i).Name)
+			}
+		}
+	}
+	for _, key := range []string{"", "pool", "pool.", "socket", "pool.turbo", "admission.prewarm", "pool.maxSlots.x"} {
+		if f := c.field(key); f != nil {
+			t.Errorf("field(%q) = %T, want none", key, f)
+		}
+	}
+}
+
+// A section's unknown key is refused as a typed error naming it.
+func TestConfigUnknownPoolKey(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(p, []byte("pool:\n  turbo: 1\n"), 0o644)
+	_, err := LoadConfig(p)
+	var se *settings.Error
+	if !errors.As(err, &se) || se.Key != "pool.turbo" || !errors.Is(err, settings.ErrUnknownKey) {
+		t.Fatalf("got %v", err)
 	}
 }

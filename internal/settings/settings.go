@@ -139,13 +139,16 @@ const (
 	KindQuantity             // CPU quantity (250m, 1, 1.5); Optional: "" allowed
 )
 
+// AnnotationPrefix starts every pod annotation cpuslot reads.
+const AnnotationPrefix = "cpuslot.dev/"
+
 // Key is one setting and every name it goes by.
 type Key struct {
 	// Name is its path in the agent's YAML file and the chart's values.
 	Name string
 	// Flag is the agent's command-line flag, without the dash.
 	Flag string
-	// Annotation is the pod annotation's name after "cpuslot.dev/"; empty:
+	// Annotation is the pod annotation's name after AnnotationPrefix; empty:
 	// not settable per pod.
 	Annotation string
 	Kind       Kind
@@ -155,8 +158,16 @@ type Key struct {
 	Min, Max float64
 	// Optional means the empty string is a value (see Doc).
 	Optional bool
-	Doc      string
-	set      func(*Pool, string) error
+	// EmptyMeans is what an Optional key's empty value stands for, when
+	// it is a default rather than nothing (docs/settings.md).
+	EmptyMeans string
+	// Doc is the flag's help.
+	Doc string
+	// Meaning is the docs' longer Markdown text, when Doc is not enough.
+	Meaning string
+	// get and set read and write the key in a Pool, in Set's syntax.
+	get func(Pool) string
+	set func(*Pool, string) error
 }
 
 const noMax = 0
@@ -164,7 +175,9 @@ const noMax = 0
 // Keys is every setting, in the order of the file.
 var Keys = []Key{
 	{Name: "pool.prewarm", Flag: "prewarm", Annotation: "prewarm", Kind: KindPrewarm, Optional: true,
-		Doc: `slots kept ready per quota, e.g. 250m=8,500m=4,1=2 ("" = none)`,
+		Doc:     `slots kept ready per quota, e.g. 250m=8,500m=4,1=2 ("" = none)`,
+		Meaning: "slots kept ready per quota",
+		get:     func(p Pool) string { return FormatPrewarm(p.Prewarm) },
 		set: func(p *Pool, v string) error {
 			m, err := ParsePrewarm(v)
 			if err == nil {
@@ -173,13 +186,19 @@ var Keys = []Key{
 			return err
 		}},
 	{Name: "pool.mode", Flag: "mode", Annotation: "mode", Kind: KindChoice, Choices: Modes,
-		Doc: "pool mode: affinity, cache-lazy, cache-eager or uncached",
-		set: func(p *Pool, v string) error { p.Mode = v; return nil }},
+		Doc:     "pool mode: affinity, cache-lazy, cache-eager or uncached",
+		Meaning: "how the pool finds and places slots ([`architecture.md`](architecture.md#pool-modes))",
+		get:     func(p Pool) string { return p.Mode },
+		set:     func(p *Pool, v string) error { p.Mode = v; return nil }},
 	{Name: "pool.limit", Flag: "limit", Annotation: "limit", Kind: KindChoice, Choices: Limits,
-		Doc: "how a slot limits CPU: cap, share or both",
-		set: func(p *Pool, v string) (err error) { p.Limit, err = cgroup.ParseLimit(v); return err }},
+		Doc:     "how a slot limits CPU: cap, share or both",
+		Meaning: "how a slot limits CPU: `cap` (`cpu.max` / `cpu.cfs_quota_us`), `share` (`cpu.weight` / `cpu.shares` in proportion to the quota: a work-conserving minimum), or `both` ([`cgroups.md`](cgroups.md))",
+		get:     func(p Pool) string { return p.Limit.String() },
+		set:     func(p *Pool, v string) (err error) { p.Limit, err = cgroup.ParseLimit(v); return err }},
 	{Name: "pool.period", Flag: "period", Kind: KindDuration, Min: 0.001, Max: 1,
-		Doc: "CFS period of every slot, 1ms..1s",
+		Doc:     "CFS period of every slot, 1ms..1s",
+		Meaning: "CFS period of every slot",
+		get:     func(p Pool) string { return (time.Duration(p.PeriodUS) * time.Microsecond).String() },
 		set: func(p *Pool, v string) error {
 			d, _ := time.ParseDuration(v)
 			p.PeriodUS = uint32(d.Microseconds())
@@ -187,33 +206,50 @@ var Keys = []Key{
 		}},
 	{Name: "pool.maxSlots", Flag: "max-slots", Annotation: "max-slots", Kind: KindInt, Min: 1, Max: 4096,
 		Doc: "slots per container, pre-warmed and grown",
+		get: func(p Pool) string { return strconv.Itoa(p.MaxSlots) },
 		set: func(p *Pool, v string) error { p.MaxSlots, _ = strconv.Atoi(v); return nil }},
 	{Name: "pool.idleTimeout", Flag: "idle-timeout", Kind: KindDuration, Min: 0, Max: noMax,
 		Doc: "grown slots idle this long are removed",
+		get: func(p Pool) string { return p.IdleTimeout.String() },
 		set: func(p *Pool, v string) error { p.IdleTimeout, _ = time.ParseDuration(v); return nil }},
 	{Name: "pool.defaultWait", Flag: "default-wait", Kind: KindDuration, Min: 0, Max: noMax,
 		Doc: "wait budget of a request that gives none",
+		get: func(p Pool) string { return p.DefaultWait.String() },
 		set: func(p *Pool, v string) error { p.DefaultWait, _ = time.ParseDuration(v); return nil }},
 	{Name: "pool.maxWait", Flag: "max-wait", Kind: KindDuration, Min: 0, Max: noMax,
 		Doc: "cap on any request's wait budget",
+		get: func(p Pool) string { return p.MaxWait.String() },
 		set: func(p *Pool, v string) error { p.MaxWait, _ = time.ParseDuration(v); return nil }},
 	{Name: "pool.maxQuota", Flag: "max-quota", Kind: KindQuantity, Optional: true,
-		Doc: `largest quota a request may ask in a container without a CPU limit ("" = the node's CPUs)`,
-		set: func(p *Pool, v string) (err error) { p.MaxQuotaMilli, err = parseOptionalQuota(v, 0); return err }},
+		EmptyMeans: "the node's CPUs",
+		Doc:        `largest quota a request may ask in a container without a CPU limit ("" = the node's CPUs)`,
+		Meaning:    "largest quota a request may ask in a container without a CPU limit (with one: the limit)",
+		get:        func(p Pool) string { return formatOptionalQuota(p.MaxQuotaMilli) },
+		set:        func(p *Pool, v string) (err error) { p.MaxQuotaMilli, err = parseOptionalQuota(v, 0); return err }},
 	{Name: "pool.maxActions", Flag: "max-actions", Kind: KindInt, Min: 1, Max: noMax,
-		Doc: "distinct action names per container in metrics; later ones are counted as _other",
-		set: func(p *Pool, v string) error { p.MaxActions, _ = strconv.Atoi(v); return nil }},
+		Doc:     "distinct action names per container in metrics; later ones are counted as _other",
+		Meaning: "action names per container in metrics; later ones count as `_other`",
+		get:     func(p Pool) string { return strconv.Itoa(p.MaxActions) },
+		set:     func(p *Pool, v string) error { p.MaxActions, _ = strconv.Atoi(v); return nil }},
 	{Name: "admission.budget", Flag: "budget", Annotation: "budget", Kind: KindQuantity, Optional: true,
-		Doc: `CPU budget per container ("" = the container's CPU limit, or unlimited when it has none)`,
-		set: func(p *Pool, v string) (err error) { p.BudgetMilli, err = parseOptionalQuota(v, 0); return err }},
+		EmptyMeans: "the container's CPU limit",
+		Doc:        `CPU budget per container ("" = the container's CPU limit, or unlimited when it has none)`,
+		Meaning:    "CPU per container; unlimited when neither is set",
+		get:        func(p Pool) string { return formatOptionalQuota(p.BudgetMilli) },
+		set:        func(p *Pool, v string) (err error) { p.BudgetMilli, err = parseOptionalQuota(v, 0); return err }},
 	{Name: "admission.overcommit", Flag: "overcommit", Annotation: "overcommit", Kind: KindNumber, Min: 0, Max: 100,
-		Doc: "budget multiplier, in (0, 100]",
-		set: func(p *Pool, v string) error { p.Overcommit, _ = strconv.ParseFloat(v, 64); return nil }},
+		Doc:     "budget multiplier, in (0, 100]",
+		Meaning: "budget multiplier",
+		get:     func(p Pool) string { return strconv.FormatFloat(p.Overcommit, 'g', -1, 64) },
+		set:     func(p *Pool, v string) error { p.Overcommit, _ = strconv.ParseFloat(v, 64); return nil }},
 	{Name: "admission.policy", Flag: "policy", Annotation: "policy", Kind: KindChoice, Choices: Policies,
-		Doc: "when a quota does not fit the budget: queue, degrade or reject",
-		set: func(p *Pool, v string) error { p.Policy = v; return nil }},
+		Doc:     "when a quota does not fit the budget: queue, degrade or reject",
+		Meaning: "`queue` (wait up to the request's budget), `degrade` (grant what is left now, raise it when budget frees), `reject`",
+		get:     func(p Pool) string { return p.Policy },
+		set:     func(p *Pool, v string) error { p.Policy = v; return nil }},
 	{Name: "admission.minDegraded", Flag: "min-degraded", Kind: KindQuantity,
 		Doc: "smallest quota a degraded grant gets",
+		get: func(p Pool) string { return FormatQuota(p.MinDegradedMilli) },
 		set: func(p *Pool, v string) (err error) { p.MinDegradedMilli, err = ParseQuota(v); return err }},
 }
 
@@ -244,39 +280,13 @@ func (p *Pool) Set(key, value string) error {
 	return nil
 }
 
-// Get returns the key's value in Set's syntax.
+// Get returns the key's value in Set's syntax; "" for an unknown key.
 func (p Pool) Get(key string) string {
-	switch key {
-	case "pool.prewarm":
-		return FormatPrewarm(p.Prewarm)
-	case "pool.mode":
-		return p.Mode
-	case "pool.limit":
-		return p.Limit.String()
-	case "pool.period":
-		return (time.Duration(p.PeriodUS) * time.Microsecond).String()
-	case "pool.maxSlots":
-		return strconv.Itoa(p.MaxSlots)
-	case "pool.idleTimeout":
-		return p.IdleTimeout.String()
-	case "pool.defaultWait":
-		return p.DefaultWait.String()
-	case "pool.maxWait":
-		return p.MaxWait.String()
-	case "pool.maxQuota":
-		return formatOptionalQuota(p.MaxQuotaMilli)
-	case "pool.maxActions":
-		return strconv.Itoa(p.MaxActions)
-	case "admission.budget":
-		return formatOptionalQuota(p.BudgetMilli)
-	case "admission.overcommit":
-		return strconv.FormatFloat(p.Overcommit, 'g', -1, 64)
-	case "admission.policy":
-		return p.Policy
-	case "admission.minDegraded":
-		return FormatQuota(p.MinDegradedMilli)
+	k, ok := Lookup(key)
+	if !ok {
+		return ""
 	}
-	return ""
+	return k.get(p)
 }
 
 // check validates a value's syntax and range for its kind.

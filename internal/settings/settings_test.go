@@ -176,3 +176,25 @@ func TestValidateBuiltInCode(t *testing.T) {
 		t.Fatalf("defaults refused: %v", err)
 	}
 }
+
+// TestDocGenerated: docs/settings.md's table is what `make settings-doc`
+// writes from Keys.
+func TestDocGenerated(t *testing.T) {
+	b, err := os.ReadFile("../../docs/settings.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := settings.RewriteDoc(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != want {
+		t.Errorf("docs/settings.md is stale: run make settings-doc")
+	}
+}
+
+func TestRewriteDocNeedsMarkers(t *testing.T) {
+	if _, err := settings.RewriteDoc("# Settings\n"); !errors.Is(err, settings.ErrNoDocMarkers) {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -27,7 +27,7 @@ import (
 func selectedPod(uid, prewarm string, res corev1.ResourceRequirements) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "fn", Namespace: "default", UID: k8stypes.UID(uid),
-			Annotations: map[string]string{AnnEnabled: "true", AnnPrewarm: prewarm}},
+			Annotations: map[string]string{AnnEnabled: "true", ann("pool.prewarm"): prewarm}},
 		Spec: corev1.PodSpec{NodeName: "n1",
 			Containers: []corev1.Container{{Name: "fn", Resources: res}},
 			Volumes:    []corev1.Volume{{Name: "cpuslot", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},

@@ -16,21 +16,14 @@ import (
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
-// Annotations and labels cpuslot reads.
+// Annotations and labels cpuslot reads; the pool settings' annotations are
+// in settings.Keys.
 const (
-	AnnotationPrefix = "cpuslot.dev/"
-	AnnEnabled       = AnnotationPrefix + "enabled"
-	AnnContainer     = AnnotationPrefix + "container"
-	AnnPrewarm       = AnnotationPrefix + "prewarm"
-	AnnMode          = AnnotationPrefix + "mode"
-	AnnLimit         = AnnotationPrefix + "limit"
-	AnnBudget        = AnnotationPrefix + "budget"
-	AnnPolicy        = AnnotationPrefix + "policy"
-	AnnOvercommit    = AnnotationPrefix + "overcommit"
-	AnnMaxSlots      = AnnotationPrefix + "max-slots"
+	AnnEnabled   = settings.AnnotationPrefix + "enabled"
+	AnnContainer = settings.AnnotationPrefix + "container"
 	// AnnCPUQuota is the runtime's pod default quota (deploy/knative reads
 	// it through the downward API); the agent only checks it fits.
-	AnnCPUQuota       = AnnotationPrefix + "cpu-quota"
+	AnnCPUQuota       = settings.AnnotationPrefix + "cpu-quota"
 	LabelOpenWhisk    = "user-action-pod"
 	ContainerOW       = "user-action"
 	LabelKnative      = "serving.knative.dev/revision"
@@ -172,7 +165,7 @@ func SocketPath(podsDir, podUID, volume string) string {
 }
 
 // PoolConfig applies a pod's annotations (settings.Keys with an
-// Annotation, under AnnotationPrefix) to the chart's defaults, through the
+// Annotation, under settings.AnnotationPrefix) to the chart's defaults, through the
 // same parser as the agent's flags and file. A bad value keeps the default
 // for that field and is returned as an error, so the pod is still served
 // and the operator sees why it differs.
@@ -183,7 +176,7 @@ func PoolConfig(base settings.Pool, ann map[string]string) (settings.Pool, []err
 		if k.Annotation == "" {
 			continue
 		}
-		name := AnnotationPrefix + k.Annotation
+		name := settings.AnnotationPrefix + k.Annotation
 		v, ok := ann[name]
 		if !ok {
 			continue

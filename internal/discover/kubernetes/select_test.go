@@ -12,8 +12,17 @@ import (
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
-func pod(labels, ann map[string]string, containers ...string) *corev1.Pod {
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Labels: labels, Annotations: ann}}
+// ann is the pod annotation of a setting, read from settings.Keys.
+func ann(key string) string {
+	k, ok := settings.Lookup(key)
+	if !ok || k.Annotation == "" {
+		panic("no annotation for setting " + key)
+	}
+	return settings.AnnotationPrefix + k.Annotation
+}
+
+func pod(labels, annotations map[string]string, containers ...string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Labels: labels, Annotations: annotations}}
 	for _, c := range containers {
 		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: c})
 	}
@@ -49,7 +58,7 @@ func TestServedContainer(t *testing.T) {
 
 func TestPoolConfigAnnotations(t *testing.T) {
 	base := settings.Default()
-	c, errs := PoolConfig(base, map[string]string{AnnPrewarm: "500m=2", AnnMode: "cache-lazy", AnnBudget: "1500m", AnnPolicy: "degrade", AnnOvercommit: "1.5", AnnMaxSlots: "16", AnnLimit: "both"})
+	c, errs := PoolConfig(base, map[string]string{ann("pool.prewarm"): "500m=2", ann("pool.mode"): "cache-lazy", ann("admission.budget"): "1500m", ann("admission.policy"): "degrade", ann("admission.overcommit"): "1.5", ann("pool.maxSlots"): "16", ann("pool.limit"): "both"})
 	if len(errs) != 0 {
 		t.Fatal(errs)
 	}
@@ -57,7 +66,7 @@ func TestPoolConfigAnnotations(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 	// Garbage keeps the default for that field, and says why.
-	c, errs = PoolConfig(base, map[string]string{AnnPrewarm: "lots", AnnMode: "fast", AnnBudget: "-1", AnnOvercommit: "0", AnnMaxSlots: "x", AnnPolicy: "drop", AnnLimit: "hard"})
+	c, errs = PoolConfig(base, map[string]string{ann("pool.prewarm"): "lots", ann("pool.mode"): "fast", ann("admission.budget"): "-1", ann("admission.overcommit"): "0", ann("pool.maxSlots"): "x", ann("admission.policy"): "drop", ann("pool.limit"): "hard"})
 	if len(errs) != 7 {
 		t.Fatalf("want 7 errors, got %v", errs)
 	}
@@ -65,7 +74,7 @@ func TestPoolConfigAnnotations(t *testing.T) {
 		t.Fatalf("defaults not kept: %+v", c)
 	}
 	// Valid fields that together are invalid fall back to the defaults.
-	c, errs = PoolConfig(base, map[string]string{AnnPrewarm: "250m=10", AnnMaxSlots: "4"})
+	c, errs = PoolConfig(base, map[string]string{ann("pool.prewarm"): "250m=10", ann("pool.maxSlots"): "4"})
 	if len(errs) != 1 || c.MaxSlots != base.MaxSlots || !strings.Contains(errs[0].Error(), "defaults") {
 		t.Fatalf("%v %+v", errs, c)
 	}
@@ -101,8 +110,8 @@ func TestSocketPath(t *testing.T) {
 // agent says so on the pod instead of leaving every invocation to run
 // without one silently.
 func TestCheckQuotaAnnotation(t *testing.T) {
-	withLimit := func(ann map[string]string, limit string) *corev1.Pod {
-		p := pod(map[string]string{"serving.knative.dev/revision": "fn-00001"}, ann, "user-container", "queue-proxy")
+	withLimit := func(annotations map[string]string, limit string) *corev1.Pod {
+		p := pod(map[string]string{"serving.knative.dev/revision": "fn-00001"}, annotations, "user-container", "queue-proxy")
 		if limit != "" {
 			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(limit)}
 		}
@@ -141,18 +150,18 @@ func TestPoolConfigHostileAnnotations(t *testing.T) {
 	for q := 10; q <= 1000; q++ {
 		entries = append(entries, strconv.Itoa(q)+"m=0")
 	}
-	c, errs := PoolConfig(settings.Default(), map[string]string{AnnPrewarm: strings.Join(entries, ",")})
+	c, errs := PoolConfig(settings.Default(), map[string]string{ann("pool.prewarm"): strings.Join(entries, ",")})
 	if len(errs) == 0 || len(c.Prewarm) > c.MaxSlots {
 		t.Fatalf("prewarm of %d quotas accepted: %d entries kept, errors %v", len(entries), len(c.Prewarm), errs)
 	}
 	huge := strings.Repeat("x", 100000)
-	for _, ann := range []string{AnnMode, AnnBudget, AnnPrewarm, AnnOvercommit} {
-		_, errs = PoolConfig(settings.Default(), map[string]string{ann: huge})
+	for _, name := range []string{ann("pool.mode"), ann("admission.budget"), ann("pool.prewarm"), ann("admission.overcommit")} {
+		_, errs = PoolConfig(settings.Default(), map[string]string{name: huge})
 		if len(errs) != 1 || len(errs[0].Error()) > 1000 {
-			t.Fatalf("%s: %d errors, message of %d bytes", ann, len(errs), len(errs[0].Error()))
+			t.Fatalf("%s: %d errors, message of %d bytes", name, len(errs), len(errs[0].Error()))
 		}
 	}
-	_, errs = PoolConfig(settings.Default(), map[string]string{AnnPrewarm: strings.Repeat("1=0,", 50000) + "1=0"})
+	_, errs = PoolConfig(settings.Default(), map[string]string{ann("pool.prewarm"): strings.Repeat("1=0,", 50000) + "1=0"})
 	if len(errs) != 1 || len(errs[0].Error()) > 1000 {
 		t.Fatalf("prewarm of 50001 entries: %v", errs)
 	}
