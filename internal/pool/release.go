@@ -288,7 +288,8 @@ func (p *Pool) freeSlot(l *lease, end cgroup.Usage, r released) []raise {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.endIO()
-	p.budget.Give(l.granted)
+	p.endSleep(l)
+	p.budget.Give(l.charged())
 	p.dropDegraded(l)
 	s := l.slot
 	s.lease, s.busy, s.last, s.freeSince = nil, s.raising, end, time.Now()

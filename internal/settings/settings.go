@@ -86,6 +86,9 @@ type Pool struct {
 	// container's CPU limit, or unlimited when it has none.
 	BudgetMilli uint32
 	Overcommit  float64
+	// LendRatio is the share of a sleeping lease's quota admission lends
+	// to new leases (0: no lending; docs/lending.md).
+	LendRatio float64
 	// Policy is one of Policies.
 	Policy string
 	// MinDegradedMilli is the smallest quota a degraded grant gets.
