@@ -109,6 +109,7 @@ type AdmissionConfig struct {
 	// CPU limit, or unlimited when it has none.
 	Budget      string  `json:"budget"`
 	Overcommit  float64 `json:"overcommit"`
+	LendRatio   float64 `json:"lendRatio"`
 	Policy      string  `json:"policy"`
 	MinDegraded string  `json:"minDegraded"`
 }
@@ -287,6 +288,8 @@ func (a *AdmissionConfig) field(key string) any {
 		return &a.Budget
 	case "admission.overcommit":
 		return &a.Overcommit
+	case "admission.lendRatio":
+		return &a.LendRatio
 	case "admission.policy":
 		return &a.Policy
 	case "admission.minDegraded":

@@ -140,6 +140,7 @@ const (
 	KindInt                  // integer within Key.Min..Key.Max
 	KindNumber               // number in (Key.Min, Key.Max]
 	KindQuantity             // CPU quantity (250m, 1, 1.5); Optional: "" allowed
+	KindFraction             // number in [Key.Min, Key.Max], both included
 )
 
 // Key is one setting and every name it goes by.
@@ -212,6 +213,9 @@ var Keys = []Key{
 	{Name: "admission.overcommit", Flag: "overcommit", Annotation: "overcommit", Kind: KindNumber, Min: 0, Max: 100,
 		Doc: "budget multiplier, in (0, 100]",
 		set: func(p *Pool, v string) error { p.Overcommit, _ = strconv.ParseFloat(v, 64); return nil }},
+	{Name: "admission.lendRatio", Flag: "lend-ratio", Annotation: "lend-ratio", Kind: KindFraction, Min: 0, Max: 1,
+		Doc: "share of a sleeping lease's quota lent to new leases, in [0, 1] (0 = no lending)",
+		set: func(p *Pool, v string) error { p.LendRatio, _ = strconv.ParseFloat(v, 64); return nil }},
 	{Name: "admission.policy", Flag: "policy", Annotation: "policy", Kind: KindChoice, Choices: Policies,
 		Doc: "when a quota does not fit the budget: queue, degrade or reject",
 		set: func(p *Pool, v string) error { p.Policy = v; return nil }},
@@ -274,6 +278,8 @@ func (p Pool) Get(key string) string {
 		return formatOptionalQuota(p.BudgetMilli)
 	case "admission.overcommit":
 		return strconv.FormatFloat(p.Overcommit, 'g', -1, 64)
+	case "admission.lendRatio":
+		return strconv.FormatFloat(p.LendRatio, 'g', -1, 64)
 	case "admission.policy":
 		return p.Policy
 	case "admission.minDegraded":
@@ -308,12 +314,12 @@ func (k Key) check(v string) error {
 		if float64(n) < k.Min || (k.Max != noMax && float64(n) > k.Max) {
 			return fmt.Errorf("%w: want an integer %s", ErrRange, k.RangeText())
 		}
-	case KindNumber:
+	case KindNumber, KindFraction:
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 			return fmt.Errorf("%w: want a number %s", ErrSyntax, k.RangeText())
 		}
-		if f <= k.Min || (k.Max != noMax && f > k.Max) {
+		if f < k.Min || (f == k.Min && k.Kind == KindNumber) || (k.Max != noMax && f > k.Max) {
 			return fmt.Errorf("%w: want a number %s", ErrRange, k.RangeText())
 		}
 	}
@@ -331,6 +337,8 @@ func (k Key) RangeText() string {
 		return "> " + f(k.Min)
 	case k.Kind == KindNumber:
 		return "in (" + f(k.Min) + ", " + f(k.Max) + "]"
+	case k.Kind == KindFraction:
+		return "in [" + f(k.Min) + ", " + f(k.Max) + "]"
 	case k.Max == noMax:
 		return ">= " + f(k.Min)
 	}
@@ -360,6 +368,8 @@ func (p Pool) Validate() error {
 		return fmt.Errorf("maxSlots %d: must be at least 1", p.MaxSlots)
 	case p.Overcommit < 0 || math.IsNaN(p.Overcommit):
 		return fmt.Errorf("overcommit %v: must be positive", p.Overcommit)
+	case !(p.LendRatio >= 0 && p.LendRatio <= 1):
+		return fmt.Errorf("lendRatio %v: must be in [0, 1]", p.LendRatio)
 	case p.DefaultWait < 0 || p.MaxWait < 0:
 		return fmt.Errorf("wait budgets must not be negative")
 	}
