@@ -16,6 +16,9 @@ import (
 // youngest awake leases (the likely borrowers) by the excess; released
 // budget raises them back as for any degraded lease.
 
+// Lends reports whether the pool lends the quota of sleeping leases.
+func (p *Pool) Lends() bool { return p.cfg.LendRatio > 0 }
+
 // Sleep marks owner's lease id as sleeping and lends its lendable share.
 // A lease already sleeping lends nothing more; with lending off it lends
 // nothing at all.
