@@ -172,6 +172,17 @@ func (p *Pool) lower(cuts []cut) {
 	}
 }
 
+// clampLent keeps what sleeping lease l lends within its share of what it
+// is granted, after its grant shrank (a raise that failed). The caller
+// holds the lock.
+func (p *Pool) clampLent(l *lease) {
+	if keep := lendable(l.granted, p.cfg.LendRatio); l.lent > keep {
+		p.lent -= l.lent - keep
+		p.budget.Take(l.lent - keep)
+		l.lent = keep
+	}
+}
+
 // endSleep forgets the lent share of lease l, which ends: the budget gets
 // back only what l was charged. The caller holds the lock.
 func (p *Pool) endSleep(l *lease) {

@@ -367,6 +367,7 @@ func (p *Pool) raise(raises []raise) {
 			p.metrics.Error(metrics.RetuneFailed)
 			p.budget.Give(r.add)
 			r.l.granted -= r.add
+			p.clampLent(r.l)
 			if r.done {
 				r.l.degraded = true
 				p.degraded = append([]*lease{r.l}, p.degraded...)
