@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/metrics"
@@ -261,5 +263,52 @@ func TestLyingRuntimeStaysInBudget(t *testing.T) {
 	}
 	if s := p.Summary(); s.UsedMilli != 0 || s.LentMilli != 0 {
 		t.Fatalf("all released: %+v", s)
+	}
+}
+
+// TestConcurrentLending: workers acquire, sleep, wake and release at once
+// (degrade policy, so wakes cut and releases raise concurrently); the books
+// balance at every check and end empty.
+func TestConcurrentLending(t *testing.T) {
+	b := newFake()
+	b.limit = 1000
+	c := cfg(Affinity, "250m=4")
+	c.MaxSlots = 16
+	c.LendRatio = 0.5
+	c.Policy = admission.Degrade.String()
+	c.DefaultWait = 2 * time.Second
+	p := start(t, c, b)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			o := &conn{}
+			for i := 0; i < 100; i++ {
+				g, err := p.Acquire(context.Background(), req(o, 250, uint32(w+1), 0))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if (w+i)%3 != 0 {
+					if err := p.Sleep(o, g.Lease); err != nil {
+						t.Error(err)
+					}
+					if (w+i)%2 == 0 {
+						if err := p.Wake(o, g.Lease); err != nil {
+							t.Error(err)
+						}
+					}
+				}
+				if _, err := p.Release(o, g.Lease, metrics.EndOK); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if s := p.Summary(); s.Leases != 0 || s.UsedMilli != 0 || s.LentMilli != 0 || s.Degraded != 0 {
+		t.Fatalf("books do not balance: %+v", s)
 	}
 }
