@@ -4,9 +4,13 @@ package agent_test
 // the real agent on the real kernel's cgroups.
 
 import (
+	"encoding/binary"
+	"io"
+	"net"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/agent"
@@ -99,4 +103,76 @@ func TestLendingOnTheWire(t *testing.T) {
 	if s := a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 || s.LentMilli != 0 {
 		t.Fatalf("all released: %+v", s)
 	}
+}
+
+// BenchmarkWakeOnTheWire: one op is a WAKE answered by the agent in a full
+// container, the wake-to-quota cost as the runtime sees it: the waker's
+// slot is never lowered, so its quota is back when the answer comes, and
+// the answer comes after the borrower's slot was retuned (one cgroup
+// write). Between ops (timer stopped): SLEEP, a borrower's ACQUIRE and its
+// RELEASE.
+func BenchmarkWakeOnTheWire(b *testing.B) {
+	e := newEnv(b, 1000, func(c *agent.Config) {
+		c.Admission.LendRatio = 0.5
+		c.Admission.Policy = "reject"
+		c.Pool.Prewarm = "250m=2,500m=2"
+	})
+	e.start()
+	cgrouptest.JoinProcess(b, e.h, e.rel)
+	c, err := net.Dial("unix", e.socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Hour))
+	ask := func(m slotv1.Message) slotv1.Message {
+		f, err := slotv1.Append(nil, 1, m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Write(f); err != nil {
+			b.Fatal(err)
+		}
+		var hdr [4]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			b.Fatalf("reading response: %v", err)
+		}
+		body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
+		if _, err := io.ReadFull(c, body); err != nil {
+			b.Fatal(err)
+		}
+		r, err := slotv1.DecodeBody(body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return r.Msg
+	}
+	if ok, _ := ask(&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}).(*slotv1.HelloOK); ok == nil || ok.Flags&slotv1.HelloOKLend == 0 {
+		b.Fatalf("LEND not announced: %+v", ok)
+	}
+	tid := uint32(syscall.Gettid())
+	g1, _ := ask(&slotv1.Acquire{QuotaMilli: 500, TID: tid}).(*slotv1.AcquireOK)
+	g2, _ := ask(&slotv1.Acquire{QuotaMilli: 500, TID: tid + 1}).(*slotv1.AcquireOK)
+	if g1 == nil || g2 == nil {
+		b.Fatal("acquire refused")
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		ask(&slotv1.Release{Lease: g1.Lease, Flags: slotv1.ReleaseSleep})
+		g3, _ := ask(&slotv1.Acquire{QuotaMilli: 250, TID: tid + 2}).(*slotv1.AcquireOK)
+		if g3 == nil {
+			b.Fatal("borrower refused")
+		}
+		b.StartTimer()
+		if _, ok := ask(&slotv1.Release{Lease: g1.Lease, Flags: slotv1.ReleaseWake}).(*slotv1.ReleaseOK); !ok {
+			b.Fatal("wake refused")
+		}
+		b.StopTimer()
+		ask(&slotv1.Release{Lease: g3.Lease})
+		b.StartTimer()
+	}
+	b.StopTimer()
+	ask(&slotv1.Release{Lease: g1.Lease})
+	ask(&slotv1.Release{Lease: g2.Lease})
 }
