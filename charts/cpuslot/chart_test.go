@@ -392,6 +392,8 @@ func TestSchema(t *testing.T) {
 		"admission.minDegraded=-5m":       "admission.minDegraded",
 		"admission.overcommit=0":          "admission.overcommit",
 		"admission.overcommit=101":        "admission.overcommit",
+		"admission.lendRatio=2":           "admission.lendRatio",
+		"admission.lendRatio=-0.5":        "admission.lendRatio",
 		"pool.maxSlots=5000":              "pool.maxSlots",
 		"kubernetes.select={openwhisk,x}": "kubernetes.select",
 		"logLevel=trace":                  "logLevel",

@@ -66,6 +66,10 @@ func TestSchemaMatchesSettings(t *testing.T) {
 			if p.Type != "number" || !eq(p.ExclusiveMinimum, k.Min) || !eq(p.Maximum, k.Max) {
 				t.Errorf("%s: schema %v in (%v, %v], settings number %s", k.Name, p.Type, val(p.ExclusiveMinimum), val(p.Maximum), k.RangeText())
 			}
+		case settings.KindFraction:
+			if p.Type != "number" || !eq(p.Minimum, k.Min) || p.Minimum == nil || !eq(p.Maximum, k.Max) {
+				t.Errorf("%s: schema %v in [%v, %v], settings number %s", k.Name, p.Type, val(p.Minimum), val(p.Maximum), k.RangeText())
+			}
 		default:
 			for _, v := range samples[k.Kind] {
 				s := settings.Default()

@@ -55,6 +55,9 @@ func TestBadValuesSameFromEverySource(t *testing.T) {
 		{"admission.overcommit", "-1", settings.ErrRange},
 		{"admission.overcommit", "101", settings.ErrRange},
 		{"admission.overcommit", "lots", settings.ErrSyntax},
+		{"admission.lendRatio", "2", settings.ErrRange},
+		{"admission.lendRatio", "-1", settings.ErrRange},
+		{"admission.lendRatio", "half", settings.ErrSyntax},
 		{"pool.maxSlots", "0", settings.ErrRange},
 		{"pool.maxSlots", "5000", settings.ErrRange},
 		{"pool.maxSlots", "many", settings.ErrSyntax},
@@ -97,6 +100,7 @@ func TestGoodValuesSameFromEverySource(t *testing.T) {
 	good := map[string]string{
 		"admission.overcommit": "100", "pool.maxSlots": "4096", "pool.mode": "cache-lazy",
 		"pool.limit": "both", "admission.policy": "reject", "admission.budget": "1.5", "pool.prewarm": "500m=2",
+		"admission.lendRatio": "0.5",
 	}
 	for key, v := range good {
 		k, _ := settings.Lookup(key)

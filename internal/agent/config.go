@@ -111,6 +111,7 @@ type AdmissionConfig struct {
 	// CPU limit, or unlimited when it has none.
 	Budget      string  `json:"budget"`
 	Overcommit  float64 `json:"overcommit"`
+	LendRatio   float64 `json:"lendRatio"`
 	Policy      string  `json:"policy"`
 	MinDegraded string  `json:"minDegraded"`
 }

@@ -8,7 +8,11 @@ type Pool struct {
 	BudgetMilli uint32
 	UsedMilli   uint32
 	Leases      int
-	Quotas      []Quota
+	// LentMilli is what sleeping leases lend now; Wakes counts the wakes
+	// of sleeping leases since the pool started.
+	LentMilli uint32
+	Wakes     uint64
+	Quotas    []Quota
 }
 
 // Quota counts the slots of one quota of a pool.
@@ -25,8 +29,12 @@ var (
 	usedDesc = prometheus.NewDesc("cpuslot_budget_used_millicores", "CPU quota granted to leases now, per container.",
 		[]string{"container"}, nil)
 	leasesDesc = prometheus.NewDesc("cpuslot_leases", "Leases held now, per container.", []string{"container"}, nil)
-	poolsDesc  = prometheus.NewDesc("cpuslot_containers", "Containers served.", nil, nil)
-	maxDesc    = prometheus.NewDesc("cpuslot_containers_max", "The most containers the agent serves (maxContainers); more are refused and counted as errors with reason "+string(ContainersExhausted)+".", nil, nil)
+	lentDesc   = prometheus.NewDesc("cpuslot_lent_millicores", "Quota sleeping leases lend to admission now, per container (admission.lendRatio; not in cpuslot_budget_used_millicores).",
+		[]string{"container"}, nil)
+	wakesDesc = prometheus.NewDesc("cpuslot_wakes_total", "Sleeping leases woken (WAKE), per container; a wake that puts the container over its budget degrades the youngest awake leases.",
+		[]string{"container"}, nil)
+	poolsDesc = prometheus.NewDesc("cpuslot_containers", "Containers served.", nil, nil)
+	maxDesc   = prometheus.NewDesc("cpuslot_containers_max", "The most containers the agent serves (maxContainers); more are refused and counted as errors with reason "+string(ContainersExhausted)+".", nil, nil)
 )
 
 // poolCollector exports pool state at scrape time.
@@ -42,7 +50,7 @@ func RegisterPools(reg prometheus.Registerer, maxContainers int, pools func() []
 }
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, poolsDesc, maxDesc} {
+	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, lentDesc, wakesDesc, poolsDesc, maxDesc} {
 		ch <- d
 	}
 }
@@ -60,5 +68,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- ConstGauge(budgetDesc, float64(p.BudgetMilli), p.Container)
 		ch <- ConstGauge(usedDesc, float64(p.UsedMilli), p.Container)
 		ch <- ConstGauge(leasesDesc, float64(p.Leases), p.Container)
+		ch <- ConstGauge(lentDesc, float64(p.LentMilli), p.Container)
+		ch <- prometheus.MustNewConstMetric(wakesDesc, prometheus.CounterValue, float64(p.Wakes), Label(p.Container))
 	}
 }

@@ -13,7 +13,7 @@ import (
 func TestPoolGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	RegisterPools(reg, 7, func() []Pool {
-		return []Pool{{Container: "ns/pod/c", BudgetMilli: 1000, UsedMilli: 250, Leases: 1,
+		return []Pool{{Container: "ns/pod/c", BudgetMilli: 1000, UsedMilli: 250, Leases: 1, LentMilli: 125, Wakes: 3,
 			Quotas: []Quota{{Quota: "250m", Free: 2, Leased: 1, Slots: 4}}}}
 	})
 	mfs, err := reg.Gather()
@@ -27,7 +27,11 @@ func TestPoolGauges(t *testing.T) {
 			for _, l := range m.GetLabel() {
 				ls = append(ls, l.GetName()+"="+l.GetValue())
 			}
-			got = append(got, fmt.Sprintf("%s{%s} %v", mf.GetName(), strings.Join(ls, ","), m.GetGauge().GetValue()))
+			v := m.GetGauge().GetValue()
+			if m.GetCounter() != nil {
+				v = m.GetCounter().GetValue()
+			}
+			got = append(got, fmt.Sprintf("%s{%s} %v", mf.GetName(), strings.Join(ls, ","), v))
 		}
 	}
 	want := []string{
@@ -36,9 +40,11 @@ func TestPoolGauges(t *testing.T) {
 		"cpuslot_containers{} 1",
 		"cpuslot_containers_max{} 7",
 		"cpuslot_leases{container=ns/pod/c} 1",
+		"cpuslot_lent_millicores{container=ns/pod/c} 125",
 		"cpuslot_slots{container=ns/pod/c,quota=250m,state=busy} 1",
 		"cpuslot_slots{container=ns/pod/c,quota=250m,state=free} 2",
 		"cpuslot_slots{container=ns/pod/c,quota=250m,state=leased} 1",
+		"cpuslot_wakes_total{container=ns/pod/c} 3",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

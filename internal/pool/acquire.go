@@ -323,7 +323,8 @@ func (p *Pool) abort(l *lease, pl plan) {
 	defer p.mu.Unlock()
 	p.endIO()
 	p.forgetLease(l)
-	p.budget.Give(l.granted)
+	p.endSleep(l)
+	p.budget.Give(l.charged())
 	p.dropDegraded(l)
 	s := l.slot
 	s.lease, s.busy = nil, false

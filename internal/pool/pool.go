@@ -147,6 +147,10 @@ type lease struct {
 	degraded  bool
 	// hold marks a HOLD lease: the process's, no thread's.
 	hold bool
+	// sleeping marks a lease its runtime said sleeps; lent is the part of
+	// granted admission lends meanwhile (not charged to the budget).
+	sleeping bool
+	lent     uint32
 	// seen is how far the slot's counters were credited to the process
 	// (HOLD leases; see credit).
 	seen cgroup.Usage
@@ -186,6 +190,9 @@ type Pool struct {
 	// credits bounds what each process may report in USAGE.
 	credits map[any]*credit
 	budget  *admission.Budget
+	// lent is what sleeping leases lend now; wakes counts their wakes.
+	lent    uint32
+	wakes   uint64
 	nextID  uint32
 	changed chan struct{} // closed when a slot or budget frees up
 	closed  bool
@@ -832,13 +839,17 @@ func (p *Pool) RemoveLeft(last bool) (done bool, err error) {
 
 // Summary describes the pool per quota, for HELLO and /debug/pools.
 type Summary struct {
-	Name        string        `json:"name"`
-	Mode        string        `json:"mode"`
-	BudgetMilli uint32        `json:"budgetMilli"`
-	UsedMilli   uint32        `json:"usedMilli"`
-	Leases      int           `json:"leases"`
-	Degraded    int           `json:"degraded"`
-	Quotas      []QuotaStatus `json:"quotas"`
+	Name        string `json:"name"`
+	Mode        string `json:"mode"`
+	BudgetMilli uint32 `json:"budgetMilli"`
+	UsedMilli   uint32 `json:"usedMilli"`
+	Leases      int    `json:"leases"`
+	Degraded    int    `json:"degraded"`
+	// LentMilli is the quota sleeping leases lend now (not in UsedMilli).
+	LentMilli uint32 `json:"lentMilli"`
+	// Wakes counts the sleeping leases woken since the pool started.
+	Wakes  uint64        `json:"wakes"`
+	Quotas []QuotaStatus `json:"quotas"`
 }
 
 // QuotaStatus counts the slots of one quota.
@@ -876,7 +887,7 @@ func (p *Pool) Summary() Summary {
 		}
 	}
 	sum := Summary{Name: p.name, Mode: p.cfg.Mode, BudgetMilli: p.budget.Limit, UsedMilli: p.budget.Used(),
-		Leases: len(p.leases), Degraded: len(p.degraded)}
+		Leases: len(p.leases), Degraded: len(p.degraded), LentMilli: p.lent, Wakes: p.wakes}
 	for _, st := range byQ {
 		sum.Quotas = append(sum.Quotas, *st)
 	}

@@ -288,7 +288,8 @@ func (p *Pool) freeSlot(l *lease, end cgroup.Usage, r released) []raise {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.endIO()
-	p.budget.Give(l.granted)
+	p.endSleep(l)
+	p.budget.Give(l.charged())
 	p.dropDegraded(l)
 	s := l.slot
 	s.lease, s.busy, s.last, s.freeSince = nil, s.raising, end, time.Now()
@@ -366,6 +367,7 @@ func (p *Pool) raise(raises []raise) {
 			p.metrics.Error(metrics.RetuneFailed)
 			p.budget.Give(r.add)
 			r.l.granted -= r.add
+			p.clampLent(r.l)
 			if r.done {
 				r.l.degraded = true
 				p.degraded = append([]*lease{r.l}, p.degraded...)

@@ -592,6 +592,9 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		c.recheckConfined()
 		return c.acquire(f.Request, m)
 	case *slotv1.Release:
+		if m.Flags&(slotv1.ReleaseSleep|slotv1.ReleaseWake) != 0 {
+			return c.nap(f.Request, m)
+		}
 		u, err := c.pool.Release(c.session, m.Lease, ending(m.Outcome))
 		if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
 			c.srv.guard.check() // the agent moved the thread out
@@ -667,11 +670,39 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 	if c.local = h.Flags&slotv1.HelloLocal != 0 && c.fds && p.GrantsHold(); c.local {
 		ok.Flags |= slotv1.HelloOKLocal | slotv1.HelloOKHeld
 	}
+	if p.Lends() {
+		ok.Flags |= slotv1.HelloOKLend
+	}
 	for _, q := range sum.Quotas {
 		ok.Pools = append(ok.Pools, slotv1.PoolSummary{QuotaMilli: q.QuotaMilli, PeriodUS: q.PeriodUS, Slots: uint16(min(q.Slots, 0xFFFF)), Free: uint16(min(q.Free, 0xFFFF))})
 	}
 	c.srv.log.Debug("client connected", "container", sum.Name, "pid", c.peer.PID, "client", h.Client, "fds", c.fds, "local", c.local)
 	return c.send(request, ok, nil)
+}
+
+// nap takes a RELEASE with SLEEP or WAKE: the lease's invocation sleeps or
+// woke up (SPEC.md, "Lending"); the lease is not released.
+func (c *conn) nap(request uint32, m *slotv1.Release) bool {
+	var err error
+	switch {
+	case m.Flags&slotv1.ReleaseSleep != 0 && m.Flags&slotv1.ReleaseWake != 0:
+		c.srv.metrics.Error(metrics.BadRequest)
+		err = slotv1.Errorf(slotv1.CodeBadRequest, "SLEEP and WAKE together")
+	case m.Outcome != slotv1.InvocationOK:
+		c.srv.metrics.Error(metrics.BadRequest)
+		err = slotv1.Errorf(slotv1.CodeBadRequest, "SLEEP or WAKE with outcome %v, want OK", m.Outcome)
+	case m.Flags&slotv1.ReleaseSleep != 0:
+		err = c.pool.Sleep(c.session, m.Lease)
+	default:
+		err = c.pool.Wake(c.session, m.Lease)
+	}
+	if m.Flags&slotv1.ReleaseNoReply != 0 {
+		return true // errors are counted; nothing is sent
+	}
+	if err != nil {
+		return c.fail(request, err)
+	}
+	return c.send(request, &slotv1.ReleaseOK{}, nil)
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts

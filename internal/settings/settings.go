@@ -86,6 +86,9 @@ type Pool struct {
 	// container's CPU limit, or unlimited when it has none.
 	BudgetMilli uint32
 	Overcommit  float64
+	// LendRatio is the share of a sleeping lease's quota admission lends
+	// to new leases (0: no lending; docs/lending.md).
+	LendRatio float64
 	// Policy is one of Policies.
 	Policy string
 	// MinDegradedMilli is the smallest quota a degraded grant gets.
@@ -137,6 +140,7 @@ const (
 	KindInt                  // integer within Key.Min..Key.Max
 	KindNumber               // number in (Key.Min, Key.Max]
 	KindQuantity             // CPU quantity (250m, 1, 1.5); Optional: "" allowed
+	KindFraction             // number in [Key.Min, Key.Max], both included
 )
 
 // AnnotationPrefix starts every pod annotation cpuslot reads.
@@ -242,6 +246,11 @@ var Keys = []Key{
 		Meaning: "budget multiplier",
 		get:     func(p Pool) string { return strconv.FormatFloat(p.Overcommit, 'g', -1, 64) },
 		set:     func(p *Pool, v string) error { p.Overcommit, _ = strconv.ParseFloat(v, 64); return nil }},
+	{Name: "admission.lendRatio", Flag: "lend-ratio", Annotation: "lend-ratio", Kind: KindFraction, Min: 0, Max: 1,
+		Doc:     "share of a sleeping lease's quota lent to new leases, in [0, 1] (0 = no lending)",
+		Meaning: "share of a sleeping lease's quota admission lends to new leases; 0: no lending ([`lending.md`](lending.md))",
+		get:     func(p Pool) string { return strconv.FormatFloat(p.LendRatio, 'g', -1, 64) },
+		set:     func(p *Pool, v string) error { p.LendRatio, _ = strconv.ParseFloat(v, 64); return nil }},
 	{Name: "admission.policy", Flag: "policy", Annotation: "policy", Kind: KindChoice, Choices: Policies,
 		Doc:     "when a quota does not fit the budget: queue, degrade or reject",
 		Meaning: "`queue` (wait up to the request's budget), `degrade` (grant what is left now, raise it when budget frees), `reject`",
@@ -315,12 +324,12 @@ func (k Key) check(v string) error {
 		if float64(n) < k.Min || (k.Max != noMax && float64(n) > k.Max) {
 			return fmt.Errorf("%w: want an integer %s", ErrRange, k.RangeText())
 		}
-	case KindNumber:
+	case KindNumber, KindFraction:
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 			return fmt.Errorf("%w: want a number %s", ErrSyntax, k.RangeText())
 		}
-		if f <= k.Min || (k.Max != noMax && f > k.Max) {
+		if f < k.Min || (f == k.Min && k.Kind == KindNumber) || (k.Max != noMax && f > k.Max) {
 			return fmt.Errorf("%w: want a number %s", ErrRange, k.RangeText())
 		}
 	}
@@ -338,6 +347,8 @@ func (k Key) RangeText() string {
 		return "> " + f(k.Min)
 	case k.Kind == KindNumber:
 		return "in (" + f(k.Min) + ", " + f(k.Max) + "]"
+	case k.Kind == KindFraction:
+		return "in [" + f(k.Min) + ", " + f(k.Max) + "]"
 	case k.Max == noMax:
 		return ">= " + f(k.Min)
 	}
@@ -367,6 +378,8 @@ func (p Pool) Validate() error {
 		return fmt.Errorf("maxSlots %d: must be at least 1", p.MaxSlots)
 	case p.Overcommit < 0 || math.IsNaN(p.Overcommit):
 		return fmt.Errorf("overcommit %v: must be positive", p.Overcommit)
+	case !(p.LendRatio >= 0 && p.LendRatio <= 1):
+		return fmt.Errorf("lendRatio %v: must be in [0, 1]", p.LendRatio)
 	case p.DefaultWait < 0 || p.MaxWait < 0:
 		return fmt.Errorf("wait budgets must not be negative")
 	}

@@ -2,6 +2,7 @@ package settings_test
 
 import (
 	"errors"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -63,6 +64,9 @@ func TestRanges(t *testing.T) {
 		{"admission.budget", "", true}, {"pool.maxQuota", "", true}, {"admission.minDegraded", "", false},
 		{"admission.minDegraded", "0", false}, {"pool.prewarm", "", true},
 		{"admission.policy", "", false}, {"pool.mode", "", false},
+		{"admission.lendRatio", "0", true}, {"admission.lendRatio", "1", true}, {"admission.lendRatio", "0.5", true},
+		{"admission.lendRatio", "1.01", false}, {"admission.lendRatio", "-0.1", false}, {"admission.lendRatio", "NaN", false},
+		{"admission.lendRatio", "", false},
 	} {
 		s := settings.Default()
 		if err := s.Set(c.key, c.value); (err == nil) != c.ok {
@@ -162,6 +166,8 @@ func TestValidateBuiltInCode(t *testing.T) {
 		"maxSlots":       func(p *settings.Pool) { p.MaxSlots = 0 },
 		"maxActions":     func(p *settings.Pool) { p.MaxActions = 0 },
 		"overcommit":     func(p *settings.Pool) { p.Overcommit = -1 },
+		"lendRatio":      func(p *settings.Pool) { p.LendRatio = 1.5 },
+		"lendRatio NaN":  func(p *settings.Pool) { p.LendRatio = math.NaN() },
 		"wait":           func(p *settings.Pool) { p.DefaultWait = -time.Millisecond },
 		"negative count": func(p *settings.Pool) { p.Prewarm = map[uint32]int{250: -1} },
 		"maxQuota":       func(p *settings.Pool) { p.MaxQuotaMilli = 2_000_000 },

@@ -60,6 +60,7 @@ const (
 	HelloOKAgentPlaces  = 1 << 1
 	HelloOKLocal        = 1 << 2
 	HelloOKHeld         = 1 << 3
+	HelloOKLend         = 1 << 4
 
 	AcquireAgentPlaces = 1 << 0
 	AcquireHold        = 1 << 1
@@ -68,6 +69,10 @@ const (
 	AcquiredDegraded = 1 << 1
 
 	ReleaseNoReply = 1 << 0
+	// ReleaseSleep and ReleaseWake do not release: the lease's invocation
+	// sleeps (waits on I/O) or woke up (SPEC.md, "Lending").
+	ReleaseSleep = 1 << 1
+	ReleaseWake  = 1 << 2
 
 	HeldDegraded = 1 << 1
 )

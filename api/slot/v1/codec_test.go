@@ -104,6 +104,9 @@ var table = []struct {
 	{"held_ok_none", 21, &HeldOK{}},
 	{"error_rejected", 15, &Error{Code: CodeRejected, Message: "quota 1500m does not fit: 500m of 2000m free"}},
 	{"error_not_ready", 1, &Error{Code: CodeNotReady, RetryAfterMS: 200, Message: "pool is being prepared"}},
+	{"hello_ok_lend", 5, &HelloOK{Version: 1, Hierarchy: 2, Flags: HelloOKLend, PlaceFDs: 1, StatFDs: 1, Container: "default/fn/user-action", BudgetMilli: 1000}},
+	{"release_sleep", 22, &Release{Lease: 99, Outcome: InvocationOK, Flags: ReleaseSleep}},
+	{"release_wake_no_reply", 23, &Release{Lease: 99, Outcome: InvocationOK, Flags: ReleaseWake | ReleaseNoReply}},
 }
 
 var invalidTable = []invalidVector{

@@ -78,6 +78,7 @@ pool:
 admission:
   budget: {{ include "cpuslot.quantity" .Values.admission.budget }}
   overcommit: {{ .Values.admission.overcommit }}
+  lendRatio: {{ .Values.admission.lendRatio }}
   policy: {{ .Values.admission.policy }}
   minDegraded: {{ include "cpuslot.quantity" .Values.admission.minDegraded }}
 limits:

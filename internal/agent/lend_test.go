@@ -1,0 +1,178 @@
+package agent_test
+
+// Lending (SPEC.md, "Lending"; docs/lending.md) through the socket, against
+// the real agent on the real kernel's cgroups.
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+)
+
+// TestLendingOnTheWire: with admission.lendRatio 0.5 the agent announces
+// LEND; a SLEEP of a 500m lease in a full 1000m container admits a 250m
+// lease, a WAKE takes it back (the borrower is degraded), and the metrics
+// show what is lent and the wake. Malformed SLEEP/WAKE are refused and
+// release nothing.
+func TestLendingOnTheWire(t *testing.T) {
+	e := newEnv(t, 1000, func(c *agent.Config) {
+		c.Admission.LendRatio = 0.5
+		c.Admission.Policy = "reject"
+	})
+	a := e.start()
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c := dialRaw(t, e.socket)
+	defer c.Close()
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	if ok, _ := readResp(t, c).(*slotv1.HelloOK); ok == nil || ok.Flags&slotv1.HelloOKLend == 0 {
+		t.Fatalf("LEND not announced: %+v", ok)
+	}
+	tid := uint32(syscall.Gettid())
+	acquire := func(q, tid uint32) slotv1.Message {
+		c.Write(frame(t, &slotv1.Acquire{QuotaMilli: q, TID: tid}))
+		return readResp(t, c)
+	}
+	nap := func(lease uint64, flags uint8, outcome slotv1.ReleaseOutcome) slotv1.Message {
+		c.Write(frame(t, &slotv1.Release{Lease: lease, Outcome: outcome, Flags: flags}))
+		return readResp(t, c)
+	}
+	g1, _ := acquire(500, tid).(*slotv1.AcquireOK)
+	g2, _ := acquire(500, tid+1).(*slotv1.AcquireOK)
+	if g1 == nil || g2 == nil {
+		t.Fatalf("acquire: %+v %+v", g1, g2)
+	}
+	if pe, ok := acquire(250, tid+2).(*slotv1.Error); !ok || pe.Code != slotv1.CodeRejected {
+		t.Fatalf("full container: %+v", pe)
+	}
+	for name, m := range map[string]slotv1.Message{
+		"sleep and wake": nap(g1.Lease, slotv1.ReleaseSleep|slotv1.ReleaseWake, slotv1.InvocationOK),
+		"sleep, failed":  nap(g1.Lease, slotv1.ReleaseSleep, slotv1.InvocationFailed),
+		"sleep, unknown": nap(424242, slotv1.ReleaseSleep, slotv1.InvocationOK),
+		"wake, unknown":  nap(424242, slotv1.ReleaseWake, slotv1.InvocationOK),
+	} {
+		pe, ok := m.(*slotv1.Error)
+		want := slotv1.CodeBadRequest
+		if strings.HasSuffix(name, "unknown") {
+			want = slotv1.CodeUnknownLease
+		}
+		if !ok || pe.Code != want {
+			t.Errorf("%s: got %+v, want %v", name, m, want)
+		}
+	}
+	if s := a.Summaries()[0]; s.Leases != 2 || s.UsedMilli != 1000 || s.LentMilli != 0 {
+		t.Fatalf("after malformed SLEEP/WAKE: %+v", s)
+	}
+	if ok, _ := nap(g1.Lease, slotv1.ReleaseSleep, slotv1.InvocationOK).(*slotv1.ReleaseOK); ok == nil || *ok != (slotv1.ReleaseOK{}) {
+		t.Fatalf("sleep: %+v", ok)
+	}
+	g3, _ := acquire(250, tid+2).(*slotv1.AcquireOK)
+	if g3 == nil || g3.QuotaMilli != 250 || g3.Flags&slotv1.AcquiredDegraded != 0 {
+		t.Fatalf("borrower: %+v", g3)
+	}
+	body := scrape(t, a)
+	if !strings.Contains(body, "cpuslot_lent_millicores{container=") || !strings.Contains(grep(body, "cpuslot_lent_millicores{"), "} 250") {
+		t.Errorf("lent while asleep:\n%s", grep(body, "cpuslot_lent"))
+	}
+	// A one-way WAKE, then a request on the same connection: answered in
+	// order, so the wake is done when the next answer comes.
+	c.Write(frame(t, &slotv1.Release{Lease: g1.Lease, Flags: slotv1.ReleaseWake | slotv1.ReleaseNoReply}))
+	if pe, ok := acquire(50, tid+3).(*slotv1.Error); !ok || pe.Code != slotv1.CodeRejected {
+		t.Fatalf("after wake: %+v", pe)
+	}
+	s := a.Summaries()[0]
+	if s.LentMilli != 0 || s.Wakes != 1 || s.UsedMilli != 1000 || s.Degraded == 0 {
+		t.Fatalf("after wake: %+v", s)
+	}
+	body = scrape(t, a)
+	if !strings.Contains(grep(body, "cpuslot_lent_millicores{"), "} 0") || !strings.Contains(grep(body, "cpuslot_wakes_total{"), "} 1") {
+		t.Errorf("after wake:\n%s", grep(body, "cpuslot_lent")+"\n"+grep(body, "cpuslot_wakes"))
+	}
+	for _, g := range []*slotv1.AcquireOK{g1, g2, g3} {
+		if _, ok := nap(g.Lease, 0, slotv1.InvocationOK).(*slotv1.ReleaseOK); !ok {
+			t.Fatalf("release of %d", g.Lease)
+		}
+	}
+	if s := a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 || s.LentMilli != 0 {
+		t.Fatalf("all released: %+v", s)
+	}
+}
+
+// BenchmarkWakeOnTheWire: one op is a WAKE answered by the agent in a full
+// container, the wake-to-quota cost as the runtime sees it: the waker's
+// slot is never lowered, so its quota is back when the answer comes, and
+// the answer comes after the borrower's slot was retuned (one cgroup
+// write). Between ops (timer stopped): SLEEP, a borrower's ACQUIRE and its
+// RELEASE.
+func BenchmarkWakeOnTheWire(b *testing.B) {
+	e := newEnv(b, 1000, func(c *agent.Config) {
+		c.Admission.LendRatio = 0.5
+		c.Admission.Policy = "reject"
+		c.Pool.Prewarm = "250m=2,500m=2"
+	})
+	e.start()
+	cgrouptest.JoinProcess(b, e.h, e.rel)
+	c, err := net.Dial("unix", e.socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Hour))
+	ask := func(m slotv1.Message) slotv1.Message {
+		f, err := slotv1.Append(nil, 1, m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Write(f); err != nil {
+			b.Fatal(err)
+		}
+		var hdr [4]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			b.Fatalf("reading response: %v", err)
+		}
+		body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
+		if _, err := io.ReadFull(c, body); err != nil {
+			b.Fatal(err)
+		}
+		r, err := slotv1.DecodeBody(body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return r.Msg
+	}
+	if ok, _ := ask(&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}).(*slotv1.HelloOK); ok == nil || ok.Flags&slotv1.HelloOKLend == 0 {
+		b.Fatalf("LEND not announced: %+v", ok)
+	}
+	tid := uint32(syscall.Gettid())
+	g1, _ := ask(&slotv1.Acquire{QuotaMilli: 500, TID: tid}).(*slotv1.AcquireOK)
+	g2, _ := ask(&slotv1.Acquire{QuotaMilli: 500, TID: tid + 1}).(*slotv1.AcquireOK)
+	if g1 == nil || g2 == nil {
+		b.Fatal("acquire refused")
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		ask(&slotv1.Release{Lease: g1.Lease, Flags: slotv1.ReleaseSleep})
+		g3, _ := ask(&slotv1.Acquire{QuotaMilli: 250, TID: tid + 2}).(*slotv1.AcquireOK)
+		if g3 == nil {
+			b.Fatal("borrower refused")
+		}
+		b.StartTimer()
+		if _, ok := ask(&slotv1.Release{Lease: g1.Lease, Flags: slotv1.ReleaseWake}).(*slotv1.ReleaseOK); !ok {
+			b.Fatal("wake refused")
+		}
+		b.StopTimer()
+		ask(&slotv1.Release{Lease: g3.Lease})
+		b.StartTimer()
+	}
+	b.StopTimer()
+	ask(&slotv1.Release{Lease: g1.Lease})
+	ask(&slotv1.Release{Lease: g2.Lease})
+}

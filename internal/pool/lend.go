@@ -1,0 +1,190 @@
+package pool
+
+import (
+	"sort"
+
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/metrics"
+)
+
+// Lending (docs/lending.md): the runtime, the trusted witness of when an
+// invocation blocks, says a lease sleeps; admission then charges it only
+// (1 - lendRatio) of its quota, and new leases are admitted into the rest.
+// The sleeper's slot keeps its whole quota: a wake needs no cgroup write,
+// so the awake lease never waits. On WAKE the pool charges it in full
+// again and, when that puts the container over its budget, degrades the
+// youngest awake leases (the likely borrowers) by the excess; released
+// budget raises them back as for any degraded lease.
+
+// Lends reports whether the pool lends the quota of sleeping leases.
+func (p *Pool) Lends() bool { return p.cfg.LendRatio > 0 }
+
+// Sleep marks owner's lease id as sleeping and lends its lendable share.
+// A lease already sleeping lends nothing more; with lending off it lends
+// nothing at all.
+func (p *Pool) Sleep(owner any, id uint64) error {
+	p.mu.Lock()
+	l, err := p.ownLease(owner, id)
+	if err != nil || l.sleeping {
+		p.mu.Unlock()
+		return err
+	}
+	l.sleeping = true
+	l.lent = lendable(l.granted, p.cfg.LendRatio)
+	if l.lent == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	p.lent += l.lent
+	p.budget.Give(l.lent)
+	raises := p.planRaises()
+	p.broadcast() // waiting requests may fit the lent budget
+	p.mu.Unlock()
+	p.raise(raises)
+	return nil
+}
+
+// Wake ends owner's lease id's sleep: it is charged its whole quota at once
+// and the pool cuts the youngest awake leases by what the container is now
+// over its budget. Waking an awake lease does nothing.
+func (p *Pool) Wake(owner any, id uint64) error {
+	p.mu.Lock()
+	l, err := p.ownLease(owner, id)
+	if err != nil || !l.sleeping {
+		p.mu.Unlock()
+		return err
+	}
+	p.wakes++
+	cuts := p.unlend(l)
+	p.mu.Unlock()
+	p.lower(cuts)
+	return nil
+}
+
+// lendable is the share of a quota of granted a sleeping lease lends.
+func lendable(granted uint32, ratio float64) uint32 {
+	if ratio <= 0 {
+		return 0
+	}
+	return uint32(min(float64(granted)*min(ratio, 1), float64(granted)))
+}
+
+// ownLease finds owner's lease id; the caller holds the lock.
+func (p *Pool) ownLease(owner any, id uint64) (*lease, error) {
+	l := p.leases[id]
+	if l == nil || l.owner != owner {
+		p.metrics.Error(metrics.UnknownLease)
+		return nil, errorf(UnknownLease, "lease %d is not held by this connection (unknown or already released)", id)
+	}
+	return l, nil
+}
+
+// charged is what lease l counts in the budget now.
+func (l *lease) charged() uint32 { return l.granted - l.lent }
+
+// unlend charges sleeping lease l in full again and plans the cuts that
+// bring the container back within its budget. The caller holds the lock.
+func (p *Pool) unlend(l *lease) []cut {
+	l.sleeping = false
+	if l.lent == 0 {
+		return nil
+	}
+	p.lent -= l.lent
+	p.budget.Take(l.lent)
+	l.lent = 0
+	if l.slot.lease != l {
+		return nil // being released: its release gives it all back
+	}
+	return p.planCuts(l)
+}
+
+// cut is an awake lease's grant lowered to give a waking lease its quota
+// back, whose slot is yet to be retuned.
+type cut struct {
+	l    *lease
+	by   uint32
+	spec cgroup.Spec
+}
+
+// planCuts lowers the youngest awake leases other than waker, each down to
+// the minimum degraded grant, until the budget holds what is granted (or no
+// lease is left to cut: the excess then waits for releases, as after a
+// limit shrink). A lease whose slot is busy with I/O is skipped. The
+// caller holds the lock.
+func (p *Pool) planCuts(waker *lease) []cut {
+	limit := p.budget.Limit
+	if limit == 0 || p.budget.Used() <= limit {
+		return nil
+	}
+	floor := max(p.cfg.MinDegradedMilli, 1)
+	var awake []*lease
+	for _, l := range p.leases {
+		if l != waker && !l.sleeping && l.granted > floor && l.slot.lease == l &&
+			!l.slot.busy && !l.slot.raising && l.slot.io != nil {
+			awake = append(awake, l)
+		}
+	}
+	sort.Slice(awake, func(i, j int) bool { return awake[i].id > awake[j].id })
+	var out []cut
+	for _, l := range awake {
+		excess := p.budget.Used() - limit
+		if excess == 0 {
+			break
+		}
+		by := min(l.granted-floor, excess)
+		l.granted -= by
+		p.budget.Give(by)
+		if !l.degraded {
+			l.degraded = true
+			p.degraded = append(p.degraded, l)
+		}
+		l.slot.raising = true
+		p.beginIO()
+		out = append(out, cut{l: l, by: by, spec: p.spec(l.granted)})
+	}
+	return out
+}
+
+// lower retunes the cut leases' slots outside the lock. A retune that
+// fails leaves the slot at its old quota, so the lease is charged it again.
+func (p *Pool) lower(cuts []cut) {
+	for _, c := range cuts {
+		s := c.l.slot
+		err := s.io.Retune(c.spec)
+		p.mu.Lock()
+		s.raising = false
+		if s.lease != c.l {
+			s.busy = false // released meanwhile: the slot was kept busy for this retune
+		}
+		switch {
+		case err == nil:
+			s.spec = c.spec
+		case p.leases[c.l.id] == c.l:
+			p.metrics.Error(metrics.RetuneFailed)
+			p.budget.Take(c.by)
+			c.l.granted += c.by
+		default:
+			p.metrics.Error(metrics.RetuneFailed)
+		}
+		p.endIO()
+		p.broadcast()
+		p.mu.Unlock()
+	}
+}
+
+// clampLent keeps what sleeping lease l lends within its share of what it
+// is granted, after its grant shrank (a raise that failed). The caller
+// holds the lock.
+func (p *Pool) clampLent(l *lease) {
+	if keep := lendable(l.granted, p.cfg.LendRatio); l.lent > keep {
+		p.lent -= l.lent - keep
+		p.budget.Take(l.lent - keep)
+		l.lent = keep
+	}
+}
+
+// endSleep forgets the lent share of lease l, which ends: the budget gets
+// back only what l was charged. The caller holds the lock.
+func (p *Pool) endSleep(l *lease) {
+	p.lent -= l.lent
+}

@@ -1,0 +1,314 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cpuslot/cpuslot/internal/admission"
+	"github.com/cpuslot/cpuslot/internal/metrics"
+)
+
+// lendPool is a pool of a 1000m container with lending at ratio and
+// admission policy pol.
+func lendPool(t *testing.T, ratio float64, pol admission.Policy) (*Pool, *fakeBackend) {
+	t.Helper()
+	b := newFake()
+	b.limit = 1000
+	c := cfg(Affinity, "500m=2")
+	c.Policy = pol.String()
+	c.LendRatio = ratio
+	return start(t, c, b), b
+}
+
+// checkBound: what the pool charges never exceeds the budget, and the quota
+// granted beyond it is at most what sleepers lend.
+func checkBound(t *testing.T, p *Pool) {
+	t.Helper()
+	s := p.Summary()
+	var granted, sleeping uint64
+	p.mu.Lock()
+	for _, l := range p.leases {
+		granted += uint64(l.granted)
+		if l.sleeping {
+			sleeping += uint64(l.granted)
+		}
+	}
+	p.mu.Unlock()
+	if s.UsedMilli > s.BudgetMilli {
+		t.Fatalf("charged %dm above the budget of %dm", s.UsedMilli, s.BudgetMilli)
+	}
+	if granted != uint64(s.UsedMilli)+uint64(s.LentMilli) {
+		t.Fatalf("granted %dm, charged %dm + lent %dm", granted, s.UsedMilli, s.LentMilli)
+	}
+	if float64(s.LentMilli) > p.cfg.LendRatio*float64(sleeping) {
+		t.Fatalf("lent %dm, more than %v of the sleepers' %dm", s.LentMilli, p.cfg.LendRatio, sleeping)
+	}
+}
+
+// TestLendOnSleep: a sleeping lease lends lendRatio of its quota; a new
+// acquisition is admitted into it; the sleeper keeps its slot's quota.
+func TestLendOnSleep(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, b := lendPool(t, 0.5, admission.Reject)
+	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	if _, err := p.Acquire(ctx, req(o, 250, 3, 0)); !errors.Is(err, ErrRejected) {
+		t.Fatalf("full budget: %v", err)
+	}
+	b.takeOps()
+	if err := p.Sleep(o, g1.Lease); err != nil {
+		t.Fatal(err)
+	}
+	if ops := b.takeOps(); len(ops) != 0 {
+		t.Fatalf("a sleep writes no cgroup file: %v", ops)
+	}
+	if s := p.Summary(); s.LentMilli != 250 || s.UsedMilli != 750 {
+		t.Fatalf("after sleep: %+v", s)
+	}
+	g3 := must(t)(p.Acquire(ctx, req(o, 250, 3, 0)))
+	if g3.Degraded || g3.Spec.QuotaMilli != 250 {
+		t.Fatalf("borrower %+v", g3)
+	}
+	checkBound(t, p)
+	// Only lendRatio is lent: nothing more fits.
+	if _, err := p.Acquire(ctx, req(o, 50, 4, 0)); !errors.Is(err, ErrRejected) {
+		t.Fatalf("beyond the ratio: %v", err)
+	}
+	// A second SLEEP lends nothing more.
+	if err := p.Sleep(o, g1.Lease); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Summary(); s.LentMilli != 250 {
+		t.Fatalf("slept twice: %+v", s)
+	}
+	checkBound(t, p)
+	_ = g2
+}
+
+// TestWakeTakesBackFromBorrowers: on WAKE the sleeper is charged its whole
+// quota at once (its slot was never lowered) and the pool degrades the
+// youngest awake leases, never the waker, to fit the budget again; releases
+// raise them back.
+func TestWakeTakesBackFromBorrowers(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, b := lendPool(t, 0.5, admission.Queue)
+	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	must(t)(nil, p.Sleep(o, g1.Lease))
+	g3 := must(t)(p.Acquire(ctx, req(o, 250, 3, 0)))
+	b.takeOps()
+	if err := p.Wake(o, g1.Lease); err != nil {
+		t.Fatal(err)
+	}
+	// 250m over: the borrower goes down to the minimum (200m), the next
+	// youngest by the rest.
+	ops := b.takeOps()
+	if fmt.Sprint(ops) != fmt.Sprintf("[retune %d 50m retune %d 450m]", g3.SlotID, g2.SlotID) {
+		t.Fatalf("wake should cut the youngest leases: %v", ops)
+	}
+	s := p.Summary()
+	if s.LentMilli != 0 || s.Degraded != 2 || s.Wakes != 1 || s.UsedMilli != 1000 {
+		t.Fatalf("after wake: %+v", s)
+	}
+	checkBound(t, p)
+	p.mu.Lock()
+	if l := p.leases[g1.Lease]; l.granted != 500 || l.slot.spec.QuotaMilli != 500 {
+		t.Fatalf("the waker has %dm, its slot %dm", l.granted, l.slot.spec.QuotaMilli)
+	}
+	p.mu.Unlock()
+	// A release raises the borrower back.
+	p.Release(o, g2.Lease, metrics.EndOK)
+	_ = g2
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 250m]", g3.SlotID) {
+		t.Fatalf("raise after release: %v", ops)
+	}
+	if s := p.Summary(); s.UsedMilli != 750 || s.Degraded != 0 {
+		t.Fatalf("after release: %+v", s)
+	}
+	// WAKE of an awake lease does nothing.
+	must(t)(nil, p.Wake(o, g1.Lease))
+	if s := p.Summary(); s.Wakes != 1 || s.UsedMilli != 750 {
+		t.Fatalf("wake of an awake lease: %+v", s)
+	}
+}
+
+// TestWakeCutsOnlyWhatIsNeeded: a borrower is cut by the excess, not to the
+// minimum, and the waker itself is never cut.
+func TestWakeCutsOnlyWhatIsNeeded(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, b := lendPool(t, 1, admission.Queue)
+	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	must(t)(nil, p.Sleep(o, g1.Lease))
+	g2 := must(t)(p.Acquire(ctx, req(o, 1000, 2, 0)))
+	b.takeOps()
+	must(t)(nil, p.Wake(o, g1.Lease))
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 500m]", g2.SlotID) {
+		t.Fatalf("cut: %v", ops)
+	}
+	if s := p.Summary(); s.UsedMilli != 1000 || s.Degraded != 1 {
+		t.Fatalf("%+v", s)
+	}
+	checkBound(t, p)
+}
+
+// TestReleaseWhileSleeping: a sleeping lease's release gives back only what
+// it was charged.
+func TestReleaseWhileSleeping(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, _ := lendPool(t, 0.5, admission.Queue)
+	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	must(t)(nil, p.Sleep(o, g1.Lease))
+	g2 := must(t)(p.Acquire(ctx, req(o, 750, 2, 0)))
+	p.Release(o, g1.Lease, metrics.EndOK)
+	if s := p.Summary(); s.UsedMilli != 750 || s.LentMilli != 0 {
+		t.Fatalf("after the sleeper's release: %+v", s)
+	}
+	p.Release(o, g2.Lease, metrics.EndOK)
+	if s := p.Summary(); s.UsedMilli != 0 {
+		t.Fatalf("all released: %+v", s)
+	}
+}
+
+// TestLendingOff: with lendRatio 0 a SLEEP lends nothing.
+func TestLendingOff(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, _ := lendPool(t, 0, admission.Reject)
+	g1 := must(t)(p.Acquire(ctx, req(o, 1000, 1, 0)))
+	must(t)(nil, p.Sleep(o, g1.Lease))
+	if _, err := p.Acquire(ctx, req(o, 50, 2, 0)); !errors.Is(err, ErrRejected) {
+		t.Fatalf("lending off: %v", err)
+	}
+	must(t)(nil, p.Wake(o, g1.Lease))
+	if s := p.Summary(); s.LentMilli != 0 || s.UsedMilli != 1000 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// TestSleepRefusesOthersLeases: a connection can sleep or wake only its own
+// leases.
+func TestSleepRefusesOthersLeases(t *testing.T) {
+	ctx := context.Background()
+	o, other := &conn{"o"}, &conn{"other"}
+	p, _ := lendPool(t, 0.5, admission.Reject)
+	g := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	for name, f := range map[string]func(any, uint64) error{"sleep": p.Sleep, "wake": p.Wake} {
+		if err := f(other, g.Lease); !errors.Is(err, ErrUnknownLease) {
+			t.Errorf("%s of another's lease: %v", name, err)
+		}
+		if err := f(o, g.Lease+1000); !errors.Is(err, ErrUnknownLease) {
+			t.Errorf("%s of an unknown lease: %v", name, err)
+		}
+	}
+	if s := p.Summary(); s.LentMilli != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// TestLyingRuntimeStaysInBudget: a runtime that says every lease sleeps,
+// fills what they lend, wakes them all and sleeps them again can never be
+// charged beyond the budget while lending, and lends at most lendRatio of
+// its sleepers' quota; once all are awake, the borrowers are cut back.
+func TestLyingRuntimeStaysInBudget(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, _ := lendPool(t, 0.75, admission.Degrade)
+	var ids []uint64
+	tid := uint32(1)
+	acquire := func() bool {
+		r := req(o, 250, tid, 0)
+		r.Wait = 1 // no waiting: admit now or not
+		g, err := p.Acquire(ctx, r)
+		tid++
+		if err != nil {
+			return false
+		}
+		ids = append(ids, g.Lease)
+		return true
+	}
+	for round := 0; round < 4; round++ {
+		for acquire() && len(ids) < 60 {
+		}
+		checkBound(t, p)
+		for _, id := range ids {
+			must(t)(nil, p.Sleep(o, id))
+			checkBound(t, p)
+		}
+		for acquire() && len(ids) < 60 {
+		}
+		checkBound(t, p)
+		for _, id := range ids {
+			must(t)(nil, p.Wake(o, id))
+		}
+		// All awake: nothing is lent, and what is charged above the budget
+		// is only what the minimum grant leaves (the borrowers were cut).
+		s := p.Summary()
+		if s.LentMilli != 0 {
+			t.Fatalf("round %d: lent %dm with none asleep", round, s.LentMilli)
+		}
+		if over := int(s.UsedMilli) - int(s.BudgetMilli); over > len(ids)*int(p.cfg.MinDegradedMilli) {
+			t.Fatalf("round %d: %dm over the budget with %d leases", round, over, len(ids))
+		}
+	}
+	for _, id := range ids {
+		p.Release(o, id, metrics.EndOK)
+	}
+	if s := p.Summary(); s.UsedMilli != 0 || s.LentMilli != 0 {
+		t.Fatalf("all released: %+v", s)
+	}
+}
+
+// TestConcurrentLending: workers acquire, sleep, wake and release at once
+// (degrade policy, so wakes cut and releases raise concurrently); the books
+// balance at every check and end empty.
+func TestConcurrentLending(t *testing.T) {
+	b := newFake()
+	b.limit = 1000
+	c := cfg(Affinity, "250m=4")
+	c.MaxSlots = 16
+	c.LendRatio = 0.5
+	c.Policy = admission.Degrade.String()
+	c.DefaultWait = 2 * time.Second
+	p := start(t, c, b)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			o := &conn{}
+			for i := 0; i < 100; i++ {
+				g, err := p.Acquire(context.Background(), req(o, 250, uint32(w+1), 0))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if (w+i)%3 != 0 {
+					if err := p.Sleep(o, g.Lease); err != nil {
+						t.Error(err)
+					}
+					if (w+i)%2 == 0 {
+						if err := p.Wake(o, g.Lease); err != nil {
+							t.Error(err)
+						}
+					}
+				}
+				if _, err := p.Release(o, g.Lease, metrics.EndOK); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if s := p.Summary(); s.Leases != 0 || s.UsedMilli != 0 || s.LentMilli != 0 || s.Degraded != 0 {
+		t.Fatalf("books do not balance: %+v", s)
+	}
+}
