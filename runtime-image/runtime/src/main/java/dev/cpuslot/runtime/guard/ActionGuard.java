@@ -368,15 +368,19 @@ public final class ActionGuard {
 
     /** Each function's class loader -> its temporary directory (removed with the function). */
     private static final Map<ClassLoader, Path> TMP = new ConcurrentHashMap<>();
+    /** The same with its links resolved, as the path checks compare it. */
+    private static final Map<ClassLoader, Path> TMP_REAL = new ConcurrentHashMap<>();
     private static final StackWalker WALKER = StackWalker.getInstance(StackWalker.Option.RETAIN_CLASS_REFERENCE);
 
     /** Gives the function whose classes the loader defines its own temporary directory (null removes it). */
     public static void setTmpdir(ClassLoader function, Path dir) {
         if (dir == null) {
             TMP.remove(function);
+            TMP_REAL.remove(function);
             BUDGETS.remove(function); // its threads still alive keep their count object
         } else {
             TMP.put(function, dir);
+            TMP_REAL.put(function, real(dir.toAbsolutePath().normalize()));
         }
     }
 
@@ -505,8 +509,8 @@ public final class ActionGuard {
         if (x.startsWith("/dev") && !DEVICES.contains(x.toString())) return "a device";
         for (Path q : PROTECTED) if (x.startsWith(q)) return "the runtime's own";
         if (x.startsWith(RUNTIME_TMP)) {
-            Path own = TMP.get(caller().getClassLoader());
-            if (own == null || !x.startsWith(real(own.toAbsolutePath().normalize()))) return "in the runtime's temporary directory, outside the function's own";
+            Path own = TMP_REAL.get(caller().getClassLoader());
+            if (own == null || !x.startsWith(own)) return "in the runtime's temporary directory, outside the function's own";
         }
         return null;
     }
