@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cpuslot/cpuslot/internal/proc"
 )
 
 // On cgroup v1 a placement fd moves any process its holder can name, and
@@ -35,14 +37,6 @@ type confineResult struct {
 	err error
 }
 
-// nsGetParent is ioctl_ns(2)'s NS_GET_PARENT, _IO(0xb7, 0x2): a new fd of
-// the parent of the PID namespace a fd refers to.
-const nsGetParent = 0xb702
-
-// maxNSDepth bounds the walk up a namespace's parents (the kernel nests
-// PID namespaces at most 32 deep).
-const maxNSDepth = 32
-
 // confined checks that every process in procs (a container's, as the agent
 // listed them) lives in PID namespace ns or below it, and that the init of
 // ns is one of them. Processes that exit meanwhile are skipped: they hold
@@ -50,7 +44,7 @@ const maxNSDepth = 32
 func confined(ns uint64, procs []int) error {
 	init := false
 	for _, pid := range procs {
-		in, err := inNamespace(pid, ns)
+		in, err := proc.InPIDNamespace(pid, ns)
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
 			continue
 		}
@@ -60,7 +54,7 @@ func confined(ns uint64, procs []int) error {
 		if !in {
 			return fmt.Errorf("%w: process %d lives outside it", errNotConfined, pid)
 		}
-		if !init && nsInode(pid) == ns && nspidOf(pid, pid) == 1 {
+		if !init && nsInode(pid) == ns && proc.NSpid(pid, pid) == 1 {
 			init = true
 		}
 	}
@@ -72,36 +66,6 @@ func confined(ns uint64, procs []int) error {
 
 // nsInode is the inode of a process's PID namespace (0: unreadable).
 func nsInode(pid int) uint64 {
-	var st unix.Stat_t
-	if unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &st) != nil {
-		return 0
-	}
-	return st.Ino
-}
-
-// inNamespace reports whether process pid lives in PID namespace ns or in
-// one below it, walking up its namespace's parents (NS_GET_PARENT). The
-// walk ends at the agent's own namespace (EPERM above it) or the root.
-func inNamespace(pid int, ns uint64) (bool, error) {
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/pid", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false, err
-	}
-	for depth := 0; ; depth++ {
-		var st unix.Stat_t
-		err := unix.Fstat(fd, &st)
-		if err != nil || st.Ino == ns || depth >= maxNSDepth {
-			unix.Close(fd)
-			return err == nil && st.Ino == ns, err
-		}
-		parent, err := unix.IoctlRetInt(fd, nsGetParent)
-		unix.Close(fd)
-		if errors.Is(err, unix.EPERM) {
-			return false, nil // no parent the agent can see: ns is not above it
-		}
-		if err != nil {
-			return false, fmt.Errorf("NS_GET_PARENT: %w", err)
-		}
-		fd = parent
-	}
+	ino, _ := proc.PIDNamespace(pid)
+	return ino
 }

@@ -111,9 +111,8 @@ func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) 
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(), watchExits: true,
 		conns: map[*conn]struct{}{}, charges: newCharges(), confinedCache: map[*pool.Pool]confineResult{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
-	var st unix.Stat_t
-	if unix.Stat("/proc/self/ns/pid", &st) == nil {
-		s.selfNS = st.Ino
+	if ns, err := proc.PIDNamespace(s.self); err == nil {
+		s.selfNS = ns
 	}
 	s.guard = newSelfGuard(h, m, log)
 	return s
@@ -441,11 +440,9 @@ func (c *conn) identify() error {
 		}
 	}
 	c.pidfd = pidfd
-	var st unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", cred.Pid), &st); err != nil {
+	if c.peer.NS, err = proc.PIDNamespace(c.peer.PID); err != nil {
 		return fmt.Errorf("peer %d: %w", cred.Pid, err)
 	}
-	c.peer.NS = st.Ino
 	if c.start, err = proc.StartTime(c.peer.PID); err != nil {
 		return err
 	}
@@ -915,9 +912,9 @@ func (c *conn) hostTID(nsTID uint32) (int, error) {
 		return 0, errors.New("the agent does not place its own threads")
 	}
 	host, ok := c.hostTIDs[nsTID]
-	if !ok || nspidOf(c.peer.PID, host) != nsTID {
+	if !ok || proc.NSpid(c.peer.PID, host) != nsTID {
 		var err error
-		if host, err = findHostTID(c.peer.PID, nsTID); err != nil {
+		if host, err = proc.FindHostTID(c.peer.PID, nsTID); err != nil {
 			return 0, err
 		}
 	}
@@ -941,8 +938,7 @@ func (s *Server) isSelf(tid int) bool {
 	if tid == s.self {
 		return true
 	}
-	_, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", s.self, tid))
-	return err == nil
+	return proc.IsThreadOf(s.self, tid)
 }
 
 func truncate(s string, n int) string {
