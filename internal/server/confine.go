@@ -7,6 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/internal/proc"
 )
 
@@ -68,4 +70,77 @@ func confined(ns uint64, procs []int) error {
 func nsInode(pid int) uint64 {
 	ino, _ := proc.PIDNamespace(pid)
 	return ino
+}
+
+// passesFDs reports why a peer may not hold placement fds (nil: it may).
+// On v2 the kernel lets a placement fd move only threads of the
+// container's own threaded subtree. On v1 it checks nothing but the
+// opener (the agent), so a holder could move any process it can name: fds
+// go only to a peer whose PID namespace holds its whole container
+// (confined), and to the agent's own process, which holds them anyway.
+// Everyone else has the agent place its threads (docs/security.md).
+func (c *conn) passesFDs() error {
+	s := c.srv
+	if s.hierarchy.ConfinesFDs() || c.peer.PID == s.self || s.limits.HostNamespaceFDs {
+		return nil
+	}
+	if c.peer.NS == s.selfNS {
+		return errors.New("the peer is in the agent's PID namespace")
+	}
+	if err := s.confinedPool(c.peer.NS, c.pool, c.resolve); err != nil {
+		return err
+	}
+	c.confine = true
+	c.confinedAt.Store(time.Now().UnixNano())
+	return c.alive() // the namespace read at accept is the peer's
+}
+
+// recheckConfined checks again, at most every confineRecheck and off the
+// request's path, that a v1 connection holding fds still meets passesFDs:
+// the container may have gained a process outside the peer's namespace
+// (the runtime's exec into a host-namespace container). If not, the
+// connection is closed; the client's next HELLO gets AGENT_PLACES.
+func (c *conn) recheckConfined() {
+	if !c.fds || !c.confine || time.Since(time.Unix(0, c.confinedAt.Load())) < confineRecheck ||
+		!c.rechecking.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer c.rechecking.Store(false)
+		err := c.srv.confinedPool(c.peer.NS, c.pool, c.resolve)
+		if err == nil {
+			c.confinedAt.Store(time.Now().UnixNano())
+			return
+		}
+		c.srv.metrics.Error(metrics.FDsRevoked)
+		c.srv.log.Warn("container no longer confined to the peer's PID namespace; closing its fd connection",
+			"container", c.pool.Name(), "pid", c.peer.PID, "err", err)
+		c.c.Close()
+	}()
+}
+
+// confinedPool is confined for the processes of the container pl serves,
+// remembered for confineRecheck per pool and namespace, so that the
+// connections of one pod share one walk of its cgroups.
+func (s *Server) confinedPool(ns uint64, pl *pool.Pool, r Resolver) error {
+	now := time.Now()
+	s.mu.Lock()
+	if e, ok := s.confinedCache[pl]; ok && e.ns == ns && now.Sub(e.at) < confineRecheck {
+		s.mu.Unlock()
+		return e.err
+	}
+	s.mu.Unlock()
+	procs, err := r.Processes(pl)
+	if err == nil {
+		err = confined(ns, procs)
+	}
+	s.mu.Lock()
+	for p, e := range s.confinedCache {
+		if now.Sub(e.at) >= confineRecheck {
+			delete(s.confinedCache, p) // stale, perhaps of a pool that is gone
+		}
+	}
+	s.confinedCache[pl] = confineResult{ns: ns, at: now, err: err}
+	s.mu.Unlock()
+	return err
 }
