@@ -37,21 +37,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		c.recheckConfined()
 		return c.acquire(f.Request, m)
 	case *slotv1.Release:
-		if m.Flags&(slotv1.ReleaseSleep|slotv1.ReleaseWake) != 0 {
-			return c.nap(f.Request, m)
-		}
-		u, err := c.pool.Release(c.session, m.Lease, ending(m.Outcome))
-		if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
-			c.srv.guard.check() // the agent moved the thread out
-		}
-		if m.Flags&slotv1.ReleaseNoReply != 0 {
-			return true // errors are counted by the pool; nothing is sent
-		}
-		if err != nil {
-			return c.fail(f.Request, err)
-		}
-		return c.send(f.Request, &slotv1.ReleaseOK{CPUNanos: u.CPUNanos, ThrottledNanos: u.ThrottledNanos,
-			Periods: u.Periods, ThrottledPeriods: u.ThrottledPeriods}, nil)
+		return c.release(f.Request, m)
 	case *slotv1.Reclaim:
 		c.recheckConfined()
 		return c.reclaim(f.Request, m)
@@ -123,6 +109,26 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 	}
 	c.srv.log.Debug("client connected", "container", sum.Name, "pid", c.peer.PID, "client", h.Client, "fds", c.fds, "local", c.local)
 	return c.send(request, ok, nil)
+}
+
+// release ends a lease and answers its usage; with SLEEP or WAKE it is a
+// nap instead.
+func (c *conn) release(request uint32, m *slotv1.Release) bool {
+	if m.Flags&(slotv1.ReleaseSleep|slotv1.ReleaseWake) != 0 {
+		return c.nap(request, m)
+	}
+	u, err := c.pool.Release(c.session, m.Lease, ending(m.Outcome))
+	if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
+		c.srv.guard.check() // the agent moved the thread out
+	}
+	if m.Flags&slotv1.ReleaseNoReply != 0 {
+		return true // errors are counted by the pool; nothing is sent
+	}
+	if err != nil {
+		return c.fail(request, err)
+	}
+	return c.send(request, &slotv1.ReleaseOK{CPUNanos: u.CPUNanos, ThrottledNanos: u.ThrottledNanos,
+		Periods: u.Periods, ThrottledPeriods: u.ThrottledPeriods}, nil)
 }
 
 // nap takes a RELEASE with SLEEP or WAKE: the lease's invocation sleeps or
