@@ -118,30 +118,14 @@ type conn struct {
 }
 
 func (c *conn) serve() {
-	log := c.srv.log
 	c.srv.metrics.Connections(1)
-	defer func() {
-		c.srv.metrics.Connections(-1)
-		c.c.Close()
-		if c.pidfd >= 0 {
-			unix.Close(c.pidfd)
-		}
-		if c.session != nil && c.srv.leave(c.session, c) && c.pool != nil {
-			if n := c.pool.ReleaseOwner(c.session); n > 0 {
-				log.Info("client process went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
-			}
-		}
-		c.srv.mu.Lock()
-		delete(c.srv.conns, c)
-		c.srv.charges.drop(&c.charge)
-		c.srv.mu.Unlock()
-	}()
-	if err := c.identify(); err != nil {
+	defer c.finish()
+	if err := c.open(); err != nil {
 		if errors.Is(err, errTooManyConns) {
 			c.srv.metrics.Error(metrics.ConnectionLimit)
-			log.Debug("connection refused", "pid", c.peer.PID, "err", err)
+			c.srv.log.Debug("connection refused", "pid", c.peer.PID, "err", err)
 		} else {
-			log.Warn("cannot identify peer", "err", err)
+			c.srv.log.Warn("cannot identify peer", "err", err)
 		}
 		return
 	}
@@ -154,26 +138,14 @@ func (c *conn) serve() {
 			var pe *slotv1.Error
 			if errors.As(err, &pe) {
 				c.srv.metrics.Error(metrics.BadFrame)
-				log.Warn("bad frame; closing connection", "pid", c.peer.PID, "err", err)
+				c.srv.log.Warn("bad frame; closing connection", "pid", c.peer.PID, "err", err)
 				c.send(0, pe, nil)
 			}
 			return
 		}
 		f, err := slotv1.DecodeBody(body)
 		if err != nil {
-			// A USAGE is one-way: its sender reads no answer, so after the
-			// error the connection is out of step and is closed.
-			oneWay := body[1] == slotv1.TypeUsage
-			c.srv.metrics.Error(metrics.BadRequest)
-			var pe *slotv1.Error
-			errors.As(err, &pe)
-			c.badRequests++
-			level := slog.LevelWarn
-			if c.badRequests > 1 {
-				level = slog.LevelDebug
-			}
-			log.Log(context.Background(), level, "bad request", "pid", c.peer.PID, "err", err, "count", c.badRequests)
-			if !c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) || pe.Code == slotv1.CodeUnsupportedVersion || oneWay {
+			if !c.undecodable(body, err) {
 				return
 			}
 			continue
@@ -182,4 +154,52 @@ func (c *conn) serve() {
 			return
 		}
 	}
+}
+
+// open identifies the peer and joins its process's session.
+func (c *conn) open() error {
+	if err := c.identify(); err != nil {
+		return err
+	}
+	if c.session = c.srv.join(processKey{pid: c.peer.PID, startTime: c.start}, c, c.pidfd); c.session == nil {
+		return errTooManyConns
+	}
+	return nil
+}
+
+// undecodable answers a frame that does not decode; false closes the
+// connection.
+func (c *conn) undecodable(body []byte, err error) bool {
+	// A USAGE is one-way: its sender reads no answer, so after the
+	// error the connection is out of step and is closed.
+	oneWay := body[1] == slotv1.TypeUsage
+	c.srv.metrics.Error(metrics.BadRequest)
+	var pe *slotv1.Error
+	errors.As(err, &pe)
+	c.badRequests++
+	level := slog.LevelWarn
+	if c.badRequests > 1 {
+		level = slog.LevelDebug
+	}
+	c.srv.log.Log(context.Background(), level, "bad request", "pid", c.peer.PID, "err", err, "count", c.badRequests)
+	return c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) && pe.Code != slotv1.CodeUnsupportedVersion && !oneWay
+}
+
+// finish ends a connection: its leases go when it was its process's last,
+// and its counts are dropped.
+func (c *conn) finish() {
+	c.srv.metrics.Connections(-1)
+	c.c.Close()
+	if c.pidfd >= 0 {
+		unix.Close(c.pidfd)
+	}
+	if c.session != nil && c.srv.leave(c.session, c) && c.pool != nil {
+		if n := c.pool.ReleaseOwner(c.session); n > 0 {
+			c.srv.log.Info("client process went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
+		}
+	}
+	c.srv.mu.Lock()
+	delete(c.srv.conns, c)
+	c.srv.charges.drop(&c.charge)
+	c.srv.mu.Unlock()
 }

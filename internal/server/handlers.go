@@ -86,6 +86,12 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 			c.srv.log.Debug("the agent places this peer's threads", "pid", c.peer.PID, "reason", err)
 		}
 	}
+	return c.send(request, c.helloOK(h, p), nil)
+}
+
+// helloOK is the answer to a HELLO the agent took, and settles whether the
+// connection is LOCAL.
+func (c *conn) helloOK(h *slotv1.Hello, p *pool.Pool) *slotv1.HelloOK {
 	sum := p.Summary()
 	place, stat := c.srv.hierarchy.SlotFDs()
 	ok := &slotv1.HelloOK{Version: slotv1.Version, Hierarchy: uint8(c.srv.hierarchy.Version), PlaceFDs: uint8(place), StatFDs: uint8(stat),
@@ -108,7 +114,7 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 		ok.Pools = append(ok.Pools, slotv1.PoolSummary{QuotaMilli: q.QuotaMilli, PeriodUS: q.PeriodUS, Slots: uint16(min(q.Slots, 0xFFFF)), Free: uint16(min(q.Free, 0xFFFF))})
 	}
 	c.srv.log.Debug("client connected", "container", sum.Name, "pid", c.peer.PID, "client", h.Client, "fds", c.fds, "local", c.local)
-	return c.send(request, ok, nil)
+	return ok
 }
 
 // release ends a lease and answers its usage; with SLEEP or WAKE it is a

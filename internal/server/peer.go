@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"golang.org/x/sys/unix"
 
@@ -19,33 +20,14 @@ type Peer struct {
 	NS uint64
 }
 
-var errTooManyConns = errors.New("too many connections from one process")
-
 // identify reads the peer's credentials and PID namespace and takes a
 // pidfd of the peer: SO_PEERPIDFD names the process that connected even
 // if it has exited since. Without it (Linux < 6.5) the PID is opened and
 // its start time re-checked at every use.
 func (c *conn) identify() error {
-	var cred *unix.Ucred
-	var cerr, perr error
-	pidfd := -1
-	rc, err := c.c.SyscallConn()
+	cred, pidfd, perr, err := peerCreds(c.c)
 	if err != nil {
 		return err
-	}
-	if err := rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		if cerr == nil {
-			var v int
-			if v, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); perr == nil {
-				pidfd = v
-			}
-		}
-	}); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("SO_PEERCRED: %w", cerr)
 	}
 	c.peer = Peer{PID: int(cred.Pid), UID: int(cred.Uid)}
 	if errors.Is(perr, unix.ESRCH) {
@@ -66,13 +48,33 @@ func (c *conn) identify() error {
 		return err
 	}
 	// What was read above belongs to the peer only if it still lives.
-	if err := c.alive(); err != nil {
-		return err
+	return c.alive()
+}
+
+// peerCreds reads the peer's SO_PEERCRED and SO_PEERPIDFD (pidfd -1:
+// none, for the reason perr).
+func peerCreds(uc *net.UnixConn) (cred *unix.Ucred, pidfd int, perr error, err error) {
+	var cerr error
+	pidfd = -1
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return nil, -1, nil, err
 	}
-	if c.session = c.srv.join(processKey{pid: c.peer.PID, startTime: c.start}, c, c.pidfd); c.session == nil {
-		return errTooManyConns
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if cerr == nil {
+			var v int
+			if v, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); perr == nil {
+				pidfd = v
+			}
+		}
+	}); err != nil {
+		return nil, -1, nil, err
 	}
-	return nil
+	if cerr != nil {
+		return nil, -1, nil, fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	return cred, pidfd, perr, nil
 }
 
 // alive checks that the peer process still exists, so that what was just

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 
 	"golang.org/x/time/rate"
 )
@@ -55,6 +56,8 @@ type processKey struct {
 	pid       int
 	startTime uint64
 }
+
+var errTooManyConns = errors.New("too many connections from one process")
 
 // join adds connection c to its process's session, or refuses it when the
 // process holds MaxConnsPerProcess connections already. A new session
