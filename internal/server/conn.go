@@ -43,28 +43,37 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 			continue
 		}
 		backoff.reset()
-		ch := s.chargeOf(c, r)
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
-			c.Close()
+		if !s.accepted(c, r) {
 			return nil
 		}
-		if !s.charges.admit(&ch, s.limits) {
-			s.mu.Unlock()
-			s.metrics.Error(metrics.ConnectionLimit)
-			c.Close()
-			continue
-		}
-		cn := &conn{srv: s, resolve: r, c: c, charge: ch, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
-		s.conns[cn] = struct{}{}
-		s.serving.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer s.serving.Done()
-			cn.serve()
-		}()
 	}
+}
+
+// accepted charges a new connection to its share (admit.go) and serves it,
+// or closes it when the share is full; false: the server is closing.
+func (s *Server) accepted(c *net.UnixConn, r Resolver) bool {
+	ch := s.chargeOf(c, r)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.Close()
+		return false
+	}
+	if !s.charges.admit(&ch, s.limits) {
+		s.mu.Unlock()
+		s.metrics.Error(metrics.ConnectionLimit)
+		c.Close()
+		return true
+	}
+	cn := &conn{srv: s, resolve: r, c: c, charge: ch, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+	s.conns[cn] = struct{}{}
+	s.serving.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.serving.Done()
+		cn.serve()
+	}()
+	return true
 }
 
 // Shutdown closes every connection (clients reconnect to the next agent)
