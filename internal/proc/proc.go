@@ -1,5 +1,5 @@
 // Package proc reads what the agent needs from /proc to tell processes and
-// threads apart over time.
+// threads apart over time and to name them across PID namespaces.
 package proc
 
 import (

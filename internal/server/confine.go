@@ -6,6 +6,10 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/proc"
 )
 
 // On cgroup v1 a placement fd moves any process its holder can name, and
@@ -35,14 +39,6 @@ type confineResult struct {
 	err error
 }
 
-// nsGetParent is ioctl_ns(2)'s NS_GET_PARENT, _IO(0xb7, 0x2): a new fd of
-// the parent of the PID namespace a fd refers to.
-const nsGetParent = 0xb702
-
-// maxNSDepth bounds the walk up a namespace's parents (the kernel nests
-// PID namespaces at most 32 deep).
-const maxNSDepth = 32
-
 // confined checks that every process in procs (a container's, as the agent
 // listed them) lives in PID namespace ns or below it, and that the init of
 // ns is one of them. Processes that exit meanwhile are skipped: they hold
@@ -50,7 +46,7 @@ const maxNSDepth = 32
 func confined(ns uint64, procs []int) error {
 	init := false
 	for _, pid := range procs {
-		in, err := inNamespace(pid, ns)
+		in, err := proc.InPIDNamespace(pid, ns)
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
 			continue
 		}
@@ -60,7 +56,7 @@ func confined(ns uint64, procs []int) error {
 		if !in {
 			return fmt.Errorf("%w: process %d lives outside it", errNotConfined, pid)
 		}
-		if !init && nsInode(pid) == ns && nspidOf(pid, pid) == 1 {
+		if !init && nsInode(pid) == ns && proc.NSpid(pid, pid) == 1 {
 			init = true
 		}
 	}
@@ -72,36 +68,79 @@ func confined(ns uint64, procs []int) error {
 
 // nsInode is the inode of a process's PID namespace (0: unreadable).
 func nsInode(pid int) uint64 {
-	var st unix.Stat_t
-	if unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &st) != nil {
-		return 0
-	}
-	return st.Ino
+	ino, _ := proc.PIDNamespace(pid)
+	return ino
 }
 
-// inNamespace reports whether process pid lives in PID namespace ns or in
-// one below it, walking up its namespace's parents (NS_GET_PARENT). The
-// walk ends at the agent's own namespace (EPERM above it) or the root.
-func inNamespace(pid int, ns uint64) (bool, error) {
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/pid", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false, err
+// passesFDs reports why a peer may not hold placement fds (nil: it may).
+// On v2 the kernel lets a placement fd move only threads of the
+// container's own threaded subtree. On v1 it checks nothing but the
+// opener (the agent), so a holder could move any process it can name: fds
+// go only to a peer whose PID namespace holds its whole container
+// (confined), and to the agent's own process, which holds them anyway.
+// Everyone else has the agent place its threads (docs/security.md).
+func (c *conn) passesFDs() error {
+	s := c.srv
+	if s.hierarchy.ConfinesFDs() || c.peer.PID == s.self || s.limits.HostNamespaceFDs {
+		return nil
 	}
-	for depth := 0; ; depth++ {
-		var st unix.Stat_t
-		err := unix.Fstat(fd, &st)
-		if err != nil || st.Ino == ns || depth >= maxNSDepth {
-			unix.Close(fd)
-			return err == nil && st.Ino == ns, err
-		}
-		parent, err := unix.IoctlRetInt(fd, nsGetParent)
-		unix.Close(fd)
-		if errors.Is(err, unix.EPERM) {
-			return false, nil // no parent the agent can see: ns is not above it
-		}
-		if err != nil {
-			return false, fmt.Errorf("NS_GET_PARENT: %w", err)
-		}
-		fd = parent
+	if c.peer.NS == s.selfNS {
+		return errors.New("the peer is in the agent's PID namespace")
 	}
+	if err := s.confinedPool(c.peer.NS, c.pool, c.resolve); err != nil {
+		return err
+	}
+	c.confine = true
+	c.confinedAt.Store(time.Now().UnixNano())
+	return c.alive() // the namespace read at accept is the peer's
+}
+
+// recheckConfined checks again, at most every confineRecheck and off the
+// request's path, that a v1 connection holding fds still meets passesFDs:
+// the container may have gained a process outside the peer's namespace
+// (the runtime's exec into a host-namespace container). If not, the
+// connection is closed; the client's next HELLO gets AGENT_PLACES.
+func (c *conn) recheckConfined() {
+	if !c.fds || !c.confine || time.Since(time.Unix(0, c.confinedAt.Load())) < confineRecheck ||
+		!c.rechecking.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer c.rechecking.Store(false)
+		err := c.srv.confinedPool(c.peer.NS, c.pool, c.resolve)
+		if err == nil {
+			c.confinedAt.Store(time.Now().UnixNano())
+			return
+		}
+		c.srv.metrics.Error(metrics.FDsRevoked)
+		c.srv.log.Warn("container no longer confined to the peer's PID namespace; closing its fd connection",
+			"container", c.pool.Name(), "pid", c.peer.PID, "err", err)
+		c.c.Close()
+	}()
+}
+
+// confinedPool is confined for the processes of the container pl serves,
+// remembered for confineRecheck per pool and namespace, so that the
+// connections of one pod share one walk of its cgroups.
+func (s *Server) confinedPool(ns uint64, pl *pool.Pool, r Resolver) error {
+	now := time.Now()
+	s.mu.Lock()
+	if e, ok := s.confinedCache[pl]; ok && e.ns == ns && now.Sub(e.at) < confineRecheck {
+		s.mu.Unlock()
+		return e.err
+	}
+	s.mu.Unlock()
+	procs, err := r.Processes(pl)
+	if err == nil {
+		err = confined(ns, procs)
+	}
+	s.mu.Lock()
+	for p, e := range s.confinedCache {
+		if now.Sub(e.at) >= confineRecheck {
+			delete(s.confinedCache, p) // stale, perhaps of a pool that is gone
+		}
+	}
+	s.confinedCache[pl] = confineResult{ns: ns, at: now, err: err}
+	s.mu.Unlock()
+	return err
 }

@@ -1,15 +1,14 @@
 package server
 
 import (
-	"fmt"
 	"log/slog"
 	"os"
 	"path"
-	"strconv"
 	"sync"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/proc"
 )
 
 // selfGuard checks, after agent placements, that no thread of the agent
@@ -53,16 +52,12 @@ func (g *selfGuard) scan() int {
 	if err != nil || inSlot(home) {
 		home = "/"
 	}
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
+	tids, err := proc.Threads(self)
 	if err != nil {
 		return 0
 	}
 	found := 0
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
+	for _, tid := range tids {
 		p, err := g.h.PathOfThread(self, tid)
 		if err != nil || !inSlot(p) {
 			continue

@@ -1,0 +1,214 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool"
+)
+
+// Transport: the accept loop, and each connection's loop from identifying
+// its peer to its last frame. What a request does is in handlers.go.
+
+// Serve accepts connections until the listener is closed.
+func (s *Server) Serve(ln *Listener) error { return s.ServeWith(ln, s.resolve) }
+
+// ServeWith accepts connections on ln, resolving peers with r (a socket of
+// one container accepts that container's processes only).
+func (s *Server) ServeWith(ln *Listener, r Resolver) error {
+	var backoff acceptBackoff
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// Out of fds or memory: wait, more each time, and say so
+			// rarely; the pending connection stays queued meanwhile.
+			s.metrics.Error(metrics.AcceptFailed)
+			d, report, n := backoff.failed(time.Now())
+			if report {
+				s.log.Warn("accept failing; backing off", "err", err, "failures", n, "wait", d)
+			}
+			time.Sleep(d)
+			continue
+		}
+		backoff.reset()
+		if !s.accepted(c, r) {
+			return nil
+		}
+	}
+}
+
+// accepted charges a new connection to its share (admit.go) and serves it,
+// or closes it when the share is full; false: the server is closing.
+func (s *Server) accepted(c *net.UnixConn, r Resolver) bool {
+	ch := s.chargeOf(c, r)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.Close()
+		return false
+	}
+	if !s.charges.admit(&ch, s.limits) {
+		s.mu.Unlock()
+		s.metrics.Error(metrics.ConnectionLimit)
+		c.Close()
+		return true
+	}
+	cn := &conn{srv: s, resolve: r, c: c, charge: ch, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+	s.conns[cn] = struct{}{}
+	s.serving.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.serving.Done()
+		cn.serve()
+	}()
+	return true
+}
+
+// Shutdown closes every connection (clients reconnect to the next agent)
+// and waits for their handlers. Leases end with the connections; slots and
+// running invocations are left alone.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	s.closing = true
+	for c := range s.conns {
+		c.c.Close()
+	}
+	s.mu.Unlock()
+	s.cancel()
+	s.serving.Wait()
+}
+
+type conn struct {
+	srv     *Server
+	resolve Resolver
+	c       *net.UnixConn
+	// charge is what the connection counts against (admit.go).
+	charge charge
+	peer   Peer
+	// pidfd refers to the peer process (-1: the kernel has no pidfds;
+	// start then re-checks the PID).
+	pidfd   int
+	start   uint64
+	session *session
+	pool    *pool.Pool
+	fds     bool // the client takes fds
+	// confine: the connection got fds by the v1 rule (passesFDs), which
+	// is checked again; confinedAt is when it last was (unix ns), and
+	// rechecking is set while a check runs.
+	confine    bool
+	confinedAt atomic.Int64
+	rechecking atomic.Bool
+	// local: the client was granted LOCAL (HOLD leases, USAGE reports).
+	local bool
+	// seen holds the slots whose fds this connection was sent.
+	seen map[uint32]bool
+	// hostTIDs caches the translation of the peer's TIDs into the agent's
+	// PID namespace (only needed when the agent places threads).
+	hostTIDs map[uint32]int
+	buf      []byte
+	out      []byte
+	// writeDeadline is the deadline set on writes.
+	writeDeadline time.Time
+	// badRequests counts this connection's bad requests; only the first
+	// is logged above debug level (a peer can send millions).
+	badRequests int
+}
+
+func (c *conn) serve() {
+	c.srv.metrics.Connections(1)
+	defer c.finish()
+	if err := c.open(); err != nil {
+		if errors.Is(err, errTooManyConns) {
+			c.srv.metrics.Error(metrics.ConnectionLimit)
+			c.srv.log.Debug("connection refused", "pid", c.peer.PID, "err", err)
+		} else {
+			c.srv.log.Warn("cannot identify peer", "err", err)
+		}
+		return
+	}
+	c.buf = make([]byte, 0, 512)
+	// HELLO must come soon; after it a connection may idle between frames.
+	c.c.SetReadDeadline(time.Now().Add(c.srv.limits.HelloTimeout))
+	for {
+		body, err := c.readFrame()
+		if err != nil {
+			var pe *slotv1.Error
+			if errors.As(err, &pe) {
+				c.srv.metrics.Error(metrics.BadFrame)
+				c.srv.log.Warn("bad frame; closing connection", "pid", c.peer.PID, "err", err)
+				c.send(0, pe, nil)
+			}
+			return
+		}
+		f, err := slotv1.DecodeBody(body)
+		if err != nil {
+			if !c.undecodable(body, err) {
+				return
+			}
+			continue
+		}
+		if !c.handle(f) {
+			return
+		}
+	}
+}
+
+// open identifies the peer and joins its process's session.
+func (c *conn) open() error {
+	if err := c.identify(); err != nil {
+		return err
+	}
+	if c.session = c.srv.join(processKey{pid: c.peer.PID, startTime: c.start}, c, c.pidfd); c.session == nil {
+		return errTooManyConns
+	}
+	return nil
+}
+
+// undecodable answers a frame that does not decode; false closes the
+// connection.
+func (c *conn) undecodable(body []byte, err error) bool {
+	// A USAGE is one-way: its sender reads no answer, so after the
+	// error the connection is out of step and is closed.
+	oneWay := body[1] == slotv1.TypeUsage
+	c.srv.metrics.Error(metrics.BadRequest)
+	var pe *slotv1.Error
+	errors.As(err, &pe)
+	c.badRequests++
+	level := slog.LevelWarn
+	if c.badRequests > 1 {
+		level = slog.LevelDebug
+	}
+	c.srv.log.Log(context.Background(), level, "bad request", "pid", c.peer.PID, "err", err, "count", c.badRequests)
+	return c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) && pe.Code != slotv1.CodeUnsupportedVersion && !oneWay
+}
+
+// finish ends a connection: its leases go when it was its process's last,
+// and its counts are dropped.
+func (c *conn) finish() {
+	c.srv.metrics.Connections(-1)
+	c.c.Close()
+	if c.pidfd >= 0 {
+		unix.Close(c.pidfd)
+	}
+	if c.session != nil && c.srv.leave(c.session, c) && c.pool != nil {
+		if n := c.pool.ReleaseOwner(c.session); n > 0 {
+			c.srv.log.Info("client process went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
+		}
+	}
+	c.srv.mu.Lock()
+	delete(c.srv.conns, c)
+	c.srv.charges.drop(&c.charge)
+	c.srv.mu.Unlock()
+}

@@ -1,0 +1,295 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool"
+)
+
+// The handlers: one a request type; handle only dispatches. Results
+// become wire messages in wire.go.
+
+// handle answers one request; false closes the connection.
+func (c *conn) handle(f slotv1.Frame) bool {
+	if c.pool == nil {
+		h, ok := f.Msg.(*slotv1.Hello)
+		if !ok {
+			c.srv.metrics.Error(metrics.NoHello)
+			return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "the first request must be HELLO")) && false
+		}
+		return c.hello(f.Request, h)
+	}
+	// Every request is the opener's: a connection that outlived its
+	// process (a child inherited it, or it was passed on) gets nothing
+	// more. The session's watch closes it soon; this closes the gap.
+	if err := c.alive(); err != nil {
+		c.srv.metrics.Error(metrics.NotServed)
+		c.srv.log.Info("request on a connection whose process has exited; closing", "container", c.pool.Name(), "pid", c.peer.PID)
+		c.fail(f.Request, slotv1.Errorf(slotv1.CodeNotServed, "%v", err))
+		return false
+	}
+	switch m := f.Msg.(type) {
+	case *slotv1.Acquire:
+		c.recheckConfined()
+		return c.acquire(f.Request, m)
+	case *slotv1.Release:
+		return c.release(f.Request, m)
+	case *slotv1.Reclaim:
+		c.recheckConfined()
+		return c.reclaim(f.Request, m)
+	case *slotv1.Usage:
+		return c.usage(f.Request, m)
+	case *slotv1.HeldRequest:
+		return c.held(f.Request)
+	case *slotv1.Hello:
+		return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "HELLO sent twice"))
+	}
+	c.srv.metrics.Error(metrics.BadRequest)
+	return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "unexpected %T from a client", f.Msg))
+}
+
+func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
+	if h.MinVersion > slotv1.Version || h.MaxVersion < slotv1.Version {
+		c.fail(request, slotv1.Errorf(slotv1.CodeUnsupportedVersion, "client speaks %d..%d, agent speaks %d", h.MinVersion, h.MaxVersion, slotv1.Version))
+		return false
+	}
+	p, err := c.resolve.Resolve(c.peer)
+	if err == nil {
+		err = c.alive()
+		if err != nil {
+			err = slotv1.Errorf(slotv1.CodeNotServed, "%v", err)
+		}
+	}
+	if err != nil {
+		var pe *slotv1.Error
+		if errors.As(err, &pe) && pe.Code == slotv1.CodeNotReady {
+			return c.fail(request, err) // the client may say HELLO again later
+		}
+		c.srv.metrics.Error(metrics.NotServed)
+		c.srv.log.Warn("refused peer", "pid", c.peer.PID, "uid", c.peer.UID, "err", err)
+		c.fail(request, err)
+		return false
+	}
+	c.pool = p
+	c.c.SetReadDeadline(time.Time{})
+	c.srv.mu.Lock()
+	c.srv.charges.identified(&c.charge)
+	c.srv.mu.Unlock()
+	if h.Flags&slotv1.HelloFDPassing != 0 {
+		err := c.passesFDs()
+		c.fds = err == nil
+		if err != nil {
+			c.srv.log.Debug("the agent places this peer's threads", "pid", c.peer.PID, "reason", err)
+		}
+	}
+	return c.send(request, c.helloOK(h, p), nil)
+}
+
+// helloOK is the answer to a HELLO the agent took, and settles whether the
+// connection is LOCAL.
+func (c *conn) helloOK(h *slotv1.Hello, p *pool.Pool) *slotv1.HelloOK {
+	sum := p.Summary()
+	place, stat := c.srv.hierarchy.SlotFDs()
+	ok := &slotv1.HelloOK{Version: slotv1.Version, Hierarchy: uint8(c.srv.hierarchy.Version), PlaceFDs: uint8(place), StatFDs: uint8(stat),
+		Container: slotv1.Clean(truncate(sum.Name, slotv1.MaxStringLen)), BudgetMilli: sum.BudgetMilli}
+	if c.srv.hierarchy.FavorDynMods {
+		ok.Flags |= slotv1.HelloOKFavorDynMods
+	}
+	if !c.fds {
+		ok.Flags |= slotv1.HelloOKAgentPlaces
+	}
+	// LOCAL needs fds: the client's threads place themselves in the slots
+	// the process holds.
+	if c.local = h.Flags&slotv1.HelloLocal != 0 && c.fds && p.GrantsHold(); c.local {
+		ok.Flags |= slotv1.HelloOKLocal | slotv1.HelloOKHeld
+	}
+	if p.Lends() {
+		ok.Flags |= slotv1.HelloOKLend
+	}
+	for _, q := range sum.Quotas {
+		ok.Pools = append(ok.Pools, slotv1.PoolSummary{QuotaMilli: q.QuotaMilli, PeriodUS: q.PeriodUS, Slots: uint16(min(q.Slots, 0xFFFF)), Free: uint16(min(q.Free, 0xFFFF))})
+	}
+	c.srv.log.Debug("client connected", "container", sum.Name, "pid", c.peer.PID, "client", h.Client, "fds", c.fds, "local", c.local)
+	return ok
+}
+
+// release ends a lease and answers its usage; with SLEEP or WAKE it is a
+// nap instead.
+func (c *conn) release(request uint32, m *slotv1.Release) bool {
+	if m.Flags&(slotv1.ReleaseSleep|slotv1.ReleaseWake) != 0 {
+		return c.nap(request, m)
+	}
+	u, err := c.pool.Release(c.session, m.Lease, ending(m.Outcome))
+	if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
+		c.srv.guard.check() // the agent moved the thread out
+	}
+	if m.Flags&slotv1.ReleaseNoReply != 0 {
+		return true // errors are counted by the pool; nothing is sent
+	}
+	if err != nil {
+		return c.fail(request, err)
+	}
+	return c.send(request, &slotv1.ReleaseOK{CPUNanos: u.CPUNanos, ThrottledNanos: u.ThrottledNanos,
+		Periods: u.Periods, ThrottledPeriods: u.ThrottledPeriods}, nil)
+}
+
+// nap takes a RELEASE with SLEEP or WAKE: the lease's invocation sleeps or
+// woke up (SPEC.md, "Lending"); the lease is not released.
+func (c *conn) nap(request uint32, m *slotv1.Release) bool {
+	var err error
+	switch {
+	case m.Flags&slotv1.ReleaseSleep != 0 && m.Flags&slotv1.ReleaseWake != 0:
+		c.srv.metrics.Error(metrics.BadRequest)
+		err = slotv1.Errorf(slotv1.CodeBadRequest, "SLEEP and WAKE together")
+	case m.Outcome != slotv1.InvocationOK:
+		c.srv.metrics.Error(metrics.BadRequest)
+		err = slotv1.Errorf(slotv1.CodeBadRequest, "SLEEP or WAKE with outcome %v, want OK", m.Outcome)
+	case m.Flags&slotv1.ReleaseSleep != 0:
+		err = c.pool.Sleep(c.session, m.Lease)
+	default:
+		err = c.pool.Wake(c.session, m.Lease)
+	}
+	if m.Flags&slotv1.ReleaseNoReply != 0 {
+		return true // errors are counted; nothing is sent
+	}
+	if err != nil {
+		return c.fail(request, err)
+	}
+	return c.send(request, &slotv1.ReleaseOK{}, nil)
+}
+
+// badRequest answers a request the agent refuses as malformed, and counts
+// it; the connection stays open.
+func (c *conn) badRequest(request uint32, format string, args ...any) bool {
+	c.srv.metrics.Error(metrics.BadRequest)
+	return c.fail(request, slotv1.Errorf(slotv1.CodeBadRequest, format, args...))
+}
+
+func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
+	hold := m.Flags&slotv1.AcquireHold != 0
+	if hold && !c.local {
+		return c.badRequest(request, "HOLD needs a connection granted LOCAL at HELLO")
+	}
+	req := pool.Request{
+		Owner: c.session, QuotaMilli: m.QuotaMilli, Thread: pool.Thread{NS: c.peer.NS, TID: m.TID},
+		CurrentSlot: m.CurrentSlot, AgentPlaces: !c.fds || m.Flags&slotv1.AcquireAgentPlaces != 0,
+		Wait: time.Duration(m.WaitUS) * time.Microsecond, Action: m.Action, Invocation: m.Invocation,
+		Hold: hold,
+	}
+	req.HostTID = func() (int, error) { return c.hostTID(m.TID) }
+	req.NeedFDs = c.needFDs
+	g, err := c.pool.Acquire(c.session.ctx, req)
+	if errors.Is(err, pool.ErrBadRequest) {
+		c.srv.metrics.Error(metrics.BadRequest)
+	}
+	if !hold && c.peer.PID != c.srv.self && c.pool.AgentPlaces(req.AgentPlaces) {
+		c.srv.guard.check() // an agent placement (or eviction) may have run
+	}
+	if err != nil {
+		return c.fail(request, err)
+	}
+	return c.grant(request, g)
+}
+
+// reclaim re-declares a lease after a reconnect: a thread's, or with tid 0
+// and no action a HOLD lease (only on a LOCAL connection).
+func (c *conn) reclaim(request uint32, m *slotv1.Reclaim) bool {
+	var g *pool.Grant
+	var err error
+	if m.TID == 0 && m.Action == "" {
+		if !c.local {
+			return c.badRequest(request, "RECLAIM of a HOLD lease (tid 0, no action) needs a connection granted LOCAL at HELLO")
+		}
+		if m.Invocation != "" {
+			return c.badRequest(request, "a HOLD lease has no invocation")
+		}
+		g, err = c.pool.ReclaimHold(c.session, m.Slot, m.QuotaMilli)
+	} else {
+		g, err = c.pool.Reclaim(c.session, m.Slot, m.QuotaMilli, pool.Thread{NS: c.peer.NS, TID: m.TID}, m.Action)
+	}
+	if err != nil {
+		return c.fail(request, err)
+	}
+	return c.grant(request, g)
+}
+
+// usage credits a USAGE report. It is one-way: nothing is answered unless
+// it is refused, and then the connection is closed (its sender reads no
+// answer, so it would be out of step). Its cost is bounded per frame like
+// any request's: at most MaxUsageRecords records, each a label lookup.
+func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
+	if !c.local {
+		c.badRequest(request, "USAGE needs a connection granted LOCAL at HELLO")
+		return false
+	}
+	if !c.session.usage.Allow() {
+		c.srv.metrics.Error(metrics.UsageThrottled)
+		if c.session.usage.Wait(c.session.ctx) != nil {
+			return false // the agent is stopping, or the process exited
+		}
+	}
+	rs := make([]pool.Report, len(m.Records))
+	for i, r := range m.Records {
+		rs[i] = pool.Report{Action: r.Action, How: ending(r.Outcome), N: uint64(r.Invocations), CPUNanos: r.CPUNanos, ThrottledNanos: r.ThrottledNanos}
+	}
+	c.pool.Reported(c.session, rs)
+	return true
+}
+
+// held answers HELD: the process's HOLD leases as granted now, and how
+// much of them to give back so that the container fits its budget again.
+// Its cost is bounded: at most heldRate answers a second per process, each
+// listing at most MaxHeldLeases leases.
+func (c *conn) held(request uint32) bool {
+	if !c.local {
+		return c.badRequest(request, "HELD needs a connection granted LOCAL at HELLO")
+	}
+	if !c.session.held.Allow() {
+		c.srv.metrics.Error(metrics.HeldThrottled)
+		return c.send(request, &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: heldRetry,
+			Message: fmt.Sprintf("HELD at most %d times a second per process", heldRate)}, nil)
+	}
+	h := c.pool.Held(c.session, slotv1.MaxHeldLeases)
+	ok := &slotv1.HeldOK{BudgetMilli: h.BudgetMilli, GiveBackMilli: h.GiveBackMilli, Leases: make([]slotv1.HeldLease, len(h.Leases))}
+	for i, l := range h.Leases {
+		ok.Leases[i] = slotv1.HeldLease{Lease: l.Lease, Slot: l.SlotID, QuotaMilli: l.QuotaMilli}
+		if l.Degraded {
+			ok.Leases[i].Flags = slotv1.HeldDegraded
+		}
+	}
+	return c.send(request, ok, nil)
+}
+
+// needFDs reports whether this connection takes fds and was not yet sent
+// those of slot id.
+func (c *conn) needFDs(id uint32) bool { return c.fds && !c.seen[id] }
+
+func (c *conn) grant(request uint32, g *pool.Grant) bool {
+	defer g.CloseFDs() // opened for this grant; the client got its copies
+	resp := &slotv1.AcquireOK{Lease: g.Lease, Slot: g.SlotID, QuotaMilli: g.Spec.QuotaMilli, PeriodUS: g.Spec.PeriodUS,
+		Outcome: outcomes[g.Outcome], Place: places[g.Place]}
+	if g.Queued {
+		resp.Flags |= slotv1.AcquiredQueued
+	}
+	if g.Degraded {
+		resp.Flags |= slotv1.AcquiredDegraded
+	}
+	var fds []int
+	if len(g.FDs) > 0 {
+		fds = g.FDs
+		resp.NumFDs = uint8(len(fds))
+		c.seen[g.SlotID] = true
+	}
+	return c.send(request, resp, fds)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

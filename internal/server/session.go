@@ -1,0 +1,126 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"golang.org/x/time/rate"
+)
+
+// Sessions: one a client process, over all its connections.
+
+// session is one client process: it owns the leases taken on any of its
+// connections, and loses them when its last connection closes. When the
+// process exits, its connections are closed even if another process
+// (a child that inherited them, or one they were passed to) keeps them
+// open, so its leases end with it.
+type session struct {
+	key  processKey
+	refs int
+	// conns are the session's open connections (under Server.mu).
+	conns map[*conn]struct{}
+	// ctx ends when the process exits or the session ends: a request
+	// waiting for a slot on its behalf stops waiting.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// unwatch stops watching the process's exit (nil: not watched).
+	unwatch func()
+	// usage paces the process's USAGE reports, over all its connections.
+	usage *rate.Limiter
+	// held paces its HELD requests.
+	held *rate.Limiter
+}
+
+// USAGE is one-way, so nothing paces a sender but the agent: past
+// usageRate frames a second (bursts of usageBurst) a process's USAGE waits
+// before it is credited, and its connection is not read meanwhile, so a
+// flood fills its own socket and blocks its sender, not the agent. The
+// reference clients send about one a second (SPEC.md).
+const (
+	usageRate  = 100
+	usageBurst = 100
+)
+
+// HELD is answered at most heldRate times a second per process (bursts of
+// heldBurst; SPEC.md): each answer walks the pool's leases under its lock.
+// The reference clients ask once a second.
+const (
+	heldRate  = 5
+	heldBurst = 2
+	// heldRetry is the retry_after_ms of a HELD refused for its rate.
+	heldRetry = 1000 / heldRate
+)
+
+// processKey tells processes apart even when a PID is reused.
+type processKey struct {
+	pid       int
+	startTime uint64
+}
+
+var errTooManyConns = errors.New("too many connections from one process")
+
+// join adds connection c to its process's session, or refuses it when the
+// process holds MaxConnsPerProcess connections already. A new session
+// watches the process's exit through pidfd (when there is one).
+func (s *Server) join(k processKey, c *conn, pidfd int) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss := s.sessions[k]
+	if ss == nil {
+		ss = &session{key: k, conns: map[*conn]struct{}{},
+			usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst)}
+		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
+		if pidfd >= 0 && s.watchExits {
+			var err error
+			if ss.unwatch, err = watchExit(pidfd, func() { s.exited(ss) }); err != nil {
+				// Requests still check the process at every use.
+				s.log.Warn("cannot watch a client process's exit", "pid", k.pid, "err", err)
+			}
+		}
+		s.sessions[k] = ss
+	}
+	if ss.refs >= s.limits.MaxConnsPerProcess {
+		return nil
+	}
+	ss.refs++
+	ss.conns[c] = struct{}{}
+	return ss
+}
+
+// leave drops connection c from its session and reports whether it was
+// the last one.
+func (s *Server) leave(ss *session, c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(ss.conns, c)
+	ss.refs--
+	if ss.refs > 0 {
+		return false
+	}
+	delete(s.sessions, ss.key)
+	ss.cancel()
+	if ss.unwatch != nil {
+		ss.unwatch()
+	}
+	return true
+}
+
+// exited ends the session of a process that has exited: requests waiting
+// on its behalf stop, and its connections are closed, so the last one to
+// go releases its leases (as abandoned) although another process may
+// still hold the sockets.
+func (s *Server) exited(ss *session) {
+	ss.cancel()
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(ss.conns))
+	for c := range ss.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	if len(conns) > 0 {
+		s.log.Debug("client process exited; closing its connections", "pid", ss.key.pid, "connections", len(conns))
+	}
+	for _, c := range conns {
+		c.c.Close()
+	}
+}
