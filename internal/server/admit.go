@@ -50,8 +50,9 @@ func (s *Server) chargeOf(c *net.UnixConn, r Resolver) charge {
 		return ch
 	}
 	var cred *unix.Ucred
-	rc.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if err != nil {
+	cerr := rc.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cerr != nil || err != nil || cred == nil {
+		// a closed socket: Control never ran the read (cred stays nil)
 		return ch
 	}
 	ch.uid = int(cred.Uid)
