@@ -138,17 +138,7 @@ class JavaContainmentTest {
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
-        String jar = probe(body);
-        with("java", c -> {
-            Reply init = c.init(init(jar));
-            Reply run = init.code() == 200 ? c.run(runPayload(new JsonObject())) : null;
-            assertAlive(c);
-            Reply refused = init.code() == 200 ? run : init;
-            assertEquals(502, refused.code(), "/init of the " + probe + " probe: " + init.code() + " " + init.raw()
-                    + ", then /run: " + (run == null ? "-" : run.code() + " " + run.raw()));
-            String err = refused.body().get("error").getAsString();
-            assertTrue(err.contains("not allowed to a function in a shared runtime"), err);
-        });
+        assertRefused(probe, body);
     }
 
     /** The guard's message names the class and the member it refused. */
@@ -591,17 +581,7 @@ class JavaContainmentTest {
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
-        String jar = probe(body);
-        with("java", c -> {
-            Reply init = c.init(init(jar));
-            Reply run = init.code() == 200 ? c.run(runPayload(new JsonObject())) : null;
-            assertAlive(c);
-            Reply refused = init.code() == 200 ? run : init;
-            assertEquals(502, refused.code(), "/init of the " + probe + " probe: " + init.code() + " " + init.raw()
-                    + ", then /run: " + (run == null ? "-" : run.code() + " " + run.raw()));
-            String err = refused.body().get("error").getAsString();
-            assertTrue(err.contains("not allowed to a function in a shared runtime"), err);
-        });
+        assertRefused(probe, body);
     }
 
     /** What a function may do with files: its own temporary directory, the image's files, the harmless devices. */
@@ -658,6 +638,24 @@ class JavaContainmentTest {
             Reply r = c.post("/", o.toString());
             assertFalse(String.valueOf(r.raw()).contains("\"read\":\"mine\""), "the reader read the writer's file: " + r.raw());
             assertTrue(String.valueOf(r.raw()).contains("not allowed to a function in a shared runtime"), String.valueOf(r.raw()));
+        });
+    }
+
+    /**
+     * The probe's action is refused at /init, or its /run fails (502) with the guard's refusal;
+     * either way the runtime lives on.
+     */
+    static void assertRefused(String probe, String body) throws Exception {
+        String jar = probe(body);
+        with("java", c -> {
+            Reply init = c.init(init(jar));
+            Reply run = init.code() == 200 ? c.run(runPayload(new JsonObject())) : null;
+            assertAlive(c);
+            Reply refused = init.code() == 200 ? run : init;
+            assertEquals(502, refused.code(), "/init of the " + probe + " probe: " + init.code() + " " + init.raw()
+                    + ", then /run: " + (run == null ? "-" : run.code() + " " + run.raw()));
+            String err = refused.body().get("error").getAsString();
+            assertTrue(err.contains("not allowed to a function in a shared runtime"), err);
         });
     }
 }
