@@ -169,6 +169,7 @@ class LendingWithAgentIT {
             JsonObject p3 = pool(cgroup);
             assertEquals(0, p3.get("lentMilli").getAsLong(), "awake again: nothing lent: " + p3);
             assertTrue(p3.get("usedMilli").getAsLong() <= 1000, "the wake brought the container back within its budget: " + p3);
+            assertEquals(1, p3.get("degraded").getAsLong(), "the borrower, the youngest awake lease, gave the 200m back: " + p3);
             Map<String, Double> a3 = agent.metrics();
             assertEquals(1, Prom.sum(a3, "cpuslot_wakes_total", "rt-lend") - Prom.sum(a0, "cpuslot_wakes_total", "rt-lend"));
             assertEquals(0, Prom.sum(a3, "cpuslot_lent_millicores", "rt-lend"));
