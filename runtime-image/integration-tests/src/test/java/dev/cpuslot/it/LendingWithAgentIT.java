@@ -4,8 +4,11 @@ import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.MethodOrderer;
+import org.junit.jupiter.api.Order;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.TestInstance;
+import org.junit.jupiter.api.TestMethodOrder;
 
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -27,6 +30,7 @@ import static org.junit.jupiter.api.Assumptions.assumeTrue;
  * budget); everything is removed at the end.
  */
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
+@TestMethodOrder(MethodOrderer.OrderAnnotation.class)
 class LendingWithAgentIT {
     Path work, agentBin, samplesJar, runtimeJar, sockDir;
     Cgroups cg;
@@ -108,8 +112,10 @@ class LendingWithAgentIT {
      * lost its quota; the agent lowers the youngest awake lease to stay within the budget.
      */
     @Test
+    @Order(1)
     void aCallerBlockedInAChainCallLendsItsQuotaAndHasItBackWhenTheCallReturns() throws Exception {
         String cgroup = parent + "/rt-lend";
+        String mine = "\"" + cgroup + "\""; // this container's series (label value)
         cg.create(cgroup);
         cg.limit(cgroup, 1000);
         Path js = work.resolve("lend-caller.js");
@@ -150,7 +156,7 @@ class LendingWithAgentIT {
                     + call.isDone() + "): " + p + "\n" + lr.metricsText());
             assertEquals(450, p.get("usedMilli").getAsLong(), "charged: 250m of the sleeper + the callee's 200m: " + p);
             Map<String, Double> a1 = agent.metrics();
-            assertEquals(250, Prom.sum(a1, "cpuslot_lent_millicores", "rt-lend"), "metric: " + a1);
+            assertEquals(250, Prom.sum(a1, "cpuslot_lent_millicores", mine), "metric: " + a1);
 
             RuntimeProc.Reply b = lr.invoke("burn500", "{\"ms\":100}");
             assertFalse(call.isDone(), "the caller still waits (its callee burns 8 s)");
@@ -171,8 +177,8 @@ class LendingWithAgentIT {
             assertTrue(p3.get("usedMilli").getAsLong() <= 1000, "the wake brought the container back within its budget: " + p3);
             assertEquals(1, p3.get("degraded").getAsLong(), "the borrower, the youngest awake lease, gave the 200m back: " + p3);
             Map<String, Double> a3 = agent.metrics();
-            assertEquals(1, Prom.sum(a3, "cpuslot_wakes_total", "rt-lend") - Prom.sum(a0, "cpuslot_wakes_total", "rt-lend"));
-            assertEquals(0, Prom.sum(a3, "cpuslot_lent_millicores", "rt-lend"));
+            assertEquals(1, Prom.sum(a3, "cpuslot_wakes_total", mine) - Prom.sum(a0, "cpuslot_wakes_total", mine));
+            assertEquals(0, Prom.sum(a3, "cpuslot_lent_millicores", mine));
             // the caller's slot kept its quota through the sleep: 500m, never lowered
             List<Long> workers = lr.threads("fn-caller-");
             assertFalse(workers.isEmpty());
@@ -184,6 +190,38 @@ class LendingWithAgentIT {
             Map<String, Double> m = lr.metrics();
             System.out.println("[it] lending: lent " + p.get("lentMilli") + "m while the caller waited; pool after the wake " + p3
                     + "; client " + RuntimeProc.event(m, "nap.sleep") + " SLEEP, " + RuntimeProc.event(m, "nap.wake") + " WAKE");
+        }
+    }
+    /**
+     * What sleeping costs a chain call (reported, not asserted): ChainBench calls hello (200m)
+     * through the local bus, each call a SLEEP and a WAKE of the caller's lease (two one-way
+     * writes); compare RuntimeWithAgentIT#chainHopLatencyLocalAgainstHttpWithSlots, the same
+     * calls to an agent without LEND.
+     */
+    @Test
+    @Order(2)
+    void chainHopLatencyWhenEveryCallSleeps() throws Exception {
+        String cgroup = parent + "/rt-lendbench";
+        cg.create(cgroup);
+        int rounds = Integer.getInteger("chain.bench.rounds", 6), calls = Integer.getInteger("chain.bench.calls", 200);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-lendbench.log"))) {
+            lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            lr.register("bench", "dev.cpuslot.samples.ChainBench", samplesJar, "500m");
+            List<Long> ns = new java.util.ArrayList<>();
+            for (int r = -1; r < rounds; r++) { // round -1 warms up
+                RuntimeProc.Reply rep = lr.invoke("bench", "{\"mode\":\"local\",\"callee\":\"hello\",\"n\":" + calls
+                        + ",\"port\":" + lr.port + "}");
+                assertEquals(200, rep.status(), rep.body());
+                if (r < 0) continue;
+                for (var e : rep.json().getAsJsonObject("result").getAsJsonArray("ns")) ns.add(e.getAsLong());
+            }
+            Map<String, Double> m = lr.metrics();
+            assertEquals((rounds + 1) * calls, RuntimeProc.event(m, "nap.sleep"), "one SLEEP per call: " + lr.metricsText());
+            assertEquals((rounds + 1) * calls, RuntimeProc.event(m, "nap.wake"), "one WAKE per call");
+            java.util.Collections.sort(ns);
+            System.out.printf(java.util.Locale.ROOT, "[it] lending: local chain hop with SLEEP+WAKE (hello at 200m): %d calls, p50 %.1f us, p99 %.1f us%n",
+                    ns.size(), RuntimeWithAgentIT.pct(ns, 50) / 1e3, RuntimeWithAgentIT.pct(ns, 99) / 1e3);
         }
     }
 }
