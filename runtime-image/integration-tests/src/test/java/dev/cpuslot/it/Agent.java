@@ -23,6 +23,8 @@ final class Agent {
     final int httpPort;
     private Process process;
     private int starts;
+    /** More flags for node-agent run (settings, e.g. -lend-ratio 0.5). */
+    final List<String> extraArgs = new ArrayList<>();
 
     Agent(Path bin, Path socket, String serveUnder, String prewarm, int httpPort, Path log) {
         this.bin = bin;
@@ -62,6 +64,7 @@ final class Agent {
                 // The runtimes here run in the host's PID namespace; a pod runs in its own, and the agent passes
                 // placement fds to it by default. This makes the agent treat these runtimes as it treats pods.
                 "-host-namespace-fds"));
+        cmd.addAll(extraArgs);
         starts++;
         Files.writeString(log, "---- start " + starts + ": " + String.join(" ", cmd) + "\n",
                 java.nio.file.StandardOpenOption.CREATE, java.nio.file.StandardOpenOption.APPEND);

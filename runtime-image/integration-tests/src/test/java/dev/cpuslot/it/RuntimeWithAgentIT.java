@@ -683,6 +683,8 @@ class RuntimeWithAgentIT {
             Map<String, Double> m = lr.metrics();
             assertEquals(2, Prom.sum(m, "cpuslot_chain_calls_total", "function=\"burn250\"", "status=\"ok\""), lr.metricsText());
             assertTrue(Prom.sum(m, "cpuslot_slot_cpu_seconds_total", "function=\"burn250\"") > 0, lr.metricsText());
+            // this agent lends nothing (no LEND in HELLO_OK): the waiting caller sent no SLEEP or WAKE
+            for (String nap : List.of("nap.sleep", "nap.wake", "nap.unsent")) assertEquals(0, RuntimeProc.event(m, nap), nap);
         }
     }
 

@@ -259,7 +259,10 @@ public final class FunctionPool implements AutoCloseable {
                 }
                 long t0 = System.nanoTime();
                 if (error == null && !j.claimed.get()) {
-                    if (t.hop() != null) LocalBus.enter(t.hop());
+                    if (t.hop() != null) {
+                        t.hop().lease = lease; // its chain calls sleep on it
+                        LocalBus.enter(t.hop());
+                    }
                     try {
                         result = sandbox.invoke(t.args(), t.env());
                     } catch (Function.FunctionError e) {

@@ -6,6 +6,7 @@ import com.google.gson.JsonParser;
 import dev.cpuslot.chain.Chain;
 import dev.cpuslot.chain.ChainException;
 import dev.cpuslot.chain.ChainException.Kind;
+import dev.cpuslot.slot.SlotLease;
 
 import java.util.ArrayList;
 import java.util.List;
@@ -71,6 +72,8 @@ final class LocalBus {
         final long deadlineNanos;
         final Trace trace;
         final AtomicInteger asyncCalls = new AtomicInteger();
+        /** The activation's slot lease (set by its worker once acquired; null: none). */
+        volatile SlotLease lease;
 
         Hop(String function, String owner, String activationId, int depth, long deadlineNanos, Trace trace) {
             this.function = function;
@@ -140,8 +143,18 @@ final class LocalBus {
             String id = UUID.randomUUID().toString().replace("-", "");
             if (!async) {
                 Hop hop = new Hop(name, h.owner(), id, depth, deadline, from.trace);
-                // copies both ways: no JSON object is shared between two functions
-                FunctionPool.Outcome o = host.run(h, args.deepCopy(), hop, mode);
+                // The caller waits for the callee and uses no CPU meanwhile: its lease sleeps for
+                // exactly the wait, so the agent may lend its quota (docs/lending.md). Nothing
+                // is sent unless the agent announced LEND.
+                SlotLease mine = from.lease;
+                boolean slept = mine != null && mine.sleep();
+                FunctionPool.Outcome o;
+                try {
+                    // copies both ways: no JSON object is shared between two functions
+                    o = host.run(h, args.deepCopy(), hop, mode);
+                } finally {
+                    if (slept) mine.wake();
+                }
                 if (o.error() != null)
                     throw new ChainException(o.timedOut() ? Kind.TIMEOUT : Kind.FAILED, name, o.error());
                 JsonElement r = o.result();

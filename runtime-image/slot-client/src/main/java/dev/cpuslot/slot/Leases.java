@@ -299,7 +299,8 @@ final class Leases {
         l.lock.lock();
         try {
             if (l.released || l.parked) return Usage.NONE;
-            if (lingerNs > 0 && outcome == ReleaseOutcome.OK) {
+            // a RELEASE ends a sleep; a lingering lease must be awake for the next invocation
+            if (lingerNs > 0 && outcome == ReleaseOutcome.OK && (!l.sleeping || !napLocked(l, false))) {
                 Usage u = parkLocked(l);
                 if (u != null) return u;
             }
@@ -352,6 +353,7 @@ final class Leases {
             h.flags = p.flags & ~Protocol.ACQ_FLAG_QUEUED;
             h.start = p.start;
             h.reused = true;
+            h.napped = p.napped; // its RELEASE follows the SLEEP and WAKE of p on their connection
             p.parked = false;
             p.released = true; // the old handle is spent; h holds the agent's lease now
             p.conn.leases.add(h);
@@ -491,9 +493,11 @@ final class Leases {
         SlotCounters end = l.end != null ? l.end : fds.readCounters(l.slot);
         if (end == null) return null;
         long deadline = System.nanoTime() + releaseNs;
-        Connection c;
+        Connection c = owner;
         try {
-            c = transport.borrow(deadline, true);
+            // after a SLEEP or WAKE the RELEASE follows them on their connection (spec: "Lending")
+            if (l.napped) transport.borrow(owner, deadline);
+            else c = transport.borrow(deadline, true);
         } catch (IOException | TimeoutException e) {
             return null;
         }
@@ -510,6 +514,75 @@ final class Leases {
         owner.leases.remove(l);
         count("release.oneway");
         return end.since(l.start);
+    }
+
+    // ---- lending: SLEEP and WAKE -------------------------------------------------------------
+
+    /** Whether an agent's HELLO_OK announced LEND: only such an agent may be sent SLEEP or WAKE. */
+    static boolean lends(Protocol.HelloOk h) { return h != null && (h.flags() & Protocol.HELLO_OK_LEND) != 0; }
+
+    /**
+     * SLEEP (sleep true) or WAKE of an invocation's lease; returns whether it sleeps afterwards.
+     * Without LEND nothing is sent and no lock is taken: a sleep costs one volatile read.
+     */
+    boolean nap(SlotLease l, boolean sleep) {
+        if (sleep && !lends(transport.lastHello())) return false;
+        if (l.local != null) return l.local.nap(l, sleep);
+        l.lock.lock();
+        try {
+            if (l.released || l.parked || l.lost) return false;
+            if (sleep && (l.conn == null || !transport.isAlive(l.conn))) return false;
+            return napLocked(l, sleep);
+        } finally {
+            l.lock.unlock();
+        }
+    }
+
+    /**
+     * Sends SLEEP or WAKE on the lease's own connection (a WAKE of a lease whose connection died
+     * re-declares it first: the agent may keep it asleep under the new id). A WAKE that cannot go
+     * out leaves the lease sleeping: its RELEASE ends the sleep. Caller holds l.lock.
+     */
+    private boolean napLocked(SlotLease l, boolean sleep) {
+        if (sleep == l.sleeping) return l.sleeping;
+        long deadline = System.nanoTime() + releaseNs;
+        Connection c = l.conn;
+        if (!sleep && (c == null || !transport.isAlive(c))) {
+            if (!recovery.reclaimLocked(l, deadline)) {
+                count("nap.unsent");
+                return l.sleeping;
+            }
+            c = l.conn;
+        }
+        if (c == null || !lends(c.hello) || !sendNap(c, l.lease, sleep, deadline)) {
+            count("nap.unsent");
+            return l.sleeping;
+        }
+        l.napped = true;
+        l.sleeping = sleep;
+        count(sleep ? "nap.sleep" : "nap.wake");
+        return sleep;
+    }
+
+    /** One-way RELEASE with SLEEP or WAKE of lease on connection c (waits for c to be idle). */
+    boolean sendNap(Connection c, long lease, boolean sleep, long deadline) {
+        try {
+            transport.borrow(c, deadline);
+        } catch (IOException | TimeoutException e) {
+            return false;
+        }
+        int flags = (sleep ? Protocol.RELEASE_SLEEP : Protocol.RELEASE_WAKE) | Protocol.RELEASE_NO_REPLY;
+        try {
+            transport.send(c, new Protocol.Release(lease, ReleaseOutcome.OK.code, flags), deadline);
+        } catch (TimeoutException e) {
+            transport.giveBack(c); // nothing was written
+            return false;
+        } catch (IOException e) {
+            transport.kill(c, e.getMessage());
+            return false;
+        }
+        transport.giveBack(c);
+        return true;
     }
 
     /** Releases every lingering lease; no lease lingers or is acquired from now on. */

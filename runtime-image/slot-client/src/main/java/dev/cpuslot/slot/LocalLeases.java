@@ -326,6 +326,7 @@ final class LocalLeases {
         l.lock.lock();
         try {
             if (l.released) return Usage.NONE;
+            if (l.sleeping) napLocked(l, false); // the entry goes back awake (or GONE)
             l.released = true;
             SlotCounters end = l.end != null ? l.end : l.start != null ? fds.readCounters(l.slot) : null;
             Usage u = end != null && l.start != null ? end.since(l.start) : Usage.NONE;
@@ -337,6 +338,47 @@ final class LocalLeases {
         } finally {
             l.lock.unlock();
         }
+    }
+
+    // ---- lending: SLEEP and WAKE -------------------------------------------------------------
+
+    /**
+     * SLEEP or WAKE of the HOLD lease behind a claimed entry, on the connection that holds it
+     * (the process's own record, never the table's). Returns whether it sleeps afterwards.
+     */
+    boolean nap(SlotLease l, boolean sleep) {
+        l.lock.lock();
+        try {
+            if (l.released) return false;
+            return napLocked(l, sleep);
+        } finally {
+            l.lock.unlock();
+        }
+    }
+
+    /**
+     * A WAKE goes to the entry's current HOLD lease: after a lost connection the background
+     * thread may have re-declared it (an agent that stayed keeps it asleep under the new id). A
+     * WAKE that cannot go out marks the entry GONE: its lease is released once the invocation
+     * ends, which ends the sleep. Caller holds l.lock.
+     */
+    private boolean napLocked(SlotLease l, boolean sleep) {
+        if (sleep == l.sleeping) return l.sleeping;
+        Held h = held.get(l.entry);
+        boolean usable = h != null && h.slot() == l.slot && reclaim.get(l.entry) == null && transport.isAlive(h.conn())
+                && Leases.lends(h.conn().hello);
+        long deadline = System.nanoTime() + releaseNs;
+        if (usable && leases.sendNap(h.conn(), h.lease(), sleep, deadline)) {
+            l.sleeping = sleep;
+            count(sleep ? "nap.sleep" : "nap.wake");
+            return sleep;
+        }
+        count("nap.unsent");
+        if (!sleep) {
+            table.markGone(l.entry);
+            l.sleeping = false;
+        }
+        return l.sleeping;
     }
 
     Usage stop(SlotLease l) {

@@ -43,7 +43,8 @@ public final class Protocol {
     // HELLO flags
     public static final long HELLO_FD_PASSING = 1, HELLO_LOCAL = 2;
     // HELLO_OK flags
-    public static final long HELLO_OK_FAVORDYNMODS = 1, HELLO_OK_AGENT_PLACES = 2, HELLO_OK_LOCAL = 4, HELLO_OK_HELD = 8;
+    public static final long HELLO_OK_FAVORDYNMODS = 1, HELLO_OK_AGENT_PLACES = 2, HELLO_OK_LOCAL = 4, HELLO_OK_HELD = 8,
+            HELLO_OK_LEND = 16;
     // ACQUIRE flags
     public static final int ACQUIRE_AGENT_PLACES = 1, ACQUIRE_HOLD = 2;
     // ACQUIRE_OK outcome / flags / place
@@ -54,6 +55,8 @@ public final class Protocol {
     public static final int RELEASE_OK_OUTCOME = 0, RELEASE_FAILED = 1, RELEASE_TIMEOUT = 2, RELEASE_PLACEMENT_FAILED = 3;
     // RELEASE flags
     public static final int RELEASE_NO_REPLY = 1;
+    /** SLEEP and WAKE do not release: the lease's invocation waits, or runs again (spec: "Lending"). */
+    public static final int RELEASE_SLEEP = 2, RELEASE_WAKE = 4;
     // HELD_OK lease flags
     public static final int HELD_DEGRADED = 2;
     /** Most leases one HELD_OK lists. */

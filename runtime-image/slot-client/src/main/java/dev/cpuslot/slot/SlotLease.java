@@ -34,6 +34,10 @@ public final class SlotLease {
     volatile long parkedAt;
     /** This invocation reused the thread's lingering lease: no message went to the agent. */
     boolean reused;
+    /** A SLEEP went to the agent and no WAKE since (spec: "Lending"). */
+    boolean sleeping;
+    /** A SLEEP or WAKE went out on conn: the RELEASE must follow on conn, in order. */
+    boolean napped;
     /** Set when the slot came from the process's slot table (local leasing): its path. */
     LocalLeases local;
     /** The table entry and the state the claim wrote (local leasing). */
@@ -101,6 +105,31 @@ public final class SlotLease {
         if (!active()) return Usage.NONE;
         return leases.release(this, outcome);
     }
+
+    /**
+     * Tells the agent this invocation waits (blocks on a downstream call or I/O) and uses no CPU
+     * until {@link #wake()}: its quota may be lent to new invocations of the container
+     * (spec: "Lending"). One one-way message on the lease's own connection, and only when the
+     * agent announced LEND: otherwise, or for an inactive, released or sleeping lease, nothing
+     * is sent. True when the lease sleeps now (call {@link #wake()} then). Never throws.
+     */
+    public boolean sleep() {
+        if (!active()) return false;
+        return leases.nap(this, true);
+    }
+
+    /**
+     * Tells the agent the invocation runs again: its quota counts in full at once. Only after a
+     * {@link #sleep()} that returned true; otherwise nothing is sent. A release wakes a sleeping
+     * lease first. Never throws.
+     */
+    public void wake() {
+        if (!active()) return;
+        leases.nap(this, false);
+    }
+
+    /** True between a {@link #sleep()} that went to the agent and the next {@link #wake()}. */
+    public boolean sleeping() { lock.lock(); try { return sleeping; } finally { lock.unlock(); } }
 
     @Override
     public String toString() {

@@ -20,6 +20,9 @@ final class FakeTransport implements Transport {
 
     final List<Protocol.Message> sent = new CopyOnWriteArrayList<>();
     final List<Protocol.Message> oneWay = new CopyOnWriteArrayList<>();
+    /** Every request with the connection it went on. */
+    record Sent(Connection on, Protocol.Message m) {}
+    final List<Sent> log = new CopyOnWriteArrayList<>();
     final List<Connection> killed = new CopyOnWriteArrayList<>();
     final AtomicInteger connects = new AtomicInteger();
     volatile Script script = m -> { throw new IOException("no script for " + m); };
@@ -68,6 +71,7 @@ final class FakeTransport implements Transport {
     @Override
     public Reply call(Connection c, Protocol.Message m, long deadline) throws IOException, TimeoutException, Protocol.ProtocolException {
         sent.add(m);
+        log.add(new Sent(c, m));
         return reply(script.answer(m));
     }
 
@@ -80,6 +84,7 @@ final class FakeTransport implements Transport {
     @Override
     public void send(Connection c, Protocol.Message m, long deadline) {
         sent.add(m);
+        log.add(new Sent(c, m));
         oneWay.add(m);
     }
 
@@ -99,6 +104,9 @@ final class FakeTransport implements Transport {
 
     @Override
     public void close() { }
+
+    /** The next borrow opens another connection; the current one stays open (all were busy). */
+    synchronized void openAnother() { current = null; }
 
     /** Kills the current connection, as when the agent restarts. */
     void dropConnection() {
