@@ -95,7 +95,7 @@ func (p *Pool) waitOf(req Request) time.Duration {
 // cgroup at a time.
 func (p *Pool) supersede(req Request) {
 	p.mu.Lock()
-	old := p.held[holder{req.Owner, req.Thread}]
+	old := p.threadLeases[ownerThread{req.Owner, req.Thread}]
 	p.mu.Unlock()
 	if old != nil {
 		_, _ = p.Release(req.Owner, old.id, metrics.Superseded)
@@ -141,11 +141,11 @@ func (p *Pool) admitAndPick(ctx context.Context, req Request, deadline time.Time
 		if p.closed {
 			return t, errorf(Closing, "pool %s is closing", p.name)
 		}
-		if req.Hold && p.holds[req.Owner] >= p.cfg.MaxSlots {
+		if req.Hold && p.holdCount[req.Owner] >= p.cfg.MaxSlots {
 			// Only the process itself can free one: waiting is no use.
 			p.metrics.Error(metrics.SlotsExhausted)
 			return t, &Error{Reason: NoSlot, RetryAfter: 100 * time.Millisecond,
-				Message: fmt.Sprintf("the process holds %d HOLD leases, the most a process may (maxSlots)", p.holds[req.Owner])}
+				Message: fmt.Sprintf("the process holds %d HOLD leases, the most a process may (maxSlots)", p.holdCount[req.Owner])}
 		}
 		var waitFor string
 		d, g, reason := p.budget.Admit(req.QuotaMilli)
@@ -228,11 +228,11 @@ func (p *Pool) commit(req Request, t ticket, host hostThread) *lease {
 	if req.Hold {
 		// No thread: nothing to supersede later, no occupant to record.
 		l.hold, l.thread, l.action, l.seen, l.heldUntil = true, Thread{}, metrics.Held, l.start, time.Now()
-		p.holds[l.owner]++
+		p.holdCount[l.owner]++
 		p.beginIO()
 		return l
 	}
-	p.held[holder{l.owner, l.thread}] = l
+	p.threadLeases[ownerThread{l.owner, l.thread}] = l
 	p.setOccupant(s, req.Thread, host.tid, host.start)
 	p.beginIO()
 	return l

@@ -31,8 +31,8 @@ func (p *Pool) Close(remove bool) error {
 	}
 	p.slots = map[uint32]*slot{}
 	p.leases = map[uint64]*lease{}
-	p.held = map[holder]*lease{}
-	p.holds = map[any]int{}
+	p.threadLeases = map[ownerThread]*lease{}
+	p.holdCount = map[any]int{}
 	p.credits = map[any]*credit{}
 	p.mu.Unlock()
 	// Nothing counts for the container any more (settle checks closed).

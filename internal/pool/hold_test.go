@@ -54,8 +54,8 @@ func TestHoldLeases(t *testing.T) {
 	if n := p.ReleaseOwner(o); n != 2 {
 		t.Fatalf("abandoned %d leases, want 2", n)
 	}
-	if s := p.Summary(); s.Leases != 0 || s.UsedMilli != 0 || len(p.holds) != 0 || len(p.held) != 0 {
-		t.Fatalf("after the process left: %+v, holds %v", s, p.holds)
+	if s := p.Summary(); s.Leases != 0 || s.UsedMilli != 0 || len(p.holdCount) != 0 || len(p.threadLeases) != 0 {
+		t.Fatalf("after the process left: %+v, holds %v", s, p.holdCount)
 	}
 }
 
@@ -148,14 +148,14 @@ func TestReclaimHold(t *testing.T) {
 		t.Fatalf("another process reclaimed a held slot: %v", err)
 	}
 	must(t)(p.Acquire(ctx, req(o2, 250, 1, 0))) // a thread's lease ends no HOLD lease
-	if s := p.Summary(); s.Leases != 2 || p.holds[o2] != 1 {
-		t.Fatalf("%+v holds %v", p.Summary(), p.holds)
+	if s := p.Summary(); s.Leases != 2 || p.holdCount[o2] != 1 {
+		t.Fatalf("%+v holds %v", p.Summary(), p.holdCount)
 	}
 	if _, err := p.Release(o2, g.Lease, metrics.EndOK); err != nil {
 		t.Fatal(err)
 	}
-	if len(p.holds) != 0 {
-		t.Fatalf("holds %v", p.holds)
+	if len(p.holdCount) != 0 {
+		t.Fatalf("holds %v", p.holdCount)
 	}
 }
 

@@ -130,7 +130,8 @@ type lease struct {
 	heldUntil time.Time
 }
 
-type holder struct {
+// ownerThread is a client thread within its process (the session owning it).
+type ownerThread struct {
 	owner  any
 	thread Thread
 }
@@ -154,10 +155,10 @@ type Pool struct {
 	slots    map[uint32]*slot
 	byThread map[Thread]*slot
 	leases   map[uint64]*lease
-	// held finds the lease a thread of a client process holds.
-	held map[holder]*lease
-	// holds counts the HOLD leases of each client process.
-	holds map[any]int
+	// threadLeases finds the thread lease a thread of a client process holds.
+	threadLeases map[ownerThread]*lease
+	// holdCount counts the HOLD leases of each client process.
+	holdCount map[any]int
 	// credits bounds what each process may report in USAGE.
 	credits map[any]*credit
 	budget  *admission.Budget
@@ -216,13 +217,13 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 	}
 	p := &Pool{
 		name: name, cfg: cfg, mode: md, policy: policy, backend: b, metrics: m,
-		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, held: map[holder]*lease{},
-		holds:   map[any]int{},
-		credits: map[any]*credit{},
-		budget:  admission.New(base, cfg.Overcommit, policy, cfg.MinDegradedMilli),
-		nextID:  1,
-		changed: make(chan struct{}),
-		actions: map[string]bool{},
+		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, threadLeases: map[ownerThread]*lease{},
+		holdCount: map[any]int{},
+		credits:   map[any]*credit{},
+		budget:    admission.New(base, cfg.Overcommit, policy, cfg.MinDegradedMilli),
+		nextID:    1,
+		changed:   make(chan struct{}),
+		actions:   map[string]bool{},
 	}
 	p.containerLimit.Store(limit)
 	p.ioDone = sync.NewCond(&p.mu)
@@ -325,13 +326,13 @@ func (p *Pool) setOccupant(s *slot, t Thread, host int, hostStart uint64) {
 func (p *Pool) forgetLease(l *lease) {
 	delete(p.leases, l.id)
 	if l.hold {
-		if p.holds[l.owner]--; p.holds[l.owner] <= 0 {
-			delete(p.holds, l.owner)
+		if p.holdCount[l.owner]--; p.holdCount[l.owner] <= 0 {
+			delete(p.holdCount, l.owner)
 		}
 		return
 	}
-	if k := (holder{l.owner, l.thread}); p.held[k] == l {
-		delete(p.held, k)
+	if k := (ownerThread{l.owner, l.thread}); p.threadLeases[k] == l {
+		delete(p.threadLeases, k)
 	}
 }
 

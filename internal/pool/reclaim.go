@@ -73,10 +73,10 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 		return nil, errorf(UnknownLease, "slot %d is unknown or leased to another process", slotID)
 	}
 	q := s.spec.QuotaMilli
-	if hold && p.holds[owner] >= p.cfg.MaxSlots {
+	if hold && p.holdCount[owner] >= p.cfg.MaxSlots {
 		p.mu.Unlock()
 		p.metrics.Admission(metrics.Rejected)
-		return nil, errorf(Rejected, "reclaim of slot %d: the process holds %d HOLD leases, the most a process may (maxSlots)", slotID, p.holds[owner])
+		return nil, errorf(Rejected, "reclaim of slot %d: the process holds %d HOLD leases, the most a process may (maxSlots)", slotID, p.holdCount[owner])
 	}
 	if !p.budget.Fits(q) {
 		if !s.adopted {
@@ -93,9 +93,9 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 	p.budget.Take(l.granted)
 	if hold {
 		l.action = metrics.Held
-		p.holds[owner]++
+		p.holdCount[owner]++
 	} else {
-		p.held[holder{owner, t}] = l
+		p.threadLeases[ownerThread{owner, t}] = l
 		p.setOccupant(s, t, 0, 0)
 	}
 	p.metrics.Acquired(p.cfg.Mode, metrics.Reclaimed, 0)

@@ -86,7 +86,7 @@ func (p *Pool) report(owner any, rs []Report, now time.Time) []Report {
 	if c.pending == nil {
 		c.pending = map[reportKey]*Report{}
 	}
-	if p.holds[owner] == 0 && c.invocations == 0 && len(rs) > 0 {
+	if p.holdCount[owner] == 0 && c.invocations == 0 && len(rs) > 0 {
 		// It holds no slot and has nothing left to claim: nothing of
 		// these records could be credited, and they take no action name.
 		rs = nil
