@@ -12,6 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -109,10 +110,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "cpuslot_admission_total", Help: "Acquisitions that did not fit the CPU budget at once, by what happened: " + join(AdmissionResults) + "."},
 			[]string{"result"}),
 		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_lease_releases_total", Help: "Released leases by container, action and outcome (" + join(Endings) + "); action " + Held + ": HOLD leases (local leasing), whose invocations the runtime reports under their own actions."},
+			Name: "cpuslot_lease_releases_total", Help: "Released leases by container, action and outcome (" + join(outcome.Endings) + "); action " + outcome.HoldAction + ": HOLD leases (local leasing), whose invocations the runtime reports under their own actions."},
 			[]string{"container", "action", "outcome"}),
 		cpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by container and action; " + Held + ": the slots of HOLD leases over the whole hold, measured by the agent (the other actions of local leasing are the runtime's reports)."},
+			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by container and action; " + outcome.HoldAction + ": the slots of HOLD leases over the whole hold, measured by the agent (the other actions of local leasing are the runtime's reports)."},
 			[]string{"container", "action"}),
 		throttledSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by container and action."},
@@ -133,7 +134,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	for _, r := range AdmissionResults {
 		m.admission.WithLabelValues(string(r))
 	}
-	for _, o := range Acquisitions {
+	for _, o := range outcome.Acquisitions {
 		m.acquisitions.WithLabelValues(string(o))
 	}
 	for _, r := range ErrorReasons {
@@ -175,12 +176,12 @@ func (m *Metrics) SetMaxActions(n int) {
 }
 
 // Acquired counts a grant.
-func (m *Metrics) Acquired(mode string, outcome Acquisition, d time.Duration) {
+func (m *Metrics) Acquired(mode string, how outcome.Acquisition, d time.Duration) {
 	if m == nil {
 		return
 	}
 	m.acquireDuration.WithLabelValues(mode).Observe(d.Seconds())
-	m.acquisitions.WithLabelValues(string(outcome)).Inc()
+	m.acquisitions.WithLabelValues(string(how)).Inc()
 }
 
 // Admission counts an acquisition that did not fit at once.
@@ -191,7 +192,7 @@ func (m *Metrics) Admission(result AdmissionResult) {
 }
 
 // Released accounts a finished lease of container.
-func (m *Metrics) Released(container, action string, how Ending, cpu, throttled time.Duration) {
+func (m *Metrics) Released(container, action string, how outcome.Ending, cpu, throttled time.Duration) {
 	if m == nil {
 		return
 	}
@@ -206,7 +207,7 @@ func (m *Metrics) Released(container, action string, how Ending, cpu, throttled 
 // used. Every value is a valid report: nanoseconds become seconds as a
 // float, never a time.Duration, which would wrap to a negative increment
 // (a panic in the metrics library).
-func (m *Metrics) Reported(container, action string, how Ending, n, cpuNanos, throttledNanos uint64) {
+func (m *Metrics) Reported(container, action string, how outcome.Ending, n, cpuNanos, throttledNanos uint64) {
 	if m == nil {
 		return
 	}
@@ -223,8 +224,8 @@ func (m *Metrics) action(container, a string) (string, string) {
 	if a == "" {
 		return container, unnamed
 	}
-	if a == Held {
-		return container, Held
+	if a == outcome.HoldAction {
+		return container, outcome.HoldAction
 	}
 	a = Label(a)
 	m.mu.Lock()
@@ -264,11 +265,6 @@ func (m *Metrics) ForgetContainer(container string) {
 
 // unnamed is the action label of a lease whose client named no action.
 const unnamed = "_unnamed"
-
-// Held is the action label of HOLD leases (local leasing): a release counts
-// the whole hold, measured by the agent; what each action used comes from
-// the client's USAGE reports, under the action's own label.
-const Held = "_held"
 
 // CgroupOp observes one cgroup operation; failures are also counted as
 // errors with reason "cgroup_<op>".

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -44,7 +45,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels ...stri
 func TestReportedAnyValue(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
-	m.Reported("ns/pod/c", "a", EndOK, math.MaxUint32, math.MaxUint64, math.MaxUint64)
+	m.Reported("ns/pod/c", "a", outcome.EndOK, math.MaxUint32, math.MaxUint64, math.MaxUint64)
 	if got, want := counter(t, reg, "cpuslot_invocation_cpu_seconds_total", "container", "ns/pod/c", "action", "a"), float64(uint64(math.MaxUint64))/1e9; got != want {
 		t.Fatalf("cpu %v, want %v", got, want)
 	}
@@ -60,10 +61,10 @@ func TestHeldBypassesTheNodeCap(t *testing.T) {
 	m := New(reg)
 	m.SetMaxActions(3)
 	for i := 0; i < 10; i++ {
-		m.Reported("c", fmt.Sprintf("a%d", i), EndOK, 1, 0, 0)
+		m.Reported("c", fmt.Sprintf("a%d", i), outcome.EndOK, 1, 0, 0)
 	}
-	m.Released("c", Held, EndOK, 0, 0)
-	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "c", "action", Held, "outcome", "ok"); got != 1 {
+	m.Released("c", outcome.HoldAction, outcome.EndOK, 0, 0)
+	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "c", "action", outcome.HoldAction, "outcome", "ok"); got != 1 {
 		t.Fatalf("_held releases %v, want 1", got)
 	}
 	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "c", "action", "_other", "outcome", "ok"); got != 7 {
@@ -78,15 +79,15 @@ func TestActionSeriesPerContainer(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	m.SetMaxActions(2)
-	m.Reported("a", "act", EndOK, 1_000, 0, 0)
-	m.Released("b", "act", EndOK, time.Second, 0)
+	m.Reported("a", "act", outcome.EndOK, 1_000, 0, 0)
+	m.Released("b", "act", outcome.EndOK, time.Second, 0)
 	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "b", "action", "act", "outcome", "ok"); got != 1 {
 		t.Fatalf("b's releases %v, want 1", got)
 	}
 	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "a", "action", "act", "outcome", "ok"); got != 1_000 {
 		t.Fatalf("a's releases %v, want 1000", got)
 	}
-	m.Released("c", "act", EndOK, 0, 0) // the node cap (2) is used up
+	m.Released("c", "act", outcome.EndOK, 0, 0) // the node cap (2) is used up
 	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "c", "action", "_other", "outcome", "ok"); got != 1 {
 		t.Fatalf("c's _other %v, want 1", got)
 	}
@@ -97,7 +98,7 @@ func TestActionSeriesPerContainer(t *testing.T) {
 	if got := counter(t, reg, "cpuslot_invocation_cpu_seconds_total", "container", "a"); got != -1 {
 		t.Fatalf("a's CPU series outlived it: %v", got)
 	}
-	m.Released("c", "act", EndOK, 0, 0) // a's name is free again
+	m.Released("c", "act", outcome.EndOK, 0, 0) // a's name is free again
 	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "c", "action", "act", "outcome", "ok"); got != 1 {
 		t.Fatalf("c's act %v, want 1 once a's names were freed", got)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // Acquire leases a slot of req.QuotaMilli (or less, when degraded).
@@ -98,7 +99,7 @@ func (p *Pool) supersede(req Request) {
 	old := p.threadLeases[ownerThread{req.Owner, req.Thread}]
 	p.mu.Unlock()
 	if old != nil {
-		_, _ = p.Release(req.Owner, old.id, metrics.Superseded)
+		_, _ = p.Release(req.Owner, old.id, outcome.Superseded)
 	}
 }
 
@@ -207,7 +208,7 @@ func (p *Pool) pick(req Request, q uint32) (plan, bool) {
 		return p.mode.pick(p, req, q)
 	}
 	if s := p.pickFree(q, true); s != nil {
-		return plan{s: s, outcome: metrics.CacheHit, place: PlaceSelf}, true
+		return plan{s: s, outcome: outcome.CacheHit, place: PlaceSelf}, true
 	}
 	return p.growOrRetune(q, PlaceSelf)
 }
@@ -227,7 +228,7 @@ func (p *Pool) commit(req Request, t ticket, host hostThread) *lease {
 	}
 	if req.Hold {
 		// No thread: nothing to supersede later, no occupant to record.
-		l.hold, l.thread, l.action, l.seen, l.heldUntil = true, Thread{}, metrics.Held, l.start, time.Now()
+		l.hold, l.thread, l.action, l.seen, l.heldUntil = true, Thread{}, outcome.HoldAction, l.start, time.Now()
 		p.holdCount[l.owner]++
 		p.beginIO()
 		return l

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
-	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // TestHeldGiveBackAfterShrink: a limit shrink leaves the HOLD leases
@@ -45,13 +45,13 @@ func TestHeldGiveBackAfterShrink(t *testing.T) {
 		t.Fatalf("listed %d leases with max 1", len(h.Leases))
 	}
 	// a gives one back: 500m held, 100m too much, shared half and half.
-	if _, err := p.Release(a, a1.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(a, a1.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	if ha, hb := p.Held(a, 1024), p.Held(other, 1024); ha.GiveBackMilli != 50 || hb.GiveBackMilli != 50 {
 		t.Fatalf("after one give-back: a %+v, b %+v", ha, hb)
 	}
-	if _, err := p.Release(other, b1.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(other, b1.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	if h := p.Held(a, 1024); h.GiveBackMilli != 0 {
@@ -77,7 +77,7 @@ func TestHeldShowsRaise(t *testing.T) {
 	if h := p.Held(o, 1024); fmt.Sprint(h.Leases) != fmt.Sprintf("[{%d %d 250 false} {%d %d 250 true}]", first.Lease, first.SlotID, d.Lease, d.SlotID) {
 		t.Fatalf("degraded: %+v", h)
 	}
-	if _, err := p.Release(o, first.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(o, first.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	if h := p.Held(o, 1024); fmt.Sprint(h.Leases) != fmt.Sprintf("[{%d %d 400 false}]", d.Lease, d.SlotID) || h.GiveBackMilli != 0 {

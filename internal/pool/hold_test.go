@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 func holdReq(owner any, q uint32) Request {
@@ -27,11 +27,11 @@ func TestHoldLeases(t *testing.T) {
 	o := &conn{}
 	tl := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	h1 := must(t)(p.Acquire(ctx, holdReq(o, 250)))
-	if h1.Place != PlaceSelf || h1.Outcome != metrics.CacheHit || h1.SlotID == tl.SlotID {
+	if h1.Place != PlaceSelf || h1.Outcome != outcome.CacheHit || h1.SlotID == tl.SlotID {
 		t.Fatalf("first hold: %+v (thread's slot %d)", h1, tl.SlotID)
 	}
 	h2 := must(t)(p.Acquire(ctx, holdReq(o, 250)))
-	if h2.Place != PlaceSelf || h2.Outcome != metrics.Created {
+	if h2.Place != PlaceSelf || h2.Outcome != outcome.Created {
 		t.Fatalf("second hold: %+v", h2)
 	}
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[create %d 250m]", h2.SlotID) {
@@ -42,13 +42,13 @@ func TestHoldLeases(t *testing.T) {
 	if s := p.Summary(); s.Leases != 3 || s.UsedMilli != 750 {
 		t.Fatalf("after a thread's acquisition: %+v", s)
 	}
-	if _, err := p.Release(o, h1.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(o, h1.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Release(o, h1.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Release(o, h1.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("double release: %v", err)
 	}
-	if _, err := p.Release(&conn{}, h2.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Release(&conn{}, h2.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("another process released a HOLD lease: %v", err)
 	}
 	if n := p.ReleaseOwner(o); n != 2 {
@@ -151,7 +151,7 @@ func TestReclaimHold(t *testing.T) {
 	if s := p.Summary(); s.Leases != 2 || p.holdCount[o2] != 1 {
 		t.Fatalf("%+v holds %v", p.Summary(), p.holdCount)
 	}
-	if _, err := p.Release(o2, g.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(o2, g.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	if len(p.holdCount) != 0 {
@@ -168,7 +168,7 @@ func TestReportedActionsBounded(t *testing.T) {
 	p := start(t, c, newFake())
 	must(t)(p.Acquire(context.Background(), holdReq(p, 250))) // reports need a held slot
 	for i := 0; i < 10000; i++ {
-		p.Reported(p, []Report{{Action: fmt.Sprintf("a%d", i), How: metrics.EndOK, N: 1, CPUNanos: 1}})
+		p.Reported(p, []Report{{Action: fmt.Sprintf("a%d", i), How: outcome.EndOK, N: 1, CPUNanos: 1}})
 	}
 	if len(p.actions) != 5 {
 		t.Fatalf("%d action names kept, want 5", len(p.actions))
@@ -178,8 +178,8 @@ func TestReportedActionsBounded(t *testing.T) {
 	if n := len(p.creditOf(p).pending); n > 6 {
 		t.Fatalf("%d records waiting after 10000 action names, want at most 6", n)
 	}
-	if l := p.actionLabel(metrics.Held); l != "_other" {
-		t.Fatalf("a client's %q is labelled %q", metrics.Held, l)
+	if l := p.actionLabel(outcome.HoldAction); l != "_other" {
+		t.Fatalf("a client's %q is labelled %q", outcome.HoldAction, l)
 	}
 }
 
@@ -199,7 +199,7 @@ func TestReportedBoundedByHeldUsage(t *testing.T) {
 	now := time.Now()
 	report := func(owner any, cpu uint64) (credited uint64) {
 		now = now.Add(observeEvery)
-		for _, r := range p.report(owner, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: cpu}}, now) {
+		for _, r := range p.report(owner, []Report{{Action: "a", How: outcome.EndOK, N: 1, CPUNanos: cpu}}, now) {
 			credited += r.CPUNanos
 		}
 		return credited
@@ -219,7 +219,7 @@ func TestReportedBoundedByHeldUsage(t *testing.T) {
 	if got := report(other, 400_000); got != 0 {
 		t.Fatalf("a process holding nothing was credited %d", got)
 	}
-	if _, err := p.Release(o, h.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(o, h.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	// Reported after the release: the slot's use up to it still counts.
@@ -246,7 +246,7 @@ func TestReportedInvocationsBoundedByHeldTime(t *testing.T) {
 	now := granted
 	count := func(owner any, n uint64) (credited uint64) {
 		now = now.Add(observeEvery)
-		for _, r := range p.report(owner, []Report{{Action: "a", How: metrics.EndOK, N: n}}, now) {
+		for _, r := range p.report(owner, []Report{{Action: "a", How: outcome.EndOK, N: n}}, now) {
 			credited += r.N
 		}
 		return credited
@@ -264,7 +264,7 @@ func TestReportedInvocationsBoundedByHeldTime(t *testing.T) {
 	if len(p.actions) != 1 {
 		t.Fatalf("action names kept: %v", p.actions)
 	}
-	if _, err := p.Release(o, h.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(o, h.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	// What the lease earned before its release and no report claimed
@@ -301,7 +301,7 @@ func TestReportFloodReadsBounded(t *testing.T) {
 	for i := range frames {
 		// 10000 frames over 2.5 observeEvery: a flood.
 		at := now.Add(time.Duration(i) * observeEvery / 4000)
-		for _, r := range p.report(o, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: 1000}}, at) {
+		for _, r := range p.report(o, []Report{{Action: "a", How: outcome.EndOK, N: 1, CPUNanos: 1000}}, at) {
 			counted += uint64(r.N)
 		}
 	}
@@ -332,14 +332,14 @@ func TestReportWaitsForNextRead(t *testing.T) {
 	h := must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
 	s := b.slots[h.SlotID]
 	now := time.Now()
-	if got := p.report(o, []Report{{Action: "a", How: metrics.EndOK, N: 1}}, now); len(got) != 1 {
+	if got := p.report(o, []Report{{Action: "a", How: outcome.EndOK, N: 1}}, now); len(got) != 1 {
 		t.Fatalf("the first report: %v", got)
 	}
 	s.cpu += 500_000 // used after that read
-	if got := p.report(o, []Report{{Action: "b", How: metrics.EndOK, N: 2, CPUNanos: 400_000}}, now.Add(observeEvery/10)); len(got) != 0 {
+	if got := p.report(o, []Report{{Action: "b", How: outcome.EndOK, N: 2, CPUNanos: 400_000}}, now.Add(observeEvery/10)); len(got) != 0 {
 		t.Fatalf("a report within observeEvery was counted at once: %v", got)
 	}
-	got := p.report(o, []Report{{Action: "b", How: metrics.EndOK, N: 1, CPUNanos: 50_000}}, now.Add(observeEvery/5))
+	got := p.report(o, []Report{{Action: "b", How: outcome.EndOK, N: 1, CPUNanos: 50_000}}, now.Add(observeEvery/5))
 	if len(got) != 0 {
 		t.Fatalf("a second early report was counted at once: %v", got)
 	}
@@ -364,7 +364,7 @@ func TestReportPendingSettledOnLeave(t *testing.T) {
 	now := time.Now()
 	p.report(o, nil, now)
 	b.slots[h.SlotID].cpu += 300_000
-	p.report(o, []Report{{Action: "a", How: metrics.EndOK, N: 1, CPUNanos: 200_000}}, now.Add(time.Millisecond))
+	p.report(o, []Report{{Action: "a", How: outcome.EndOK, N: 1, CPUNanos: 200_000}}, now.Add(time.Millisecond))
 	var reads int
 	b.onIO = func(op string) {
 		if op == "usage" {

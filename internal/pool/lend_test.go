@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
-	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // lendPool is a pool of a 1000m container with lending at ratio and
@@ -123,7 +123,7 @@ func TestWakeTakesBackFromBorrowers(t *testing.T) {
 	}
 	p.mu.Unlock()
 	// A release raises the borrower back.
-	p.Release(o, g2.Lease, metrics.EndOK)
+	p.Release(o, g2.Lease, outcome.EndOK)
 	_ = g2
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 250m]", g3.SlotID) {
 		t.Fatalf("raise after release: %v", ops)
@@ -167,11 +167,11 @@ func TestReleaseWhileSleeping(t *testing.T) {
 	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	must(t)(nil, p.Sleep(o, g1.Lease))
 	g2 := must(t)(p.Acquire(ctx, req(o, 750, 2, 0)))
-	p.Release(o, g1.Lease, metrics.EndOK)
+	p.Release(o, g1.Lease, outcome.EndOK)
 	if s := p.Summary(); s.UsedMilli != 750 || s.LentMilli != 0 {
 		t.Fatalf("after the sleeper's release: %+v", s)
 	}
-	p.Release(o, g2.Lease, metrics.EndOK)
+	p.Release(o, g2.Lease, outcome.EndOK)
 	if s := p.Summary(); s.UsedMilli != 0 {
 		t.Fatalf("all released: %+v", s)
 	}
@@ -259,7 +259,7 @@ func TestLyingRuntimeStaysInBudget(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		p.Release(o, id, metrics.EndOK)
+		p.Release(o, id, outcome.EndOK)
 	}
 	if s := p.Summary(); s.UsedMilli != 0 || s.LentMilli != 0 {
 		t.Fatalf("all released: %+v", s)
@@ -300,7 +300,7 @@ func TestConcurrentLending(t *testing.T) {
 						}
 					}
 				}
-				if _, err := p.Release(o, g.Lease, metrics.EndOK); err != nil {
+				if _, err := p.Release(o, g.Lease, outcome.EndOK); err != nil {
 					t.Error(err)
 					return
 				}

@@ -1,6 +1,8 @@
 package pool
 
-import "github.com/cpuslot/cpuslot/internal/metrics"
+import (
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+)
 
 // mode is how a pool finds and places slots: the product (affinity) and
 // the research baselines it is measured against each implement it in a
@@ -50,7 +52,7 @@ const (
 // plan is what an acquisition will do once the lock is released.
 type plan struct {
 	s       *slot
-	outcome metrics.Acquisition
+	outcome outcome.Acquisition
 	create  bool
 	retune  bool
 	place   Place
@@ -82,7 +84,7 @@ func (p *Pool) growOrRetune(q uint32, place Place) (plan, bool) {
 		return pl, true
 	}
 	if s := p.pickAnyFree(); s != nil {
-		return plan{s: s, outcome: metrics.Retuned, retune: true, place: place}, true
+		return plan{s: s, outcome: outcome.Retuned, retune: true, place: place}, true
 	}
 	return plan{}, false
 }
@@ -93,7 +95,7 @@ func (p *Pool) planCreate(q uint32, place Place) (plan, bool) {
 	}
 	s := &slot{id: p.allocID(), spec: p.spec(q), busy: true}
 	p.slots[s.id] = s
-	return plan{s: s, outcome: metrics.Created, create: true, place: place}, true
+	return plan{s: s, outcome: outcome.Created, create: true, place: place}, true
 }
 
 // pickFree returns a free slot of quota q. With preferEmpty (affinity) a

@@ -1,6 +1,8 @@
 package pool
 
-import "github.com/cpuslot/cpuslot/internal/metrics"
+import (
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+)
 
 // affinity is the product: a thread keeps the slot it sits in, places
 // itself through the slot's fds when it must move, and stays in its slot
@@ -19,13 +21,13 @@ func (affinity) pick(p *Pool, req Request, q uint32) (plan, bool) {
 	}
 	cur := p.sitting(req)
 	if cur != nil && cur.spec.QuotaMilli == q {
-		return plan{s: cur, outcome: metrics.AffinityHit, place: PlaceNone}, true
+		return plan{s: cur, outcome: outcome.AffinityHit, place: PlaceNone}, true
 	}
 	if s := p.pickFree(q, true); s != nil {
-		return plan{s: s, outcome: metrics.CacheHit, place: place}, true
+		return plan{s: s, outcome: outcome.CacheHit, place: place}, true
 	}
 	if cur != nil {
-		return plan{s: cur, outcome: metrics.Retuned, retune: true, place: PlaceNone}, true
+		return plan{s: cur, outcome: outcome.Retuned, retune: true, place: PlaceNone}, true
 	}
 	return p.growOrRetune(q, place)
 }

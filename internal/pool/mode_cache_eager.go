@@ -1,6 +1,8 @@
 package pool
 
-import "github.com/cpuslot/cpuslot/internal/metrics"
+import (
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+)
 
 // cacheEager is a research baseline ("CGroup Caching @ Graalvisor",
 // non-lazy): a cache of slots per quota; the agent writes the thread's TID
@@ -9,7 +11,7 @@ type cacheEager struct{}
 
 func (cacheEager) pick(p *Pool, req Request, q uint32) (plan, bool) {
 	if s := p.pickFree(q, false); s != nil {
-		return plan{s: s, outcome: metrics.CacheHit, place: PlaceAgent}, true
+		return plan{s: s, outcome: outcome.CacheHit, place: PlaceAgent}, true
 	}
 	return p.growOrRetune(q, PlaceAgent)
 }

@@ -1,6 +1,8 @@
 package pool
 
-import "github.com/cpuslot/cpuslot/internal/metrics"
+import (
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+)
 
 // cacheLazy is a research baseline ("CGroup Caching @ Graalvisor", lazy):
 // a cache of slots per quota; the agent moves the previous occupant out and
@@ -10,7 +12,7 @@ type cacheLazy struct{}
 
 func (cacheLazy) pick(p *Pool, req Request, q uint32) (plan, bool) {
 	if s := p.pickFree(q, false); s != nil {
-		pl := plan{s: s, outcome: metrics.CacheHit, place: PlaceAgent}
+		pl := plan{s: s, outcome: outcome.CacheHit, place: PlaceAgent}
 		if s.occupant == req.Thread {
 			pl.place = PlaceNone
 		} else {

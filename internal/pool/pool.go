@@ -17,6 +17,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
@@ -61,7 +62,7 @@ type Grant struct {
 	// them and calls CloseFDs.
 	FDs      []int
 	Spec     cgroup.Spec
-	Outcome  metrics.Acquisition
+	Outcome  outcome.Acquisition
 	Queued   bool
 	Degraded bool
 	Place    Place
@@ -266,7 +267,7 @@ func (p *Pool) checkGone(err error) error {
 // per container, so one container's flood of names costs no other its own.
 // The caller holds the lock.
 func (p *Pool) actionLabel(a string) string {
-	if a == metrics.Held {
+	if a == outcome.HoldAction {
 		return "_other" // the agent's own measure of HOLD leases is not a client's to feed
 	}
 	if a == "" || p.actions[a] {

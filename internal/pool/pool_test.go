@@ -10,7 +10,7 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
@@ -169,18 +169,18 @@ func TestAffinityReusesTheThreadsOwnSlot(t *testing.T) {
 	ctx := context.Background()
 
 	g := must(t)(p.Acquire(ctx, req(c, 250, 1, 0)))
-	if g.Outcome != metrics.CacheHit || g.Place != PlaceSelf {
+	if g.Outcome != outcome.CacheHit || g.Place != PlaceSelf {
 		t.Fatalf("first acquisition: %+v", g)
 	}
-	if _, err := p.Release(c, g.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(c, g.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 10; i++ {
 		g2 := must(t)(p.Acquire(ctx, req(c, 250, 1, g.SlotID)))
-		if g2.Outcome != metrics.AffinityHit || g2.Place != PlaceNone || g2.SlotID != g.SlotID {
+		if g2.Outcome != outcome.AffinityHit || g2.Place != PlaceNone || g2.SlotID != g.SlotID {
 			t.Fatalf("repeat %d: %+v", i, g2)
 		}
-		if _, err := p.Release(c, g2.Lease, metrics.EndOK); err != nil {
+		if _, err := p.Release(c, g2.Lease, outcome.EndOK); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -208,15 +208,15 @@ func TestAffinityRetunesOwnSlotThenCreates(t *testing.T) {
 	o := &conn{}
 	ctx := context.Background()
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 	// No free 700m slot: the thread's own free slot is retuned, no placement.
 	g2 := must(t)(p.Acquire(ctx, req(o, 700, 1, g.SlotID)))
-	if g2.Outcome != metrics.Retuned || g2.Place != PlaceNone || g2.Spec.QuotaMilli != 700 {
+	if g2.Outcome != outcome.Retuned || g2.Place != PlaceNone || g2.Spec.QuotaMilli != 700 {
 		t.Fatalf("%+v", g2)
 	}
 	// Another thread wants 700m while that slot is leased: a slot is created.
 	g3 := must(t)(p.Acquire(ctx, req(o, 700, 2, 0)))
-	if g3.Outcome != metrics.Created || g3.Place != PlaceSelf {
+	if g3.Outcome != outcome.Created || g3.Place != PlaceSelf {
 		t.Fatalf("%+v", g3)
 	}
 	// At the bound with every slot leased, a third waits and times out.
@@ -225,11 +225,11 @@ func TestAffinityRetunesOwnSlotThenCreates(t *testing.T) {
 		t.Fatalf("want SLOT_UNAVAILABLE, got %v", err)
 	}
 	// ...unless a slot frees up while it waits.
-	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g3.Lease, metrics.EndOK) }()
+	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g3.Lease, outcome.EndOK) }()
 	r := req(o, 250, 3, 0)
 	r.Wait = 2 * time.Second
 	g4 := must(t)(p.Acquire(ctx, r))
-	if !g4.Queued || g4.Outcome != metrics.Retuned {
+	if !g4.Queued || g4.Outcome != outcome.Retuned {
 		t.Fatalf("%+v", g4)
 	}
 }
@@ -241,9 +241,9 @@ func TestBaselineModesWriteTIDs(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(CacheEager, "250m=1"), b)
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, g.SlotID)))
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 	want := []string{"place 1 10001", "moveout 10001", "place 1 10001", "moveout 10001"}
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
 		t.Fatalf("eager: %v, want %v", ops, want)
@@ -252,14 +252,14 @@ func TestBaselineModesWriteTIDs(t *testing.T) {
 	b = newFake()
 	p = start(t, cfg(CacheLazy, "250m=1"), b)
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	if g.Place != PlaceNone {
 		t.Fatalf("lazy same thread: %+v", g)
 	}
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 	g = must(t)(p.Acquire(ctx, req(o, 250, 2, 0))) // another thread: evict, then place
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 	want = []string{"place 1 10001", "moveout 10001", "place 1 10002"}
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
 		t.Fatalf("lazy: %v, want %v", ops, want)
@@ -271,10 +271,10 @@ func TestBaselineModesWriteTIDs(t *testing.T) {
 		t.Fatal("uncached must not pre-warm")
 	}
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	if g.Outcome != metrics.Created || g.Place != PlaceAgent {
+	if g.Outcome != outcome.Created || g.Place != PlaceAgent {
 		t.Fatalf("%+v", g)
 	}
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 	want = []string{"create 1 250m", "place 1 10001", "remove 1"}
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprint(want) {
 		t.Fatalf("uncached: %v, want %v", ops, want)
@@ -296,17 +296,17 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	if _, err := p.Release(other, g.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Release(other, g.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("release by another connection: %v", err)
 	}
-	if _, err := p.Release(o, 999999, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Release(o, 999999, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("unknown lease: %v", err)
 	}
-	u, err := p.Release(o, g.Lease, metrics.EndOK)
+	u, err := p.Release(o, g.Lease, outcome.EndOK)
 	if err != nil || u.CPUNanos == 0 {
 		t.Fatalf("release: %+v %v", u, err)
 	}
-	if _, err := p.Release(o, g.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Release(o, g.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("double release: %v", err)
 	}
 	if s := p.Summary(); s.UsedMilli != 0 || s.Leases != 0 {
@@ -329,7 +329,7 @@ func TestCgroupRefusesMkdir(t *testing.T) {
 	if s.Leases != 1 || s.UsedMilli != 250 || len(p.slots) != 1 {
 		t.Fatalf("failed create left state behind: %+v, %d slots", s, len(p.slots))
 	}
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 }
 
 func TestAdmissionPolicies(t *testing.T) {
@@ -348,14 +348,14 @@ func TestAdmissionPolicies(t *testing.T) {
 	if _, err := p.Acquire(ctx, req(o, 500, 2, 0)); !errors.Is(err, ErrRejected) {
 		t.Fatalf("reject: %v", err)
 	}
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 
 	p, _ = mk(admission.Queue)
 	g = must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
 	if _, err := p.Acquire(ctx, req(o, 500, 2, 0)); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("queue timeout: %v", err)
 	}
-	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g.Lease, metrics.EndOK) }()
+	go func() { time.Sleep(10 * time.Millisecond); p.Release(o, g.Lease, outcome.EndOK) }()
 	r := req(o, 500, 2, 0)
 	r.Wait = 2 * time.Second
 	g2 := must(t)(p.Acquire(ctx, r))
@@ -370,7 +370,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		t.Fatalf("degraded grant %+v", g2)
 	}
 	b.takeOps()
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 	// The freed budget raises the degraded lease to what it asked for.
 	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 500m]", g2.SlotID) {
 		t.Fatalf("raise: %v", ops)
@@ -407,14 +407,14 @@ func TestOwnerGoneAndReclaim(t *testing.T) {
 	if g2.Lease == g.Lease || g2.SlotID != g.SlotID {
 		t.Fatalf("re-reclaim: %+v after %+v", g2, g)
 	}
-	if _, err := p.Release(o2, g.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Release(o2, g.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("the old id must be void: %v", err)
 	}
 	g = g2
 	if _, err := p.Reclaim(o2, 4242, 250, Thread{NS: 1, TID: 1}, "a"); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("unknown slot: %v", err)
 	}
-	if _, err := p.Release(o2, g.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(o2, g.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -468,10 +468,10 @@ func TestSupersede(t *testing.T) {
 	ctx := context.Background()
 	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 250, 1, g1.SlotID)))
-	if g2.SlotID != g1.SlotID || g2.Outcome != metrics.AffinityHit {
+	if g2.SlotID != g1.SlotID || g2.Outcome != outcome.AffinityHit {
 		t.Fatalf("the thread's own slot should be reused: %+v", g2)
 	}
-	if _, err := p.Release(o, g1.Lease, metrics.EndOK); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Release(o, g1.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("late release of the superseded lease: %v", err)
 	}
 	// Another process's thread with the same id is someone else.
@@ -494,8 +494,8 @@ func TestRemovalBusy(t *testing.T) {
 	ctx := context.Background()
 	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 250, 2, 0))) // grown: an extra slot
-	p.Release(o, g1.Lease, metrics.EndOK)
-	p.Release(o, g2.Lease, metrics.EndOK)
+	p.Release(o, g1.Lease, outcome.EndOK)
+	p.Release(o, g2.Lease, outcome.EndOK)
 	for _, fs := range b.slots {
 		fs.busy = 1 // whichever slot the reaper picks is busy once
 	}
@@ -602,7 +602,7 @@ func TestConcurrentAcquireRelease(t *testing.T) {
 					return
 				}
 				cur = g.SlotID
-				if _, err := p.Release(o, g.Lease, metrics.EndOK); err != nil {
+				if _, err := p.Release(o, g.Lease, outcome.EndOK); err != nil {
 					t.Error(err)
 					return
 				}
@@ -693,12 +693,12 @@ func TestNoCgroupIOUnderThePoolLock(t *testing.T) {
 			if !g2.Degraded {
 				t.Fatalf("not degraded: %+v", g2)
 			}
-			p.Release(o, g1.Lease, metrics.EndOK) // raises g2
+			p.Release(o, g1.Lease, outcome.EndOK) // raises g2
 			if s := p.Summary(); s.UsedMilli != 500 || s.Degraded != 0 {
 				t.Fatalf("degraded lease not raised: %+v", s)
 			}
 			g3 := must(t)(p.Acquire(ctx, req(o, 300, 2, g2.SlotID))) // supersedes g2
-			p.Release(o, g3.Lease, metrics.EndPlacementFailed)
+			p.Release(o, g3.Lease, outcome.EndPlacementFailed)
 			p.Reap(time.Now().Add(time.Hour))
 			if err := p.Close(true); err != nil {
 				t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // ReleaseOwner releases every lease of a connection that went away.
@@ -24,7 +25,7 @@ func (p *Pool) ReleaseOwner(owner any) int {
 		p.settle(owner, time.Now())
 	}
 	for _, id := range ids {
-		_, _ = p.Release(owner, id, metrics.Abandoned)
+		_, _ = p.Release(owner, id, outcome.Abandoned)
 	}
 	p.mu.Lock()
 	delete(p.credits, owner)
@@ -92,13 +93,13 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 	p.leases[l.id] = l
 	p.budget.Take(l.granted)
 	if hold {
-		l.action = metrics.Held
+		l.action = outcome.HoldAction
 		p.holdCount[owner]++
 	} else {
 		p.threadLeases[ownerThread{owner, t}] = l
 		p.setOccupant(s, t, 0, 0)
 	}
-	p.metrics.Acquired(p.cfg.Mode, metrics.Reclaimed, 0)
+	p.metrics.Acquired(p.cfg.Mode, outcome.Reclaimed, 0)
 	return p.reclaimed(s, l)
 }
 
@@ -106,5 +107,5 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 // releases it. A reclaim sends no fds (the thread sits in the slot already).
 func (p *Pool) reclaimed(s *slot, l *lease) (*Grant, error) {
 	defer p.mu.Unlock()
-	return &Grant{Lease: l.id, SlotID: s.id, Spec: s.spec, Outcome: metrics.AffinityHit, Place: PlaceNone}, nil
+	return &Grant{Lease: l.id, SlotID: s.id, Spec: s.spec, Outcome: outcome.AffinityHit, Place: PlaceNone}, nil
 }

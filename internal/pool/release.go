@@ -6,17 +6,18 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // Release ends a lease and returns what its slot used meanwhile.
-func (p *Pool) Release(owner any, id uint64, how metrics.Ending) (cgroup.Usage, error) {
+func (p *Pool) Release(owner any, id uint64, how outcome.Ending) (cgroup.Usage, error) {
 	l, err := p.takeLease(owner, id)
 	if err != nil {
 		return cgroup.Usage{}, err
 	}
 	end, used := p.account(l, how)
 	r := p.mode.release(p, l)
-	if how == metrics.EndPlacementFailed {
+	if how == outcome.EndPlacementFailed {
 		r.vacated = true // the thread never got there
 	}
 	raises := p.freeSlot(l, end, r)
@@ -28,7 +29,7 @@ func (p *Pool) Release(owner any, id uint64, how metrics.Ending) (cgroup.Usage, 
 // under its HOLD leases (one USAGE record).
 type Report struct {
 	Action         string
-	How            metrics.Ending
+	How            outcome.Ending
 	N              uint64
 	CPUNanos       uint64
 	ThrottledNanos uint64
@@ -52,7 +53,7 @@ type credit struct {
 
 type reportKey struct {
 	action string
-	how    metrics.Ending
+	how    outcome.Ending
 }
 
 // minInvocation is the least slot time the agent believes one reported
@@ -258,7 +259,7 @@ func (p *Pool) takeLease(owner any, id uint64) (*lease, error) {
 
 // account reads the slot's counters at the end of lease l and counts what
 // it used.
-func (p *Pool) account(l *lease, how metrics.Ending) (end, used cgroup.Usage) {
+func (p *Pool) account(l *lease, how outcome.Ending) (end, used cgroup.Usage) {
 	end, err := l.slot.io.Usage()
 	if err != nil {
 		if p.checkGone(err) == nil {

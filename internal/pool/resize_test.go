@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // slotsByQuota counts the pool's slots per quota.
@@ -34,7 +34,7 @@ func TestRefreshLimitFollowsResize(t *testing.T) {
 	ctx := context.Background()
 	held := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	freed := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
-	if _, err := p.Release(o, freed.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(o, freed.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	if before, now, err := p.RefreshLimit(); err != nil || before != 1000 || now != 1000 {
@@ -62,7 +62,7 @@ func TestRefreshLimitFollowsResize(t *testing.T) {
 	if got := slotsByQuota(p); got[500] != 1 {
 		t.Fatalf("slots %v: the leased 500m slot went while leased", got)
 	}
-	if _, err := p.Release(o, held.Lease, metrics.EndOK); err != nil {
+	if _, err := p.Release(o, held.Lease, outcome.EndOK); err != nil {
 		t.Fatal(err)
 	}
 	if n := p.Reap(time.Now()); n != 1 {
@@ -72,7 +72,7 @@ func TestRefreshLimitFollowsResize(t *testing.T) {
 		t.Fatalf("slots under 400m: %v, want the 250m one", got)
 	}
 	g := must(t)(p.Acquire(ctx, req(o, 250, 3, 0)))
-	p.Release(o, g.Lease, metrics.EndOK)
+	p.Release(o, g.Lease, outcome.EndOK)
 
 	b.limit = 1000
 	if before, now, err := p.RefreshLimit(); err != nil || before != 400 || now != 1000 {

@@ -4,8 +4,8 @@ import (
 	"errors"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
-	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // The one place where the pool's results become the wire's.
@@ -40,12 +40,12 @@ func wireError(err error) *slotv1.Error {
 	return slotv1.Errorf(slotv1.CodeInternal, "%v", err)
 }
 
-var outcomes = map[metrics.Acquisition]slotv1.Outcome{
-	metrics.AffinityHit: slotv1.OutcomeAffinityHit,
-	metrics.CacheHit:    slotv1.OutcomeCacheHit,
-	metrics.Retuned:     slotv1.OutcomeRetuned,
-	metrics.Created:     slotv1.OutcomeCreated,
-	metrics.Reclaimed:   slotv1.OutcomeAffinityHit, // the thread sits in the slot
+var outcomes = map[outcome.Acquisition]slotv1.Outcome{
+	outcome.AffinityHit: slotv1.OutcomeAffinityHit,
+	outcome.CacheHit:    slotv1.OutcomeCacheHit,
+	outcome.Retuned:     slotv1.OutcomeRetuned,
+	outcome.Created:     slotv1.OutcomeCreated,
+	outcome.Reclaimed:   slotv1.OutcomeAffinityHit, // the thread sits in the slot
 }
 
 var places = map[pool.Place]slotv1.Place{
@@ -54,18 +54,18 @@ var places = map[pool.Place]slotv1.Place{
 	pool.PlaceAgent: slotv1.PlaceDone,
 }
 
-var endings = map[slotv1.ReleaseOutcome]metrics.Ending{
-	slotv1.InvocationOK:      metrics.EndOK,
-	slotv1.InvocationFailed:  metrics.EndFailed,
-	slotv1.InvocationTimeout: metrics.EndTimeout,
-	slotv1.PlacementFailed:   metrics.EndPlacementFailed,
+var endings = map[slotv1.ReleaseOutcome]outcome.Ending{
+	slotv1.InvocationOK:      outcome.EndOK,
+	slotv1.InvocationFailed:  outcome.EndFailed,
+	slotv1.InvocationTimeout: outcome.EndTimeout,
+	slotv1.PlacementFailed:   outcome.EndPlacementFailed,
 }
 
 // ending is how a client says its invocation ended; an outcome this agent
 // does not know is counted as such, not as a label of the client's making.
-func ending(o slotv1.ReleaseOutcome) metrics.Ending {
+func ending(o slotv1.ReleaseOutcome) outcome.Ending {
 	if e, ok := endings[o]; ok {
 		return e
 	}
-	return metrics.EndUnknown
+	return outcome.EndUnknown
 }

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
-	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // TestPoolErrorsOnTheWire: every reason the pool gives has its own wire
@@ -54,7 +54,7 @@ func TestPoolErrorsOnTheWire(t *testing.T) {
 // reports has a wire value, and every release outcome a client may send is
 // counted as a known ending.
 func TestGrantOnTheWire(t *testing.T) {
-	for _, a := range metrics.Acquisitions {
+	for _, a := range outcome.Acquisitions {
 		if _, ok := outcomes[a]; !ok {
 			t.Errorf("acquisition %q has no wire outcome", a)
 		}
@@ -67,7 +67,7 @@ func TestGrantOnTheWire(t *testing.T) {
 	for o := range slotv1.ReleaseOutcome(255) {
 		e := ending(o)
 		if strings.HasPrefix(o.String(), "release(") {
-			if e != metrics.EndUnknown {
+			if e != outcome.EndUnknown {
 				t.Errorf("unknown outcome %d counted as %q", o, e)
 			}
 		} else if string(e) != o.String() {
