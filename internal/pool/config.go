@@ -7,28 +7,11 @@ import (
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
-// Mode is how a pool finds and places slots. All four are real so that the
-// benchmark compares them on equal terms.
+// Mode is how a pool finds and places slots: its position in
+// settings.Modes. Each mode's file registers its implementation
+// (registerMode). All four are real so that the benchmark compares them on
+// equal terms.
 type Mode int
-
-const (
-	// Affinity (the default): prefer the free slot of the quota the thread
-	// already sits in (no cgroup write); else a free slot of the quota, the
-	// thread placing itself by writing "0" to the slot's fd; else retune a
-	// free slot the thread sits in; else create.
-	Affinity Mode = iota
-	// CacheLazy: per-quota cache of pre-made slots, placement by numeric TID;
-	// a thread stays in its slot after release until another thread needs
-	// the slot ("CGroup Caching @ Graalvisor", lazy reclamation).
-	CacheLazy
-	// CacheEager: as CacheLazy, but the thread is moved out on release
-	// (the same thesis, non-lazy reclamation).
-	CacheEager
-	// Uncached: create a cgroup per invocation, set its quota, place, and
-	// remove it on release ("Performance Isolation in GraalVM Native Image
-	// Isolates").
-	Uncached
-)
 
 // modeNames are the settings' mode choices, in Mode's order.
 var modeNames = settings.Modes

@@ -33,11 +33,19 @@ type released struct {
 	removed bool
 }
 
-var modes = map[Mode]mode{
-	Affinity:   affinity{},
-	CacheLazy:  cacheLazy{},
-	CacheEager: cacheEager{},
-	Uncached:   uncached{},
+// modes are the modes' implementations, each registered by its own file.
+var modes = map[Mode]mode{}
+
+// registerMode records the implementation of the mode settings names name
+// and returns its Mode; a name settings does not know is a programming
+// error.
+func registerMode(name string, impl mode) Mode {
+	m, err := ParseMode(name)
+	if err != nil {
+		panic(err)
+	}
+	modes[m] = impl
+	return m
 }
 
 // Place tells the client what to do after a grant.

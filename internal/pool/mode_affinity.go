@@ -2,7 +2,14 @@ package pool
 
 import (
 	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
+
+// Affinity (the default): prefer the free slot of the quota the thread
+// already sits in (no cgroup write); else a free slot of the quota, the
+// thread placing itself by writing "0" to the slot's fd; else retune a free
+// slot the thread sits in; else create.
+var Affinity = registerMode(settings.ModeAffinity, affinity{})
 
 // affinity is the product: a thread keeps the slot it sits in, places
 // itself through the slot's fds when it must move, and stays in its slot

@@ -2,7 +2,12 @@ package pool
 
 import (
 	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
+
+// CacheEager: as CacheLazy, but the thread is moved out on release (the
+// same thesis, non-lazy reclamation).
+var CacheEager = registerMode(settings.ModeCacheEager, cacheEager{})
 
 // cacheEager is a research baseline ("CGroup Caching @ Graalvisor",
 // non-lazy): a cache of slots per quota; the agent writes the thread's TID

@@ -2,7 +2,13 @@ package pool
 
 import (
 	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
+
+// CacheLazy: per-quota cache of pre-made slots, placement by numeric TID;
+// a thread stays in its slot after release until another thread needs the
+// slot ("CGroup Caching @ Graalvisor", lazy reclamation).
+var CacheLazy = registerMode(settings.ModeCacheLazy, cacheLazy{})
 
 // cacheLazy is a research baseline ("CGroup Caching @ Graalvisor", lazy):
 // a cache of slots per quota; the agent moves the previous occupant out and

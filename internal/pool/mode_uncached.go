@@ -1,6 +1,14 @@
 package pool
 
-import "github.com/cpuslot/cpuslot/internal/metrics"
+import (
+	"github.com/cpuslot/cpuslot/internal/metrics"
+	"github.com/cpuslot/cpuslot/internal/settings"
+)
+
+// Uncached: create a cgroup per invocation, set its quota, place, and
+// remove it on release ("Performance Isolation in GraalVM Native Image
+// Isolates").
+var Uncached = registerMode(settings.ModeUncached, uncached{})
 
 // uncached is a research baseline ("Performance Isolation in GraalVM Native
 // Image Isolates"): every acquisition creates a cgroup, sets its quota and

@@ -24,3 +24,16 @@ func TestNewFromSettings(t *testing.T) {
 		t.Fatalf("%+v", p.cfg)
 	}
 }
+
+// Every mode settings offers has an implementation its file registered, so
+// New refuses none of them.
+func TestEveryModeRegistered(t *testing.T) {
+	for i, name := range settings.Modes {
+		if m, err := ParseMode(name); err != nil || modes[m] == nil || int(m) != i {
+			t.Errorf("mode %s: %v %v, implementation %T", name, m, err, modes[m])
+		}
+	}
+	if len(modes) != len(settings.Modes) {
+		t.Errorf("%d implementations for %d modes", len(modes), len(settings.Modes))
+	}
+}

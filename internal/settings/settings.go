@@ -98,9 +98,18 @@ type Pool struct {
 // The choices of the enumerated settings, in the order pool and admission
 // number them.
 var (
-	Modes    = []string{"affinity", "cache-lazy", "cache-eager", "uncached"}
+	Modes    = []string{ModeAffinity, ModeCacheLazy, ModeCacheEager, ModeUncached}
 	Limits   = []string{"cap", "share", "both"}
 	Policies = []string{"queue", "degrade", "reject"}
+)
+
+// The pool modes' names; each mode's file in the pool registers its
+// implementation under one (what it does is documented there).
+const (
+	ModeAffinity   = "affinity"
+	ModeCacheLazy  = "cache-lazy"
+	ModeCacheEager = "cache-eager"
+	ModeUncached   = "uncached"
 )
 
 // Defaults other packages name.
