@@ -87,19 +87,18 @@ func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, 
 	if err != nil {
 		return nil, err
 	}
-	ok, isOK := resp.(*slotv1.AcquireOK)
-	if !isOK {
-		closeFDs(fds)
-		return nil, fmt.Errorf("cpuslot: unexpected %T to ACQUIRE", resp)
+	var l *Lease
+	var slotFDs []int
+	ok, err := c.grant(resp, fds, func(ok *slotv1.AcquireOK) {
+		l = &Lease{c: c, id: ok.Lease, gen: gen, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, Outcome: ok.Outcome, Place: ok.Place,
+			Queued: ok.Flags&slotv1.AcquiredQueued != 0, Degraded: ok.Flags&slotv1.AcquiredDegraded != 0,
+			tid: tid, action: action, invocation: invocation}
+		slotFDs = c.fds[ok.Slot]
+		c.held[l] = struct{}{}
+	})
+	if err != nil {
+		return nil, err
 	}
-	l := &Lease{c: c, id: ok.Lease, gen: gen, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, Outcome: ok.Outcome, Place: ok.Place,
-		Queued: ok.Flags&slotv1.AcquiredQueued != 0, Degraded: ok.Flags&slotv1.AcquiredDegraded != 0,
-		tid: tid, action: action, invocation: invocation}
-	c.mu.Lock()
-	c.cacheFDs(ok.Slot, fds)
-	slotFDs := c.fds[ok.Slot]
-	c.held[l] = struct{}{}
-	c.mu.Unlock()
 
 	place, stat := c.split(slotFDs)
 	if ok.Place == slotv1.PlaceSelf {
@@ -112,6 +111,24 @@ func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, 
 	c.setCurrent(tid, ok.Slot)
 	l.start, l.hasStart = readCounters(stat)
 	return l, nil
+}
+
+// grant turns the agent's answer to an ACQUIRE, on either path, into the
+// grant, with the fds that came along cached for its slot; any other
+// answer is an error and its fds are closed. keep records the caller's
+// lease under the same hold of c.mu as the cache, so that a reconnect
+// sees both or neither.
+func (c *Client) grant(resp slotv1.Message, fds []int, keep func(ok *slotv1.AcquireOK)) (*slotv1.AcquireOK, error) {
+	ok, isOK := resp.(*slotv1.AcquireOK)
+	if !isOK {
+		closeFDs(fds)
+		return nil, fmt.Errorf("cpuslot: unexpected %T to ACQUIRE", resp)
+	}
+	c.mu.Lock()
+	c.cacheFDs(ok.Slot, fds)
+	keep(ok)
+	c.mu.Unlock()
+	return ok, nil
 }
 
 // Release ends the lease and returns what the slot used meanwhile. The

@@ -214,15 +214,11 @@ func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error)
 	if err != nil {
 		return nil, err
 	}
-	ok, isOK := resp.(*slotv1.AcquireOK)
-	if !isOK {
-		closeFDs(fds)
-		return nil, fmt.Errorf("cpuslot: unexpected %T to ACQUIRE", resp)
+	var stale bool
+	ok, err := c.grant(resp, fds, func(*slotv1.AcquireOK) { stale = gen != c.gen })
+	if err != nil {
+		return nil, err
 	}
-	c.mu.Lock()
-	c.cacheFDs(ok.Slot, fds)
-	stale := gen != c.gen
-	c.mu.Unlock()
 	var flags uint32
 	if ok.Flags&slotv1.AcquiredDegraded != 0 {
 		flags |= slotv1.EntryDegraded
