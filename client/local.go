@@ -323,11 +323,7 @@ func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, [
 	if err == nil {
 		resp, fds, rerr := cn.roundTrip(req)
 		if rerr == nil {
-			c.put(cn)
-			if e, isErr := resp.(*slotv1.Error); isErr {
-				return nil, nil, cn.gen, e
-			}
-			return resp, fds, cn.gen, nil
+			return c.answered(cn, resp, fds)
 		}
 		err = rerr
 	}

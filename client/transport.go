@@ -38,11 +38,7 @@ func (c *Client) call(m slotv1.Message) (slotv1.Message, []int, uint64, error) {
 		}
 		resp, fds, err := cn.roundTrip(m)
 		if err == nil {
-			c.put(cn)
-			if e, ok := resp.(*slotv1.Error); ok {
-				return nil, nil, cn.gen, e
-			}
-			return resp, fds, cn.gen, nil
+			return c.answered(cn, resp, fds)
 		}
 		cn.close()
 		if attempt > 0 {
@@ -52,6 +48,16 @@ func (c *Client) call(m slotv1.Message) (slotv1.Message, []int, uint64, error) {
 			return nil, nil, 0, fmt.Errorf("cpuslot: agent unreachable: %w", rerr)
 		}
 	}
+}
+
+// answered gives back to the pool a connection that answered, and turns an
+// ERROR answer into the error; with the generation the answer came in.
+func (c *Client) answered(cn *conn, resp slotv1.Message, fds []int) (slotv1.Message, []int, uint64, error) {
+	c.put(cn)
+	if e, ok := resp.(*slotv1.Error); ok {
+		return nil, nil, cn.gen, e
+	}
+	return resp, fds, cn.gen, nil
 }
 
 func (c *Client) get() (*conn, error) {
