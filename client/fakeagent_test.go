@@ -68,6 +68,8 @@ type fakeAgent struct {
 	held     bool
 	granted  map[uint64]uint32
 	degraded map[uint64]bool
+	// notGrant answers ACQUIRE with RELEASE_OK and slot 1's fds: no grant.
+	notGrant bool
 }
 
 func newFakeAgent(t testing.TB, local bool) *fakeAgent {
@@ -270,6 +272,9 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			}
 		} else {
 			f.requests["acquire"]++
+		}
+		if s := f.slots[1]; f.notGrant && s != nil {
+			return &slotv1.ReleaseOK{}, []int{int(s.placeW.Fd()), int(s.stat.Fd())}
 		}
 		if f.budget > 0 {
 			used := m.QuotaMilli

@@ -214,15 +214,11 @@ func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error)
 	if err != nil {
 		return nil, err
 	}
-	ok, isOK := resp.(*slotv1.AcquireOK)
-	if !isOK {
-		closeFDs(fds)
-		return nil, fmt.Errorf("cpuslot: unexpected %T to ACQUIRE", resp)
+	var stale bool
+	ok, err := c.grant(resp, fds, func(*slotv1.AcquireOK) { stale = gen != c.gen })
+	if err != nil {
+		return nil, err
 	}
-	c.mu.Lock()
-	c.cacheFDs(ok.Slot, fds)
-	stale := gen != c.gen
-	c.mu.Unlock()
 	var flags uint32
 	if ok.Flags&slotv1.AcquiredDegraded != 0 {
 		flags |= slotv1.EntryDegraded
@@ -327,11 +323,7 @@ func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, [
 	if err == nil {
 		resp, fds, rerr := cn.roundTrip(req)
 		if rerr == nil {
-			c.put(cn)
-			if e, isErr := resp.(*slotv1.Error); isErr {
-				return nil, nil, cn.gen, e
-			}
-			return resp, fds, cn.gen, nil
+			return c.answered(cn, resp, fds)
 		}
 		err = rerr
 	}

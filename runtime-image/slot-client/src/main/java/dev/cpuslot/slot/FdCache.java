@@ -69,6 +69,20 @@ final class FdCache {
         }
     }
 
+    /**
+     * Takes the fds that came with a grant (ACQUIRE_OK) for its slot, on either leasing path. False,
+     * with the fds closed, when they are not the nfds the grant announced: the caller gives the lease
+     * back.
+     */
+    boolean keep(Protocol.AcquireOk ok, int[] got, Protocol.HelloOk hello) {
+        if (got.length != ok.nfds()) {
+            discard(got);
+            return false;
+        }
+        if (got.length > 0) put(ok.slot(), got, hello);
+        return true;
+    }
+
     /** Writes {@code what} to each placement fd of the slot. Returns null or an error message. */
     String place(long slot, byte[] what) {
         for (int attempt = 0; attempt < 2; attempt++) {

@@ -223,14 +223,12 @@ final class Leases {
         count(acquireCounter(ok.outcome()));
         if (l.queued()) count("acquire.queued");
         if (l.degraded()) count("acquire.degraded");
-        if (got.length != ok.nfds()) {
-            fds.discard(got);
+        if (!fds.keep(ok, got, c.hello)) {
             currentSlot.get()[0] = 0;
             count("place.failed");
             release(l, ReleaseOutcome.PLACEMENT_FAILED);
             return noSlot(act, inv, quotaMilli, tid, "fd_mismatch", "nfds " + ok.nfds() + " but " + got.length + " fds");
         }
-        if (got.length > 0) fds.put(ok.slot(), got, c.hello);
         if (ok.place() == Protocol.PLACE_SELF) {
             String err = fds.place(ok.slot(), ZERO);
             if (err != null) {

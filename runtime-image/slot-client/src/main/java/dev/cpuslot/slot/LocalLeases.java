@@ -260,13 +260,11 @@ final class LocalLeases {
     private SlotLease granted(Connection c, Protocol.AcquireOk ok, int[] got, long quota, String act, String inv, int tid,
                               long[] current, int[] last) {
         count("local.hold");
-        if (got.length != ok.nfds()) {
-            fds.discard(got);
+        if (!fds.keep(ok, got, c.hello)) {
             releaseHold(ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
             count("place.failed");
             return leases.noSlot(act, inv, quota, tid, "fd_mismatch", "nfds " + ok.nfds() + " but " + got.length + " fds");
         }
-        if (got.length > 0) fds.put(ok.slot(), got, c.hello);
         int flags = (ok.flags() & Protocol.ACQ_FLAG_DEGRADED) != 0 ? SlotTable.FLAG_DEGRADED : 0;
         SlotTable.Claimed e = table.publish(tid, ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota, System.nanoTime());
         if (e == null) {

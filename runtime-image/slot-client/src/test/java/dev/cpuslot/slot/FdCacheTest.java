@@ -40,6 +40,21 @@ class FdCacheTest {
     }
 
     @Test
+    void aGrantKeepsItsFdsOnlyWhenThereAreAsManyAsItAnnounced() {
+        Protocol.AcquireOk two = new Protocol.AcquireOk(9, 5, 500, 100_000, 0, 0, Protocol.PLACE_SELF, 2);
+        assertFalse(cache.keep(two, new int[]{50}, v2), "one fd where the grant announced two");
+        assertEquals(Set.of(50), ops.closed);
+        assertEquals(0, cache.size());
+        assertTrue(cache.keep(two, new int[]{51, 52}, v2));
+        assertNull(cache.place(5, "0".getBytes()));
+        assertEquals(51, ops.writes.getFirst().fd());
+        Protocol.AcquireOk cached = new Protocol.AcquireOk(10, 5, 500, 100_000, 0, 0, Protocol.PLACE_SELF, 0);
+        assertTrue(cache.keep(cached, new int[0], v2), "no fds: the slot's cached ones stay");
+        assertEquals(1, cache.size());
+        assertEquals(Set.of(50), ops.closed);
+    }
+
+    @Test
     void newFdsReplaceTheOldOnesWhichAreClosed() {
         cache.put(3, new int[]{30, 31}, v2);
         cache.put(3, new int[]{32, 33}, v2);

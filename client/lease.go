@@ -1,0 +1,226 @@
+package client
+
+// Leases through the agent: ACQUIRE places the thread, RELEASE (one-way
+// when the client can read the slot's counters itself) ends the lease.
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/counters"
+)
+
+// Usage is what a lease's slot used while held.
+type Usage struct {
+	CPU              time.Duration
+	Throttled        time.Duration
+	Periods          uint64
+	ThrottledPeriods uint64
+}
+
+// Lease is a granted slot.
+type Lease struct {
+	c          *Client
+	id         uint64
+	gen        uint64
+	Slot       uint32
+	QuotaMilli uint32
+	Outcome    slotv1.Outcome
+	Place      slotv1.Place
+	Queued     bool
+	Degraded   bool
+	tid        int
+	action     string
+	invocation string
+	// lost means the lease could not be re-declared after a reconnect.
+	lost bool
+	// start holds the slot's counters read right after placement, when the
+	// client has the slot's counter fds; then Release needs no reply.
+	start    counters.Usage
+	hasStart bool
+	parkedAt time.Time
+	// Reused reports that the lease lingered from the thread's previous
+	// invocation: no message went to the agent.
+	Reused bool
+	// Local reports a slot the process holds (local leasing): the
+	// acquisition sent nothing to the agent unless it was a miss.
+	Local    bool
+	claim    slotv1.Claim
+	stat     []int // the slot's counter fds (local leases)
+	released atomic.Bool
+}
+
+// Acquire leases a slot of quotaMilli for an invocation and places the
+// calling OS thread in it.
+func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, error) {
+	tid := unix.Gettid()
+	if c.local != nil && (c.localOn.Load() || c.opts.TableFile != nil) {
+		l, err := c.local.acquire(tid, quotaMilli, action)
+		if !errors.Is(err, slotv1.ErrTableFull) && !errors.Is(err, errNoLocal) {
+			return l, err
+		}
+	}
+	c.mu.Lock()
+	cur := c.current[tid]
+	p := c.parked[tid]
+	delete(c.parked, tid)
+	reuse := p != nil && p.QuotaMilli == quotaMilli && !p.Degraded && p.action == action && p.gen == c.gen
+	c.mu.Unlock()
+	if reuse {
+		p.invocation, p.Reused, p.Outcome, p.Place, p.Queued = invocation, true, slotv1.OutcomeAffinityHit, slotv1.PlaceNone, false
+		return p, nil
+	}
+	if p != nil {
+		p.releaseParked() // another action or quota: end it first
+	}
+	req := &slotv1.Acquire{QuotaMilli: quotaMilli, TID: uint32(tid), CurrentSlot: cur, Action: action, Invocation: invocation,
+		WaitUS: uint32(min(c.opts.Wait.Microseconds(), 1<<32-1))}
+	if c.opts.AgentPlaces {
+		req.Flags |= slotv1.AcquireAgentPlaces
+	}
+	resp, fds, gen, err := c.call(req)
+	if err != nil {
+		return nil, err
+	}
+	var l *Lease
+	var slotFDs []int
+	ok, err := c.grant(resp, fds, func(ok *slotv1.AcquireOK) {
+		l = &Lease{c: c, id: ok.Lease, gen: gen, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, Outcome: ok.Outcome, Place: ok.Place,
+			Queued: ok.Flags&slotv1.AcquiredQueued != 0, Degraded: ok.Flags&slotv1.AcquiredDegraded != 0,
+			tid: tid, action: action, invocation: invocation}
+		slotFDs = c.fds[ok.Slot]
+		c.held[l] = struct{}{}
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	place, stat := c.split(slotFDs)
+	if ok.Place == slotv1.PlaceSelf {
+		if err := placeSelf(place); err != nil {
+			c.setCurrent(tid, 0)
+			_, _ = l.Release(slotv1.PlacementFailed)
+			return nil, fmt.Errorf("cpuslot: placing thread in slot %d: %w", ok.Slot, err)
+		}
+	}
+	c.setCurrent(tid, ok.Slot)
+	l.start, l.hasStart = readCounters(stat)
+	return l, nil
+}
+
+// grant turns the agent's answer to an ACQUIRE, on either path, into the
+// grant, with the fds that came along cached for its slot; any other
+// answer is an error and its fds are closed. keep records the caller's
+// lease under the same hold of c.mu as the cache, so that a reconnect
+// sees both or neither.
+func (c *Client) grant(resp slotv1.Message, fds []int, keep func(ok *slotv1.AcquireOK)) (*slotv1.AcquireOK, error) {
+	ok, isOK := resp.(*slotv1.AcquireOK)
+	if !isOK {
+		closeFDs(fds)
+		return nil, fmt.Errorf("cpuslot: unexpected %T to ACQUIRE", resp)
+	}
+	c.mu.Lock()
+	c.cacheFDs(ok.Slot, fds)
+	keep(ok)
+	c.mu.Unlock()
+	return ok, nil
+}
+
+// Release ends the lease and returns what the slot used meanwhile. The
+// thread stays in the slot: the next invocation on it reuses the slot with
+// no cgroup write.
+func (l *Lease) Release(outcome slotv1.ReleaseOutcome) (Usage, error) {
+	c := l.c
+	if l.Local {
+		return c.local.release(l, outcome)
+	}
+	if c.opts.Linger > 0 && l.hasStart && outcome == slotv1.InvocationOK {
+		if u, ok := l.park(); ok {
+			return u, nil
+		}
+	}
+	if l.hasStart && outcome != slotv1.PlacementFailed {
+		if u, ok := l.releaseOneWay(outcome); ok {
+			return u, nil
+		}
+	}
+	return l.releaseWithReply(outcome)
+}
+
+func usageOf(d counters.Usage) Usage {
+	return Usage{CPU: time.Duration(d.CPUNanos), Throttled: time.Duration(d.ThrottledNanos), Periods: d.Periods, ThrottledPeriods: d.ThrottledPeriods}
+}
+
+// releaseWithReply sends RELEASE and waits for the agent's usage.
+func (l *Lease) releaseWithReply(outcome slotv1.ReleaseOutcome) (Usage, error) {
+	c := l.c
+	for attempt := 0; ; attempt++ {
+		c.mu.Lock()
+		id, lost := l.id, l.lost
+		c.mu.Unlock()
+		if lost {
+			c.forget(l)
+			return Usage{}, errors.New("cpuslot: lease lost across an agent restart; usage unknown")
+		}
+		resp, _, _, err := c.call(&slotv1.Release{Lease: id, Outcome: outcome})
+		if err != nil {
+			// A reconnect during the call re-declared the lease under a new
+			// id: release that one.
+			c.mu.Lock()
+			moved := l.id != id
+			c.mu.Unlock()
+			var pe *slotv1.Error
+			if errors.As(err, &pe) && pe.Code == slotv1.CodeUnknownLease && moved && attempt == 0 {
+				continue
+			}
+			c.forget(l)
+			return Usage{}, err
+		}
+		c.forget(l)
+		r, ok := resp.(*slotv1.ReleaseOK)
+		if !ok {
+			return Usage{}, fmt.Errorf("cpuslot: unexpected %T to RELEASE", resp)
+		}
+		return Usage{CPU: time.Duration(r.CPUNanos), Throttled: time.Duration(r.ThrottledNanos), Periods: r.Periods, ThrottledPeriods: r.ThrottledPeriods}, nil
+	}
+}
+
+// releaseOneWay reads the slot's counters and sends RELEASE with NO_REPLY:
+// the invocation pays one write, not a round trip.
+func (l *Lease) releaseOneWay(outcome slotv1.ReleaseOutcome) (Usage, bool) {
+	c := l.c
+	c.mu.Lock()
+	stat := c.fds[l.Slot]
+	id, gen := l.id, l.gen
+	c.mu.Unlock()
+	_, stat = c.split(stat)
+	end, ok := readCounters(stat)
+	if !ok {
+		return Usage{}, false
+	}
+	cn, err := c.get()
+	if err != nil || cn.gen != gen {
+		if err == nil {
+			c.put(cn)
+		}
+		return Usage{}, false // reconnected since: release with a reply
+	}
+	if err := cn.send(&slotv1.Release{Lease: id, Outcome: outcome, Flags: slotv1.ReleaseNoReply}); err != nil {
+		cn.close()
+		return Usage{}, false
+	}
+	c.put(cn)
+	c.forget(l)
+	return usageOf(end.Sub(l.start)), true
+}
+
+func (c *Client) forget(l *Lease) {
+	c.mu.Lock()
+	delete(c.held, l)
+	c.mu.Unlock()
+}

@@ -1,0 +1,102 @@
+package client
+
+// Recovery after an agent restart: reconnect, then re-declare held leases
+// (RECLAIM) on the new connection.
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+)
+
+// checkAgent notices, off the invocation path, that the agent went away
+// (idle connections hung up), and reconnects: a client whose invocations
+// all hit held slots sends nothing else that would notice, and the new
+// agent must learn which slots it holds (RECLAIM).
+func (c *Client) checkAgent() {
+	c.mu.Lock()
+	gen, broken := c.gen, c.down
+	fds := make([]unix.PollFd, len(c.idle))
+	for i, cn := range c.idle {
+		fds[i] = unix.PollFd{Fd: int32(cn.fd), Events: unix.POLLIN}
+	}
+	if len(fds) > 0 {
+		// An idle connection has nothing to read: readable means hung up.
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			broken = true
+		}
+	}
+	c.mu.Unlock()
+	if broken {
+		_ = c.recover(gen)
+	}
+}
+
+// recover reconnects after connection generation gen failed, unless another
+// caller already did, and re-declares held leases on the new connection.
+func (c *Client) recover(gen uint64) error {
+	c.recoverMu.Lock()
+	defer c.recoverMu.Unlock()
+	c.mu.Lock()
+	if c.gen != gen {
+		c.mu.Unlock()
+		return nil // someone else reconnected meanwhile
+	}
+	for _, cn := range c.idle {
+		cn.close()
+	}
+	c.idle = nil
+	c.gen++
+	c.down = true // until the leases are re-declared
+	c.mu.Unlock()
+
+	deadline := time.Now().Add(c.opts.ReconnectFor)
+	var cn *conn
+	var err error
+	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
+		if cn, err = c.dial(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(delay)
+	}
+	c.mu.Lock()
+	var held []*Lease
+	for l := range c.held {
+		if l.gen < c.gen && !l.lost {
+			held = append(held, l)
+		}
+	}
+	c.mu.Unlock()
+	for _, l := range held {
+		resp, fds, err := cn.roundTrip(&slotv1.Reclaim{Slot: l.Slot, QuotaMilli: l.QuotaMilli, TID: uint32(l.tid), Action: l.action, Invocation: l.invocation})
+		if err != nil {
+			cn.close()
+			return err
+		}
+		c.mu.Lock()
+		if ok, isOK := resp.(*slotv1.AcquireOK); isOK {
+			l.id, l.gen = ok.Lease, cn.gen
+			c.cacheFDs(ok.Slot, fds)
+		} else {
+			l.lost = true
+			closeFDs(fds)
+		}
+		c.mu.Unlock()
+	}
+	if c.local != nil {
+		if err := c.local.reclaimAll(cn); err != nil {
+			cn.close()
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.down = false
+	c.mu.Unlock()
+	c.put(cn)
+	return nil
+}
