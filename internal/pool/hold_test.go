@@ -331,7 +331,10 @@ func TestReportWaitsForNextRead(t *testing.T) {
 	o := &conn{}
 	h := must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
 	s := b.slots[h.SlotID]
-	now := time.Now()
+	// A millisecond after the acquisition: a lease held for no time at all
+	// has earned no credit, and on a fast machine the clock may not move
+	// between Acquire and here (the first report would be cut to nothing).
+	now := time.Now().Add(time.Millisecond)
 	if got := p.report(o, []Report{{Action: "a", How: outcome.EndOK, N: 1}}, now); len(got) != 1 {
 		t.Fatalf("the first report: %v", got)
 	}
