@@ -70,6 +70,8 @@ type fakeAgent struct {
 	degraded map[uint64]bool
 	// notGrant answers ACQUIRE with RELEASE_OK and slot 1's fds: no grant.
 	notGrant bool
+	// errorFDs answers ACQUIRE with an ERROR that carries slot 1's fds.
+	errorFDs bool
 }
 
 func newFakeAgent(t testing.TB, local bool) *fakeAgent {
@@ -275,6 +277,9 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		}
 		if s := f.slots[1]; f.notGrant && s != nil {
 			return &slotv1.ReleaseOK{}, []int{int(s.placeW.Fd()), int(s.stat.Fd())}
+		}
+		if s := f.slots[1]; f.errorFDs && s != nil {
+			return &slotv1.Error{Code: slotv1.CodeRejected, Message: "with fds"}, []int{int(s.placeW.Fd()), int(s.stat.Fd())}
 		}
 		if f.budget > 0 {
 			used := m.QuotaMilli

@@ -41,6 +41,33 @@ func TestAcquireAnswerNotAGrant(t *testing.T) {
 	}
 }
 
+// TestAcquireErrorWithFDs: fds that come with an ERROR answer (a buggy or
+// hostile agent) are closed, on both request paths, not kept open.
+func TestAcquireErrorWithFDs(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		local bool
+	}{{"thread", false}, {"hold", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeAgent(t, tc.local)
+			f.mu.Lock()
+			f.newSlot(500)
+			f.errorFDs = true
+			f.mu.Unlock()
+			c := dialFake(t, f, client.Options{NoLocal: !tc.local})
+			onThread(func() {
+				before := openFDs(t)
+				if l, err := c.Acquire(500, "a", ""); err == nil {
+					t.Errorf("Acquire = %v; want the agent's error", l)
+				}
+				if after := openFDs(t); after != before {
+					t.Errorf("%d fds open after an ERROR with fds, %d before: its fds were kept", after, before)
+				}
+			})
+		})
+	}
+}
+
 // openFDs counts the process's open fds.
 func openFDs(t *testing.T) int {
 	t.Helper()

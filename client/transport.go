@@ -55,6 +55,7 @@ func (c *Client) call(m slotv1.Message) (slotv1.Message, []int, uint64, error) {
 func (c *Client) answered(cn *conn, resp slotv1.Message, fds []int) (slotv1.Message, []int, uint64, error) {
 	c.put(cn)
 	if e, ok := resp.(*slotv1.Error); ok {
+		closeFDs(fds) // an error grants nothing: fds with it are a faulty agent's
 		return nil, nil, cn.gen, e
 	}
 	return resp, fds, cn.gen, nil

@@ -195,13 +195,13 @@ final class Leases {
                 return noSlot(act, inv, quotaMilli, tid, reason, detail);
             }
             if (r.message() instanceof Protocol.AcquireOk ok) return granted(c, ok, r.fds(), act, inv, quotaMilli, tid);
+            fds.discard(r.fds()); // no grant: fds with any other answer are a faulty agent's
             if (r.message() instanceof Protocol.Error e) {
                 reason = Protocol.errorName(e.code());
                 detail = e.message();
                 if (Leases.retryAfter(transport, c, e, deadline)) continue;
                 return noSlot(act, inv, quotaMilli, tid, reason, detail);
             }
-            fds.discard(r.fds());
             transport.kill(c, "unexpected " + Protocol.typeName(r.frame().type()));
             return noSlot(act, inv, quotaMilli, tid, "protocol", "unexpected " + Protocol.typeName(r.frame().type()));
         }

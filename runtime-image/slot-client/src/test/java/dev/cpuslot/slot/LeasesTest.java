@@ -146,6 +146,18 @@ class LeasesTest {
         assertEquals(ReleaseOutcome.PLACEMENT_FAILED.code(), ((Protocol.Release) transport.sent.getLast()).outcome());
     }
 
+    /** An ERROR grants nothing: fds that come with one (a faulty or hostile agent) are closed. */
+    @Test
+    void fdsThatComeWithAnErrorAreClosed() {
+        transport.script = m -> {
+            var e = new Protocol.Error(Protocol.E_REJECTED, 0, "with fds");
+            return new Transport.Reply(new Protocol.Frame(1, e.type(), 1, e), new int[]{78, 79});
+        };
+        SlotLease a = leases(0, false).acquire(250, "act", "inv");
+        assertFalse(a.active());
+        assertTrue(ops.closed.containsAll(List.of(78, 79)), "closed: " + ops.closed);
+    }
+
     @Test
     void aFailedPlacementGivesNoSlotAndReleasesAsPlacementFailed() {
         ops.writeError = new Native.NativeException("write: EACCES", 13);
