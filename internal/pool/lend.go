@@ -104,6 +104,8 @@ type cut struct {
 	l    *lease
 	by   uint32
 	spec cgroup.Spec
+	// degraded: this cut put the lease on the degraded list (undone with it)
+	degraded bool
 }
 
 // planCuts lowers the youngest awake leases other than waker, each down to
@@ -134,13 +136,14 @@ func (p *Pool) planCuts(waker *lease) []cut {
 		by := min(l.granted-floor, excess)
 		l.granted -= by
 		p.budget.Give(by)
-		if !l.degraded {
+		newly := !l.degraded
+		if newly {
 			l.degraded = true
 			p.degraded = append(p.degraded, l)
 		}
 		l.slot.raising = true
 		p.beginIO()
-		out = append(out, cut{l: l, by: by, spec: p.spec(l.granted)})
+		out = append(out, cut{l: l, by: by, spec: p.spec(l.granted), degraded: newly})
 	}
 	return out
 }
@@ -149,26 +152,14 @@ func (p *Pool) planCuts(waker *lease) []cut {
 // fails leaves the slot at its old quota, so the lease is charged it again.
 func (p *Pool) lower(cuts []cut) {
 	for _, c := range cuts {
-		s := c.l.slot
-		err := s.io.Retune(c.spec)
-		p.mu.Lock()
-		s.raising = false
-		if s.lease != c.l {
-			s.busy = false // released meanwhile: the slot was kept busy for this retune
-		}
-		switch {
-		case err == nil:
-			s.spec = c.spec
-		case p.leases[c.l.id] == c.l:
-			p.metrics.Error(metrics.RetuneFailed)
+		p.retune(c.l, c.spec, func() {
 			p.budget.Take(c.by)
 			c.l.granted += c.by
-		default:
-			p.metrics.Error(metrics.RetuneFailed)
-		}
-		p.endIO()
-		p.broadcast()
-		p.mu.Unlock()
+			if c.degraded {
+				c.l.degraded = false
+				p.dropDegraded(c.l)
+			}
+		})
 	}
 }
 

@@ -312,3 +312,40 @@ func TestConcurrentLending(t *testing.T) {
 		t.Fatalf("books do not balance: %+v", s)
 	}
 }
+
+// TestFailedRetunesAreUndone: a wake's cuts whose retunes fail leave the
+// borrowers at their old quota and charge it again (the slots run at it);
+// a raise whose retune fails gives the budget back and stays degraded.
+func TestFailedRetunesAreUndone(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, b := lendPool(t, 0.5, admission.Queue)
+	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	must(t)(nil, p.Sleep(o, g1.Lease))
+	g3 := must(t)(p.Acquire(ctx, req(o, 250, 3, 0)))
+	b.mu.Lock()
+	b.failRetune = true
+	b.mu.Unlock()
+	if err := p.Wake(o, g1.Lease); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	for _, g := range []*Grant{g2, g3} {
+		if l := p.leases[g.Lease]; l.granted != g.Spec.QuotaMilli || l.slot.spec.QuotaMilli != g.Spec.QuotaMilli {
+			t.Errorf("lease %d: granted %dm, slot %dm after a failed cut, want both %dm",
+				g.Lease, l.granted, l.slot.spec.QuotaMilli, g.Spec.QuotaMilli)
+		}
+	}
+	p.mu.Unlock()
+	if s := p.Summary(); s.UsedMilli != 1250 {
+		t.Fatalf("used %dm after failed cuts, want 1250m (what the slots run at)", s.UsedMilli)
+	}
+	// Release the waker: the budget frees, but raising a degraded lease
+	// fails too; nothing is degraded (the cuts never happened).
+	p.Release(o, g1.Lease, outcome.EndOK)
+	if s := p.Summary(); s.UsedMilli != 750 || s.Degraded != 0 {
+		t.Fatalf("after release: %+v", s)
+	}
+}
+

@@ -28,6 +28,8 @@ type fakeBackend struct {
 	closed     bool
 	// onIO, when set, runs at each cgroup operation.
 	onIO func(op string)
+	// failRetune makes every retune fail (the slot keeps its old quota).
+	failRetune bool
 }
 
 type fakeSlot struct {
@@ -103,6 +105,12 @@ func (s *fakeSlot) Spec() cgroup.Spec       { return s.spec }
 func (s *fakeSlot) Place(tid int) error     { s.b.op("place %d %d", s.id, tid); return nil }
 func (s *fakeSlot) Retune(sp cgroup.Spec) error {
 	s.b.op("retune %d %dm", s.id, sp.QuotaMilli)
+	s.b.mu.Lock()
+	fail := s.b.failRetune
+	s.b.mu.Unlock()
+	if fail {
+		return errors.New("fake: retune refused")
+	}
 	s.spec = sp
 	return nil
 }
@@ -378,6 +386,35 @@ func TestAdmissionPolicies(t *testing.T) {
 	if s := p.Summary(); s.UsedMilli != 500 || s.Degraded != 0 {
 		t.Fatalf("%+v", s)
 	}
+}
+
+// TestFailedRaiseStaysDegraded: a raise whose retune fails gives the budget
+// back and leaves the lease degraded at its old grant, first in line.
+func TestFailedRaiseStaysDegraded(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	b := newFake()
+	b.limit = 1000
+	c := cfg(Affinity, "500m=1")
+	c.Policy = admission.Degrade.String()
+	p := start(t, c, b)
+	g := must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
+	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	if !g2.Degraded || g2.Spec.QuotaMilli != 200 {
+		t.Fatalf("degraded grant %+v", g2)
+	}
+	b.mu.Lock()
+	b.failRetune = true
+	b.mu.Unlock()
+	p.Release(o, g.Lease, outcome.EndOK)
+	if s := p.Summary(); s.UsedMilli != 200 || s.Degraded != 1 {
+		t.Fatalf("after a failed raise: %+v, want 200m used and the lease still degraded", s)
+	}
+	p.mu.Lock()
+	if l := p.leases[g2.Lease]; l.granted != 200 || l.slot.spec.QuotaMilli != 200 {
+		t.Errorf("granted %dm, slot %dm, want 200m both", l.granted, l.slot.spec.QuotaMilli)
+	}
+	p.mu.Unlock()
 }
 
 func TestOwnerGoneAndReclaim(t *testing.T) {

@@ -354,18 +354,7 @@ func (p *Pool) planRaises() []raise {
 // fails gives the budget back.
 func (p *Pool) raise(raises []raise) {
 	for _, r := range raises {
-		s := r.l.slot
-		err := s.io.Retune(r.spec)
-		p.mu.Lock()
-		s.raising = false
-		if s.lease != r.l {
-			s.busy = false // released meanwhile: the slot was kept busy for this retune
-		}
-		switch {
-		case err == nil:
-			s.spec = r.spec
-		case p.leases[r.l.id] == r.l:
-			p.metrics.Error(metrics.RetuneFailed)
+		p.retune(r.l, r.spec, func() {
 			p.budget.Give(r.add)
 			r.l.granted -= r.add
 			p.clampLent(r.l)
@@ -373,12 +362,32 @@ func (p *Pool) raise(raises []raise) {
 				r.l.degraded = true
 				p.degraded = append([]*lease{r.l}, p.degraded...)
 			}
-		default:
-			// Released meanwhile: its release gave the budget back.
-			p.metrics.Error(metrics.RetuneFailed)
-		}
-		p.endIO()
-		p.broadcast()
-		p.mu.Unlock()
+		})
 	}
+}
+
+// retune writes lease l's slot to spec outside the lock (the caller marked
+// the slot raising and began the I/O). A retune that fails while l still
+// holds its slot runs undo under the lock; one whose lease was released
+// meanwhile needs nothing undone: its release settled the budget.
+func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) {
+	s := l.slot
+	err := s.io.Retune(spec)
+	p.mu.Lock()
+	s.raising = false
+	if s.lease != l {
+		s.busy = false // released meanwhile: the slot was kept busy for this retune
+	}
+	switch {
+	case err == nil:
+		s.spec = spec
+	case p.leases[l.id] == l:
+		p.metrics.Error(metrics.RetuneFailed)
+		undo()
+	default:
+		p.metrics.Error(metrics.RetuneFailed)
+	}
+	p.endIO()
+	p.broadcast()
+	p.mu.Unlock()
 }
