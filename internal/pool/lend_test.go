@@ -348,4 +348,3 @@ func TestFailedRetunesAreUndone(t *testing.T) {
 		t.Fatalf("after release: %+v", s)
 	}
 }
-
