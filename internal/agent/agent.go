@@ -25,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sys/unix"
 
-	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
 	"github.com/cpuslot/cpuslot/internal/metrics"
@@ -385,7 +384,7 @@ func (r containerResolver) Resolve(p server.Peer) (*pool.Pool, error) {
 	s := r.a.containers[r.cgroupPath]
 	r.a.mu.Unlock()
 	if s == nil || s.pool != pl {
-		return nil, slotv1.Errorf(slotv1.CodeNotServed, "process %d is not in the container this socket belongs to", p.PID)
+		return nil, &server.NotServed{Reason: fmt.Sprintf("process %d is not in the container this socket belongs to", p.PID)}
 	}
 	return pl, nil
 }
@@ -506,7 +505,7 @@ func (a *Agent) removeLeftovers() {
 func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
 	cg, err := a.hierarchy.PathOfPID(p.PID)
 	if err != nil {
-		return nil, slotv1.Errorf(slotv1.CodeNotServed, "cannot read the cgroup of process %d: %v", p.PID, err)
+		return nil, &server.NotServed{Reason: fmt.Sprintf("cannot read the cgroup of process %d: %v", p.PID, err)}
 	}
 	var best *served
 	for {
@@ -547,7 +546,7 @@ func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
 			return s.pool, nil
 		}
 	}
-	return nil, slotv1.Errorf(slotv1.CodeNotServed, "process %d in cgroup %s is not in a container this agent serves", p.PID, cg)
+	return nil, &server.NotServed{Reason: fmt.Sprintf("process %d in cgroup %s is not in a container this agent serves", p.PID, cg)}
 }
 
 // Holds reports whether the peer's process is still in the container
@@ -609,9 +608,9 @@ func (a *Agent) servingLocked(cg string) (*served, string) {
 // at the cap on containers it may say HELLO again later (NOT_READY).
 func serveError(ctr string, err error) error {
 	if errors.Is(err, ErrTooManyContainers) {
-		return &slotv1.Error{Code: slotv1.CodeNotReady, RetryAfterMS: 1000, Message: err.Error()}
+		return &server.NotReady{Reason: err.Error(), RetryAfter: time.Second}
 	}
-	return slotv1.Errorf(slotv1.CodeNotServed, "preparing %s: %v", ctr, err)
+	return &server.NotServed{Reason: fmt.Sprintf("preparing %s: %v", ctr, err)}
 }
 
 // within reports whether cgroup path p is dir or below it.

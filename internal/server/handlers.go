@@ -29,7 +29,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	if err := c.alive(); err != nil {
 		c.srv.metrics.Error(metrics.NotServed)
 		c.srv.log.Info("request on a connection whose process has exited; closing", "container", c.pool.Name(), "pid", c.peer.PID)
-		c.fail(f.Request, slotv1.Errorf(slotv1.CodeNotServed, "%v", err))
+		c.fail(f.Request, &NotServed{Reason: err.Error()})
 		return false
 	}
 	switch m := f.Msg.(type) {
@@ -61,12 +61,12 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 	if err == nil {
 		err = c.alive()
 		if err != nil {
-			err = slotv1.Errorf(slotv1.CodeNotServed, "%v", err)
+			err = &NotServed{Reason: err.Error()}
 		}
 	}
 	if err != nil {
-		var pe *slotv1.Error
-		if errors.As(err, &pe) && pe.Code == slotv1.CodeNotReady {
+		var nr *NotReady
+		if errors.As(err, &nr) {
 			return c.fail(request, err) // the client may say HELLO again later
 		}
 		c.srv.metrics.Error(metrics.NotServed)

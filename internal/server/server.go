@@ -62,6 +62,21 @@ type Resolver interface {
 	Serving(cg string) string
 }
 
+// NotServed is a Resolver's refusal of a peer that is not a process of a
+// container this agent serves (wire.go: NOT_SERVED).
+type NotServed struct{ Reason string }
+
+func (e *NotServed) Error() string { return e.Reason }
+
+// NotReady is a Resolver's answer for a peer whose container cannot be
+// served yet: it may say HELLO again after RetryAfter (wire.go: NOT_READY).
+type NotReady struct {
+	Reason     string
+	RetryAfter time.Duration
+}
+
+func (e *NotReady) Error() string { return e.Reason }
+
 // Server accepts slot-protocol connections.
 type Server struct {
 	resolve   Resolver

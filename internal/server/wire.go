@@ -29,6 +29,14 @@ func wireError(err error) *slotv1.Error {
 	if errors.As(err, &we) {
 		return we
 	}
+	var ns *NotServed
+	if errors.As(err, &ns) {
+		return &slotv1.Error{Code: slotv1.CodeNotServed, Message: ns.Reason}
+	}
+	var nr *NotReady
+	if errors.As(err, &nr) {
+		return &slotv1.Error{Code: slotv1.CodeNotReady, RetryAfterMS: uint32(nr.RetryAfter.Milliseconds()), Message: nr.Reason}
+	}
 	var pe *pool.Error
 	if errors.As(err, &pe) {
 		code, ok := reasonCodes[pe.Reason]

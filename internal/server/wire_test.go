@@ -48,6 +48,13 @@ func TestPoolErrorsOnTheWire(t *testing.T) {
 	if we := wireError(pe); we != pe {
 		t.Errorf("wire error changed: %+v", we)
 	}
+	// A Resolver's refusals, wrapped or not.
+	if we := wireError(fmt.Errorf("hello: %w", &NotServed{Reason: "not ours"})); we.Code != slotv1.CodeNotServed || we.Message != "not ours" {
+		t.Errorf("NotServed: %+v", we)
+	}
+	if we := wireError(&NotReady{Reason: "full", RetryAfter: time.Second}); we.Code != slotv1.CodeNotReady || we.RetryAfterMS != 1000 || we.Message != "full" {
+		t.Errorf("NotReady: %+v", we)
+	}
 }
 
 // TestGrantOnTheWire: every acquisition outcome and placement the pool
