@@ -154,18 +154,15 @@ func Up(ctx context.Context, opts Options) (_ *Node, err error) {
 	bootCtx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
 	defer cancel()
 	opts.Logf("v2node: booting the guest (systemd, %s)", target)
-	n.sys, err = vm.StartSystem(bootCtx, vm.SystemOptions{
+	n.sys, err = vm.BootSystem(bootCtx, vm.SystemOptions{
 		Target:   target,
 		Etc:      etc,
 		Tmpfs:    []string{stateDir, logDir, "/var/lib/kubelet"},
 		Forward:  map[int]int{hostPort: apiPort, n.promHostPort: PrometheusPort},
 		MemoryMB: 3072,
 		Console:  opts.Console,
-	})
+	}, opts.Logf)
 	if err != nil {
-		return nil, err
-	}
-	if err := n.sys.WaitReady(bootCtx); err != nil {
 		return nil, err
 	}
 	n.Boot = n.sys.Uptime()

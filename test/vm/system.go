@@ -589,3 +589,60 @@ ExecStart=/bin/sh -ec 'ip link set lo up; dev=$(ls /sys/class/net | grep -vx lo 
 	etc["systemd/system/"+opts.Target+".d/cpuslot-vm.conf"] = "[Unit]\nWants=" + wants + "\n"
 	return etc
 }
+
+// errBootStalled: the guest printed nothing for bootStall before its control
+// shell was up.
+var errBootStalled = errors.New("the guest's console was silent for too long during boot")
+
+// bootStall is how long a boot may go without a console line. A systemd
+// boot prints a line every few seconds even on a loaded emulated machine;
+// once in CI the guest kernel stopped early in its boot with both vCPUs
+// spinning (qemu at 192% of a CPU, the console silent for 10 minutes after
+// "IP idents hash table entries"), and such a boot never recovers.
+const bootStall = 3 * time.Minute
+
+// BootSystem starts the guest and waits for its control shell, like
+// StartSystem and WaitReady; a boot whose console stays silent for
+// bootStall is killed and started once more (logf says so, with the stalled
+// boot's console tail). The caller must Stop the System.
+func BootSystem(ctx context.Context, opts SystemOptions, logf func(format string, args ...any)) (*System, error) {
+	for try := 1; ; try++ {
+		s, err := StartSystem(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		wctx, cancel := context.WithCancelCause(ctx)
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Second):
+				}
+				s.consoleMu.Lock()
+				last := s.consoleLast
+				s.consoleMu.Unlock()
+				if last.IsZero() {
+					last = s.start
+				}
+				if time.Since(last) > bootStall {
+					cancel(errBootStalled)
+					return
+				}
+			}
+		}()
+		err = s.WaitReady(wctx)
+		close(stop)
+		stalled := context.Cause(wctx) == errBootStalled
+		cancel(nil)
+		if err == nil {
+			return s, nil
+		}
+		s.Stop()
+		if !stalled || try == 2 {
+			return nil, err
+		}
+		logf("vm: boot %d stalled (no console line for %v); booting again: %v", try, bootStall, err)
+	}
+}

@@ -19,21 +19,18 @@ func TestSystemBootsSystemd(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
-	s, err := StartSystem(ctx, SystemOptions{
+	s, err := BootSystem(ctx, SystemOptions{
 		Target: "cpuslot-vm-test.target",
 		Etc: map[string]string{
 			"systemd/system/cpuslot-vm-test.target": "[Unit]\nDescription=test/vm test target\nAllowIsolate=yes\n",
 		},
 		Tmpfs:    []string{"/var/lib/cpuslot-vm-test"},
 		MemoryMB: 1024,
-	})
+	}, t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop()
-	if err := s.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 	t.Logf("control shell ready %v after qemu started", s.Uptime().Round(time.Millisecond))
 
 	run := func(script string) string {
