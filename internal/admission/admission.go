@@ -8,32 +8,28 @@ package admission
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
-// Policy is what to do with a request that does not fit.
-type Policy int
+// Policy is what to do with a request that does not fit; its value is the
+// name a setting gives it.
+type Policy string
 
 const (
-	Queue Policy = iota
-	Degrade
-	Reject
+	Queue   Policy = "queue"
+	Degrade Policy = "degrade"
+	Reject  Policy = "reject"
 )
+
+// Policies are the policies, in the order the docs list them.
+var Policies = []Policy{Queue, Degrade, Reject}
 
 // ParsePolicy reads "queue", "degrade" or "reject".
 func ParsePolicy(s string) (Policy, error) {
-	switch s {
-	case "queue", "":
-		return Queue, nil
-	case "degrade":
-		return Degrade, nil
-	case "reject":
-		return Reject, nil
+	if p := Policy(s); slices.Contains(Policies, p) {
+		return p, nil
 	}
-	return 0, fmt.Errorf("admission policy %q: want queue, degrade or reject", s)
-}
-
-func (p Policy) String() string {
-	return [...]string{"queue", "degrade", "reject"}[p]
+	return "", fmt.Errorf("admission policy %q: want queue, degrade or reject", s)
 }
 
 // Budget tracks the quota granted against a limit. It is not safe for

@@ -64,13 +64,15 @@ func TestDegradeGrantsWhatIsLeft(t *testing.T) {
 }
 
 func TestParsePolicy(t *testing.T) {
-	for s, want := range map[string]Policy{"queue": Queue, "": Queue, "degrade": Degrade, "reject": Reject} {
+	for s, want := range map[string]Policy{"queue": Queue, "degrade": Degrade, "reject": Reject} {
 		if p, err := ParsePolicy(s); err != nil || p != want {
 			t.Errorf("%q: %v %v", s, p, err)
 		}
 	}
-	if _, err := ParsePolicy("drop"); err == nil {
-		t.Error("accepted drop")
+	for _, s := range []string{"drop", "", "Queue"} {
+		if _, err := ParsePolicy(s); err == nil {
+			t.Errorf("accepted %q", s)
+		}
 	}
 }
 

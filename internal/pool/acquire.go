@@ -45,7 +45,7 @@ func (p *Pool) Acquire(ctx context.Context, req Request) (*Grant, error) {
 		p.abort(l, t.plan)
 		return nil, err
 	}
-	p.metrics.Acquired(p.cfg.Mode, t.plan.outcome, time.Since(start))
+	p.metrics.Acquired(string(p.cfg.Mode), t.plan.outcome, time.Since(start))
 	return &Grant{Lease: l.id, SlotID: l.slot.id, FDs: fds, Spec: spec, Outcome: t.plan.outcome,
 		Queued: t.queued, Degraded: t.degraded, Place: t.plan.place}, nil
 }

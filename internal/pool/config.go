@@ -1,32 +1,11 @@
 package pool
 
-import (
-	"fmt"
-	"strings"
+import "github.com/cpuslot/cpuslot/internal/settings"
 
-	"github.com/cpuslot/cpuslot/internal/settings"
-)
-
-// Mode is how a pool finds and places slots: its position in
-// settings.Modes. Each mode's file registers its implementation
-// (registerMode). All four are real so that the benchmark compares them on
-// equal terms.
-type Mode int
-
-// modeNames are the settings' mode choices, in Mode's order.
-var modeNames = settings.Modes
-
-func (m Mode) String() string { return modeNames[m] }
-
-// ParseMode reads a mode name.
-func ParseMode(s string) (Mode, error) {
-	for i, n := range modeNames {
-		if s == n {
-			return Mode(i), nil
-		}
-	}
-	return 0, fmt.Errorf("mode %q: want one of %s", s, strings.Join(modeNames, ", "))
-}
+// Mode is how a pool finds and places slots (settings parses it). Each
+// mode's file registers its implementation (registerMode). All four are
+// real so that the benchmark compares them on equal terms.
+type Mode = settings.Mode
 
 // ParseQuota reads a CPU quantity ("250m", "1", "1.5") in millicores.
 func ParseQuota(s string) (uint32, error) { return settings.ParseQuota(s) }

@@ -65,7 +65,7 @@ func TestHeldShowsRaise(t *testing.T) {
 	b := newFake()
 	b.limit = 500
 	c := cfg(Affinity, "250m=1")
-	c.Policy = admission.Degrade.String()
+	c.Policy = admission.Degrade
 	p := start(t, c, b)
 	ctx := context.Background()
 	o := &conn{}

@@ -19,7 +19,7 @@ func lendPool(t *testing.T, ratio float64, pol admission.Policy) (*Pool, *fakeBa
 	b := newFake()
 	b.limit = 1000
 	c := cfg(Affinity, "500m=2")
-	c.Policy = pol.String()
+	c.Policy = pol
 	c.LendRatio = ratio
 	return start(t, c, b), b
 }
@@ -275,7 +275,7 @@ func TestConcurrentLending(t *testing.T) {
 	c := cfg(Affinity, "250m=4")
 	c.MaxSlots = 16
 	c.LendRatio = 0.5
-	c.Policy = admission.Degrade.String()
+	c.Policy = admission.Degrade
 	c.DefaultWait = 2 * time.Second
 	p := start(t, c, b)
 	var wg sync.WaitGroup

@@ -36,14 +36,8 @@ type released struct {
 // modes are the modes' implementations, each registered by its own file.
 var modes = map[Mode]mode{}
 
-// registerMode records the implementation of the mode settings names name
-// and returns its Mode; a name settings does not know is a programming
-// error.
-func registerMode(name string, impl mode) Mode {
-	m, err := ParseMode(name)
-	if err != nil {
-		panic(err)
-	}
+// registerMode records the implementation of mode m and returns m.
+func registerMode(m Mode, impl mode) Mode {
 	modes[m] = impl
 	return m
 }

@@ -196,14 +196,6 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 	if cfg.MaxQuotaMilli == 0 {
 		cfg.MaxQuotaMilli = settings.NodeMaxQuota()
 	}
-	mode, err := ParseMode(cfg.Mode)
-	if err != nil {
-		return nil, err
-	}
-	policy, err := admission.ParsePolicy(cfg.Policy)
-	if err != nil {
-		return nil, err
-	}
 	limit, err := b.LimitMilli()
 	if err != nil {
 		return nil, fmt.Errorf("reading the container's CPU limit: %w", err)
@@ -212,16 +204,16 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 	if base == 0 {
 		base = limit
 	}
-	md, ok := modes[mode]
+	md, ok := modes[cfg.Mode]
 	if !ok {
-		return nil, fmt.Errorf("unknown mode %d", mode)
+		return nil, fmt.Errorf("mode %q has no implementation", cfg.Mode)
 	}
 	p := &Pool{
-		name: name, cfg: cfg, mode: md, policy: policy, backend: b, metrics: m,
+		name: name, cfg: cfg, mode: md, policy: cfg.Policy, backend: b, metrics: m,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, threadLeases: map[ownerThread]*lease{},
 		holdCount: map[any]int{},
 		credits:   map[any]*credit{},
-		budget:    admission.New(base, cfg.Overcommit, policy, cfg.MinDegradedMilli),
+		budget:    admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
 		nextID:    1,
 		changed:   make(chan struct{}),
 		actions:   map[string]bool{},

@@ -134,7 +134,7 @@ func (s *fakeSlot) Close() {}
 
 func cfg(mode Mode, prewarm string) settings.Pool {
 	c := settings.Default()
-	c.Mode = mode.String()
+	c.Mode = mode
 	c.Prewarm, _ = ParsePrewarm(prewarm)
 	c.DefaultWait = 50 * time.Millisecond
 	return c
@@ -347,7 +347,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		b := newFake()
 		b.limit = 1000
 		c := cfg(Affinity, "500m=2")
-		c.Policy = policy.String()
+		c.Policy = policy
 		return start(t, c, b), b
 	}
 
@@ -396,7 +396,7 @@ func TestFailedRaiseStaysDegraded(t *testing.T) {
 	b := newFake()
 	b.limit = 1000
 	c := cfg(Affinity, "500m=1")
-	c.Policy = admission.Degrade.String()
+	c.Policy = admission.Degrade
 	p := start(t, c, b)
 	g := must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
@@ -683,10 +683,10 @@ func TestParse(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
-	if _, err := ParseMode("affinity"); err != nil {
+	if _, err := settings.ParseMode("affinity"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ParseMode("fast"); err == nil {
+	if _, err := settings.ParseMode("fast"); err == nil {
 		t.Fatal("accepted unknown mode")
 	}
 	c := settings.Default()
@@ -702,11 +702,11 @@ func TestParse(t *testing.T) {
 func TestNoCgroupIOUnderThePoolLock(t *testing.T) {
 	ctx := context.Background()
 	for _, mode := range []Mode{Affinity, CacheLazy, CacheEager, Uncached} {
-		t.Run(mode.String(), func(t *testing.T) {
+		t.Run(string(mode), func(t *testing.T) {
 			b := newFake()
 			b.limit = 1000
 			c := cfg(mode, "500m=2")
-			c.Policy = admission.Degrade.String()
+			c.Policy = admission.Degrade
 			p, err := New("test", c, b, nil)
 			if err != nil {
 				t.Fatal(err)

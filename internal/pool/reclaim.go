@@ -99,7 +99,7 @@ func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold b
 		p.threadLeases[ownerThread{owner, t}] = l
 		p.setOccupant(s, t, 0, 0)
 	}
-	p.metrics.Acquired(p.cfg.Mode, outcome.Reclaimed, 0)
+	p.metrics.Acquired(string(p.cfg.Mode), outcome.Reclaimed, 0)
 	return p.reclaimed(s, l)
 }
 

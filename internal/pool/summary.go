@@ -3,7 +3,7 @@ package pool
 // Summary describes the pool per quota, for HELLO and /debug/pools.
 type Summary struct {
 	Name        string `json:"name"`
-	Mode        string `json:"mode"`
+	Mode        Mode   `json:"mode"`
 	BudgetMilli uint32 `json:"budgetMilli"`
 	UsedMilli   uint32 `json:"usedMilli"`
 	Leases      int    `json:"leases"`

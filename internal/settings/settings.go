@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 )
 
@@ -66,9 +67,8 @@ func (e *Error) Unwrap() error { return e.Err }
 type Pool struct {
 	// Prewarm is how many slots of each quota (millicores) to keep ready.
 	Prewarm map[uint32]int
-	// Mode is one of Modes.
-	Mode  string
-	Limit cgroup.Limit
+	Mode    Mode
+	Limit   cgroup.Limit
 	// PeriodUS is the CFS period of every slot.
 	PeriodUS uint32
 	// MaxSlots bounds the slots of the container (pre-warmed and grown).
@@ -89,28 +89,48 @@ type Pool struct {
 	// LendRatio is the share of a sleeping lease's quota admission lends
 	// to new leases (0: no lending; docs/lending.md).
 	LendRatio float64
-	// Policy is one of Policies.
-	Policy string
+	Policy    admission.Policy
 	// MinDegradedMilli is the smallest quota a degraded grant gets.
 	MinDegradedMilli uint32
 }
 
-// The choices of the enumerated settings, in the order pool and admission
-// number them.
-var (
-	Modes    = []string{ModeAffinity, ModeCacheLazy, ModeCacheEager, ModeUncached}
-	Limits   = []string{"cap", "share", "both"}
-	Policies = []string{"queue", "degrade", "reject"}
+// Mode is how a pool finds and places slots; its value is its name. Each
+// mode's file in the pool registers its implementation under one (what it
+// does is documented there).
+type Mode string
+
+const (
+	ModeAffinity   Mode = "affinity"
+	ModeCacheLazy  Mode = "cache-lazy"
+	ModeCacheEager Mode = "cache-eager"
+	ModeUncached   Mode = "uncached"
 )
 
-// The pool modes' names; each mode's file in the pool registers its
-// implementation under one (what it does is documented there).
-const (
-	ModeAffinity   = "affinity"
-	ModeCacheLazy  = "cache-lazy"
-	ModeCacheEager = "cache-eager"
-	ModeUncached   = "uncached"
+// AllModes are the modes, in the order the docs and the benchmark list them.
+var AllModes = []Mode{ModeAffinity, ModeCacheLazy, ModeCacheEager, ModeUncached}
+
+// ParseMode reads a mode's name.
+func ParseMode(s string) (Mode, error) {
+	if m := Mode(s); slices.Contains(AllModes, m) {
+		return m, nil
+	}
+	return "", fmt.Errorf("mode %q: want one of %s", s, strings.Join(Modes, ", "))
+}
+
+// The choices of the enumerated settings, as the keys offer them.
+var (
+	Modes    = names(AllModes)
+	Limits   = []string{"cap", "share", "both"}
+	Policies = names(admission.Policies)
 )
+
+func names[T ~string](vs []T) []string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = string(v)
+	}
+	return out
+}
 
 // Defaults other packages name.
 const (
@@ -122,7 +142,7 @@ const (
 func Default() Pool {
 	return Pool{
 		Prewarm:          map[uint32]int{250: 4, 500: 2, 1000: 2},
-		Mode:             "affinity",
+		Mode:             ModeAffinity,
 		Limit:            cgroup.LimitCap,
 		PeriodUS:         cgroup.DefaultPeriodUS,
 		MaxSlots:         64,
@@ -131,7 +151,7 @@ func Default() Pool {
 		MaxWait:          10 * time.Second,
 		MaxActions:       DefaultMaxActions,
 		Overcommit:       1,
-		Policy:           "queue",
+		Policy:           admission.Queue,
 		MinDegradedMilli: DefaultMinDegradedMilli,
 	}
 }
@@ -201,8 +221,8 @@ var Keys = []Key{
 	{Name: "pool.mode", Flag: "mode", Annotation: "mode", Kind: KindChoice, Choices: Modes,
 		Doc:     "pool mode: affinity, cache-lazy, cache-eager or uncached",
 		Meaning: "how the pool finds and places slots ([`architecture.md`](architecture.md#pool-modes))",
-		get:     func(p Pool) string { return p.Mode },
-		set:     func(p *Pool, v string) error { p.Mode = v; return nil }},
+		get:     func(p Pool) string { return string(p.Mode) },
+		set:     func(p *Pool, v string) (err error) { p.Mode, err = ParseMode(v); return err }},
 	{Name: "pool.limit", Flag: "limit", Annotation: "limit", Kind: KindChoice, Choices: Limits,
 		Doc:     "how a slot limits CPU: cap, share or both",
 		Meaning: "how a slot limits CPU: `cap` (`cpu.max` / `cpu.cfs_quota_us`), `share` (`cpu.weight` / `cpu.shares` in proportion to the quota: a work-conserving minimum), or `both` ([`cgroups.md`](cgroups.md))",
@@ -263,8 +283,8 @@ var Keys = []Key{
 	{Name: "admission.policy", Flag: "policy", Annotation: "policy", Kind: KindChoice, Choices: Policies,
 		Doc:     "when a quota does not fit the budget: queue, degrade or reject",
 		Meaning: "`queue` (wait up to the request's budget), `degrade` (grant what is left now, raise it when budget frees), `reject`",
-		get:     func(p Pool) string { return p.Policy },
-		set:     func(p *Pool, v string) error { p.Policy = v; return nil }},
+		get:     func(p Pool) string { return string(p.Policy) },
+		set:     func(p *Pool, v string) (err error) { p.Policy, err = admission.ParsePolicy(v); return err }},
 	{Name: "admission.minDegraded", Flag: "min-degraded", Kind: KindQuantity,
 		Doc: "smallest quota a degraded grant gets",
 		get: func(p Pool) string { return FormatQuota(p.MinDegradedMilli) },
@@ -374,11 +394,11 @@ func (p Pool) Validate() error {
 	if maxQuota > 1_000_000 {
 		return fmt.Errorf("maxQuota %dm: must be within 1m..1000 cores", maxQuota)
 	}
-	if !slices.Contains(Modes, p.Mode) {
-		return fmt.Errorf("mode %q: want one of %s", p.Mode, strings.Join(Modes, ", "))
+	if _, err := ParseMode(string(p.Mode)); err != nil {
+		return err
 	}
-	if !slices.Contains(Policies, p.Policy) {
-		return fmt.Errorf("policy %q: want one of %s", p.Policy, strings.Join(Policies, ", "))
+	if _, err := admission.ParsePolicy(string(p.Policy)); err != nil {
+		return err
 	}
 	switch {
 	case p.MaxActions < 1:

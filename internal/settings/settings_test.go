@@ -10,7 +10,6 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
@@ -78,15 +77,15 @@ func TestRanges(t *testing.T) {
 // The settings' choices are the names pool, admission and cgroup use, in
 // the order they number them.
 func TestChoicesMatchConsumers(t *testing.T) {
-	for i, name := range settings.Modes {
-		m, err := pool.ParseMode(name)
-		if err != nil || int(m) != i || m.String() != name {
+	for _, name := range settings.Modes {
+		m, err := settings.ParseMode(name)
+		if err != nil || string(m) != name {
 			t.Errorf("mode %s: %v %v", name, m, err)
 		}
 	}
-	for i, name := range settings.Policies {
+	for _, name := range settings.Policies {
 		p, err := admission.ParsePolicy(name)
-		if err != nil || int(p) != i || p.String() != name {
+		if err != nil || string(p) != name {
 			t.Errorf("policy %s: %v %v", name, p, err)
 		}
 	}

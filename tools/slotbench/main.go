@@ -50,6 +50,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
 	"github.com/cpuslot/cpuslot/internal/pool"
+	"github.com/cpuslot/cpuslot/internal/settings"
 	"github.com/cpuslot/cpuslot/test/vm"
 )
 
@@ -141,12 +142,12 @@ func main() {
 	}
 	modes = nil
 	for _, s := range strings.Split(*modeList, ",") {
-		m, err := pool.ParseMode(strings.TrimSpace(s))
+		m, err := settings.ParseMode(strings.TrimSpace(s))
 		fatal(err)
 		modes = append(modes, m)
-		variants = append(variants, variant{name: m.String(), mode: m, container: m.String()})
+		variants = append(variants, variant{name: string(m), mode: m, container: string(m)})
 		if m == pool.Affinity && *linger > 0 {
-			variants = append(variants, variant{name: "affinity+linger", mode: m, linger: *linger, container: m.String()})
+			variants = append(variants, variant{name: "affinity+linger", mode: m, linger: *linger, container: string(m)})
 		}
 	}
 	if *local {
@@ -253,7 +254,7 @@ func bench(p params) error {
 		if err != nil {
 			return err
 		}
-		pc.Mode = m.String()
+		pc.Mode = m
 		// Every quota a thread may switch to, for every thread.
 		pc.Prewarm = map[uint32]int{}
 		for _, q := range p.quotas {
