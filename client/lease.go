@@ -231,7 +231,9 @@ func (c *Client) forget(l *Lease) {
 // downstream call): while it sleeps, the container's admission lends part
 // of its quota to new invocations (SPEC.md, "Lending"). Its slot keeps
 // the quota. Call Wake when the invocation runs again. An agent that does
-// not lend (no LEND in HELLO_OK) is sent nothing.
+// not lend (no LEND in HELLO_OK) is sent nothing. A SLEEP over the agent's
+// rate is refused (*slotv1.Error, REJECTED): the lease stays awake and the
+// invocation goes on as without lending.
 //
 // Each is one round trip: this client spreads requests over pooled
 // connections, and only an answered SLEEP cannot be overtaken by its

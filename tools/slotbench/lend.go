@@ -16,6 +16,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -71,8 +72,11 @@ type lendResult struct {
 	// UsedNS is the CPU the invocations' slots used.
 	UsedNS   float64
 	Degraded int
-	Errors   int
-	FirstErr string
+	// SleepsRefused counts SLEEPs over the agent's rate (the lease stayed
+	// awake).
+	SleepsRefused int
+	Errors        int
+	FirstErr      string
 }
 
 // lendCell accumulates a cell over rounds.
@@ -207,6 +211,9 @@ func lendBench(p lendParams) error {
 				if c.r.Errors > 0 {
 					errs += " (" + c.r.FirstErr + ")"
 				}
+				if c.r.SleepsRefused > 0 {
+					errs += fmt.Sprintf("; %d SLEEPs refused (rate)", c.r.SleepsRefused)
+				}
 				fmt.Printf("| %d%% | %d:1 | %v | %.1f | %.2fx | %s | %s | %.2fx | %s | %s | %s | %.0f%% | %d | %d | %d | %s |\n",
 					wait, over, ratio, tput, tput/offTput,
 					ms(pctNS(c.r.CPULatNS, .5)), ms(pctNS(c.r.CPULatNS, .99)),
@@ -227,6 +234,7 @@ func (c *lendCell) add(r *lendResult, before, after []float64) {
 	c.r.WakeNS = append(c.r.WakeNS, r.WakeNS...)
 	c.r.UsedNS += r.UsedNS
 	c.r.Degraded += r.Degraded
+	c.r.SleepsRefused += r.SleepsRefused
 	if c.r.Errors == 0 {
 		c.r.FirstErr = r.FirstErr
 	}
@@ -360,7 +368,12 @@ func lendJobRun(c *client.Client, j lendJob) lendResult {
 						burn(seg)
 						wait := time.Duration(float64(time.Since(t0)) * float64(j.WaitPct) / float64(100-j.WaitPct))
 						if err = l.Sleep(); err != nil {
-							break
+							var pe *slotv1.Error
+							if !errors.As(err, &pe) || pe.Code != slotv1.CodeRejected {
+								break
+							}
+							err = nil // over the agent's SLEEP rate: the lease stays awake
+							r.SleepsRefused++
 						}
 						time.Sleep(wait)
 						t1 := time.Now()
@@ -416,6 +429,7 @@ func (r *lendResult) merge(o lendResult) {
 	r.WakeNS = append(r.WakeNS, o.WakeNS...)
 	r.UsedNS += o.UsedNS
 	r.Degraded += o.Degraded
+	r.SleepsRefused += o.SleepsRefused
 	if r.Errors == 0 {
 		r.FirstErr = o.FirstErr
 	}
