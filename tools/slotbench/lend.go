@@ -72,7 +72,7 @@ type lendResult struct {
 	IOLatNS   []int64
 	WakeNS    []int64 // WAKE sent to answered (the agent cut the borrowers)
 	// UsedNS is the CPU the invocations' slots used.
-	UsedNS   float64
+	UsedNS float64
 	// SleepsRefused counts SLEEPs over the agent's rate (the lease stayed
 	// awake).
 	SleepsRefused int
