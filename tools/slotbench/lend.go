@@ -6,8 +6,8 @@ package main
 // their time beside CPU-bound ones, admission overcommitted 1:1 or 3:1,
 // with lending off and on. Every invocation asks for the same quota and
 // does the same CPU work; a waiting one does it in segments, each followed
-// by a wait as long as the segment took times wait/(1-wait), so it waits
-// that share of its time; with lending it says SLEEP before each wait and
+// by a wait as long as the segment takes at the quota times wait/(1-wait),
+// so its slot idles that share of its quota; with lending it says SLEEP before each wait and
 // WAKE after (client.Lease.Sleep, Wake). Threads run closed loops (acquire,
 // work, release) with twice as many threads as the budget admits at once,
 // so admission decides the throughput; a container, a client process and
@@ -377,10 +377,12 @@ func lendJobRun(c *client.Client, j lendJob) lendResult {
 				}
 				if waiting {
 					seg := time.Duration(j.CPUWorkNS) / time.Duration(j.Segments)
+					// What the segment takes at the quota: the slot is idle
+					// WaitPct of the quota's time, as the paper measures.
+					atQuota := float64(seg) * 1000 / float64(j.Quota)
+					wait := time.Duration(atQuota * float64(j.WaitPct) / float64(100-j.WaitPct))
 					for s := 0; s < j.Segments && err == nil; s++ {
-						t0 := time.Now()
 						burn(seg)
-						wait := time.Duration(float64(time.Since(t0)) * float64(j.WaitPct) / float64(100-j.WaitPct))
 						if err = l.Sleep(); err != nil {
 							var pe *slotv1.Error
 							if !errors.As(err, &pe) || pe.Code != slotv1.CodeRejected {

@@ -113,14 +113,14 @@ func main() {
 	scale := flag.Bool("scale", false, "measure one agent serving many containers instead (see -containers)")
 	lend := flag.Bool("lend", false, "measure lending instead (lend.go): waiting invocations beside CPU-bound ones, lending off and on")
 	var lp lendParams
-	flag.DurationVar(&lp.cpuWork, "lend-cpu", 8*time.Millisecond, "-lend: CPU time of every invocation")
+	flag.DurationVar(&lp.cpuWork, "lend-cpu", 20*time.Millisecond, "-lend: CPU time of every invocation")
 	flag.IntVar(&lp.segments, "lend-segments", 4, "-lend: compute segments of a waiting invocation, each followed by a wait")
 	lendWaits := flag.String("lend-waits", "25,50,75", "-lend: the share of their time waiting invocations wait, percent")
 	lendOver := flag.String("lend-overcommit", "1,3", "-lend: admission overcommit factors")
 	lendRatios := flag.String("lend-ratios", "0,0.5,1", "-lend: lend ratios (0: lending off, the baseline)")
 	lendLimit := flag.Int("lend-limit", 500, "-lend: the container's CPU limit, millicores")
 	lendQuota := flag.Int("lend-quota", 125, "-lend: every invocation's quota, millicores")
-	flag.DurationVar(&lp.cell, "lend-cell", 4*time.Second, "-lend: measured time per cell and round")
+	flag.DurationVar(&lp.cell, "lend-cell", 6*time.Second, "-lend: measured time per cell and round")
 	lendPeriod := flag.Duration("lend-period", 10*time.Millisecond, "-lend: the slots' CFS period")
 	var sp scaleParams
 	flag.IntVar(&sp.containers, "containers", 250, "-scale: containers served")
