@@ -82,10 +82,12 @@ type lendResult struct {
 
 // lendCell accumulates a cell over rounds.
 type lendCell struct {
-	r                 lendResult
-	elapsed           time.Duration
-	wakeAgent         []float64 // bucket counts of cpuslot_wake_to_quota_seconds added
-	lends, cuts, wake uint64
+	r       lendResult
+	elapsed time.Duration
+	// wakeLe, wakeAgent: the bounds of cpuslot_wake_to_quota_seconds'
+	// buckets and the cumulative counts the cell added.
+	wakeLe, wakeAgent []float64
+	lends, cuts       uint64
 }
 
 func lendContainer(over int, ratio float64) string {
@@ -168,7 +170,8 @@ func lendBench(p lendParams) error {
 					if round < 0 {
 						j.DurationNS = min(p.cell, time.Second).Nanoseconds() // warm-up, not counted
 					}
-					before, sumBefore := wakeBuckets(a), summaryOf(a, name)
+					_, before := wakeBuckets(a)
+					sumBefore := summaryOf(a, name)
 					r, err := clients[name].runLend(j)
 					if err != nil {
 						return fmt.Errorf("%s, wait %d%%: %w", name, wait, err)
@@ -176,17 +179,18 @@ func lendBench(p lendParams) error {
 					if round < 0 {
 						continue
 					}
-					after, sumAfter := wakeBuckets(a), summaryOf(a, name)
+					le, after := wakeBuckets(a)
+					sumAfter := summaryOf(a, name)
 					k := key(wait, over, ratio)
 					c := cells[k]
 					if c == nil {
 						c = &lendCell{}
 						cells[k] = c
 					}
+					c.wakeLe = le
 					c.add(r, before, after)
 					c.lends += sumAfter.Lends - sumBefore.Lends
 					c.cuts += sumAfter.Cuts - sumBefore.Cuts
-					c.wake += sumAfter.Wakes - sumBefore.Wakes
 				}
 			}
 		}
@@ -209,7 +213,7 @@ func lendBench(p lendParams) error {
 				agentWakes := "-"
 				if len(c.r.WakeNS) > 0 {
 					wakes = fmt.Sprintf("%s / %s", ms(pctNS(c.r.WakeNS, .5)), ms(pctNS(c.r.WakeNS, .99)))
-					agentWakes = fmt.Sprintf("<= %s / <= %s", bucketPct(c.wakeAgent, .5), bucketPct(c.wakeAgent, .99))
+					agentWakes = fmt.Sprintf("<= %s / <= %s", bucketPct(c.wakeLe, c.wakeAgent, .5), bucketPct(c.wakeLe, c.wakeAgent, .99))
 				}
 				errs := strconv.Itoa(c.r.Errors)
 				if c.r.Errors > 0 {
@@ -272,16 +276,11 @@ func summaryOf(a *agent.Agent, name string) pool.Summary {
 	return pool.Summary{}
 }
 
-// wakeLe are the upper bounds of cpuslot_wake_to_quota_seconds' buckets,
-// read along with the counts.
-var wakeLe []float64
-
-// wakeBuckets reads the agent's cumulative bucket counts of
-// cpuslot_wake_to_quota_seconds from its /metrics.
-func wakeBuckets(a *agent.Agent) []float64 {
+// wakeBuckets reads the bounds and cumulative counts of the agent's
+// cpuslot_wake_to_quota_seconds buckets from its /metrics.
+func wakeBuckets(a *agent.Agent) (le, counts []float64) {
 	rec := httptest.NewRecorder()
 	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	var le, counts []float64
 	sc := bufio.NewScanner(rec.Body)
 	for sc.Scan() {
 		line := sc.Text()
@@ -297,23 +296,22 @@ func wakeBuckets(a *agent.Agent) []float64 {
 		}
 		le, counts = append(le, b), append(counts, v)
 	}
-	wakeLe = le
-	return counts
+	return le, counts
 }
 
 // bucketPct is the upper bound of the bucket holding quantile q of the
 // cumulative counts.
-func bucketPct(cum []float64, q float64) string {
+func bucketPct(le, cum []float64, q float64) string {
 	if len(cum) == 0 || cum[len(cum)-1] == 0 {
 		return "-"
 	}
 	want := q * cum[len(cum)-1]
 	for i, n := range cum {
 		if n >= want {
-			if math.IsInf(wakeLe[i], 1) {
+			if math.IsInf(le[i], 1) {
 				return "inf"
 			}
-			return ms(int64(wakeLe[i] * 1e9))
+			return ms(int64(le[i] * 1e9))
 		}
 	}
 	return "inf"
