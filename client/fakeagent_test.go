@@ -76,6 +76,8 @@ type fakeAgent struct {
 	// ("sleep 101"), which release nothing.
 	lend bool
 	naps []string
+	// refuseSleep answers SLEEP REJECTED, as an agent does past its rate.
+	refuseSleep bool
 }
 
 func newFakeAgent(t testing.TB, local bool) *fakeAgent {
@@ -325,6 +327,9 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			f.naps = append(f.naps, fmt.Sprintf("%s %d", what, m.Lease))
 			if m.Flags&slotv1.ReleaseNoReply != 0 {
 				return nil, nil
+			}
+			if f.refuseSleep && what == "sleep" {
+				return &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: 1, Message: "SLEEP rate"}, nil
 			}
 			return &slotv1.ReleaseOK{}, nil
 		}

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -99,6 +100,32 @@ func TestSleepLocalLease(t *testing.T) {
 		}
 		if err := l.Sleep(); err == nil {
 			t.Fatal("a released local lease slept")
+		}
+	})
+}
+
+// TestSleepRefused: a SLEEP the agent refuses (its rate) is a typed error,
+// and the lease counts as awake: its release sends no WAKE.
+func TestSleepRefused(t *testing.T) {
+	f := lendingFake(t, true, true)
+	f.mu.Lock()
+	f.refuseSleep = true
+	f.mu.Unlock()
+	c := dialFake(t, f, client.Options{})
+	onThread(func() {
+		l, err := c.Acquire(250, "a", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pe *slotv1.Error
+		if err := l.Sleep(); !errors.As(err, &pe) || pe.Code != slotv1.CodeRejected {
+			t.Fatalf("refused SLEEP: %v, want REJECTED", err)
+		}
+		if _, err := l.Release(slotv1.InvocationOK); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := f.napsSent(), "sleep 101"; got != want {
+			t.Fatalf("sent %q, want %q", got, want)
 		}
 	})
 }
