@@ -3,6 +3,7 @@
 #   make demo      set up and run the demo (see README)
 #   make test      every test: Go (host cgroup v1 + cgroup v2 VM) and Java
 #   make bench     slot overhead, side by side per mode (host, then v2 VM)
+#   make bench-lend  lending off and on: waiting invocations beside CPU-bound ones (docs/lending.md)
 #   make build     what ships: the agent, into bin/
 #   make tools     the development tools (tools/: slotbench, ocitar) into bin/
 #   make images    OCI image tarballs for the e2e cluster into bin/images/
@@ -16,7 +17,7 @@ LDFLAGS   := -s -w -X github.com/cpuslot/cpuslot/internal/agent.Version=$(VERSIO
 # failed test again at the end, where a CI log's tail shows it.
 GOTESTSUM ?= $(GO) run gotest.tools/gotestsum@v1.13.0
 
-.PHONY: build tools test test-go test-java vm-deps tidy-check vet fuzz bench bench-host bench-vm clean
+.PHONY: build tools test test-go test-java vm-deps tidy-check vet fuzz bench bench-host bench-vm bench-lend clean
 
 # The product module (the repository root) holds what ships; test and
 # development tooling lives in modules of its own beside it, each using the
@@ -63,6 +64,9 @@ bench-host: tools
 
 bench-vm: tools vm-deps
 	bin/slotbench -vm -steady 500 -sporadic 60 -threads 1,2 -sporadic-threads 1,3 -share 4s
+
+bench-lend: tools
+	bin/slotbench -lend -rounds 3
 
 clean:
 	rm -rf bin

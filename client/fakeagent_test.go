@@ -72,6 +72,12 @@ type fakeAgent struct {
 	notGrant bool
 	// errorFDs answers ACQUIRE with an ERROR that carries slot 1's fds.
 	errorFDs bool
+	// lend announces LEND in HELLO_OK; naps records each SLEEP and WAKE
+	// ("sleep 101"), which release nothing.
+	lend bool
+	naps []string
+	// refuseSleep answers SLEEP REJECTED, as an agent does past its rate.
+	refuseSleep bool
 }
 
 func newFakeAgent(t testing.TB, local bool) *fakeAgent {
@@ -259,6 +265,9 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		if f.sayBudget {
 			h.BudgetMilli = f.budget
 		}
+		if f.lend {
+			h.Flags |= slotv1.HelloOKLend
+		}
 		if f.local && m.Flags&slotv1.HelloLocal != 0 {
 			h.Flags |= slotv1.HelloOKLocal
 			if f.held {
@@ -310,6 +319,20 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		}
 		return grant(s, slotv1.OutcomeAffinityHit, slotv1.PlaceNone)
 	case *slotv1.Release:
+		if m.Flags&(slotv1.ReleaseSleep|slotv1.ReleaseWake) != 0 {
+			what := "sleep"
+			if m.Flags&slotv1.ReleaseWake != 0 {
+				what = "wake"
+			}
+			f.naps = append(f.naps, fmt.Sprintf("%s %d", what, m.Lease))
+			if m.Flags&slotv1.ReleaseNoReply != 0 {
+				return nil, nil
+			}
+			if f.refuseSleep && what == "sleep" {
+				return &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: 1, Message: "SLEEP rate"}, nil
+			}
+			return &slotv1.ReleaseOK{}, nil
+		}
 		f.requests["release"]++
 		id, ok := f.leases[m.Lease]
 		if ok {

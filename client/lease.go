@@ -53,6 +53,8 @@ type Lease struct {
 	claim    slotv1.Claim
 	stat     []int // the slot's counter fds (local leases)
 	released atomic.Bool
+	// sleeping: the agent took a SLEEP and no WAKE since.
+	sleeping atomic.Bool
 }
 
 // Acquire leases a slot of quotaMilli for an invocation and places the
@@ -223,4 +225,74 @@ func (c *Client) forget(l *Lease) {
 	c.mu.Lock()
 	delete(c.held, l)
 	c.mu.Unlock()
+}
+
+// Sleep tells the agent that the lease's invocation waits (on I/O, a
+// downstream call): while it sleeps, the container's admission lends part
+// of its quota to new invocations (SPEC.md, "Lending"). Its slot keeps
+// the quota. Call Wake when the invocation runs again. An agent that does
+// not lend (no LEND in HELLO_OK) is sent nothing. A SLEEP over the agent's
+// rate is refused (*slotv1.Error, REJECTED): the lease stays awake and the
+// invocation goes on as without lending.
+//
+// Each is one round trip: this client spreads requests over pooled
+// connections, and only an answered SLEEP cannot be overtaken by its
+// WAKE (or a WAKE by the RELEASE) on another one. Worth it for waits of
+// milliseconds, not microseconds.
+func (l *Lease) Sleep() error { return l.nap(slotv1.ReleaseSleep) }
+
+// Wake tells the agent that the lease's invocation, which slept, runs
+// again: it is charged its whole quota at once and the agent lowers the
+// youngest awake leases of the container if that exceeds the budget. It
+// returns once the agent has done so.
+func (l *Lease) Wake() error { return l.nap(slotv1.ReleaseWake) }
+
+func (l *Lease) nap(flag uint8) error {
+	if l.Local && l.released.Load() {
+		return errors.New("cpuslot: lease released")
+	}
+	return l.sendNap(flag)
+}
+
+// sendNap sends SLEEP or WAKE (flag) for the lease and waits for the answer.
+func (l *Lease) sendNap(flag uint8) error {
+	c := l.c
+	if c.Hello().Flags&slotv1.HelloOKLend == 0 {
+		return nil
+	}
+	id, err := l.agentLease()
+	if err != nil {
+		return err
+	}
+	resp, _, _, err := c.call(&slotv1.Release{Lease: id, Outcome: slotv1.InvocationOK, Flags: flag})
+	if err != nil {
+		return err
+	}
+	if _, ok := resp.(*slotv1.ReleaseOK); !ok {
+		return fmt.Errorf("cpuslot: unexpected %T to RELEASE", resp)
+	}
+	l.sleeping.Store(flag == slotv1.ReleaseSleep)
+	return nil
+}
+
+// agentLease is the agent's id of the lease: its own, or for a local one
+// the HOLD lease of its slot.
+func (l *Lease) agentLease() (uint64, error) {
+	if l.Local {
+		lc := l.c.local
+		lc.mu.Lock()
+		defer lc.mu.Unlock()
+		e := lc.own[l.claim.Index]
+		if e == nil || e.gone || e.slot != l.Slot {
+			return 0, errors.New("cpuslot: the slot's HOLD lease is gone")
+		}
+		return e.lease, nil
+	}
+	c := l.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l.lost {
+		return 0, errors.New("cpuslot: lease lost across an agent restart")
+	}
+	return l.id, nil
 }

@@ -344,6 +344,11 @@ func (lc *local) release(l *Lease, outcome slotv1.ReleaseOutcome) (Usage, error)
 		// Another thread may hold the entry by now: touch nothing.
 		return Usage{}, errors.New("cpuslot: lease released twice")
 	}
+	if l.sleeping.Load() {
+		// The HOLD lease outlives this invocation: it must not stay lending
+		// while the next one runs in its slot.
+		_ = l.sendNap(slotv1.ReleaseWake)
+	}
 	var u Usage
 	var err error
 	if end, ok := readCounters(l.stat); ok && l.hasStart {

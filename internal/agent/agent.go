@@ -818,7 +818,7 @@ func (a *Agent) poolGauges() []metrics.Pool {
 	var out []metrics.Pool
 	for _, s := range a.Summaries() {
 		g := metrics.Pool{Container: s.Name, BudgetMilli: s.BudgetMilli, UsedMilli: s.UsedMilli, Leases: s.Leases,
-			LentMilli: s.LentMilli, Wakes: s.Wakes}
+			LentMilli: s.LentMilli, Wakes: s.Wakes, Lends: s.Lends, GiveBacks: s.GiveBacks, Cuts: s.Cuts}
 		for _, q := range s.Quotas {
 			g.Quotas = append(g.Quotas, metrics.Quota{Quota: pool.FormatQuota(q.QuotaMilli), Free: q.Free, Leased: q.Leased, Slots: q.Slots})
 		}

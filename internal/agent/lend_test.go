@@ -15,6 +15,7 @@ import (
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"github.com/cpuslot/cpuslot/internal/server"
 )
 
 // TestLendingOnTheWire: with admission.lendRatio 0.5 the agent announces
@@ -175,4 +176,91 @@ func BenchmarkWakeOnTheWire(b *testing.B) {
 	b.StopTimer()
 	ask(&slotv1.Release{Lease: g1.Lease})
 	ask(&slotv1.Release{Lease: g2.Lease})
+}
+
+// TestFlappingSleepWakeIsBounded: a hostile runtime flaps one lease between
+// SLEEP and WAKE in a full container. Each wake cuts the borrowers and each
+// sleep raises them again, cgroup writes the agent makes for one frame of
+// the process: past a per-process rate its SLEEPs are refused (the lease
+// stays awake, charged in full), so the writes stay within the rate,
+// however many frames it sends.
+func TestFlappingSleepWakeIsBounded(t *testing.T) {
+	e := newEnv(t, 1000, func(c *agent.Config) {
+		c.Admission.LendRatio = 1
+		c.Admission.Policy = "reject"
+		c.Pool.Prewarm = "500m=4"
+	})
+	a := e.start()
+	cgrouptest.JoinProcess(t, e.h, e.rel)
+	c := dialRaw(t, e.socket)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Minute))
+	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	readResp(t, c)
+	tid := uint32(syscall.Gettid())
+	acquire := func(tid uint32) *slotv1.AcquireOK {
+		c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid}))
+		g, _ := readResp(t, c).(*slotv1.AcquireOK)
+		if g == nil {
+			t.Fatal("acquire refused")
+		}
+		return g
+	}
+	sleeper := acquire(tid)
+	acquire(tid + 1)
+	c.Write(frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseSleep}))
+	readResp(t, c)
+	acquire(tid + 2) // the borrower
+
+	const flaps = 4 * server.SleepBurst
+	var flap []byte
+	for _, f := range []uint8{slotv1.ReleaseWake, slotv1.ReleaseSleep} {
+		flap = append(flap, frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: f | slotv1.ReleaseNoReply})...)
+	}
+	start := time.Now()
+	for i := 0; i < flaps; i++ {
+		if _, err := c.Write(flap); err != nil {
+			t.Fatalf("flap %d: %v (the agent stopped reading for %v)", i, err, time.Since(start))
+		}
+	}
+	// Answered in order: every flap before it was taken.
+	c.Write(frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseWake}))
+	readResp(t, c)
+	elapsed := time.Since(start)
+	s := a.Summaries()[0]
+	allowed := server.SleepBurst + server.SleepRate*elapsed.Seconds() + 1
+	t.Logf("%d flaps in %v: %d lends, %d borrowers cut", flaps, elapsed.Round(time.Millisecond), s.Lends, s.Cuts)
+	if float64(s.Lends) > allowed {
+		t.Fatalf("%d SLEEPs lent in %v, want at most %.0f (SleepBurst + SleepRate/s)", s.Lends, elapsed, allowed)
+	}
+	if !strings.Contains(grep(scrape(t, a), `reason="sleep_throttled"`), "} ") ||
+		strings.HasSuffix(grep(scrape(t, a), `reason="sleep_throttled"`), "} 0") {
+		t.Errorf("throttled SLEEPs not counted:\n%s", grep(scrape(t, a), "sleep_throttled"))
+	}
+	// A SLEEP over the rate is refused with a typed error, and the lease
+	// stays awake, charged in full. Pipelined SLEEPs (answered) and WAKEs
+	// faster than the rate meet the refusal.
+	var pipe []byte
+	for i := 0; i < flaps; i++ {
+		pipe = append(pipe, frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseSleep})...)
+		pipe = append(pipe, frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseWake | slotv1.ReleaseNoReply})...)
+	}
+	start = time.Now()
+	go c.Write(pipe)
+	var refused *slotv1.Error
+	for i := 0; i < flaps; i++ {
+		if pe, ok := readResp(t, c).(*slotv1.Error); ok {
+			refused = pe
+		}
+	}
+	elapsed = time.Since(start)
+	if refused == nil && elapsed.Seconds() < float64(flaps-server.SleepBurst)/server.SleepRate {
+		t.Fatalf("%d SLEEPs in %v, none refused", flaps, elapsed)
+	}
+	if refused != nil && (refused.Code != slotv1.CodeRejected || refused.RetryAfterMS == 0) {
+		t.Fatalf("SLEEP over the rate: %+v, want REJECTED with a retry time", refused)
+	}
+	if s := a.Summaries()[0]; s.LentMilli != 0 || s.UsedMilli != 1000 {
+		t.Fatalf("after the last WAKE: %+v", s)
+	}
 }

@@ -69,6 +69,7 @@ func ConstGauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metr
 type Metrics struct {
 	acquireDuration   *prometheus.HistogramVec
 	placementDuration prometheus.Histogram
+	wakeToQuota       prometheus.Histogram
 	cgroupOpDuration  *prometheus.HistogramVec
 	acquisitions      *prometheus.CounterVec
 	admission         *prometheus.CounterVec
@@ -100,6 +101,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		placementDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "cpuslot_placement_duration_seconds", Help: "Time of thread placements done by the agent (numeric TID writes).",
 			Buckets: latencyBuckets}),
+		wakeToQuota: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "cpuslot_wake_to_quota_seconds", Help: "Time from a sleeping lease's WAKE to its whole quota back: charged in full and the borrowers it displaces lowered to the budget (docs/lending.md).",
+			Buckets: latencyBuckets}),
 		cgroupOpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cpuslot_cgroup_operation_duration_seconds", Help: "Time of cgroup file operations by operation.",
 			Buckets: latencyBuckets}, []string{"operation"}),
@@ -129,7 +133,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		actions:    map[string]map[string]bool{},
 		maxActions: MaxActions,
 	}
-	reg.MustRegister(m.acquireDuration, m.placementDuration, m.cgroupOpDuration, m.acquisitions, m.admission,
+	reg.MustRegister(m.acquireDuration, m.placementDuration, m.wakeToQuota, m.cgroupOpDuration, m.acquisitions, m.admission,
 		m.invocations, m.cpuSeconds, m.throttledSeconds, m.errors, m.connections, m.info)
 	for _, r := range AdmissionResults {
 		m.admission.WithLabelValues(string(r))
@@ -182,6 +186,14 @@ func (m *Metrics) Acquired(mode string, how outcome.Acquisition, d time.Duration
 	}
 	m.acquireDuration.WithLabelValues(mode).Observe(d.Seconds())
 	m.acquisitions.WithLabelValues(string(how)).Inc()
+}
+
+// WakeToQuota observes a wake of a sleeping lease, from its WAKE to its
+// quota back (its borrowers cut).
+func (m *Metrics) WakeToQuota(d time.Duration) {
+	if m != nil {
+		m.wakeToQuota.Observe(d.Seconds())
+	}
 }
 
 // Admission counts an acquisition that did not fit at once.

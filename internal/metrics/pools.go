@@ -8,11 +8,13 @@ type Pool struct {
 	BudgetMilli uint32
 	UsedMilli   uint32
 	Leases      int
-	// LentMilli is what sleeping leases lend now; Wakes counts the wakes
-	// of sleeping leases since the pool started.
-	LentMilli uint32
-	Wakes     uint64
-	Quotas    []Quota
+	// LentMilli is what sleeping leases lend now; since the pool started,
+	// Wakes counts the wakes of sleeping leases, Lends the sleeps that lent
+	// quota, GiveBacks the lent quotas that ended, Cuts the awake leases
+	// lowered by wakes.
+	LentMilli                     uint32
+	Wakes, Lends, GiveBacks, Cuts uint64
+	Quotas                        []Quota
 }
 
 // Quota counts the slots of one quota of a pool.
@@ -33,6 +35,12 @@ var (
 		[]string{"container"}, nil)
 	wakesDesc = prometheus.NewDesc("cpuslot_wakes_total", "Sleeping leases woken (WAKE), per container; a wake that puts the container over its budget degrades the youngest awake leases.",
 		[]string{"container"}, nil)
+	lendsDesc = prometheus.NewDesc("cpuslot_lends_total", "Sleeps (SLEEP) that lent quota to admission, per container.",
+		[]string{"container"}, nil)
+	giveBacksDesc = prometheus.NewDesc("cpuslot_givebacks_total", "Lent quotas that ended, by the sleeper's WAKE or release, per container; cpuslot_lends_total minus this is the leases lending now.",
+		[]string{"container"}, nil)
+	cutsDesc = prometheus.NewDesc("cpuslot_lend_cuts_total", "Awake leases lowered (degraded) to give a waking lease its quota back, per container.",
+		[]string{"container"}, nil)
 	poolsDesc = prometheus.NewDesc("cpuslot_containers", "Containers served.", nil, nil)
 	maxDesc   = prometheus.NewDesc("cpuslot_containers_max", "The most containers the agent serves (maxContainers); more are refused and counted as errors with reason "+string(ContainersExhausted)+".", nil, nil)
 )
@@ -50,7 +58,7 @@ func RegisterPools(reg prometheus.Registerer, maxContainers int, pools func() []
 }
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, lentDesc, wakesDesc, poolsDesc, maxDesc} {
+	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, lentDesc, wakesDesc, lendsDesc, giveBacksDesc, cutsDesc, poolsDesc, maxDesc} {
 		ch <- d
 	}
 }
@@ -69,6 +77,10 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- ConstGauge(usedDesc, float64(p.UsedMilli), p.Container)
 		ch <- ConstGauge(leasesDesc, float64(p.Leases), p.Container)
 		ch <- ConstGauge(lentDesc, float64(p.LentMilli), p.Container)
-		ch <- prometheus.MustNewConstMetric(wakesDesc, prometheus.CounterValue, float64(p.Wakes), Label(p.Container))
+		c := Label(p.Container)
+		ch <- prometheus.MustNewConstMetric(wakesDesc, prometheus.CounterValue, float64(p.Wakes), c)
+		ch <- prometheus.MustNewConstMetric(lendsDesc, prometheus.CounterValue, float64(p.Lends), c)
+		ch <- prometheus.MustNewConstMetric(giveBacksDesc, prometheus.CounterValue, float64(p.GiveBacks), c)
+		ch <- prometheus.MustNewConstMetric(cutsDesc, prometheus.CounterValue, float64(p.Cuts), c)
 	}
 }

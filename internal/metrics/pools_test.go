@@ -13,7 +13,7 @@ import (
 func TestPoolGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	RegisterPools(reg, 7, func() []Pool {
-		return []Pool{{Container: "ns/pod/c", BudgetMilli: 1000, UsedMilli: 250, Leases: 1, LentMilli: 125, Wakes: 3,
+		return []Pool{{Container: "ns/pod/c", BudgetMilli: 1000, UsedMilli: 250, Leases: 1, LentMilli: 125, Wakes: 3, Lends: 5, GiveBacks: 4, Cuts: 2,
 			Quotas: []Quota{{Quota: "250m", Free: 2, Leased: 1, Slots: 4}}}}
 	})
 	mfs, err := reg.Gather()
@@ -39,7 +39,10 @@ func TestPoolGauges(t *testing.T) {
 		"cpuslot_budget_used_millicores{container=ns/pod/c} 250",
 		"cpuslot_containers{} 1",
 		"cpuslot_containers_max{} 7",
+		"cpuslot_givebacks_total{container=ns/pod/c} 4",
 		"cpuslot_leases{container=ns/pod/c} 1",
+		"cpuslot_lend_cuts_total{container=ns/pod/c} 2",
+		"cpuslot_lends_total{container=ns/pod/c} 5",
 		"cpuslot_lent_millicores{container=ns/pod/c} 125",
 		"cpuslot_slots{container=ns/pod/c,quota=250m,state=busy} 1",
 		"cpuslot_slots{container=ns/pod/c,quota=250m,state=free} 2",

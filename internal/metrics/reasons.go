@@ -21,6 +21,7 @@ const (
 	UsageThrottled   Reason = "usage_throttled"   // a USAGE report waited: its process sent them faster than the agent credits them
 	UsageOverclaimed Reason = "usage_overclaimed" // a USAGE report claimed more CPU than the process's held slots used: cut to that
 	HeldThrottled    Reason = "held_throttled"    // a HELD request refused: its process asked more often than the agent answers
+	SleepThrottled   Reason = "sleep_throttled"   // a SLEEP refused: its process sent them faster than the agent lends (the lease stays awake)
 )
 
 // Pool: slots and threads.
@@ -55,7 +56,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 // ErrorReasons lists every Reason, cgroup operations included.
 var ErrorReasons = func() []Reason {
 	r := []Reason{
-		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled,
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled, SleepThrottled,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, ForeignThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
 		TeardownFailed, PrewarmFailed, ReadUsage,

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"sort"
+	"time"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
@@ -36,6 +37,7 @@ func (p *Pool) Sleep(owner any, id uint64) error {
 		return nil
 	}
 	p.lent += l.lent
+	p.lends++
 	p.budget.Give(l.lent)
 	raises := p.planRaises()
 	p.broadcast() // waiting requests may fit the lent budget
@@ -48,6 +50,7 @@ func (p *Pool) Sleep(owner any, id uint64) error {
 // and the pool cuts the youngest awake leases by what the container is now
 // over its budget. Waking an awake lease does nothing.
 func (p *Pool) Wake(owner any, id uint64) error {
+	start := time.Now()
 	p.mu.Lock()
 	l, err := p.ownLease(owner, id)
 	if err != nil || !l.sleeping {
@@ -58,6 +61,9 @@ func (p *Pool) Wake(owner any, id uint64) error {
 	cuts := p.unlend(l)
 	p.mu.Unlock()
 	p.lower(cuts)
+	// The waker's slot kept its quota: its quota is back once the
+	// borrowers are cut to the budget.
+	p.metrics.WakeToQuota(time.Since(start))
 	return nil
 }
 
@@ -90,6 +96,7 @@ func (p *Pool) unlend(l *lease) []cut {
 		return nil
 	}
 	p.lent -= l.lent
+	p.givebacks++
 	p.budget.Take(l.lent)
 	l.lent = 0
 	if l.slot.lease != l {
@@ -145,6 +152,7 @@ func (p *Pool) planCuts(waker *lease) []cut {
 		p.beginIO()
 		out = append(out, cut{l: l, by: by, spec: p.spec(l.granted), degraded: newly})
 	}
+	p.cuts += uint64(len(out))
 	return out
 }
 
@@ -171,11 +179,17 @@ func (p *Pool) clampLent(l *lease) {
 		p.lent -= l.lent - keep
 		p.budget.Take(l.lent - keep)
 		l.lent = keep
+		if keep == 0 {
+			p.givebacks++ // it lends nothing any more
+		}
 	}
 }
 
 // endSleep forgets the lent share of lease l, which ends: the budget gets
 // back only what l was charged. The caller holds the lock.
 func (p *Pool) endSleep(l *lease) {
-	p.lent -= l.lent
+	if l.lent > 0 {
+		p.lent -= l.lent
+		p.givebacks++
+	}
 }

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
+	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // lendPool is a pool of a 1000m container with lending at ratio and
@@ -29,15 +31,21 @@ func lendPool(t *testing.T, ratio float64, pol admission.Policy) (*Pool, *fakeBa
 func checkBound(t *testing.T, p *Pool) {
 	t.Helper()
 	s := p.Summary()
-	var granted, sleeping uint64
+	var granted, sleeping, lending uint64
 	p.mu.Lock()
 	for _, l := range p.leases {
 		granted += uint64(l.granted)
 		if l.sleeping {
 			sleeping += uint64(l.granted)
 		}
+		if l.lent > 0 {
+			lending++
+		}
 	}
 	p.mu.Unlock()
+	if s.Lends-s.GiveBacks != lending {
+		t.Fatalf("%d lends - %d give-backs, but %d leases lend", s.Lends, s.GiveBacks, lending)
+	}
 	if s.UsedMilli > s.BudgetMilli {
 		t.Fatalf("charged %dm above the budget of %dm", s.UsedMilli, s.BudgetMilli)
 	}
@@ -98,6 +106,8 @@ func TestWakeTakesBackFromBorrowers(t *testing.T) {
 	ctx := context.Background()
 	o := &conn{}
 	p, b := lendPool(t, 0.5, admission.Queue)
+	reg := prometheus.NewRegistry()
+	p.metrics = metrics.New(reg)
 	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
 	must(t)(nil, p.Sleep(o, g1.Lease))
@@ -113,8 +123,12 @@ func TestWakeTakesBackFromBorrowers(t *testing.T) {
 		t.Fatalf("wake should cut the youngest leases: %v", ops)
 	}
 	s := p.Summary()
-	if s.LentMilli != 0 || s.Degraded != 2 || s.Wakes != 1 || s.UsedMilli != 1000 {
+	if s.LentMilli != 0 || s.Degraded != 2 || s.Wakes != 1 || s.UsedMilli != 1000 ||
+		s.Lends != 1 || s.GiveBacks != 1 || s.Cuts != 2 {
 		t.Fatalf("after wake: %+v", s)
+	}
+	if n := wakesObserved(t, reg); n != 1 {
+		t.Fatalf("wake-to-quota observed %d wakes, want 1", n)
 	}
 	checkBound(t, p)
 	p.mu.Lock()
@@ -133,9 +147,28 @@ func TestWakeTakesBackFromBorrowers(t *testing.T) {
 	}
 	// WAKE of an awake lease does nothing.
 	must(t)(nil, p.Wake(o, g1.Lease))
-	if s := p.Summary(); s.Wakes != 1 || s.UsedMilli != 750 {
+	if s := p.Summary(); s.Wakes != 1 || s.UsedMilli != 750 || s.GiveBacks != 1 {
 		t.Fatalf("wake of an awake lease: %+v", s)
 	}
+	if n := wakesObserved(t, reg); n != 1 {
+		t.Fatalf("wake-to-quota observed %d wakes, want 1 (an awake lease's WAKE is none)", n)
+	}
+}
+
+// wakesObserved is the count of cpuslot_wake_to_quota_seconds in reg.
+func wakesObserved(t *testing.T, reg *prometheus.Registry) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "cpuslot_wake_to_quota_seconds" {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	t.Fatal("no cpuslot_wake_to_quota_seconds")
+	return 0
 }
 
 // TestWakeCutsOnlyWhatIsNeeded: a borrower is cut by the excess, not to the
@@ -168,7 +201,7 @@ func TestReleaseWhileSleeping(t *testing.T) {
 	must(t)(nil, p.Sleep(o, g1.Lease))
 	g2 := must(t)(p.Acquire(ctx, req(o, 750, 2, 0)))
 	p.Release(o, g1.Lease, outcome.EndOK)
-	if s := p.Summary(); s.UsedMilli != 750 || s.LentMilli != 0 {
+	if s := p.Summary(); s.UsedMilli != 750 || s.LentMilli != 0 || s.Lends != 1 || s.GiveBacks != 1 || s.Wakes != 0 {
 		t.Fatalf("after the sleeper's release: %+v", s)
 	}
 	p.Release(o, g2.Lease, outcome.EndOK)

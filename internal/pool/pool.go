@@ -163,12 +163,15 @@ type Pool struct {
 	// credits bounds what each process may report in USAGE.
 	credits map[any]*credit
 	budget  *admission.Budget
-	// lent is what sleeping leases lend now; wakes counts their wakes.
-	lent    uint32
-	wakes   uint64
-	nextID  uint32
-	changed chan struct{} // closed when a slot or budget frees up
-	closed  bool
+	// lent is what sleeping leases lend now; wakes counts their wakes,
+	// lends the sleeps that lent quota, givebacks the lent quotas ended
+	// (by a wake or a release), cuts the awake leases lowered by wakes.
+	lent                    uint32
+	wakes, lends, givebacks uint64
+	cuts                    uint64
+	nextID                  uint32
+	changed                 chan struct{} // closed when a slot or budget frees up
+	closed                  bool
 	// io counts cgroup I/O in progress outside the lock; Close waits for
 	// it (ioDone) before it removes slots, so a slot being created is not
 	// left behind.

@@ -10,9 +10,15 @@ type Summary struct {
 	Degraded    int    `json:"degraded"`
 	// LentMilli is the quota sleeping leases lend now (not in UsedMilli).
 	LentMilli uint32 `json:"lentMilli"`
-	// Wakes counts the sleeping leases woken since the pool started.
-	Wakes  uint64        `json:"wakes"`
-	Quotas []QuotaStatus `json:"quotas"`
+	// Since the pool started: Wakes counts the sleeping leases woken, Lends
+	// the sleeps that lent quota, GiveBacks the lent quotas that ended (a
+	// wake or the sleeper's release; Lends - GiveBacks leases lend now),
+	// Cuts the awake leases lowered to give a waking lease its quota back.
+	Wakes     uint64        `json:"wakes"`
+	Lends     uint64        `json:"lends"`
+	GiveBacks uint64        `json:"giveBacks"`
+	Cuts      uint64        `json:"cuts"`
+	Quotas    []QuotaStatus `json:"quotas"`
 }
 
 // QuotaStatus counts the slots of one quota.
@@ -50,7 +56,8 @@ func (p *Pool) Summary() Summary {
 		}
 	}
 	sum := Summary{Name: p.name, Mode: p.cfg.Mode, BudgetMilli: p.budget.Limit, UsedMilli: p.budget.Used(),
-		Leases: len(p.leases), Degraded: len(p.degraded), LentMilli: p.lent, Wakes: p.wakes}
+		Leases: len(p.leases), Degraded: len(p.degraded), LentMilli: p.lent, Wakes: p.wakes,
+		Lends: p.lends, GiveBacks: p.givebacks, Cuts: p.cuts}
 	for _, st := range byQ {
 		sum.Quotas = append(sum.Quotas, *st)
 	}

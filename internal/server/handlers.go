@@ -148,6 +148,10 @@ func (c *conn) nap(request uint32, m *slotv1.Release) bool {
 	case m.Outcome != slotv1.InvocationOK:
 		c.srv.metrics.Error(metrics.BadRequest)
 		err = slotv1.Errorf(slotv1.CodeBadRequest, "SLEEP or WAKE with outcome %v, want OK", m.Outcome)
+	case m.Flags&slotv1.ReleaseSleep != 0 && !c.session.sleeps.Allow():
+		c.srv.metrics.Error(metrics.SleepThrottled)
+		err = &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: sleepRetry,
+			Message: fmt.Sprintf("SLEEP at most %d times a second per process: the lease stays awake", SleepRate)}
 	case m.Flags&slotv1.ReleaseSleep != 0:
 		err = c.pool.Sleep(c.session, m.Lease)
 	default:

@@ -27,8 +27,9 @@ type session struct {
 	unwatch func()
 	// usage paces the process's USAGE reports, over all its connections.
 	usage *rate.Limiter
-	// held paces its HELD requests.
-	held *rate.Limiter
+	// held paces its HELD requests, sleeps its SLEEPs.
+	held   *rate.Limiter
+	sleeps *rate.Limiter
 }
 
 // USAGE is one-way, so nothing paces a sender but the agent: past
@@ -51,6 +52,19 @@ const (
 	heldRetry = 1000 / heldRate
 )
 
+// A process's SLEEPs lend at most SleepRate times a second (bursts of
+// SleepBurst); past that they are refused and the lease stays awake. A
+// SLEEP raises the container's degraded leases and its WAKE cuts them
+// again, cgroup writes for one frame: without a bound a process flapping
+// one lease would have the agent rewrite slots as fast as it sends. A WAKE
+// needs no bound: only a lease that slept does anything on WAKE.
+const (
+	SleepRate  = 1000
+	SleepBurst = 1000
+	// sleepRetry is the retry_after_ms of a SLEEP refused for its rate.
+	sleepRetry = max(1, 1000/SleepRate)
+)
+
 // processKey tells processes apart even when a PID is reused.
 type processKey struct {
 	pid       int
@@ -68,7 +82,8 @@ func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 	ss := s.sessions[k]
 	if ss == nil {
 		ss = &session{key: k, conns: map[*conn]struct{}{},
-			usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst)}
+			usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst),
+			sleeps: rate.NewLimiter(SleepRate, SleepBurst)}
 		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 		if pidfd >= 0 && s.watchExits {
 			var err error

@@ -271,6 +271,30 @@ var Dashboards = []Dashboard{
 					Queries:     []Query{{Expr: `sum by (reason) (rate(cpuslot_errors_total{job="$agent_job", node=~"$node"}[$__rate_interval]))`, Legend: "{{reason}}"}},
 				},
 			}},
+			{Title: "Lending", Panels: []Panel{
+				{
+					Kind: TimeSeries, Width: 8, Title: "Quota lent (millicores)", Unit: Short, Stacked: true,
+					Description: "Quota that sleeping leases lend to admission now, per container (admission.lendRatio; zero with lending off). See docs/lending.md.",
+					Queries:     []Query{{Expr: `sum by (container) (cpuslot_lent_millicores{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{container}}"}},
+				},
+				{
+					Kind: TimeSeries, Width: 8, Title: "Lends and give-backs", Unit: OpsPerSec,
+					Description: "Sleeps that lent quota, lent quotas given back (a wake or the sleeper's release), and awake leases cut to give a waker its quota back.",
+					Queries: []Query{
+						{Expr: `sum(rate(cpuslot_lends_total{job="$agent_job", node=~"$node", container=~"$container"}[$__rate_interval]))`, Legend: "lends"},
+						{Expr: `sum(rate(cpuslot_givebacks_total{job="$agent_job", node=~"$node", container=~"$container"}[$__rate_interval]))`, Legend: "give-backs"},
+						{Expr: `sum(rate(cpuslot_lend_cuts_total{job="$agent_job", node=~"$node", container=~"$container"}[$__rate_interval]))`, Legend: "borrowers cut"},
+					},
+				},
+				{
+					Kind: TimeSeries, Width: 8, Title: "Wake to quota", Unit: Seconds,
+					Description: "From a sleeping lease's WAKE to its whole quota back (its borrowers cut): p50 and p99 over the selected agents.",
+					Queries: []Query{
+						{Expr: `histogram_quantile(0.5, sum by (le) (rate(cpuslot_wake_to_quota_seconds_bucket{job="$agent_job", node=~"$node"}[$__rate_interval])))`, Legend: "p50"},
+						{Expr: `histogram_quantile(0.99, sum by (le) (rate(cpuslot_wake_to_quota_seconds_bucket{job="$agent_job", node=~"$node"}[$__rate_interval])))`, Legend: "p99"},
+					},
+				},
+			}},
 		},
 	},
 	{

@@ -18,6 +18,7 @@
 //	slotbench                    # on this machine's hierarchy
 //	slotbench -vm                # in the cgroup v2 VM, without and with favordynmods
 //	slotbench -scale             # one agent, 250 containers x 64 slots (scale.go)
+//	slotbench -lend -rounds 3    # lending off and on, waiting invocations beside CPU-bound ones (lend.go)
 package main
 
 import (
@@ -111,6 +112,17 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write the agent side's CPU profile here")
 	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods")
 	scale := flag.Bool("scale", false, "measure one agent serving many containers instead (see -containers)")
+	lend := flag.Bool("lend", false, "measure lending instead (lend.go): waiting invocations beside CPU-bound ones, lending off and on")
+	var lp lendParams
+	flag.DurationVar(&lp.cpuWork, "lend-cpu", 20*time.Millisecond, "-lend: CPU time of every invocation")
+	flag.IntVar(&lp.segments, "lend-segments", 4, "-lend: compute segments of a waiting invocation, each followed by a wait")
+	lendWaits := flag.String("lend-waits", "25,50,75", "-lend: the share of their time waiting invocations wait, percent")
+	lendOver := flag.String("lend-overcommit", "1,3", "-lend: admission overcommit factors")
+	lendRatios := flag.String("lend-ratios", "0,0.5,1", "-lend: lend ratios (0: lending off, the baseline)")
+	lendLimit := flag.Int("lend-limit", 500, "-lend: the container's CPU limit, millicores")
+	lendQuota := flag.Int("lend-quota", 125, "-lend: every invocation's quota, millicores")
+	flag.DurationVar(&lp.cell, "lend-cell", 6*time.Second, "-lend: measured time per cell and round")
+	lendPeriod := flag.Duration("lend-period", 10*time.Millisecond, "-lend: the slots' CFS period")
 	var sp scaleParams
 	flag.IntVar(&sp.containers, "containers", 250, "-scale: containers served")
 	flag.IntVar(&sp.slots, "slots", 64, "-scale: slots pre-warmed per container")
@@ -132,6 +144,23 @@ func main() {
 	}
 	if *scale {
 		fatal(scaleBench(sp))
+		return
+	}
+	if *lend {
+		lp.limit, lp.quota, lp.rounds = uint32(*lendLimit), uint32(*lendQuota), *rounds
+		lp.periodUS = uint32(lendPeriod.Microseconds())
+		lp.waits = parseList("lend-waits", *lendWaits, 1)
+		lp.overcommit = parseList("lend-overcommit", *lendOver, 1)
+		lp.ratios = parseFloats("lend-ratios", *lendRatios)
+		for _, w := range lp.waits {
+			if w >= 100 {
+				fatal(fmt.Errorf("-lend-waits: %d%% is not below 100", w))
+			}
+		}
+		if lp.ratios[0] != 0 || lp.quota == 0 || lp.limit < lp.quota || lp.segments < 1 {
+			fatal(fmt.Errorf("-lend: want the first ratio 0 (the baseline), a quota of at most the limit, and segments"))
+		}
+		fatal(lendBench(lp))
 		return
 	}
 	p := params{steadyN: *steadyN, sporadicN: *sporadicN, rounds: *rounds, burst: max(1, *burst), share: *share,
@@ -511,18 +540,21 @@ type job struct {
 	Floor [2][]string `json:"floor,omitempty"`
 	// Probe asks whether the client leases locally.
 	Probe bool `json:"probe,omitempty"`
+	// Lend is a -lend cell (lend.go).
+	Lend *lendJob `json:"lend,omitempty"`
 }
 
 type jobResult struct {
-	LatNS    []int64 `json:"lat"`
-	AcqNS    []int64 `json:"acq"`
-	FirstErr string  `json:"firstErr,omitempty"`
-	NoWrite  int     `json:"noWrite"`
-	Total    int     `json:"total"`
-	Errors   int     `json:"errors"`
-	SharePct float64 `json:"sharePct"`
-	Local    bool    `json:"local,omitempty"`
-	Err      string  `json:"err,omitempty"`
+	LatNS    []int64     `json:"lat"`
+	AcqNS    []int64     `json:"acq"`
+	FirstErr string      `json:"firstErr,omitempty"`
+	NoWrite  int         `json:"noWrite"`
+	Total    int         `json:"total"`
+	Errors   int         `json:"errors"`
+	SharePct float64     `json:"sharePct"`
+	Local    bool        `json:"local,omitempty"`
+	Lend     *lendResult `json:"lend,omitempty"`
+	Err      string      `json:"err,omitempty"`
 }
 
 // failed counts an invocation that failed, keeping the first error.
@@ -614,6 +646,9 @@ func clientMain() {
 			}
 			if j.Probe {
 				r.Local = c.Hello().Flags&slotv1.HelloOKLocal != 0
+			} else if j.Lend != nil {
+				lr := lendJobRun(c, *j.Lend)
+				r.Lend = &lr
 			} else if j.Floor[0] != nil {
 				r = floorJob(j)
 			} else if j.Share > 0 {

@@ -1,0 +1,464 @@
+package main
+
+// slotbench -lend: the shape of "Tell me when you are sleepy and what may
+// wake you up!" (SoCC'21) against lending (docs/lending.md). One container
+// with a fixed CPU limit runs invocations that wait on I/O for a share of
+// their time beside CPU-bound ones, admission overcommitted 1:1 or 3:1,
+// with lending off and on. Every invocation asks for the same quota and
+// does the same CPU work; a waiting one does it in segments, each followed
+// by a wait as long as the segment takes at the quota times wait/(1-wait),
+// so its slot idles that share of its quota; with lending it says SLEEP before each wait and
+// WAKE after (client.Lease.Sleep, Wake). Threads run closed loops (acquire,
+// work, release) with twice as many threads as the budget admits at once,
+// so admission decides the throughput; a container, a client process and
+// an agent pool per (overcommit, lend ratio), rounds alternating between
+// the lend ratios.
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/pool"
+)
+
+// lendParams are the -lend flags.
+type lendParams struct {
+	limit      uint32        // the container's CPU limit, millicores
+	quota      uint32        // every invocation's quota
+	cpuWork    time.Duration // CPU time of every invocation
+	segments   int           // compute segments of a waiting invocation
+	waits      []int         // wait shares, percent
+	overcommit []int         // admission overcommit factors
+	ratios     []float64     // lend ratios; 0 is lending off
+	cell       time.Duration // measured time per cell and round
+	rounds     int
+	periodUS   uint32
+}
+
+// lendJob is one cell for the client: closed loops on Threads threads, of
+// which IOThreads wait Wait percent of their time, for Duration.
+type lendJob struct {
+	Threads, IOThreads int
+	Quota              uint32
+	CPUWorkNS          int64
+	Segments           int
+	WaitPct            int
+	DurationNS         int64
+}
+
+// lendResult is what the client measured in one cell.
+type lendResult struct {
+	Completed int
+	ElapsedNS int64
+	CPULatNS  []int64 // CPU-bound invocations, acquire to release
+	IOLatNS   []int64
+	WakeNS    []int64 // WAKE sent to answered (the agent cut the borrowers)
+	// UsedNS is the CPU the invocations' slots used.
+	UsedNS float64
+	// SleepsRefused counts SLEEPs over the agent's rate (the lease stayed
+	// awake).
+	SleepsRefused int
+	Errors        int
+	FirstErr      string
+}
+
+// lendCell accumulates a cell over rounds.
+type lendCell struct {
+	r       lendResult
+	elapsed time.Duration
+	// wakeLe, wakeAgent: the bounds of cpuslot_wake_to_quota_seconds'
+	// buckets and the cumulative counts the cell added.
+	wakeLe, wakeAgent []float64
+	lends, cuts       uint64
+}
+
+func lendContainer(over int, ratio float64) string {
+	return fmt.Sprintf("over%d-lend%s", over, strconv.FormatFloat(ratio, 'f', -1, 64))
+}
+
+func lendBench(p lendParams) error {
+	tb, err := newTestbed("lend")
+	if err != nil {
+		return err
+	}
+	defer tb.close()
+	h := tb.h
+	cfg := tb.config()
+	cfg.LogLevel = "warn"
+	var containers []discover.Container
+	for _, over := range p.overcommit {
+		for _, ratio := range p.ratios {
+			name := lendContainer(over, ratio)
+			rel, err := tb.container(name)
+			if err != nil {
+				return err
+			}
+			if err := h.SetLimit(rel, p.limit); err != nil {
+				return fmt.Errorf("CPU limit of %s: %w", name, err)
+			}
+			pc, err := cfg.Settings()
+			if err != nil {
+				return err
+			}
+			admitted := int(p.limit) * over / int(p.quota)
+			pc.Prewarm = map[uint32]int{p.quota: 2 * admitted}
+			pc.MaxSlots = 2*admitted + 4
+			pc.Overcommit = float64(over)
+			pc.LendRatio = ratio
+			pc.Policy = "queue"
+			pc.PeriodUS = p.periodUS
+			containers = append(containers, discover.Container{Name: name, CgroupPath: rel, Pool: &pc})
+		}
+	}
+	if err := favor(h, tb.root); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	if err := tb.run(a, sourceList(containers)); err != nil {
+		return err
+	}
+	clients := map[string]*benchClient{}
+	for _, c := range containers {
+		bc, err := startClient(h, c.CgroupPath, cfg.Socket, variant{name: c.Name})
+		if err != nil {
+			return fmt.Errorf("client for %s: %w", c.Name, err)
+		}
+		defer bc.close()
+		clients[c.Name] = bc
+	}
+
+	fmt.Printf("slotbench -lend: %s, kernel %s, %d CPUs\n", h, kernelRelease(), runtime.NumCPU())
+	fmt.Printf("one container, CPU limit %dm; every invocation %dm and %v of CPU; waiting ones in %d segments; slot period %v;\n",
+		p.limit, p.quota, p.cpuWork, p.segments, time.Duration(p.periodUS)*time.Microsecond)
+	fmt.Printf("closed loops on twice the threads the budget admits, 3/4 waiting, 1/4 CPU-bound; admission queue; thread leases (no local leasing);\n")
+	fmt.Printf("%d rounds of %v per cell after a warm-up, lend ratios alternating; 0 = lending off\n\n", p.rounds, p.cell)
+
+	cells := map[string]*lendCell{}
+	key := func(wait, over int, ratio float64) string { return fmt.Sprintf("%d/%d/%v", wait, over, ratio) }
+	for _, wait := range p.waits {
+		for _, over := range p.overcommit {
+			admitted := int(p.limit) * over / int(p.quota)
+			threads := 2 * admitted
+			j := lendJob{Threads: threads, IOThreads: threads * 3 / 4, Quota: p.quota, CPUWorkNS: p.cpuWork.Nanoseconds(),
+				Segments: p.segments, WaitPct: wait}
+			for round := -1; round < p.rounds; round++ {
+				for _, ratio := range p.ratios {
+					name := lendContainer(over, ratio)
+					j.DurationNS = p.cell.Nanoseconds()
+					if round < 0 {
+						j.DurationNS = min(p.cell, time.Second).Nanoseconds() // warm-up, not counted
+					}
+					_, before := wakeBuckets(a)
+					sumBefore := summaryOf(a, name)
+					r, err := clients[name].runLend(j)
+					if err != nil {
+						return fmt.Errorf("%s, wait %d%%: %w", name, wait, err)
+					}
+					if round < 0 {
+						continue
+					}
+					le, after := wakeBuckets(a)
+					sumAfter := summaryOf(a, name)
+					k := key(wait, over, ratio)
+					c := cells[k]
+					if c == nil {
+						c = &lendCell{}
+						cells[k] = c
+					}
+					c.wakeLe = le
+					c.add(r, before, after)
+					c.lends += sumAfter.Lends - sumBefore.Lends
+					c.cuts += sumAfter.Cuts - sumBefore.Cuts
+				}
+			}
+		}
+	}
+
+	fmt.Printf("| wait | overcommit | lend ratio | invocations/s | vs off | CPU-bound p50 | CPU-bound p99 | p99 vs off | waiting p50 | WAKE answered p50 / p99 | agent wake-to-quota p50 / p99 | limit used | lends | borrowers cut | queue timeouts, errors |\n")
+	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, wait := range p.waits {
+		for _, over := range p.overcommit {
+			off := cells[key(wait, over, p.ratios[0])]
+			for _, ratio := range p.ratios {
+				c := cells[key(wait, over, ratio)]
+				tput := float64(c.r.Completed) / c.elapsed.Seconds()
+				offTput := float64(off.r.Completed) / off.elapsed.Seconds()
+				sortNS(c.r.CPULatNS)
+				sortNS(c.r.IOLatNS)
+				sortNS(c.r.WakeNS)
+				sortNS(off.r.CPULatNS)
+				wakes := "-"
+				agentWakes := "-"
+				if len(c.r.WakeNS) > 0 {
+					wakes = fmt.Sprintf("%s / %s", ms(pctNS(c.r.WakeNS, .5)), ms(pctNS(c.r.WakeNS, .99)))
+					agentWakes = fmt.Sprintf("<= %s / <= %s", bucketPct(c.wakeLe, c.wakeAgent, .5), bucketPct(c.wakeLe, c.wakeAgent, .99))
+				}
+				errs := strconv.Itoa(c.r.Errors)
+				if c.r.Errors > 0 {
+					errs += " (" + c.r.FirstErr + ")"
+				}
+				if c.r.SleepsRefused > 0 {
+					errs += fmt.Sprintf("; %d SLEEPs refused (rate)", c.r.SleepsRefused)
+				}
+				fmt.Printf("| %d%% | %d:1 | %v | %.1f | %.2fx | %s | %s | %.2fx | %s | %s | %s | %.0f%% | %d | %d | %s |\n",
+					wait, over, ratio, tput, tput/offTput,
+					ms(pctNS(c.r.CPULatNS, .5)), ms(pctNS(c.r.CPULatNS, .99)),
+					float64(pctNS(c.r.CPULatNS, .99))/float64(max(pctNS(off.r.CPULatNS, .99), 1)),
+					ms(pctNS(c.r.IOLatNS, .5)), wakes, agentWakes,
+					100*c.r.UsedNS/(float64(p.limit)/1000*float64(c.elapsed.Nanoseconds())), c.lends, c.cuts, errs)
+			}
+		}
+	}
+	return nil
+}
+
+// favor gives the run's cgroup the largest CPU weight, so that the
+// container's CPU limit binds rather than other work on a loaded machine
+// (the limit still caps what the run takes).
+func favor(h *cgroup.Hierarchy, rel string) error {
+	file, value := "cpu.shares", "262144"
+	if h.Version == 2 {
+		file, value = "cpu.weight", "10000"
+	}
+	return os.WriteFile(filepath.Join(h.CPURoot, rel, file), []byte(value), 0)
+}
+
+func (c *lendCell) add(r *lendResult, before, after []float64) {
+	c.r.Completed += r.Completed
+	c.elapsed += time.Duration(r.ElapsedNS)
+	c.r.CPULatNS = append(c.r.CPULatNS, r.CPULatNS...)
+	c.r.IOLatNS = append(c.r.IOLatNS, r.IOLatNS...)
+	c.r.WakeNS = append(c.r.WakeNS, r.WakeNS...)
+	c.r.UsedNS += r.UsedNS
+	c.r.SleepsRefused += r.SleepsRefused
+	if c.r.Errors == 0 {
+		c.r.FirstErr = r.FirstErr
+	}
+	c.r.Errors += r.Errors
+	if c.wakeAgent == nil {
+		c.wakeAgent = make([]float64, len(after))
+	}
+	for i := range after {
+		c.wakeAgent[i] += after[i] - before[i]
+	}
+}
+
+func ms(ns int64) string { return fmt.Sprintf("%.2f ms", float64(ns)/1e6) }
+
+func summaryOf(a *agent.Agent, name string) pool.Summary {
+	for _, s := range a.Summaries() {
+		if s.Name == name {
+			return s
+		}
+	}
+	return pool.Summary{}
+}
+
+// wakeBuckets reads the bounds and cumulative counts of the agent's
+// cpuslot_wake_to_quota_seconds buckets from its /metrics.
+func wakeBuckets(a *agent.Agent) (le, counts []float64) {
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	sc := bufio.NewScanner(rec.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, `cpuslot_wake_to_quota_seconds_bucket{le="`)
+		if !ok {
+			continue
+		}
+		bound, value, _ := strings.Cut(rest, `"} `)
+		b, err1 := strconv.ParseFloat(bound, 64)
+		v, err2 := strconv.ParseFloat(value, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		le, counts = append(le, b), append(counts, v)
+	}
+	return le, counts
+}
+
+// bucketPct is the upper bound of the bucket holding quantile q of the
+// cumulative counts.
+func bucketPct(le, cum []float64, q float64) string {
+	if len(cum) == 0 || cum[len(cum)-1] == 0 {
+		return "-"
+	}
+	want := q * cum[len(cum)-1]
+	for i, n := range cum {
+		if n >= want {
+			if math.IsInf(le[i], 1) {
+				return "inf"
+			}
+			return ms(int64(le[i] * 1e9))
+		}
+	}
+	return "inf"
+}
+
+func (c *benchClient) runLend(j lendJob) (*lendResult, error) {
+	r, err := c.run(job{Lend: &j})
+	if err != nil {
+		return nil, err
+	}
+	if r.Lend == nil {
+		return nil, fmt.Errorf("no lend result")
+	}
+	return r.Lend, nil
+}
+
+// The client side.
+
+// threadCPU is the calling thread's CPU time.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// burn spins until the calling thread has used d of CPU.
+func burn(d time.Duration) {
+	end := threadCPU() + d
+	x := 1.0
+	for threadCPU() < end {
+		for i := 0; i < 200; i++ {
+			x = x*1.0000001 + 1e-9
+		}
+	}
+	sink = x
+}
+
+var sink float64
+
+func lendJobRun(c *client.Client, j lendJob) lendResult {
+	var mu sync.Mutex
+	var out lendResult
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(time.Duration(j.DurationNS))
+	for t := 0; t < j.Threads; t++ {
+		wg.Add(1)
+		waiting := t < j.IOThreads
+		worker(t) <- func() {
+			defer wg.Done()
+			var r lendResult
+			var begin time.Time // the invocation's first ACQUIRE: a queue timeout's retry is the same invocation
+			for time.Now().Before(deadline) {
+				if begin.IsZero() {
+					begin = time.Now()
+				}
+				l, err := c.Acquire(j.Quota, "bench/lend", "")
+				if err != nil {
+					r.fail(err)
+					continue
+				}
+				if waiting {
+					seg := time.Duration(j.CPUWorkNS) / time.Duration(j.Segments)
+					// What the segment takes at the quota: the slot is idle
+					// WaitPct of the quota's time, as the paper measures.
+					atQuota := float64(seg) * 1000 / float64(j.Quota)
+					wait := time.Duration(atQuota * float64(j.WaitPct) / float64(100-j.WaitPct))
+					for s := 0; s < j.Segments && err == nil; s++ {
+						burn(seg)
+						if err = l.Sleep(); err != nil {
+							var pe *slotv1.Error
+							if !errors.As(err, &pe) || pe.Code != slotv1.CodeRejected {
+								break
+							}
+							err = nil // over the agent's SLEEP rate: the lease stays awake
+							r.SleepsRefused++
+						}
+						time.Sleep(wait)
+						t1 := time.Now()
+						if err = l.Wake(); err != nil {
+							break
+						}
+						if c.Hello().Flags&slotv1.HelloOKLend != 0 {
+							r.WakeNS = append(r.WakeNS, time.Since(t1).Nanoseconds())
+						}
+					}
+				} else {
+					burn(time.Duration(j.CPUWorkNS))
+				}
+				u, rerr := l.Release(slotv1.InvocationOK)
+				if err == nil {
+					err = rerr
+				}
+				if err != nil {
+					r.fail(err)
+					continue
+				}
+				r.UsedNS += float64(u.CPU.Nanoseconds())
+				d := time.Since(begin).Nanoseconds()
+				begin = time.Time{}
+				if waiting {
+					r.IOLatNS = append(r.IOLatNS, d)
+				} else {
+					r.CPULatNS = append(r.CPULatNS, d)
+				}
+				r.Completed++
+			}
+			mu.Lock()
+			out.merge(r)
+			mu.Unlock()
+		}
+	}
+	wg.Wait()
+	out.ElapsedNS = time.Since(start).Nanoseconds()
+	return out
+}
+
+func (r *lendResult) fail(err error) {
+	if r.Errors == 0 {
+		r.FirstErr = err.Error()
+	}
+	r.Errors++
+	time.Sleep(time.Millisecond) // no busy loop against a refusing agent
+}
+
+func (r *lendResult) merge(o lendResult) {
+	r.Completed += o.Completed
+	r.CPULatNS = append(r.CPULatNS, o.CPULatNS...)
+	r.IOLatNS = append(r.IOLatNS, o.IOLatNS...)
+	r.WakeNS = append(r.WakeNS, o.WakeNS...)
+	r.UsedNS += o.UsedNS
+	r.SleepsRefused += o.SleepsRefused
+	if r.Errors == 0 {
+		r.FirstErr = o.FirstErr
+	}
+	r.Errors += o.Errors
+}
+
+// parseFloats parses a comma-separated list of numbers.
+func parseFloats(flagName, s string) []float64 {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v < 0 || v > 1 {
+			fatal(fmt.Errorf("-%s: %q is not a number in [0, 1]", flagName, f))
+		}
+		out = append(out, v)
+	}
+	return out
+}
