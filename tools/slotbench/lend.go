@@ -33,6 +33,7 @@ import (
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
@@ -123,7 +124,7 @@ func lendBench(p lendParams) error {
 			pc.MaxSlots = 2*admitted + 4
 			pc.Overcommit = float64(over)
 			pc.LendRatio = ratio
-			pc.Policy = "queue"
+			pc.Policy = admission.Queue
 			pc.PeriodUS = p.periodUS
 			containers = append(containers, discover.Container{Name: name, CgroupPath: rel, Pool: &pc})
 		}
