@@ -75,11 +75,14 @@ class SlotClientTest {
     void sameThreadSameQuotaIsAnAffinityHitWithoutWriteAndFdsAreCachedPerSlot() throws Exception {
         client = builder().maxConnections(1).build();
         SlotLease a = client.acquire(500, "a", "1");
+        assertTrue(a.active(), a + " " + client.counters());
         a.release(ReleaseOutcome.OK);
         SlotLease b = client.acquire(500, "a", "2");
-        assertEquals("affinity_hit", b.outcome());
-        assertEquals("none", b.place());
-        assertEquals("0", agent.slotContent(b.slot()), "NONE: no second write");
+        // what happened, for a failure under load: the client's events and what the agent got
+        java.util.function.Supplier<String> why = () -> a + " then " + b + "; client " + client.counters() + "; agent got " + agent.received;
+        assertEquals("affinity_hit", b.outcome(), why);
+        assertEquals("none", b.place(), why);
+        assertEquals("0", agent.slotContent(b.slot()), () -> "NONE: no second write; " + why.get());
         b.release(ReleaseOutcome.OK);
         // another thread gets the same slot: nfds=0 on this connection, the cached fd is used
         AtomicReference<SlotLease> other = new AtomicReference<>();
@@ -89,10 +92,10 @@ class SlotClientTest {
         assertEquals("self", other.get().place());
         assertEquals("00", agent.slotContent(other.get().slot()));
         other.get().release(ReleaseOutcome.OK);
-        assertEquals(1, client.counter("fds.received"), "fds arrived once and were reused");
+        assertEquals(1, client.counter("fds.received"), () -> "fds arrived once and were reused; " + why.get());
         List<Long> sentCurrent = agent.received.stream().filter(m -> m instanceof Protocol.Acquire)
                 .map(m -> ((Protocol.Acquire) m).currentSlot()).toList();
-        assertEquals(List.of(0L, a.slot(), 0L), sentCurrent, "current_slot: none, then the slot, then none for a new thread");
+        assertEquals(List.of(0L, a.slot(), 0L), sentCurrent, () -> "current_slot: none, then the slot, then none for a new thread; " + why.get());
     }
 
     @Test
