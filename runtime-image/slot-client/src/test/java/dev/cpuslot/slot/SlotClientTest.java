@@ -73,7 +73,11 @@ class SlotClientTest {
 
     @Test
     void sameThreadSameQuotaIsAnAffinityHitWithoutWriteAndFdsAreCachedPerSlot() throws Exception {
-        client = builder().maxConnections(1).build();
+        // budgets far above any stall of a loaded machine: with the class's 500 ms budget and the
+        // 1 s release timeout, a fake agent thread stalled that long makes the client fail open or
+        // drop the connection (new connection: fds sent again), and the affinity checks then fail
+        // for the right reasons. This is a logic test, not a timing one.
+        client = builder().maxConnections(1).acquireBudget(Duration.ofSeconds(30)).releaseTimeout(Duration.ofSeconds(30)).build();
         SlotLease a = client.acquire(500, "a", "1");
         assertTrue(a.active(), a + " " + client.counters());
         a.release(ReleaseOutcome.OK);
