@@ -140,8 +140,11 @@ class SlotClientTest {
 
     @Test
     void acquireNeverBlocksLongerThanTheBudgetAndALateLeaseIsReleased() throws Exception {
-        client = builder().acquireBudget(Duration.ofMillis(50)).build();
-        client.acquire(100, "warm", "w").release(ReleaseOutcome.OK); // connection up
+        // one connection and no monitor probing it: the slow ACQUIRE below must go out on it (with
+        // the 20 ms monitor a probe could hold the connection past the budget on a loaded machine,
+        // a new connection's HELLO then used it up, and no ACQUIRE went out to be drained)
+        client = builder().acquireBudget(Duration.ofMillis(50)).maxConnections(1).monitorInterval(Duration.ofHours(1)).build();
+        assertTrue(client.warmUp(Duration.ofSeconds(30)), "connection up: " + client.counters()); // no 50 ms budget for that
         // the answer comes 40 budgets late: an acquire that returns before half of that did not
         // wait for it (no tighter wall-clock bound: a loaded machine stretches any of them)
         agent.acquireDelayMs = 2000;
@@ -155,7 +158,8 @@ class SlotClientTest {
         long until = System.nanoTime() + 10_000_000_000L;
         while (agent.received.stream().noneMatch(m -> m instanceof Protocol.Release r && r.outcome() == Protocol.RELEASE_TIMEOUT)
                 && System.nanoTime() < until) Thread.sleep(10);
-        assertTrue(agent.received.stream().anyMatch(m -> m instanceof Protocol.Release r && r.outcome() == Protocol.RELEASE_TIMEOUT));
+        assertTrue(agent.received.stream().anyMatch(m -> m instanceof Protocol.Release r && r.outcome() == Protocol.RELEASE_TIMEOUT),
+                () -> "no RELEASE with TIMEOUT; client " + client.counters() + "; agent got " + agent.received);
         assertEquals(1, client.counter("drain.released"));
         agent.acquireDelayMs = 0;
         SlotLease ok = client.acquire(100, "after", "a");
