@@ -65,6 +65,7 @@ func (f knFn) invoke(ctx context.Context, url, rev, id string, ms int, hdr map[s
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Knative-Serving-Namespace", knNS)
 	req.Header.Set("Knative-Serving-Revision", rev)
+	req.Header.Set("X-Cpuslot-Usage", "reply") // the invocation's CPU in the answer (X-Cpuslot-Cpu-Ns)
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}

@@ -5,8 +5,9 @@
 #   "with slots":  a runtime JVM in /cpuslot-bench/slots, served by the node agent, with the
 #                  runtime's defaults (local leasing); every invocation runs in a 1-core slot
 #                  (OpenWhisk /init env CPUSLOT_QUOTA=1): the process holds its slots (HOLD
-#                  leases) and each invocation claims one from its own table, reads the slot's
-#                  counters and sends nothing (usage goes out batched, off the invocation path).
+#                  leases) and each invocation claims one from its own table and sends nothing;
+#                  the worker reads the slot's counters after the answer (the requests do not ask
+#                  for their usage: no X-Cpuslot-Usage header) and usage goes out batched.
 #   "slots, linger": the per-invocation path (CPUSLOT_LOCAL=false) with its lingering
 #                  (CPUSLOT_LINGER=100ms): the worker keeps its lease between invocations.
 #   "slots, no linger": CPUSLOT_LOCAL=false CPUSLOT_LINGER=0: ACQUIRE (affinity hit: no cgroup

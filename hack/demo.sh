@@ -232,7 +232,8 @@ register() { # register PORT NAME CLASS [QUOTA]: Hydra /register of a sample Jav
 }
 
 invoke() { # invoke PORT NAME ARGS_JSON OUT_PREFIX: headers to OUT.h, body to OUT.b
-	curl -sS -o "$4.b" -D "$4.h" -X POST "http://127.0.0.1:$1/" \
+	# X-Cpuslot-Usage: reply asks for the invocation's CPU in the answer (X-Cpuslot-Cpu-Ns)
+	curl -sS -o "$4.b" -D "$4.h" -X POST "http://127.0.0.1:$1/" -H 'X-Cpuslot-Usage: reply' \
 		-d "{\"name\":\"$2\",\"arguments\":\"$(printf '%s' "$3" | sed 's/"/\\"/g')\"}"
 }
 

@@ -22,7 +22,8 @@ func SamplesJar(repo string) (string, error) {
 
 // ActivationShare is the share of a CPU one activation of the samples'
 // CPU-bound action had: the CPU time the runtime reports in its
-// X-Cpuslot-Cpu-Ns header over the wall time in the reply's wall_ms.
+// X-Cpuslot-Cpu-Ns header over the wall time in the reply's wall_ms. The runtime
+// sends that header only to a request that asks for it (X-Cpuslot-Usage: reply).
 func ActivationShare(h http.Header, body []byte) (share float64, wall time.Duration, err error) {
 	cpu, err := strconv.ParseInt(h.Get("X-Cpuslot-Cpu-Ns"), 10, 64)
 	if err != nil {

@@ -448,7 +448,8 @@ func guestPosts(t *testing.T, ctx context.Context, n *Node, reqs []guestReq) []g
 			data = fmt.Sprintf("$d/req%d", i)
 			fmt.Fprintf(&script, "cat > %s <<'EOF'\n%s\nEOF\n", data, r.body)
 		}
-		fmt.Fprintf(&script, "curl -sS -m 300 -D $d/h%d -o $d/b%d -H 'Content-Type: application/json'", i, i)
+		// X-Cpuslot-Usage: the invocation's CPU in the answer (X-Cpuslot-Cpu-Ns)
+		fmt.Fprintf(&script, "curl -sS -m 300 -D $d/h%d -o $d/b%d -H 'Content-Type: application/json' -H 'X-Cpuslot-Usage: reply'", i, i)
 		for _, h := range r.headers {
 			fmt.Fprintf(&script, " -H '%s'", h)
 		}

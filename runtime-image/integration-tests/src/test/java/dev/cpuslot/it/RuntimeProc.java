@@ -114,9 +114,15 @@ final class RuntimeProc implements AutoCloseable {
         if (r.statusCode() != 200) throw new IllegalStateException("register " + name + ": " + r.statusCode() + " " + r.body());
     }
 
+    /**
+     * Request header that asks for the invocation's CPU usage in its answer (X-Cpuslot-Cpu-Ns,
+     * X-Cpuslot-Throttled-Ns): the tests' requests send it unless they say otherwise.
+     */
+    static final String USAGE_HEADER = "X-Cpuslot-Usage";
+
     /** POST of a JSON body to a path (OpenWhisk /init, /run). */
     Reply post(String path, String json) throws IOException, InterruptedException {
-        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(base() + path))
+        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(base() + path)).header(USAGE_HEADER, "reply")
                 .POST(HttpRequest.BodyPublishers.ofString(json)).timeout(Duration.ofSeconds(120)).build(),
                 HttpResponse.BodyHandlers.ofString());
         Map<String, String> h = new HashMap<>();
@@ -126,10 +132,15 @@ final class RuntimeProc implements AutoCloseable {
 
     /** Hydra invoke: POST / {"name", "arguments": "<JSON string>"}. */
     Reply invoke(String name, String argumentsJson) throws IOException, InterruptedException {
+        return invoke(name, argumentsJson, true);
+    }
+
+    /** Hydra invoke; {@code askUsage} false: the answer carries no usage (read after the reply). */
+    Reply invoke(String name, String argumentsJson, boolean askUsage) throws IOException, InterruptedException {
         JsonObject req = new JsonObject();
         req.addProperty("name", name);
         req.addProperty("arguments", argumentsJson);
-        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(base() + "/"))
+        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create(base() + "/")).header(USAGE_HEADER, askUsage ? "reply" : "no")
                 .POST(HttpRequest.BodyPublishers.ofString(req.toString())).timeout(Duration.ofSeconds(120)).build(),
                 HttpResponse.BodyHandlers.ofString());
         Map<String, String> h = new HashMap<>();

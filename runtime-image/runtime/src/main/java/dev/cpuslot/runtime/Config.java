@@ -23,6 +23,7 @@ public record Config(
         String apiHost,               // __OW_API_HOST
         String language,              // force the language of OpenWhisk/Knative /init code
         boolean reportInBody,         // Hydra/Knative: add "cpuslot" usage to the reply
+        boolean usageInReply,         // every answer carries its CPU usage (counters read before the reply)
         long lingerMs,                // keep a worker's lease between invocations (0 = off)
         boolean warmup,               // get the slot client ready at init/register (and at start)
         long warmupWaitMs,            // how long /init (/register) waits for the slot client's warm-up
@@ -45,6 +46,12 @@ public record Config(
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
+    /**
+     * Request header: {@code reply} asks for the invocation's CPU usage in its answer
+     * ({@code X-Cpuslot-Cpu-Ns}, {@code X-Cpuslot-Throttled-Ns}); the slot's counters are then read
+     * before the reply instead of after it.
+     */
+    public static final String USAGE_HEADER = "X-Cpuslot-Usage";
     public static final String INIT_QUOTA_ENV = "CPUSLOT_QUOTA";
     /** Per action (/init env): most sandboxes this action may use, at most the runtime's bound. */
     public static final String INIT_SANDBOXES_ENV = "CPUSLOT_SANDBOXES";
@@ -72,6 +79,7 @@ public record Config(
                 blankToNull(env.get("__OW_API_HOST")),
                 blankToNull(env.get("CPUSLOT_LANGUAGE")),
                 bool(env, "CPUSLOT_REPORT_IN_BODY", false),
+                bool(env, "CPUSLOT_USAGE_IN_REPLY", false),
                 durationMs(env, "CPUSLOT_LINGER", 100),
                 bool(env, "CPUSLOT_WARMUP", true),
                 Math.max(0, durationMs(env, "CPUSLOT_WARMUP_WAIT", 1000)),

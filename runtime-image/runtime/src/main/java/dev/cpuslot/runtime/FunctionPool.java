@@ -29,15 +29,33 @@ import java.util.concurrent.atomic.AtomicLong;
  * counted as abandoned, until it returns).
  */
 public final class FunctionPool implements AutoCloseable {
-    /** What the caller gets back. */
+    /**
+     * What the caller gets back. {@code usageLater} null: {@code usage} is the invocation's final
+     * figure. Otherwise the slot's counters are read after the caller has its answer (the task did
+     * not ask for its usage in the reply): {@code usage} is {@link Usage#NONE} and
+     * {@code usageLater} completes with the measured usage once the worker has read them.
+     */
     public record Outcome(JsonElement result, String error, boolean timedOut, SlotLease lease, Usage usage,
-                          long runNanos) {}
+                          long runNanos, CompletableFuture<Usage> usageLater) {
+        public Outcome(JsonElement result, String error, boolean timedOut, SlotLease lease, Usage usage, long runNanos) {
+            this(result, error, timedOut, lease, usage, runNanos, null);
+        }
+    }
 
-    /** One invocation handed to a worker; {@code hop}: its place in a chain (null: no chain calls). */
+    /**
+     * One invocation handed to a worker; {@code hop}: its place in a chain (null: no chain calls);
+     * {@code usageInReply}: the caller needs the invocation's usage in its {@link Outcome} (read
+     * before the outcome is handed back); false: the counters are read after (see
+     * {@link Outcome#usageLater()}).
+     */
     public record Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
-                       LocalBus.Hop hop) {
+                       LocalBus.Hop hop, boolean usageInReply) {
         public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId) {
-            this(args, env, quotaMilli, action, activationId, null);
+            this(args, env, quotaMilli, action, activationId, null, true);
+        }
+        public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
+                    LocalBus.Hop hop) {
+            this(args, env, quotaMilli, action, activationId, hop, true);
         }
     }
 
@@ -279,24 +297,48 @@ public final class FunctionPool implements AutoCloseable {
                 long ran = System.nanoTime() - t0;
                 if (j.claimed.compareAndSet(false, true)) {
                     ReleaseOutcome outcome = error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED;
-                    long r0 = System.nanoTime();
-                    // Usage from the slot's counters now; the one-way RELEASE goes out after the
-                    // caller has its answer (this thread sends it before it takes another job).
-                    // A slot from the process's own table (local leasing) is given back at once:
-                    // one store, and the next job (on any worker) finds it free.
-                    boolean local = lease != null && lease.local();
-                    Usage u = lease == null ? Usage.NONE : local ? lease.release(outcome) : lease.stop();
-                    boolean releaseLater = !local && u.measured();
-                    if (lease != null && !local && !releaseLater) u = lease.release(outcome);
-                    if (lease != null) releaseSeconds.add((System.nanoTime() - r0) / 1e9);
+                    Usage u = Usage.NONE;
+                    CompletableFuture<Usage> later = null;
+                    boolean releaseLater = false;
+                    if (lease != null && lease.active() && !t.usageInReply()) {
+                        // The reply first: the slot's counters are read, the slot given back and
+                        // the usage reported after the caller has its answer (below), off the
+                        // invocation's critical path. The lease stays this worker's until then.
+                        later = new CompletableFuture<>();
+                        releaseLater = true;
+                    } else if (lease != null) {
+                        long r0 = System.nanoTime();
+                        // Usage from the slot's counters now; the one-way RELEASE goes out after the
+                        // caller has its answer (this thread sends it before it takes another job).
+                        // A slot from the process's own table (local leasing) is given back at once:
+                        // one store, and the next job (on any worker) finds it free.
+                        boolean local = lease.local();
+                        u = local ? lease.release(outcome) : lease.stop();
+                        releaseLater = !local && u.measured();
+                        if (!local && !releaseLater) u = lease.release(outcome);
+                        releaseSeconds.add((System.nanoTime() - r0) / 1e9);
+                    }
                     Thread.interrupted(); // clear a stray interrupt before going back to the pool
                     boolean reuse = !sandbox_poisoned() && !closed;
                     busy.decrementAndGet();
+                    // back in the pool before the answer: a job handed to this worker meanwhile
+                    // waits in the inbox until the release below is done
                     if (reuse) idle.addFirst(this);
                     else retired = true;
                     permits.release();
-                    j.result.complete(new Outcome(result, error, false, lease, u, ran));
-                    if (releaseLater) lease.release(outcome);
+                    j.result.complete(new Outcome(result, error, false, lease, u, ran, later));
+                    if (later != null) {
+                        long r0 = System.nanoTime();
+                        Usage measured = Usage.NONE;
+                        try {
+                            measured = lease.release(outcome);
+                        } finally {
+                            releaseSeconds.add((System.nanoTime() - r0) / 1e9);
+                            later.complete(measured);
+                        }
+                    } else if (releaseLater) {
+                        lease.release(outcome);
+                    }
                 } else {
                     busy.decrementAndGet();
                     retired = true; // caller gave up on us: this sandbox is cancelled

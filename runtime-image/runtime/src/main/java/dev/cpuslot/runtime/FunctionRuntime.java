@@ -35,7 +35,12 @@ public final class FunctionRuntime implements AutoCloseable {
     static final String OW_ACTION = "__ow_action";
 
     /** An HTTP-agnostic reply. */
-    public record Reply(int status, JsonElement body, Map<String, String> headers) {
+    /**
+     * An HTTP-agnostic reply. {@code after}: work for after the reply is sent (the activation's
+     * log line and usage metrics), or null.
+     */
+    public record Reply(int status, JsonElement body, Map<String, String> headers, Runnable after) {
+        public Reply(int status, JsonElement body, Map<String, String> headers) { this(status, body, headers, null); }
         static Reply ok(JsonElement b) { return new Reply(200, b, Map.of()); }
         static Reply error(int status, String msg) {
             JsonObject o = new JsonObject();
@@ -270,7 +275,10 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** OpenWhisk {@code POST /run}. */
-    public Reply owRun(JsonObject body, String quotaHeader, String platform) {
+    public Reply owRun(JsonObject body, String quotaHeader, String platform) { return owRun(body, quotaHeader, platform, false); }
+
+    /** @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER}) */
+    public Reply owRun(JsonObject body, String quotaHeader, String platform, boolean usageAsked) {
         FunctionPool p = owPool;
         if (p == null) {
             sentinels();
@@ -279,7 +287,7 @@ public final class FunctionRuntime implements AutoCloseable {
         JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
         JsonObject activation = new JsonObject();
         for (Map.Entry<String, JsonElement> e : body.entrySet()) if (!e.getKey().equals("value")) activation.add(e.getKey(), e.getValue());
-        if (owConcurrent) return run(p, activation, value, quotaHeader, platform, true, false);
+        if (owConcurrent) return run(p, activation, value, quotaHeader, platform, true, false, usageAsked, null);
         // one activation at a time, as OpenWhisk's runtimes without __OW_ALLOW_CONCURRENT
         if (!owRunning.compareAndSet(false, true)) {
             metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "not_concurrent"));
@@ -288,14 +296,17 @@ public final class FunctionRuntime implements AutoCloseable {
             return Reply.error(403, "System not ready, status is running.");
         }
         try {
-            return run(p, activation, value, quotaHeader, platform, true, false);
+            return run(p, activation, value, quotaHeader, platform, true, false, usageAsked, null);
         } finally {
             owRunning.set(false);
         }
     }
 
     /** Knative single entrypoint {@code POST /}: {@code init}, {@code activation}+{@code value}, or both. */
-    public Reply knative(JsonObject body, String quotaHeader) {
+    public Reply knative(JsonObject body, String quotaHeader) { return knative(body, quotaHeader, false); }
+
+    /** @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER}) */
+    public Reply knative(JsonObject body, String quotaHeader, boolean usageAsked) {
         if (body.has("init")) {
             boolean run = body.has("activation") || body.has("value");
             Reply r;
@@ -331,7 +342,7 @@ public final class FunctionRuntime implements AutoCloseable {
         }
         JsonObject activation = body.has("activation") && body.get("activation").isJsonObject() ? body.getAsJsonObject("activation") : new JsonObject();
         JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
-        return run(p, activation, value, quotaHeader, "knative", true, false);
+        return run(p, activation, value, quotaHeader, "knative", true, false, usageAsked, null);
     }
 
     /** Same function: code, binary, main and env of an init value (the name is not compared). */
@@ -406,7 +417,10 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** Hydra invoke: {@code {"name", "arguments": "<JSON string>"}} -> {@code {"result", "process time (us)"}}. */
-    public Reply hydraInvoke(JsonObject body, String quotaHeader, boolean report) {
+    public Reply hydraInvoke(JsonObject body, String quotaHeader, boolean report) { return hydraInvoke(body, quotaHeader, report, false); }
+
+    /** @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER}) */
+    public Reply hydraInvoke(JsonObject body, String quotaHeader, boolean report, boolean usageAsked) {
         String name = body.get("name").isJsonPrimitive() ? body.get("name").getAsString() : null;
         LocalBus.Hosted h = name == null ? null : hydra.get(name);
         FunctionPool p = h == null ? null : h.pool();
@@ -427,7 +441,8 @@ public final class FunctionRuntime implements AutoCloseable {
         if (args == null || args.isJsonNull()) args = new JsonObject();
         JsonObject activation = new JsonObject();
         activation.addProperty("action_name", name);
-        return run(p, activation, args, quotaHeader, "hydra", false, report || cfg.reportInBody(), h);
+        return run(p, activation, args, quotaHeader, "hydra", false, report || cfg.reportInBody(),
+                usageAsked || report || cfg.reportInBody(), h);
     }
 
     // ---- tenancy ------------------------------------------------------------------------------
@@ -454,14 +469,13 @@ public final class FunctionRuntime implements AutoCloseable {
 
     // ---- running ------------------------------------------------------------------------------
 
+    /**
+     * @param usageAsked the answer must carry the invocation's CPU usage: the slot's counters are
+     *                   read before the reply (else after it, off the invocation's critical path)
+     * @param hosted a Hydra function (its owner and time limit), else null
+     */
     private Reply run(FunctionPool p, JsonObject activation, JsonElement value, String quotaHeader, String platform,
-                      boolean sentinels, boolean reportInBody) {
-        return run(p, activation, value, quotaHeader, platform, sentinels, reportInBody, null);
-    }
-
-    /** @param hosted a Hydra function (its owner and time limit), else null */
-    private Reply run(FunctionPool p, JsonObject activation, JsonElement value, String quotaHeader, String platform,
-                      boolean sentinels, boolean reportInBody, LocalBus.Hosted hosted) {
+                      boolean sentinels, boolean reportInBody, boolean usageAsked, LocalBus.Hosted hosted) {
         long t0 = System.nanoTime();
         Function fn = p.function();
         JsonElement ns = activation.get("namespace");
@@ -513,7 +527,8 @@ public final class FunctionRuntime implements AutoCloseable {
         String hopOwner = hosted != null ? hosted.owner() : ns != null && ns.isJsonPrimitive() ? ns.getAsString().trim() : "";
         LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline);
         try {
-            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop), deadline);
+            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop,
+                    usageAsked || cfg.usageInReply()), deadline);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
             return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error");
@@ -560,31 +575,44 @@ public final class FunctionRuntime implements AutoCloseable {
         if (u != null && u.measured()) {
             headers.put("X-Cpuslot-Cpu-Ns", Long.toString(u.cpuNanos()));
             headers.put("X-Cpuslot-Throttled-Ns", Long.toString(u.throttledNanos()));
-            metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), u.cpuNanos() / 1e9);
-            metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), u.throttledNanos() / 1e9);
         }
         int hops = hop.trace.count();
         if (hops > 0) {
-            // the synchronous hops below this activation: each hop's CPU, and the chain's (this one's included)
+            // the synchronous hops below this activation: each hop's CPU, and the chain's (this one's
+            // included; not sent when this one's is read after the reply)
             headers.put("X-Cpuslot-Chain-Hops", Integer.toString(hops));
             headers.put("X-Cpuslot-Chain", hop.trace.listed());
-            if (hop.trace.measured() || (u != null && u.measured()))
+            if (o.usageLater() == null && (hop.trace.measured() || (u != null && u.measured())))
                 headers.put("X-Cpuslot-Chain-Cpu-Ns", Long.toString(hop.trace.cpuNanos() + (u != null && u.measured() ? u.cpuNanos() : 0)));
         }
         String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
         metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", slotOutcome));
-        // the activation's log line: what the slot gave and what it used
-        Log.activation("cpuslot: activation=" + activationId + " action=" + action + " status=" + status
-                + " quota=" + q.milli() + "m source=" + q.source() + (q.capped() ? " capped" : "")
-                + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()
-                        + (l.reused() ? " reused" : "") + (l.local() ? " local" : "") : "none")
-                + (l != null && !l.active() ? " noslot=" + l.reason() : "")
-                + (u != null && u.measured() ? " cpu_ms=" + ms(u.cpuNanos()) + " throttled_ms=" + ms(u.throttledNanos())
-                + " periods=" + u.periods() + " throttled_periods=" + u.throttledPeriods() : "")
-                + (hops > 0 ? " chain_hops=" + hops : "")
-                + (hops > 0 && headers.containsKey("X-Cpuslot-Chain-Cpu-Ns") ? " chain_cpu_ms=" + ms(Long.parseLong(headers.get("X-Cpuslot-Chain-Cpu-Ns"))) : "")
-                + " duration_ms=" + ms(System.nanoTime() - t0));
-        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers), sentinels, status);
+        long duration = System.nanoTime() - t0;
+        String act = activationId, st = status;
+        Quota.Resolved qq = q;
+        // after the reply: the usage metrics and the activation's log line (what the slot gave and
+        // what it used), once the usage is known (the worker may read the counters after the reply)
+        java.util.function.Consumer<Usage> record = used -> {
+            boolean m = used != null && used.measured();
+            if (m) {
+                metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), used.cpuNanos() / 1e9);
+                metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), used.throttledNanos() / 1e9);
+            }
+            Log.activation("cpuslot: activation=" + act + " action=" + action + " status=" + st
+                    + " quota=" + qq.milli() + "m source=" + qq.source() + (qq.capped() ? " capped" : "")
+                    + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()
+                            + (l.reused() ? " reused" : "") + (l.local() ? " local" : "") : "none")
+                    + (l != null && !l.active() ? " noslot=" + l.reason() : "")
+                    + (m ? " cpu_ms=" + ms(used.cpuNanos()) + " throttled_ms=" + ms(used.throttledNanos())
+                    + " periods=" + used.periods() + " throttled_periods=" + used.throttledPeriods() : "")
+                    + (hops > 0 ? " chain_hops=" + hops : "")
+                    + (hops > 0 && (hop.trace.measured() || m) ? " chain_cpu_ms=" + ms(hop.trace.cpuNanos() + (m ? used.cpuNanos() : 0)) : "")
+                    + " duration_ms=" + ms(duration));
+        };
+        java.util.concurrent.CompletableFuture<Usage> later = o.usageLater();
+        Runnable after = later == null ? () -> record.accept(u) : () -> later.thenAccept(record);
+        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers, after), sentinels, status);
+
     }
 
     /**

@@ -76,9 +76,10 @@ public final class HttpFront implements AutoCloseable {
                 r = FunctionRuntime.Reply.error(413, "request body larger than " + MAX_BODY + " bytes");
             } else {
                 String quotaHeader = ex.getRequestHeaders().getFirst(Config.QUOTA_HEADER);
+                boolean usage = "reply".equalsIgnoreCase(ex.getRequestHeaders().getFirst(Config.USAGE_HEADER));
                 switch (path) {
                     case "/init" -> r = withJson(raw, o -> rt.owInit(o));
-                    case "/run" -> r = withJson(raw, o -> rt.owRun(o, quotaHeader, "openwhisk"));
+                    case "/run" -> r = withJson(raw, o -> rt.owRun(o, quotaHeader, "openwhisk", usage));
                     case "/register" -> r = rt.hydraRegister(query(ex), raw);
                     case "/deregister" -> r = rt.hydraDeregister(query(ex).get("name"));
                     case "/warmup" -> {
@@ -94,14 +95,18 @@ public final class HttpFront implements AutoCloseable {
                         } else {
                             boolean report = "body".equalsIgnoreCase(ex.getRequestHeaders().getFirst("X-Cpuslot-Report"));
                             r = withJson(raw, o -> o.has("name") && o.has("arguments")
-                                    ? rt.hydraInvoke(o, quotaHeader, report)
-                                    : rt.knative(o, quotaHeader));
+                                    ? rt.hydraInvoke(o, quotaHeader, report, usage)
+                                    : rt.knative(o, quotaHeader, usage));
                         }
                     }
                     default -> r = FunctionRuntime.Reply.error(404, "no such endpoint: " + path);
                 }
             }
-            send(ex, r);
+            try {
+                send(ex, r);
+            } finally {
+                after(r); // the caller has its answer (or is gone)
+            }
         } catch (RuntimeException e) {
             Log.stackTrace("request failed: " + e, e);
             send(ex, FunctionRuntime.Reply.error(500, "internal error: " + e));
@@ -144,6 +149,16 @@ public final class HttpFront implements AutoCloseable {
             m.put(k, v);
         }
         return m;
+    }
+
+    /** The reply's work for after it is sent (the activation's log line and usage metrics). */
+    private static void after(FunctionRuntime.Reply r) {
+        if (r.after() == null) return;
+        try {
+            r.after().run();
+        } catch (RuntimeException e) {
+            Log.stackTrace("after the reply: " + e, e);
+        }
     }
 
     private static void send(HttpExchange ex, FunctionRuntime.Reply r) throws IOException {

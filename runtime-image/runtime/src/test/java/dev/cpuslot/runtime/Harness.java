@@ -56,6 +56,17 @@ final class Harness implements AutoCloseable {
     String stderr() { synchronized (errBytes) { return errBytes.toString(StandardCharsets.UTF_8); } }
     String log() { synchronized (logBytes) { return logBytes.toString(StandardCharsets.UTF_8); } }
 
+    /**
+     * The runtime's log once it contains {@code needle}: an activation's line is written after its
+     * reply is sent. Gives up after 30 s (a hang, not a timing bound) and returns the log as it is.
+     */
+    String awaitLog(String needle) throws InterruptedException {
+        long until = System.nanoTime() + 30_000_000_000L;
+        String l;
+        while (!(l = log()).contains(needle) && System.nanoTime() < until) Thread.sleep(5);
+        return l;
+    }
+
     record Resp(int status, JsonElement json, String raw, HttpResponse<String> http) {
         JsonObject obj() { return json.getAsJsonObject(); }
         String header(String h) { return http.headers().firstValue(h).orElse(null); }

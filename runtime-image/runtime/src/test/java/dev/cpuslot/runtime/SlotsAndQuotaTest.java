@@ -36,7 +36,7 @@ class SlotsAndQuotaTest {
             JsonObject init = json(initJava("testfns.Echo"));
             init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
             assertEquals(200, h.post("/init", init.toString()).status());
-            Resp r = h.post("/run", run(json("{\"x\":1}"), Map.of("activation_id", "act-42", "action_name", "/guest/echo")));
+            Resp r = h.post("/run", run(json("{\"x\":1}"), Map.of("activation_id", "act-42", "action_name", "/guest/echo")), USAGE);
             assertEquals(200, r.status(), r.raw());
             assertEquals(json("{\"x\":1}"), r.json(), "the result is untouched");
             assertEquals("300", r.header("X-Cpuslot-Quota-Milli"));
@@ -50,17 +50,86 @@ class SlotsAndQuotaTest {
             assertEquals("/guest/echo", a.action());
             assertEquals("act-42", a.invocation());
             assertEquals(1, agent.count(Protocol.Release.class));
-            assertTrue(h.log().contains("cpuslot: activation=act-42 action=/guest/echo status=ok quota=300m source=init slot=" + slot
-                    + " outcome=created place=self cpu_ms="), h.log());
+            String line = "cpuslot: activation=act-42 action=/guest/echo status=ok quota=300m source=init slot=" + slot
+                    + " outcome=created place=self cpu_ms=";
+            assertTrue(h.awaitLog(line).contains(line), h.log());
             assertFalse(h.stdout().contains("cpuslot:"), "the runtime's line is not in the tenant's stdout: " + h.stdout());
             // same worker, same quota: affinity, no second write
-            Resp r2 = h.post("/run", run(json("{}")));
+            Resp r2 = h.post("/run", run(json("{}"), Map.of("activation_id", "act-43")), USAGE);
             assertEquals("affinity_hit", r2.header("X-Cpuslot-Outcome"));
             assertEquals("0", agent.slotContent(slot));
+            h.awaitLog("activation=act-43 "); // written after the reply, after the usage metrics
             String m = h.metrics();
             assertTrue(m.contains("cpuslot_slot_outcomes_total{outcome=\"affinity_hit\"} 1"), m);
             assertTrue(m.contains("cpuslot_slot_client_events_total{event=\"release.ok\"} 2"), m);
             assertTrue(m.contains("cpuslot_slot_cpu_seconds_total{function=\"__ow_action\"}"), m);
+        }
+    }
+
+    /** Asks for the invocation's usage in the answer (read before the reply). */
+    static final Map<String, String> USAGE = Map.of("X-Cpuslot-Usage", "reply");
+
+    @Test
+    void withLocalLeasingTheAnswerCarriesNoUsageUnlessAskedAndTheLogAndTheAgentStillGetIt() throws Exception {
+        try (FakeAgent agent = new FakeAgent(dir).start()) {
+            agent.statFds = 2; // v1: cpu.stat and cpuacct.usage
+            agent.grantsLocal = true;
+            SlotClient c = SlotClient.builder().socket(agent.socket.toString()).acquireBudget(Duration.ofMillis(500)).build();
+            try (Harness h = new Harness(Map.of("CPUSLOT_ANNOTATION_LOOKUP", "false"), c)) {
+                JsonObject init = json(initJava("testfns.Echo"));
+                init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
+                assertEquals(200, h.post("/init", init.toString()).status());
+                Resp first = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "u0")));
+                assertEquals(200, first.status(), first.raw());
+                long slot = Long.parseLong(first.header("X-Cpuslot-Slot"));
+                agent.setCounters(slot, 5_000_000, 0, 1, 0); // what the slot used so far, as the kernel shows it
+                for (int i = 1; i <= 5; i++) {
+                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "u" + i)));
+                    assertEquals(200, r.status(), r.raw());
+                    assertEquals("true", r.header("X-Cpuslot-Local"), r.raw());
+                    assertNull(r.header("X-Cpuslot-Cpu-Ns"), "the reply went out before the counters were read: " + r.http().headers());
+                    assertNull(r.header("X-Cpuslot-Throttled-Ns"), r.http().headers().toString());
+                }
+                // the activation line still has the invocation's own usage, read after the reply
+                String log = h.awaitLog("activation=u5 ");
+                assertTrue(log.lines().anyMatch(l -> l.contains("activation=u5 ") && l.contains(" cpu_ms=")), log);
+                // asked for: the answer carries it
+                Resp asked = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "u6")), USAGE);
+                assertEquals(200, asked.status(), asked.raw());
+                assertNotNull(asked.header("X-Cpuslot-Cpu-Ns"), asked.http().headers().toString());
+                assertNotNull(asked.header("X-Cpuslot-Throttled-Ns"), asked.http().headers().toString());
+                // the agent's USAGE sums every invocation (the slot's 5 ms once)
+                long until = System.nanoTime() + 30_000_000_000L;
+                long[] sum = new long[2];
+                while (System.nanoTime() < until) {
+                    sum = agent.received.stream().filter(m -> m instanceof Protocol.UsageReport)
+                            .flatMap(m -> ((Protocol.UsageReport) m).records().stream())
+                            .map(u -> new long[]{u.invocations(), u.cpuNanos()}).reduce(new long[2], (a, b) -> new long[]{a[0] + b[0], a[1] + b[1]});
+                    if (sum[0] >= 7) break;
+                    Thread.sleep(10);
+                }
+                assertEquals(7, sum[0], "every invocation in USAGE: " + agent.received);
+                assertEquals(5_000_000, sum[1], "the slot's CPU, counted once: " + agent.received);
+            }
+        }
+    }
+
+    @Test
+    void usageInReplyMakesEveryAnswerCarryItsUsage() throws Exception {
+        try (FakeAgent agent = new FakeAgent(dir).start()) {
+            agent.statFds = 2;
+            agent.grantsLocal = true;
+            SlotClient c = SlotClient.builder().socket(agent.socket.toString()).acquireBudget(Duration.ofMillis(500)).build();
+            try (Harness h = new Harness(Map.of("CPUSLOT_ANNOTATION_LOOKUP", "false", "CPUSLOT_USAGE_IN_REPLY", "true"), c)) {
+                JsonObject init = json(initJava("testfns.Echo"));
+                init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
+                assertEquals(200, h.post("/init", init.toString()).status());
+                for (int i = 0; i < 3; i++) {
+                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "v" + i)));
+                    assertEquals(200, r.status(), r.raw());
+                    assertNotNull(r.header("X-Cpuslot-Cpu-Ns"), r.http().headers().toString());
+                }
+            }
         }
     }
 
@@ -89,7 +158,7 @@ class SlotsAndQuotaTest {
                 assertEquals("true", first.header("X-Cpuslot-Local"), first.raw());
                 long slot = Long.parseLong(first.header("X-Cpuslot-Slot"));
                 for (int i = 0; i < 10; i++) {
-                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "a" + i)));
+                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "a" + i)), USAGE);
                     assertEquals(200, r.status(), r.raw());
                     assertEquals("true", r.header("X-Cpuslot-Local"), r.raw());
                     assertEquals(slot, Long.parseLong(r.header("X-Cpuslot-Slot")));
@@ -98,7 +167,7 @@ class SlotsAndQuotaTest {
                 assertEquals(1, agent.count(Protocol.Acquire.class), "one HOLD lease for eleven invocations");
                 assertEquals(0, agent.count(Protocol.Release.class));
                 assertEquals("0", agent.slotContent(slot), "one placement write");
-                assertTrue(h.log().contains("outcome=affinity_hit place=none local cpu_ms="), h.log());
+                assertTrue(h.awaitLog("outcome=affinity_hit place=none local cpu_ms=").contains("outcome=affinity_hit place=none local cpu_ms="), h.log());
                 long until = System.nanoTime() + 10_000_000_000L;
                 while (agent.count(Protocol.UsageReport.class) == 0 && System.nanoTime() < until) Thread.sleep(10);
                 long invocations = agent.received.stream().filter(m -> m instanceof Protocol.UsageReport)
@@ -121,7 +190,7 @@ class SlotsAndQuotaTest {
                 Resp first = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo")));
                 assertNull(first.header("X-Cpuslot-Reused"));
                 for (int i = 0; i < 10; i++) {
-                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "a" + i)));
+                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "a" + i)), USAGE);
                     assertEquals(200, r.status(), r.raw());
                     assertEquals("true", r.header("X-Cpuslot-Reused"), "invocation " + i);
                     assertEquals("affinity_hit", r.header("X-Cpuslot-Outcome"));
@@ -130,7 +199,7 @@ class SlotsAndQuotaTest {
                 }
                 assertEquals(1, agent.count(Protocol.Acquire.class));
                 assertEquals(0, agent.count(Protocol.Release.class));
-                assertTrue(h.log().contains("outcome=affinity_hit place=none reused cpu_ms="), h.log());
+                assertTrue(h.awaitLog("outcome=affinity_hit place=none reused cpu_ms=").contains("outcome=affinity_hit place=none reused cpu_ms="), h.log());
                 assertTrue(h.metrics().contains("cpuslot_slot_client_events_total{event=\"linger.reused\"} 10"), h.metrics());
             }
             long until = System.nanoTime() + 3_000_000_000L;

@@ -21,8 +21,18 @@ final class UsageReports {
     private record Key(String action, int outcome) {}
 
     private static final class Sum {
+        final Key key;
         long invocations, cpuNanos, throttledNanos;
+        /** Taken out of pending: a new invocation of its key needs a new Sum. */
+        boolean taken;
+        Sum(Key key) { this.key = key; }
     }
+
+    /**
+     * The sum added to last: the next invocation is nearly always of the same action and outcome
+     * (a runtime serves one action), so it adds here without a key object or a map lookup.
+     */
+    private Sum last;
 
     private final Map<Key, Sum> pending = new LinkedHashMap<>();
     private final Counters counters;
@@ -36,6 +46,15 @@ final class UsageReports {
     boolean add(String action, ReleaseOutcome outcome, Usage u) {
         int code = outcome.code;
         if (code > Protocol.RELEASE_TIMEOUT) return false; // PLACEMENT_FAILED: no invocation ran in the slot
+        synchronized (this) {
+            Sum s = last;
+            if (s != null && !s.taken && s.key.outcome() == code && s.key.action().equals(action)) {
+                s.invocations++;
+                s.cpuNanos += u.cpuNanos();
+                s.throttledNanos += u.throttledNanos();
+                return pending.size() >= EARLY;
+            }
+        }
         return add(new Key(action, code), 1, u.cpuNanos(), u.throttledNanos());
     }
 
@@ -46,9 +65,10 @@ final class UsageReports {
                 counters.count("usage.dropped");
                 return true;
             }
-            s = new Sum();
+            s = new Sum(k);
             pending.put(k, s);
         }
+        last = s;
         s.invocations += invocations;
         s.cpuNanos += cpu;
         s.throttledNanos += throttled;
@@ -67,7 +87,10 @@ final class UsageReports {
             long n = Math.min(s.invocations, MAX_U32); // a record's count is a u32: the rest stays
             out.add(new Protocol.UsageRecord(e.getKey().action(), e.getKey().outcome(), n,
                     n == s.invocations ? s.cpuNanos : 0, n == s.invocations ? s.throttledNanos : 0));
-            if (n == s.invocations) it.remove();
+            if (n == s.invocations) {
+                it.remove();
+                s.taken = true;
+            }
             else s.invocations -= n;
         }
         return out;

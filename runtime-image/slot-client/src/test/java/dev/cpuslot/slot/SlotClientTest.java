@@ -73,13 +73,20 @@ class SlotClientTest {
 
     @Test
     void sameThreadSameQuotaIsAnAffinityHitWithoutWriteAndFdsAreCachedPerSlot() throws Exception {
-        client = builder().maxConnections(1).build();
+        // budgets far above any stall of a loaded machine: with the class's 500 ms budget and the
+        // 1 s release timeout, a fake agent thread stalled that long makes the client fail open or
+        // drop the connection (new connection: fds sent again), and the affinity checks then fail
+        // for the right reasons. This is a logic test, not a timing one.
+        client = builder().maxConnections(1).acquireBudget(Duration.ofSeconds(30)).releaseTimeout(Duration.ofSeconds(30)).build();
         SlotLease a = client.acquire(500, "a", "1");
+        assertTrue(a.active(), a + " " + client.counters());
         a.release(ReleaseOutcome.OK);
         SlotLease b = client.acquire(500, "a", "2");
-        assertEquals("affinity_hit", b.outcome());
-        assertEquals("none", b.place());
-        assertEquals("0", agent.slotContent(b.slot()), "NONE: no second write");
+        // what happened, for a failure under load: the client's events and what the agent got
+        java.util.function.Supplier<String> why = () -> a + " then " + b + "; client " + client.counters() + "; agent got " + agent.received;
+        assertEquals("affinity_hit", b.outcome(), why);
+        assertEquals("none", b.place(), why);
+        assertEquals("0", agent.slotContent(b.slot()), () -> "NONE: no second write; " + why.get());
         b.release(ReleaseOutcome.OK);
         // another thread gets the same slot: nfds=0 on this connection, the cached fd is used
         AtomicReference<SlotLease> other = new AtomicReference<>();
@@ -89,10 +96,10 @@ class SlotClientTest {
         assertEquals("self", other.get().place());
         assertEquals("00", agent.slotContent(other.get().slot()));
         other.get().release(ReleaseOutcome.OK);
-        assertEquals(1, client.counter("fds.received"), "fds arrived once and were reused");
+        assertEquals(1, client.counter("fds.received"), () -> "fds arrived once and were reused; " + why.get());
         List<Long> sentCurrent = agent.received.stream().filter(m -> m instanceof Protocol.Acquire)
                 .map(m -> ((Protocol.Acquire) m).currentSlot()).toList();
-        assertEquals(List.of(0L, a.slot(), 0L), sentCurrent, "current_slot: none, then the slot, then none for a new thread");
+        assertEquals(List.of(0L, a.slot(), 0L), sentCurrent, () -> "current_slot: none, then the slot, then none for a new thread; " + why.get());
     }
 
     @Test
@@ -133,8 +140,11 @@ class SlotClientTest {
 
     @Test
     void acquireNeverBlocksLongerThanTheBudgetAndALateLeaseIsReleased() throws Exception {
-        client = builder().acquireBudget(Duration.ofMillis(50)).build();
-        client.acquire(100, "warm", "w").release(ReleaseOutcome.OK); // connection up
+        // one connection and no monitor probing it: the slow ACQUIRE below must go out on it (with
+        // the 20 ms monitor a probe could hold the connection past the budget on a loaded machine,
+        // a new connection's HELLO then used it up, and no ACQUIRE went out to be drained)
+        client = builder().acquireBudget(Duration.ofMillis(50)).maxConnections(1).monitorInterval(Duration.ofHours(1)).build();
+        assertTrue(client.warmUp(Duration.ofSeconds(30)), "connection up: " + client.counters()); // no 50 ms budget for that
         // the answer comes 40 budgets late: an acquire that returns before half of that did not
         // wait for it (no tighter wall-clock bound: a loaded machine stretches any of them)
         agent.acquireDelayMs = 2000;
@@ -148,7 +158,8 @@ class SlotClientTest {
         long until = System.nanoTime() + 10_000_000_000L;
         while (agent.received.stream().noneMatch(m -> m instanceof Protocol.Release r && r.outcome() == Protocol.RELEASE_TIMEOUT)
                 && System.nanoTime() < until) Thread.sleep(10);
-        assertTrue(agent.received.stream().anyMatch(m -> m instanceof Protocol.Release r && r.outcome() == Protocol.RELEASE_TIMEOUT));
+        assertTrue(agent.received.stream().anyMatch(m -> m instanceof Protocol.Release r && r.outcome() == Protocol.RELEASE_TIMEOUT),
+                () -> "no RELEASE with TIMEOUT; client " + client.counters() + "; agent got " + agent.received);
         assertEquals(1, client.counter("drain.released"));
         agent.acquireDelayMs = 0;
         SlotLease ok = client.acquire(100, "after", "a");

@@ -37,6 +37,20 @@ class UsageReportsTest {
     }
 
     @Test
+    void anInvocationAfterItsKeyWasTakenStartsANewRecordAndNothingIsLost() {
+        r.add("a", ReleaseOutcome.OK, u(10, 1));
+        r.add("a", ReleaseOutcome.OK, u(5, 0));
+        assertEquals(List.of(new Protocol.UsageRecord("a", 0, 2, 15, 1)), r.take(Protocol.MAX_USAGE_RECORDS));
+        r.add("a", ReleaseOutcome.OK, u(3, 0));
+        r.add("a", ReleaseOutcome.FAILED, u(4, 0));
+        r.add("a", ReleaseOutcome.OK, u(2, 2));
+        assertEquals(2, r.keys());
+        assertEquals(List.of(new Protocol.UsageRecord("a", 0, 2, 5, 2), new Protocol.UsageRecord("a", 1, 1, 4, 0)),
+                r.take(Protocol.MAX_USAGE_RECORDS));
+        assertEquals(0, r.keys());
+    }
+
+    @Test
     void pendingKeysAreBoundedAndWhatDoesNotFitIsCounted() {
         for (int k = 0; k < UsageReports.MAX_KEYS + 10; k++) r.add("act-" + k, ReleaseOutcome.OK, u(1, 0));
         assertEquals(UsageReports.MAX_KEYS, r.keys());
