@@ -118,13 +118,19 @@ e2e-v2node: images
 #                    definition (tools/dashboards/model.go): Grafana JSON in
 #                    charts/cpuslot/dashboards/, Perses in charts/cpuslot/dashboards/perses/;
 #                    then make manifests (queries.txt, deploy/cpuslot.yaml embed them)
+#   make dashboard-view  tools/dashboards/view: Debian's Chromium, the page's npm packages
+#                    (package-lock.json) and the page built (hack/dashboard-view.sh)
+#   make dashboard-shots PROMETHEUS=<url>  draws both Perses dashboards against that
+#                    Prometheus in headless Chromium, writes docs/img/dashboard-*.png
+#                    (SHOTS_OUT=<dir> elsewhere); fails on a panel with an error, or
+#                    without data where a serving node has some
 #   make settings-doc  regenerate the pool and admission table of docs/settings.md from its
 #                    one definition (internal/settings: settings.Keys)
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
 #                    schema, queries, generated files up to date; the recipes
 #                    in deploy/ (OPENWHISK_CHART=<openwhisk-deploy-kube>/helm/openwhisk
 #                    also renders the real OpenWhisk chart through the post-renderer)
-.PHONY: helm manifests dashboards settings-doc chart-test
+.PHONY: helm manifests dashboards dashboard-view dashboard-shots settings-doc chart-test
 
 helm:
 	@bash hack/helm.sh
@@ -134,6 +140,14 @@ manifests:
 
 dashboards:
 	$(GO) run -C tools ./dashboards $(CURDIR)
+
+dashboard-view:
+	bash hack/dashboard-view.sh
+
+SHOTS_OUT ?= $(CURDIR)/docs/img
+dashboard-shots: dashboard-view
+	@test -n "$(PROMETHEUS)" || { echo "make dashboard-shots PROMETHEUS=http://<host>:<port>"; exit 2; }
+	cd tools/dashboards/view && node shots.mjs --prometheus "$(PROMETHEUS)" --out "$(SHOTS_OUT)"
 
 settings-doc:
 	$(GO) run ./internal/settings/gen $(CURDIR)/docs/settings.md
