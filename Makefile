@@ -94,6 +94,7 @@ images: build runtime-image
 e2e-deps:
 	bash hack/e2e-deps.sh
 	bash hack/v2node-deps.sh
+	bash hack/dashboard-view.sh
 
 # Both node kinds at once (hack/e2e.sh): the legacy one on this machine
 # (cgroup v1, cgroupfs; its packages one at a time, each brings up its
