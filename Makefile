@@ -121,10 +121,11 @@ e2e-v2node: images
 #                    then make manifests (queries.txt, deploy/cpuslot.yaml embed them)
 #   make dashboard-view  tools/dashboards/view: Debian's Chromium, the page's npm packages
 #                    (package-lock.json) and the page built (hack/dashboard-view.sh)
-#   make dashboard-shots PROMETHEUS=<url>  draws both Perses dashboards against that
-#                    Prometheus in headless Chromium, writes docs/img/dashboard-*.png
-#                    (SHOTS_OUT=<dir> elsewhere); fails on a panel with an error, or
-#                    without data where a serving node has some
+#   make dashboard-shots  docs/img/dashboard-{node,runtime}.png: both Perses dashboards
+#                    drawn in headless Chromium against live data of this machine (root:
+#                    agent, runtime, Prometheus, load; hack/dashboard-shots.sh), or against
+#                    PROMETHEUS=<url>; SHOTS_OUT=<dir> writes elsewhere. Fails on a panel
+#                    with an error, or without data where a serving node has some
 #   make settings-doc  regenerate the pool and admission table of docs/settings.md from its
 #                    one definition (internal/settings: settings.Keys)
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
@@ -146,9 +147,13 @@ dashboard-view:
 	bash hack/dashboard-view.sh
 
 SHOTS_OUT ?= $(CURDIR)/docs/img
-dashboard-shots: dashboard-view
-	@test -n "$(PROMETHEUS)" || { echo "make dashboard-shots PROMETHEUS=http://<host>:<port>"; exit 2; }
-	cd tools/dashboards/view && node shots.mjs --prometheus "$(PROMETHEUS)" --out "$(SHOTS_OUT)"
+dashboard-shots:
+ifeq ($(PROMETHEUS),)
+	SHOTS_OUT='$(SHOTS_OUT)' bash hack/dashboard-shots.sh
+else
+	bash hack/dashboard-view.sh
+	cd tools/dashboards/view && node shots.mjs --prometheus '$(PROMETHEUS)' --out '$(SHOTS_OUT)'
+endif
 
 settings-doc:
 	$(GO) run ./internal/settings/gen $(CURDIR)/docs/settings.md
