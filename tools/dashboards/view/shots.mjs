@@ -4,11 +4,13 @@
 //
 //   node shots.mjs --prometheus http://127.0.0.1:9090 --out DIR
 //       [--start 15m] [--timeout 120] [--expect data|none] [--dashboards node,runtime]
+//       [--allow-empty "<panel title>"]...
 //
 // Expected data: a panel must show data when one of its queries is listed
 // in charts/cpuslot/queries.txt as "data" or "budget" (what a node serving
 // a pod whose runtime runs invocations produces; --expect none checks only
-// for errors). A query error fails every panel. Waits at most --timeout
+// for errors; --allow-empty excuses a panel by title, for a setup that does
+// not produce what it counts). A query error fails every panel. Waits at most --timeout
 // seconds per dashboard for its panels to load; on timeout prints the
 // panels still loading.
 import fs from 'node:fs';
@@ -27,6 +29,7 @@ const { values: opt } = parseArgs({
     expect: { type: 'string', default: 'data' },
     dashboards: { type: 'string', default: 'node,runtime' },
     chromium: { type: 'string', default: '/usr/bin/chromium' },
+    'allow-empty': { type: 'string', multiple: true, default: [] },
   },
 });
 function usage(msg) {
@@ -62,7 +65,10 @@ function panelsOf(file, want) {
     return {
       title: p.spec.display.name,
       queries: p.spec.queries.map((q) => q.spec.plugin.spec.query),
-      wantData: opt.expect === 'data' && want.get(`${d.metadata.name}:${id}`) === true,
+      wantData:
+        opt.expect === 'data' &&
+        want.get(`${d.metadata.name}:${id}`) === true &&
+        !opt['allow-empty'].includes(p.spec.display.name),
     };
   });
 }
