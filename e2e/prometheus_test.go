@@ -241,7 +241,7 @@ func drawDashboards(t *testing.T, repo, base string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "shots.mjs", "--prometheus", base, "--out", out,
-		"--start", "10m", "--timeout", "90")
+		"--start", "5m", "--timeout", "90")
 	cmd.Dir = view
 	// Chromium's processes are node's children: stop the whole group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
