@@ -4,7 +4,7 @@
 #     which playwright-core drives: no browser is downloaded,
 #   - the npm packages pinned by tools/dashboards/view/package-lock.json (npm ci,
 #     skipped while node_modules matches the lockfile),
-#   - the page built into tools/dashboards/view/dist (vite build).
+#   - the page built into tools/dashboards/view/dist (vite build, when its sources changed).
 # Idempotent. Needs node (>= 20.19) and npm.
 set -euo pipefail
 
@@ -29,6 +29,10 @@ if ! cmp -s package-lock.json node_modules/.package-lock.json.installed; then
 	log "npm ci"
 	npm ci --no-audit --no-fund --loglevel=error
 	cp package-lock.json node_modules/.package-lock.json.installed
+fi
+# Build again only when an input is newer than the last build.
+if [ -f dist/index.html ] && [ -z "$(find src index.html vite.config.js package-lock.json -newer dist/index.html -print -quit)" ]; then
+	exit 0
 fi
 log "vite build"
 npx --no-install vite build --logLevel error
