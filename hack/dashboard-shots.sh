@@ -96,7 +96,7 @@ shots_main() {
 	# the time range: the load's (the first minute of a rate is empty);
 	# no OpenWhisk controller here to look annotations up in
 	(cd "$REPO/tools/dashboards/view" && node shots.mjs --prometheus "$PROM_URL" --out "$OUT" \
-		--start "$(((LOAD_SECONDS + 59) / 60))m" --timeout 120 --allow-empty "OpenWhisk annotation lookups")
+		--start "$(((LOAD_SECONDS + 59) / 60))m" --timeout 240 --allow-empty "OpenWhisk annotation lookups")
 }
 
 shots_main "$@"

@@ -99,6 +99,11 @@ async function panelStates(page, panels) {
   });
 }
 
+// A loaded machine draws a page this tall slowly: Playwright's 30 s is too short.
+function screenshot(page, file) {
+  return page.screenshot({ path: path.join(opt.out, `dashboard-${file}.png`), fullPage: true, timeout: 120000 });
+}
+
 async function shoot(ctx, base, file, want) {
   const panels = panelsOf(file, want);
   const page = await ctx.newPage();
@@ -116,15 +121,15 @@ async function shoot(ctx, base, file, want) {
     const loading = states.filter((s) => s.state === 'loading');
     if (loading.length === 0) break;
     if (Date.now() > deadline) {
-      await page.screenshot({ path: path.join(opt.out, `dashboard-${file}.png`), fullPage: true });
       problems.push(`${loading.length} panels still loading after ${opt.timeout} s: ${loading.map((s) => s.title).join('; ')}`);
+      await screenshot(page, file).catch((e) => problems.push(`no screenshot: ${e.message}`));
       return problems;
     }
     await page.waitForTimeout(500);
   }
   // Let the charts finish their (animated) drawing before the picture.
   await page.waitForTimeout(1500);
-  await page.screenshot({ path: path.join(opt.out, `dashboard-${file}.png`), fullPage: true });
+  await screenshot(page, file);
   for (const s of states) {
     if (s.state === 'error') problems.push(`panel "${s.title}": error: ${s.errors.join('; ') || 'shown in the panel'}`);
     if (s.state === 'empty' && s.wantData) problems.push(`panel "${s.title}": no data, expected some (${s.queries.join(' | ')})`);
