@@ -236,12 +236,12 @@ func drawDashboards(t *testing.T, repo, base string) {
 	if out == "" {
 		out = filepath.Join(repo, "bin", "e2e-artifacts")
 	}
-	// shots.mjs bounds its wait per dashboard (90 s each); this bounds
+	// shots.mjs bounds its wait per dashboard (100 s each); this bounds
 	// Chromium's start and the rest.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "shots.mjs", "--prometheus", base, "--out", out,
-		"--start", "5m", "--timeout", "90")
+		"--start", "5m", "--timeout", "100")
 	cmd.Dir = view
 	// Chromium's processes are node's children: stop the whole group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -250,7 +250,7 @@ func drawDashboards(t *testing.T, repo, base string) {
 	t0 := time.Now()
 	b, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
-		t.Fatalf("drawing the dashboards took longer than 5 min; its output:\n%s", b)
+		t.Fatalf("drawing the dashboards took longer than 6 min; its output:\n%s", b)
 	}
 	if err != nil {
 		t.Fatalf("the dashboards drawn against the live Prometheus: %v:\n%s", err, b)
