@@ -6,7 +6,7 @@
 #  2. Debian's Prometheus with the shipped file_sd configuration (deploy/prometheus/, 2 s
 #     intervals), its targets files written here with the labels a cluster's would have;
 #  3. sample functions invoked without pause (Hydra, 200m to 1 core), CPUSLOT_SHOTS_LOAD
-#     seconds (default 300) before and during the pictures;
+#     seconds (default 240) before and during the pictures;
 #  4. tools/dashboards/view/shots.mjs draws both Perses dashboards against that Prometheus in
 #     headless Chromium: docs/img/dashboard-{node,runtime}.png (SHOTS_OUT=<dir> elsewhere);
 #     it fails on a panel with an error, or without data where queries.txt expects some;
@@ -20,7 +20,7 @@ export CPUSLOT_DEMO_WORK="${CPUSLOT_DEMO_WORK:-$(cd "$(dirname "${BASH_SOURCE[0]
 source "$(dirname "${BASH_SOURCE[0]}")/demo.sh"
 
 OUT="${SHOTS_OUT:-$REPO/docs/img}"
-LOAD_SECONDS="${CPUSLOT_SHOTS_LOAD:-300}"
+LOAD_SECONDS="${CPUSLOT_SHOTS_LOAD:-240}"
 
 start_prometheus() {
 	local dir="$WORK/prometheus" port node
