@@ -98,6 +98,7 @@ images: build runtime-image
 e2e-deps:
 	bash hack/e2e-deps.sh
 	bash hack/v2node-deps.sh
+	bash hack/dashboard-view.sh
 
 # Both node kinds at once (hack/e2e.sh): the legacy one on this machine
 # (cgroup v1, cgroupfs; its packages one at a time, each brings up its
@@ -122,13 +123,20 @@ e2e-v2node: images
 #                    definition (tools/dashboards/model.go): Grafana JSON in
 #                    charts/cpuslot/dashboards/, Perses in charts/cpuslot/dashboards/perses/;
 #                    then make manifests (queries.txt, deploy/cpuslot.yaml embed them)
+#   make dashboard-view  tools/dashboards/view: Debian's Chromium, the page's npm packages
+#                    (package-lock.json) and the page built (hack/dashboard-view.sh)
+#   make dashboard-shots  docs/img/dashboard-{node,runtime}.png: both Perses dashboards
+#                    drawn in headless Chromium against live data of this machine (root:
+#                    agent, runtime, Prometheus, load; hack/dashboard-shots.sh), or against
+#                    PROMETHEUS=<url>; SHOTS_OUT=<dir> writes elsewhere. Fails on a panel
+#                    with an error, or without data where a serving node has some
 #   make settings-doc  regenerate the pool and admission table of docs/settings.md from its
 #                    one definition (internal/settings: settings.Keys)
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
 #                    schema, queries, generated files up to date; the recipes
 #                    in deploy/ (OPENWHISK_CHART=<openwhisk-deploy-kube>/helm/openwhisk
 #                    also renders the real OpenWhisk chart through the post-renderer)
-.PHONY: helm manifests dashboards settings-doc chart-test
+.PHONY: helm manifests dashboards dashboard-view dashboard-shots settings-doc chart-test
 
 helm:
 	@bash hack/helm.sh
@@ -138,6 +146,18 @@ manifests:
 
 dashboards:
 	$(GO) run -C tools ./dashboards $(CURDIR)
+
+dashboard-view:
+	bash hack/dashboard-view.sh
+
+SHOTS_OUT ?= $(CURDIR)/docs/img
+dashboard-shots:
+ifeq ($(PROMETHEUS),)
+	SHOTS_OUT='$(SHOTS_OUT)' bash hack/dashboard-shots.sh
+else
+	bash hack/dashboard-view.sh
+	cd tools/dashboards/view && node shots.mjs --prometheus '$(PROMETHEUS)' --out '$(SHOTS_OUT)'
+endif
 
 settings-doc:
 	$(GO) run ./internal/settings/gen $(CURDIR)/docs/settings.md

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,4 +211,49 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	} else {
 		t.Logf("all %d shipped queries evaluate; every \"data\" and \"budget\" one returns data", len(qs))
 	}
+
+	// The Perses dashboards drawn in a browser while the runtime invokes.
+	drawDashboards(t, repo, p.Base)
+}
+
+// drawDashboards draws both Perses dashboards against the Prometheus at
+// base with the page of tools/dashboards/view in headless Chromium and
+// writes a screenshot of each to the artifacts directory
+// ($CPUSLOT_E2E_ARTIFACTS, default <repo>/bin/e2e-artifacts). shots.mjs
+// fails when a panel shows an error, or no data where queries.txt expects
+// some, and names the panels still loading when its wait runs out.
+func drawDashboards(t *testing.T, repo, base string) {
+	t.Helper()
+	view := filepath.Join(repo, "tools", "dashboards", "view")
+	if _, err := os.Stat(filepath.Join(view, "dist", "index.html")); err != nil {
+		t.Fatalf("the dashboard page is not built (hack/dashboard-view.sh, run by make e2e-deps): %v", err)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node (>= 20.19) is needed to draw the dashboards: %v", err)
+	}
+	out := os.Getenv("CPUSLOT_E2E_ARTIFACTS")
+	if out == "" {
+		out = filepath.Join(repo, "bin", "e2e-artifacts")
+	}
+	// shots.mjs bounds its wait per dashboard (100 s each); this bounds
+	// Chromium's start and the rest.
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "shots.mjs", "--prometheus", base, "--out", out,
+		"--start", "5m", "--timeout", "100")
+	cmd.Dir = view
+	// Chromium's processes are node's children: stop the whole group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	t0 := time.Now()
+	b, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("drawing the dashboards took longer than 6 min; its output:\n%s", b)
+	}
+	if err != nil {
+		t.Fatalf("the dashboards drawn against the live Prometheus: %v:\n%s", err, b)
+	}
+	t.Logf("dashboards drawn in %v, screenshots in %s:\n%s", time.Since(t0).Round(time.Second), out, b)
 }

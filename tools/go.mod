@@ -2,6 +2,10 @@ module github.com/cpuslot/cpuslot/tools
 
 go 1.26.0
 
+// The dashboard page's npm packages (tools/dashboards/view) hold Go files of
+// their own.
+ignore ./dashboards/view/node_modules
+
 require (
 	github.com/cpuslot/cpuslot v0.0.0
 	github.com/grafana/grafana-foundation-sdk/go v0.0.22

@@ -56,11 +56,12 @@ func (k Kind) height() int {
 type Unit string
 
 const (
-	Short       Unit = "short"       // a plain number
-	PercentUnit Unit = "percentunit" // 0..1 shown as a percentage
-	ReqPerSec   Unit = "reqps"       // requests (acquisitions, invocations) per second
-	OpsPerSec   Unit = "ops"         // operations per second
-	Seconds     Unit = "s"
+	Short        Unit = "short"       // a plain number
+	PercentUnit  Unit = "percentunit" // 0..1 shown as a percentage
+	ReqPerSec    Unit = "reqps"       // requests (acquisitions, invocations) per second
+	OpsPerSec    Unit = "ops"         // operations per second
+	EventsPerSec Unit = "eps"         // events (errors, admission decisions) per second
+	Seconds      Unit = "s"
 )
 
 // Panel is one panel.
@@ -139,7 +140,7 @@ var Dashboards = []Dashboard{
 					Queries:     []Query{{Expr: `sum(rate(cpuslot_acquisitions_total{job="$agent_job", node=~"$node", outcome="affinity_hit"}[$__rate_interval])) / sum(rate(cpuslot_acquisitions_total{job="$agent_job", node=~"$node"}[$__rate_interval]))`}},
 				},
 				{
-					Kind: Stat, Width: 4, Title: "Errors /s", Unit: ReqPerSec, Decimals: decimals(2), Thresholds: Thresholds{Base: "green", Steps: []Step{{0.01, "orange"}, {0.05, "red"}}},
+					Kind: Stat, Width: 4, Title: "Errors /s", Unit: EventsPerSec, Decimals: decimals(2), Thresholds: Thresholds{Base: "green", Steps: []Step{{0.01, "orange"}, {0.05, "red"}}},
 					Description: "cpuslot_errors_total, every reason (0 when none was ever counted).",
 					Queries:     []Query{{Expr: `sum(rate(cpuslot_errors_total{job="$agent_job", node=~"$node"}[$__rate_interval])) or vector(0)`}},
 				},
@@ -251,7 +252,7 @@ var Dashboards = []Dashboard{
 			}},
 			{Title: "Admission and errors", Panels: []Panel{
 				{
-					Kind: TimeSeries, Width: 12, Title: "Admission events", Unit: ReqPerSec,
+					Kind: TimeSeries, Width: 12, Title: "Admission events", Unit: EventsPerSec,
 					Description: "Acquisitions that did not fit the container's CPU budget at once: queued, degraded (granted a smaller quota), rejected, timeout (queued past their wait budget).",
 					Queries:     []Query{{Expr: `sum by (result) (rate(cpuslot_admission_total{job="$agent_job", node=~"$node"}[$__rate_interval]))`, Legend: "{{result}}"}},
 				},
@@ -266,7 +267,7 @@ var Dashboards = []Dashboard{
 					Queries:     []Query{{Expr: `sum by (container) (cpuslot_budget_used_millicores{job="$agent_job", node=~"$node", container=~"$container"}) / sum by (container) (cpuslot_budget_millicores{job="$agent_job", node=~"$node", container=~"$container"} > 0)`, Legend: "{{container}}"}},
 				},
 				{
-					Kind: TimeSeries, Width: 12, Title: "Errors by reason", Unit: ReqPerSec,
+					Kind: TimeSeries, Width: 12, Title: "Errors by reason", Unit: EventsPerSec,
 					Description: "cpuslot_errors_total by reason (cgroup_<operation> for failed cgroup writes). See docs/operating.md, Troubleshooting.",
 					Queries:     []Query{{Expr: `sum by (reason) (rate(cpuslot_errors_total{job="$agent_job", node=~"$node"}[$__rate_interval]))`, Legend: "{{reason}}"}},
 				},

@@ -164,7 +164,7 @@ type persesColumn struct {
 
 // persesUnits maps the Grafana unit IDs of model.go to Perses format units.
 var persesUnits = map[Unit]string{
-	Short: "decimal", PercentUnit: "percent-decimal", ReqPerSec: "requests/sec", OpsPerSec: "ops/sec", Seconds: "seconds",
+	Short: "decimal", PercentUnit: "percent-decimal", ReqPerSec: "requests/sec", OpsPerSec: "ops/sec", EventsPerSec: "events/sec", Seconds: "seconds",
 }
 
 // persesColors are Grafana's named colors, which Perses takes as CSS
