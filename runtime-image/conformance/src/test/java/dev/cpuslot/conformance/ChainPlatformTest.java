@@ -140,6 +140,8 @@ class ChainPlatformTest {
             ow.answers.put("queued", new OpenWhiskApiStandIn.Answer(202, "{\"activationId\":\"0123\"}", 0));
             ow.answers.put("text", new OpenWhiskApiStandIn.Answer(200, "not json", 0));
             ow.answers.put("slow", new OpenWhiskApiStandIn.Answer(200, "{}", 30_000));
+            // an answer no runtime should buffer whole (the service is the tenant's: hostile to the others here)
+            ow.answers.put("huge", new OpenWhiskApiStandIn.Answer(200, "{\"x\":\"" + "a".repeat(64 << 20) + "\"}", 0));
             with("javascript", env("__OW_API_HOST", ow.url()), c -> {
                 initCaller(c, null);
                 JsonObject o = call(c, "boom", "{}");
@@ -155,6 +157,10 @@ class ChainPlatformTest {
                 assertEquals("TIMEOUT", o.get("kind").getAsString(), o.toString());
                 o = call(c, "text", "{}");
                 assertEquals("FAILED", o.get("kind").getAsString(), o.toString());
+                o = call(c, "huge", "{}");
+                assertEquals("PLATFORM", o.get("kind").getAsString(), o.toString());
+                assertTrue(o.get("message").getAsString().contains("larger than"), o.toString());
+                assertEquals(1, call(c, "text", "{}").size() > 0 ? 1 : 0, "the runtime serves on");
                 o = run(c, activation("anything", "{}", Map.of("api_key", "other:key")));
                 assertEquals("PLATFORM", o.get("kind").getAsString(), o.toString());
                 assertTrue(o.get("message").getAsString().contains("401"), o.toString());

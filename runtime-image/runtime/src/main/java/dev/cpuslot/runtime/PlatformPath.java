@@ -16,8 +16,15 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Base64;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
+import java.nio.ByteBuffer;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionStage;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Flow;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.regex.Pattern;
 
 /**
@@ -165,16 +172,25 @@ final class PlatformPath {
                 .header("Accept", "application/json")
                 .POST(HttpRequest.BodyPublishers.ofString(body.toString(), StandardCharsets.UTF_8));
         if (t.apiKey() != null) b.header("Authorization", "Basic " + Base64.getEncoder().encodeToString(t.apiKey().getBytes(StandardCharsets.UTF_8)));
-        HttpResponse<String> r;
+        HttpResponse<byte[]> r;
+        // the whole exchange, body included, ends by the deadline; the body is bounded
+        CompletableFuture<HttpResponse<byte[]>> f = http.get().sendAsync(b.build(), limited(MAX_ANSWER_BYTES));
         try {
-            r = http.get().send(b.build(), HttpResponse.BodyHandlers.ofString(StandardCharsets.UTF_8));
-        } catch (HttpTimeoutException e) {
+            r = f.get(Math.max(1, deadlineNanos - System.nanoTime()), TimeUnit.NANOSECONDS);
+        } catch (TimeoutException e) {
+            f.cancel(true);
             throw new ChainException(Kind.TIMEOUT, callee, "no answer from " + t.kind() + " before the caller's deadline");
-        } catch (IOException e) {
-            throw new ChainException(Kind.PLATFORM, callee, t.kind() + " unreachable at " + uri.getHost() + ":" + uri.getPort() + ": " + e);
         } catch (InterruptedException e) {
+            f.cancel(true);
             Thread.currentThread().interrupt();
             throw new ChainException(Kind.TIMEOUT, callee, "the caller was cancelled");
+        } catch (ExecutionException e) {
+            Throwable c = e.getCause();
+            if (c instanceof HttpTimeoutException)
+                throw new ChainException(Kind.TIMEOUT, callee, "no answer from " + t.kind() + " before the caller's deadline");
+            if (c instanceof TooLarge)
+                throw new ChainException(Kind.PLATFORM, callee, t.kind() + "'s answer is larger than " + (MAX_ANSWER_BYTES >> 20) + " MiB");
+            throw new ChainException(Kind.PLATFORM, callee, t.kind() + " unreachable at " + uri.getHost() + ":" + uri.getPort() + ": " + c);
         }
         String id = r.headers().firstValue("X-Openwhisk-Activation-Id").orElse(null);
         int s = r.statusCode();
@@ -183,7 +199,7 @@ final class PlatformPath {
             throw new ChainException(Kind.TIMEOUT, callee, "OpenWhisk answered 202: the activation " + (id == null ? "" : id + " ") + "was still running");
         JsonElement result = null;
         try {
-            result = JsonParser.parseString(r.body());
+            result = JsonParser.parseString(new String(r.body(), StandardCharsets.UTF_8));
         } catch (RuntimeException ignored) {
             // not JSON: reported below
         }
@@ -198,6 +214,53 @@ final class PlatformPath {
         if (s == 502 && t.kind().equals("openwhisk"))
             throw new ChainException(Kind.FAILED, callee, error != null ? error : "HTTP 502 from the OpenWhisk API");
         throw new ChainException(Kind.PLATFORM, callee, t.kind() + " answered HTTP " + s + (error != null ? ": " + error : ""));
+    }
+
+    /**
+     * Most bytes of an answer the runtime takes: the answer comes from outside (a tenant's own
+     * service), and buffered whole it must not take the memory the other functions here need.
+     * OpenWhisk's own results are at most 1 MiB by default (whisk.activation.payload.max).
+     */
+    static final int MAX_ANSWER_BYTES = 8 << 20;
+
+    private static final class TooLarge extends IOException {
+        TooLarge() { super("answer too large", null); }
+    }
+
+    /** The body as bytes, refused (the exchange cancelled) once it passes {@code max}. */
+    static HttpResponse.BodyHandler<byte[]> limited(int max) {
+        return info -> new HttpResponse.BodySubscriber<>() {
+            private final CompletableFuture<byte[]> done = new CompletableFuture<>();
+            private final java.io.ByteArrayOutputStream buf = new java.io.ByteArrayOutputStream();
+            private Flow.Subscription sub;
+
+            @Override public CompletionStage<byte[]> getBody() { return done; }
+
+            @Override
+            public void onSubscribe(Flow.Subscription s) {
+                sub = s;
+                s.request(Long.MAX_VALUE);
+            }
+
+            @Override
+            public void onNext(List<ByteBuffer> items) {
+                if (done.isDone()) return;
+                for (ByteBuffer b : items) {
+                    if ((long) buf.size() + b.remaining() > max) {
+                        sub.cancel();
+                        done.completeExceptionally(new TooLarge());
+                        return;
+                    }
+                    byte[] a = new byte[b.remaining()];
+                    b.get(a);
+                    buf.write(a, 0, a.length);
+                }
+            }
+
+            @Override public void onError(Throwable t) { done.completeExceptionally(t); }
+
+            @Override public void onComplete() { done.complete(buf.toByteArray()); }
+        };
     }
 
     private static String jsonText(JsonElement e) {
