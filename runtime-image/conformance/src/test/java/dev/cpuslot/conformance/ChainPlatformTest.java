@@ -261,6 +261,29 @@ class ChainPlatformTest {
         }
     }
 
+    /**
+     * The platform path's threads (its HTTP client's, the log writer's) are the runtime's: a Java
+     * caller held to one thread of its own (CPUSLOT_JAVA_MAX_THREADS=1) calls through it, again
+     * and again, synchronously and not.
+     */
+    @Test
+    void thePlatformPathsThreadsAreNotTheCallersThreads() throws Exception {
+        try (OpenWhiskApiStandIn svc = new OpenWhiskApiStandIn(KEY)) {
+            svc.answers.put("resize", new OpenWhiskApiStandIn.Answer(200, "{\"y\":7}", 0));
+            with("java", env("CPUSLOT_JAVA_MAX_THREADS", "1", "CPUSLOT_CHAIN_URLS", "resize=" + svc.url() + "/resize"), c -> {
+                registerJava(c, "caller", "Caller", "");
+                for (int i = 0; i < 3; i++) {
+                    JsonObject r = result(invoke(c, "caller", "{\"mode\":\"catch\",\"callee\":\"resize\",\"args\":{}}"));
+                    assertEquals(7, r.getAsJsonObject("got").get("y").getAsInt(), r.toString());
+                }
+                JsonObject r = result(invoke(c, "caller", "{\"mode\":\"async\",\"callee\":\"resize\",\"n\":3,\"args\":{}}"));
+                assertFalse(r.has("kind"), r.toString());
+                for (int i = 0; i < 3000 && svc.requests.size() < 6; i++) Thread.sleep(10);
+                assertEquals(6, svc.requests.size(), svc.requests.toString());
+            });
+        }
+    }
+
     // ---- declared sequences --------------------------------------------------------------------
 
     static final String INC = "function main(a) { return { x: a.x + 1 }; }";

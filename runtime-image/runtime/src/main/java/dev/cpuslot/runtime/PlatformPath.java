@@ -269,24 +269,11 @@ final class PlatformPath {
     }
 
     /**
-     * Built on a thread of the runtime's own: its selector thread (and its executor's threads) must
-     * not inherit the calling function's activation (the Java guard counts and cancels those).
+     * The JDK's client makes its threads (selector, executor) without inheriting thread locals, so
+     * they never carry the calling function's activation (the Java guard counts and cancels
+     * those): ChainPlatformTest#thePlatformPathsThreadsAreNotTheCallersThreads.
      */
     private static HttpClient client() {
-        HttpClient[] c = new HttpClient[1];
-        Thread t = Thread.ofPlatform().name("cpuslot-platform-path").inheritInheritableThreadLocals(false).start(() ->
-                c[0] = HttpClient.newBuilder()
-                        .version(HttpClient.Version.HTTP_1_1)
-                        .connectTimeout(Duration.ofSeconds(10))
-                        .executor(java.util.concurrent.Executors.newThreadPerTaskExecutor(
-                                Thread.ofVirtual().name("cpuslot-platform-path-", 0).inheritInheritableThreadLocals(false).factory()))
-                        .build());
-        try {
-            t.join(TimeUnit.SECONDS.toMillis(30));
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        }
-        if (c[0] == null) throw new ChainException(Kind.PLATFORM, "", "the HTTP client did not start");
-        return c[0];
+        return HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(Duration.ofSeconds(10)).build();
     }
 }
