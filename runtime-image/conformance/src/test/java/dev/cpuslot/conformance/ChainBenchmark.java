@@ -106,6 +106,264 @@ class ChainBenchmark {
         });
     }
 
+    /** The pipeline's functions: a stage (fixed compute, optional hold) and a driver that runs N stages in series. */
+    static final Map<String, String> PIPELINE = Map.of(
+            "example/Stage.java", """
+                    package example;
+                    import com.google.gson.JsonObject;
+                    public class Stage {
+                        public static JsonObject main(JsonObject a) throws Exception {
+                            long t0 = System.nanoTime();
+                            long x = 0, work = a.get("work").getAsLong();
+                            for (long i = 0; i < work; i++) x += i ^ (x >>> 3);
+                            long compute = System.nanoTime() - t0;
+                            if (a.has("hold_ms")) Thread.sleep(a.get("hold_ms").getAsLong());
+                            a.addProperty("compute_ns", a.get("compute_ns").getAsLong() + compute);
+                            a.addProperty("i", a.get("i").getAsInt() + 1);
+                            a.addProperty("sink", x & 1);
+                            return a;
+                        }
+                    }
+                    """,
+            "example/Pipe.java", """
+                    package example;
+                    import com.google.gson.*;
+                    import dev.cpuslot.chain.Chain;
+                    import java.io.*;
+                    import java.net.*;
+                    import java.nio.charset.StandardCharsets;
+                    public class Pipe {
+                        public static JsonObject main(JsonObject a) throws Exception {
+                            String mode = a.get("mode").getAsString();
+                            int n = a.get("n").getAsInt(), reps = a.get("reps").getAsInt();
+                            JsonArray e2e = new JsonArray(), compute = new JsonArray();
+                            for (int r = 0; r < reps; r++) {
+                                JsonObject cur = new JsonObject();
+                                cur.add("work", a.get("work"));
+                                if (a.has("hold_ms")) cur.add("hold_ms", a.get("hold_ms"));
+                                cur.addProperty("compute_ns", 0L);
+                                cur.addProperty("i", 0);
+                                long t0 = System.nanoTime();
+                                for (int i = 0; i < n; i++) {
+                                    if (mode.equals("local")) cur = Chain.call("stage", cur).getAsJsonObject();
+                                    else cur = post(a, mode, cur);
+                                }
+                                e2e.add(System.nanoTime() - t0);
+                                compute.add(cur.get("compute_ns").getAsLong());
+                                if (cur.get("i").getAsInt() != n) throw new IllegalStateException("ran " + cur.get("i") + " stages");
+                            }
+                            JsonObject r = new JsonObject();
+                            r.add("e2e_ns", e2e);
+                            r.add("compute_ns", compute);
+                            return r;
+                        }
+
+                        /** http: the runtime's own invoke (Hydra POST /); api: the OpenWhisk API's blocking invoke. */
+                        static JsonObject post(JsonObject a, String mode, JsonObject cur) throws Exception {
+                            HttpURLConnection c = (HttpURLConnection) URI.create(a.get(mode + "_url").getAsString()).toURL().openConnection();
+                            c.setRequestMethod("POST");
+                            c.setDoOutput(true);
+                            c.setRequestProperty("Content-Type", "application/json");
+                            if (mode.equals("api")) c.setRequestProperty("Authorization", a.get("auth").getAsString());
+                            String body;
+                            if (mode.equals("http")) {
+                                JsonObject o = new JsonObject();
+                                o.addProperty("name", "stage");
+                                o.addProperty("arguments", cur.toString());
+                                body = o.toString();
+                            } else {
+                                body = cur.toString();
+                            }
+                            try (OutputStream o = c.getOutputStream()) { o.write(body.getBytes(StandardCharsets.UTF_8)); }
+                            String got;
+                            try (InputStream in = c.getInputStream()) { got = new String(in.readAllBytes(), StandardCharsets.UTF_8); }
+                            if (c.getResponseCode() != 200) throw new IllegalStateException("HTTP " + c.getResponseCode());
+                            JsonObject r = JsonParser.parseString(got).getAsJsonObject();
+                            return mode.equals("http") ? r.getAsJsonObject("result") : r;
+                        }
+                    }
+                    """);
+
+    /**
+     * The N-stage pipeline (N = 2, 4, 8), side by side in one runtime: a driver runs N stages in
+     * series, each stage's output the next one's input, through the local bus, through the
+     * runtime's own HTTP invoke (POST /), and through the OpenWhisk API stand-in (a blocking
+     * invoke that the stand-in forwards to the runtime's POST /, as a controller would to an
+     * invoker); rounds alternate the paths. Reported: end-to-end time minus the stages' compute
+     * (the platform's overhead per pipeline), and the runtime's resident memory per concurrent
+     * pipeline and its threads (the peak RSS and thread count while C pipelines whose stages hold 250 ms run at once, minus before, over C).
+     * {@code -Dchain.bench.pipeline.rounds=6 -Dchain.bench.pipeline.reps=25 -Dchain.bench.pipeline.concurrent=16};
+     * the table goes to stdout and to target/chain-pipeline.md.
+     */
+    @Test
+    void pipelineLocalAgainstHttpAndApi() throws Exception {
+        int rounds = Integer.getInteger("chain.bench.pipeline.rounds", 6), reps = Integer.getInteger("chain.bench.pipeline.reps", 25);
+        int conc = Integer.getInteger("chain.bench.pipeline.concurrent", 16);
+        long work = Long.getLong("chain.bench.pipeline.work", 20_000);
+        String key = "bench:key";
+        String jarB64 = Archives.jar(PIPELINE);
+        java.net.http.HttpClient fwd = java.net.http.HttpClient.newBuilder().version(java.net.http.HttpClient.Version.HTTP_1_1).build();
+        try (OpenWhiskApiStandIn api = new OpenWhiskApiStandIn(key)) {
+            api.recording = false;
+            with("java", env("CPUSLOT_SANDBOXES_PER_FUNCTION", Integer.toString(2 * conc + 4)), c -> {
+                api.forward = forwarder(fwd, c);
+                Path jar = c.dir.resolve("pipeline.jar");
+                Files.write(jar, Base64.getDecoder().decode(jarB64));
+                for (String[] f : new String[][]{{"stage", "Stage"}, {"pipe", "Pipe"}})
+                    assertEquals(200, c.post("/register?name=" + f[0] + "&language=java&entryPoint=example." + f[1] + "&url=" + jar.toUri(), "").code());
+                String[] modes = {"local", "http", "api"};
+                StringBuilder table = new StringBuilder("| N | path | pipelines | e2e p50 | compute p50 | e2e - compute p50 | p99 | RSS per concurrent pipeline | threads per concurrent pipeline |\n|---|---|---|---|---|---|---|---|---|\n");
+                StringBuilder ratios = new StringBuilder();
+                for (int n : new int[]{2, 4, 8}) {
+                    Map<String, List<Long>> over = new java.util.HashMap<>(), e2e = new java.util.HashMap<>(), comp = new java.util.HashMap<>();
+                    Map<String, List<Long>> mem = new java.util.HashMap<>(), threads = new java.util.HashMap<>();
+                    for (String m : modes) {
+                        over.put(m, new ArrayList<>()); e2e.put(m, new ArrayList<>()); comp.put(m, new ArrayList<>());
+                        mem.put(m, new ArrayList<>()); threads.put(m, new ArrayList<>());
+                    }
+                    for (int r = -1; r < rounds; r++) { // round -1: warm-up (and every worker made), not counted
+                        for (int k = 0; k < modes.length; k++) {
+                            String mode = modes[(k + Math.max(r, 0)) % modes.length];
+                            JsonObject res = pipe(c, api, key, mode, n, r < 0 ? 5 : reps, work, -1);
+                            if (r >= 0) {
+                                JsonArray es = res.getAsJsonArray("e2e_ns"), cs = res.getAsJsonArray("compute_ns");
+                                for (int i = 0; i < es.size(); i++) {
+                                    e2e.get(mode).add(es.get(i).getAsLong());
+                                    comp.get(mode).add(cs.get(i).getAsLong());
+                                    over.get(mode).add(es.get(i).getAsLong() - cs.get(i).getAsLong());
+                                }
+                            }
+                            long[] per = memoryPerConcurrentPipeline(c, api, key, mode, n, work, conc);
+                            if (r >= 0) {
+                                mem.get(mode).add(per[0]);
+                                threads.get(mode).add(per[1]);
+                            }
+                        }
+                    }
+                    for (String m : modes) {
+                        table.append(String.format("| %d | %s | %d | %.1f us | %.1f us | %.1f us | %.1f us | %.2f MB | %.2f |%n", n, label(m), over.get(m).size(),
+                                pct(e2e.get(m), 50) / 1e3, pct(comp.get(m), 50) / 1e3, pct(over.get(m), 50) / 1e3, pct(over.get(m), 99) / 1e3,
+                                pct(mem.get(m), 50) / 1048576.0, pct(threads.get(m), 50) / 100.0));
+                    }
+                    ratios.append(String.format("N=%d: overhead (e2e - compute) p50 HTTP / local %.1fx, API / local %.1fx%n", n,
+                            pct(over.get("http"), 50) / (double) Math.max(1, pct(over.get("local"), 50)),
+                            pct(over.get("api"), 50) / (double) Math.max(1, pct(over.get("local"), 50))));
+                }
+                String out = table + "\n" + ratios + String.format("(%d rounds x %d pipelines per path and N, alternating; stage compute %d iterations;"
+                        + " memory: %d concurrent pipelines whose stages hold 250 ms, median over the rounds)%n", rounds, reps, work, conc);
+                System.out.println(out);
+                Files.writeString(Path.of("target", "chain-pipeline.md"), out);
+            });
+        }
+    }
+
+    /**
+     * Memory per concurrent call, as SAND measured it (what serving C concurrent pipelines adds):
+     * per path, a fresh runtime, one pipeline to warm it, then C = 16 pipelines of 4 stages at once
+     * (stages hold 250 ms); the runtime's peak RSS and thread count minus before, over C. The
+     * workers the concurrency needs are made then (a warm pool reuses them: the pipeline table's
+     * columns). The stand-in's own memory (in the test's JVM) is not counted.
+     * {@code -Dtest='ChainBenchmark#memoryPerConcurrentPipelineFromCold'}; table to stdout and target/chain-memory.md.
+     */
+    @Test
+    void memoryPerConcurrentPipelineFromCold() throws Exception {
+        int conc = Integer.getInteger("chain.bench.pipeline.concurrent", 16), n = 4;
+        String key = "bench:key";
+        String jarB64 = Archives.jar(PIPELINE);
+        java.net.http.HttpClient fwd = java.net.http.HttpClient.newBuilder().version(java.net.http.HttpClient.Version.HTTP_1_1).build();
+        StringBuilder table = new StringBuilder("| path | concurrent pipelines (4 stages) | RSS per concurrent pipeline | threads per concurrent pipeline |\n|---|---|---|---|\n");
+        for (String mode : new String[]{"local", "http", "api"}) {
+            try (OpenWhiskApiStandIn api = new OpenWhiskApiStandIn(key)) {
+                api.recording = false;
+                with("java", env("CPUSLOT_SANDBOXES_PER_FUNCTION", Integer.toString(2 * conc + 4)), c -> {
+                    api.forward = forwarder(fwd, c);
+                    Path jar = c.dir.resolve("pipeline.jar");
+                    Files.write(jar, Base64.getDecoder().decode(jarB64));
+                    for (String[] f : new String[][]{{"stage", "Stage"}, {"pipe", "Pipe"}})
+                        assertEquals(200, c.post("/register?name=" + f[0] + "&language=java&entryPoint=example." + f[1] + "&url=" + jar.toUri(), "").code());
+                    pipe(c, api, key, mode, n, 3, 20_000, -1);
+                    long[] per = memoryPerConcurrentPipeline(c, api, key, mode, n, 20_000, conc);
+                    table.append(String.format("| %s | %d | %.2f MB | %.2f |%n", label(mode), conc, per[0] / 1048576.0, per[1] / 100.0));
+                });
+            }
+        }
+        System.out.println(table);
+        Files.writeString(Path.of("target", "chain-memory.md"), table.toString());
+    }
+
+    /** The stand-in controller: an invocation's params to the runtime's invoke (POST /), its result back. */
+    static java.util.function.BiFunction<String, String, OpenWhiskApiStandIn.Answer> forwarder(java.net.http.HttpClient fwd, ActionContainer c) {
+        return (name, body) -> {
+            try {
+                JsonObject o = new JsonObject();
+                o.addProperty("name", name);
+                o.addProperty("arguments", body);
+                var r = fwd.send(java.net.http.HttpRequest.newBuilder(java.net.URI.create("http://127.0.0.1:" + c.port() + "/"))
+                        .POST(java.net.http.HttpRequest.BodyPublishers.ofString(o.toString())).build(),
+                        java.net.http.HttpResponse.BodyHandlers.ofString());
+                JsonObject got = com.google.gson.JsonParser.parseString(r.body()).getAsJsonObject();
+                return r.statusCode() == 200 ? new OpenWhiskApiStandIn.Answer(200, got.get("result").toString(), 0)
+                        : new OpenWhiskApiStandIn.Answer(502, r.body(), 0);
+            } catch (Exception e) {
+                return new OpenWhiskApiStandIn.Answer(500, "{\"error\":\"" + e + "\"}", 0);
+            }
+        };
+    }
+
+    static String label(String mode) {
+        return switch (mode) {
+            case "local" -> "local (Chain.call)";
+            case "http" -> "runtime HTTP (POST /)";
+            default -> "OpenWhisk API stand-in";
+        };
+    }
+
+    static JsonObject pipe(ActionContainer c, OpenWhiskApiStandIn api, String key, String mode, int n, int reps, long work, long holdMs) throws Exception {
+        JsonObject a = new JsonObject();
+        a.addProperty("mode", mode);
+        a.addProperty("n", n);
+        a.addProperty("reps", reps);
+        a.addProperty("work", work);
+        if (holdMs >= 0) a.addProperty("hold_ms", holdMs);
+        a.addProperty("http_url", "http://127.0.0.1:" + c.port() + "/");
+        a.addProperty("api_url", api.url() + "/api/v1/namespaces/guest/actions/stage?blocking=true&result=true");
+        a.addProperty("auth", "Basic " + Base64.getEncoder().encodeToString(key.getBytes(java.nio.charset.StandardCharsets.UTF_8)));
+        JsonObject o = new JsonObject();
+        o.addProperty("name", "pipe");
+        o.addProperty("arguments", a.toString());
+        Reply rep = c.post("/", o.toString());
+        assertEquals(200, rep.code(), String.valueOf(rep.raw()));
+        return rep.body().getAsJsonObject("result");
+    }
+
+    /**
+     * The runtime's peak RSS and live threads while {@code conc} pipelines run at once (their
+     * stages hold 250 ms), minus before, over conc: {bytes, threads x 100}.
+     */
+    static long[] memoryPerConcurrentPipeline(ActionContainer c, OpenWhiskApiStandIn api, String key, String mode, int n, long work,
+                                              int conc) throws Exception {
+        long before = status(c.pid(), "VmRSS:") * 1024, threadsBefore = status(c.pid(), "Threads:");
+        long[] peak = {before, threadsBefore};
+        try (var ex = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) {
+            List<java.util.concurrent.Future<JsonObject>> fs = new ArrayList<>();
+            for (int i = 0; i < conc; i++) fs.add(ex.submit(() -> pipe(c, api, key, mode, n, 1, work, 250)));
+            for (int i = 0; i < 5 * n; i++) { // the pipelines take n x 250 ms: sample through them
+                Thread.sleep(50);
+                peak[0] = Math.max(peak[0], status(c.pid(), "VmRSS:") * 1024);
+                peak[1] = Math.max(peak[1], status(c.pid(), "Threads:"));
+            }
+            for (var f : fs) f.get(ActionContainer.REQUEST_TIMEOUT.toSeconds(), java.util.concurrent.TimeUnit.SECONDS);
+        }
+        return new long[]{(peak[0] - before) / conc, 100 * (peak[1] - threadsBefore) / conc};
+    }
+
+    /** A number from /proc/PID/status (VmRSS: in kB, Threads:). */
+    static long status(long pid, String field) throws Exception {
+        for (String l : Files.readAllLines(Path.of("/proc/" + pid + "/status")))
+            if (l.startsWith(field)) return Long.parseLong(l.replaceAll("[^0-9]", ""));
+        return 0;
+    }
+
     static long pct(List<Long> v, int p) {
         List<Long> s = new ArrayList<>(v);
         Collections.sort(s);

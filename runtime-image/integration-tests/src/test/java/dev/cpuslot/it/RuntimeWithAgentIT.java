@@ -693,6 +693,40 @@ class RuntimeWithAgentIT {
     }
 
     /**
+     * A declared sequence (Hydra /register?steps=, docs/chaining.md): each step runs in its own
+     * slot at its own quota, the output of one the input of the next. CpuBurn burns for the wall
+     * time it is asked ("ms", else 1000 ms): step 1 at 250m gets 0.25 of a core, step 2 at 500m
+     * 0.5, each +/- 0.05.
+     */
+    @Test
+    @Order(12)
+    void aDeclaredSequenceRunsEachStepInItsOwnSlotAtItsOwnQuota() throws Exception {
+        String cgroup = parent + "/rt-sequence";
+        cg.create(cgroup);
+        long ms = Math.min(BURN_MS, 4000);
+        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-sequence.log"))) {
+            lr.register("burn250", "dev.cpuslot.samples.CpuBurn", samplesJar, "250m");
+            lr.register("burn500", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
+            assertEquals(200, lr.post("/register?name=burnseq&steps=burn250,burn500", "").status());
+            assertEquals(200, lr.invoke("burnseq", "{\"ms\":50}").status()); // warm: both slots held
+            RuntimeProc.Reply r = lr.invoke("burnseq", "{\"ms\":" + ms + "}");
+            assertEquals(200, r.status(), r.body());
+            assertEquals("2", r.header("X-Cpuslot-Chain-Hops"), r.headers().toString());
+            java.util.regex.Matcher m = java.util.regex.Pattern.compile("burn250=(\\d+),burn500=(\\d+)").matcher(String.valueOf(r.header("X-Cpuslot-Chain")));
+            assertTrue(m.matches(), "each step measured in its own slot: " + r.headers());
+            long cpu1 = Long.parseLong(m.group(1)), cpu2 = Long.parseLong(m.group(2));
+            double wall2 = r.json().getAsJsonObject("result").get("wall_ms").getAsDouble() * 1e6;
+            double share1 = cpu1 / (ms * 1e6), share2 = cpu2 / wall2;
+            report.add(String.format(Locale.ROOT, "declared sequence burn250 -> burn500: step shares %.3f and %.3f", share1, share2));
+            assertTrue(Math.abs(share1 - 0.25) <= TOLERANCE, "step 1's share " + share1 + " is not 0.25 +/- " + TOLERANCE);
+            assertTrue(Math.abs(share2 - 0.5) <= TOLERANCE, "step 2's share " + share2 + " is not 0.5 +/- " + TOLERANCE);
+            Map<String, Double> mt = lr.metrics();
+            assertEquals(2, Prom.sum(mt, "cpuslot_chain_calls_total", "function=\"burn500\"", "mode=\"sequence\"", "status=\"ok\""), lr.metricsText());
+        }
+    }
+
+    /**
      * Hop latency with slots (docs/chaining.md, reported, not asserted): ChainBench calls hello
      * (200m) through the local bus and through the runtime's own HTTP path, rounds alternating;
      * every hop takes its slot by local leasing.

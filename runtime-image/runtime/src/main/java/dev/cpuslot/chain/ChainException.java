@@ -3,15 +3,19 @@ package dev.cpuslot.chain;
 /** A chain call that did not give a result; {@link #kind()} says why. Unchecked: uncaught, it fails the caller. */
 public final class ChainException extends RuntimeException {
     public enum Kind {
-        /** No function of that name in this runtime (calls beyond the runtime are not implemented yet). */
+        /** No function of that name in this runtime, and no platform path to call it through (docs/chaining.md). */
         NOT_LOCAL,
+        /** The name is not one the platform accepts (an OpenWhisk entity name, a Knative service name): nothing was sent. */
+        BAD_NAME,
+        /** The platform's path refused or failed the call (the OpenWhisk API's or the service's HTTP status, unreachable). */
+        PLATFORM,
         /** The callee belongs to another owner. */
         OTHER_OWNER,
         /** The chain is as deep as the runtime allows (CPUSLOT_CHAIN_MAX_DEPTH). */
         DEPTH,
         /** Too many asynchronous calls from this activation (CPUSLOT_CHAIN_MAX_ASYNC), or in the runtime (CPUSLOT_CHAIN_MAX_PENDING). */
         FAN_OUT,
-        /** The callee failed: threw, returned no object, or could not start. */
+        /** The callee failed: threw, returned no object, or could not start (through the platform: its own error). */
         FAILED,
         /** The callee did not finish before its own time limit or its caller's deadline. */
         TIMEOUT,

@@ -42,7 +42,10 @@ public record Config(
         String owner,                 // CPUSLOT_OWNER: the one owner served (null: the first one seen; "*": any)
         int chainMaxDepth,            // CPUSLOT_CHAIN_MAX_DEPTH: most nested chain calls below a platform's activation
         int chainMaxAsync,            // CPUSLOT_CHAIN_MAX_ASYNC: most asynchronous chain calls per activation
-        int chainMaxPending) {        // CPUSLOT_CHAIN_MAX_PENDING: most asynchronous chain calls pending in the runtime
+        int chainMaxPending,          // CPUSLOT_CHAIN_MAX_PENDING: most asynchronous chain calls pending in the runtime
+        String chainUrl,              // CPUSLOT_CHAIN_URL: a callee not here goes to this URL ({name}, {namespace}), e.g. a Knative service's
+        String chainUrls,             // CPUSLOT_CHAIN_URLS: name=url,... for callees not here (before CPUSLOT_CHAIN_URL)
+        String chainSteps) {          // CPUSLOT_CHAIN_STEPS: the steps that follow the container's action (Knative: its env)
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -98,7 +101,10 @@ public record Config(
                 blankToNull(env.get("CPUSLOT_OWNER")),
                 nonNegative(env, "CPUSLOT_CHAIN_MAX_DEPTH", 16),
                 nonNegative(env, "CPUSLOT_CHAIN_MAX_ASYNC", 16),
-                nonNegative(env, "CPUSLOT_CHAIN_MAX_PENDING", 256));
+                nonNegative(env, "CPUSLOT_CHAIN_MAX_PENDING", 256),
+                blankToNull(env.get("CPUSLOT_CHAIN_URL")),
+                blankToNull(env.get("CPUSLOT_CHAIN_URLS")),
+                blankToNull(env.get("CPUSLOT_CHAIN_STEPS")));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

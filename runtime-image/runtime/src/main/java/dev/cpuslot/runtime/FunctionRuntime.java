@@ -92,7 +92,7 @@ public final class FunctionRuntime implements AutoCloseable {
             @Override public FunctionPool.Outcome run(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
                 return runHop(callee, args, hop, mode);
             }
-        }, metrics, cfg.chainMaxDepth(), cfg.chainMaxAsync(), cfg.chainMaxPending());
+        }, new PlatformPath(cfg.chainUrl(), cfg.chainUrls()), metrics, cfg.chainMaxDepth(), cfg.chainMaxAsync(), cfg.chainMaxPending());
         describeMetrics();
         inFlight = metrics.gauge("cpuslot_invocations_in_flight", "");
         metrics.gaugeFunction("cpuslot_sandboxes", () -> {
@@ -367,11 +367,13 @@ public final class FunctionRuntime implements AutoCloseable {
         Reply refused = checkOwner(q.get("owner"), "/register of " + name);
         if (refused != null) return refused;
         try {
-            byte[] code = body != null && body.length > 0 ? body : fetch(q.get("url"));
+            byte[] code = q.containsKey("steps") ? null : body != null && body.length > 0 ? body : fetch(q.get("url"));
             Map<String, String> env = new LinkedHashMap<>();
             if (q.containsKey("quota")) env.put(Config.INIT_QUOTA_ENV, q.get("quota"));
             if (q.containsKey("sandbox")) env.put("CPUSLOT_SANDBOX", q.get("sandbox"));
-            Function f = language.equals("java")
+            // steps=a,b,c: a sequence of functions (local first, then the platform's), no code of its own
+            Function f = q.containsKey("steps") ? new SequenceFunction(name, LocalBus.parseSteps(q.get("steps")), env, bus)
+                    : language.equals("java")
                     ? create(name, "java", code, null, entry == null ? "main" : entry, env)
                     : create(name, language, null, new String(code, StandardCharsets.UTF_8), entry, env);
             long timeoutMs = 0;
@@ -491,6 +493,15 @@ public final class FunctionRuntime implements AutoCloseable {
         if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
         String activationId = env.getOrDefault("__OW_ACTIVATION_ID", UUID.randomUUID().toString().replace("-", ""));
         String action = env.getOrDefault("__OW_ACTION_NAME", fn.name());
+        int depth = 0; // the chain's depth, when a caller's chain sent this activation through the platform
+        if (value.isJsonObject() && value.getAsJsonObject().has(PlatformPath.DEPTH_PARAM)) {
+            value = value.deepCopy();
+            try {
+                depth = bus.arrivedDepth(value);
+            } catch (IllegalArgumentException e) {
+                return finish(platform, fn, t0, Reply.error(400, e.getMessage()), sentinels, "bad_request");
+            }
+        }
 
         long timeoutNs = TimeUnit.MILLISECONDS.toNanos(hosted != null && hosted.timeoutMs() > 0 ? hosted.timeoutMs() : cfg.defaultTimeoutMs());
         String dl = env.get("__OW_DEADLINE");
@@ -525,7 +536,8 @@ public final class FunctionRuntime implements AutoCloseable {
         long deadline = System.nanoTime() + timeoutNs;
         // the chain's first hop: the owner is the Hydra function's, else the activation's namespace
         String hopOwner = hosted != null ? hosted.owner() : ns != null && ns.isJsonPrimitive() ? ns.getAsString().trim() : "";
-        LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline);
+        LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline, depth,
+                new PlatformPath.Origin(env.get("__OW_API_HOST"), env.get("__OW_API_KEY")));
         try {
             o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop,
                     usageAsked || cfg.usageInReply()), deadline);
@@ -535,6 +547,8 @@ public final class FunctionRuntime implements AutoCloseable {
         } finally {
             inFlight.decrementAndGet();
         }
+        // the steps the container's action declared (its /init env, else the container's env) follow it
+        if (hosted == null) o = bus.then(hop, fn.initEnv().getOrDefault(LocalBus.STEPS_ENV, cfg.chainSteps()), o);
 
         Reply r;
         String status;
@@ -660,7 +674,7 @@ public final class FunctionRuntime implements AutoCloseable {
             metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), u.cpuNanos() / 1e9);
             metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), u.throttledNanos() / 1e9);
         }
-        if (mode.equals("sync")) hop.trace.add(hop.function, measured ? u.cpuNanos() : 0, measured);
+        if (!mode.equals("async")) hop.trace.add(hop.function, measured ? u.cpuNanos() : 0, measured);
         SlotLease l = o.lease();
         if (q != null) {
             String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
@@ -669,7 +683,7 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.inc("cpuslot_chain_calls_total", Metrics.labels("function", fn.name(), "mode", mode, "status", status));
         metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", "chain", "function", fn.name(), "status", status));
         metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name())).observe((System.nanoTime() - t0) / 1e9);
-        Log.activation("cpuslot: activation=" + hop.activationId + " action=" + hop.function + " status=" + status
+        Log.later("cpuslot: activation=" + hop.activationId + " action=" + hop.function + " status=" + status
                 + " chain=" + mode + " depth=" + hop.depth
                 + (q != null ? " quota=" + q.milli() + "m source=" + q.source() : "")
                 + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + (l.local() ? " local" : "") : "none")

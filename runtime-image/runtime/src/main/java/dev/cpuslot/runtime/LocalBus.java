@@ -71,17 +71,20 @@ final class LocalBus {
         final int depth;
         final long deadlineNanos;
         final Trace trace;
+        /** The platform the chain's first activation came from: the path to callees not hosted here. */
+        final PlatformPath.Origin origin;
         final AtomicInteger asyncCalls = new AtomicInteger();
         /** The activation's slot lease (set by its worker once acquired; null: none). */
         volatile SlotLease lease;
 
-        Hop(String function, String owner, String activationId, int depth, long deadlineNanos, Trace trace) {
+        Hop(String function, String owner, String activationId, int depth, long deadlineNanos, Trace trace, PlatformPath.Origin origin) {
             this.function = function;
             this.owner = owner == null ? "" : owner;
             this.activationId = activationId;
             this.depth = depth;
             this.deadlineNanos = deadlineNanos;
             this.trace = trace;
+            this.origin = origin == null ? PlatformPath.Origin.NONE : origin;
         }
 
         @Override
@@ -94,22 +97,99 @@ final class LocalBus {
     private static final ThreadLocal<Hop> CURRENT = new ThreadLocal<>();
 
     private final Host host;
+    private final PlatformPath platform;
     private final Metrics metrics;
     private final int maxDepth, maxAsync, maxPending;
     private final AtomicLong pending = new AtomicLong();
 
-    LocalBus(Host host, Metrics metrics, int maxDepth, int maxAsync, int maxPending) {
+    LocalBus(Host host, PlatformPath platform, Metrics metrics, int maxDepth, int maxAsync, int maxPending) {
         this.host = host;
+        this.platform = platform;
         this.metrics = metrics;
         this.maxDepth = maxDepth;
         this.maxAsync = maxAsync;
         this.maxPending = maxPending;
     }
 
-    /** The first hop of a chain: an activation the platform sent. */
-    Hop root(String function, String owner, String activationId, long deadlineNanos) {
-        return new Hop(function, owner, activationId, 0, deadlineNanos, new Trace());
+    /**
+     * The first hop here of a chain: an activation the platform sent, at {@code depth} (0, or the
+     * depth its caller's chain sent with it through the platform).
+     */
+    Hop root(String function, String owner, String activationId, long deadlineNanos, int depth, PlatformPath.Origin origin) {
+        return new Hop(function, owner, activationId, depth, deadlineNanos, new Trace(), origin);
     }
+
+    /** The depth an activation arrived with ({@value PlatformPath#DEPTH_PARAM}, removed from its value): 0 when absent. */
+    int arrivedDepth(JsonElement value) {
+        if (value == null || !value.isJsonObject() || !value.getAsJsonObject().has(PlatformPath.DEPTH_PARAM)) return 0;
+        JsonElement d = value.getAsJsonObject().remove(PlatformPath.DEPTH_PARAM);
+        long n;
+        try {
+            n = d.isJsonPrimitive() && d.getAsJsonPrimitive().isNumber() ? d.getAsJsonPrimitive().getAsBigDecimal().longValueExact() : -1;
+        } catch (ArithmeticException e) {
+            n = -1;
+        }
+        if (n < 0) throw new IllegalArgumentException(PlatformPath.DEPTH_PARAM + " is not a depth (0 or more): " + d);
+        return (int) Math.min(n, (long) maxDepth + 1);
+    }
+
+    // ---- declared sequences -----------------------------------------------------------------
+
+    /** Most steps in a declared sequence: OpenWhisk's default (whisk.actionSequenceLimit). */
+    static final int MAX_STEPS = 50;
+
+    /** A declared sequence's steps ({@code a,b,pkg/c}), checked: 1 to 50 names a platform would accept. */
+    static List<String> parseSteps(String spec) {
+        List<String> steps = new ArrayList<>();
+        if (spec != null) for (String s : spec.split(",", -1)) steps.add(s.trim());
+        if (steps.isEmpty() || (steps.size() == 1 && steps.get(0).isEmpty()))
+            throw new IllegalArgumentException("no steps named (steps=a,b,c)");
+        if (steps.size() > MAX_STEPS) throw new IllegalArgumentException(steps.size() + " steps, more than " + MAX_STEPS);
+        for (String s : steps) {
+            if (!PlatformPath.isStepName(s)) throw new IllegalArgumentException("not a function name: '" + s + "'");
+        }
+        return List.copyOf(steps);
+    }
+
+    /**
+     * Runs {@code steps} as an OpenWhisk sequence does (SequenceActions.scala): the result of step
+     * i is the input of step i+1, each step a chain call of its own (local first, then the
+     * platform's path), and a step whose result has an {@code error} field ends the sequence with
+     * that result; a step that fails ends it with its ChainException.
+     */
+    JsonElement sequence(Hop from, List<String> steps, JsonElement input) {
+        JsonElement cur = input;
+        for (String step : steps) {
+            cur = call(from, step, cur, false, "sequence");
+            if (cur.isJsonObject() && cur.getAsJsonObject().has("error")) break;
+        }
+        return cur;
+    }
+
+    /**
+     * The steps an action declared to follow it (its init env {@value #STEPS_ENV}): run on its
+     * result once it succeeded; the last step's result (or error) becomes the activation's.
+     */
+    FunctionPool.Outcome then(Hop hop, String steps, FunctionPool.Outcome o) {
+        if (steps == null || steps.isBlank() || o.error() != null || o.result() == null
+                || !(o.result().isJsonObject() || o.result().isJsonArray())
+                || (o.result().isJsonObject() && o.result().getAsJsonObject().has("error"))) return o;
+        hop.lease = null; // the action's own slot is released: nothing to sleep on while its steps run
+        try {
+            JsonElement r = sequence(hop, parseSteps(steps), o.result());
+            return new FunctionPool.Outcome(r, null, false, o.lease(), o.usage(), o.runNanos());
+        } catch (IllegalArgumentException e) {
+            return new FunctionPool.Outcome(null, STEPS_ENV + ": " + e.getMessage(), false, o.lease(), o.usage(), o.runNanos());
+        } catch (ChainException e) {
+            return new FunctionPool.Outcome(null, e.toString(), e.kind() == Kind.TIMEOUT, o.lease(), o.usage(), o.runNanos());
+        }
+    }
+
+    /** The init env (or /register steps) that declares a function's next steps. */
+    static final String STEPS_ENV = "CPUSLOT_CHAIN_STEPS";
+
+    /** The running activation's hop (the thread that runs its main), or null. */
+    static Hop current() { return CURRENT.get(); }
 
     /** Binds the hop to the worker thread for the activation (Java: {@link Chain}; polyglot: {@link #polyglot}). */
     static void enter(Hop hop) {
@@ -123,16 +203,18 @@ final class LocalBus {
     }
 
     private JsonElement call(Hop from, String callee, JsonElement args, boolean async) {
+        return call(from, callee, args, async, async ? "async" : "sync");
+    }
+
+    private JsonElement call(Hop from, String callee, JsonElement args, boolean async, String mode) {
         String name = callee == null ? "" : callee.trim();
-        String mode = async ? "async" : "sync";
         try {
             if (name.isEmpty()) throw new ChainException(Kind.NOT_LOCAL, name, "no function named");
             int depth = from.depth + 1;
             if (depth > maxDepth)
                 throw new ChainException(Kind.DEPTH, name, "the chain is " + from.depth + " calls deep, the bound (CPUSLOT_CHAIN_MAX_DEPTH=" + maxDepth + ")");
             Hosted h = host.find(name);
-            if (h == null)
-                throw new ChainException(Kind.NOT_LOCAL, name, "no function of that name in this runtime (calls beyond the runtime are not implemented yet)");
+            if (h == null) return global(from, name, args, async, mode, depth); // local first, then global
             // explicit, whatever the runtime's owner setting: a chain stays with its owner
             if (!h.owner().equals(from.owner))
                 throw new ChainException(Kind.OTHER_OWNER, name, "it belongs to another owner than the caller '" + from.function + "'");
@@ -142,7 +224,7 @@ final class LocalBus {
             if (deadline - now <= 0) throw new ChainException(Kind.TIMEOUT, name, "no time left before the caller's deadline");
             String id = UUID.randomUUID().toString().replace("-", "");
             if (!async) {
-                Hop hop = new Hop(name, h.owner(), id, depth, deadline, from.trace);
+                Hop hop = new Hop(name, h.owner(), id, depth, deadline, from.trace, from.origin);
                 // The caller waits for the callee and uses no CPU meanwhile: its lease sleeps for
                 // exactly the wait, so the agent may lend its quota (docs/lending.md). Nothing
                 // is sent unless the agent announced LEND.
@@ -169,7 +251,7 @@ final class LocalBus {
                 throw new ChainException(Kind.FAN_OUT, name, maxPending + " asynchronous calls are pending in this runtime (CPUSLOT_CHAIN_MAX_PENDING)");
             }
             // its own trace: the caller's answer may be gone before it ends; its log line and metrics report it
-            Hop hop = new Hop(name, h.owner(), id, depth, deadline, new Trace());
+            Hop hop = new Hop(name, h.owner(), id, depth, deadline, new Trace(), from.origin);
             JsonElement a = args.deepCopy();
             try {
                 // the runtime's thread, not the caller's: no inherited activation, not in its thread count
@@ -188,9 +270,74 @@ final class LocalBus {
             }
             return null;
         } catch (ChainException e) {
-            if (e.kind() != Kind.FAILED && e.kind() != Kind.TIMEOUT) // those are counted with the hop
+            if (e.kind() != Kind.FAILED && e.kind() != Kind.TIMEOUT && e.kind() != Kind.PLATFORM) // those are counted with the hop
                 metrics.inc("cpuslot_chain_calls_total", Metrics.labels("function", name, "mode", mode, "status", e.kind().name().toLowerCase()));
             throw e;
+        }
+    }
+
+    /**
+     * A callee this runtime does not host, through the platform's path (PlatformPath): the name
+     * checked before anything is sent, the caller's deadline and depth with the call, the caller's
+     * lease asleep while it waits, a log line (written off the critical path) and the metrics.
+     */
+    private JsonElement global(Hop from, String name, JsonElement args, boolean async, String mode, int depth) {
+        PlatformPath.Target t = platform.target(from.origin, from.owner, name);
+        long deadline = from.deadlineNanos;
+        if (deadline - System.nanoTime() <= 0) throw new ChainException(Kind.TIMEOUT, name, "no time left before the caller's deadline");
+        JsonElement a = args.deepCopy();
+        if (!async) {
+            SlotLease mine = from.lease;
+            boolean slept = mine != null && mine.sleep();
+            try {
+                return remoteHop(from, t, name, a, depth, deadline, false, mode).result();
+            } finally {
+                if (slept) mine.wake();
+            }
+        }
+        if (from.asyncCalls.incrementAndGet() > maxAsync)
+            throw new ChainException(Kind.FAN_OUT, name, "more than " + maxAsync + " asynchronous calls from one activation (CPUSLOT_CHAIN_MAX_ASYNC)");
+        if (pending.incrementAndGet() > maxPending) {
+            pending.decrementAndGet();
+            throw new ChainException(Kind.FAN_OUT, name, maxPending + " asynchronous calls are pending in this runtime (CPUSLOT_CHAIN_MAX_PENDING)");
+        }
+        try {
+            Thread.ofVirtual().name("chain-async-" + name).inheritInheritableThreadLocals(false).start(() -> {
+                try {
+                    remoteHop(from, t, name, a, depth, deadline, true, mode);
+                } catch (RuntimeException | Error e) {
+                    // reported by its log line and metrics
+                } finally {
+                    pending.decrementAndGet();
+                }
+            });
+        } catch (RuntimeException | Error e) {
+            pending.decrementAndGet();
+            throw new ChainException(Kind.FAILED, name, "could not start: " + e);
+        }
+        return null;
+    }
+
+    private PlatformPath.Result remoteHop(Hop from, PlatformPath.Target t, String name, JsonElement args, int depth, long deadline,
+                                          boolean async, String mode) {
+        long t0 = System.nanoTime();
+        String status = "ok", error = null;
+        PlatformPath.Result r = null;
+        try {
+            r = platform.call(t, name, args, depth, deadline, async);
+            return r;
+        } catch (ChainException e) {
+            status = e.kind() == Kind.TIMEOUT ? "timeout" : e.kind() == Kind.PLATFORM ? "platform" : "error";
+            error = e.getMessage();
+            throw e;
+        } finally {
+            if (!async) from.trace.add(name, 0, false);
+            metrics.inc("cpuslot_chain_calls_total", Metrics.labels("function", name, "mode", mode, "status", status));
+            Log.later("cpuslot: activation=" + (r != null && r.activationId() != null ? r.activationId() : "-") + " action=" + name
+                    + " status=" + status + " chain=" + mode + " depth=" + depth + " path=" + t.kind()
+                    + " caller=" + from.activationId
+                    + (error != null ? " error=" + error.replace('\n', ' ') : "")
+                    + " duration_ms=" + FunctionRuntime.ms(System.nanoTime() - t0));
         }
     }
 

@@ -71,6 +71,35 @@ final class Log {
     /** The per-activation line. */
     static void activation(String m) { line(m); }
 
+    /** Lines written by the writer thread, off the caller's path (chain hops' lines). */
+    private static final java.util.concurrent.BlockingQueue<String> LATER = new java.util.concurrent.ArrayBlockingQueue<>(4096);
+    private static volatile Thread writer;
+
+    /**
+     * A per-activation line written off the critical path: queued for the runtime's log writer
+     * thread. A full queue (a writer far behind) writes it here instead: lines are never dropped.
+     */
+    static void later(String m) {
+        if (writer == null) startWriter();
+        if (!LATER.offer(m)) line(m);
+    }
+
+    private static synchronized void startWriter() {
+        if (writer != null) return;
+        // the runtime's thread: no function's activation inherited (the Java guard counts those)
+        writer = Thread.ofPlatform().daemon().name("cpuslot-log-writer").inheritInheritableThreadLocals(false).start(() -> {
+            while (true) {
+                try {
+                    line(LATER.take());
+                } catch (InterruptedException e) {
+                    return;
+                } catch (RuntimeException e) {
+                    // a line that could not be written; the next one may
+                }
+            }
+        });
+    }
+
     static void stackTrace(String what, Throwable t) {
         java.io.StringWriter w = new java.io.StringWriter();
         t.printStackTrace(new java.io.PrintWriter(w));
