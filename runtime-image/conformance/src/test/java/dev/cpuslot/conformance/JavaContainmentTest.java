@@ -58,7 +58,7 @@ class JavaContainmentTest {
     @ParameterizedTest(name = "{0}")
     @ValueSource(strings = {
             "exitViaReflection", "haltViaMethodHandle", "killOwnPid", "runtimeExec", "unsafePutAddress",
-            "setOut", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
+            "setOut", "setErr", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
             "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization",
             "allStackTracesThroughASubclass", "timeZoneThroughASubclass", "threadWithoutTheActivation"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
@@ -83,6 +83,9 @@ class JavaContainmentTest {
                     return args;""";
             case "setOut" -> """
                     System.setOut(new PrintStream(new ByteArrayOutputStream()));
+                    return args;""";
+            case "setErr" -> """
+                    System.setErr(new PrintStream(new ByteArrayOutputStream()));
                     return args;""";
             case "setProperty" -> """
                     System.setProperty("user.timezone", "Pacific/Kiritimati");
@@ -402,6 +405,110 @@ class JavaContainmentTest {
             assertTrue(ch.raw().toString().contains("300"), String.valueOf(ch.raw()));
             assertAlive(c);
         });
+    }
+
+    /**
+     * Prints each line in two parts with a pause between them, on both streams, and once from a
+     * thread it starts: concurrent activations would splice their lines into each other's.
+     */
+    static final String PRINTER = """
+            String id = args.get("id").getAsString();
+            for (int i = 0; i < 3; i++) {
+                System.out.print(id + " out " + i + " begins, ");
+                System.err.print(id + " err " + i + " begins, ");
+                Thread.sleep(20);
+                System.out.println("ends");
+                System.err.println("ends");
+            }
+            Thread t = new Thread(() -> System.out.println(id + " out from its thread"));
+            t.start();
+            t.join();
+            return args;""";
+
+    /**
+     * Output per activation (issue 21): concurrent OpenWhisk activations of one action each get
+     * their stdout and stderr as one block of whole lines, ended by the sentinel on each stream,
+     * however their prints interleave in time (before: parts of lines of different activations
+     * spliced together, and a sentinel in the middle of another activation's line).
+     */
+    @Test
+    void eachConcurrentActivationsOutputIsItsOwnBlockEndedByTheSentinel() throws Exception {
+        String jar = probe(PRINTER);
+        int n = 8;
+        String[] logs = with("java", env("__OW_ALLOW_CONCURRENT", "true"), c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            List<JsonObject> runs = new java.util.ArrayList<>();
+            for (int i = 0; i < n; i++) runs.add(runPayload(json("{\"id\":\"act" + i + "\"}")));
+            for (Reply r : c.runMultiple(runs)) assertEquals(200, r.code(), String.valueOf(r.raw()));
+        });
+        List<String> ids = java.util.stream.IntStream.range(0, n).mapToObj(i -> "act" + i).toList();
+        assertBlocks(logs[0], "out", ids, 4, true);
+        assertBlocks(logs[1], "err", ids, 3, true);
+    }
+
+    /**
+     * Output per activation across functions: two functions of one runtime (Hydra), invoked at
+     * the same time, one of them hostile (it closes System.out and System.err, then prints): each
+     * invocation's lines are whole and together, and no function removes another's lines from
+     * the process's stdout (before: lines spliced, and after the close every later line was gone).
+     */
+    @Test
+    void aFunctionCannotTakeOrRemoveAnothersOutput() throws Exception {
+        String printer = probe(PRINTER);
+        String closer = probe("""
+                System.out.close();
+                System.err.close();
+                System.out.println("closer was here");
+                return args;""");
+        int n = 6;
+        String[] logs = with("java", c -> {
+            assertEquals(200, register(c, "printer", jarFile(c, "printer", printer), null).code());
+            assertEquals(200, register(c, "closer", jarFile(c, "closer", closer), null).code());
+            assertEquals(200, invoke(c, "closer", "{}").code());
+            try (var ex = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) {
+                List<java.util.concurrent.Future<Reply>> fs = new java.util.ArrayList<>();
+                for (int i = 0; i < n; i++) {
+                    String id = "fn" + i;
+                    fs.add(ex.submit(() -> invoke(c, "printer", "{\"id\":\"" + id + "\"}")));
+                    fs.add(ex.submit(() -> invoke(c, "closer", "{}")));
+                }
+                for (var f : fs) assertEquals(200, f.get().code(), String.valueOf(f.get().raw()));
+            }
+        });
+        List<String> ids = java.util.stream.IntStream.range(0, n).mapToObj(i -> "fn" + i).toList();
+        assertBlocks(logs[0], "out", ids, 4, false);
+        assertBlocks(logs[1], "err", ids, 3, false);
+    }
+
+    /**
+     * Each id's lines on the stream are whole ({@code <id> <stream> <i> begins, ends}, and the
+     * line from its thread), all {@code lines} of them, one after the other; with sentinels, the
+     * line after an activation's last is the sentinel.
+     */
+    static void assertBlocks(String stream, String name, List<String> ids, int lines, boolean sentinels) {
+        List<String> all = List.of(stream.split("\n"));
+        for (String id : ids) {
+            List<Integer> at = new java.util.ArrayList<>();
+            for (int k = 0; k < all.size(); k++) if (all.get(k).contains(id + " ")) at.add(k);
+            for (int k : at) {
+                String l = all.get(k);
+                assertTrue(l.matches(id + " " + name + " \\d begins, ends") || l.equals(id + " out from its thread"),
+                        name + " line " + k + " is not one whole line of " + id + ": '" + l + "'\n" + stream);
+            }
+            assertEquals(lines, at.size(), id + "'s lines on " + name + ":\n" + stream);
+            assertEquals(at.get(0) + lines - 1, at.get(lines - 1), id + "'s lines on " + name + " are not together:\n" + stream);
+            if (sentinels) {
+                assertTrue(at.get(lines - 1) + 1 < all.size() && all.get(at.get(lines - 1) + 1).equals(SENTINEL),
+                        "the line after " + id + "'s last on " + name + " is not the sentinel:\n" + stream);
+            }
+        }
+    }
+
+    static Reply invoke(ActionContainer c, String name, String arguments) throws Exception {
+        JsonObject o = new JsonObject();
+        o.addProperty("name", name);
+        o.addProperty("arguments", arguments);
+        return c.post("/", o.toString());
     }
 
     /** Writes the function's jar to a file (for Hydra /register?url=file:). */
