@@ -1,6 +1,7 @@
 package dev.cpuslot.runtime;
 
 import com.google.gson.JsonElement;
+import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.ReleaseOutcome;
 import dev.cpuslot.slot.SlotClient;
 import dev.cpuslot.slot.SlotLease;
@@ -33,11 +34,14 @@ public final class FunctionPool implements AutoCloseable {
     public record Outcome(JsonElement result, String error, boolean timedOut, SlotLease lease, Usage usage,
                           long runNanos) {}
 
-    /** One invocation handed to a worker; {@code hop}: its place in a chain (null: no chain calls). */
+    /**
+     * One invocation handed to a worker; {@code hop}: its place in a chain (null: no chain calls);
+     * {@code output}: where the activation's stdout and stderr go (null: the process's streams).
+     */
     public record Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
-                       LocalBus.Hop hop) {
+                       LocalBus.Hop hop, ActivationOutput.Capture output) {
         public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId) {
-            this(args, env, quotaMilli, action, activationId, null);
+            this(args, env, quotaMilli, action, activationId, null, null);
         }
     }
 
@@ -223,9 +227,11 @@ public final class FunctionPool implements AutoCloseable {
 
         private void run(Job j) {
             current = j;
+            ActivationOutput.enter(j.task.output()); // what the function and its threads print
             try {
                 runJob(j);
             } finally {
+                ActivationOutput.leave();
                 current = null;
             }
         }

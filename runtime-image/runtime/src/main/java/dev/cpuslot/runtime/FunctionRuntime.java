@@ -3,6 +3,7 @@ package dev.cpuslot.runtime;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.SlotClient;
 import dev.cpuslot.slot.SlotLease;
 import dev.cpuslot.slot.Usage;
@@ -31,7 +32,7 @@ import java.util.regex.Pattern;
  * platform's reply. HTTP lives in {@link HttpFront}.
  */
 public final class FunctionRuntime implements AutoCloseable {
-    public static final String SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX";
+    public static final String SENTINEL = ActivationOutput.SENTINEL;
     static final String OW_ACTION = "__ow_action";
 
     /** An HTTP-agnostic reply. */
@@ -512,11 +513,12 @@ public final class FunctionRuntime implements AutoCloseable {
         // the chain's first hop: the owner is the Hydra function's, else the activation's namespace
         String hopOwner = hosted != null ? hosted.owner() : ns != null && ns.isJsonPrimitive() ? ns.getAsString().trim() : "";
         LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline);
+        ActivationOutput.Capture output = ActivationOutput.open();
         try {
-            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop), deadline);
+            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop, output), deadline);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-            return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error");
+            return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error", output);
         } finally {
             inFlight.decrementAndGet();
         }
@@ -584,7 +586,7 @@ public final class FunctionRuntime implements AutoCloseable {
                 + (hops > 0 ? " chain_hops=" + hops : "")
                 + (hops > 0 && headers.containsKey("X-Cpuslot-Chain-Cpu-Ns") ? " chain_cpu_ms=" + ms(Long.parseLong(headers.get("X-Cpuslot-Chain-Cpu-Ns"))) : "")
                 + " duration_ms=" + ms(System.nanoTime() - t0));
-        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers), sentinels, status);
+        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers), sentinels, status, output);
     }
 
     /**
@@ -611,10 +613,12 @@ public final class FunctionRuntime implements AutoCloseable {
                 args.getAsJsonObject().remove(Config.QUOTA_PARAM);
             }
             inFlight.incrementAndGet();
+            ActivationOutput.Capture output = ActivationOutput.open();
             try {
-                o = p.invoke(new FunctionPool.Task(args, env, q.milli(), hop.function, hop.activationId, hop), hop.deadlineNanos);
+                o = p.invoke(new FunctionPool.Task(args, env, q.milli(), hop.function, hop.activationId, hop, output), hop.deadlineNanos);
             } finally {
                 inFlight.decrementAndGet();
+                if (output != null) output.close(false); // the hop's own block (the platform's sentinels end its caller's)
             }
         } catch (Quota.InvalidQuotaException e) {
             o = new FunctionPool.Outcome(null, e.getMessage(), false, null, Usage.NONE, 0);
@@ -698,19 +702,23 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     private Reply finish(String platform, Function fn, long t0, Reply r, boolean sentinels, String status) {
+        return finish(platform, fn, t0, r, sentinels, status, null);
+    }
+
+    /** @param output the activation's stdout and stderr: written out now, before its sentinels */
+    private Reply finish(String platform, Function fn, long t0, Reply r, boolean sentinels, String status,
+                         ActivationOutput.Capture output) {
         metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", platform, "function", fn.name(), "status", status));
         metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name()))
                 .observe((System.nanoTime() - t0) / 1e9);
         if (!status.equals("ok")) Log.info("activation failed: " + (r.body() instanceof JsonObject jo && jo.has("error") && jo.get("error").isJsonPrimitive() ? jo.get("error").getAsString() : status));
-        if (sentinels) sentinels();
+        if (output != null) output.close(sentinels);
+        else if (sentinels) sentinels();
         return r;
     }
 
     private void sentinels() {
-        out.println(SENTINEL);
-        err.println(SENTINEL);
-        out.flush();
-        err.flush();
+        ActivationOutput.sentinels(out, err);
     }
 
     private static String str(JsonObject o, String k, String def) {
