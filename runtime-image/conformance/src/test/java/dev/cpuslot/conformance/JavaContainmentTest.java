@@ -60,7 +60,9 @@ class JavaContainmentTest {
             "exitViaReflection", "haltViaMethodHandle", "killOwnPid", "runtimeExec", "unsafePutAddress",
             "setOut", "setErr", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
             "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization",
-            "allStackTracesThroughASubclass", "timeZoneThroughASubclass", "threadWithoutTheActivation"})
+            "allStackTracesThroughASubclass", "timeZoneThroughASubclass", "threadWithoutTheActivation",
+            "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
+            "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -139,6 +141,44 @@ class JavaContainmentTest {
                     // a thread that does not inherit the activation would escape its thread limit and deadline
                     Thread.ofPlatform().inheritInheritableThreadLocals(false).start(() -> { });
                     return args;""";
+            // sun.misc.Unsafe and native access (the JVM grants both to the runtime's own code)
+            case "unsafeByName" -> """
+                    Object u = Class.forName("sun.misc.Unsafe").getMethod("getUnsafe").invoke(null);
+                    return args;""";
+            case "unsafeMethodReference" -> """
+                    java.util.function.Supplier<sun.misc.Unsafe> f = sun.misc.Unsafe::getUnsafe;
+                    return args;""";
+            case "loadByMethodReference" -> """
+                    java.util.function.Consumer<String> f = System::load;
+                    f.accept("/lib/x86_64-linux-gnu/libc.so.6");
+                    return args;""";
+            case "loadByReflection" -> """
+                    System.class.getMethod("loadLibrary", String.class).invoke(null, "c");
+                    return args;""";
+            case "runtimeLoadLibrary" -> """
+                    Runtime.getRuntime().loadLibrary("c");
+                    return args;""";
+            case "nativeLinker" -> """
+                    var h = java.lang.foreign.Linker.nativeLinker().downcallHandle(
+                        java.lang.foreign.Linker.nativeLinker().defaultLookup().find("getpid").orElseThrow(),
+                        java.lang.foreign.FunctionDescriptor.of(java.lang.foreign.ValueLayout.JAVA_INT));
+                    return args;""";
+            case "symbolLookup" -> """
+                    java.lang.foreign.SymbolLookup.libraryLookup("libc.so.6", java.lang.foreign.Arena.global());
+                    return args;""";
+            case "arena" -> """
+                    try (var a = java.lang.foreign.Arena.ofConfined()) { a.allocate(8).reinterpret(1 << 20); }
+                    return args;""";
+            case "linkerByReflection" -> """
+                    Object l = Class.forName("java.lang.foreign.Linker").getMethod("nativeLinker").invoke(null);
+                    return args;""";
+            case "nativeMethodOfItsOwn" -> """
+                    System.loadLibrary("probe");
+                    args.addProperty("pid", pid());
+                    return args;
+                    }
+                    static native int pid();
+                    static {""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
@@ -354,6 +394,43 @@ class JavaContainmentTest {
                 }
             }
             assertEquals(List.of(), left, "threads the activation started still run 60 s after its deadline");
+        });
+    }
+
+    /**
+     * Threads the activation started that are blocked at its deadline (in a sleep, in a queue's
+     * take) are interrupted then: they end, and their count is free for the function's next
+     * activation (a limit of 2 threads here). Before: they stayed blocked for the process's life
+     * and the next activation could start no thread.
+     */
+    @Test
+    void threadsBlockedAtTheDeadlineEndAndFreeTheirCount() throws Exception {
+        String blocker = probe("""
+                if (args.has("again")) {
+                    for (int i = 0; i < 2; i++) { Thread t = new Thread(() -> { }); t.start(); t.join(); }
+                    return args;
+                }
+                Thread.ofPlatform().name("blocked-sleep").start(() -> {
+                    try { Thread.sleep(600_000); } catch (InterruptedException e) { }
+                });
+                Thread.ofPlatform().name("blocked-take").start(() -> {
+                    try { new java.util.concurrent.LinkedBlockingQueue<String>().take(); } catch (InterruptedException e) { }
+                });
+                Thread.sleep(600_000);
+                return args;""");
+        with("java", env("CPUSLOT_JAVA_MAX_THREADS", "2"), c -> {
+            assertEquals(200, c.init(init(blocker)).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = threads(c, "blocked-");
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = threads(c, "blocked-");
+            }
+            assertEquals(List.of(), left, "threads blocked at the deadline still live 60 s after it");
+            Reply again = c.run(runPayload(json("{\"again\":true}")));
+            assertEquals(200, again.code(), "the function's next activation: " + again.raw());
         });
     }
 
@@ -689,6 +766,76 @@ class JavaContainmentTest {
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
+    }
+
+    /**
+     * XML external entities (issue 21): a function's own XML parser (DOM, SAX, StAX, schema
+     * validation), even one the function tells to allow external access, does not read a file
+     * through an entity that its file calls may not read (the runtime's log here). Each probe
+     * fails; the runtime lives on. (Before: the JDK's parsers read it.)
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"dom", "sax", "stax", "domAllowedByTheFunction", "saxReaderAllowedByTheFunction",
+            "staxAllowedByTheFunction"})
+    void anXmlParserReadsNoFileThroughAnExternalEntity(String probe) throws Exception {
+        // the runtime's log: its file calls may not read it (the path check refuses it)
+        String xml = """
+                String log = System.getenv("CPUSLOT_LOG").substring("file:".length());
+                String xml = "<?xml version=\\"1.0\\"?><!DOCTYPE x [<!ENTITY e SYSTEM \\"file://" + log + "\\">]><x>&e;</x>";
+                InputStream in = new ByteArrayInputStream(xml.getBytes());
+                """;
+        String all = "javax.xml.XMLConstants.ACCESS_EXTERNAL_DTD, \"all\"";
+        String body = xml + switch (probe) {
+            case "dom" -> """
+                    args.addProperty("read", javax.xml.parsers.DocumentBuilderFactory.newInstance().newDocumentBuilder().parse(in).getDocumentElement().getTextContent());
+                    return args;""";
+            case "sax" -> """
+                    StringBuilder sb = new StringBuilder();
+                    javax.xml.parsers.SAXParserFactory.newInstance().newSAXParser().parse(in, new org.xml.sax.helpers.DefaultHandler() {
+                        @Override public void characters(char[] ch, int start, int length) { sb.append(ch, start, length); }
+                    });
+                    args.addProperty("read", sb.toString());
+                    return args;""";
+            case "stax" -> """
+                    var r = javax.xml.stream.XMLInputFactory.newInstance().createXMLStreamReader(in);
+                    StringBuilder sb = new StringBuilder();
+                    while (r.hasNext()) { if (r.next() == javax.xml.stream.XMLStreamConstants.CHARACTERS) sb.append(r.getText()); }
+                    args.addProperty("read", sb.toString());
+                    return args;""";
+            case "domAllowedByTheFunction" -> """
+                    var f = javax.xml.parsers.DocumentBuilderFactory.newInstance();
+                    f.setAttribute(%s);
+                    args.addProperty("read", f.newDocumentBuilder().parse(in).getDocumentElement().getTextContent());
+                    return args;""".formatted(all);
+            case "saxReaderAllowedByTheFunction" -> """
+                    org.xml.sax.XMLReader r = javax.xml.parsers.SAXParserFactory.newInstance().newSAXParser().getXMLReader();
+                    r.setProperty(%s);
+                    StringBuilder sb = new StringBuilder();
+                    r.setContentHandler(new org.xml.sax.helpers.DefaultHandler() {
+                        @Override public void characters(char[] ch, int start, int length) { sb.append(ch, start, length); }
+                    });
+                    r.parse(new org.xml.sax.InputSource(in));
+                    args.addProperty("read", sb.toString());
+                    return args;""".formatted(all);
+            case "staxAllowedByTheFunction" -> """
+                    var f = javax.xml.stream.XMLInputFactory.newInstance();
+                    f.setProperty(%s);
+                    var r = f.createXMLStreamReader(in);
+                    StringBuilder sb = new StringBuilder();
+                    while (r.hasNext()) { if (r.next() == javax.xml.stream.XMLStreamConstants.CHARACTERS) sb.append(r.getText()); }
+                    args.addProperty("read", sb.toString());
+                    return args;""".formatted(all);
+            default -> throw new IllegalArgumentException(probe);
+        };
+        String jar = probe(body);
+        with("java", c -> {
+            Reply init = c.init(init(jar));
+            Reply run = init.code() == 200 ? c.run(runPayload(new JsonObject())) : null;
+            assertAlive(c);
+            String seen = init.raw() + " " + (run == null ? "" : run.raw());
+            assertFalse(seen.contains("cpuslot-runtime"), "the " + probe + " parser read the runtime's log: " + seen);
+            assertTrue(init.code() != 200 || run.code() == 502, "the " + probe + " probe was not refused: " + seen);
+        });
     }
 
     /** What a function may do with files: its own temporary directory, the image's files, the harmless devices. */
