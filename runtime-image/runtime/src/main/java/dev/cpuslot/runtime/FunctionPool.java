@@ -164,7 +164,10 @@ public final class FunctionPool implements AutoCloseable {
             created.incrementAndGet();
             // a worker is the runtime's: made on a chain caller's thread, it must not inherit
             // (nor count against) that Java function's activation
-            thread = Thread.ofPlatform().daemon().name("fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet())
+            // a thread group of its own, named as the worker: the threads its activations start
+            // join it, so the worker's cancel finds them (ActionGuard.cancel)
+            String name = "fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet();
+            thread = Thread.ofPlatform().daemon().name(name).group(new ThreadGroup(name))
                     .inheritInheritableThreadLocals(false).start(this::loop);
         }
 

@@ -1,5 +1,6 @@
 package dev.cpuslot.runtime;
 
+import dev.cpuslot.runtime.guard.ActionGuard;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.Native;
 import dev.cpuslot.slot.SlotClient;
@@ -14,6 +15,7 @@ public final class Main {
         Config cfg = Config.fromEnv();
         // the tenant's streams: each activation's output its own block (UTF-8 whatever the locale)
         ActivationOutput.install(cfg.activationLogBytes());
+        if (!cfg.javaTrusted()) ActionGuard.secureXml(); // no function's parser reads external entities
         Log.configure(cfg.log(), cfg.logMaxBytes());
         SlotClient slots = null;
         if (cfg.slotsEnabled()) {
