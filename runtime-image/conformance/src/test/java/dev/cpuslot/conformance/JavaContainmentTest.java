@@ -143,7 +143,9 @@ class JavaContainmentTest {
                     return args;""";
             // sun.misc.Unsafe and native access (the JVM grants both to the runtime's own code)
             case "unsafeByName" -> """
-                    Object u = Class.forName("sun.misc.Unsafe").getMethod("getUnsafe").invoke(null);
+                    var k = Class.forName("sun.misc.Unsafe").getDeclaredConstructor();
+                    k.setAccessible(true);
+                    Object u = k.newInstance();
                     return args;""";
             case "unsafeMethodReference" -> """
                     java.util.function.Supplier<sun.misc.Unsafe> f = sun.misc.Unsafe::getUnsafe;
@@ -555,6 +557,25 @@ class JavaContainmentTest {
         List<String> ids = java.util.stream.IntStream.range(0, n).mapToObj(i -> "fn" + i).toList();
         assertBlocks(logs[0], "out", ids, 4, false);
         assertBlocks(logs[1], "err", ids, 3, false);
+    }
+
+    /**
+     * An activation's output is held until it ends, at most CPUSLOT_ACTIVATION_LOG_BYTES: past
+     * that it is cut, OpenWhisk's truncation line ends its stderr, and the sentinels follow.
+     */
+    @Test
+    void anActivationsOutputIsCutAtItsLimit() throws Exception {
+        String jar = probe("""
+                for (int i = 0; i < 100; i++) System.out.println("line " + i + " of a long log.............................");
+                return args;""");
+        String[] logs = with("java", env("CPUSLOT_ACTIVATION_LOG_BYTES", "1000"), c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            assertEquals(200, c.run(runPayload(new JsonObject())).code());
+        });
+        String out = logs[0].replace(SENTINEL + "\n", "");
+        assertTrue(out.startsWith("line 0 of a long log") && out.length() <= 1001, "stdout: " + logs[0]);
+        assertTrue(logs[0].endsWith("\n" + SENTINEL + "\n"), "stdout: " + logs[0]);
+        assertEquals("Logs were truncated because the total bytes size exceeds the limit of 1000 bytes.\n" + SENTINEL + "\n", logs[1]);
     }
 
     /**
