@@ -23,7 +23,9 @@ import static org.junit.jupiter.api.Assertions.*;
  * resident memory after the rounds. Not a test (no bound is asserted): run it by name,
  * {@code ./build.sh -DskipTests package && ./build.sh -pl conformance -am -Dtest=GuardCostBenchmark
  * -Dsurefire.failIfNoSpecifiedTests=false -Dguard.bench.rounds=10 test}; the table goes to stdout
- * and to target/guard-cost.md.
+ * and to target/guard-cost.md. With {@code -Dguard.bench.baseline.jar=JAR} the second runtime is
+ * another build's (guarded too), for this build against that one; {@code print} times an
+ * activation that prints 21 lines (its output held and written as one block).
  */
 class GuardCostBenchmark {
     static final String ACTION = """
