@@ -48,7 +48,8 @@ import java.util.Set;
  * {@code setAccessible} (allowed on the function's own classes only), {@code System.exit}, {@code Runtime.exit/halt}
  * (a SecurityException), {@code System.getenv} (the activation's environment),
  * {@code System.getProperty/getProperties} and the temporary-file calls (the function's own
- * temporary directory).</li>
+ * temporary directory), {@code setAttribute/setProperty} of the JDK's XML parsers (no
+ * {@code accessExternal*} value but {@code ""}).</li>
  * </ul>
  * Reflection by name cannot be told apart at load time, so it is checked when it acts; a runtime
  * that hosts only trusted code may turn the refusals and that check off (CPUSLOT_JAVA_TRUSTED,
