@@ -34,14 +34,11 @@ public final class FunctionPool implements AutoCloseable {
     public record Outcome(JsonElement result, String error, boolean timedOut, SlotLease lease, Usage usage,
                           long runNanos) {}
 
-    /**
-     * One invocation handed to a worker; {@code hop}: its place in a chain (null: no chain calls);
-     * {@code output}: where the activation's stdout and stderr go (null: the process's streams).
-     */
+    /** One invocation handed to a worker; {@code hop}: its place in a chain (null: no chain calls). */
     public record Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
-                       LocalBus.Hop hop, ActivationOutput.Capture output) {
+                       LocalBus.Hop hop) {
         public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId) {
-            this(args, env, quotaMilli, action, activationId, null, null);
+            this(args, env, quotaMilli, action, activationId, null);
         }
     }
 
@@ -148,6 +145,8 @@ public final class FunctionPool implements AutoCloseable {
         final AtomicBoolean claimed = new AtomicBoolean();
         volatile SlotLease lease;
         volatile long started = System.nanoTime();
+        /** Where the activation prints: the caller's (ActivationOutput.enter before invoke). */
+        final ActivationOutput.Capture output = ActivationOutput.current();
         Job(Task task) { this.task = task; }
     }
 
@@ -230,7 +229,7 @@ public final class FunctionPool implements AutoCloseable {
 
         private void run(Job j) {
             current = j;
-            ActivationOutput.enter(j.task.output()); // what the function and its threads print
+            ActivationOutput.enter(j.output); // what the function and its threads print
             try {
                 runJob(j);
             } finally {

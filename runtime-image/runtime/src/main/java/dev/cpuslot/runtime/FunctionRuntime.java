@@ -507,15 +507,18 @@ public final class FunctionRuntime implements AutoCloseable {
             value.getAsJsonObject().remove(Config.QUOTA_PARAM);
         }
 
+        // what the activation prints: its own block, written out before its sentinels (finish);
+        // the pool hands it to the worker
+        ActivationOutput.Capture output = ActivationOutput.open();
+        ActivationOutput.enter(output);
         inFlight.incrementAndGet();
         FunctionPool.Outcome o;
         long deadline = System.nanoTime() + timeoutNs;
         // the chain's first hop: the owner is the Hydra function's, else the activation's namespace
         String hopOwner = hosted != null ? hosted.owner() : ns != null && ns.isJsonPrimitive() ? ns.getAsString().trim() : "";
         LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline);
-        ActivationOutput.Capture output = ActivationOutput.open();
         try {
-            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop, output), deadline);
+            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop), deadline);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
             return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error", output);
@@ -612,13 +615,15 @@ public final class FunctionRuntime implements AutoCloseable {
                 args = args.deepCopy();
                 args.getAsJsonObject().remove(Config.QUOTA_PARAM);
             }
+            // the hop's output: its own block (the platform's sentinels end its caller's)
+            ActivationOutput.Capture output = ActivationOutput.open(), caller = ActivationOutput.enter(output);
             inFlight.incrementAndGet();
-            ActivationOutput.Capture output = ActivationOutput.open();
             try {
-                o = p.invoke(new FunctionPool.Task(args, env, q.milli(), hop.function, hop.activationId, hop, output), hop.deadlineNanos);
+                o = p.invoke(new FunctionPool.Task(args, env, q.milli(), hop.function, hop.activationId, hop), hop.deadlineNanos);
             } finally {
                 inFlight.decrementAndGet();
-                if (output != null) output.close(false); // the hop's own block (the platform's sentinels end its caller's)
+                ActivationOutput.enter(caller);
+                if (output != null) output.close(false);
             }
         } catch (Quota.InvalidQuotaException e) {
             o = new FunctionPool.Outcome(null, e.getMessage(), false, null, Usage.NONE, 0);
@@ -712,6 +717,7 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name()))
                 .observe((System.nanoTime() - t0) / 1e9);
         if (!status.equals("ok")) Log.info("activation failed: " + (r.body() instanceof JsonObject jo && jo.has("error") && jo.get("error").isJsonPrimitive() ? jo.get("error").getAsString() : status));
+        ActivationOutput.leave();
         if (output != null) output.close(sentinels);
         else if (sentinels) sentinels();
         return r;

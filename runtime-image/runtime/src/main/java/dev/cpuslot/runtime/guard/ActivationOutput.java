@@ -65,11 +65,19 @@ public final class ActivationOutput {
     /** A new activation's output, or null when the streams are not installed (embedded, tests). */
     public static Capture open() { return installed ? new Capture() : null; }
 
-    /** The calling thread (and the threads it starts from now on) prints to c (null: to the process's streams). */
-    public static void enter(Capture c) {
+    /**
+     * The calling thread (and the threads it starts from now on) prints to c (null: to the
+     * process's streams). Returns what it printed to before.
+     */
+    public static Capture enter(Capture c) {
+        Capture before = CURRENT.get();
         if (c == null) CURRENT.remove();
         else CURRENT.set(c);
+        return before;
     }
+
+    /** Where the calling thread prints (null: the process's streams). */
+    public static Capture current() { return CURRENT.get(); }
 
     public static void leave() { CURRENT.remove(); }
 
