@@ -56,7 +56,10 @@ final class ActionContainer implements AutoCloseable {
     private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10)).build();
     private String out, err;
 
-    private ActionContainer(String kind, Map<String, String> env) throws Exception {
+    private ActionContainer(String kind, Map<String, String> env) throws Exception { this(kind, env, prop("cpuslot.runtime.jar")); }
+
+    /** @param jar the runtime's jar (another build's, for a side-by-side comparison) */
+    private ActionContainer(String kind, Map<String, String> env, String jar) throws Exception {
         Path work = Path.of(System.getProperty("cpuslot.work", "target/conformance"));
         dir = work.resolve(kind + "-" + ProcessHandle.current().pid() + "-" + IDS.incrementAndGet());
         Files.createDirectories(dir);
@@ -71,7 +74,7 @@ final class ActionContainer implements AutoCloseable {
         Path tmp = Files.createDirectories(dir.resolve("tmp"));
         cmd.add("-Djava.io.tmpdir=" + tmp);
         cmd.add("-jar");
-        cmd.add(prop("cpuslot.runtime.jar"));
+        cmd.add(jar);
         ProcessBuilder pb = new ProcessBuilder(cmd).directory(dir.toFile())
                 .redirectOutput(stdout.toFile()).redirectError(stderr.toFile());
         Map<String, String> e = pb.environment();
@@ -126,7 +129,12 @@ final class ActionContainer implements AutoCloseable {
 
     /** Runs {@code code} against a fresh container of {@code kind}; returns its (stdout, stderr). */
     static String[] with(String kind, Map<String, String> env, ContainerCode code) throws Exception {
-        try (ActionContainer c = new ActionContainer(kind, env)) {
+        return with(kind, env, prop("cpuslot.runtime.jar"), code);
+    }
+
+    /** The same with the runtime of another build (its jar). */
+    static String[] with(String kind, Map<String, String> env, String jar, ContainerCode code) throws Exception {
+        try (ActionContainer c = new ActionContainer(kind, env, jar)) {
             try {
                 code.accept(c);
             } catch (AssertionError | Exception t) {

@@ -23,7 +23,9 @@ import static org.junit.jupiter.api.Assertions.*;
  * resident memory after the rounds. Not a test (no bound is asserted): run it by name,
  * {@code ./build.sh -DskipTests package && ./build.sh -pl conformance -am -Dtest=GuardCostBenchmark
  * -Dsurefire.failIfNoSpecifiedTests=false -Dguard.bench.rounds=10 test}; the table goes to stdout
- * and to target/guard-cost.md.
+ * and to target/guard-cost.md. With {@code -Dguard.bench.baseline.jar=JAR} the second runtime is
+ * another build's (guarded too), for this build against that one; {@code print} times an
+ * activation that prints 21 lines (its output held and written as one block).
  */
 class GuardCostBenchmark {
     static final String ACTION = """
@@ -41,6 +43,10 @@ class GuardCostBenchmark {
                         args.addProperty("r", Files.readString(f));
                     }
                 }
+                case "print" -> {
+                    for (int i = 0; i < 20; i++) System.out.println("line " + i + " of this activation's log");
+                    System.err.println("and one on stderr");
+                }
                 default -> args.addProperty("greeting", "hello");
             }
             return args;""";
@@ -49,9 +55,13 @@ class GuardCostBenchmark {
     void guardedAgainstTrusted() throws Exception {
         int rounds = Integer.getInteger("guard.bench.rounds", 10), calls = Integer.getInteger("guard.bench.calls", 50);
         String jar = JavaContainmentTest.probe(ACTION);
-        with("java", guarded -> with("java", env("CPUSLOT_JAVA_TRUSTED", "true"), trusted -> {
+        // -Dguard.bench.baseline.jar=JAR: against another build's runtime (guarded too) instead of the trusted mode
+        String baseline = System.getProperty("guard.bench.baseline.jar", "");
+        Map<String, String> otherEnv = baseline.isEmpty() ? env("CPUSLOT_JAVA_TRUSTED", "true") : Map.of();
+        String otherJar = baseline.isEmpty() ? System.getProperty("cpuslot.runtime.jar") : baseline;
+        with("java", guarded -> with("java", otherEnv, otherJar, trusted -> {
             ActionContainer[] cs = {guarded, trusted};
-            String[] names = {"guarded (as the image starts it)", "trusted (CPUSLOT_JAVA_TRUSTED=true)"};
+            String[] names = {"guarded (as the image starts it)", baseline.isEmpty() ? "trusted (CPUSLOT_JAVA_TRUSTED=true)" : "baseline (" + baseline + ")"};
             long[] first = new long[2];
             for (int k : new int[]{1, 0}) { // trusted first: the guarded side gets the warmer machine
                 long t0 = System.nanoTime();
@@ -60,22 +70,25 @@ class GuardCostBenchmark {
                 first[k] = System.nanoTime() - t0;
             }
             List<List<Long>> hello = List.of(new ArrayList<>(), new ArrayList<>()), loop = List.of(new ArrayList<>(), new ArrayList<>()),
-                    file = List.of(new ArrayList<>(), new ArrayList<>());
+                    file = List.of(new ArrayList<>(), new ArrayList<>()), print = List.of(new ArrayList<>(), new ArrayList<>());
             for (int r = -2; r < rounds; r++) { // rounds -2 and -1 warm up, not counted
                 for (int k : r % 2 == 0 ? new int[]{0, 1} : new int[]{1, 0}) {
                     for (int i = 0; i < calls; i++) time(cs[k], "hello", r < 0 ? null : hello.get(k));
                     time(cs[k], "loop", r < 0 ? null : loop.get(k));
                     time(cs[k], "file", r < 0 ? null : file.get(k));
+                    for (int i = 0; i < calls / 5; i++) time(cs[k], "print", r < 0 ? null : print.get(k));
                 }
             }
-            StringBuilder t = new StringBuilder("| runtime | first /init + /run | hello p50 | hello p99 | loop p50 | file p50 | RSS after |\n|---|---|---|---|---|---|---|\n");
+            StringBuilder t = new StringBuilder("| runtime | first /init + /run | hello p50 | hello p99 | loop p50 | file p50 | print p50 | RSS after |\n|---|---|---|---|---|---|---|---|\n");
             for (int k = 0; k < 2; k++) {
-                t.append(String.format("| %s | %.0f ms | %.2f ms | %.2f ms | %.1f ms | %.2f ms | %d MiB |%n", names[k], first[k] / 1e6,
+                t.append(String.format("| %s | %.0f ms | %.2f ms | %.2f ms | %.1f ms | %.2f ms | %.2f ms | %d MiB |%n", names[k], first[k] / 1e6,
                         ChainBenchmark.pct(hello.get(k), 50) / 1e6, ChainBenchmark.pct(hello.get(k), 99) / 1e6,
-                        ChainBenchmark.pct(loop.get(k), 50) / 1e6, ChainBenchmark.pct(file.get(k), 50) / 1e6, rssMiB(cs[k].pid())));
+                        ChainBenchmark.pct(loop.get(k), 50) / 1e6, ChainBenchmark.pct(file.get(k), 50) / 1e6,
+                        ChainBenchmark.pct(print.get(k), 50) / 1e6, rssMiB(cs[k].pid())));
             }
-            t.append(String.format("%nratio guarded / trusted: first %.2fx, hello p50 %.2fx, p99 %.2fx, loop p50 %.2fx, file p50 %.2fx (%d rounds, %d hello calls each, alternating)%n",
-                    first[0] / (double) first[1], ratio(hello, 50), ratio(hello, 99), ratio(loop, 50), ratio(file, 50), rounds, calls));
+            t.append(String.format("%nratio guarded / %s: first %.2fx, hello p50 %.2fx, p99 %.2fx, loop p50 %.2fx, file p50 %.2fx, print p50 %.2fx (%d rounds, %d hello calls each, alternating)%n",
+                    baseline.isEmpty() ? "trusted" : "baseline", first[0] / (double) first[1], ratio(hello, 50), ratio(hello, 99),
+                    ratio(loop, 50), ratio(file, 50), ratio(print, 50), rounds, calls));
             System.out.println(t);
             Files.writeString(Path.of("target", "guard-cost.md"), t);
         }));

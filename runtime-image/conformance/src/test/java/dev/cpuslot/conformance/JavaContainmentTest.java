@@ -58,9 +58,11 @@ class JavaContainmentTest {
     @ParameterizedTest(name = "{0}")
     @ValueSource(strings = {
             "exitViaReflection", "haltViaMethodHandle", "killOwnPid", "runtimeExec", "unsafePutAddress",
-            "setOut", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
+            "setOut", "setErr", "setProperty", "timeZoneDefault", "allStackTraces", "ownClassLoader", "nativeLibrary",
             "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization",
-            "allStackTracesThroughASubclass", "timeZoneThroughASubclass", "threadWithoutTheActivation"})
+            "allStackTracesThroughASubclass", "timeZoneThroughASubclass", "threadWithoutTheActivation",
+            "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
+            "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -83,6 +85,9 @@ class JavaContainmentTest {
                     return args;""";
             case "setOut" -> """
                     System.setOut(new PrintStream(new ByteArrayOutputStream()));
+                    return args;""";
+            case "setErr" -> """
+                    System.setErr(new PrintStream(new ByteArrayOutputStream()));
                     return args;""";
             case "setProperty" -> """
                     System.setProperty("user.timezone", "Pacific/Kiritimati");
@@ -136,6 +141,46 @@ class JavaContainmentTest {
                     // a thread that does not inherit the activation would escape its thread limit and deadline
                     Thread.ofPlatform().inheritInheritableThreadLocals(false).start(() -> { });
                     return args;""";
+            // sun.misc.Unsafe and native access (the JVM grants both to the runtime's own code)
+            case "unsafeByName" -> """
+                    var k = Class.forName("sun.misc.Unsafe").getDeclaredConstructor();
+                    k.setAccessible(true);
+                    Object u = k.newInstance();
+                    return args;""";
+            case "unsafeMethodReference" -> """
+                    java.util.function.Supplier<sun.misc.Unsafe> f = sun.misc.Unsafe::getUnsafe;
+                    return args;""";
+            case "loadByMethodReference" -> """
+                    java.util.function.Consumer<String> f = System::load;
+                    f.accept("/lib/x86_64-linux-gnu/libc.so.6");
+                    return args;""";
+            case "loadByReflection" -> """
+                    System.class.getMethod("loadLibrary", String.class).invoke(null, "c");
+                    return args;""";
+            case "runtimeLoadLibrary" -> """
+                    Runtime.getRuntime().loadLibrary("c");
+                    return args;""";
+            case "nativeLinker" -> """
+                    var h = java.lang.foreign.Linker.nativeLinker().downcallHandle(
+                        java.lang.foreign.Linker.nativeLinker().defaultLookup().find("getpid").orElseThrow(),
+                        java.lang.foreign.FunctionDescriptor.of(java.lang.foreign.ValueLayout.JAVA_INT));
+                    return args;""";
+            case "symbolLookup" -> """
+                    java.lang.foreign.SymbolLookup.libraryLookup("libc.so.6", java.lang.foreign.Arena.global());
+                    return args;""";
+            case "arena" -> """
+                    try (var a = java.lang.foreign.Arena.ofConfined()) { a.allocate(8).reinterpret(1 << 20); }
+                    return args;""";
+            case "linkerByReflection" -> """
+                    Object l = Class.forName("java.lang.foreign.Linker").getMethod("nativeLinker").invoke(null);
+                    return args;""";
+            case "nativeMethodOfItsOwn" -> """
+                    System.loadLibrary("probe");
+                    args.addProperty("pid", pid());
+                    return args;
+                    }
+                    static native int pid();
+                    static {""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
@@ -355,6 +400,43 @@ class JavaContainmentTest {
     }
 
     /**
+     * Threads the activation started that are blocked at its deadline (in a sleep, in a queue's
+     * take) are interrupted then: they end, and their count is free for the function's next
+     * activation (a limit of 2 threads here). Before: they stayed blocked for the process's life
+     * and the next activation could start no thread.
+     */
+    @Test
+    void threadsBlockedAtTheDeadlineEndAndFreeTheirCount() throws Exception {
+        String blocker = probe("""
+                if (args.has("again")) {
+                    for (int i = 0; i < 2; i++) { Thread t = new Thread(() -> { }); t.start(); t.join(); }
+                    return args;
+                }
+                Thread.ofPlatform().name("blocked-sleep").start(() -> {
+                    try { Thread.sleep(600_000); } catch (InterruptedException e) { }
+                });
+                Thread.ofPlatform().name("blocked-take").start(() -> {
+                    try { new java.util.concurrent.LinkedBlockingQueue<String>().take(); } catch (InterruptedException e) { }
+                });
+                Thread.sleep(600_000);
+                return args;""");
+        with("java", env("CPUSLOT_JAVA_MAX_THREADS", "2"), c -> {
+            assertEquals(200, c.init(init(blocker)).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = threads(c, "blocked-");
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = threads(c, "blocked-");
+            }
+            assertEquals(List.of(), left, "threads blocked at the deadline still live 60 s after it");
+            Reply again = c.run(runPayload(json("{\"again\":true}")));
+            assertEquals(200, again.code(), "the function's next activation: " + again.raw());
+        });
+    }
+
+    /**
      * A function cannot fill the process with threads: one that starts 1000 sleeping threads
      * (half directly, half through a cached executor, whose threads the JDK starts) is refused past
      * its limit (CPUSLOT_JAVA_MAX_THREADS, 64 by default) with a clear error that fails its
@@ -402,6 +484,129 @@ class JavaContainmentTest {
             assertTrue(ch.raw().toString().contains("300"), String.valueOf(ch.raw()));
             assertAlive(c);
         });
+    }
+
+    /**
+     * Prints each line in two parts with a pause between them, on both streams, and once from a
+     * thread it starts: concurrent activations would splice their lines into each other's.
+     */
+    static final String PRINTER = """
+            String id = args.get("id").getAsString();
+            for (int i = 0; i < 3; i++) {
+                System.out.print(id + " out " + i + " begins, ");
+                System.err.print(id + " err " + i + " begins, ");
+                Thread.sleep(20);
+                System.out.println("ends");
+                System.err.println("ends");
+            }
+            Thread t = new Thread(() -> System.out.println(id + " out from its thread"));
+            t.start();
+            t.join();
+            return args;""";
+
+    /**
+     * Output per activation (issue 21): concurrent OpenWhisk activations of one action each get
+     * their stdout and stderr as one block of whole lines, ended by the sentinel on each stream,
+     * however their prints interleave in time (before: parts of lines of different activations
+     * spliced together, and a sentinel in the middle of another activation's line).
+     */
+    @Test
+    void eachConcurrentActivationsOutputIsItsOwnBlockEndedByTheSentinel() throws Exception {
+        String jar = probe(PRINTER);
+        int n = 8;
+        String[] logs = with("java", env("__OW_ALLOW_CONCURRENT", "true"), c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            List<JsonObject> runs = new java.util.ArrayList<>();
+            for (int i = 0; i < n; i++) runs.add(runPayload(json("{\"id\":\"act" + i + "\"}")));
+            for (Reply r : c.runMultiple(runs)) assertEquals(200, r.code(), String.valueOf(r.raw()));
+        });
+        List<String> ids = java.util.stream.IntStream.range(0, n).mapToObj(i -> "act" + i).toList();
+        assertBlocks(logs[0], "out", ids, 4, true);
+        assertBlocks(logs[1], "err", ids, 3, true);
+    }
+
+    /**
+     * Output per activation across functions: two functions of one runtime (Hydra), invoked at
+     * the same time, one of them hostile (it closes System.out and System.err, then prints): each
+     * invocation's lines are whole and together, and no function removes another's lines from
+     * the process's stdout (before: lines spliced, and after the close every later line was gone).
+     */
+    @Test
+    void aFunctionCannotTakeOrRemoveAnothersOutput() throws Exception {
+        String printer = probe(PRINTER);
+        String closer = probe("""
+                System.out.close();
+                System.err.close();
+                System.out.println("closer was here");
+                return args;""");
+        int n = 6;
+        String[] logs = with("java", c -> {
+            assertEquals(200, register(c, "printer", jarFile(c, "printer", printer), null).code());
+            assertEquals(200, register(c, "closer", jarFile(c, "closer", closer), null).code());
+            assertEquals(200, invoke(c, "closer", "{}").code());
+            try (var ex = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) {
+                List<java.util.concurrent.Future<Reply>> fs = new java.util.ArrayList<>();
+                for (int i = 0; i < n; i++) {
+                    String id = "fn" + i;
+                    fs.add(ex.submit(() -> invoke(c, "printer", "{\"id\":\"" + id + "\"}")));
+                    fs.add(ex.submit(() -> invoke(c, "closer", "{}")));
+                }
+                for (var f : fs) assertEquals(200, f.get().code(), String.valueOf(f.get().raw()));
+            }
+        });
+        List<String> ids = java.util.stream.IntStream.range(0, n).mapToObj(i -> "fn" + i).toList();
+        assertBlocks(logs[0], "out", ids, 4, false);
+        assertBlocks(logs[1], "err", ids, 3, false);
+    }
+
+    /**
+     * An activation's output is held until it ends, at most CPUSLOT_ACTIVATION_LOG_BYTES: past
+     * that it is cut, OpenWhisk's truncation line ends its stderr, and the sentinels follow.
+     */
+    @Test
+    void anActivationsOutputIsCutAtItsLimit() throws Exception {
+        String jar = probe("""
+                for (int i = 0; i < 100; i++) System.out.println("line " + i + " of a long log.............................");
+                return args;""");
+        String[] logs = with("java", env("CPUSLOT_ACTIVATION_LOG_BYTES", "1000"), c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            assertEquals(200, c.run(runPayload(new JsonObject())).code());
+        });
+        String out = logs[0].replace(SENTINEL + "\n", "");
+        assertTrue(out.startsWith("line 0 of a long log") && out.length() <= 1001, "stdout: " + logs[0]);
+        assertTrue(logs[0].endsWith("\n" + SENTINEL + "\n"), "stdout: " + logs[0]);
+        assertEquals("Logs were truncated because the total bytes size exceeds the limit of 1000 bytes.\n" + SENTINEL + "\n", logs[1]);
+    }
+
+    /**
+     * Each id's lines on the stream are whole ({@code <id> <stream> <i> begins, ends}, and the
+     * line from its thread), all {@code lines} of them, one after the other; with sentinels, the
+     * line after an activation's last is the sentinel.
+     */
+    static void assertBlocks(String stream, String name, List<String> ids, int lines, boolean sentinels) {
+        List<String> all = List.of(stream.split("\n"));
+        for (String id : ids) {
+            List<Integer> at = new java.util.ArrayList<>();
+            for (int k = 0; k < all.size(); k++) if (all.get(k).contains(id + " ")) at.add(k);
+            for (int k : at) {
+                String l = all.get(k);
+                assertTrue(l.matches(id + " " + name + " \\d begins, ends") || l.equals(id + " out from its thread"),
+                        name + " line " + k + " is not one whole line of " + id + ": '" + l + "'\n" + stream);
+            }
+            assertEquals(lines, at.size(), id + "'s lines on " + name + ":\n" + stream);
+            assertEquals(at.get(0) + lines - 1, at.get(lines - 1), id + "'s lines on " + name + " are not together:\n" + stream);
+            if (sentinels) {
+                assertTrue(at.get(lines - 1) + 1 < all.size() && all.get(at.get(lines - 1) + 1).equals(SENTINEL),
+                        "the line after " + id + "'s last on " + name + " is not the sentinel:\n" + stream);
+            }
+        }
+    }
+
+    static Reply invoke(ActionContainer c, String name, String arguments) throws Exception {
+        JsonObject o = new JsonObject();
+        o.addProperty("name", name);
+        o.addProperty("arguments", arguments);
+        return c.post("/", o.toString());
     }
 
     /** Writes the function's jar to a file (for Hydra /register?url=file:). */
@@ -582,6 +787,76 @@ class JavaContainmentTest {
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
+    }
+
+    /**
+     * XML external entities (issue 21): a function's own XML parser (DOM, SAX, StAX, schema
+     * validation), even one the function tells to allow external access, does not read a file
+     * through an entity that its file calls may not read (the runtime's log here). Each probe
+     * fails; the runtime lives on. (Before: the JDK's parsers read it.)
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"dom", "sax", "stax", "domAllowedByTheFunction", "saxReaderAllowedByTheFunction",
+            "staxAllowedByTheFunction"})
+    void anXmlParserReadsNoFileThroughAnExternalEntity(String probe) throws Exception {
+        // the runtime's log: its file calls may not read it (the path check refuses it)
+        String xml = """
+                String log = System.getenv("CPUSLOT_LOG").substring("file:".length());
+                String xml = "<?xml version=\\"1.0\\"?><!DOCTYPE x [<!ENTITY e SYSTEM \\"file://" + log + "\\">]><x>&e;</x>";
+                InputStream in = new ByteArrayInputStream(xml.getBytes());
+                """;
+        String all = "javax.xml.XMLConstants.ACCESS_EXTERNAL_DTD, \"all\"";
+        String body = xml + switch (probe) {
+            case "dom" -> """
+                    args.addProperty("read", javax.xml.parsers.DocumentBuilderFactory.newInstance().newDocumentBuilder().parse(in).getDocumentElement().getTextContent());
+                    return args;""";
+            case "sax" -> """
+                    StringBuilder sb = new StringBuilder();
+                    javax.xml.parsers.SAXParserFactory.newInstance().newSAXParser().parse(in, new org.xml.sax.helpers.DefaultHandler() {
+                        @Override public void characters(char[] ch, int start, int length) { sb.append(ch, start, length); }
+                    });
+                    args.addProperty("read", sb.toString());
+                    return args;""";
+            case "stax" -> """
+                    var r = javax.xml.stream.XMLInputFactory.newInstance().createXMLStreamReader(in);
+                    StringBuilder sb = new StringBuilder();
+                    while (r.hasNext()) { if (r.next() == javax.xml.stream.XMLStreamConstants.CHARACTERS) sb.append(r.getText()); }
+                    args.addProperty("read", sb.toString());
+                    return args;""";
+            case "domAllowedByTheFunction" -> """
+                    var f = javax.xml.parsers.DocumentBuilderFactory.newInstance();
+                    f.setAttribute(%s);
+                    args.addProperty("read", f.newDocumentBuilder().parse(in).getDocumentElement().getTextContent());
+                    return args;""".formatted(all);
+            case "saxReaderAllowedByTheFunction" -> """
+                    org.xml.sax.XMLReader r = javax.xml.parsers.SAXParserFactory.newInstance().newSAXParser().getXMLReader();
+                    r.setProperty(%s);
+                    StringBuilder sb = new StringBuilder();
+                    r.setContentHandler(new org.xml.sax.helpers.DefaultHandler() {
+                        @Override public void characters(char[] ch, int start, int length) { sb.append(ch, start, length); }
+                    });
+                    r.parse(new org.xml.sax.InputSource(in));
+                    args.addProperty("read", sb.toString());
+                    return args;""".formatted(all);
+            case "staxAllowedByTheFunction" -> """
+                    var f = javax.xml.stream.XMLInputFactory.newInstance();
+                    f.setProperty(%s);
+                    var r = f.createXMLStreamReader(in);
+                    StringBuilder sb = new StringBuilder();
+                    while (r.hasNext()) { if (r.next() == javax.xml.stream.XMLStreamConstants.CHARACTERS) sb.append(r.getText()); }
+                    args.addProperty("read", sb.toString());
+                    return args;""".formatted(all);
+            default -> throw new IllegalArgumentException(probe);
+        };
+        String jar = probe(body);
+        with("java", c -> {
+            Reply init = c.init(init(jar));
+            Reply run = init.code() == 200 ? c.run(runPayload(new JsonObject())) : null;
+            assertAlive(c);
+            String seen = init.raw() + " " + (run == null ? "" : run.raw());
+            assertFalse(seen.contains("cpuslot-runtime"), "the " + probe + " parser read the runtime's log: " + seen);
+            assertTrue(init.code() != 200 || run.code() == 502, "the " + probe + " probe was not refused: " + seen);
+        });
     }
 
     /** What a function may do with files: its own temporary directory, the image's files, the harmless devices. */

@@ -39,6 +39,7 @@ public record Config(
         long localIdleMs,             // a held slot unused this long goes back to the agent
         boolean javaTrusted,          // CPUSLOT_JAVA_TRUSTED: the Java guard refuses nothing (trusted code only)
         int javaMaxThreads,           // CPUSLOT_JAVA_MAX_THREADS: most live threads one Java function may have made (0: no limit)
+        int activationLogBytes,       // CPUSLOT_ACTIVATION_LOG_BYTES: most stdout+stderr bytes one activation keeps (OpenWhisk's default log limit)
         String owner,                 // CPUSLOT_OWNER: the one owner served (null: the first one seen; "*": any)
         int chainMaxDepth,            // CPUSLOT_CHAIN_MAX_DEPTH: most nested chain calls below a platform's activation
         int chainMaxAsync,            // CPUSLOT_CHAIN_MAX_ASYNC: most asynchronous chain calls per activation
@@ -98,6 +99,7 @@ public record Config(
                 Math.max(0, durationMs(env, "CPUSLOT_LOCAL_IDLE", 30_000)),
                 bool(env, "CPUSLOT_JAVA_TRUSTED", false),
                 nonNegative(env, "CPUSLOT_JAVA_MAX_THREADS", 64),
+                nonNegative(env, "CPUSLOT_ACTIVATION_LOG_BYTES", 10 << 20),
                 blankToNull(env.get("CPUSLOT_OWNER")),
                 nonNegative(env, "CPUSLOT_CHAIN_MAX_DEPTH", 16),
                 nonNegative(env, "CPUSLOT_CHAIN_MAX_ASYNC", 16),

@@ -1,6 +1,7 @@
 package dev.cpuslot.runtime;
 
 import com.google.gson.JsonElement;
+import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.ReleaseOutcome;
 import dev.cpuslot.slot.SlotClient;
 import dev.cpuslot.slot.SlotLease;
@@ -162,6 +163,8 @@ public final class FunctionPool implements AutoCloseable {
         final AtomicBoolean claimed = new AtomicBoolean();
         volatile SlotLease lease;
         volatile long started = System.nanoTime();
+        /** Where the activation prints: the caller's (ActivationOutput.enter before invoke). */
+        final ActivationOutput.Capture output = ActivationOutput.current();
         Job(Task task) { this.task = task; }
     }
 
@@ -178,7 +181,10 @@ public final class FunctionPool implements AutoCloseable {
             created.incrementAndGet();
             // a worker is the runtime's: made on a chain caller's thread, it must not inherit
             // (nor count against) that Java function's activation
-            thread = Thread.ofPlatform().daemon().name("fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet())
+            // a thread group of its own, named as the worker: the threads its activations start
+            // join it, so the worker's cancel finds them (ActionGuard.cancel)
+            String name = "fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet();
+            thread = Thread.ofPlatform().daemon().name(name).group(new ThreadGroup(name))
                     .inheritInheritableThreadLocals(false).start(this::loop);
         }
 
@@ -241,9 +247,11 @@ public final class FunctionPool implements AutoCloseable {
 
         private void run(Job j) {
             current = j;
+            ActivationOutput.enter(j.output); // what the function and its threads print
             try {
                 runJob(j);
             } finally {
+                ActivationOutput.leave();
                 current = null;
             }
         }

@@ -3,6 +3,7 @@ package dev.cpuslot.runtime;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.SlotClient;
 import dev.cpuslot.slot.SlotLease;
 import dev.cpuslot.slot.Usage;
@@ -31,7 +32,7 @@ import java.util.regex.Pattern;
  * platform's reply. HTTP lives in {@link HttpFront}.
  */
 public final class FunctionRuntime implements AutoCloseable {
-    public static final String SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX";
+    public static final String SENTINEL = ActivationOutput.SENTINEL;
     static final String OW_ACTION = "__ow_action";
 
     /** An HTTP-agnostic reply. */
@@ -531,6 +532,10 @@ public final class FunctionRuntime implements AutoCloseable {
             value.getAsJsonObject().remove(Config.QUOTA_PARAM);
         }
 
+        // what the activation prints: its own block, written out before its sentinels (finish);
+        // the pool hands it to the worker
+        ActivationOutput.Capture output = ActivationOutput.open();
+        ActivationOutput.enter(output);
         inFlight.incrementAndGet();
         FunctionPool.Outcome o;
         long deadline = System.nanoTime() + timeoutNs;
@@ -543,7 +548,7 @@ public final class FunctionRuntime implements AutoCloseable {
                     usageAsked || cfg.usageInReply()), deadline);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-            return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error");
+            return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error", output);
         } finally {
             inFlight.decrementAndGet();
         }
@@ -625,7 +630,7 @@ public final class FunctionRuntime implements AutoCloseable {
         };
         java.util.concurrent.CompletableFuture<Usage> later = o.usageLater();
         Runnable after = later == null ? () -> record.accept(u) : () -> later.thenAccept(record);
-        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers, after), sentinels, status);
+        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers, after), sentinels, status, output);
 
     }
 
@@ -652,11 +657,15 @@ public final class FunctionRuntime implements AutoCloseable {
                 args = args.deepCopy();
                 args.getAsJsonObject().remove(Config.QUOTA_PARAM);
             }
+            // the hop's output: its own block (the platform's sentinels end its caller's)
+            ActivationOutput.Capture output = ActivationOutput.open(), caller = ActivationOutput.enter(output);
             inFlight.incrementAndGet();
             try {
                 o = p.invoke(new FunctionPool.Task(args, env, q.milli(), hop.function, hop.activationId, hop), hop.deadlineNanos);
             } finally {
                 inFlight.decrementAndGet();
+                ActivationOutput.enter(caller);
+                if (output != null) output.close(false);
             }
         } catch (Quota.InvalidQuotaException e) {
             o = new FunctionPool.Outcome(null, e.getMessage(), false, null, Usage.NONE, 0);
@@ -740,19 +749,24 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     private Reply finish(String platform, Function fn, long t0, Reply r, boolean sentinels, String status) {
+        return finish(platform, fn, t0, r, sentinels, status, null);
+    }
+
+    /** @param output the activation's stdout and stderr: written out now, before its sentinels */
+    private Reply finish(String platform, Function fn, long t0, Reply r, boolean sentinels, String status,
+                         ActivationOutput.Capture output) {
         metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", platform, "function", fn.name(), "status", status));
         metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name()))
                 .observe((System.nanoTime() - t0) / 1e9);
         if (!status.equals("ok")) Log.info("activation failed: " + (r.body() instanceof JsonObject jo && jo.has("error") && jo.get("error").isJsonPrimitive() ? jo.get("error").getAsString() : status));
-        if (sentinels) sentinels();
+        ActivationOutput.leave();
+        if (output != null) output.close(sentinels);
+        else if (sentinels) sentinels();
         return r;
     }
 
     private void sentinels() {
-        out.println(SENTINEL);
-        err.println(SENTINEL);
-        out.flush();
-        err.flush();
+        ActivationOutput.sentinels(out, err);
     }
 
     private static String str(JsonObject o, String k, String def) {

@@ -1,13 +1,10 @@
 package dev.cpuslot.runtime;
 
+import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.Native;
 import dev.cpuslot.slot.SlotClient;
 
-import java.io.BufferedOutputStream;
-import java.io.FileDescriptor;
-import java.io.FileOutputStream;
-import java.io.PrintStream;
-import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 
 /** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
@@ -15,10 +12,10 @@ public final class Main {
     private Main() {}
 
     public static void main(String[] args) throws Exception {
-        // the tenant's streams: UTF-8 whatever the locale (a container usually has none)
-        System.setOut(new PrintStream(new BufferedOutputStream(new FileOutputStream(FileDescriptor.out), 8192), true, StandardCharsets.UTF_8));
-        System.setErr(new PrintStream(new BufferedOutputStream(new FileOutputStream(FileDescriptor.err), 8192), true, StandardCharsets.UTF_8));
         Config cfg = Config.fromEnv();
+        // the tenant's streams: each activation's output its own block (UTF-8 whatever the locale)
+        ActivationOutput.install(cfg.activationLogBytes());
+        if (!cfg.javaTrusted()) ActionGuard.secureXml(); // no function's parser reads external entities
         Log.configure(cfg.log(), cfg.logMaxBytes());
         SlotClient slots = null;
         if (cfg.slotsEnabled()) {

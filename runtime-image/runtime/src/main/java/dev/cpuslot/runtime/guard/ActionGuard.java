@@ -124,7 +124,10 @@ public final class ActionGuard {
      * A thread's own Activation becomes unreachable once the thread ended (the JVM drops its
      * thread locals at exit): its reference is enqueued then and its function's count freed.
      */
-    private static final java.lang.ref.ReferenceQueue<Activation> ENDED = new java.lang.ref.ReferenceQueue<>();
+    private static final java.lang.ref.ReferenceQueue<Object> ENDED = new java.lang.ref.ReferenceQueue<>();
+    /** Longest wait for the reference handler after a collection (a JVM with explicit GC disabled finds nothing). */
+    private static final long MARKER_WAIT_NANOS = 5_000_000_000L;
+    private static volatile java.lang.ref.Reference<?> polledMarker;
     private static final Set<Counted> COUNTED = ConcurrentHashMap.newKeySet();
 
     private static final class Counted extends java.lang.ref.PhantomReference<Activation> {
@@ -177,12 +180,23 @@ public final class ActionGuard {
             long wait = lastCollect.get() + COLLECT_NANOS - System.nanoTime();
             try {
                 if (wait > 0) Thread.sleep(wait / 1_000_000 + 1);
+                // the reference handler enqueues what the collection found, later: how much later
+                // depends on the machine's load (a fixed 20 ms wait missed them when other JVMs ran).
+                // A marker found unreachable by the same collection says when that batch is in.
+                Object marker = new Object();
+                java.lang.ref.PhantomReference<Object> batch = new java.lang.ref.PhantomReference<>(marker, ENDED);
+                marker = null;
                 System.gc();
                 lastCollect.set(System.nanoTime());
-                // the reference handler enqueues what the collection found; a little later
-                for (java.lang.ref.Reference<? extends Activation> r; (r = ENDED.remove(20)) != null; ) {
-                    if (COUNTED.remove(r)) ((Counted) r).budget.live.decrementAndGet();
+                long until = System.nanoTime() + MARKER_WAIT_NANOS;
+                boolean seen = false;
+                for (long left; !seen && (left = until - System.nanoTime()) > 0; ) {
+                    java.lang.ref.Reference<?> r = ENDED.remove(Math.max(1, Math.min(10, left / 1_000_000)));
+                    if (r == batch || polledMarker == batch) seen = true;
+                    else if (r != null && COUNTED.remove(r)) ((Counted) r).budget.live.decrementAndGet();
                 }
+                java.lang.ref.Reference.reachabilityFence(batch);
+                freeEnded(); // the rest of the batch, handled in the same pass as the marker
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
                 return false;
@@ -192,8 +206,9 @@ public final class ActionGuard {
     }
 
     private static void freeEnded() {
-        for (java.lang.ref.Reference<? extends Activation> r; (r = ENDED.poll()) != null; ) {
+        for (java.lang.ref.Reference<?> r; (r = ENDED.poll()) != null; ) {
             if (COUNTED.remove(r)) ((Counted) r).budget.live.decrementAndGet();
+            else polledMarker = r; // a collection's marker, taken here: its waiter learns it is in
         }
     }
 
@@ -280,13 +295,31 @@ public final class ActionGuard {
 
     private static boolean busy() { return pressure || System.nanoTime() - alertUntil < 0; }
 
-    /** The activation on this worker passed its deadline: its code stops at its next backward branch. */
+    /**
+     * The activation on this worker passed its deadline: its code stops at its next backward
+     * branch, and the threads it started that are blocked (a sleep, a queue) are interrupted.
+     */
     public static void cancel(Thread worker) {
         Activation a = RUNNING.get(worker);
         if (a == null) return;
         a.cancelled = true;
         alertUntil = System.nanoTime() + ALERT_NANOS;
         alert = true;
+        interruptStarted(worker);
+    }
+
+    /**
+     * Interrupts the platform threads in the worker's own thread group (named as the worker: the
+     * pool's): the threads its activations started, directly or through an executor, and theirs.
+     * The worker is retired after a deadline, so they are this activation's or leftovers of
+     * earlier ones on the same worker, which should have ended with those.
+     */
+    private static void interruptStarted(Thread worker) {
+        ThreadGroup g = worker.getThreadGroup();
+        if (g == null || !g.getName().equals(worker.getName())) return;
+        Thread[] ts = new Thread[g.activeCount() + 16];
+        int n = g.enumerate(ts, true);
+        for (int i = 0; i < n; i++) if (ts[i] != worker) ts[i].interrupt();
     }
 
     /** Inserted by the guard before every backward branch of a function's code. */
@@ -362,6 +395,43 @@ public final class ActionGuard {
     public static boolean trySetAccessible(Object member) {
         own(((Member) member).getDeclaringClass(), "trySetAccessible");
         return ((AccessibleObject) member).trySetAccessible();
+    }
+
+    // ---- XML parsers read no external entities -----------------------------------------------
+
+    /**
+     * The JDK's XML parsers of every function resolve no external DTD, entity, schema or
+     * stylesheet (a parser opens those itself, past the path checks): the JAXP properties'
+     * defaults, set once for the process (System.setProperty is refused to functions).
+     */
+    public static void secureXml() {
+        for (String p : new String[] {"javax.xml.accessExternalDTD", "javax.xml.accessExternalSchema", "javax.xml.accessExternalStylesheet"})
+            System.setProperty(p, "");
+    }
+
+    /** A property a function sets on its parser: refused when it would let the parser reach external resources. */
+    private static void xml(String name, Object value) {
+        if (name != null && name.toLowerCase(java.util.Locale.ROOT).contains("accessexternal") && !"".equals(value)) {
+            throw new SecurityException(name + "=" + value + ": an XML parser reading external resources is " + Rewriter.NOT_ALLOWED);
+        }
+    }
+
+    public static void setAttribute(Object factory, String name, Object value) {
+        xml(name, value);
+        ((javax.xml.parsers.DocumentBuilderFactory) factory).setAttribute(name, value);
+    }
+
+    public static void setProperty(Object target, String name, Object value) throws org.xml.sax.SAXException {
+        xml(name, value);
+        switch (target) {
+            case javax.xml.parsers.SAXParser p -> p.setProperty(name, value);
+            case org.xml.sax.XMLReader r -> r.setProperty(name, value);
+            case javax.xml.stream.XMLInputFactory f -> f.setProperty(name, value);
+            case javax.xml.validation.SchemaFactory f -> f.setProperty(name, value);
+            case javax.xml.validation.Validator v -> v.setProperty(name, value);
+            case javax.xml.validation.ValidatorHandler v -> v.setProperty(name, value);
+            default -> throw new IllegalStateException("not an XML parser: " + target.getClass().getName());
+        }
     }
 
     // ---- the function's own temporary directory ----------------------------------------------

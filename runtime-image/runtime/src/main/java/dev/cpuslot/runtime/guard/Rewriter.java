@@ -48,7 +48,8 @@ import java.util.Set;
  * {@code setAccessible} (allowed on the function's own classes only), {@code System.exit}, {@code Runtime.exit/halt}
  * (a SecurityException), {@code System.getenv} (the activation's environment),
  * {@code System.getProperty/getProperties} and the temporary-file calls (the function's own
- * temporary directory).</li>
+ * temporary directory), {@code setAttribute/setProperty} of the JDK's XML parsers (no
+ * {@code accessExternal*} value but {@code ""}).</li>
  * </ul>
  * Reflection by name cannot be told apart at load time, so it is checked when it acts; a runtime
  * that hosts only trusted code may turn the refusals and that check off (CPUSLOT_JAVA_TRUSTED,
@@ -147,6 +148,8 @@ public final class Rewriter {
 
     private record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
 
+    private static final String XML_SET = "(Ljava/lang/String;Ljava/lang/Object;)V";
+
     /** owner.name+type (JVM form) -> the ActionGuard method of the same name (a virtual call gets its receiver first). */
     private static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
             redirect("java/lang/System", "exit", "(I)V", false),
@@ -173,7 +176,16 @@ public final class Rewriter {
             reflect("java/lang/reflect/Method", "trySetAccessible", "()Z"),
             reflect("java/lang/reflect/Constructor", "trySetAccessible", "()Z"),
             reflect("java/lang/reflect/Executable", "trySetAccessible", "()Z"),
-            reflect("java/lang/reflect/AccessibleObject", "trySetAccessible", "()Z"));
+            reflect("java/lang/reflect/AccessibleObject", "trySetAccessible", "()Z"),
+            // an XML parser the function tells to read external entities or schemas (the runtime
+            // turns that off for every parser: ActionGuard.secureXml)
+            reflect("javax/xml/parsers/DocumentBuilderFactory", "setAttribute", XML_SET),
+            reflect("javax/xml/parsers/SAXParser", "setProperty", XML_SET),
+            reflect("org/xml/sax/XMLReader", "setProperty", XML_SET),
+            reflect("javax/xml/stream/XMLInputFactory", "setProperty", XML_SET),
+            reflect("javax/xml/validation/SchemaFactory", "setProperty", XML_SET),
+            reflect("javax/xml/validation/Validator", "setProperty", XML_SET),
+            reflect("javax/xml/validation/ValidatorHandler", "setProperty", XML_SET));
 
     private static Map.Entry<String, Redirect> redirect(String owner, String name, String type, boolean virtual) {
         return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, virtual, false));
@@ -307,9 +319,10 @@ public final class Rewriter {
             }
         }
         {
-            if (coe instanceof InvokeInstruction i && (i.opcode() == Opcode.INVOKESTATIC || i.opcode() == Opcode.INVOKEVIRTUAL)) {
+            if (coe instanceof InvokeInstruction i && (i.opcode() == Opcode.INVOKESTATIC || i.opcode() == Opcode.INVOKEVIRTUAL
+                    || i.opcode() == Opcode.INVOKEINTERFACE)) {
                 Redirect r = redirectOf(i.method());
-                if (r != null && r.virtual() == (i.opcode() == Opcode.INVOKEVIRTUAL) && !(trusted && r.guardOnly())) {
+                if (r != null && r.virtual() == (i.opcode() != Opcode.INVOKESTATIC) && !(trusted && r.guardOnly())) {
                     MethodTypeDesc t = i.typeSymbol();
                     if (r.virtual()) t = t.insertParameterTypes(0, ClassDesc.of("java.lang.Object"));
                     cob.invokestatic(GUARD, r.name(), t);
