@@ -233,8 +233,10 @@ func TestFlappingSleepWakeIsBounded(t *testing.T) {
 	if float64(s.Lends) > allowed {
 		t.Fatalf("%d SLEEPs lent in %v, want at most %.0f (SleepBurst + SleepRate/s)", s.Lends, elapsed, allowed)
 	}
-	if !strings.Contains(grep(scrape(t, a), `reason="sleep_throttled"`), "} ") ||
-		strings.HasSuffix(grep(scrape(t, a), `reason="sleep_throttled"`), "} 0") {
+	// A machine too slow to send them faster than the rate (an emulated
+	// guest under load) throttles none: there is nothing to count then.
+	if float64(flaps) > allowed && (!strings.Contains(grep(scrape(t, a), `reason="sleep_throttled"`), "} ") ||
+		strings.HasSuffix(grep(scrape(t, a), `reason="sleep_throttled"`), "} 0")) {
 		t.Errorf("throttled SLEEPs not counted:\n%s", grep(scrape(t, a), "sleep_throttled"))
 	}
 	// A SLEEP over the rate is refused with a typed error, and the lease
