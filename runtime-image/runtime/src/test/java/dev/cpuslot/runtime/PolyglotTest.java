@@ -126,7 +126,7 @@ class PolyglotTest {
                 def main(args):
                     seen = getattr(builtins, 'marker', None)
                     builtins.marker = args.get('mark')
-                    return {'seen': seen, 'env': os.environ.get('WHO')}
+                    return {'seen': seen, 'env': os.environ.get('WHO'), 'leaked': sorted(n for n in ('json', 'sys') if n in globals())}
                 """;
         try (PolyglotFunction a = new PolyglotFunction("first", "python", code, "main", Map.of("WHO", "first"));
              PolyglotFunction b = new PolyglotFunction("second", "python", code, "main", Map.of("WHO", "second"))) {
@@ -136,6 +136,8 @@ class PolyglotTest {
                 JsonObject ra = sa.invoke(json("{\"mark\":\"a\"}"), Map.of()).getAsJsonObject();
                 assertEquals("first", ra.get("env").getAsString());
                 assertTrue(ra.get("seen").isJsonNull(), ra.toString());
+                // the prewarm's imports are not the function's globals (a second worker's context would lack them)
+                assertEquals(0, ra.getAsJsonArray("leaked").size(), "the prewarm's names leak into the function: " + ra);
                 JsonObject rb = sb.invoke(json("{\"mark\":\"b\"}"), Map.of()).getAsJsonObject();
                 assertEquals("second", rb.get("env").getAsString());
                 assertTrue(rb.get("seen").isJsonNull(), "the second function sees the first's state: " + rb);
