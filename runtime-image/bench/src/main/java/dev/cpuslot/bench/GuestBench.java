@@ -26,8 +26,11 @@ import java.util.regex.Pattern;
  *
  * <pre>
  * java -cp bench.jar dev.cpuslot.bench.GuestBench --runtime-jar runtime/target/runtime-0.1.0-SNAPSHOT.jar \
- *      --image-dir image [--runs 40] [--last 10] [--languages javascript,python]
+ *      --image-dir image [--runs 40] [--last 10] [--languages javascript,python] [--before-jar OLD.jar]
  * </pre>
+ *
+ * {@code --before-jar} adds hello-world rows for another build of the runtime (the one before a
+ * change; its {@code lib/} and {@code compiler/} beside it), started the same way, in the same run.
  *
  * Warm: the median of the last {@code --last} of {@code --runs} calls (through /run for the
  * runtime, a loop in the same process for node and python3). A hang fails with the runtime's log.
@@ -114,7 +117,7 @@ public final class GuestBench {
             "def main(args):\n    return {'hello': 'world'}\n");
 
     public static void main(String[] args) throws Exception {
-        Path jar = null, imageDir = Path.of("image");
+        Path jar = null, before = null, imageDir = Path.of("image");
         int runs = 40, last = 10;
         List<String> languages = List.of("javascript", "python");
         for (int i = 0; i < args.length; i++) {
@@ -124,8 +127,9 @@ public final class GuestBench {
                 case "--runs" -> runs = Integer.parseInt(args[++i]);
                 case "--last" -> last = Integer.parseInt(args[++i]);
                 case "--languages" -> languages = List.of(args[++i].split(","));
+                case "--before-jar" -> before = Path.of(args[++i]);
                 default -> {
-                    System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--runs M] [--last N] [--languages javascript,python]");
+                    System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--runs M] [--last N] [--languages javascript,python] [--before-jar OLD.jar]");
                     System.exit(2);
                 }
             }
@@ -149,11 +153,16 @@ public final class GuestBench {
                 System.out.printf(Locale.ROOT, "| %s | %s | %.2f | %.2f | %.2f (%s) | %.2fx | %.1fx |%n", lang, w.name, compiled, interpreted,
                         baseline, js ? "node" : "python3", compiled / baseline, interpreted / baseline);
             }
-            for (boolean compiledMode : new boolean[]{true, false}) {
-                Runtime rt = Runtime.start(compiledMode ? jit : base, jar, lang, work);
-                double[] t = rt.measure(js ? HELLO.js : HELLO.py, 1);
-                startRows.add(String.format(Locale.ROOT, "| %s | %s | %.0f | %.0f | %.1f | %.0f |", lang, compiledMode ? "compiled" : "interpreted",
-                        rt.startMs, rt.initMs, t[0], rt.rssMb));
+            List<Path> jars = before == null ? List.of(jar) : List.of(jar, before);
+            for (Path j : jars) {
+                List<String> b = options(imageDir.resolve("jvm-options"), j), c = new ArrayList<>(b);
+                c.addAll(options(imageDir.resolve("jvm-options-jit"), j));
+                for (boolean compiledMode : new boolean[]{true, false}) {
+                    Runtime rt = Runtime.start(compiledMode ? c : b, j, lang, work);
+                    double[] t = rt.measure(js ? HELLO.js : HELLO.py, 1);
+                    startRows.add(String.format(Locale.ROOT, "| %s | %s%s | %.0f | %.0f | %.1f | %.0f |", lang, compiledMode ? "compiled" : "interpreted",
+                            j == before ? " (before)" : "", rt.startMs, rt.initMs, t[0], rt.rssMb));
+                }
             }
         }
         System.out.println();

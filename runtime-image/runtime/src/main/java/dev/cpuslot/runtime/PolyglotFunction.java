@@ -214,7 +214,8 @@ public final class PolyglotFunction implements Function {
 
     /**
      * Loads a language before the first /init (the image's language is fixed): makes the engine
-     * and one throwaway context, so the first action's contexts start from warm code caches.
+     * and one context, which the first function of that language takes as its own (a context
+     * costs seconds to make for Python), so that /init does not make another.
      */
     public static void prewarm(String language) {
         String id = polyglotId(language);
@@ -235,12 +236,38 @@ public final class PolyglotFunction implements Function {
         if (f != null) f.join();
     }
 
+    /**
+     * Contexts made by the prewarm, per language, not yet taken: they ran the runtime's own code
+     * only (no function's), and each goes to one function, once.
+     */
+    private static final Map<String, Context> PREWARMED = new ConcurrentHashMap<>();
+    private static final java.util.concurrent.atomic.AtomicInteger PREWARMED_TAKEN = new java.util.concurrent.atomic.AtomicInteger();
+
+    /** How many functions started in a prewarmed context (tests). */
+    static int prewarmedContextsTaken() { return PREWARMED_TAKEN.get(); }
+
     private static void prewarmNow(String id, String language) {
         long t0 = System.nanoTime();
-        try (Context c = contextBuilder(id, engine(id)).build()) {
-            c.eval(id, id.equals("python") ? "import json, os, sys\n" : "JSON.stringify({})");
+        Context c = contextBuilder(id, engine(id)).build();
+        try {
+            // under the prelude's own names: the function's globals get no name from the prewarm
+            c.eval(id, id.equals("python") ? "import json as __cpuslot_json, os as __cpuslot_os, sys as __cpuslot_sys\n" : "JSON.stringify({})");
+        } catch (RuntimeException e) {
+            c.close(true);
+            throw e;
         }
+        PREWARMED.put(id, c);
         Log.info("prewarmed " + language + " in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
+    }
+
+    /** The prewarm's context of the language, once, or a new one. */
+    private static Context newContext(String polyglotId, Engine engine) {
+        Context c = PREWARMED.remove(polyglotId);
+        if (c != null) {
+            PREWARMED_TAKEN.incrementAndGet();
+            return c;
+        }
+        return contextBuilder(polyglotId, engine).build();
     }
 
     static String polyglotId(String language) {
@@ -409,7 +436,7 @@ public final class PolyglotFunction implements Function {
     }
 
     private Sandbox makeSandbox() {
-        Context ctx = contextBuilder(polyglotId, engine).build();
+        Context ctx = newContext(polyglotId, engine);
         Value call, poll = null, loop = null;
         try {
             if (polyglotId.equals("js")) {

@@ -111,4 +111,40 @@ class PolyglotTest {
             assertTrue(r.obj().get("error").getAsString().contains("py boom"), r.raw());
         }
     }
+
+    /**
+     * The prewarm's context (made before /init, the image's language) is the first function's:
+     * /init does not make a second one. It carries that function's /init env, and only that
+     * function gets it: the next function of the language has a context of its own.
+     */
+    @Test
+    void thePrewarmedContextGoesToTheFirstFunctionOnly() throws Exception {
+        PolyglotFunction.prewarm("python");
+        int before = PolyglotFunction.prewarmedContextsTaken();
+        String code = """
+                import os, builtins
+                def main(args):
+                    seen = getattr(builtins, 'marker', None)
+                    builtins.marker = args.get('mark')
+                    return {'seen': seen, 'env': os.environ.get('WHO'), 'leaked': sorted(n for n in ('json', 'sys') if n in globals())}
+                """;
+        try (PolyglotFunction a = new PolyglotFunction("first", "python", code, "main", Map.of("WHO", "first"));
+             PolyglotFunction b = new PolyglotFunction("second", "python", code, "main", Map.of("WHO", "second"))) {
+            assertEquals(before + 1, PolyglotFunction.prewarmedContextsTaken(), "the first function starts in the prewarmed context, the second in its own");
+            Function.Sandbox sa = a.newSandbox(), sb = b.newSandbox();
+            try {
+                JsonObject ra = sa.invoke(json("{\"mark\":\"a\"}"), Map.of()).getAsJsonObject();
+                assertEquals("first", ra.get("env").getAsString());
+                assertTrue(ra.get("seen").isJsonNull(), ra.toString());
+                // the prewarm's imports are not the function's globals (a second worker's context would lack them)
+                assertEquals(0, ra.getAsJsonArray("leaked").size(), "the prewarm's names leak into the function: " + ra);
+                JsonObject rb = sb.invoke(json("{\"mark\":\"b\"}"), Map.of()).getAsJsonObject();
+                assertEquals("second", rb.get("env").getAsString());
+                assertTrue(rb.get("seen").isJsonNull(), "the second function sees the first's state: " + rb);
+            } finally {
+                sa.close();
+                sb.close();
+            }
+        }
+    }
 }
