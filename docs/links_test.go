@@ -67,11 +67,15 @@ func TestLinks(t *testing.T) {
 	}
 }
 
-// links lists the link targets of a Markdown text outside code blocks.
+// codeSpan is inline code: `...`, where brackets are not links.
+var codeSpan = regexp.MustCompile("`[^`]*`")
+
+// links lists the link targets of a Markdown text outside code blocks and
+// inline code.
 func links(text string) []string {
 	var out []string
 	for _, line := range prose(text) {
-		for _, m := range link.FindAllStringSubmatch(line, -1) {
+		for _, m := range link.FindAllStringSubmatch(codeSpan.ReplaceAllString(line, "``"), -1) {
 			out = append(out, m[1])
 		}
 	}
@@ -127,4 +131,13 @@ func headings(t *testing.T, path string) map[string]bool {
 		seen[s]++
 	}
 	return out
+}
+
+// TestLinksSkipsCode: brackets and parentheses in inline code or a fenced
+// block are not links (a name pattern such as `[a-z]([-a-z0-9]*)?`).
+func TestLinksSkipsCode(t *testing.T) {
+	text := "see [the docs](a.md) and `[a-z]([-a-z0-9]*[a-z0-9])?`\n```\n[x](b.md)\n```\n[y](c.md#h)"
+	if got := strings.Join(links(text), " "); got != "a.md c.md#h" {
+		t.Fatalf("links: %q", got)
+	}
 }
