@@ -427,7 +427,7 @@ class JavaContainmentTest {
      */
     @ParameterizedTest(name = "{0}")
     @ValueSource(strings = {"parallelStream", "streamParallel", "runAsync", "supplyAsyncThenApplyAsync", "parallelSetAll",
-            "concurrentHashMapForEach"})
+            "concurrentHashMapForEach", "fork"})
     void workOnTheCommonPoolEndsAtTheDeadline(String probe) throws Exception {
         String body = """
                 Thread main = Thread.currentThread();
@@ -448,6 +448,7 @@ class JavaContainmentTest {
                     var m = new java.util.concurrent.ConcurrentHashMap<Integer, Integer>();
                     for (int i = 0; i < 64; i++) m.put(i, i);
                     m.forEach(1, (k, v) -> spin.run());""";
+            case "fork" -> "java.util.concurrent.ForkJoinTask.adapt(spin).fork(); spin.run();";
             default -> throw new IllegalArgumentException(probe);
         });
         with("java", env("JAVA_TOOL_OPTIONS", "-Djava.util.concurrent.ForkJoinPool.common.parallelism=4"), c -> {

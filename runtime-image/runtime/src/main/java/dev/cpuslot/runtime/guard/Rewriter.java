@@ -362,6 +362,12 @@ public final class Rewriter {
 
     private static final String EXECUTOR = "Ljava/util/concurrent/Executor;";
 
+    private static final Set<String> INVOKE_ALL = Set.of("(Ljava/util/concurrent/ForkJoinTask;Ljava/util/concurrent/ForkJoinTask;)V",
+            "([Ljava/util/concurrent/ForkJoinTask;)V", "(Ljava/util/Collection;)Ljava/util/Collection;");
+
+    /** JDK (or runtime library) class + "|" + type -> whether it is one: the same for every function. */
+    private static final Map<String, Boolean> JDK_IS_A = new java.util.concurrent.ConcurrentHashMap<>();
+
     /**
      * The rewrite of a call that would run the function's code on the common pool's threads (of no
      * activation), or null: parallel streams and {@code Arrays.parallel*} become sequential, a
@@ -394,7 +400,7 @@ public final class Rewriter {
                 }
             }
             case "invokeAll" -> {
-                if (isA(owner, "java/util/concurrent/ForkJoinTask", jar)) return new Sequential(Way.GUARD, name, type);
+                if (INVOKE_ALL.contains(type) && isA(owner, "java/util/concurrent/ForkJoinTask", jar)) return new Sequential(Way.GUARD, name, type);
             }
             case "<init>" -> {
                 if (owner.equals("java/util/concurrent/SubmissionPublisher") && type.equals("()V")) {
@@ -408,7 +414,11 @@ public final class Rewriter {
             }
         }
         if (owner.equals("java/util/stream/StreamSupport") && type.contains("Z)")) return new Sequential(Way.NOT_PARALLEL, name, type);
-        if (type.startsWith("(J") && isA(owner, "java/util/concurrent/ConcurrentHashMap", jar)) return new Sequential(Way.NO_THRESHOLD, name, type);
+        // the bulk operations (forEach, search*, reduce*) take the parallelism threshold first
+        if (type.startsWith("(J") && (name.startsWith("forEach") || name.startsWith("search") || name.startsWith("reduce"))
+                && isA(owner, "java/util/concurrent/ConcurrentHashMap", jar)) {
+            return new Sequential(Way.NO_THRESHOLD, name, type);
+        }
         return null;
     }
 
@@ -457,17 +467,26 @@ public final class Rewriter {
                 m.interfaces().forEach(x -> todo.add(x.asInternalName()));
                 continue;
             }
-            for (ClassLoader l : new ClassLoader[] {ClassLoader.getPlatformClassLoader(), Rewriter.class.getClassLoader()}) {
-                try {
-                    Class<?> k = Class.forName(c.replace('/', '.'), false, l);
-                    Class<?> t = Class.forName(type.replace('/', '.'), false, ClassLoader.getPlatformClassLoader());
-                    if (t.isAssignableFrom(k)) return true;
-                    break;
-                } catch (ClassNotFoundException | LinkageError notThere) {
-                }
+            Boolean known = JDK_IS_A.get(c + "|" + type);
+            if (known == null) {
+                known = jdkIsA(c, type);
+                if (known != null) JDK_IS_A.put(c + "|" + type, known); // only classes that exist: a bounded set
             }
+            if (Boolean.TRUE.equals(known)) return true;
         }
         return false;
+    }
+
+    /** Null when no such class. */
+    private static Boolean jdkIsA(String c, String type) {
+        for (ClassLoader l : new ClassLoader[] {ClassLoader.getPlatformClassLoader(), Rewriter.class.getClassLoader()}) {
+            try {
+                Class<?> k = Class.forName(c.replace('/', '.'), false, l);
+                return Class.forName(type.replace('/', '.'), false, ClassLoader.getPlatformClassLoader()).isAssignableFrom(k);
+            } catch (ClassNotFoundException | LinkageError notThere) {
+            }
+        }
+        return null;
     }
 
     /** Checks only (for a whole jar at /init): the refusal, or null. @param jar entry name -> bytes */
