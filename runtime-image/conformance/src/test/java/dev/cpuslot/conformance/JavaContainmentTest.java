@@ -62,7 +62,8 @@ class JavaContainmentTest {
             "processHandle", "exitByMethodReference", "haltByMethodReference", "fieldReflection", "deserialization",
             "allStackTracesThroughASubclass", "timeZoneThroughASubclass", "threadWithoutTheActivation",
             "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
-            "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn"})
+            "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
+            "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -181,6 +182,24 @@ class JavaContainmentTest {
                     }
                     static native int pid();
                     static {""";
+            case "commonPool" -> """
+                    java.util.concurrent.ForkJoinPool.commonPool().submit(() -> { }).join();
+                    return args;""";
+            case "parallelStreamByMethodReference" -> """
+                    java.util.function.Function<List<Integer>, java.util.stream.Stream<Integer>> f = List::parallelStream;
+                    f.apply(List.of(1)).count();
+                    return args;""";
+            case "defaultExecutor" -> """
+                    new java.util.concurrent.CompletableFuture<String>().defaultExecutor().execute(() -> { });
+                    return args;""";
+            case "orTimeout" -> """
+                    new java.util.concurrent.CompletableFuture<String>().orTimeout(1, java.util.concurrent.TimeUnit.MILLISECONDS)
+                            .whenComplete((v, e) -> { for (;;) { } });
+                    return args;""";
+            case "workerThreadWithoutTheActivation" -> """
+                    new java.util.concurrent.ForkJoinPool(1, p -> new java.util.concurrent.ForkJoinWorkerThread(null, p, false) { }, null, false)
+                            .submit(() -> { }).join();
+                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
@@ -396,6 +415,106 @@ class JavaContainmentTest {
                 }
             }
             assertEquals(List.of(), left, "threads the activation started still run 60 s after its deadline");
+        });
+    }
+
+    /**
+     * Work a function hands to the JDK's common {@code ForkJoinPool} (a parallel stream,
+     * {@code CompletableFuture.runAsync/supplyAsync} without an executor, {@code Arrays.parallel*})
+     * ends at its deadline like the function's own threads: none spins on after the 502. The pool's
+     * parallelism is raised (the JDK uses no pool for {@code runAsync} with a parallelism of 1, as
+     * on a 2-core machine). Before: the pool's threads, of no activation, spun on for the process's life.
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"parallelStream", "streamParallel", "runAsync", "supplyAsyncThenApplyAsync", "parallelSetAll",
+            "concurrentHashMapForEach", "fork"})
+    void workOnTheCommonPoolEndsAtTheDeadline(String probe) throws Exception {
+        String body = """
+                Thread main = Thread.currentThread();
+                Runnable spin = () -> {
+                    if (Thread.currentThread() != main) Thread.currentThread().setName("spinner-common");
+                    long x = 1; while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; }
+                };
+                %s
+                return args;""".formatted(switch (probe) {
+            case "parallelStream" -> "List.of(1, 2, 3, 4, 5, 6, 7, 8).parallelStream().forEach(i -> spin.run());";
+            case "streamParallel" -> "java.util.stream.IntStream.range(0, 8).parallel().forEach(i -> spin.run());";
+            case "runAsync" -> "java.util.concurrent.CompletableFuture.runAsync(spin); spin.run();";
+            case "supplyAsyncThenApplyAsync" -> """
+                    java.util.concurrent.CompletableFuture.supplyAsync(() -> 1).thenApplyAsync(i -> { spin.run(); return i; });
+                    spin.run();""";
+            case "parallelSetAll" -> "int[] a = new int[1 << 16]; Arrays.parallelSetAll(a, i -> { spin.run(); return i; });";
+            case "concurrentHashMapForEach" -> """
+                    var m = new java.util.concurrent.ConcurrentHashMap<Integer, Integer>();
+                    for (int i = 0; i < 64; i++) m.put(i, i);
+                    m.forEach(1, (k, v) -> spin.run());""";
+            case "fork" -> "java.util.concurrent.ForkJoinTask.adapt(spin).fork(); spin.run();";
+            default -> throw new IllegalArgumentException(probe);
+        });
+        with("java", env("JAVA_TOOL_OPTIONS", "-Djava.util.concurrent.ForkJoinPool.common.parallelism=4"), c -> {
+            assertEquals(200, c.init(init(probe(body))).code());
+            Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = threads(c, "spinner", true);
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = threads(c, "spinner", true);
+                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
+                    Thread.sleep(200);
+                    left = threads(c, "spinner", true);
+                }
+            }
+            assertEquals(List.of(), left, "work the activation gave the common pool still runs 60 s after its deadline");
+        });
+    }
+
+    /** Ordinary parallel code still computes what it did (sequentially, on the activation's threads). */
+    @Test
+    void parallelCodeStillComputesItsResult() throws Exception {
+        String jar = probe("""
+                long sum = java.util.stream.LongStream.rangeClosed(1, 100_000).parallel().sum();
+                int listSum = List.of(1, 2, 3, 4).parallelStream().mapToInt(Integer::intValue).sum();
+                int[] a = {5, 3, 1, 4, 2};
+                Arrays.parallelSort(a);
+                Integer[] b = {5, 3, 1, 4, 2};
+                Arrays.parallelSort(b);
+                long[] p = {1, 2, 3, 4};
+                Arrays.parallelPrefix(p, Long::sum);
+                String async = java.util.concurrent.CompletableFuture.supplyAsync(() -> "a")
+                        .thenApplyAsync(s -> s + "b").thenCombineAsync(java.util.concurrent.CompletableFuture.supplyAsync(() -> "c"), String::concat).get();
+                var m = new java.util.concurrent.ConcurrentHashMap<Integer, Integer>();
+                for (int i = 1; i <= 10; i++) m.put(i, i);
+                class Fib extends java.util.concurrent.RecursiveTask<Integer> {
+                    final int n; Fib(int n) { this.n = n; }
+                    protected Integer compute() {
+                        if (n < 2) return n;
+                        Fib f1 = new Fib(n - 1); f1.fork();
+                        return new Fib(n - 2).compute() + f1.join();
+                    }
+                }
+                JsonObject r = new JsonObject();
+                r.addProperty("sum", sum);
+                r.addProperty("listSum", listSum);
+                r.addProperty("sorted", Arrays.toString(a) + Arrays.toString(b));
+                r.addProperty("prefix", Arrays.toString(p));
+                r.addProperty("async", async);
+                r.addProperty("chm", m.reduceValuesToLong(1, Integer::longValue, 0L, Long::sum));
+                r.addProperty("fib", new Fib(15).invoke());
+                r.addProperty("ownPool", new java.util.concurrent.ForkJoinPool(2).invoke(new Fib(15)));
+                return r;""");
+        with("java", env("JAVA_TOOL_OPTIONS", "-Djava.util.concurrent.ForkJoinPool.common.parallelism=4"), c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply r = c.run(runPayload(new JsonObject()));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            assertEquals(5_000_050_000L, r.body().get("sum").getAsLong());
+            assertEquals(10, r.body().get("listSum").getAsInt());
+            assertEquals("[1, 2, 3, 4, 5][1, 2, 3, 4, 5]", r.body().get("sorted").getAsString());
+            assertEquals("[1, 3, 6, 10]", r.body().get("prefix").getAsString());
+            assertEquals("abc", r.body().get("async").getAsString());
+            assertEquals(55, r.body().get("chm").getAsLong());
+            assertEquals(610, r.body().get("fib").getAsInt());
+            assertEquals(610, r.body().get("ownPool").getAsInt());
         });
     }
 
