@@ -244,30 +244,16 @@ final class LocalBus {
                     throw new ChainException(Kind.FAILED, name, "the callee did not return a dictionary");
                 return r.deepCopy();
             }
-            if (from.asyncCalls.incrementAndGet() > maxAsync)
-                throw new ChainException(Kind.FAN_OUT, name, "more than " + maxAsync + " asynchronous calls from one activation (CPUSLOT_CHAIN_MAX_ASYNC)");
-            if (pending.incrementAndGet() > maxPending) {
-                pending.decrementAndGet();
-                throw new ChainException(Kind.FAN_OUT, name, maxPending + " asynchronous calls are pending in this runtime (CPUSLOT_CHAIN_MAX_PENDING)");
-            }
             // its own trace: the caller's answer may be gone before it ends; its log line and metrics report it
             Hop hop = new Hop(name, h.owner(), id, depth, deadline, new Trace(), from.origin);
             JsonElement a = args.deepCopy();
-            try {
-                // the runtime's thread, not the caller's: no inherited activation, not in its thread count
-                Thread.ofVirtual().name("chain-async-" + name).inheritInheritableThreadLocals(false).start(() -> {
-                    try {
-                        host.run(h, a, hop, mode);
-                    } catch (RuntimeException | Error e) {
-                        Log.warn("asynchronous chain call to " + name + " failed in the runtime: " + e);
-                    } finally {
-                        pending.decrementAndGet();
-                    }
-                });
-            } catch (RuntimeException | Error e) {
-                pending.decrementAndGet();
-                throw new ChainException(Kind.FAILED, name, "could not start: " + e);
-            }
+            startAsync(from, name, () -> {
+                try {
+                    host.run(h, a, hop, mode);
+                } catch (RuntimeException | Error e) {
+                    Log.warn("asynchronous chain call to " + name + " failed in the runtime: " + e);
+                }
+            });
             return null;
         } catch (ChainException e) {
             if (e.kind() != Kind.FAILED && e.kind() != Kind.TIMEOUT && e.kind() != Kind.PLATFORM) // those are counted with the hop
@@ -295,6 +281,22 @@ final class LocalBus {
                 if (slept) mine.wake();
             }
         }
+        startAsync(from, name, () -> {
+            try {
+                remoteHop(from, t, name, a, depth, deadline, true, mode);
+            } catch (RuntimeException | Error e) {
+                // reported by its log line and metrics
+            }
+        });
+        return null;
+    }
+
+    /**
+     * Runs {@code call}, an asynchronous call from {@code from}, within the bounds on asynchronous
+     * calls per activation and per runtime, on the runtime's thread, not the caller's: no
+     * inherited activation, not in its thread count.
+     */
+    private void startAsync(Hop from, String name, Runnable call) {
         if (from.asyncCalls.incrementAndGet() > maxAsync)
             throw new ChainException(Kind.FAN_OUT, name, "more than " + maxAsync + " asynchronous calls from one activation (CPUSLOT_CHAIN_MAX_ASYNC)");
         if (pending.incrementAndGet() > maxPending) {
@@ -304,9 +306,7 @@ final class LocalBus {
         try {
             Thread.ofVirtual().name("chain-async-" + name).inheritInheritableThreadLocals(false).start(() -> {
                 try {
-                    remoteHop(from, t, name, a, depth, deadline, true, mode);
-                } catch (RuntimeException | Error e) {
-                    // reported by its log line and metrics
+                    call.run();
                 } finally {
                     pending.decrementAndGet();
                 }
@@ -315,7 +315,6 @@ final class LocalBus {
             pending.decrementAndGet();
             throw new ChainException(Kind.FAILED, name, "could not start: " + e);
         }
-        return null;
     }
 
     private PlatformPath.Result remoteHop(Hop from, PlatformPath.Target t, String name, JsonElement args, int depth, long deadline,
