@@ -76,7 +76,7 @@ func (p *Pool) setLimit(which *atomic.Uint32, milli uint32, what string) error {
 	now := p.limit()
 	if p.cfg.BudgetMilli == 0 && now != before {
 		// Leases granted under the old budget keep their share of it.
-		b := admission.New(now, p.cfg.Overcommit, p.policy, p.cfg.MinDegradedMilli)
+		b := admission.New(now, p.cfg.Overcommit, p.cfg.Policy, p.cfg.MinDegradedMilli)
 		b.Take(p.budget.Used())
 		p.budget = b
 	}

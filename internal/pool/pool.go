@@ -144,7 +144,6 @@ type Pool struct {
 	name    string
 	cfg     settings.Pool
 	mode    mode
-	policy  admission.Policy
 	backend Backend
 	metrics *metrics.Metrics
 	// containerLimit is the container's own CPU limit (0: none); an
@@ -212,7 +211,7 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 		return nil, fmt.Errorf("mode %q has no implementation", cfg.Mode)
 	}
 	p := &Pool{
-		name: name, cfg: cfg, mode: md, policy: cfg.Policy, backend: b, metrics: m,
+		name: name, cfg: cfg, mode: md, backend: b, metrics: m,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, threadLeases: map[ownerThread]*lease{},
 		holdCount: map[any]int{},
 		credits:   map[any]*credit{},
