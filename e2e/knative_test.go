@@ -539,7 +539,23 @@ func TestKnativeServing(t *testing.T) {
 		}
 		r := f.mustInvoke(ctx, t, kn.activator, rev, "from-zero", 50, nil)
 		t.Logf("first request after scale to zero, through the activator: answered in %v, slot %s", r.elapsed.Round(time.Millisecond), slotOf(r))
-		if r.headers.Get("X-Cpuslot-Slot") == "" {
+		switch {
+		case r.headers.Get("X-Cpuslot-Slot") != "":
+		case r.headers.Get("X-Cpuslot-Noslot") == "budget":
+			// The new pod's first miss can reach the agent before it
+			// has served the pod, and the runtime's acquire budget
+			// (50 ms in the recipe) runs out first, by design (CI:
+			// "none (budget)" once). A later request must find a slot.
+			start := time.Now()
+			if err := pollFor(ctx, 30*time.Second, func() (bool, string) {
+				r2 := f.mustInvoke(ctx, t, kn.activator, rev, "from-zero-next", 50, nil)
+				return r2.headers.Get("X-Cpuslot-Slot") != "", "no request after scale from zero ran in a slot; the last: " + slotOf(r2)
+			}); err != nil {
+				t.Error(err)
+			} else {
+				t.Logf("a request after scale to zero ran in a slot %v after the first one", time.Since(start).Round(time.Millisecond))
+			}
+		default:
 			t.Errorf("the first request after scale from zero ran without a slot: %s", slotOf(r))
 		}
 		pods, _ := revPods(ctx, c, rev)
