@@ -144,6 +144,9 @@ func (c *conn) serve() {
 	for {
 		body, err := c.readFrame()
 		if err != nil {
+			if c.session.gone.Load() {
+				return // the end of what an exited process sent (perhaps cut inside a frame)
+			}
 			var pe *slotv1.Error
 			if errors.As(err, &pe) {
 				c.srv.metrics.Error(metrics.BadFrame)

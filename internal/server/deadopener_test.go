@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv("CPUSLOT_TEST_OPENER"); sock != "" {
 		os.Exit(openAndPass(sock, os.Getenv("CPUSLOT_TEST_HELLO")))
 	}
+	if sock := os.Getenv("CPUSLOT_TEST_LAST_WORDS"); sock != "" {
+		os.Exit(sayLastWords(sock))
+	}
 	os.Exit(m.Run())
 }
 

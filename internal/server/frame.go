@@ -73,6 +73,9 @@ func (c *conn) fill(n int) error {
 }
 
 func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
+	if c.session != nil && c.session.gone.Load() {
+		return true // its process has exited: the rest of its frames are read unanswered
+	}
 	var err error
 	c.out, err = slotv1.Append(c.out[:0], request, m)
 	if err != nil {

@@ -25,8 +25,10 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	}
 	// Every request is the opener's: a connection that outlived its
 	// process (a child inherited it, or it was passed on) gets nothing
-	// more. The session's watch closes it soon; this closes the gap.
-	if err := c.alive(); err != nil {
+	// more. The session's watch shuts it soon; this closes the gap. What
+	// the process itself queued before its exit may still end its leases
+	// and report their usage (lastWords).
+	if err := c.alive(); err != nil && !c.srv.lastWords(c.session, f) {
 		c.srv.metrics.Error(metrics.NotServed)
 		c.srv.log.Info("request on a connection whose process has exited; closing", "container", c.pool.Name(), "pid", c.peer.PID)
 		c.fail(f.Request, &NotServed{Reason: err.Error()})
@@ -232,6 +234,9 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 	}
 	if !c.session.usage.Allow() {
 		c.srv.metrics.Error(metrics.UsageThrottled)
+		if c.session.gone.Load() {
+			return true // a flood queued before the exit: nobody waits on it
+		}
 		if c.session.usage.Wait(c.session.ctx) != nil {
 			return false // the agent is stopping, or the process exited
 		}

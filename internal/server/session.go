@@ -3,8 +3,11 @@ package server
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	"golang.org/x/time/rate"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 )
 
 // Sessions: one a client process, over all its connections.
@@ -25,6 +28,10 @@ type session struct {
 	cancel context.CancelFunc
 	// unwatch stops watching the process's exit (nil: not watched).
 	unwatch func()
+	// gone is set once the agent saw the process exit (a watched session
+	// only) and shut its connections: no byte can be added to them, and
+	// what the process sent before is its last words (lastWords).
+	gone atomic.Bool
 	// usage paces the process's USAGE reports, over all its connections.
 	usage *rate.Limiter
 	// held paces its HELD requests, sleeps its SLEEPs.
@@ -121,11 +128,17 @@ func (s *Server) leave(ss *session, c *conn) bool {
 }
 
 // exited ends the session of a process that has exited: requests waiting
-// on its behalf stop, and its connections are closed, so the last one to
-// go releases its leases (as abandoned) although another process may
-// still hold the sockets.
+// on its behalf stop, and its connections are shut down, so nobody (a
+// process that inherited or was passed a socket) can send on them any
+// more; what the process sent before is still read (lastWords), then the
+// last connection to go releases its leases (as abandoned) although
+// another process may still hold the sockets. It runs once, from the
+// watch or from the first request that finds the process gone.
 func (s *Server) exited(ss *session) {
 	ss.cancel()
+	if !ss.gone.CompareAndSwap(false, true) {
+		return
+	}
 	s.mu.Lock()
 	conns := make([]*conn, 0, len(ss.conns))
 	for c := range ss.conns {
@@ -133,9 +146,33 @@ func (s *Server) exited(ss *session) {
 	}
 	s.mu.Unlock()
 	if len(conns) > 0 {
-		s.log.Debug("client process exited; closing its connections", "pid", ss.key.pid, "connections", len(conns))
+		s.log.Debug("client process exited; shutting its connections", "pid", ss.key.pid, "connections", len(conns))
 	}
 	for _, c := range conns {
-		c.c.Close()
+		// Shut, not closed: reads go on to the end of what is queued.
+		// The peer's writes fail from now on, and so do the agent's.
+		c.c.CloseRead()
+		c.c.CloseWrite()
 	}
+}
+
+// lastWords reports whether frame f, read after c's process exited, is
+// still taken: a USAGE or a RELEASE (no nap) that the process queued before
+// the agent saw its exit, so that its last report and its last releases
+// are counted. Only a watched session's are: there the exit shuts the
+// connections, so nothing can be added after it; without a watch a
+// socket's new holder could write at any time, and every request after the
+// exit is refused.
+func (s *Server) lastWords(ss *session, f slotv1.Frame) bool {
+	if ss.unwatch == nil {
+		return false
+	}
+	s.exited(ss) // if the watch has not run yet: nothing more comes in
+	switch m := f.Msg.(type) {
+	case *slotv1.Usage:
+		return true
+	case *slotv1.Release:
+		return m.Flags&(slotv1.ReleaseSleep|slotv1.ReleaseWake) == 0
+	}
+	return false
 }
