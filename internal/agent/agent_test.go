@@ -1,16 +1,8 @@
 package agent_test
 
 import (
-	"context"
-	"encoding/binary"
 	"errors"
-	"fmt"
-	"io"
-	"log/slog"
-	"net"
-	"net/http/httptest"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -23,10 +15,9 @@ import (
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/client"
-	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
-	"github.com/cpuslot/cpuslot/internal/discover"
 	"github.com/cpuslot/cpuslot/test/vm"
 )
 
@@ -44,15 +35,15 @@ func TestAgentOnCgroupV2(t *testing.T) {
 // TestAffinityThroughSocket: a thread that acquires the same quota again
 // and again gets its own slot back with no cgroup write after the first.
 func TestAffinityThroughSocket(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{Name: "test", NoLocal: true}) // the per-thread path
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{Name: "test", NoLocal: true}) // the per-thread path
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if h := c.Hello(); h.Container != e.rel || int(h.Hierarchy) != e.h.Version || len(h.Pools) != 2 {
+	if h := c.Hello(); h.Container != e.Rel || int(h.Hierarchy) != e.H.Version || len(h.Pools) != 2 {
 		t.Fatalf("hello: %+v", h)
 	}
 	runtime.LockOSThread()
@@ -65,7 +56,7 @@ func TestAffinityThroughSocket(t *testing.T) {
 			t.Fatal(err)
 		}
 		outcomes[l.Outcome]++
-		if got, want := cgrouptest.ThreadCgroup(t, e.h), e.rel+"/"+cgroup.SlotName(l.Slot); got != want {
+		if got, want := cgrouptest.ThreadCgroup(t, e.H), e.Rel+"/"+cgroup.SlotName(l.Slot); got != want {
 			t.Fatalf("acquisition %d: thread in %s, want %s", i, got, want)
 		}
 		if _, err := l.Release(slotv1.InvocationOK); err != nil {
@@ -76,12 +67,12 @@ func TestAffinityThroughSocket(t *testing.T) {
 		t.Fatalf("affinity hits %d of %d: %v", hits, n, outcomes)
 	}
 	// Releases are one-way: wait until the agent has taken the last one.
-	waitFor(t, "last release", func() bool { return a.Summaries()[0].Leases == 0 })
-	body := scrape(t, a)
+	agenttest.WaitFor(t, "last release", func() bool { return a.Summaries()[0].Leases == 0 })
+	body := agenttest.Scrape(t, a)
 	for _, want := range []string{
 		`cpuslot_acquisitions_total{outcome="affinity_hit"} 199`,
-		`cpuslot_lease_releases_total{action="guest/hello",container="` + e.rel + `",outcome="ok"} 200`,
-		`cpuslot_slots{container="` + e.rel + `",quota="250m",state="free"} 2`,
+		`cpuslot_lease_releases_total{action="guest/hello",container="` + e.Rel + `",outcome="ok"} 200`,
+		`cpuslot_slots{container="` + e.Rel + `",quota="250m",state="free"} 2`,
 		`cpuslot_acquire_duration_seconds_count{mode="affinity"} 200`,
 		`cpuslot_agent_info{favordynmods=`,
 	} {
@@ -96,10 +87,10 @@ func TestAffinityThroughSocket(t *testing.T) {
 // measured per invocation, another action ends the lingering lease first,
 // and an idle one expires.
 func TestLinger(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{Linger: 300 * time.Millisecond, NoLocal: true})
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{Linger: 300 * time.Millisecond, NoLocal: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +108,7 @@ func TestLinger(t *testing.T) {
 		if l.Reused {
 			reused++
 		}
-		if got, want := cgrouptest.ThreadCgroup(t, e.h), e.rel+"/"+cgroup.SlotName(l.Slot); got != want {
+		if got, want := cgrouptest.ThreadCgroup(t, e.H), e.Rel+"/"+cgroup.SlotName(l.Slot); got != want {
 			t.Fatalf("invocation %d: thread in %s, want %s", i, got, want)
 		}
 		burnt += cgrouptest.BurnCPU(t, time.Millisecond)
@@ -142,9 +133,9 @@ func TestLinger(t *testing.T) {
 	if total < burnt-slack || total > cpuAll+slack {
 		t.Fatalf("50 invocations measured %v; they burnt %v and the thread used %v in all", total, burnt, cpuAll)
 	}
-	waitFor(t, "one lingering lease", func() bool { return a.Summaries()[0].Leases == 1 })
-	if body := scrape(t, a); !strings.Contains(body, `cpuslot_acquire_duration_seconds_count{mode="affinity"} 1`) {
-		t.Errorf("the agent saw more than one acquisition:\n%s", grep(body, "acquire_duration_seconds_count"))
+	agenttest.WaitFor(t, "one lingering lease", func() bool { return a.Summaries()[0].Leases == 1 })
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_acquire_duration_seconds_count{mode="affinity"} 1`) {
+		t.Errorf("the agent saw more than one acquisition:\n%s", agenttest.Grep(body, "acquire_duration_seconds_count"))
 	}
 	// Another action: the lingering lease ends, a new one starts.
 	l, err := c.Acquire(1000, "guest/b", "x")
@@ -154,26 +145,19 @@ func TestLinger(t *testing.T) {
 	if _, err := l.Release(slotv1.InvocationOK); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "lingering lease expired", func() bool { return a.Summaries()[0].Leases == 0 })
-	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",container="`+e.rel+`",outcome="ok"} 1`) {
-		t.Errorf("lease of guest/a:\n%s", grep(body, "lease_releases_total"))
+	agenttest.WaitFor(t, "lingering lease expired", func() bool { return a.Summaries()[0].Leases == 0 })
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",container="`+e.Rel+`",outcome="ok"} 1`) {
+		t.Errorf("lease of guest/a:\n%s", agenttest.Grep(body, "lease_releases_total"))
 	}
-}
-
-func scrape(t *testing.T, a *agent.Agent) string {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	return rec.Body.String()
 }
 
 // TestQuotaHolds: a CPU-bound thread in a 250m slot gets 25% of a core.
 func TestQuotaHolds(t *testing.T) {
 	secs, tol := envFloat("CPUSLOT_QUOTA_SECONDS", 10), envFloat("CPUSLOT_QUOTA_TOLERANCE", 2.5)
-	e := newEnv(t, 0, nil)
-	e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{})
+	e := agenttest.NewEnv(t, 0, nil)
+	e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,12 +220,12 @@ func envFloat(name string, def float64) float64 {
 // cgroup namespace cannot open a slot's file, yet places its thread with
 // the fd the agent passed.
 func TestUnprivilegedChildPlacesItself(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	e.start()
-	ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, unprivileged: true, env: []string{
-		"SOCKET=" + e.socket, "QUOTA=250", "N=20", "SLOTFILE_ROOT=" + filepath.Join(e.h.CPURoot, e.rel)}})
-	var r acquireResult
-	ch.result(t, &r)
+	e := agenttest.NewEnv(t, 0, nil)
+	e.Start()
+	ch := agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: e.Rel, Unprivileged: true, Env: []string{
+		"SOCKET=" + e.Socket, "QUOTA=250", "N=20", "SLOTFILE_ROOT=" + filepath.Join(e.H.CPURoot, e.Rel)}})
+	var r agenttest.AcquireResult
+	ch.Result(t, &r)
 	if r.Error != "" {
 		t.Fatal(r.Error)
 	}
@@ -260,24 +244,24 @@ func TestUnprivilegedChildPlacesItself(t *testing.T) {
 // TestForeignProcessRefused: processes outside the served container get
 // NOT_SERVED and nothing else.
 func TestForeignProcessRefused(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	e.start()
+	e := agenttest.NewEnv(t, 0, nil)
+	e.Start()
 	// This test process sits at the hierarchy root, outside the container.
-	_, err := client.Dial(e.socket, client.Options{})
+	_, err := client.Dial(e.Socket, client.Options{})
 	var pe *slotv1.Error
 	if !errors.As(err, &pe) || pe.Code != slotv1.CodeNotServed {
 		t.Fatalf("want NOT_SERVED, got %v", err)
 	}
 	// A process in a sibling cgroup, as nobody, is refused too.
-	sibling := filepath.Dir(e.rel) + "/other"
-	for _, r := range []string{e.h.CPURoot, e.h.AcctRoot} {
+	sibling := filepath.Dir(e.Rel) + "/other"
+	for _, r := range []string{e.H.CPURoot, e.H.AcctRoot} {
 		if r != "" {
 			os.MkdirAll(filepath.Join(r, sibling), 0o755)
 		}
 	}
-	ch := spawn(t, e.h, "acquire", childOpts{cgroup: sibling, unprivileged: true, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
-	var res acquireResult
-	ch.result(t, &res)
+	ch := agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: sibling, Unprivileged: true, Env: []string{"SOCKET=" + e.Socket, "QUOTA=250", "N=1"}})
+	var res agenttest.AcquireResult
+	ch.Result(t, &res)
 	if !strings.Contains(res.Error, "NOT_SERVED") {
 		t.Fatalf("sibling: %+v", res)
 	}
@@ -285,66 +269,66 @@ func TestForeignProcessRefused(t *testing.T) {
 
 // TestBadInput sends malformed and invalid requests over a raw connection.
 func TestBadInput(t *testing.T) {
-	e := newEnv(t, 1000, nil)
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
+	e := agenttest.NewEnv(t, 1000, nil)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
 
 	// Requests before HELLO, garbage, oversized and truncated frames: a
 	// typed error, then the connection is closed.
 	for name, raw := range map[string][]byte{
-		"acquire before hello": frame(t, &slotv1.Acquire{QuotaMilli: 250}),
+		"acquire before hello": agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250}),
 		"unknown type":         {0, 0, 0, 6, 1, 0x55, 0, 0, 0, 1},
 		"oversized":            {0, 1, 0, 1, 1, 1, 0, 0, 0, 1},
 		"wrong version":        {0, 0, 0, 6, 9, 1, 0, 0, 0, 1},
 	} {
-		c := dialRaw(t, e.socket)
+		c := agenttest.DialRaw(t, e.Socket)
 		c.Write(raw)
-		resp := readResp(t, c)
+		resp := agenttest.ReadResp(t, c)
 		pe, ok := resp.(*slotv1.Error)
 		if !ok || (pe.Code != slotv1.CodeBadRequest && pe.Code != slotv1.CodeUnsupportedVersion) {
 			t.Errorf("%s: got %+v", name, resp)
 		}
 		c.Close()
 	}
-	c := dialRaw(t, e.socket)
+	c := agenttest.DialRaw(t, e.Socket)
 	c.Write([]byte{0, 0, 0, 40, 1, 2}) // a frame cut short by a disconnect
 	c.Close()
 
-	c = dialRaw(t, e.socket)
+	c = agenttest.DialRaw(t, e.Socket)
 	defer c.Close()
-	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
-	if _, ok := readResp(t, c).(*slotv1.HelloOK); !ok {
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	if _, ok := agenttest.ReadResp(t, c).(*slotv1.HelloOK); !ok {
 		t.Fatal("hello refused")
 	}
 	tid := uint32(syscall.Gettid())
 	for q, want := range map[uint32]slotv1.Code{0: slotv1.CodeInvalidQuota, 5: slotv1.CodeInvalidQuota, 1500: slotv1.CodeInvalidQuota} {
-		c.Write(frame(t, &slotv1.Acquire{QuotaMilli: q, TID: tid}))
-		if pe, ok := readResp(t, c).(*slotv1.Error); !ok || pe.Code != want {
+		c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: q, TID: tid}))
+		if pe, ok := agenttest.ReadResp(t, c).(*slotv1.Error); !ok || pe.Code != want {
 			t.Errorf("quota %d: got %+v", q, pe)
 		}
 	}
-	c.Write(frame(t, &slotv1.Release{Lease: 424242}))
-	if pe, ok := readResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeUnknownLease {
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: 424242}))
+	if pe, ok := agenttest.ReadResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeUnknownLease {
 		t.Errorf("unknown lease: %+v", pe)
 	}
 	// The agent never places one of its own threads (here the peer is the
 	// agent's own process).
-	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid, Flags: slotv1.AcquireAgentPlaces}))
-	if pe, ok := readResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeBadRequest {
+	c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid, Flags: slotv1.AcquireAgentPlaces}))
+	if pe, ok := agenttest.ReadResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeBadRequest {
 		t.Errorf("agent placement of an agent thread: %+v", pe)
 	}
 	// The connection survives request-level errors: acquire, release twice.
-	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid}))
-	g, ok := readResp(t, c).(*slotv1.AcquireOK)
+	c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid}))
+	g, ok := agenttest.ReadResp(t, c).(*slotv1.AcquireOK)
 	if !ok || g.Place != slotv1.PlaceSelf {
 		t.Fatalf("acquire: %+v", g)
 	}
-	c.Write(frame(t, &slotv1.Release{Lease: g.Lease}))
-	if _, ok := readResp(t, c).(*slotv1.ReleaseOK); !ok {
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease}))
+	if _, ok := agenttest.ReadResp(t, c).(*slotv1.ReleaseOK); !ok {
 		t.Fatal("release failed")
 	}
-	c.Write(frame(t, &slotv1.Release{Lease: g.Lease}))
-	if pe, ok := readResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeUnknownLease {
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease}))
+	if pe, ok := agenttest.ReadResp(t, c).(*slotv1.Error); !ok || pe.Code != slotv1.CodeUnknownLease {
 		t.Errorf("double release: %+v", pe)
 	}
 	sum := a.Summaries()[0]
@@ -356,77 +340,33 @@ func TestBadInput(t *testing.T) {
 	counted := func(body string) bool {
 		return strings.Contains(body, `cpuslot_errors_total{reason="bad_frame"} 2`) && strings.Contains(body, `cpuslot_errors_total{reason="unknown_lease"} 2`)
 	}
-	body := scrape(t, a)
-	for deadline := time.Now().Add(time.Minute); !counted(body) && time.Now().Before(deadline); body = scrape(t, a) {
+	body := agenttest.Scrape(t, a)
+	for deadline := time.Now().Add(time.Minute); !counted(body) && time.Now().Before(deadline); body = agenttest.Scrape(t, a) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if !counted(body) {
-		t.Errorf("errors not counted within a minute:\n%s", grep(body, "cpuslot_errors_total"))
+		t.Errorf("errors not counted within a minute:\n%s", agenttest.Grep(body, "cpuslot_errors_total"))
 	}
-}
-
-func grep(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-func dialRaw(t *testing.T, path string) net.Conn {
-	c, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	return c
-}
-
-func frame(t *testing.T, m slotv1.Message) []byte {
-	b, err := slotv1.Append(nil, 1, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func readResp(t *testing.T, c net.Conn) slotv1.Message {
-	t.Helper()
-	var hdr [4]byte
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		t.Fatalf("reading response: %v", err)
-	}
-	body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
-	if _, err := io.ReadFull(c, body); err != nil {
-		t.Fatal(err)
-	}
-	f, err := slotv1.DecodeBody(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f.Msg
 }
 
 // TestAbandonedLeases: a runtime that exits holding leases gets them
 // released; the slots are free again.
 func TestAbandonedLeases(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	a := e.start()
-	ch := spawn(t, e.h, "hold", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket}})
-	var r acquireResult
-	ch.result(t, &r)
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	ch := agenttest.Spawn(t, e.H, "hold", agenttest.ChildOpts{Cgroup: e.Rel, Env: []string{"SOCKET=" + e.Socket}})
+	var r agenttest.AcquireResult
+	ch.Result(t, &r)
 	if r.Error != "" || r.Held != 2 {
 		t.Fatalf("child: %+v", r)
 	}
 	if s := a.Summaries()[0]; s.Leases != 2 || s.UsedMilli != 750 {
 		t.Fatalf("while held: %+v", s)
 	}
-	ch.cmd.Process.Kill()
-	ch.cmd.Wait()
-	waitFor(t, "abandoned leases released", func() bool { s := a.Summaries()[0]; return s.Leases == 0 && s.UsedMilli == 0 })
-	if !strings.Contains(scrape(t, a), `outcome="abandoned"} 2`) {
+	ch.Cmd.Process.Kill()
+	ch.Cmd.Wait()
+	agenttest.WaitFor(t, "abandoned leases released", func() bool { s := a.Summaries()[0]; return s.Leases == 0 && s.UsedMilli == 0 })
+	if !strings.Contains(agenttest.Scrape(t, a), `outcome="abandoned"} 2`) {
 		t.Error("abandoned leases not counted")
 	}
 }
@@ -434,16 +374,16 @@ func TestAbandonedLeases(t *testing.T) {
 // TestServeUnder: a process connecting from below a serveUnder cgroup is
 // served in its own cgroup, and its slots go away when it does.
 func TestServeUnder(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	e.serveUnder()
-	a := e.start()
-	ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=500", "N=3"}})
-	var r acquireResult
-	ch.result(t, &r)
+	e := agenttest.NewEnv(t, 0, nil)
+	e.ServeUnder()
+	a := e.Start()
+	ch := agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: e.Rel, Env: []string{"SOCKET=" + e.Socket, "QUOTA=500", "N=3"}})
+	var r agenttest.AcquireResult
+	ch.Result(t, &r)
 	if r.Error != "" || r.InSlot != 3 {
 		t.Fatalf("child: %+v", r)
 	}
-	ch.cmd.Wait()
+	ch.Cmd.Wait()
 	if len(a.Summaries()) != 1 {
 		t.Fatalf("pools %+v", a.Summaries())
 	}
@@ -451,7 +391,7 @@ func TestServeUnder(t *testing.T) {
 	if n := len(a.Summaries()); n != 0 {
 		t.Fatalf("pool of an empty container kept: %d", n)
 	}
-	if left := cgrouptest.Leftovers(e.h, e.rel); len(left) != 0 {
+	if left := cgrouptest.Leftovers(e.H, e.Rel); len(left) != 0 {
 		t.Fatalf("slots left: %v", left)
 	}
 }
@@ -460,16 +400,16 @@ func TestServeUnder(t *testing.T) {
 // stream fails at most while no agent listens, leases are re-declared,
 // and no slot directory leaks.
 func TestRestart(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	agentEnv := []string{"SOCKET=" + e.socket, "CONTAINER=" + e.rel}
-	startAgent := func() *child {
-		ch := spawn(t, e.h, "agent", childOpts{cgroup: "/", env: agentEnv})
-		waitFor(t, "agent", func() bool { _, err := os.Stat(e.socket); return err == nil })
+	e := agenttest.NewEnv(t, 0, nil)
+	agentEnv := []string{"SOCKET=" + e.Socket, "CONTAINER=" + e.Rel}
+	startAgent := func() *agenttest.Child {
+		ch := agenttest.Spawn(t, e.H, "agent", agenttest.ChildOpts{Cgroup: "/", Env: agentEnv})
+		agenttest.WaitFor(t, "agent", func() bool { _, err := os.Stat(e.Socket); return err == nil })
 		return ch
 	}
 	first := startAgent()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{ReconnectFor: 5 * time.Second})
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{ReconnectFor: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -526,15 +466,15 @@ func TestRestart(t *testing.T) {
 			}
 		}(w)
 	}
-	waitFor(t, "100 invocations before the kill", func() bool { return ok.Load() >= 100 })
+	agenttest.WaitFor(t, "100 invocations before the kill", func() bool { return ok.Load() >= 100 })
 	killed := time.Now()
-	first.cmd.Process.Signal(syscall.SIGKILL)
-	first.cmd.Wait()
-	os.Remove(e.socket)
+	first.Cmd.Process.Signal(syscall.SIGKILL)
+	first.Cmd.Wait()
+	os.Remove(e.Socket)
 	second := startAgent()
 	restarted := time.Now()
 	restartedFlag.Store(true)
-	waitFor(t, "20 invocations of every worker after the restart", func() bool {
+	agenttest.WaitFor(t, "20 invocations of every worker after the restart", func() bool {
 		for w := range okAfter {
 			if okAfter[w].Load() < 20 {
 				return false
@@ -555,114 +495,17 @@ func TestRestart(t *testing.T) {
 		}
 	}
 	// The new agent adopted the old slots: same count, nothing leaked.
-	slots, _ := filepath.Glob(filepath.Join(e.h.CPURoot, e.rel, "cpuslot-*"))
+	slots, _ := filepath.Glob(filepath.Join(e.H.CPURoot, e.Rel, "cpuslot-*"))
 	if len(slots) > 5 {
 		t.Fatalf("slots multiplied across the restart: %v", slots)
 	}
-	second.cmd.Process.Signal(syscall.SIGTERM)
-	second.cmd.Wait()
+	second.Cmd.Process.Signal(syscall.SIGTERM)
+	second.Cmd.Wait()
 	c.Close()
 	// Uninstall: nothing of cpuslot remains.
-	if _, err := e.h.RemoveAllSlots(e.rel); err != nil {
+	if _, err := e.H.RemoveAllSlots(e.Rel); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // Child scenarios.
-
-type acquireResult struct {
-	Error    string         `json:"error,omitempty"`
-	Outcomes map[string]int `json:"outcomes,omitempty"`
-	InSlot   int            `json:"inSlot"`
-	OpenErr  string         `json:"openErr,omitempty"`
-	Held     int            `json:"held,omitempty"`
-}
-
-func childAcquire() (any, error) {
-	quota, _ := strconv.Atoi(os.Getenv("QUOTA"))
-	n, _ := strconv.Atoi(os.Getenv("N"))
-	c, err := client.Dial(os.Getenv("SOCKET"), client.Options{Name: "child"})
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	runtime.LockOSThread()
-	r := acquireResult{Outcomes: map[string]int{}}
-	for i := 0; i < n; i++ {
-		l, err := c.Acquire(uint32(quota), "child", strconv.Itoa(i))
-		if err != nil {
-			return nil, err
-		}
-		r.Outcomes[l.Outcome.String()]++
-		b, _ := os.ReadFile("/proc/thread-self/cgroup")
-		if strings.Contains(string(b), "/"+cgroup.SlotName(l.Slot)+"\n") {
-			r.InSlot++
-		}
-		if root := os.Getenv("SLOTFILE_ROOT"); root != "" && i == 0 {
-			f, err := os.OpenFile(filepath.Join(root, cgroup.SlotName(l.Slot), "tasks"), os.O_WRONLY, 0)
-			if errors.Is(err, os.ErrNotExist) {
-				f, err = os.OpenFile(filepath.Join(root, cgroup.SlotName(l.Slot), "cgroup.threads"), os.O_WRONLY, 0)
-			}
-			if err != nil {
-				r.OpenErr = err.Error()
-			} else {
-				f.Close()
-				r.OpenErr = "opened"
-			}
-		}
-		if _, err := l.Release(slotv1.InvocationOK); err != nil {
-			return nil, err
-		}
-	}
-	return r, nil
-}
-
-func childHold() (any, error) {
-	c, err := client.Dial(os.Getenv("SOCKET"), client.Options{})
-	if err != nil {
-		return nil, err
-	}
-	held := 0
-	var wg sync.WaitGroup
-	var errs [2]error
-	for i, q := range []uint32{250, 500} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread()
-			_, errs[i] = c.Acquire(q, "hold", "")
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-		held++
-	}
-	// Report, then wait to be killed with the leases held. A read blocks in
-	// the kernel: with its agent gone the child is not "deadlocked".
-	fmt.Printf("{\"held\":%d}\n", held)
-	io.Copy(io.Discard, os.Stdin)
-	select {}
-}
-
-func childAgent() error {
-	cfg := agent.DefaultConfig()
-	cfg.Socket = os.Getenv("SOCKET")
-	cfg.HTTP = ""
-	cfg.Pool.Prewarm = "250m=2,500m=1"
-	cfg.Standalone.Containers = []string{os.Getenv("CONTAINER")}
-	// v1: fds (and so local leasing) also for a client in the test's own
-	// PID namespace.
-	cfg.Limits.HostNamespaceFDs = os.Getenv("HOST_NAMESPACE_FDS") == "1"
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	a, err := agent.New(cfg, log)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	h := a.Hierarchy()
-	return a.Run(ctx, []discover.Source{discover.Static{Hierarchy: h, Cgroups: cfg.Standalone.Containers}}, false)
-}

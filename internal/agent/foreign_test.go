@@ -23,6 +23,7 @@ import (
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
 )
@@ -100,12 +101,12 @@ func childHandFDs() (any, error) {
 	if err != nil {
 		return fail(err)
 	}
-	c.Write(frameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
-	if _, _, err := readRawFrame(c); err != nil {
+	c.Write(agenttest.FrameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	if _, _, err := agenttest.ReadRawFrame(c); err != nil {
 		return fail(fmt.Errorf("hello: %w", err))
 	}
-	c.Write(frameBytes(&slotv1.Acquire{QuotaMilli: 250, TID: uint32(tid)}))
-	body, fds, err := readRawFrame(c)
+	c.Write(agenttest.FrameBytes(&slotv1.Acquire{QuotaMilli: 250, TID: uint32(tid)}))
+	body, fds, err := agenttest.ReadRawFrame(c)
 	if err != nil {
 		return fail(fmt.Errorf("acquire: %w", err))
 	}
@@ -143,22 +144,22 @@ func TestAttackSlotFDsHandedToAnotherContainer(t *testing.T) {
 	var seen []string
 	for round := 1; round <= 3; round++ {
 		x.a.Maintain(time.Now())
-		p, err := x.e.h.PathOfPID(x.pid)
+		p, err := x.e.H.PathOfPID(x.pid)
 		seen = append(seen, fmt.Sprintf("round %d: %s (%v)", round, p, err))
 		if p == x.b {
 			break
 		}
 	}
-	if p, _ := x.e.h.PathOfPID(x.pid); p != x.b {
+	if p, _ := x.e.H.PathOfPID(x.pid); p != x.b {
 		t.Fatalf("B's process was not moved back to %s:\n%s", x.b, strings.Join(seen, "\n"))
 	}
 	x.check(t)
-	if p, err := x.e.h.PathOfThread(x.holder.cmd.Process.Pid, x.holder.res.TID); err != nil || p != x.slot {
+	if p, err := x.e.H.PathOfThread(x.holder.cmd.Process.Pid, x.holder.res.TID); err != nil || p != x.slot {
 		t.Errorf("A's own thread was moved from its slot %s to %s (%v)", x.slot, p, err)
 	}
 	// Reported to the owners of both containers (Kubernetes: Events).
 	got := x.reports.list()
-	if len(got) != 2 || got[0].cg != x.e.rel || got[1].cg != x.b ||
+	if len(got) != 2 || got[0].cg != x.e.Rel || got[1].cg != x.b ||
 		!strings.Contains(got[0].msg, "moved back to "+x.b) || got[0].reason != discover.ReasonForeignThread {
 		t.Errorf("reports: %+v", got)
 	}
@@ -192,8 +193,8 @@ func (r *reporter) list() []report {
 // cgroup, where no slot scan would look and A's limit and bill stay on it.
 func TestAttackForeignThreadLaunderedByRemoval(t *testing.T) {
 	x := intrude(t)
-	x.a.Forget(x.e.rel)
-	if p, err := x.e.h.PathOfPID(x.pid); p != x.b {
+	x.a.Forget(x.e.Rel)
+	if p, err := x.e.H.PathOfPID(x.pid); p != x.b {
 		t.Fatalf("B's process was moved to %s (%v) when A's slot was removed, want %s", p, err, x.b)
 	}
 	x.check(t)
@@ -208,9 +209,9 @@ func TestForeignScanTakesTurns(t *testing.T) {
 	defer agent.SetForeignScanBounds(1, 1)()
 	var c string
 	var intoC func(int)
-	x := intrudeWith(t, func(e *env, pids string) {
-		c = e.sibling("a-first") // scanned first: its name sorts before A's
-		e.cfg.Standalone.Containers = append(e.cfg.Standalone.Containers, c)
+	x := intrudeWith(t, func(e *agenttest.Env, pids string) {
+		c = e.Sibling("a-first") // scanned first: its name sorts before A's
+		e.Cfg.Standalone.Containers = append(e.Cfg.Standalone.Containers, c)
 		intoC = alsoIn(t, pids, c)
 	})
 	startHandFDs(t, x.e, c, intoC) // C's own thread, in C's slot
@@ -219,13 +220,13 @@ func TestForeignScanTakesTurns(t *testing.T) {
 	rounds := 4 // C's thread, A's own and B's
 	for r := 1; r <= rounds; r++ {
 		x.a.Maintain(time.Now())
-		p, err := x.e.h.PathOfPID(x.pid)
+		p, err := x.e.H.PathOfPID(x.pid)
 		seen = append(seen, fmt.Sprintf("round %d: %s (%v)", r, p, err))
 		if p == x.b {
 			break
 		}
 	}
-	if p, _ := x.e.h.PathOfPID(x.pid); p != x.b {
+	if p, _ := x.e.H.PathOfPID(x.pid); p != x.b {
 		t.Fatalf("B's process was not found in %d rounds of one thread each:\n%s", rounds, strings.Join(seen, "\n"))
 	}
 	x.check(t)
@@ -233,7 +234,7 @@ func TestForeignScanTakesTurns(t *testing.T) {
 
 // intrusion is B's process written into A's slot with A's fds.
 type intrusion struct {
-	e       *env
+	e       *agenttest.Env
 	a       *agent.Agent
 	b, slot string
 	pid     int
@@ -248,36 +249,36 @@ type intrusion struct {
 func intrude(t *testing.T) *intrusion { return intrudeWith(t, nil) }
 
 // intrudeWith is intrude with more to do before the agent starts.
-func intrudeWith(t *testing.T, before func(e *env, pids string)) *intrusion {
-	e := newEnv(t, 0, func(c *agent.Config) { c.Limits.HostNamespaceFDs = true })
-	if e.h.Version == 2 {
+func intrudeWith(t *testing.T, before func(e *agenttest.Env, pids string)) *intrusion {
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.Limits.HostNamespaceFDs = true })
+	if e.H.Version == 2 {
 		t.Skip("v2: the kernel refuses a thread from outside the threaded subtree (TestAttackPlacementFDOnForeignProcess)")
 	}
 	pids := pidsRoot(t)
-	x := &intrusion{e: e, b: e.sibling("b"), reports: &reporter{}}
-	e.sources = append(e.sources, x.reports)
-	intoA, intoB := alsoIn(t, pids, e.rel), alsoIn(t, pids, x.b)
+	x := &intrusion{e: e, b: e.Sibling("b"), reports: &reporter{}}
+	e.Sources = append(e.Sources, x.reports)
+	intoA, intoB := alsoIn(t, pids, e.Rel), alsoIn(t, pids, x.b)
 	if before != nil {
 		before(e, pids)
 	}
-	x.a = e.start()
+	x.a = e.Start()
 
 	// A's runtime, with its slot's fds.
-	x.holder = startHandFDs(t, e, e.rel, intoA)
+	x.holder = startHandFDs(t, e, e.Rel, intoA)
 	// B's process takes them and writes itself into A's slot.
 	intruder := exec.Command("sh", "-c", `read x; echo 0 >&3 && echo 0 >&4 && exec sleep 600`)
 	intruder.ExtraFiles = x.holder.fds
 	in, _ := intruder.StdinPipe()
-	if err := e.h.StartIn(intruder, x.b); err != nil {
+	if err := e.H.StartIn(intruder, x.b); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { intruder.Process.Kill(); intruder.Wait() })
 	intoB(intruder.Process.Pid)
 	io.WriteString(in, "go\n")
-	x.slot = path.Join(e.rel, cgroup.SlotName(x.holder.res.Slot))
+	x.slot = path.Join(e.Rel, cgroup.SlotName(x.holder.res.Slot))
 	x.pid = intruder.Process.Pid
-	waitFor(t, "B's process to write itself into A's slot", func() bool {
-		p, err := e.h.PathOfPID(x.pid)
+	agenttest.WaitFor(t, "B's process to write itself into A's slot", func() bool {
+		p, err := e.H.PathOfPID(x.pid)
 		return err == nil && p == x.slot
 	})
 	return x
@@ -292,8 +293,8 @@ func (x *intrusion) check(t *testing.T) {
 			t.Errorf("B's process is in %s in the %s hierarchy, want %s", p, key, x.b)
 		}
 	}
-	if body := scrape(t, x.a); !strings.Contains(body, `reason="foreign_thread_in_slot"} 1`) {
-		t.Errorf("the foreign thread was not counted once:\n%s", grep(body, "foreign_thread"))
+	if body := agenttest.Scrape(t, x.a); !strings.Contains(body, `reason="foreign_thread_in_slot"} 1`) {
+		t.Errorf("the foreign thread was not counted once:\n%s", agenttest.Grep(body, "foreign_thread"))
 	}
 }
 
@@ -325,7 +326,7 @@ type handFDs struct {
 
 // startHandFDs starts the handfds child in container rel (moved into its
 // other hierarchies by into) and receives its report and fds.
-func startHandFDs(t *testing.T, e *env, rel string, into func(int)) *handFDs {
+func startHandFDs(t *testing.T, e *agenttest.Env, rel string, into func(int)) *handFDs {
 	t.Helper()
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 	if err != nil {
@@ -336,11 +337,11 @@ func startHandFDs(t *testing.T, e *env, rel string, into func(int)) *handFDs {
 	defer theirs.Close()
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), "CPUSLOT_CHILD=handfds", "SOCKET="+e.socket)
+	cmd.Env = append(os.Environ(), "CPUSLOT_CHILD=handfds", "SOCKET="+e.Socket)
 	cmd.ExtraFiles = []*os.File{theirs}
-	cmd.Stderr = testWriter{t}
+	cmd.Stderr = agenttest.TestLog(t)
 	stdin, _ := cmd.StdinPipe()
-	if err := e.h.StartIn(cmd, rel); err != nil {
+	if err := e.H.StartIn(cmd, rel); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })

@@ -36,6 +36,7 @@ import (
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/discover"
 )
 
@@ -45,29 +46,31 @@ const relayLease = 0
 
 func FuzzServer(f *testing.F) {
 	hello := func(flags uint32) []byte {
-		return frameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: flags, Client: "fuzz"})
+		return agenttest.FrameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: flags, Client: "fuzz"})
 	}
 	cat := func(parts ...[]byte) []byte { return append([]byte{}, bytesJoin(parts)...) }
 	acq := func(q uint32, tid uint32, flags uint8, action string) []byte {
-		return frameBytes(&slotv1.Acquire{QuotaMilli: q, WaitUS: 1000, TID: tid, Flags: flags, Action: action, Invocation: "i"})
+		return agenttest.FrameBytes(&slotv1.Acquire{QuotaMilli: q, WaitUS: 1000, TID: tid, Flags: flags, Action: action, Invocation: "i"})
 	}
-	rel := func(flags uint8) []byte { return frameBytes(&slotv1.Release{Lease: relayLease, Flags: flags}) }
+	rel := func(flags uint8) []byte {
+		return agenttest.FrameBytes(&slotv1.Release{Lease: relayLease, Flags: flags})
+	}
 	for _, mode := range []byte{0, 1} {
 		f.Add(mode, hello(slotv1.HelloFDPassing))
 		f.Add(mode, cat(hello(slotv1.HelloFDPassing), acq(250, 1, 0, "guest/fib"), rel(0)))
 		f.Add(mode, cat(hello(0), acq(250, 1, slotv1.AcquireAgentPlaces, "a"), acq(500, 1, slotv1.AcquireAgentPlaces, "a"), rel(slotv1.ReleaseNoReply)))
 		f.Add(mode, cat(hello(slotv1.HelloFDPassing), acq(1000, 1, 0, "b"), acq(250, 2, 0, "c"), rel(0), rel(0)))
-		f.Add(mode, cat(hello(slotv1.HelloFDPassing), frameBytes(&slotv1.Reclaim{Slot: 1, QuotaMilli: 250, TID: 1, Action: "r"})))
+		f.Add(mode, cat(hello(slotv1.HelloFDPassing), agenttest.FrameBytes(&slotv1.Reclaim{Slot: 1, QuotaMilli: 250, TID: 1, Action: "r"})))
 		f.Add(mode, cat(hello(0), acq(10, 0, slotv1.AcquireAgentPlaces, "zero")))
 		f.Add(mode, []byte{0, 1, 0, 0, 1, 1, 0, 0, 0, 1})
 		// Local leasing: HOLD leases, USAGE reports, RECLAIM of a HOLD lease.
-		hold := frameBytes(&slotv1.Acquire{QuotaMilli: 250, WaitUS: 1000, Flags: slotv1.AcquireHold})
-		usage := frameBytes(&slotv1.Usage{Records: []slotv1.UsageRecord{
+		hold := agenttest.FrameBytes(&slotv1.Acquire{QuotaMilli: 250, WaitUS: 1000, Flags: slotv1.AcquireHold})
+		usage := agenttest.FrameBytes(&slotv1.Usage{Records: []slotv1.UsageRecord{
 			{Action: "u", Outcome: slotv1.InvocationOK, Invocations: 2, CPUNanos: 5},
 			{Action: "v", Outcome: slotv1.InvocationTimeout, Invocations: 1, ThrottledNanos: 7}}})
 		local := hello(slotv1.HelloFDPassing | slotv1.HelloLocal)
 		f.Add(mode, cat(local, hold, hold, usage, rel(slotv1.ReleaseNoReply), rel(0)))
-		f.Add(mode, cat(local, hold, frameBytes(&slotv1.Reclaim{Slot: relayLease, QuotaMilli: 250}), usage, hold))
+		f.Add(mode, cat(local, hold, agenttest.FrameBytes(&slotv1.Reclaim{Slot: relayLease, QuotaMilli: 250}), usage, hold))
 		f.Add(mode, cat(hello(slotv1.HelloFDPassing), usage, hold))
 	}
 	if p := os.Getenv("CPUSLOT_FUZZ_CRASH_OUTPUT"); p != "" && isFuzzWorker() {
@@ -78,18 +81,18 @@ func FuzzServer(f *testing.F) {
 		debug.SetCrashOutput(out, debug.CrashOptions{})
 		os.Stderr = out // the agent's errors (testWriter) land here too
 	}
-	e := newEnv(f, 0, func(c *agent.Config) {
+	e := agenttest.NewEnv(f, 0, func(c *agent.Config) {
 		c.Pool.Prewarm = "250m=2,500m=1"
 		c.Pool.MaxSlots = 8
 		c.Pool.MaxWait = agent.Duration{Duration: 20 * time.Millisecond}
 		c.Admission.Budget = "1500m"
 	})
-	eager := e.sibling("b")
-	pc, err := e.cfg.Settings()
+	eager := e.Sibling("b")
+	pc, err := e.Cfg.Settings()
 	if err != nil {
 		f.Fatal(err)
 	}
-	a := e.start()
+	a := e.Start()
 	eagerCfg := pc
 	if err := eagerCfg.Set("pool.mode", "cache-eager"); err != nil { // the agent writes and moves TIDs
 		f.Fatal(err)
@@ -98,7 +101,7 @@ func FuzzServer(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { a.Forget(eager) })
-	relays := []*relay{startRelay(f, e, e.rel), startRelay(f, e, eager)}
+	relays := []*relay{startRelay(f, e, e.Rel), startRelay(f, e, eager)}
 	execs := 0
 
 	f.Fuzz(func(t *testing.T, mode byte, in []byte) {
@@ -141,7 +144,7 @@ func FuzzServer(f *testing.F) {
 			t.Fatalf("%d fds arrived that no response announced", nfds)
 		}
 		// The connection is gone: its leases end and the budget is whole.
-		waitFor(t, "leases of a closed connection to end", func() bool {
+		agenttest.WaitFor(t, "leases of a closed connection to end", func() bool {
 			for _, s := range a.Summaries() {
 				if s.Leases != 0 || s.UsedMilli != 0 {
 					return false
@@ -161,7 +164,7 @@ func FuzzServer(f *testing.F) {
 				t.Fatalf("pool %s holds %d slots, max 8", s.Name, n)
 			}
 		}
-		if bad := agentThreadsInSlots(t, e.h); len(bad) > 0 {
+		if bad := agentThreadsInSlots(t, e.H); len(bad) > 0 {
 			t.Fatalf("agent threads in slots: %v", bad)
 		}
 		rec := httptest.NewRecorder()
@@ -192,25 +195,25 @@ func bytesJoin(parts [][]byte) []byte {
 
 // relay is the child that talks to the agent for the fuzzer.
 type relay struct {
-	ch  *child
+	ch  *agenttest.Child
 	in  io.Writer
 	rel string
 }
 
-func startRelay(tb testing.TB, e *env, rel string) *relay {
-	ch := spawn(tb, e.h, "relay", childOpts{cgroup: rel, unprivileged: true, newPIDNS: true, env: []string{"SOCKET=" + e.socket}})
-	return &relay{ch: ch, in: ch.stdin, rel: rel}
+func startRelay(tb testing.TB, e *agenttest.Env, rel string) *relay {
+	ch := agenttest.Spawn(tb, e.H, "relay", agenttest.ChildOpts{Cgroup: rel, Unprivileged: true, NewPIDNS: true, Env: []string{"SOCKET=" + e.Socket}})
+	return &relay{ch: ch, in: ch.Stdin, rel: rel}
 }
 
 // unplace moves the relay's threads that sit in a slot back to its
 // container's own cgroup.
-func (r *relay) unplace(t *testing.T, e *env) {
-	pid := r.ch.cmd.Process.Pid
+func (r *relay) unplace(t *testing.T, e *agenttest.Env) {
+	pid := r.ch.Cmd.Process.Pid
 	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	for _, d := range tasks {
 		tid, _ := strconv.Atoi(d.Name())
-		if p, err := e.h.PathOfThread(pid, tid); err == nil && p != r.rel {
-			if err := e.h.MoveThread(tid, r.rel); err != nil {
+		if p, err := e.H.PathOfThread(pid, tid); err == nil && p != r.rel {
+			if err := e.H.MoveThread(tid, r.rel); err != nil {
 				t.Logf("moving relay thread %d out of %s: %v", tid, p, err)
 			}
 		}
@@ -225,7 +228,7 @@ func (r *relay) send(in []byte) ([]byte, int, error) {
 	if _, err := r.in.Write(append(hdr[:], in...)); err != nil {
 		return nil, 0, err
 	}
-	line, err := r.ch.out.ReadString('\n')
+	line, err := r.ch.Out.ReadString('\n')
 	if err != nil {
 		return nil, 0, fmt.Errorf("relay died: %v", err)
 	}
@@ -291,7 +294,7 @@ func relayOnce(socket string, in []byte) (out []byte, nfds int, problem string) 
 	var slot uint32
 	read := func() bool {
 		c.SetReadDeadline(time.Now().Add(20 * time.Second))
-		body, fds, err := readRawFrame(c)
+		body, fds, err := agenttest.ReadRawFrame(c)
 		for _, fd := range fds {
 			unix.Close(fd)
 		}

@@ -18,14 +18,15 @@ import (
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/client"
 	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 )
 
 // setCPULimit writes the container's CPU limit, as an in-place resize does.
-func setCPULimit(e *env, milli uint32) error {
-	p, v := filepath.Join(e.h.CPURoot, e.rel, "cpu.max"), fmt.Sprintf("%d 100000", milli*100)
-	if e.h.Version == 1 {
-		p, v = filepath.Join(e.h.CPURoot, e.rel, "cpu.cfs_quota_us"), fmt.Sprint(milli*100)
+func setCPULimit(e *agenttest.Env, milli uint32) error {
+	p, v := filepath.Join(e.H.CPURoot, e.Rel, "cpu.max"), fmt.Sprintf("%d 100000", milli*100)
+	if e.H.Version == 1 {
+		p, v = filepath.Join(e.H.CPURoot, e.Rel, "cpu.cfs_quota_us"), fmt.Sprint(milli*100)
 	}
 	return os.WriteFile(p, []byte(v), 0)
 }
@@ -33,8 +34,8 @@ func setCPULimit(e *env, milli uint32) error {
 // shrinkEnv is a container of a 1000m limit with 250m slots only (cgroup
 // v1 refuses a container quota below a child's), whose live children get
 // fds.
-func shrinkEnv(t *testing.T, mutate func(*agent.Config)) *env {
-	return newEnv(t, 1000, func(c *agent.Config) {
+func shrinkEnv(t *testing.T, mutate func(*agent.Config)) *agenttest.Env {
+	return agenttest.NewEnv(t, 1000, func(c *agent.Config) {
 		c.Limits.HostNamespaceFDs = true
 		c.Pool.Prewarm = "250m=2"
 		if mutate != nil {
@@ -48,7 +49,7 @@ func shrinkEnv(t *testing.T, mutate func(*agent.Config)) *env {
 func askHeld(t *testing.T, c net.Conn) *slotv1.HeldOK {
 	t.Helper()
 	for try := 0; try < 50; try++ {
-		c.Write(frame(t, &slotv1.HeldRequest{}))
+		c.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
 		m, nfds := readFDs(t, c)
 		if nfds != 0 {
 			t.Fatalf("fds sent with HELD_OK")
@@ -71,16 +72,16 @@ func askHeld(t *testing.T, c net.Conn) *slotv1.HeldOK {
 // nothing. The answer lists its own HOLD leases only, with their grants.
 func TestLocalHeldAfterShrink(t *testing.T) {
 	e := shrinkEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := l.dial(t, e.socket)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := l.Dial(t, e.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
 	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKHeld == 0 || ok.Flags&slotv1.HelloOKLocal == 0 {
 		t.Fatalf("LOCAL and HELD not announced: flags %b", ok.Flags)
 	}
 	var leases []*slotv1.AcquireOK
 	for i := 0; i < 2; i++ {
-		c.Write(frame(t, holdReq(250, 0)))
+		c.Write(agenttest.Frame(t, holdReq(250, 0)))
 		m, _ := readFDs(t, c)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok {
@@ -88,8 +89,8 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 		}
 		leases = append(leases, g)
 	}
-	other := startLive(t, e, e.rel, 1)
-	oc := localConn(t, e.socket, other)
+	other := agenttest.StartLive(t, e, e.Rel, 1)
+	oc := localConn(t, e.Socket, other)
 	if h := askHeld(t, oc); len(h.Leases) != 0 || h.GiveBackMilli != 0 {
 		t.Fatalf("a process without HOLD leases: %+v", h)
 	}
@@ -109,7 +110,7 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 	if h := askHeld(t, c); h.BudgetMilli != 400 || h.GiveBackMilli != 100 {
 		t.Fatalf("after the shrink to 400m: %+v, want give back 100m", h)
 	}
-	c.Write(frame(t, &slotv1.Release{Lease: leases[0].Lease}))
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: leases[0].Lease}))
 	if m, _ := readFDs(t, c); !isReleaseOK(m) {
 		t.Fatalf("release: %+v", m)
 	}
@@ -124,29 +125,29 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 // HELD is answered as usual.
 func TestAttackHeld(t *testing.T) {
 	e := shrinkEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	plain := l.dial(t, e.socket)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	plain := l.Dial(t, e.Socket)
 	plain.SetDeadline(time.Now().Add(time.Minute))
 	if ok := helloWith(t, plain, slotv1.HelloFDPassing); ok.Flags&(slotv1.HelloOKHeld|slotv1.HelloOKLocal) != 0 {
 		t.Fatalf("HELD announced without LOCAL: %b", ok.Flags)
 	}
-	plain.Write(frame(t, &slotv1.HeldRequest{}))
+	plain.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
 	m, _ := readFDs(t, plain)
-	wantCode(t, "HELD without LOCAL", m, slotv1.CodeBadRequest)
+	agenttest.WantCode(t, "HELD without LOCAL", m, slotv1.CodeBadRequest)
 
-	c := localConn(t, e.socket, l)
+	c := localConn(t, e.Socket, l)
 	// HELD with a byte of payload: the frame of HELD plus one byte.
-	b := frame(t, &slotv1.HeldRequest{})
+	b := agenttest.Frame(t, &slotv1.HeldRequest{})
 	b[3]++
 	c.Write(append(b, 0))
 	m, _ = readFDs(t, c)
-	wantCode(t, "HELD with a payload", m, slotv1.CodeBadRequest)
+	agenttest.WantCode(t, "HELD with a payload", m, slotv1.CodeBadRequest)
 
 	const flood = 100
 	var all []byte
 	for i := 0; i < flood; i++ {
-		all = append(all, frame(t, &slotv1.HeldRequest{})...)
+		all = append(all, agenttest.Frame(t, &slotv1.HeldRequest{})...)
 	}
 	c.Write(all)
 	answered, refused := 0, 0
@@ -166,11 +167,11 @@ func TestAttackHeld(t *testing.T) {
 	if refused == 0 || answered+refused != flood {
 		t.Fatalf("%d HELD back to back: %d answered, %d refused; want the rate to refuse some", flood, answered, refused)
 	}
-	other := startLive(t, e, e.rel, 1)
-	if h := askHeld(t, localConn(t, e.socket, other)); h.GiveBackMilli != 0 {
+	other := agenttest.StartLive(t, e, e.Rel, 1)
+	if h := askHeld(t, localConn(t, e.Socket, other)); h.GiveBackMilli != 0 {
 		t.Fatalf("another process: %+v", h)
 	}
-	if v, ok := metricValue(scrape(t, a), `cpuslot_errors_total{reason="held_throttled"}`); !ok || int(v) != refused {
+	if v, ok := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="held_throttled"}`); !ok || int(v) != refused {
 		t.Fatalf("held_throttled %v (%v), want %d", v, ok, refused)
 	}
 }
@@ -184,9 +185,9 @@ func TestAttackHeld(t *testing.T) {
 // admission, as any request does.
 func TestLocalClientGiveBack(t *testing.T) {
 	e := shrinkEnv(t, nil)
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{})
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,10 +227,10 @@ func TestLocalClientGiveBack(t *testing.T) {
 						first = false
 					}
 					// A short invocation, checked in its slot at both ends.
-					ok := l.Local && inSlot(e.h, e.rel, l.Slot)
+					ok := l.Local && inSlot(e.H, e.Rel, l.Slot)
 					for end := time.Now().Add(2 * time.Millisecond); time.Now().Before(end); {
 					}
-					ok = ok && inSlot(e.h, e.rel, l.Slot)
+					ok = ok && inSlot(e.H, e.Rel, l.Slot)
 					if !ok {
 						fail("invocation not in its local slot %d", l.Slot)
 					}
@@ -243,7 +244,7 @@ func TestLocalClientGiveBack(t *testing.T) {
 	}
 	<-started
 	<-started
-	waitFor(t, "2x250m held", func() bool { return a.Summaries()[0].UsedMilli == 500 })
+	agenttest.WaitFor(t, "2x250m held", func() bool { return a.Summaries()[0].UsedMilli == 500 })
 	if err := setCPULimit(e, 400); err != nil {
 		t.Fatal(err)
 	}
@@ -252,10 +253,10 @@ func TestLocalClientGiveBack(t *testing.T) {
 		t.Fatalf("budget after the shrink: %+v", s)
 	}
 	shrunk := time.Now()
-	waitFor(t, "the granted total within the 400m budget", func() bool { return a.Summaries()[0].UsedMilli <= 400 })
+	agenttest.WaitFor(t, "the granted total within the 400m budget", func() bool { return a.Summaries()[0].UsedMilli <= 400 })
 	fit := time.Since(shrunk)
 	before := ran.Load()
-	waitFor(t, "invocations going on after the give-back", func() bool { return ran.Load() > before+50 })
+	agenttest.WaitFor(t, "invocations going on after the give-back", func() bool { return ran.Load() > before+50 })
 	// It stays within: the client takes no slot beyond the new budget.
 	for i := 0; i < 20; i++ {
 		if s := a.Summaries()[0]; s.UsedMilli > 400 {
@@ -271,8 +272,8 @@ func TestLocalClientGiveBack(t *testing.T) {
 		t.Fatalf("%d failures, first: %s", len(failures), failures[0])
 	}
 	t.Logf("granted total fit the new budget %v after the shrink; %d invocations in slots, %d misses waited out admission", fit.Round(time.Millisecond), ran.Load(), admission.Load())
-	if !strings.Contains(scrape(t, a), `cpuslot_errors_total{reason="held_throttled"} 0`) {
-		t.Errorf("the client was throttled:\n%s", grep(scrape(t, a), "held_throttled"))
+	if !strings.Contains(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="held_throttled"} 0`) {
+		t.Errorf("the client was throttled:\n%s", agenttest.Grep(agenttest.Scrape(t, a), "held_throttled"))
 	}
 }
 
@@ -282,17 +283,17 @@ func TestLocalClientGiveBack(t *testing.T) {
 // invocation runs at the full quota, not degraded.
 func TestLocalClientDegradedRaised(t *testing.T) {
 	e := localEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
-	e.start()
-	other := startLive(t, e, e.rel, 1)
-	oc := localConn(t, e.socket, other)
-	oc.Write(frame(t, holdReq(800, 0)))
+	e.Start()
+	other := agenttest.StartLive(t, e, e.Rel, 1)
+	oc := localConn(t, e.Socket, other)
+	oc.Write(agenttest.Frame(t, holdReq(800, 0)))
 	m, _ := readFDs(t, oc)
 	big, ok := m.(*slotv1.AcquireOK)
 	if !ok {
 		t.Fatalf("HOLD 800m: %+v", m)
 	}
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{})
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,8 +314,8 @@ func TestLocalClientDegradedRaised(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	oc.Write(frame(t, &slotv1.Release{Lease: big.Lease, Flags: slotv1.ReleaseNoReply}))
-	waitFor(t, "the client's entry raised to 500m, not degraded", func() bool {
+	oc.Write(agenttest.Frame(t, &slotv1.Release{Lease: big.Lease, Flags: slotv1.ReleaseNoReply}))
+	agenttest.WaitFor(t, "the client's entry raised to 500m, not degraded", func() bool {
 		for i := 0; i < c.Table().Cap(); i++ {
 			if en := c.Table().Entry(i); en.Slot == slot {
 				return en.QuotaMilli == 500 && en.Flags&slotv1.EntryDegraded == 0
@@ -328,7 +329,7 @@ func TestLocalClientDegradedRaised(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		if l.Slot != slot || l.Degraded || l.QuotaMilli != 500 || !inSlot(e.h, e.rel, l.Slot) {
+		if l.Slot != slot || l.Degraded || l.QuotaMilli != 500 || !inSlot(e.H, e.Rel, l.Slot) {
 			t.Errorf("after the raise: slot %d (was %d) degraded %v quota %d", l.Slot, slot, l.Degraded, l.QuotaMilli)
 		}
 		l.Release(slotv1.InvocationOK)

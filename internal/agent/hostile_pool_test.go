@@ -4,12 +4,7 @@ package agent_test
 // stale cgroups, per-container caps), each on the real kernel's cgroups.
 
 import (
-	"context"
-	"encoding/binary"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -22,56 +17,10 @@ import (
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/client"
 	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
-	"github.com/cpuslot/cpuslot/internal/discover"
 )
-
-// runAgent runs an agent with cfg until stop is called; cleanup says
-// whether it removes its slots on the way out (uninstall) or leaves them
-// (restart).
-func runAgent(t *testing.T, h *cgroup.Hierarchy, cfg agent.Config, cleanup bool) (a *agent.Agent, stop func()) {
-	t.Helper()
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	a, err := agent.New(cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- a.Run(ctx, []discover.Source{discover.Static{Hierarchy: h, Cgroups: cfg.Standalone.Containers}}, cleanup)
-	}()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	}
-	t.Cleanup(stop)
-	waitFor(t, "agent ready", a.Ready)
-	return a, stop
-}
-
-// hello dials the socket and says HELLO, with or without fd passing.
-func hello(t *testing.T, socket string, fds bool) net.Conn {
-	t.Helper()
-	c := dialRaw(t, socket)
-	h := &slotv1.Hello{MinVersion: 1, MaxVersion: 1}
-	if fds {
-		h.Flags = slotv1.HelloFDPassing
-	}
-	c.Write(frame(t, h))
-	if m, ok := readResp(t, c).(*slotv1.HelloOK); !ok {
-		t.Fatalf("hello refused: %+v", m)
-	}
-	return c
-}
 
 func slotQuotas(t *testing.T, h *cgroup.Hierarchy, rel string) []int64 {
 	t.Helper()
@@ -98,22 +47,22 @@ func slotQuotas(t *testing.T, h *cgroup.Hierarchy, rel string) []int64 {
 // what the node has. The peer is a live process of the container, not the
 // test (the agent never places its own threads).
 func TestHostileQuotaWrap(t *testing.T) {
-	e := newEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "250m=1" })
-	a := e.start()
-	l := startLive(t, e, e.rel, 2)
-	c := l.dial(t, e.socket)
-	sayHello(t, c)
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "250m=1" })
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 2)
+	c := l.Dial(t, e.Socket)
+	agenttest.SayHello(t, c)
 
-	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.tids[0]}))
-	if g, ok := readResp(t, c).(*slotv1.AcquireOK); !ok {
+	c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.TIDs[0]}))
+	if g, ok := agenttest.ReadResp(t, c).(*slotv1.AcquireOK); !ok {
 		t.Fatalf("first acquire: %+v", g)
 	}
-	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 1<<32 - 250, TID: l.tids[1]}))
-	resp := readResp(t, c)
+	c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 1<<32 - 250, TID: l.TIDs[1]}))
+	resp := agenttest.ReadResp(t, c)
 	if pe, ok := resp.(*slotv1.Error); !ok || pe.Code != slotv1.CodeInvalidQuota {
 		t.Errorf("quota 2^32-250m: got %+v, want INVALID_QUOTA", resp)
 	}
-	for _, q := range slotQuotas(t, e.h, e.rel) {
+	for _, q := range slotQuotas(t, e.H, e.Rel) {
 		if q > int64(runtime.NumCPU())*100000 {
 			t.Errorf("a slot got quota %dus, more than the node's %d CPUs", q, runtime.NumCPU())
 		}
@@ -123,31 +72,22 @@ func TestHostileQuotaWrap(t *testing.T) {
 	}
 }
 
-// sayHello says HELLO without fd passing on c.
-func sayHello(t *testing.T, c net.Conn) {
-	t.Helper()
-	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
-	if m, ok := readResp(t, c).(*slotv1.HelloOK); !ok {
-		t.Fatalf("hello refused: %+v", m)
-	}
-}
-
 // TestHostileReclaimOverBudget (issue item 4): RECLAIM goes through
 // admission. Slots this agent made and never leased cannot be reclaimed
 // beyond the budget; after a restart, reclaims of adopted slots are
 // honoured even over budget (the invocations run already), counted, and
 // give no room for more.
 func TestHostileReclaimOverBudget(t *testing.T) {
-	e := newEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "500m=3" })
-	e.cfg.Socket = filepath.Join(e.dir, "first.sock")
-	a, stop := runAgent(t, e.h, e.cfg, false)
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "1"; c.Pool.Prewarm = "500m=3" })
+	e.Cfg.Socket = filepath.Join(e.Dir, "first.sock")
+	a, stop := agenttest.RunAgent(t, e.H, e.Cfg, false)
 	// The peer: a live process of the container with a thread per slot
 	// and one more.
-	l := startLive(t, e, e.rel, 4)
+	l := agenttest.StartLive(t, e, e.Rel, 4)
 
 	slots := func() []uint32 {
 		var ids []uint32
-		dirs, _ := filepath.Glob(filepath.Join(e.h.CPURoot, e.rel, cgroup.SlotPrefix+"*"))
+		dirs, _ := filepath.Glob(filepath.Join(e.H.CPURoot, e.Rel, cgroup.SlotPrefix+"*"))
 		for _, d := range dirs {
 			id, _ := cgroup.ParseSlotName(filepath.Base(d))
 			ids = append(ids, id)
@@ -158,24 +98,24 @@ func TestHostileReclaimOverBudget(t *testing.T) {
 	if len(ids) != 3 {
 		t.Fatalf("slots %v", ids)
 	}
-	tids := l.tids[:3]
+	tids := l.TIDs[:3]
 	reclaimAll := func(socket string) (granted int, last slotv1.Message) {
-		c := l.dial(t, socket) // held open: its leases live as long
-		sayHello(t, c)
+		c := l.Dial(t, socket) // held open: its leases live as long
+		agenttest.SayHello(t, c)
 		for i, id := range ids {
-			c.Write(frame(t, &slotv1.Reclaim{Slot: id, QuotaMilli: 500, TID: tids[i]}))
-			last = readResp(t, c)
+			c.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: id, QuotaMilli: 500, TID: tids[i]}))
+			last = agenttest.ReadResp(t, c)
 			if _, ok := last.(*slotv1.AcquireOK); ok {
 				granted++
 			}
 		}
 		return granted, last
 	}
-	c := l.dial(t, e.cfg.Socket)
-	sayHello(t, c)
+	c := l.Dial(t, e.Cfg.Socket)
+	agenttest.SayHello(t, c)
 	for i, id := range ids {
-		c.Write(frame(t, &slotv1.Reclaim{Slot: id, QuotaMilli: 500, TID: tids[i]}))
-		resp := readResp(t, c)
+		c.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: id, QuotaMilli: 500, TID: tids[i]}))
+		resp := agenttest.ReadResp(t, c)
 		_, ok := resp.(*slotv1.AcquireOK)
 		if i < 2 && !ok {
 			t.Fatalf("reclaim %d within budget refused: %+v", i, resp)
@@ -191,28 +131,23 @@ func TestHostileReclaimOverBudget(t *testing.T) {
 	stop()
 
 	// A new agent adopts the slots: the invocations of a restart are honoured.
-	e.cfg.Socket = filepath.Join(e.dir, "second.sock")
-	a2, _ := runAgent(t, e.h, e.cfg, true)
-	n, last := reclaimAll(e.cfg.Socket)
+	e.Cfg.Socket = filepath.Join(e.Dir, "second.sock")
+	a2, _ := agenttest.RunAgent(t, e.H, e.Cfg, true)
+	n, last := reclaimAll(e.Cfg.Socket)
 	if n != 3 {
 		t.Fatalf("after a restart %d of 3 reclaims were honoured, last %+v", n, last)
 	}
-	body := scrape(t, a2)
+	body := agenttest.Scrape(t, a2)
 	if !strings.Contains(body, `cpuslot_admission_total{result="reclaimed_over_budget"} 1`) {
-		t.Errorf("over-budget reclaim not counted:\n%s", grep(body, "cpuslot_admission_total"))
+		t.Errorf("over-budget reclaim not counted:\n%s", agenttest.Grep(body, "cpuslot_admission_total"))
 	}
 	// ... and give no room for more.
-	c2 := l.dial(t, e.cfg.Socket)
-	sayHello(t, c2)
-	c2.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.tids[3], WaitUS: 1000}))
-	if resp := readResp(t, c2); !isErr(resp, slotv1.CodeTimeout) {
+	c2 := l.Dial(t, e.Cfg.Socket)
+	agenttest.SayHello(t, c2)
+	c2.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.TIDs[3], WaitUS: 1000}))
+	if resp := agenttest.ReadResp(t, c2); !agenttest.IsErr(resp, slotv1.CodeTimeout) {
 		t.Errorf("acquire while over budget: %+v", resp)
 	}
-}
-
-func isErr(m slotv1.Message, code slotv1.Code) bool {
-	pe, ok := m.(*slotv1.Error)
-	return ok && pe.Code == code
 }
 
 // TestHostileLeakAfterRestart (issue item 8): a serve-under runtime idles
@@ -220,53 +155,46 @@ func isErr(m slotv1.Message, code slotv1.Code) bool {
 // start and removes them once no process is left; the container can be
 // removed.
 func TestHostileLeakAfterRestart(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	e.serveUnder()
-	e.cfg.Socket = filepath.Join(e.dir, "first.sock")
-	_, stop := runAgent(t, e.h, e.cfg, false)
-	ch := spawn(t, e.h, "hold", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.cfg.Socket}})
-	var r acquireResult
-	ch.result(t, &r)
+	e := agenttest.NewEnv(t, 0, nil)
+	e.ServeUnder()
+	e.Cfg.Socket = filepath.Join(e.Dir, "first.sock")
+	_, stop := agenttest.RunAgent(t, e.H, e.Cfg, false)
+	ch := agenttest.Spawn(t, e.H, "hold", agenttest.ChildOpts{Cgroup: e.Rel, Env: []string{"SOCKET=" + e.Cfg.Socket}})
+	var r agenttest.AcquireResult
+	ch.Result(t, &r)
 	if r.Error != "" || r.Held != 2 {
 		t.Fatalf("child: %+v", r)
 	}
 	stop() // SIGTERM: slots stay for the next agent
 
-	e.cfg.Socket = filepath.Join(e.dir, "second.sock")
-	a2, _ := runAgent(t, e.h, e.cfg, false)
-	ch.cmd.Process.Kill()
-	ch.cmd.Wait()
+	e.Cfg.Socket = filepath.Join(e.Dir, "second.sock")
+	a2, _ := agenttest.RunAgent(t, e.H, e.Cfg, false)
+	ch.Cmd.Process.Kill()
+	ch.Cmd.Wait()
 	a2.Maintain(time.Now())
-	if left := cgrouptest.Leftovers(e.h, e.rel); len(left) != 0 {
+	if left := cgrouptest.Leftovers(e.H, e.Rel); len(left) != 0 {
 		t.Fatalf("slots of a container with no process left after a restart: %v", left)
 	}
-	for _, root := range cgroupRoots(e.h) {
-		if err := syscall.Rmdir(filepath.Join(root, e.rel)); err != nil {
+	for _, root := range agenttest.CgroupRoots(e.H) {
+		if err := syscall.Rmdir(filepath.Join(root, e.Rel)); err != nil {
 			t.Fatalf("the runtime cannot remove its container: %v", err)
 		}
-		os.Mkdir(filepath.Join(root, e.rel), 0o755) // for the harness's cleanup
+		os.Mkdir(filepath.Join(root, e.Rel), 0o755) // for the harness's cleanup
 	}
-}
-
-func cgroupRoots(h *cgroup.Hierarchy) []string {
-	if h.AcctRoot != "" {
-		return []string{h.CPURoot, h.AcctRoot}
-	}
-	return []string{h.CPURoot}
 }
 
 // TestHostileRecreatedContainer (issue item 9): a container cgroup removed
 // and made again at the same path is a new container and gets a fresh pool;
 // the old pool's slots are dead cgroups.
 func TestHostileRecreatedContainer(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	e.serveUnder()
-	e.start()
-	run := func() acquireResult {
-		ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=2"}})
-		var r acquireResult
-		ch.result(t, &r)
-		ch.cmd.Wait()
+	e := agenttest.NewEnv(t, 0, nil)
+	e.ServeUnder()
+	e.Start()
+	run := func() agenttest.AcquireResult {
+		ch := agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: e.Rel, Env: []string{"SOCKET=" + e.Socket, "QUOTA=250", "N=2"}})
+		var r agenttest.AcquireResult
+		ch.Result(t, &r)
+		ch.Cmd.Wait()
 		return r
 	}
 	if r := run(); r.Error != "" || r.InSlot != 2 {
@@ -274,20 +202,20 @@ func TestHostileRecreatedContainer(t *testing.T) {
 	}
 	// The container runtime removes the container (slots first: a cgroup
 	// with children cannot go) and makes a new one at the same path.
-	roots := cgroupRoots(e.h)
+	roots := agenttest.CgroupRoots(e.H)
 	for _, root := range roots {
-		dirs, _ := filepath.Glob(filepath.Join(root, e.rel, cgroup.SlotPrefix+"*"))
+		dirs, _ := filepath.Glob(filepath.Join(root, e.Rel, cgroup.SlotPrefix+"*"))
 		for _, d := range dirs {
 			if err := syscall.Rmdir(d); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := syscall.Rmdir(filepath.Join(root, e.rel)); err != nil {
+		if err := syscall.Rmdir(filepath.Join(root, e.Rel)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, root := range roots {
-		if err := os.Mkdir(filepath.Join(root, e.rel), 0o755); err != nil {
+		if err := os.Mkdir(filepath.Join(root, e.Rel), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -300,12 +228,12 @@ func TestHostileRecreatedContainer(t *testing.T) {
 // floods distinct action names exhausts its own cap, not another
 // container's.
 func TestHostileActionNamesPerContainer(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	relB := cgrouptest.NewContainer(t, e.h, 0)
-	e.cfg.Standalone.Containers = []string{e.rel, relB}
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{})
+	e := agenttest.NewEnv(t, 0, nil)
+	relB := cgrouptest.NewContainer(t, e.H, 0)
+	e.Cfg.Standalone.Containers = []string{e.Rel, relB}
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,22 +249,22 @@ func TestHostileActionNamesPerContainer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ch := spawn(t, e.h, "acquire", childOpts{cgroup: relB, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
-	var r acquireResult
-	ch.result(t, &r)
+	ch := agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: relB, Env: []string{"SOCKET=" + e.Socket, "QUOTA=250", "N=1"}})
+	var r agenttest.AcquireResult
+	ch.Result(t, &r)
 	if r.Error != "" {
 		t.Fatal(r.Error)
 	}
 	counted := func() bool {
-		return strings.Contains(scrape(t, a), `cpuslot_lease_releases_total{action="child",container="`+relB+`"`)
+		return strings.Contains(agenttest.Scrape(t, a), `cpuslot_lease_releases_total{action="child",container="`+relB+`"`)
 	}
 	for deadline := time.Now().Add(time.Minute); !counted(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			// Say what the agent counted instead. CI saw this time out once, in
 			// the v2 guest: the child's last USAGE, read after the agent saw it
 			// exit, was dropped (internal/server TestLastWordsCounted).
-			body := scrape(t, a)
-			t.Fatalf("B's release not counted in a minute; B's series:\n%s\nerrors:\n%s", grep(body, relB), grep(body, "cpuslot_errors_total{"))
+			body := agenttest.Scrape(t, a)
+			t.Fatalf("B's release not counted in a minute; B's series:\n%s\nerrors:\n%s", agenttest.Grep(body, relB), agenttest.Grep(body, "cpuslot_errors_total{"))
 		}
 	}
 }
@@ -345,29 +273,29 @@ func TestHostileActionNamesPerContainer(t *testing.T) {
 // maxContainers; one more is refused with a typed error (NOT_READY: say
 // HELLO again later) and counted.
 func TestHostileMaxContainers(t *testing.T) {
-	e := newEnv(t, 0, func(c *agent.Config) { c.MaxContainers = 1 })
-	e.serveUnder()
-	relB := e.sibling("other")
-	a := e.start()
-	ch := spawn(t, e.h, "acquire", childOpts{cgroup: e.rel, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
-	var r acquireResult
-	ch.result(t, &r)
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.MaxContainers = 1 })
+	e.ServeUnder()
+	relB := e.Sibling("other")
+	a := e.Start()
+	ch := agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: e.Rel, Env: []string{"SOCKET=" + e.Socket, "QUOTA=250", "N=1"}})
+	var r agenttest.AcquireResult
+	ch.Result(t, &r)
 	if r.Error != "" {
 		t.Fatal(r.Error)
 	}
-	ch.cmd.Wait()
+	ch.Cmd.Wait()
 
-	cgrouptest.JoinProcess(t, e.h, relB)
-	c := dialRaw(t, e.socket)
+	cgrouptest.JoinProcess(t, e.H, relB)
+	c := agenttest.DialRaw(t, e.Socket)
 	defer c.Close()
-	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
-	if resp := readResp(t, c); !isErr(resp, slotv1.CodeNotReady) {
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	if resp := agenttest.ReadResp(t, c); !agenttest.IsErr(resp, slotv1.CodeNotReady) {
 		t.Fatalf("a container beyond maxContainers: %+v", resp)
 	}
 	if n := len(a.Summaries()); n != 1 {
 		t.Fatalf("%d pools", n)
 	}
-	body := scrape(t, a)
+	body := agenttest.Scrape(t, a)
 	for _, want := range []string{`cpuslot_errors_total{reason="containers_exhausted"} 1`, "cpuslot_containers_max 1"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %s", want)
@@ -375,20 +303,18 @@ func TestHostileMaxContainers(t *testing.T) {
 	}
 	// Once the first container is gone, the second is served.
 	a.Maintain(time.Now())
-	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
-	if resp := readResp(t, c); !isOK(resp) {
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	if resp := agenttest.ReadResp(t, c); !agenttest.IsOK(resp) {
 		t.Fatalf("after the first container left: %+v", resp)
 	}
 }
 
-func isOK(m slotv1.Message) bool { _, ok := m.(*slotv1.HelloOK); return ok }
-
 // TestHostilePrepareHoldsNoAgentLock (issue item 10): while one container's
 // pool is being made (cgroup I/O), other containers are served.
 func TestHostilePrepareHoldsNoAgentLock(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	relB := cgrouptest.NewContainer(t, e.h, 0)
-	e.cfg.Standalone.ServeUnder = []string{filepath.Dir(relB)}
+	e := agenttest.NewEnv(t, 0, nil)
+	relB := cgrouptest.NewContainer(t, e.H, 0)
+	e.Cfg.Standalone.ServeUnder = []string{filepath.Dir(relB)}
 	entered, release := make(chan struct{}), make(chan struct{})
 	agent.SetPrepareHook(func(p string) {
 		if p == relB {
@@ -397,17 +323,17 @@ func TestHostilePrepareHoldsNoAgentLock(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { agent.SetPrepareHook(nil) })
-	e.start()
-	ch := spawn(t, e.h, "acquire", childOpts{cgroup: relB, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=1"}})
+	e.Start()
+	ch := agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: relB, Env: []string{"SOCKET=" + e.Socket, "QUOTA=250", "N=1"}})
 	<-entered // B's pool is being made
 
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c := dialRaw(t, e.socket)
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c := agenttest.DialRaw(t, e.Socket)
 	defer c.Close()
 	c.SetDeadline(time.Time{}) // the select below says why it hangs
-	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
 	done := make(chan slotv1.Message, 1)
-	go func() { done <- readRespOrNil(c) }()
+	go func() { done <- agenttest.ReadRespOrNil(c) }()
 	var resp slotv1.Message
 	select {
 	case resp = <-done:
@@ -415,31 +341,15 @@ func TestHostilePrepareHoldsNoAgentLock(t *testing.T) {
 		close(release)
 		t.Fatal("HELLO of container A got no answer while container B's pool was being made: the agent lock is held across cgroup I/O")
 	}
-	if !isOK(resp) {
+	if !agenttest.IsOK(resp) {
 		t.Fatalf("hello: %+v", resp)
 	}
 	close(release)
-	var r acquireResult
-	ch.result(t, &r)
+	var r agenttest.AcquireResult
+	ch.Result(t, &r)
 	if r.Error != "" {
 		t.Fatalf("B: %s", r.Error)
 	}
-}
-
-func readRespOrNil(c net.Conn) slotv1.Message {
-	var hdr [4]byte
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return nil
-	}
-	body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
-	if _, err := io.ReadFull(c, body); err != nil {
-		return nil
-	}
-	f, err := slotv1.DecodeBody(body)
-	if err != nil {
-		return nil
-	}
-	return f.Msg
 }
 
 // TestHostileChildCgroupNamed (issue 19, finding 7): a cgroup planted
@@ -448,30 +358,30 @@ func readRespOrNil(c net.Conn) slotv1.Message {
 // says what it is: the slot has a child cgroup, named, at the teardown and
 // when it gives up; never "still had threads".
 func TestHostileChildCgroupNamed(t *testing.T) {
-	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Prewarm = "250m=1" })
-	_, stop := runAgent(t, e.h, e.cfg, false)
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.Pool.Prewarm = "250m=1" })
+	_, stop := agenttest.RunAgent(t, e.H, e.Cfg, false)
 	stop() // the slot stays for the next agent, which adopts it
-	slots := cgrouptest.Leftovers(e.h, e.rel)
+	slots := cgrouptest.Leftovers(e.H, e.Rel)
 	if len(slots) != 1 {
 		t.Fatalf("slots: %v, want 1", slots)
 	}
-	slotDir := filepath.Join(e.h.CPURoot, e.rel, slots[0])
+	slotDir := filepath.Join(e.H.CPURoot, e.Rel, slots[0])
 	if err := os.Mkdir(filepath.Join(slotDir, "planted"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		os.Remove(filepath.Join(slotDir, "planted"))
-		for _, root := range cgroupRoots(e.h) {
-			os.Remove(filepath.Join(root, e.rel, slots[0]))
+		for _, root := range agenttest.CgroupRoots(e.H) {
+			os.Remove(filepath.Join(root, e.Rel, slots[0]))
 		}
 	})
-	e.logs = &logBuffer{}
-	a := e.start()
-	a.Forget(e.rel)
+	e.Logs = &agenttest.LogBuffer{}
+	a := e.Start()
+	a.Forget(e.Rel)
 	for round := 0; round < agent.LeftoverRounds; round++ {
 		a.Maintain(time.Now())
 	}
-	logs := e.logs.String()
+	logs := e.Logs.String()
 	want := fmt.Sprintf("slot %s has a child cgroup %q", slots[0], "planted")
 	var teardown, givenUp string
 	for _, line := range strings.Split(logs, "\n") {
@@ -498,21 +408,21 @@ func TestHostileChildCgroupNamed(t *testing.T) {
 // the slot keeps it busy: what a thread that re-enters faster than the
 // agent moves it out does, without the race.
 func TestHostileLeftoverGivenUp(t *testing.T) {
-	e := newEnv(t, 0, func(c *agent.Config) { c.Pool.Prewarm = "250m=1" })
-	a := e.start()
-	slots := cgrouptest.Leftovers(e.h, e.rel)
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.Pool.Prewarm = "250m=1" })
+	a := e.Start()
+	slots := cgrouptest.Leftovers(e.H, e.Rel)
 	if len(slots) != 1 {
 		t.Fatalf("slots: %v, want 1", slots)
 	}
-	slotDir := filepath.Join(e.h.CPURoot, e.rel, slots[0])
+	slotDir := filepath.Join(e.H.CPURoot, e.Rel, slots[0])
 	if err := os.Mkdir(filepath.Join(slotDir, "busy"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// Before newEnv's check for leaked slots.
+	// Before NewEnv's check for leaked slots.
 	t.Cleanup(func() {
 		os.Remove(filepath.Join(slotDir, "busy"))
-		for _, root := range cgroupRoots(e.h) {
-			if err := os.Remove(filepath.Join(root, e.rel, slots[0])); err != nil && !os.IsNotExist(err) {
+		for _, root := range agenttest.CgroupRoots(e.H) {
+			if err := os.Remove(filepath.Join(root, e.Rel, slots[0])); err != nil && !os.IsNotExist(err) {
 				t.Errorf("removing the given-up slot: %v", err)
 			}
 		}
@@ -522,9 +432,9 @@ func TestHostileLeftoverGivenUp(t *testing.T) {
 	// descriptor's link names a cgroup by a path that need not be the one
 	// it was opened by.
 	dirs := map[[2]uint64]bool{}
-	for _, root := range cgroupRoots(e.h) {
+	for _, root := range agenttest.CgroupRoots(e.H) {
 		var st syscall.Stat_t
-		if err := syscall.Stat(filepath.Join(root, e.rel), &st); err != nil {
+		if err := syscall.Stat(filepath.Join(root, e.Rel), &st); err != nil {
 			t.Fatal(err)
 		}
 		dirs[[2]uint64{st.Dev, st.Ino}] = true
@@ -541,14 +451,14 @@ func TestHostileLeftoverGivenUp(t *testing.T) {
 		return n
 	}
 	failed := func() float64 {
-		v, _ := metricValue(scrape(t, a), `cpuslot_errors_total{reason="teardown_failed"}`)
+		v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="teardown_failed"}`)
 		return v
 	}
 
-	a.Forget(e.rel)
+	a.Forget(e.Rel)
 	retrying := held()
 	if retrying == 0 {
-		t.Fatalf("after the teardown the agent holds no descriptor on %s: the test cannot see them closed", e.rel)
+		t.Fatalf("after the teardown the agent holds no descriptor on %s: the test cannot see them closed", e.Rel)
 	}
 	for round := 1; round < agent.LeftoverRounds; round++ {
 		a.Maintain(time.Now())

@@ -14,6 +14,7 @@ import (
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/server"
 )
@@ -24,26 +25,26 @@ import (
 // show what is lent and the wake. Malformed SLEEP/WAKE are refused and
 // release nothing.
 func TestLendingOnTheWire(t *testing.T) {
-	e := newEnv(t, 1000, func(c *agent.Config) {
+	e := agenttest.NewEnv(t, 1000, func(c *agent.Config) {
 		c.Admission.LendRatio = 0.5
 		c.Admission.Policy = "reject"
 	})
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c := dialRaw(t, e.socket)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c := agenttest.DialRaw(t, e.Socket)
 	defer c.Close()
-	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
-	if ok, _ := readResp(t, c).(*slotv1.HelloOK); ok == nil || ok.Flags&slotv1.HelloOKLend == 0 {
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	if ok, _ := agenttest.ReadResp(t, c).(*slotv1.HelloOK); ok == nil || ok.Flags&slotv1.HelloOKLend == 0 {
 		t.Fatalf("LEND not announced: %+v", ok)
 	}
 	tid := uint32(syscall.Gettid())
 	acquire := func(q, tid uint32) slotv1.Message {
-		c.Write(frame(t, &slotv1.Acquire{QuotaMilli: q, TID: tid}))
-		return readResp(t, c)
+		c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: q, TID: tid}))
+		return agenttest.ReadResp(t, c)
 	}
 	nap := func(lease uint64, flags uint8, outcome slotv1.ReleaseOutcome) slotv1.Message {
-		c.Write(frame(t, &slotv1.Release{Lease: lease, Outcome: outcome, Flags: flags}))
-		return readResp(t, c)
+		c.Write(agenttest.Frame(t, &slotv1.Release{Lease: lease, Outcome: outcome, Flags: flags}))
+		return agenttest.ReadResp(t, c)
 	}
 	g1, _ := acquire(500, tid).(*slotv1.AcquireOK)
 	g2, _ := acquire(500, tid+1).(*slotv1.AcquireOK)
@@ -78,13 +79,13 @@ func TestLendingOnTheWire(t *testing.T) {
 	if g3 == nil || g3.QuotaMilli != 250 || g3.Flags&slotv1.AcquiredDegraded != 0 {
 		t.Fatalf("borrower: %+v", g3)
 	}
-	body := scrape(t, a)
-	if !strings.Contains(body, "cpuslot_lent_millicores{container=") || !strings.Contains(grep(body, "cpuslot_lent_millicores{"), "} 250") {
-		t.Errorf("lent while asleep:\n%s", grep(body, "cpuslot_lent"))
+	body := agenttest.Scrape(t, a)
+	if !strings.Contains(body, "cpuslot_lent_millicores{container=") || !strings.Contains(agenttest.Grep(body, "cpuslot_lent_millicores{"), "} 250") {
+		t.Errorf("lent while asleep:\n%s", agenttest.Grep(body, "cpuslot_lent"))
 	}
 	// A one-way WAKE, then a request on the same connection: answered in
 	// order, so the wake is done when the next answer comes.
-	c.Write(frame(t, &slotv1.Release{Lease: g1.Lease, Flags: slotv1.ReleaseWake | slotv1.ReleaseNoReply}))
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: g1.Lease, Flags: slotv1.ReleaseWake | slotv1.ReleaseNoReply}))
 	if pe, ok := acquire(50, tid+3).(*slotv1.Error); !ok || pe.Code != slotv1.CodeRejected {
 		t.Fatalf("after wake: %+v", pe)
 	}
@@ -92,9 +93,9 @@ func TestLendingOnTheWire(t *testing.T) {
 	if s.LentMilli != 0 || s.Wakes != 1 || s.UsedMilli != 1000 || s.Degraded == 0 {
 		t.Fatalf("after wake: %+v", s)
 	}
-	body = scrape(t, a)
-	if !strings.Contains(grep(body, "cpuslot_lent_millicores{"), "} 0") || !strings.Contains(grep(body, "cpuslot_wakes_total{"), "} 1") {
-		t.Errorf("after wake:\n%s", grep(body, "cpuslot_lent")+"\n"+grep(body, "cpuslot_wakes"))
+	body = agenttest.Scrape(t, a)
+	if !strings.Contains(agenttest.Grep(body, "cpuslot_lent_millicores{"), "} 0") || !strings.Contains(agenttest.Grep(body, "cpuslot_wakes_total{"), "} 1") {
+		t.Errorf("after wake:\n%s", agenttest.Grep(body, "cpuslot_lent")+"\n"+agenttest.Grep(body, "cpuslot_wakes"))
 	}
 	for _, g := range []*slotv1.AcquireOK{g1, g2, g3} {
 		if _, ok := nap(g.Lease, 0, slotv1.InvocationOK).(*slotv1.ReleaseOK); !ok {
@@ -113,14 +114,14 @@ func TestLendingOnTheWire(t *testing.T) {
 // write). Between ops (timer stopped): SLEEP, a borrower's ACQUIRE and its
 // RELEASE.
 func BenchmarkWakeOnTheWire(b *testing.B) {
-	e := newEnv(b, 1000, func(c *agent.Config) {
+	e := agenttest.NewEnv(b, 1000, func(c *agent.Config) {
 		c.Admission.LendRatio = 0.5
 		c.Admission.Policy = "reject"
 		c.Pool.Prewarm = "250m=2,500m=2"
 	})
-	e.start()
-	cgrouptest.JoinProcess(b, e.h, e.rel)
-	c, err := net.Dial("unix", e.socket)
+	e.Start()
+	cgrouptest.JoinProcess(b, e.H, e.Rel)
+	c, err := net.Dial("unix", e.Socket)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -185,22 +186,22 @@ func BenchmarkWakeOnTheWire(b *testing.B) {
 // stays awake, charged in full), so the writes stay within the rate,
 // however many frames it sends.
 func TestFlappingSleepWakeIsBounded(t *testing.T) {
-	e := newEnv(t, 1000, func(c *agent.Config) {
+	e := agenttest.NewEnv(t, 1000, func(c *agent.Config) {
 		c.Admission.LendRatio = 1
 		c.Admission.Policy = "reject"
 		c.Pool.Prewarm = "500m=4"
 	})
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c := dialRaw(t, e.socket)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c := agenttest.DialRaw(t, e.Socket)
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Minute))
-	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
-	readResp(t, c)
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	agenttest.ReadResp(t, c)
 	tid := uint32(syscall.Gettid())
 	acquire := func(tid uint32) *slotv1.AcquireOK {
-		c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid}))
-		g, _ := readResp(t, c).(*slotv1.AcquireOK)
+		c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: tid}))
+		g, _ := agenttest.ReadResp(t, c).(*slotv1.AcquireOK)
 		if g == nil {
 			t.Fatal("acquire refused")
 		}
@@ -208,14 +209,14 @@ func TestFlappingSleepWakeIsBounded(t *testing.T) {
 	}
 	sleeper := acquire(tid)
 	acquire(tid + 1)
-	c.Write(frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseSleep}))
-	readResp(t, c)
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseSleep}))
+	agenttest.ReadResp(t, c)
 	acquire(tid + 2) // the borrower
 
 	const flaps = 4 * server.SleepBurst
 	var flap []byte
 	for _, f := range []uint8{slotv1.ReleaseWake, slotv1.ReleaseSleep} {
-		flap = append(flap, frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: f | slotv1.ReleaseNoReply})...)
+		flap = append(flap, agenttest.Frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: f | slotv1.ReleaseNoReply})...)
 	}
 	start := time.Now()
 	for i := 0; i < flaps; i++ {
@@ -224,8 +225,8 @@ func TestFlappingSleepWakeIsBounded(t *testing.T) {
 		}
 	}
 	// Answered in order: every flap before it was taken.
-	c.Write(frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseWake}))
-	readResp(t, c)
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseWake}))
+	agenttest.ReadResp(t, c)
 	elapsed := time.Since(start)
 	s := a.Summaries()[0]
 	allowed := server.SleepBurst + server.SleepRate*elapsed.Seconds() + 1
@@ -235,23 +236,23 @@ func TestFlappingSleepWakeIsBounded(t *testing.T) {
 	}
 	// A machine too slow to send them faster than the rate (an emulated
 	// guest under load) throttles none: there is nothing to count then.
-	if float64(flaps) > allowed && (!strings.Contains(grep(scrape(t, a), `reason="sleep_throttled"`), "} ") ||
-		strings.HasSuffix(grep(scrape(t, a), `reason="sleep_throttled"`), "} 0")) {
-		t.Errorf("throttled SLEEPs not counted:\n%s", grep(scrape(t, a), "sleep_throttled"))
+	if float64(flaps) > allowed && (!strings.Contains(agenttest.Grep(agenttest.Scrape(t, a), `reason="sleep_throttled"`), "} ") ||
+		strings.HasSuffix(agenttest.Grep(agenttest.Scrape(t, a), `reason="sleep_throttled"`), "} 0")) {
+		t.Errorf("throttled SLEEPs not counted:\n%s", agenttest.Grep(agenttest.Scrape(t, a), "sleep_throttled"))
 	}
 	// A SLEEP over the rate is refused with a typed error, and the lease
 	// stays awake, charged in full. Pipelined SLEEPs (answered) and WAKEs
 	// faster than the rate meet the refusal.
 	var pipe []byte
 	for i := 0; i < flaps; i++ {
-		pipe = append(pipe, frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseSleep})...)
-		pipe = append(pipe, frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseWake | slotv1.ReleaseNoReply})...)
+		pipe = append(pipe, agenttest.Frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseSleep})...)
+		pipe = append(pipe, agenttest.Frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseWake | slotv1.ReleaseNoReply})...)
 	}
 	start = time.Now()
 	go c.Write(pipe)
 	var refused *slotv1.Error
 	for i := 0; i < flaps; i++ {
-		if pe, ok := readResp(t, c).(*slotv1.Error); ok {
+		if pe, ok := agenttest.ReadResp(t, c).(*slotv1.Error); ok {
 			refused = pe
 		}
 	}

@@ -13,7 +13,6 @@ import (
 	"net"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/counters"
 	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/pool"
@@ -31,8 +31,8 @@ import (
 // localEnv is an agent whose peers are live child processes of the host's
 // PID namespace; on v1 they get fds only with hostNamespaceFDs (a pod,
 // in a PID namespace of its own, gets them without).
-func localEnv(t *testing.T, mutate func(*agent.Config)) *env {
-	return newEnv(t, 0, func(c *agent.Config) {
+func localEnv(t *testing.T, mutate func(*agent.Config)) *agenttest.Env {
+	return agenttest.NewEnv(t, 0, func(c *agent.Config) {
 		c.Limits.HostNamespaceFDs = true
 		if mutate != nil {
 			mutate(c)
@@ -43,7 +43,7 @@ func localEnv(t *testing.T, mutate func(*agent.Config)) *env {
 // readFDs reads one response and the fds that came with it (closed here).
 func readFDs(t *testing.T, c net.Conn) (slotv1.Message, int) {
 	t.Helper()
-	body, fds, err := readRawFrame(c.(*net.UnixConn))
+	body, fds, err := agenttest.ReadRawFrame(c.(*net.UnixConn))
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
@@ -60,7 +60,7 @@ func readFDs(t *testing.T, c net.Conn) (slotv1.Message, int) {
 // helloWith says HELLO with flags on c.
 func helloWith(t *testing.T, c net.Conn, flags uint32) *slotv1.HelloOK {
 	t.Helper()
-	c.Write(frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: flags}))
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: flags}))
 	m, _ := readFDs(t, c)
 	ok, isOK := m.(*slotv1.HelloOK)
 	if !isOK {
@@ -70,9 +70,9 @@ func helloWith(t *testing.T, c net.Conn, flags uint32) *slotv1.HelloOK {
 }
 
 // localConn is a connection of the live child l that was granted LOCAL.
-func localConn(t *testing.T, socket string, l *liveChild) net.Conn {
+func localConn(t *testing.T, socket string, l *agenttest.LiveChild) net.Conn {
 	t.Helper()
-	c := l.dial(t, socket)
+	c := l.Dial(t, socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
 	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal == 0 || ok.Flags&slotv1.HelloOKAgentPlaces != 0 {
 		t.Fatalf("LOCAL not granted: flags %b", ok.Flags)
@@ -88,8 +88,8 @@ func holdReq(q, waitUS uint32) *slotv1.Acquire {
 // holds), so that every one-way frame sent before it has been handled.
 func syncConn(t *testing.T, c net.Conn) {
 	t.Helper()
-	c.Write(frame(t, &slotv1.Release{Lease: 0}))
-	if m, _ := readFDs(t, c); !isErr(m, slotv1.CodeUnknownLease) {
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: 0}))
+	if m, _ := readFDs(t, c); !agenttest.IsErr(m, slotv1.CodeUnknownLease) {
 		t.Fatalf("sync: %+v", m)
 	}
 }
@@ -99,15 +99,15 @@ func syncConn(t *testing.T, c net.Conn) {
 // counted under _held; a HOLD lease ends no other.
 func TestLocalHoldGrant(t *testing.T) {
 	e := localEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
-	place, stat := e.h.SlotFDs()
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Socket, l)
+	place, stat := e.H.SlotFDs()
 
 	var leases []uint64
 	slots := map[uint32]bool{}
 	for i := 0; i < 2; i++ {
-		c.Write(frame(t, holdReq(250, 0)))
+		c.Write(agenttest.Frame(t, holdReq(250, 0)))
 		m, nfds := readFDs(t, c)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok || g.Place != slotv1.PlaceSelf || int(g.NumFDs) != place+stat || nfds != place+stat || g.QuotaMilli != 250 {
@@ -120,7 +120,7 @@ func TestLocalHoldGrant(t *testing.T) {
 		t.Fatalf("two HOLD leases share a slot: %v", slots)
 	}
 	// A thread's lease of the same process ends no HOLD lease.
-	c.Write(frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: l.tids[0]}))
+	c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: l.TIDs[0]}))
 	tl, _ := readFDs(t, c)
 	if _, ok := tl.(*slotv1.AcquireOK); !ok {
 		t.Fatalf("thread acquire: %+v", tl)
@@ -128,25 +128,25 @@ func TestLocalHoldGrant(t *testing.T) {
 	if s := a.Summaries()[0]; s.Leases != 3 || s.UsedMilli != 1000 {
 		t.Fatalf("while held: %+v", s)
 	}
-	c.Write(frame(t, &slotv1.Release{Lease: leases[0], Flags: slotv1.ReleaseNoReply}))
-	c.Write(frame(t, &slotv1.Release{Lease: leases[1], Outcome: slotv1.InvocationFailed}))
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: leases[0], Flags: slotv1.ReleaseNoReply}))
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: leases[1], Outcome: slotv1.InvocationFailed}))
 	if m, _ := readFDs(t, c); !isReleaseOK(m) {
 		t.Fatalf("release: %+v", m)
 	}
 	// The connection has the fds of both slots: a new HOLD lease of one of
 	// them comes without.
-	c.Write(frame(t, holdReq(250, 0)))
+	c.Write(agenttest.Frame(t, holdReq(250, 0)))
 	m, nfds := readFDs(t, c)
 	if g, ok := m.(*slotv1.AcquireOK); !ok || !slots[g.Slot] || g.NumFDs != 0 || nfds != 0 || g.Place != slotv1.PlaceSelf {
 		t.Fatalf("hold of a slot the connection knows: %+v with %d fds", m, nfds)
 	}
-	body := scrape(t, a)
+	body := agenttest.Scrape(t, a)
 	for _, want := range []string{
-		`cpuslot_lease_releases_total{action="_held",container="` + e.rel + `",outcome="ok"} 1`,
-		`cpuslot_lease_releases_total{action="_held",container="` + e.rel + `",outcome="failed"} 1`,
+		`cpuslot_lease_releases_total{action="_held",container="` + e.Rel + `",outcome="ok"} 1`,
+		`cpuslot_lease_releases_total{action="_held",container="` + e.Rel + `",outcome="failed"} 1`,
 	} {
 		if !strings.Contains(body, want) {
-			t.Errorf("missing %s:\n%s", want, grep(body, "lease_releases_total"))
+			t.Errorf("missing %s:\n%s", want, agenttest.Grep(body, "lease_releases_total"))
 		}
 	}
 }
@@ -159,23 +159,23 @@ func isReleaseOK(m slotv1.Message) bool { _, ok := m.(*slotv1.ReleaseOK); return
 // ask for LOCAL does not get leases without a thread.
 func TestAttackHoldWithoutLocal(t *testing.T) {
 	e := localEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
 	for _, flags := range []uint32{slotv1.HelloFDPassing, slotv1.HelloLocal, 0} {
-		c := l.dial(t, e.socket)
+		c := l.Dial(t, e.Socket)
 		c.SetDeadline(time.Now().Add(time.Minute))
 		if ok := helloWith(t, c, flags); ok.Flags&slotv1.HelloOKLocal != 0 {
 			t.Fatalf("hello flags %b: LOCAL granted (%b)", flags, ok.Flags)
 		}
-		c.Write(frame(t, holdReq(250, 0)))
+		c.Write(agenttest.Frame(t, holdReq(250, 0)))
 		m, nfds := readFDs(t, c)
-		wantCode(t, fmt.Sprintf("HOLD after hello flags %b", flags), m, slotv1.CodeBadRequest)
+		agenttest.WantCode(t, fmt.Sprintf("HOLD after hello flags %b", flags), m, slotv1.CodeBadRequest)
 		if nfds != 0 {
 			t.Fatalf("fds sent with a refusal")
 		}
-		c.Write(frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}))
+		c.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}))
 		m, _ = readFDs(t, c)
-		wantCode(t, fmt.Sprintf("RECLAIM tid 0 after hello flags %b", flags), m, slotv1.CodeBadRequest)
+		agenttest.WantCode(t, fmt.Sprintf("RECLAIM tid 0 after hello flags %b", flags), m, slotv1.CodeBadRequest)
 	}
 	if s := a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
 		t.Fatalf("leases granted: %+v", s)
@@ -187,9 +187,9 @@ func TestAttackHoldWithoutLocal(t *testing.T) {
 // what it measures.
 func TestLocalOnlyInAffinityMode(t *testing.T) {
 	e := localEnv(t, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
-	e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := l.dial(t, e.socket)
+	e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := l.Dial(t, e.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
 	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal != 0 {
 		t.Fatalf("cache-eager granted LOCAL: %b", ok.Flags)
@@ -201,14 +201,14 @@ func TestLocalOnlyInAffinityMode(t *testing.T) {
 // connection serves a valid HOLD after.
 func TestAttackHoldMalformed(t *testing.T) {
 	e := localEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Socket, l)
 	for name, m := range map[string]*slotv1.Acquire{
-		"tid":           {QuotaMilli: 250, Flags: slotv1.AcquireHold, TID: l.tids[0]},
+		"tid":           {QuotaMilli: 250, Flags: slotv1.AcquireHold, TID: l.TIDs[0]},
 		"current slot":  {QuotaMilli: 250, Flags: slotv1.AcquireHold, CurrentSlot: 1},
 		"agent places":  {QuotaMilli: 250, Flags: slotv1.AcquireHold | slotv1.AcquireAgentPlaces},
-		"agent+tid":     {QuotaMilli: 250, Flags: slotv1.AcquireHold | slotv1.AcquireAgentPlaces, TID: l.tids[0]},
+		"agent+tid":     {QuotaMilli: 250, Flags: slotv1.AcquireHold | slotv1.AcquireAgentPlaces, TID: l.TIDs[0]},
 		"action":        {QuotaMilli: 250, Flags: slotv1.AcquireHold, Action: "guest/a"},
 		"invocation":    {QuotaMilli: 250, Flags: slotv1.AcquireHold, Invocation: "id"},
 		"reclaim+inv":   nil, // below
@@ -217,35 +217,33 @@ func TestAttackHoldMalformed(t *testing.T) {
 		if m == nil {
 			continue
 		}
-		c.Write(frame(t, m))
+		c.Write(agenttest.Frame(t, m))
 		resp, nfds := readFDs(t, c)
 		want := slotv1.CodeBadRequest
 		if name == "invalid quota" {
 			want = slotv1.CodeInvalidQuota
 		}
-		wantCode(t, "HOLD with "+name, resp, want)
+		agenttest.WantCode(t, "HOLD with "+name, resp, want)
 		if nfds != 0 {
 			t.Fatalf("HOLD with %s: fds sent with a refusal", name)
 		}
 	}
 	// A RECLAIM of a HOLD lease names no invocation either.
-	c.Write(frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250, Invocation: "id"}))
+	c.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250, Invocation: "id"}))
 	resp, _ := readFDs(t, c)
-	wantCode(t, "RECLAIM tid 0 with an invocation", resp, slotv1.CodeBadRequest)
+	agenttest.WantCode(t, "RECLAIM tid 0 with an invocation", resp, slotv1.CodeBadRequest)
 	if s := a.Summaries()[0]; s.Leases != 0 {
 		t.Fatalf("a malformed HOLD was granted: %+v", s)
 	}
-	c.Write(frame(t, holdReq(250, 0)))
-	if m, _ := readFDs(t, c); !isAcquireOK(m) {
+	c.Write(agenttest.Frame(t, holdReq(250, 0)))
+	if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("a valid HOLD after bad ones: %+v", m)
 	}
 }
 
-func isAcquireOK(m slotv1.Message) bool { _, ok := m.(*slotv1.AcquireOK); return ok }
-
 // slotDirs counts the container's slot directories.
-func slotDirs(e *env) int {
-	d, _ := filepath.Glob(filepath.Join(e.h.CPURoot, e.rel, cgroup.SlotPrefix+"*"))
+func slotDirs(e *agenttest.Env) int {
+	d, _ := filepath.Glob(filepath.Join(e.H.CPURoot, e.Rel, cgroup.SlotPrefix+"*"))
 	return len(d)
 }
 
@@ -256,10 +254,10 @@ func slotDirs(e *env) int {
 func TestAttackHoldBeyondMaxSlots(t *testing.T) {
 	t.Run("maxSlots", func(t *testing.T) {
 		e := localEnv(t, func(c *agent.Config) { c.Pool.MaxSlots = 4; c.Pool.Prewarm = "250m=2" })
-		a := e.start()
-		l := startLive(t, e, e.rel, 1)
-		c := localConn(t, e.socket, l)
-		c2 := localConn(t, e.socket, l)
+		a := e.Start()
+		l := agenttest.StartLive(t, e, e.Rel, 1)
+		c := localConn(t, e.Socket, l)
+		c2 := localConn(t, e.Socket, l)
 		granted := 0
 		var last slotv1.Message
 		for i := 0; i < 8; i++ {
@@ -267,11 +265,11 @@ func TestAttackHoldBeyondMaxSlots(t *testing.T) {
 			if i%2 == 1 {
 				cn = c2
 			}
-			cn.Write(frame(t, holdReq(250, 1000)))
-			if last, _ = readFDs(t, cn); isAcquireOK(last) {
+			cn.Write(agenttest.Frame(t, holdReq(250, 1000)))
+			if last, _ = readFDs(t, cn); agenttest.IsAcquireOK(last) {
 				granted++
 			} else {
-				wantCode(t, fmt.Sprintf("HOLD %d", i), last, slotv1.CodeSlotUnavailable)
+				agenttest.WantCode(t, fmt.Sprintf("HOLD %d", i), last, slotv1.CodeSlotUnavailable)
 			}
 		}
 		if granted != 4 {
@@ -290,18 +288,18 @@ func TestAttackHoldBeyondMaxSlots(t *testing.T) {
 			c.Admission.Budget = "1"
 			c.Admission.Policy = "reject"
 		})
-		a := e.start()
-		l := startLive(t, e, e.rel, 1)
-		c := localConn(t, e.socket, l)
+		a := e.Start()
+		l := agenttest.StartLive(t, e, e.Rel, 1)
+		c := localConn(t, e.Socket, l)
 		for i := 0; i < 4; i++ {
-			c.Write(frame(t, holdReq(250, 1000)))
-			if m, _ := readFDs(t, c); !isAcquireOK(m) {
+			c.Write(agenttest.Frame(t, holdReq(250, 1000)))
+			if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
 				t.Fatalf("HOLD %d within the budget: %+v", i, m)
 			}
 		}
-		c.Write(frame(t, holdReq(250, 1000)))
+		c.Write(agenttest.Frame(t, holdReq(250, 1000)))
 		m, _ := readFDs(t, c)
-		wantCode(t, "HOLD beyond the budget", m, slotv1.CodeRejected)
+		agenttest.WantCode(t, "HOLD beyond the budget", m, slotv1.CodeRejected)
 		if s := a.Summaries()[0]; s.UsedMilli > s.BudgetMilli || s.Leases != 4 {
 			t.Fatalf("summary %+v", s)
 		}
@@ -313,40 +311,40 @@ func TestAttackHoldBeyondMaxSlots(t *testing.T) {
 // free, the budget is back, and another process gets them.
 func TestAttackHoldEverySlotAndDie(t *testing.T) {
 	e := localEnv(t, func(c *agent.Config) { c.Pool.MaxSlots = 5; c.Admission.Budget = "2" })
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Socket, l)
 	held := 0
 	for i := 0; i < 6; i++ {
-		c.Write(frame(t, holdReq(250, 1000)))
-		if m, _ := readFDs(t, c); isAcquireOK(m) {
+		c.Write(agenttest.Frame(t, holdReq(250, 1000)))
+		if m, _ := readFDs(t, c); agenttest.IsAcquireOK(m) {
 			held++
 		}
 	}
 	if s := a.Summaries()[0]; held != 5 || s.Leases != 5 || s.UsedMilli != 1250 {
 		t.Fatalf("held %d: %+v", held, s)
 	}
-	other := startLive(t, e, e.rel, 1)
-	oc := localConn(t, e.socket, other)
-	oc.Write(frame(t, holdReq(250, 1000)))
-	if m, _ := readFDs(t, oc); !isErr(m, slotv1.CodeSlotUnavailable) {
+	other := agenttest.StartLive(t, e, e.Rel, 1)
+	oc := localConn(t, e.Socket, other)
+	oc.Write(agenttest.Frame(t, holdReq(250, 1000)))
+	if m, _ := readFDs(t, oc); !agenttest.IsErr(m, slotv1.CodeSlotUnavailable) {
 		t.Fatalf("another process while every slot is held: %+v", m)
 	}
 	// The holder dies: the kernel closes its connections.
-	l.pair.Close()
+	l.Pair.Close()
 	c.Close()
-	waitFor(t, "the dead process's HOLD leases to be released", func() bool {
+	agenttest.WaitFor(t, "the dead process's HOLD leases to be released", func() bool {
 		s := a.Summaries()[0]
 		return s.Leases == 0 && s.UsedMilli == 0
 	})
 	for i := 0; i < 5; i++ {
-		oc.Write(frame(t, holdReq(250, 1000)))
-		if m, _ := readFDs(t, oc); !isAcquireOK(m) {
+		oc.Write(agenttest.Frame(t, holdReq(250, 1000)))
+		if m, _ := readFDs(t, oc); !agenttest.IsAcquireOK(m) {
 			t.Fatalf("HOLD %d after the holder died: %+v", i, m)
 		}
 	}
-	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",container="`+e.rel+`",outcome="abandoned"} 5`) {
-		t.Errorf("abandoned HOLD leases not counted:\n%s", grep(body, "lease_releases_total"))
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",container="`+e.Rel+`",outcome="abandoned"} 5`) {
+		t.Errorf("abandoned HOLD leases not counted:\n%s", agenttest.Grep(body, "lease_releases_total"))
 	}
 }
 
@@ -358,9 +356,9 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 // is NOT_SERVED (and the connection closed) or finds it closed already.
 func TestAttackHoldOnDeadOpenersSocket(t *testing.T) {
 	e := localEnv(t, nil)
-	a := e.start()
+	a := e.Start()
 	hello := &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing | slotv1.HelloLocal}
-	c, pid := connectedByChild(t, e, e.rel, hello, holdReq(250, 0), holdReq(250, 0), holdReq(250, 0))
+	c, pid := agenttest.ConnectedByChild(t, e, e.Rel, hello, holdReq(250, 0), holdReq(250, 0), holdReq(250, 0))
 	c.SetDeadline(time.Now().Add(time.Minute))
 	// P (pid) has exited; the test keeps its socket open. Its leases must
 	// end: poll, with a bound that only keeps a broken agent from hanging.
@@ -372,26 +370,26 @@ func TestAttackHoldOnDeadOpenersSocket(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	wantRefused(t, "HOLD on the dead opener's socket", c, frame(t, holdReq(250, 0)))
+	wantRefused(t, "HOLD on the dead opener's socket", c, agenttest.Frame(t, holdReq(250, 0)))
 
 	// Each request that grants or keeps fds or budget, on a connection
 	// whose opener has gone (and whose HELLO was granted LOCAL).
 	requests := map[string][]byte{
-		"HOLD":                 frame(t, holdReq(250, 0)),
-		"ACQUIRE":              frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: 1}),
-		"HELD":                 frame(t, &slotv1.HeldRequest{}),
-		"RECLAIM of a HOLD":    frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}),
-		"USAGE (then RELEASE)": append(usageFrame(t, slotv1.UsageRecord{Action: "ghost", Outcome: slotv1.InvocationOK, Invocations: 5}), frame(t, &slotv1.Release{Lease: 0})...),
-		"RELEASE of no lease":  frame(t, &slotv1.Release{Lease: 0}),
+		"HOLD":                 agenttest.Frame(t, holdReq(250, 0)),
+		"ACQUIRE":              agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: 1}),
+		"HELD":                 agenttest.Frame(t, &slotv1.HeldRequest{}),
+		"RECLAIM of a HOLD":    agenttest.Frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}),
+		"USAGE (then RELEASE)": append(usageFrame(t, slotv1.UsageRecord{Action: "ghost", Outcome: slotv1.InvocationOK, Invocations: 5}), agenttest.Frame(t, &slotv1.Release{Lease: 0})...),
+		"RELEASE of no lease":  agenttest.Frame(t, &slotv1.Release{Lease: 0}),
 	}
 	for what, req := range requests {
-		c, _ := connectedByChild(t, e, e.rel, hello)
+		c, _ := agenttest.ConnectedByChild(t, e, e.Rel, hello)
 		c.SetDeadline(time.Now().Add(time.Minute))
 		wantRefused(t, what+" after the opener exited", c, req)
 	}
 	settleUsage(a)
-	if body := scrape(t, a); strings.Contains(body, `"ghost"`) {
-		t.Errorf("USAGE of a dead opener was credited:\n%s", grep(body, "ghost"))
+	if body := agenttest.Scrape(t, a); strings.Contains(body, `"ghost"`) {
+		t.Errorf("USAGE of a dead opener was credited:\n%s", agenttest.Grep(body, "ghost"))
 	}
 	if s := a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
 		t.Errorf("after requests on dead openers' sockets: %d leases, %dm used", s.Leases, s.UsedMilli)
@@ -405,12 +403,12 @@ func wantRefused(t *testing.T, what string, c net.Conn, req []byte) {
 	if _, err := c.Write(req); err != nil {
 		return // closed by the agent already
 	}
-	body, fds, err := readRawFrame(c.(*net.UnixConn))
+	body, fds, err := agenttest.ReadRawFrame(c.(*net.UnixConn))
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
 	if err != nil {
-		if errors.Is(err, io.EOF) || closedByAgent(err) {
+		if errors.Is(err, io.EOF) || agenttest.ClosedByAgent(err) {
 			return
 		}
 		t.Fatalf("%s: %v", what, err)
@@ -419,14 +417,14 @@ func wantRefused(t *testing.T, what string, c net.Conn, req []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, what, f.Msg, slotv1.CodeNotServed)
+	agenttest.WantCode(t, what, f.Msg, slotv1.CodeNotServed)
 	wantClosed(t, what, c)
 }
 
 // usageFrame encodes a USAGE through the codec.
 func usageFrame(t *testing.T, recs ...slotv1.UsageRecord) []byte {
 	t.Helper()
-	return frame(t, &slotv1.Usage{Records: recs})
+	return agenttest.Frame(t, &slotv1.Usage{Records: recs})
 }
 
 // TestLocalUsage: USAGE lands in the per-action series a RELEASE feeds,
@@ -436,9 +434,9 @@ func usageFrame(t *testing.T, recs ...slotv1.UsageRecord) []byte {
 // what is left.
 func TestLocalUsage(t *testing.T) {
 	e := localEnv(t, nil)
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	raw, err := net.Dial("unix", e.socket)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	raw, err := net.Dial("unix", e.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,8 +446,8 @@ func TestLocalUsage(t *testing.T) {
 	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal == 0 {
 		t.Fatalf("LOCAL not granted: flags %b", ok.Flags)
 	}
-	c.Write(frame(t, holdReq(1000, 0)))
-	_, fds, err := readRawFrame(c)
+	c.Write(agenttest.Frame(t, holdReq(1000, 0)))
+	_, fds, err := agenttest.ReadRawFrame(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +456,7 @@ func TestLocalUsage(t *testing.T) {
 			unix.Close(fd)
 		}
 	}()
-	place, stat := e.h.SlotFDs()
+	place, stat := e.H.SlotFDs()
 	if len(fds) != place+stat {
 		t.Fatalf("%d fds with the HOLD grant, want %d", len(fds), place+stat)
 	}
@@ -471,23 +469,23 @@ func TestLocalUsage(t *testing.T) {
 	c.Write(usageFrame(t, slotv1.UsageRecord{Action: "guest/fib", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: burnt}))
 	syncConn(t, c) // also: no answer came to either USAGE
 	settleUsage(a)
-	body := scrape(t, a)
+	body := agenttest.Scrape(t, a)
 	for _, want := range []string{
-		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.rel + `",outcome="ok"} 4`,
-		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.rel + `",outcome="timeout"} 1`,
-		`cpuslot_lease_releases_total{action="_unnamed",container="` + e.rel + `",outcome="failed"} 2`,
+		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.Rel + `",outcome="ok"} 4`,
+		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.Rel + `",outcome="timeout"} 1`,
+		`cpuslot_lease_releases_total{action="_unnamed",container="` + e.Rel + `",outcome="failed"} 2`,
 		`cpuslot_errors_total{reason="usage_overclaimed"} 1`,
 	} {
 		if !strings.Contains(body, want) {
-			t.Errorf("missing %s:\n%s", want, grep(body, "guest/fib"))
+			t.Errorf("missing %s:\n%s", want, agenttest.Grep(body, "guest/fib"))
 		}
 	}
 	// Credited: all the slot used by the time of the last report, which is
 	// what the test's thread burnt there and the little it used after its
 	// last counter read; never the 1.75x claimed.
-	v, ok := metricValue(body, `cpuslot_invocation_cpu_seconds_total{action="guest/fib",container="`+e.rel+`"}`)
+	v, ok := agenttest.MetricValue(body, `cpuslot_invocation_cpu_seconds_total{action="guest/fib",container="`+e.Rel+`"}`)
 	if !ok {
-		t.Fatalf("no CPU series for guest/fib:\n%s", grep(body, "guest/fib"))
+		t.Fatalf("no CPU series for guest/fib:\n%s", agenttest.Grep(body, "guest/fib"))
 	}
 	got := time.Duration(v * 1e9)
 	t.Logf("burnt %v in the slot, claimed %v, credited %v", time.Duration(burnt), time.Duration(half+quarter+burnt), got)
@@ -555,11 +553,11 @@ func actionLabels(body string) map[string]bool {
 func TestAttackUsageActionFlood(t *testing.T) {
 	const maxActions = 10
 	e := localEnv(t, func(c *agent.Config) { c.Pool.MaxActions = maxActions })
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Socket, l)
 	holdOne(t, c)
-	before := len(actionLabels(scrape(t, a)))
+	before := len(actionLabels(agenttest.Scrape(t, a)))
 	var recs []slotv1.UsageRecord
 	for i := 0; i < 200; i++ {
 		recs = append(recs, slotv1.UsageRecord{Action: fmt.Sprintf("flood-%03d", i), Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: 1_000_000})
@@ -570,7 +568,7 @@ func TestAttackUsageActionFlood(t *testing.T) {
 	}
 	syncConn(t, c)
 	settleUsage(a)
-	body := scrape(t, a)
+	body := agenttest.Scrape(t, a)
 	labels := actionLabels(body)
 	if n := len(labels) - before; n > maxActions+1 {
 		t.Fatalf("200 action names made %d new labels, want at most %d and _other: %v", n, maxActions, labels)
@@ -578,8 +576,8 @@ func TestAttackUsageActionFlood(t *testing.T) {
 	if !labels["flood-000"] || labels["flood-199"] {
 		t.Fatalf("labels %v", labels)
 	}
-	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="_other",container="`+e.rel+`",outcome="ok"} %d`, 200-maxActions); !strings.Contains(body, want) {
-		t.Fatalf("missing %s:\n%s", want, grep(body, "_other"))
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="_other",container="`+e.Rel+`",outcome="ok"} %d`, 200-maxActions); !strings.Contains(body, want) {
+		t.Fatalf("missing %s:\n%s", want, agenttest.Grep(body, "_other"))
 	}
 }
 
@@ -588,7 +586,7 @@ func TestAttackUsageActionFlood(t *testing.T) {
 func wantClosed(t *testing.T, what string, c net.Conn) {
 	t.Helper()
 	c.SetReadDeadline(time.Now().Add(time.Minute))
-	if _, err := io.ReadAll(c); !closedByAgent(err) {
+	if _, err := io.ReadAll(c); !agenttest.ClosedByAgent(err) {
 		t.Fatalf("%s: connection not closed: %v", what, err)
 	}
 }
@@ -599,28 +597,28 @@ func wantClosed(t *testing.T, what string, c net.Conn) {
 // nothing is counted.
 func TestAttackUsageWithoutLocal(t *testing.T) {
 	e := localEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
 	u := usageFrame(t, slotv1.UsageRecord{Action: "sneaky", Outcome: slotv1.InvocationOK, Invocations: 7, CPUNanos: 1e9})
 
-	c := l.dial(t, e.socket)
+	c := l.Dial(t, e.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
 	c.Write(u)
 	m, _ := readFDs(t, c)
-	wantCode(t, "USAGE before HELLO", m, slotv1.CodeBadRequest)
+	agenttest.WantCode(t, "USAGE before HELLO", m, slotv1.CodeBadRequest)
 	wantClosed(t, "USAGE before HELLO", c)
 
 	for _, flags := range []uint32{slotv1.HelloFDPassing, slotv1.HelloLocal, 0} {
-		c := l.dial(t, e.socket)
+		c := l.Dial(t, e.Socket)
 		c.SetDeadline(time.Now().Add(time.Minute))
 		helloWith(t, c, flags)
 		c.Write(u)
 		m, _ := readFDs(t, c)
-		wantCode(t, fmt.Sprintf("USAGE after hello flags %b", flags), m, slotv1.CodeBadRequest)
+		agenttest.WantCode(t, fmt.Sprintf("USAGE after hello flags %b", flags), m, slotv1.CodeBadRequest)
 		wantClosed(t, "USAGE without LOCAL", c)
 	}
-	if body := scrape(t, a); strings.Contains(body, "sneaky") {
-		t.Fatalf("USAGE without LOCAL was counted:\n%s", grep(body, "sneaky"))
+	if body := agenttest.Scrape(t, a); strings.Contains(body, "sneaky") {
+		t.Fatalf("USAGE without LOCAL was counted:\n%s", agenttest.Grep(body, "sneaky"))
 	}
 }
 
@@ -647,8 +645,8 @@ func usageRecord(action []byte, outcome uint8, n uint32, cpu, thr uint64) []byte
 // the next connection.
 func TestAttackUsageMalformed(t *testing.T) {
 	e := localEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
 	ok := usageRecord([]byte("mal-ok"), 0, 1, 1e9, 0)
 	var nine []byte
 	for i := 0; i < 9; i++ {
@@ -667,23 +665,23 @@ func TestAttackUsageMalformed(t *testing.T) {
 		"truncated":         append([]byte{1}, ok[:len(ok)-3]...),
 	}
 	for name, payload := range cases {
-		c := localConn(t, e.socket, l)
+		c := localConn(t, e.Socket, l)
 		c.Write(usageBody(payload))
 		m, _ := readFDs(t, c)
-		wantCode(t, "USAGE with "+name, m, slotv1.CodeBadRequest)
+		agenttest.WantCode(t, "USAGE with "+name, m, slotv1.CodeBadRequest)
 		wantClosed(t, "USAGE with "+name, c)
 	}
-	body := scrape(t, a)
+	body := agenttest.Scrape(t, a)
 	if strings.Contains(body, `action="mal`) {
-		t.Fatalf("a malformed USAGE was counted:\n%s", grep(body, "mal"))
+		t.Fatalf("a malformed USAGE was counted:\n%s", agenttest.Grep(body, "mal"))
 	}
-	c := localConn(t, e.socket, l)
+	c := localConn(t, e.Socket, l)
 	holdOne(t, c)
 	c.Write(usageBody(append([]byte{1}, ok...)))
 	syncConn(t, c)
 	settleUsage(a)
-	if body := scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="mal-ok",container="`+e.rel+`",outcome="ok"} 1`) {
-		t.Fatalf("a valid USAGE after malformed ones:\n%s", grep(body, "mal"))
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="mal-ok",container="`+e.Rel+`",outcome="ok"} 1`) {
+		t.Fatalf("a valid USAGE after malformed ones:\n%s", agenttest.Grep(body, "mal"))
 	}
 }
 
@@ -694,23 +692,23 @@ func TestAttackUsageMalformed(t *testing.T) {
 // the action gets no series.
 func TestAttackUsageAbsurdCPU(t *testing.T) {
 	e := localEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Socket, l)
 	huge := slotv1.UsageRecord{Action: "absurd", Outcome: slotv1.InvocationOK, Invocations: math.MaxUint32,
 		CPUNanos: math.MaxUint64, ThrottledNanos: math.MaxUint64}
 	c.Write(usageFrame(t, huge, huge))
 	syncConn(t, c)
 	settleUsage(a)
-	body := scrape(t, a)
+	body := agenttest.Scrape(t, a)
 	if strings.Contains(body, "absurd") {
-		t.Errorf("a process holding no slot was credited:\n%s", grep(body, "absurd"))
+		t.Errorf("a process holding no slot was credited:\n%s", agenttest.Grep(body, "absurd"))
 	}
 	if !strings.Contains(body, `cpuslot_errors_total{reason="usage_overclaimed"} 1`) {
-		t.Errorf("the overclaim was not counted:\n%s", grep(body, "usage_overclaimed"))
+		t.Errorf("the overclaim was not counted:\n%s", agenttest.Grep(body, "usage_overclaimed"))
 	}
-	c.Write(frame(t, holdReq(250, 0)))
-	if m, _ := readFDs(t, c); !isAcquireOK(m) {
+	c.Write(agenttest.Frame(t, holdReq(250, 0)))
+	if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("the connection after absurd USAGE: %+v", m)
 	}
 }
@@ -733,24 +731,24 @@ func actionSeries(name, action, ctr, outcome string) string {
 // invocation per microsecond it held the slot, under A's name.
 func TestAttackUsageInflateCounts(t *testing.T) {
 	e := localEnv(t, nil)
-	relB := cgrouptest.NewContainer(t, e.h, 0)
-	e.cfg.Standalone.Containers = []string{e.rel, relB}
-	a := e.start()
-	victim := startLive(t, e, relB, 1)
-	vc := localConn(t, e.socket, victim)
-	vc.Write(frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: victim.tids[0], Action: "victim-act"}))
+	relB := cgrouptest.NewContainer(t, e.H, 0)
+	e.Cfg.Standalone.Containers = []string{e.Rel, relB}
+	a := e.Start()
+	victim := agenttest.StartLive(t, e, relB, 1)
+	vc := localConn(t, e.Socket, victim)
+	vc.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: victim.TIDs[0], Action: "victim-act"}))
 	m, _ := readFDs(t, vc)
 	g, ok := m.(*slotv1.AcquireOK)
 	if !ok {
 		t.Fatalf("B's acquire: %+v", m)
 	}
-	vc.Write(frame(t, &slotv1.Release{Lease: g.Lease}))
+	vc.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease}))
 	if m, _ := readFDs(t, vc); !isReleaseOK(m) {
 		t.Fatalf("B's release: %+v", m)
 	}
 
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Socket, l)
 	huge := slotv1.UsageRecord{Action: "victim-act", Outcome: slotv1.InvocationOK, Invocations: math.MaxUint32}
 	var recs []slotv1.UsageRecord
 	for i := 0; i < slotv1.MaxUsageRecords; i++ {
@@ -759,36 +757,36 @@ func TestAttackUsageInflateCounts(t *testing.T) {
 	c.Write(usageFrame(t, recs...))
 	syncConn(t, c)
 	settleUsage(a)
-	body := scrape(t, a)
+	body := agenttest.Scrape(t, a)
 	wantB := actionSeries("cpuslot_lease_releases_total", "victim-act", relB, "ok")
-	if v, ok := metricValue(body, wantB); !ok || v != 1 {
-		t.Fatalf("B's series %s is %v (present %v), want 1:\n%s", wantB, v, ok, grep(body, "victim-act"))
+	if v, ok := agenttest.MetricValue(body, wantB); !ok || v != 1 {
+		t.Fatalf("B's series %s is %v (present %v), want 1:\n%s", wantB, v, ok, agenttest.Grep(body, "victim-act"))
 	}
-	if v, ok := metricValue(body, actionSeries("cpuslot_lease_releases_total", "victim-act", e.rel, "ok")); ok && v != 0 {
-		t.Fatalf("a process holding no slot was credited %v invocations:\n%s", v, grep(body, "victim-act"))
+	if v, ok := agenttest.MetricValue(body, actionSeries("cpuslot_lease_releases_total", "victim-act", e.Rel, "ok")); ok && v != 0 {
+		t.Fatalf("a process holding no slot was credited %v invocations:\n%s", v, agenttest.Grep(body, "victim-act"))
 	}
 	if !strings.Contains(body, `cpuslot_errors_total{reason="usage_overclaimed"} 1`) {
-		t.Errorf("the overclaim was not counted:\n%s", grep(body, "usage_overclaimed"))
+		t.Errorf("the overclaim was not counted:\n%s", agenttest.Grep(body, "usage_overclaimed"))
 	}
 
 	// Holding a slot, A is credited no more than its held time allows.
 	start := time.Now()
-	c.Write(frame(t, holdReq(250, 0)))
-	if m, _ := readFDs(t, c); !isAcquireOK(m) {
+	c.Write(agenttest.Frame(t, holdReq(250, 0)))
+	if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("A's HOLD: %+v", m)
 	}
 	c.Write(usageFrame(t, recs...))
 	syncConn(t, c)
 	settleUsage(a) // settles as of a second from now
 	held := time.Since(start) + time.Second
-	body = scrape(t, a)
-	gotA, _ := metricValue(body, actionSeries("cpuslot_lease_releases_total", "victim-act", e.rel, "ok"))
+	body = agenttest.Scrape(t, a)
+	gotA, _ := agenttest.MetricValue(body, actionSeries("cpuslot_lease_releases_total", "victim-act", e.Rel, "ok"))
 	t.Logf("A held a slot at most %v and was credited %v of %v invocations claimed", held, gotA, float64(len(recs))*math.MaxUint32)
 	if gotA == 0 || gotA > float64(held/time.Microsecond) {
 		t.Errorf("A credited %v invocations for a slot held at most %v", gotA, held)
 	}
-	if v, _ := metricValue(body, wantB); v != 1 {
-		t.Errorf("B's series moved to %v:\n%s", v, grep(body, "victim-act"))
+	if v, _ := agenttest.MetricValue(body, wantB); v != 1 {
+		t.Errorf("B's series moved to %v:\n%s", v, agenttest.Grep(body, "victim-act"))
 	}
 }
 
@@ -798,14 +796,14 @@ func TestAttackUsageInflateCounts(t *testing.T) {
 // which then leaves no room for more.
 func TestLocalReclaimAfterRestart(t *testing.T) {
 	e := localEnv(t, func(c *agent.Config) { c.Pool.Prewarm = "500m=3" })
-	e.cfg.Socket = filepath.Join(e.dir, "first.sock")
-	a, stop := runAgent(t, e.h, e.cfg, false)
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.cfg.Socket, l)
+	e.Cfg.Socket = filepath.Join(e.Dir, "first.sock")
+	a, stop := agenttest.RunAgent(t, e.H, e.Cfg, false)
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Cfg.Socket, l)
 	type held struct{ slot, quota uint32 }
 	var hs []held
 	for i := 0; i < 3; i++ {
-		c.Write(frame(t, holdReq(500, 0)))
+		c.Write(agenttest.Frame(t, holdReq(500, 0)))
 		m, _ := readFDs(t, c)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok {
@@ -815,9 +813,9 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 	}
 	// The same process re-declares a HOLD lease it still holds (one of its
 	// connections died, the agent did not): the same lease, a new id.
-	c2 := localConn(t, e.cfg.Socket, l)
-	c2.Write(frame(t, &slotv1.Reclaim{Slot: hs[0].slot, QuotaMilli: 500}))
-	if m, _ := readFDs(t, c2); !isAcquireOK(m) {
+	c2 := localConn(t, e.Cfg.Socket, l)
+	c2.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: hs[0].slot, QuotaMilli: 500}))
+	if m, _ := readFDs(t, c2); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("reclaim of a held slot: %+v", m)
 	}
 	if s := a.Summaries()[0]; s.Leases != 3 || s.UsedMilli != 1500 {
@@ -825,15 +823,15 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 	}
 	stop() // the slots stay for the next agent
 
-	e.cfg.Socket = filepath.Join(e.dir, "second.sock")
-	e.cfg.Admission.Budget = "1"
-	a2, _ := runAgent(t, e.h, e.cfg, true)
-	c = l.dial(t, e.cfg.Socket)
+	e.Cfg.Socket = filepath.Join(e.Dir, "second.sock")
+	e.Cfg.Admission.Budget = "1"
+	a2, _ := agenttest.RunAgent(t, e.H, e.Cfg, true)
+	c = l.Dial(t, e.Cfg.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
 	helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal)
 	var leases []uint64
 	for _, h := range hs {
-		c.Write(frame(t, &slotv1.Reclaim{Slot: h.slot, QuotaMilli: h.quota}))
+		c.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: h.slot, QuotaMilli: h.quota}))
 		m, nfds := readFDs(t, c)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok || g.Place != slotv1.PlaceNone {
@@ -847,24 +845,24 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 	if s := a2.Summaries()[0]; s.Leases != 3 || s.UsedMilli != 1500 {
 		t.Fatalf("after reclaiming: %+v", s)
 	}
-	body := scrape(t, a2)
+	body := agenttest.Scrape(t, a2)
 	if !strings.Contains(body, `cpuslot_admission_total{result="reclaimed_over_budget"} 1`) {
-		t.Errorf("over-budget reclaim not counted:\n%s", grep(body, "cpuslot_admission_total"))
+		t.Errorf("over-budget reclaim not counted:\n%s", agenttest.Grep(body, "cpuslot_admission_total"))
 	}
 	// No room for more while over budget.
-	c.Write(frame(t, holdReq(250, 1000)))
-	if m, _ := readFDs(t, c); !isErr(m, slotv1.CodeTimeout) {
+	c.Write(agenttest.Frame(t, holdReq(250, 1000)))
+	if m, _ := readFDs(t, c); !agenttest.IsErr(m, slotv1.CodeTimeout) {
 		t.Fatalf("HOLD while over budget: %+v", m)
 	}
 	// A slot of another process cannot be reclaimed.
-	other := startLive(t, e, e.rel, 1)
-	oc := localConn(t, e.cfg.Socket, other)
-	oc.Write(frame(t, &slotv1.Reclaim{Slot: hs[1].slot, QuotaMilli: 500}))
-	if m, _ := readFDs(t, oc); !isErr(m, slotv1.CodeUnknownLease) {
+	other := agenttest.StartLive(t, e, e.Rel, 1)
+	oc := localConn(t, e.Cfg.Socket, other)
+	oc.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: hs[1].slot, QuotaMilli: 500}))
+	if m, _ := readFDs(t, oc); !agenttest.IsErr(m, slotv1.CodeUnknownLease) {
 		t.Fatalf("reclaim of another process's slot: %+v", m)
 	}
 	for _, id := range leases {
-		c.Write(frame(t, &slotv1.Release{Lease: id, Flags: slotv1.ReleaseNoReply}))
+		c.Write(agenttest.Frame(t, &slotv1.Release{Lease: id, Flags: slotv1.ReleaseNoReply}))
 	}
 	syncConn(t, c)
 	if s := a2.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
@@ -879,9 +877,9 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 func TestAttackUsageFlood(t *testing.T) {
 	const frames = 300
 	e := localEnv(t, nil)
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Socket, l)
 	holdOne(t, c)
 	var recs []slotv1.UsageRecord
 	for i := 0; i < slotv1.MaxUsageRecords; i++ {
@@ -895,40 +893,29 @@ func TestAttackUsageFlood(t *testing.T) {
 	written := make(chan error, 1)
 	go func() { _, err := c.Write(all); written <- err }()
 
-	other := startLive(t, e, e.rel, 1)
-	oc := localConn(t, e.socket, other)
+	other := agenttest.StartLive(t, e, e.Rel, 1)
+	oc := localConn(t, e.Socket, other)
 	for i := 0; i < 50; i++ {
-		oc.Write(frame(t, holdReq(250, 0)))
+		oc.Write(agenttest.Frame(t, holdReq(250, 0)))
 		m, _ := readFDs(t, oc)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok {
 			t.Fatalf("another process during the flood: %+v", m)
 		}
-		oc.Write(frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+		oc.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
 	}
 	if err := <-written; err != nil {
 		t.Fatalf("writing the flood: %v", err)
 	}
 	syncConn(t, c)
 	settleUsage(a)
-	body := scrape(t, a)
-	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",container="`+e.rel+`",outcome="ok"} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
-		t.Errorf("missing %s:\n%s", want, grep(body, "flood"))
+	body := agenttest.Scrape(t, a)
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",container="`+e.Rel+`",outcome="ok"} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
+		t.Errorf("missing %s:\n%s", want, agenttest.Grep(body, "flood"))
 	}
-	if v, ok := metricValue(body, `cpuslot_errors_total{reason="usage_throttled"}`); !ok || v == 0 {
-		t.Errorf("the flood was never paced:\n%s", grep(body, "cpuslot_errors_total"))
+	if v, ok := agenttest.MetricValue(body, `cpuslot_errors_total{reason="usage_throttled"}`); !ok || v == 0 {
+		t.Errorf("the flood was never paced:\n%s", agenttest.Grep(body, "cpuslot_errors_total"))
 	}
-}
-
-// metricValue is the value of one series in a scrape.
-func metricValue(body, series string) (float64, bool) {
-	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			return f, err == nil
-		}
-	}
-	return 0, false
 }
 
 // TestLocalHoldDegraded: a HOLD lease is admitted like any lease: under
@@ -936,22 +923,22 @@ func metricValue(body, series string) (float64, bool) {
 // raised to what it asked once budget frees up.
 func TestLocalHoldDegraded(t *testing.T) {
 	e := localEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
-	a := e.start()
-	l := startLive(t, e, e.rel, 1)
-	c := localConn(t, e.socket, l)
-	c.Write(frame(t, holdReq(800, 0)))
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := localConn(t, e.Socket, l)
+	c.Write(agenttest.Frame(t, holdReq(800, 0)))
 	first, _ := readFDs(t, c)
 	g, ok := first.(*slotv1.AcquireOK)
 	if !ok || g.Flags&slotv1.AcquiredDegraded != 0 {
 		t.Fatalf("first HOLD: %+v", first)
 	}
-	c.Write(frame(t, holdReq(500, 0)))
+	c.Write(agenttest.Frame(t, holdReq(500, 0)))
 	m, _ := readFDs(t, c)
 	if d, ok := m.(*slotv1.AcquireOK); !ok || d.Flags&slotv1.AcquiredDegraded == 0 || d.QuotaMilli != 200 {
 		t.Fatalf("HOLD beyond the budget under degrade: %+v", m)
 	}
-	c.Write(frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
-	waitFor(t, "the degraded HOLD lease to be raised", func() bool {
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+	agenttest.WaitFor(t, "the degraded HOLD lease to be raised", func() bool {
 		s := a.Summaries()[0]
 		return s.Degraded == 0 && s.UsedMilli == 500
 	})
@@ -961,8 +948,8 @@ func TestLocalHoldDegraded(t *testing.T) {
 // only for slots it holds.
 func holdOne(t *testing.T, c net.Conn) {
 	t.Helper()
-	c.Write(frame(t, holdReq(250, 0)))
-	if m, _ := readFDs(t, c); !isAcquireOK(m) {
+	c.Write(agenttest.Frame(t, holdReq(250, 0)))
+	if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("HOLD: %+v", m)
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 )
@@ -47,10 +48,10 @@ func onLockedThread(f func()) {
 // repeated invocations cost the agent one HOLD lease, sit in the granted
 // slot, and their usage reaches the agent's per-action series.
 func TestLocalClient(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{})
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func TestLocalClient(t *testing.T) {
 				t.Errorf("invocation %d: local %v quota %d", i, l.Local, l.QuotaMilli)
 				return
 			}
-			if !inSlot(e.h, e.rel, l.Slot) {
+			if !inSlot(e.H, e.Rel, l.Slot) {
 				t.Errorf("invocation %d: thread not in slot %d", i, l.Slot)
 				return
 			}
@@ -99,8 +100,8 @@ func TestLocalClient(t *testing.T) {
 		t.Fatalf("the agent holds %d leases for the process, want its 2 HOLD leases", s.Leases)
 	}
 	c.Close()
-	waitFor(t, "USAGE of 100 invocations and both holds released", func() bool {
-		return strings.Contains(scrape(t, a), `cpuslot_lease_releases_total{action="guest/local",container="`+e.rel+`",outcome="ok"} 100`) &&
+	agenttest.WaitFor(t, "USAGE of 100 invocations and both holds released", func() bool {
+		return strings.Contains(agenttest.Scrape(t, a), `cpuslot_lease_releases_total{action="guest/local",container="`+e.Rel+`",outcome="ok"} 100`) &&
 			a.Summaries()[0].Leases == 0
 	})
 }
@@ -111,16 +112,16 @@ func TestLocalClient(t *testing.T) {
 // too; none fails open. (Without local leasing TestRestart's invocations
 // fail while the agent is away.)
 func TestLocalClientRestart(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	agentEnv := []string{"SOCKET=" + e.socket, "CONTAINER=" + e.rel, "HOST_NAMESPACE_FDS=1"}
-	startAgent := func() *child {
-		ch := spawn(t, e.h, "agent", childOpts{cgroup: "/", env: agentEnv})
-		waitFor(t, "agent", func() bool { _, err := os.Stat(e.socket); return err == nil })
+	e := agenttest.NewEnv(t, 0, nil)
+	agentEnv := []string{"SOCKET=" + e.Socket, "CONTAINER=" + e.Rel, "HOST_NAMESPACE_FDS=1"}
+	startAgent := func() *agenttest.Child {
+		ch := agenttest.Spawn(t, e.H, "agent", agenttest.ChildOpts{Cgroup: "/", Env: agentEnv})
+		agenttest.WaitFor(t, "agent", func() bool { _, err := os.Stat(e.Socket); return err == nil })
 		return ch
 	}
 	first := startAgent()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{ReconnectFor: 5 * time.Second})
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{ReconnectFor: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestLocalClientRestart(t *testing.T) {
 					time.Sleep(time.Millisecond)
 					continue
 				}
-				if !inSlot(e.h, e.rel, l.Slot) {
+				if !inSlot(e.H, e.Rel, l.Slot) {
 					outside.Add(1)
 				}
 				time.Sleep(200 * time.Microsecond) // the invocation
@@ -175,17 +176,17 @@ func TestLocalClientRestart(t *testing.T) {
 			}
 		}(w)
 	}
-	waitFor(t, "100 invocations before the kill", func() bool { return ok.Load() >= 100 })
-	first.cmd.Process.Signal(syscall.SIGKILL)
-	first.cmd.Wait()
-	os.Remove(e.socket)
+	agenttest.WaitFor(t, "100 invocations before the kill", func() bool { return ok.Load() >= 100 })
+	first.Cmd.Process.Signal(syscall.SIGKILL)
+	first.Cmd.Wait()
+	os.Remove(e.Socket)
 	down.Store(true)
 	// Counted, not timed: invocations go on with no agent at all.
-	waitFor(t, "100 invocations while no agent runs", func() bool { return away.Load() >= 100 })
+	agenttest.WaitFor(t, "100 invocations while no agent runs", func() bool { return away.Load() >= 100 })
 	second := startAgent()
 	down.Store(false)
 	restarted.Store(true)
-	waitFor(t, "20 invocations of every worker after the restart", func() bool {
+	agenttest.WaitFor(t, "20 invocations of every worker after the restart", func() bool {
 		for w := range okAfter {
 			if okAfter[w].Load() < 20 {
 				return false
@@ -200,9 +201,9 @@ func TestLocalClientRestart(t *testing.T) {
 		t.Fatalf("%d invocations failed (first: %v), %d ran outside a slot", failed.Load(), firstErr.Load(), outside.Load())
 	}
 	c.Close()
-	second.cmd.Process.Signal(syscall.SIGTERM)
-	second.cmd.Wait()
-	if _, err := e.h.RemoveAllSlots(e.rel); err != nil {
+	second.Cmd.Process.Signal(syscall.SIGTERM)
+	second.Cmd.Wait()
+	if _, err := e.H.RemoveAllSlots(e.Rel); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -211,17 +212,17 @@ func TestLocalClientRestart(t *testing.T) {
 // slot table hurts only its own invocations: the agent keeps serving, and a
 // process in another container runs every invocation in its own slots.
 func TestLocalClientScribbleOwnTable(t *testing.T) {
-	e := newEnv(t, 0, nil)
-	other := cgrouptest.NewContainer(t, e.h, 0)
-	e.cfg.Standalone.Containers = append(e.cfg.Standalone.Containers, other)
+	e := agenttest.NewEnv(t, 0, nil)
+	other := cgrouptest.NewContainer(t, e.H, 0)
+	e.Cfg.Standalone.Containers = append(e.Cfg.Standalone.Containers, other)
 	t.Cleanup(func() {
-		if left := cgrouptest.Leftovers(e.h, other); len(left) != 0 {
+		if left := cgrouptest.Leftovers(e.H, other); len(left) != 0 {
 			t.Errorf("slot directories leaked: %v", left)
 		}
 	})
-	a := e.start()
-	cgrouptest.JoinProcess(t, e.h, e.rel)
-	c, err := client.Dial(e.socket, client.Options{TableCapacity: 8})
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c, err := client.Dial(e.Socket, client.Options{TableCapacity: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,9 +270,9 @@ func TestLocalClientScribbleOwnTable(t *testing.T) {
 	}
 	// Meanwhile a runtime in the other container.
 	// In a PID namespace of its own, as in a pod: it places itself.
-	ch := spawn(t, e.h, "acquire", childOpts{cgroup: other, newPIDNS: true, env: []string{"SOCKET=" + e.socket, "QUOTA=250", "N=200"}})
-	var r acquireResult
-	ch.result(t, &r)
+	ch := agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: other, NewPIDNS: true, Env: []string{"SOCKET=" + e.Socket, "QUOTA=250", "N=200"}})
+	var r agenttest.AcquireResult
+	ch.Result(t, &r)
 	wg.Wait()
 	close(stop)
 	t.Logf("scribbling container: %d invocations ran, %d failed, %d words scribbled", ran.Load(), failed.Load(), scribbles.Load())

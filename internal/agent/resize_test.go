@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/pool"
 )
 
@@ -34,19 +35,19 @@ func quotaSlots(sums []pool.Summary) map[uint32]int {
 // TestResizeBelowSlotQuota); a limit lowered above every slot's quota
 // shrinks the budget only.
 func TestFollowsResize(t *testing.T) {
-	e := newEnv(t, 1000, nil)
-	a := e.start()
+	e := agenttest.NewEnv(t, 1000, nil)
+	a := e.Start()
 	setLimit := func(milli uint32) error {
-		p, v := filepath.Join(e.h.CPURoot, e.rel, "cpu.max"), fmt.Sprintf("%d 100000", milli*100)
-		if e.h.Version == 1 {
-			p, v = filepath.Join(e.h.CPURoot, e.rel, "cpu.cfs_quota_us"), fmt.Sprint(milli*100)
+		p, v := filepath.Join(e.H.CPURoot, e.Rel, "cpu.max"), fmt.Sprintf("%d 100000", milli*100)
+		if e.H.Version == 1 {
+			p, v = filepath.Join(e.H.CPURoot, e.Rel, "cpu.cfs_quota_us"), fmt.Sprint(milli*100)
 		}
 		return os.WriteFile(p, []byte(v), 0)
 	}
 	if got := fmt.Sprint(quotaSlots(a.Summaries())); got != "map[250:2 500:1]" {
 		t.Fatalf("served with %s", got)
 	}
-	if e.h.Version == 1 {
+	if e.H.Version == 1 {
 		if err := setLimit(400); !errors.Is(err, syscall.EINVAL) {
 			t.Fatalf("v1: a container quota below its 500m slot's: %v, want EINVAL from the kernel", err)
 		}
@@ -84,9 +85,9 @@ func TestFollowsResize(t *testing.T) {
 	}
 }
 
-func cgroupSlots(e *env) []string {
+func cgroupSlots(e *agenttest.Env) []string {
 	var out []string
-	entries, _ := os.ReadDir(filepath.Join(e.h.CPURoot, e.rel))
+	entries, _ := os.ReadDir(filepath.Join(e.H.CPURoot, e.Rel))
 	for _, d := range entries {
 		if d.IsDir() && len(d.Name()) > 8 && d.Name()[:8] == "cpuslot-" {
 			out = append(out, d.Name())
