@@ -220,6 +220,9 @@ func (l *lineLogger) flush() {
 // KernelMarker is the call that marks a kernel test (cgrouptest.Kernel).
 const KernelMarker = "cgrouptest.Kernel"
 
+// KernelMarkerPackage is the package of KernelMarker.
+const KernelMarkerPackage = modulePath + "/internal/cgroup/cgrouptest"
+
 // RunKernelTests runs the kernel tests of package pkg in the guest, as
 // RunGoTest does: every Test function of the package that calls
 // cgrouptest.Kernel, directly or through functions of its own test files.
@@ -244,7 +247,9 @@ func RunKernelTests(t testing.TB, pkg string, opts Options) *Result {
 
 // KernelTests lists the Test functions of package pkg (an import path in
 // this module) that reach KernelMarker: they call it, or call (or refer to)
-// a function or method of the package's test files that does, at any depth.
+// a function or method of the package's test files, or of a test helper
+// package of this module they import (its name ends in "test", such as
+// agenttest), that does, at any depth.
 func KernelTests(pkg string) ([]string, error) {
 	root, err := moduleRoot()
 	if err != nil {
@@ -264,10 +269,31 @@ func KernelTests(pkg string) ([]string, error) {
 	marked := map[string]bool{}
 	var tests []string
 	fset := token.NewFileSet()
-	for _, f := range files {
+	helpers := map[string]bool{} // test helper packages' directories, read once
+	for i := 0; i < len(files); i++ {
+		f := files[i]
 		af, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
 		if err != nil {
 			return nil, err
+		}
+		inTest := strings.HasSuffix(f, "_test.go")
+		for _, imp := range af.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			hrel, ok := strings.CutPrefix(p, modulePath+"/")
+			if !ok || !strings.HasSuffix(path.Base(p), "test") || p == KernelMarkerPackage {
+				continue
+			}
+			hdir := filepath.Join(root, filepath.FromSlash(hrel))
+			if helpers[hdir] {
+				continue
+			}
+			helpers[hdir] = true
+			hfiles, _ := filepath.Glob(filepath.Join(hdir, "*.go"))
+			for _, hf := range hfiles {
+				if !strings.HasSuffix(hf, "_test.go") {
+					files = append(files, hf)
+				}
+			}
 		}
 		for _, d := range af.Decls {
 			fd, ok := d.(*ast.FuncDecl)
@@ -275,7 +301,7 @@ func KernelTests(pkg string) ([]string, error) {
 				continue
 			}
 			name := fd.Name.Name
-			if fd.Recv == nil && strings.HasPrefix(name, "Test") && name != "TestMain" {
+			if inTest && fd.Recv == nil && strings.HasPrefix(name, "Test") && name != "TestMain" {
 				tests = append(tests, name)
 			}
 			if uses[name] == nil {

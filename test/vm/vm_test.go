@@ -444,14 +444,15 @@ func (s *syncBuffer) String() string {
 }
 
 // TestKernelTests: the kernel tests of a package are the ones that reach
-// cgrouptest.Kernel, directly, through helpers or methods, or through a
+// cgrouptest.Kernel, directly, through helpers or methods (of the test
+// files or of a test helper package), or through a
 // function passed to t.Run; TestMain and the others are not.
 func TestKernelTests(t *testing.T) {
 	got, err := KernelTests(modulePath + "/test/vm/testdata/kernelpkg")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"TestDirect", "TestHelperAsValue", "TestThroughHelper", "TestThroughMethod"}
+	want := []string{"TestDirect", "TestHelperAsValue", "TestThroughHelper", "TestThroughHelperPackage", "TestThroughMethod"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("kernel tests %v, want %v", got, want)
 	}

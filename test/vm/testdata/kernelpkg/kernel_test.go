@@ -2,7 +2,11 @@
 // reach cgrouptest.Kernel. It is never built.
 package kernelpkg
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/cpuslot/cpuslot/test/vm/testdata/helpertest"
+)
 
 func TestDirect(t *testing.T) { cgrouptest.Kernel(t) }
 
@@ -16,6 +20,10 @@ func TestThroughMethod(t *testing.T) {
 func TestHelperAsValue(t *testing.T) { t.Run("sub", useKernel) }
 
 func TestLogicOnly(t *testing.T) { helperWithoutKernel(t) }
+
+func TestThroughHelperPackage(t *testing.T) { helpertest.NewEnv(t).Start() }
+
+func TestHelperPackageLogicOnly(t *testing.T) { helpertest.Logic(t) }
 
 func TestMain(m *testing.M) { cgrouptest.Kernel(nil) }
 
