@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"errors"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -15,6 +16,7 @@ import (
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
@@ -509,3 +511,43 @@ func TestRestart(t *testing.T) {
 }
 
 // Child scenarios.
+
+// TestAttackDebugPoolsFromPodNetwork (issue 19, finding 6): /debug/pools
+// lists every served container with its budget; the agent's HTTP port may
+// be open on the pod network for /metrics. A peer that is not on loopback
+// gets 403 for /debug/pools (and nothing of it), while /metrics and the
+// probes answer it; debugPoolsRemote serves /debug/pools to it.
+func TestAttackDebugPoolsFromPodNetwork(t *testing.T) {
+	get := func(a *agent.Agent, path, remote string) (int, string) {
+		req := httptest.NewRequest("GET", path, nil)
+		req.RemoteAddr = remote
+		rec := httptest.NewRecorder()
+		a.Handler().ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	for _, remote := range []string{"10.244.1.7:40312", "[fd00::7]:40312", "192.0.2.1:1", "[::ffff:10.0.0.1]:80", "garbage"} {
+		if code, body := get(a, "/debug/pools", remote); code != 403 || strings.Contains(body, e.Rel) {
+			t.Errorf("/debug/pools from %s: %d %q, want 403 and no container", remote, code, body)
+		}
+		for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+			if code, _ := get(a, path, remote); code != 200 {
+				t.Errorf("%s from %s: %d, want 200", path, remote, code)
+			}
+		}
+	}
+	for _, remote := range []string{"127.0.0.1:40312", "127.3.4.5:1", "[::1]:40312", "[::ffff:127.0.0.1]:9"} {
+		if code, body := get(a, "/debug/pools", remote); code != 200 || !strings.Contains(body, e.Rel) {
+			t.Errorf("/debug/pools from %s: %d %q, want 200 with %s", remote, code, body, e.Rel)
+		}
+	}
+	e.Stop()
+	e.Stop = nil
+
+	e = agenttest.NewEnv(t, 0, func(c *agent.Config) { c.DebugPoolsRemote = true })
+	a = e.Start()
+	if code, body := get(a, "/debug/pools", "10.244.1.7:40312"); code != 200 || !strings.Contains(body, e.Rel) {
+		t.Errorf("/debug/pools from the pod network with debugPoolsRemote: %d %q", code, body)
+	}
+}

@@ -1,7 +1,8 @@
 package agent_test
 
-// The live-agent harness is internal/agent/agenttest; these are the child
-// scenarios of this package's tests.
+// The live-agent harness is internal/agent/agenttest. The tests of the
+// slot protocol's server (framing, sessions, peer identity, handlers, its
+// fuzzer) are in internal/server, beside it; these test the agent.
 
 import (
 	"testing"
@@ -10,11 +11,5 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	agenttest.Main(m, agenttest.Children{
-		"raw":     childRaw,
-		"relay":   childRelay,
-		"nested":  childNested,
-		"idle":    childIdle,
-		"handfds": childHandFDs,
-	})
+	agenttest.Main(m, agenttest.Children{"handfds": childHandFDs})
 }

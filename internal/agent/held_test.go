@@ -50,7 +50,7 @@ func askHeld(t *testing.T, c net.Conn) *slotv1.HeldOK {
 	t.Helper()
 	for try := 0; try < 50; try++ {
 		c.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
-		m, nfds := readFDs(t, c)
+		m, nfds := agenttest.ReadFDs(t, c)
 		if nfds != 0 {
 			t.Fatalf("fds sent with HELD_OK")
 		}
@@ -76,13 +76,13 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 	l := agenttest.StartLive(t, e, e.Rel, 1)
 	c := l.Dial(t, e.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
-	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKHeld == 0 || ok.Flags&slotv1.HelloOKLocal == 0 {
+	if ok := agenttest.HelloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKHeld == 0 || ok.Flags&slotv1.HelloOKLocal == 0 {
 		t.Fatalf("LOCAL and HELD not announced: flags %b", ok.Flags)
 	}
 	var leases []*slotv1.AcquireOK
 	for i := 0; i < 2; i++ {
-		c.Write(agenttest.Frame(t, holdReq(250, 0)))
-		m, _ := readFDs(t, c)
+		c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+		m, _ := agenttest.ReadFDs(t, c)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok {
 			t.Fatalf("HOLD: %+v", m)
@@ -90,7 +90,7 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 		leases = append(leases, g)
 	}
 	other := agenttest.StartLive(t, e, e.Rel, 1)
-	oc := localConn(t, e.Socket, other)
+	oc := agenttest.LocalConn(t, e.Socket, other)
 	if h := askHeld(t, oc); len(h.Leases) != 0 || h.GiveBackMilli != 0 {
 		t.Fatalf("a process without HOLD leases: %+v", h)
 	}
@@ -111,7 +111,7 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 		t.Fatalf("after the shrink to 400m: %+v, want give back 100m", h)
 	}
 	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: leases[0].Lease}))
-	if m, _ := readFDs(t, c); !isReleaseOK(m) {
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsReleaseOK(m) {
 		t.Fatalf("release: %+v", m)
 	}
 	if h := askHeld(t, c); h.GiveBackMilli != 0 || len(h.Leases) != 1 || a.Summaries()[0].UsedMilli != 250 {
@@ -129,19 +129,19 @@ func TestAttackHeld(t *testing.T) {
 	l := agenttest.StartLive(t, e, e.Rel, 1)
 	plain := l.Dial(t, e.Socket)
 	plain.SetDeadline(time.Now().Add(time.Minute))
-	if ok := helloWith(t, plain, slotv1.HelloFDPassing); ok.Flags&(slotv1.HelloOKHeld|slotv1.HelloOKLocal) != 0 {
+	if ok := agenttest.HelloWith(t, plain, slotv1.HelloFDPassing); ok.Flags&(slotv1.HelloOKHeld|slotv1.HelloOKLocal) != 0 {
 		t.Fatalf("HELD announced without LOCAL: %b", ok.Flags)
 	}
 	plain.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
-	m, _ := readFDs(t, plain)
+	m, _ := agenttest.ReadFDs(t, plain)
 	agenttest.WantCode(t, "HELD without LOCAL", m, slotv1.CodeBadRequest)
 
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	// HELD with a byte of payload: the frame of HELD plus one byte.
 	b := agenttest.Frame(t, &slotv1.HeldRequest{})
 	b[3]++
 	c.Write(append(b, 0))
-	m, _ = readFDs(t, c)
+	m, _ = agenttest.ReadFDs(t, c)
 	agenttest.WantCode(t, "HELD with a payload", m, slotv1.CodeBadRequest)
 
 	const flood = 100
@@ -152,7 +152,7 @@ func TestAttackHeld(t *testing.T) {
 	c.Write(all)
 	answered, refused := 0, 0
 	for i := 0; i < flood; i++ {
-		switch m, _ := readFDs(t, c); r := m.(type) {
+		switch m, _ := agenttest.ReadFDs(t, c); r := m.(type) {
 		case *slotv1.HeldOK:
 			answered++
 		case *slotv1.Error:
@@ -168,7 +168,7 @@ func TestAttackHeld(t *testing.T) {
 		t.Fatalf("%d HELD back to back: %d answered, %d refused; want the rate to refuse some", flood, answered, refused)
 	}
 	other := agenttest.StartLive(t, e, e.Rel, 1)
-	if h := askHeld(t, localConn(t, e.Socket, other)); h.GiveBackMilli != 0 {
+	if h := askHeld(t, agenttest.LocalConn(t, e.Socket, other)); h.GiveBackMilli != 0 {
 		t.Fatalf("another process: %+v", h)
 	}
 	if v, ok := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="held_throttled"}`); !ok || int(v) != refused {
@@ -282,12 +282,12 @@ func TestLocalClientGiveBack(t *testing.T) {
 // client's table entry then says so (HELD_OK carries the grant): its next
 // invocation runs at the full quota, not degraded.
 func TestLocalClientDegradedRaised(t *testing.T) {
-	e := localEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
 	e.Start()
 	other := agenttest.StartLive(t, e, e.Rel, 1)
-	oc := localConn(t, e.Socket, other)
-	oc.Write(agenttest.Frame(t, holdReq(800, 0)))
-	m, _ := readFDs(t, oc)
+	oc := agenttest.LocalConn(t, e.Socket, other)
+	oc.Write(agenttest.Frame(t, agenttest.HoldReq(800, 0)))
+	m, _ := agenttest.ReadFDs(t, oc)
 	big, ok := m.(*slotv1.AcquireOK)
 	if !ok {
 		t.Fatalf("HOLD 800m: %+v", m)

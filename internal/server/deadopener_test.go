@@ -22,16 +22,6 @@ import (
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
-func TestMain(m *testing.M) {
-	if sock := os.Getenv("CPUSLOT_TEST_OPENER"); sock != "" {
-		os.Exit(openAndPass(sock, os.Getenv("CPUSLOT_TEST_HELLO")))
-	}
-	if sock := os.Getenv("CPUSLOT_TEST_LAST_WORDS"); sock != "" {
-		os.Exit(sayLastWords(sock))
-	}
-	os.Exit(m.Run())
-}
-
 // openAndPass is the child side: it connects to sock, says the HELLO frame
 // (hex), reads the answer, passes the connection over fd 3 and exits.
 func openAndPass(sock, hello string) int {

@@ -2,6 +2,10 @@
 // Each connection is bound at HELLO to the container of the peer process,
 // identified by SO_PEERCRED and that process's cgroup, so a client only ever
 // gets slots of its own container.
+//
+// Its tests are here: those of package server against a pool, those of
+// package server_test (attacks, local leasing, the fuzzer) against a live
+// agent on real cgroups, through internal/agent/agenttest.
 package server
 
 import (

@@ -1,4 +1,4 @@
-package agent_test
+package server_test
 
 // FuzzServer drives the whole agent with arbitrary client bytes: a live
 // agent in this process, on the real kernel's cgroups, and a relay child
@@ -7,7 +7,7 @@ package agent_test
 // through the decoder, the pool, the cgroups, the metrics and the encoder.
 //
 //	CPUSLOT_FUZZ_CRASH_OUTPUT=/tmp/fuzz-crash.txt \
-//	go test ./internal/agent -run '^$' -fuzz FuzzServer -fuzztime 10m -parallel 1 -timeout 0
+//	go test ./internal/server -run '^$' -fuzz FuzzServer -fuzztime 10m -parallel 1 -timeout 0
 //
 // Fuzz workers run with their output discarded, and -test.timeout (10m by
 // default) applies to each worker too: -timeout 0 keeps a long run from

@@ -1,4 +1,4 @@
-package agent_test
+package server_test
 
 // Local leasing (SPEC.md, "Local leasing"): HOLD leases and USAGE reports
 // against the real agent on the real kernel's cgroups. The attacks pass
@@ -28,68 +28,12 @@ import (
 	"github.com/cpuslot/cpuslot/internal/pool"
 )
 
-// localEnv is an agent whose peers are live child processes of the host's
-// PID namespace; on v1 they get fds only with hostNamespaceFDs (a pod,
-// in a PID namespace of its own, gets them without).
-func localEnv(t *testing.T, mutate func(*agent.Config)) *agenttest.Env {
-	return agenttest.NewEnv(t, 0, func(c *agent.Config) {
-		c.Limits.HostNamespaceFDs = true
-		if mutate != nil {
-			mutate(c)
-		}
-	})
-}
-
-// readFDs reads one response and the fds that came with it (closed here).
-func readFDs(t *testing.T, c net.Conn) (slotv1.Message, int) {
-	t.Helper()
-	body, fds, err := agenttest.ReadRawFrame(c.(*net.UnixConn))
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
-	if err != nil {
-		t.Fatalf("reading response: %v", err)
-	}
-	f, err := slotv1.DecodeBody(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f.Msg, len(fds)
-}
-
-// helloWith says HELLO with flags on c.
-func helloWith(t *testing.T, c net.Conn, flags uint32) *slotv1.HelloOK {
-	t.Helper()
-	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: flags}))
-	m, _ := readFDs(t, c)
-	ok, isOK := m.(*slotv1.HelloOK)
-	if !isOK {
-		t.Fatalf("hello refused: %+v", m)
-	}
-	return ok
-}
-
-// localConn is a connection of the live child l that was granted LOCAL.
-func localConn(t *testing.T, socket string, l *agenttest.LiveChild) net.Conn {
-	t.Helper()
-	c := l.Dial(t, socket)
-	c.SetDeadline(time.Now().Add(time.Minute))
-	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal == 0 || ok.Flags&slotv1.HelloOKAgentPlaces != 0 {
-		t.Fatalf("LOCAL not granted: flags %b", ok.Flags)
-	}
-	return c
-}
-
-func holdReq(q, waitUS uint32) *slotv1.Acquire {
-	return &slotv1.Acquire{QuotaMilli: q, WaitUS: waitUS, Flags: slotv1.AcquireHold}
-}
-
 // syncConn sends a request that is answered (a RELEASE of a lease nobody
 // holds), so that every one-way frame sent before it has been handled.
 func syncConn(t *testing.T, c net.Conn) {
 	t.Helper()
 	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: 0}))
-	if m, _ := readFDs(t, c); !agenttest.IsErr(m, slotv1.CodeUnknownLease) {
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsErr(m, slotv1.CodeUnknownLease) {
 		t.Fatalf("sync: %+v", m)
 	}
 }
@@ -98,17 +42,17 @@ func syncConn(t *testing.T, c net.Conn) {
 // fds and place SELF, once per slot and connection; their releases are
 // counted under _held; a HOLD lease ends no other.
 func TestLocalHoldGrant(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	place, stat := e.H.SlotFDs()
 
 	var leases []uint64
 	slots := map[uint32]bool{}
 	for i := 0; i < 2; i++ {
-		c.Write(agenttest.Frame(t, holdReq(250, 0)))
-		m, nfds := readFDs(t, c)
+		c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+		m, nfds := agenttest.ReadFDs(t, c)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok || g.Place != slotv1.PlaceSelf || int(g.NumFDs) != place+stat || nfds != place+stat || g.QuotaMilli != 250 {
 			t.Fatalf("hold %d: %+v with %d fds, want place SELF and %d fds", i, m, nfds, place+stat)
@@ -121,7 +65,7 @@ func TestLocalHoldGrant(t *testing.T) {
 	}
 	// A thread's lease of the same process ends no HOLD lease.
 	c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 500, TID: l.TIDs[0]}))
-	tl, _ := readFDs(t, c)
+	tl, _ := agenttest.ReadFDs(t, c)
 	if _, ok := tl.(*slotv1.AcquireOK); !ok {
 		t.Fatalf("thread acquire: %+v", tl)
 	}
@@ -130,13 +74,13 @@ func TestLocalHoldGrant(t *testing.T) {
 	}
 	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: leases[0], Flags: slotv1.ReleaseNoReply}))
 	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: leases[1], Outcome: slotv1.InvocationFailed}))
-	if m, _ := readFDs(t, c); !isReleaseOK(m) {
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsReleaseOK(m) {
 		t.Fatalf("release: %+v", m)
 	}
 	// The connection has the fds of both slots: a new HOLD lease of one of
 	// them comes without.
-	c.Write(agenttest.Frame(t, holdReq(250, 0)))
-	m, nfds := readFDs(t, c)
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+	m, nfds := agenttest.ReadFDs(t, c)
 	if g, ok := m.(*slotv1.AcquireOK); !ok || !slots[g.Slot] || g.NumFDs != 0 || nfds != 0 || g.Place != slotv1.PlaceSelf {
 		t.Fatalf("hold of a slot the connection knows: %+v with %d fds", m, nfds)
 	}
@@ -151,30 +95,28 @@ func TestLocalHoldGrant(t *testing.T) {
 	}
 }
 
-func isReleaseOK(m slotv1.Message) bool { _, ok := m.(*slotv1.ReleaseOK); return ok }
-
 // TestAttackHoldWithoutLocal: HOLD (and RECLAIM of a HOLD lease) from a
 // connection that was not granted LOCAL is BAD_REQUEST: without fds
 // (AGENT_PLACES) a HOLD lease could not be used, and a client that did not
 // ask for LOCAL does not get leases without a thread.
 func TestAttackHoldWithoutLocal(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
 	for _, flags := range []uint32{slotv1.HelloFDPassing, slotv1.HelloLocal, 0} {
 		c := l.Dial(t, e.Socket)
 		c.SetDeadline(time.Now().Add(time.Minute))
-		if ok := helloWith(t, c, flags); ok.Flags&slotv1.HelloOKLocal != 0 {
+		if ok := agenttest.HelloWith(t, c, flags); ok.Flags&slotv1.HelloOKLocal != 0 {
 			t.Fatalf("hello flags %b: LOCAL granted (%b)", flags, ok.Flags)
 		}
-		c.Write(agenttest.Frame(t, holdReq(250, 0)))
-		m, nfds := readFDs(t, c)
+		c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+		m, nfds := agenttest.ReadFDs(t, c)
 		agenttest.WantCode(t, fmt.Sprintf("HOLD after hello flags %b", flags), m, slotv1.CodeBadRequest)
 		if nfds != 0 {
 			t.Fatalf("fds sent with a refusal")
 		}
 		c.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}))
-		m, _ = readFDs(t, c)
+		m, _ = agenttest.ReadFDs(t, c)
 		agenttest.WantCode(t, fmt.Sprintf("RECLAIM tid 0 after hello flags %b", flags), m, slotv1.CodeBadRequest)
 	}
 	if s := a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
@@ -186,12 +128,12 @@ func TestAttackHoldWithoutLocal(t *testing.T) {
 // every thread; a pool in one of them grants no LOCAL, so a baseline stays
 // what it measures.
 func TestLocalOnlyInAffinityMode(t *testing.T) {
-	e := localEnv(t, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Pool.Mode = "cache-eager" })
 	e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
 	c := l.Dial(t, e.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
-	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal != 0 {
+	if ok := agenttest.HelloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal != 0 {
 		t.Fatalf("cache-eager granted LOCAL: %b", ok.Flags)
 	}
 }
@@ -200,10 +142,10 @@ func TestLocalOnlyInAffinityMode(t *testing.T) {
 // agent placement, an action or an invocation is BAD_REQUEST; the
 // connection serves a valid HOLD after.
 func TestAttackHoldMalformed(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	for name, m := range map[string]*slotv1.Acquire{
 		"tid":           {QuotaMilli: 250, Flags: slotv1.AcquireHold, TID: l.TIDs[0]},
 		"current slot":  {QuotaMilli: 250, Flags: slotv1.AcquireHold, CurrentSlot: 1},
@@ -218,7 +160,7 @@ func TestAttackHoldMalformed(t *testing.T) {
 			continue
 		}
 		c.Write(agenttest.Frame(t, m))
-		resp, nfds := readFDs(t, c)
+		resp, nfds := agenttest.ReadFDs(t, c)
 		want := slotv1.CodeBadRequest
 		if name == "invalid quota" {
 			want = slotv1.CodeInvalidQuota
@@ -230,13 +172,13 @@ func TestAttackHoldMalformed(t *testing.T) {
 	}
 	// A RECLAIM of a HOLD lease names no invocation either.
 	c.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250, Invocation: "id"}))
-	resp, _ := readFDs(t, c)
+	resp, _ := agenttest.ReadFDs(t, c)
 	agenttest.WantCode(t, "RECLAIM tid 0 with an invocation", resp, slotv1.CodeBadRequest)
 	if s := a.Summaries()[0]; s.Leases != 0 {
 		t.Fatalf("a malformed HOLD was granted: %+v", s)
 	}
-	c.Write(agenttest.Frame(t, holdReq(250, 0)))
-	if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("a valid HOLD after bad ones: %+v", m)
 	}
 }
@@ -253,11 +195,11 @@ func slotDirs(e *agenttest.Env) int {
 // under policy reject).
 func TestAttackHoldBeyondMaxSlots(t *testing.T) {
 	t.Run("maxSlots", func(t *testing.T) {
-		e := localEnv(t, func(c *agent.Config) { c.Pool.MaxSlots = 4; c.Pool.Prewarm = "250m=2" })
+		e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Pool.MaxSlots = 4; c.Pool.Prewarm = "250m=2" })
 		a := e.Start()
 		l := agenttest.StartLive(t, e, e.Rel, 1)
-		c := localConn(t, e.Socket, l)
-		c2 := localConn(t, e.Socket, l)
+		c := agenttest.LocalConn(t, e.Socket, l)
+		c2 := agenttest.LocalConn(t, e.Socket, l)
 		granted := 0
 		var last slotv1.Message
 		for i := 0; i < 8; i++ {
@@ -265,8 +207,8 @@ func TestAttackHoldBeyondMaxSlots(t *testing.T) {
 			if i%2 == 1 {
 				cn = c2
 			}
-			cn.Write(agenttest.Frame(t, holdReq(250, 1000)))
-			if last, _ = readFDs(t, cn); agenttest.IsAcquireOK(last) {
+			cn.Write(agenttest.Frame(t, agenttest.HoldReq(250, 1000)))
+			if last, _ = agenttest.ReadFDs(t, cn); agenttest.IsAcquireOK(last) {
 				granted++
 			} else {
 				agenttest.WantCode(t, fmt.Sprintf("HOLD %d", i), last, slotv1.CodeSlotUnavailable)
@@ -283,22 +225,22 @@ func TestAttackHoldBeyondMaxSlots(t *testing.T) {
 		}
 	})
 	t.Run("budget", func(t *testing.T) {
-		e := localEnv(t, func(c *agent.Config) {
+		e := agenttest.LocalEnv(t, func(c *agent.Config) {
 			c.Pool.MaxSlots = 8
 			c.Admission.Budget = "1"
 			c.Admission.Policy = "reject"
 		})
 		a := e.Start()
 		l := agenttest.StartLive(t, e, e.Rel, 1)
-		c := localConn(t, e.Socket, l)
+		c := agenttest.LocalConn(t, e.Socket, l)
 		for i := 0; i < 4; i++ {
-			c.Write(agenttest.Frame(t, holdReq(250, 1000)))
-			if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
+			c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 1000)))
+			if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsAcquireOK(m) {
 				t.Fatalf("HOLD %d within the budget: %+v", i, m)
 			}
 		}
-		c.Write(agenttest.Frame(t, holdReq(250, 1000)))
-		m, _ := readFDs(t, c)
+		c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 1000)))
+		m, _ := agenttest.ReadFDs(t, c)
 		agenttest.WantCode(t, "HOLD beyond the budget", m, slotv1.CodeRejected)
 		if s := a.Summaries()[0]; s.UsedMilli > s.BudgetMilli || s.Leases != 4 {
 			t.Fatalf("summary %+v", s)
@@ -310,14 +252,14 @@ func TestAttackHoldBeyondMaxSlots(t *testing.T) {
 // have, then dies. Its HOLD leases are released as abandoned, the slots are
 // free, the budget is back, and another process gets them.
 func TestAttackHoldEverySlotAndDie(t *testing.T) {
-	e := localEnv(t, func(c *agent.Config) { c.Pool.MaxSlots = 5; c.Admission.Budget = "2" })
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Pool.MaxSlots = 5; c.Admission.Budget = "2" })
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	held := 0
 	for i := 0; i < 6; i++ {
-		c.Write(agenttest.Frame(t, holdReq(250, 1000)))
-		if m, _ := readFDs(t, c); agenttest.IsAcquireOK(m) {
+		c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 1000)))
+		if m, _ := agenttest.ReadFDs(t, c); agenttest.IsAcquireOK(m) {
 			held++
 		}
 	}
@@ -325,9 +267,9 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 		t.Fatalf("held %d: %+v", held, s)
 	}
 	other := agenttest.StartLive(t, e, e.Rel, 1)
-	oc := localConn(t, e.Socket, other)
-	oc.Write(agenttest.Frame(t, holdReq(250, 1000)))
-	if m, _ := readFDs(t, oc); !agenttest.IsErr(m, slotv1.CodeSlotUnavailable) {
+	oc := agenttest.LocalConn(t, e.Socket, other)
+	oc.Write(agenttest.Frame(t, agenttest.HoldReq(250, 1000)))
+	if m, _ := agenttest.ReadFDs(t, oc); !agenttest.IsErr(m, slotv1.CodeSlotUnavailable) {
 		t.Fatalf("another process while every slot is held: %+v", m)
 	}
 	// The holder dies: the kernel closes its connections.
@@ -338,8 +280,8 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 		return s.Leases == 0 && s.UsedMilli == 0
 	})
 	for i := 0; i < 5; i++ {
-		oc.Write(agenttest.Frame(t, holdReq(250, 1000)))
-		if m, _ := readFDs(t, oc); !agenttest.IsAcquireOK(m) {
+		oc.Write(agenttest.Frame(t, agenttest.HoldReq(250, 1000)))
+		if m, _ := agenttest.ReadFDs(t, oc); !agenttest.IsAcquireOK(m) {
 			t.Fatalf("HOLD %d after the holder died: %+v", i, m)
 		}
 	}
@@ -355,10 +297,10 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 // answered or credited on a connection whose opener is gone: each request
 // is NOT_SERVED (and the connection closed) or finds it closed already.
 func TestAttackHoldOnDeadOpenersSocket(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	hello := &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing | slotv1.HelloLocal}
-	c, pid := agenttest.ConnectedByChild(t, e, e.Rel, hello, holdReq(250, 0), holdReq(250, 0), holdReq(250, 0))
+	c, pid := agenttest.ConnectedByChild(t, e, e.Rel, hello, agenttest.HoldReq(250, 0), agenttest.HoldReq(250, 0), agenttest.HoldReq(250, 0))
 	c.SetDeadline(time.Now().Add(time.Minute))
 	// P (pid) has exited; the test keeps its socket open. Its leases must
 	// end: poll, with a bound that only keeps a broken agent from hanging.
@@ -370,12 +312,12 @@ func TestAttackHoldOnDeadOpenersSocket(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	wantRefused(t, "HOLD on the dead opener's socket", c, agenttest.Frame(t, holdReq(250, 0)))
+	wantRefused(t, "HOLD on the dead opener's socket", c, agenttest.Frame(t, agenttest.HoldReq(250, 0)))
 
 	// Each request that grants or keeps fds or budget, on a connection
 	// whose opener has gone (and whose HELLO was granted LOCAL).
 	requests := map[string][]byte{
-		"HOLD":                 agenttest.Frame(t, holdReq(250, 0)),
+		"HOLD":                 agenttest.Frame(t, agenttest.HoldReq(250, 0)),
 		"ACQUIRE":              agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: 1}),
 		"HELD":                 agenttest.Frame(t, &slotv1.HeldRequest{}),
 		"RECLAIM of a HOLD":    agenttest.Frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}),
@@ -433,7 +375,7 @@ func usageFrame(t *testing.T, recs ...slotv1.UsageRecord) []byte {
 // it among outcomes, and a last report claiming more than is left gets
 // what is left.
 func TestLocalUsage(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	cgrouptest.JoinProcess(t, e.H, e.Rel)
 	raw, err := net.Dial("unix", e.Socket)
@@ -443,10 +385,10 @@ func TestLocalUsage(t *testing.T) {
 	defer raw.Close()
 	c := raw.(*net.UnixConn)
 	c.SetDeadline(time.Now().Add(time.Minute))
-	if ok := helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal == 0 {
+	if ok := agenttest.HelloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKLocal == 0 {
 		t.Fatalf("LOCAL not granted: flags %b", ok.Flags)
 	}
-	c.Write(agenttest.Frame(t, holdReq(1000, 0)))
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(1000, 0)))
 	_, fds, err := agenttest.ReadRawFrame(c)
 	if err != nil {
 		t.Fatal(err)
@@ -552,10 +494,10 @@ func actionLabels(body string) map[string]bool {
 // the label count stays bounded, nothing is lost.
 func TestAttackUsageActionFlood(t *testing.T) {
 	const maxActions = 10
-	e := localEnv(t, func(c *agent.Config) { c.Pool.MaxActions = maxActions })
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Pool.MaxActions = maxActions })
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	holdOne(t, c)
 	before := len(actionLabels(agenttest.Scrape(t, a)))
 	var recs []slotv1.UsageRecord
@@ -596,7 +538,7 @@ func wantClosed(t *testing.T, what string, c net.Conn) {
 // message's sender reads no answer: the connection is out of step);
 // nothing is counted.
 func TestAttackUsageWithoutLocal(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
 	u := usageFrame(t, slotv1.UsageRecord{Action: "sneaky", Outcome: slotv1.InvocationOK, Invocations: 7, CPUNanos: 1e9})
@@ -604,16 +546,16 @@ func TestAttackUsageWithoutLocal(t *testing.T) {
 	c := l.Dial(t, e.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
 	c.Write(u)
-	m, _ := readFDs(t, c)
+	m, _ := agenttest.ReadFDs(t, c)
 	agenttest.WantCode(t, "USAGE before HELLO", m, slotv1.CodeBadRequest)
 	wantClosed(t, "USAGE before HELLO", c)
 
 	for _, flags := range []uint32{slotv1.HelloFDPassing, slotv1.HelloLocal, 0} {
 		c := l.Dial(t, e.Socket)
 		c.SetDeadline(time.Now().Add(time.Minute))
-		helloWith(t, c, flags)
+		agenttest.HelloWith(t, c, flags)
 		c.Write(u)
-		m, _ := readFDs(t, c)
+		m, _ := agenttest.ReadFDs(t, c)
 		agenttest.WantCode(t, fmt.Sprintf("USAGE after hello flags %b", flags), m, slotv1.CodeBadRequest)
 		wantClosed(t, "USAGE without LOCAL", c)
 	}
@@ -644,7 +586,7 @@ func usageRecord(action []byte, outcome uint8, n uint32, cpu, thr uint64) []byte
 // and closes the connection; none of it is counted, and the agent serves
 // the next connection.
 func TestAttackUsageMalformed(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
 	ok := usageRecord([]byte("mal-ok"), 0, 1, 1e9, 0)
@@ -665,9 +607,9 @@ func TestAttackUsageMalformed(t *testing.T) {
 		"truncated":         append([]byte{1}, ok[:len(ok)-3]...),
 	}
 	for name, payload := range cases {
-		c := localConn(t, e.Socket, l)
+		c := agenttest.LocalConn(t, e.Socket, l)
 		c.Write(usageBody(payload))
-		m, _ := readFDs(t, c)
+		m, _ := agenttest.ReadFDs(t, c)
 		agenttest.WantCode(t, "USAGE with "+name, m, slotv1.CodeBadRequest)
 		wantClosed(t, "USAGE with "+name, c)
 	}
@@ -675,7 +617,7 @@ func TestAttackUsageMalformed(t *testing.T) {
 	if strings.Contains(body, `action="mal`) {
 		t.Fatalf("a malformed USAGE was counted:\n%s", agenttest.Grep(body, "mal"))
 	}
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	holdOne(t, c)
 	c.Write(usageBody(append([]byte{1}, ok...)))
 	syncConn(t, c)
@@ -691,10 +633,10 @@ func TestAttackUsageMalformed(t *testing.T) {
 // what the process's held slots allow: it holds none, so nothing, and
 // the action gets no series.
 func TestAttackUsageAbsurdCPU(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	huge := slotv1.UsageRecord{Action: "absurd", Outcome: slotv1.InvocationOK, Invocations: math.MaxUint32,
 		CPUNanos: math.MaxUint64, ThrottledNanos: math.MaxUint64}
 	c.Write(usageFrame(t, huge, huge))
@@ -707,8 +649,8 @@ func TestAttackUsageAbsurdCPU(t *testing.T) {
 	if !strings.Contains(body, `cpuslot_errors_total{reason="usage_overclaimed"} 1`) {
 		t.Errorf("the overclaim was not counted:\n%s", agenttest.Grep(body, "usage_overclaimed"))
 	}
-	c.Write(agenttest.Frame(t, holdReq(250, 0)))
-	if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("the connection after absurd USAGE: %+v", m)
 	}
 }
@@ -730,25 +672,25 @@ func actionSeries(name, action, ctr, outcome string) string {
 // do not move. Once A holds a slot its reports are credited at most one
 // invocation per microsecond it held the slot, under A's name.
 func TestAttackUsageInflateCounts(t *testing.T) {
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	relB := cgrouptest.NewContainer(t, e.H, 0)
 	e.Cfg.Standalone.Containers = []string{e.Rel, relB}
 	a := e.Start()
 	victim := agenttest.StartLive(t, e, relB, 1)
-	vc := localConn(t, e.Socket, victim)
+	vc := agenttest.LocalConn(t, e.Socket, victim)
 	vc.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: victim.TIDs[0], Action: "victim-act"}))
-	m, _ := readFDs(t, vc)
+	m, _ := agenttest.ReadFDs(t, vc)
 	g, ok := m.(*slotv1.AcquireOK)
 	if !ok {
 		t.Fatalf("B's acquire: %+v", m)
 	}
 	vc.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease}))
-	if m, _ := readFDs(t, vc); !isReleaseOK(m) {
+	if m, _ := agenttest.ReadFDs(t, vc); !agenttest.IsReleaseOK(m) {
 		t.Fatalf("B's release: %+v", m)
 	}
 
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	huge := slotv1.UsageRecord{Action: "victim-act", Outcome: slotv1.InvocationOK, Invocations: math.MaxUint32}
 	var recs []slotv1.UsageRecord
 	for i := 0; i < slotv1.MaxUsageRecords; i++ {
@@ -771,8 +713,8 @@ func TestAttackUsageInflateCounts(t *testing.T) {
 
 	// Holding a slot, A is credited no more than its held time allows.
 	start := time.Now()
-	c.Write(agenttest.Frame(t, holdReq(250, 0)))
-	if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("A's HOLD: %+v", m)
 	}
 	c.Write(usageFrame(t, recs...))
@@ -795,16 +737,16 @@ func TestAttackUsageInflateCounts(t *testing.T) {
 // tid 0, also beyond the new agent's budget (the invocations run already),
 // which then leaves no room for more.
 func TestLocalReclaimAfterRestart(t *testing.T) {
-	e := localEnv(t, func(c *agent.Config) { c.Pool.Prewarm = "500m=3" })
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Pool.Prewarm = "500m=3" })
 	e.Cfg.Socket = filepath.Join(e.Dir, "first.sock")
 	a, stop := agenttest.RunAgent(t, e.H, e.Cfg, false)
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Cfg.Socket, l)
+	c := agenttest.LocalConn(t, e.Cfg.Socket, l)
 	type held struct{ slot, quota uint32 }
 	var hs []held
 	for i := 0; i < 3; i++ {
-		c.Write(agenttest.Frame(t, holdReq(500, 0)))
-		m, _ := readFDs(t, c)
+		c.Write(agenttest.Frame(t, agenttest.HoldReq(500, 0)))
+		m, _ := agenttest.ReadFDs(t, c)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok {
 			t.Fatalf("hold %d: %+v", i, m)
@@ -813,9 +755,9 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 	}
 	// The same process re-declares a HOLD lease it still holds (one of its
 	// connections died, the agent did not): the same lease, a new id.
-	c2 := localConn(t, e.Cfg.Socket, l)
+	c2 := agenttest.LocalConn(t, e.Cfg.Socket, l)
 	c2.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: hs[0].slot, QuotaMilli: 500}))
-	if m, _ := readFDs(t, c2); !agenttest.IsAcquireOK(m) {
+	if m, _ := agenttest.ReadFDs(t, c2); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("reclaim of a held slot: %+v", m)
 	}
 	if s := a.Summaries()[0]; s.Leases != 3 || s.UsedMilli != 1500 {
@@ -828,11 +770,11 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 	a2, _ := agenttest.RunAgent(t, e.H, e.Cfg, true)
 	c = l.Dial(t, e.Cfg.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
-	helloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal)
+	agenttest.HelloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal)
 	var leases []uint64
 	for _, h := range hs {
 		c.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: h.slot, QuotaMilli: h.quota}))
-		m, nfds := readFDs(t, c)
+		m, nfds := agenttest.ReadFDs(t, c)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok || g.Place != slotv1.PlaceNone {
 			t.Fatalf("reclaim of slot %d after the restart: %+v", h.slot, m)
@@ -850,15 +792,15 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 		t.Errorf("over-budget reclaim not counted:\n%s", agenttest.Grep(body, "cpuslot_admission_total"))
 	}
 	// No room for more while over budget.
-	c.Write(agenttest.Frame(t, holdReq(250, 1000)))
-	if m, _ := readFDs(t, c); !agenttest.IsErr(m, slotv1.CodeTimeout) {
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 1000)))
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsErr(m, slotv1.CodeTimeout) {
 		t.Fatalf("HOLD while over budget: %+v", m)
 	}
 	// A slot of another process cannot be reclaimed.
 	other := agenttest.StartLive(t, e, e.Rel, 1)
-	oc := localConn(t, e.Cfg.Socket, other)
+	oc := agenttest.LocalConn(t, e.Cfg.Socket, other)
 	oc.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: hs[1].slot, QuotaMilli: 500}))
-	if m, _ := readFDs(t, oc); !agenttest.IsErr(m, slotv1.CodeUnknownLease) {
+	if m, _ := agenttest.ReadFDs(t, oc); !agenttest.IsErr(m, slotv1.CodeUnknownLease) {
 		t.Fatalf("reclaim of another process's slot: %+v", m)
 	}
 	for _, id := range leases {
@@ -876,10 +818,10 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 // another process is served; nothing of the flood is lost.
 func TestAttackUsageFlood(t *testing.T) {
 	const frames = 300
-	e := localEnv(t, nil)
+	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Socket, l)
+	c := agenttest.LocalConn(t, e.Socket, l)
 	holdOne(t, c)
 	var recs []slotv1.UsageRecord
 	for i := 0; i < slotv1.MaxUsageRecords; i++ {
@@ -894,10 +836,10 @@ func TestAttackUsageFlood(t *testing.T) {
 	go func() { _, err := c.Write(all); written <- err }()
 
 	other := agenttest.StartLive(t, e, e.Rel, 1)
-	oc := localConn(t, e.Socket, other)
+	oc := agenttest.LocalConn(t, e.Socket, other)
 	for i := 0; i < 50; i++ {
-		oc.Write(agenttest.Frame(t, holdReq(250, 0)))
-		m, _ := readFDs(t, oc)
+		oc.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+		m, _ := agenttest.ReadFDs(t, oc)
 		g, ok := m.(*slotv1.AcquireOK)
 		if !ok {
 			t.Fatalf("another process during the flood: %+v", m)
@@ -922,18 +864,18 @@ func TestAttackUsageFlood(t *testing.T) {
 // policy degrade it gets what the budget has left (flag DEGRADED), and is
 // raised to what it asked once budget frees up.
 func TestLocalHoldDegraded(t *testing.T) {
-	e := localEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
-	c := localConn(t, e.Socket, l)
-	c.Write(agenttest.Frame(t, holdReq(800, 0)))
-	first, _ := readFDs(t, c)
+	c := agenttest.LocalConn(t, e.Socket, l)
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(800, 0)))
+	first, _ := agenttest.ReadFDs(t, c)
 	g, ok := first.(*slotv1.AcquireOK)
 	if !ok || g.Flags&slotv1.AcquiredDegraded != 0 {
 		t.Fatalf("first HOLD: %+v", first)
 	}
-	c.Write(agenttest.Frame(t, holdReq(500, 0)))
-	m, _ := readFDs(t, c)
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(500, 0)))
+	m, _ := agenttest.ReadFDs(t, c)
 	if d, ok := m.(*slotv1.AcquireOK); !ok || d.Flags&slotv1.AcquiredDegraded == 0 || d.QuotaMilli != 200 {
 		t.Fatalf("HOLD beyond the budget under degrade: %+v", m)
 	}
@@ -948,8 +890,8 @@ func TestLocalHoldDegraded(t *testing.T) {
 // only for slots it holds.
 func holdOne(t *testing.T, c net.Conn) {
 	t.Helper()
-	c.Write(agenttest.Frame(t, holdReq(250, 0)))
-	if m, _ := readFDs(t, c); !agenttest.IsAcquireOK(m) {
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("HOLD: %+v", m)
 	}
 }

@@ -1,0 +1,27 @@
+package server_test
+
+// Two kinds of tests live here. Those in package server test its parts
+// against a pool (oneResolver). Those in package server_test (attacks,
+// the fuzzer, local leasing) run a real agent on real cgroups through
+// internal/agent/agenttest and speak to it as a peer; a test binary of
+// theirs re-executed is the peer process.
+
+import (
+	"os"
+	"testing"
+
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
+	"github.com/cpuslot/cpuslot/internal/server"
+)
+
+func TestMain(m *testing.M) {
+	if code, ok := server.Child(); ok {
+		os.Exit(code)
+	}
+	agenttest.Main(m, agenttest.Children{
+		"raw":    childRaw,
+		"relay":  childRelay,
+		"nested": childNested,
+		"idle":   childIdle,
+	})
+}
