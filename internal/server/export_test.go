@@ -9,8 +9,5 @@ func Child() (code int, ok bool) {
 	if sock := os.Getenv("CPUSLOT_TEST_OPENER"); sock != "" {
 		return openAndPass(sock, os.Getenv("CPUSLOT_TEST_HELLO")), true
 	}
-	if sock := os.Getenv("CPUSLOT_TEST_LAST_WORDS"); sock != "" {
-		return sayLastWords(sock), true
-	}
 	return 0, false
 }

@@ -19,9 +19,10 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	agenttest.Main(m, agenttest.Children{
-		"raw":    childRaw,
-		"relay":  childRelay,
-		"nested": childNested,
-		"idle":   childIdle,
+		"raw":       childRaw,
+		"relay":     childRelay,
+		"nested":    childNested,
+		"idle":      childIdle,
+		"lastwords": childLastWords,
 	})
 }
