@@ -5,6 +5,11 @@ package server_test
 // the fuzzer, local leasing) run a real agent on real cgroups through
 // internal/agent/agenttest and speak to it as a peer; a test binary of
 // theirs re-executed is the peer process.
+//
+// Tests of the wire that stay in internal/agent, for they share that
+// package's helpers: held_test.go (TestAttackHeld: HELD refused and paced),
+// lend_test.go (SLEEP and WAKE), hostile_pool_test.go (quotas, RECLAIM and
+// action names against the pool), foreign_test.go (fds handed on).
 
 import (
 	"os"
