@@ -323,11 +323,19 @@ type raise struct {
 
 // planRaises gives freed budget to degraded leases, oldest first, under the
 // lock; raise retunes their slots after. A lease whose slot is busy with
-// I/O waits for a later release, and so do the younger ones.
+// I/O waits for a later release, and so do the younger ones. A sleeping
+// lease is passed over: it runs nothing with a raise, and what it would be
+// charged no one could use until it wakes (Wake raises it then).
 func (p *Pool) planRaises() []raise {
 	var out []raise
-	for len(p.degraded) > 0 {
-		l := p.degraded[0]
+	keep := p.degraded[:0:0]
+	i := 0
+	for ; i < len(p.degraded); i++ {
+		l := p.degraded[i]
+		if l.sleeping {
+			keep = append(keep, l)
+			continue
+		}
 		free := p.budget.Free()
 		if free == 0 || l.slot.busy || l.slot.raising || l.slot.io == nil {
 			break
@@ -338,15 +346,16 @@ func (p *Pool) planRaises() []raise {
 		l.granted += r.add
 		l.slot.raising = true
 		p.beginIO()
-		if l.granted < l.want {
-			out = append(out, r)
+		r.done = l.granted == l.want
+		out = append(out, r)
+		if !r.done {
+			keep = append(keep, l)
+			i++
 			break
 		}
-		r.done = true
 		l.degraded = false
-		p.degraded = p.degraded[1:]
-		out = append(out, r)
 	}
+	p.degraded = append(keep, p.degraded[i:]...)
 	return out
 }
 
