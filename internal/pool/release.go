@@ -378,7 +378,8 @@ func (p *Pool) raise(raises []raise) {
 // retune writes lease l's slot to spec outside the lock (the caller marked
 // the slot raising and began the I/O). A retune that fails while l still
 // holds its slot runs undo under the lock; one whose lease was released
-// meanwhile needs nothing undone: its release settled the budget.
+// meanwhile needs nothing undone: its release settled the budget. It then
+// raises the degraded leases the write held up.
 func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) {
 	s := l.slot
 	err := s.io.Retune(spec)
@@ -397,6 +398,16 @@ func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) {
 		p.metrics.Error(metrics.RetuneFailed)
 	}
 	p.endIO()
+	// Budget freed while this slot was being written passed over its
+	// lease and the younger degraded ones (planRaises stops at a slot
+	// being raised): hand it out now rather than at the next release.
+	// After a failed write the next release tries again (not at once:
+	// it would fail again).
+	var raises []raise
+	if err == nil {
+		raises = p.planRaises()
+	}
 	p.broadcast()
 	p.mu.Unlock()
+	p.raise(raises)
 }
