@@ -336,6 +336,10 @@ func (p *Pool) planRaises() []raise {
 			keep = append(keep, l)
 			continue
 		}
+		if l.granted >= l.want {
+			l.degraded = false // nothing to raise (a raise of 0 would retune for nothing)
+			continue
+		}
 		free := p.budget.Free()
 		if free == 0 || l.slot.busy || l.slot.raising || l.slot.io == nil {
 			break
