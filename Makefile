@@ -3,7 +3,7 @@
 #   make demo      set up and run the demo (see README)
 #   make test      every test: Go (host cgroup v1 + cgroup v2 VM) and Java
 #   make bench     slot overhead, side by side per mode (host, then v2 VM)
-#   make bench-lend  lending off and on: waiting invocations beside CPU-bound ones (docs/lending.md)
+#   make bench-lend  lending off and on: waiting invocations or chains beside CPU-bound ones (docs/lending.md)
 #   make build     what ships: the agent, into bin/
 #   make tools     the development tools (tools/: slotbench, ocitar) into bin/
 #   make images    OCI image tarballs for the e2e cluster into bin/images/

@@ -15,7 +15,9 @@ import (
 // so the awake lease never waits. On WAKE the pool charges it in full
 // again and, when that puts the container over its budget, degrades the
 // youngest awake leases (the likely borrowers) by the excess; released
-// budget raises them back as for any degraded lease.
+// budget raises them back as for any degraded lease, but not while it
+// sleeps: freed budget goes to awake leases, and a degraded waker is raised
+// when it wakes.
 
 // Lends reports whether the pool lends the quota of sleeping leases.
 func (p *Pool) Lends() bool { return p.cfg.LendRatio > 0 }
@@ -59,8 +61,15 @@ func (p *Pool) Wake(owner any, id uint64) error {
 	}
 	p.wakes++
 	cuts := p.unlend(l)
+	var raises []raise
+	if len(cuts) == 0 {
+		// Budget left free while it slept (sleepers are not raised) goes
+		// to the degraded leases, a degraded waker among them.
+		raises = p.planRaises()
+	}
 	p.mu.Unlock()
 	p.lower(cuts)
+	p.raise(raises)
 	// The waker's slot kept its quota: its quota is back once the
 	// borrowers are cut to the budget.
 	p.metrics.WakeToQuota(time.Since(start))

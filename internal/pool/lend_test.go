@@ -381,3 +381,95 @@ func TestFailedRetunesAreUndone(t *testing.T) {
 		t.Fatalf("after release: %+v", s)
 	}
 }
+
+// TestSleepersAreNotRaised: budget freed while a degraded lease sleeps goes
+// to awake degraded leases (a sleeper runs nothing with it, and a raise
+// charged to a sleeper is budget no one can use until it wakes); the
+// sleeper is raised when it wakes into free budget.
+func TestSleepersAreNotRaised(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, b := lendPool(t, 1, admission.Queue)
+	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	must(t)(nil, p.Sleep(o, g1.Lease))
+	g3 := must(t)(p.Acquire(ctx, req(o, 500, 3, 0)))
+	b.takeOps()
+	must(t)(nil, p.Wake(o, g1.Lease)) // cuts g3 to 50m, g2 to 450m
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 50m retune %d 450m]", g3.SlotID, g2.SlotID) {
+		t.Fatalf("wake's cuts: %v", ops)
+	}
+	// The borrower cut first sleeps: what it lends raises g2, not itself.
+	must(t)(nil, p.Sleep(o, g3.Lease))
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 500m]", g2.SlotID) {
+		t.Fatalf("a degraded sleeper's lent quota should raise the awake degraded lease: %v", ops)
+	}
+	checkBound(t, p)
+	// Budget freed by a release while it sleeps stays free for it.
+	p.Release(o, g2.Lease, outcome.EndOK)
+	if ops := b.takeOps(); len(ops) != 0 {
+		t.Fatalf("a release raised a sleeper: %v", ops)
+	}
+	if s := p.Summary(); s.UsedMilli != 500 || s.Degraded != 1 {
+		t.Fatalf("after the release: %+v", s)
+	}
+	// It wakes into free budget: raised to what it asked for.
+	must(t)(nil, p.Wake(o, g3.Lease))
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 500m]", g3.SlotID) {
+		t.Fatalf("a degraded lease waking into free budget should be raised: %v", ops)
+	}
+	if s := p.Summary(); s.UsedMilli != 1000 || s.Degraded != 0 || s.LentMilli != 0 {
+		t.Fatalf("after the wake: %+v", s)
+	}
+	checkBound(t, p)
+}
+
+// TestRaisesResumeAfterARaise: budget freed while the oldest degraded
+// lease's raise is still being written is handed out once that write ends,
+// not left idle until the next release or sleep.
+func TestRaisesResumeAfterARaise(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, b := lendPool(t, 0.5, admission.Queue)
+	g0 := must(t)(p.Acquire(ctx, req(o, 100, 1, 0)))
+	g1 := must(t)(p.Acquire(ctx, req(o, 400, 2, 0)))
+	g2 := must(t)(p.Acquire(ctx, req(o, 500, 3, 0)))
+	must(t)(nil, p.Sleep(o, g1.Lease)) // lends 200m
+	g3 := must(t)(p.Acquire(ctx, req(o, 200, 4, 0)))
+	b.takeOps()
+	must(t)(nil, p.Wake(o, g1.Lease)) // cuts g3 to 50m, g2 to 450m
+	if ops := b.takeOps(); fmt.Sprint(ops) != fmt.Sprintf("[retune %d 50m retune %d 450m]", g3.SlotID, g2.SlotID) {
+		t.Fatalf("wake's cuts: %v", ops)
+	}
+	// g0's release raises g3 by 100m; hold that write while g1's release
+	// frees 400m more.
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b.onIO = func(op string) {
+		if op == "retune %d %dm" {
+			once.Do(func() { close(entered); <-proceed })
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Release(o, g0.Lease, outcome.EndOK)
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("g0's release wrote no raise of g3 (want retune of g3 to 150m)")
+	}
+	p.Release(o, g1.Lease, outcome.EndOK)
+	close(proceed)
+	<-done
+	ops := b.takeOps()
+	want := fmt.Sprintf("[retune %d 150m retune %d 200m retune %d 500m]", g3.SlotID, g3.SlotID, g2.SlotID)
+	if fmt.Sprint(ops) != want {
+		t.Fatalf("after the raise was written: %v, want %s", ops, want)
+	}
+	if s := p.Summary(); s.Degraded != 0 || s.UsedMilli != 700 {
+		t.Fatalf("%+v", s)
+	}
+	checkBound(t, p)
+}

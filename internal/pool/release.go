@@ -323,11 +323,23 @@ type raise struct {
 
 // planRaises gives freed budget to degraded leases, oldest first, under the
 // lock; raise retunes their slots after. A lease whose slot is busy with
-// I/O waits for a later release, and so do the younger ones.
+// I/O waits for a later release, and so do the younger ones. A sleeping
+// lease is passed over: it runs nothing with a raise, and what it would be
+// charged no one could use until it wakes (Wake raises it then).
 func (p *Pool) planRaises() []raise {
 	var out []raise
-	for len(p.degraded) > 0 {
-		l := p.degraded[0]
+	keep := p.degraded[:0:0]
+	i := 0
+	for ; i < len(p.degraded); i++ {
+		l := p.degraded[i]
+		if l.sleeping {
+			keep = append(keep, l)
+			continue
+		}
+		if l.granted >= l.want {
+			l.degraded = false // nothing to raise (a raise of 0 would retune for nothing)
+			continue
+		}
 		free := p.budget.Free()
 		if free == 0 || l.slot.busy || l.slot.raising || l.slot.io == nil {
 			break
@@ -338,15 +350,16 @@ func (p *Pool) planRaises() []raise {
 		l.granted += r.add
 		l.slot.raising = true
 		p.beginIO()
-		if l.granted < l.want {
-			out = append(out, r)
+		r.done = l.granted == l.want
+		out = append(out, r)
+		if !r.done {
+			keep = append(keep, l)
+			i++
 			break
 		}
-		r.done = true
 		l.degraded = false
-		p.degraded = p.degraded[1:]
-		out = append(out, r)
 	}
+	p.degraded = append(keep, p.degraded[i:]...)
 	return out
 }
 
@@ -369,7 +382,8 @@ func (p *Pool) raise(raises []raise) {
 // retune writes lease l's slot to spec outside the lock (the caller marked
 // the slot raising and began the I/O). A retune that fails while l still
 // holds its slot runs undo under the lock; one whose lease was released
-// meanwhile needs nothing undone: its release settled the budget.
+// meanwhile needs nothing undone: its release settled the budget. It then
+// raises the degraded leases the write held up.
 func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) {
 	s := l.slot
 	err := s.io.Retune(spec)
@@ -388,6 +402,16 @@ func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) {
 		p.metrics.Error(metrics.RetuneFailed)
 	}
 	p.endIO()
+	// Budget freed while this slot was being written passed over its
+	// lease and the younger degraded ones (planRaises stops at a slot
+	// being raised): hand it out now rather than at the next release.
+	// After a failed write the next release tries again (not at once:
+	// it would fail again).
+	var raises []raise
+	if err == nil {
+		raises = p.planRaises()
+	}
 	p.broadcast()
 	p.mu.Unlock()
+	p.raise(raises)
 }

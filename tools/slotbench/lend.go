@@ -52,6 +52,30 @@ type lendParams struct {
 	cell       time.Duration // measured time per cell and round
 	rounds     int
 	periodUS   uint32
+	// chain: the depth of the chain case (0: none); localWaits: the wait
+	// shares also run with local leasing.
+	chain      int
+	localWaits []int
+}
+
+// lendCase is one workload at one overcommit, a group of rows over the lend
+// ratios.
+type lendCase struct {
+	wait  int // percent of their time waiting invocations wait
+	chain int // else: chains of this depth, each caller asleep in its call
+	over  int
+	local bool // local leasing (a HOLD lease sleeps for the invocation)
+}
+
+func (c lendCase) String() string {
+	s := fmt.Sprintf("%d%% wait", c.wait)
+	if c.chain > 0 {
+		s = fmt.Sprintf("chains of %d", c.chain)
+	}
+	if c.local {
+		s += ", local leasing"
+	}
+	return s
 }
 
 // lendJob is one cell for the client: closed loops on Threads threads, of
@@ -62,7 +86,10 @@ type lendJob struct {
 	CPUWorkNS          int64
 	Segments           int
 	WaitPct            int
-	DurationNS         int64
+	// Chain > 0: the waiting threads run chains of this depth instead
+	// (WaitPct unused).
+	Chain      int
+	DurationNS int64
 }
 
 // lendResult is what the client measured in one cell.
@@ -89,10 +116,91 @@ type lendCell struct {
 	// buckets and the cumulative counts the cell added.
 	wakeLe, wakeAgent []float64
 	lends, cuts       uint64
+	// charged sums, over rounds, the mean share of the budget charged.
+	charged float64
+	// containerNS is the CPU of the whole container, slots and the
+	// client's other threads.
+	containerNS float64
 }
 
-func lendContainer(over int, ratio float64) string {
-	return fmt.Sprintf("over%d-lend%s", over, strconv.FormatFloat(ratio, 'f', -1, 64))
+// containerCPU is the CPU the container's cgroup has used (cgroup v1
+// cpuacct.usage, v2 cpu.stat usage_usec).
+func containerCPU(h *cgroup.Hierarchy, rel string) time.Duration {
+	if h.Version == 2 {
+		b, err := os.ReadFile(filepath.Join(h.CPURoot, rel, "cpu.stat"))
+		if err != nil {
+			return 0
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+				us, _ := strconv.ParseInt(v, 10, 64)
+				return time.Duration(us) * time.Microsecond
+			}
+		}
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(h.AcctRoot, rel, "cpuacct.usage"))
+	if err != nil {
+		return 0
+	}
+	ns, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return time.Duration(ns)
+}
+
+// sampleCharged samples the share of pool name's budget charged (awake
+// leases' grants and sleepers' unlent part) every 5 ms until the returned
+// function is called, which returns its mean.
+func sampleCharged(a *agent.Agent, name string) func() float64 {
+	done := make(chan struct{})
+	mean := make(chan float64)
+	go func() {
+		var sum float64
+		n := 0
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				mean <- sum / float64(max(n, 1))
+				return
+			case <-tick.C:
+				if s := summaryOf(a, name); s.BudgetMilli > 0 {
+					sum += float64(s.UsedMilli) / float64(s.BudgetMilli)
+					n++
+				}
+			}
+		}
+	}()
+	return func() float64 { close(done); return <-mean }
+}
+
+func lendContainer(over int, ratio float64, local bool) string {
+	name := fmt.Sprintf("over%d-lend%s", over, strconv.FormatFloat(ratio, 'f', -1, 64))
+	if local {
+		name += "-local"
+	}
+	return name
+}
+
+// lendCases are the workloads of p, in the table's order.
+func lendCases(p lendParams) []lendCase {
+	var out []lendCase
+	for _, wait := range p.waits {
+		for _, over := range p.overcommit {
+			out = append(out, lendCase{wait: wait, over: over})
+		}
+	}
+	if p.chain > 0 {
+		for _, over := range p.overcommit {
+			out = append(out, lendCase{chain: p.chain, over: over})
+		}
+	}
+	for _, wait := range p.localWaits {
+		for _, over := range p.overcommit {
+			out = append(out, lendCase{wait: wait, over: over, local: true})
+		}
+	}
+	return out
 }
 
 func lendBench(p lendParams) error {
@@ -105,13 +213,20 @@ func lendBench(p lendParams) error {
 	cfg := tb.config()
 	cfg.LogLevel = "warn"
 	var containers []discover.Container
-	for _, over := range p.overcommit {
+	rels := map[string]string{}
+	made := map[string]bool{}
+	for _, lc := range lendCases(p) {
 		for _, ratio := range p.ratios {
-			name := lendContainer(over, ratio)
+			name := lendContainer(lc.over, ratio, lc.local)
+			if made[name] {
+				continue
+			}
+			made[name] = true
 			rel, err := tb.container(name)
 			if err != nil {
 				return err
 			}
+			rels[name] = rel
 			if err := h.SetLimit(rel, p.limit); err != nil {
 				return fmt.Errorf("CPU limit of %s: %w", name, err)
 			}
@@ -119,10 +234,10 @@ func lendBench(p lendParams) error {
 			if err != nil {
 				return err
 			}
-			admitted := int(p.limit) * over / int(p.quota)
+			admitted := int(p.limit) * lc.over / int(p.quota)
 			pc.Prewarm = map[uint32]int{p.quota: 2 * admitted}
 			pc.MaxSlots = 2*admitted + 4
-			pc.Overcommit = float64(over)
+			pc.Overcommit = float64(lc.over)
 			pc.LendRatio = ratio
 			pc.Policy = admission.Queue
 			pc.PeriodUS = p.periodUS
@@ -142,7 +257,7 @@ func lendBench(p lendParams) error {
 	}
 	clients := map[string]*benchClient{}
 	for _, c := range containers {
-		bc, err := startClient(h, c.CgroupPath, cfg.Socket, variant{name: c.Name})
+		bc, err := startClient(h, c.CgroupPath, cfg.Socket, variant{name: c.Name, local: strings.HasSuffix(c.Name, "-local")})
 		if err != nil {
 			return fmt.Errorf("client for %s: %w", c.Name, err)
 		}
@@ -153,83 +268,87 @@ func lendBench(p lendParams) error {
 	fmt.Printf("slotbench -lend: %s, kernel %s, %d CPUs\n", h, kernelRelease(), runtime.NumCPU())
 	fmt.Printf("one container, CPU limit %dm; every invocation %dm and %v of CPU; waiting ones in %d segments; slot period %v;\n",
 		p.limit, p.quota, p.cpuWork, p.segments, time.Duration(p.periodUS)*time.Microsecond)
-	fmt.Printf("closed loops on twice the threads the budget admits, 3/4 waiting, 1/4 CPU-bound; admission queue; thread leases (no local leasing);\n")
+	fmt.Printf("closed loops on twice the threads the budget admits, 3/4 waiting (or in chains of %d), 1/4 CPU-bound; admission queue; thread leases unless local leasing;\n", p.chain)
 	fmt.Printf("%d rounds of %v per cell after a warm-up, lend ratios alternating; 0 = lending off\n\n", p.rounds, p.cell)
 
 	cells := map[string]*lendCell{}
-	key := func(wait, over int, ratio float64) string { return fmt.Sprintf("%d/%d/%v", wait, over, ratio) }
-	for _, wait := range p.waits {
-		for _, over := range p.overcommit {
-			admitted := int(p.limit) * over / int(p.quota)
-			threads := 2 * admitted
-			j := lendJob{Threads: threads, IOThreads: threads * 3 / 4, Quota: p.quota, CPUWorkNS: p.cpuWork.Nanoseconds(),
-				Segments: p.segments, WaitPct: wait}
-			for round := -1; round < p.rounds; round++ {
-				for _, ratio := range p.ratios {
-					name := lendContainer(over, ratio)
-					j.DurationNS = p.cell.Nanoseconds()
-					if round < 0 {
-						j.DurationNS = min(p.cell, time.Second).Nanoseconds() // warm-up, not counted
-					}
-					_, before := wakeBuckets(a)
-					sumBefore := summaryOf(a, name)
-					r, err := clients[name].runLend(j)
-					if err != nil {
-						return fmt.Errorf("%s, wait %d%%: %w", name, wait, err)
-					}
-					if round < 0 {
-						continue
-					}
-					le, after := wakeBuckets(a)
-					sumAfter := summaryOf(a, name)
-					k := key(wait, over, ratio)
-					c := cells[k]
-					if c == nil {
-						c = &lendCell{}
-						cells[k] = c
-					}
-					c.wakeLe = le
-					c.add(r, before, after)
-					c.lends += sumAfter.Lends - sumBefore.Lends
-					c.cuts += sumAfter.Cuts - sumBefore.Cuts
+	key := func(lc lendCase, ratio float64) string { return fmt.Sprintf("%v/%d/%v", lc, lc.over, ratio) }
+	for _, lc := range lendCases(p) {
+		admitted := int(p.limit) * lc.over / int(p.quota)
+		threads := 2 * admitted
+		j := lendJob{Threads: threads, IOThreads: threads * 3 / 4, Quota: p.quota, CPUWorkNS: p.cpuWork.Nanoseconds(),
+			Segments: p.segments, WaitPct: lc.wait, Chain: lc.chain}
+		for round := -1; round < p.rounds; round++ {
+			for _, ratio := range p.ratios {
+				name := lendContainer(lc.over, ratio, lc.local)
+				j.DurationNS = p.cell.Nanoseconds()
+				if round < 0 {
+					j.DurationNS = min(p.cell, time.Second).Nanoseconds() // warm-up, not counted
 				}
+				_, before := wakeBuckets(a)
+				sumBefore := summaryOf(a, name)
+				stop := sampleCharged(a, name)
+				cpu0 := containerCPU(h, rels[name])
+				r, err := clients[name].runLend(j)
+				charged := stop()
+				ccpu := containerCPU(h, rels[name]) - cpu0
+				if err != nil {
+					return fmt.Errorf("%s, %v: %w", name, lc, err)
+				}
+				if round < 0 {
+					continue
+				}
+				le, after := wakeBuckets(a)
+				sumAfter := summaryOf(a, name)
+				k := key(lc, ratio)
+				c := cells[k]
+				if c == nil {
+					c = &lendCell{}
+					cells[k] = c
+				}
+				c.wakeLe = le
+				c.add(r, before, after)
+				c.charged += charged
+				c.containerNS += float64(ccpu)
+				c.lends += sumAfter.Lends - sumBefore.Lends
+				c.cuts += sumAfter.Cuts - sumBefore.Cuts
 			}
 		}
 	}
 
-	fmt.Printf("| wait | overcommit | lend ratio | invocations/s | vs off | CPU-bound p50 | CPU-bound p99 | p99 vs off | waiting p50 | WAKE answered p50 / p99 | agent wake-to-quota p50 / p99 | limit used | lends | borrowers cut | queue timeouts, errors |\n")
-	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, wait := range p.waits {
-		for _, over := range p.overcommit {
-			off := cells[key(wait, over, p.ratios[0])]
-			for _, ratio := range p.ratios {
-				c := cells[key(wait, over, ratio)]
-				tput := float64(c.r.Completed) / c.elapsed.Seconds()
-				offTput := float64(off.r.Completed) / off.elapsed.Seconds()
-				sortNS(c.r.CPULatNS)
-				sortNS(c.r.IOLatNS)
-				sortNS(c.r.WakeNS)
-				sortNS(off.r.CPULatNS)
-				wakes := "-"
-				agentWakes := "-"
-				if len(c.r.WakeNS) > 0 {
-					wakes = fmt.Sprintf("%s / %s", ms(pctNS(c.r.WakeNS, .5)), ms(pctNS(c.r.WakeNS, .99)))
-					agentWakes = fmt.Sprintf("<= %s / <= %s", bucketPct(c.wakeLe, c.wakeAgent, .5), bucketPct(c.wakeLe, c.wakeAgent, .99))
-				}
-				errs := strconv.Itoa(c.r.Errors)
-				if c.r.Errors > 0 {
-					errs += " (" + c.r.FirstErr + ")"
-				}
-				if c.r.SleepsRefused > 0 {
-					errs += fmt.Sprintf("; %d SLEEPs refused (rate)", c.r.SleepsRefused)
-				}
-				fmt.Printf("| %d%% | %d:1 | %v | %.1f | %.2fx | %s | %s | %.2fx | %s | %s | %s | %.0f%% | %d | %d | %s |\n",
-					wait, over, ratio, tput, tput/offTput,
-					ms(pctNS(c.r.CPULatNS, .5)), ms(pctNS(c.r.CPULatNS, .99)),
-					float64(pctNS(c.r.CPULatNS, .99))/float64(max(pctNS(off.r.CPULatNS, .99), 1)),
-					ms(pctNS(c.r.IOLatNS, .5)), wakes, agentWakes,
-					100*c.r.UsedNS/(float64(p.limit)/1000*float64(c.elapsed.Nanoseconds())), c.lends, c.cuts, errs)
+	fmt.Printf("| workload | overcommit | lend ratio | invocations/s | vs off | CPU-bound p50 | CPU-bound p99 | p99 vs off | waiting p50 / p99 | WAKE answered p50 / p99 | agent wake-to-quota p50 / p99 | limit used (slots / container) | budget charged | lends | borrowers cut | queue timeouts, errors |\n")
+	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, lc := range lendCases(p) {
+		off := cells[key(lc, p.ratios[0])]
+		for _, ratio := range p.ratios {
+			c := cells[key(lc, ratio)]
+			tput := float64(c.r.Completed) / c.elapsed.Seconds()
+			offTput := float64(off.r.Completed) / off.elapsed.Seconds()
+			sortNS(c.r.CPULatNS)
+			sortNS(c.r.IOLatNS)
+			sortNS(c.r.WakeNS)
+			sortNS(off.r.CPULatNS)
+			wakes := "-"
+			agentWakes := "-"
+			if len(c.r.WakeNS) > 0 {
+				wakes = fmt.Sprintf("%s / %s", ms(pctNS(c.r.WakeNS, .5)), ms(pctNS(c.r.WakeNS, .99)))
+				agentWakes = fmt.Sprintf("<= %s / <= %s", bucketPct(c.wakeLe, c.wakeAgent, .5), bucketPct(c.wakeLe, c.wakeAgent, .99))
 			}
+			errs := strconv.Itoa(c.r.Errors)
+			if c.r.Errors > 0 {
+				errs += " (" + c.r.FirstErr + ")"
+			}
+			if c.r.SleepsRefused > 0 {
+				errs += fmt.Sprintf("; %d SLEEPs refused (rate)", c.r.SleepsRefused)
+			}
+			fmt.Printf("| %v | %d:1 | %v | %.1f | %.2fx | %s | %s | %.2fx | %s / %s | %s | %s | %.0f%% / %.0f%% | %.0f%% | %d | %d | %s |\n",
+				lc, lc.over, ratio, tput, tput/offTput,
+				ms(pctNS(c.r.CPULatNS, .5)), ms(pctNS(c.r.CPULatNS, .99)),
+				float64(pctNS(c.r.CPULatNS, .99))/float64(max(pctNS(off.r.CPULatNS, .99), 1)),
+				ms(pctNS(c.r.IOLatNS, .5)), ms(pctNS(c.r.IOLatNS, .99)), wakes, agentWakes,
+				100*c.r.UsedNS/(float64(p.limit)/1000*float64(c.elapsed.Nanoseconds())),
+				100*c.containerNS/(float64(p.limit)/1000*float64(c.elapsed.Nanoseconds())), 100*c.charged/float64(p.rounds),
+				c.lends, c.cuts, errs)
 		}
 	}
 	return nil
@@ -358,9 +477,21 @@ func lendJobRun(c *client.Client, j lendJob) lendResult {
 	var wg sync.WaitGroup
 	start := time.Now()
 	deadline := start.Add(time.Duration(j.DurationNS))
+	// Thread t < IOThreads waits; with chains, threads come in groups of
+	// Chain, the first of each group the chain's head.
+	chains := 0
+	if j.Chain > 0 {
+		if chains = j.IOThreads / j.Chain; chains == 0 {
+			return lendResult{Errors: 1, FirstErr: fmt.Sprintf("chains of %d need more than the %d waiting threads", j.Chain, j.IOThreads)}
+		}
+	}
+	worker(j.Threads - 1) // all workers exist before a chain hands a call to one
 	for t := 0; t < j.Threads; t++ {
-		wg.Add(1)
 		waiting := t < j.IOThreads
+		if chains > 0 && waiting && (t%j.Chain != 0 || t/j.Chain >= chains) {
+			continue // a callee's thread: its head drives it
+		}
+		wg.Add(1)
 		worker(t) <- func() {
 			defer wg.Done()
 			var r lendResult
@@ -369,48 +500,19 @@ func lendJobRun(c *client.Client, j lendJob) lendResult {
 				if begin.IsZero() {
 					begin = time.Now()
 				}
-				l, err := c.Acquire(j.Quota, "bench/lend", "")
-				if err != nil {
-					r.fail(err)
-					continue
-				}
-				if waiting {
-					seg := time.Duration(j.CPUWorkNS) / time.Duration(j.Segments)
-					// What the segment takes at the quota: the slot is idle
-					// WaitPct of the quota's time, as the paper measures.
-					atQuota := float64(seg) * 1000 / float64(j.Quota)
-					wait := time.Duration(atQuota * float64(j.WaitPct) / float64(100-j.WaitPct))
-					for s := 0; s < j.Segments && err == nil; s++ {
-						burn(seg)
-						if err = l.Sleep(); err != nil {
-							var pe *slotv1.Error
-							if !errors.As(err, &pe) || pe.Code != slotv1.CodeRejected {
-								break
-							}
-							err = nil // over the agent's SLEEP rate: the lease stays awake
-							r.SleepsRefused++
-						}
-						time.Sleep(wait)
-						t1 := time.Now()
-						if err = l.Wake(); err != nil {
-							break
-						}
-						if c.Hello().Flags&slotv1.HelloOKLend != 0 {
-							r.WakeNS = append(r.WakeNS, time.Since(t1).Nanoseconds())
-						}
-					}
-				} else {
-					burn(time.Duration(j.CPUWorkNS))
-				}
-				u, rerr := l.Release(slotv1.InvocationOK)
-				if err == nil {
-					err = rerr
+				var err error
+				switch {
+				case chains > 0 && waiting:
+					err = chainCall(c, j, t, 0, &r)
+				case waiting:
+					err = waitingInvocation(c, j, &r)
+				default:
+					err = cpuInvocation(c, j, &r)
 				}
 				if err != nil {
 					r.fail(err)
 					continue
 				}
-				r.UsedNS += float64(u.CPU.Nanoseconds())
 				d := time.Since(begin).Nanoseconds()
 				begin = time.Time{}
 				if waiting {
@@ -418,7 +520,6 @@ func lendJobRun(c *client.Client, j lendJob) lendResult {
 				} else {
 					r.CPULatNS = append(r.CPULatNS, d)
 				}
-				r.Completed++
 			}
 			mu.Lock()
 			out.merge(r)
@@ -428,6 +529,102 @@ func lendJobRun(c *client.Client, j lendJob) lendResult {
 	wg.Wait()
 	out.ElapsedNS = time.Since(start).Nanoseconds()
 	return out
+}
+
+// cpuInvocation burns the invocation's CPU at once.
+func cpuInvocation(c *client.Client, j lendJob, r *lendResult) error {
+	l, err := c.Acquire(j.Quota, "bench/lend", "")
+	if err != nil {
+		return err
+	}
+	burn(time.Duration(j.CPUWorkNS))
+	return r.release(l, nil)
+}
+
+// waitingInvocation burns the invocation's CPU in segments, each followed
+// by a wait, asleep with lending.
+func waitingInvocation(c *client.Client, j lendJob, r *lendResult) error {
+	l, err := c.Acquire(j.Quota, "bench/lend", "")
+	if err != nil {
+		return err
+	}
+	seg := time.Duration(j.CPUWorkNS) / time.Duration(j.Segments)
+	// What the segment takes at the quota: the slot is idle WaitPct of
+	// the quota's time, as the paper measures.
+	atQuota := float64(seg) * 1000 / float64(j.Quota)
+	wait := time.Duration(atQuota * float64(j.WaitPct) / float64(100-j.WaitPct))
+	for s := 0; s < j.Segments && err == nil; s++ {
+		burn(seg)
+		err = r.await(c, l, func() error { time.Sleep(wait); return nil })
+	}
+	return r.release(l, err)
+}
+
+// chainCall runs function depth of a chain on thread t+depth: half its CPU,
+// a synchronous call of the next function (asleep while it runs, as the
+// runtime's chain calls are), the other half; the last function only
+// burns. Every function asks for the same quota and the chain's CPU is one
+// invocation's, split evenly.
+func chainCall(c *client.Client, j lendJob, t, depth int, r *lendResult) error {
+	l, err := c.Acquire(j.Quota, "bench/chain", "")
+	if err != nil {
+		return err
+	}
+	seg := time.Duration(j.CPUWorkNS) / time.Duration(j.Chain)
+	if depth == j.Chain-1 {
+		burn(seg)
+		return r.release(l, nil)
+	}
+	burn(seg / 2)
+	err = r.await(c, l, func() error {
+		done := make(chan error, 1)
+		worker(t + depth + 1) <- func() { done <- chainCall(c, j, t, depth+1, r) }
+		return <-done
+	})
+	if err == nil {
+		burn(seg - seg/2)
+	}
+	return r.release(l, err)
+}
+
+// await runs wait with lease l asleep: SLEEP before, WAKE after (each
+// sends nothing without lending).
+func (r *lendResult) await(c *client.Client, l *client.Lease, wait func() error) error {
+	if err := l.Sleep(); err != nil {
+		var pe *slotv1.Error
+		if !errors.As(err, &pe) || pe.Code != slotv1.CodeRejected {
+			return err
+		}
+		r.SleepsRefused++ // over the agent's SLEEP rate: the lease stays awake
+	}
+	werr := wait()
+	t1 := time.Now()
+	if err := l.Wake(); err != nil {
+		return err
+	}
+	if c.Hello().Flags&slotv1.HelloOKLend != 0 {
+		r.WakeNS = append(r.WakeNS, time.Since(t1).Nanoseconds())
+	}
+	return werr
+}
+
+// release ends lease l after an invocation that ended with err, counting
+// it and its slot's CPU.
+func (r *lendResult) release(l *client.Lease, err error) error {
+	how := slotv1.InvocationOK
+	if err != nil {
+		how = slotv1.InvocationFailed
+	}
+	u, rerr := l.Release(how)
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return err
+	}
+	r.UsedNS += float64(u.CPU.Nanoseconds())
+	r.Completed++
+	return nil
 }
 
 func (r *lendResult) fail(err error) {

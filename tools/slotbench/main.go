@@ -18,7 +18,7 @@
 //	slotbench                    # on this machine's hierarchy
 //	slotbench -vm                # in the cgroup v2 VM, without and with favordynmods
 //	slotbench -scale             # one agent, 250 containers x 64 slots (scale.go)
-//	slotbench -lend -rounds 3    # lending off and on, waiting invocations beside CPU-bound ones (lend.go)
+//	slotbench -lend -rounds 3    # lending off and on, waiting invocations or chains beside CPU-bound ones (lend.go)
 package main
 
 import (
@@ -117,7 +117,9 @@ func main() {
 	flag.DurationVar(&lp.cpuWork, "lend-cpu", 20*time.Millisecond, "-lend: CPU time of every invocation")
 	flag.IntVar(&lp.segments, "lend-segments", 4, "-lend: compute segments of a waiting invocation, each followed by a wait")
 	lendWaits := flag.String("lend-waits", "25,50,75", "-lend: the share of their time waiting invocations wait, percent")
-	lendOver := flag.String("lend-overcommit", "1,3", "-lend: admission overcommit factors")
+	lendOver := flag.String("lend-overcommit", "1,3,6", "-lend: admission overcommit factors")
+	flag.IntVar(&lp.chain, "lend-chain", 3, "-lend: also run chains of this depth in place of the waiting invocations, each caller asleep in its synchronous call (0: none)")
+	lendLocal := flag.String("lend-local-waits", "50", "-lend: the wait shares also run with local leasing (empty: none)")
 	lendRatios := flag.String("lend-ratios", "0,0.5,1", "-lend: lend ratios (0: lending off, the baseline)")
 	lendLimit := flag.Int("lend-limit", 500, "-lend: the container's CPU limit, millicores")
 	lendQuota := flag.Int("lend-quota", 125, "-lend: every invocation's quota, millicores")
@@ -152,13 +154,17 @@ func main() {
 		lp.waits = parseList("lend-waits", *lendWaits, 1)
 		lp.overcommit = parseList("lend-overcommit", *lendOver, 1)
 		lp.ratios = parseFloats("lend-ratios", *lendRatios)
-		for _, w := range lp.waits {
+		if *lendLocal != "" {
+			lp.localWaits = parseList("lend-local-waits", *lendLocal, 1)
+		}
+		for _, w := range append(lp.waits, lp.localWaits...) {
 			if w >= 100 {
 				fatal(fmt.Errorf("-lend-waits: %d%% is not below 100", w))
 			}
 		}
-		if lp.ratios[0] != 0 || lp.quota == 0 || lp.limit < lp.quota || lp.segments < 1 {
-			fatal(fmt.Errorf("-lend: want the first ratio 0 (the baseline), a quota of at most the limit, and segments"))
+		if lp.ratios[0] != 0 || lp.quota == 0 || lp.limit < lp.quota || lp.segments < 1 || lp.chain < 0 ||
+			lp.chain > 2*int(lp.limit/lp.quota)*3/4 {
+			fatal(fmt.Errorf("-lend: want the first ratio 0 (the baseline), a quota of at most the limit, segments, and chains no deeper than the waiting threads at 1:1"))
 		}
 		fatal(lendBench(lp))
 		return

@@ -20,6 +20,9 @@
 //	probe quota [-quota 250m -for 2s]
 //	                             spin in one slot, print its usage, exit
 //	                             (for kubectl exec)
+//	probe lend                   lend a sleeping lease's quota and take it
+//	                             back (a pod with a 1-CPU limit and lend
+//	                             ratio 0.5), print what was admitted, exit
 //
 // /info returns JSON: hostname, pid, whether PID 1 is the pod's own sandbox
 // or the host's init (host PID namespace), and /proc/self/cgroup.
@@ -71,6 +74,9 @@ func main() {
 		addr = runInvoke(args, mux)
 	case "quota":
 		runQuota(args)
+		return
+	case "lend":
+		runLend(args)
 		return
 	default:
 		log.Fatalf("probe: unknown mode %q", mode)
