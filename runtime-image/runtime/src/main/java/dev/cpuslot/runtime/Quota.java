@@ -138,7 +138,7 @@ public final class Quota {
 
     /** The action's quota annotation, cached per action version; null when absent or unknown. */
     String annotation(Map<String, String> ow) {
-        JsonElement v = annotationValue(ow, cfg.annotationKey());
+        JsonElement v = annotationValue(ow, cfg.annotationKey(), true);
         return v == null ? null : v.isJsonPrimitive() ? v.getAsString() : v.toString();
     }
 
@@ -147,11 +147,14 @@ public final class Quota {
      * truthy): false until the annotations are read (ConductorFunction).
      */
     boolean conductor(Map<String, String> ow) {
-        return ConductorFunction.truthy(annotationValue(ow, ConductorFunction.ANNOTATION));
+        return ConductorFunction.truthy(annotationValue(ow, ConductorFunction.ANNOTATION, false));
     }
 
-    /** One annotation of the action, from the read of its annotations; null when absent or not read yet. */
-    private JsonElement annotationValue(Map<String, String> ow, String annotationKey) {
+    /**
+     * One annotation of the action, from the read of its annotations; null when absent or not read
+     * yet. {@code countPending}: count an activation that goes on without it (once per activation: the quota's read).
+     */
+    private JsonElement annotationValue(Map<String, String> ow, String annotationKey, boolean countPending) {
         if (!cfg.annotationLookup() || ow == null) return null;
         String apiHost = ow.getOrDefault("__OW_API_HOST", cfg.apiHost());
         String key = ow.get("__OW_API_KEY"), action = ow.get("__OW_ACTION_NAME");
@@ -166,7 +169,7 @@ public final class Quota {
         // never wait for it: until the lookup has answered, the activation runs with the next
         // source (init env, pod default); the answer serves the following activations
         if (!e.value.isDone()) {
-            metrics.inc("cpuslot_annotation_pending_total", "");
+            if (countPending) metrics.inc("cpuslot_annotation_pending_total", "");
             return null;
         }
         try {
