@@ -75,6 +75,34 @@ class ChainConductorTest {
                 + " caller=0000000000000000000000000000000a").matcher(logs[2]).find(), "the asynchronous hop's start:\n" + logs[2]);
     }
 
+    /**
+     * A hop's record stands where the call was among the caller's own lines; a function calling in
+     * a loop fills only its own log: each record is charged against the activation's log limit,
+     * then dropped, and the log says it was truncated (OpenWhisk's words).
+     */
+    @Test
+    void hopRecordsKeepTheirPlaceAndTheLogLimit() throws Exception {
+        String[] outErr = with("javascript", env("CPUSLOT_ACTIVATION_LOG_BYTES", "4096"), c -> {
+            assertEquals(200, c.init(initPayload("""
+                    function main(a) {
+                      console.log('before');
+                      cpuslot.call('inc', {});
+                      console.log('after');
+                      for (let i = 0; i < 100; i++) cpuslot.call('inc', {});
+                      return { calls: 101 };
+                    }
+                    """, "main", false, null)).code());
+            registerText(c, "inc", "javascript", "function main(a) { return { x: 1 }; }", "&owner=guest");
+            assertEquals(101, run(c, activation("inc", "{}", Map.of())).get("calls").getAsInt());
+        });
+        String log = outErr[0].split(Pattern.quote(SENTINEL), -1)[0];
+        assertTrue(Pattern.compile("before\ncpuslot: activation=[0-9a-f]{32} action=inc status=ok chain=sync [^\n]*\nafter\n")
+                .matcher(log).find(), log);
+        int records = hopLines(log, "sync");
+        assertTrue(records >= 2 && records <= 4096 / 256, records + " records in a 4096-byte log:\n" + log);
+        assertTrue(outErr[1].contains("Logs were truncated"), outErr[1]);
+    }
+
     /** OpenWhisk's example: a Hydra function registered as a conductor runs its components locally, each a hop of its own. */
     @Test
     void aConductorRunsItsComponentsLocally() throws Exception {
