@@ -106,6 +106,52 @@ class ChainBenchmark {
         });
     }
 
+    /**
+     * The hop latency of this build against another build's runtime jar ({@code
+     * -Dchain.bench.baseline.jar=...}, e.g. the commit before a change on the hop's path), side by
+     * side in one run: both runtimes up at once, the same functions, rounds alternating between
+     * them (and which goes first), each round one activation of {@code calls} local calls.
+     */
+    @Test
+    void hopLatencyAgainstAnotherBuild() throws Exception {
+        String baseline = System.getProperty("chain.bench.baseline.jar", "");
+        org.junit.jupiter.api.Assumptions.assumeFalse(baseline.isBlank(), "-Dchain.bench.baseline.jar=<another build's runtime jar>");
+        int rounds = Integer.getInteger("chain.bench.rounds", 10), calls = Integer.getInteger("chain.bench.calls", 200);
+        String jarB64 = Archives.jar(SOURCES);
+        with("java", Map.of(), baseline, b -> with("java", c -> {
+            ActionContainer[] both = {b, c};
+            for (ActionContainer x : both) {
+                Path jar = x.dir.resolve("bench.jar");
+                Files.write(jar, Base64.getDecoder().decode(jarB64));
+                for (String[] f : new String[][]{{"noop", "Noop"}, {"bench", "Bench"}})
+                    assertEquals(200, x.post("/register?name=" + f[0] + "&language=java&entryPoint=example." + f[1] + "&url=" + jar.toUri(), "").code());
+            }
+            List<Long> before = new ArrayList<>(), after = new ArrayList<>();
+            for (int r = -1; r < rounds; r++) { // round -1: warm-up, not counted
+                for (int i = 0; i < 2; i++) {
+                    ActionContainer x = both[(r + i + 2) % 2];
+                    JsonObject a = new JsonObject();
+                    a.addProperty("mode", "local");
+                    a.addProperty("n", calls);
+                    a.addProperty("port", x.port());
+                    JsonObject o = new JsonObject();
+                    o.addProperty("name", "bench");
+                    o.addProperty("arguments", a.toString());
+                    Reply rep = x.post("/", o.toString());
+                    assertEquals(200, rep.code(), String.valueOf(rep.raw()));
+                    if (r < 0) continue;
+                    for (var e : rep.body().getAsJsonObject("result").getAsJsonArray("ns")) (x == b ? before : after).add(e.getAsLong());
+                }
+            }
+            String table = "| runtime | calls | p50 | p99 |\n|---|---|---|---|\n"
+                    + row("baseline (" + Path.of(baseline).getFileName() + ")", before) + row("this build", after)
+                    + String.format("\nratio this build / baseline: p50 %.2fx, p99 %.2fx (%d rounds x %d local calls, alternating)%n",
+                    pct(after, 50) / (double) pct(before, 50), pct(after, 99) / (double) pct(before, 99), rounds, calls);
+            System.out.println(table);
+            Files.writeString(Path.of("target", "chain-benchmark-baseline.md"), table);
+        }));
+    }
+
     /** The pipeline's functions: a stage (fixed compute, optional hold) and a driver that runs N stages in series. */
     static final Map<String, String> PIPELINE = Map.of(
             "example/Stage.java", """

@@ -34,6 +34,8 @@ final class OpenWhiskApiStandIn implements AutoCloseable {
     final String apiKey;
     /** When set, answers every invocation (action name, body): a controller that forwards to a runtime. */
     volatile java.util.function.BiFunction<String, String, Answer> forward;
+    /** The annotations the read of an action answers (a JSON array): none by default. */
+    volatile String annotations = "[]";
     /** When false, requests are not recorded (a benchmark's thousands). */
     volatile boolean recording = true;
     private final HttpServer server;
@@ -46,9 +48,9 @@ final class OpenWhiskApiStandIn implements AutoCloseable {
             String body = new String(ex.getRequestBody().readAllBytes(), StandardCharsets.UTF_8);
             String pq = ex.getRequestURI().getRawPath() + (ex.getRequestURI().getRawQuery() == null ? "" : "?" + ex.getRequestURI().getRawQuery());
             String auth = ex.getRequestHeaders().getFirst("Authorization");
-            if (ex.getRequestMethod().equals("GET")) { // the runtime's read of the caller's annotations: an action without any
+            if (ex.getRequestMethod().equals("GET")) { // the runtime's read of the caller's annotations
                 reads.incrementAndGet();
-                byte[] b = "{\"name\":\"x\",\"annotations\":[]}".getBytes(StandardCharsets.UTF_8);
+                byte[] b = ("{\"name\":\"x\",\"annotations\":" + annotations + "}").getBytes(StandardCharsets.UTF_8);
                 ex.sendResponseHeaders(200, b.length);
                 ex.getResponseBody().write(b);
                 ex.close();

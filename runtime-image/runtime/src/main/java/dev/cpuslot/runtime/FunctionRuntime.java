@@ -169,7 +169,7 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     private FunctionPool pool(Function f) {
-        return new FunctionPool(f, cfg.sandboxesPerFunction(), cfg.workerIdleMs(), slots, metrics, runaways);
+        return new FunctionPool(ConductorFunction.wrap(f, bus, null), cfg.sandboxesPerFunction(), cfg.workerIdleMs(), slots, metrics, runaways);
     }
 
     /**
@@ -189,7 +189,9 @@ public final class FunctionRuntime implements AutoCloseable {
                 throw new IllegalArgumentException(Config.INIT_SANDBOXES_ENV + " is not a number: " + per);
             }
         }
-        return new FunctionPool(f, max, cfg.workerIdleMs(), slots, metrics, runaways);
+        // OpenWhisk: the action's conductor annotation, read as its cpu-quota annotation is
+        return new FunctionPool(ConductorFunction.wrap(f, bus, cfg.annotationLookup() ? quota::conductor : null), max,
+                cfg.workerIdleMs(), slots, metrics, runaways);
     }
 
     private volatile boolean owConcurrent;
@@ -372,6 +374,7 @@ public final class FunctionRuntime implements AutoCloseable {
             Map<String, String> env = new LinkedHashMap<>();
             if (q.containsKey("quota")) env.put(Config.INIT_QUOTA_ENV, q.get("quota"));
             if (q.containsKey("sandbox")) env.put("CPUSLOT_SANDBOX", q.get("sandbox"));
+            if (q.containsKey("conductor")) env.put(ConductorFunction.ENV, q.get("conductor"));
             // steps=a,b,c: a sequence of functions (local first, then the platform's), no code of its own
             Function f = q.containsKey("steps") ? new SequenceFunction(name, LocalBus.parseSteps(q.get("steps")), env, bus)
                     : language.equals("java")
@@ -641,6 +644,7 @@ public final class FunctionRuntime implements AutoCloseable {
      */
     private FunctionPool.Outcome runHop(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
         long t0 = System.nanoTime();
+        ActivationOutput.Capture callerLog = ActivationOutput.current(); // the hop's record goes there
         FunctionPool p = callee.pool();
         Function fn = p.function();
         Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
@@ -692,13 +696,11 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.inc("cpuslot_chain_calls_total", Metrics.labels("function", fn.name(), "mode", mode, "status", status));
         metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", "chain", "function", fn.name(), "status", status));
         metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name())).observe((System.nanoTime() - t0) / 1e9);
-        Log.later("cpuslot: activation=" + hop.activationId + " action=" + hop.function + " status=" + status
-                + " chain=" + mode + " depth=" + hop.depth
-                + (q != null ? " quota=" + q.milli() + "m source=" + q.source() : "")
-                + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + (l.local() ? " local" : "") : "none")
-                + (measured ? " cpu_ms=" + ms(u.cpuNanos()) + " throttled_ms=" + ms(u.throttledNanos()) : "")
-                + (o.error() != null ? " error=" + o.error().replace('\n', ' ') : "")
-                + " duration_ms=" + ms(System.nanoTime() - t0));
+        boolean slot = l != null && l.active();
+        new HopRecord(hop.activationId, hop.function, status, mode, hop.depth, "local", hop.callerId, q != null ? q.milli() : 0,
+                q != null ? q.source() : null, slot ? l.slot() : HopRecord.NONE, slot ? l.outcome() : null, slot && l.local(),
+                measured ? u.cpuNanos() : HopRecord.NONE, measured ? u.throttledNanos() : HopRecord.NONE, System.nanoTime() - t0,
+                o.error()).report(callerLog);
         return o;
     }
 

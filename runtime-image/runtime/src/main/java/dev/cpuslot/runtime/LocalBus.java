@@ -6,6 +6,7 @@ import com.google.gson.JsonParser;
 import dev.cpuslot.chain.Chain;
 import dev.cpuslot.chain.ChainException;
 import dev.cpuslot.chain.ChainException.Kind;
+import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.SlotLease;
 
 import java.util.ArrayList;
@@ -41,6 +42,12 @@ final class LocalBus {
         private long cpuNanos;
         private int count;
         private boolean measured;
+        /**
+         * The chain's conductor accounting (ConductorFunction): component calls and conductor runs
+         * so far, shared by nested compositions as OpenWhisk shares them, so that the limits hold
+         * for the whole chain.
+         */
+        final AtomicInteger components = new AtomicInteger(), conductorRuns = new AtomicInteger();
 
         synchronized void add(String function, long cpuNanos, boolean measured) {
             count++;
@@ -68,6 +75,8 @@ final class LocalBus {
     /** One activation in a chain: its identity, limits and the bus its function calls through. */
     final class Hop implements Chain.Bus {
         final String function, owner, activationId;
+        /** The calling hop's activation id (null: the platform's activation, the chain's first). */
+        final String callerId;
         final int depth;
         final long deadlineNanos;
         final Trace trace;
@@ -77,10 +86,12 @@ final class LocalBus {
         /** The activation's slot lease (set by its worker once acquired; null: none). */
         volatile SlotLease lease;
 
-        Hop(String function, String owner, String activationId, int depth, long deadlineNanos, Trace trace, PlatformPath.Origin origin) {
+        Hop(String function, String owner, String activationId, String callerId, int depth, long deadlineNanos, Trace trace,
+            PlatformPath.Origin origin) {
             this.function = function;
             this.owner = owner == null ? "" : owner;
             this.activationId = activationId;
+            this.callerId = callerId;
             this.depth = depth;
             this.deadlineNanos = deadlineNanos;
             this.trace = trace;
@@ -116,7 +127,7 @@ final class LocalBus {
      * depth its caller's chain sent with it through the platform).
      */
     Hop root(String function, String owner, String activationId, long deadlineNanos, int depth, PlatformPath.Origin origin) {
-        return new Hop(function, owner, activationId, depth, deadlineNanos, new Trace(), origin);
+        return new Hop(function, owner, activationId, null, depth, deadlineNanos, new Trace(), origin);
     }
 
     /** The depth an activation arrived with ({@value PlatformPath#DEPTH_PARAM}, removed from its value): 0 when absent. */
@@ -185,6 +196,11 @@ final class LocalBus {
         }
     }
 
+    /** One component of a conductor's composition (ConductorFunction): a synchronous chain call of its own. */
+    JsonElement component(Hop from, String callee, JsonElement params) {
+        return call(from, callee, params, false, "conductor");
+    }
+
     /** The init env (or /register steps) that declares a function's next steps. */
     static final String STEPS_ENV = "CPUSLOT_CHAIN_STEPS";
 
@@ -224,7 +240,7 @@ final class LocalBus {
             if (deadline - now <= 0) throw new ChainException(Kind.TIMEOUT, name, "no time left before the caller's deadline");
             String id = UUID.randomUUID().toString().replace("-", "");
             if (!async) {
-                Hop hop = new Hop(name, h.owner(), id, depth, deadline, from.trace, from.origin);
+                Hop hop = new Hop(name, h.owner(), id, from.activationId, depth, deadline, from.trace, from.origin);
                 // The caller waits for the callee and uses no CPU meanwhile: its lease sleeps for
                 // exactly the wait, so the agent may lend its quota (docs/lending.md). Nothing
                 // is sent unless the agent announced LEND.
@@ -245,9 +261,9 @@ final class LocalBus {
                 return r.deepCopy();
             }
             // its own trace: the caller's answer may be gone before it ends; its log line and metrics report it
-            Hop hop = new Hop(name, h.owner(), id, depth, deadline, new Trace(), from.origin);
+            Hop hop = new Hop(name, h.owner(), id, from.activationId, depth, deadline, new Trace(), from.origin);
             JsonElement a = args.deepCopy();
-            startAsync(from, name, () -> {
+            startAsync(from, name, HopRecord.started(id, name, depth, "local", from.activationId), () -> {
                 try {
                     host.run(h, a, hop, mode);
                 } catch (RuntimeException | Error e) {
@@ -281,7 +297,7 @@ final class LocalBus {
                 if (slept) mine.wake();
             }
         }
-        startAsync(from, name, () -> {
+        startAsync(from, name, HopRecord.started(null, name, depth, t.kind(), from.activationId), () -> {
             try {
                 remoteHop(from, t, name, a, depth, deadline, true, mode);
             } catch (RuntimeException | Error e) {
@@ -296,13 +312,16 @@ final class LocalBus {
      * calls per activation and per runtime, on the runtime's thread, not the caller's: no
      * inherited activation, not in its thread count.
      */
-    private void startAsync(Hop from, String name, Runnable call) {
+    private void startAsync(Hop from, String name, HopRecord started, Runnable call) {
         if (from.asyncCalls.incrementAndGet() > maxAsync)
             throw new ChainException(Kind.FAN_OUT, name, "more than " + maxAsync + " asynchronous calls from one activation (CPUSLOT_CHAIN_MAX_ASYNC)");
         if (pending.incrementAndGet() > maxPending) {
             pending.decrementAndGet();
             throw new ChainException(Kind.FAN_OUT, name, maxPending + " asynchronous calls are pending in this runtime (CPUSLOT_CHAIN_MAX_PENDING)");
         }
+        // the caller's log has the call (as an OpenWhisk caller has the id of a non-blocking invoke); its end is in the runtime's log
+        ActivationOutput.Capture callerLog = ActivationOutput.current();
+        if (callerLog != null) callerLog.record(started);
         try {
             Thread.ofVirtual().name("chain-async-" + name).inheritInheritableThreadLocals(false).start(() -> {
                 try {
@@ -332,11 +351,10 @@ final class LocalBus {
         } finally {
             if (!async) from.trace.add(name, 0, false);
             metrics.inc("cpuslot_chain_calls_total", Metrics.labels("function", name, "mode", mode, "status", status));
-            Log.later("cpuslot: activation=" + (r != null && r.activationId() != null ? r.activationId() : "-") + " action=" + name
-                    + " status=" + status + " chain=" + mode + " depth=" + depth + " path=" + t.kind()
-                    + " caller=" + from.activationId
-                    + (error != null ? " error=" + error.replace('\n', ' ') : "")
-                    + " duration_ms=" + FunctionRuntime.ms(System.nanoTime() - t0));
+            // the platform keeps its own record of the activation; the caller's log names it (sync: this is the caller's thread)
+            new HopRecord(r != null ? r.activationId() : null, name, status, mode, depth, t.kind(), from.activationId, 0, null,
+                    HopRecord.NONE, null, false, HopRecord.NONE, HopRecord.NONE, System.nanoTime() - t0, error)
+                    .report(async ? null : ActivationOutput.current());
         }
     }
 

@@ -71,17 +71,18 @@ final class Log {
     /** The per-activation line. */
     static void activation(String m) { line(m); }
 
-    /** Lines written by the writer thread, off the caller's path (chain hops' lines). */
-    private static final java.util.concurrent.BlockingQueue<String> LATER = new java.util.concurrent.ArrayBlockingQueue<>(4096);
+    /** Lines written by the writer thread, off the caller's path (chain hops' records, rendered there). */
+    private static final java.util.concurrent.BlockingQueue<Object> LATER = new java.util.concurrent.ArrayBlockingQueue<>(4096);
     private static volatile Thread writer;
 
     /**
      * A per-activation line written off the critical path: queued for the runtime's log writer
-     * thread. A full queue (a writer far behind) writes it here instead: lines are never dropped.
+     * thread, which renders it ({@code m.toString()}: a record's text is made there, not by the
+     * caller). A full queue (a writer far behind) writes it here instead: lines are never dropped.
      */
-    static void later(String m) {
+    static void later(Object m) {
         if (writer == null) startWriter();
-        if (!LATER.offer(m)) line(m);
+        if (!LATER.offer(m)) line(String.valueOf(m));
     }
 
     private static synchronized void startWriter() {
@@ -90,7 +91,7 @@ final class Log {
         writer = Thread.ofPlatform().daemon().name("cpuslot-log-writer").inheritInheritableThreadLocals(false).start(() -> {
             while (true) {
                 try {
-                    line(LATER.take());
+                    line(String.valueOf(LATER.take()));
                 } catch (InterruptedException e) {
                     return;
                 } catch (RuntimeException e) {

@@ -15,7 +15,6 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Base64;
 import java.util.Map;
-import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
@@ -78,7 +77,8 @@ public final class Quota {
     private final Config cfg;
     private final Metrics metrics;
     private final Lazy<HttpClient> http;
-    private record CacheEntry(CompletableFuture<Optional<String>> value, long expiresNanos) {}
+    /** An action's annotations (key to value), read once per action version. */
+    private record CacheEntry(CompletableFuture<Map<String, JsonElement>> value, long expiresNanos) {}
     private final Map<String, CacheEntry> annotations = new ConcurrentHashMap<>();
     static final long NEGATIVE_TTL_NS = TimeUnit.SECONDS.toNanos(30);
 
@@ -136,8 +136,25 @@ public final class Quota {
         return new Resolved(m, source, false);
     }
 
-    /** The action's annotation, cached per action version; null when absent or unknown. */
+    /** The action's quota annotation, cached per action version; null when absent or unknown. */
     String annotation(Map<String, String> ow) {
+        JsonElement v = annotationValue(ow, cfg.annotationKey(), true);
+        return v == null ? null : v.isJsonPrimitive() ? v.getAsString() : v.toString();
+    }
+
+    /**
+     * Whether the action is an OpenWhisk conductor action (its {@code conductor} annotation is
+     * truthy): false until the annotations are read (ConductorFunction).
+     */
+    boolean conductor(Map<String, String> ow) {
+        return ConductorFunction.truthy(annotationValue(ow, ConductorFunction.ANNOTATION, false));
+    }
+
+    /**
+     * One annotation of the action, from the read of its annotations; null when absent or not read
+     * yet. {@code countPending}: count an activation that goes on without it (once per activation: the quota's read).
+     */
+    private JsonElement annotationValue(Map<String, String> ow, String annotationKey, boolean countPending) {
         if (!cfg.annotationLookup() || ow == null) return null;
         String apiHost = ow.getOrDefault("__OW_API_HOST", cfg.apiHost());
         String key = ow.get("__OW_API_KEY"), action = ow.get("__OW_ACTION_NAME");
@@ -152,12 +169,11 @@ public final class Quota {
         // never wait for it: until the lookup has answered, the activation runs with the next
         // source (init env, pod default); the answer serves the following activations
         if (!e.value.isDone()) {
-            metrics.inc("cpuslot_annotation_pending_total", "");
+            if (countPending) metrics.inc("cpuslot_annotation_pending_total", "");
             return null;
         }
         try {
-            Optional<String> v = e.value.getNow(Optional.empty());
-            return v.orElse(null);
+            return e.value.getNow(Map.of()).get(annotationKey);
         } catch (Exception ex) {
             // failed lookups are retried after a while; the invocation falls back to the next source
             if (e.expiresNanos == Long.MAX_VALUE) { // first time this failure is seen
@@ -169,7 +185,7 @@ public final class Quota {
         }
     }
 
-    private CompletableFuture<Optional<String>> fetch(String apiHost, String apiKey, String action) {
+    private CompletableFuture<Map<String, JsonElement>> fetch(String apiHost, String apiKey, String action) {
         String base = apiHost.startsWith("http://") || apiHost.startsWith("https://") ? apiHost : "https://" + apiHost;
         if (base.endsWith("/")) base = base.substring(0, base.length() - 1);
         // action_name is /namespace/[package/]name
@@ -190,13 +206,13 @@ public final class Quota {
             if (r.statusCode() != 200) throw new IllegalStateException("HTTP " + r.statusCode() + " from " + uri);
             JsonObject o = JsonParser.parseString(r.body()).getAsJsonObject();
             JsonArray anns = o.has("annotations") && o.get("annotations").isJsonArray() ? o.getAsJsonArray("annotations") : new JsonArray();
+            Map<String, JsonElement> m = new java.util.HashMap<>();
             for (JsonElement a : anns) {
-                if (a.isJsonObject() && cfg.annotationKey().equals(a.getAsJsonObject().get("key").getAsString())) {
-                    JsonElement v = a.getAsJsonObject().get("value");
-                    return Optional.of(v.isJsonPrimitive() ? v.getAsString() : v.toString());
-                }
+                if (!a.isJsonObject()) continue;
+                JsonElement k = a.getAsJsonObject().get("key"), v = a.getAsJsonObject().get("value");
+                if (k != null && k.isJsonPrimitive() && v != null) m.putIfAbsent(k.getAsString(), v);
             }
-            return Optional.<String>empty();
+            return Map.copyOf(m);
         });
     }
 

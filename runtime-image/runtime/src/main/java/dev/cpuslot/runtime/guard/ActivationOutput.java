@@ -119,6 +119,13 @@ public final class ActivationOutput {
         private PrintStream outStream, errStream;
         private int size;
         private boolean closed, truncated;
+        /** Lines the runtime adds to the stdout (chain hops' records), rendered when the block is written; made on first use. */
+        private java.util.List<Record> records;
+
+        private record Record(int at, Object line) {}
+
+        /** What a record is charged against the activation's limit before it is rendered (its line is about this long). */
+        static final int RECORD_BYTES = 256;
 
         private Capture() {}
 
@@ -148,6 +155,48 @@ public final class ActivationOutput {
         }
 
         /**
+         * Adds a line of the runtime's to the activation's stdout, where it stands among the
+         * function's lines now: {@code line.toString()} is called when the block is written (at
+         * {@link #close}), not now, so adding it costs its caller no formatting. Counted against
+         * the activation's limit as the function's own output is (dropped past it).
+         */
+        public synchronized void record(Object line) {
+            if (closed) {
+                DROPPED.addAndGet(RECORD_BYTES);
+                return;
+            }
+            if (size + RECORD_BYTES > limit) {
+                truncated = true;
+                DROPPED.addAndGet(RECORD_BYTES);
+                return;
+            }
+            size += RECORD_BYTES;
+            if (records == null) records = new java.util.ArrayList<>();
+            records.add(new Record(out.size(), line));
+        }
+
+        /** The stdout block with the records spliced in at their places, each a line of its own. */
+        private static byte[] withRecords(byte[] o, java.util.List<Record> records) {
+            if (records == null) return o;
+            ByteArrayOutputStream b = new ByteArrayOutputStream(o.length + records.size() * 160);
+            int pos = 0;
+            for (Record r : records) {
+                b.write(o, pos, r.at() - pos);
+                pos = r.at();
+                if (pos > 0 && o[pos - 1] != '\n') b.write('\n'); // the function's line so far ends here
+                String line;
+                try {
+                    line = String.valueOf(r.line());
+                } catch (RuntimeException e) {
+                    line = "cpuslot: a record could not be written: " + e;
+                }
+                b.writeBytes((line + "\n").getBytes(StandardCharsets.UTF_8));
+            }
+            b.write(o, pos, o.length - pos);
+            return b.toByteArray();
+        }
+
+        /**
          * Ends the activation's output: its stdout and stderr go to the process's streams, each
          * as one block, then (with {@code sentinels}) OpenWhisk's sentinel on each; what its
          * threads print later is dropped. Once; later calls do nothing.
@@ -155,13 +204,17 @@ public final class ActivationOutput {
         public void close(boolean sentinels) {
             byte[] o, e;
             String extra;
+            java.util.List<Record> recs;
             synchronized (this) {
                 if (closed) return;
                 closed = true;
                 o = out.toByteArray();
                 e = err.toByteArray();
+                recs = records;
+                records = null;
                 extra = truncated ? String.format(Locale.ROOT, TRUNCATED, limit) : null;
             }
+            o = withRecords(o, recs);
             synchronized (LOCK) {
                 try {
                     emit(realOut, o, null, sentinels);
