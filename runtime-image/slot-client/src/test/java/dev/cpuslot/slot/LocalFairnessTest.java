@@ -2,7 +2,6 @@ package dev.cpuslot.slot;
 
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
-import org.junit.jupiter.api.Disabled;
 import org.junit.jupiter.api.Test;
 
 import java.io.IOException;
@@ -67,8 +66,6 @@ class LocalFairnessTest {
         throw new AssertionError("unexpected " + m);
     }
 
-    @Disabled("the Java client does not serve waiting threads in turn yet: a thread without an entry waits at the agent "
-            + "for its whole acquire budget while the holders re-claim theirs (docs/lending.md, local leasing's queue tails)")
     @Test
     void everyThreadOfAClosedLoopCompletesItsShareWhenTheBudgetHoldsFewerSlotsThanThreads() throws Exception {
         int threads = 3;
