@@ -16,7 +16,9 @@ import java.util.concurrent.locks.LockSupport;
  * of its quota with one compare-and-swap (the entry its thread used last first: then the thread
  * already sits in the slot and nothing is written), places itself with one write when it must,
  * and gives the entry back with one store. Only a miss (no free entry of the quota) asks the
- * agent: ACQUIRE with HOLD, publish, place.
+ * agent: ACQUIRE with HOLD, publish, place. Threads that miss wait in turn: an entry given back
+ * goes to the first of them before anyone claims it again, and so does a HOLD lease granted
+ * meanwhile (spec: "Local leasing", waiting in turn).
  *
  * <p>Off the invocation path, one background thread sends what invocations used as USAGE (at most
  * once a second, or early at 8 keys), releases entries idle for longer than the idle time, and
