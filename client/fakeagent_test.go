@@ -62,6 +62,10 @@ type fakeAgent struct {
 	// HELLO_OK.
 	budget    uint32
 	sayBudget bool
+	// queue makes an over-budget HOLD or ACQUIRE wait (admission policy
+	// queue) until it fits or its wait_us passes (TIMEOUT), instead of
+	// REJECTED.
+	queue bool
 	// held answers HELD (and says so in HELLO_OK): the budget, the leased
 	// quota above it as what to give back, and each HOLD lease with its
 	// quota (granted overrides it) and degraded flag.
@@ -294,6 +298,23 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			used := m.QuotaMilli
 			for _, id := range f.leases {
 				used += f.slots[id].quota
+			}
+			if used > f.budget && f.queue && m.WaitUS > 0 {
+				// Poll under the lock's release: RELEASEs on other
+				// connections free the budget.
+				for deadline := time.Now().Add(time.Duration(m.WaitUS) * time.Microsecond); used > f.budget; {
+					if time.Now().After(deadline) {
+						f.requests["timeout"]++
+						return &slotv1.Error{Code: slotv1.CodeTimeout, Message: "queued too long"}, nil
+					}
+					f.mu.Unlock()
+					time.Sleep(200 * time.Microsecond)
+					f.mu.Lock()
+					used = m.QuotaMilli
+					for _, id := range f.leases {
+						used += f.slots[id].quota
+					}
+				}
 			}
 			if used > f.budget {
 				f.requests["rejected"]++

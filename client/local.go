@@ -11,8 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -45,6 +47,15 @@ type local struct {
 	// never from the table, which the process's own code may scribble on.
 	own map[int]*ownEntry
 
+	// qmu guards queue and asking: the threads waiting for an entry, in
+	// arrival order, and the quotas a HOLD request is on its way for (one
+	// at a time per quota). waiting counts queue: the fast path reads it
+	// alone.
+	qmu     sync.Mutex
+	queue   []*waiter
+	asking  map[uint32]bool
+	waiting atomic.Int32
+
 	usageMu sync.Mutex
 	usage   map[usageKey]*slotv1.UsageRecord
 	flushMu sync.Mutex // one flush at a time: Close's waits for the ticker's
@@ -58,13 +69,33 @@ type ownEntry struct {
 	gone  bool // the agent refused it after a reconnect
 }
 
+// waiter is a thread waiting for an entry of quota. Entries freed while
+// threads wait go to them in arrival order before any thread claims one
+// again, and so do HOLD leases the agent grants meanwhile: one queue for
+// both, so that a thread holding an entry in a closed loop cannot keep it
+// from a thread that waits.
+type waiter struct {
+	tid   int
+	quota uint32
+	got   chan served // buffered: whoever serves never blocks
+}
+
+// served is what a waiter gets: an entry claimed for it (ok set when the
+// agent granted it just now), or the agent's refusal of its own request.
+type served struct {
+	cl  slotv1.Claim
+	ok  *slotv1.AcquireOK
+	err error
+}
+
 type usageKey struct {
 	action  string
 	outcome slotv1.ReleaseOutcome
 }
 
 func newLocal(c *Client) (*local, error) {
-	lc := &local{c: c, idle: c.opts.LocalIdle, own: map[int]*ownEntry{}, usage: map[usageKey]*slotv1.UsageRecord{}, kick: make(chan struct{}, 1)}
+	lc := &local{c: c, idle: c.opts.LocalIdle, own: map[int]*ownEntry{}, usage: map[usageKey]*slotv1.UsageRecord{}, kick: make(chan struct{}, 1),
+		asking: map[uint32]bool{}}
 	if lc.idle <= 0 {
 		lc.idle = defaultLocalIdle
 	}
@@ -104,7 +135,9 @@ func monotonicNow() uint64 { return uint64(monoBase + int64(time.Since(monoStart
 
 // acquire places the calling thread in a held slot of quotaMilli: the entry
 // it used last (no write when it still sits there), else any free entry
-// (one write), else a new HOLD lease (a round trip).
+// (one write), else it waits in the local queue for an entry another
+// thread releases or a new HOLD lease (a round trip). While threads wait,
+// newcomers queue behind them.
 func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, error) {
 	if err := slotv1.CheckString(action); err != nil {
 		return nil, fmt.Errorf("cpuslot: action: %w", err)
@@ -117,19 +150,59 @@ func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, err
 	if !hasLast {
 		last = -1
 	}
-	now := monotonicNow()
-	// (1) The thread's last entry.
-	if hasLast && t.Match(last, quotaMilli) {
-		if cl, r := t.Claim(last, uint32(tid), quotaMilli, now); r == slotv1.Claimed {
-			if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeAffinityHit); err == nil {
+	if lc.waiting.Load() == 0 {
+		now := monotonicNow()
+		// (1) The thread's last entry.
+		if hasLast && t.Match(last, quotaMilli) {
+			if cl, r := t.Claim(last, uint32(tid), quotaMilli, now); r == slotv1.Claimed {
+				if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeAffinityHit); err == nil {
+					return l, nil
+				}
+			}
+		}
+		// (2) Any free entry of the quota.
+		if cl, ok := lc.claimFree(tid, quotaMilli); ok {
+			if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeCacheHit); err == nil {
 				return l, nil
 			}
 		}
 	}
-	// (2) Any free entry of the quota, starting at a place of the thread's
-	// own so that threads do not all race for the first one.
+	// (3) Wait in turn.
+	if !c.localOn.Load() {
+		return nil, errNoLocal
+	}
+	for {
+		s := lc.wait(tid, quotaMilli)
+		if s.err != nil {
+			return nil, s.err
+		}
+		if s.ok == nil {
+			l, err := lc.use(tid, s.cl, cur, last, action, slotv1.OutcomeCacheHit)
+			if err == nil {
+				return l, nil
+			}
+			continue // given back as not usable: wait again
+		}
+		l, err := lc.use(tid, s.cl, 0, -1, action, s.ok.Outcome)
+		if err != nil {
+			return nil, fmt.Errorf("cpuslot: placing thread in slot %d: %w", s.ok.Slot, err)
+		}
+		l.Queued = s.ok.Flags&slotv1.AcquiredQueued != 0
+		if s.ok.Place == slotv1.PlaceNone {
+			l.Outcome = s.ok.Outcome
+		}
+		return l, nil
+	}
+}
+
+// claimFree claims any free entry of quotaMilli for thread tid, starting at
+// a place of the thread's own so that threads do not all race for the
+// first one.
+func (lc *local) claimFree(tid int, quotaMilli uint32) (slotv1.Claim, bool) {
+	t := lc.t
 	n := t.Cap()
 	from := tid % n
+	now := monotonicNow()
 	for k := 0; k < n; k++ {
 		i := from + k
 		if i >= n {
@@ -138,19 +211,159 @@ func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, err
 		if !t.Match(i, quotaMilli) {
 			continue
 		}
-		cl, r := t.Claim(i, uint32(tid), quotaMilli, now)
-		if r != slotv1.Claimed {
+		if cl, r := t.Claim(i, uint32(tid), quotaMilli, now); r == slotv1.Claimed {
+			return cl, true
+		}
+	}
+	return slotv1.Claim{}, false
+}
+
+// claimOwn claims a free entry of quotaMilli this process published for
+// thread tid.
+func (lc *local) claimOwn(tid int, quotaMilli uint32) (slotv1.Claim, bool) {
+	now := monotonicNow()
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	for i, o := range lc.own {
+		if o.gone || !lc.t.Match(i, quotaMilli) {
 			continue
 		}
-		if l, err := lc.use(tid, cl, cur, last, action, slotv1.OutcomeCacheHit); err == nil {
-			return l, nil
+		if cl, r := lc.t.Claim(i, uint32(tid), quotaMilli, now); r == slotv1.Claimed {
+			return cl, true
 		}
 	}
-	// (3) A miss: ask the agent for a HOLD lease.
-	if !c.localOn.Load() {
-		return nil, errNoLocal
+	return slotv1.Claim{}, false
+}
+
+// wait queues the calling thread for an entry of quotaMilli and blocks
+// until it is served. Unless a HOLD request for the quota is on its way
+// already, it sends one, whose grant goes to the first thread waiting for
+// the quota and whose refusal to this thread.
+func (lc *local) wait(tid int, quotaMilli uint32) served {
+	w := &waiter{tid: tid, quota: quotaMilli, got: make(chan served, 1)}
+	lc.qmu.Lock()
+	lc.queue = append(lc.queue, w)
+	lc.waiting.Add(1)
+	lc.serveLocked()
+	ask := lc.queuedLocked(w) && !lc.asking[quotaMilli]
+	if ask {
+		lc.asking[quotaMilli] = true
 	}
-	return lc.miss(tid, quotaMilli, action)
+	lc.qmu.Unlock()
+	if ask {
+		go lc.ask(w)
+	}
+	return <-w.got
+}
+
+// serveWaiters hands free entries to waiting threads; one atomic load when
+// none waits (the release path).
+func (lc *local) serveWaiters() {
+	if lc.waiting.Load() == 0 {
+		return
+	}
+	lc.qmu.Lock()
+	lc.serveLocked()
+	lc.qmu.Unlock()
+}
+
+// serveLocked claims free entries of the process's own for waiting
+// threads, first come first served (an entry of another process sharing
+// the table has no fds here). The caller holds qmu.
+func (lc *local) serveLocked() {
+	for k := 0; k < len(lc.queue); {
+		w := lc.queue[k]
+		if cl, ok := lc.claimOwn(w.tid, w.quota); ok {
+			lc.dequeueLocked(k)
+			w.got <- served{cl: cl}
+			continue
+		}
+		k++
+	}
+}
+
+func (lc *local) dequeueLocked(k int) {
+	lc.queue = append(lc.queue[:k], lc.queue[k+1:]...)
+	lc.waiting.Add(-1)
+}
+
+func (lc *local) queuedLocked(w *waiter) bool {
+	for _, q := range lc.queue {
+		if q == w {
+			return true
+		}
+	}
+	return false
+}
+
+// firstLocked removes and returns the first thread waiting for quota (nil:
+// none). The caller holds qmu.
+func (lc *local) firstLocked(quota uint32) *waiter {
+	for k, w := range lc.queue {
+		if w.quota == quota {
+			lc.dequeueLocked(k)
+			return w
+		}
+	}
+	return nil
+}
+
+// ask sends HOLD requests for asker's quota until no thread waits for it:
+// a grant is published, claimed for the first thread waiting for the quota
+// (free if none waits any more); a refusal goes to the thread the request
+// was sent for, if it still waits (the others wait on, for entries and the
+// next request).
+func (lc *local) ask(asker *waiter) {
+	quota := asker.quota
+	for {
+		ok, stale, err := lc.miss(quota)
+		lc.qmu.Lock()
+		var w *waiter
+		var cl slotv1.Claim
+		if err == nil {
+			var holder uint32
+			if w = lc.firstLocked(quota); w != nil {
+				holder = uint32(w.tid)
+			}
+			if cl, err = lc.publish(ok, quota, holder); err != nil && w == nil && lc.queuedLocked(asker) {
+				// Nobody to give the error to but the asker.
+				w = asker
+				lc.dequeueLocked(slices.Index(lc.queue, asker))
+			}
+		} else if lc.queuedLocked(asker) {
+			w = asker
+			lc.dequeueLocked(slices.Index(lc.queue, asker))
+		}
+		lc.qmu.Unlock()
+		if err == nil && stale {
+			// A reconnect re-declared held entries while this grant was on
+			// its way: declare it too (it is the old agent's lease).
+			lc.reclaim(cl.Index)
+		}
+		if w != nil {
+			if err != nil {
+				w.got <- served{err: err}
+			} else {
+				w.got <- served{cl: cl, ok: ok}
+			}
+		}
+		lc.qmu.Lock()
+		lc.serveLocked()
+		next := -1
+		for k, q := range lc.queue {
+			if q.quota == quota {
+				next = k
+				break
+			}
+		}
+		if next < 0 {
+			delete(lc.asking, quota)
+			lc.qmu.Unlock()
+			return
+		}
+		asker = lc.queue[next]
+		lc.qmu.Unlock()
+	}
 }
 
 // errNotUsable means a claimed entry could not be used (its slot has no fds
@@ -197,9 +410,9 @@ func (lc *local) use(tid int, cl slotv1.Claim, cur uint32, last int, action stri
 	return l, nil
 }
 
-// miss leases a new slot to the process and publishes it, held by the
-// calling thread.
-func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error) {
+// miss asks the agent for a HOLD lease of quotaMilli. stale: a reconnect
+// happened while it was on its way.
+func (lc *local) miss(quotaMilli uint32) (ok *slotv1.AcquireOK, stale bool, err error) {
 	c := lc.c
 	req := &slotv1.Acquire{QuotaMilli: quotaMilli, Flags: slotv1.AcquireHold, WaitUS: uint32(min(c.opts.Wait.Microseconds(), 1<<32-1))}
 	// Idle held slots hold budget: give back what the new one would not
@@ -212,47 +425,40 @@ func (lc *local) miss(tid int, quotaMilli uint32, action string) (*Lease, error)
 		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	var stale bool
-	ok, err := c.grant(resp, fds, func(*slotv1.AcquireOK) { stale = gen != c.gen })
-	if err != nil {
-		return nil, err
-	}
+	ok, err = c.grant(resp, fds, func(*slotv1.AcquireOK) { stale = gen != c.gen })
+	return ok, stale, err
+}
+
+// publish writes a granted HOLD lease (asked for quotaMilli) into the
+// table, claimed by holder (0: free). On a full table the lease goes back.
+func (lc *local) publish(ok *slotv1.AcquireOK, quotaMilli, holder uint32) (slotv1.Claim, error) {
 	var flags uint32
 	if ok.Flags&slotv1.AcquiredDegraded != 0 {
 		flags |= slotv1.EntryDegraded
 	}
 	lc.mu.Lock()
 	cl, err := lc.t.Publish(slotv1.Entry{Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, PeriodUS: ok.PeriodUS, Flags: flags, Lease: ok.Lease, AskedMilli: quotaMilli},
-		uint32(tid), monotonicNow())
+		holder, monotonicNow())
+	var scribbled uint64
 	if err == nil {
 		if old := lc.own[cl.Index]; old != nil && !old.gone {
 			// Our entry was scribbled empty: its lease is still ours.
-			defer lc.sendRelease(old.lease)
+			scribbled = old.lease
 		}
 		lc.own[cl.Index] = &ownEntry{slot: ok.Slot, quota: ok.QuotaMilli, lease: ok.Lease}
 	}
 	lc.mu.Unlock()
+	if scribbled != 0 {
+		lc.sendRelease(scribbled)
+	}
 	if err != nil {
-		// The table is full: give the lease back and lease for this thread.
+		// The table is full: give the lease back (the thread leases for
+		// itself).
 		lc.sendRelease(ok.Lease)
-		return nil, err
 	}
-	if stale {
-		// A reconnect re-declared held entries while this grant was on its
-		// way: declare it too (it is the old agent's lease).
-		lc.reclaim(cl.Index)
-	}
-	l, err := lc.use(tid, cl, 0, -1, action, ok.Outcome)
-	if err != nil {
-		return nil, fmt.Errorf("cpuslot: placing thread in slot %d: %w", ok.Slot, err)
-	}
-	l.Queued = ok.Flags&slotv1.AcquiredQueued != 0
-	if ok.Place == slotv1.PlaceNone {
-		l.Outcome = ok.Outcome
-	}
-	return l, nil
+	return cl, err
 }
 
 // makeRoom empties free held entries, least recently used first, and
@@ -359,6 +565,7 @@ func (lc *local) release(l *Lease, outcome slotv1.ReleaseOutcome) (Usage, error)
 		err = errors.New("cpuslot: slot counters unreadable; usage unknown")
 	}
 	lc.t.Release(l.claim, monotonicNow())
+	lc.serveWaiters()
 	return u, err
 }
 
@@ -406,6 +613,7 @@ func (lc *local) run() {
 			lc.flush()
 			lc.c.checkAgent()
 			lc.freeDead(monotonicNow())
+			lc.serveWaiters()
 			lc.held()
 		case <-sweep.C:
 			lc.dropIdle(monotonicNow())

@@ -16,7 +16,9 @@ import java.util.concurrent.locks.LockSupport;
  * of its quota with one compare-and-swap (the entry its thread used last first: then the thread
  * already sits in the slot and nothing is written), places itself with one write when it must,
  * and gives the entry back with one store. Only a miss (no free entry of the quota) asks the
- * agent: ACQUIRE with HOLD, publish, place.
+ * agent: ACQUIRE with HOLD, publish, place. Threads that miss wait in turn: an entry given back
+ * goes to the first of them before anyone claims it again, and so does a HOLD lease granted
+ * meanwhile (spec: "Local leasing", waiting in turn).
  *
  * <p>Off the invocation path, one background thread sends what invocations used as USAGE (at most
  * once a second, or early at 8 keys), releases entries idle for longer than the idle time, and
@@ -143,6 +145,8 @@ final class LocalLeases {
         long[] current = leases.currentSlotCell();
         // (1) the entry the thread used last: it already sits in that slot, nothing to write
         int i = last[0];
+        // while threads wait in turn, a newcomer queues behind them (not even its own last entry)
+        if (waiting.get() > 0) return inTurn(quotaMilli, act, inv, tid, current, last);
         // look before claiming: a claim that finds another quota gives the entry back stamping
         // idle_since, which would keep an entry this thread no longer uses from ever idling out
         if (i >= 0 && table.asked(i) == quotaMilli && table.slot(i) != 0) {
@@ -163,8 +167,160 @@ final class LocalLeases {
             SlotLease l = place(c.index(), c.state(), act, inv, quotaMilli, tid, current, last);
             if (l != null) return l;
         }
-        // (3) a miss: a new HOLD lease from the agent
-        return miss(quotaMilli, act, inv, tid, current, last);
+        // (3) a miss: wait in turn for an entry another thread gives back or a new HOLD lease
+        return inTurn(quotaMilli, act, inv, tid, current, last);
+    }
+
+    // ---- waiting in turn (spec: "Local leasing", waiting in turn) ----------------------------
+
+    /** A thread waiting for an entry of its quota. Fields guarded by {@link #queue}. */
+    private static final class Waiter {
+        final int tid;
+        final long quota;
+        final Thread thread;
+        SlotTable.Claimed got; // an entry given back by another thread, claimed for this one
+        Asked asked;           // the agent's answer: a grant for the first waiter, or a refusal
+        boolean done;
+
+        Waiter(int tid, long quota, Thread thread) { this.tid = tid; this.quota = quota; this.thread = thread; }
+    }
+
+    /** A HOLD request's outcome: a grant (ok set), a refusal (reason set), or neither: the per-invocation path. */
+    private record Asked(Connection conn, Protocol.AcquireOk ok, int[] fds, String reason, String detail) {}
+
+    /** Waiting threads in arrival order; guards the quotas a HOLD request is on its way for. */
+    private final ArrayList<Waiter> queue = new ArrayList<>();
+    private final java.util.HashSet<Long> asking = new java.util.HashSet<>();
+    private final java.util.concurrent.atomic.AtomicInteger waiting = new java.util.concurrent.atomic.AtomicInteger();
+
+    /**
+     * Queues the thread, sends a HOLD request for its quota unless one is on its way, and waits
+     * within the acquire budget for an entry given back or a grant, whichever comes first.
+     */
+    private SlotLease inTurn(long quota, String act, String inv, int tid, long[] current, int[] last) {
+        long deadline = System.nanoTime() + budgetNs;
+        while (true) {
+            Waiter w = new Waiter(tid, quota, Thread.currentThread());
+            boolean ask;
+            synchronized (queue) {
+                queue.add(w);
+                waiting.incrementAndGet();
+                serveLocked();
+                ask = !w.done && asking.add(quota);
+            }
+            if (ask) Thread.ofPlatform().daemon().name("cpuslot-hold").start(() -> ask(w));
+            while (true) {
+                synchronized (queue) {
+                    if (w.done) break;
+                    if (System.nanoTime() >= deadline) {
+                        dequeueLocked(w);
+                        return leases.noSlot(act, inv, quota, tid, "budget", "waited in turn for a held slot");
+                    }
+                }
+                LockSupport.parkNanos(this, deadline - System.nanoTime());
+            }
+            if (w.got != null) {
+                SlotLease l = place(w.got.index(), w.got.state(), act, inv, quota, tid, current, last);
+                if (l != null) return l;
+                continue; // the entry was not usable (marked GONE): wait again
+            }
+            Asked a = w.asked;
+            if (a.ok() != null) return granted(a.conn(), a.ok(), a.fds(), quota, act, inv, tid, current, last);
+            if (a.reason() == null) return null;
+            return leases.noSlot(act, inv, quota, tid, a.reason(), a.detail());
+        }
+    }
+
+    /** Hands free entries of the process's own to waiting threads, first come first served. */
+    private void serveWaiters() {
+        if (waiting.get() == 0) return;
+        synchronized (queue) { serveLocked(); }
+    }
+
+    private void serveLocked() {
+        for (int k = 0; k < queue.size(); ) {
+            Waiter w = queue.get(k);
+            SlotTable.Claimed c = claimOwn(w.quota, w.tid);
+            if (c == null) { k++; continue; }
+            w.got = c;
+            finishLocked(w);
+        }
+    }
+
+    /** A free entry of quota that this process published, claimed for tid; null when none. */
+    private SlotTable.Claimed claimOwn(long quota, int tid) {
+        long now = System.nanoTime();
+        for (int i = 0; i < table.used(); i++) {
+            if (held.get(i) == null || table.asked(i) != quota || table.slot(i) == 0) continue;
+            long st = table.claim(i, tid, quota, now);
+            if (st != 0) return new SlotTable.Claimed(i, st);
+        }
+        return null;
+    }
+
+    private void dequeueLocked(Waiter w) {
+        if (queue.remove(w)) waiting.decrementAndGet();
+    }
+
+    private void finishLocked(Waiter w) {
+        dequeueLocked(w);
+        w.done = true;
+        LockSupport.unpark(w.thread);
+    }
+
+    /**
+     * Sends HOLD requests for the asker's quota until no thread waits for it: a grant goes to the
+     * first thread waiting for the quota (published free if none waits any more), a refusal to
+     * the thread the request was sent for, if it still waits.
+     */
+    private void ask(Waiter asker) {
+        long quota = asker.quota;
+        while (true) {
+            Asked a = hold(quota);
+            Waiter to = null;
+            synchronized (queue) {
+                if (a.ok() != null) {
+                    for (Waiter w : queue) if (w.quota == quota) { to = w; break; }
+                } else if (queue.contains(asker)) {
+                    to = asker;
+                }
+                if (to != null) {
+                    to.asked = a;
+                    finishLocked(to);
+                }
+            }
+            if (to == null && a.ok() != null) publishFree(a, quota);
+            synchronized (queue) {
+                serveLocked();
+                asker = null;
+                for (Waiter w : queue) if (w.quota == quota) { asker = w; break; }
+                if (asker == null) {
+                    asking.remove(quota);
+                    return;
+                }
+            }
+        }
+    }
+
+    /** A grant no thread waits for any more: a free entry for the next invocation. */
+    private void publishFree(Asked a, long quota) {
+        Protocol.AcquireOk ok = a.ok();
+        if (!fds.keep(ok, a.fds(), a.conn().hello)) {
+            releaseHold(ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            return;
+        }
+        int flags = (ok.flags() & Protocol.ACQ_FLAG_DEGRADED) != 0 ? SlotTable.FLAG_DEGRADED : 0;
+        SlotTable.Claimed e = table.publish(Native.gettid(), ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota,
+                System.nanoTime());
+        if (e == null) {
+            releaseHold(ok.lease(), ReleaseOutcome.OK);
+            return;
+        }
+        held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), a.conn()));
+        reclaim.set(e.index(), null);
+        lastEnd.set(e.index(), null);
+        if (!transport.isAlive(a.conn())) reclaim.set(e.index(), Boolean.TRUE);
+        table.release(e.index(), e.state(), System.nanoTime());
     }
 
     /** The thread claimed entry i (state s) and must move into its slot: one write. */
@@ -203,8 +359,8 @@ final class LocalLeases {
         return l;
     }
 
-    /** ACQUIRE with HOLD, publish, place; within the acquire budget. */
-    private SlotLease miss(long quota, String act, String inv, int tid, long[] current, int[] last) {
+    /** ACQUIRE with HOLD within the acquire budget, off the waiting threads. */
+    private Asked hold(long quota) {
         count("local.miss");
         long deadline = System.nanoTime() + budgetNs;
         String reason = "budget", detail = null;
@@ -213,19 +369,19 @@ final class LocalLeases {
             try {
                 c = transport.borrow(deadline, true);
             } catch (TimeoutException e) {
-                return leases.noSlot(act, inv, quota, tid, "budget", "no connection within budget");
+                return new Asked(null, null, null, "budget", "no connection within budget");
             } catch (IOException e) {
-                return leases.noSlot(act, inv, quota, tid, "unreachable", e.getMessage());
+                return new Asked(null, null, null, "unreachable", e.getMessage());
             }
             if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
                 transport.giveBack(c); // an agent without HOLD leases: the per-invocation path
                 count("local.refused");
-                return null;
+                return new Asked(null, null, null, null, null);
             }
             long remUs = (deadline - System.nanoTime()) / 1000;
             if (remUs <= 0) {
                 transport.giveBack(c);
-                return leases.noSlot(act, inv, quota, tid, "budget", null);
+                return new Asked(null, null, null, "budget", null);
             }
             long waitUs = Math.max(1, remUs - Math.min(1000, remUs / 10));
             Transport.Reply r;
@@ -233,27 +389,27 @@ final class LocalLeases {
                 r = transport.call(c, new Protocol.Acquire(quota, waitUs, 0, Protocol.ACQUIRE_HOLD, 0, "", ""), deadline);
             } catch (TimeoutException e) {
                 recovery.drain(c); // a late grant is released
-                return leases.noSlot(act, inv, quota, tid, "budget", "no answer within budget");
+                return new Asked(null, null, null, "budget", "no answer within budget");
             } catch (IOException | Protocol.ProtocolException e) {
                 transport.kill(c, e.getMessage());
                 reason = "unreachable";
                 detail = e.getMessage();
                 if (System.nanoTime() < deadline) continue;
-                return leases.noSlot(act, inv, quota, tid, reason, detail);
+                return new Asked(null, null, null, reason, detail);
             }
             if (r.message() instanceof Protocol.AcquireOk ok) {
                 transport.giveBack(c);
-                return granted(c, ok, r.fds(), quota, act, inv, tid, current, last);
+                return new Asked(c, ok, r.fds(), null, null);
             }
             fds.discard(r.fds());
             if (r.message() instanceof Protocol.Error e) {
                 reason = Protocol.errorName(e.code());
                 detail = e.message();
                 if (Leases.retryAfter(transport, c, e, deadline)) continue;
-                return leases.noSlot(act, inv, quota, tid, reason, detail);
+                return new Asked(null, null, null, reason, detail);
             }
             transport.kill(c, "unexpected " + Protocol.typeName(r.frame().type()));
-            return leases.noSlot(act, inv, quota, tid, "protocol", "unexpected " + Protocol.typeName(r.frame().type()));
+            return new Asked(null, null, null, "protocol", "unexpected " + Protocol.typeName(r.frame().type()));
         }
     }
 
@@ -330,6 +486,7 @@ final class LocalLeases {
             Usage u = end != null && l.start != null ? end.since(l.start) : Usage.NONE;
             lastEnd.set(l.entry, end);
             table.release(l.entry, l.claim, System.nanoTime());
+            serveWaiters();
             releases.increment();
             if (reports.add(l.action, outcome, u)) wake();
             return u;
@@ -433,6 +590,7 @@ final class LocalLeases {
         reclaimOnce();
         reportOnce(now, false);
         freeDead(now);
+        serveWaiters();
         heldOnce(now);
         dropIdle(now);
     }

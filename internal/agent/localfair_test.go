@@ -1,0 +1,92 @@
+package agent_test
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
+	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
+	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+)
+
+// TestLocalClientWaitersServedInTurn: more threads than the container's
+// budget admits slots, in a closed loop, through local leasing (the
+// client's default) against the real agent (admission policy queue). The
+// process's held slots are the whole budget, so a thread without an entry
+// is served only by entries the others release: every thread must complete
+// a share of the invocations, each in its slot, none refused.
+func TestLocalClientWaitersServedInTurn(t *testing.T) {
+	for _, threads := range []int{3, 5} {
+		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
+			e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "500m"; c.Admission.Policy = "queue" })
+			e.Start()
+			cgrouptest.JoinProcess(t, e.H, e.Rel)
+			c, err := client.Dial(e.Socket, client.Options{Wait: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.Hello().Flags&slotv1.HelloOKLocal == 0 {
+				t.Fatalf("the agent did not grant LOCAL: %+v", c.Hello())
+			}
+			total := int64(300 * threads) // long against one slow cgroup move on v1 (tens of ms)
+			done := make([]atomic.Int64, threads)
+			failed := make([]atomic.Int64, threads)
+			var sum, outside atomic.Int64
+			var firstErr atomic.Value
+			var wg sync.WaitGroup
+			for w := 0; w < threads; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					runtime.LockOSThread() // never unlocked: the thread ends in a slot
+					for sum.Load() < total {
+						l, err := c.Acquire(250, "guest/fair", "")
+						if err != nil {
+							failed[w].Add(1)
+							firstErr.CompareAndSwap(nil, err)
+							continue
+						}
+						if !l.Local || !inSlot(e.H, e.Rel, l.Slot) {
+							outside.Add(1)
+						}
+						for i := 0; i < 20000; i++ { // a little CPU in the slot
+							_ = i * i
+						}
+						if _, err := l.Release(slotv1.InvocationOK); err != nil {
+							firstErr.CompareAndSwap(nil, err)
+						}
+						done[w].Add(1)
+						sum.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			var counts, fails []int64
+			for w := range done {
+				counts = append(counts, done[w].Load())
+				fails = append(fails, failed[w].Load())
+			}
+			if err, _ := firstErr.Load().(error); err != nil {
+				t.Logf("first error: %v", err)
+			}
+			t.Logf("completed %v, failed %v", counts, fails)
+			if outside.Load() != 0 {
+				t.Errorf("%d invocations not local or not in their slot", outside.Load())
+			}
+			fair := sum.Load() / int64(threads)
+			for w := range counts {
+				if counts[w]*4 < fair || fails[w] != 0 {
+					t.Fatalf("thread %d completed %d invocations (an equal share is %d) and failed %d; all: completed %v failed %v",
+						w, counts[w], fair, fails[w], counts, fails)
+				}
+			}
+		})
+	}
+}

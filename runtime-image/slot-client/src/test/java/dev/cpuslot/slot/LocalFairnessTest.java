@@ -1,0 +1,102 @@
+package dev.cpuslot.slot;
+
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicLongArray;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/**
+ * Local leasing under a full budget (spec: "Local leasing", waiting in turn): more threads than
+ * the budget admits held slots, in a closed loop. The fake agent grants two HOLD leases and
+ * queues any further one for its wait, then answers TIMEOUT (admission policy queue with the
+ * process's own held slots filling the budget).
+ */
+class LocalFairnessTest {
+    static final long S = 1_000_000_000L;
+
+    final Counters counters = new Counters();
+    final FakeTransport transport = new FakeTransport();
+    final FakeFds ops = new FakeFds();
+    final FdCache fds = new FdCache(ops, counters);
+    final Recovery recovery = new Recovery(transport, fds, counters, S, S, S);
+    final Leases leases = new Leases(transport, fds, recovery, counters, S, S, 0, false, true);
+    SlotTable table;
+    LocalLeases local;
+    long nextLease = 100, nextSlot = 1;
+
+    @BeforeEach
+    void setUp() throws Exception {
+        assertTrue(Native.available(), "acquire reads the thread's kernel tid: " + Native.loadError());
+        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL, 1, 1, "fake", 0, List.of());
+        transport.script = this::agent;
+        table = SlotTable.create(8);
+        local = new LocalLeases(transport, fds, recovery, leases, counters, table, S, S, 30 * S, S, false);
+    }
+
+    @AfterEach
+    void tearDown() { Native.close(table.fd()); }
+
+    Object agent(Protocol.Message m) throws IOException {
+        if (m instanceof Protocol.Acquire a) {
+            synchronized (this) {
+                if (nextSlot <= 2) {
+                    long slot = nextSlot++;
+                    int[] f = {(int) slot * 10, (int) slot * 10 + 1};
+                    ops.counters.put(f[1], new SlotCounters(0, 0, 0, 0));
+                    var ok = new Protocol.AcquireOk(++nextLease, slot, a.quotaMilli(), 100_000, Protocol.OUTCOME_CACHE_HIT, 0,
+                            Protocol.PLACE_SELF, 2);
+                    return new Transport.Reply(new Protocol.Frame(1, ok.type(), 1, ok), f);
+                }
+            }
+            try {
+                Thread.sleep(a.waitUs() / 1000); // queued for the budget the process's held slots keep
+            } catch (InterruptedException e) {
+                throw new IOException(e);
+            }
+            return new Protocol.Error(Protocol.E_TIMEOUT, 0, "no budget");
+        }
+        throw new AssertionError("unexpected " + m);
+    }
+
+    @Test
+    void everyThreadOfAClosedLoopCompletesItsShareWhenTheBudgetHoldsFewerSlotsThanThreads() throws Exception {
+        int threads = 3;
+        long total = 100L * threads;
+        AtomicLongArray done = new AtomicLongArray(threads), failed = new AtomicLongArray(threads);
+        AtomicLong sum = new AtomicLong();
+        List<Thread> ts = new ArrayList<>();
+        for (int w = 0; w < threads; w++) {
+            int me = w;
+            ts.add(Thread.ofPlatform().start(() -> {
+                while (sum.get() < total) {
+                    SlotLease l = local.acquire(250, "guest/fair", "");
+                    if (l == null || !l.active()) {
+                        failed.incrementAndGet(me);
+                        continue;
+                    }
+                    long until = System.nanoTime() + 50_000; // the invocation
+                    while (System.nanoTime() < until) Thread.onSpinWait();
+                    l.release(ReleaseOutcome.OK);
+                    done.incrementAndGet(me);
+                    sum.incrementAndGet();
+                }
+            }));
+        }
+        for (Thread t : ts) t.join();
+        long[] d = new long[threads], f = new long[threads];
+        for (int w = 0; w < threads; w++) { d[w] = done.get(w); f[w] = failed.get(w); }
+        long fair = sum.get() / threads;
+        for (int w = 0; w < threads; w++) {
+            assertTrue(d[w] * 4 >= fair && f[w] == 0, "thread " + w + " completed " + d[w] + " (an equal share is " + fair
+                    + ") and failed " + f[w] + "; all: done " + Arrays.toString(d) + " failed " + Arrays.toString(f));
+        }
+    }
+}
