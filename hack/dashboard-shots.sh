@@ -21,11 +21,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/demo.sh"
 
 OUT="${SHOTS_OUT:-$REPO/docs/img}"
 LOAD_SECONDS="${CPUSLOT_SHOTS_LOAD:-240}"
+# Prometheus's scrape and evaluation interval; the page's datasource is told it
+INTERVAL=2s
 
 start_prometheus() {
 	local dir="$WORK/prometheus" port node
 	mkdir -p "$dir/cpuslot-targets" "$dir/data"
-	sed -E 's/^( *)(scrape_interval|evaluation_interval): .*/\1\2: 2s/' \
+	sed -E "s/^( *)(scrape_interval|evaluation_interval): .*/\\1\\2: $INTERVAL/" \
 		"$REPO/deploy/prometheus/prometheus-file-sd.yml" >"$dir/prometheus.yml"
 	cp "$REPO/deploy/prometheus/cpuslot-rules.yml" "$dir/"
 	node="$(hostname)"
@@ -96,7 +98,7 @@ shots_main() {
 	# the time range: the load's (the first minute of a rate is empty);
 	# no OpenWhisk controller here to look annotations up in
 	(cd "$REPO/tools/dashboards/view" && node shots.mjs --prometheus "$PROM_URL" --out "$OUT" \
-		--start "$(((LOAD_SECONDS + 59) / 60))m" --timeout 240 --allow-empty "OpenWhisk annotation lookups")
+		--scrape-interval "$INTERVAL" --start "$(((LOAD_SECONDS + 59) / 60))m" --timeout 240 --allow-empty "OpenWhisk annotation lookups")
 }
 
 shots_main "$@"

@@ -3,8 +3,8 @@
 // and fails when a panel shows an error, or no data where data is expected.
 //
 //   node shots.mjs --prometheus http://127.0.0.1:9090 --out DIR
-//       [--scrape-interval 15s] [--start 15m] [--timeout 120] [--expect data|none]
-//       [--dashboards node,runtime] [--allow-empty "<panel title>"]...
+//       [--scrape-interval 15s] [--start 15m] [--timeout 120] [--deadline S]
+//       [--expect data|none] [--dashboards node,runtime] [--allow-empty "<panel title>"]...
 //
 // --scrape-interval is that Prometheus's: Perses takes it as every query's
 // smallest step and ends each range on a multiple of the step, so a wrong
@@ -20,9 +20,10 @@
 // dashboard is drawn again (data may be younger than the range's last
 // step) until --timeout seconds per dashboard have passed; then each such
 // panel is named with its queries as run (variables replaced, range,
-// step), or the panels still loading. A watchdog ends the whole run, naming
-// what it was doing, when it outlasts every dashboard's timeout and the
-// screenshots' (exit 3). Progress goes to stdout as it happens.
+// step), or the panels still loading. A watchdog ends the whole run after
+// --deadline seconds (default: every dashboard's timeout and screenshot,
+// Chromium's start, a minute to spare), naming what it was doing (exit 3).
+// Progress goes to stdout as it happens.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -37,6 +38,7 @@ const { values: opt } = parseArgs({
     'scrape-interval': { type: 'string', default: '15s' },
     start: { type: 'string', default: '15m' },
     timeout: { type: 'string', default: '120' },
+    deadline: { type: 'string' },
     expect: { type: 'string', default: 'data' },
     dashboards: { type: 'string', default: 'node,runtime' },
     chromium: { type: 'string', default: '/usr/bin/chromium' },
@@ -71,11 +73,16 @@ function phase(msg) {
   doing = msg;
   console.log(`[${Math.round((Date.now() - t0) / 1000)} s] ${msg}`);
 }
-// The whole run's bound: every dashboard's wait and screenshot, Chromium's
-// start, and a minute to spare.
-const watchdogMs = dashboards.length * (timeoutMs + screenshotMs + retryMs) + launchMs + 60000;
+// The whole run's bound.
+const watchdogMs =
+  opt.deadline === undefined
+    ? dashboards.length * (timeoutMs + screenshotMs + retryMs) + launchMs + 60000
+    : Number(opt.deadline) * 1000;
+if (!(watchdogMs > 0)) usage(`--deadline must be a positive number of seconds, got ${opt.deadline}`);
+let profile; // Chromium's, removed at the end
 setTimeout(() => {
   console.error(`shots: gave up after ${Math.round(watchdogMs / 1000)} s, while: ${doing}`);
+  if (profile) fs.rmSync(profile, { recursive: true, force: true });
   process.exit(3);
 }, watchdogMs).unref();
 
@@ -183,6 +190,7 @@ async function shoot(ctx, base, file, want) {
   let states = [];
   for (let attempt = 1; ; attempt++) {
     phase(`${file}: drawing${attempt > 1 ? ` again (${attempt})` : ''}`);
+    const drawStart = Date.now();
     try {
       states = await draw(page, url, panels, deadline);
     } catch (e) {
@@ -193,7 +201,9 @@ async function shoot(ctx, base, file, want) {
     const loading = states.filter((s) => s.state === 'loading');
     const bad = states.filter(failing);
     if (states.length > 0 && loading.length === 0 && bad.length === 0) break;
-    if (Date.now() + retryMs > deadline) {
+    // Draw again only when a drawing as long as this one still fits: the
+    // last one then ends complete, and its failures are the ones reported.
+    if (Date.now() + retryMs + (Date.now() - drawStart) > deadline) {
       if (loading.length > 0) {
         problems.push(`${loading.length} panels still loading after ${opt.timeout} s: ${loading.map((s) => s.title).join('; ')}`);
       }
@@ -215,9 +225,9 @@ async function shoot(ctx, base, file, want) {
     if (s.state === 'error') problems.push(`panel "${s.title}": error: ${s.errors.join('; ') || 'shown in the panel'}`);
     if (s.state === 'empty' && s.wantData) problems.push(`panel "${s.title}": no data, expected some: ${asRun(s)}`);
   }
-  const empty = states.filter((s) => s.state === 'empty');
+  const count = (state) => states.filter((s) => s.state === state);
   console.log(
-    `${file}: ${states.length} panels, ${empty.length} without data (allowed: ${empty.filter((s) => !s.wantData).map((s) => s.title).join(', ') || 'none'}) -> ${path.join(opt.out, `dashboard-${file}.png`)}`,
+    `${file}: ${states.length} panels, ${count('empty').length} without data (allowed: ${count('empty').filter((s) => !s.wantData).map((s) => s.title).join(', ') || 'none'}), ${count('error').length} with errors, ${count('loading').length} loading -> ${path.join(opt.out, `dashboard-${file}.png`)}`,
   );
   await page.close();
   return problems;
@@ -226,7 +236,7 @@ async function shoot(ctx, base, file, want) {
 fs.mkdirSync(opt.out, { recursive: true });
 const want = expectations();
 const { url, server } = await startServer({ prometheus: opt.prometheus });
-const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'cpuslot-shots-'));
+profile = fs.mkdtempSync(path.join(os.tmpdir(), 'cpuslot-shots-'));
 let ctx;
 let failed = false;
 try {
