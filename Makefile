@@ -128,7 +128,8 @@ e2e-v2node: images
 #   make dashboard-shots  docs/img/dashboard-{node,runtime}.png: both Perses dashboards
 #                    drawn in headless Chromium against live data of this machine (root:
 #                    agent, runtime, Prometheus, load; hack/dashboard-shots.sh), or against
-#                    PROMETHEUS=<url>; SHOTS_OUT=<dir> writes elsewhere. Fails on a panel
+#                    PROMETHEUS=<url> (SCRAPE_INTERVAL=<its scrape interval>, default 15s);
+#                    SHOTS_OUT=<dir> writes elsewhere. Fails on a panel
 #                    with an error, or without data where a serving node has some
 #   make settings-doc  regenerate the pool and admission table of docs/settings.md from its
 #                    one definition (internal/settings: settings.Keys)
@@ -151,12 +152,14 @@ dashboard-view:
 	bash hack/dashboard-view.sh
 
 SHOTS_OUT ?= $(CURDIR)/docs/img
+# the scrape interval of PROMETHEUS (Perses's smallest query step)
+SCRAPE_INTERVAL ?= 15s
 dashboard-shots:
 ifeq ($(PROMETHEUS),)
 	SHOTS_OUT='$(SHOTS_OUT)' bash hack/dashboard-shots.sh
 else
 	bash hack/dashboard-view.sh
-	cd tools/dashboards/view && node shots.mjs --prometheus '$(PROMETHEUS)' --out '$(SHOTS_OUT)'
+	cd tools/dashboards/view && node shots.mjs --prometheus '$(PROMETHEUS)' --out '$(SHOTS_OUT)' --scrape-interval '$(SCRAPE_INTERVAL)'
 endif
 
 settings-doc:

@@ -6,7 +6,9 @@
 #  2. Debian's Prometheus with the shipped file_sd configuration (deploy/prometheus/, 2 s
 #     intervals), its targets files written here with the labels a cluster's would have;
 #  3. sample functions invoked without pause (Hydra, 200m to 1 core), CPUSLOT_SHOTS_LOAD
-#     seconds (default 240) before and during the pictures;
+#     seconds (default 240) before and during the pictures; among them a chain (ChainBench
+#     calling fib through the local bus), whose caller's lease sleeps and lends half its
+#     quota meanwhile (agent -lend-ratio 0.5: the Lending row);
 #  4. tools/dashboards/view/shots.mjs draws both Perses dashboards against that Prometheus in
 #     headless Chromium: docs/img/dashboard-{node,runtime}.png (SHOTS_OUT=<dir> elsewhere);
 #     it fails on a panel with an error, or without data where queries.txt expects some;
@@ -21,11 +23,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/demo.sh"
 
 OUT="${SHOTS_OUT:-$REPO/docs/img}"
 LOAD_SECONDS="${CPUSLOT_SHOTS_LOAD:-240}"
+# Prometheus's scrape and evaluation interval; the page's datasource is told it
+INTERVAL=2s
 
 start_prometheus() {
 	local dir="$WORK/prometheus" port node
 	mkdir -p "$dir/cpuslot-targets" "$dir/data"
-	sed -E 's/^( *)(scrape_interval|evaluation_interval): .*/\1\2: 2s/' \
+	sed -E "s/^( *)(scrape_interval|evaluation_interval): .*/\\1\\2: $INTERVAL/" \
 		"$REPO/deploy/prometheus/prometheus-file-sd.yml" >"$dir/prometheus.yml"
 	cp "$REPO/deploy/prometheus/cpuslot-rules.yml" "$dir/"
 	node="$(hostname)"
@@ -45,7 +49,8 @@ start_prometheus() {
 load() {
 	local f
 	while :; do
-		for f in hello:'{}' fib:'{"n": 27}' burn20:'{"ms": 50}' burn50:'{"ms": 30}' hello-noslot:'{}'; do
+		for f in hello:'{}' fib:'{"n": 27}' burn20:'{"ms": 50}' burn50:'{"ms": 30}' hello-noslot:'{}' \
+			chain:'{"mode": "local", "callee": "fib", "n": 2}'; do
 			invoke "$RT_PORT" "${f%%:*}" "${f#*:}" "$WORK/load" >/dev/null 2>&1 || true
 		done
 	done
@@ -73,9 +78,11 @@ shots_main() {
 	AGENT_SOCK="$WORK/agent.sock"
 	AGENT_HTTP="$(free_port 19464)"
 	cg_create "$DEMO_CG/agent"
-	# -budget: every served container gets a CPU budget, as a pod's CPU limit gives one
+	# -budget: every served container gets a CPU budget, as a pod's CPU limit gives one;
+	# -lend-ratio: a chain's caller lends half its quota while it waits (the Lending row)
 	start_in_cgroup agent "$DEMO_CG/agent" "$REPO/bin/node-agent" run -socket "$AGENT_SOCK" \
-		-serve-under "$DEMO_CG" -http "127.0.0.1:$AGENT_HTTP" -prewarm "200m=2,500m=2,1=1" -budget 2
+		-serve-under "$DEMO_CG" -http "127.0.0.1:$AGENT_HTTP" -prewarm "200m=2,500m=2,1=1" -budget 2 \
+		-lend-ratio 0.5
 	wait_http "http://127.0.0.1:$AGENT_HTTP/readyz" "the node agent" "$WORK/agent.pid"
 	start_runtime rt "$DEMO_CG/runtime" CPUSLOT_SOCKET="$AGENT_SOCK"
 	register "$RT_PORT" hello HelloWorld 200m
@@ -83,6 +90,7 @@ shots_main() {
 	register "$RT_PORT" burn20 CpuBurn 200m
 	register "$RT_PORT" burn50 CpuBurn 500m
 	register "$RT_PORT" hello-noslot HelloWorld
+	register "$RT_PORT" chain ChainBench 500m
 	start_prometheus
 	info "agent metrics :$AGENT_HTTP, runtime :$RT_PORT (metrics :$RT_METRICS), Prometheus $PROM_URL"
 
@@ -96,7 +104,7 @@ shots_main() {
 	# the time range: the load's (the first minute of a rate is empty);
 	# no OpenWhisk controller here to look annotations up in
 	(cd "$REPO/tools/dashboards/view" && node shots.mjs --prometheus "$PROM_URL" --out "$OUT" \
-		--start "$(((LOAD_SECONDS + 59) / 60))m" --timeout 240 --allow-empty "OpenWhisk annotation lookups")
+		--scrape-interval "$INTERVAL" --start "$(((LOAD_SECONDS + 59) / 60))m" --timeout 240 --allow-empty "OpenWhisk annotation lookups")
 }
 
 shots_main "$@"

@@ -140,6 +140,9 @@ func grafanaPanel(id uint32, p Panel) cog.Builder[dashboard.Panel] {
 			SpanNulls(common.BoolOrFloat64{Bool: cog.ToPtr(false)}).
 			Legend(common.NewVizLegendOptionsBuilder().DisplayMode(common.LegendDisplayModeList).Placement(common.LegendPlacementBottom).ShowLegend(true)).
 			Tooltip(common.NewVizTooltipOptionsBuilder().Mode(common.TooltipDisplayModeMulti).Sort(common.SortOrderDescending))
+		if p.LegendRight {
+			b.Legend(common.NewVizLegendOptionsBuilder().DisplayMode(common.LegendDisplayModeList).Placement(common.LegendPlacementRight).ShowLegend(true))
+		}
 		if p.Stacked {
 			b.FillOpacity(40).Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal).Group("A"))
 		}

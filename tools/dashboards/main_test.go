@@ -394,3 +394,70 @@ func TestDocsNamePanels(t *testing.T) {
 		}
 	}
 }
+
+// TestLegendRight: a panel marked LegendRight has its legend at the right
+// in both formats, every other time series below the chart.
+func TestLegendRight(t *testing.T) {
+	for _, d := range Dashboards {
+		want := map[string]string{}
+		for _, r := range d.Rows {
+			for _, p := range r.Panels {
+				if p.Kind == TimeSeries {
+					want[p.Title] = map[bool]string{false: "bottom", true: "right"}[p.LegendRight]
+				}
+			}
+		}
+		gb, err := grafanaJSON(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var g struct {
+			Panels []struct {
+				Title   string
+				Options struct{ Legend struct{ Placement string } }
+			}
+		}
+		if err := json.Unmarshal(gb, &g); err != nil {
+			t.Fatal(err)
+		}
+		pb, err := persesJSON(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pd struct {
+			Spec struct {
+				Panels map[string]struct {
+					Spec struct {
+						Display struct{ Name string }
+						Plugin  struct {
+							Spec struct{ Legend struct{ Position string } }
+						}
+					}
+				}
+			}
+		}
+		if err := json.Unmarshal(pb, &pd); err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for _, p := range g.Panels {
+			if w, ok := want[p.Title]; ok {
+				got++
+				if p.Options.Legend.Placement != w {
+					t.Errorf("%s: Grafana panel %q: legend %q, want %q", d.File, p.Title, p.Options.Legend.Placement, w)
+				}
+			}
+		}
+		for _, p := range pd.Spec.Panels {
+			if w, ok := want[p.Spec.Display.Name]; ok {
+				got++
+				if p.Spec.Plugin.Spec.Legend.Position != w {
+					t.Errorf("%s: Perses panel %q: legend %q, want %q", d.File, p.Spec.Display.Name, p.Spec.Plugin.Spec.Legend.Position, w)
+				}
+			}
+		}
+		if got != 2*len(want) {
+			t.Errorf("%s: %d time series panels found in both formats, want %d", d.File, got, 2*len(want))
+		}
+	}
+}

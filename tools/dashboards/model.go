@@ -75,6 +75,10 @@ type Panel struct {
 	Thresholds Thresholds
 	// Stacked stacks a TimeSeries' series into areas that sum up.
 	Stacked bool
+	// LegendRight puts a TimeSeries' legend at its right, one series a
+	// line: for panels with many series, whose legend below the chart
+	// would be cut off.
+	LegendRight bool
 	// Width in grid columns (of 24).
 	Width int
 	// HideColumns are the labels a Table does not show.
@@ -168,7 +172,7 @@ var Dashboards = []Dashboard{
 					Queries:     []Query{{Expr: `sum by (state) (cpuslot_slots{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{state}}"}},
 				},
 				{
-					Kind: TimeSeries, Width: 12, Title: "Slots by quota and state", Unit: Short,
+					Kind: TimeSeries, Width: 12, Title: "Slots by quota and state", LegendRight: true, Unit: Short,
 					Description: "Pre-warmed and grown slots per quota (millicores).",
 					Queries:     []Query{{Expr: `sum by (quota, state) (cpuslot_slots{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{quota}} {{state}}"}},
 				},
@@ -232,17 +236,17 @@ var Dashboards = []Dashboard{
 					Queries:     []Query{{Expr: `sum by (outcome) (rate(cpuslot_lease_releases_total{job="$agent_job", node=~"$node"}[$__rate_interval]))`, Legend: "{{outcome}}"}},
 				},
 				{
-					Kind: TimeSeries, Width: 12, Title: "CPU per action", Unit: Short,
+					Kind: TimeSeries, Width: 12, Title: "CPU per action", LegendRight: true, Unit: Short,
 					Description: "CPU used in slots while leased, in cores, top 10 actions (each action of each container: tenants' actions of the same name are apart).",
 					Queries:     []Query{{Expr: `topk(10, sum by (container, action) (rate(cpuslot_invocation_cpu_seconds_total{job="$agent_job", node=~"$node"}[$__rate_interval])))`, Legend: "{{container}} {{action}}"}},
 				},
 				{
-					Kind: TimeSeries, Width: 12, Title: "Throttled time per action", Unit: Short,
+					Kind: TimeSeries, Width: 12, Title: "Throttled time per action", LegendRight: true, Unit: Short,
 					Description: "Time slots were throttled while leased (seconds per second), top 10 actions: an action hitting its quota.",
 					Queries:     []Query{{Expr: `topk(10, sum by (container, action) (rate(cpuslot_invocation_throttled_seconds_total{job="$agent_job", node=~"$node"}[$__rate_interval])))`, Legend: "{{container}} {{action}}"}},
 				},
 				{
-					Kind: TimeSeries, Width: 12, Title: "CPU and throttling per invocation", Unit: Seconds,
+					Kind: TimeSeries, Width: 12, Title: "CPU and throttling per invocation", LegendRight: true, Unit: Seconds,
 					Description: "Average CPU seconds and throttled seconds per released lease, by container and action.",
 					Queries: []Query{
 						{Expr: `sum by (container, action) (rate(cpuslot_invocation_cpu_seconds_total{job="$agent_job", node=~"$node"}[$__rate_interval])) / sum by (container, action) (rate(cpuslot_lease_releases_total{job="$agent_job", node=~"$node"}[$__rate_interval]))`, Legend: "{{container}} {{action}} cpu"},
@@ -267,7 +271,7 @@ var Dashboards = []Dashboard{
 					Queries:     []Query{{Expr: `sum by (container) (cpuslot_budget_used_millicores{job="$agent_job", node=~"$node", container=~"$container"}) / sum by (container) (cpuslot_budget_millicores{job="$agent_job", node=~"$node", container=~"$container"} > 0)`, Legend: "{{container}}"}},
 				},
 				{
-					Kind: TimeSeries, Width: 12, Title: "Errors by reason", Unit: EventsPerSec,
+					Kind: TimeSeries, Width: 12, Title: "Errors by reason", LegendRight: true, Unit: EventsPerSec,
 					Description: "cpuslot_errors_total by reason (cgroup_<operation> for failed cgroup writes). See docs/operating.md, Troubleshooting.",
 					Queries:     []Query{{Expr: `sum by (reason) (rate(cpuslot_errors_total{job="$agent_job", node=~"$node"}[$__rate_interval]))`, Legend: "{{reason}}"}},
 				},
@@ -375,7 +379,7 @@ var Dashboards = []Dashboard{
 					Queries:     []Query{{Expr: `sum by (outcome) (rate(cpuslot_slot_outcomes_total{job="$runtime_job", namespace=~"$namespace"}[$__rate_interval]))`, Legend: "{{outcome}}"}},
 				},
 				{
-					Kind: TimeSeries, Width: 12, Title: "Slot client events", Unit: OpsPerSec,
+					Kind: TimeSeries, Width: 12, Title: "Slot client events", LegendRight: true, Unit: OpsPerSec,
 					Description: "The slot client's counters: acquire, place, release, reclaim, connect, fds, noslot.<reason>.",
 					Queries:     []Query{{Expr: `sum by (event) (rate(cpuslot_slot_client_events_total{job="$runtime_job", namespace=~"$namespace"}[$__rate_interval]))`, Legend: "{{event}}"}},
 				},

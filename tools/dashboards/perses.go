@@ -257,6 +257,9 @@ func persesPanelOf(p Panel) (persesPanel, error) {
 	case TimeSeries:
 		var c persesTimeSeriesChart
 		c.Legend.Position, c.Legend.Mode = "bottom", "list"
+		if p.LegendRight {
+			c.Legend.Position = "right"
+		}
 		c.YAxis.Format = format
 		c.Visual.Display, c.Visual.LineWidth, c.Visual.AreaOpacity = "line", 1, 0.1
 		if p.Stacked {

@@ -1,8 +1,10 @@
 // Draws one generated Perses dashboard (charts/cpuslot/dashboards/perses/)
 // with the Perses UI packages. The dashboard is ?dashboard=<file> (node,
 // runtime); the queries go to the Prometheus that serve.mjs proxies at
-// ./prometheus, the default datasource. Perses reads its own parameters
-// from the URL too: start (e.g. 15m), var-<name>.
+// ./prometheus, the default datasource, whose scrape interval is
+// ?scrapeInterval=<duration> (default 15s, the shipped scrape configuration's).
+// Perses reads its own parameters from the URL too: start (e.g. 15m),
+// refresh (0s: never), var-<name>.
 import React from 'react';
 import { createRoot } from 'react-dom/client';
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
@@ -19,8 +21,9 @@ import * as table from '@perses-dev/table-plugin';
 
 // What each query (its text as the dashboard holds it, variables not
 // replaced) returned: {state: 'loading' | 'ok' | 'error', series, points,
-// error}. The screenshot driver (shots.mjs) reads it to tell a panel still
-// loading, failed or empty, which the canvas-drawn charts do not show in the DOM.
+// error, and as run: executed (variables replaced), start, end (ISO), step (s)}.
+// The screenshot driver (shots.mjs) reads it to tell a panel still loading,
+// failed or empty, which the canvas-drawn charts do not show in the DOM.
 window.cpuslotQueries = {};
 const record = (query, result) => {
   window.cpuslotQueries[query] = { ...result, at: Date.now() };
@@ -36,7 +39,15 @@ const recordingPrometheus = {
         const data = await promQuery.getTimeSeriesData(spec, ctx);
         const series = data.series ?? [];
         const points = series.reduce((n, s) => n + (s.values ?? []).filter(([, v]) => v !== null).length, 0);
-        record(spec.query, { state: 'ok', series: series.length, points });
+        record(spec.query, {
+          state: 'ok',
+          series: series.length,
+          points,
+          executed: data.metadata?.executedQueryString,
+          start: data.timeRange?.start?.toISOString?.(),
+          end: data.timeRange?.end?.toISOString?.(),
+          step: data.stepMs === undefined ? undefined : data.stepMs / 1000,
+        });
         return data;
       } catch (e) {
         record(spec.query, { state: 'error', error: String(e?.message ?? e) });
@@ -53,10 +64,20 @@ const pluginLoader = dynamicImportPluginLoader(
   })),
 );
 
-// The one datasource: the Prometheus behind serve.mjs.
+const params = new URLSearchParams(window.location.search);
+
+// The one datasource: the Prometheus behind serve.mjs. Its scrape interval
+// is the smallest step of every query and sets $__rate_interval (4 x it at
+// least); each query's range ends on a multiple of the step. Perses assumes
+// 1m when it is not given: the last point drawn is then up to a minute old,
+// and a Prometheus that started less than a minute ago draws nothing.
+const scrapeInterval = params.get('scrapeInterval') ?? '15s';
 const prometheusDatasource = {
   default: true,
-  plugin: { kind: 'PrometheusDatasource', spec: { directUrl: new URL('prometheus', window.location.href).pathname } },
+  plugin: {
+    kind: 'PrometheusDatasource',
+    spec: { directUrl: new URL('prometheus', window.location.href).pathname, scrapeInterval },
+  },
 };
 const datasourceApi = {
   buildProxyUrl: () => prometheusDatasource.plugin.spec.directUrl,
@@ -104,8 +125,11 @@ function App({ dashboard }) {
 }
 
 const root = createRoot(document.getElementById('root'));
-const name = new URLSearchParams(window.location.search).get('dashboard') ?? 'node';
-fetch(`dashboards/${encodeURIComponent(name)}.json`)
+const name = params.get('dashboard') ?? 'node';
+(/^[1-9][0-9]*(ms|s|m|h)$/.test(scrapeInterval)
+  ? fetch(`dashboards/${encodeURIComponent(name)}.json`)
+  : Promise.reject(new Error(`scrapeInterval must be a duration like 15s, got ${JSON.stringify(scrapeInterval)}`))
+)
   .then((r) => {
     if (!r.ok) throw new Error(`dashboard ${name}: HTTP ${r.status}`);
     return r.json();
