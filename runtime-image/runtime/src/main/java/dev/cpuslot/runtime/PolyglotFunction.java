@@ -210,6 +210,10 @@ public final class PolyglotFunction implements Function {
             __cpuslot_builtins.cpuslot = __cpuslot_chain(__cpuslot_bus, __cpuslot_loads, __cpuslot_dumps)
             """;
 
+    /** The name the runtime's own Python has in a tenant's traceback. */
+    private static final String RUNTIME_PY = "cpuslot-runtime.py";
+    private static final Source PY_PRELUDE_SOURCE = Source.newBuilder("python", PY_PRELUDE, RUNTIME_PY).buildLiteral();
+
     private static final String PY_WRAPPER = """
             def __cpuslot_call(a, e, __f=%s, __environ=__cpuslot_posix.environ):
                 for k in [k for k in __environ if k.startswith(b'__OW_')]:
@@ -481,12 +485,12 @@ public final class PolyglotFunction implements Function {
                 bindings.putMember("__cpuslot_init_env", initEnvJson);
                 bindings.putMember("__cpuslot_zip_srcs", zipSources == null ? "" : zipSources);
                 bindings.putMember("__cpuslot_bus", CHAIN_BUS);
-                ctx.eval("python", PY_PRELUDE);
+                ctx.eval(PY_PRELUDE_SOURCE);
                 ctx.eval(source);
                 Value fn = bindings.getMember(entry);
                 if (fn == null || !fn.canExecute())
                     throw new IllegalArgumentException("no function " + entry + " in the Python code");
-                ctx.eval("python", PY_WRAPPER.formatted(entry));
+                ctx.eval(Source.newBuilder("python", PY_WRAPPER.formatted(entry), RUNTIME_PY).buildLiteral());
                 call = bindings.getMember("__cpuslot_call");
             }
         } catch (PolyglotException e) {
