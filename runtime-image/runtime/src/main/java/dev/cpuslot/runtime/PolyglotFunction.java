@@ -135,9 +135,40 @@ public final class PolyglotFunction implements Function {
               };
             })""";
 
+    /**
+     * The runtime's own Python: no standard module. Values cross as JSON through GraalPy's
+     * built-in {@code _json} (what {@code json} uses, loaded with the interpreter): importing
+     * {@code json} imports {@code re} and compiles its patterns, the largest part of a cold
+     * context after GraalPy's own start. The environment goes into {@code posix.environ}, the
+     * dict {@code os.environ} wraps, so that {@code os} is imported only by a function that asks.
+     */
     private static final String PY_PRELUDE = """
-            import os as __cpuslot_os, json as __cpuslot_json, sys as __cpuslot_sys
-            __cpuslot_os.environ.update(__cpuslot_json.loads(__cpuslot_init_env))
+            import _json as __cpuslot__json, posix as __cpuslot_posix, sys as __cpuslot_sys
+            def __cpuslot_codec():
+                class Ctx:  # json.JSONDecoder's defaults
+                    strict = True
+                    object_hook = object_pairs_hook = None
+                    parse_float = float
+                    parse_int = int
+                    parse_constant = {'-Infinity': float('-inf'), 'Infinity': float('inf'), 'NaN': float('nan')}.__getitem__
+                    memo = {}
+                scan = __cpuslot__json.make_scanner(Ctx())
+                def loads(s):
+                    v, end = scan(s, 0)  # the runtime's JSON (Gson) has no whitespace around
+                    if end != len(s):
+                        raise ValueError('Extra data at %d' % end)
+                    return v
+                def default(o):
+                    raise TypeError(f'Object of type {o.__class__.__name__} is not JSON serializable')
+                def dumps(v):  # json.dumps's defaults; a fresh encoder: its circular-reference marks are per call
+                    return ''.join(__cpuslot__json.make_encoder({}, default, __cpuslot__json.encode_basestring_ascii,
+                                                                None, ': ', ', ', False, False, True)(v, 0))
+                fsenc = __cpuslot_sys.getfilesystemencoding()
+                def env(m):  # as os.environ stores it
+                    return {k.encode(fsenc, 'surrogateescape'): v.encode(fsenc, 'surrogateescape') for k, v in m.items()}
+                return loads, dumps, env
+            __cpuslot_loads, __cpuslot_dumps, __cpuslot_env = __cpuslot_codec()
+            __cpuslot_posix.environ.update(__cpuslot_env(__cpuslot_loads(__cpuslot_init_env)))
             def __cpuslot_zip(srcs):
                 import importlib.abc, importlib.util
                 class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -155,15 +186,15 @@ public final class PolyglotFunction implements Function {
                         exec(compile(src, fname, 'exec'), module.__dict__)
                 __cpuslot_sys.meta_path.insert(0, Finder())
             if __cpuslot_zip_srcs:
-                __cpuslot_zip(__cpuslot_json.loads(__cpuslot_zip_srcs))
-            def __cpuslot_chain(bus, json):
+                __cpuslot_zip(__cpuslot_loads(__cpuslot_zip_srcs))
+            def __cpuslot_chain(bus, loads, dumps):
                 class ChainError(Exception):
                     def __init__(self, message, kind, callee):
                         Exception.__init__(self, message)
                         self.kind = kind
                         self.callee = callee
                 def go(mode, name, args):
-                    r = json.loads(str(bus(mode, str(name), json.dumps({} if args is None else args))))
+                    r = loads(str(bus(mode, str(name), dumps({} if args is None else args))))
                     if 'error' in r:
                         raise ChainError(r['error'], r['kind'], str(name))
                     return r.get('result')
@@ -176,17 +207,20 @@ public final class PolyglotFunction implements Function {
                 c.callAsync = c.call_async
                 return c
             import builtins as __cpuslot_builtins
-            __cpuslot_builtins.cpuslot = __cpuslot_chain(__cpuslot_bus, __cpuslot_json)
+            __cpuslot_builtins.cpuslot = __cpuslot_chain(__cpuslot_bus, __cpuslot_loads, __cpuslot_dumps)
             """;
 
+    /** The name the runtime's own Python has in a tenant's traceback. */
+    private static final String RUNTIME_PY = "cpuslot-runtime.py";
+    private static final Source PY_PRELUDE_SOURCE = Source.newBuilder("python", PY_PRELUDE, RUNTIME_PY).buildLiteral();
+
     private static final String PY_WRAPPER = """
-            def __cpuslot_call(a, e, __f=%s):
-                env = __cpuslot_json.loads(e)
-                for k in [k for k in __cpuslot_os.environ if k.startswith('__OW_')]:
-                    del __cpuslot_os.environ[k]
-                __cpuslot_os.environ.update(env)
-                r = __f(__cpuslot_json.loads(a))
-                return 'null' if r is None else __cpuslot_json.dumps(r)
+            def __cpuslot_call(a, e, __f=%s, __environ=__cpuslot_posix.environ):
+                for k in [k for k in __environ if k.startswith(b'__OW_')]:
+                    del __environ[k]
+                __environ.update(__cpuslot_env(__cpuslot_loads(e)))
+                r = __f(__cpuslot_loads(a))
+                return 'null' if r is None else __cpuslot_dumps(r)
             """;
 
     /** Local chaining for guests (cpuslot.call / callAsync): JSON strings both ways, the running activation's hop from the thread. */
@@ -251,7 +285,7 @@ public final class PolyglotFunction implements Function {
         Context c = contextBuilder(id, engine(id)).build();
         try {
             // under the prelude's own names: the function's globals get no name from the prewarm
-            c.eval(id, id.equals("python") ? "import json as __cpuslot_json, os as __cpuslot_os, sys as __cpuslot_sys\n" : "JSON.stringify({})");
+            c.eval(id, id.equals("python") ? "import _json as __cpuslot__json, posix as __cpuslot_posix, sys as __cpuslot_sys\n" : "JSON.stringify({})");
         } catch (RuntimeException e) {
             c.close(true);
             throw e;
@@ -451,12 +485,12 @@ public final class PolyglotFunction implements Function {
                 bindings.putMember("__cpuslot_init_env", initEnvJson);
                 bindings.putMember("__cpuslot_zip_srcs", zipSources == null ? "" : zipSources);
                 bindings.putMember("__cpuslot_bus", CHAIN_BUS);
-                ctx.eval("python", PY_PRELUDE);
+                ctx.eval(PY_PRELUDE_SOURCE);
                 ctx.eval(source);
                 Value fn = bindings.getMember(entry);
                 if (fn == null || !fn.canExecute())
                     throw new IllegalArgumentException("no function " + entry + " in the Python code");
-                ctx.eval("python", PY_WRAPPER.formatted(entry));
+                ctx.eval(Source.newBuilder("python", PY_WRAPPER.formatted(entry), RUNTIME_PY).buildLiteral());
                 call = bindings.getMember("__cpuslot_call");
             }
         } catch (PolyglotException e) {

@@ -113,6 +113,62 @@ class PolyglotTest {
     }
 
     /**
+     * A Python function's context loads no standard module for the runtime's own use: arguments,
+     * results and the environment cross through GraalPy's built-in {@code _json} and
+     * {@code posix.environ}, so a cold context does not pay {@code import json} (which compiles
+     * {@code re}'s patterns) nor {@code import os}. What the function sees is as before: its
+     * values, {@code os.environ} with the /init env and the activation's {@code __OW_*} only,
+     * CPython's error for a result that is not JSON.
+     */
+    @Test
+    void pythonContextLoadsNoStandardModuleTheFunctionDidNotImport() throws Exception {
+        String code = """
+                import sys
+                def main(args):
+                    loaded = sorted(m for m in ('json', 're', 'os') if m in sys.modules)
+                    import os
+                    return {'loaded': loaded, 'echo': args, 'who': os.environ.get('WHO'),
+                            'activation': os.environ.get('__OW_ACTIVATION_ID'), 'nan': float('nan'), 7: None}
+                def notjson(args):
+                    return {'s': {1, 2}}
+                def loop(args):
+                    l = []
+                    l.append(l)
+                    return {'l': l}
+                """;
+        try (PolyglotFunction f = new PolyglotFunction("lean", "python", code, "main", Map.of("WHO", "init"));
+             PolyglotFunction bad = new PolyglotFunction("notjson", "python", code, "notjson", Map.of());
+             PolyglotFunction circ = new PolyglotFunction("loop", "python", code, "loop", Map.of())) {
+            Function.Sandbox s = f.newSandbox();
+            try {
+                String args = "{\"s\":\"q\\\"b\\\\s\\u0001\u00e9\u2603\",\"n\":-1.5,\"i\":42,\"l\":[null,true,false,{}],\"o\":{\"k\":[]}}";
+                JsonObject r = s.invoke(json(args), Map.of("__OW_ACTIVATION_ID", "a-1", "__OW_DEADLINE", "1")).getAsJsonObject();
+                assertEquals(0, r.getAsJsonArray("loaded").size(), "the runtime loaded modules for itself: " + r);
+                assertEquals(json(args), r.get("echo"));
+                assertEquals("init", r.get("who").getAsString());
+                assertEquals("a-1", r.get("activation").getAsString());
+                assertTrue(Double.isNaN(r.get("nan").getAsDouble()), r.toString());
+                assertTrue(r.get("7").isJsonNull(), r.toString());
+                JsonObject r2 = s.invoke(json("{}"), Map.of()).getAsJsonObject();
+                assertTrue(r2.get("activation").isJsonNull(), "the last activation's __OW_ env stays: " + r2);
+                assertEquals("init", r2.get("who").getAsString());
+            } finally {
+                s.close();
+            }
+            Function.Sandbox b = bad.newSandbox(), c = circ.newSandbox();
+            try {
+                var e = assertThrows(Function.FunctionError.class, () -> b.invoke(json("{}"), Map.of()));
+                assertTrue(e.getMessage().contains("Object of type set is not JSON serializable"), e.getMessage());
+                var e2 = assertThrows(Function.FunctionError.class, () -> c.invoke(json("{}"), Map.of()));
+                assertTrue(e2.getMessage().contains("Circular reference detected"), e2.getMessage());
+            } finally {
+                b.close();
+                c.close();
+            }
+        }
+    }
+
+    /**
      * The prewarm's context (made before /init, the image's language) is the first function's:
      * /init does not make a second one. It carries that function's /init env, and only that
      * function gets it: the next function of the language has a context of its own.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Cold Python /init, this tree's runtime against another build's, alternating pairs (issue 22):
+# each runtime started as its image starts it (image/jvm-options + jvm-options-jit, python kind,
+# a container's clean environment), /init of a hello-world action; prints the wall time of /init
+# and the process's CPU time when /init returned (steadier than wall time on a loaded machine).
+#   hack/bench-python-init.sh OLD_TARGET_DIR [PAIRS]
+# OLD_TARGET_DIR: another build's runtime/target (the jar, lib/, compiler/). Build this tree first
+# (runtime-image/build.sh -DskipTests package).
+set -euo pipefail
+old=$(cd "${1:?usage: bench-python-init.sh OLD_TARGET_DIR [PAIRS]}" && pwd); pairs=${2:-2}
+cd "$(dirname "$0")/../runtime-image"
+new=$PWD/runtime/target
+java_major() { "$1/bin/java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if [ -z "${JAVA_HOME:-}" ] || [ "$(java_major "$JAVA_HOME" 2>/dev/null || echo 0)" -lt 25 ]; then
+	for d in /usr/lib/jvm/*; do
+		if [ -x "$d/bin/java" ] && [ "$(java_major "$d")" -ge 25 ] 2>/dev/null; then export JAVA_HOME="$d"; break; fi
+	done
+fi
+tck=$(getconf CLK_TCK)
+one() { # TARGET_DIR LABEL
+	local dir=$1 log pid port t0 t1 t2 code
+	mapfile -t opts < <(cat image/jvm-options image/jvm-options-jit | grep -v '^ *$' | sed "s#/opt/cpuslot/#$dir/#")
+	log=$(mktemp)
+	env -i PATH=/usr/bin:/bin PORT=0 CPUSLOT_METRICS_PORT=-1 CPUSLOT_LANGUAGE=python CPUSLOT_LOG=stderr \
+		"$JAVA_HOME/bin/java" "${opts[@]}" -jar "$dir/runtime-0.1.0-SNAPSHOT.jar" >"$log" 2>&1 &
+	pid=$!
+	t0=$(date +%s%N)
+	until port=$(grep -o 'listening on :[0-9]*' "$log" | grep -o '[0-9]*$'); do
+		kill -0 $pid 2>/dev/null || { echo "bench-python-init: the runtime exited:" >&2; cat "$log" >&2; exit 1; }
+		sleep 0.05
+	done
+	t1=$(date +%s%N)
+	code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 600 -X POST "localhost:$port/init" \
+		-d '{"value":{"name":"hello","main":"main","code":"def main(args):\n    return {\"hello\": \"world\"}\n"}}')
+	t2=$(date +%s%N)
+	read -r -a st </proc/$pid/stat
+	[ "$code" = 200 ] || { echo "bench-python-init: /init answered $code:" >&2; cat "$log" >&2; kill $pid; exit 1; }
+	printf '%-6s start %6.1f s  /init %6.1f s  process CPU at /init %5.1f s  load %s\n' "$2" \
+		"$(echo "($t1 - $t0) / 10^9" | bc -l)" "$(echo "($t2 - $t1) / 10^9" | bc -l)" \
+		"$(echo "(${st[13]} + ${st[14]}) / $tck" | bc -l)" "$(cut -d' ' -f1 /proc/loadavg)"
+	kill $pid; wait $pid 2>/dev/null || true; rm -f "$log"
+}
+for _ in $(seq "$pairs"); do one "$new" this; one "$old" other; done
