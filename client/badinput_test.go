@@ -361,7 +361,7 @@ func TestSharedTableClaimAllAndDie(t *testing.T) {
 // invocations from them again, with no new HOLD lease.
 func TestSharedTableDeadClaimerFreed(t *testing.T) {
 	f := newFakeAgent(t, true)
-	f.held = true // the client's loop asks HELD each round: rounds to count
+	f.setHeld() // the client's loop asks HELD each round: rounds to count
 	c := dialFake(t, f, client.Options{TableCapacity: 4})
 	var a, b *client.Lease
 	onThread(func() {

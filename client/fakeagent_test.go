@@ -84,6 +84,15 @@ type fakeAgent struct {
 	refuseSleep bool
 }
 
+// setHeld turns HELD on while the fake serves: under its lock, because a
+// connection's goroutine reads it (the race detector sees no order
+// through the socket).
+func (f *fakeAgent) setHeld() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held = true
+}
+
 func newFakeAgent(t testing.TB, local bool) *fakeAgent {
 	f := &fakeAgent{t: t, path: filepath.Join(t.TempDir(), "agent.sock"), local: local, slots: map[uint32]*fakeSlot{},
 		leases: map[uint64]uint32{}, nextLease: 100, requests: map[string]int{}}

@@ -65,7 +65,7 @@ func ownEntries(c *client.Client) (n int) {
 // one an invocation runs in), and no more once the rest fits.
 func TestLocalGiveBackFree(t *testing.T) {
 	f := newFakeAgent(t, true)
-	f.held = true
+	f.setHeld()
 	c := dialFake(t, f, client.Options{})
 	release, _ := holdTwo(t, c, false)
 	heldRounds(t, f, 1)
@@ -99,7 +99,7 @@ func TestLocalGiveBackFree(t *testing.T) {
 // invocations themselves run on in their slots.
 func TestLocalGiveBackBusy(t *testing.T) {
 	f := newFakeAgent(t, true)
-	f.held = true
+	f.setHeld()
 	c := dialFake(t, f, client.Options{})
 	first, second := holdTwo(t, c, true)
 	f.mu.Lock()
@@ -141,7 +141,7 @@ func TestLocalGiveBackBusy(t *testing.T) {
 // raised its full quota and no DEGRADED.
 func TestLocalHeldRaise(t *testing.T) {
 	f := newFakeAgent(t, true)
-	f.held = true
+	f.setHeld()
 	c := dialFake(t, f, client.Options{})
 	var lease uint64
 	var slot uint32
