@@ -53,13 +53,13 @@ class SamplesTest {
         local.start();
         byte[] jar = samplesJar();
         for (String c : new String[]{"HelloWorld", "Fibonacci", "FileHash", "VideoDownscale", "RestKv", "CpuBurn"}) {
-            var r = rt.hydraRegister(Map.of("name", c, "language", "java", "entryPoint", "dev.cpuslot.samples." + c), jar);
+            var r = rt.hydra().register(Map.of("name", c, "language", "java", "entryPoint", "dev.cpuslot.samples." + c), jar);
             assertEquals(200, r.status(), r.body().toString());
         }
         for (String lang : new String[]{"js", "python"}) {
             for (String f : new String[]{"hello", "fib"}) {
                 Path src = Path.of("src/main/" + lang + "/" + f + (lang.equals("js") ? ".js" : ".py"));
-                var r = rt.hydraRegister(Map.of("name", lang + "-" + f, "language", lang.equals("js") ? "javascript" : "python",
+                var r = rt.hydra().register(Map.of("name", lang + "-" + f, "language", lang.equals("js") ? "javascript" : "python",
                         "entryPoint", "main"), Files.readAllBytes(src));
                 assertEquals(200, r.status(), r.body().toString());
             }
@@ -89,7 +89,7 @@ class SamplesTest {
         JsonObject req = new JsonObject();
         req.addProperty("name", name);
         req.addProperty("arguments", args);
-        var r = rt.hydraInvoke(req, null, false);
+        var r = rt.hydra().invoke(req, null, false, false);
         assertEquals(200, r.status(), name + ": " + r.body());
         return r.body().getAsJsonObject().getAsJsonObject("result");
     }
