@@ -13,15 +13,18 @@ import java.util.LinkedHashMap;
 import java.util.Locale;
 import java.util.Map;
 import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.regex.Pattern;
 
 /**
- * The platform-independent core: deploys functions and runs an invocation (owner, deadline,
- * quota, a slot and a worker from the function's pool, metrics, the log line, the reply's
- * headers). Each platform's protocol is an adapter over it: {@link OpenWhiskAdapter},
- * {@link KnativeAdapter}, {@link HydraAdapter}; HTTP lives in {@link HttpFront}.
+ * The platform-independent core: deploys and hosts functions, and runs an invocation (owner,
+ * deadline, quota, a slot and a worker from the function's pool, metrics, the log line, the
+ * reply's headers) the same way for every platform. Each platform's protocol (OpenWhisk,
+ * Knative, Hydra) is an adapter over it, a class of its own that maps the platform's requests
+ * to an {@link Invocation} and shapes its replies ({@link Platform}); the HTTP front routes
+ * requests to the adapters.
  */
 public final class FunctionRuntime implements AutoCloseable {
     public static final String SENTINEL = ActivationOutput.SENTINEL;
@@ -31,9 +34,10 @@ public final class FunctionRuntime implements AutoCloseable {
     private final Quota quota;
     private final SlotClient slots;
     private final PrintStream out, err;
-    private final OpenWhiskAdapter openWhisk;
-    private final KnativeAdapter knative;
-    private final HydraAdapter hydra;
+    /** The container's one action (OpenWhisk's /init, Knative's init), or null before it. */
+    private volatile FunctionPool action;
+    /** The registered functions (Hydra's /register): the co-located set local chain calls reach. */
+    private final Map<String, LocalBus.Hosted> hosted = new ConcurrentHashMap<>();
     private final LocalBus bus;
     /** The owner this runtime serves: CPUSLOT_OWNER, else the first one seen; "*" serves any. */
     private final java.util.concurrent.atomic.AtomicReference<String> owner = new java.util.concurrent.atomic.AtomicReference<>();
@@ -57,11 +61,8 @@ public final class FunctionRuntime implements AutoCloseable {
         }
         this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
         owner.set(cfg.owner());
-        this.openWhisk = new OpenWhiskAdapter(this, cfg, metrics, err);
-        this.knative = new KnativeAdapter(this, openWhisk, metrics, err);
-        this.hydra = new HydraAdapter(this, cfg, metrics);
         this.bus = new LocalBus(new LocalBus.Host() {
-            @Override public LocalBus.Hosted find(String function) { return hydra.find(function); }
+            @Override public LocalBus.Hosted find(String function) { return hosted.get(function); }
             @Override public FunctionPool.Outcome run(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
                 return runHop(callee, args, hop, mode);
             }
@@ -110,16 +111,16 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     private void forEachPool(java.util.function.BiConsumer<String, FunctionPool> f) {
-        FunctionPool p = openWhisk.pool();
+        FunctionPool p = action;
         if (p != null) f.accept(p.function().name(), p);
-        hydra.forEachPool(f);
+        hosted.forEach((name, h) -> f.accept(name, h.pool()));
     }
 
     public Metrics metrics() { return metrics; }
     public SlotClient slots() { return slots; }
-    public OpenWhiskAdapter openWhisk() { return openWhisk; }
-    public KnativeAdapter knative() { return knative; }
-    public HydraAdapter hydra() { return hydra; }
+    Config config() { return cfg; }
+    /** The tenant's stderr: where OpenWhisk's runtimes print a refused request. */
+    PrintStream err() { return err; }
     LocalBus bus() { return bus; }
 
     // ---- deployment -------------------------------------------------------------------------
@@ -143,6 +144,20 @@ public final class FunctionRuntime implements AutoCloseable {
         if (lang.equals("java")) throw new IllegalArgumentException("java code must be a jar (binary)");
         return new PolyglotFunction(name, lang, text, main, initEnv);
     }
+
+    /** The container's action, or null before its init. */
+    FunctionPool action() { return action; }
+
+    void deploy(FunctionPool p) { action = p; }
+
+    /** A registered function, or null. */
+    LocalBus.Hosted hosted(String name) { return hosted.get(name); }
+
+    /** Registers h under name; the function it replaces, or null. */
+    LocalBus.Hosted host(String name, LocalBus.Hosted h) { return hosted.put(name, h); }
+
+    /** The function that was registered under name, or null. */
+    LocalBus.Hosted unhost(String name) { return hosted.remove(name); }
 
     /** A pool of the runtime's size (CPUSLOT_SANDBOXES) for f. */
     FunctionPool pool(Function f) { return pool(f, cfg.sandboxesPerFunction()); }
@@ -208,12 +223,7 @@ public final class FunctionRuntime implements AutoCloseable {
             Reply refused = checkOwner(ns.getAsString(), "an activation");
             if (refused != null) return finish(platform, fn, t0, refused, "other_owner");
         }
-        Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
-        for (Map.Entry<String, JsonElement> e : activation.entrySet()) {
-            JsonElement v = e.getValue();
-            env.put("__OW_" + e.getKey().toUpperCase(Locale.ROOT), v.isJsonNull() ? "" : v.isJsonPrimitive() ? v.getAsString() : v.toString());
-        }
-        if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
+        Map<String, String> env = environment(fn, activation);
         String activationId = env.getOrDefault("__OW_ACTIVATION_ID", UUID.randomUUID().toString().replace("-", ""));
         String action = env.getOrDefault("__OW_ACTION_NAME", fn.name());
         int depth = 0; // the chain's depth, when a caller's chain sent this activation through the platform
@@ -226,21 +236,7 @@ public final class FunctionRuntime implements AutoCloseable {
             }
         }
 
-        long timeoutNs = TimeUnit.MILLISECONDS.toNanos(hosted != null && hosted.timeoutMs() > 0 ? hosted.timeoutMs() : cfg.defaultTimeoutMs());
-        String dl = env.get("__OW_DEADLINE");
-        if (dl != null && !dl.isBlank() && cfg.enforceDeadline()) {
-            // The invoker enforces the action's time limit; the runtime cancels at the deadline
-            // too, to free the sandbox and slot. A deadline already past (a skewed clock, a test
-            // value) is passed on to the action and the default timeout applies.
-            try {
-                long left = (long) Double.parseDouble(dl) - System.currentTimeMillis();
-                if (left > 0) timeoutNs = TimeUnit.MILLISECONDS.toNanos(left);
-                else metrics.inc("cpuslot_deadline_past_total", "");
-            } catch (NumberFormatException e) {
-                metrics.inc("cpuslot_deadline_unparsed_total", "");
-            }
-        }
-
+        long timeoutNs = timeoutNs(hosted, env.get("__OW_DEADLINE"));
         Quota.Resolved q;
         try {
             q = quota.resolve(value, inv.quotaHeader(), env, fn.initEnv().get(Config.INIT_QUOTA_ENV));
@@ -277,19 +273,13 @@ public final class FunctionRuntime implements AutoCloseable {
         // the steps the container's action declared (its /init env, else the container's env) follow it
         if (hosted == null) o = bus.then(hop, fn.initEnv().getOrDefault(LocalBus.STEPS_ENV, cfg.chainSteps()), o);
 
-        Reply r;
-        String status;
-        if (o.error() != null) {
-            status = o.timedOut() ? "timeout" : "error";
-            r = Reply.error(502, o.timedOut() ? "The action did not finish before its deadline: " + o.error() + "."
-                    : "An error has occurred while invoking the action (see logs for details): " + o.error());
-        } else if (o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray())) {
-            status = "bad_result";
-            r = Reply.error(502, "The action did not return a dictionary.");
-        } else {
-            status = "ok";
-            r = Reply.ok(platform.body(o, q));
-        }
+        String status = status(o);
+        Reply r = switch (status) {
+            case "ok" -> Reply.ok(platform.body(o, q));
+            case "bad_result" -> Reply.error(502, "The action did not return a dictionary.");
+            case "timeout" -> Reply.error(502, "The action did not finish before its deadline: " + o.error() + ".");
+            default -> Reply.error(502, "An error has occurred while invoking the action (see logs for details): " + o.error());
+        };
         Map<String, String> headers = new LinkedHashMap<>(r.headers());
         SlotLease l = o.lease();
         Usage u = o.usage();
@@ -329,7 +319,43 @@ public final class FunctionRuntime implements AutoCloseable {
         java.util.concurrent.CompletableFuture<Usage> later = o.usageLater();
         Runnable after = later == null ? () -> record.accept(u) : () -> later.thenAccept(record);
         return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers, after), status, output);
+    }
 
+    /** The activation's fields as OpenWhisk hands them to an action: {@code __OW_<FIELD>}, over its init env. */
+    private Map<String, String> environment(Function fn, JsonObject activation) {
+        Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
+        for (Map.Entry<String, JsonElement> e : activation.entrySet()) {
+            JsonElement v = e.getValue();
+            env.put("__OW_" + e.getKey().toUpperCase(Locale.ROOT), v.isJsonNull() ? "" : v.isJsonPrimitive() ? v.getAsString() : v.toString());
+        }
+        if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
+        return env;
+    }
+
+    /**
+     * How long the activation may run: until its {@code __OW_DEADLINE}, else a Hydra function's
+     * time limit, else the default. The invoker enforces the action's time limit; the runtime
+     * cancels at the deadline too, to free the sandbox and slot. A deadline already past (a
+     * skewed clock, a test value) is passed on to the action and the default timeout applies.
+     */
+    private long timeoutNs(LocalBus.Hosted hosted, String deadline) {
+        long timeoutNs = TimeUnit.MILLISECONDS.toNanos(hosted != null && hosted.timeoutMs() > 0 ? hosted.timeoutMs() : cfg.defaultTimeoutMs());
+        if (deadline != null && !deadline.isBlank() && cfg.enforceDeadline()) {
+            try {
+                long left = (long) Double.parseDouble(deadline) - System.currentTimeMillis();
+                if (left > 0) timeoutNs = TimeUnit.MILLISECONDS.toNanos(left);
+                else metrics.inc("cpuslot_deadline_past_total", "");
+            } catch (NumberFormatException e) {
+                metrics.inc("cpuslot_deadline_unparsed_total", "");
+            }
+        }
+        return timeoutNs;
+    }
+
+    /** An outcome's status in metrics and the log line: ok, bad_result (not a dictionary), timeout, error. */
+    private static String status(FunctionPool.Outcome o) {
+        return o.error() != null ? (o.timedOut() ? "timeout" : "error")
+                : o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray()) ? "bad_result" : "ok";
     }
 
     /**
@@ -373,8 +399,7 @@ public final class FunctionRuntime implements AutoCloseable {
         } catch (RuntimeException e) { // the pool's own failure: the caller's typed error, not an escape
             o = new FunctionPool.Outcome(null, "runtime error: " + e, false, null, Usage.NONE, 0);
         }
-        String status = o.error() != null ? (o.timedOut() ? "timeout" : "error")
-                : o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray()) ? "bad_result" : "ok";
+        String status = status(o);
         Usage u = o.usage();
         boolean measured = u != null && u.measured();
         if (measured) {
@@ -428,8 +453,9 @@ public final class FunctionRuntime implements AutoCloseable {
 
     @Override
     public void close() {
-        openWhisk.close();
-        hydra.close();
+        FunctionPool p = action;
+        if (p != null) p.close();
+        hosted.values().forEach(h -> h.pool().close());
         if (slots != null) slots.close();
     }
 }

@@ -31,15 +31,20 @@ import java.util.concurrent.Executors;
  * </ul>
  */
 public final class HttpFront implements AutoCloseable {
-    static final int MAX_BODY = 64 << 20;
-
     private final FunctionRuntime rt;
+    private final OpenWhiskAdapter openWhisk;
+    private final KnativeAdapter knative;
+    private final HydraAdapter hydra;
     private final HttpServer server;
     private final HttpServer metricsServer;
     private final ExecutorService executor = Executors.newVirtualThreadPerTaskExecutor();
 
     public HttpFront(FunctionRuntime rt, int port, int metricsPort) throws IOException {
         this.rt = rt;
+        // the adapters keep the platforms' own state (the OpenWhisk action's init): one front per runtime
+        openWhisk = new OpenWhiskAdapter(rt);
+        knative = new KnativeAdapter(rt, openWhisk);
+        hydra = new HydraAdapter(rt);
         server = HttpServer.create(new InetSocketAddress(port), 1024);
         server.setExecutor(executor);
         server.createContext("/", this::handle);
@@ -74,15 +79,15 @@ public final class HttpFront implements AutoCloseable {
             Reply r;
             byte[] raw = readBody(ex);
             if (raw == null) {
-                r = Reply.error(413, "request body larger than " + MAX_BODY + " bytes");
+                r = Reply.error(413, "request body larger than " + Config.MAX_BODY + " bytes");
             } else {
                 String quotaHeader = ex.getRequestHeaders().getFirst(Config.QUOTA_HEADER);
                 boolean usage = "reply".equalsIgnoreCase(ex.getRequestHeaders().getFirst(Config.USAGE_HEADER));
                 switch (path) {
-                    case "/init" -> r = withJson(raw, o -> rt.openWhisk().init(o));
-                    case "/run" -> r = withJson(raw, o -> rt.openWhisk().run(o, quotaHeader, usage));
-                    case "/register" -> r = rt.hydra().register(query(ex), raw);
-                    case "/deregister" -> r = rt.hydra().deregister(query(ex).get("name"));
+                    case "/init" -> r = withJson(raw, o -> openWhisk.init(o));
+                    case "/run" -> r = withJson(raw, o -> openWhisk.run(o, quotaHeader, usage));
+                    case "/register" -> r = hydra.register(query(ex), raw);
+                    case "/deregister" -> r = hydra.deregister(query(ex).get("name"));
                     case "/warmup" -> r = Reply.ok();
                     case "/" -> {
                         if (method.equals("GET") || raw.length == 0) {
@@ -90,8 +95,8 @@ public final class HttpFront implements AutoCloseable {
                         } else {
                             boolean report = "body".equalsIgnoreCase(ex.getRequestHeaders().getFirst("X-Cpuslot-Report"));
                             r = withJson(raw, o -> o.has("name") && o.has("arguments")
-                                    ? rt.hydra().invoke(o, quotaHeader, report, usage)
-                                    : rt.knative().handle(o, quotaHeader, usage));
+                                    ? hydra.invoke(o, quotaHeader, report, usage)
+                                    : knative.handle(o, quotaHeader, usage));
                         }
                     }
                     default -> r = Reply.error(404, "no such endpoint: " + path);
@@ -127,8 +132,8 @@ public final class HttpFront implements AutoCloseable {
 
     private static byte[] readBody(HttpExchange ex) throws IOException {
         try (InputStream in = ex.getRequestBody()) {
-            byte[] b = in.readNBytes(MAX_BODY + 1);
-            return b.length > MAX_BODY ? null : b;
+            byte[] b = in.readNBytes(Config.MAX_BODY + 1);
+            return b.length > Config.MAX_BODY ? null : b;
         }
     }
 

@@ -15,34 +15,25 @@ import java.time.Duration;
 import java.util.LinkedHashMap;
 import java.util.Locale;
 import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
-import java.util.function.BiConsumer;
 
 /**
  * Graalvisor/Hydra's protocol: functions registered by name ({@code /register},
  * {@code /deregister}) and invoked as {@code {"name", "arguments": "<JSON string>"}}, answered
  * {@code {"result", "process time (us)"}}. The registered functions are the co-located set that
- * local chain calls reach ({@link LocalBus}).
+ * local chain calls reach ({@link LocalBus}); the core hosts them.
  */
 public final class HydraAdapter {
     private final FunctionRuntime rt;
     private final Config cfg;
     private final Metrics metrics;
-    /** The registered functions by name. */
-    private final Map<String, LocalBus.Hosted> hosted = new ConcurrentHashMap<>();
     private final Lazy<HttpClient> http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
             .followRedirects(HttpClient.Redirect.NORMAL).build());
 
-    HydraAdapter(FunctionRuntime rt, Config cfg, Metrics metrics) {
+    public HydraAdapter(FunctionRuntime rt) {
         this.rt = rt;
-        this.cfg = cfg;
-        this.metrics = metrics;
+        this.cfg = rt.config();
+        this.metrics = rt.metrics();
     }
-
-    /** A registered function, or null. */
-    LocalBus.Hosted find(String name) { return hosted.get(name); }
-
-    void forEachPool(BiConsumer<String, FunctionPool> f) { hosted.forEach((name, h) -> f.accept(name, h.pool())); }
 
     /** {@code /register?name=&url=&entryPoint=&language=&sandbox=[&quota=]}; code from the body or url. */
     public Reply register(Map<String, String> q, byte[] body) {
@@ -72,7 +63,7 @@ public final class HydraAdapter {
                 if (timeoutMs <= 0) throw new IllegalArgumentException("timeout is not a number of milliseconds above 0: " + q.get("timeout"));
             }
             String who = q.get("owner") == null ? "" : q.get("owner").trim();
-            LocalBus.Hosted old = hosted.put(name, new LocalBus.Hosted(rt.pool(f), who, timeoutMs));
+            LocalBus.Hosted old = rt.host(name, new LocalBus.Hosted(rt.pool(f), who, timeoutMs));
             if (old != null) old.pool().close();
             Log.info("registered " + language + " function " + name);
             rt.warmSlots("/register");
@@ -97,7 +88,7 @@ public final class HydraAdapter {
 
     /** {@code /deregister?name=}. */
     public Reply deregister(String name) {
-        LocalBus.Hosted h = name == null ? null : hosted.remove(name);
+        LocalBus.Hosted h = name == null ? null : rt.unhost(name);
         if (h == null) return Reply.error(404, "no function named " + name);
         h.pool().close();
         JsonObject o = new JsonObject();
@@ -113,7 +104,7 @@ public final class HydraAdapter {
      */
     public Reply invoke(JsonObject body, String quotaHeader, boolean report, boolean usageAsked) {
         String name = body.get("name").isJsonPrimitive() ? body.get("name").getAsString() : null;
-        LocalBus.Hosted h = name == null ? null : hosted.get(name);
+        LocalBus.Hosted h = name == null ? null : rt.hosted(name);
         FunctionPool p = h == null ? null : h.pool();
         if (p == null) {
             metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "unknown_function"));
@@ -150,6 +141,4 @@ public final class HydraAdapter {
             return h;
         }
     }
-
-    void close() { hosted.values().forEach(h -> h.pool().close()); }
 }

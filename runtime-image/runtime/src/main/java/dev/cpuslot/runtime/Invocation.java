@@ -4,7 +4,7 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 
 /**
- * One activation, as a platform's adapter hands it to the core ({@link FunctionRuntime#run}).
+ * One activation, as a platform's adapter hands it to the core to run.
  *
  * @param activation the activation's fields (OpenWhisk's {@code activation_id}, {@code namespace},
  *                   {@code deadline}...): the function sees each as {@code __OW_<FIELD>}

@@ -17,11 +17,11 @@ public final class KnativeAdapter implements Platform {
     private final Metrics metrics;
     private final PrintStream err;
 
-    KnativeAdapter(FunctionRuntime rt, OpenWhiskAdapter ow, Metrics metrics, PrintStream err) {
+    public KnativeAdapter(FunctionRuntime rt, OpenWhiskAdapter ow) {
         this.rt = rt;
         this.ow = ow;
-        this.metrics = metrics;
-        this.err = err;
+        this.metrics = rt.metrics();
+        this.err = rt.err();
     }
 
     /**
@@ -35,12 +35,12 @@ public final class KnativeAdapter implements Platform {
             Reply r;
             synchronized (ow.initLock) {
                 JsonElement init = body.get("init");
-                if (ow.pool() != null && init.isJsonObject() && sameCode(ow.initValue(), init.getAsJsonObject())) {
+                if (rt.action() != null && init.isJsonObject() && sameCode(ow.initValue(), init.getAsJsonObject())) {
                     // Knative sends the init with every request (and to every pod scale-out adds):
                     // the same code again is not a second init; run the activation
                     metrics.inc("cpuslot_repeated_inits_total", "");
                     r = null;
-                } else if (ow.pool() != null) {
+                } else if (rt.action() != null) {
                     err.println("Cannot initialize the action more than once: this runtime already runs different code.");
                     metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "reinit_different"));
                     return Reply.error(403, "Cannot initialize the action more than once: this runtime already runs different code.");
@@ -54,7 +54,7 @@ public final class KnativeAdapter implements Platform {
             if (r == null && !run) return Reply.ok();
             if (r != null && (r.status() != 200 || !run)) return r;
         }
-        FunctionPool p = ow.pool();
+        FunctionPool p = rt.action();
         if (p == null) {
             rt.sentinels();
             return Reply.error(502, "Cannot invoke an uninitialized action.");

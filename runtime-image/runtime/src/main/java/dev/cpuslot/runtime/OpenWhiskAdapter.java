@@ -26,23 +26,19 @@ public final class OpenWhiskAdapter implements Platform {
     private final PrintStream err;
     /** Held while the action is deployed (an init, and Knative's check for a repeated one). */
     final Object initLock = new Object();
-    private volatile FunctionPool pool;
-    /** The init that made pool (its value object), to recognise a repeated Knative init. */
+    /** The init that deployed the action (its value object), to recognise a repeated Knative init. */
     private volatile JsonObject initValue;
     private volatile boolean concurrent;
     private final AtomicBoolean running = new AtomicBoolean();
     /** Actions already warned about: no api_key in /run, so no annotation lookup (warned once each). */
     private final Map<String, Boolean> warnedNoApiKey = new ConcurrentHashMap<>();
 
-    OpenWhiskAdapter(FunctionRuntime rt, Config cfg, Metrics metrics, PrintStream err) {
+    public OpenWhiskAdapter(FunctionRuntime rt) {
         this.rt = rt;
-        this.cfg = cfg;
-        this.metrics = metrics;
-        this.err = err;
+        this.cfg = rt.config();
+        this.metrics = rt.metrics();
+        this.err = rt.err();
     }
-
-    /** The container's action, or null before its init. */
-    FunctionPool pool() { return pool; }
 
     /** The value object of the init that deployed the action. */
     JsonObject initValue() { return initValue; }
@@ -54,10 +50,10 @@ public final class OpenWhiskAdapter implements Platform {
         return r;
     }
 
-    /** @param openwhisk false: Knative's init, whose action takes the runtime's pool size (no concurrency gate) */
+    /** @param openwhisk false: Knative's init, whose action gets a pool of the runtime's size (CPUSLOT_SANDBOXES) */
     Reply init(JsonObject body, boolean openwhisk) {
         synchronized (initLock) {
-            if (pool != null) {
+            if (rt.action() != null) {
                 err.println("Cannot initialize the action more than once.");
                 metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "reinit"));
                 return Reply.error(403, "Cannot initialize the action more than once.");
@@ -89,14 +85,16 @@ public final class OpenWhiskAdapter implements Platform {
                 String name = str(v, "name", OW_ACTION);
                 if (name.isBlank()) name = OW_ACTION;
                 Function f = rt.create(name, lang, bin, binary ? null : code, main, env);
+                FunctionPool p;
                 if (openwhisk) {
                     concurrent = cfg.owConcurrent() || "true".equalsIgnoreCase(env.getOrDefault("__OW_ALLOW_CONCURRENT", "").trim());
-                    pool = pool(f);
+                    p = pool(f);
                 } else {
-                    pool = rt.pool(f);
+                    p = rt.pool(f);
                 }
+                rt.deploy(p);
                 initValue = v.deepCopy();
-                Log.info("initialised " + pool.function().language() + " action " + name + " (main " + main + ")");
+                Log.info("initialised " + p.function().language() + " action " + name + " (main " + main + ")");
                 return Reply.ok();
             } catch (Exception e) {
                 String msg = e instanceof IllegalArgumentException ? e.getMessage() : "An error has occurred (see logs for details): " + e;
@@ -135,7 +133,7 @@ public final class OpenWhiskAdapter implements Platform {
      * @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER})
      */
     public Reply run(JsonObject body, String quotaHeader, boolean usageAsked) {
-        FunctionPool p = pool;
+        FunctionPool p = rt.action();
         if (p == null) {
             rt.sentinels();
             return Reply.error(502, "Cannot invoke an uninitialized action.");
@@ -185,10 +183,5 @@ public final class OpenWhiskAdapter implements Platform {
     private static String str(JsonObject o, String k, String def) {
         JsonElement e = o.get(k);
         return e == null || e.isJsonNull() || !e.isJsonPrimitive() ? def : e.getAsString();
-    }
-
-    void close() {
-        FunctionPool p = pool;
-        if (p != null) p.close();
     }
 }

@@ -5,9 +5,8 @@ import com.google.gson.JsonElement;
 import java.util.Map;
 
 /**
- * What the core ({@link FunctionRuntime#run}) asks of the platform an activation came from; each
- * adapter ({@link OpenWhiskAdapter}, {@link KnativeAdapter}, {@link HydraAdapter}) answers for
- * its own. Everything else about an invocation is the same on every platform.
+ * What the core asks of the platform an activation came from; each platform's adapter answers
+ * for its own. Everything else about an invocation is the same on every platform.
  */
 interface Platform {
     /** The platform's name in metrics: openwhisk, knative, hydra. */

@@ -6,8 +6,8 @@ import com.google.gson.JsonObject;
 import java.util.Map;
 
 /**
- * An HTTP-agnostic reply, as an adapter renders it for {@link HttpFront}. {@code after}: work for
- * after the reply is sent (the activation's log line and usage metrics), or null.
+ * An HTTP-agnostic reply, as a platform's adapter renders it for the HTTP front. {@code after}:
+ * work for after the reply is sent (the activation's log line and usage metrics), or null.
  */
 public record Reply(int status, JsonElement body, Map<String, String> headers, Runnable after) {
     public Reply(int status, JsonElement body, Map<String, String> headers) { this(status, body, headers, null); }
