@@ -59,6 +59,8 @@ public record Config(
     public static final String INIT_QUOTA_ENV = "CPUSLOT_QUOTA";
     /** Per action (/init env): most sandboxes this action may use, at most the runtime's bound. */
     public static final String INIT_SANDBOXES_ENV = "CPUSLOT_SANDBOXES";
+    /** The largest request body, and the most a function's zip may unpack to. */
+    static final int MAX_BODY = 64 << 20;
 
     public static Config fromEnv() { return from(System.getenv()); }
 

@@ -2,22 +2,13 @@ package dev.cpuslot.runtime;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
-import com.google.gson.JsonParser;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.SlotClient;
 import dev.cpuslot.slot.SlotLease;
 import dev.cpuslot.slot.Usage;
 
 import java.io.PrintStream;
-import java.net.URI;
-import java.net.http.HttpClient;
-import java.net.http.HttpRequest;
-import java.net.http.HttpResponse;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.time.Duration;
-import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.Locale;
 import java.util.Map;
@@ -25,51 +16,34 @@ import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Predicate;
 import java.util.regex.Pattern;
 
 /**
- * The platform-independent core: deploys functions and runs invocations, and renders each
- * platform's reply. HTTP lives in {@link HttpFront}.
+ * The platform-independent core: deploys and hosts functions, and runs an invocation (owner,
+ * deadline, quota, a slot and a worker from the function's pool, metrics, the log line, the
+ * reply's headers) the same way for every platform. Each platform's protocol (OpenWhisk,
+ * Knative, Hydra) is an adapter over it, a class of its own that maps the platform's requests
+ * to an {@link Invocation} and shapes its replies ({@link Platform}); the HTTP front routes
+ * requests to the adapters.
  */
 public final class FunctionRuntime implements AutoCloseable {
     public static final String SENTINEL = ActivationOutput.SENTINEL;
-    static final String OW_ACTION = "__ow_action";
-
-    /** An HTTP-agnostic reply. */
-    /**
-     * An HTTP-agnostic reply. {@code after}: work for after the reply is sent (the activation's
-     * log line and usage metrics), or null.
-     */
-    public record Reply(int status, JsonElement body, Map<String, String> headers, Runnable after) {
-        public Reply(int status, JsonElement body, Map<String, String> headers) { this(status, body, headers, null); }
-        static Reply ok(JsonElement b) { return new Reply(200, b, Map.of()); }
-        static Reply error(int status, String msg) {
-            JsonObject o = new JsonObject();
-            o.addProperty("error", msg);
-            return new Reply(status, o, Map.of());
-        }
-    }
 
     private final Config cfg;
     private final Metrics metrics;
     private final Quota quota;
     private final SlotClient slots;
     private final PrintStream out, err;
-    /** Hydra's registered functions: the co-located set local chain calls reach. */
-    private final Map<String, LocalBus.Hosted> hydra = new ConcurrentHashMap<>();
+    /** The container's one action (OpenWhisk's /init, Knative's init), or null before it. */
+    private volatile FunctionPool action;
+    /** The registered functions (Hydra's /register): the co-located set local chain calls reach. */
+    private final Map<String, LocalBus.Hosted> hosted = new ConcurrentHashMap<>();
     private final LocalBus bus;
-    private volatile FunctionPool owPool;
-    /** The init that made owPool (its value object), to recognise a repeated Knative init. */
-    private volatile JsonObject owInitValue;
-    /** Actions already warned about: no api_key in /run, so no annotation lookup (warned once each). */
-    private final Map<String, Boolean> warnedNoApiKey = new ConcurrentHashMap<>();
-    private final Object initLock = new Object();
     /** The owner this runtime serves: CPUSLOT_OWNER, else the first one seen; "*" serves any. */
     private final java.util.concurrent.atomic.AtomicReference<String> owner = new java.util.concurrent.atomic.AtomicReference<>();
     private final Runaways runaways;
     private final AtomicLong inFlight;
-    private final Lazy<HttpClient> http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
-            .followRedirects(HttpClient.Redirect.NORMAL).build());
 
     public FunctionRuntime(Config cfg, Metrics metrics, SlotClient slots, PrintStream out, PrintStream err) {
         this.cfg = cfg;
@@ -89,7 +63,7 @@ public final class FunctionRuntime implements AutoCloseable {
         this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
         owner.set(cfg.owner());
         this.bus = new LocalBus(new LocalBus.Host() {
-            @Override public LocalBus.Hosted find(String function) { return hydra.get(function); }
+            @Override public LocalBus.Hosted find(String function) { return hosted.get(function); }
             @Override public FunctionPool.Outcome run(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
                 return runHop(callee, args, hop, mode);
             }
@@ -134,17 +108,21 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_repeated_inits_total", "counter", "Knative requests that bundled the same init again (ignored; the activation ran).");
         metrics.describe("cpuslot_deadline_past_total", "counter", "Activations whose __OW_DEADLINE had already passed on arrival: run with the default timeout.");
         metrics.describe("cpuslot_deadline_unparsed_total", "counter", "Activations whose __OW_DEADLINE was not epoch milliseconds: run with the default timeout.");
-        metrics.describe("cpuslot_chain_calls_total", "counter", "Local chain calls by callee, mode (sync, async) and status (ok, error, timeout, bad_result, or the refusal: not_local, other_owner, depth, fan_out...).");
+        metrics.describe("cpuslot_chain_calls_total", "counter", "Local chain calls by callee, mode (sync, async, sequence, conductor) and status (ok, error, timeout, bad_result, or the refusal: not_local, other_owner, depth, fan_out...).");
     }
 
     private void forEachPool(java.util.function.BiConsumer<String, FunctionPool> f) {
-        FunctionPool p = owPool;
+        FunctionPool p = action;
         if (p != null) f.accept(p.function().name(), p);
-        hydra.forEach((name, h) -> f.accept(name, h.pool()));
+        hosted.forEach((name, h) -> f.accept(name, h.pool()));
     }
 
     public Metrics metrics() { return metrics; }
     public SlotClient slots() { return slots; }
+    Config config() { return cfg; }
+    /** The tenant's stderr: where OpenWhisk's runtimes print a refused request. */
+    PrintStream err() { return err; }
+    LocalBus bus() { return bus; }
 
     // ---- deployment -------------------------------------------------------------------------
 
@@ -168,36 +146,35 @@ public final class FunctionRuntime implements AutoCloseable {
         return new PolyglotFunction(name, lang, text, main, initEnv);
     }
 
-    private FunctionPool pool(Function f) {
-        return new FunctionPool(ConductorFunction.wrap(f, bus, null), cfg.sandboxesPerFunction(), cfg.workerIdleMs(), slots, metrics, runaways);
-    }
+    /** The container's action, or null before its init. */
+    FunctionPool action() { return action; }
+
+    void deploy(FunctionPool p) { action = p; }
+
+    /** A registered function, or null. */
+    LocalBus.Hosted hosted(String name) { return hosted.get(name); }
+
+    /** Registers h under name; the function it replaces, or null. */
+    LocalBus.Hosted host(String name, LocalBus.Hosted h) { return hosted.put(name, h); }
+
+    /** The function that was registered under name, or null. */
+    LocalBus.Hosted unhost(String name) { return hosted.remove(name); }
+
+    /** A pool of the runtime's size (CPUSLOT_SANDBOXES) for f; a conductor only when its init env declares one. */
+    FunctionPool pool(Function f) { return pool(f, cfg.sandboxesPerFunction(), null); }
 
     /**
-     * OpenWhisk sends one activation at a time to a container unless the action allows
-     * concurrency, and then says so with {@code __OW_ALLOW_CONCURRENT} (container environment, or
-     * the action's /init env). Concurrent: sandboxes grow on demand up to CPUSLOT_OW_MAX_CONCURRENCY
-     * (per action: /init env CPUSLOT_SANDBOXES, at most that). Otherwise one sandbox, and an
-     * overlapping /run is refused as OpenWhisk's runtimes refuse it.
+     * A pool of {@code sandboxes} for f, run as a conductor when its init env declares one or
+     * {@code annotated} (OpenWhisk's conductor annotation, see {@link #conductorAnnotation}) says so.
      */
-    private FunctionPool owPool(Function f) {
-        int max = owConcurrent ? cfg.owMaxConcurrency() : 1;
-        String per = f.initEnv().get(Config.INIT_SANDBOXES_ENV);
-        if (owConcurrent && per != null && !per.isBlank()) {
-            try {
-                max = Math.max(1, Math.min(max, Integer.parseInt(per.trim())));
-            } catch (NumberFormatException e) {
-                throw new IllegalArgumentException(Config.INIT_SANDBOXES_ENV + " is not a number: " + per);
-            }
-        }
-        // OpenWhisk: the action's conductor annotation, read as its cpu-quota annotation is
-        return new FunctionPool(ConductorFunction.wrap(f, bus, cfg.annotationLookup() ? quota::conductor : null), max,
-                cfg.workerIdleMs(), slots, metrics, runaways);
+    FunctionPool pool(Function f, int sandboxes, Predicate<Map<String, String>> annotated) {
+        return new FunctionPool(ConductorFunction.wrap(f, bus, annotated), sandboxes, cfg.workerIdleMs(), slots, metrics, runaways);
     }
 
-    private volatile boolean owConcurrent;
-    private final java.util.concurrent.atomic.AtomicBoolean owRunning = new java.util.concurrent.atomic.AtomicBoolean();
-
-    // ---- OpenWhisk ----------------------------------------------------------------------------
+    /** OpenWhisk: the action's conductor annotation, read as its cpu-quota annotation is; null when annotations are not read. */
+    Predicate<Map<String, String>> conductorAnnotation() {
+        return cfg.annotationLookup() ? quota::conductor : null;
+    }
 
     /**
      * Gets the slot client ready for the first invocation (connect + HELLO, FFM calls and code
@@ -212,243 +189,6 @@ public final class FunctionRuntime implements AutoCloseable {
         long ms = (System.nanoTime() - t0) / 1_000_000;
         if (!ok) Log.info("slot client not connected to the agent after " + why + " (waited " + ms
                 + " ms); invocations connect when they need a slot");
-    }
-
-    /** OpenWhisk {@code POST /init}. */
-    public Reply owInit(JsonObject body) {
-        Reply r = owInitLocked(body, true);
-        if (r.status() == 200) warmSlots("/init");
-        return r;
-    }
-
-    private Reply owInitLocked(JsonObject body, boolean openwhisk) {
-        synchronized (initLock) {
-            if (owPool != null) {
-                err.println("Cannot initialize the action more than once.");
-                metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "reinit"));
-                return Reply.error(403, "Cannot initialize the action more than once.");
-            }
-            JsonObject v = body != null && body.has("value") && body.get("value").isJsonObject() ? body.getAsJsonObject("value") : null;
-            if (v == null || !v.has("code") || v.get("code").isJsonNull()) {
-                return Reply.error(403, "Missing main/no code to execute.");
-            }
-            try {
-                Map<String, String> env = new LinkedHashMap<>();
-                if (v.has("env") && v.get("env").isJsonObject()) {
-                    for (Map.Entry<String, JsonElement> e : v.getAsJsonObject("env").entrySet())
-                        // as OpenWhisk exports init parameters: strings as is, null as "", the rest as JSON
-                        env.put(e.getKey(), e.getValue().isJsonNull() ? "" : e.getValue().isJsonPrimitive() ? e.getValue().getAsString() : e.getValue().toString());
-                }
-                String main = str(v, "main", "main");
-                boolean binary = v.has("binary") && v.get("binary").isJsonPrimitive() && v.get("binary").getAsBoolean();
-                String code = v.get("code").getAsString();
-                byte[] bin = null;
-                if (binary) {
-                    try {
-                        bin = Base64.getMimeDecoder().decode(code);
-                    } catch (IllegalArgumentException e) {
-                        return Reply.error(502, "Unable to decode the base64 code: " + e.getMessage());
-                    }
-                }
-                // the image's kind fixes the language; the generic image takes it from the action's env, or guesses
-                String lang = cfg.language() != null ? cfg.language() : env.get("CPUSLOT_LANGUAGE");
-                String name = str(v, "name", OW_ACTION);
-                if (name.isBlank()) name = OW_ACTION;
-                Function f = create(name, lang, bin, binary ? null : code, main, env);
-                if (openwhisk) {
-                    owConcurrent = cfg.owConcurrent() || "true".equalsIgnoreCase(env.getOrDefault("__OW_ALLOW_CONCURRENT", "").trim());
-                    owPool = owPool(f);
-                } else {
-                    owPool = pool(f);
-                }
-                owInitValue = v.deepCopy();
-                Log.info("initialised " + owPool.function().language() + " action " + name + " (main " + main + ")");
-                JsonObject ok = new JsonObject();
-                ok.addProperty("ok", true);
-                return Reply.ok(ok);
-            } catch (Exception e) {
-                String msg = e instanceof IllegalArgumentException ? e.getMessage() : "An error has occurred (see logs for details): " + e;
-                err.println(msg);
-                Log.info("init failed: " + msg);
-                metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "init_failed"));
-                sentinels();
-                return Reply.error(502, msg);
-            }
-        }
-    }
-
-    /** OpenWhisk {@code POST /run}. */
-    public Reply owRun(JsonObject body, String quotaHeader, String platform) { return owRun(body, quotaHeader, platform, false); }
-
-    /** @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER}) */
-    public Reply owRun(JsonObject body, String quotaHeader, String platform, boolean usageAsked) {
-        FunctionPool p = owPool;
-        if (p == null) {
-            sentinels();
-            return Reply.error(502, "Cannot invoke an uninitialized action.");
-        }
-        JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
-        JsonObject activation = new JsonObject();
-        for (Map.Entry<String, JsonElement> e : body.entrySet()) if (!e.getKey().equals("value")) activation.add(e.getKey(), e.getValue());
-        if (owConcurrent) return run(p, activation, value, quotaHeader, platform, true, false, usageAsked, null);
-        // one activation at a time, as OpenWhisk's runtimes without __OW_ALLOW_CONCURRENT
-        if (!owRunning.compareAndSet(false, true)) {
-            metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "not_concurrent"));
-            err.println("Internal system error: System not ready, status is running.");
-            err.flush();
-            return Reply.error(403, "System not ready, status is running.");
-        }
-        try {
-            return run(p, activation, value, quotaHeader, platform, true, false, usageAsked, null);
-        } finally {
-            owRunning.set(false);
-        }
-    }
-
-    /** Knative single entrypoint {@code POST /}: {@code init}, {@code activation}+{@code value}, or both. */
-    public Reply knative(JsonObject body, String quotaHeader) { return knative(body, quotaHeader, false); }
-
-    /** @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER}) */
-    public Reply knative(JsonObject body, String quotaHeader, boolean usageAsked) {
-        if (body.has("init")) {
-            boolean run = body.has("activation") || body.has("value");
-            Reply r;
-            synchronized (initLock) {
-                JsonElement init = body.get("init");
-                if (owPool != null && init.isJsonObject() && sameCode(owInitValue, init.getAsJsonObject())) {
-                    // Knative sends the init with every request (and to every pod scale-out adds):
-                    // the same code again is not a second init; run the activation
-                    metrics.inc("cpuslot_repeated_inits_total", "");
-                    r = null;
-                } else if (owPool != null) {
-                    err.println("Cannot initialize the action more than once: this runtime already runs different code.");
-                    metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "reinit_different"));
-                    return Reply.error(403, "Cannot initialize the action more than once: this runtime already runs different code.");
-                } else {
-                    JsonObject initBody = new JsonObject();
-                    initBody.add("value", init);
-                    r = owInitLocked(initBody, false);
-                }
-            }
-            if (r != null && r.status() == 200) warmSlots("init");
-            if (r == null && !run) {
-                JsonObject ok = new JsonObject();
-                ok.addProperty("ok", true);
-                return Reply.ok(ok);
-            }
-            if (r != null && (r.status() != 200 || !run)) return r;
-        }
-        FunctionPool p = owPool;
-        if (p == null) {
-            sentinels();
-            return Reply.error(502, "Cannot invoke an uninitialized action.");
-        }
-        JsonObject activation = body.has("activation") && body.get("activation").isJsonObject() ? body.getAsJsonObject("activation") : new JsonObject();
-        JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
-        return run(p, activation, value, quotaHeader, "knative", true, false, usageAsked, null);
-    }
-
-    /** Same function: code, binary, main and env of an init value (the name is not compared). */
-    static boolean sameCode(JsonObject a, JsonObject b) {
-        if (a == null || b == null) return false;
-        for (String k : new String[] {"code", "binary", "main", "env"}) {
-            JsonElement x = a.get(k), y = b.get(k);
-            boolean xNull = x == null || x.isJsonNull(), yNull = y == null || y.isJsonNull();
-            if (xNull != yNull || (!xNull && !x.equals(y))) return false;
-        }
-        return true;
-    }
-
-    // ---- Graalvisor / Hydra -------------------------------------------------------------------
-
-    /** {@code /register?name=&url=&entryPoint=&language=&sandbox=[&quota=]}; code from the body or url. */
-    public Reply hydraRegister(Map<String, String> q, byte[] body) {
-        String name = q.get("name");
-        if (name == null || name.isBlank()) return Reply.error(400, "missing name");
-        String language = q.getOrDefault("language", "java").toLowerCase(Locale.ROOT);
-        String entry = q.get("entryPoint");
-        Reply refused = checkOwner(q.get("owner"), "/register of " + name);
-        if (refused != null) return refused;
-        try {
-            byte[] code = q.containsKey("steps") ? null : body != null && body.length > 0 ? body : fetch(q.get("url"));
-            Map<String, String> env = new LinkedHashMap<>();
-            if (q.containsKey("quota")) env.put(Config.INIT_QUOTA_ENV, q.get("quota"));
-            if (q.containsKey("sandbox")) env.put("CPUSLOT_SANDBOX", q.get("sandbox"));
-            if (q.containsKey("conductor")) env.put(ConductorFunction.ENV, q.get("conductor"));
-            // steps=a,b,c: a sequence of functions (local first, then the platform's), no code of its own
-            Function f = q.containsKey("steps") ? new SequenceFunction(name, LocalBus.parseSteps(q.get("steps")), env, bus)
-                    : language.equals("java")
-                    ? create(name, "java", code, null, entry == null ? "main" : entry, env)
-                    : create(name, language, null, new String(code, StandardCharsets.UTF_8), entry, env);
-            long timeoutMs = 0;
-            if (q.containsKey("timeout")) {
-                try {
-                    timeoutMs = Long.parseLong(q.get("timeout").trim());
-                } catch (NumberFormatException e) {
-                    timeoutMs = -1;
-                }
-                if (timeoutMs <= 0) throw new IllegalArgumentException("timeout is not a number of milliseconds above 0: " + q.get("timeout"));
-            }
-            String who = q.get("owner") == null ? "" : q.get("owner").trim();
-            LocalBus.Hosted old = hydra.put(name, new LocalBus.Hosted(pool(f), who, timeoutMs));
-            if (old != null) old.pool().close();
-            Log.info("registered " + language + " function " + name);
-            warmSlots("/register");
-            JsonObject o = new JsonObject();
-            o.addProperty("registered", name);
-            return Reply.ok(o);
-        } catch (Exception e) {
-            metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "register_failed"));
-            return Reply.error(400, "cannot register " + name + ": " + e.getMessage());
-        }
-    }
-
-    private byte[] fetch(String url) throws Exception {
-        if (url == null || url.isBlank()) throw new IllegalArgumentException("missing url (or code in the body)");
-        URI u = URI.create(url);
-        if ("file".equals(u.getScheme())) return Files.readAllBytes(Path.of(u));
-        HttpResponse<byte[]> r = http.get().send(HttpRequest.newBuilder(u).timeout(Duration.ofSeconds(60)).GET().build(),
-                HttpResponse.BodyHandlers.ofByteArray());
-        if (r.statusCode() != 200) throw new IllegalStateException("HTTP " + r.statusCode() + " from " + url);
-        return r.body();
-    }
-
-    public Reply hydraDeregister(String name) {
-        LocalBus.Hosted h = name == null ? null : hydra.remove(name);
-        if (h == null) return Reply.error(404, "no function named " + name);
-        h.pool().close();
-        JsonObject o = new JsonObject();
-        o.addProperty("deregistered", name);
-        return Reply.ok(o);
-    }
-
-    /** Hydra invoke: {@code {"name", "arguments": "<JSON string>"}} -> {@code {"result", "process time (us)"}}. */
-    public Reply hydraInvoke(JsonObject body, String quotaHeader, boolean report) { return hydraInvoke(body, quotaHeader, report, false); }
-
-    /** @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER}) */
-    public Reply hydraInvoke(JsonObject body, String quotaHeader, boolean report, boolean usageAsked) {
-        String name = body.get("name").isJsonPrimitive() ? body.get("name").getAsString() : null;
-        LocalBus.Hosted h = name == null ? null : hydra.get(name);
-        FunctionPool p = h == null ? null : h.pool();
-        if (p == null) {
-            metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "unknown_function"));
-            return Reply.error(404, "no function named " + name);
-        }
-        JsonElement args = body.get("arguments");
-        if (args != null && args.isJsonPrimitive() && args.getAsJsonPrimitive().isString()) {
-            try {
-                String s = args.getAsString();
-                args = s.isBlank() ? new JsonObject() : JsonParser.parseString(s);
-            } catch (RuntimeException e) {
-                metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "malformed_arguments"));
-                return Reply.error(400, "arguments are not JSON: " + e.getMessage());
-            }
-        }
-        if (args == null || args.isJsonNull()) args = new JsonObject();
-        JsonObject activation = new JsonObject();
-        activation.addProperty("action_name", name);
-        return run(p, activation, args, quotaHeader, "hydra", false, report || cfg.reportInBody(),
-                usageAsked || report || cfg.reportInBody(), h);
     }
 
     // ---- tenancy ------------------------------------------------------------------------------
@@ -476,25 +216,24 @@ public final class FunctionRuntime implements AutoCloseable {
     // ---- running ------------------------------------------------------------------------------
 
     /**
-     * @param usageAsked the answer must carry the invocation's CPU usage: the slot's counters are
-     *                   read before the reply (else after it, off the invocation's critical path)
-     * @param hosted a Hydra function (its owner and time limit), else null
+     * Runs one activation that an adapter mapped from its platform's request, and renders the
+     * reply: the platform's body ({@link Platform#body}) or the shared error, the slot's headers.
      */
-    private Reply run(FunctionPool p, JsonObject activation, JsonElement value, String quotaHeader, String platform,
-                      boolean sentinels, boolean reportInBody, boolean usageAsked, LocalBus.Hosted hosted) {
+    Reply run(Invocation inv) {
         long t0 = System.nanoTime();
+        Platform platform = inv.platform();
+        FunctionPool p = inv.pool();
         Function fn = p.function();
+        LocalBus.Hosted hosted = inv.hosted();
+        JsonObject activation = inv.activation();
+        JsonElement value = inv.value();
         JsonElement ns = activation.get("namespace");
-        if (!platform.equals("hydra") && ns != null && ns.isJsonPrimitive()) {
+        // a hosted (Hydra) function's owner was checked at its /register
+        if (hosted == null && ns != null && ns.isJsonPrimitive()) {
             Reply refused = checkOwner(ns.getAsString(), "an activation");
-            if (refused != null) return finish(platform, fn, t0, refused, sentinels, "other_owner");
+            if (refused != null) return finish(platform, fn, t0, refused, "other_owner");
         }
-        Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
-        for (Map.Entry<String, JsonElement> e : activation.entrySet()) {
-            JsonElement v = e.getValue();
-            env.put("__OW_" + e.getKey().toUpperCase(Locale.ROOT), v.isJsonNull() ? "" : v.isJsonPrimitive() ? v.getAsString() : v.toString());
-        }
-        if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
+        Map<String, String> env = environment(fn, activation);
         String activationId = env.getOrDefault("__OW_ACTIVATION_ID", UUID.randomUUID().toString().replace("-", ""));
         String action = env.getOrDefault("__OW_ACTION_NAME", fn.name());
         int depth = 0; // the chain's depth, when a caller's chain sent this activation through the platform
@@ -503,33 +242,19 @@ public final class FunctionRuntime implements AutoCloseable {
             try {
                 depth = bus.arrivedDepth(value);
             } catch (IllegalArgumentException e) {
-                return finish(platform, fn, t0, Reply.error(400, e.getMessage()), sentinels, "bad_request");
+                return finish(platform, fn, t0, Reply.error(400, e.getMessage()), "bad_request");
             }
         }
 
-        long timeoutNs = TimeUnit.MILLISECONDS.toNanos(hosted != null && hosted.timeoutMs() > 0 ? hosted.timeoutMs() : cfg.defaultTimeoutMs());
-        String dl = env.get("__OW_DEADLINE");
-        if (dl != null && !dl.isBlank() && cfg.enforceDeadline()) {
-            // The invoker enforces the action's time limit; the runtime cancels at the deadline
-            // too, to free the sandbox and slot. A deadline already past (a skewed clock, a test
-            // value) is passed on to the action and the default timeout applies.
-            try {
-                long left = (long) Double.parseDouble(dl) - System.currentTimeMillis();
-                if (left > 0) timeoutNs = TimeUnit.MILLISECONDS.toNanos(left);
-                else metrics.inc("cpuslot_deadline_past_total", "");
-            } catch (NumberFormatException e) {
-                metrics.inc("cpuslot_deadline_unparsed_total", "");
-            }
-        }
-
+        long timeoutNs = timeoutNs(hosted, env.get("__OW_DEADLINE"));
         Quota.Resolved q;
         try {
-            q = quota.resolve(value, quotaHeader, env, fn.initEnv().get(Config.INIT_QUOTA_ENV));
+            q = quota.resolve(value, inv.quotaHeader(), env, fn.initEnv().get(Config.INIT_QUOTA_ENV));
         } catch (Quota.InvalidQuotaException e) {
             Log.warn("activation " + activationId + " refused: " + e.getMessage());
-            return finish(platform, fn, t0, Reply.error(400, e.getMessage()), sentinels, "bad_quota");
+            return finish(platform, fn, t0, Reply.error(400, e.getMessage()), "bad_quota");
         }
-        if (q.milli() == 0 && platform.equals("openwhisk") && cfg.annotationLookup()) noApiKey(env, action);
+        if (q.milli() == 0) platform.noQuota(env, action);
         if (q.source().equals("invocation") && value.isJsonObject()) {
             value = value.deepCopy();
             value.getAsJsonObject().remove(Config.QUOTA_PARAM);
@@ -548,56 +273,27 @@ public final class FunctionRuntime implements AutoCloseable {
                 new PlatformPath.Origin(env.get("__OW_API_HOST"), env.get("__OW_API_KEY")));
         try {
             o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop,
-                    usageAsked || cfg.usageInReply()), deadline);
+                    inv.usageAsked() || cfg.usageInReply()), deadline);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-            return finish(platform, fn, t0, Reply.error(503, "interrupted"), sentinels, "error", output);
+            return finish(platform, fn, t0, Reply.error(503, "interrupted"), "error", output);
         } finally {
             inFlight.decrementAndGet();
         }
         // the steps the container's action declared (its /init env, else the container's env) follow it
         if (hosted == null) o = bus.then(hop, fn.initEnv().getOrDefault(LocalBus.STEPS_ENV, cfg.chainSteps()), o);
 
-        Reply r;
-        String status;
-        if (o.error() != null) {
-            status = o.timedOut() ? "timeout" : "error";
-            r = Reply.error(502, o.timedOut() ? "The action did not finish before its deadline: " + o.error() + "."
-                    : "An error has occurred while invoking the action (see logs for details): " + o.error());
-        } else if (o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray())) {
-            status = "bad_result";
-            r = Reply.error(502, "The action did not return a dictionary.");
-        } else {
-            status = "ok";
-            if (platform.equals("hydra")) {
-                JsonObject h = new JsonObject();
-                h.add("result", o.result());
-                h.addProperty("process time (us)", o.runNanos() / 1000);
-                if (reportInBody) h.add("cpuslot", usageJson(q, o.lease(), o.usage()));
-                r = Reply.ok(h);
-            } else {
-                r = Reply.ok(o.result());
-            }
-        }
+        String status = status(o);
+        Reply r = switch (status) {
+            case "ok" -> Reply.ok(platform.body(o, q));
+            case "bad_result" -> Reply.error(502, "The action did not return a dictionary.");
+            case "timeout" -> Reply.error(502, "The action did not finish before its deadline: " + o.error() + ".");
+            default -> Reply.error(502, "An error has occurred while invoking the action (see logs for details): " + o.error());
+        };
         Map<String, String> headers = new LinkedHashMap<>(r.headers());
-        headers.put("X-Cpuslot-Quota-Milli", Long.toString(q.milli()));
-        headers.put("X-Cpuslot-Quota-Source", q.source());
         SlotLease l = o.lease();
-        if (l != null) {
-            if (l.active()) {
-                headers.put("X-Cpuslot-Slot", Long.toString(l.slot()));
-                headers.put("X-Cpuslot-Outcome", l.outcome());
-                if (l.reused()) headers.put("X-Cpuslot-Reused", "true");
-                if (l.local()) headers.put("X-Cpuslot-Local", "true");
-            } else {
-                headers.put("X-Cpuslot-Noslot", l.reason());
-            }
-        }
         Usage u = o.usage();
-        if (u != null && u.measured()) {
-            headers.put("X-Cpuslot-Cpu-Ns", Long.toString(u.cpuNanos()));
-            headers.put("X-Cpuslot-Throttled-Ns", Long.toString(u.throttledNanos()));
-        }
+        SlotReport.headers(headers, q, l, u);
         int hops = hop.trace.count();
         if (hops > 0) {
             // the synchronous hops below this activation: each hop's CPU, and the chain's (this one's
@@ -607,8 +303,7 @@ public final class FunctionRuntime implements AutoCloseable {
             if (o.usageLater() == null && (hop.trace.measured() || (u != null && u.measured())))
                 headers.put("X-Cpuslot-Chain-Cpu-Ns", Long.toString(hop.trace.cpuNanos() + (u != null && u.measured() ? u.cpuNanos() : 0)));
         }
-        String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
-        metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", slotOutcome));
+        metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", SlotReport.outcome(q, l)));
         long duration = System.nanoTime() - t0;
         String act = activationId, st = status;
         Quota.Resolved qq = q;
@@ -633,8 +328,44 @@ public final class FunctionRuntime implements AutoCloseable {
         };
         java.util.concurrent.CompletableFuture<Usage> later = o.usageLater();
         Runnable after = later == null ? () -> record.accept(u) : () -> later.thenAccept(record);
-        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers, after), sentinels, status, output);
+        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers, after), status, output);
+    }
 
+    /** The activation's fields as OpenWhisk hands them to an action: {@code __OW_<FIELD>}, over its init env. */
+    private Map<String, String> environment(Function fn, JsonObject activation) {
+        Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
+        for (Map.Entry<String, JsonElement> e : activation.entrySet()) {
+            JsonElement v = e.getValue();
+            env.put("__OW_" + e.getKey().toUpperCase(Locale.ROOT), v.isJsonNull() ? "" : v.isJsonPrimitive() ? v.getAsString() : v.toString());
+        }
+        if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
+        return env;
+    }
+
+    /**
+     * How long the activation may run: until its {@code __OW_DEADLINE}, else a Hydra function's
+     * time limit, else the default. The invoker enforces the action's time limit; the runtime
+     * cancels at the deadline too, to free the sandbox and slot. A deadline already past (a
+     * skewed clock, a test value) is passed on to the action and the default timeout applies.
+     */
+    private long timeoutNs(LocalBus.Hosted hosted, String deadline) {
+        long timeoutNs = TimeUnit.MILLISECONDS.toNanos(hosted != null && hosted.timeoutMs() > 0 ? hosted.timeoutMs() : cfg.defaultTimeoutMs());
+        if (deadline != null && !deadline.isBlank() && cfg.enforceDeadline()) {
+            try {
+                long left = (long) Double.parseDouble(deadline) - System.currentTimeMillis();
+                if (left > 0) timeoutNs = TimeUnit.MILLISECONDS.toNanos(left);
+                else metrics.inc("cpuslot_deadline_past_total", "");
+            } catch (NumberFormatException e) {
+                metrics.inc("cpuslot_deadline_unparsed_total", "");
+            }
+        }
+        return timeoutNs;
+    }
+
+    /** An outcome's status in metrics and the log line: ok, bad_result (not a dictionary), timeout, error. */
+    private static String status(FunctionPool.Outcome o) {
+        return o.error() != null ? (o.timedOut() ? "timeout" : "error")
+                : o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray()) ? "bad_result" : "ok";
     }
 
     /**
@@ -679,8 +410,7 @@ public final class FunctionRuntime implements AutoCloseable {
         } catch (RuntimeException e) { // the pool's own failure: the caller's typed error, not an escape
             o = new FunctionPool.Outcome(null, "runtime error: " + e, false, null, Usage.NONE, 0);
         }
-        String status = o.error() != null ? (o.timedOut() ? "timeout" : "error")
-                : o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray()) ? "bad_result" : "ok";
+        String status = status(o);
         Usage u = o.usage();
         boolean measured = u != null && u.measured();
         if (measured) {
@@ -689,10 +419,7 @@ public final class FunctionRuntime implements AutoCloseable {
         }
         if (!mode.equals("async")) hop.trace.add(hop.function, measured ? u.cpuNanos() : 0, measured);
         SlotLease l = o.lease();
-        if (q != null) {
-            String slotOutcome = q.milli() == 0 ? "no_quota" : l == null ? "none" : l.active() ? l.outcome() : "noslot_" + l.reason();
-            metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", slotOutcome));
-        }
+        if (q != null) metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", SlotReport.outcome(q, l)));
         metrics.inc("cpuslot_chain_calls_total", Metrics.labels("function", fn.name(), "mode", mode, "status", status));
         metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", "chain", "function", fn.name(), "status", status));
         metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name())).observe((System.nanoTime() - t0) / 1e9);
@@ -711,76 +438,33 @@ public final class FunctionRuntime implements AutoCloseable {
         return us / 1000 + "." + "000".substring(frac.length()) + frac;
     }
 
-    /**
-     * OpenWhisk sends no api_key to actions created without {@code -a provide-api-key true} (the
-     * default for new actions in recent OpenWhisk): then the annotation cannot be read and, with
-     * no other quota source, the invocation runs without a slot. Say so once per action; count it.
-     */
-    private void noApiKey(Map<String, String> env, String action) {
-        String key = env.get("__OW_API_KEY");
-        if (key != null && !key.isEmpty()) return;
-        metrics.inc("cpuslot_quota_no_api_key_total", Metrics.labels("function", action));
-        if (warnedNoApiKey.putIfAbsent(action, Boolean.TRUE) == null) {
-            Log.warn("action " + action + " gets no api_key in /run, so its '" + cfg.annotationKey() + "' annotation cannot be read"
-                    + " and it has no other quota: it runs without a CPU slot. Create or update it with"
-                    + " -a provide-api-key true (or give it CPUSLOT_QUOTA in its init env, or set CPUSLOT_DEFAULT_QUOTA)."
-                    + " Counted in cpuslot_quota_no_api_key_total; this warning is logged once per action.");
-        }
-    }
-
-    private static JsonObject usageJson(Quota.Resolved q, SlotLease l, Usage u) {
-        JsonObject o = new JsonObject();
-        o.addProperty("quota_milli", q.milli());
-        o.addProperty("quota_source", q.source());
-        if (l != null && l.active()) {
-            o.addProperty("slot", l.slot());
-            o.addProperty("outcome", l.outcome());
-            o.addProperty("place", l.place());
-            if (l.reused()) o.addProperty("reused", true);
-            if (l.local()) o.addProperty("local", true);
-        } else if (l != null) {
-            o.addProperty("noslot", l.reason());
-        }
-        if (u != null && u.measured()) {
-            o.addProperty("cpu_ns", u.cpuNanos());
-            o.addProperty("throttled_ns", u.throttledNanos());
-            o.addProperty("periods", u.periods());
-            o.addProperty("throttled_periods", u.throttledPeriods());
-        }
-        return o;
-    }
-
-    private Reply finish(String platform, Function fn, long t0, Reply r, boolean sentinels, String status) {
-        return finish(platform, fn, t0, r, sentinels, status, null);
+    private Reply finish(Platform platform, Function fn, long t0, Reply r, String status) {
+        return finish(platform, fn, t0, r, status, null);
     }
 
     /** @param output the activation's stdout and stderr: written out now, before its sentinels */
-    private Reply finish(String platform, Function fn, long t0, Reply r, boolean sentinels, String status,
+    private Reply finish(Platform platform, Function fn, long t0, Reply r, String status,
                          ActivationOutput.Capture output) {
-        metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", platform, "function", fn.name(), "status", status));
+        metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", platform.name(), "function", fn.name(), "status", status));
         metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name()))
                 .observe((System.nanoTime() - t0) / 1e9);
         if (!status.equals("ok")) Log.info("activation failed: " + (r.body() instanceof JsonObject jo && jo.has("error") && jo.get("error").isJsonPrimitive() ? jo.get("error").getAsString() : status));
         ActivationOutput.leave();
-        if (output != null) output.close(sentinels);
-        else if (sentinels) sentinels();
+        if (output != null) output.close(platform.sentinels());
+        else if (platform.sentinels()) sentinels();
         return r;
     }
 
-    private void sentinels() {
+    /** OpenWhisk's sentinels on the tenant's streams, for a failure that ran no activation. */
+    void sentinels() {
         ActivationOutput.sentinels(out, err);
-    }
-
-    private static String str(JsonObject o, String k, String def) {
-        JsonElement e = o.get(k);
-        return e == null || e.isJsonNull() || !e.isJsonPrimitive() ? def : e.getAsString();
     }
 
     @Override
     public void close() {
-        FunctionPool p = owPool;
+        FunctionPool p = action;
         if (p != null) p.close();
-        hydra.values().forEach(h -> h.pool().close());
+        hosted.values().forEach(h -> h.pool().close());
         if (slots != null) slots.close();
     }
 }

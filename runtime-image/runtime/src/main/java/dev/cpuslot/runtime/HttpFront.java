@@ -20,25 +20,31 @@ import java.util.concurrent.Executors;
 
 /**
  * HTTP endpoints (JDK {@code com.sun.net.httpserver}, one virtual thread per request; the
- * invocation itself runs on a platform worker thread of the function's pool):
+ * invocation itself runs on a platform worker thread of the function's pool), each handed to its
+ * platform's adapter:
  * <ul>
- * <li>OpenWhisk: {@code POST /init}, {@code POST /run}</li>
- * <li>Knative single entrypoint and Hydra invoke: {@code POST /} (Hydra when the body has
- *     {@code name} and {@code arguments})</li>
- * <li>Hydra: {@code /register}, {@code /deregister}, {@code /warmup}</li>
+ * <li>OpenWhisk ({@link OpenWhiskAdapter}): {@code POST /init}, {@code POST /run}</li>
+ * <li>Knative single entrypoint ({@link KnativeAdapter}) and Hydra invoke: {@code POST /} (Hydra
+ *     when the body has {@code name} and {@code arguments})</li>
+ * <li>Hydra ({@link HydraAdapter}): {@code /register}, {@code /deregister}, {@code /warmup}</li>
  * <li>Metrics on their own port: {@code GET /metrics}</li>
  * </ul>
  */
 public final class HttpFront implements AutoCloseable {
-    static final int MAX_BODY = 64 << 20;
-
     private final FunctionRuntime rt;
+    private final OpenWhiskAdapter openWhisk;
+    private final KnativeAdapter knative;
+    private final HydraAdapter hydra;
     private final HttpServer server;
     private final HttpServer metricsServer;
     private final ExecutorService executor = Executors.newVirtualThreadPerTaskExecutor();
 
     public HttpFront(FunctionRuntime rt, int port, int metricsPort) throws IOException {
         this.rt = rt;
+        // the adapters keep the platforms' own state (the OpenWhisk action's init): one front per runtime
+        openWhisk = new OpenWhiskAdapter(rt);
+        knative = new KnativeAdapter(rt, openWhisk);
+        hydra = new HydraAdapter(rt);
         server = HttpServer.create(new InetSocketAddress(port), 1024);
         server.setExecutor(executor);
         server.createContext("/", this::handle);
@@ -70,36 +76,30 @@ public final class HttpFront implements AutoCloseable {
         try {
             String path = ex.getRequestURI().getPath();
             String method = ex.getRequestMethod();
-            FunctionRuntime.Reply r;
+            Reply r;
             byte[] raw = readBody(ex);
             if (raw == null) {
-                r = FunctionRuntime.Reply.error(413, "request body larger than " + MAX_BODY + " bytes");
+                r = Reply.error(413, "request body larger than " + Config.MAX_BODY + " bytes");
             } else {
                 String quotaHeader = ex.getRequestHeaders().getFirst(Config.QUOTA_HEADER);
                 boolean usage = "reply".equalsIgnoreCase(ex.getRequestHeaders().getFirst(Config.USAGE_HEADER));
                 switch (path) {
-                    case "/init" -> r = withJson(raw, o -> rt.owInit(o));
-                    case "/run" -> r = withJson(raw, o -> rt.owRun(o, quotaHeader, "openwhisk", usage));
-                    case "/register" -> r = rt.hydraRegister(query(ex), raw);
-                    case "/deregister" -> r = rt.hydraDeregister(query(ex).get("name"));
-                    case "/warmup" -> {
-                        JsonObject o = new JsonObject();
-                        o.addProperty("ok", true);
-                        r = FunctionRuntime.Reply.ok(o);
-                    }
+                    case "/init" -> r = withJson(raw, o -> openWhisk.init(o));
+                    case "/run" -> r = withJson(raw, o -> openWhisk.run(o, quotaHeader, usage));
+                    case "/register" -> r = hydra.register(query(ex), raw);
+                    case "/deregister" -> r = hydra.deregister(query(ex).get("name"));
+                    case "/warmup" -> r = Reply.ok();
                     case "/" -> {
                         if (method.equals("GET") || raw.length == 0) {
-                            JsonObject o = new JsonObject();
-                            o.addProperty("ok", true);
-                            r = FunctionRuntime.Reply.ok(o);
+                            r = Reply.ok();
                         } else {
                             boolean report = "body".equalsIgnoreCase(ex.getRequestHeaders().getFirst("X-Cpuslot-Report"));
                             r = withJson(raw, o -> o.has("name") && o.has("arguments")
-                                    ? rt.hydraInvoke(o, quotaHeader, report, usage)
-                                    : rt.knative(o, quotaHeader, usage));
+                                    ? hydra.invoke(o, quotaHeader, report, usage)
+                                    : knative.handle(o, quotaHeader, usage));
                         }
                     }
-                    default -> r = FunctionRuntime.Reply.error(404, "no such endpoint: " + path);
+                    default -> r = Reply.error(404, "no such endpoint: " + path);
                 }
             }
             try {
@@ -109,31 +109,31 @@ public final class HttpFront implements AutoCloseable {
             }
         } catch (RuntimeException e) {
             Log.stackTrace("request failed: " + e, e);
-            send(ex, FunctionRuntime.Reply.error(500, "internal error: " + e));
+            send(ex, Reply.error(500, "internal error: " + e));
         } finally {
             ex.close();
         }
     }
 
-    private FunctionRuntime.Reply withJson(byte[] raw, java.util.function.Function<JsonObject, FunctionRuntime.Reply> f) {
+    private Reply withJson(byte[] raw, java.util.function.Function<JsonObject, Reply> f) {
         JsonElement e;
         try {
             e = JsonParser.parseString(new String(raw, StandardCharsets.UTF_8));
         } catch (JsonSyntaxException | IllegalStateException ex) {
             rt.metrics().inc("cpuslot_bad_requests_total", Metrics.labels("reason", "malformed_json"));
-            return FunctionRuntime.Reply.error(400, "malformed JSON: " + ex.getMessage());
+            return Reply.error(400, "malformed JSON: " + ex.getMessage());
         }
         if (!e.isJsonObject()) {
             rt.metrics().inc("cpuslot_bad_requests_total", Metrics.labels("reason", "not_an_object"));
-            return FunctionRuntime.Reply.error(400, "the request body must be a JSON object");
+            return Reply.error(400, "the request body must be a JSON object");
         }
         return f.apply(e.getAsJsonObject());
     }
 
     private static byte[] readBody(HttpExchange ex) throws IOException {
         try (InputStream in = ex.getRequestBody()) {
-            byte[] b = in.readNBytes(MAX_BODY + 1);
-            return b.length > MAX_BODY ? null : b;
+            byte[] b = in.readNBytes(Config.MAX_BODY + 1);
+            return b.length > Config.MAX_BODY ? null : b;
         }
     }
 
@@ -152,7 +152,7 @@ public final class HttpFront implements AutoCloseable {
     }
 
     /** The reply's work for after it is sent (the activation's log line and usage metrics). */
-    private static void after(FunctionRuntime.Reply r) {
+    private static void after(Reply r) {
         if (r.after() == null) return;
         try {
             r.after().run();
@@ -161,7 +161,7 @@ public final class HttpFront implements AutoCloseable {
         }
     }
 
-    private static void send(HttpExchange ex, FunctionRuntime.Reply r) throws IOException {
+    private static void send(HttpExchange ex, Reply r) throws IOException {
         byte[] b = r.body().toString().getBytes(StandardCharsets.UTF_8);
         ex.getResponseHeaders().set("Content-Type", "application/json");
         r.headers().forEach((k, v) -> ex.getResponseHeaders().set(k, v));

@@ -431,9 +431,9 @@ public final class PolyglotFunction implements Function {
             while ((e = in.getNextEntry()) != null) {
                 any = true;
                 if (e.isDirectory()) continue;
-                byte[] b = in.readNBytes(HttpFront.MAX_BODY + 1);
+                byte[] b = in.readNBytes(Config.MAX_BODY + 1);
                 total += b.length;
-                if (total > HttpFront.MAX_BODY) throw new IllegalArgumentException("Error: the zip unpacks to more than " + HttpFront.MAX_BODY + " bytes");
+                if (total > Config.MAX_BODY) throw new IllegalArgumentException("Error: the zip unpacks to more than " + Config.MAX_BODY + " bytes");
                 files.put(e.getName().replaceFirst("^\\./", ""), new String(b, StandardCharsets.UTF_8));
             }
         } catch (IOException | IllegalArgumentException ex) {

@@ -5,6 +5,7 @@ import com.google.gson.JsonParser;
 import com.sun.net.httpserver.HttpServer;
 import dev.cpuslot.runtime.Config;
 import dev.cpuslot.runtime.FunctionRuntime;
+import dev.cpuslot.runtime.HydraAdapter;
 import dev.cpuslot.runtime.Metrics;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
@@ -29,12 +30,14 @@ import static org.junit.jupiter.api.Assertions.*;
 /** Deploys every sample into an in-process runtime (Hydra register) and checks its answer. */
 class SamplesTest {
     static FunctionRuntime rt;
+    static HydraAdapter hydra;
     static HttpServer local;
     static byte[] file;
 
     @BeforeAll
     static void setUp() throws Exception {
         rt = new FunctionRuntime(Config.from(Map.of()), new Metrics(), null, System.out, System.err);
+        hydra = new HydraAdapter(rt);
         file = new byte[3 * 1024 * 1024 + 17];
         new Random(42).nextBytes(file);
         local = HttpServer.create(new InetSocketAddress("127.0.0.1", 0), 16);
@@ -53,13 +56,13 @@ class SamplesTest {
         local.start();
         byte[] jar = samplesJar();
         for (String c : new String[]{"HelloWorld", "Fibonacci", "FileHash", "VideoDownscale", "RestKv", "CpuBurn"}) {
-            var r = rt.hydraRegister(Map.of("name", c, "language", "java", "entryPoint", "dev.cpuslot.samples." + c), jar);
+            var r = hydra.register(Map.of("name", c, "language", "java", "entryPoint", "dev.cpuslot.samples." + c), jar);
             assertEquals(200, r.status(), r.body().toString());
         }
         for (String lang : new String[]{"js", "python"}) {
             for (String f : new String[]{"hello", "fib"}) {
                 Path src = Path.of("src/main/" + lang + "/" + f + (lang.equals("js") ? ".js" : ".py"));
-                var r = rt.hydraRegister(Map.of("name", lang + "-" + f, "language", lang.equals("js") ? "javascript" : "python",
+                var r = hydra.register(Map.of("name", lang + "-" + f, "language", lang.equals("js") ? "javascript" : "python",
                         "entryPoint", "main"), Files.readAllBytes(src));
                 assertEquals(200, r.status(), r.body().toString());
             }
@@ -89,7 +92,7 @@ class SamplesTest {
         JsonObject req = new JsonObject();
         req.addProperty("name", name);
         req.addProperty("arguments", args);
-        var r = rt.hydraInvoke(req, null, false);
+        var r = hydra.invoke(req, null, false, false);
         assertEquals(200, r.status(), name + ": " + r.body());
         return r.body().getAsJsonObject().getAsJsonObject("result");
     }

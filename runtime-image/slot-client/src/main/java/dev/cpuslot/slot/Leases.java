@@ -161,49 +161,77 @@ final class Leases {
             count("linger.ended");
             releaseParked(p); // another action or quota (or stale): end it first
         }
-        long deadline = System.nanoTime() + budgetNs;
+        Answer a = ask(System.nanoTime() + budgetNs, (c, waitUs) -> new Protocol.Acquire(quotaMilli, waitUs, tid & 0xFFFFFFFFL,
+                (c.agentPlaces || !fdPassing) ? Protocol.ACQUIRE_AGENT_PLACES : 0, currentSlot.get()[0], act, inv));
+        if (a.ok() != null) return granted(a.conn(), a.ok(), a.fds(), act, inv, quotaMilli, tid);
+        return noSlot(act, inv, quotaMilli, tid, a.reason(), a.detail());
+    }
+
+    /**
+     * The answer to an ACQUIRE, before it becomes a lease: a grant with its fds on conn (still
+     * borrowed: the caller gives it back), or the reason and detail of no slot.
+     */
+    record Answer(Connection conn, Protocol.AcquireOk ok, int[] fds, String reason, String detail) {
+        static Answer none(String reason, String detail) { return new Answer(null, null, null, reason, detail); }
+    }
+
+    /** The ACQUIRE to send on c, waiting at most waitUs for a slot; null when c cannot serve it. */
+    interface Request {
+        Protocol.Acquire on(Connection c, long waitUs);
+    }
+
+    /**
+     * Sends an ACQUIRE and waits for its answer before the deadline (connecting, waiting for a
+     * connection and the answer's way back all count), trying again on a lost connection and
+     * after the errors that allow it. Both the per-invocation and the local path ask through
+     * here. Null when request refused the connection it was offered (given back, nothing sent).
+     */
+    Answer ask(long deadline, Request request) {
         String reason = "budget", detail = null;
         while (true) {
             Connection c;
             try {
                 c = transport.borrow(deadline, true);
             } catch (TimeoutException e) {
-                return noSlot(act, inv, quotaMilli, tid, reason, "no connection within budget");
+                return Answer.none(reason, "no connection within budget");
             } catch (IOException e) {
-                return noSlot(act, inv, quotaMilli, tid, "unreachable", e.getMessage());
+                return Answer.none("unreachable", e.getMessage());
             }
             long remUs = (deadline - System.nanoTime()) / 1000;
+            // leave a little of the budget for the answer to travel back
+            Protocol.Acquire m = request.on(c, Math.max(1, remUs - Math.min(1000, remUs / 10)));
+            if (m == null) {
+                transport.giveBack(c);
+                return null;
+            }
             if (remUs <= 0) {
                 transport.giveBack(c);
-                return noSlot(act, inv, quotaMilli, tid, "budget", null);
+                return Answer.none("budget", null);
             }
-            int flags = (c.agentPlaces || !fdPassing) ? Protocol.ACQUIRE_AGENT_PLACES : 0;
-            // leave a little of the budget for the answer to travel back
-            long waitUs = Math.max(1, remUs - Math.min(1000, remUs / 10));
             Transport.Reply r;
             try {
-                r = transport.call(c, new Protocol.Acquire(quotaMilli, waitUs, tid & 0xFFFFFFFFL, flags, currentSlot.get()[0], act, inv),
-                        deadline);
+                r = transport.call(c, m, deadline);
             } catch (TimeoutException e) {
-                recovery.drain(c);
-                return noSlot(act, inv, quotaMilli, tid, "budget", "no answer within budget");
+                recovery.drain(c); // a late grant is released
+                return Answer.none("budget", "no answer within budget");
             } catch (IOException | Protocol.ProtocolException e) {
                 transport.kill(c, e.getMessage());
                 reason = "unreachable";
                 detail = e.getMessage();
                 if (System.nanoTime() < deadline) continue;
-                return noSlot(act, inv, quotaMilli, tid, reason, detail);
+                return Answer.none(reason, detail);
             }
-            if (r.message() instanceof Protocol.AcquireOk ok) return granted(c, ok, r.fds(), act, inv, quotaMilli, tid);
+            if (r.message() instanceof Protocol.AcquireOk ok) return new Answer(c, ok, r.fds(), null, null);
             fds.discard(r.fds()); // no grant: fds with any other answer are a faulty agent's
             if (r.message() instanceof Protocol.Error e) {
                 reason = Protocol.errorName(e.code());
                 detail = e.message();
-                if (Leases.retryAfter(transport, c, e, deadline)) continue;
-                return noSlot(act, inv, quotaMilli, tid, reason, detail);
+                if (retryAfter(c, e, deadline)) continue;
+                return Answer.none(reason, detail);
             }
-            transport.kill(c, "unexpected " + Protocol.typeName(r.frame().type()));
-            return noSlot(act, inv, quotaMilli, tid, "protocol", "unexpected " + Protocol.typeName(r.frame().type()));
+            String unexpected = "unexpected " + Protocol.typeName(r.frame().type());
+            transport.kill(c, unexpected);
+            return Answer.none("protocol", unexpected);
         }
     }
 
@@ -245,13 +273,12 @@ final class Leases {
         return l;
     }
 
-    /** Sleeps until {@code until}; returns true when there is budget left afterwards. */
     /**
      * Handles an error answer to ACQUIRE on connection c: closes the connection when the error
      * means it is unusable, gives it back otherwise, and says whether to try again before the
      * deadline (waiting out NOT_READY's retry-after first).
      */
-    static boolean retryAfter(Transport transport, Connection c, Protocol.Error e, long deadline) {
+    private boolean retryAfter(Connection c, Protocol.Error e, long deadline) {
         switch (e.code()) {
             case Protocol.E_SHUTTING_DOWN, Protocol.E_BAD_REQUEST, Protocol.E_UNSUPPORTED_VERSION -> transport.kill(c, e.message());
             default -> transport.giveBack(c);
@@ -264,6 +291,7 @@ final class Leases {
         };
     }
 
+    /** Sleeps until {@code until}; returns true when there is budget left afterwards. */
     private static boolean sleepUntil(long until, long deadline) {
         long ns = until - System.nanoTime();
         if (ns > 0) {

@@ -362,55 +362,16 @@ final class LocalLeases {
     /** ACQUIRE with HOLD within the acquire budget, off the waiting threads. */
     private Asked hold(long quota) {
         count("local.miss");
-        long deadline = System.nanoTime() + budgetNs;
-        String reason = "budget", detail = null;
-        while (true) {
-            Connection c;
-            try {
-                c = transport.borrow(deadline, true);
-            } catch (TimeoutException e) {
-                return new Asked(null, null, null, "budget", "no connection within budget");
-            } catch (IOException e) {
-                return new Asked(null, null, null, "unreachable", e.getMessage());
-            }
-            if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
-                transport.giveBack(c); // an agent without HOLD leases: the per-invocation path
-                count("local.refused");
-                return new Asked(null, null, null, null, null);
-            }
-            long remUs = (deadline - System.nanoTime()) / 1000;
-            if (remUs <= 0) {
-                transport.giveBack(c);
-                return new Asked(null, null, null, "budget", null);
-            }
-            long waitUs = Math.max(1, remUs - Math.min(1000, remUs / 10));
-            Transport.Reply r;
-            try {
-                r = transport.call(c, new Protocol.Acquire(quota, waitUs, 0, Protocol.ACQUIRE_HOLD, 0, "", ""), deadline);
-            } catch (TimeoutException e) {
-                recovery.drain(c); // a late grant is released
-                return new Asked(null, null, null, "budget", "no answer within budget");
-            } catch (IOException | Protocol.ProtocolException e) {
-                transport.kill(c, e.getMessage());
-                reason = "unreachable";
-                detail = e.getMessage();
-                if (System.nanoTime() < deadline) continue;
-                return new Asked(null, null, null, reason, detail);
-            }
-            if (r.message() instanceof Protocol.AcquireOk ok) {
-                transport.giveBack(c);
-                return new Asked(c, ok, r.fds(), null, null);
-            }
-            fds.discard(r.fds());
-            if (r.message() instanceof Protocol.Error e) {
-                reason = Protocol.errorName(e.code());
-                detail = e.message();
-                if (Leases.retryAfter(transport, c, e, deadline)) continue;
-                return new Asked(null, null, null, reason, detail);
-            }
-            transport.kill(c, "unexpected " + Protocol.typeName(r.frame().type()));
-            return new Asked(null, null, null, "protocol", "unexpected " + Protocol.typeName(r.frame().type()));
+        Leases.Answer a = leases.ask(System.nanoTime() + budgetNs, (c, waitUs) ->
+                // an agent without HOLD leases: the per-invocation path
+                c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0 ? null
+                        : new Protocol.Acquire(quota, waitUs, 0, Protocol.ACQUIRE_HOLD, 0, "", ""));
+        if (a == null) {
+            count("local.refused");
+            return new Asked(null, null, null, null, null);
         }
+        if (a.ok() != null) transport.giveBack(a.conn());
+        return new Asked(a.conn(), a.ok(), a.fds(), a.reason(), a.detail());
     }
 
     private SlotLease granted(Connection c, Protocol.AcquireOk ok, int[] got, long quota, String act, String inv, int tid,

@@ -259,6 +259,22 @@ class LocalLeasesTest {
     }
 
     @Test
+    void aMissAsksAsThePerInvocationPathDoesNotReadyIsRetriedAndAnErrorIsTheReason() {
+        int[] calls = {0};
+        transport.script = m -> m instanceof Protocol.Acquire && ++calls[0] == 1
+                ? new Protocol.Error(Protocol.E_NOT_READY, 1, "warming") : agent(m);
+        SlotLease a = local.acquire(250, "f", "1");
+        assertTrue(a.active() && a.local(), a.toString());
+        assertEquals(2, calls[0], "NOT_READY asked again within the budget");
+        a.release(ReleaseOutcome.OK);
+
+        transport.script = m -> m instanceof Protocol.Acquire ? new Protocol.Error(Protocol.E_REJECTED, 0, "over budget") : agent(m);
+        SlotLease b = local.acquire(500, "f", "2"); // no entry of this quota: a miss
+        assertEquals("REJECTED", b.reason(), "a miss's refusal is the lease's reason, as on the per-invocation path");
+        assertEquals(1, counters.get("noslot.REJECTED"));
+    }
+
+    @Test
     void aFullTableGivesTheHoldBackAndLeavesTheCallToTheOldPath() throws Exception {
         List<SlotLease> held = new ArrayList<>();
         for (int k = 0; k < table.capacity(); k++) {

@@ -1,0 +1,145 @@
+package dev.cpuslot.runtime;
+
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.LinkedHashMap;
+import java.util.Locale;
+import java.util.Map;
+
+/**
+ * Graalvisor/Hydra's protocol: functions registered by name ({@code /register},
+ * {@code /deregister}) and invoked as {@code {"name", "arguments": "<JSON string>"}}, answered
+ * {@code {"result", "process time (us)"}}. The registered functions are the co-located set that
+ * local chain calls reach ({@link LocalBus}); the core hosts them.
+ */
+public final class HydraAdapter {
+    private final FunctionRuntime rt;
+    private final Config cfg;
+    private final Metrics metrics;
+    private final Lazy<HttpClient> http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
+            .followRedirects(HttpClient.Redirect.NORMAL).build());
+
+    public HydraAdapter(FunctionRuntime rt) {
+        this.rt = rt;
+        this.cfg = rt.config();
+        this.metrics = rt.metrics();
+    }
+
+    /** {@code /register?name=&url=&entryPoint=&language=&sandbox=[&quota=]}; code from the body or url. */
+    public Reply register(Map<String, String> q, byte[] body) {
+        String name = q.get("name");
+        if (name == null || name.isBlank()) return Reply.error(400, "missing name");
+        String language = q.getOrDefault("language", "java").toLowerCase(Locale.ROOT);
+        String entry = q.get("entryPoint");
+        Reply refused = rt.checkOwner(q.get("owner"), "/register of " + name);
+        if (refused != null) return refused;
+        try {
+            byte[] code = q.containsKey("steps") ? null : body != null && body.length > 0 ? body : fetch(q.get("url"));
+            Map<String, String> env = new LinkedHashMap<>();
+            if (q.containsKey("quota")) env.put(Config.INIT_QUOTA_ENV, q.get("quota"));
+            if (q.containsKey("sandbox")) env.put("CPUSLOT_SANDBOX", q.get("sandbox"));
+            if (q.containsKey("conductor")) env.put(ConductorFunction.ENV, q.get("conductor"));
+            // steps=a,b,c: a sequence of functions (local first, then the platform's), no code of its own
+            Function f = q.containsKey("steps") ? new SequenceFunction(name, LocalBus.parseSteps(q.get("steps")), env, rt.bus())
+                    : language.equals("java")
+                    ? rt.create(name, "java", code, null, entry == null ? "main" : entry, env)
+                    : rt.create(name, language, null, new String(code, StandardCharsets.UTF_8), entry, env);
+            long timeoutMs = 0;
+            if (q.containsKey("timeout")) {
+                try {
+                    timeoutMs = Long.parseLong(q.get("timeout").trim());
+                } catch (NumberFormatException e) {
+                    timeoutMs = -1;
+                }
+                if (timeoutMs <= 0) throw new IllegalArgumentException("timeout is not a number of milliseconds above 0: " + q.get("timeout"));
+            }
+            String who = q.get("owner") == null ? "" : q.get("owner").trim();
+            LocalBus.Hosted old = rt.host(name, new LocalBus.Hosted(rt.pool(f), who, timeoutMs));
+            if (old != null) old.pool().close();
+            Log.info("registered " + language + " function " + name);
+            rt.warmSlots("/register");
+            JsonObject o = new JsonObject();
+            o.addProperty("registered", name);
+            return Reply.ok(o);
+        } catch (Exception e) {
+            metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "register_failed"));
+            return Reply.error(400, "cannot register " + name + ": " + e.getMessage());
+        }
+    }
+
+    private byte[] fetch(String url) throws Exception {
+        if (url == null || url.isBlank()) throw new IllegalArgumentException("missing url (or code in the body)");
+        URI u = URI.create(url);
+        if ("file".equals(u.getScheme())) return Files.readAllBytes(Path.of(u));
+        HttpResponse<byte[]> r = http.get().send(HttpRequest.newBuilder(u).timeout(Duration.ofSeconds(60)).GET().build(),
+                HttpResponse.BodyHandlers.ofByteArray());
+        if (r.statusCode() != 200) throw new IllegalStateException("HTTP " + r.statusCode() + " from " + url);
+        return r.body();
+    }
+
+    /** {@code /deregister?name=}. */
+    public Reply deregister(String name) {
+        LocalBus.Hosted h = name == null ? null : rt.unhost(name);
+        if (h == null) return Reply.error(404, "no function named " + name);
+        h.pool().close();
+        JsonObject o = new JsonObject();
+        o.addProperty("deregistered", name);
+        return Reply.ok(o);
+    }
+
+    /**
+     * Hydra invoke: {@code {"name", "arguments": "<JSON string>"}} -> {@code {"result", "process time (us)"}}.
+     *
+     * @param report     the body carries the slot's report too ({@code X-Cpuslot-Report: body})
+     * @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER})
+     */
+    public Reply invoke(JsonObject body, String quotaHeader, boolean report, boolean usageAsked) {
+        String name = body.get("name").isJsonPrimitive() ? body.get("name").getAsString() : null;
+        LocalBus.Hosted h = name == null ? null : rt.hosted(name);
+        FunctionPool p = h == null ? null : h.pool();
+        if (p == null) {
+            metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "unknown_function"));
+            return Reply.error(404, "no function named " + name);
+        }
+        JsonElement args = body.get("arguments");
+        if (args != null && args.isJsonPrimitive() && args.getAsJsonPrimitive().isString()) {
+            try {
+                String s = args.getAsString();
+                args = s.isBlank() ? new JsonObject() : JsonParser.parseString(s);
+            } catch (RuntimeException e) {
+                metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "malformed_arguments"));
+                return Reply.error(400, "arguments are not JSON: " + e.getMessage());
+            }
+        }
+        if (args == null || args.isJsonNull()) args = new JsonObject();
+        JsonObject activation = new JsonObject();
+        activation.addProperty("action_name", name);
+        boolean inBody = report || cfg.reportInBody();
+        return rt.run(new Invocation(inBody ? REPORTED : PLAIN, p, h, activation, args, quotaHeader, usageAsked || inBody));
+    }
+
+    private static final Envelope PLAIN = new Envelope(false), REPORTED = new Envelope(true);
+
+    /** Hydra's reply: the result in an envelope, with the slot's report when asked. No sentinels. */
+    private record Envelope(boolean report) implements Platform {
+        @Override public String name() { return "hydra"; }
+        @Override public boolean sentinels() { return false; }
+        @Override public JsonElement body(FunctionPool.Outcome o, Quota.Resolved q) {
+            JsonObject h = new JsonObject();
+            h.add("result", o.result());
+            h.addProperty("process time (us)", o.runNanos() / 1000);
+            if (report) h.add("cpuslot", SlotReport.json(q, o.lease(), o.usage()));
+            return h;
+        }
+    }
+}
