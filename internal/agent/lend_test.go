@@ -263,6 +263,10 @@ func TestFlappingSleepWakeIsBounded(t *testing.T) {
 	if refused != nil && (refused.Code != slotv1.CodeRejected || refused.RetryAfterMS == 0) {
 		t.Fatalf("SLEEP over the rate: %+v, want REJECTED with a retry time", refused)
 	}
+	// The pipe's last WAKE is unanswered: one answered behind it says it
+	// was taken (CI's v2 guest read the summary before it: 500m lent).
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: sleeper.Lease, Flags: slotv1.ReleaseWake}))
+	agenttest.ReadResp(t, c)
 	if s := a.Summaries()[0]; s.LentMilli != 0 || s.UsedMilli != 1000 {
 		t.Fatalf("after the last WAKE: %+v", s)
 	}
