@@ -4,8 +4,6 @@ package agent_test
 // the real agent on the real kernel's cgroups.
 
 import (
-	"encoding/binary"
-	"io"
 	"net"
 	"strings"
 	"syscall"
@@ -128,26 +126,10 @@ func BenchmarkWakeOnTheWire(b *testing.B) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(time.Hour))
 	ask := func(m slotv1.Message) slotv1.Message {
-		f, err := slotv1.Append(nil, 1, m)
-		if err != nil {
+		if _, err := c.Write(agenttest.Frame(b, m)); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := c.Write(f); err != nil {
-			b.Fatal(err)
-		}
-		var hdr [4]byte
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
-			b.Fatalf("reading response: %v", err)
-		}
-		body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
-		if _, err := io.ReadFull(c, body); err != nil {
-			b.Fatal(err)
-		}
-		r, err := slotv1.DecodeBody(body)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return r.Msg
+		return agenttest.ReadResp(b, c)
 	}
 	if ok, _ := ask(&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}).(*slotv1.HelloOK); ok == nil || ok.Flags&slotv1.HelloOKLend == 0 {
 		b.Fatalf("LEND not announced: %+v", ok)

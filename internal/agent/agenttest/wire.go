@@ -49,7 +49,7 @@ func DialRaw(t *testing.T, path string) net.Conn {
 }
 
 // Frame encodes m as a frame of request 1.
-func Frame(t *testing.T, m slotv1.Message) []byte {
+func Frame(t testing.TB, m slotv1.Message) []byte {
 	b, err := slotv1.Append(nil, 1, m)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func Frame(t *testing.T, m slotv1.Message) []byte {
 }
 
 // ReadResp reads and decodes one answer.
-func ReadResp(t *testing.T, c net.Conn) slotv1.Message {
+func ReadResp(t testing.TB, c net.Conn) slotv1.Message {
 	t.Helper()
 	var hdr [4]byte
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
