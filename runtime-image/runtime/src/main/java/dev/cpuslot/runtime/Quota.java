@@ -110,6 +110,39 @@ public final class Quota {
         return new Resolved(0, "none", false);
     }
 
+    /** Whether an action's invocations sleep in their synchronous chain calls, and where that came from. */
+    public record Lend(boolean lends, String source) {}
+
+    /** The OpenWhisk annotation that sets an action's lending (true or false). */
+    static final String LEND_ANNOTATION = "cpu-lend";
+
+    /**
+     * Whether the action's leases sleep while it waits on a synchronous chain call (so the agent
+     * may lend their quota, docs/lending.md), from the action's sources as its quota: the
+     * OpenWhisk annotation {@value #LEND_ANNOTATION}, the init-time {@code CPUSLOT_LEND}
+     * ({@code /init} env, Hydra {@code /register?lend=}), the pod's {@code CPUSLOT_DEFAULT_LEND}.
+     * Lending still needs the agent's LEND (the pod's {@code admission.lendRatio}): an action
+     * can only stay out of it, or be in it where the runtime's default leaves it out.
+     *
+     * @param initLend the init-time CPUSLOT_LEND, or null
+     */
+    public Lend lend(Map<String, String> owEnv, String initLend) throws InvalidQuotaException {
+        JsonElement ann = annotationValue(owEnv, LEND_ANNOTATION, false);
+        if (ann != null && !ann.isJsonNull())
+            return lendOf("annotation", LEND_ANNOTATION, ann.isJsonPrimitive() ? ann.getAsString() : ann.toString());
+        if (initLend != null && !initLend.isBlank()) return lendOf("init", Config.INIT_LEND_ENV, initLend);
+        return new Lend(cfg.defaultLend(), "default");
+    }
+
+    private Lend lendOf(String source, String name, String raw) throws InvalidQuotaException {
+        try {
+            return new Lend(Config.parseBool(name, raw), source);
+        } catch (IllegalArgumentException e) {
+            metrics.inc("cpuslot_lend_invalid_total", Metrics.labels("source", source));
+            throw new InvalidQuotaException(source, "invalid lending setting from " + source + ": " + e.getMessage());
+        }
+    }
+
     /** The last value that parsed: most invocations repeat one (the init env's), parsed once then. */
     private record Parsed(String raw, long milli) {}
     private volatile Parsed lastParsed;
