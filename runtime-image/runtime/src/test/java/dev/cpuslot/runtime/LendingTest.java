@@ -7,9 +7,14 @@ import dev.cpuslot.slot.SlotClient;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
+import com.sun.net.httpserver.HttpServer;
+
+import java.net.InetSocketAddress;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.Map;
+import java.util.concurrent.atomic.AtomicReference;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
@@ -87,6 +92,55 @@ class LendingTest {
                 assertEquals(200, call(h, "on", "sleep", 1).status());
                 assertEquals(1, naps(agent, Protocol.RELEASE_SLEEP), "the action opted in: " + agent.received);
             }
+        }
+    }
+
+    @Test
+    void anOpenWhiskActionsCpuLendAnnotationIsReadAsItsCpuQuotaIs() throws Exception {
+        AtomicReference<String> lend = new AtomicReference<>("false");
+        HttpServer ow = HttpServer.create(new InetSocketAddress("127.0.0.1", 0), 16);
+        ow.createContext("/api/v1/namespaces/", ex -> {
+            byte[] b = ("{\"name\":\"caller\",\"annotations\":[{\"key\":\"cpu-lend\",\"value\":" + lend.get() + "}]}")
+                    .getBytes(StandardCharsets.UTF_8);
+            ex.sendResponseHeaders(200, b.length);
+            ex.getResponseBody().write(b);
+            ex.close();
+        });
+        ow.start();
+        try (FakeAgent agent = new FakeAgent(dir).start()) {
+            agent.lends = true;
+            try (Harness h = new Harness(Map.of("__OW_API_HOST", "http://127.0.0.1:" + ow.getAddress().getPort()), client(agent))) {
+                assertEquals(200, h.postBytes("/register?name=sleep&language=java&entryPoint=testfns.Sleep&quota=200m", testJar()).status());
+                JsonObject init = json(initJava("testfns.Calls"));
+                init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"500m\"}"));
+                assertEquals(200, h.post("/init", init.toString()).status());
+                String value = "{\"callee\":\"sleep\",\"args\":{\"ms\":1,\"id\":1}}";
+                Map<String, String> v1 = Map.of("api_key", "user:secret", "action_name", "/guest/caller", "action_version", "0.0.1");
+                // until the background read has answered, the action follows the pod (it sleeps);
+                // then its annotation says false: a call sends no SLEEP
+                boolean off = false;
+                for (int i = 0; i < 500 && !off; i++) {
+                    long before = naps(agent, Protocol.RELEASE_SLEEP);
+                    Resp r = h.post("/run", run(json(value), v1));
+                    assertEquals(200, r.status(), r.raw());
+                    off = naps(agent, Protocol.RELEASE_SLEEP) == before;
+                    if (!off) Thread.sleep(20);
+                }
+                assertTrue(off, "the annotation cpu-lend=false was never applied: " + agent.received);
+                // a value that is no boolean refuses the activation, as a bad cpu-quota does
+                lend.set("\"sometimes\"");
+                Map<String, String> v2 = Map.of("api_key", "user:secret", "action_name", "/guest/caller", "action_version", "0.0.2");
+                Resp bad = null;
+                for (int i = 0; i < 500 && (bad == null || bad.status() != 400); i++) {
+                    bad = h.post("/run", run(json(value), v2));
+                    if (bad.status() != 400) Thread.sleep(20);
+                }
+                assertEquals(400, bad.status(), bad.raw());
+                assertTrue(bad.obj().get("error").getAsString().contains("cpu-lend"), bad.raw());
+                assertEquals(1, value(h.metrics(), "cpuslot_lend_invalid_total{source=\"annotation\"}"));
+            }
+        } finally {
+            ow.stop(0);
         }
     }
 
