@@ -80,11 +80,14 @@ public final class Quota {
     /** An action's annotations (key to value), read once per action version. */
     private record CacheEntry(CompletableFuture<Map<String, JsonElement>> value, long expiresNanos) {}
     private final Map<String, CacheEntry> annotations = new ConcurrentHashMap<>();
+    /** The pod's lending default (CPUSLOT_DEFAULT_LEND): most invocations' answer, made once. */
+    private final Lend defaultLend;
     static final long NEGATIVE_TTL_NS = TimeUnit.SECONDS.toNanos(30);
 
     public Quota(Config cfg, Metrics metrics) {
         this.cfg = cfg;
         this.metrics = metrics;
+        this.defaultLend = new Lend(cfg.defaultLend(), "default");
         this.http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofMillis(cfg.annotationTimeoutMs())).build());
     }
 
@@ -131,7 +134,7 @@ public final class Quota {
         if (ann != null && !ann.isJsonNull())
             return lendOf("annotation", LEND_ANNOTATION, ann.isJsonPrimitive() ? ann.getAsString() : ann.toString());
         if (initLend != null && !initLend.isBlank()) return lendOf("init", Config.INIT_LEND_ENV, initLend);
-        return new Lend(cfg.defaultLend(), "default");
+        return defaultLend;
     }
 
     private Lend lendOf(String source, String name, String raw) throws InvalidQuotaException {
