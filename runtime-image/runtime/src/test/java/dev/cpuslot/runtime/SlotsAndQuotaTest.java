@@ -240,7 +240,10 @@ class SlotsAndQuotaTest {
 
     @Test
     void agentDownMeansInvocationsStillSucceedWithoutASlot() throws Exception {
-        SlotClient c = SlotClient.builder().socket(dir.resolve("none.sock").toString()).build();
+        // A budget no loaded machine exhausts: the failed connect, not the clock, must end the
+        // wait (with 50 ms, a connect still under way at a busy moment reads as "budget").
+        SlotClient c = SlotClient.builder().socket(dir.resolve("none.sock").toString())
+                .acquireBudget(Duration.ofSeconds(60)).build();
         try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "0.5"), c)) {
             h.post("/init", initJava("testfns.Echo"));
             Resp r = h.post("/run", run(json("{}")));
