@@ -177,18 +177,25 @@ func TestChainOnCluster(t *testing.T) {
 		}
 		register(ctx, t, base, "burn250", "dev.cpuslot.samples.CpuBurn", "250m", jar)
 		register(ctx, t, base, "burn500", "dev.cpuslot.samples.CpuBurn", "500m", jar)
-		chainHdr := regexp.MustCompile(`^burn250=\d+,burn500=\d+$`)
-		want := map[string]int{"burn250": 250, "burn500": 500}
-		// The lower bound of a share only counts when the machine let the
-		// hop run: up to three activations.
-		for try := 1; ; try++ {
-			id := fmt.Sprintf("c%031d", try)
-			r, err := post(ctx, base+"/run", map[string]any{
+		runPipe := func(id string) (invokeResult, error) {
+			return post(ctx, base+"/run", map[string]any{
 				"value":     map[string]any{"ms": 200, "threads": 1},
 				"namespace": "guest", "action_name": "/guest/pipe", "action_version": "0.0.1",
 				"activation_id": id, "transaction_id": "tid-" + id, "api_key": api.apiKey,
 				"deadline": strconv.FormatInt(time.Now().Add(60*time.Second).UnixMilli(), 10),
 			})
+		}
+		// The action's own quota comes from its annotation, read in the
+		// background: until then it runs without one (no slot).
+		n := waitAnnotationQuota(t, func(i int) (invokeResult, error) { return runPipe(fmt.Sprintf("w%031d", i)) })
+		t.Logf("the action's annotation quota applies from /run %d", n)
+		chainHdr := regexp.MustCompile(`^burn250=\d+,burn500=\d+$`)
+		want := map[string]int{"pipe": 100, "burn250": 250, "burn500": 500}
+		// The lower bound of a share only counts when the machine let the
+		// hop run: up to three activations.
+		for try := 1; ; try++ {
+			id := fmt.Sprintf("c%031d", try)
+			r, err := runPipe(id)
 			if err != nil || r.status != 200 {
 				t.Fatalf("/run: %v %d %s", err, r.status, r.body)
 			}
@@ -204,7 +211,11 @@ func TestChainOnCluster(t *testing.T) {
 			}
 			callerSlot := r.headers.Get("X-Cpuslot-Slot")
 			if callerSlot == "" {
-				t.Errorf("the action ran without a slot: %s", r.headers.Get("X-Cpuslot-Noslot"))
+				t.Fatalf("the action ran without a slot: %s (quota %s from %s)", r.headers.Get("X-Cpuslot-Noslot"),
+					r.headers.Get("X-Cpuslot-Quota-Milli"), r.headers.Get("X-Cpuslot-Quota-Source"))
+			}
+			if got, err := slotQuotaMilli(filepath.Join(cg, "cpuslot-"+callerSlot)); err != nil || got != want["pipe"] {
+				t.Errorf("the action ran in slot %s of quota %dm (%v), want %dm", callerSlot, got, err, want["pipe"])
 			}
 			// Its caller's log gets a record per hop when the caller's output is written.
 			hops := map[string]hopLine{}
@@ -220,8 +231,8 @@ func TestChainOnCluster(t *testing.T) {
 			}
 			slots := map[string]string{callerSlot: "pipe"}
 			inBounds := true
-			for name, milli := range want {
-				h := hops[name]
+			for _, name := range []string{"burn250", "burn500"} {
+				h, milli := hops[name], want[name]
 				if h["status"] != "ok" || h["chain"] != "sequence" || h["path"] != "local" || h["quota"] != strconv.Itoa(milli)+"m" {
 					t.Errorf("%s: %v, want status=ok chain=sequence path=local quota=%dm", name, h, milli)
 				}
@@ -270,6 +281,16 @@ func TestChainOnCluster(t *testing.T) {
 	t.Run("hop latency local and through Knative", func(t *testing.T) {
 		register(ctx, t, base, "noop", "dev.cpuslot.samples.HelloWorld", "100m", jar)
 		register(ctx, t, base, "bench", "dev.cpuslot.samples.ChainBench", "100m", jar)
+		// The activator is in the path: target-burst-capacity -1 (this
+		// cluster's Knative config) keeps the revision's Service in proxy
+		// mode, its endpoints the activator's.
+		mode, _ := c.Kubectl(ctx, "-n", knNS, "get", "serverlessservice", hopRev, "-o", "jsonpath={.spec.mode}")
+		eps, _ := c.Kubectl(ctx, "-n", knNS, "get", "endpointslices", "-l", "kubernetes.io/service-name="+hopRev,
+			"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+		act, _ := c.Kubectl(ctx, "-n", "knative-serving", "get", "pods", "-l", "app=activator", "-o", "jsonpath={.items[*].status.podIP}")
+		if mode != "Proxy" || act == "" || strings.TrimSpace(eps) != strings.TrimSpace(act) {
+			t.Errorf("Service %s: mode %q, endpoints %q, want Proxy to the activator %q", hopRev, mode, eps, act)
+		}
 		hopPod, err := revPods(ctx, c, hopRev)
 		if err != nil || len(hopPod) != 1 {
 			t.Fatalf("pods of %s: %v %v", hopRev, hopPod, err)
