@@ -161,12 +161,11 @@ func chainOnKnative(t *testing.T, c *cluster.Cluster, kn *knativeServing, agentN
 		ctr := spec["containers"].([]any)[0].(map[string]any)
 		setEnv(ctr, "CPUSLOT_CHAIN_URLS", "hop=http://"+hopHost)
 		// Scheduled beside the Knative subtests' pods, which may still be
-		// draining, on 2 cores: a small request. The limit (1 CPU) is the
-		// pod's slot budget.
+		// draining, on 2 cores: a small request. The limit is the pod's
+		// slot budget: the slots the runtime holds (100m, 250m, 500m for
+		// the sequence, 500m and 200m for the latency) fit it at once.
 		res := ctr["resources"].(map[string]any)
 		res["requests"].(map[string]any)["cpu"] = "250m"
-		// The slots the runtime holds (100m, 250m, 500m for the sequence,
-		// 500m and 200m for the latency) fit its budget at once.
 		res["limits"].(map[string]any)["cpu"] = "2"
 	})
 	p := getPod(ctx, t, c, chainNS, actionPodName, "user-action")
