@@ -857,6 +857,10 @@ func TestKnativeServing(t *testing.T) {
 		}
 		t.Logf("back to at most one pod %v after the load stopped", time.Since(t1).Round(time.Second))
 	})
+
+	t.Run("chain: declared sequence and hop latency", func(t *testing.T) {
+		chainOnKnative(t, c, kn, agentNS)
+	})
 }
 
 // gauge reads an unlabelled sample from a Prometheus text endpoint.

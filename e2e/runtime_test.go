@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/cpuslot/cpuslot/e2e/cluster"
 )
 
@@ -264,9 +266,25 @@ const actionPodName = "wskowdev-invoker-00-1-guest-cpuburn"
 // startActionPod creates an OpenWhisk action pod on the runtime image in
 // appNS (pointed at the stand-in OpenWhisk API), waits until it is Ready
 // and served by the agent, and returns its base URL and slot directories.
-func startActionPod(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, appNS string, api *fakeOpenWhiskAPI) (string, []string) {
+// edits change the pod's manifest (a map of its YAML) before it is applied.
+func startActionPod(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, appNS string, api *fakeOpenWhiskAPI, edits ...func(pod map[string]any)) (string, []string) {
 	t.Helper()
-	if out, err := c.Apply(ctx, fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)); err != nil {
+	manifest := fmt.Sprintf(openWhiskActionPod, appNS, runtimeImage, api.url)
+	if len(edits) > 0 {
+		var pod map[string]any
+		if err := yaml.Unmarshal([]byte(manifest), &pod); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range edits {
+			e(pod)
+		}
+		b, err := yaml.Marshal(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		manifest = string(b)
+	}
+	if out, err := c.Apply(ctx, manifest); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	if out, err := c.Kubectl(ctx, "-n", appNS, "wait", "--for=condition=Ready", "pod/"+actionPodName, "--timeout=120s"); err != nil {
