@@ -189,9 +189,20 @@ public final class SlotClient implements AutoCloseable {
      * the acquire budget. In fail-open mode never throws; the lease may be inactive.
      */
     public SlotLease acquire(long quotaMilli, String action, String invocationId) {
+        return acquire(quotaMilli, action, invocationId, false);
+    }
+
+    /**
+     * As {@link #acquire(long, String, String)}; {@code ownUsage}: the caller needs this
+     * invocation's own usage from {@link SlotLease#release} or {@link SlotLease#stop}. Without
+     * it, a slot from the process's table (local leasing) may return {@link Usage#NONE} at
+     * release: its counters are read with the next invocations' of the same action on the same
+     * slot, and their sum goes to the agent's USAGE (README "What an answer reports").
+     */
+    public SlotLease acquire(long quotaMilli, String action, String invocationId, boolean ownUsage) {
         if (local != null && !closed) {
             acquireCalls.increment();
-            SlotLease l = local.acquire(quotaMilli, Leases.clip(action), Leases.clip(invocationId));
+            SlotLease l = local.acquire(quotaMilli, Leases.clip(action), Leases.clip(invocationId), ownUsage);
             if (l != null) return l;
             return leases.acquire(quotaMilli, action, invocationId, false);
         }

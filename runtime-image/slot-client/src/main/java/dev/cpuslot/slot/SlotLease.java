@@ -43,6 +43,8 @@ public final class SlotLease {
     /** The table entry and the state the claim wrote (local leasing). */
     int entry = -1;
     long claim;
+    /** Local leasing: the invocation wants its own usage (its counters are not batched). */
+    boolean ownUsage;
 
     SlotLease(Leases leases, String action, String invocation, long quotaAsked, int tid, String reason) {
         this.leases = leases;
