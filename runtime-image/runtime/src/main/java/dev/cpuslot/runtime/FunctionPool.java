@@ -275,7 +275,7 @@ public final class FunctionPool implements AutoCloseable {
                 if (error == null && slots != null && t.quotaMilli() > 0) {
                     long a0 = System.nanoTime();
                     try {
-                        lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId());
+                        lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId(), t.usageInReply());
                     } catch (RuntimeException e) { // fail-closed
                         error = "no CPU slot: " + e.getMessage();
                     }

@@ -80,6 +80,7 @@ public final class FunctionRuntime implements AutoCloseable {
             return m;
         });
         if (slots != null) {
+            slots.onBatchRead(this::batchRead);
             metrics.gaugeFunction("cpuslot_slot_client_events_total", () -> {
                 Map<String, Long> m = new LinkedHashMap<>();
                 slots.counters().forEach((k, v) -> m.put(Metrics.labels("event", k), v));
@@ -119,6 +120,21 @@ public final class FunctionRuntime implements AutoCloseable {
 
     public Metrics metrics() { return metrics; }
     public SlotClient slots() { return slots; }
+
+    /**
+     * The usage metrics' labels per action, for the batches of warm invocations whose counters
+     * the slot client reads off their releases ({@link SlotClient#onBatchRead}). Bounded: past
+     * it a new action's batches reach the agent's USAGE but not these metrics.
+     */
+    private final java.util.concurrent.ConcurrentHashMap<String, String> batchLabels = new java.util.concurrent.ConcurrentHashMap<>();
+    static final int MAX_BATCH_LABELS = 4096;
+
+    private void batchRead(String action, Usage u) {
+        String labels = batchLabels.get(action);
+        if (labels == null) return;
+        metrics.add("cpuslot_slot_cpu_seconds_total", labels, u.cpuNanos() / 1e9);
+        metrics.add("cpuslot_slot_throttled_seconds_total", labels, u.throttledNanos() / 1e9);
+    }
     Config config() { return cfg; }
     /** The tenant's stderr: where OpenWhisk's runtimes print a refused request. */
     PrintStream err() { return err; }
@@ -272,6 +288,8 @@ public final class FunctionRuntime implements AutoCloseable {
         LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline, depth,
                 new PlatformPath.Origin(env.get("__OW_API_HOST"), env.get("__OW_API_KEY")));
         try {
+            if (slots != null && batchLabels.get(action) == null && batchLabels.size() < MAX_BATCH_LABELS)
+                batchLabels.put(action, p.labels());
             o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop,
                     inv.usageAsked() || cfg.usageInReply()), deadline);
         } catch (InterruptedException e) {
@@ -310,11 +328,13 @@ public final class FunctionRuntime implements AutoCloseable {
         // after the reply: the usage metrics and the activation's log line (what the slot gave and
         // what it used), once the usage is known (the worker may read the counters after the reply)
         java.util.function.Consumer<Usage> record = used -> {
-            boolean m = used != null && used.measured();
-            if (m) {
+            // the metrics count what was read: this invocation's own usage, or a batch's (the warm
+            // invocations before it on its slot, and it); the activation line shows only its own
+            if (used != null && used.measured()) {
                 metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), used.cpuNanos() / 1e9);
                 metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), used.throttledNanos() / 1e9);
             }
+            boolean m = used != null && used.own();
             Log.activation("cpuslot: activation=" + act + " action=" + action + " status=" + st
                     + " quota=" + qq.milli() + "m source=" + qq.source() + (qq.capped() ? " capped" : "")
                     + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()

@@ -414,9 +414,21 @@ final class LocalLeases {
      */
     private Usage closeBatch(int i, long slot, long now) {
         Batch b = batches[i];
-        SlotCounters end = fds.readCounters(slot);
-        return closeBatch(b, end, now);
+        String action = b.action;
+        Usage u = closeBatch(b, fds.readCounters(slot), now);
+        java.util.function.BiConsumer<String, Usage> to = batchRead;
+        if (u.measured() && to != null) {
+            try {
+                to.accept(action, u);
+            } catch (RuntimeException e) {
+                count("local.listener_error");
+            }
+        }
+        return u;
     }
+
+    /** Gets each batch read off a release (which returns its own): see {@link SlotClient#onBatchRead}. */
+    volatile java.util.function.BiConsumer<String, Usage> batchRead;
 
     private Usage closeBatch(Batch b, SlotCounters end, long now) {
         Usage u = Usage.NONE;

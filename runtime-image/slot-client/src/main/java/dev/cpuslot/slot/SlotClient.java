@@ -210,6 +210,17 @@ public final class SlotClient implements AutoCloseable {
     }
 
     /**
+     * Local leasing: {@code listener} gets the usage of each batch whose counters were read off a
+     * release (the entry idled, was dropped or given back, another action or an invocation that
+     * wants its own usage claimed it): with what releases return, every invocation's usage
+     * exactly once. Called on the slot client's background thread or an invoking thread; keep
+     * it short. The action is as clipped for the agent.
+     */
+    public void onBatchRead(java.util.function.BiConsumer<String, Usage> listener) {
+        if (local != null) local.batchRead = listener;
+    }
+
+    /**
      * Moves another thread of this process into the slot of an active lease that placed its own
      * thread (SELF): writes the thread's kernel tid to the slot's placement fds (the fds carry the
      * agent's credentials, so the kernel allows it for the process's own threads). For confining a

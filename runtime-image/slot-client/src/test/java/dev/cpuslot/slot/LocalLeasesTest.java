@@ -535,8 +535,11 @@ class LocalLeasesTest {
         assertEquals(reads, ops.reads.get(), "no counter read on the warm path");
         assertTrue(transport.oneWay.isEmpty(), "nothing sent on the invocation path");
 
+        List<String> heard = new ArrayList<>();
+        local.batchRead = (act, u) -> heard.add(act + " " + u);
         local.closeBatches(System.nanoTime() + 2 * LocalLeases.BATCH_IDLE_NS);
         assertEquals(reads + 1, ops.reads.get(), "one read closed the batch of the idle entry");
+        assertEquals(List.of("guest/hello " + new Usage(true, 50_000, 500, 0, 0, 50)), heard, "read off a release: to the listener");
         assertEquals(0, SlotTable.hold(table.state(e)), "given back free");
         local.reportOnce(System.nanoTime(), true);
         assertEquals(List.of(new Protocol.UsageRecord("guest/hello", 0, 49, 50_000, 500),
@@ -554,8 +557,11 @@ class LocalLeasesTest {
         SlotLease b = local.acquire(250, "f", "b");
         ops.counters.put(11, used(5_000, 50));
         local.batchNs = 0; // the batch is old now
+        List<Usage> heard = new ArrayList<>();
+        local.batchRead = (act, x) -> heard.add(x);
         Usage u = b.release(ReleaseOutcome.OK);
         assertEquals(new Usage(true, 5_000, 50, 0, 0, 2), u, "the batch's usage, two invocations");
+        assertEquals(List.of(), heard, "returned by the release: not to the listener too");
         local.reportOnce(System.nanoTime(), true);
         assertArrayEquals(new long[]{2, 5_000, 50}, usageSums());
     }
