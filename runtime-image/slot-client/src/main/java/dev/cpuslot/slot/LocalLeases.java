@@ -101,6 +101,7 @@ final class LocalLeases {
         this.counters = counters;
         this.hits = counters.adder("local.hit");
         this.releases = counters.adder("release.local");
+        this.batchReads = counters.adder("local.batch_read");
         this.table = table;
         this.reports = new UsageReports(counters);
         this.budgetNs = budgetNs;
@@ -119,7 +120,7 @@ final class LocalLeases {
 
     private void count(String name) { counters.count(name); }
     /** Counted on every invocation: held, not looked up by name each time. */
-    private final java.util.concurrent.atomic.LongAdder hits, releases;
+    private final java.util.concurrent.atomic.LongAdder hits, releases, batchReads;
 
     /** Creates the calling thread's per-thread state. */
     void prepareThread() { perThread.get(); }
@@ -433,6 +434,7 @@ final class LocalLeases {
     private Usage closeBatch(Batch b, SlotCounters end, long now) {
         Usage u = Usage.NONE;
         if (b.total > 0) {
+            batchReads.increment();
             Usage d = end != null && b.start != null ? end.since(b.start) : Usage.NONE;
             boolean cpu = true;
             boolean early = false;
