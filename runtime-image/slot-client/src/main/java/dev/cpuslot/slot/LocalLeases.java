@@ -415,6 +415,7 @@ final class LocalLeases {
      */
     private Usage closeBatch(int i, long slot, long now) {
         Batch b = batches[i];
+        if (b.total == 0) return Usage.NONE; // nothing pending: no read
         String action = b.action;
         Usage u = closeBatch(b, fds.readCounters(slot), now);
         java.util.function.BiConsumer<String, Usage> to = batchRead;
