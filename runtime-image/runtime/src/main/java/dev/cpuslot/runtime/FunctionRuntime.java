@@ -123,8 +123,8 @@ public final class FunctionRuntime implements AutoCloseable {
 
     /**
      * The usage metrics' labels per action, for the batches of warm invocations whose counters
-     * the slot client reads off their releases ({@link SlotClient#onBatchRead}). Bounded: past
-     * it a new action's batches reach the agent's USAGE but not these metrics.
+     * the slot client reads together ({@link SlotClient#onBatchRead}). Bounded: past it a new
+     * action's batches reach the agent's USAGE but not these metrics.
      */
     private final java.util.concurrent.ConcurrentHashMap<String, String> batchLabels = new java.util.concurrent.ConcurrentHashMap<>();
     static final int MAX_BATCH_LABELS = 4096;
@@ -328,13 +328,12 @@ public final class FunctionRuntime implements AutoCloseable {
         // after the reply: the usage metrics and the activation's log line (what the slot gave and
         // what it used), once the usage is known (the worker may read the counters after the reply)
         java.util.function.Consumer<Usage> record = used -> {
-            // the metrics count what was read: this invocation's own usage, or a batch's (the warm
-            // invocations before it on its slot, and it); the activation line shows only its own
-            if (used != null && used.measured()) {
+            // its own usage, when it was measured on its own (a batch's goes to batchRead)
+            boolean m = used != null && used.measured();
+            if (m) {
                 metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), used.cpuNanos() / 1e9);
                 metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), used.throttledNanos() / 1e9);
             }
-            boolean m = used != null && used.own();
             Log.activation("cpuslot: activation=" + act + " action=" + action + " status=" + st
                     + " quota=" + qq.milli() + "m source=" + qq.source() + (qq.capped() ? " capped" : "")
                     + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()

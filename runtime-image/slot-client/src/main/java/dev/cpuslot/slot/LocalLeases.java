@@ -413,24 +413,25 @@ final class LocalLeases {
      * every invocation under its outcome, the CPU once (the agent counts CPU per action). Returns
      * the batch's usage (all its invocations), or {@link Usage#NONE} when nothing could be read.
      */
-    private Usage closeBatch(int i, long slot, long now) {
+    private void closeBatch(int i, long slot, long now) {
         Batch b = batches[i];
-        if (b.total == 0) return Usage.NONE; // nothing pending: no read
+        if (b.total == 0) return; // nothing pending: no read
         String action = b.action;
-        Usage u = closeBatch(b, fds.readCounters(slot), now);
-        java.util.function.BiConsumer<String, Usage> to = batchRead;
-        if (u.measured() && to != null) {
-            try {
-                to.accept(action, u);
-            } catch (RuntimeException e) {
-                count("local.listener_error");
-            }
-        }
-        return u;
+        heard(action, closeBatch(b, fds.readCounters(slot), now));
     }
 
-    /** Gets each batch read off a release (which returns its own): see {@link SlotClient#onBatchRead}. */
+    /** Gets the usage of each batch of more than one invocation: see {@link SlotClient#onBatchRead}. */
     volatile java.util.function.BiConsumer<String, Usage> batchRead;
+
+    private void heard(String action, Usage u) {
+        java.util.function.BiConsumer<String, Usage> to = batchRead;
+        if (!u.measured() || to == null) return;
+        try {
+            to.accept(action, u);
+        } catch (RuntimeException e) {
+            count("local.listener_error");
+        }
+    }
 
     private Usage closeBatch(Batch b, SlotCounters end, long now) {
         Usage u = Usage.NONE;
@@ -532,8 +533,9 @@ final class LocalLeases {
     /**
      * Gives the entry back (one store) and adds the invocation to its entry's usage batch. The
      * counters are read here only when the batch ends: it is {@link #batchNs} old, the invocation
-     * wants its own usage, was stopped, or the entry is GONE. Returns the invocation's own usage,
-     * a whole batch's ({@link Usage#invocations()} &gt; 1), or {@link Usage#NONE} (batched).
+     * wants its own usage, was stopped, or the entry is GONE. Returns the invocation's own usage
+     * when the batch was it alone, else {@link Usage#NONE} (a batch read here goes to the
+     * listener, as one read anywhere else).
      */
     Usage release(SlotLease l, ReleaseOutcome outcome) {
         l.lock.lock();
@@ -549,8 +551,13 @@ final class LocalLeases {
                 b.action = l.action;
                 b.n[o]++;
                 b.total++;
-                if (l.end != null || l.ownUsage || now - b.readAt >= batchNs || table.gone(l.entry))
+                if (l.end != null || l.ownUsage || now - b.readAt >= batchNs || table.gone(l.entry)) {
                     u = closeBatch(b, l.end != null ? l.end : fds.readCounters(l.slot), now);
+                    if (u.invocations() > 1) { // not this invocation's own: to the listener
+                        heard(l.action, u);
+                        u = Usage.NONE;
+                    }
+                }
             }
             table.release(l.entry, l.claim, now);
             serveWaiters();

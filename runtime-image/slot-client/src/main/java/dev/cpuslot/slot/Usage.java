@@ -3,8 +3,8 @@ package dev.cpuslot.slot;
 /**
  * What a slot used while a lease was held (RELEASE_OK), for all threads in the slot.
  * {@link #measured()} is false when there was no slot, the agent could not report, or (local
- * leasing) the invocation's counters were read together with the next ones of its entry: then
- * a later release returns the whole batch, {@link #invocations()} of them.
+ * leasing) the invocation's counters were read together with other invocations' of its slot:
+ * that batch's usage, {@link #invocations()} of them, goes to {@link SlotClient#onBatchRead}.
  */
 public record Usage(boolean measured, long cpuNanos, long throttledNanos, long periods, long throttledPeriods,
                     long invocations) {
