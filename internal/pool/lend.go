@@ -169,14 +169,14 @@ func (p *Pool) planCuts(waker *lease) []cut {
 // fails leaves the slot at its old quota, so the lease is charged it again.
 func (p *Pool) lower(cuts []cut) {
 	for _, c := range cuts {
-		p.retune(c.l, c.spec, func() {
+		p.raise(p.retune(c.l, c.spec, func() {
 			p.budget.Take(c.by)
 			c.l.granted += c.by
 			if c.degraded {
 				c.l.degraded = false
 				p.dropDegraded(c.l)
 			}
-		})
+		}))
 	}
 }
 

@@ -364,10 +364,12 @@ func (p *Pool) planRaises() []raise {
 }
 
 // raise retunes the slots of raised leases outside the lock; a retune that
-// fails gives the budget back.
+// fails gives the budget back. Each write may free the way for more raises
+// (retune plans them): they join the queue, so a chain of raises is a loop.
 func (p *Pool) raise(raises []raise) {
-	for _, r := range raises {
-		p.retune(r.l, r.spec, func() {
+	for len(raises) > 0 {
+		r := raises[0]
+		raises = append(raises[1:], p.retune(r.l, r.spec, func() {
 			p.budget.Give(r.add)
 			r.l.granted -= r.add
 			p.clampLent(r.l)
@@ -375,16 +377,17 @@ func (p *Pool) raise(raises []raise) {
 				r.l.degraded = true
 				p.degraded = append([]*lease{r.l}, p.degraded...)
 			}
-		})
+		})...)
 	}
 }
 
 // retune writes lease l's slot to spec outside the lock (the caller marked
 // the slot raising and began the I/O). A retune that fails while l still
 // holds its slot runs undo under the lock; one whose lease was released
-// meanwhile needs nothing undone: its release settled the budget. It then
-// raises the degraded leases the write held up.
-func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) {
+// meanwhile needs nothing undone: its release settled the budget. It
+// returns the raises of the degraded leases the write held up, planned
+// under the lock, for the caller to write.
+func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) []raise {
 	s := l.slot
 	err := s.io.Retune(spec)
 	p.mu.Lock()
@@ -413,5 +416,5 @@ func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) {
 	}
 	p.broadcast()
 	p.mu.Unlock()
-	p.raise(raises)
+	return raises
 }

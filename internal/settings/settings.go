@@ -277,7 +277,7 @@ var Keys = []Key{
 		set:     func(p *Pool, v string) error { p.Overcommit, _ = strconv.ParseFloat(v, 64); return nil }},
 	{Name: "admission.lendRatio", Flag: "lend-ratio", Annotation: "lend-ratio", Kind: KindFraction, Min: 0, Max: 1,
 		Doc:     "share of a sleeping lease's quota lent to new leases, in [0, 1] (0 = no lending)",
-		Meaning: "share of a sleeping lease's quota admission lends to new leases; 0: no lending ([`lending.md`](lending.md))",
+		Meaning: "share of a sleeping lease's quota admission lends to new leases; 0: no lending; per action, the runtime can keep an action out ([`lending.md`](lending.md#semantics))",
 		get:     func(p Pool) string { return strconv.FormatFloat(p.LendRatio, 'g', -1, 64) },
 		set:     func(p *Pool, v string) error { p.LendRatio, _ = strconv.ParseFloat(v, 64); return nil }},
 	{Name: "admission.policy", Flag: "policy", Annotation: "policy", Kind: KindChoice, Choices: Policies,

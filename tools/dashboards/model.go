@@ -393,6 +393,16 @@ var Dashboards = []Dashboard{
 					Description: "Time slots were throttled (seconds per second).",
 					Queries:     []Query{{Expr: `sum by (function) (rate(cpuslot_slot_throttled_seconds_total{job="$runtime_job", namespace=~"$namespace", function=~"$function"}[$__rate_interval]))`, Legend: "{{function}}"}},
 				},
+				{
+					Kind: TimeSeries, Width: 12, Title: "Idle ratio by function", Unit: PercentUnit,
+					Description: "Share of the CPU reserved by a function's slot leases (granted quota x time held) that its invocations did not use: 1 - slot CPU / reserved. See docs/lending.md, Metrics.",
+					Queries:     []Query{{Expr: `1 - sum by (function) (rate(cpuslot_slot_cpu_seconds_total{job="$runtime_job", namespace=~"$namespace", function=~"$function"}[$__rate_interval])) / sum by (function) (rate(cpuslot_slot_reserved_seconds_total{job="$runtime_job", namespace=~"$namespace", function=~"$function"}[$__rate_interval]))`, Legend: "{{function}}"}},
+				},
+				{
+					Kind: TimeSeries, Width: 12, Title: "Lent time by function", Unit: Short,
+					Description: "Time a function's leases slept in synchronous chain calls, when the agent may lend their quota (seconds per second: the leases asleep on average). Zero while the pod or the action does not lend.",
+					Queries:     []Query{{Expr: `sum by (function) (rate(cpuslot_slot_slept_seconds_total{job="$runtime_job", namespace=~"$namespace", function=~"$function"}[$__rate_interval]))`, Legend: "{{function}}"}},
+				},
 			}},
 			{Title: "Quotas and problems", Panels: []Panel{
 				{

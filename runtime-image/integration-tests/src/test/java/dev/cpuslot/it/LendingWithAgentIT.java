@@ -187,9 +187,24 @@ class LendingWithAgentIT {
                 if (cg.version == 1) assertEquals("50000", cg.read(slot, "cpu.cfs_quota_us"), slot);
                 else assertEquals("50000 100000", cg.read(slot, "cpu.max"), slot);
             }
+            // the runtime's idle ratio per function (docs/lending.md, Metrics): the caller slept
+            // through the callee's 8 s and left its 500m idle; the callee burnt its 200m. Its CPU
+            // is recorded after the reply, before its activation line: wait for the caller's second line.
+            String caller = "function=\"caller\"", callee = "function=\"callee\"";
+            Path log = work.resolve("runtime-lend.log");
+            long logUntil = System.nanoTime() + 60_000_000_000L;
+            while (Files.readString(log).split(" action=caller ", -1).length < 3 && System.nanoTime() < logUntil) Thread.sleep(20);
             Map<String, Double> m = lr.metrics();
+            double slept = Prom.sum(m, "cpuslot_slot_slept_seconds_total", caller);
+            double callerReserved = Prom.sum(m, "cpuslot_slot_reserved_seconds_total", caller);
+            assertTrue(slept >= 8 && slept <= callerReserved / 0.5, "slept " + slept + " s, reserved " + callerReserved + ": " + lr.metricsText());
+            double callerIdle = 1 - Prom.sum(m, "cpuslot_slot_cpu_seconds_total", caller) / callerReserved;
+            double calleeIdle = 1 - Prom.sum(m, "cpuslot_slot_cpu_seconds_total", callee) / Prom.sum(m, "cpuslot_slot_reserved_seconds_total", callee);
+            assertTrue(callerIdle > 0.9 && calleeIdle < callerIdle, "idle ratio caller " + callerIdle + ", callee " + calleeIdle + ": " + lr.metricsText());
             System.out.println("[it] lending: lent " + p.get("lentMilli") + "m while the caller waited; pool after the wake " + p3
-                    + "; client " + RuntimeProc.event(m, "nap.sleep") + " SLEEP, " + RuntimeProc.event(m, "nap.wake") + " WAKE");
+                    + "; client " + RuntimeProc.event(m, "nap.sleep") + " SLEEP, " + RuntimeProc.event(m, "nap.wake") + " WAKE"
+                    + "; idle ratio caller " + String.format("%.3f", callerIdle) + ", callee " + String.format("%.3f", calleeIdle)
+                    + ", caller slept " + String.format("%.2f", slept) + " s");
         }
     }
     /**

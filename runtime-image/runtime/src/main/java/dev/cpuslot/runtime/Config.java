@@ -14,6 +14,7 @@ public record Config(
         long defaultTimeoutMs,
         long workerIdleMs,
         String defaultQuota,          // pod default, e.g. from the downward API
+        boolean defaultLend,          // CPUSLOT_DEFAULT_LEND: actions that say nothing sleep in their chain calls (when the agent lends)
         long maxQuotaMilli,           // cap for every source; 0 = no cap
         boolean allowInvocationQuota, // OpenWhisk/Hydra: value.__cpuslot_quota
         boolean allowHeaderQuota,     // Knative/Hydra: X-Cpuslot-Quota header
@@ -57,6 +58,8 @@ public record Config(
      */
     public static final String USAGE_HEADER = "X-Cpuslot-Usage";
     public static final String INIT_QUOTA_ENV = "CPUSLOT_QUOTA";
+    /** Per action (/init env, Hydra /register?lend=): whether its invocations sleep in their chain calls. */
+    public static final String INIT_LEND_ENV = "CPUSLOT_LEND";
     /** Per action (/init env): most sandboxes this action may use, at most the runtime's bound. */
     public static final String INIT_SANDBOXES_ENV = "CPUSLOT_SANDBOXES";
     /** The largest request body, and the most a function's zip may unpack to. */
@@ -76,6 +79,7 @@ public record Config(
                 longOf(env, "CPUSLOT_DEFAULT_TIMEOUT_MS", 60_000),
                 longOf(env, "CPUSLOT_WORKER_IDLE_MS", 60_000),
                 blankToNull(env.get("CPUSLOT_DEFAULT_QUOTA")),
+                bool(env, "CPUSLOT_DEFAULT_LEND", true),
                 longOf(env, "CPUSLOT_MAX_QUOTA_MILLI", 0),
                 bool(env, "CPUSLOT_ALLOW_INVOCATION_QUOTA", false),
                 bool(env, "CPUSLOT_ALLOW_HEADER_QUOTA", false),
@@ -149,10 +153,15 @@ public record Config(
     private static boolean bool(Map<String, String> env, String k, boolean def) {
         String v = env.get(k);
         if (v == null || v.isBlank()) return def;
-        return switch (v.trim().toLowerCase()) {
+        return parseBool(k, v);
+    }
+
+    /** A setting's yes or no: 1/true/yes/on or 0/false/no/off, any case; else a typed error naming {@code k}. */
+    static boolean parseBool(String k, String v) {
+        return switch (v.trim().toLowerCase(java.util.Locale.ROOT)) {
             case "1", "true", "yes", "on" -> true;
             case "0", "false", "no", "off" -> false;
-            default -> throw new IllegalArgumentException(k + " is not a boolean: " + v);
+            default -> throw new IllegalArgumentException(k + " is not a boolean (true or false): " + v);
         };
     }
 }

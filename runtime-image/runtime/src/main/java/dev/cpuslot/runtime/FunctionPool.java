@@ -75,6 +75,8 @@ public final class FunctionPool implements AutoCloseable {
     private final Runaways runaways;
     /** Added to on every invocation with a slot: held rather than looked up each time. */
     private final java.util.concurrent.atomic.DoubleAdder acquireSeconds, releaseSeconds;
+    /** The function's reserved CPU (quota x time held) and its leases' sleep: its idle ratio beside its CPU. */
+    private final java.util.concurrent.atomic.DoubleAdder reservedSeconds, sleptSeconds;
     private final String labels;
 
     public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics) {
@@ -92,6 +94,8 @@ public final class FunctionPool implements AutoCloseable {
         this.acquireSeconds = metrics.counter("cpuslot_slot_acquire_seconds_total", "");
         this.releaseSeconds = metrics.counter("cpuslot_slot_release_seconds_total", "");
         this.labels = Metrics.labels("function", fn.name());
+        this.reservedSeconds = metrics.counter("cpuslot_slot_reserved_seconds_total", labels);
+        this.sleptSeconds = metrics.counter("cpuslot_slot_slept_seconds_total", labels);
     }
 
     /** The function's metric labels ({@code function="..."}), built once. */
@@ -134,7 +138,9 @@ public final class FunctionPool implements AutoCloseable {
                     runaways.watch(fn.name(), ww.thread, ww.tid, () -> ww.current == job);
                 }
                 SlotLease l = job.lease;
+                long until = System.nanoTime();
                 Usage u = l == null ? Usage.NONE : l.release(ReleaseOutcome.TIMEOUT);
+                reserved(l, u, job.heldFrom, until);
                 permits.release();
                 return new Outcome(null, "the action exceeded its time limit", true, l, u,
                         System.nanoTime() - job.started);
@@ -163,6 +169,8 @@ public final class FunctionPool implements AutoCloseable {
         final AtomicBoolean claimed = new AtomicBoolean();
         volatile SlotLease lease;
         volatile long started = System.nanoTime();
+        /** When the worker got its lease (System.nanoTime). */
+        volatile long heldFrom;
         /** Where the activation prints: the caller's (ActivationOutput.enter before invoke). */
         final ActivationOutput.Capture output = ActivationOutput.current();
         Job(Task task) { this.task = task; }
@@ -279,7 +287,8 @@ public final class FunctionPool implements AutoCloseable {
                     } catch (RuntimeException e) { // fail-closed
                         error = "no CPU slot: " + e.getMessage();
                     }
-                    acquireSeconds.add((System.nanoTime() - a0) / 1e9);
+                    j.heldFrom = System.nanoTime();
+                    acquireSeconds.add((j.heldFrom - a0) / 1e9);
                     j.lease = lease;
                     if (j.claimed.get() && lease != null) lease.release(ReleaseOutcome.TIMEOUT);
                 }
@@ -299,7 +308,11 @@ public final class FunctionPool implements AutoCloseable {
                     } catch (Exception e) {
                         error = e.toString();
                     } finally {
-                        if (t.hop() != null) LocalBus.exit();
+                        if (t.hop() != null) {
+                            LocalBus.exit();
+                            long slept = t.hop().sleptNanos.get();
+                            if (slept > 0) sleptSeconds.add(slept / 1e9);
+                        }
                     }
                 }
                 long ran = System.nanoTime() - t0;
@@ -325,6 +338,7 @@ public final class FunctionPool implements AutoCloseable {
                         releaseLater = !local && u.measured();
                         if (!local && !releaseLater) u = lease.release(outcome);
                         releaseSeconds.add((System.nanoTime() - r0) / 1e9);
+                        reserved(lease, u, j.heldFrom, r0);
                     }
                     Thread.interrupted(); // clear a stray interrupt before going back to the pool
                     boolean reuse = !sandbox_poisoned() && !closed;
@@ -342,6 +356,7 @@ public final class FunctionPool implements AutoCloseable {
                             measured = lease.release(outcome);
                         } finally {
                             releaseSeconds.add((System.nanoTime() - r0) / 1e9);
+                            reserved(lease, measured, j.heldFrom, r0);
                             later.complete(measured);
                         }
                     } else if (releaseLater) {
@@ -371,6 +386,16 @@ public final class FunctionPool implements AutoCloseable {
             Function.Sandbox s = sandbox;
             return s == null || s.poisoned();
         }
+    }
+
+    /**
+     * Counts what a lease reserved, its granted quota in cores times the time it was held
+     * ({@code from} to {@code until}), when its usage was measured: the invocations whose CPU
+     * cpuslot_slot_cpu_seconds_total counts, so that 1 - cpu / reserved is their idle ratio.
+     */
+    private void reserved(SlotLease l, Usage u, long from, long until) {
+        if (l != null && l.active() && u.measured() && until > from)
+            reservedSeconds.add(l.quotaMilli() / 1000.0 * ((until - from) / 1e9));
     }
 
     @Override

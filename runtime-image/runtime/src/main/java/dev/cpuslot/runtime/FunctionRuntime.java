@@ -102,6 +102,9 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_slot_release_seconds_total", "counter", "Time workers spent releasing slots, in seconds.");
         metrics.describe("cpuslot_slot_cpu_seconds_total", "counter", "CPU time used in slots, from RELEASE_OK.");
         metrics.describe("cpuslot_slot_throttled_seconds_total", "counter", "Throttled time in slots, from RELEASE_OK.");
+        metrics.describe("cpuslot_slot_reserved_seconds_total", "counter", "CPU time reserved by slot leases: the granted quota in cores times the time the lease was held (the same invocations as cpuslot_slot_cpu_seconds_total); idle ratio = 1 - cpu / reserved.");
+        metrics.describe("cpuslot_slot_slept_seconds_total", "counter", "Time slot leases slept in synchronous chain calls (SLEEP to WAKE): while the agent could lend their quota.");
+        metrics.describe("cpuslot_lend_invalid_total", "counter", "Lending settings (CPUSLOT_LEND, the cpu-lend annotation) that were not true or false, by source: the invocation was refused.");
         metrics.describe("cpuslot_quota_invalid_total", "counter", "Quota values that did not parse, by source.");
         metrics.describe("cpuslot_quota_capped_total", "counter", "Quota values above the cap, by source.");
         metrics.describe("cpuslot_bad_requests_total", "counter", "Requests refused before running anything.");
@@ -270,6 +273,13 @@ public final class FunctionRuntime implements AutoCloseable {
             Log.warn("activation " + activationId + " refused: " + e.getMessage());
             return finish(platform, fn, t0, Reply.error(400, e.getMessage()), "bad_quota");
         }
+        Quota.Lend lend;
+        try {
+            lend = quota.lend(env, fn.initEnv().get(Config.INIT_LEND_ENV));
+        } catch (Quota.InvalidQuotaException e) {
+            Log.warn("activation " + activationId + " refused: " + e.getMessage());
+            return finish(platform, fn, t0, Reply.error(400, e.getMessage()), "bad_lend");
+        }
         if (q.milli() == 0) platform.noQuota(env, action);
         if (q.source().equals("invocation") && value.isJsonObject()) {
             value = value.deepCopy();
@@ -287,6 +297,7 @@ public final class FunctionRuntime implements AutoCloseable {
         String hopOwner = hosted != null ? hosted.owner() : ns != null && ns.isJsonPrimitive() ? ns.getAsString().trim() : "";
         LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline, depth,
                 new PlatformPath.Origin(env.get("__OW_API_HOST"), env.get("__OW_API_KEY")));
+        hop.lends = lend.lends();
         try {
             if (slots != null && batchLabels.get(action) == null && batchLabels.size() < MAX_BATCH_LABELS)
                 batchLabels.put(action, p.labels());
@@ -407,6 +418,7 @@ public final class FunctionRuntime implements AutoCloseable {
         Quota.Resolved q = null;
         try {
             q = quota.resolve(args, null, env, fn.initEnv().get(Config.INIT_QUOTA_ENV));
+            hop.lends = quota.lend(env, fn.initEnv().get(Config.INIT_LEND_ENV)).lends();
             if (q.source().equals("invocation") && args.isJsonObject()) {
                 args = args.deepCopy();
                 args.getAsJsonObject().remove(Config.QUOTA_PARAM);

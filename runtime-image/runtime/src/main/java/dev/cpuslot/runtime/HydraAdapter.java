@@ -35,7 +35,7 @@ public final class HydraAdapter {
         this.metrics = rt.metrics();
     }
 
-    /** {@code /register?name=&url=&entryPoint=&language=&sandbox=[&quota=]}; code from the body or url. */
+    /** {@code /register?name=&url=&entryPoint=&language=&sandbox=[&quota=][&lend=]}; code from the body or url. */
     public Reply register(Map<String, String> q, byte[] body) {
         String name = q.get("name");
         if (name == null || name.isBlank()) return Reply.error(400, "missing name");
@@ -44,9 +44,12 @@ public final class HydraAdapter {
         Reply refused = rt.checkOwner(q.get("owner"), "/register of " + name);
         if (refused != null) return refused;
         try {
+            // read at each invocation as the quota is; one that can never be read is refused now, before any code is fetched
+            if (q.containsKey("lend")) Config.parseBool("lend", q.get("lend"));
             byte[] code = q.containsKey("steps") ? null : body != null && body.length > 0 ? body : fetch(q.get("url"));
             Map<String, String> env = new LinkedHashMap<>();
             if (q.containsKey("quota")) env.put(Config.INIT_QUOTA_ENV, q.get("quota"));
+            if (q.containsKey("lend")) env.put(Config.INIT_LEND_ENV, q.get("lend"));
             if (q.containsKey("sandbox")) env.put("CPUSLOT_SANDBOX", q.get("sandbox"));
             if (q.containsKey("conductor")) env.put(ConductorFunction.ENV, q.get("conductor"));
             // steps=a,b,c: a sequence of functions (local first, then the platform's), no code of its own

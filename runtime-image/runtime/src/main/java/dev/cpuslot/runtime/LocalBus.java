@@ -85,6 +85,13 @@ final class LocalBus {
         final AtomicInteger asyncCalls = new AtomicInteger();
         /** The activation's slot lease (set by its worker once acquired; null: none). */
         volatile SlotLease lease;
+        /** The action's lending setting (Quota#lend, set by the runtime): its lease sleeps in its synchronous calls. */
+        volatile boolean lends;
+        /**
+         * How long the lease slept in synchronous calls (cpuslot_slot_slept_seconds_total). Calls
+         * made at once by threads of one Java function each count their own wait.
+         */
+        final AtomicLong sleptNanos = new AtomicLong();
 
         Hop(String function, String owner, String activationId, String callerId, int depth, long deadlineNanos, Trace trace,
             PlatformPath.Origin origin) {
@@ -96,6 +103,21 @@ final class LocalBus {
             this.deadlineNanos = deadlineNanos;
             this.trace = trace;
             this.origin = origin == null ? PlatformPath.Origin.NONE : origin;
+        }
+
+        /**
+         * Puts the activation's lease to sleep for a synchronous call: the lease to {@link #wake}
+         * after it, or null (no lease, the action does not lend, or the agent does not: nothing sent).
+         */
+        SlotLease sleep() {
+            SlotLease l = lease;
+            return l != null && lends && l.sleep() ? l : null;
+        }
+
+        /** Wakes {@code l} after a call that began at {@code since} (System.nanoTime), counting the sleep. */
+        void wake(SlotLease l, long since) {
+            l.wake();
+            sleptNanos.addAndGet(System.nanoTime() - since);
         }
 
         @Override
@@ -244,14 +266,14 @@ final class LocalBus {
                 // The caller waits for the callee and uses no CPU meanwhile: its lease sleeps for
                 // exactly the wait, so the agent may lend its quota (docs/lending.md). Nothing
                 // is sent unless the agent announced LEND.
-                SlotLease mine = from.lease;
-                boolean slept = mine != null && mine.sleep();
+                long since = System.nanoTime();
+                SlotLease asleep = from.sleep();
                 FunctionPool.Outcome o;
                 try {
                     // copies both ways: no JSON object is shared between two functions
                     o = host.run(h, args.deepCopy(), hop, mode);
                 } finally {
-                    if (slept) mine.wake();
+                    if (asleep != null) from.wake(asleep, since);
                 }
                 if (o.error() != null)
                     throw new ChainException(o.timedOut() ? Kind.TIMEOUT : Kind.FAILED, name, o.error());
@@ -289,12 +311,12 @@ final class LocalBus {
         if (deadline - System.nanoTime() <= 0) throw new ChainException(Kind.TIMEOUT, name, "no time left before the caller's deadline");
         JsonElement a = args.deepCopy();
         if (!async) {
-            SlotLease mine = from.lease;
-            boolean slept = mine != null && mine.sleep();
+            long since = System.nanoTime();
+            SlotLease asleep = from.sleep();
             try {
                 return remoteHop(from, t, name, a, depth, deadline, false, mode).result();
             } finally {
-                if (slept) mine.wake();
+                if (asleep != null) from.wake(asleep, since);
             }
         }
         startAsync(from, name, HopRecord.started(null, name, depth, t.kind(), from.activationId), () -> {

@@ -80,11 +80,14 @@ public final class Quota {
     /** An action's annotations (key to value), read once per action version. */
     private record CacheEntry(CompletableFuture<Map<String, JsonElement>> value, long expiresNanos) {}
     private final Map<String, CacheEntry> annotations = new ConcurrentHashMap<>();
+    /** The pod's lending default (CPUSLOT_DEFAULT_LEND): most invocations' answer, made once. */
+    private final Lend defaultLend;
     static final long NEGATIVE_TTL_NS = TimeUnit.SECONDS.toNanos(30);
 
     public Quota(Config cfg, Metrics metrics) {
         this.cfg = cfg;
         this.metrics = metrics;
+        this.defaultLend = new Lend(cfg.defaultLend(), "default");
         this.http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofMillis(cfg.annotationTimeoutMs())).build());
     }
 
@@ -108,6 +111,39 @@ public final class Quota {
         if (initQuota != null && !initQuota.isBlank()) return of("init", initQuota);
         if (cfg.defaultQuota() != null) return of("default", cfg.defaultQuota());
         return new Resolved(0, "none", false);
+    }
+
+    /** Whether an action's invocations sleep in their synchronous chain calls, and where that came from. */
+    public record Lend(boolean lends, String source) {}
+
+    /** The OpenWhisk annotation that sets an action's lending (true or false). */
+    static final String LEND_ANNOTATION = "cpu-lend";
+
+    /**
+     * Whether the action's leases sleep while it waits on a synchronous chain call (so the agent
+     * may lend their quota, docs/lending.md), from the action's sources as its quota: the
+     * OpenWhisk annotation {@value #LEND_ANNOTATION}, the init-time {@code CPUSLOT_LEND}
+     * ({@code /init} env, Hydra {@code /register?lend=}), the pod's {@code CPUSLOT_DEFAULT_LEND}.
+     * Lending still needs the agent's LEND (the pod's {@code admission.lendRatio}): an action
+     * can only stay out of it, or be in it where the runtime's default leaves it out.
+     *
+     * @param initLend the init-time CPUSLOT_LEND, or null
+     */
+    public Lend lend(Map<String, String> owEnv, String initLend) throws InvalidQuotaException {
+        JsonElement ann = annotationValue(owEnv, LEND_ANNOTATION, false);
+        if (ann != null && !ann.isJsonNull())
+            return lendOf("annotation", LEND_ANNOTATION, ann.isJsonPrimitive() ? ann.getAsString() : ann.toString());
+        if (initLend != null && !initLend.isBlank()) return lendOf("init", Config.INIT_LEND_ENV, initLend);
+        return defaultLend;
+    }
+
+    private Lend lendOf(String source, String name, String raw) throws InvalidQuotaException {
+        try {
+            return new Lend(Config.parseBool(name, raw), source);
+        } catch (IllegalArgumentException e) {
+            metrics.inc("cpuslot_lend_invalid_total", Metrics.labels("source", source));
+            throw new InvalidQuotaException(source, "invalid lending setting from " + source + ": " + e.getMessage());
+        }
     }
 
     /** The last value that parsed: most invocations repeat one (the init env's), parsed once then. */

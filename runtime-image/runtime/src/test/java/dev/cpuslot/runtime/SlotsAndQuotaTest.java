@@ -317,7 +317,7 @@ class SlotsAndQuotaTest {
             Resp bad = untilStatus(h, v2, 400);
             assertEquals(400, bad.status());
             assertTrue(bad.obj().get("error").getAsString().contains("annotation"), bad.raw());
-            assertTrue(h.metrics().contains("cpuslot_quota_invalid_total{source=\"annotation\"} 1"));
+            assertTrue(h.metrics().contains("cpuslot_quota_invalid_total{source=\"annotation\"} 1"), h.metrics());
             // no annotation: init env, then the pod default
             ann.set(null);
             Map<String, String> v3 = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.3");

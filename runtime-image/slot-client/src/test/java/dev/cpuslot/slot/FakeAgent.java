@@ -33,6 +33,8 @@ public final class FakeAgent implements AutoCloseable {
     final AtomicInteger pipelined = new AtomicInteger();
     final AtomicInteger connections = new AtomicInteger();
     volatile long helloFlags = 0;
+    /** Announce LEND in HELLO_OK: the client then sends SLEEP and WAKE (spec: "Lending"). */
+    public volatile boolean lends;
     /** Grant HOLD leases (HELLO_OK flag LOCAL) to a client that asks for local leasing. */
     public volatile boolean grantsLocal;
     volatile long acquireDelayMs = 0;
@@ -127,7 +129,7 @@ public final class FakeAgent implements AutoCloseable {
                 int[] fds = new int[0];
                 switch (f.message()) {
                     case Protocol.Hello h -> answer = new Protocol.HelloOk(1, statFds == 2 ? 1 : 2,
-                            helloFlags | (grantsLocal && (h.flags() & Protocol.HELLO_LOCAL) != 0 ? Protocol.HELLO_OK_LOCAL : 0),
+                            helloFlags | (lends ? Protocol.HELLO_OK_LEND : 0) | (grantsLocal && (h.flags() & Protocol.HELLO_LOCAL) != 0 ? Protocol.HELLO_OK_LOCAL : 0),
                             1, statFds, "fake/container", 0, List.of());
                     case Protocol.UsageReport u -> {
                         continue; // one-way
@@ -154,6 +156,8 @@ public final class FakeAgent implements AutoCloseable {
                         answer = new Protocol.AcquireOk(lease, slot, a.quotaMilli(), 100000, outcome, 0, place, fds.length);
                     }
                     case Protocol.Release r -> {
+                        // a SLEEP or WAKE keeps the lease (one-way, as the client sends them)
+                        if ((r.flags() & (Protocol.RELEASE_SLEEP | Protocol.RELEASE_WAKE)) != 0) continue;
                         Long slot = leases.remove(r.lease());
                         if ((r.flags() & Protocol.RELEASE_NO_REPLY) != 0) continue; // nothing is sent
                         answer = slot == null ? new Protocol.Error(Protocol.E_UNKNOWN_LEASE, 0, "unknown lease")
