@@ -120,6 +120,32 @@ class SlotsAndQuotaTest {
     }
 
     @Test
+    void warmInvocationsWhoseUsageIsBatchedCountTheirReservedTimeBesideTheirCpu() throws Exception {
+        try (FakeAgent agent = new FakeAgent(dir).start()) {
+            agent.statFds = 2;
+            agent.grantsLocal = true;
+            SlotClient c = SlotClient.builder().socket(agent.socket.toString()).acquireBudget(Duration.ofMillis(500)).build();
+            try (Harness h = new Harness(Map.of("CPUSLOT_ANNOTATION_LOOKUP", "false"), c)) {
+                JsonObject init = json(initJava("testfns.Echo"));
+                init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
+                assertEquals(200, h.post("/init", init.toString()).status());
+                for (int i = 0; i < 5; i++) {
+                    Resp r = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo", "activation_id", "w" + i)));
+                    assertEquals(200, r.status(), r.raw());
+                    assertEquals("true", r.header("X-Cpuslot-Local"), r.raw());
+                }
+                h.awaitLog("activation=w4 ");
+                // their CPU reaches cpuslot_slot_cpu_seconds_total in batches; the time their
+                // leases were held is counted for each (the idle ratio's denominator)
+                String m = h.metrics();
+                java.util.regex.Matcher x = java.util.regex.Pattern
+                        .compile("cpuslot_slot_reserved_seconds_total\\{function=\"__ow_action\"\\} ([0-9.eE-]+)").matcher(m);
+                assertTrue(x.find() && Double.parseDouble(x.group(1)) > 0, "reserved time of batched invocations: " + m);
+            }
+        }
+    }
+
+    @Test
     void usageInReplyMakesEveryAnswerCarryItsUsage() throws Exception {
         try (FakeAgent agent = new FakeAgent(dir).start()) {
             agent.statFds = 2;

@@ -556,7 +556,10 @@ final class LocalLeases {
                     if (u.invocations() > 1) { // not this invocation's own: to the listener
                         heard(l.action, u);
                         u = Usage.NONE;
+                        l.batched = true;
                     }
+                } else {
+                    l.batched = b.start != null; // read with the next ones (none without counters)
                 }
             }
             table.release(l.entry, l.claim, now);

@@ -213,9 +213,9 @@ public final class SlotClient implements AutoCloseable {
      * Local leasing: {@code listener} gets the usage of each batch of warm invocations when its
      * counters are read (at a release, when the entry idled, was dropped or given back, when
      * another action or an invocation that wants its own usage claimed it), with
-     * {@link Usage#invocations()} of them; an invocation alone in its batch gets its usage from
-     * its release instead. So releases and the listener see every invocation's usage exactly
-     * once. Called on the slot client's background thread or an invoking thread; keep it short.
+     * {@link Usage#invocations()} of them, unless a release returns it (an invocation alone in
+     * its batch, read at its release). So releases and the listener see every invocation's
+     * usage exactly once. Called on the slot client's background thread or an invoking thread; keep it short.
      * The action is as clipped for the agent.
      */
     public void onBatchRead(java.util.function.BiConsumer<String, Usage> listener) {

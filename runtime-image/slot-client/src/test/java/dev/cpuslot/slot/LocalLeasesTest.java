@@ -531,6 +531,7 @@ class LocalLeasesTest {
             assertEquals(e, l.entry);
             ops.counters.put(11, used(1_000L * (k + 1), 10L * (k + 1)));
             assertFalse(l.release(k == 7 ? ReleaseOutcome.FAILED : ReleaseOutcome.OK).measured(), "invocation " + k);
+            assertTrue(l.batched(), "its usage is in the batch");
         }
         assertEquals(reads, ops.reads.get(), "no counter read on the warm path");
         assertTrue(transport.oneWay.isEmpty(), "nothing sent on the invocation path");
@@ -577,6 +578,7 @@ class LocalLeasesTest {
         assertEquals("affinity_hit", own.outcome());
         ops.counters.put(11, used(3_000 + 700, 7));
         assertEquals(new Usage(true, 700, 7, 0, 0), own.release(ReleaseOutcome.OK), "its own figure, not the batch's");
+        assertFalse(own.batched());
         local.closeBatches(System.nanoTime() + 2 * LocalLeases.BATCH_IDLE_NS);
         local.reportOnce(System.nanoTime(), true);
         assertArrayEquals(new long[]{4, 3_700, 7}, usageSums(), "the batch before it and it, each counted once");
