@@ -190,7 +190,8 @@ bench_main() {
 		[ -n "$metrics" ] || continue
 		curl -fs "http://127.0.0.1:$metrics/metrics" | awk -v l="${label%:*}" '/^cpuslot_slot_acquire_seconds_total/ {a = $2} /^cpuslot_slot_release_seconds_total/ {r = $2}
 			/event="acquire.calls"/ {n = $2} /event="linger.reused"/ {u = $2} /event="local.hit"/ {h = $2} /^cpuslot_slot_throttled_seconds_total/ {t += $2}
-			END { if (n > 0) printf "%s, inside the runtime: acquire %.1f us, release %.1f us per invocation (mean of %d; %d reused a lingering lease, %d local hits); throttled %.3f s in total\n", l, a / n * 1e6, r / n * 1e6, n, u, h, t }'
+			/event="local.batch_read"/ {b = $2}
+			END { if (n > 0) printf "%s, inside the runtime: acquire %.1f us, release %.1f us per invocation (mean of %d; %d reused a lingering lease, %d local hits, %d usage batches read); throttled %.3f s in total\n", l, a / n * 1e6, r / n * 1e6, n, u, h, b, t }'
 	done
 	say "Threads (kernel schedstat, per invocation, warm-up included)"
 	for label in "with slots:slots:$SLOTS_METRICS" "with slots, baseline:old:${OLD_METRICS:-}" "slots, linger:linger:${LINGER_METRICS:-}" \

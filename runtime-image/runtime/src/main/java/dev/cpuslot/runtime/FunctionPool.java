@@ -283,7 +283,7 @@ public final class FunctionPool implements AutoCloseable {
                 if (error == null && slots != null && t.quotaMilli() > 0) {
                     long a0 = System.nanoTime();
                     try {
-                        lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId());
+                        lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId(), t.usageInReply());
                     } catch (RuntimeException e) { // fail-closed
                         error = "no CPU slot: " + e.getMessage();
                     }
@@ -390,11 +390,12 @@ public final class FunctionPool implements AutoCloseable {
 
     /**
      * Counts what a lease reserved, its granted quota in cores times the time it was held
-     * ({@code from} to {@code until}), when its usage was measured: the invocations whose CPU
-     * cpuslot_slot_cpu_seconds_total counts, so that 1 - cpu / reserved is their idle ratio.
+     * ({@code from} to {@code until}), when its usage was measured, on its own or in a batch: the
+     * invocations whose CPU cpuslot_slot_cpu_seconds_total counts, so that 1 - cpu / reserved is
+     * their idle ratio.
      */
     private void reserved(SlotLease l, Usage u, long from, long until) {
-        if (l != null && l.active() && u.measured() && until > from)
+        if (l != null && l.active() && (u.measured() || l.batched()) && until > from)
             reservedSeconds.add(l.quotaMilli() / 1000.0 * ((until - from) / 1e9));
     }
 

@@ -80,6 +80,7 @@ public final class FunctionRuntime implements AutoCloseable {
             return m;
         });
         if (slots != null) {
+            slots.onBatchRead(this::batchRead);
             metrics.gaugeFunction("cpuslot_slot_client_events_total", () -> {
                 Map<String, Long> m = new LinkedHashMap<>();
                 slots.counters().forEach((k, v) -> m.put(Metrics.labels("event", k), v));
@@ -122,6 +123,21 @@ public final class FunctionRuntime implements AutoCloseable {
 
     public Metrics metrics() { return metrics; }
     public SlotClient slots() { return slots; }
+
+    /**
+     * The usage metrics' labels per action, for the batches of warm invocations whose counters
+     * the slot client reads together ({@link SlotClient#onBatchRead}). Bounded: past it a new
+     * action's batches reach the agent's USAGE but not these metrics.
+     */
+    private final java.util.concurrent.ConcurrentHashMap<String, String> batchLabels = new java.util.concurrent.ConcurrentHashMap<>();
+    static final int MAX_BATCH_LABELS = 4096;
+
+    private void batchRead(String action, Usage u) {
+        String labels = batchLabels.get(action);
+        if (labels == null) return;
+        metrics.add("cpuslot_slot_cpu_seconds_total", labels, u.cpuNanos() / 1e9);
+        metrics.add("cpuslot_slot_throttled_seconds_total", labels, u.throttledNanos() / 1e9);
+    }
     Config config() { return cfg; }
     /** The tenant's stderr: where OpenWhisk's runtimes print a refused request. */
     PrintStream err() { return err; }
@@ -283,6 +299,8 @@ public final class FunctionRuntime implements AutoCloseable {
                 new PlatformPath.Origin(env.get("__OW_API_HOST"), env.get("__OW_API_KEY")));
         hop.lends = lend.lends();
         try {
+            if (slots != null && batchLabels.get(action) == null && batchLabels.size() < MAX_BATCH_LABELS)
+                batchLabels.put(action, p.labels());
             o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop,
                     inv.usageAsked() || cfg.usageInReply()), deadline);
         } catch (InterruptedException e) {
@@ -321,6 +339,7 @@ public final class FunctionRuntime implements AutoCloseable {
         // after the reply: the usage metrics and the activation's log line (what the slot gave and
         // what it used), once the usage is known (the worker may read the counters after the reply)
         java.util.function.Consumer<Usage> record = used -> {
+            // its own usage, when it was measured on its own (a batch's goes to batchRead)
             boolean m = used != null && used.measured();
             if (m) {
                 metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), used.cpuNanos() / 1e9);

@@ -48,12 +48,32 @@ final class LocalLeases {
     private record Held(long slot, long quota, long lease, Connection conn) {}
     private final AtomicReferenceArray<Held> held;
     /**
-     * Each entry's counters as its last release read them: the next claim's start (the slot's
-     * counters are cumulative; between invocations nothing of the process runs in it but threads
-     * an invocation left behind, whose CPU then counts for the next one, as with lingering).
-     * Saves reading the counters at every acquire.
+     * Each entry's usage batch (spec "Local leasing": the client may sum several invocations'
+     * usage from one pair of readings). The slot's counters are cumulative, so warm invocations
+     * of one action on one entry need no reading of their own: the counters are read when the
+     * batch ends (it is {@link #batchNs} old at a release, another action claims the entry, an
+     * invocation asks for its own usage, the entry idles or is dropped) and the difference goes to
+     * USAGE for all of them. Fields are guarded by the entry's claim (the table's state word
+     * orders them between the threads that take turns holding it).
      */
-    private final AtomicReferenceArray<SlotCounters> lastEnd;
+    private static final class Batch {
+        /** The counters at the batch's start (the last reading); null: never read. */
+        SlotCounters start;
+        long readAt;
+        String action;
+        /** Invocations since start, by outcome (OK, FAILED, TIMEOUT). */
+        final long[] n = new long[3];
+        long total;
+
+        void clear(SlotCounters at, long now) {
+            start = at;
+            readAt = now;
+            action = null;
+            n[0] = n[1] = n[2] = 0;
+            total = 0;
+        }
+    }
+    private final Batch[] batches;
     /** Entries whose lease must be re-declared (their connection died). */
     private final AtomicReferenceArray<Boolean> reclaim;
     /**
@@ -64,6 +84,11 @@ final class LocalLeases {
     private volatile Thread worker;
     private volatile boolean closed;
     private long lastReport, lastHeld;
+    /** A batch of warm invocations on an entry this old is read at the release that ends it. */
+    volatile long batchNs = BATCH_NS;
+    static final long BATCH_NS = 100_000_000L;
+    /** A free entry idle this long has its pending batch read by the background thread. */
+    static final long BATCH_IDLE_NS = 1_000_000_000L;
     /** Rounds between HELD requests (the agent answers a process at most 5 a second). */
     static final long HELD_EVERY_NS = 1_000_000_000L;
 
@@ -76,6 +101,7 @@ final class LocalLeases {
         this.counters = counters;
         this.hits = counters.adder("local.hit");
         this.releases = counters.adder("release.local");
+        this.batchReads = counters.adder("local.batch_read");
         this.table = table;
         this.reports = new UsageReports(counters);
         this.budgetNs = budgetNs;
@@ -85,7 +111,8 @@ final class LocalLeases {
         this.failClosed = failClosed;
         this.held = new AtomicReferenceArray<>(table.capacity());
         this.reclaim = new AtomicReferenceArray<>(table.capacity());
-        this.lastEnd = new AtomicReferenceArray<>(table.capacity());
+        this.batches = new Batch[table.capacity()];
+        for (int i = 0; i < batches.length; i++) batches[i] = new Batch();
     }
 
     SlotTable table() { return table; }
@@ -93,7 +120,7 @@ final class LocalLeases {
 
     private void count(String name) { counters.count(name); }
     /** Counted on every invocation: held, not looked up by name each time. */
-    private final java.util.concurrent.atomic.LongAdder hits, releases;
+    private final java.util.concurrent.atomic.LongAdder hits, releases, batchReads;
 
     /** Creates the calling thread's per-thread state. */
     void prepareThread() { perThread.get(); }
@@ -133,7 +160,31 @@ final class LocalLeases {
      * this call (the agent does not grant HOLD leases, the table is full, a virtual thread...):
      * the caller takes the per-invocation path.
      */
-    SlotLease acquire(long quotaMilli, String act, String inv) {
+    SlotLease acquire(long quotaMilli, String act, String inv) { return acquire(quotaMilli, act, inv, false); }
+
+    /**
+     * {@code ownUsage}: the invocation needs its own usage from {@link SlotLease#release} (or
+     * {@link SlotLease#stop}); otherwise its counters may be read with the next invocations' of
+     * its entry (usage batching, {@link Batch}).
+     */
+    SlotLease acquire(long quotaMilli, String act, String inv, boolean ownUsage) {
+        SlotLease l = acquireOwn(quotaMilli, act, inv);
+        if (l == null || l.local == null) return l;
+        l.ownUsage = ownUsage;
+        Batch b = batches[l.entry];
+        // the batch is one action's: another action's invocation (or one that wants its own
+        // usage) reads the counters first and starts a batch of its own
+        if (b.start == null || (b.total > 0 && (ownUsage || !act.equals(b.action)))) {
+            long now = System.nanoTime();
+            if (b.total > 0) closeBatch(l.entry, l.slot, now);
+            else b.clear(fds.readCounters(l.slot), now);
+        }
+        // its own start only when nothing is pending (else stop() has no figure of its own)
+        l.start = b.total == 0 ? b.start : null;
+        return l;
+    }
+
+    private SlotLease acquireOwn(long quotaMilli, String act, String inv) {
         if (closed || !Native.available() || Thread.currentThread().isVirtual() || quotaMilli <= 0 || quotaMilli > 0xFFFFFFFFL)
             return null;
         // the agent's last word: no LOCAL (an older agent, or one that places threads itself)
@@ -318,7 +369,7 @@ final class LocalLeases {
         }
         held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), a.conn()));
         reclaim.set(e.index(), null);
-        lastEnd.set(e.index(), null);
+        batches[e.index()].clear(null, 0);
         if (!transport.isAlive(a.conn())) reclaim.set(e.index(), Boolean.TRUE);
         table.release(e.index(), e.state(), System.nanoTime());
     }
@@ -354,9 +405,52 @@ final class LocalLeases {
         l.flags = (table.flags(i) & SlotTable.FLAG_DEGRADED) != 0 ? Protocol.ACQ_FLAG_DEGRADED : 0;
         l.outcome = outcome;
         l.place = place;
-        SlotCounters last = lastEnd.get(i);
-        l.start = last != null ? last : fds.readCounters(l.slot);
         return l;
+    }
+
+    /**
+     * Reads entry i's counters (the caller holds the entry) and sends its pending batch to USAGE:
+     * every invocation under its outcome, the CPU once (the agent counts CPU per action). Returns
+     * the batch's usage (all its invocations), or {@link Usage#NONE} when nothing could be read.
+     */
+    private void closeBatch(int i, long slot, long now) {
+        Batch b = batches[i];
+        if (b.total == 0) return; // nothing pending: no read
+        String action = b.action;
+        heard(action, closeBatch(b, fds.readCounters(slot), now));
+    }
+
+    /** Gets the usage of each batch of more than one invocation: see {@link SlotClient#onBatchRead}. */
+    volatile java.util.function.BiConsumer<String, Usage> batchRead;
+
+    private void heard(String action, Usage u) {
+        java.util.function.BiConsumer<String, Usage> to = batchRead;
+        if (!u.measured() || to == null) return;
+        try {
+            to.accept(action, u);
+        } catch (RuntimeException e) {
+            count("local.listener_error");
+        }
+    }
+
+    private Usage closeBatch(Batch b, SlotCounters end, long now) {
+        Usage u = Usage.NONE;
+        if (b.total > 0) {
+            batchReads.increment();
+            Usage d = end != null && b.start != null ? end.since(b.start) : Usage.NONE;
+            boolean cpu = true;
+            boolean early = false;
+            for (int o = 0; o < b.n.length; o++) {
+                if (b.n[o] == 0) continue;
+                early |= reports.add(b.action, o, b.n[o], cpu ? d.cpuNanos() : 0, cpu ? d.throttledNanos() : 0);
+                cpu = false;
+            }
+            if (early) wake();
+            if (d.measured())
+                u = new Usage(true, d.cpuNanos(), d.throttledNanos(), d.periods(), d.throttledPeriods(), b.total);
+        }
+        b.clear(end, now);
+        return u;
     }
 
     /** ACQUIRE with HOLD within the acquire budget, off the waiting threads. */
@@ -391,7 +485,7 @@ final class LocalLeases {
         }
         held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), c));
         reclaim.set(e.index(), null);
-        lastEnd.set(e.index(), null);
+        batches[e.index()].clear(null, 0);
         if (!transport.isAlive(c)) reclaim.set(e.index(), Boolean.TRUE); // died before we noted the owner
         String err = ok.place() == Protocol.PLACE_NONE && current[0] == ok.slot() ? null : fds.place(ok.slot(), ZERO);
         if (err != null) {
@@ -436,20 +530,41 @@ final class LocalLeases {
 
     // ---- release ----------------------------------------------------------------------------
 
-    /** Gives the entry back (one store) and adds the invocation's usage to the next USAGE. */
+    /**
+     * Gives the entry back (one store) and adds the invocation to its entry's usage batch. The
+     * counters are read here only when the batch ends: it is {@link #batchNs} old, the invocation
+     * wants its own usage, was stopped, or the entry is GONE. Returns the invocation's own usage
+     * when the batch was it alone, else {@link Usage#NONE} (a batch read here goes to the
+     * listener, as one read anywhere else).
+     */
     Usage release(SlotLease l, ReleaseOutcome outcome) {
         l.lock.lock();
         try {
             if (l.released) return Usage.NONE;
             if (l.sleeping) napLocked(l, false); // the entry goes back awake (or GONE)
             l.released = true;
-            SlotCounters end = l.end != null ? l.end : l.start != null ? fds.readCounters(l.slot) : null;
-            Usage u = end != null && l.start != null ? end.since(l.start) : Usage.NONE;
-            lastEnd.set(l.entry, end);
-            table.release(l.entry, l.claim, System.nanoTime());
+            long now = System.nanoTime();
+            Usage u = Usage.NONE;
+            int o = outcome.code;
+            if (o < Protocol.RELEASE_PLACEMENT_FAILED) { // PLACEMENT_FAILED: no invocation ran in the slot
+                Batch b = batches[l.entry];
+                b.action = l.action;
+                b.n[o]++;
+                b.total++;
+                if (l.end != null || l.ownUsage || now - b.readAt >= batchNs || table.gone(l.entry)) {
+                    u = closeBatch(b, l.end != null ? l.end : fds.readCounters(l.slot), now);
+                    if (u.invocations() > 1) { // not this invocation's own: to the listener
+                        heard(l.action, u);
+                        u = Usage.NONE;
+                        l.batched = true;
+                    }
+                } else {
+                    l.batched = b.start != null; // read with the next ones (none without counters)
+                }
+            }
+            table.release(l.entry, l.claim, now);
             serveWaiters();
             releases.increment();
-            if (reports.add(l.action, outcome, u)) wake();
             return u;
         } finally {
             l.lock.unlock();
@@ -549,6 +664,7 @@ final class LocalLeases {
     /** One round: re-declare, report usage, free dead claims, ask what is held, drop idle and gone entries. */
     void tick(long now) {
         reclaimOnce();
+        closeBatches(now);
         reportOnce(now, false);
         freeDead(now);
         serveWaiters();
@@ -639,8 +755,9 @@ final class LocalLeases {
             boolean[] sent = {true};
             boolean dropped = table.drop(i, (slot, lease, flags) -> {
                 Held mine = held.getAndSet(i, null);
+                closeBatch(i, slot, System.nanoTime()); // the entry is held for the drop: read once more
                 if (mine != null) sent[0] = releaseHold(mine.lease(), ReleaseOutcome.OK);
-                lastEnd.set(i, null);
+                batches[i].clear(null, 0);
             }, now);
             if (!sent[0]) return; // the agent is away: next round
             if (!dropped) table.markGone(i); // claimed meanwhile: given back once free
@@ -757,11 +874,32 @@ final class LocalLeases {
             boolean dropped = table.drop(i, (slot, lease, flags) -> {
                 // a lease the agent still backs is released, by the process's own record
                 Held h = held.getAndSet(idx, null);
+                closeBatch(idx, slot, System.nanoTime()); // the entry is held for the drop: read once more
                 if (h != null) sent[0] = releaseHold(h.lease(), ReleaseOutcome.OK);
-                lastEnd.set(idx, null);
+                batches[idx].clear(null, 0);
             }, now);
             if (dropped) count(gone ? "local.dropped_gone" : "local.dropped_idle");
             if (!sent[0]) return; // the agent is away: its lease ends with our connections
+        }
+    }
+
+    /**
+     * Reads the pending batches of free entries idle for {@link #BATCH_IDLE_NS} (so that their
+     * usage reaches the agent within about a second of the last invocation), taking each entry
+     * for the read and giving it back with its idle time unchanged.
+     */
+    void closeBatches(long now) {
+        long[] out = new long[1];
+        for (int i = 0; i < table.used(); i++) {
+            if (held.get(i) == null || table.slot(i) == 0 || SlotTable.hold(table.state(i)) != 0) continue;
+            long idle = table.idleSince(i);
+            if (now - idle < BATCH_IDLE_NS) continue;
+            if (table.control(i, out) != SlotTable.CLAIMED) continue;
+            try {
+                if (batches[i].total > 0) closeBatch(i, table.slot(i), now);
+            } finally {
+                table.release(i, out[0], idle);
+            }
         }
     }
 
@@ -770,6 +908,7 @@ final class LocalLeases {
         closed = true;
         wake();
         try {
+            closeBatches(System.nanoTime() + BATCH_IDLE_NS); // all free entries' batches
             reportOnce(System.nanoTime(), true);
         } catch (RuntimeException e) {
             count("local.error");

@@ -189,13 +189,37 @@ public final class SlotClient implements AutoCloseable {
      * the acquire budget. In fail-open mode never throws; the lease may be inactive.
      */
     public SlotLease acquire(long quotaMilli, String action, String invocationId) {
+        return acquire(quotaMilli, action, invocationId, false);
+    }
+
+    /**
+     * As {@link #acquire(long, String, String)}; {@code ownUsage}: the caller needs this
+     * invocation's own usage from {@link SlotLease#release} or {@link SlotLease#stop}. Without
+     * it, a slot from the process's table (local leasing) may return {@link Usage#NONE} at
+     * release: its counters are read with the next invocations' of the same action on the same
+     * slot, and their sum goes to the agent's USAGE (README "What an answer reports").
+     */
+    public SlotLease acquire(long quotaMilli, String action, String invocationId, boolean ownUsage) {
         if (local != null && !closed) {
             acquireCalls.increment();
-            SlotLease l = local.acquire(quotaMilli, Leases.clip(action), Leases.clip(invocationId));
+            SlotLease l = local.acquire(quotaMilli, Leases.clip(action), Leases.clip(invocationId), ownUsage);
             if (l != null) return l;
             return leases.acquire(quotaMilli, action, invocationId, false);
         }
         return leases.acquire(quotaMilli, action, invocationId, true);
+    }
+
+    /**
+     * Local leasing: {@code listener} gets the usage of each batch of warm invocations when its
+     * counters are read (at a release, when the entry idled, was dropped or given back, when
+     * another action or an invocation that wants its own usage claimed it), with
+     * {@link Usage#invocations()} of them, unless a release returns it (an invocation alone in
+     * its batch, read at its release). So releases and the listener see every invocation's
+     * usage exactly once. Called on the slot client's background thread or an invoking thread; keep it short.
+     * The action is as clipped for the agent.
+     */
+    public void onBatchRead(java.util.function.BiConsumer<String, Usage> listener) {
+        if (local != null) local.batchRead = listener;
     }
 
     /**

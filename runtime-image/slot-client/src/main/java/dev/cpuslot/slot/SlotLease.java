@@ -43,6 +43,10 @@ public final class SlotLease {
     /** The table entry and the state the claim wrote (local leasing). */
     int entry = -1;
     long claim;
+    /** Local leasing: the invocation wants its own usage (its counters are not batched). */
+    boolean ownUsage;
+    /** Local leasing: its usage went into a batch of several (SlotClient#onBatchRead). */
+    volatile boolean batched;
 
     SlotLease(Leases leases, String action, String invocation, long quotaAsked, int tid, String reason) {
         this.leases = leases;
@@ -82,6 +86,13 @@ public final class SlotLease {
     /** True when the slot came from the process's own slot table (local leasing, spec "Local leasing"). */
     public boolean local() { return local != null; }
     public boolean lost() { lock.lock(); try { return lost; } finally { lock.unlock(); } }
+
+    /**
+     * True after a release that returned no usage of its own because the invocation's counters
+     * are read with other invocations' of its slot (local leasing): its CPU is counted in that
+     * batch's usage ({@link SlotClient#onBatchRead}).
+     */
+    public boolean batched() { return batched; }
 
     /**
      * Ends the measurement now and returns what the slot used so far, without talking to the

@@ -58,6 +58,23 @@ final class UsageReports {
         return add(new Key(action, code), 1, u.cpuNanos(), u.throttledNanos());
     }
 
+    /**
+     * Adds n invocations of one action and outcome and what they used (a batch read from one
+     * pair of counter readings). True when the pending keys reached {@link #EARLY}.
+     */
+    boolean add(String action, int code, long n, long cpu, long throttled) {
+        synchronized (this) {
+            Sum s = last;
+            if (s != null && !s.taken && s.key.outcome() == code && s.key.action().equals(action)) {
+                s.invocations += n;
+                s.cpuNanos += cpu;
+                s.throttledNanos += throttled;
+                return pending.size() >= EARLY;
+            }
+        }
+        return add(new Key(action, code), n, cpu, throttled);
+    }
+
     private synchronized boolean add(Key k, long invocations, long cpu, long throttled) {
         Sum s = pending.get(k);
         if (s == null) {

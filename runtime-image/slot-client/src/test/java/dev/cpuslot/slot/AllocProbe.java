@@ -6,8 +6,11 @@ import java.nio.file.Path;
 import java.util.List;
 
 /**
- * Not a test: bytes allocated and time per warm local acquire + release on one thread, with real
- * preads of v1-style counter files and a fake agent. Run after {@code ./build.sh -DskipTests package}:
+ * Not a test: bytes allocated, time and the thread's CPU time per warm local acquire + release on
+ * one thread, with real preads of v1-style counter files and a fake agent; rounds alternate
+ * between usage batching (the default) and a counter read at every release ({@code batchNs} 0,
+ * as before batching), so both are measured side by side under the same load. Run after
+ * {@code ./build.sh -DskipTests package}:
  * {@code java --enable-native-access=ALL-UNNAMED -cp slot-client/target/classes:slot-client/target/test-classes dev.cpuslot.slot.AllocProbe 200000}
  */
 public class AllocProbe {
@@ -37,8 +40,10 @@ public class AllocProbe {
         LocalLeases local = new LocalLeases(transport, fds, recovery, leases, counters, table, S, S, 300 * S, S, false);
         var mx = (com.sun.management.ThreadMXBean) ManagementFactory.getThreadMXBean();
         int n = Integer.parseInt(args.length > 0 ? args[0] : "200000");
-        for (int round = 0; round < 5; round++) {
-            long b0 = mx.getCurrentThreadAllocatedBytes(), t0 = System.nanoTime();
+        for (int round = 0; round < 10; round++) {
+            boolean batched = round % 2 == 0;
+            local.batchNs = batched ? LocalLeases.BATCH_NS : 0;
+            long b0 = mx.getCurrentThreadAllocatedBytes(), c0 = mx.getCurrentThreadCpuTime();
             long a = 0, r = 0;
             for (int i = 0; i < n; i++) {
                 String act = new String("/guest/hello".toCharArray()), inv = new String("b".toCharArray());
@@ -50,10 +55,10 @@ public class AllocProbe {
                 a += y - x;
                 if ((i & 1023) == 0) local.reports().take(1000);
             }
-            long b1 = mx.getCurrentThreadAllocatedBytes(), t1 = System.nanoTime();
+            long b1 = mx.getCurrentThreadAllocatedBytes(), c1 = mx.getCurrentThreadCpuTime();
             // the two strings per iteration are the probe's own: 2 x (24 + 16 + len) bytes
-            System.out.printf("round %d: %.0f bytes/op (incl. the probe's 2 strings), acquire %.0f ns, release %.0f ns%n",
-                    round, (b1 - b0) / (double) n, a / (double) n, r / (double) n);
+            System.out.printf("round %d %s: %.0f bytes/op (incl. the probe's 2 strings), thread CPU %.0f ns/op, acquire %.0f ns, release %.0f ns%n",
+                    round, batched ? "batched     " : "read always ", (b1 - b0) / (double) n, (c1 - c0) / (double) n, a / (double) n, r / (double) n);
         }
         System.out.println(counters.snapshot());
         try (var files = Files.list(d)) {

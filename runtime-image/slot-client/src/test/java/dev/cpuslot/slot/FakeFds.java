@@ -20,6 +20,8 @@ final class FakeFds implements FdCache.FdOps {
     /** Runs during each write (lets a test act while a placement is in progress). */
     volatile Runnable duringWrite = () -> { };
     volatile IOException writeError;
+    /** Counter reads so far (each one, on v1, two preads). */
+    final java.util.concurrent.atomic.AtomicInteger reads = new java.util.concurrent.atomic.AtomicInteger();
 
     @Override
     public long write(int fd, byte[] b) throws IOException {
@@ -33,6 +35,7 @@ final class FakeFds implements FdCache.FdOps {
     @Override
     public SlotCounters readCounters(int statFd, int acctFd) throws IOException {
         if (closed.contains(statFd)) throw new IOException("read of closed fd " + statFd);
+        reads.incrementAndGet();
         SlotCounters c = counters.get(statFd);
         if (c == null) throw new IOException("no counters on fd " + statFd);
         return c;

@@ -37,6 +37,7 @@ class LocalLeasesTest {
         transport.script = this::agent;
         table = SlotTable.create(4);
         local = new LocalLeases(transport, fds, recovery, leases, counters, table, S, S, IDLE, S, false);
+        local.batchNs = 0; // every release reads the counters; the batching tests set their own
         transport.listener = new Transport.Listener() {
             public void connected(Connection c) { recovery.connected(c); local.connected(c); }
             public void lost(Connection c) { recovery.lost(c); local.lost(c); }
@@ -501,5 +502,133 @@ class LocalLeasesTest {
         assertEquals(a.entry, c.entry);
         assertEquals(2, transport.count(Protocol.Acquire.class));
         c.release(ReleaseOutcome.OK);
+    }
+
+    // ---- usage batching: one counter read per batch of warm invocations ---------------------
+
+    static SlotCounters used(long cpu, long thr) { return new SlotCounters(cpu, thr, 0, 0); }
+
+    /** Sums of every USAGE record sent so far: {invocations, cpu, throttled}. */
+    long[] usageSums() {
+        long[] s = new long[3];
+        for (Protocol.Message m : transport.oneWay)
+            if (m instanceof Protocol.UsageReport r)
+                for (Protocol.UsageRecord u : r.records()) { s[0] += u.invocations(); s[1] += u.cpuNanos(); s[2] += u.throttledNanos(); }
+        return s;
+    }
+
+    @Test
+    void warmInvocationsOfOneActionOnAHeldEntryReadTheCountersOncePerBatchAndUsageStaysExact() {
+        local.batchNs = 3600 * S; // a batch closes by age only in the background here
+        SlotLease first = local.acquire(250, "guest/hello", "0");
+        int e = first.entry;
+        int reads = ops.reads.get();
+        ops.counters.put(11, used(1_000, 10));
+        assertFalse(first.release(ReleaseOutcome.OK).measured(), "batched: its own figure is not read");
+        for (int k = 1; k < 50; k++) {
+            SlotLease l = local.acquire(250, "guest/hello", "i" + k);
+            assertEquals("affinity_hit", l.outcome());
+            assertEquals(e, l.entry);
+            ops.counters.put(11, used(1_000L * (k + 1), 10L * (k + 1)));
+            assertFalse(l.release(k == 7 ? ReleaseOutcome.FAILED : ReleaseOutcome.OK).measured(), "invocation " + k);
+            assertTrue(l.batched(), "its usage is in the batch");
+        }
+        assertEquals(reads, ops.reads.get(), "no counter read on the warm path");
+        assertTrue(transport.oneWay.isEmpty(), "nothing sent on the invocation path");
+
+        List<String> heard = new ArrayList<>();
+        local.batchRead = (act, u) -> heard.add(act + " " + u);
+        local.closeBatches(System.nanoTime() + 2 * LocalLeases.BATCH_IDLE_NS);
+        assertEquals(reads + 1, ops.reads.get(), "one read closed the batch of the idle entry");
+        assertEquals(List.of("guest/hello " + new Usage(true, 50_000, 500, 0, 0, 50)), heard, "read off a release: to the listener");
+        assertEquals(0, SlotTable.hold(table.state(e)), "given back free");
+        local.reportOnce(System.nanoTime(), true);
+        assertEquals(List.of(new Protocol.UsageRecord("guest/hello", 0, 49, 50_000, 500),
+                        new Protocol.UsageRecord("guest/hello", Protocol.RELEASE_FAILED, 1, 0, 0)),
+                ((Protocol.UsageReport) transport.oneWay.getLast()).records(),
+                "every invocation counted with its outcome; the batch's CPU (the action's) once");
+    }
+
+    @Test
+    void aBatchOlderThanTheBatchTimeIsReadAtTheReleaseThatEndsItAndGoesToTheListener() {
+        local.batchNs = 3600 * S;
+        SlotLease a = local.acquire(250, "f", "a");
+        ops.counters.put(11, used(3_000, 30));
+        a.release(ReleaseOutcome.OK);
+        SlotLease b = local.acquire(250, "f", "b");
+        ops.counters.put(11, used(5_000, 50));
+        local.batchNs = 0; // the batch is old now
+        List<Usage> heard = new ArrayList<>();
+        local.batchRead = (act, x) -> heard.add(x);
+        assertEquals(Usage.NONE, b.release(ReleaseOutcome.OK), "not this invocation's own usage");
+        assertEquals(List.of(new Usage(true, 5_000, 50, 0, 0, 2)), heard, "the batch's usage, two invocations, to the listener");
+        local.reportOnce(System.nanoTime(), true);
+        assertArrayEquals(new long[]{2, 5_000, 50}, usageSums());
+    }
+
+    @Test
+    void anInvocationThatAsksForItsOwnUsageGetsExactlyItsOwnAfterBatchedOnes() {
+        local.batchNs = 3600 * S;
+        for (int k = 0; k < 3; k++) {
+            SlotLease l = local.acquire(250, "f", "b" + k);
+            ops.counters.put(11, used(1_000L * (k + 1), 0));
+            l.release(ReleaseOutcome.OK);
+        }
+        SlotLease own = local.acquire(250, "f", "own", true);
+        assertEquals("affinity_hit", own.outcome());
+        ops.counters.put(11, used(3_000 + 700, 7));
+        assertEquals(new Usage(true, 700, 7, 0, 0), own.release(ReleaseOutcome.OK), "its own figure, not the batch's");
+        assertFalse(own.batched());
+        local.closeBatches(System.nanoTime() + 2 * LocalLeases.BATCH_IDLE_NS);
+        local.reportOnce(System.nanoTime(), true);
+        assertArrayEquals(new long[]{4, 3_700, 7}, usageSums(), "the batch before it and it, each counted once");
+    }
+
+    @Test
+    void anotherActionOnTheEntryEndsTheBatchAtItsClaimSoEachActionGetsItsOwnCpu() {
+        local.batchNs = 3600 * S;
+        for (int k = 0; k < 2; k++) {
+            SlotLease l = local.acquire(250, "guest/a", "a" + k);
+            ops.counters.put(11, used(2_000L * (k + 1), 0));
+            l.release(ReleaseOutcome.OK);
+        }
+        SlotLease b = local.acquire(250, "guest/b", "b");
+        ops.counters.put(11, used(4_000 + 900, 0));
+        b.release(ReleaseOutcome.OK);
+        local.closeBatches(System.nanoTime() + 2 * LocalLeases.BATCH_IDLE_NS);
+        local.reportOnce(System.nanoTime(), true);
+        assertEquals(List.of(new Protocol.UsageRecord("guest/a", 0, 2, 4_000, 0),
+                new Protocol.UsageRecord("guest/b", 0, 1, 900, 0)),
+                ((Protocol.UsageReport) transport.oneWay.getLast()).records());
+    }
+
+    @Test
+    void aPendingBatchIsReadBeforeItsEntryIsDroppedAndAtClose() {
+        local.batchNs = 3600 * S;
+        SlotLease a = local.acquire(250, "f", "a");
+        ops.counters.put(11, used(6_000, 60));
+        a.release(ReleaseOutcome.OK);
+        local.dropIdle(System.nanoTime() + 2 * IDLE);
+        assertEquals(0, table.slot(a.entry), "dropped idle");
+        SlotLease b = local.acquire(500, "f", "b"); // another entry, slot 2
+        ops.counters.put(21, used(8_000, 0));
+        b.release(ReleaseOutcome.OK);
+        local.close();
+        assertArrayEquals(new long[]{2, 14_000, 60}, usageSums(), "both batches reached the agent");
+    }
+
+    @Test
+    void aBusyEntryIsNotTakenToCloseItsBatchAndABatchYoungerThanTheIdleTimeWaits() {
+        local.batchNs = 3600 * S;
+        SlotLease a = local.acquire(250, "f", "a");
+        a.release(ReleaseOutcome.OK);
+        int reads = ops.reads.get();
+        local.closeBatches(System.nanoTime());
+        assertEquals(reads, ops.reads.get(), "a batch just added to waits");
+        SlotLease b = local.acquire(250, "f", "b");
+        local.closeBatches(System.nanoTime() + 2 * LocalLeases.BATCH_IDLE_NS);
+        assertEquals(reads, ops.reads.get(), "a claimed entry is not read");
+        assertEquals(Native.gettid(), SlotTable.hold(table.state(b.entry)));
+        b.release(ReleaseOutcome.OK);
     }
 }

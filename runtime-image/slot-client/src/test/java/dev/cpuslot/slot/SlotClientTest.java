@@ -577,7 +577,7 @@ class SlotClientTest {
         agent.statFds = 1;
         client = builder().build();
         assertTrue(client.local());
-        SlotLease a = client.acquire(250, "guest/fib", "a1");
+        SlotLease a = client.acquire(250, "guest/fib", "a1", true); // its own usage: not batched
         assertTrue(a.active() && a.local(), a.toString());
         Protocol.Hello h = (Protocol.Hello) agent.received.getFirst();
         assertEquals(Protocol.HELLO_FD_PASSING | Protocol.HELLO_LOCAL, h.flags());
