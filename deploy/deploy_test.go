@@ -403,6 +403,11 @@ func TestKnative(t *testing.T) {
 			}
 			pod := knativePod(&s)
 			c := checkServed(t, pod, "user-container")
+			// queue-proxy runs the runtime's readiness probe: no traffic before
+			// the agent serves the pod (runtime-image/README.md, "Ready once served")
+			if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/ready" || p.HTTPGet.Port.IntVal != 0 {
+				t.Errorf("user-container: want readinessProbe httpGet /ready on the container's port, got %+v", p)
+			}
 			// the quota the runtime gets, and that it fits the pod
 			var quota string
 			for _, e := range c.Env {

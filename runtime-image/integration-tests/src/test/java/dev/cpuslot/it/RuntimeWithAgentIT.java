@@ -267,7 +267,8 @@ class RuntimeWithAgentIT {
     void withoutAnAgentInvocationsSucceedWithoutSlotsAndAreCounted() throws Exception {
         Path nobody = work.resolve("no-agent-here.sock");
         Files.deleteIfExists(nobody);
-        try (RuntimeProc lonely = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", nobody.toString()), List.of(),
+        // CPUSLOT_READY_WAIT: how long /register waits for an agent that never comes (ReadinessWithAgentIT)
+        try (RuntimeProc lonely = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", nobody.toString(), "CPUSLOT_READY_WAIT", "1s"), List.of(),
                 work.resolve("runtime-no-agent.log"))) {
             lonely.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             int n = 5;

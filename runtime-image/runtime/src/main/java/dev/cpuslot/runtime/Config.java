@@ -9,6 +9,7 @@ public record Config(
         boolean slotsEnabled,
         String agentSocket,
         long acquireBudgetMs,
+        long firstAcquireBudgetMs,    // budget of the acquisitions before the first grant (a new container's cold first round trip)
         boolean failClosed,
         int sandboxesPerFunction,
         long defaultTimeoutMs,
@@ -29,6 +30,7 @@ public record Config(
         boolean warmup,               // get the slot client ready at init/register (and at start)
         long warmupWaitMs,            // how long /init (/register) waits for the slot client's warm-up
         boolean connectAtStart,       // warm up the slot client at start (default: when CPUSLOT_SOCKET is set)
+        long readyWaitMs,             // when connecting at start: not ready (GET /ready, /init) until the agent serves, at most this long
         String log,                   // where the runtime's own lines go (CPUSLOT_LOG; never the tenant's streams by default)
         long logMaxBytes,             // rotate the log file once past this size
         boolean owConcurrent,         // __OW_ALLOW_CONCURRENT: OpenWhisk sends overlapping /run to this container
@@ -74,6 +76,7 @@ public record Config(
                 bool(env, "CPUSLOT_ENABLED", true),
                 env.getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock"),
                 longOf(env, "CPUSLOT_ACQUIRE_BUDGET_MS", 50),
+                longOf(env, "CPUSLOT_FIRST_ACQUIRE_BUDGET_MS", 1000),
                 bool(env, "CPUSLOT_FAIL_CLOSED", false),
                 intOf(env, "CPUSLOT_SANDBOXES_PER_FUNCTION", Math.max(4, 4 * Runtime.getRuntime().availableProcessors())),
                 longOf(env, "CPUSLOT_DEFAULT_TIMEOUT_MS", 60_000),
@@ -94,6 +97,7 @@ public record Config(
                 bool(env, "CPUSLOT_WARMUP", true),
                 Math.max(0, durationMs(env, "CPUSLOT_WARMUP_WAIT", 1000)),
                 bool(env, "CPUSLOT_CONNECT_AT_START", env.get("CPUSLOT_SOCKET") != null && !env.get("CPUSLOT_SOCKET").isBlank()),
+                Math.max(0, durationMs(env, "CPUSLOT_READY_WAIT", 30_000)),
                 blankToNull(env.get("CPUSLOT_LOG")),
                 longOf(env, "CPUSLOT_LOG_MAX_BYTES", 10L << 20),
                 bool(env, "__OW_ALLOW_CONCURRENT", false),

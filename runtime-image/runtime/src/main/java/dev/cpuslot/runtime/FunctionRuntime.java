@@ -44,6 +44,7 @@ public final class FunctionRuntime implements AutoCloseable {
     private final java.util.concurrent.atomic.AtomicReference<String> owner = new java.util.concurrent.atomic.AtomicReference<>();
     private final Runaways runaways;
     private final AtomicLong inFlight;
+    private final Readiness readiness;
 
     public FunctionRuntime(Config cfg, Metrics metrics, SlotClient slots, PrintStream out, PrintStream err) {
         this.cfg = cfg;
@@ -87,6 +88,10 @@ public final class FunctionRuntime implements AutoCloseable {
                 return m;
             });
         }
+        // the agent's socket was configured: connect (and warm the slot client) now, in the
+        // background, and take no traffic until the agent serves this runtime (bounded)
+        readiness = new Readiness(slots, cfg);
+        readiness.start();
     }
 
     private void describeMetrics() {
@@ -197,17 +202,25 @@ public final class FunctionRuntime implements AutoCloseable {
 
     /**
      * Gets the slot client ready for the first invocation (connect + HELLO, FFM calls and code
-     * paths linked) once a function is initialised: waits for it at most CPUSLOT_WARMUP_WAIT
-     * (default 1 s), then the warm-up goes on in the background. An unreachable agent changes
-     * nothing: invocations connect lazily, fail-open as before.
+     * paths linked) once a function is initialised: first waits until the runtime is ready (the
+     * agent serves it, at most the rest of CPUSLOT_READY_WAIT), then for the warm-up at most
+     * CPUSLOT_WARMUP_WAIT (default 1 s), then the warm-up goes on in the background. An
+     * unreachable agent changes nothing: invocations connect lazily, fail-open as before.
      */
     void warmSlots(String why) {
         if (slots == null || !cfg.warmup()) return;
         long t0 = System.nanoTime();
+        readiness.await();
         boolean ok = slots.warmUp(Duration.ofMillis(cfg.warmupWaitMs()));
         long ms = (System.nanoTime() - t0) / 1_000_000;
         if (!ok) Log.info("slot client not connected to the agent after " + why + " (waited " + ms
                 + " ms); invocations connect when they need a slot");
+    }
+
+    /** GET /ready (Knative's readinessProbe): 200 once the agent serves the runtime or the wait is over, else 503 and why. */
+    Reply ready() {
+        String why = readiness.notReady();
+        return why == null ? Reply.ok() : Reply.error(503, why);
     }
 
     // ---- tenancy ------------------------------------------------------------------------------

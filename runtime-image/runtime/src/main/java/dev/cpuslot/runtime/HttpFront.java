@@ -27,6 +27,7 @@ import java.util.concurrent.Executors;
  * <li>Knative single entrypoint ({@link KnativeAdapter}) and Hydra invoke: {@code POST /} (Hydra
  *     when the body has {@code name} and {@code arguments})</li>
  * <li>Hydra ({@link HydraAdapter}): {@code /register}, {@code /deregister}, {@code /warmup}</li>
+ * <li>Readiness ({@link Readiness}, Knative's readinessProbe): {@code GET /ready}</li>
  * <li>Metrics on their own port: {@code GET /metrics}</li>
  * </ul>
  */
@@ -89,6 +90,7 @@ public final class HttpFront implements AutoCloseable {
                     case "/register" -> r = hydra.register(query(ex), raw);
                     case "/deregister" -> r = hydra.deregister(query(ex).get("name"));
                     case "/warmup" -> r = Reply.ok();
+                    case "/ready" -> r = rt.ready();
                     case "/" -> {
                         if (method.equals("GET") || raw.length == 0) {
                             r = Reply.ok();

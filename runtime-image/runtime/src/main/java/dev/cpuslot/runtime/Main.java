@@ -23,7 +23,8 @@ public final class Main {
                 Log.warn("slot client unavailable (" + Native.loadError() + "); running without slots");
             } else {
                 slots = SlotClient.builder().socket(cfg.agentSocket()).clientName("cpuslot-runtime-java")
-                        .acquireBudget(Duration.ofMillis(cfg.acquireBudgetMs())).failClosed(cfg.failClosed())
+                        .acquireBudget(Duration.ofMillis(cfg.acquireBudgetMs()))
+                        .firstAcquireBudget(Duration.ofMillis(cfg.firstAcquireBudgetMs())).failClosed(cfg.failClosed())
                         .linger(Duration.ofMillis(Math.max(0, cfg.lingerMs())))
                         .local(cfg.local()).localIdle(Duration.ofMillis(cfg.localIdleMs())).build();
             }
@@ -42,9 +43,6 @@ public final class Main {
         FunctionRuntime rt = new FunctionRuntime(cfg, new Metrics(), slots, System.out, System.err);
         HttpFront front = new HttpFront(rt, cfg.port(), cfg.metricsPort());
         front.start();
-        // the agent's socket was configured: connect (and warm the slot client) now, in the
-        // background; /init and /register do it again (waiting a little) if this did not connect
-        if (slots != null && cfg.warmup() && cfg.connectAtStart()) slots.warmUp();
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
             front.close();
             rt.close();

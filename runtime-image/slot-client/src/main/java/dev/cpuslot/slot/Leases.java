@@ -30,6 +30,13 @@ final class Leases {
     private final Map<Integer, SlotLease> parked = new ConcurrentHashMap<>();
     private volatile Thread expirer;
     private volatile boolean closing, closed;
+    /**
+     * The budget of acquisitions before the process's first grant (0: the normal one): the first
+     * round trip of a new container runs code no invocation ran yet, which on a loaded node takes
+     * longer than a warm one. Once any ACQUIRE was granted, every acquisition has the normal budget.
+     */
+    private volatile long firstBudgetNs;
+    private volatile boolean grantedOnce;
 
     Leases(Transport transport, FdCache fds, Recovery recovery, Counters counters,
            long budgetNs, long releaseNs, long lingerNs, boolean failClosed, boolean fdPassing) {
@@ -45,6 +52,12 @@ final class Leases {
     }
 
     long lingerNs() { return lingerNs; }
+
+    /** Sets the budget of the acquisitions before the first grant (see {@link #firstBudgetNs}). */
+    void firstBudget(long ns) { firstBudgetNs = ns; }
+
+    /** The budget of an acquisition starting now whose normal budget is b. */
+    long budget(long b) { return grantedOnce ? b : Math.max(b, firstBudgetNs); }
     int parkedCount() { return parked.size(); }
 
     private void count(String name) { counters.count(name); }
@@ -161,7 +174,7 @@ final class Leases {
             count("linger.ended");
             releaseParked(p); // another action or quota (or stale): end it first
         }
-        Answer a = ask(System.nanoTime() + budgetNs, (c, waitUs) -> new Protocol.Acquire(quotaMilli, waitUs, tid & 0xFFFFFFFFL,
+        Answer a = ask(System.nanoTime() + budget(budgetNs), (c, waitUs) -> new Protocol.Acquire(quotaMilli, waitUs, tid & 0xFFFFFFFFL,
                 (c.agentPlaces || !fdPassing) ? Protocol.ACQUIRE_AGENT_PLACES : 0, currentSlot.get()[0], act, inv));
         if (a.ok() != null) return granted(a.conn(), a.ok(), a.fds(), act, inv, quotaMilli, tid);
         return noSlot(act, inv, quotaMilli, tid, a.reason(), a.detail());
@@ -221,7 +234,10 @@ final class Leases {
                 if (System.nanoTime() < deadline) continue;
                 return Answer.none(reason, detail);
             }
-            if (r.message() instanceof Protocol.AcquireOk ok) return new Answer(c, ok, r.fds(), null, null);
+            if (r.message() instanceof Protocol.AcquireOk ok) {
+                if (!grantedOnce) grantedOnce = true;
+                return new Answer(c, ok, r.fds(), null, null);
+            }
             fds.discard(r.fds()); // no grant: fds with any other answer are a faulty agent's
             if (r.message() instanceof Protocol.Error e) {
                 reason = Protocol.errorName(e.code());

@@ -249,7 +249,7 @@ final class LocalLeases {
      * within the acquire budget for an entry given back or a grant, whichever comes first.
      */
     private SlotLease inTurn(long quota, String act, String inv, int tid, long[] current, int[] last) {
-        long deadline = System.nanoTime() + budgetNs;
+        long deadline = System.nanoTime() + leases.budget(budgetNs);
         while (true) {
             Waiter w = new Waiter(tid, quota, Thread.currentThread());
             boolean ask;
@@ -456,7 +456,7 @@ final class LocalLeases {
     /** ACQUIRE with HOLD within the acquire budget, off the waiting threads. */
     private Asked hold(long quota) {
         count("local.miss");
-        Leases.Answer a = leases.ask(System.nanoTime() + budgetNs, (c, waitUs) ->
+        Leases.Answer a = leases.ask(System.nanoTime() + leases.budget(budgetNs), (c, waitUs) ->
                 // an agent without HOLD leases: the per-invocation path
                 c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0 ? null
                         : new Protocol.Acquire(quota, waitUs, 0, Protocol.ACQUIRE_HOLD, 0, "", ""));

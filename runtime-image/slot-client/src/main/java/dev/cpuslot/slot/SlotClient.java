@@ -59,6 +59,7 @@ public final class SlotClient implements AutoCloseable {
         private String clientName = "java";
         private int maxConnections = 8;
         private Duration acquireBudget = Duration.ofMillis(50);
+        private Duration firstAcquireBudget = Duration.ZERO;
         private Duration releaseTimeout = Duration.ofSeconds(1);
         private Duration drainTimeout = Duration.ofSeconds(5);
         private Duration monitorInterval = Duration.ofMillis(250);
@@ -75,6 +76,12 @@ public final class SlotClient implements AutoCloseable {
         public Builder maxConnections(int n) { this.maxConnections = Math.max(1, n); return this; }
         /** Longest {@link #acquire} may block an invocation. */
         public Builder acquireBudget(Duration d) { this.acquireBudget = d; return this; }
+        /**
+         * Longest the acquisitions before the process's first grant may block (at least the acquire
+         * budget; default: the acquire budget). A new container's first round trip to the agent runs
+         * code no invocation ran yet; once any slot was granted, the acquire budget applies.
+         */
+        public Builder firstAcquireBudget(Duration d) { this.firstAcquireBudget = d == null || d.isNegative() ? Duration.ZERO : d; return this; }
         public Builder releaseTimeout(Duration d) { this.releaseTimeout = d; return this; }
         public Builder drainTimeout(Duration d) { this.drainTimeout = d; return this; }
         public Builder monitorInterval(Duration d) { this.monitorInterval = d; return this; }
@@ -135,6 +142,7 @@ public final class SlotClient implements AutoCloseable {
                 b.monitorInterval.toNanos());
         leases = new Leases(transport, fds, recovery, counters, budgetNs, b.releaseTimeout.toNanos(), b.linger.toNanos(),
                 b.failClosed, b.fdPassing);
+        leases.firstBudget(b.firstAcquireBudget.toNanos());
         LocalLeases loc = null;
         if (b.local && b.fdPassing && Native.available()) {
             try {
@@ -172,6 +180,15 @@ public final class SlotClient implements AutoCloseable {
     public Duration acquireBudget() { return Duration.ofNanos(budgetNs); }
     /** The last HELLO_OK seen (container identity, hierarchy, pools), or null. */
     public Protocol.HelloOk agentInfo() { return transport.lastHello(); }
+
+    /**
+     * Whether the agent has served this process: it answered a HELLO with HELLO_OK, which it
+     * does once the container's pool is made. Stays true after a lost connection.
+     */
+    public boolean served() { return transport.lastHello() != null; }
+
+    /** Why the last warm-up did not connect (the connect or HELLO error), or null. */
+    public String lastWarmUpError() { return warmUpError; }
 
     /** Snapshot of all counters (name -> value), sorted by name. */
     public Map<String, Long> counters() { return counters.snapshot(); }
@@ -235,6 +252,7 @@ public final class SlotClient implements AutoCloseable {
 
     private final AtomicReference<CompletableFuture<Boolean>> warming = new AtomicReference<>();
     private volatile boolean codeWarmed;
+    private volatile String warmUpError;
 
     /**
      * Gets the client ready for the next invocation, in the background: links and runs once the
@@ -296,6 +314,7 @@ public final class SlotClient implements AutoCloseable {
     }
 
     private boolean warmUpNow() {
+        long waitNs = Math.max(budgetNs, 2_000_000_000L); // a HELLO is not an invocation: no budget for it
         try {
             if (!codeWarmed) {
                 Native.warmUp();
@@ -303,14 +322,21 @@ public final class SlotClient implements AutoCloseable {
                 warmCode();
                 codeWarmed = true;
             }
-            Connection c = transport.borrow(System.nanoTime() + Math.max(budgetNs, 2_000_000_000L), false);
+            Connection c = transport.borrow(System.nanoTime() + waitNs, false);
             transport.giveBack(c);
+            warmUpError = null;
             counters.count("warmup.connected");
             return true;
-        } catch (IOException | TimeoutException e) {
+        } catch (IOException e) {
+            warmUpError = e.getMessage();
+            counters.count("warmup.unreachable");
+            return false;
+        } catch (TimeoutException e) {
+            warmUpError = "no connection to " + socket + " answered HELLO within " + waitNs / 1_000_000 + " ms";
             counters.count("warmup.unreachable");
             return false;
         } catch (RuntimeException e) {
+            warmUpError = e.toString();
             counters.count("warmup.error");
             return false;
         }

@@ -3,6 +3,8 @@ package dev.cpuslot.slot;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
 import org.junit.jupiter.api.io.TempDir;
 
 import java.nio.file.Files;
@@ -515,6 +517,30 @@ class SlotClientTest {
         assertEquals(1, client.counter("release.ok"), "the re-declared lease was released with a reply first");
         assertEquals(1, agent.leases.size(), agent.leases.toString());
         b.release(ReleaseOutcome.OK);
+    }
+
+    /**
+     * A new container's first acquisitions run code no invocation ran yet: until the first grant
+     * they have the first-acquire budget; after it, the acquire budget again. Both paths: local
+     * leasing (a HOLD miss) and one ACQUIRE per invocation.
+     */
+    @ParameterizedTest
+    @ValueSource(booleans = {true, false})
+    void theFirstAcquisitionsWaitForTheFirstBudgetAndLaterOnesForTheBudget(boolean local) throws Exception {
+        agent.grantsLocal = local;
+        agent.statFds = 1;
+        // the answer comes 10 budgets late; the first budget is 100 budgets (no tighter bound: a loaded machine)
+        client = builder().acquireBudget(Duration.ofMillis(50)).firstAcquireBudget(Duration.ofSeconds(5)).local(local).build();
+        assertTrue(client.warmUp(Duration.ofSeconds(30)), "connection up: " + client.counters());
+        agent.acquireDelayMs = 500;
+        SlotLease first = client.acquire(250, "first", "f");
+        assertTrue(first.active(), "the first acquisition waited for the late grant: " + first + " " + client.counters());
+        assertEquals(local, first.local());
+        SlotLease second = client.acquire(500, "second", "s"); // another quota: a miss again
+        assertFalse(second.active(), "after a grant the 50 ms budget applies: " + second);
+        assertEquals("budget", second.reason());
+        first.release(ReleaseOutcome.OK);
+        agent.acquireDelayMs = 0;
     }
 
     @Test
