@@ -342,11 +342,13 @@ class SlotsAndQuotaTest {
             // a new action version is looked up again; a garbage annotation is refused in OpenWhisk's format
             ann.set("\"lots\"");
             Map<String, String> v2 = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.2");
-            h.post("/run", run(json("{}"), v2));
+            // the read may already be done when the new version's first activation resolves its
+            // quota (the lending setting asks for the same read first): every refusal counts
+            int refusedFirst = h.post("/run", run(json("{}"), v2)).status() == 400 ? 1 : 0;
             Resp bad = untilStatus(h, v2, 400);
             assertEquals(400, bad.status());
             assertTrue(bad.obj().get("error").getAsString().contains("annotation"), bad.raw());
-            assertTrue(h.metrics().contains("cpuslot_quota_invalid_total{source=\"annotation\"} 1"), h.metrics());
+            assertTrue(h.metrics().contains("cpuslot_quota_invalid_total{source=\"annotation\"} " + (1 + refusedFirst)), h.metrics());
             // no annotation: init env, then the pod default
             ann.set(null);
             Map<String, String> v3 = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.3");
