@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -450,11 +451,29 @@ func (c *benchClient) runLend(j lendJob) (*lendResult, error) {
 
 // The client side.
 
-// threadCPU is the calling thread's CPU time.
+// threadCPU is the calling thread's CPU time. It is read with a raw
+// system call, which the Go scheduler does not see: burn reads it about a
+// million times a second, and a thread that its slot's quota stops inside
+// a call the scheduler sees stays "in a system call" for the runtime's
+// monitor (sysmon), which takes its P away and, having taken one, polls
+// every 20 us for the next millisecond. With unix.ClockGettime sysmon
+// used 10-15% of the container's limit outside the slots (docs/lending.md).
 func threadCPU() time.Duration {
 	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	unix.RawSyscall(unix.SYS_CLOCK_GETTIME, unix.CLOCK_THREAD_CPUTIME_ID, uintptr(unsafe.Pointer(&ts)), 0)
 	return time.Duration(ts.Nano())
+}
+
+// procsForWorkers raises GOMAXPROCS to n workers and one P for the other
+// goroutines (the client's connections, timers). Each worker is a locked
+// OS thread standing in for a runtime's native thread: one that its slot's
+// quota throttles keeps its P (for Go it is running), so with fewer Ps
+// than burning workers the others wait for a P while their slots have
+// quota left, which a runtime's native threads do not. Never lowered.
+func procsForWorkers(n int) {
+	if runtime.GOMAXPROCS(0) < n+1 {
+		runtime.GOMAXPROCS(n + 1)
+	}
 }
 
 // burn spins until the calling thread has used d of CPU.
@@ -485,6 +504,7 @@ func lendJobRun(c *client.Client, j lendJob) lendResult {
 			return lendResult{Errors: 1, FirstErr: fmt.Sprintf("chains of %d need more than the %d waiting threads", j.Chain, j.IOThreads)}
 		}
 	}
+	procsForWorkers(j.Threads)
 	worker(j.Threads - 1) // all workers exist before a chain hands a call to one
 	for t := 0; t < j.Threads; t++ {
 		waiting := t < j.IOThreads
