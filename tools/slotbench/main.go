@@ -110,7 +110,7 @@ func main() {
 	linger := flag.Duration("linger", 100*time.Millisecond, "also run affinity with a client that keeps leases this long (0: skip)")
 	local := flag.Bool("local", true, "also run local leasing (the client's default) in a container of its own")
 	cpuprofile := flag.String("cpuprofile", "", "write the agent side's CPU profile here")
-	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods")
+	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods (-lend: once, without)")
 	scale := flag.Bool("scale", false, "measure one agent serving many containers instead (see -containers)")
 	lend := flag.Bool("lend", false, "measure lending instead (lend.go): waiting invocations beside CPU-bound ones, lending off and on")
 	var lp lendParams
@@ -166,6 +166,11 @@ func main() {
 			lp.chain > 2*int(lp.limit/lp.quota)*3/4 {
 			fatal(fmt.Errorf("-lend: want the first ratio 0 (the baseline), a quota of at most the limit, segments, and chains no deeper than the waiting threads at 1:1"))
 		}
+		if *inVM {
+			// One boot: the lending cells are long, the VM slow.
+			fatal(runInVM(os.Args[1:], ""))
+			return
+		}
 		fatal(lendBench(lp))
 		return
 	}
@@ -190,7 +195,7 @@ func main() {
 	}
 	variants = append(variants, variant{name: "floor", mode: pool.Affinity, floor: true, container: "floor"})
 	if *inVM {
-		fatal(runInVM(os.Args[1:]))
+		fatal(runInVM(os.Args[1:], "", "favordynmods"))
 		return
 	}
 	if *cpuprofile != "" {
@@ -213,8 +218,8 @@ func fatal(err error) {
 }
 
 // runInVM boots the test VM with this (static) binary and runs the same
-// benchmark inside, without and with favordynmods.
-func runInVM(args []string) error {
+// benchmark inside, once per cgroup2 mount option set in mounts.
+func runInVM(args []string, mounts ...string) error {
 	if err := vm.Available(); err != nil {
 		return err
 	}
@@ -228,7 +233,7 @@ func runInVM(args []string) error {
 			inner = append(inner, a)
 		}
 	}
-	for _, mount := range []string{"", "favordynmods"} {
+	for _, mount := range mounts {
 		fmt.Printf("\n### cgroup v2 VM (kernel 6.1, software emulation), mount options: %q\n", mount)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 		r, err := vm.Run(ctx, vm.Options{
