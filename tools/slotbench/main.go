@@ -125,6 +125,7 @@ func main() {
 	lendQuota := flag.Int("lend-quota", 125, "-lend: every invocation's quota, millicores")
 	flag.DurationVar(&lp.cell, "lend-cell", 6*time.Second, "-lend: measured time per cell and round")
 	lendPeriod := flag.Duration("lend-period", 10*time.Millisecond, "-lend: the slots' CFS period")
+	flag.DurationVar(&lp.containerPeriod, "lend-container-period", 100*time.Millisecond, "-lend: the CFS period of the container's limit (the kubelet's default: 100ms)")
 	var sp scaleParams
 	flag.IntVar(&sp.containers, "containers", 250, "-scale: containers served")
 	flag.IntVar(&sp.slots, "slots", 64, "-scale: slots pre-warmed per container")
@@ -163,8 +164,9 @@ func main() {
 			}
 		}
 		if lp.ratios[0] != 0 || lp.quota == 0 || lp.limit < lp.quota || lp.segments < 1 || lp.chain < 0 ||
-			lp.chain > 2*int(lp.limit/lp.quota)*3/4 {
-			fatal(fmt.Errorf("-lend: want the first ratio 0 (the baseline), a quota of at most the limit, segments, and chains no deeper than the waiting threads at 1:1"))
+			lp.chain > 2*int(lp.limit/lp.quota)*3/4 ||
+			lp.containerPeriod < time.Millisecond || lp.containerPeriod > time.Second {
+			fatal(fmt.Errorf("-lend: want the first ratio 0 (the baseline), a quota of at most the limit, segments, chains no deeper than the waiting threads at 1:1, and a container period from 1ms to 1s"))
 		}
 		if *inVM {
 			// One boot: the lending cells are long, the VM slow.
