@@ -295,6 +295,9 @@ func lendBench(p lendParams) error {
 	if err := favor(h, tb.root); err != nil {
 		return err
 	}
+	if err := tb.favorAgent(); err != nil {
+		return fmt.Errorf("the agent's cgroup: %w", err)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a, err := agent.New(cfg, log)
 	if err != nil {

@@ -34,3 +34,17 @@ func TestParseThrottling(t *testing.T) {
 		t.Errorf("no cpu.stat: %d, %d, want 0, 0", p, th)
 	}
 }
+
+// The agent's own cgroup is found on v1 (the hierarchy holding cpu) and v2.
+func TestCPUCgroup(t *testing.T) {
+	v1 := "12:pids:/user.slice\n4:cpu,cpuacct:/user.slice/session-3.scope\n1:name=systemd:/user.slice/session-3.scope\n"
+	if got, ok := cpuCgroup(v1, 1); !ok || got != "/user.slice/session-3.scope" {
+		t.Errorf("v1: %q, %v", got, ok)
+	}
+	if got, ok := cpuCgroup("4:cpuacct:/a\n", 1); ok {
+		t.Errorf("v1 without cpu: %q", got)
+	}
+	if got, ok := cpuCgroup("0::/system.slice/x.service\n", 2); !ok || got != "/system.slice/x.service" {
+		t.Errorf("v2: %q, %v", got, ok)
+	}
+}
