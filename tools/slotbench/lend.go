@@ -512,7 +512,7 @@ func (c *benchClient) runLend(j lendJob) (*lendResult, error) {
 // stops inside a call the scheduler sees stays "in a system call" for the
 // runtime's monitor (sysmon), which takes its P away and, having taken
 // one, polls every 20 us for the next millisecond. With unix.ClockGettime
-// sysmon used 10-15% of the container's limit outside the slots
+// sysmon used 13-16% of the container's limit outside the slots
 // (docs/lending.md).
 func threadCPU() time.Duration {
 	var ts unix.Timespec
