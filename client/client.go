@@ -6,6 +6,12 @@
 // granted slot, usually with one write of "0" to a slot fd the agent passed
 // earlier, or with no write at all when the thread already sits there.
 //
+// In Go, give GOMAXPROCS at least one P per thread that runs in a slot at
+// once, and one more: a locked thread that its slot's quota throttles keeps
+// its P, so with fewer Ps the other threads in slots wait for one although
+// their quotas are free (docs/lending.md, "The benchmark's client"). Go's
+// default in a container is its CPU limit rounded up, at least 2.
+//
 // A Client is safe for concurrent use. It keeps a pool of connections (one
 // request in flight on each), caches slot fds, and after an agent restart
 // reconnects and re-declares the leases it holds.

@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -52,6 +53,9 @@ type lendParams struct {
 	cell       time.Duration // measured time per cell and round
 	rounds     int
 	periodUS   uint32
+	// containerPeriod is the CFS period of the container's limit (the
+	// kubelet's is 100 ms).
+	containerPeriod time.Duration
 	// chain: the depth of the chain case (0: none); localWaits: the wait
 	// shares also run with local leasing.
 	chain      int
@@ -121,6 +125,9 @@ type lendCell struct {
 	// containerNS is the CPU of the whole container, slots and the
 	// client's other threads.
 	containerNS float64
+	// periods, throttled: the container's CFS periods and those in which
+	// its limit stopped it.
+	periods, throttled uint64
 }
 
 // containerCPU is the CPU the container's cgroup has used (cgroup v1
@@ -145,6 +152,47 @@ func containerCPU(h *cgroup.Hierarchy, rel string) time.Duration {
 	}
 	ns, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 	return time.Duration(ns)
+}
+
+// containerThrottling is the container cgroup's CFS periods and throttled
+// periods so far (nr_periods, nr_throttled of cpu.stat, v1 and v2 alike).
+func containerThrottling(h *cgroup.Hierarchy, rel string) (periods, throttled uint64) {
+	b, _ := os.ReadFile(filepath.Join(h.CPURoot, rel, "cpu.stat"))
+	return parseThrottling(b)
+}
+
+func parseThrottling(cpuStat []byte) (periods, throttled uint64) {
+	for _, line := range strings.Split(string(cpuStat), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "nr_periods":
+			periods = n
+		case "nr_throttled":
+			throttled = n
+		}
+	}
+	return periods, throttled
+}
+
+// setContainerLimit gives the container a CPU limit of milli with CFS
+// period period (SetLimit's is the kubelet's default, 100 ms).
+func setContainerLimit(h *cgroup.Hierarchy, rel string, milli uint32, period time.Duration) error {
+	us := period.Microseconds()
+	quota := int64(milli) * us / 1000
+	if h.Version == 2 {
+		return os.WriteFile(filepath.Join(h.CPURoot, rel, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, us)), 0)
+	}
+	// The quota first: it may be lowered below the old period's, never raised
+	// above the new one.
+	dir := filepath.Join(h.CPURoot, rel)
+	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.FormatInt(us, 10)), 0)
 }
 
 // sampleCharged samples the share of pool name's budget charged (awake
@@ -227,7 +275,7 @@ func lendBench(p lendParams) error {
 				return err
 			}
 			rels[name] = rel
-			if err := h.SetLimit(rel, p.limit); err != nil {
+			if err := setContainerLimit(h, rel, p.limit, p.containerPeriod); err != nil {
 				return fmt.Errorf("CPU limit of %s: %w", name, err)
 			}
 			pc, err := cfg.Settings()
@@ -246,6 +294,9 @@ func lendBench(p lendParams) error {
 	}
 	if err := favor(h, tb.root); err != nil {
 		return err
+	}
+	if err := tb.favorAgent(); err != nil {
+		return fmt.Errorf("the agent's cgroup: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a, err := agent.New(cfg, log)
@@ -266,8 +317,8 @@ func lendBench(p lendParams) error {
 	}
 
 	fmt.Printf("slotbench -lend: %s, kernel %s, %d CPUs\n", h, kernelRelease(), runtime.NumCPU())
-	fmt.Printf("one container, CPU limit %dm; every invocation %dm and %v of CPU; waiting ones in %d segments; slot period %v;\n",
-		p.limit, p.quota, p.cpuWork, p.segments, time.Duration(p.periodUS)*time.Microsecond)
+	fmt.Printf("one container, CPU limit %dm (CFS period %v); every invocation %dm and %v of CPU; waiting ones in %d segments; slot period %v;\n",
+		p.limit, p.containerPeriod, p.quota, p.cpuWork, p.segments, time.Duration(p.periodUS)*time.Microsecond)
 	fmt.Printf("closed loops on twice the threads the budget admits, 3/4 waiting (or in chains of %d), 1/4 CPU-bound; admission queue; thread leases unless local leasing;\n", p.chain)
 	fmt.Printf("%d rounds of %v per cell after a warm-up, lend ratios alternating; 0 = lending off\n\n", p.rounds, p.cell)
 
@@ -289,9 +340,11 @@ func lendBench(p lendParams) error {
 				sumBefore := summaryOf(a, name)
 				stop := sampleCharged(a, name)
 				cpu0 := containerCPU(h, rels[name])
+				periods0, throttled0 := containerThrottling(h, rels[name])
 				r, err := clients[name].runLend(j)
 				charged := stop()
 				ccpu := containerCPU(h, rels[name]) - cpu0
+				periods1, throttled1 := containerThrottling(h, rels[name])
 				if err != nil {
 					return fmt.Errorf("%s, %v: %w", name, lc, err)
 				}
@@ -310,14 +363,16 @@ func lendBench(p lendParams) error {
 				c.add(r, before, after)
 				c.charged += charged
 				c.containerNS += float64(ccpu)
+				c.periods += periods1 - periods0
+				c.throttled += throttled1 - throttled0
 				c.lends += sumAfter.Lends - sumBefore.Lends
 				c.cuts += sumAfter.Cuts - sumBefore.Cuts
 			}
 		}
 	}
 
-	fmt.Printf("| workload | overcommit | lend ratio | invocations/s | vs off | CPU-bound p50 | CPU-bound p99 | p99 vs off | waiting p50 / p99 | WAKE answered p50 / p99 | agent wake-to-quota p50 / p99 | limit used (slots / container) | budget charged | lends | borrowers cut | queue timeouts, errors |\n")
-	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| workload | overcommit | lend ratio | invocations/s | vs off | CPU-bound p50 | CPU-bound p99 | p99 vs off | waiting p50 / p99 | WAKE answered p50 / p99 | agent wake-to-quota p50 / p99 | limit used (slots / container) | container throttled | budget charged | lends | borrowers cut | queue timeouts, errors |\n")
+	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, lc := range lendCases(p) {
 		off := cells[key(lc, p.ratios[0])]
 		for _, ratio := range p.ratios {
@@ -341,13 +396,14 @@ func lendBench(p lendParams) error {
 			if c.r.SleepsRefused > 0 {
 				errs += fmt.Sprintf("; %d SLEEPs refused (rate)", c.r.SleepsRefused)
 			}
-			fmt.Printf("| %v | %d:1 | %v | %.1f | %.2fx | %s | %s | %.2fx | %s / %s | %s | %s | %.0f%% / %.0f%% | %.0f%% | %d | %d | %s |\n",
+			fmt.Printf("| %v | %d:1 | %v | %.1f | %.2fx | %s | %s | %.2fx | %s / %s | %s | %s | %.0f%% / %.0f%% | %.0f%% | %.0f%% | %d | %d | %s |\n",
 				lc, lc.over, ratio, tput, tput/offTput,
 				ms(pctNS(c.r.CPULatNS, .5)), ms(pctNS(c.r.CPULatNS, .99)),
 				float64(pctNS(c.r.CPULatNS, .99))/float64(max(pctNS(off.r.CPULatNS, .99), 1)),
 				ms(pctNS(c.r.IOLatNS, .5)), ms(pctNS(c.r.IOLatNS, .99)), wakes, agentWakes,
 				100*c.r.UsedNS/(float64(p.limit)/1000*float64(c.elapsed.Nanoseconds())),
-				100*c.containerNS/(float64(p.limit)/1000*float64(c.elapsed.Nanoseconds())), 100*c.charged/float64(p.rounds),
+				100*c.containerNS/(float64(p.limit)/1000*float64(c.elapsed.Nanoseconds())),
+				100*float64(c.throttled)/float64(max(c.periods, 1)), 100*c.charged/float64(p.rounds),
 				c.lends, c.cuts, errs)
 		}
 	}
@@ -450,11 +506,30 @@ func (c *benchClient) runLend(j lendJob) (*lendResult, error) {
 
 // The client side.
 
-// threadCPU is the calling thread's CPU time.
+// threadCPU is the calling thread's CPU time. It is read with a raw
+// system call, which the Go scheduler does not see: burn reads it after
+// every few hundred multiplications, and a thread that its slot's quota
+// stops inside a call the scheduler sees stays "in a system call" for the
+// runtime's monitor (sysmon), which takes its P away and, having taken
+// one, polls every 20 us for the next millisecond. With unix.ClockGettime
+// sysmon used 13-16% of the container's limit outside the slots
+// (docs/lending.md).
 func threadCPU() time.Duration {
 	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	unix.RawSyscall(unix.SYS_CLOCK_GETTIME, unix.CLOCK_THREAD_CPUTIME_ID, uintptr(unsafe.Pointer(&ts)), 0)
 	return time.Duration(ts.Nano())
+}
+
+// procsForWorkers raises GOMAXPROCS to n workers and one P for the other
+// goroutines (the client's connections, timers). Each worker is a locked
+// OS thread standing in for a runtime's native thread: one that its slot's
+// quota throttles keeps its P (for Go it is running), so with fewer Ps
+// than burning workers the others wait for a P while their slots have
+// quota left, which a runtime's native threads do not. Never lowered.
+func procsForWorkers(n int) {
+	if runtime.GOMAXPROCS(0) < n+1 {
+		runtime.GOMAXPROCS(n + 1)
+	}
 }
 
 // burn spins until the calling thread has used d of CPU.
@@ -485,6 +560,7 @@ func lendJobRun(c *client.Client, j lendJob) lendResult {
 			return lendResult{Errors: 1, FirstErr: fmt.Sprintf("chains of %d need more than the %d waiting threads", j.Chain, j.IOThreads)}
 		}
 	}
+	procsForWorkers(j.Threads)
 	worker(j.Threads - 1) // all workers exist before a chain hands a call to one
 	for t := 0; t < j.Threads; t++ {
 		waiting := t < j.IOThreads

@@ -110,7 +110,7 @@ func main() {
 	linger := flag.Duration("linger", 100*time.Millisecond, "also run affinity with a client that keeps leases this long (0: skip)")
 	local := flag.Bool("local", true, "also run local leasing (the client's default) in a container of its own")
 	cpuprofile := flag.String("cpuprofile", "", "write the agent side's CPU profile here")
-	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods")
+	inVM := flag.Bool("vm", false, "run inside the cgroup v2 VM, once without and once with favordynmods (-lend: once, without)")
 	scale := flag.Bool("scale", false, "measure one agent serving many containers instead (see -containers)")
 	lend := flag.Bool("lend", false, "measure lending instead (lend.go): waiting invocations beside CPU-bound ones, lending off and on")
 	var lp lendParams
@@ -125,6 +125,7 @@ func main() {
 	lendQuota := flag.Int("lend-quota", 125, "-lend: every invocation's quota, millicores")
 	flag.DurationVar(&lp.cell, "lend-cell", 6*time.Second, "-lend: measured time per cell and round")
 	lendPeriod := flag.Duration("lend-period", 10*time.Millisecond, "-lend: the slots' CFS period")
+	flag.DurationVar(&lp.containerPeriod, "lend-container-period", 100*time.Millisecond, "-lend: the CFS period of the container's limit (the kubelet's default: 100ms)")
 	var sp scaleParams
 	flag.IntVar(&sp.containers, "containers", 250, "-scale: containers served")
 	flag.IntVar(&sp.slots, "slots", 64, "-scale: slots pre-warmed per container")
@@ -163,8 +164,14 @@ func main() {
 			}
 		}
 		if lp.ratios[0] != 0 || lp.quota == 0 || lp.limit < lp.quota || lp.segments < 1 || lp.chain < 0 ||
-			lp.chain > 2*int(lp.limit/lp.quota)*3/4 {
-			fatal(fmt.Errorf("-lend: want the first ratio 0 (the baseline), a quota of at most the limit, segments, and chains no deeper than the waiting threads at 1:1"))
+			lp.chain > 2*int(lp.limit/lp.quota)*3/4 ||
+			lp.containerPeriod < time.Millisecond || lp.containerPeriod > time.Second {
+			fatal(fmt.Errorf("-lend: want the first ratio 0 (the baseline), a quota of at most the limit, segments, chains no deeper than the waiting threads at 1:1, and a container period from 1ms to 1s"))
+		}
+		if *inVM {
+			// One boot: the lending cells are long, the VM slow.
+			fatal(runInVM(os.Args[1:], ""))
+			return
 		}
 		fatal(lendBench(lp))
 		return
@@ -190,7 +197,7 @@ func main() {
 	}
 	variants = append(variants, variant{name: "floor", mode: pool.Affinity, floor: true, container: "floor"})
 	if *inVM {
-		fatal(runInVM(os.Args[1:]))
+		fatal(runInVM(os.Args[1:], "", "favordynmods"))
 		return
 	}
 	if *cpuprofile != "" {
@@ -213,8 +220,8 @@ func fatal(err error) {
 }
 
 // runInVM boots the test VM with this (static) binary and runs the same
-// benchmark inside, without and with favordynmods.
-func runInVM(args []string) error {
+// benchmark inside, once per cgroup2 mount option set in mounts.
+func runInVM(args []string, mounts ...string) error {
 	if err := vm.Available(); err != nil {
 		return err
 	}
@@ -228,7 +235,7 @@ func runInVM(args []string) error {
 			inner = append(inner, a)
 		}
 	}
-	for _, mount := range []string{"", "favordynmods"} {
+	for _, mount := range mounts {
 		fmt.Printf("\n### cgroup v2 VM (kernel 6.1, software emulation), mount options: %q\n", mount)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 		r, err := vm.Run(ctx, vm.Options{
