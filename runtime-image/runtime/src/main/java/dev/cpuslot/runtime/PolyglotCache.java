@@ -44,15 +44,19 @@ public final class PolyglotCache {
     }
 
     /**
-     * Builds the cache (the image build runs it, as root): {@code PolyglotCache DIR}. Unpacks the
-     * resources of every language the runtime has, and compiles GraalPy's standard library to
-     * {@code .pyc} next to its sources, as unchecked hash-based pycs (PEP 552: valid whatever the
-     * files' times in the image's layer; the directory is read-only where it runs). Fails when a
-     * module does not compile.
+     * Builds the cache (the image build runs it, as root): {@code PolyglotCache DIR [RUNTIME_DIR]}.
+     * Unpacks the resources of every language the runtime has, and compiles GraalPy's standard
+     * library to {@code .pyc} next to its sources, as unchecked hash-based pycs (PEP 552: valid
+     * whatever the files' times in the image's layer; the directory is read-only where it runs).
+     * RUNTIME_DIR, where the image puts DIR, is the path the bytecode names its sources by (GraalPy
+     * does not rename a loaded function's file: tracebacks would name the build's directory).
+     * Fails when a module does not compile.
      */
     public static void main(String[] args) {
-        if (args.length != 1) throw new IllegalArgumentException("usage: PolyglotCache DIR");
-        System.setProperty(PROPERTY, Path.of(args[0]).toAbsolutePath().toString());
+        if (args.length < 1 || args.length > 2) throw new IllegalArgumentException("usage: PolyglotCache DIR [RUNTIME_DIR]");
+        String dir = Path.of(args[0]).toAbsolutePath().normalize().toString();
+        String runtimeDir = args.length > 1 ? args[1] : dir;
+        System.setProperty(PROPERTY, dir);
         System.setProperty("polyglot.engine.WarnInterpreterOnly", "false");
         try (Context js = Context.newBuilder("js").build()) {
             js.eval("js", "1");
@@ -61,12 +65,16 @@ public final class PolyglotCache {
         try (Context py = Context.newBuilder("python").allowAllAccess(true).option("python.ForceImportSite", "false").build()) {
             boolean ok = py.eval("python", String.join("\n",
                     "import compileall, os, py_compile, sys",
-                    "ok = True",
-                    "for d in sys.path:",
-                    "    if os.path.isdir(d):",
-                    "        ok = compileall.compile_dir(d, quiet=1, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH) and ok",
-                    "ok")).asBoolean();
-            if (!ok) throw new IllegalStateException("GraalPy's standard library did not compile (above)");
+                    "def compile_all(dir, runtime_dir):",
+                    "    ok, n = True, 0",
+                    "    for d in sys.path:",
+                    "        if os.path.isdir(d) and d.startswith(dir + '/'):",
+                    "            n += 1",
+                    "            ok = compileall.compile_dir(d, ddir=runtime_dir + d[len(dir):], quiet=1,",
+                    "                    invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH) and ok",
+                    "    return ok and n > 0",
+                    "compile_all")).execute(dir, runtimeDir).asBoolean();
+            if (!ok) throw new IllegalStateException("GraalPy's standard library did not compile (above), or is not in " + dir);
         }
     }
 }
