@@ -1,5 +1,6 @@
 package dev.cpuslot.runtime;
 
+import dev.cpuslot.runtime.guard.ActionGuard;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Optional;
@@ -29,7 +30,10 @@ public final class PolyglotCache {
         return Files.isDirectory(p) ? Optional.of(p) : Optional.empty();
     }
 
-    /** Before the first engine: Truffle reads the property once. */
+    /**
+     * Before the first engine (Truffle reads the property once). Java functions may not open the
+     * cache in use, wherever it is: every Python function imports its modules and bytecode.
+     */
     static void useBesideJar() {
         Path jarDir = null;
         try {
@@ -41,6 +45,8 @@ public final class PolyglotCache {
             System.setProperty(PROPERTY, p.toString());
             Log.info("polyglot resources from " + p);
         });
+        String dir = System.getProperty(PROPERTY);
+        ActionGuard.protect(dir != null ? Path.of(dir) : Path.of(System.getProperty("user.home"), ".cache", "org.graalvm.polyglot"));
     }
 
     /**
