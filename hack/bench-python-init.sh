@@ -20,10 +20,11 @@ if [ -z "${JAVA_HOME:-}" ] || [ "$(java_major "$JAVA_HOME" 2>/dev/null || echo 0
 fi
 tck=$(getconf CLK_TCK)
 jitopts() { cat image/jvm-options image/jvm-options-jit | grep -v '^ *$' | sed "s#/opt/cpuslot/#$1/#"; }
-if [ ! -d "$new/polyglot" ]; then
+if [ -z "$(find "$new/polyglot" -name '*.pyc' -print -quit 2>/dev/null)" ]; then
 	mapfile -t opts < <(jitopts "$new")
+	rm -rf "$new/polyglot.tmp"
 	"$JAVA_HOME/bin/java" "${opts[@]}" -cp "$new/runtime-0.1.0-SNAPSHOT.jar:$new/lib/*" dev.cpuslot.runtime.PolyglotCache "$new/polyglot.tmp"
-	mv "$new/polyglot.tmp" "$new/polyglot"
+	rm -rf "$new/polyglot"; mv "$new/polyglot.tmp" "$new/polyglot"
 fi
 one() { # TARGET_DIR LABEL
 	local dir=$1 log home pid port t0 t1 t2 code

@@ -987,10 +987,11 @@ class JavaContainmentTest {
     @ParameterizedTest(name = "{0}")
     @ValueSource(strings = {"plantPyc", "replaceModule", "listCache"})
     void aFunctionCannotChangeThePythonLibraryOtherFunctionsImport(String probe) throws Exception {
-        // the cache the runtime takes beside its jar (the image's /opt/cpuslot/polyglot); a build
-        // that has not made one gets an empty one, which Truffle fills at the first context
-        Files.createDirectories(Path.of(System.getProperty("cpuslot.runtime.jar")).toAbsolutePath().resolveSibling("polyglot"));
-        String cache = "Path.of(System.getProperty(\"polyglot.engine.userResourceCache\"))";
+        // the cache the runtime took beside its jar (the image's /opt/cpuslot/polyglot), or
+        // Truffle's default when the build made none
+        String cache = "(System.getProperty(\"polyglot.engine.userResourceCache\") != null"
+                + " ? Path.of(System.getProperty(\"polyglot.engine.userResourceCache\"))"
+                + " : Path.of(System.getProperty(\"user.home\"), \".cache\", \"org.graalvm.polyglot\"))";
         String body = switch (probe) {
             case "plantPyc" -> """
                     Path d = %s.resolve("python/__pycache__");
