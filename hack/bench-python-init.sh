@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Cold Python /init, this tree's runtime against another build's, alternating pairs (issue 22):
 # each runtime started as its image starts it (image/jvm-options + jvm-options-jit, python kind,
-# a container's clean environment), /init of a hello-world action; prints the wall time of /init
-# and the process's CPU time when /init returned (steadier than wall time on a loaded machine).
+# a container's clean environment and an empty user.home, as a pod's /tmp), /init of a
+# hello-world action; prints the wall time of /init and the process's CPU time when /init
+# returned (steadier than wall time on a loaded machine).
 #   hack/bench-python-init.sh OLD_TARGET_DIR [PAIRS]
-# OLD_TARGET_DIR: another build's runtime/target (the jar, lib/, compiler/). Build this tree first
-# (runtime-image/build.sh -DskipTests package).
+# OLD_TARGET_DIR: another build's runtime/target (the jar, lib/, compiler/, polyglot/ if it has
+# one). Build this tree first (runtime-image/build.sh -DskipTests package); its polyglot/ (the
+# image's /opt/cpuslot/polyglot) is made here once if missing.
 set -euo pipefail
 old=$(cd "${1:?usage: bench-python-init.sh OLD_TARGET_DIR [PAIRS]}" && pwd); pairs=${2:-2}
 cd "$(dirname "$0")/../runtime-image"
@@ -17,12 +19,19 @@ if [ -z "${JAVA_HOME:-}" ] || [ "$(java_major "$JAVA_HOME" 2>/dev/null || echo 0
 	done
 fi
 tck=$(getconf CLK_TCK)
+jitopts() { cat image/jvm-options image/jvm-options-jit | grep -v '^ *$' | sed "s#/opt/cpuslot/#$1/#"; }
+if [ -z "$(find "$new/polyglot" -name '*.pyc' -print -quit 2>/dev/null)" ]; then
+	mapfile -t opts < <(jitopts "$new")
+	rm -rf "$new/polyglot.tmp"
+	"$JAVA_HOME/bin/java" "${opts[@]}" -cp "$new/runtime-0.1.0-SNAPSHOT.jar:$new/lib/*" dev.cpuslot.runtime.PolyglotCache "$new/polyglot.tmp"
+	rm -rf "$new/polyglot"; mv "$new/polyglot.tmp" "$new/polyglot"
+fi
 one() { # TARGET_DIR LABEL
-	local dir=$1 log pid port t0 t1 t2 code
-	mapfile -t opts < <(cat image/jvm-options image/jvm-options-jit | grep -v '^ *$' | sed "s#/opt/cpuslot/#$dir/#")
-	log=$(mktemp)
+	local dir=$1 log home pid port t0 t1 t2 code
+	mapfile -t opts < <(jitopts "$dir")
+	log=$(mktemp); home=$(mktemp -d)
 	env -i PATH=/usr/bin:/bin PORT=0 CPUSLOT_METRICS_PORT=-1 CPUSLOT_LANGUAGE=python CPUSLOT_LOG=stderr \
-		"$JAVA_HOME/bin/java" "${opts[@]}" -jar "$dir/runtime-0.1.0-SNAPSHOT.jar" >"$log" 2>&1 &
+		"$JAVA_HOME/bin/java" "${opts[@]}" -Duser.home="$home" -jar "$dir/runtime-0.1.0-SNAPSHOT.jar" >"$log" 2>&1 &
 	pid=$!
 	t0=$(date +%s%N)
 	until port=$(grep -o 'listening on :[0-9]*' "$log" | grep -o '[0-9]*$'); do
@@ -38,6 +47,6 @@ one() { # TARGET_DIR LABEL
 	printf '%-6s start %6.1f s  /init %6.1f s  process CPU at /init %5.1f s  load %s\n' "$2" \
 		"$(echo "($t1 - $t0) / 10^9" | bc -l)" "$(echo "($t2 - $t1) / 10^9" | bc -l)" \
 		"$(echo "(${st[13]} + ${st[14]}) / $tck" | bc -l)" "$(cut -d' ' -f1 /proc/loadavg)"
-	kill $pid; wait $pid 2>/dev/null || true; rm -f "$log"
+	kill $pid; wait $pid 2>/dev/null || true; rm -rf "$log" "$home"
 }
 for _ in $(seq "$pairs"); do one "$new" this; one "$old" other; done

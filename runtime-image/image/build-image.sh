@@ -14,10 +14,11 @@
 #                        KIND java only those Java functions need: no JavaScript or Python engine,
 #                        a third of the size, and a smaller JRE), and compiler/ (Graal, the JIT of
 #                        JavaScript and Python code; not for KIND java, whose functions HotSpot's
-#                        own JIT compiles)
+#                        own JIT compiles), and polyglot/ (GraalPy's standard library with its
+#                        .pyc and Truffle's native helper, unpacked, read-only; not for KIND java)
 #   /lib*, /usr/lib*     the shared libraries the JRE's binaries link (found with ldd, copied
 #                        from this machine: glibc, libz...) and the dynamic loader
-#   /etc/passwd, /tmp    root and nobody; a world-writable /tmp (user.home for polyglot caches)
+#   /etc/passwd, /tmp    root and nobody; a world-writable /tmp (user.home)
 # Entrypoint: java [image/jvm-options] [image/jvm-options-jit unless KIND java] -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
 # need no privilege), port 8080, metrics 9102.
 # Needs: the runtime built (runtime-image/build.sh -DskipTests package), a JDK 25, Go (to build
@@ -60,6 +61,13 @@ cp "$lib"/*.jar "$root/opt/cpuslot/lib/"
 if [ $jit = 1 ]; then
 	mkdir -p "$root/opt/cpuslot/compiler"
 	cp "$target"/compiler/*.jar "$root/opt/cpuslot/compiler/"
+	# GraalVM's language files unpacked and GraalPy's standard library compiled to .pyc
+	# (dev.cpuslot.runtime.PolyglotCache), read-only: no copy into /tmp at each pod's start, none
+	# the runtime's user can write. Made with the image's JIT options (the same resources unpack).
+	mapfile -t jitopts < <(grep -v '^ *$' "$here/jvm-options-jit" | sed "s#/opt/cpuslot/#$root/opt/cpuslot/#")
+	"$JAVA_HOME/bin/java" -Duser.home="$stage" --sun-misc-unsafe-memory-access=allow --enable-native-access=ALL-UNNAMED \
+		"${jitopts[@]}" -cp "$jar:$lib/*" dev.cpuslot.runtime.PolyglotCache "$root/opt/cpuslot/polyglot" /opt/cpuslot/polyglot >&2
+	chmod -R u=rwX,go=rX "$root/opt/cpuslot/polyglot"
 fi
 cp_list="$(ls "$root"/opt/cpuslot/lib/*.jar | tr '\n' ':')"
 mods="$("$JAVA_HOME/bin/jdeps" --multi-release 25 --ignore-missing-deps --print-module-deps \

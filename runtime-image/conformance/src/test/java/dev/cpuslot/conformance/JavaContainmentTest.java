@@ -978,6 +978,37 @@ class JavaContainmentTest {
         });
     }
 
+    /**
+     * GraalPy's standard library and its bytecode (.pyc), which the image ships beside the jar
+     * (polyglot/, PolyglotCache) and every Python function of the runtime imports: a Java function
+     * can neither plant a module or a .pyc there nor read it (before: nothing but the file's owner
+     * kept it out, and the tests' runtime runs as root). The probes write, list and read there.
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"plantPyc", "replaceModule", "listCache"})
+    void aFunctionCannotChangeThePythonLibraryOtherFunctionsImport(String probe) throws Exception {
+        // the cache the runtime took beside its jar (the image's /opt/cpuslot/polyglot), or
+        // Truffle's default when the build made none
+        String cache = "(System.getProperty(\"polyglot.engine.userResourceCache\") != null"
+                + " ? Path.of(System.getProperty(\"polyglot.engine.userResourceCache\"))"
+                + " : Path.of(System.getProperty(\"user.home\"), \".cache\", \"org.graalvm.polyglot\"))";
+        String body = switch (probe) {
+            case "plantPyc" -> """
+                    Path d = %s.resolve("python/__pycache__");
+                    Files.createDirectories(d);
+                    Files.write(d.resolve("json.graalpy250-312.pyc"), new byte[16]);
+                    return args;""".formatted(cache);
+            case "replaceModule" -> """
+                    Files.writeString(%s.resolve("planted.py"), "import os\\n");
+                    return args;""".formatted(cache);
+            case "listCache" -> """
+                    try (var s = Files.list(%s)) { args.addProperty("n", s.count()); }
+                    return args;""".formatted(cache);
+            default -> throw new IllegalArgumentException(probe);
+        };
+        assertRefused(probe, body);
+    }
+
     /** What a function may do with files: its own temporary directory, the image's files, the harmless devices. */
     @Test
     void aFunctionUsesItsOwnFilesAndTheImages() throws Exception {

@@ -120,6 +120,15 @@ class RuntimeImageIT {
         assertTrue(names.stream().anyMatch(n -> n.matches("lib.*/ld-linux.*\\.so\\.\\d")), "the dynamic loader");
         assertTrue(names.stream().anyMatch(n -> n.matches("lib.*/libc\\.so\\.6")), "libc");
         assertTrue(listing.lines().anyMatch(l -> l.startsWith("drwxrwxrwt") && l.endsWith(" tmp/")), "a world-writable /tmp:\n" + listing.lines().filter(l -> l.endsWith(" tmp/")).toList());
+        // GraalPy's standard library unpacked with its bytecode (PolyglotCache), which no function
+        // may change for another: root's, writable by no one else (the runtime runs as nobody)
+        assertTrue(names.stream().anyMatch(n -> n.matches("opt/cpuslot/polyglot/python/python-home/[0-9a-f]+/lib/python3\\.12/json/__pycache__/__init__\\.graalpy\\d+-312\\.pyc")),
+                "GraalPy's json compiled in the image");
+        List<String> cache = listing.lines().filter(l -> l.contains(" opt/cpuslot/polyglot/")).toList();
+        assertTrue(cache.size() > 1000, "the unpacked cache: " + cache.size() + " entries");
+        for (String l : cache) {
+            assertTrue(l.matches("[-d]rw[-x]r-[-x]r-[-x] (root/root|0/0) .*"), "root's and read-only to others: " + l);
+        }
     }
 
     @Test

@@ -17,6 +17,7 @@ public final class Main {
         ActivationOutput.install(cfg.activationLogBytes());
         if (!cfg.javaTrusted()) ActionGuard.secureXml(); // no function's parser reads external entities
         Log.configure(cfg.log(), cfg.logMaxBytes());
+        PolyglotCache.useBesideJar(); // before the first engine (the prewarm's)
         SlotClient slots = null;
         if (cfg.slotsEnabled()) {
             if (!Native.available()) {
