@@ -395,8 +395,8 @@ var Dashboards = []Dashboard{
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "Idle ratio by function", Unit: PercentUnit,
-					Description: "Share of the CPU reserved by a function's slot leases (granted quota x time held) that its invocations did not use: 1 - slot CPU / reserved. See docs/lending.md, Metrics.",
-					Queries:     []Query{{Expr: `1 - sum by (function) (rate(cpuslot_slot_cpu_seconds_total{job="$runtime_job", namespace=~"$namespace", function=~"$function"}[$__rate_interval])) / sum by (function) (rate(cpuslot_slot_reserved_seconds_total{job="$runtime_job", namespace=~"$namespace", function=~"$function"}[$__rate_interval]))`, Legend: "{{function}}"}},
+					Description: "Share of the CPU reserved by a function's slot leases (granted quota x time held) that its invocations did not use: 1 - slot CPU / reserved, over 1 minute (a batch's CPU is counted up to a second after its invocations' reserved time; below 0 is that skew, drawn as 0). See docs/lending.md, Metrics.",
+					Queries:     []Query{{Expr: `clamp_min(1 - sum by (function) (rate(cpuslot_slot_cpu_seconds_total{job="$runtime_job", namespace=~"$namespace", function=~"$function"}[1m])) / sum by (function) (rate(cpuslot_slot_reserved_seconds_total{job="$runtime_job", namespace=~"$namespace", function=~"$function"}[1m])), 0)`, Legend: "{{function}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "Lent time by function", Unit: Short,
