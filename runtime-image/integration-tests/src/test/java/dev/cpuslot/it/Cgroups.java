@@ -8,6 +8,9 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.stream.Stream;
 
+import static org.junit.jupiter.api.Assertions.fail;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
 /**
  * The host's cpu cgroup hierarchy, found in /proc/self/mountinfo: cgroup v1 (cpu, and cpuacct
  * when mounted apart) or cgroup v2 with the cpu controller. Creates test cgroups; node-agent
@@ -21,6 +24,22 @@ final class Cgroups {
     private Cgroups(int version, List<Path> roots) {
         this.version = version;
         this.roots = roots;
+    }
+
+    /**
+     * The hierarchy for a test that needs root and cgroups: without them the test is skipped, or
+     * fails when CPUSLOT_REQUIRE_IT=1 (CI must not skip it silently). notRoot: why root is needed.
+     */
+    static Cgroups orSkip(String notRoot) throws IOException {
+        boolean root = Files.readAllLines(Path.of("/proc/self/status")).stream()
+                .anyMatch(l -> l.startsWith("Uid:") && l.split("\\s+")[2].equals("0"));
+        String[] why = {notRoot};
+        Cgroups cg = root ? detect(why) : null;
+        if (cg == null) {
+            if ("1".equals(System.getenv("CPUSLOT_REQUIRE_IT"))) fail("CPUSLOT_REQUIRE_IT=1 but " + why[0]);
+            assumeTrue(false, why[0]);
+        }
+        return cg;
     }
 
     /** The hierarchy, or null with the reason in why[0]. */
