@@ -409,22 +409,13 @@ func chainOnKnative(t *testing.T, c *cluster.Cluster, kn *knativeServing, agentN
 // counterSum adds the samples of a Prometheus counter whose labels contain
 // every one of match.
 func counterSum(ctx context.Context, url, name string, match ...string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	body, err := metricsPage(ctx, url)
 	if err != nil {
 		return 0, err
 	}
 	sum := 0.0
 next:
-	for _, l := range strings.Split(string(body), "\n") {
+	for _, l := range strings.Split(body, "\n") {
 		labels, ok := strings.CutPrefix(l, name+"{")
 		if !ok {
 			continue

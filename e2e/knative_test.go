@@ -835,22 +835,28 @@ func TestKnativeServing(t *testing.T) {
 	})
 }
 
-// gauge reads an unlabelled sample from a Prometheus text endpoint.
-func gauge(ctx context.Context, url, name string) (float64, error) {
+// metricsPage fetches a Prometheus text endpoint (at most 4 MiB of it).
+func metricsPage(ctx context.Context, url string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	return string(body), err
+}
+
+// gauge reads an unlabelled sample from a Prometheus text endpoint.
+func gauge(ctx context.Context, url, name string) (float64, error) {
+	body, err := metricsPage(ctx, url)
 	if err != nil {
 		return 0, err
 	}
-	for _, l := range strings.Split(string(body), "\n") {
+	for _, l := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(l, name+" "); ok {
 			return strconv.ParseFloat(strings.TrimSpace(v), 64)
 		}
