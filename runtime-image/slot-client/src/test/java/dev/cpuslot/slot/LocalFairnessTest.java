@@ -8,6 +8,7 @@ import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.concurrent.CyclicBarrier;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
 
@@ -73,9 +74,17 @@ class LocalFairnessTest {
         AtomicLongArray done = new AtomicLongArray(threads), failed = new AtomicLongArray(threads);
         AtomicLong sum = new AtomicLong();
         List<Thread> ts = new ArrayList<>();
+        // all start the loop together: a thread started late on a busy machine would find the
+        // others nearly done (the whole loop is about 15 ms of work), which says nothing of turns
+        CyclicBarrier start = new CyclicBarrier(threads);
         for (int w = 0; w < threads; w++) {
             int me = w;
             ts.add(Thread.ofPlatform().start(() -> {
+                try {
+                    start.await();
+                } catch (Exception e) {
+                    throw new AssertionError("start", e);
+                }
                 while (sum.get() < total) {
                     SlotLease l = local.acquire(250, "guest/fair", "");
                     if (l == null || !l.active()) {
