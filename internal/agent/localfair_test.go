@@ -35,18 +35,31 @@ func TestLocalClientWaitersServedInTurn(t *testing.T) {
 			if c.Hello().Flags&slotv1.HelloOKLocal == 0 {
 				t.Fatalf("the agent did not grant LOCAL: %+v", c.Hello())
 			}
-			total := int64(300 * threads) // long against one slow cgroup move on v1 (tens of ms)
+			// At least this many invocations and this long: one cgroup move on
+			// v1 can take tens of ms, and a run shorter than a few of them says
+			// nothing of turns (CI: a 40 ms run in which one thread's first
+			// move took most of it).
+			total := int64(300 * threads)
+			const minRun = time.Second
 			done := make([]atomic.Int64, threads)
 			failed := make([]atomic.Int64, threads)
 			var sum, outside atomic.Int64
 			var firstErr atomic.Value
-			var wg sync.WaitGroup
+			var wg, ready sync.WaitGroup
+			start := make(chan struct{})
+			var deadline atomic.Int64
+			running := func() bool {
+				return sum.Load() < total || time.Now().UnixNano() < deadline.Load()
+			}
 			for w := 0; w < threads; w++ {
 				wg.Add(1)
+				ready.Add(1)
 				go func() {
 					defer wg.Done()
 					runtime.LockOSThread() // never unlocked: the thread ends in a slot
-					for sum.Load() < total {
+					ready.Done()
+					<-start // the closed loop starts for all threads at once
+					for running() {
 						l, err := c.Acquire(250, "guest/fair", "")
 						if err != nil {
 							failed[w].Add(1)
@@ -67,6 +80,9 @@ func TestLocalClientWaitersServedInTurn(t *testing.T) {
 					}
 				}()
 			}
+			ready.Wait()
+			deadline.Store(time.Now().Add(minRun).UnixNano())
+			close(start)
 			wg.Wait()
 			var counts, fails []int64
 			for w := range done {
