@@ -14,7 +14,9 @@ import (
 
 // closedLoop runs threads locked OS threads, each acquiring quotaMilli,
 // calling work in the slot and releasing, again and again, until the
-// threads have completed total invocations between them. It returns each
+// threads have completed total invocations between them and a second has
+// passed (a shorter run says nothing of turns when one thread is
+// descheduled on a busy machine). All threads start together. It returns each
 // thread's completed invocations and acquisitions that failed.
 func closedLoop(t testing.TB, c *client.Client, threads, total int, quotaMilli uint32, work func(*client.Lease)) ([]int64, []int64) {
 	t.Helper()
@@ -22,13 +24,18 @@ func closedLoop(t testing.TB, c *client.Client, threads, total int, quotaMilli u
 	failed := make([]atomic.Int64, threads)
 	var sum atomic.Int64
 	var firstErr atomic.Value
-	var wg sync.WaitGroup
+	var wg, ready sync.WaitGroup
+	start := make(chan struct{})
+	var deadline atomic.Int64
 	for w := 0; w < threads; w++ {
 		wg.Add(1)
+		ready.Add(1)
 		go func() {
 			defer wg.Done()
 			runtime.LockOSThread() // never unlocked: a TID of its own
-			for sum.Load() < int64(total) {
+			ready.Done()
+			<-start
+			for sum.Load() < int64(total) || time.Now().UnixNano() < deadline.Load() {
 				l, err := c.Acquire(quotaMilli, "guest/fair", "")
 				if err != nil {
 					failed[w].Add(1)
@@ -44,6 +51,9 @@ func closedLoop(t testing.TB, c *client.Client, threads, total int, quotaMilli u
 			}
 		}()
 	}
+	ready.Wait()
+	deadline.Store(time.Now().Add(time.Second).UnixNano())
+	close(start)
 	wg.Wait()
 	d, f := make([]int64, threads), make([]int64, threads)
 	for w := range d {

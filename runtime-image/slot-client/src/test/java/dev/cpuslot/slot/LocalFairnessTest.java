@@ -74,9 +74,11 @@ class LocalFairnessTest {
         AtomicLongArray done = new AtomicLongArray(threads), failed = new AtomicLongArray(threads);
         AtomicLong sum = new AtomicLong();
         List<Thread> ts = new ArrayList<>();
-        // all start the loop together: a thread started late on a busy machine would find the
-        // others nearly done (the whole loop is about 15 ms of work), which says nothing of turns
-        CyclicBarrier start = new CyclicBarrier(threads);
+        // all start the loop together and run at least half a second: a thread started late or
+        // descheduled on a busy machine would find the others nearly done (the counted loop is
+        // about 15 ms of work), which says nothing of turns
+        long[] runUntil = new long[1];
+        CyclicBarrier start = new CyclicBarrier(threads, () -> runUntil[0] = System.nanoTime() + 500_000_000L);
         for (int w = 0; w < threads; w++) {
             int me = w;
             ts.add(Thread.ofPlatform().start(() -> {
@@ -85,7 +87,7 @@ class LocalFairnessTest {
                 } catch (Exception e) {
                     throw new AssertionError("start", e);
                 }
-                while (sum.get() < total) {
+                while (sum.get() < total || System.nanoTime() - runUntil[0] < 0) {
                     SlotLease l = local.acquire(250, "guest/fair", "");
                     if (l == null || !l.active()) {
                         failed.incrementAndGet(me);
