@@ -15,11 +15,14 @@
 #                        a third of the size, and a smaller JRE), and compiler/ (Graal, the JIT of
 #                        JavaScript and Python code; not for KIND java, whose functions HotSpot's
 #                        own JIT compiles), and polyglot/ (GraalPy's standard library with its
-#                        .pyc and Truffle's native helper, unpacked, read-only; not for KIND java)
+#                        .pyc and Truffle's native helper, unpacked, read-only; not for KIND java),
+#                        and runtime.aot (the JVM's AOT cache from a training run, train-aot.sh;
+#                        not for KIND java; only when built as root)
 #   /lib*, /usr/lib*     the shared libraries the JRE's binaries link (found with ldd, copied
 #                        from this machine: glibc, libz...) and the dynamic loader
 #   /etc/passwd, /tmp    root and nobody; a world-writable /tmp (user.home)
-# Entrypoint: java [image/jvm-options] [image/jvm-options-jit unless KIND java] -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
+# Entrypoint: java [image/jvm-options] [image/jvm-options-jit unless KIND java, Graal on the module
+# path] [-XX:AOTCache] -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
 # need no privilege), port 8080, metrics 9102.
 # Needs: the runtime built (runtime-image/build.sh -DskipTests package), a JDK 25, Go (to build
 # tools/ocitar from this repository), ldd.
@@ -73,7 +76,11 @@ cp_list="$(ls "$root"/opt/cpuslot/lib/*.jar | tr '\n' ':')"
 mods="$("$JAVA_HOME/bin/jdeps" --multi-release 25 --ignore-missing-deps --print-module-deps \
 	--class-path "$cp_list" "$root/opt/cpuslot/runtime.jar" "$root"/opt/cpuslot/lib/*.jar 2>/dev/null | tail -1)"
 mods="$mods,java.logging,java.management,java.naming,jdk.zipfs,jdk.crypto.ec,jdk.localedata"
-# what the compiler's modules require (they come from compiler/ through --upgrade-module-path)
+# what the compiler's modules require (they come from compiler/ on the module path). Never the
+# JDK's own jdk.graal.compiler: Temurin's is an empty placeholder, and a system module of that name
+# would hide Graal's on the module path (hence --upgrade-module-path on a JDK, which turns off
+# class-data sharing and the AOT cache below).
+mods="$(echo "$mods" | tr ',' '\n' | grep -vx 'jdk.graal.compiler\(.management\)\?' | paste -sd, -)"
 [ $jit = 1 ] && mods="$mods,jdk.internal.vm.ci,jdk.management,jdk.unsupported"
 echo "build-image: jlink --add-modules $mods" >&2
 # Compressed modules (zip-6) and a class-data-sharing archive: the image is a quarter smaller
@@ -99,16 +106,40 @@ printf 'root:x:0:0:root:/tmp:/sbin/nologin\nnobody:x:65534:65534:nobody:/tmp:/sb
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
 chmod 1777 "$root/tmp"
 
-# 4. the OCI layout tarball (tools/ocitar of this repository)
+# 4. the entrypoint: the JVM options the conformance tests start the runtime with, but Graal on
+#    the module path: this JRE has no placeholder jdk.graal.compiler to upgrade (step 1), and
+#    --upgrade-module-path would turn class-data sharing off
+java_cmd=(/opt/java/bin/java)
+opts=("$here/jvm-options")
+[ $jit = 1 ] && opts+=("$here/jvm-options-jit")
+while read -r opt; do
+	case "$opt" in
+	"") ;;
+	--upgrade-module-path=*) java_cmd+=("--module-path=${opt#--upgrade-module-path=}" --add-modules=jdk.graal.compiler,org.graalvm.truffle.compiler) ;;
+	*) java_cmd+=("$opt") ;;
+	esac
+done < <(cat "${opts[@]}")
+java_cmd+=(-jar /opt/cpuslot/runtime.jar)
+
+# 5. the AOT cache (train-aot.sh): the classes a cold start loads, from a training run of that
+#    entrypoint. Every file gets the layer's time first: the JVM refuses a cache whose jars changed.
+find "$root" -exec touch -h -d @0 {} +
+if [ $jit = 1 ]; then
+	if [ "$(id -u)" = 0 ]; then
+		"$here/train-aot.sh" "$root" "$root/opt/cpuslot/runtime.aot" -- "${java_cmd[@]}"
+		touch -h -d @0 "$root/opt/cpuslot/runtime.aot"
+		java_cmd=("${java_cmd[@]:0:${#java_cmd[@]}-2}" -XX:AOTCache=/opt/cpuslot/runtime.aot -jar /opt/cpuslot/runtime.jar)
+	else
+		echo "build-image: not root: no AOT cache (cold starts take about twice as long)" >&2
+	fi
+fi
+
+# 6. the OCI layout tarball (tools/ocitar of this repository)
 (cd "$repo/tools" && CGO_ENABLED=0 "$GO" build -o "$stage/ocitar" ./ocitar)
 adds=()
 for top in "$root"/*; do adds+=(-add "$top:/$(basename "$top")"); done
-# the JVM options are the ones the conformance tests start the runtime with
-entry=(-entrypoint /opt/java/bin/java)
-opts=("$here/jvm-options")
-[ $jit = 1 ] && opts+=("$here/jvm-options-jit")
-while read -r opt; do [ -n "$opt" ] && entry+=(-entrypoint "$opt"); done < <(cat "${opts[@]}")
-entry+=(-entrypoint -jar -entrypoint /opt/cpuslot/runtime.jar)
+entry=()
+for a in "${java_cmd[@]}"; do entry+=(-entrypoint "$a"); done
 kindenv=()
 [ -n "$kind" ] && kindenv=(-env "CPUSLOT_LANGUAGE=$kind")
 mkdir -p "$(dirname "$out")"

@@ -26,14 +26,16 @@ import java.util.regex.Pattern;
  *
  * <pre>
  * java -cp bench.jar dev.cpuslot.bench.GuestBench --runtime-jar runtime/target/runtime-0.1.0-SNAPSHOT.jar \
- *      --image-dir image [--runs 40] [--last 10] [--languages javascript,python] [--before-jar OLD.jar]
+ *      --image-dir image [--runs 40] [--last 10] [--warm-seconds 20] [--languages javascript,python] [--before-jar OLD.jar]
  * </pre>
  *
  * {@code --before-jar} adds hello-world rows for another build of the runtime (the one before a
  * change; its {@code lib/} and {@code compiler/} beside it), started the same way, in the same run.
  *
- * Warm: the median of the last {@code --last} of {@code --runs} calls (through /run for the
- * runtime, a loop in the same process for node and python3). A hang fails with the runtime's log.
+ * Warm: the median of the last {@code --last} calls (through /run for the runtime, a loop in one
+ * process for node and python3), made after at least {@code --runs} calls and {@code --warm-seconds}
+ * of calls: Graal runs as Java bytecode on a stock JDK and warms up itself before guest code reaches
+ * its compiled speed, hundreds to thousands of calls. A hang fails with the runtime's log.
  */
 public final class GuestBench {
     private GuestBench() {}
@@ -119,6 +121,7 @@ public final class GuestBench {
     public static void main(String[] args) throws Exception {
         Path jar = null, before = null, imageDir = Path.of("image");
         int runs = 40, last = 10;
+        double warmSeconds = 20;
         List<String> languages = List.of("javascript", "python");
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -126,10 +129,11 @@ public final class GuestBench {
                 case "--image-dir" -> imageDir = Path.of(args[++i]);
                 case "--runs" -> runs = Integer.parseInt(args[++i]);
                 case "--last" -> last = Integer.parseInt(args[++i]);
+                case "--warm-seconds" -> warmSeconds = Double.parseDouble(args[++i]);
                 case "--languages" -> languages = List.of(args[++i].split(","));
                 case "--before-jar" -> before = Path.of(args[++i]);
                 default -> {
-                    System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--runs M] [--last N] [--languages javascript,python] [--before-jar OLD.jar]");
+                    System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--runs M] [--last N] [--warm-seconds S] [--languages javascript,python] [--before-jar OLD.jar]");
                     System.exit(2);
                 }
             }
@@ -139,7 +143,8 @@ public final class GuestBench {
         jit.addAll(options(imageDir.resolve("jvm-options-jit"), jar));
         Path work = Files.createTempDirectory("guest-bench");
 
-        System.out.printf(Locale.ROOT, "# warm: median of the last %d of %d calls, ms; runtime = /run through the runtime started as its image starts it%n", last, runs);
+        System.out.printf(Locale.ROOT, "# warm: median of the last %d calls, ms, after at least %d calls and %.0f s of calls (Graal, the JIT, warms up"
+                + " itself first on a JDK); runtime = /run through the runtime started as its image starts it%n", last, runs, warmSeconds);
         System.out.println("| language | workload | runtime compiled | runtime interpreted | baseline | compiled / baseline | interpreted / baseline |");
         System.out.println("|---|---|---:|---:|---:|---:|---:|");
         List<String> startRows = new ArrayList<>();
@@ -147,9 +152,9 @@ public final class GuestBench {
             boolean js = lang.equals("javascript");
             for (Workload w : WORKLOADS) {
                 String code = js ? w.js : w.py;
-                double compiled = warm(Runtime.start(jit, jar, lang, work).measure(code, runs), last);
-                double interpreted = warm(Runtime.start(base, jar, lang, work).measure(code, runs), last);
-                double baseline = warm(baseline(lang, code, runs, work), last);
+                double compiled = warm(Runtime.start(jit, jar, lang, work).measure(code, runs, warmSeconds), last);
+                double interpreted = warm(Runtime.start(base, jar, lang, work).measure(code, runs, warmSeconds), last);
+                double baseline = warm(baseline(lang, code, runs, warmSeconds, work), last);
                 System.out.printf(Locale.ROOT, "| %s | %s | %.2f | %.2f | %.2f (%s) | %.2fx | %.1fx |%n", lang, w.name, compiled, interpreted,
                         baseline, js ? "node" : "python3", compiled / baseline, interpreted / baseline);
             }
@@ -159,7 +164,7 @@ public final class GuestBench {
                 c.addAll(options(imageDir.resolve("jvm-options-jit"), j));
                 for (boolean compiledMode : new boolean[]{true, false}) {
                     Runtime rt = Runtime.start(compiledMode ? c : b, j, lang, work);
-                    double[] t = rt.measure(js ? HELLO.js : HELLO.py, 1);
+                    double[] t = rt.measure(js ? HELLO.js : HELLO.py, 1, 0);
                     startRows.add(String.format(Locale.ROOT, "| %s | %s%s | %.0f | %.0f | %.1f | %.0f |", lang, compiledMode ? "compiled" : "interpreted",
                             j == before ? " (before)" : "", rt.startMs, rt.initMs, t[0], rt.rssMb));
                 }
@@ -186,13 +191,15 @@ public final class GuestBench {
         return tail.length % 2 == 1 ? tail[tail.length / 2] : (tail[tail.length / 2 - 1] + tail[tail.length / 2]) / 2;
     }
 
-    /** The same code in node or python3, called {@code runs} times in a loop; each call's ms. */
-    static double[] baseline(String lang, String code, int runs, Path work) throws Exception {
+    /** The same code in node or python3, called in a loop at least {@code runs} times and {@code seconds}; each call's ms. */
+    static double[] baseline(String lang, String code, int runs, double seconds, Path work) throws Exception {
         boolean js = lang.equals("javascript");
+        long ns = (long) (seconds * 1e9);
         String harness = js
-                ? code + "\nconst __t = []; for (let i = 0; i < " + runs + "; i++) { const s = process.hrtime.bigint(); main({});"
-                  + " __t.push(Number(process.hrtime.bigint() - s) / 1e6); } console.log(__t.join(' '));\n"
-                : code + "\nimport time as __time\n__t = []\nfor __i in range(" + runs + "):\n    __s = __time.perf_counter_ns()\n    main({})\n"
+                ? code + "\nconst __t = [], __0 = process.hrtime.bigint(); for (let i = 0; i < " + runs + " || process.hrtime.bigint() - __0 < " + ns
+                  + "n; i++) { const s = process.hrtime.bigint(); main({}); __t.push(Number(process.hrtime.bigint() - s) / 1e6); } console.log(__t.join(' '));\n"
+                : code + "\nimport time as __time\n__t = []\n__0 = __time.perf_counter_ns()\n__i = 0\nwhile __i < " + runs
+                  + " or __time.perf_counter_ns() - __0 < " + ns + ":\n    __i += 1\n    __s = __time.perf_counter_ns()\n    main({})\n"
                   + "    __t.append((__time.perf_counter_ns() - __s) / 1e6)\nprint(' '.join(str(x) for x in __t))\n";
         Path f = work.resolve("baseline" + (js ? ".js" : ".py"));
         Files.writeString(f, harness);
@@ -245,21 +252,22 @@ public final class GuestBench {
             throw new IllegalStateException("the runtime did not listen within " + TIMEOUT + ": " + Files.readString(log));
         }
 
-        /** /init of the code, then {@code runs} /run calls (ms each); the process is stopped after. */
-        double[] measure(String code, int runs) throws Exception {
+        /** /init of the code, then /run calls (ms each), at least {@code runs} and {@code seconds}; the process is stopped after. */
+        double[] measure(String code, int runs, double seconds) throws Exception {
             try {
                 long t0 = System.nanoTime();
                 post("/init", "{\"value\":{\"name\":\"bench\",\"main\":\"main\",\"code\":" + quote(code) + "}}");
                 initMs = (System.nanoTime() - t0) / 1e6;
-                double[] t = new double[runs];
-                for (int i = 0; i < runs; i++) {
+                List<Double> t = new ArrayList<>();
+                long t1 = System.nanoTime(), until = t1 + (long) (seconds * 1e9);
+                while (t.size() < runs || System.nanoTime() - until < 0) {
                     long s = System.nanoTime();
                     post("/run", "{\"value\":{}}");
-                    t[i] = (System.nanoTime() - s) / 1e6;
+                    t.add((System.nanoTime() - s) / 1e6);
                 }
                 for (String l : Files.readAllLines(Path.of("/proc/" + proc.pid() + "/status")))
                     if (l.startsWith("VmRSS:")) rssMb = Long.parseLong(l.replaceAll("\\D", "")) / 1024.0;
-                return t;
+                return t.stream().mapToDouble(Double::doubleValue).toArray();
             } finally {
                 proc.destroy();
                 if (!proc.waitFor(30, java.util.concurrent.TimeUnit.SECONDS)) proc.destroyForcibly();

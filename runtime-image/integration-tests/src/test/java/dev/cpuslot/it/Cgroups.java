@@ -31,8 +31,7 @@ final class Cgroups {
      * fails when CPUSLOT_REQUIRE_IT=1 (CI must not skip it silently). notRoot: why root is needed.
      */
     static Cgroups orSkip(String notRoot) throws IOException {
-        boolean root = Files.readAllLines(Path.of("/proc/self/status")).stream()
-                .anyMatch(l -> l.startsWith("Uid:") && l.split("\\s+")[2].equals("0"));
+        boolean root = isRoot();
         String[] why = {notRoot};
         Cgroups cg = root ? detect(why) : null;
         if (cg == null) {
@@ -40,6 +39,12 @@ final class Cgroups {
             assumeTrue(false, why[0]);
         }
         return cg;
+    }
+
+    /** Whether this JVM runs as root (effective uid 0). */
+    static boolean isRoot() throws IOException {
+        return Files.readAllLines(Path.of("/proc/self/status")).stream()
+                .anyMatch(l -> l.startsWith("Uid:") && l.split("\\s+")[2].equals("0"));
     }
 
     /** The hierarchy, or null with the reason in why[0]. */

@@ -110,8 +110,19 @@ class RuntimeImageIT {
         String listing = run(null, "tar", "-tvf", layer().toString());
         List<String> names = new ArrayList<>();
         for (String line : listing.split("\n")) names.add(line.substring(line.lastIndexOf(' ') + 1));
-        // guest code compiled: JVMCI on, Graal on the upgrade module path (image/jvm-options-jit)
-        assertTrue(entry.contains("-XX:+EnableJVMCI") && entry.contains("--upgrade-module-path=/opt/cpuslot/compiler"), entry.toString());
+        // guest code compiled: JVMCI on, Graal on the module path (image/jvm-options-jit; the JRE has no
+        // placeholder jdk.graal.compiler to upgrade, so class-data sharing and the AOT cache stay on)
+        assertTrue(entry.contains("-XX:+EnableJVMCI") && entry.contains("--module-path=/opt/cpuslot/compiler")
+                && entry.contains("--add-modules=jdk.graal.compiler,org.graalvm.truffle.compiler")
+                && entry.stream().noneMatch(e -> e.startsWith("--upgrade-module-path")), entry.toString());
+        assertFalse(run(null, "tar", "-xOf", layer().toString(), "opt/java/release").contains("jdk.graal.compiler"),
+                "the JRE links no jdk.graal.compiler of its own");
+        if (Cgroups.isRoot()) { // built as root: the AOT cache of a training run (train-aot.sh)
+            assertTrue(entry.indexOf("-XX:AOTCache=/opt/cpuslot/runtime.aot") >= 0
+                    && entry.indexOf("-XX:AOTCache=/opt/cpuslot/runtime.aot") < entry.indexOf("-jar"), entry.toString());
+            assertTrue(listing.lines().anyMatch(l -> l.matches("-r--r--r-- (root/root|0/0) .* opt/cpuslot/runtime\\.aot")),
+                    "the AOT cache, root's and read-only: " + listing.lines().filter(l -> l.contains("runtime.aot")).toList());
+        }
         for (String want : List.of("opt/java/bin/java", "opt/java/lib/server/libjvm.so", "opt/java/lib/modules", "opt/cpuslot/runtime.jar",
                 "opt/cpuslot/lib/gson-2.11.0.jar", "opt/cpuslot/lib/slot-client-0.1.0-SNAPSHOT.jar", "etc/passwd",
                 "opt/cpuslot/compiler/compiler.jar", "opt/cpuslot/compiler/truffle-compiler.jar"))
@@ -140,6 +151,11 @@ class RuntimeImageIT {
         Files.createDirectories(rootfs.resolve("proc"));
         run(null, "mount", "-t", "proc", "proc", rootfs.resolve("proc").toString());
         procMounted = true;
+        // the harmless devices a container has (GraalPy seeds its random module from /dev/urandom)
+        Files.createDirectories(rootfs.resolve("dev"));
+        for (String[] d : List.of(new String[]{"null", "1", "3"}, new String[]{"zero", "1", "5"}, new String[]{"random", "1", "8"},
+                new String[]{"urandom", "1", "9"}))
+            run(null, "mknod", "-m", "666", rootfs.resolve("dev").resolve(d[0]).toString(), "c", d[1], d[2]);
         // the agent's socket inside the image's filesystem, where the runtime looks by default
         Files.createDirectories(rootfs.resolve("run/cpuslot"));
         agentBin = Agent.build(repo, work.resolve("node-agent"));
@@ -163,6 +179,19 @@ class RuntimeImageIT {
                 + "\n" + Files.readString(work.resolve("runtime.log")));
         assertEquals("65534", Files.readAllLines(Path.of("/proc/" + rt.pid() + "/status")).stream()
                 .filter(l -> l.startsWith("Uid:")).findFirst().orElseThrow().split("\\s+")[1], "runs as nobody");
+        // the JVM took the AOT cache (a refused one is unmapped, and the JVM says why), and compiles a
+        // Python function's code with Graal from the module path
+        String log = Files.readString(work.resolve("runtime.log"));
+        assertTrue(Files.readString(Path.of("/proc/" + rt.pid() + "/maps")).contains("/opt/cpuslot/runtime.aot"), "the AOT cache mapped\n" + log);
+        assertFalse(log.contains("[aot]"), "the JVM said something of the AOT cache:\n" + log);
+        RuntimeProc.Reply reg = rt.post("/register?name=py&language=python&entryPoint=main",
+                "def main(args):\n    return {'hello': args['name']}\n");
+        assertEquals(200, reg.status(), reg.body());
+        RuntimeProc.Reply py = rt.invoke("py", "{\"name\":\"image\"}");
+        assertEquals(200, py.status(), py.body());
+        assertTrue(py.body().contains("image"), py.body());
+        assertTrue(Files.readString(work.resolve("runtime.log")).contains("polyglot engine python: GraalVM CE"),
+                "Python compiled by Graal:\n" + Files.readString(work.resolve("runtime.log")));
     }
 
     @AfterAll
