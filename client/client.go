@@ -162,6 +162,9 @@ func (c *Client) Close() error {
 	if c.local != nil {
 		c.local.flush()
 		c.local.close()
+		// A HOLD request on its way gets its grant back while the
+		// connections are still open.
+		c.local.asks.Wait()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

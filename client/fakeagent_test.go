@@ -82,6 +82,9 @@ type fakeAgent struct {
 	naps []string
 	// refuseSleep answers SLEEP REJECTED, as an agent does past its rate.
 	refuseSleep bool
+	// holdGate, when set, holds every HOLD request until it is closed (a
+	// grant that arrives late).
+	holdGate chan struct{}
 }
 
 // setHeld turns HELD on while the fake serves: under its lock, because a
@@ -247,6 +250,17 @@ func (f *fakeAgent) serve(cn *net.UnixConn) {
 		if err != nil {
 			f.reply(cn, 0, &slotv1.Error{Code: slotv1.CodeBadRequest, Message: err.Error()}, nil)
 			return
+		}
+		if a, ok := fr.Msg.(*slotv1.Acquire); ok && a.Flags&slotv1.AcquireHold != 0 {
+			f.mu.Lock()
+			gate := f.holdGate
+			if gate != nil {
+				f.requests["hold gated"]++
+			}
+			f.mu.Unlock()
+			if gate != nil {
+				<-gate
+			}
 		}
 		resp, fds := f.handle(fr.Msg, sent)
 		if resp != nil {

@@ -34,6 +34,8 @@ const (
 // leases for the thread instead.
 var errNoLocal = errors.New("cpuslot: agent grants no HOLD leases")
 
+var errClosed = errors.New("cpuslot: client closed")
+
 // local is a Client's local leasing state.
 type local struct {
 	c    *Client
@@ -46,6 +48,9 @@ type local struct {
 	// only entries it re-declares and drops. Lease ids come from here,
 	// never from the table, which the process's own code may scribble on.
 	own map[int]*ownEntry
+	// closed: Close has dropped the free entries; a grant published after
+	// that goes straight back.
+	closed bool
 
 	// qmu guards queue and asking: the threads waiting for an entry, in
 	// arrival order, and the quotas a HOLD request is on its way for (one
@@ -55,6 +60,9 @@ type local struct {
 	queue   []*waiter
 	asking  map[uint32]bool
 	waiting atomic.Int32
+	// asks counts HOLD requests on their way: Close waits for their
+	// grants, which no waiter may take any more, to give them back.
+	asks sync.WaitGroup
 
 	usageMu sync.Mutex
 	usage   map[usageKey]*slotv1.UsageRecord
@@ -248,10 +256,14 @@ func (lc *local) wait(tid int, quotaMilli uint32) served {
 	ask := lc.queuedLocked(w) && !lc.asking[quotaMilli]
 	if ask {
 		lc.asking[quotaMilli] = true
+		lc.asks.Add(1)
 	}
 	lc.qmu.Unlock()
 	if ask {
-		go lc.ask(w)
+		go func() {
+			defer lc.asks.Done()
+			lc.ask(w)
+		}()
 	}
 	return <-w.got
 }
@@ -439,6 +451,11 @@ func (lc *local) publish(ok *slotv1.AcquireOK, quotaMilli, holder uint32) (slotv
 		flags |= slotv1.EntryDegraded
 	}
 	lc.mu.Lock()
+	if lc.closed {
+		lc.mu.Unlock()
+		lc.sendRelease(ok.Lease)
+		return slotv1.Claim{}, errClosed
+	}
 	cl, err := lc.t.Publish(slotv1.Entry{Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, PeriodUS: ok.PeriodUS, Flags: flags, Lease: ok.Lease, AskedMilli: quotaMilli},
 		holder, monotonicNow())
 	var scribbled uint64
@@ -883,6 +900,7 @@ func (lc *local) reclaimOn(cn *conn, i int) error {
 // mapped (a few KiB) for invocations still running.
 func (lc *local) close() {
 	lc.mu.Lock()
+	lc.closed = true
 	for i, o := range lc.own {
 		if slotv1.Holder(lc.t.State(i)) == 0 {
 			lc.dropLocked(i, o)

@@ -471,3 +471,65 @@ func TestLocalMissMakesRoom(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalCloseReleasesALateGrant: a thread waits for an entry, the
+// client asks the agent for a HOLD lease, and another thread's release
+// serves the waiter before the grant arrives. The grant then lands as a
+// free entry of the process; when it lands after Close began, Close must
+// still give it back (CI: TestScribbledTable timed out waiting for the
+// RELEASE of the last lease granted, one run in four).
+func TestLocalCloseReleasesALateGrant(t *testing.T) {
+	f := newFakeAgent(t, true)
+	c, err := client.Dial(f.path, client.Options{Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan *client.Lease)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends in a slot
+		l, err := c.Acquire(250, "a", "")
+		if err != nil {
+			t.Error(err)
+		}
+		first <- l
+	}()
+	l1 := <-first
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.holdGate = gate
+	f.mu.Unlock()
+	second := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		l, err := c.Acquire(250, "a", "") // waits: the one entry is held; a HOLD goes out
+		if err == nil {
+			_, err = l.Release(slotv1.InvocationOK)
+		}
+		second <- err
+	}()
+	waitFor(t, "the HOLD request", func() bool { return f.count("hold gated") == 1 })
+	if _, err := l1.Release(slotv1.InvocationOK); err != nil { // serves the waiter
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		c.Close()
+		close(closed)
+	}()
+	time.Sleep(50 * time.Millisecond) // Close has begun
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a HOLD request was on its way: its grant would be nobody's")
+	default:
+	}
+	close(gate) // the grant arrives
+	<-closed
+	waitFor(t, "every lease released", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.leases) == 0
+	})
+}
