@@ -191,8 +191,10 @@ func post(ctx context.Context, url string, body any) (invokeResult, error) {
 	return invokeResult{resp.StatusCode, rb, resp.Header, time.Since(t0)}, nil
 }
 
-// waitHTTP waits until the pod's runtime answers at all (its JVM started).
-func waitHTTP(ctx context.Context, t *testing.T, url string) {
+// waitHTTP waits until the pod's runtime answers at all (its JVM started);
+// why not, when it does not: what diagnose returns (the pod's state and
+// logs), if given.
+func waitHTTP(ctx context.Context, t *testing.T, url string, diagnose ...func() string) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -203,7 +205,11 @@ func waitHTTP(ctx context.Context, t *testing.T, url string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: no answer after 60 s: %v", url, err)
+			why := ""
+			for _, d := range diagnose {
+				why += "\n" + d()
+			}
+			t.Fatalf("%s: no answer after 60 s: %v%s", url, err, why)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -293,7 +299,12 @@ func startActionPod(ctx context.Context, t *testing.T, c *cluster.Cluster, agent
 	}
 	_, slots := waitServed(ctx, t, c, agentNS, appNS, actionPodName, "user-action", 1)
 	base := "http://" + podIP(ctx, t, c, appNS, actionPodName) + ":8080"
-	waitHTTP(ctx, t, base+"/")
+	waitHTTP(ctx, t, base+"/", func() string {
+		desc, _ := c.Kubectl(ctx, "-n", appNS, "describe", "pod", actionPodName)
+		logs, _ := c.Kubectl(ctx, "-n", appNS, "logs", actionPodName, "-c", "user-action", "--tail=100")
+		prev, _ := c.Kubectl(ctx, "-n", appNS, "logs", actionPodName, "-c", "user-action", "--previous", "--tail=100")
+		return "pod:\n" + desc + "\nlog:\n" + logs + "\nprevious container's log:\n" + prev
+	})
 	return base, slots
 }
 

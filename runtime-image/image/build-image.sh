@@ -128,7 +128,9 @@ if [ $jit = 1 ]; then
 	if [ "$(id -u)" = 0 ]; then
 		"$here/train-aot.sh" "$root" "$root/opt/cpuslot/runtime.aot" -- "${java_cmd[@]}"
 		touch -h -d @0 "$root/opt/cpuslot/runtime.aot"
-		java_cmd=("${java_cmd[@]:0:${#java_cmd[@]}-2}" -XX:AOTCache=/opt/cpuslot/runtime.aot -jar /opt/cpuslot/runtime.jar)
+		# -Xms64m: the cache's archived heap objects must fit the initial heap, or the JVM refuses
+		# to start ("unrecoverable error"); Serial GC in a 1-CPU 512 Mi pod would start with 8 MB
+		java_cmd=("${java_cmd[@]:0:${#java_cmd[@]}-2}" -Xms64m -XX:AOTCache=/opt/cpuslot/runtime.aot -jar /opt/cpuslot/runtime.jar)
 	else
 		echo "build-image: not root: no AOT cache (cold starts take about twice as long)" >&2
 	fi

@@ -192,6 +192,15 @@ class RuntimeImageIT {
         assertTrue(py.body().contains("image"), py.body());
         assertTrue(Files.readString(work.resolve("runtime.log")).contains("polyglot engine python: GraalVM CE"),
                 "Python compiled by Graal:\n" + Files.readString(work.resolve("runtime.log")));
+        // a 1-CPU, 512 Mi pod: the JVM picks Serial GC and an 8 MB initial heap, too small for the
+        // cache's archived heap objects unless the entrypoint sizes it (e2e: the JVM refused to start)
+        List<String> small = new ArrayList<>(cmd);
+        small.add(small.indexOf("-jar"), "-XX:MaxRAM=512m");
+        small.add(small.indexOf("-jar"), "-XX:ActiveProcessorCount=1");
+        try (RuntimeProc smallPod = new RuntimeProc(small, Map.of("CPUSLOT_SOCKET", "/nonexistent.sock"), List.of(), work.resolve("small.log"))) {
+            assertTrue(Files.readString(Path.of("/proc/" + smallPod.pid() + "/maps")).contains("/opt/cpuslot/runtime.aot"),
+                    "the AOT cache mapped in a small pod's JVM\n" + Files.readString(work.resolve("small.log")));
+        }
     }
 
     @AfterAll
