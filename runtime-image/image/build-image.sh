@@ -106,9 +106,9 @@ printf 'root:x:0:0:root:/tmp:/sbin/nologin\nnobody:x:65534:65534:nobody:/tmp:/sb
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
 chmod 1777 "$root/tmp"
 
-# 4. the entrypoint: the JVM options the conformance tests start the runtime with, but Graal on
-#    the module path: this JRE has no placeholder jdk.graal.compiler to upgrade (step 1), and
-#    --upgrade-module-path would turn class-data sharing off
+# 4. the entrypoint's JVM and options (-jar follows): those the conformance tests start the
+#    runtime with, but Graal on the module path: this JRE has no placeholder jdk.graal.compiler
+#    to upgrade (step 1), and --upgrade-module-path would turn class-data sharing off
 java_cmd=(/opt/java/bin/java)
 opts=("$here/jvm-options")
 [ $jit = 1 ] && opts+=("$here/jvm-options-jit")
@@ -119,18 +119,17 @@ while read -r opt; do
 	*) java_cmd+=("$opt") ;;
 	esac
 done < <(cat "${opts[@]}")
-java_cmd+=(-jar /opt/cpuslot/runtime.jar)
 
 # 5. the AOT cache (train-aot.sh): the classes a cold start loads, from a training run of that
 #    entrypoint. Every file gets the layer's time first: the JVM refuses a cache whose jars changed.
 find "$root" -exec touch -h -d @0 {} +
 if [ $jit = 1 ]; then
 	if [ "$(id -u)" = 0 ]; then
-		"$here/train-aot.sh" "$root" "$root/opt/cpuslot/runtime.aot" -- "${java_cmd[@]}"
+		"$here/train-aot.sh" "$root" "$root/opt/cpuslot/runtime.aot" -- "${java_cmd[@]}" -jar /opt/cpuslot/runtime.jar
 		touch -h -d @0 "$root/opt/cpuslot/runtime.aot"
 		# -Xms64m: the cache's archived heap objects must fit the initial heap, or the JVM refuses
 		# to start ("unrecoverable error"); Serial GC in a 1-CPU 512 Mi pod would start with 8 MB
-		java_cmd=("${java_cmd[@]:0:${#java_cmd[@]}-2}" -Xms64m -XX:AOTCache=/opt/cpuslot/runtime.aot -jar /opt/cpuslot/runtime.jar)
+		java_cmd+=(-Xms64m -XX:AOTCache=/opt/cpuslot/runtime.aot)
 	else
 		echo "build-image: not root: no AOT cache (cold starts take about twice as long)" >&2
 	fi
@@ -141,7 +140,7 @@ fi
 adds=()
 for top in "$root"/*; do adds+=(-add "$top:/$(basename "$top")"); done
 entry=()
-for a in "${java_cmd[@]}"; do entry+=(-entrypoint "$a"); done
+for a in "${java_cmd[@]}" -jar /opt/cpuslot/runtime.jar; do entry+=(-entrypoint "$a"); done
 kindenv=()
 [ -n "$kind" ] && kindenv=(-env "CPUSLOT_LANGUAGE=$kind")
 mkdir -p "$(dirname "$out")"
