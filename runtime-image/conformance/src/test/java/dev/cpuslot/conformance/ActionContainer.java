@@ -188,7 +188,28 @@ final class ActionContainer implements AutoCloseable {
         return new Reply(r.statusCode(), o, j, r.headers());
     }
 
+    /** A GET (/ready). */
+    Reply get(String path) throws Exception {
+        HttpRequest req = HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path)).timeout(REQUEST_TIMEOUT).GET().build();
+        HttpResponse<String> r = http.send(req, HttpResponse.BodyHandlers.ofString(StandardCharsets.UTF_8));
+        JsonElement j = null;
+        try {
+            j = JsonParser.parseString(r.body());
+        } catch (RuntimeException ignored) {
+        }
+        return new Reply(r.statusCode(), j != null && j.isJsonObject() ? j.getAsJsonObject() : null, j, r.headers());
+    }
+
     boolean alive() { return proc.isAlive(); }
+
+    /** As Kubernetes ends a pod's container: SIGTERM. */
+    void terminate() { proc.destroy(); }
+
+    /** The exit code, once the process has exited; fails naming what it waited for when it has not within {@code d}. */
+    int awaitExit(Duration d, String what) throws Exception {
+        if (!proc.waitFor(d.toMillis(), TimeUnit.MILLISECONDS)) fail("the runtime did not exit within " + d + " " + what);
+        return proc.exitValue();
+    }
 
     /** The runtime's HTTP port (for a function that calls the runtime's own HTTP path). */
     int port() { return port; }

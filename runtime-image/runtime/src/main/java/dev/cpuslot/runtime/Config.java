@@ -49,7 +49,8 @@ public record Config(
         int chainMaxPending,          // CPUSLOT_CHAIN_MAX_PENDING: most asynchronous chain calls pending in the runtime
         String chainUrl,              // CPUSLOT_CHAIN_URL: a callee not here goes to this URL ({name}, {namespace}), e.g. a Knative service's
         String chainUrls,             // CPUSLOT_CHAIN_URLS: name=url,... for callees not here (before CPUSLOT_CHAIN_URL)
-        String chainSteps) {          // CPUSLOT_CHAIN_STEPS: the steps that follow the container's action (Knative: its env)
+        String chainSteps,            // CPUSLOT_CHAIN_STEPS: the steps that follow the container's action (Knative: its env)
+        long drainTimeoutMs) {        // CPUSLOT_DRAIN_TIMEOUT: on SIGTERM, how long running invocations may take to finish
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -116,7 +117,8 @@ public record Config(
                 nonNegative(env, "CPUSLOT_CHAIN_MAX_PENDING", 256),
                 blankToNull(env.get("CPUSLOT_CHAIN_URL")),
                 blankToNull(env.get("CPUSLOT_CHAIN_URLS")),
-                blankToNull(env.get("CPUSLOT_CHAIN_STEPS")));
+                blankToNull(env.get("CPUSLOT_CHAIN_STEPS")),
+                Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

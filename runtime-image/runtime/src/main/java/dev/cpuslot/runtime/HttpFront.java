@@ -17,6 +17,8 @@ import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * HTTP endpoints (JDK {@code com.sun.net.httpserver}, one virtual thread per request; the
@@ -30,6 +32,8 @@ import java.util.concurrent.Executors;
  * <li>Readiness ({@link Readiness}, Knative's readinessProbe): {@code GET /ready}</li>
  * <li>Metrics on their own port: {@code GET /metrics}</li>
  * </ul>
+ * {@link #drain} (on SIGTERM) turns every new request away with 503, {@code /ready} too, and waits
+ * for those already taken to be answered.
  */
 public final class HttpFront implements AutoCloseable {
     private final FunctionRuntime rt;
@@ -39,6 +43,9 @@ public final class HttpFront implements AutoCloseable {
     private final HttpServer server;
     private final HttpServer metricsServer;
     private final ExecutorService executor = Executors.newVirtualThreadPerTaskExecutor();
+    /** Requests taken and not yet answered (metrics scrapes not counted). */
+    private final AtomicInteger taken = new AtomicInteger();
+    private volatile boolean draining;
 
     public HttpFront(FunctionRuntime rt, int port, int metricsPort) throws IOException {
         this.rt = rt;
@@ -73,7 +80,39 @@ public final class HttpFront implements AutoCloseable {
     public int port() { return server.getAddress().getPort(); }
     public int metricsPort() { return metricsServer == null ? -1 : metricsServer.getAddress().getPort(); }
 
+    /**
+     * Stops taking requests (each new one, {@code /ready} too, gets 503) and waits until those
+     * already taken are answered, at most {@code timeoutMs}. True when none is left running.
+     */
+    public boolean drain(long timeoutMs) throws InterruptedException {
+        draining = true; // before reading taken: a request counted after this sees it (handle)
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
+        while (taken.get() > 0 && System.nanoTime() - deadline < 0) Thread.sleep(10);
+        return taken.get() == 0;
+    }
+
+    /** Requests taken and not yet answered. */
+    public int running() { return taken.get(); }
+
     private void handle(HttpExchange ex) throws IOException {
+        taken.incrementAndGet(); // before reading draining: drain() either waits for this one or it is refused
+        try {
+            if (draining) {
+                ex.getResponseHeaders().set("Connection", "close");
+                try {
+                    send(ex, Reply.error(503, "shutting down: this runtime takes no new requests (running ones are finishing)"));
+                } finally {
+                    ex.close();
+                }
+                return;
+            }
+            serve(ex);
+        } finally {
+            taken.decrementAndGet();
+        }
+    }
+
+    private void serve(HttpExchange ex) throws IOException {
         try {
             String path = ex.getRequestURI().getPath();
             String method = ex.getRequestMethod();

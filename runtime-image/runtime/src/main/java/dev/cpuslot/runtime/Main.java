@@ -6,6 +6,7 @@ import dev.cpuslot.slot.Native;
 import dev.cpuslot.slot.SlotClient;
 
 import java.time.Duration;
+import java.util.concurrent.atomic.AtomicBoolean;
 
 /** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
 public final class Main {
@@ -48,9 +49,39 @@ public final class Main {
             front.close();
             rt.close();
         }));
+        drainOnSigterm(front, cfg.drainTimeoutMs());
         Log.info("listening on :" + front.port() + " (metrics :" + front.metricsPort() + "), slots "
                 + (slots == null ? "off" : "via " + cfg.agentSocket() + (cfg.failClosed() ? " fail-closed" : " fail-open")
                 + (cfg.local() ? ", local leasing (held slots idle " + cfg.localIdleMs() + " ms go back)" : ", no local leasing")
                 + (cfg.lingerMs() > 0 ? ", leases linger " + cfg.lingerMs() + " ms" : ", no lingering")));
+    }
+
+    /** Exit code after SIGTERM when the drain timeout ended with invocations still running (as a JVM ended by the signal). */
+    static final int EXIT_DRAIN_TIMED_OUT = 143;
+
+    /**
+     * SIGTERM (a pod deleted, a rollout, a scale-down) drains instead of ending the JVM at once,
+     * which would cut off every running invocation: not ready and no new requests (503), the
+     * running ones answered within CPUSLOT_DRAIN_TIMEOUT, then exit 0 (143 when that ran out).
+     * The shutdown hook closes the server and the runtime on the way out.
+     */
+    private static void drainOnSigterm(HttpFront front, long timeoutMs) {
+        AtomicBoolean once = new AtomicBoolean();
+        // the JDK runs each signal's handler on a new thread: this one may block until the drain is done
+        sun.misc.Signal.handle(new sun.misc.Signal("TERM"), sig -> {
+            if (!once.compareAndSet(false, true)) return;
+            long t0 = System.nanoTime();
+            Log.info("SIGTERM: draining (" + front.running() + " requests running, at most " + timeoutMs + " ms); not ready, new requests get 503");
+            boolean drained;
+            try {
+                drained = front.drain(timeoutMs);
+            } catch (InterruptedException e) {
+                drained = false;
+            }
+            long ms = (System.nanoTime() - t0) / 1_000_000;
+            if (drained) Log.info("drained in " + ms + " ms; exiting");
+            else Log.warn("CPUSLOT_DRAIN_TIMEOUT (" + timeoutMs + " ms) passed with " + front.running() + " requests still running; exiting");
+            System.exit(drained ? 0 : EXIT_DRAIN_TIMED_OUT);
+        });
     }
 }
