@@ -50,7 +50,8 @@ public record Config(
         String chainUrl,              // CPUSLOT_CHAIN_URL: a callee not here goes to this URL ({name}, {namespace}), e.g. a Knative service's
         String chainUrls,             // CPUSLOT_CHAIN_URLS: name=url,... for callees not here (before CPUSLOT_CHAIN_URL)
         String chainSteps,            // CPUSLOT_CHAIN_STEPS: the steps that follow the container's action (Knative: its env)
-        long drainTimeoutMs) {        // CPUSLOT_DRAIN_TIMEOUT: on SIGTERM, how long running invocations may take to finish
+        long drainTimeoutMs,          // CPUSLOT_DRAIN_TIMEOUT: on SIGTERM, how long running invocations may take to finish
+        String logFormat) {           // CPUSLOT_LOG_FORMAT: text (default) or json (one object per line)
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -118,7 +119,8 @@ public record Config(
                 blankToNull(env.get("CPUSLOT_CHAIN_URL")),
                 blankToNull(env.get("CPUSLOT_CHAIN_URLS")),
                 blankToNull(env.get("CPUSLOT_CHAIN_STEPS")),
-                Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)));
+                Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)),
+                logFormat(env.get("CPUSLOT_LOG_FORMAT")));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */
@@ -134,6 +136,12 @@ public record Config(
         } catch (NumberFormatException e) {
             throw new IllegalArgumentException(k + " is not a duration (e.g. 100ms, 1s, 0): " + v);
         }
+    }
+
+    private static String logFormat(String v) {
+        String f = v == null || v.isBlank() ? "text" : v.trim().toLowerCase(java.util.Locale.ROOT);
+        if (!f.equals("text") && !f.equals("json")) throw new IllegalArgumentException("CPUSLOT_LOG_FORMAT must be text or json: " + v);
+        return f;
     }
 
     private static String blankToNull(String s) { return s == null || s.isBlank() ? null : s.trim(); }

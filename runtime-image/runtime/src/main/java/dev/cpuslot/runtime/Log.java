@@ -15,7 +15,10 @@ import java.time.Instant;
  * tenant's stdout/stderr: OpenWhisk stores a container's stdout/stderr as the activation's logs.
  * Destination ({@code CPUSLOT_LOG}): a file (default {@code <tmpdir>/cpuslot-runtime.log}, rotated
  * once at {@code CPUSLOT_LOG_MAX_BYTES}), {@code fd:N} (an inherited descriptor), {@code stderr},
- * {@code stdout} (for non-OpenWhisk deployments), or {@code off}.
+ * {@code stdout} (for non-OpenWhisk deployments), or {@code off}. Format ({@code CPUSLOT_LOG_FORMAT}):
+ * plain text lines, or {@code json}: one object per line ({@code time}, {@code level}, {@code logger},
+ * {@code msg}; {@code kind: "activation"} on activation lines, {@code stack} with a stack trace),
+ * the message escaped whatever it holds.
  */
 final class Log {
     private Log() {}
@@ -24,6 +27,10 @@ final class Log {
     private static volatile Path file;
     private static volatile long maxBytes;
     private static long written;
+    private static volatile boolean json;
+
+    /** {@code text} or {@code json} (Config checks the name). */
+    static void format(String f) { json = "json".equals(f); }
 
     /** Opens the destination named by {@code spec} (see class comment). */
     static synchronized void configure(String spec, long maxBytes) throws IOException {
@@ -65,11 +72,11 @@ final class Log {
         sink = ps;
     }
 
-    static void info(String m) { line(Instant.now() + " cpuslot-runtime INFO " + m); }
-    static void warn(String m) { line(Instant.now() + " cpuslot-runtime WARN " + m); }
+    static void info(String m) { line(entry("INFO", m, null)); }
+    static void warn(String m) { line(entry("WARN", m, null)); }
 
     /** The per-activation line. */
-    static void activation(String m) { line(m); }
+    static void activation(String m) { line(activationEntry(m)); }
 
     /** Lines written by the writer thread, off the caller's path (chain hops' records, rendered there). */
     private static final java.util.concurrent.BlockingQueue<Object> LATER = new java.util.concurrent.ArrayBlockingQueue<>(4096);
@@ -82,7 +89,7 @@ final class Log {
      */
     static void later(Object m) {
         if (writer == null) startWriter();
-        if (!LATER.offer(m)) line(String.valueOf(m));
+        if (!LATER.offer(m)) activation(String.valueOf(m));
     }
 
     private static synchronized void startWriter() {
@@ -91,7 +98,7 @@ final class Log {
         writer = Thread.ofPlatform().daemon().name("cpuslot-log-writer").inheritInheritableThreadLocals(false).start(() -> {
             while (true) {
                 try {
-                    line(String.valueOf(LATER.take()));
+                    line(activationEntry(String.valueOf(LATER.take())));
                 } catch (InterruptedException e) {
                     return;
                 } catch (RuntimeException e) {
@@ -104,7 +111,30 @@ final class Log {
     static void stackTrace(String what, Throwable t) {
         java.io.StringWriter w = new java.io.StringWriter();
         t.printStackTrace(new java.io.PrintWriter(w));
-        line(Instant.now() + " cpuslot-runtime WARN " + what + "\n" + w);
+        line(entry("WARN", what, w.toString()));
+    }
+
+    private static String entry(String level, String m, String stack) {
+        if (!json) return Instant.now() + " cpuslot-runtime " + level + " " + m + (stack == null ? "" : "\n" + stack);
+        com.google.gson.JsonObject o = new com.google.gson.JsonObject();
+        o.addProperty("time", Instant.now().toString());
+        o.addProperty("level", level);
+        o.addProperty("logger", "cpuslot-runtime");
+        o.addProperty("msg", m);
+        if (stack != null) o.addProperty("stack", stack);
+        return o.toString();
+    }
+
+    /** An activation's line: as given in text ({@code cpuslot: k=v ...}), its fields as {@code msg} in JSON. */
+    private static String activationEntry(String m) {
+        if (!json) return m;
+        com.google.gson.JsonObject o = new com.google.gson.JsonObject();
+        o.addProperty("time", Instant.now().toString());
+        o.addProperty("level", "INFO");
+        o.addProperty("logger", "cpuslot-runtime");
+        o.addProperty("kind", "activation");
+        o.addProperty("msg", m.startsWith("cpuslot: ") ? m.substring(9) : m);
+        return o.toString();
     }
 
     private static synchronized void line(String m) {

@@ -17,6 +17,7 @@ public final class Main {
         // the tenant's streams: each activation's output its own block (UTF-8 whatever the locale)
         ActivationOutput.install(cfg.activationLogBytes());
         if (!cfg.javaTrusted()) ActionGuard.secureXml(); // no function's parser reads external entities
+        Log.format(cfg.logFormat());
         Log.configure(cfg.log(), cfg.logMaxBytes());
         PolyglotCache.useBesideJar(); // before the first engine (the prewarm's)
         SlotClient slots = null;
