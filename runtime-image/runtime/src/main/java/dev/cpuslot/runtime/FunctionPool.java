@@ -75,6 +75,7 @@ public final class FunctionPool implements AutoCloseable {
     private final Runaways runaways;
     /** Added to on every invocation with a slot: held rather than looked up each time. */
     private final java.util.concurrent.atomic.DoubleAdder acquireSeconds, releaseSeconds;
+    private final Metrics.Histogram acquireLatency;
     /** The function's reserved CPU (quota x time held) and its leases' sleep: its idle ratio beside its CPU. */
     private final java.util.concurrent.atomic.DoubleAdder reservedSeconds, sleptSeconds;
     private final String labels;
@@ -92,6 +93,7 @@ public final class FunctionPool implements AutoCloseable {
         this.metrics = metrics;
         this.permits = new Semaphore(max, true);
         this.acquireSeconds = metrics.counter("cpuslot_slot_acquire_seconds_total", "");
+        this.acquireLatency = metrics.histogram("cpuslot_slot_acquire_seconds", "", Metrics.ACQUIRE_BUCKETS);
         this.releaseSeconds = metrics.counter("cpuslot_slot_release_seconds_total", "");
         this.labels = Metrics.labels("function", fn.name());
         this.reservedSeconds = metrics.counter("cpuslot_slot_reserved_seconds_total", labels);
@@ -288,7 +290,9 @@ public final class FunctionPool implements AutoCloseable {
                         error = "no CPU slot: " + e.getMessage();
                     }
                     j.heldFrom = System.nanoTime();
-                    acquireSeconds.add((j.heldFrom - a0) / 1e9);
+                    double took = (j.heldFrom - a0) / 1e9;
+                    acquireSeconds.add(took);
+                    acquireLatency.observe(took);
                     j.lease = lease;
                     if (j.claimed.get() && lease != null) lease.release(ReleaseOutcome.TIMEOUT);
                 }

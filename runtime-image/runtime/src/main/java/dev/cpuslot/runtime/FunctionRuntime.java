@@ -103,7 +103,8 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_sandboxes_abandoned_total", "counter", "Workers retired at a deadline.");
         metrics.describe("cpuslot_slot_outcomes_total", "counter", "Per-invocation slot outcome (affinity_hit, cache_hit, retuned, created, or noslot reason).");
         metrics.describe("cpuslot_slot_client_events_total", "counter", "Slot client counters (acquire, place, release, reclaim, noslot...).");
-        metrics.describe("cpuslot_slot_acquire_seconds_total", "counter", "Time workers spent acquiring slots (with placement), in seconds; divide by acquisitions for the mean.");
+        metrics.describe("cpuslot_slot_acquire_seconds", "histogram", "Time a worker took to acquire its slot (with placement), in seconds.");
+        metrics.describe("cpuslot_slot_acquire_seconds_total", "counter", "Deprecated (cpuslot_slot_acquire_seconds_sum is the same): time workers spent acquiring slots, in seconds.");
         metrics.describe("cpuslot_slot_release_seconds_total", "counter", "Time workers spent releasing slots, in seconds.");
         metrics.describe("cpuslot_slot_cpu_seconds_total", "counter", "CPU time used in slots, from RELEASE_OK.");
         metrics.describe("cpuslot_slot_throttled_seconds_total", "counter", "Throttled time in slots, from RELEASE_OK.");

@@ -8,9 +8,16 @@ import java.util.concurrent.atomic.DoubleAdder;
 import java.util.concurrent.atomic.LongAdder;
 import java.util.function.Supplier;
 
-/** A small Prometheus text-format (0.0.4) registry: counters, gauges, histograms. No reflection. */
+/**
+ * A small Prometheus text-format (0.0.4) registry: counters, gauges, histograms. No reflection.
+ * The JVM's own metrics (memory, GC, threads, classes, process) come from
+ * prometheus-metrics-instrumentation-jvm's registry and are appended to the same page.
+ */
 public final class Metrics {
     static final double[] LATENCY_BUCKETS = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+    /** A slot acquisition: microseconds with local leasing, a round trip to the agent, at most the budget (50 ms) and the first one's (1 s). */
+    static final double[] ACQUIRE_BUCKETS = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+            0.01, 0.025, 0.05, 0.1, 0.25, 1};
 
     private record Key(String name, String labels) implements Comparable<Key> {
         public int compareTo(Key o) {
@@ -27,6 +34,7 @@ public final class Metrics {
 
     public static final class Histogram {
         final double[] bounds;
+        /** Observations per bucket, not cumulative (one increment per observation; the scrape adds them up). */
         final LongAdder[] buckets;
         final DoubleAdder sum = new DoubleAdder();
         final LongAdder count = new LongAdder();
@@ -36,7 +44,12 @@ public final class Metrics {
             for (int i = 0; i < bounds.length; i++) buckets[i] = new LongAdder();
         }
         public void observe(double v) {
-            for (int i = 0; i < bounds.length; i++) if (v <= bounds[i]) buckets[i].increment();
+            for (int i = 0; i < bounds.length; i++) {
+                if (v <= bounds[i]) {
+                    buckets[i].increment();
+                    break;
+                }
+            }
             sum.add(v);
             count.increment();
         }
@@ -76,8 +89,11 @@ public final class Metrics {
     /** A family of gauges computed at scrape time: supplier returns labels -> value. */
     public void gaugeFunction(String name, Supplier<Map<String, Long>> f) { gaugeFns.put(new Key(name, ""), f); }
 
-    public Histogram histogram(String name, String labels) {
-        return histograms.computeIfAbsent(new Key(name, labels), k -> new Histogram(LATENCY_BUCKETS));
+    public Histogram histogram(String name, String labels) { return histogram(name, labels, LATENCY_BUCKETS); }
+
+    /** A histogram with these bucket bounds (ascending; +Inf is added); the first call's bounds stay. */
+    public Histogram histogram(String name, String labels, double[] bounds) {
+        return histograms.computeIfAbsent(new Key(name, labels), k -> new Histogram(bounds));
     }
 
     public double counterValue(String name, String labels) {
@@ -93,13 +109,16 @@ public final class Metrics {
         gaugeFns.forEach((k, f) -> new TreeMap<>(f.get()).forEach((l, v) -> line(byName, k.name, l, Long.toString(v))));
         new TreeMap<>(histograms).forEach((k, h) -> {
             StringBuilder b = byName.computeIfAbsent(k.name, n -> new StringBuilder());
+            // count first: a scrape racing an observation never shows a bucket above +Inf
+            long count = h.count.sum(), cumulative = 0;
             for (int i = 0; i < h.bounds.length; i++) {
+                cumulative += h.buckets[i].sum();
                 b.append(k.name).append("_bucket{").append(join(k.labels, "le=\"" + fmt(h.bounds[i]) + "\"")).append("} ")
-                        .append(h.buckets[i].sum()).append('\n');
+                        .append(Math.min(cumulative, count)).append('\n');
             }
-            b.append(k.name).append("_bucket{").append(join(k.labels, "le=\"+Inf\"")).append("} ").append(h.count.sum()).append('\n');
+            b.append(k.name).append("_bucket{").append(join(k.labels, "le=\"+Inf\"")).append("} ").append(count).append('\n');
             b.append(k.name).append("_sum").append(braces(k.labels)).append(' ').append(fmt(h.sum.sum())).append('\n');
-            b.append(k.name).append("_count").append(braces(k.labels)).append(' ').append(h.count.sum()).append('\n');
+            b.append(k.name).append("_count").append(braces(k.labels)).append(' ').append(count).append('\n');
         });
         StringBuilder out = new StringBuilder();
         byName.forEach((name, body) -> {
@@ -110,7 +129,27 @@ public final class Metrics {
             }
             out.append(body);
         });
+        out.append(Jvm.scrape());
         return out.toString();
+    }
+
+    /** The JVM's metrics: one registry per process (they describe the process, and register MXBean listeners once). */
+    private static final class Jvm {
+        private static final io.prometheus.metrics.model.registry.PrometheusRegistry REGISTRY =
+                new io.prometheus.metrics.model.registry.PrometheusRegistry();
+        static {
+            io.prometheus.metrics.instrumentation.jvm.JvmMetrics.builder().register(REGISTRY);
+        }
+
+        static String scrape() {
+            java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream(16384);
+            try {
+                io.prometheus.metrics.expositionformats.PrometheusTextFormatWriter.create().write(out, REGISTRY.scrape());
+            } catch (java.io.IOException | RuntimeException e) {
+                return "# JVM metrics failed: " + String.valueOf(e).replace('\n', ' ') + "\n";
+            }
+            return out.toString(java.nio.charset.StandardCharsets.UTF_8);
+        }
     }
 
     private static void line(Map<String, StringBuilder> m, String name, String labels, String v) {
