@@ -12,7 +12,8 @@ import java.util.concurrent.atomic.DoubleAdder;
  * registry (a {@link Metrics.Histogram} and the deprecated {@code _total} counter) against
  * prometheus-metrics-core 1.x's {@code Histogram} and {@code Counter} with the same buckets
  * (classic only, no exemplars: the cheapest it offers). Rounds alternate, each with a fresh pair
- * of metrics; the threads record at the same time. Not a test: runs only when named, e.g.
+ * of metrics; the threads record at the same time; the cost is the recording threads' CPU time
+ * per record (the machine's load does not count, contention between the threads does). Not a test: runs only when named, e.g.
  * <pre>
  * ./build.sh test -pl runtime -am -Dtest=MetricsCostBenchmark -Dsurefire.failIfNoSpecifiedTests=false \
  *     -Dmetricscost.threads=2 -Dmetricscost.ops=2000000 -Dmetricscost.rounds=10
@@ -52,9 +53,11 @@ class MetricsCostBenchmark {
         };
     }
 
-    /** Nanoseconds per record, wall time of all threads recording together. */
+    /** CPU nanoseconds per record, of the threads recording together. */
     static double run(Recorder rec) throws InterruptedException {
         CountDownLatch go = new CountDownLatch(1), done = new CountDownLatch(THREADS);
+        java.util.concurrent.atomic.AtomicLong cpu = new java.util.concurrent.atomic.AtomicLong();
+        java.lang.management.ThreadMXBean tm = java.lang.management.ManagementFactory.getThreadMXBean();
         for (int t = 0; t < THREADS; t++) {
             int off = t * 977;
             Thread.ofPlatform().start(() -> {
@@ -63,14 +66,15 @@ class MetricsCostBenchmark {
                 } catch (InterruptedException e) {
                     return;
                 }
+                long c0 = tm.getCurrentThreadCpuTime();
                 for (int i = 0; i < OPS; i++) rec.record(VALUES[(i + off) & (VALUES.length - 1)]);
+                cpu.addAndGet(tm.getCurrentThreadCpuTime() - c0);
                 done.countDown();
             });
         }
-        long t0 = System.nanoTime();
         go.countDown();
         done.await();
-        return (double) (System.nanoTime() - t0) / OPS;
+        return (double) cpu.get() / ((long) OPS * THREADS);
     }
 
     @Test
