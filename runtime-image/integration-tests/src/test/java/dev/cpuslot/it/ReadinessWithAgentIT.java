@@ -142,7 +142,7 @@ class ReadinessWithAgentIT {
                     + "\n" + Files.readString(rt.log));
             assertNull(r.header("X-Cpuslot-Noslot"), r.headers().toString());
             System.out.printf(java.util.Locale.ROOT, "[it] agent %d ms after the runtime: first /run %s, its acquire %.2f ms%n", AGENT_LATE_MS,
-                    r.header("X-Cpuslot-Outcome"), 1e3 * Prom.get(rt.metrics(), "cpuslot_slot_acquire_seconds_total"));
+                    r.header("X-Cpuslot-Outcome"), 1e3 * Prom.get(rt.metrics(), "cpuslot_slot_acquire_seconds_sum"));
             assertFalse(answeredAlone, "/init answered before the agent was there: " + ir.body());
         }
     }

@@ -363,7 +363,7 @@ class RuntimeWithAgentIT {
                 assertEquals(200, r.status(), r.body());
                 assertEquals("Hello cold" + i + "!", r.json().get("greeting").getAsString());
                 Map<String, Double> m = cr.metrics();
-                double acquireS = Prom.get(m, "cpuslot_slot_acquire_seconds_total");
+                double acquireS = Prom.get(m, "cpuslot_slot_acquire_seconds_sum");
                 report.add(String.format(Locale.ROOT, "| %d | %.1f | %.1f | %.2f | %s | %s | %s |", i, (t1 - t0) / 1e6, (t2 - t1) / 1e6,
                         acquireS * 1e3, r.header("X-Cpuslot-Slot"), r.header("X-Cpuslot-Outcome"), r.header("X-Cpuslot-Noslot")));
                 if (r.header("X-Cpuslot-Slot") == null || r.header("X-Cpuslot-Noslot") != null)
@@ -385,7 +385,7 @@ class RuntimeWithAgentIT {
                 RuntimeProc.Reply r = cr.post("/run", "{\"value\":{\"name\":\"nowarm\"}}");
                 long t2 = System.nanoTime();
                 assertEquals(200, r.status(), r.body());
-                double acquireS = Prom.get(cr.metrics(), "cpuslot_slot_acquire_seconds_total");
+                double acquireS = Prom.get(cr.metrics(), "cpuslot_slot_acquire_seconds_sum");
                 report.add(String.format(Locale.ROOT, "| no warm-up %d | %.1f | %.1f | %.2f | %s | %s | %s |", i, (t1 - t0) / 1e6,
                         (t2 - t1) / 1e6, acquireS * 1e3, r.header("X-Cpuslot-Slot"), r.header("X-Cpuslot-Outcome"), r.header("X-Cpuslot-Noslot")));
             }
