@@ -268,6 +268,9 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
+		// Events of the last moments (the stop itself may record some)
+		// are sent before the process exits.
+		defer src.Shutdown(5 * time.Second)
 		sources = append(sources, src)
 	} else if len(cfg.Standalone.Containers)+len(cfg.Standalone.PIDs)+len(cfg.Standalone.ServeUnder) == 0 {
 		log.Warn("nothing to serve: give -container, -pid or -serve-under (or standalone: in the config file), or -kubernetes")
@@ -275,7 +278,7 @@ func run(args []string) error {
 	return a.Run(ctx, sources, rf.cleanupOnExit)
 }
 
-func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (discover.Source, error) {
+func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*k8sdiscover.Source, error) {
 	kc := cfg.Kubernetes
 	sel, err := k8sdiscover.ParseSelector(kc.Select)
 	if err != nil {
