@@ -183,10 +183,10 @@ var Dashboards = []Dashboard{
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "CPU budget per container", Unit: Short,
-					Description: "Admission budget (the container's CPU limit x overcommit, or the configured budget; 0 = unlimited) and the quota granted to leases now, in millicores.",
+					Description: "Admission budget (the container's CPU limit x overcommit, or the configured budget; 0 = unlimited) and the quota granted to leases now, in CPUs.",
 					Queries: []Query{
-						{Expr: `sum by (container) (cpuslot_budget_used_millicores{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{container}} granted"},
-						{Expr: `sum by (container) (cpuslot_budget_millicores{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{container}} budget"},
+						{Expr: `sum by (container) (cpuslot_budget_used_cores{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{container}} granted"},
+						{Expr: `sum by (container) (cpuslot_budget_cores{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{container}} budget"},
 					},
 				},
 			}},
@@ -268,7 +268,7 @@ var Dashboards = []Dashboard{
 				{
 					Kind: TimeSeries, Width: 6, Title: "Budget granted", Unit: PercentUnit,
 					Description: "Quota granted to leases / budget, per container with a budget.",
-					Queries:     []Query{{Expr: `sum by (container) (cpuslot_budget_used_millicores{job="$agent_job", node=~"$node", container=~"$container"}) / sum by (container) (cpuslot_budget_millicores{job="$agent_job", node=~"$node", container=~"$container"} > 0)`, Legend: "{{container}}"}},
+					Queries:     []Query{{Expr: `sum by (container) (cpuslot_budget_used_cores{job="$agent_job", node=~"$node", container=~"$container"}) / sum by (container) (cpuslot_budget_cores{job="$agent_job", node=~"$node", container=~"$container"} > 0)`, Legend: "{{container}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "Errors by reason", LegendRight: true, Unit: EventsPerSec,
@@ -278,9 +278,9 @@ var Dashboards = []Dashboard{
 			}},
 			{Title: "Lending", Panels: []Panel{
 				{
-					Kind: TimeSeries, Width: 8, Title: "Quota lent (millicores)", Unit: Short, Stacked: true,
+					Kind: TimeSeries, Width: 8, Title: "Quota lent (CPUs)", Unit: Short, Stacked: true,
 					Description: "Quota that sleeping leases lend to admission now, per container (admission.lendRatio; zero with lending off). See docs/lending.md.",
-					Queries:     []Query{{Expr: `sum by (container) (cpuslot_lent_millicores{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{container}}"}},
+					Queries:     []Query{{Expr: `sum by (container) (cpuslot_lent_cores{job="$agent_job", node=~"$node", container=~"$container"})`, Legend: "{{container}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 8, Title: "Lends and give-backs", Unit: OpsPerSec,
