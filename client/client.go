@@ -24,6 +24,7 @@
 package client
 
 import (
+	"context"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -106,8 +107,15 @@ type Client struct {
 	down bool
 }
 
-// Dial connects to the agent and says HELLO.
+// Dial connects to the agent and says HELLO: DialContext with a context
+// that never ends (Options.Timeout bounds the wait for the agent).
 func Dial(path string, opts Options) (*Client, error) {
+	return DialContext(context.Background(), path, opts)
+}
+
+// DialContext connects to the agent and says HELLO; it returns ctx's error
+// once ctx ends.
+func DialContext(ctx context.Context, path string, opts Options) (*Client, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}
@@ -116,7 +124,7 @@ func Dial(path string, opts Options) (*Client, error) {
 	}
 	c := &Client{path: path, opts: opts, fds: map[uint32][]int{}, current: map[int]uint32{}, held: map[*Lease]struct{}{},
 		parked: map[int]*Lease{}, lastEntry: map[int]int{}, stop: make(chan struct{})}
-	cn, err := c.dial()
+	cn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -4,9 +4,12 @@ package client
 // fds that arrive with answers (SCM_RIGHTS).
 
 import (
+	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -22,9 +25,22 @@ type conn struct {
 	out []byte
 	buf []byte
 	oob []byte
+	// pend are the fds received so far with the answer being read.
+	pend []int
+	// wake is an eventfd a cancelled context writes to (-1 until a call
+	// with a cancellable context); timeout bounds each wait for an answer.
+	wake    int
+	timeout time.Duration
 }
 
-func (c *Client) dial() (*conn, error) {
+// errCancelled: the caller's context ended while an answer was awaited.
+// The answer is still to come on the connection (readAnswer continues).
+var errCancelled = errors.New("cpuslot: call cancelled")
+
+func (c *Client) dial(ctx context.Context) (*conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -34,12 +50,12 @@ func (c *Client) dial() (*conn, error) {
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: c.path}); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("cpuslot: connecting to %s: %w", c.path, err)
+		return nil, fmt.Errorf("%w: connecting to %s: %w", ErrUnreachable, c.path, err)
 	}
 	c.mu.Lock()
 	gen := c.gen
 	c.mu.Unlock()
-	cn := &conn{fd: fd, gen: gen, buf: make([]byte, 0, 256), oob: make([]byte, unix.CmsgSpace(4*8))}
+	cn := &conn{fd: fd, gen: gen, buf: make([]byte, 0, 256), oob: make([]byte, unix.CmsgSpace(4*8)), wake: -1, timeout: c.opts.Timeout}
 	flags := uint32(slotv1.HelloFDPassing)
 	if !c.opts.NoLocal {
 		flags |= slotv1.HelloLocal
@@ -54,10 +70,13 @@ func (c *Client) dial() (*conn, error) {
 			name = name[:128]
 		}
 	}
-	resp, fds, err := cn.roundTrip(&slotv1.Hello{MinVersion: slotv1.Version, MaxVersion: slotv1.Version, Flags: flags, Client: name})
+	resp, fds, err := cn.roundTripCtx(ctx, &slotv1.Hello{MinVersion: slotv1.Version, MaxVersion: slotv1.Version, Flags: flags, Client: name})
 	closeFDs(fds)
 	if err != nil {
 		cn.close()
+		if errors.Is(err, errCancelled) {
+			return nil, ctx.Err()
+		}
 		return nil, err
 	}
 	switch h := resp.(type) {
@@ -81,6 +100,12 @@ func (cn *conn) close() {
 		unix.Close(cn.fd)
 		cn.fd = -1
 	}
+	if cn.wake >= 0 {
+		unix.Close(cn.wake)
+		cn.wake = -1
+	}
+	closeFDs(cn.pend)
+	cn.pend = nil
 }
 
 // send writes one request.
@@ -120,37 +145,111 @@ func (cn *conn) roundTrip(m slotv1.Message) (slotv1.Message, []int, error) {
 	if err := cn.send(m); err != nil {
 		return nil, nil, err
 	}
-	var fds []int
-	cn.buf = cn.buf[:0]
-	need := slotv1.HeaderLen
-	for len(cn.buf) < need {
+	cn.buf, cn.pend = cn.buf[:0], nil
+	return cn.readAnswer(false)
+}
+
+// roundTripCtx is roundTrip that gives up waiting when ctx ends, with
+// errCancelled; the caller checked ctx before. With a context that cannot
+// end it is roundTrip: the blocking read stays on the calling thread.
+func (cn *conn) roundTripCtx(ctx context.Context, m slotv1.Message) (slotv1.Message, []int, error) {
+	if ctx.Done() == nil {
+		return cn.roundTrip(m)
+	}
+	if cn.wake < 0 {
+		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+		if err != nil {
+			return nil, nil, err
+		}
+		cn.wake = fd
+	}
+	if err := cn.send(m); err != nil {
+		return nil, nil, err
+	}
+	cn.buf, cn.pend = cn.buf[:0], nil
+	woken := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(cn.wake, one[:])
+		close(woken)
+	})
+	resp, fds, err := cn.readAnswer(true)
+	if !stop() {
+		<-woken
+		var b [8]byte
+		_, _ = unix.Read(cn.wake, b[:]) // reset for the next call
+	}
+	return resp, fds, err
+}
+
+// await waits until the connection is readable (nil), the wake eventfd is
+// (errCancelled), or the timeout passes.
+func (cn *conn) await() error {
+	fds := []unix.PollFd{{Fd: int32(cn.fd), Events: unix.POLLIN}, {Fd: int32(cn.wake), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, int(cn.timeout.Milliseconds()))
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return err
+		case n == 0:
+			return unix.EAGAIN // as a read past SO_RCVTIMEO
+		case fds[0].Revents != 0:
+			return nil // an answer that came with the cancel wins
+		}
+		return errCancelled
+	}
+}
+
+// readAnswer reads one response frame with any fds, continuing from what
+// was read of it already (cn.buf, cn.pend). With cancellable it returns
+// errCancelled when the wake eventfd fires first, leaving the rest unread.
+func (cn *conn) readAnswer(cancellable bool) (slotv1.Message, []int, error) {
+	fail := func(err error) (slotv1.Message, []int, error) {
+		closeFDs(cn.pend)
+		cn.pend = nil
+		return nil, nil, err
+	}
+	for {
+		need := slotv1.HeaderLen
+		if len(cn.buf) >= slotv1.HeaderLen {
+			body, err := slotv1.BodyLen(cn.buf)
+			if err != nil {
+				return fail(err)
+			}
+			need += body
+		}
+		if len(cn.buf) == need {
+			break
+		}
 		if cap(cn.buf) < need {
 			nb := make([]byte, len(cn.buf), need)
 			copy(nb, cn.buf)
 			cn.buf = nb
 		}
+		if cancellable {
+			if err := cn.await(); errors.Is(err, errCancelled) {
+				return nil, nil, err
+			} else if err != nil {
+				return fail(err)
+			}
+		}
 		n, oobn, err := cn.recv(cn.buf[len(cn.buf):need], cn.oob)
 		if err != nil {
-			closeFDs(fds)
-			return nil, nil, err
+			return fail(err)
 		}
 		if n == 0 {
-			closeFDs(fds)
-			return nil, nil, errors.New("agent closed the connection")
+			return fail(errors.New("agent closed the connection"))
 		}
 		if oobn > 0 {
-			fds = append(fds, parseRights(cn.oob[:oobn])...)
+			cn.pend = append(cn.pend, parseRights(cn.oob[:oobn])...)
 		}
 		cn.buf = cn.buf[:len(cn.buf)+n]
-		if len(cn.buf) == slotv1.HeaderLen && need == slotv1.HeaderLen {
-			body, err := slotv1.BodyLen(cn.buf)
-			if err != nil {
-				closeFDs(fds)
-				return nil, nil, err
-			}
-			need += body
-		}
 	}
+	fds := cn.pend
+	cn.pend = nil
 	f, err := slotv1.DecodeBody(cn.buf[slotv1.HeaderLen:])
 	if err != nil {
 		closeFDs(fds)

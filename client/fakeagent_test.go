@@ -85,6 +85,10 @@ type fakeAgent struct {
 	// holdGate, when set, holds every HOLD request until it is closed (a
 	// grant that arrives late).
 	holdGate chan struct{}
+	// acquireGate, when set, holds every ACQUIRE of a thread's own lease
+	// until it is closed; waitUS is the wait budget of the last ACQUIRE.
+	acquireGate chan struct{}
+	waitUS      uint32
 }
 
 // setHeld turns HELD on while the fake serves: under its lock, because a
@@ -250,6 +254,18 @@ func (f *fakeAgent) serve(cn *net.UnixConn) {
 		if err != nil {
 			f.reply(cn, 0, &slotv1.Error{Code: slotv1.CodeBadRequest, Message: err.Error()}, nil)
 			return
+		}
+		if a, ok := fr.Msg.(*slotv1.Acquire); ok && a.Flags&slotv1.AcquireHold == 0 {
+			f.mu.Lock()
+			gate := f.acquireGate
+			f.waitUS = a.WaitUS
+			if gate != nil {
+				f.requests["acquire gated"]++
+			}
+			f.mu.Unlock()
+			if gate != nil {
+				<-gate
+			}
 		}
 		if a, ok := fr.Msg.(*slotv1.Acquire); ok && a.Flags&slotv1.AcquireHold != 0 {
 			f.mu.Lock()

@@ -4,6 +4,7 @@ package client
 // when the client can read the slot's counters itself) ends the lease.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -58,11 +59,22 @@ type Lease struct {
 }
 
 // Acquire leases a slot of quotaMilli for an invocation and places the
-// calling OS thread in it.
+// calling OS thread in it: AcquireContext with a context that never ends
+// (it may wait for the agent's wait budget, Options.Wait).
 func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, error) {
+	return c.AcquireContext(context.Background(), quotaMilli, action, invocation)
+}
+
+// AcquireContext is Acquire that returns ctx's error once ctx ends, also
+// while it waits for a slot. A deadline caps the wait budget sent to the
+// agent. A grant that arrives after the end is released.
+func (c *Client) AcquireContext(ctx context.Context, quotaMilli uint32, action, invocation string) (*Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	tid := unix.Gettid()
 	if c.local != nil && (c.localOn.Load() || c.opts.TableFile != nil) {
-		l, err := c.local.acquire(tid, quotaMilli, action)
+		l, err := c.local.acquire(ctx, tid, quotaMilli, action)
 		if !errors.Is(err, slotv1.ErrTableFull) && !errors.Is(err, errNoLocal) {
 			return l, err
 		}
@@ -80,12 +92,18 @@ func (c *Client) Acquire(quotaMilli uint32, action, invocation string) (*Lease, 
 	if p != nil {
 		p.releaseParked() // another action or quota: end it first
 	}
+	wait := c.opts.Wait
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); wait <= 0 || left < wait {
+			wait = max(left, time.Microsecond) // 0 would mean the agent's default
+		}
+	}
 	req := &slotv1.Acquire{QuotaMilli: quotaMilli, TID: uint32(tid), CurrentSlot: cur, Action: action, Invocation: invocation,
-		WaitUS: uint32(min(c.opts.Wait.Microseconds(), 1<<32-1))}
+		WaitUS: uint32(min(wait.Microseconds(), 1<<32-1))}
 	if c.opts.AgentPlaces {
 		req.Flags |= slotv1.AcquireAgentPlaces
 	}
-	resp, fds, gen, err := c.call(req)
+	resp, fds, gen, err := c.callCtx(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +185,7 @@ func (l *Lease) releaseWithReply(outcome slotv1.ReleaseOutcome) (Usage, error) {
 		c.mu.Unlock()
 		if lost {
 			c.forget(l)
-			return Usage{}, errors.New("cpuslot: lease lost across an agent restart; usage unknown")
+			return Usage{}, ErrLeaseLost
 		}
 		resp, _, _, err := c.call(&slotv1.Release{Lease: id, Outcome: outcome})
 		if err != nil {
@@ -205,7 +223,7 @@ func (l *Lease) releaseOneWay(outcome slotv1.ReleaseOutcome) (Usage, bool) {
 	if !ok {
 		return Usage{}, false
 	}
-	cn, err := c.get()
+	cn, err := c.get(context.Background())
 	if err != nil || cn.gen != gen {
 		if err == nil {
 			c.put(cn)
@@ -249,7 +267,7 @@ func (l *Lease) Wake() error { return l.nap(slotv1.ReleaseWake) }
 
 func (l *Lease) nap(flag uint8) error {
 	if l.Local && l.released.Load() {
-		return errors.New("cpuslot: lease released")
+		return ErrReleased
 	}
 	return l.sendNap(flag)
 }
@@ -292,7 +310,7 @@ func (l *Lease) agentLease() (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l.lost {
-		return 0, errors.New("cpuslot: lease lost across an agent restart")
+		return 0, ErrLeaseLost
 	}
 	return l.id, nil
 }

@@ -8,6 +8,7 @@ package client
 // one-way USAGE messages.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -33,8 +34,6 @@ const (
 // agent without local leasing answered the last reconnect); the caller
 // leases for the thread instead.
 var errNoLocal = errors.New("cpuslot: agent grants no HOLD leases")
-
-var errClosed = errors.New("cpuslot: client closed")
 
 // local is a Client's local leasing state.
 type local struct {
@@ -146,7 +145,7 @@ func monotonicNow() uint64 { return uint64(monoBase + int64(time.Since(monoStart
 // (one write), else it waits in the local queue for an entry another
 // thread releases or a new HOLD lease (a round trip). While threads wait,
 // newcomers queue behind them.
-func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, error) {
+func (lc *local) acquire(ctx context.Context, tid int, quotaMilli uint32, action string) (*Lease, error) {
 	if err := slotv1.CheckString(action); err != nil {
 		return nil, fmt.Errorf("cpuslot: action: %w", err)
 	}
@@ -180,7 +179,7 @@ func (lc *local) acquire(tid int, quotaMilli uint32, action string) (*Lease, err
 		return nil, errNoLocal
 	}
 	for {
-		s := lc.wait(tid, quotaMilli)
+		s := lc.wait(ctx, tid, quotaMilli)
 		if s.err != nil {
 			return nil, s.err
 		}
@@ -246,8 +245,9 @@ func (lc *local) claimOwn(tid int, quotaMilli uint32) (slotv1.Claim, bool) {
 // wait queues the calling thread for an entry of quotaMilli and blocks
 // until it is served. Unless a HOLD request for the quota is on its way
 // already, it sends one, whose grant goes to the first thread waiting for
-// the quota and whose refusal to this thread.
-func (lc *local) wait(tid int, quotaMilli uint32) served {
+// the quota and whose refusal to this thread. When ctx ends first the
+// thread leaves the queue, or gives back the entry it was served meanwhile.
+func (lc *local) wait(ctx context.Context, tid int, quotaMilli uint32) served {
 	w := &waiter{tid: tid, quota: quotaMilli, got: make(chan served, 1)}
 	lc.qmu.Lock()
 	lc.queue = append(lc.queue, w)
@@ -265,7 +265,23 @@ func (lc *local) wait(tid int, quotaMilli uint32) served {
 			lc.ask(w)
 		}()
 	}
-	return <-w.got
+	select {
+	case s := <-w.got:
+		return s
+	case <-ctx.Done():
+	}
+	lc.qmu.Lock()
+	if k := slices.Index(lc.queue, w); k >= 0 {
+		lc.dequeueLocked(k)
+		lc.qmu.Unlock()
+		return served{err: ctx.Err()}
+	}
+	lc.qmu.Unlock()
+	if s := <-w.got; s.err == nil { // served as ctx ended: sent at once
+		lc.t.Release(s.cl, monotonicNow())
+		lc.serveWaiters()
+	}
+	return served{err: ctx.Err()}
 }
 
 // serveWaiters hands free entries to waiting threads; one atomic load when
@@ -454,7 +470,7 @@ func (lc *local) publish(ok *slotv1.AcquireOK, quotaMilli, holder uint32) (slotv
 	if lc.closed {
 		lc.mu.Unlock()
 		lc.sendRelease(ok.Lease)
-		return slotv1.Claim{}, errClosed
+		return slotv1.Claim{}, ErrClosed
 	}
 	cl, err := lc.t.Publish(slotv1.Entry{Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, PeriodUS: ok.PeriodUS, Flags: flags, Lease: ok.Lease, AskedMilli: quotaMilli},
 		holder, monotonicNow())
@@ -535,7 +551,7 @@ func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, [
 	if len(releases) == 0 {
 		return c.call(req)
 	}
-	cn, err := c.get()
+	cn, err := c.get(context.Background())
 	if err == nil {
 		for _, id := range releases {
 			if err = cn.send(&slotv1.Release{Lease: id, Outcome: slotv1.InvocationOK, Flags: slotv1.ReleaseNoReply}); err != nil {
@@ -565,7 +581,7 @@ func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, [
 func (lc *local) release(l *Lease, outcome slotv1.ReleaseOutcome) (Usage, error) {
 	if !l.released.CompareAndSwap(false, true) {
 		// Another thread may hold the entry by now: touch nothing.
-		return Usage{}, errors.New("cpuslot: lease released twice")
+		return Usage{}, fmt.Errorf("%w twice", ErrReleased)
 	}
 	if l.sleeping.Load() {
 		// The HOLD lease outlives this invocation: it must not stay lending
@@ -853,7 +869,7 @@ func (lc *local) reclaimAll(cn *conn) error {
 }
 
 func (lc *local) reclaim(i int) {
-	cn, err := lc.c.get()
+	cn, err := lc.c.get(context.Background())
 	if err != nil {
 		return
 	}

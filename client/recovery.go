@@ -4,6 +4,7 @@ package client
 // (RECLAIM) on the new connection.
 
 import (
+	"context"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,13 +31,14 @@ func (c *Client) checkAgent() {
 	}
 	c.mu.Unlock()
 	if broken {
-		_ = c.recover(gen)
+		_ = c.recover(context.Background(), gen)
 	}
 }
 
 // recover reconnects after connection generation gen failed, unless another
 // caller already did, and re-declares held leases on the new connection.
-func (c *Client) recover(gen uint64) error {
+// ctx ends its tries to reconnect.
+func (c *Client) recover(ctx context.Context, gen uint64) error {
 	c.recoverMu.Lock()
 	defer c.recoverMu.Unlock()
 	c.mu.Lock()
@@ -56,13 +58,17 @@ func (c *Client) recover(gen uint64) error {
 	var cn *conn
 	var err error
 	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
-		if cn, err = c.dial(); err == nil {
+		if cn, err = c.dial(ctx); err == nil {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
 			return err
 		}
-		time.Sleep(delay)
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	c.mu.Lock()
 	var held []*Lease

@@ -4,6 +4,7 @@ package client
 // make a call, give it back or close it.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -13,7 +14,7 @@ import (
 // sendOneWay sends a request that gets no answer (USAGE, RELEASE with
 // NO_REPLY) on a pooled connection; false if it could not.
 func (c *Client) sendOneWay(m slotv1.Message) bool {
-	cn, err := c.get()
+	cn, err := c.get(context.Background())
 	if err != nil {
 		return false
 	}
@@ -31,22 +32,69 @@ func (c *Client) sendOneWay(m slotv1.Message) bool {
 // call runs one request on a pooled connection. A broken connection (agent
 // gone) triggers one reconnect, which re-declares held leases, and a retry.
 func (c *Client) call(m slotv1.Message) (slotv1.Message, []int, uint64, error) {
+	return c.callCtx(context.Background(), m)
+}
+
+// callCtx is call that returns ctx's error once ctx ends. A request already
+// sent is left to abandon, which reads its answer off the caller's thread.
+func (c *Client) callCtx(ctx context.Context, m slotv1.Message) (slotv1.Message, []int, uint64, error) {
 	for attempt := 0; ; attempt++ {
-		cn, err := c.get()
+		if err := ctx.Err(); err != nil {
+			return nil, nil, 0, err
+		}
+		cn, err := c.get(ctx)
 		if err != nil {
 			return nil, nil, 0, err
 		}
-		resp, fds, err := cn.roundTrip(m)
+		resp, fds, err := cn.roundTripCtx(ctx, m)
 		if err == nil {
 			return c.answered(cn, resp, fds)
 		}
+		if errors.Is(err, errCancelled) {
+			go c.abandon(cn, m)
+			return nil, nil, 0, ctx.Err()
+		}
 		cn.close()
 		if attempt > 0 {
-			return nil, nil, 0, fmt.Errorf("cpuslot: agent unreachable: %w", err)
+			return nil, nil, 0, fmt.Errorf("%w: %w", ErrUnreachable, err)
 		}
-		if rerr := c.recover(cn.gen); rerr != nil {
-			return nil, nil, 0, fmt.Errorf("cpuslot: agent unreachable: %w", rerr)
+		if rerr := c.recover(ctx, cn.gen); rerr != nil {
+			if ctx.Err() != nil {
+				return nil, nil, 0, ctx.Err()
+			}
+			if errors.Is(rerr, ErrUnreachable) {
+				return nil, nil, 0, rerr
+			}
+			return nil, nil, 0, fmt.Errorf("%w: %w", ErrUnreachable, rerr)
 		}
+	}
+}
+
+// abandon reads the answer to request m, whose caller's context ended
+// first, and releases the lease it may grant: the caller never learns of
+// it, and the agent would keep it for the process until its last
+// connection closes.
+func (c *Client) abandon(cn *conn, m slotv1.Message) {
+	resp, fds, err := cn.readAnswer(false)
+	if err != nil {
+		cn.close()
+		return
+	}
+	resp, fds, gen, err := c.answered(cn, resp, fds)
+	if err != nil {
+		return
+	}
+	a, isAcquire := m.(*slotv1.Acquire)
+	if !isAcquire {
+		closeFDs(fds)
+		return
+	}
+	var l *Lease
+	if _, err := c.grant(resp, fds, func(ok *slotv1.AcquireOK) {
+		l = &Lease{c: c, id: ok.Lease, gen: gen, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, tid: int(a.TID), action: a.Action, invocation: a.Invocation}
+		c.held[l] = struct{}{}
+	}); err == nil {
+		_, _ = l.Release(slotv1.PlacementFailed)
 	}
 }
 
@@ -61,11 +109,11 @@ func (c *Client) answered(cn *conn, resp slotv1.Message, fds []int) (slotv1.Mess
 	return resp, fds, cn.gen, nil
 }
 
-func (c *Client) get() (*conn, error) {
+func (c *Client) get(ctx context.Context) (*conn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, errors.New("cpuslot: client closed")
+		return nil, ErrClosed
 	}
 	if n := len(c.idle); n > 0 {
 		cn := c.idle[n-1]
@@ -74,7 +122,7 @@ func (c *Client) get() (*conn, error) {
 		return cn, nil
 	}
 	c.mu.Unlock()
-	return c.dial()
+	return c.dial(ctx)
 }
 
 func (c *Client) put(cn *conn) {

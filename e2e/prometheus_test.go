@@ -137,6 +137,9 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	t.Logf("Prometheus scrapes the agent %v after the pod was served", time.Since(t0).Round(time.Millisecond))
 	p.waitSeries(ctx, t, `cpuslot_slots{job="cpuslot-node-agent", container="`+appNS+`/fn/fn"}`, 30*time.Second)
 	p.waitSeries(ctx, t, `cpuslot_agent_info{job="cpuslot-node-agent", node="`+c.NodeName()+`"}`, 30*time.Second)
+	p.waitSeries(ctx, t, `cpuslot_build_info{job="cpuslot-node-agent", node="`+c.NodeName()+`", version!=""}`, 30*time.Second)
+	// Base units: a served container's budget in CPUs is its millicores / 1000.
+	p.waitSeries(ctx, t, `abs(cpuslot_budget_cores{job="cpuslot-node-agent", container="`+appNS+`/fn/fn"} * 1000 - on(container) cpuslot_budget_millicores{job="cpuslot-node-agent", container="`+appNS+`/fn/fn"}) < 0.001`, 30*time.Second)
 	// The pod invokes through its slots: its client leases them locally
 	// (the agent sees a HOLD acquisition per miss only) and reports its
 	// invocations in USAGE, which the agent counts as released leases.

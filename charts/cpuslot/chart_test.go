@@ -160,8 +160,8 @@ func TestDefaults(t *testing.T) {
 	if str(c, "image") != "docker.io/cpuslot/node-agent:0.1.0" {
 		t.Errorf("image %q, want the appVersion tag", str(c, "image"))
 	}
-	if get(c, "securityContext", "privileged") != true {
-		t.Error("not privileged")
+	if sc := get(c, "securityContext"); !reflect.DeepEqual(sc, map[string]any{"privileged": true, "runAsUser": float64(0)}) {
+		t.Errorf("securityContext %v, want the default privileged, runAsUser 0", sc)
 	}
 	env := list(c, "env")
 	if len(env) != 1 || str(env[0], "name") != "NODE_NAME" || str(env[0], "valueFrom", "fieldRef", "fieldPath") != "spec.nodeName" {
@@ -246,6 +246,7 @@ func TestDefaults(t *testing.T) {
 	cfg := loadConfig(t, configMap(t, objs))
 	wantCfg := agent.DefaultConfig()
 	wantCfg.HTTP = "0.0.0.0:9464"
+	wantCfg.APIVersion, wantCfg.Kind = agent.ConfigAPIVersion, agent.ConfigKind // the chart renders the versioned form
 	if !reflect.DeepEqual(cfg, wantCfg) {
 		t.Errorf("rendered config differs from the agent's defaults (chart values and agent defaults drifted apart)\n got %+v\nwant %+v", cfg, wantCfg)
 	}
@@ -341,11 +342,27 @@ func TestAllOn(t *testing.T) {
 	}
 	rule := one(t, objs, "PrometheusRule")
 	alerts := map[string]bool{}
+	operating, err := os.ReadFile(filepath.Join(repoRoot, "docs/operating.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, g := range list(rule, "spec", "groups") {
 		for _, r := range list(g, "rules") {
-			alerts[str(r, "alert")] = true
+			name := str(r, "alert")
+			alerts[name] = true
 			if str(r, "for") == "" || str(r, "expr") == "" || str(r, "labels", "severity") == "" {
 				t.Errorf("rule %v lacks for, expr or severity", r)
+			}
+			if name == "CpuslotExtraRule" {
+				continue // the user's
+			}
+			// Every alert has a runbook: its section of docs/operating.md.
+			want := "https://github.com/cpuslot/cpuslot/blob/main/docs/operating.md#" + strings.ToLower(name)
+			if got := str(r, "annotations", "runbook_url"); got != want {
+				t.Errorf("alert %s: runbook_url %q, want %q", name, got, want)
+			}
+			if !strings.Contains(string(operating), "\n#### "+name+"\n") {
+				t.Errorf("alert %s: no runbook section (#### %s) in docs/operating.md", name, name)
 			}
 		}
 	}
@@ -370,6 +387,25 @@ func TestAllOn(t *testing.T) {
 	}
 	if n := len(find(objs, "ConfigMap")); n != 1 {
 		t.Errorf("%d ConfigMaps with dashboards off, want 1", n)
+	}
+}
+
+// TestImageDigest: a digest pins the image, repository@digest.
+func TestImageDigest(t *testing.T) {
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	c := agentContainer(t, one(t, render(t, "--set", "image.digest="+digest+",image.tag=ignored"), "DaemonSet"))
+	if got, want := str(c, "image"), "docker.io/cpuslot/node-agent@"+digest; got != want {
+		t.Errorf("image %q, want %q", got, want)
+	}
+}
+
+// TestSecurityContextValue: the agent's securityContext is the value, so a
+// user can extend it.
+func TestSecurityContextValue(t *testing.T) {
+	c := agentContainer(t, one(t, render(t, "--set", "securityContext.seccompProfile.type=RuntimeDefault"), "DaemonSet"))
+	want := map[string]any{"privileged": true, "runAsUser": float64(0), "seccompProfile": map[string]any{"type": "RuntimeDefault"}}
+	if sc := get(c, "securityContext"); !reflect.DeepEqual(sc, want) {
+		t.Errorf("securityContext %v, want %v", sc, want)
 	}
 }
 
@@ -399,6 +435,7 @@ func TestSchema(t *testing.T) {
 		"logLevel=trace":                  "logLevel",
 		"containerdMount=file":            "containerdMount",
 		"image.pullPolicy=Sometimes":      "image.pullPolicy",
+		"image.digest=latest":             "image.digest",
 		"prometheusRule.slotErrors.for=5": "prometheusRule.slotErrors.for",
 		"typo=1":                          "typo",
 	}
@@ -698,7 +735,7 @@ func TestReadmeValues(t *testing.T) {
 	doc := string(readme)
 	// maps documented as a whole
 	whole := map[string]bool{"resources": true, "nodeSelector": true, "updateStrategy": true,
-		"livenessProbe": true, "readinessProbe": true, "grafana.dashboards.labels": true}
+		"livenessProbe": true, "readinessProbe": true, "grafana.dashboards.labels": true, "securityContext": true}
 	var walk func(prefix string, m map[string]any)
 	walk = func(prefix string, m map[string]any) {
 		for k, v := range m {

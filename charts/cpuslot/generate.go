@@ -252,7 +252,7 @@ func expectOf(expr string) string {
 			return "error"
 		}
 	}
-	if strings.Contains(expr, "cpuslot_budget_millicores") && regexp.MustCompile(`cpuslot_budget_millicores\{[^}]*\}\s*>\s*0`).MatchString(expr) {
+	if strings.Contains(expr, "cpuslot_budget_cores") && regexp.MustCompile(`cpuslot_budget_cores\{[^}]*\}\s*>\s*0`).MatchString(expr) {
 		return "budget"
 	}
 	return "data"

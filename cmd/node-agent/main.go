@@ -6,6 +6,7 @@
 //	node-agent cleanup [flags] remove every cpuslot slot (uninstall); with
 //	                           -tree, also the whole cgroup tree at -under
 //	node-agent version
+//	node-agent help [command]
 package main
 
 import (
@@ -13,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -30,6 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 )
 
 func main() {
@@ -46,13 +49,86 @@ func main() {
 		err = cleanup(args)
 	case "version":
 		fmt.Println(agent.Version)
+	case "help":
+		err = help(args)
 	default:
-		err = fmt.Errorf("unknown command %q (want run, cleanup or version)", cmd)
+		err = fmt.Errorf("unknown command %q (want run, cleanup, version or help)", cmd)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the usage is printed
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "node-agent:", err)
+		fatal(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// stdout is where help goes (a variable for tests).
+var stdout io.Writer = os.Stdout
+
+const overview = `node-agent pre-warms CPU slots inside the containers it serves and leases
+them to runtimes over a Unix socket.
+
+usage:
+  node-agent [run] [flags]    serve (standalone, or -kubernetes)
+  node-agent cleanup [flags]  remove every cpuslot slot (uninstall)
+  node-agent version          print the version
+  node-agent help [command]   this text, or a command's flags
+`
+
+// help prints the overview, or a command's usage and flags.
+func help(args []string) error {
+	if len(args) == 0 {
+		_, err := io.WriteString(stdout, overview)
+		return err
+	}
+	var err error
+	switch args[0] {
+	case "run":
+		_, _, err = parseRun([]string{"-h"})
+	case "cleanup":
+		err = cleanup([]string{"-h"})
+	case "version":
+		_, err = io.WriteString(stdout, "usage: node-agent version\n\nprints the agent's version\n")
+	case "help":
+		_, err = io.WriteString(stdout, overview)
+	default:
+		return fmt.Errorf("help: unknown command %q (want run, cleanup, version or help)", args[0])
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+// parseFlags parses a command's flags. The flag package's own text is
+// dropped: a bad flag is returned, to be logged as JSON like every other
+// line; -h prints the usage to stdout and returns flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(stdout, "usage: node-agent %s [flags]\n\nflags:\n", fs.Name())
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+	}
+	return err
+}
+
+// fatal logs the error that ends the command as a JSON line, as the
+// agent's log is.
+func fatal(w io.Writer, err error) {
+	slog.New(slog.NewJSONHandler(w, nil)).Error("node-agent failed", "err", err)
+}
+
+// newLogger is the agent's one log stream: JSON lines on w. client-go logs
+// through klog, which is routed to it too, so its lines are JSON as well.
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+	klog.SetSlogLogger(log)
+	return log
 }
 
 type listFlag []string
@@ -107,7 +183,7 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	fs.Var(&containers, "container", "serve this cgroup (path in the cpu hierarchy); repeatable")
 	fs.Var(&pids, "pid", "serve the cgroup of this process; repeatable")
 	fs.Var(&serveUnder, "serve-under", "serve any process connecting from a cgroup below this one, in its own cgroup; repeatable")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		if badSetting != nil {
 			return agent.Config{}, rf, badSetting
 		}
@@ -178,8 +254,7 @@ func run(args []string) error {
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return fmt.Errorf("log level %q: %w", cfg.LogLevel, err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	slog.SetDefault(log)
+	log := newLogger(os.Stderr, level)
 
 	a, err := agent.New(cfg, log)
 	if err != nil {
@@ -193,6 +268,9 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
+		// Events of the last moments (the stop itself may record some)
+		// are sent before the process exits.
+		defer src.Shutdown(5 * time.Second)
 		sources = append(sources, src)
 	} else if len(cfg.Standalone.Containers)+len(cfg.Standalone.PIDs)+len(cfg.Standalone.ServeUnder) == 0 {
 		log.Warn("nothing to serve: give -container, -pid or -serve-under (or standalone: in the config file), or -kubernetes")
@@ -200,7 +278,7 @@ func run(args []string) error {
 	return a.Run(ctx, sources, rf.cleanupOnExit)
 }
 
-func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (discover.Source, error) {
+func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*k8sdiscover.Source, error) {
 	kc := cfg.Kubernetes
 	sel, err := k8sdiscover.ParseSelector(kc.Select)
 	if err != nil {
@@ -236,7 +314,7 @@ func cleanup(args []string) error {
 	wait := fs.Duration("wait", 0, "keep retrying busy slots (and, with -tree, busy cgroups) for this long")
 	tree := fs.Bool("tree", false, "then remove the cgroup at -under and every cgroup below it, moving what still runs there to the root")
 	kill := fs.Bool("kill", false, "with -tree: kill the processes still in the tree instead of moving them")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *tree && path.Clean("/"+*under) == "/" {

@@ -61,6 +61,9 @@ type Agent struct {
 	// reporters are the sources that tell a container's owner (Events).
 	reporters []discover.Reporter
 	ready     atomic.Bool
+	// maintained is when the maintenance loop last went round (Unix ns; 0:
+	// not running): /healthz fails when it stalls.
+	maintained atomic.Int64
 }
 
 // ErrTooManyContainers means the agent serves its maximum of containers
@@ -177,6 +180,7 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 
 	tick := time.NewTicker(a.cfg.ReapInterval.Duration)
 	defer tick.Stop()
+	a.maintained.Store(time.Now().UnixNano())
 loop:
 	for {
 		select {
@@ -184,8 +188,10 @@ loop:
 			break loop
 		case now := <-tick.C:
 			a.Maintain(now)
+			a.maintained.Store(time.Now().UnixNano())
 		}
 	}
+	a.maintained.Store(0)
 	a.ready.Store(false)
 	if ln != nil {
 		ln.Close()
@@ -288,6 +294,29 @@ func (a *Agent) serveWith(c discover.Container, auto bool, ln *server.Listener) 
 
 // prepareHook, when set by a test, runs before a container's pool is made.
 var prepareHook func(cgroupPath string)
+
+// maintainHook, when set by a test, runs at the start of each maintenance
+// round.
+var maintainHook func()
+
+// minStall is the least time without a maintenance round that /healthz
+// calls a stall (a variable for tests); the bound is 5 rounds otherwise.
+var minStall = time.Minute
+
+// healthy reports a stalled maintenance loop (a round that does not end:
+// a cgroup write that hangs, a lock never given back): once the loop has
+// started, a round must end within max(5 x reapInterval, minStall).
+func (a *Agent) healthy(now time.Time) error {
+	last := a.maintained.Load()
+	if last == 0 {
+		return nil // not started yet (or stopping): /readyz says so
+	}
+	limit := max(5*a.cfg.ReapInterval.Duration, minStall)
+	if since := now.Sub(time.Unix(0, last)); since > limit {
+		return fmt.Errorf("maintenance loop stalled: no round ended for %v (limit %v)", since.Round(time.Millisecond), limit)
+	}
+	return nil
+}
 
 // prepare makes a container's pool: adopt, pre-warm, listen.
 func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*served, error) {
@@ -631,6 +660,9 @@ func containerOf(p string) string {
 // gone or were made anew, and tears down auto-served containers no thread
 // is left in.
 func (a *Agent) Maintain(now time.Time) {
+	if maintainHook != nil {
+		maintainHook()
+	}
 	a.removeLeftovers()
 	for _, s := range a.snapshot() {
 		id, err := a.hierarchy.IdentityOf(s.CgroupPath)
@@ -842,7 +874,14 @@ func fromLoopback(r *http.Request) bool {
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := a.healthy(time.Now()); err != nil {
+			a.log.Error("unhealthy", "err", err)
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)

@@ -447,3 +447,36 @@ func TestAttackDebugPoolsFromPodNetwork(t *testing.T) {
 		t.Errorf("/debug/pools from the pod network with debugPoolsRemote: %d %q", code, body)
 	}
 }
+
+// TestHealthzFailsWhenMaintenanceStalls: /healthz answers 503, naming the
+// loop, while a maintenance round does not end, and ok again once it does:
+// the liveness probe restarts an agent whose loop is stuck.
+func TestHealthzFailsWhenMaintenanceStalls(t *testing.T) {
+	var stalled atomic.Bool
+	release := make(chan struct{})
+	restore := agent.SetMaintainHook(func() {
+		if stalled.Load() {
+			<-release
+		}
+	}, 0)
+	defer restore()
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.ReapInterval = agent.Duration{Duration: 20 * time.Millisecond} })
+	a := e.Start()
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the agent stops: its loop may be held here
+	healthz := func() (int, string) {
+		rec := httptest.NewRecorder()
+		a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	agenttest.WaitFor(t, "/healthz ok while the loop runs", func() bool { code, _ := healthz(); return code == 200 })
+	stalled.Store(true)
+	agenttest.WaitFor(t, "/healthz 503 while a round is stuck", func() bool { code, _ := healthz(); return code == 503 })
+	if _, body := healthz(); !strings.Contains(body, "maintenance loop stalled") {
+		t.Errorf("/healthz says %q, want the stalled loop named", body)
+	}
+	stalled.Store(false)
+	free()
+	agenttest.WaitFor(t, "/healthz ok once the round ends", func() bool { code, _ := healthz(); return code == 200 })
+}

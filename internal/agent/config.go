@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -21,6 +22,10 @@ import (
 // Config is the agent's configuration file (YAML). Every field has a
 // default; flags override the file.
 type Config struct {
+	// APIVersion and Kind name the file's format: ConfigAPIVersion and
+	// ConfigKind, or both empty for the older unversioned form, read alike.
+	APIVersion string `json:"apiVersion,omitempty"`
+	Kind       string `json:"kind,omitempty"`
 	// Socket is the Unix socket runtimes connect to.
 	Socket string `json:"socket"`
 	// HTTP is the address of /metrics, /healthz, /readyz and /debug/pools.
@@ -178,7 +183,20 @@ func DefaultConfig() Config {
 	}
 }
 
+// The format of the agent's file. A later version gets a new apiVersion
+// here, and LoadConfig converts the ones it still reads.
+const (
+	ConfigAPIVersion = "agent.cpuslot.dev/v1alpha1"
+	ConfigKind       = "AgentConfig"
+)
+
+// ErrConfigVersion: the file names another apiVersion or kind than this
+// agent reads.
+var ErrConfigVersion = errors.New("unsupported apiVersion or kind")
+
 // LoadConfig reads a YAML file over the defaults; unknown fields are errors.
+// It reads the versioned form (apiVersion, kind) and the older one without
+// either, which has the same fields.
 func LoadConfig(path string) (Config, error) {
 	c := DefaultConfig()
 	b, err := os.ReadFile(path)
@@ -187,6 +205,10 @@ func LoadConfig(path string) (Config, error) {
 	}
 	if err := yaml.UnmarshalStrict(b, &c); err != nil {
 		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	if (c.APIVersion != "" || c.Kind != "") && (c.APIVersion != ConfigAPIVersion || c.Kind != ConfigKind) {
+		return c, fmt.Errorf("%s: apiVersion %q, kind %q: %w (this agent reads apiVersion %s, kind %s, or a file with neither)",
+			path, c.APIVersion, c.Kind, ErrConfigVersion, ConfigAPIVersion, ConfigKind)
 	}
 	return c, nil
 }

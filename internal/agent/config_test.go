@@ -34,6 +34,45 @@ func TestExampleConfig(t *testing.T) {
 	if c.ReapInterval.Duration != 10*time.Second || len(c.Standalone.ServeUnder) != 1 {
 		t.Fatalf("%+v", c)
 	}
+	if c.APIVersion != ConfigAPIVersion || c.Kind != ConfigKind {
+		t.Fatalf("example apiVersion %q kind %q, want %q %q", c.APIVersion, c.Kind, ConfigAPIVersion, ConfigKind)
+	}
+}
+
+// TestConfigVersions: the versioned file and the older one without
+// apiVersion and kind read alike; another version or kind, or one without
+// the other, is refused with ErrConfigVersion.
+func TestConfigVersions(t *testing.T) {
+	dir := t.TempDir()
+	load := func(body string) (Config, error) {
+		p := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return LoadConfig(p)
+	}
+	const rest = "socket: /run/x.sock\npool:\n  prewarm: 250m=1\n"
+	old, err := load(rest)
+	if err != nil {
+		t.Fatalf("the unversioned form: %v", err)
+	}
+	cur, err := load("apiVersion: " + ConfigAPIVersion + "\nkind: " + ConfigKind + "\n" + rest)
+	if err != nil {
+		t.Fatalf("the versioned form: %v", err)
+	}
+	if old.Socket != "/run/x.sock" || cur.Socket != old.Socket || cur.Pool.Prewarm != old.Pool.Prewarm {
+		t.Fatalf("the two forms read differently: %+v vs %+v", old, cur)
+	}
+	for name, head := range map[string]string{
+		"other version": "apiVersion: agent.cpuslot.dev/v9\nkind: " + ConfigKind + "\n",
+		"other kind":    "apiVersion: " + ConfigAPIVersion + "\nkind: Pod\n",
+		"version only":  "apiVersion: " + ConfigAPIVersion + "\n",
+		"kind only":     "kind: " + ConfigKind + "\n",
+	} {
+		if _, err := load(head + rest); !errors.Is(err, ErrConfigVersion) {
+			t.Errorf("%s: %v, want ErrConfigVersion", name, err)
+		}
+	}
 }
 
 func TestBadConfig(t *testing.T) {

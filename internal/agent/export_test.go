@@ -1,5 +1,7 @@
 package agent
 
+import "time"
+
 // SetPrepareHook runs f before each container's pool is made (tests only).
 func SetPrepareHook(f func(cgroupPath string)) { prepareHook = f }
 
@@ -13,4 +15,13 @@ func SetForeignScanBounds(perRound, perContainer int) func() {
 	r, c := foreignScanPerRound, foreignScanPerContainer
 	foreignScanPerRound, foreignScanPerContainer = perRound, perContainer
 	return func() { foreignScanPerRound, foreignScanPerContainer = r, c }
+}
+
+// SetMaintainHook runs f at the start of each maintenance round, and sets
+// the least stall /healthz reports; it returns a function that restores
+// both.
+func SetMaintainHook(f func(), stall time.Duration) func() {
+	h, m := maintainHook, minStall
+	maintainHook, minStall = f, stall
+	return func() { maintainHook, minStall = h, m }
 }

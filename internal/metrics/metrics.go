@@ -6,6 +6,7 @@
 package metrics
 
 import (
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -79,6 +80,7 @@ type Metrics struct {
 	errors            *prometheus.CounterVec
 	connections       prometheus.Gauge
 	info              *prometheus.GaugeVec
+	buildInfo         *prometheus.GaugeVec
 
 	mu sync.Mutex
 	// actions are the action labels in use, by container; nActions counts
@@ -130,11 +132,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "cpuslot_agent_info", Help: "Always 1; labels describe the node's cgroup setup."},
 			[]string{"hierarchy", "favordynmods", "version"}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cpuslot_build_info", Help: "Always 1; labels name the agent's build."},
+			[]string{"version", "goversion"}),
 		actions:    map[string]map[string]bool{},
 		maxActions: MaxActions,
 	}
 	reg.MustRegister(m.acquireDuration, m.placementDuration, m.wakeToQuota, m.cgroupOpDuration, m.acquisitions, m.admission,
-		m.invocations, m.cpuSeconds, m.throttledSeconds, m.errors, m.connections, m.info)
+		m.invocations, m.cpuSeconds, m.throttledSeconds, m.errors, m.connections, m.info, m.buildInfo)
 	for _, r := range AdmissionResults {
 		m.admission.WithLabelValues(string(r))
 	}
@@ -166,6 +171,7 @@ func (m *Metrics) Info(hierarchy string, favorDynMods bool, version string) {
 		fdm = "true"
 	}
 	m.info.WithLabelValues(hierarchy, fdm, version).Set(1)
+	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 }
 
 // SetMaxActions sets the node-wide bound on (container, action) labels.

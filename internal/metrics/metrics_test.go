@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -181,5 +182,33 @@ func TestEveryLabelPreRegistered(t *testing.T) {
 	}
 	for s := range want {
 		t.Errorf("%s{%q} is not pre-registered by New", s.metric, s.value)
+	}
+}
+
+// TestBuildInfo: the build is cpuslot_build_info{version, goversion}, as
+// Prometheus's own exporters name it; cpuslot_agent_info stays for the
+// node's cgroup setup.
+func TestBuildInfo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(reg).Info("v2", true, "1.2.3")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]map[string]string{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			ls := map[string]string{}
+			for _, l := range m.GetLabel() {
+				ls[l.GetName()] = l.GetValue()
+			}
+			found[mf.GetName()] = ls
+		}
+	}
+	if b := found["cpuslot_build_info"]; b["version"] != "1.2.3" || b["goversion"] != runtime.Version() {
+		t.Errorf("cpuslot_build_info %v, want version 1.2.3 and goversion %s", b, runtime.Version())
+	}
+	if a := found["cpuslot_agent_info"]; a["hierarchy"] != "v2" || a["favordynmods"] != "true" {
+		t.Errorf("cpuslot_agent_info %v", a)
 	}
 }

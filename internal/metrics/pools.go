@@ -26,12 +26,19 @@ type Quota struct {
 var (
 	slotsDesc = prometheus.NewDesc("cpuslot_slots", "Slots by container, quota and state (free, leased, busy).",
 		[]string{"container", "quota", "state"}, nil)
-	budgetDesc = prometheus.NewDesc("cpuslot_budget_millicores", "Admission budget per container (0: unlimited).",
+	budgetDesc = prometheus.NewDesc("cpuslot_budget_cores", "Admission budget per container, in CPUs (0: unlimited).",
 		[]string{"container"}, nil)
-	usedDesc = prometheus.NewDesc("cpuslot_budget_used_millicores", "CPU quota granted to leases now, per container.",
+	usedDesc = prometheus.NewDesc("cpuslot_budget_used_cores", "CPU quota granted to leases now, per container, in CPUs.",
+		[]string{"container"}, nil)
+	// The same in millicores, kept for one release (deprecated).
+	budgetMilliDesc = prometheus.NewDesc("cpuslot_budget_millicores", "Deprecated: cpuslot_budget_cores x 1000; removed in the next release.",
+		[]string{"container"}, nil)
+	usedMilliDesc = prometheus.NewDesc("cpuslot_budget_used_millicores", "Deprecated: cpuslot_budget_used_cores x 1000; removed in the next release.",
+		[]string{"container"}, nil)
+	lentMilliDesc = prometheus.NewDesc("cpuslot_lent_millicores", "Deprecated: cpuslot_lent_cores x 1000; removed in the next release.",
 		[]string{"container"}, nil)
 	leasesDesc = prometheus.NewDesc("cpuslot_leases", "Leases held now, per container.", []string{"container"}, nil)
-	lentDesc   = prometheus.NewDesc("cpuslot_lent_millicores", "Quota sleeping leases lend to admission now, per container (admission.lendRatio; not in cpuslot_budget_used_millicores).",
+	lentDesc   = prometheus.NewDesc("cpuslot_lent_cores", "Quota sleeping leases lend to admission now, per container, in CPUs (admission.lendRatio; not in cpuslot_budget_used_cores).",
 		[]string{"container"}, nil)
 	wakesDesc = prometheus.NewDesc("cpuslot_wakes_total", "Sleeping leases woken (WAKE), per container; a wake that puts the container over its budget degrades the youngest awake leases.",
 		[]string{"container"}, nil)
@@ -58,7 +65,8 @@ func RegisterPools(reg prometheus.Registerer, maxContainers int, pools func() []
 }
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, lentDesc, wakesDesc, lendsDesc, giveBacksDesc, cutsDesc, poolsDesc, maxDesc} {
+	for _, d := range []*prometheus.Desc{slotsDesc, budgetDesc, usedDesc, leasesDesc, lentDesc, wakesDesc, lendsDesc, giveBacksDesc, cutsDesc, poolsDesc, maxDesc,
+		budgetMilliDesc, usedMilliDesc, lentMilliDesc} {
 		ch <- d
 	}
 }
@@ -73,10 +81,13 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- ConstGauge(slotsDesc, float64(q.Leased), p.Container, q.Quota, "leased")
 			ch <- ConstGauge(slotsDesc, float64(q.Slots-q.Free-q.Leased), p.Container, q.Quota, "busy")
 		}
-		ch <- ConstGauge(budgetDesc, float64(p.BudgetMilli), p.Container)
-		ch <- ConstGauge(usedDesc, float64(p.UsedMilli), p.Container)
+		ch <- ConstGauge(budgetDesc, float64(p.BudgetMilli)/1000, p.Container)
+		ch <- ConstGauge(usedDesc, float64(p.UsedMilli)/1000, p.Container)
 		ch <- ConstGauge(leasesDesc, float64(p.Leases), p.Container)
-		ch <- ConstGauge(lentDesc, float64(p.LentMilli), p.Container)
+		ch <- ConstGauge(lentDesc, float64(p.LentMilli)/1000, p.Container)
+		ch <- ConstGauge(budgetMilliDesc, float64(p.BudgetMilli), p.Container)
+		ch <- ConstGauge(usedMilliDesc, float64(p.UsedMilli), p.Container)
+		ch <- ConstGauge(lentMilliDesc, float64(p.LentMilli), p.Container)
 		c := Label(p.Container)
 		ch <- prometheus.MustNewConstMetric(wakesDesc, prometheus.CounterValue, float64(p.Wakes), c)
 		ch <- prometheus.MustNewConstMetric(lendsDesc, prometheus.CounterValue, float64(p.Lends), c)

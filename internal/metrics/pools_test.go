@@ -35,7 +35,9 @@ func TestPoolGauges(t *testing.T) {
 		}
 	}
 	want := []string{
+		"cpuslot_budget_cores{container=ns/pod/c} 1",
 		"cpuslot_budget_millicores{container=ns/pod/c} 1000",
+		"cpuslot_budget_used_cores{container=ns/pod/c} 0.25",
 		"cpuslot_budget_used_millicores{container=ns/pod/c} 250",
 		"cpuslot_containers{} 1",
 		"cpuslot_containers_max{} 7",
@@ -43,6 +45,7 @@ func TestPoolGauges(t *testing.T) {
 		"cpuslot_leases{container=ns/pod/c} 1",
 		"cpuslot_lend_cuts_total{container=ns/pod/c} 2",
 		"cpuslot_lends_total{container=ns/pod/c} 5",
+		"cpuslot_lent_cores{container=ns/pod/c} 0.125",
 		"cpuslot_lent_millicores{container=ns/pod/c} 125",
 		"cpuslot_slots{container=ns/pod/c,quota=250m,state=busy} 1",
 		"cpuslot_slots{container=ns/pod/c,quota=250m,state=free} 2",

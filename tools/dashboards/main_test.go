@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
@@ -347,6 +349,35 @@ func TestDefinition(t *testing.T) {
 		}
 		if n == 0 {
 			t.Errorf("%s: no query", d.UID)
+		}
+	}
+}
+
+// TestClusterVariable: each dashboard has a cluster variable, and every
+// selector of the job's series (queries and the other variables) filters by
+// it, so that one dashboard serves a Prometheus holding several clusters.
+func TestClusterVariable(t *testing.T) {
+	sel := regexp.MustCompile(`\{[^}]*job="\$\w+"[^}]*\}`)
+	check := func(uid, where, expr string) {
+		for _, m := range sel.FindAllString(expr, -1) {
+			if !strings.Contains(m, `cluster=~"$cluster"`) {
+				t.Errorf("%s: %s selects %s without the cluster", uid, where, m)
+			}
+		}
+	}
+	for _, d := range Dashboards {
+		if len(d.Vars) == 0 || d.Vars[0].Name != "cluster" {
+			t.Errorf("%s: the first variable is not cluster", d.UID)
+		}
+		for _, v := range d.Vars[1:] {
+			check(d.UID, "variable "+v.Name, v.Selector)
+		}
+		for _, r := range d.Rows {
+			for _, p := range r.Panels {
+				for _, q := range p.Queries {
+					check(d.UID, "panel "+p.Title, q.Expr)
+				}
+			}
 		}
 	}
 }

@@ -47,7 +47,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{- define "cpuslot.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A CPU quantity as a string: --set admission.budget=2 gives a number. */}}
@@ -59,6 +63,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "cpuslot.config" -}}
 # cpuslot node agent configuration, rendered by the cpuslot chart from its
 # values (docs/agent.example.yaml). Node name: env NODE_NAME.
+apiVersion: agent.cpuslot.dev/v1alpha1
+kind: AgentConfig
 http: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
 debugPoolsRemote: {{ .Values.metrics.debugPoolsRemote }}
 logLevel: {{ .Values.logLevel }}

@@ -61,6 +61,7 @@ type Source struct {
 	hierarchy *cgroup.Hierarchy
 	log       *slog.Logger
 	recorder  record.EventRecorder
+	events    *events
 
 	ctrd   *containerd.Client
 	ctrdMu sync.Mutex
@@ -88,10 +89,10 @@ func New(cfg Config, client kubernetes.Interface, h *cgroup.Hierarchy, log *slog
 	if cfg.Resync <= 0 {
 		cfg.Resync = 30 * time.Second
 	}
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	rec := b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "cpuslot-node-agent", Host: cfg.NodeName})
-	s := &Source{cfg: cfg, client: client, hierarchy: h, log: log, recorder: rec, served: map[string]servedPod{}}
+	ev := &events{b: record.NewBroadcaster()}
+	ev.b.StartRecordingToSink(countingSink{&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")}, ev})
+	rec := countingRecorder{ev.b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "cpuslot-node-agent", Host: cfg.NodeName}), ev}
+	s := &Source{cfg: cfg, client: client, hierarchy: h, log: log, recorder: rec, events: ev, served: map[string]servedPod{}}
 	s.cgroupOf = s.containerdCgroup
 	return s
 }

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"k8s.io/klog/v2"
+)
+
+// jsonLines parses every line of out as a JSON object, failing on one that
+// is not.
+func jsonLines(t *testing.T, out string) []map[string]any {
+	t.Helper()
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("a log line that is not JSON: %q (%v)", l, err)
+		}
+		lines = append(lines, m)
+	}
+	return lines
+}
+
+// TestKlogIsJSON: what client-go logs through klog comes out as JSON lines
+// of the agent's log, not as klog's text.
+func TestKlogIsJSON(t *testing.T) {
+	old := slog.Default()
+	t.Cleanup(func() { klog.ClearLogger(); slog.SetDefault(old) })
+	var buf bytes.Buffer
+	newLogger(&buf, slog.LevelInfo)
+	klog.InfoS("watch started", "resource", "pods")
+	klog.Info("unstructured ", "line")
+	klog.ErrorS(errors.New("connection refused"), "list failed")
+	klog.Flush()
+	lines := jsonLines(t, buf.String())
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3:\n%s", len(lines), buf.String())
+	}
+	if lines[0]["msg"] != "watch started" || lines[0]["resource"] != "pods" || lines[0]["level"] != "INFO" {
+		t.Errorf("InfoS: %v", lines[0])
+	}
+	if lines[2]["level"] != "ERROR" || lines[2]["err"] != "connection refused" {
+		t.Errorf("ErrorS: %v", lines[2])
+	}
+}
+
+// TestFatalIsJSON: the error that ends the agent is a JSON line too.
+func TestFatalIsJSON(t *testing.T) {
+	var buf bytes.Buffer
+	_, _, err := parseRun([]string{"-no-such-flag"})
+	if err == nil {
+		t.Fatal("an unknown flag was accepted")
+	}
+	fatal(&buf, err)
+	lines := jsonLines(t, buf.String())
+	if len(lines) != 1 || lines[0]["level"] != "ERROR" || !strings.Contains(lines[0]["err"].(string), "no-such-flag") {
+		t.Fatalf("fatal wrote %q", buf.String())
+	}
+}
+
+// TestHelp: help prints the commands, and each command's flags.
+func TestHelp(t *testing.T) {
+	var buf bytes.Buffer
+	old := stdout
+	stdout = &buf
+	t.Cleanup(func() { stdout = old })
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "node-agent cleanup [flags]"},
+		{[]string{"run"}, "-config"},
+		{[]string{"cleanup"}, "-tree"},
+		{[]string{"version"}, "node-agent version"},
+	} {
+		buf.Reset()
+		if err := help(c.args); err != nil {
+			t.Errorf("help %v: %v", c.args, err)
+		}
+		if !strings.Contains(buf.String(), c.want) {
+			t.Errorf("help %v printed %q, want %q in it", c.args, buf.String(), c.want)
+		}
+	}
+	if err := help([]string{"frob"}); err == nil {
+		t.Error("help of an unknown command: no error")
+	}
+	buf.Reset()
+	if _, _, err := parseRun([]string{"-h"}); !errors.Is(err, flag.ErrHelp) || !strings.Contains(buf.String(), "-socket") {
+		t.Errorf("run -h: %v, printed %q", err, buf.String())
+	}
+}
