@@ -713,11 +713,81 @@ func TestAttackPreHelloFlood(t *testing.T) {
 	}
 }
 
-// childIdle opens CONNS connections to SOCKET, says nothing on them, and
-// keeps them until the test ends (its stdin closes).
+// TestAttackNewContainersPinNodeShare (issue 32, finding 2): processes of
+// containers not served yet (serveUnder) open connections before their
+// first HELLO, which charges them to the node's share, then say HELLO on
+// each: their container is served from then on. They must leave the
+// node's share then, so that another new container still connects.
+func TestAttackNewContainersPinNodeShare(t *testing.T) {
+	const nodeCap, floods, perFlood = 16, 2, 8
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) {
+		c.Limits.MaxConnections = nodeCap
+		c.Limits.MaxPendingHelloPerCgroup = perFlood
+	})
+	e.ServeUnder()
+	a := e.Start()
+	for i := 0; i < floods; i++ {
+		ch := agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: e.Sibling(fmt.Sprintf("flood%d", i)), Unprivileged: true,
+			Env: []string{"SOCKET=" + e.Socket, "CONNS=" + strconv.Itoa(perFlood), "HELLO=1"}})
+		var r map[string]int
+		ch.Result(t, &r)
+		if r["opened"] != perFlood || r["hello"] != perFlood {
+			t.Fatalf("flood %d: %v", i, r)
+		}
+	}
+	victim := e.Sibling("victim")
+	ch := agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: victim, Unprivileged: true,
+		Env: []string{"SOCKET=" + e.Socket, "CONNS=4", "HELLO=1"}})
+	var r map[string]int
+	ch.Result(t, &r)
+	if r["hello"] != 4 {
+		v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="connection_limit"}`)
+		t.Fatalf("a new container got %d of 4 HELLOs answered while %d served connections of other containers stayed open (%v refused at accept)", r["hello"], floods*perFlood, v)
+	}
+}
+
+// TestAttackPreHelloPinsNodeShare (issue 32, finding 2): processes of two
+// cgroups outside every served container hold idle connections without
+// HELLO until the node's share is full, each within its cgroup's cap. A
+// new container's connection is still taken: it displaces a waiting
+// connection of the cgroup that holds the most.
+func TestAttackPreHelloPinsNodeShare(t *testing.T) {
+	const nodeCap, floods, perFlood = 16, 2, 8
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) {
+		c.Limits.MaxConnections = nodeCap
+		c.Limits.MaxPendingHelloPerCgroup = perFlood
+		c.Limits.HelloTimeout = agent.Duration{Duration: time.Hour}
+	})
+	e.ServeUnder()
+	a := e.Start()
+	for i := 0; i < floods; i++ {
+		ch := agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: e.Sibling(fmt.Sprintf("flood%d", i)), Unprivileged: true,
+			Env: []string{"SOCKET=" + e.Socket, "CONNS=" + strconv.Itoa(perFlood)}})
+		var r map[string]int
+		ch.Result(t, &r)
+		if r["opened"] != perFlood {
+			t.Fatalf("flood %d: %v", i, r)
+		}
+	}
+	agenttest.WaitFor(t, "the flood's connections to be charged", func() bool {
+		return strings.Contains(agenttest.Scrape(t, a), fmt.Sprintf("cpuslot_connections %d", nodeCap))
+	})
+	ch := agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: e.Sibling("victim"), Unprivileged: true,
+		Env: []string{"SOCKET=" + e.Socket, "CONNS=4", "HELLO=1"}})
+	var r map[string]int
+	ch.Result(t, &r)
+	if r["hello"] != 4 {
+		t.Fatalf("a new container got %d of 4 HELLOs answered while two cgroups held the node's share", r["hello"])
+	}
+}
+
+// childIdle opens CONNS connections to SOCKET, says nothing on them (with
+// HELLO=1: HELLO, counting the answers), and keeps them until the test
+// ends (its stdin closes).
 func childIdle() (any, error) {
 	n, _ := strconv.Atoi(os.Getenv("CONNS"))
 	var conns []net.Conn
+	hello := 0
 	for i := 0; i < n; i++ {
 		c, err := net.Dial("unix", os.Getenv("SOCKET"))
 		if err != nil {
@@ -725,7 +795,16 @@ func childIdle() (any, error) {
 		}
 		conns = append(conns, c)
 	}
-	b, _ := json.Marshal(map[string]int{"opened": len(conns)})
+	if os.Getenv("HELLO") != "" {
+		for _, c := range conns {
+			c.SetDeadline(time.Now().Add(time.Minute))
+			c.Write(agenttest.FrameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+			if agenttest.IsOK(agenttest.ReadRespOrNil(c)) {
+				hello++
+			}
+		}
+	}
+	b, _ := json.Marshal(map[string]int{"opened": len(conns), "hello": hello})
 	fmt.Println(string(b))
 	io.Copy(io.Discard, os.Stdin)
 	return map[string]int{}, nil

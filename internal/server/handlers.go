@@ -76,11 +76,18 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 		c.fail(request, err)
 		return false
 	}
+	// The connection leaves the node's share for its container's.
+	ctr := c.resolve.Serving(c.charge.cgroup)
+	c.srv.mu.Lock()
+	ok := c.srv.charges.named(&c.charge, ctr, c.srv.limits)
+	c.srv.mu.Unlock()
+	if !ok {
+		c.srv.metrics.Error(metrics.ConnectionLimit)
+		c.srv.log.Debug("connection refused at HELLO: its container's share is full", "pid", c.peer.PID, "container", ctr)
+		return false
+	}
 	c.pool = p
 	c.c.SetReadDeadline(time.Time{})
-	c.srv.mu.Lock()
-	c.srv.charges.identified(&c.charge)
-	c.srv.mu.Unlock()
 	if h.Flags&slotv1.HelloFDPassing != 0 {
 		err := c.passesFDs()
 		c.fds = err == nil
