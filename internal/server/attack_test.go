@@ -29,6 +29,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/server"
 )
 
 // rawAcquire encodes an ACQUIRE whose action is given as raw bytes: the
@@ -853,5 +854,43 @@ func TestAttackFDsAfterHostProcessJoins(t *testing.T) {
 	c2.SetDeadline(time.Now().Add(time.Minute))
 	if ok := hello(c2); ok.Flags&slotv1.HelloOKAgentPlaces == 0 {
 		t.Fatalf("a new HELLO got fds while a host process is in the container: %+v", ok)
+	}
+}
+
+// TestAttackOneWayReleaseFlood (issue 32, finding 3): a process sends
+// one-way RELEASEs of leases it does not hold as fast as it can. Nothing
+// answers them, so only the agent can pace them: it takes at most
+// OneWayBurst plus OneWayRate a second, and its reading of the flood's
+// connection waits meanwhile, so the flood fills its own socket.
+func TestAttackOneWayReleaseFlood(t *testing.T) {
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c := agenttest.DialRaw(t, e.Socket)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Minute))
+	agenttest.SayHello(t, c)
+	const flood = 20000
+	var frames []byte
+	for i := 0; i < flood; i++ {
+		frames = append(frames, agenttest.Frame(t, &slotv1.Release{Lease: uint64(1<<40 + i), Flags: slotv1.ReleaseNoReply})...)
+	}
+	start := time.Now()
+	c.SetWriteDeadline(time.Now().Add(time.Minute))
+	go c.Write(frames) // blocks once the agent stops reading; ends with the test
+	agenttest.WaitFor(t, "the flood's first frames to be taken", func() bool {
+		v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="unknown_lease"}`)
+		return v >= server.OneWayBurst
+	})
+	time.Sleep(100 * time.Millisecond)
+	taken, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="unknown_lease"}`)
+	elapsed := time.Since(start)
+	allowed := server.OneWayBurst + server.OneWayRate*elapsed.Seconds() + 1
+	t.Logf("%.0f of %d one-way RELEASEs taken in %v", taken, flood, elapsed.Round(time.Millisecond))
+	if taken > allowed {
+		t.Fatalf("%.0f one-way RELEASEs of unknown leases taken in %v, want at most %.0f (OneWayBurst + OneWayRate/s)", taken, elapsed, allowed)
+	}
+	if v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="oneway_throttled"}`); v == 0 {
+		t.Error("the paced frames are not counted as oneway_throttled")
 	}
 }

@@ -137,7 +137,8 @@ func (c *conn) release(request uint32, m *slotv1.Release) bool {
 		c.srv.guard.check() // the agent moved the thread out
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
-		return true // errors are counted by the pool; nothing is sent
+		// errors are counted by the pool; nothing is sent
+		return err == nil || c.paceOneWay()
 	}
 	if err != nil {
 		return c.fail(request, err)
@@ -164,6 +165,9 @@ func (c *conn) nap(request uint32, m *slotv1.Release) bool {
 	case m.Flags&slotv1.ReleaseSleep != 0:
 		err = c.pool.Sleep(c.session, m.Lease)
 	default:
+		if m.Flags&slotv1.ReleaseNoReply != 0 && !c.paceOneWay() {
+			return false
+		}
 		err = c.pool.Wake(c.session, m.Lease)
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
@@ -173,6 +177,20 @@ func (c *conn) nap(request uint32, m *slotv1.Release) bool {
 		return c.fail(request, err)
 	}
 	return c.send(request, &slotv1.ReleaseOK{}, nil)
+}
+
+// paceOneWay takes a one-way frame's turn (OneWayRate): past the rate the
+// connection is not read until its next is due. false: the process exited
+// or the agent stops.
+func (c *conn) paceOneWay() bool {
+	if c.session.oneWay.Allow() {
+		return true
+	}
+	c.srv.metrics.Error(metrics.OneWayThrottled)
+	if c.session.gone.Load() {
+		return true // a flood queued before the exit: nobody waits on it
+	}
+	return c.session.oneWay.Wait(c.session.ctx) == nil
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts
