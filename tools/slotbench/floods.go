@@ -24,6 +24,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"syscall"
@@ -70,10 +71,10 @@ func floodBench(p floodParams) error {
 		if err := runScaleChild(h, rel, "probe", cfg.Socket, sp, &r); err != nil {
 			return nil, err
 		}
-		if r.Err != "" {
+		if r.Err != "" && r.Refused == 0 {
 			return nil, fmt.Errorf("probe in %s: %s", name, r.Err)
 		}
-		return &r, nil
+		return &r, nil // refused HELLOs: the flood kept the victim out
 	}
 	fmt.Printf("# slotbench -floods: %s, kernel %s, %d CPUs; the victim's connect + HELLO (n=%d) and ACQUIRE (n=%d), quiet and flooded\n\n",
 		h, kernelRelease(), runtime.NumCPU(), p.hellos, p.acquires)
@@ -88,6 +89,10 @@ func floodBench(p floodParams) error {
 			refused := ""
 			if m.what == "connect + HELLO" {
 				refused = strconv.Itoa(f.Refused)
+			}
+			if len(m.f) == 0 {
+				fmt.Printf("| %s | %s | %s | %s | none answered | none answered | - | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)), refused)
+				continue
 			}
 			fmt.Printf("| %s | %s | %s | %s | %s | %s | %.2f | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)),
 				usNS(pctNS(m.f, 0.5)), usNS(pctNS(m.f, 0.99)), float64(pctNS(m.f, 0.99))/float64(max(pctNS(m.q, 0.99), 1)), refused)
@@ -127,14 +132,22 @@ func floodBench(p floodParams) error {
 	if err != nil {
 		return err
 	}
-	// Spread over processes of at most maxConnectionsPerProcess each.
+	// Spread over processes of at most maxConnectionsPerProcess each,
+	// which all open their connections before any says HELLO (the
+	// barrier file), so that all are charged before their container is
+	// served.
 	perProc := cfg.Limits.MaxConnectionsPerProcess
+	barrier := filepath.Join(tb.dir, "hello")
 	for i := 0; i < p.pinContainers; i++ {
 		for left := p.pinConns; left > 0; left -= perProc {
-			if err := start(fmt.Sprintf("pin%02d", i), "pin", outsideUID+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", min(left, perProc))); err != nil {
+			if err := start(fmt.Sprintf("pin%02d", i), "pin", outsideUID+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", min(left, perProc)),
+				"SLOTBENCH_BARRIER="+barrier); err != nil {
 				return err
 			}
 		}
+	}
+	if err := os.WriteFile(barrier, nil, 0o644); err != nil {
+		return err
 	}
 	settle()
 	flooded, err := probeIn("new-flooded")
@@ -203,7 +216,8 @@ func floodChild(role, socket string, n int, report func(any)) {
 	hello := frameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1})
 	switch role {
 	case "pin":
-		// Open n connections, then say HELLO on each, and keep them.
+		// Open n connections, then (once the barrier file exists) say
+		// HELLO on each, and keep them.
 		var conns []net.Conn
 		for len(conns) < n {
 			c, err := net.Dial("unix", socket)
@@ -212,16 +226,16 @@ func floodChild(role, socket string, n int, report func(any)) {
 			}
 			conns = append(conns, c)
 		}
-		ok := 0
+		report(map[string]int{"held": len(conns)})
+		for _, err := os.Stat(os.Getenv("SLOTBENCH_BARRIER")); err != nil; _, err = os.Stat(os.Getenv("SLOTBENCH_BARRIER")) {
+			time.Sleep(10 * time.Millisecond)
+		}
 		buf := make([]byte, 4096)
 		for _, c := range conns {
 			c.Write(hello)
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if _, err := c.Read(buf); err == nil {
-				ok++
-			}
+			c.Read(buf)
 		}
-		report(map[string]int{"held": len(conns), "hello": ok})
 		stall()
 	case "churn":
 		for i := 0; i < n; i++ {
