@@ -16,7 +16,7 @@ package main
 //     they do not hold as fast as they can.
 //
 //	slotbench -floods
-//	slotbench -floods -pin-containers 16 -pin-conns 256
+//	slotbench -floods -churn-users 0 -flappers 0 -releasers 0   # the pinning flood alone
 
 import (
 	"fmt"
@@ -78,7 +78,10 @@ func floodBench(p floodParams) error {
 	}
 	fmt.Printf("# slotbench -floods: %s, kernel %s, %d CPUs; the victim's connect + HELLO (n=%d) and ACQUIRE (n=%d), quiet and flooded\n\n",
 		h, kernelRelease(), runtime.NumCPU(), p.hellos, p.acquires)
-	fmt.Printf("| flood | what | quiet p50 | quiet p99 | flooded p50 | flooded p99 | p99 ratio | HELLOs refused (flooded) |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| flood | what | quiet p50 | quiet p99 | flooded p50 | flooded p99 | p99 ratio | HELLOs refused (flooded) | agent CPU (flooded) |\n|---|---|---|---|---|---|---|---|---|\n")
+	// agentCPU is the share of a core the agent (this process) used
+	// while the flood ran, probe included.
+	var agentCPU float64
 	row := func(flood string, q, f *probeResult) {
 		for _, m := range []struct {
 			what string
@@ -86,16 +89,16 @@ func floodBench(p floodParams) error {
 		}{{"connect + HELLO", q.Hello, f.Hello}, {"ACQUIRE", q.Acquire, f.Acquire}} {
 			sortNS(m.q)
 			sortNS(m.f)
-			refused := ""
+			refused, cpu := "", ""
 			if m.what == "connect + HELLO" {
-				refused = strconv.Itoa(f.Refused)
+				refused, cpu = strconv.Itoa(f.Refused), fmt.Sprintf("%.2f of a core", agentCPU)
 			}
 			if len(m.f) == 0 {
-				fmt.Printf("| %s | %s | %s | %s | none answered | none answered | - | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)), refused)
+				fmt.Printf("| %s | %s | %s | %s | none answered | none answered | - | %s | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)), refused, cpu)
 				continue
 			}
-			fmt.Printf("| %s | %s | %s | %s | %s | %s | %.2f | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)),
-				usNS(pctNS(m.f, 0.5)), usNS(pctNS(m.f, 0.99)), float64(pctNS(m.f, 0.99))/float64(max(pctNS(m.q, 0.99), 1)), refused)
+			fmt.Printf("| %s | %s | %s | %s | %s | %s | %.2f | %s | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)),
+				usNS(pctNS(m.f, 0.5)), usNS(pctNS(m.f, 0.99)), float64(pctNS(m.f, 0.99))/float64(max(pctNS(m.q, 0.99), 1)), refused, cpu)
 		}
 	}
 	var kids []*exec.Cmd
@@ -125,90 +128,103 @@ func floodBench(p floodParams) error {
 		kids = append(kids, c)
 		return nil
 	}
-	settle := func() { time.Sleep(2 * time.Second) }
+	var cpu0 time.Duration
+	var wall0 time.Time
+	settle := func() {
+		cpu0, wall0 = cpuTime(), time.Now()
+		time.Sleep(2 * time.Second)
+	}
+	measured := func() { agentCPU = float64(cpuTime()-cpu0) / float64(time.Since(wall0)) }
 
-	// pin: the victim is a new container each time.
-	quiet, err := probeIn("new-quiet")
+	// pin: the victim is a new container, quiet and flooded.
+	if p.pinContainers > 0 {
+		quiet, err := probeIn("new-quiet")
+		if err != nil {
+			return err
+		}
+		// Spread over processes of at most maxConnectionsPerProcess
+		// each, which all open their connections before any says HELLO
+		// (the barrier file), so that all are charged before their
+		// container is served.
+		perProc := cfg.Limits.MaxConnectionsPerProcess
+		barrier := filepath.Join(tb.dir, "hello")
+		for i := 0; i < p.pinContainers; i++ {
+			for left := p.pinConns; left > 0; left -= perProc {
+				if err := start(fmt.Sprintf("pin%02d", i), "pin", outsideUID+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", min(left, perProc)),
+					"SLOTBENCH_BARRIER="+barrier); err != nil {
+					return err
+				}
+			}
+		}
+		if err := os.WriteFile(barrier, nil, 0o644); err != nil {
+			return err
+		}
+		settle()
+		flooded, err := probeIn("new-flooded")
+		measured()
+		stop()
+		if err != nil {
+			return err
+		}
+		row(fmt.Sprintf("pin: %d new containers x %d connections, HELLO on each", p.pinContainers, p.pinConns), quiet, flooded)
+	}
+	if p.churnUsers+p.flappers+p.releasers == 0 {
+		return nil
+	}
+
+	// The other floods' victim: container b, served from its first probe.
+	quiet, err := probeIn("b")
 	if err != nil {
 		return err
 	}
-	// Spread over processes of at most maxConnectionsPerProcess each,
-	// which all open their connections before any says HELLO (the
-	// barrier file), so that all are charged before their container is
-	// served.
-	perProc := cfg.Limits.MaxConnectionsPerProcess
-	barrier := filepath.Join(tb.dir, "hello")
-	for i := 0; i < p.pinContainers; i++ {
-		for left := p.pinConns; left > 0; left -= perProc {
-			if err := start(fmt.Sprintf("pin%02d", i), "pin", outsideUID+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", min(left, perProc)),
-				"SLOTBENCH_BARRIER="+barrier); err != nil {
+	phase := func(name string, n int, begin func(i int) error) error {
+		if n == 0 {
+			return nil
+		}
+		for i := 0; i < n; i++ {
+			if err := begin(i); err != nil {
 				return err
 			}
 		}
+		settle()
+		flooded, err := probeIn("b")
+		measured()
+		stop()
+		if err != nil {
+			return err
+		}
+		row(name, quiet, flooded)
+		return nil
 	}
-	if err := os.WriteFile(barrier, nil, 0o644); err != nil {
+	if err := phase(fmt.Sprintf("churn: %d users in one cgroup x %d connect loops", p.churnUsers, p.churnConns), p.churnUsers, func(i int) error {
+		return start("churn", "churn", outsideUID+100+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", p.churnConns))
+	}); err != nil {
 		return err
 	}
-	settle()
-	flooded, err := probeIn("new-flooded")
-	stop()
-	if err != nil {
-		return err
-	}
-	row(fmt.Sprintf("pin: %d new containers x %d connections, HELLO on each", p.pinContainers, p.pinConns), quiet, flooded)
-
-	// The other floods' victim: container b, served from its first probe.
-	quiet, err = probeIn("b")
-	if err != nil {
-		return err
-	}
-	for i := 0; i < p.churnUsers; i++ {
-		if err := start("churn", "churn", outsideUID+100+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", p.churnConns)); err != nil {
+	if p.flappers > 0 {
+		rel, err := tb.container("lender")
+		if err != nil {
+			return err
+		}
+		if err := setContainerLimit(h, rel, uint32(flapQuota*p.flappers), 100*time.Millisecond); err != nil {
 			return err
 		}
 	}
-	settle()
-	flooded, err = probeIn("b")
-	stop()
-	if err != nil {
+	if err := phase(fmt.Sprintf("flap: %d processes flapping SLEEP/WAKE", p.flappers), p.flappers, func(int) error {
+		return start("lender", "flap", 0)
+	}); err != nil {
 		return err
 	}
-	row(fmt.Sprintf("churn: %d users in one cgroup x %d connect loops", p.churnUsers, p.churnConns), quiet, flooded)
-
-	rel, err := tb.container("lender")
-	if err != nil {
-		return err
-	}
-	if err := setContainerLimit(h, rel, uint32(250*p.flappers), 100*time.Millisecond); err != nil {
-		return err
-	}
-	for i := 0; i < p.flappers; i++ {
-		if err := start("lender", "flap", 0); err != nil {
-			return err
-		}
-	}
-	settle()
-	flooded, err = probeIn("b")
-	stop()
-	if err != nil {
-		return err
-	}
-	row(fmt.Sprintf("flap: %d processes flapping SLEEP/WAKE", p.flappers), quiet, flooded)
-
-	for i := 0; i < p.releasers; i++ {
-		if err := start("releaser", "release", 0); err != nil {
-			return err
-		}
-	}
-	settle()
-	flooded, err = probeIn("b")
-	stop()
-	if err != nil {
-		return err
-	}
-	row(fmt.Sprintf("release: %d processes sending one-way RELEASEs", p.releasers), quiet, flooded)
-	return nil
+	return phase(fmt.Sprintf("release: %d processes sending one-way RELEASEs", p.releasers), p.releasers, func(int) error {
+		return start("releaser", "release", 0)
+	})
 }
+
+// flapQuota is the quota of a flapper's leases: above the default
+// minDegraded (50m), so a wake cuts its borrower, and small, so that the
+// flappers' own CPU (each spins in its sleeper's slot) takes little of the
+// victim's.
+const flapQuota = 100
 
 // floodChild is the flooding side of the flood benchmark; it reports on
 // its first line and floods until killed.
@@ -256,7 +272,7 @@ func floodChild(role, socket string, n int, report func(any)) {
 			return
 		}
 		runtime.LockOSThread()
-		sleeper, err := c.Acquire(250, "sleeper", "")
+		sleeper, err := c.Acquire(flapQuota, "sleeper", "")
 		if err == nil {
 			err = sleeper.Sleep()
 		}
@@ -264,7 +280,7 @@ func floodChild(role, socket string, n int, report func(any)) {
 			done := make(chan error)
 			go func() {
 				runtime.LockOSThread()
-				_, err := c.Acquire(250, "borrower", "") // held for good
+				_, err := c.Acquire(flapQuota, "borrower", "") // held for good
 				done <- err
 				stall()
 			}()

@@ -139,7 +139,7 @@ func main() {
 	flag.IntVar(&sp.outsideConns, "outside-conns", 63, "-scale: idle connections each of -outside-procs holds, reopening any closed")
 	floods := flag.Bool("floods", false, "measure a victim container's latency under tenants' floods instead (floods.go)")
 	fp := floodParams{hellos: 200, acquires: 2000}
-	flag.IntVar(&fp.pinContainers, "pin-containers", 16, "-floods: new containers pinning connections")
+	flag.IntVar(&fp.pinContainers, "pin-containers", 20, "-floods: new containers pinning connections")
 	flag.IntVar(&fp.pinConns, "pin-conns", 256, "-floods: connections each pinning container opens before its HELLOs")
 	flag.IntVar(&fp.churnUsers, "churn-users", 20, "-floods: users in one cgroup connecting and closing")
 	flag.IntVar(&fp.churnConns, "churn-conns", 8, "-floods: connect loops of each churning user")
