@@ -67,7 +67,7 @@ func (p *Pool) lend(l *lease) []raise {
 }
 
 // lendLater lends the share of lease l, which slept within a period of its
-// wake, if it still sleeps (it may have woken again, or ended).
+// last lend, if it still sleeps (it may have woken again, or ended).
 func (p *Pool) lendLater(l *lease) {
 	p.mu.Lock()
 	l.lendArmed = false

@@ -66,7 +66,7 @@ func (s *Server) accepted(c *net.UnixConn, r Resolver) bool {
 		c.Close()
 		return true
 	}
-	if ok && displace != "" {
+	if displace != "" {
 		s.displace(displace)
 	}
 	cn := &conn{srv: s, resolve: r, c: c, charge: ch, accepted: time.Now(), pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}

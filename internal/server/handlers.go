@@ -190,7 +190,9 @@ func (c *conn) paceOneWay() bool {
 	if c.session.gone.Load() {
 		return true // a flood queued before the exit: nobody waits on it
 	}
-	return c.session.oneWay.Wait(c.session.ctx) == nil
+	// The wait ends early when the process exits (its last words are
+	// read on, unpaced) or the agent stops.
+	return c.session.oneWay.Wait(c.session.ctx) == nil || c.session.gone.Load()
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts
