@@ -191,8 +191,8 @@ func (c *conn) paceOneWay() bool {
 		return true // a flood queued before the exit: nobody waits on it
 	}
 	// The wait ends early when the process exits (its last words are
-	// read on, unpaced) or the agent stops.
-	return c.session.oneWay.Wait(c.session.ctx) == nil || c.session.gone.Load()
+	// read on, unpaced) or the agent stops (the connection closes).
+	return c.session.oneWay.Wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts
