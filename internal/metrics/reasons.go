@@ -22,6 +22,7 @@ const (
 	UsageOverclaimed Reason = "usage_overclaimed" // a USAGE report claimed more CPU than the process's held slots used: cut to that
 	HeldThrottled    Reason = "held_throttled"    // a HELD request refused: its process asked more often than the agent answers
 	SleepThrottled   Reason = "sleep_throttled"   // a SLEEP refused: its process sent them faster than the agent lends (the lease stays awake)
+	OneWayThrottled  Reason = "oneway_throttled"  // a one-way WAKE or failed RELEASE waited: its process sent them faster than the agent takes them
 )
 
 // Pool: slots and threads.
@@ -56,7 +57,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 // ErrorReasons lists every Reason, cgroup operations included.
 var ErrorReasons = func() []Reason {
 	r := []Reason{
-		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled, SleepThrottled,
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled, SleepThrottled, OneWayThrottled,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, ForeignThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
 		TeardownFailed, PrewarmFailed, ReadUsage,

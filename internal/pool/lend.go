@@ -33,19 +33,50 @@ func (p *Pool) Sleep(owner any, id uint64) error {
 		return err
 	}
 	l.sleeping = true
-	l.lent = lendable(l.granted, p.cfg.LendRatio)
-	if l.lent == 0 {
-		p.mu.Unlock()
-		return nil
-	}
-	p.lent += l.lent
-	p.lends++
-	p.budget.Give(l.lent)
-	raises := p.planRaises()
-	p.broadcast() // waiting requests may fit the lent budget
+	raises := p.lend(l)
 	p.mu.Unlock()
 	p.raise(raises)
 	return nil
+}
+
+// lend lends sleeping lease l's share and plans the raises it allows. A
+// lease lends at most once a CFS period: one that lent less than a period
+// ago lends when the period is over, if it still sleeps then. Lending
+// raises borrowers and the WAKE cuts them, cgroup writes, so a lease
+// flapping SLEEP and WAKE costs at most one retune each way per period
+// (the kernel accounts CPU per period anyway). The caller holds the lock.
+func (p *Pool) lend(l *lease) []raise {
+	now := time.Now()
+	if wait := l.lentAt.Add(time.Duration(p.cfg.PeriodUS) * time.Microsecond).Sub(now); wait > 0 {
+		if !l.lendArmed {
+			l.lendArmed = true
+			time.AfterFunc(wait, func() { p.lendLater(l) })
+		}
+		return nil
+	}
+	l.lent = lendable(l.granted, p.cfg.LendRatio)
+	if l.lent == 0 {
+		return nil
+	}
+	l.lentAt = now
+	p.lent += l.lent
+	p.lends++
+	p.budget.Give(l.lent)
+	p.broadcast() // waiting requests may fit the lent budget
+	return p.planRaises()
+}
+
+// lendLater lends the share of lease l, which slept within a period of its
+// last lend, if it still sleeps (it may have woken again, or ended).
+func (p *Pool) lendLater(l *lease) {
+	p.mu.Lock()
+	l.lendArmed = false
+	var raises []raise
+	if !p.closed && p.leases[l.id] == l && l.sleeping && l.lent == 0 {
+		raises = p.lend(l)
+	}
+	p.mu.Unlock()
+	p.raise(raises)
 }
 
 // Wake ends owner's lease id's sleep: it is charged its whole quota at once

@@ -473,3 +473,45 @@ func TestRaisesResumeAfterARaise(t *testing.T) {
 	}
 	checkBound(t, p)
 }
+
+// TestFlappingLeaseRetunesOncePerPeriod (issue 32, finding 3): a lease
+// whose runtime flaps SLEEP and WAKE as fast as it can costs at most one
+// lend, and so one retune of its borrowers each way, per CFS period: a
+// SLEEP within a period of the lease's last lend lends only once the
+// period is over, if the lease still sleeps then.
+func TestFlappingLeaseRetunesOncePerPeriod(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, b := lendPool(t, 1, admission.Queue)
+	sleeper := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	must(t)(nil, p.Sleep(o, sleeper.Lease))
+	must(t)(p.Acquire(ctx, req(o, 500, 3, 0))) // the borrower
+	b.takeOps()
+	const flaps = 2000
+	start := time.Now()
+	for i := 0; i < flaps; i++ {
+		must(t)(nil, p.Wake(o, sleeper.Lease))
+		must(t)(nil, p.Sleep(o, sleeper.Lease))
+	}
+	elapsed := time.Since(start)
+	ops := len(b.takeOps())
+	period := time.Duration(p.cfg.PeriodUS) * time.Microsecond
+	// Each period at most one lend (a raise) and one wake (a cut), and the
+	// first wake's cut.
+	allowed := 2*int(elapsed/period+1) + 1
+	t.Logf("%d flaps in %v: %d cgroup writes, %d lends", flaps, elapsed.Round(time.Millisecond), ops, p.Summary().Lends)
+	if ops > allowed {
+		t.Fatalf("%d flaps in %v made %d cgroup writes, want at most %d (one retune each way per %v period)", flaps, elapsed, ops, allowed, period)
+	}
+	checkBound(t, p)
+	// A lease that stays asleep lends once the period is over.
+	deadline := time.Now().Add(time.Minute)
+	for p.Summary().LentMilli != 500 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a lease asleep for a minute lends nothing: %+v", p.Summary())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	checkBound(t, p)
+}

@@ -123,6 +123,10 @@ type lease struct {
 	// granted admission lends meanwhile (not charged to the budget).
 	sleeping bool
 	lent     uint32
+	// lentAt is when it last lent; lendArmed: a timer lends its share a
+	// period after that if it sleeps then (lend).
+	lentAt    time.Time
+	lendArmed bool
 	// seen is how far the slot's counters were credited to the process
 	// (HOLD leases; see credit).
 	seen cgroup.Usage

@@ -16,6 +16,14 @@ import (
 //     user (MaxPendingPerUID) and one cgroup (MaxPendingPerCgroup) hold at
 //     most so many connections that have not completed HELLO.
 //
+// A connection on the node's share moves to its container's share once
+// its HELLO names one (a container served at that HELLO, serveUnder), so
+// the node's share holds connections waiting for HELLO (HelloTimeout):
+// none that a served container keeps. When it is full, a newcomer takes
+// the place of a waiting connection of the cgroup that holds the most, if
+// that is more than the newcomer's cgroup would: no set of cgroups can pin
+// it for another.
+//
 // The peer's user and cgroup are read from SO_PEERCRED and its
 // /proc/<pid>/cgroup: one getsockopt and one small read per accept.
 
@@ -27,6 +35,8 @@ type charge struct {
 	cgroup    string
 	// pending: counted in the per-UID and per-cgroup HELLO caps.
 	pending bool
+	// displaced: its counts were dropped when a newcomer took its place.
+	displaced bool
 }
 
 // charges counts the open connections per share; Server.mu guards it.
@@ -64,23 +74,37 @@ func (s *Server) chargeOf(c *net.UnixConn, r Resolver) charge {
 }
 
 // admit counts a new connection against its share, or reports that the
-// share is full.
-func (cs *charges) admit(ch *charge, l Limits) bool {
+// share is full. When the node's share is full, displace names the cgroup
+// one of whose waiting connections the newcomer takes the place of: the
+// caller drops that one (displaced).
+func (cs *charges) admit(ch *charge, l Limits) (ok bool, displace string) {
 	if ch.container != "" {
 		if cs.perContainer[ch.container] >= l.MaxConnsPerContainer {
-			return false
+			return false, ""
 		}
 		cs.perContainer[ch.container]++
-		return true
+		return true, ""
 	}
-	if cs.node >= l.MaxConns || cs.pendingUID[ch.uid] >= l.MaxPendingPerUID || cs.pendingCgroup[ch.cgroup] >= l.MaxPendingPerCgroup {
-		return false
+	if cs.pendingUID[ch.uid] >= l.MaxPendingPerUID || cs.pendingCgroup[ch.cgroup] >= l.MaxPendingPerCgroup {
+		return false, ""
+	}
+	if cs.node >= l.MaxConns {
+		top, most := "", 0
+		for cg, n := range cs.pendingCgroup {
+			if n > most {
+				top, most = cg, n
+			}
+		}
+		if most <= cs.pendingCgroup[ch.cgroup]+1 {
+			return false, "" // the newcomer's cgroup would hold as many: no fairer
+		}
+		displace = top
 	}
 	cs.node++
 	cs.pendingUID[ch.uid]++
 	cs.pendingCgroup[ch.cgroup]++
 	ch.pending = true
-	return true
+	return true, displace
 }
 
 // identified ends a connection's count in the HELLO caps once its HELLO
@@ -94,8 +118,30 @@ func (cs *charges) identified(ch *charge) {
 	decr(cs.pendingCgroup, ch.cgroup)
 }
 
+// named moves a connection whose HELLO named container ctr from the node's
+// share to ctr's, and ends its count in the HELLO caps; false: ctr's share
+// is full (or the connection was displaced), and the connection closes.
+func (cs *charges) named(ch *charge, ctr string, l Limits) bool {
+	if ch.displaced {
+		return false
+	}
+	if ch.container == "" && ctr != "" {
+		if cs.perContainer[ctr] >= l.MaxConnsPerContainer {
+			return false
+		}
+		cs.node--
+		ch.container = ctr
+		cs.perContainer[ctr]++
+	}
+	cs.identified(ch)
+	return true
+}
+
 // drop ends a closed connection's counts.
 func (cs *charges) drop(ch *charge) {
+	if ch.displaced {
+		return
+	}
 	cs.identified(ch)
 	if ch.container != "" {
 		decr(cs.perContainer, ch.container)

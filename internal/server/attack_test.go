@@ -29,6 +29,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/server"
 )
 
 // rawAcquire encodes an ACQUIRE whose action is given as raw bytes: the
@@ -713,11 +714,81 @@ func TestAttackPreHelloFlood(t *testing.T) {
 	}
 }
 
-// childIdle opens CONNS connections to SOCKET, says nothing on them, and
-// keeps them until the test ends (its stdin closes).
+// TestAttackNewContainersPinNodeShare (issue 32, finding 2): processes of
+// containers not served yet (serveUnder) open connections before their
+// first HELLO, which charges them to the node's share, then say HELLO on
+// each: their container is served from then on. They must leave the
+// node's share then, so that another new container still connects.
+func TestAttackNewContainersPinNodeShare(t *testing.T) {
+	const nodeCap, floods, perFlood = 16, 2, 8
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) {
+		c.Limits.MaxConnections = nodeCap
+		c.Limits.MaxPendingHelloPerCgroup = perFlood
+	})
+	e.ServeUnder()
+	a := e.Start()
+	for i := 0; i < floods; i++ {
+		ch := agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: e.Sibling(fmt.Sprintf("flood%d", i)), Unprivileged: true,
+			Env: []string{"SOCKET=" + e.Socket, "CONNS=" + strconv.Itoa(perFlood), "HELLO=1"}})
+		var r map[string]int
+		ch.Result(t, &r)
+		if r["opened"] != perFlood || r["hello"] != perFlood {
+			t.Fatalf("flood %d: %v", i, r)
+		}
+	}
+	victim := e.Sibling("victim")
+	ch := agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: victim, Unprivileged: true,
+		Env: []string{"SOCKET=" + e.Socket, "CONNS=4", "HELLO=1"}})
+	var r map[string]int
+	ch.Result(t, &r)
+	if r["hello"] != 4 {
+		v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="connection_limit"}`)
+		t.Fatalf("a new container got %d of 4 HELLOs answered while %d served connections of other containers stayed open (%v refused at accept)", r["hello"], floods*perFlood, v)
+	}
+}
+
+// TestAttackPreHelloPinsNodeShare (issue 32, finding 2): processes of two
+// cgroups outside every served container hold idle connections without
+// HELLO until the node's share is full, each within its cgroup's cap. A
+// new container's connection is still taken: it displaces a waiting
+// connection of the cgroup that holds the most.
+func TestAttackPreHelloPinsNodeShare(t *testing.T) {
+	const nodeCap, floods, perFlood = 16, 2, 8
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) {
+		c.Limits.MaxConnections = nodeCap
+		c.Limits.MaxPendingHelloPerCgroup = perFlood
+		c.Limits.HelloTimeout = agent.Duration{Duration: time.Hour}
+	})
+	e.ServeUnder()
+	a := e.Start()
+	for i := 0; i < floods; i++ {
+		ch := agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: e.Sibling(fmt.Sprintf("flood%d", i)), Unprivileged: true,
+			Env: []string{"SOCKET=" + e.Socket, "CONNS=" + strconv.Itoa(perFlood)}})
+		var r map[string]int
+		ch.Result(t, &r)
+		if r["opened"] != perFlood {
+			t.Fatalf("flood %d: %v", i, r)
+		}
+	}
+	agenttest.WaitFor(t, "the flood's connections to be charged", func() bool {
+		return strings.Contains(agenttest.Scrape(t, a), fmt.Sprintf("cpuslot_connections %d", nodeCap))
+	})
+	ch := agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: e.Sibling("victim"), Unprivileged: true,
+		Env: []string{"SOCKET=" + e.Socket, "CONNS=4", "HELLO=1"}})
+	var r map[string]int
+	ch.Result(t, &r)
+	if r["hello"] != 4 {
+		t.Fatalf("a new container got %d of 4 HELLOs answered while two cgroups held the node's share", r["hello"])
+	}
+}
+
+// childIdle opens CONNS connections to SOCKET, says nothing on them (with
+// HELLO=1: HELLO, counting the answers), and keeps them until the test
+// ends (its stdin closes).
 func childIdle() (any, error) {
 	n, _ := strconv.Atoi(os.Getenv("CONNS"))
 	var conns []net.Conn
+	hello := 0
 	for i := 0; i < n; i++ {
 		c, err := net.Dial("unix", os.Getenv("SOCKET"))
 		if err != nil {
@@ -725,7 +796,16 @@ func childIdle() (any, error) {
 		}
 		conns = append(conns, c)
 	}
-	b, _ := json.Marshal(map[string]int{"opened": len(conns)})
+	if os.Getenv("HELLO") != "" {
+		for _, c := range conns {
+			c.SetDeadline(time.Now().Add(time.Minute))
+			c.Write(agenttest.FrameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+			if agenttest.IsOK(agenttest.ReadRespOrNil(c)) {
+				hello++
+			}
+		}
+	}
+	b, _ := json.Marshal(map[string]int{"opened": len(conns), "hello": hello})
 	fmt.Println(string(b))
 	io.Copy(io.Discard, os.Stdin)
 	return map[string]int{}, nil
@@ -774,5 +854,43 @@ func TestAttackFDsAfterHostProcessJoins(t *testing.T) {
 	c2.SetDeadline(time.Now().Add(time.Minute))
 	if ok := hello(c2); ok.Flags&slotv1.HelloOKAgentPlaces == 0 {
 		t.Fatalf("a new HELLO got fds while a host process is in the container: %+v", ok)
+	}
+}
+
+// TestAttackOneWayReleaseFlood (issue 32, finding 3): a process sends
+// one-way RELEASEs of leases it does not hold as fast as it can. Nothing
+// answers them, so only the agent can pace them: it takes at most
+// OneWayBurst plus OneWayRate a second, and its reading of the flood's
+// connection waits meanwhile, so the flood fills its own socket.
+func TestAttackOneWayReleaseFlood(t *testing.T) {
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	cgrouptest.JoinProcess(t, e.H, e.Rel)
+	c := agenttest.DialRaw(t, e.Socket)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Minute))
+	agenttest.SayHello(t, c)
+	const flood = 20000
+	var frames []byte
+	for i := 0; i < flood; i++ {
+		frames = append(frames, agenttest.Frame(t, &slotv1.Release{Lease: uint64(1<<40 + i), Flags: slotv1.ReleaseNoReply})...)
+	}
+	start := time.Now()
+	c.SetWriteDeadline(time.Now().Add(time.Minute))
+	go c.Write(frames) // blocks once the agent stops reading; ends with the test
+	agenttest.WaitFor(t, "the flood's first frames to be taken", func() bool {
+		v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="unknown_lease"}`)
+		return v >= server.OneWayBurst
+	})
+	time.Sleep(100 * time.Millisecond)
+	taken, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="unknown_lease"}`)
+	elapsed := time.Since(start)
+	allowed := server.OneWayBurst + server.OneWayRate*elapsed.Seconds() + 1
+	t.Logf("%.0f of %d one-way RELEASEs taken in %v", taken, flood, elapsed.Round(time.Millisecond))
+	if taken > allowed {
+		t.Fatalf("%.0f one-way RELEASEs of unknown leases taken in %v, want at most %.0f (OneWayBurst + OneWayRate/s)", taken, elapsed, allowed)
+	}
+	if v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="oneway_throttled"}`); v == 0 {
+		t.Error("the paced frames are not counted as oneway_throttled")
 	}
 }

@@ -59,13 +59,17 @@ func (s *Server) accepted(c *net.UnixConn, r Resolver) bool {
 		c.Close()
 		return false
 	}
-	if !s.charges.admit(&ch, s.limits) {
+	ok, displace := s.charges.admit(&ch, s.limits)
+	if !ok {
 		s.mu.Unlock()
 		s.metrics.Error(metrics.ConnectionLimit)
 		c.Close()
 		return true
 	}
-	cn := &conn{srv: s, resolve: r, c: c, charge: ch, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+	if displace != "" {
+		s.displace(displace)
+	}
+	cn := &conn{srv: s, resolve: r, c: c, charge: ch, accepted: time.Now(), pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
 	s.conns[cn] = struct{}{}
 	s.serving.Add(1)
 	s.mu.Unlock()
@@ -74,6 +78,24 @@ func (s *Server) accepted(c *net.UnixConn, r Resolver) bool {
 		cn.serve()
 	}()
 	return true
+}
+
+// displace closes the connection of cgroup cg that has waited longest for
+// its HELLO on the node's share, dropping its counts at once; s.mu is held.
+func (s *Server) displace(cg string) {
+	var oldest *conn
+	for c := range s.conns {
+		if ch := &c.charge; ch.pending && ch.container == "" && ch.cgroup == cg && (oldest == nil || c.accepted.Before(oldest.accepted)) {
+			oldest = c
+		}
+	}
+	if oldest == nil {
+		return
+	}
+	s.charges.drop(&oldest.charge)
+	oldest.charge.displaced = true
+	oldest.c.Close()
+	s.metrics.Error(metrics.ConnectionLimit)
 }
 
 // Shutdown closes every connection (clients reconnect to the next agent)
@@ -94,9 +116,11 @@ type conn struct {
 	srv     *Server
 	resolve Resolver
 	c       *net.UnixConn
-	// charge is what the connection counts against (admit.go).
-	charge charge
-	peer   Peer
+	// charge is what the connection counts against (admit.go), since
+	// accepted.
+	charge   charge
+	accepted time.Time
+	peer     Peer
 	// pidfd refers to the peer process (-1: the kernel has no pidfds;
 	// start then re-checks the PID).
 	pidfd   int

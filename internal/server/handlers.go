@@ -76,11 +76,18 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 		c.fail(request, err)
 		return false
 	}
+	// The connection leaves the node's share for its container's.
+	ctr := c.resolve.Serving(c.charge.cgroup)
+	c.srv.mu.Lock()
+	ok := c.srv.charges.named(&c.charge, ctr, c.srv.limits)
+	c.srv.mu.Unlock()
+	if !ok {
+		c.srv.metrics.Error(metrics.ConnectionLimit)
+		c.srv.log.Debug("connection refused at HELLO: its container's share is full", "pid", c.peer.PID, "container", ctr)
+		return false
+	}
 	c.pool = p
 	c.c.SetReadDeadline(time.Time{})
-	c.srv.mu.Lock()
-	c.srv.charges.identified(&c.charge)
-	c.srv.mu.Unlock()
 	if h.Flags&slotv1.HelloFDPassing != 0 {
 		err := c.passesFDs()
 		c.fds = err == nil
@@ -130,7 +137,8 @@ func (c *conn) release(request uint32, m *slotv1.Release) bool {
 		c.srv.guard.check() // the agent moved the thread out
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
-		return true // errors are counted by the pool; nothing is sent
+		// errors are counted by the pool; nothing is sent
+		return err == nil || c.paceOneWay()
 	}
 	if err != nil {
 		return c.fail(request, err)
@@ -157,6 +165,9 @@ func (c *conn) nap(request uint32, m *slotv1.Release) bool {
 	case m.Flags&slotv1.ReleaseSleep != 0:
 		err = c.pool.Sleep(c.session, m.Lease)
 	default:
+		if m.Flags&slotv1.ReleaseNoReply != 0 && !c.paceOneWay() {
+			return false
+		}
 		err = c.pool.Wake(c.session, m.Lease)
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
@@ -166,6 +177,22 @@ func (c *conn) nap(request uint32, m *slotv1.Release) bool {
 		return c.fail(request, err)
 	}
 	return c.send(request, &slotv1.ReleaseOK{}, nil)
+}
+
+// paceOneWay takes a one-way frame's turn (OneWayRate): past the rate the
+// connection is not read until its next is due. false: the process exited
+// or the agent stops.
+func (c *conn) paceOneWay() bool {
+	if c.session.oneWay.Allow() {
+		return true
+	}
+	c.srv.metrics.Error(metrics.OneWayThrottled)
+	if c.session.gone.Load() {
+		return true // a flood queued before the exit: nobody waits on it
+	}
+	// The wait ends early when the process exits (its last words are
+	// read on, unpaced) or the agent stops (the connection closes).
+	return c.session.oneWay.Wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts

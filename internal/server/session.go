@@ -37,6 +37,8 @@ type session struct {
 	// held paces its HELD requests, sleeps its SLEEPs.
 	held   *rate.Limiter
 	sleeps *rate.Limiter
+	// oneWay paces its WAKEs and failed one-way RELEASEs.
+	oneWay *rate.Limiter
 }
 
 // USAGE is one-way, so nothing paces a sender but the agent: past
@@ -72,6 +74,17 @@ const (
 	sleepRetry = max(1, 1000/SleepRate)
 )
 
+// One-way frames that the agent takes without a word back, WAKEs and
+// RELEASEs without reply that ended nothing, are taken at most OneWayRate
+// a second per process (bursts of OneWayBurst); past that the connection
+// is not read until the next is due, so a flood fills its own socket and
+// blocks its sender, as for USAGE. An honest process sends a WAKE per
+// SLEEP (SleepRate) and a RELEASE per lease it was granted.
+const (
+	OneWayRate  = 1000
+	OneWayBurst = 1000
+)
+
 // processKey tells processes apart even when a PID is reused.
 type processKey struct {
 	pid       int
@@ -90,7 +103,7 @@ func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 	if ss == nil {
 		ss = &session{key: k, conns: map[*conn]struct{}{},
 			usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst),
-			sleeps: rate.NewLimiter(SleepRate, SleepBurst)}
+			sleeps: rate.NewLimiter(SleepRate, SleepBurst), oneWay: rate.NewLimiter(OneWayRate, OneWayBurst)}
 		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 		if pidfd >= 0 && s.watchExits {
 			var err error

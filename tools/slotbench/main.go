@@ -19,6 +19,7 @@
 //	slotbench -vm                # in the cgroup v2 VM, without and with favordynmods
 //	slotbench -scale             # one agent, 250 containers x 64 slots (scale.go)
 //	slotbench -lend -rounds 3    # lending off and on, waiting invocations or chains beside CPU-bound ones (lend.go)
+//	slotbench -floods            # a victim container's latency under tenants' floods (floods.go)
 package main
 
 import (
@@ -136,6 +137,14 @@ func main() {
 	flag.IntVar(&sp.floodProcs, "flood-procs", 100, "-scale: processes of the flooding container the connections are spread over")
 	flag.IntVar(&sp.outsideProcs, "outside-procs", 70, "-scale: processes outside every served container, each its own user and cgroup, holding idle connections without HELLO (0: no such phase)")
 	flag.IntVar(&sp.outsideConns, "outside-conns", 63, "-scale: idle connections each of -outside-procs holds, reopening any closed")
+	floods := flag.Bool("floods", false, "measure a victim container's latency under tenants' floods instead (floods.go)")
+	fp := floodParams{hellos: 200, acquires: 2000}
+	flag.IntVar(&fp.pinContainers, "pin-containers", 20, "-floods: new containers pinning connections")
+	flag.IntVar(&fp.pinConns, "pin-conns", 256, "-floods: connections each pinning container opens before its HELLOs")
+	flag.IntVar(&fp.churnUsers, "churn-users", 20, "-floods: users in one cgroup connecting and closing")
+	flag.IntVar(&fp.churnConns, "churn-conns", 8, "-floods: connect loops of each churning user")
+	flag.IntVar(&fp.flappers, "flappers", 8, "-floods: processes flapping SLEEP/WAKE")
+	flag.IntVar(&fp.releasers, "releasers", 8, "-floods: processes sending one-way RELEASEs")
 	flag.Parse()
 	if os.Getenv("SLOTBENCH_CLIENT") != "" {
 		clientMain()
@@ -143,6 +152,10 @@ func main() {
 	}
 	if role := os.Getenv("SLOTBENCH_SCALE"); role != "" {
 		scaleChild(role)
+		return
+	}
+	if *floods {
+		fatal(floodBench(fp))
 		return
 	}
 	if *scale {

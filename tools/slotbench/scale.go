@@ -50,6 +50,7 @@ type probeResult struct {
 	Err     string  `json:"err,omitempty"`
 	Hello   []int64 `json:"hello"`   // ns per connect + HELLO
 	Acquire []int64 `json:"acquire"` // ns per ACQUIRE round trip
+	Refused int     `json:"refused"` // connections closed before HELLO was answered
 }
 
 func scaleBench(p scaleParams) error {
@@ -340,6 +341,8 @@ func scaleChild(role string) {
 		}
 		enc.Encode(map[string]int{"held": len(conns)})
 		stall()
+	case "pin", "churn", "flap", "release":
+		floodChild(role, socket, atoi("SLOTBENCH_FLOOD"), func(v any) { enc.Encode(v) })
 	case "idle":
 		// Idle connections without HELLO; each one closed is reopened.
 		n := atoi("SLOTBENCH_FLOOD")
@@ -377,14 +380,14 @@ func probe(socket string, hellos, acquires int) probeResult {
 		t0 := time.Now()
 		c, err := net.Dial("unix", socket)
 		if err != nil {
-			r.Err = err.Error()
-			return r
+			r.Refused++ // the backlog full (EAGAIN)
+			continue
 		}
 		c.Write(hello)
 		if _, err := io.ReadAtLeast(c, buf, 4); err != nil {
-			r.Err = "hello: " + err.Error()
+			r.Refused++ // closed at accept
 			c.Close()
-			return r
+			continue
 		}
 		r.Hello = append(r.Hello, int64(time.Since(t0)))
 		c.Close()

@@ -1,0 +1,319 @@
+package main
+
+// The flood benchmark: what a victim container sees while tenants flood
+// the agent (docs/security.md, "Limits"). One agent serves whatever
+// connects from below the run's cgroup (serveUnder); the victim's connect +
+// HELLO and ACQUIRE latencies are measured quiet and under each flood:
+//
+//   - pin: new containers, each its own user, open connections before
+//     their first HELLO, then say HELLO on each and keep them (the victim
+//     is a new container too, served at its first HELLO);
+//   - churn: users in one cgroup outside every served container connect
+//     and close again as fast as they can;
+//   - flap: processes of a container with lending on flap a sleeping
+//     lease between SLEEP and WAKE (one-way), with a borrower beside it;
+//   - release: processes of a container send one-way RELEASEs of leases
+//     they do not hold as fast as they can.
+//
+//	slotbench -floods
+//	slotbench -floods -churn-users 0 -flappers 0 -releasers 0   # the pinning flood alone
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+	"github.com/cpuslot/cpuslot/internal/agent"
+)
+
+type floodParams struct {
+	hellos, acquires        int
+	pinContainers, pinConns int
+	churnUsers, churnConns  int
+	flappers, releasers     int
+}
+
+func floodBench(p floodParams) error {
+	tb, err := newTestbed("floods")
+	if err != nil {
+		return err
+	}
+	defer tb.close()
+	h := tb.h
+	cfg := tb.config()
+	cfg.Pool.Prewarm = "250m=4"
+	cfg.Admission.LendRatio = 1
+	cfg.Standalone.ServeUnder = []string{tb.root}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	if err := tb.run(a); err != nil {
+		return err
+	}
+	sp := scaleParams{hellos: p.hellos, acquires: p.acquires}
+	probeIn := func(name string) (*probeResult, error) {
+		rel, err := tb.container(name)
+		if err != nil {
+			return nil, err
+		}
+		var r probeResult
+		if err := runScaleChild(h, rel, "probe", cfg.Socket, sp, &r); err != nil {
+			return nil, err
+		}
+		if r.Err != "" && r.Refused == 0 {
+			return nil, fmt.Errorf("probe in %s: %s", name, r.Err)
+		}
+		return &r, nil // refused HELLOs: the flood kept the victim out
+	}
+	fmt.Printf("# slotbench -floods: %s, kernel %s, %d CPUs; the victim's connect + HELLO (n=%d) and ACQUIRE (n=%d), quiet and flooded\n\n",
+		h, kernelRelease(), runtime.NumCPU(), p.hellos, p.acquires)
+	fmt.Printf("| flood | what | quiet p50 | quiet p99 | flooded p50 | flooded p99 | p99 ratio | HELLOs refused (flooded) | agent CPU (flooded) |\n|---|---|---|---|---|---|---|---|---|\n")
+	// agentCPU is the share of a core the agent (this process) used
+	// while the flood ran, probe included.
+	var agentCPU float64
+	row := func(flood string, q, f *probeResult) {
+		for _, m := range []struct {
+			what string
+			q, f []int64
+		}{{"connect + HELLO", q.Hello, f.Hello}, {"ACQUIRE", q.Acquire, f.Acquire}} {
+			sortNS(m.q)
+			sortNS(m.f)
+			refused, cpu := "", ""
+			if m.what == "connect + HELLO" {
+				refused, cpu = strconv.Itoa(f.Refused), fmt.Sprintf("%.2f of a core", agentCPU)
+			}
+			if len(m.f) == 0 {
+				fmt.Printf("| %s | %s | %s | %s | none answered | none answered | - | %s | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)), refused, cpu)
+				continue
+			}
+			fmt.Printf("| %s | %s | %s | %s | %s | %s | %.2f | %s | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)),
+				usNS(pctNS(m.f, 0.5)), usNS(pctNS(m.f, 0.99)), float64(pctNS(m.f, 0.99))/float64(max(pctNS(m.q, 0.99), 1)), refused, cpu)
+		}
+	}
+	var kids []*exec.Cmd
+	stop := func() {
+		for _, c := range kids {
+			c.Process.Kill()
+			c.Wait()
+		}
+		kids = nil
+	}
+	defer stop()
+	start := func(cgroup, role string, uid int, env ...string) error {
+		rel, err := tb.container(cgroup)
+		if err != nil {
+			return err
+		}
+		cmd := scaleChildCmd(role, cfg.Socket, sp)
+		cmd.Env = append(cmd.Env, env...)
+		if uid > 0 {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+		}
+		var r map[string]any
+		c, err := startChildCmd(h, rel, role, cmd, &r)
+		if err != nil {
+			return err
+		}
+		kids = append(kids, c)
+		return nil
+	}
+	var cpu0 time.Duration
+	var wall0 time.Time
+	settle := func() {
+		cpu0, wall0 = cpuTime(), time.Now()
+		time.Sleep(2 * time.Second)
+	}
+	measured := func() { agentCPU = float64(cpuTime()-cpu0) / float64(time.Since(wall0)) }
+
+	// pin: the victim is a new container, quiet and flooded.
+	if p.pinContainers > 0 {
+		quiet, err := probeIn("new-quiet")
+		if err != nil {
+			return err
+		}
+		// Spread over processes of at most maxConnectionsPerProcess
+		// each, which all open their connections before any says HELLO
+		// (the barrier file), so that all are charged before their
+		// container is served.
+		perProc := cfg.Limits.MaxConnectionsPerProcess
+		barrier := filepath.Join(tb.dir, "hello")
+		for i := 0; i < p.pinContainers; i++ {
+			for left := p.pinConns; left > 0; left -= perProc {
+				if err := start(fmt.Sprintf("pin%02d", i), "pin", outsideUID+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", min(left, perProc)),
+					"SLOTBENCH_BARRIER="+barrier); err != nil {
+					return err
+				}
+			}
+		}
+		if err := os.WriteFile(barrier, nil, 0o644); err != nil {
+			return err
+		}
+		settle()
+		flooded, err := probeIn("new-flooded")
+		measured()
+		stop()
+		if err != nil {
+			return err
+		}
+		row(fmt.Sprintf("pin: %d new containers x %d connections, HELLO on each", p.pinContainers, p.pinConns), quiet, flooded)
+	}
+	if p.churnUsers+p.flappers+p.releasers == 0 {
+		return nil
+	}
+
+	// The other floods' victim: container b, served from its first probe.
+	quiet, err := probeIn("b")
+	if err != nil {
+		return err
+	}
+	phase := func(name string, n int, begin func(i int) error) error {
+		if n == 0 {
+			return nil
+		}
+		for i := 0; i < n; i++ {
+			if err := begin(i); err != nil {
+				return err
+			}
+		}
+		settle()
+		flooded, err := probeIn("b")
+		measured()
+		stop()
+		if err != nil {
+			return err
+		}
+		row(name, quiet, flooded)
+		return nil
+	}
+	if err := phase(fmt.Sprintf("churn: %d users in one cgroup x %d connect loops", p.churnUsers, p.churnConns), p.churnUsers, func(i int) error {
+		return start("churn", "churn", outsideUID+100+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", p.churnConns))
+	}); err != nil {
+		return err
+	}
+	if p.flappers > 0 {
+		rel, err := tb.container("lender")
+		if err != nil {
+			return err
+		}
+		if err := setContainerLimit(h, rel, uint32(flapQuota*p.flappers), 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	if err := phase(fmt.Sprintf("flap: %d processes flapping SLEEP/WAKE", p.flappers), p.flappers, func(int) error {
+		return start("lender", "flap", 0)
+	}); err != nil {
+		return err
+	}
+	return phase(fmt.Sprintf("release: %d processes sending one-way RELEASEs", p.releasers), p.releasers, func(int) error {
+		return start("releaser", "release", 0)
+	})
+}
+
+// flapQuota is the quota of a flapper's leases: above the default
+// minDegraded (50m), so a wake cuts its borrower, and small, so that the
+// flappers' own CPU (each spins in its sleeper's slot) takes little of the
+// victim's.
+const flapQuota = 100
+
+// floodChild is the flooding side of the flood benchmark; it reports on
+// its first line and floods until killed.
+func floodChild(role, socket string, n int, report func(any)) {
+	hello := frameBytes(&slotv1.Hello{MinVersion: 1, MaxVersion: 1})
+	switch role {
+	case "pin":
+		// Open n connections, then (once the barrier file exists) say
+		// HELLO on each, and keep them.
+		var conns []net.Conn
+		for len(conns) < n {
+			c, err := net.Dial("unix", socket)
+			if err != nil {
+				break
+			}
+			conns = append(conns, c)
+		}
+		report(map[string]int{"held": len(conns)})
+		for _, err := os.Stat(os.Getenv("SLOTBENCH_BARRIER")); err != nil; _, err = os.Stat(os.Getenv("SLOTBENCH_BARRIER")) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		buf := make([]byte, 4096)
+		for _, c := range conns {
+			c.Write(hello)
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			c.Read(buf)
+		}
+		stall()
+	case "churn":
+		for i := 0; i < n; i++ {
+			go func() {
+				for {
+					if c, err := net.Dial("unix", socket); err == nil {
+						c.Close()
+					}
+				}
+			}()
+		}
+		report(map[string]int{"loops": n})
+		stall()
+	case "flap":
+		c, err := client.Dial(socket, client.Options{Name: "flap", NoLocal: true, Wait: time.Second})
+		if err != nil {
+			report(map[string]string{"err": err.Error()})
+			return
+		}
+		runtime.LockOSThread()
+		sleeper, err := c.Acquire(flapQuota, "sleeper", "")
+		if err == nil {
+			err = sleeper.Sleep()
+		}
+		if err == nil {
+			done := make(chan error)
+			go func() {
+				runtime.LockOSThread()
+				_, err := c.Acquire(flapQuota, "borrower", "") // held for good
+				done <- err
+				stall()
+			}()
+			err = <-done
+		}
+		if err != nil {
+			report(map[string]string{"err": err.Error()})
+			return
+		}
+		report(map[string]int{"flapping": 1})
+		for {
+			sleeper.Wake()
+			sleeper.Sleep()
+		}
+	case "release":
+		c, err := net.Dial("unix", socket)
+		if err == nil {
+			c.Write(hello)
+			_, err = c.Read(make([]byte, 4096))
+		}
+		if err != nil {
+			report(map[string]string{"err": err.Error()})
+			return
+		}
+		var frames []byte
+		for i := 0; i < 1000; i++ {
+			frames = append(frames, frameBytes(&slotv1.Release{Lease: uint64(1<<40 + i), Flags: slotv1.ReleaseNoReply})...)
+		}
+		report(map[string]int{"releasing": 1})
+		for {
+			if _, err := c.Write(frames); err != nil {
+				stall()
+			}
+		}
+	}
+}
