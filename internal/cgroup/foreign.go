@@ -276,7 +276,7 @@ func (c *Container) report(f Foreign) {
 // sendHome moves a foreign thread out of the container's slot in every
 // hierarchy it sits there: to its process leader's cgroup when that is no
 // slot and not in this container, else to the nearest cgroup at or above
-// its witness path.
+// its witness path other than the root, else to the container's cgroup.
 func (c *Container) sendHome(slot string, tid int, witness string, own, leader map[string]string) (string, error) {
 	keys := []string{"cpu"}
 	if c.h.AcctRoot != "" {
@@ -296,7 +296,11 @@ func (c *Container) sendHome(slot string, tid int, witness string, own, leader m
 			if c.witness == nil {
 				return moved, fmt.Errorf("thread %d: %w", tid, ErrNoHome)
 			}
-			dest = nearest(root, witness)
+			// The root holds no limit: a thread with no cgroup of its
+			// own below it stays under the slot's container's limit.
+			if dest = nearest(root, witness); dest == "/" {
+				dest = c.Path
+			}
 		}
 		// Read again just before the write: the reads above took a while,
 		// and a TID that exited and was reused meanwhile is another thread.

@@ -278,3 +278,40 @@ func BenchmarkEvictForeign(b *testing.B) {
 		})
 	}
 }
+
+// TestEvictForeignNeverToRoot: a process whose cgroup exists in cpu only
+// (its witness cgroup is the hierarchy's root), written whole into a
+// slot, has no cgroup of its own the agent can find. It is not sent to
+// the root, where no limit holds it, but to the slot's container.
+func TestEvictForeignNeverToRoot(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	w := witnessed(t, h, rel)
+	c, s := containerWithSlot(t, h, rel)
+	defer s.Remove()
+	b := path.Join(path.Dir(rel), "b")
+	for _, r := range []string{h.CPURoot, h.AcctRoot} {
+		if r != "" {
+			if err := os.MkdirAll(filepath.Join(r, b), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	victim := sleepers(t, h, nil, b, 1)[0]
+	if err := os.WriteFile(filepath.Join(w.Root, "cgroup.procs"), []byte(strconv.Itoa(victim)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Place(victim); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := c.EvictForeign(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Foreign) != 1 || sc.Foreign[0].TID != victim || sc.Foreign[0].MovedTo != rel || sc.Foreign[0].Err != nil {
+		t.Fatalf("scan: %+v, want process %d moved to %s", sc, victim, rel)
+	}
+	if p, _ := h.PathOfPID(victim); p != rel {
+		t.Fatalf("process %d is in %s, want %s", victim, p, rel)
+	}
+}
