@@ -705,10 +705,33 @@ func (a *Agent) evictForeign() {
 			continue
 		}
 		a.foreignFound(s.Name, s.CgroupPath, sc.Foreign)
+		a.retire(s, sc.Foreign)
 	}
 	a.mu.Lock()
 	a.scanNext = next
 	a.mu.Unlock()
+}
+
+// retire makes the fds of slots that held foreign threads useless (v1):
+// the container's clients are refused fds for a while and its fd
+// connections closed, which ends their leases, and each such slot's
+// cgroup is removed as soon as it is free, so every fd opened to it,
+// passed on or not, fails from then on.
+func (a *Agent) retire(s *served, found []cgroup.Foreign) {
+	if len(found) == 0 {
+		return
+	}
+	s.pool.RevokeFDs(time.Now())
+	n := a.server.RevokeFDs(s.pool)
+	slots := map[uint32]bool{}
+	for _, f := range found {
+		if id, ok := cgroup.ParseSlotName(f.Slot); ok && !slots[id] {
+			slots[id] = true
+			s.pool.Retire(id)
+		}
+	}
+	a.log.Warn("slot fds revoked: slots retired, fd connections closed, threads placed by the agent for a while",
+		"container", s.Name, "slots", len(slots), "connections", n)
 }
 
 // foreignFound counts the foreign threads found in one container's slots

@@ -27,6 +27,30 @@ import (
 // beyond its PID namespace, or that namespace's init lives elsewhere.
 var errNotConfined = errors.New("PID namespace does not hold the whole container")
 
+// errFDsRevoked: a slot of the container held a thread of another cgroup
+// (its fds were passed on); it is served by agent placement for a while.
+var errFDsRevoked = errors.New("the container's slot fds were passed on to another cgroup")
+
+// RevokeFDs closes every connection that may hold fds of pl's slots (v1),
+// HOLD-only and HELD ones included: their leases end, and their clients'
+// next HELLO gets AGENT_PLACES while pl.FDsRevoked. It returns how many
+// it closed.
+func (s *Server) RevokeFDs(pl *pool.Pool) int {
+	s.mu.Lock()
+	var hit []*conn
+	for c := range s.conns {
+		if c.fdPool.Load() == pl {
+			hit = append(hit, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range hit {
+		s.metrics.Error(metrics.FDsRevoked)
+		c.c.Close()
+	}
+	return len(hit)
+}
+
 // confineRecheck is how long a check stands: a connection that holds fds
 // has its container checked again at its first ACQUIRE or RECLAIM after
 // it, and a HELLO within it reuses its pool's last check.
@@ -79,9 +103,23 @@ func nsInode(pid int) uint64 {
 // go only to a peer whose PID namespace holds its whole container
 // (confined), and to the agent's own process, which holds them anyway.
 // Everyone else has the agent place its threads (docs/security.md).
-func (c *conn) passesFDs() error {
+func (c *conn) passesFDs() (err error) {
 	s := c.srv
-	if s.hierarchy.ConfinesFDs() || c.peer.PID == s.self || s.limits.HostNamespaceFDs {
+	if s.hierarchy.ConfinesFDs() {
+		return nil
+	}
+	// Marked before the pool is asked: RevokeFDs closes the connection,
+	// or the pool says its fds are revoked.
+	c.fdPool.Store(c.pool)
+	defer func() {
+		if err != nil {
+			c.fdPool.Store(nil)
+		}
+	}()
+	if c.pool.FDsRevoked() {
+		return errFDsRevoked
+	}
+	if c.peer.PID == s.self || s.limits.HostNamespaceFDs {
 		return nil
 	}
 	if c.peer.NS == s.selfNS {

@@ -1,0 +1,52 @@
+package pool
+
+import (
+	"time"
+)
+
+// On cgroup v1 a slot's placement fd outlives its lease: whoever it was
+// passed to can write threads into the slot for as long as the cgroup
+// lives. A slot found holding a thread that is not its container's is
+// retired: its cgroup is removed (its threads moved out first), which
+// makes every fd opened to it fail, and the pool makes new slots as it
+// needs them. The container's clients are refused fds for fdQuarantine.
+
+// fdQuarantine is how long a container whose slot held a foreign thread
+// is served by agent placement only.
+const fdQuarantine = 10 * time.Minute
+
+// Retire removes slot id's cgroup now when it is free, or when its lease
+// ends. It reports whether the slot was known.
+func (p *Pool) Retire(id uint32) bool {
+	p.mu.Lock()
+	s := p.slots[id]
+	if s == nil {
+		p.mu.Unlock()
+		return false
+	}
+	s.retired = true
+	if s.lease != nil || s.busy {
+		p.mu.Unlock()
+		return true // freeSlot, or the I/O under way, hands it on
+	}
+	s.busy = true
+	p.beginIO()
+	p.mu.Unlock()
+	p.removeRetired(s)
+	return true
+}
+
+// removeRetired removes a retired slot the caller made busy.
+func (p *Pool) removeRetired(s *slot) {
+	p.removeSlot(s, "a thread of another cgroup was found in it (its fds were passed on)")
+	p.mu.Lock()
+	p.endIO()
+	p.mu.Unlock()
+}
+
+// RevokeFDs refuses the container's clients placement fds until
+// fdQuarantine after now.
+func (p *Pool) RevokeFDs(now time.Time) { p.fdsRevoked.Store(now.Add(fdQuarantine).UnixNano()) }
+
+// FDsRevoked reports whether the container's clients are refused fds.
+func (p *Pool) FDsRevoked() bool { return time.Now().UnixNano() < p.fdsRevoked.Load() }
