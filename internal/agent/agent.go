@@ -667,6 +667,7 @@ func (a *Agent) Maintain(now time.Time) {
 		}
 	}
 	a.evictForeign()
+	a.server.RecheckFDs()
 }
 
 // The foreign-thread scan's bounds (docs/security.md): threads checked

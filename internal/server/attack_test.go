@@ -776,3 +776,36 @@ func TestAttackFDsAfterHostProcessJoins(t *testing.T) {
 		t.Fatalf("a new HELLO got fds while a host process is in the container: %+v", ok)
 	}
 }
+
+// TestAttackIdleFDsAfterHostProcessJoins: a fd connection that sends no
+// ACQUIRE after its HELLO (one that holds HOLD leases and sends USAGE or
+// HELD only, or nothing) is never rechecked on a request. When its
+// container gains a process in another PID namespace, the next
+// maintenance round closes it too, and a new HELLO gets AGENT_PLACES.
+func TestAttackIdleFDsAfterHostProcessJoins(t *testing.T) {
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	if e.H.Version == 2 {
+		t.Skip("v2: placement fds are bounded by the kernel")
+	}
+	l := agenttest.StartLiveIn(t, e, e.Rel, true, 1)
+	c := l.Dial(t, e.Socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if ok := agenttest.HelloWith(t, c, slotv1.HelloFDPassing); ok.Flags&slotv1.HelloOKAgentPlaces != 0 {
+		t.Fatalf("a peer whose namespace holds its container got AGENT_PLACES: %+v", ok)
+	}
+	host := exec.Command("sleep", "1000")
+	if err := e.H.StartIn(host, e.Rel); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Process.Kill(); host.Wait() })
+	a.Maintain(time.Now().Add(time.Minute)) // past the recheck interval
+	if _, err := io.ReadAll(c); !agenttest.ClosedByAgent(err) {
+		t.Fatalf("the idle fd connection was not closed once a host process joined the container: %v", err)
+	}
+	c2 := l.Dial(t, e.Socket)
+	c2.SetDeadline(time.Now().Add(time.Minute))
+	if ok := agenttest.HelloWith(t, c2, slotv1.HelloFDPassing); ok.Flags&slotv1.HelloOKAgentPlaces == 0 {
+		t.Fatalf("a new HELLO got fds while a host process is in the container: %+v", ok)
+	}
+}

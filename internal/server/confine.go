@@ -125,7 +125,7 @@ func (c *conn) passesFDs() (err error) {
 	if c.peer.NS == s.selfNS {
 		return errors.New("the peer is in the agent's PID namespace")
 	}
-	if err := s.confinedPool(c.peer.NS, c.pool, c.resolve); err != nil {
+	if err := s.confinedPool(c.peer.NS, c.pool, c.resolve, false); err != nil {
 		return err
 	}
 	c.confine = true
@@ -136,8 +136,9 @@ func (c *conn) passesFDs() (err error) {
 // recheckConfined checks again, at most every confineRecheck and off the
 // request's path, that a v1 connection holding fds still meets passesFDs:
 // the container may have gained a process outside the peer's namespace
-// (the runtime's exec into a host-namespace container). If not, the
-// connection is closed; the client's next HELLO gets AGENT_PLACES.
+// (the runtime's exec into a host-namespace container). If not, every fd
+// connection of the container is closed; the client's next HELLO gets
+// AGENT_PLACES.
 func (c *conn) recheckConfined() {
 	if !c.fds || !c.confine || time.Since(time.Unix(0, c.confinedAt.Load())) < confineRecheck ||
 		!c.rechecking.CompareAndSwap(false, true) {
@@ -145,25 +146,55 @@ func (c *conn) recheckConfined() {
 	}
 	go func() {
 		defer c.rechecking.Store(false)
-		err := c.srv.confinedPool(c.peer.NS, c.pool, c.resolve)
+		err := c.srv.confinedPool(c.peer.NS, c.pool, c.resolve, false)
 		if err == nil {
 			c.confinedAt.Store(time.Now().UnixNano())
 			return
 		}
-		c.srv.metrics.Error(metrics.FDsRevoked)
-		c.srv.log.Warn("container no longer confined to the peer's PID namespace; closing its fd connection",
+		c.srv.log.Warn("container no longer confined to the peer's PID namespace; closing its fd connections",
 			"container", c.pool.Name(), "pid", c.peer.PID, "err", err)
-		c.c.Close()
+		c.srv.RevokeFDs(c.pool)
 	}()
+}
+
+// RecheckFDs checks the v1 rule again for every connection that holds fds
+// by it, those that send no ACQUIRE or RECLAIM (HOLD-only, HELD, idle)
+// included, and closes every fd connection of a container that no longer
+// meets it. The agent's maintenance round calls it.
+func (s *Server) RecheckFDs() {
+	if s.hierarchy.ConfinesFDs() || s.limits.HostNamespaceFDs {
+		return
+	}
+	type check struct {
+		pl *pool.Pool
+		ns uint64
+	}
+	checks := map[check]Resolver{}
+	s.mu.Lock()
+	for c := range s.conns {
+		// c.peer was set before fdPool, in the connection's goroutine.
+		if pl := c.fdPool.Load(); pl != nil && c.peer.PID != s.self {
+			checks[check{pl, c.peer.NS}] = c.resolve
+		}
+	}
+	s.mu.Unlock()
+	for k, r := range checks {
+		if err := s.confinedPool(k.ns, k.pl, r, true); err != nil {
+			s.log.Warn("container no longer confined to the peer's PID namespace; closing its fd connections",
+				"container", k.pl.Name(), "err", err)
+			s.RevokeFDs(k.pl)
+		}
+	}
 }
 
 // confinedPool is confined for the processes of the container pl serves,
 // remembered for confineRecheck per pool and namespace, so that the
-// connections of one pod share one walk of its cgroups.
-func (s *Server) confinedPool(ns uint64, pl *pool.Pool, r Resolver) error {
+// connections of one pod share one walk of its cgroups (fresh: walk
+// anyway).
+func (s *Server) confinedPool(ns uint64, pl *pool.Pool, r Resolver, fresh bool) error {
 	now := time.Now()
 	s.mu.Lock()
-	if e, ok := s.confinedCache[pl]; ok && e.ns == ns && now.Sub(e.at) < confineRecheck {
+	if e, ok := s.confinedCache[pl]; ok && e.ns == ns && now.Sub(e.at) < confineRecheck && !fresh {
 		s.mu.Unlock()
 		return e.err
 	}
