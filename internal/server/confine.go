@@ -3,6 +3,8 @@ package server
 import (
 	"errors"
 	"fmt"
+	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,6 +24,35 @@ import (
 // other processes live outside it fails the first test as long as they do;
 // one whose init lives in another container (a pod that shares its process
 // namespace) fails the second. docs/security.md gives the argument.
+
+// errOwnUserNS: the peer lives in a user namespace no container runtime
+// made: one a process made (as any user can), with a PID namespace of its
+// own that the rule below would pass once the process that made it is
+// gone.
+var errOwnUserNS = errors.New("the peer's user namespace is not its container's")
+
+// runtimeUserNS checks that process pid lives in the agent's user
+// namespace (a pod without user namespaces) or in a child of it made by
+// root (a container runtime's, for a pod with one).
+func runtimeUserNS(pid int) error {
+	self, err := agentUserNS()
+	if err != nil {
+		return fmt.Errorf("%w: the agent's own: %v", errOwnUserNS, err)
+	}
+	u, err := proc.UserNamespace(pid)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errOwnUserNS, err)
+	}
+	if u.Ino == self || u.Parent == self && u.Owner == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: user namespace %d, made by uid %d", errOwnUserNS, u.Ino, u.Owner)
+}
+
+var agentUserNS = sync.OnceValues(func() (uint64, error) {
+	u, err := proc.UserNamespace(os.Getpid())
+	return u.Ino, err
+})
 
 // errNotConfined: the container has a process the peer's fds could reach
 // beyond its PID namespace, or that namespace's init lives elsewhere.
@@ -124,6 +155,9 @@ func (c *conn) passesFDs() (err error) {
 	}
 	if c.peer.NS == s.selfNS {
 		return errors.New("the peer is in the agent's PID namespace")
+	}
+	if err := runtimeUserNS(c.peer.PID); err != nil {
+		return err
 	}
 	if err := s.confinedPool(c.peer.NS, c.pool, c.resolve, false); err != nil {
 		return err
