@@ -177,6 +177,8 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 
 	tick := time.NewTicker(a.cfg.ReapInterval.Duration)
 	defer tick.Stop()
+	leased := time.NewTicker(leasedScanInterval)
+	defer leased.Stop()
 loop:
 	for {
 		select {
@@ -184,6 +186,8 @@ loop:
 			break loop
 		case now := <-tick.C:
 			a.Maintain(now)
+		case <-leased.C:
+			a.evictForeign(true)
 		}
 	}
 	a.ready.Store(false)
@@ -666,7 +670,7 @@ func (a *Agent) Maintain(now time.Time) {
 			a.log.Debug("reaped idle slots", "container", s.Name, "slots", n)
 		}
 	}
-	a.evictForeign()
+	a.evictForeign(false)
 	a.server.RecheckFDs()
 }
 
@@ -678,12 +682,18 @@ var (
 	foreignScanPerContainer = 512
 )
 
+// leasedScanInterval is how often the exposed slots leased now are
+// scanned between maintenance rounds.
+const leasedScanInterval = time.Second
+
 // evictForeign finds threads of other containers in the slots of served
 // containers (v1: a slot's placement fd moves any thread its holder can
-// name) and moves them back to their own cgroups. Containers take turns:
-// a round that runs out of its bound goes on at the next container next
-// time.
-func (a *Agent) evictForeign() {
+// name) and moves them back to their own cgroups. It looks only in slots
+// whose fds a client may hold (pool.Exposed; leased: those leased now),
+// so a node whose clients take no fds costs nothing. Containers take
+// turns: a round that runs out of its bound goes on at the next container
+// next time.
+func (a *Agent) evictForeign(leased bool) {
 	if a.hierarchy.ConfinesFDs() {
 		return // the kernel keeps threads in their own threaded subtree
 	}
@@ -699,7 +709,7 @@ func (a *Agent) evictForeign() {
 		i := (start + k) % len(all)
 		s := all[i]
 		next = i + 1
-		sc, err := s.cg.EvictForeign(min(budget, foreignScanPerContainer))
+		sc, err := s.cg.EvictForeignIn(s.pool.Exposed(leased), min(budget, foreignScanPerContainer))
 		budget -= sc.Checked
 		if err != nil {
 			a.log.Debug("scanning slots for foreign threads", "container", s.Name, "err", err)

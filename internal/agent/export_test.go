@@ -14,3 +14,7 @@ func SetForeignScanBounds(perRound, perContainer int) func() {
 	foreignScanPerRound, foreignScanPerContainer = perRound, perContainer
 	return func() { foreignScanPerRound, foreignScanPerContainer = r, c }
 }
+
+// ScanLeasedSlots runs the scan of exposed slots leased now, which runs
+// every second between maintenance rounds.
+func (a *Agent) ScanLeasedSlots() { a.evictForeign(true) }

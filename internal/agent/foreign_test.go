@@ -422,3 +422,15 @@ func TestAttackLeakedSlotFDsDie(t *testing.T) {
 		t.Errorf("A's client got fds again right after its fds were passed on: flags %b", ok.Flags)
 	}
 }
+
+// TestForeignThreadFoundBetweenRounds: a slot leased now to a client that
+// took its fds is scanned every second, not only in the maintenance
+// round: B's process in A's leased slot is found by that scan alone.
+func TestForeignThreadFoundBetweenRounds(t *testing.T) {
+	x := intrude(t)
+	x.a.ScanLeasedSlots()
+	if p, err := x.e.H.PathOfPID(x.pid); p != x.b {
+		t.Fatalf("B's process is in %s (%v) after the scan of leased slots, want %s", p, err, x.b)
+	}
+	x.check(t)
+}

@@ -114,20 +114,37 @@ var ErrNoHome = errors.New("its own cgroup is not known")
 // Successive calls go on where the last one stopped, so a container with
 // more threads than max is covered over several calls.
 func (c *Container) EvictForeign(max int) (Scan, error) {
-	var sc Scan
 	if c.h.ConfinesFDs() || max <= 0 {
-		return sc, nil
+		return Scan{}, nil
 	}
+	names, err := c.subdirs(0)
+	if err != nil {
+		return Scan{}, c.gone(err)
+	}
+	sort.Strings(names)
+	return c.evictForeign(names, max)
+}
+
+// EvictForeignIn is EvictForeign over slots ids only (those whose fds a
+// client may hold): it reads nothing of the others.
+func (c *Container) EvictForeignIn(ids []uint32, max int) (Scan, error) {
+	if c.h.ConfinesFDs() || max <= 0 || len(ids) == 0 {
+		return Scan{}, nil
+	}
+	names := make([]string, len(ids))
+	for i, id := range ids {
+		names[i] = SlotName(id)
+	}
+	return c.evictForeign(names, max)
+}
+
+func (c *Container) evictForeign(names []string, max int) (Scan, error) {
+	var sc Scan
 	type entry struct {
 		slot string
 		tid  int
 	}
 	var all []entry
-	names, err := c.subdirs(0)
-	if err != nil {
-		return sc, c.gone(err)
-	}
-	sort.Strings(names)
 	for _, n := range names {
 		if !isSlot(n) {
 			continue

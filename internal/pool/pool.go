@@ -100,8 +100,10 @@ type slot struct {
 	occupantStart uint64
 	freeSince     time.Time
 	// retired marks a slot that held a foreign thread: it is removed as
-	// soon as it is free (retire.go).
-	retired bool
+	// soon as it is free (retire.go). exposed marks one whose threads
+	// placed themselves (its fds are out there, v1), or that an earlier
+	// agent left: only such a slot can hold a foreign thread.
+	retired, exposed bool
 	// last holds the counters at the end of the previous lease: the start
 	// of the next one, so an acquisition reads no file.
 	last cgroup.Usage

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"sort"
 	"time"
 )
 
@@ -50,3 +51,20 @@ func (p *Pool) RevokeFDs(now time.Time) { p.fdsRevoked.Store(now.Add(fdQuarantin
 
 // FDsRevoked reports whether the container's clients are refused fds.
 func (p *Pool) FDsRevoked() bool { return time.Now().UnixNano() < p.fdsRevoked.Load() }
+
+// Exposed lists the slots that can hold a foreign thread (v1): those
+// whose threads placed themselves, with fds that outlive the lease, and
+// those an earlier agent left. leased: only those leased now, where a
+// holder is at work.
+func (p *Pool) Exposed(leased bool) []uint32 {
+	p.mu.Lock()
+	var ids []uint32
+	for _, s := range p.slots {
+		if s.exposed && (!leased || s.lease != nil) {
+			ids = append(ids, s.id)
+		}
+	}
+	p.mu.Unlock()
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
