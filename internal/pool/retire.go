@@ -3,6 +3,8 @@ package pool
 import (
 	"sort"
 	"time"
+
+	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // On cgroup v1 a slot's placement fd outlives its lease: whoever it was
@@ -16,8 +18,10 @@ import (
 // is served by agent placement only.
 const fdQuarantine = 10 * time.Minute
 
-// Retire removes slot id's cgroup now when it is free, or when its lease
-// ends. It reports whether the slot was known.
+// Retire removes slot id's cgroup: a lease on it ends now (its holder's
+// next RELEASE finds no lease), and the slot goes as it is freed; a slot
+// busy with other I/O goes at the next Reap. It reports whether the slot
+// was known.
 func (p *Pool) Retire(id uint32) bool {
 	p.mu.Lock()
 	s := p.slots[id]
@@ -26,9 +30,16 @@ func (p *Pool) Retire(id uint32) bool {
 		return false
 	}
 	s.retired = true
-	if s.lease != nil || s.busy {
+	if l := s.lease; l != nil {
 		p.mu.Unlock()
-		return true // freeSlot, or the I/O under way, hands it on
+		// Ended as the holder's closed connection would end it: the
+		// process may keep another connection, and the lease with it.
+		p.Release(l.owner, l.id, outcome.Abandoned) // freeSlot hands it on
+		return true
+	}
+	if s.busy {
+		p.mu.Unlock()
+		return true
 	}
 	s.busy = true
 	p.beginIO()
