@@ -70,9 +70,18 @@ func (p *Pool) FDsRevoked() bool { return time.Now().UnixNano() < p.fdsRevoked.L
 func (p *Pool) Exposed(leased bool) []uint32 {
 	p.mu.Lock()
 	var ids []uint32
-	for _, s := range p.slots {
-		if s.exposed && (!leased || s.lease != nil) {
-			ids = append(ids, s.id)
+	if leased {
+		// Through the leases: nothing to walk on an idle node.
+		for _, l := range p.leases {
+			if l.slot.exposed {
+				ids = append(ids, l.slot.id)
+			}
+		}
+	} else {
+		for _, s := range p.slots {
+			if s.exposed {
+				ids = append(ids, s.id)
+			}
 		}
 	}
 	p.mu.Unlock()

@@ -25,6 +25,9 @@ func TestRetire(t *testing.T) {
 	if got := fmt.Sprint(p.Exposed(false)); got != fmt.Sprint([]uint32{held.SlotID}) {
 		t.Fatalf("exposed slots %s, want only the HOLD lease's %d (the agent placed %d)", got, held.SlotID, agentPlaced.SlotID)
 	}
+	if got := fmt.Sprint(p.Exposed(true)); got != fmt.Sprint([]uint32{held.SlotID}) {
+		t.Fatalf("exposed slots leased now %s, want %d", got, held.SlotID)
+	}
 	b.takeOps()
 	if !p.Retire(held.SlotID) {
 		t.Fatal("a leased slot was not known")
