@@ -132,7 +132,9 @@ func nsInode(pid int) uint64 {
 // container's own threaded subtree. On v1 it checks nothing but the
 // opener (the agent), so a holder could move any process it can name: fds
 // go only to a peer whose PID namespace holds its whole container
-// (confined), and to the agent's own process, which holds them anyway.
+// (confined), in a user namespace a runtime made (runtimeUserNS), of a
+// container whose fds were not found passed on (pool.FDsRevoked), and to
+// the agent's own process, which holds them anyway.
 // Everyone else has the agent place its threads (docs/security.md).
 func (c *conn) passesFDs() (err error) {
 	s := c.srv
