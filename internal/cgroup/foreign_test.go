@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -313,5 +314,39 @@ func TestEvictForeignNeverToRoot(t *testing.T) {
 	}
 	if p, _ := h.PathOfPID(victim); p != rel {
 		t.Fatalf("process %d is in %s, want %s", victim, p, rel)
+	}
+}
+
+// TestRemoveSlotWithForeignThreadInCpuacctOnly: a holder may write a
+// slot's cpuacct fd alone (v1, mounted apart). Removing the slot moves
+// such a thread back to its own cgroup too, or the slot could not be
+// removed (EBUSY) and a retired slot would stay.
+func TestRemoveSlotWithForeignThreadInCpuacctOnly(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	if h.Version != 1 || h.AcctRoot == "" {
+		t.Skip("needs cpuacct mounted apart from cpu (v1)")
+	}
+	rel := cgrouptest.NewContainer(t, h, 0)
+	b := path.Join(path.Dir(rel), "b")
+	for _, r := range []string{h.CPURoot, h.AcctRoot} {
+		if err := os.MkdirAll(filepath.Join(r, b), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := witnessed(t, h, rel, b)
+	_, s := containerWithSlot(t, h, rel)
+	pid := sleepers(t, h, &w, b, 1)[0]
+	if err := os.WriteFile(filepath.Join(h.AcctRoot, rel, s.Name(), "tasks"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(); err != nil {
+		t.Fatalf("removing the slot: %v", err)
+	}
+	own, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := ":cpuacct:" + b + "\n"; !strings.Contains(string(own), want) {
+		t.Fatalf("process %d's cgroups:\n%s\nwant cpuacct at %s", pid, own, b)
 	}
 }
