@@ -181,6 +181,8 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 	tick := time.NewTicker(a.cfg.ReapInterval.Duration)
 	defer tick.Stop()
 	a.maintained.Store(time.Now().UnixNano())
+	leased := time.NewTicker(leasedScanInterval)
+	defer leased.Stop()
 loop:
 	for {
 		select {
@@ -189,6 +191,8 @@ loop:
 		case now := <-tick.C:
 			a.Maintain(now)
 			a.maintained.Store(time.Now().UnixNano())
+		case <-leased.C:
+			a.evictForeign(true)
 		}
 	}
 	a.maintained.Store(0)
@@ -698,7 +702,8 @@ func (a *Agent) Maintain(now time.Time) {
 			a.log.Debug("reaped idle slots", "container", s.Name, "slots", n)
 		}
 	}
-	a.evictForeign()
+	a.evictForeign(false)
+	a.server.RecheckFDs()
 }
 
 // The foreign-thread scan's bounds (docs/security.md): threads checked
@@ -709,12 +714,18 @@ var (
 	foreignScanPerContainer = 512
 )
 
+// leasedScanInterval is how often the exposed slots leased now are
+// scanned between maintenance rounds.
+const leasedScanInterval = time.Second
+
 // evictForeign finds threads of other containers in the slots of served
 // containers (v1: a slot's placement fd moves any thread its holder can
-// name) and moves them back to their own cgroups. Containers take turns:
-// a round that runs out of its bound goes on at the next container next
-// time.
-func (a *Agent) evictForeign() {
+// name) and moves them back to their own cgroups. It looks only in slots
+// whose fds a client may hold (pool.Exposed; leased: those leased now),
+// so a node whose clients take no fds costs nothing. Containers take
+// turns: a round that runs out of its bound goes on at the next container
+// next time.
+func (a *Agent) evictForeign(leased bool) {
 	if a.hierarchy.ConfinesFDs() {
 		return // the kernel keeps threads in their own threaded subtree
 	}
@@ -730,17 +741,40 @@ func (a *Agent) evictForeign() {
 		i := (start + k) % len(all)
 		s := all[i]
 		next = i + 1
-		sc, err := s.cg.EvictForeign(min(budget, foreignScanPerContainer))
+		sc, err := s.cg.EvictForeignIn(s.pool.Exposed(leased), min(budget, foreignScanPerContainer))
 		budget -= sc.Checked
 		if err != nil {
 			a.log.Debug("scanning slots for foreign threads", "container", s.Name, "err", err)
 			continue
 		}
 		a.foreignFound(s.Name, s.CgroupPath, sc.Foreign)
+		a.retire(s, sc.Foreign)
 	}
 	a.mu.Lock()
 	a.scanNext = next
 	a.mu.Unlock()
+}
+
+// retire makes the fds of slots that held foreign threads useless (v1):
+// the container's clients are refused fds for a while and its fd
+// connections closed, which ends their leases, and each such slot's
+// cgroup is removed as soon as it is free, so every fd opened to it,
+// passed on or not, fails from then on.
+func (a *Agent) retire(s *served, found []cgroup.Foreign) {
+	if len(found) == 0 {
+		return
+	}
+	s.pool.RevokeFDs(time.Now())
+	n := a.server.RevokeFDs(s.pool)
+	slots := map[uint32]bool{}
+	for _, f := range found {
+		if id, ok := cgroup.ParseSlotName(f.Slot); ok && !slots[id] {
+			slots[id] = true
+			s.pool.Retire(id)
+		}
+	}
+	a.log.Warn("slot fds revoked: slots retired, fd connections closed, threads placed by the agent for a while",
+		"container", s.Name, "slots", len(slots), "connections", n)
 }
 
 // foreignFound counts the foreign threads found in one container's slots

@@ -25,3 +25,7 @@ func SetMaintainHook(f func(), stall time.Duration) func() {
 	maintainHook, minStall = f, stall
 	return func() { maintainHook, minStall = h, m }
 }
+
+// ScanLeasedSlots runs the scan of exposed slots leased now, which runs
+// every second between maintenance rounds.
+func (a *Agent) ScanLeasedSlots() { a.evictForeign(true) }

@@ -138,7 +138,7 @@ func childHandFDs() (any, error) {
 // checks only who opened the fd. B's process then runs under A's slot
 // limit and is billed to A. The agent's maintenance finds it (its cgroup
 // in a hierarchy no slot fd reaches says it is B's), moves it back to B's
-// cgroup, and counts it; A's own thread in the slot stays.
+// cgroup, and counts it; A's own thread goes back to A's cgroup.
 func TestAttackSlotFDsHandedToAnotherContainer(t *testing.T) {
 	x := intrude(t)
 	var seen []string
@@ -154,9 +154,12 @@ func TestAttackSlotFDsHandedToAnotherContainer(t *testing.T) {
 		t.Fatalf("B's process was not moved back to %s:\n%s", x.b, strings.Join(seen, "\n"))
 	}
 	x.check(t)
-	if p, err := x.e.H.PathOfThread(x.holder.cmd.Process.Pid, x.holder.res.TID); err != nil || p != x.slot {
-		t.Errorf("A's own thread was moved from its slot %s to %s (%v)", x.slot, p, err)
-	}
+	// The slot is retired (TestAttackLeakedSlotFDsDie): A's own thread
+	// goes back to A's cgroup, nowhere else.
+	agenttest.WaitFor(t, "A's own thread to go back to A's cgroup "+x.e.Rel, func() bool {
+		p, err := x.e.H.PathOfThread(x.holder.cmd.Process.Pid, x.holder.res.TID)
+		return err == nil && p == x.e.Rel
+	})
 	// Reported to the owners of both containers (Kubernetes: Events).
 	got := x.reports.list()
 	if len(got) != 2 || got[0].cg != x.e.Rel || got[1].cg != x.b ||
@@ -278,8 +281,7 @@ func intrudeWith(t *testing.T, before func(e *agenttest.Env, pids string)) *intr
 	x.slot = path.Join(e.Rel, cgroup.SlotName(x.holder.res.Slot))
 	x.pid = intruder.Process.Pid
 	agenttest.WaitFor(t, "B's process to write itself into A's slot", func() bool {
-		p, err := e.H.PathOfPID(x.pid)
-		return err == nil && p == x.slot
+		return cgroupOf(t, x.pid, "cpuacct") == x.slot // its second write
 	})
 	return x
 }
@@ -288,11 +290,10 @@ func intrudeWith(t *testing.T, before func(e *agenttest.Env, pids string)) *intr
 // and counted.
 func (x *intrusion) check(t *testing.T) {
 	t.Helper()
-	for _, key := range []string{"cpu", "cpuacct"} {
-		if p := cgroupOf(t, x.pid, key); p != x.b {
-			t.Errorf("B's process is in %s in the %s hierarchy, want %s", p, key, x.b)
-		}
-	}
+	// The agent's every-second scan may be moving it meanwhile.
+	agenttest.WaitFor(t, "B's process to be back in "+x.b+" in cpu and cpuacct", func() bool {
+		return cgroupOf(t, x.pid, "cpu") == x.b && cgroupOf(t, x.pid, "cpuacct") == x.b
+	})
 	if body := agenttest.Scrape(t, x.a); !strings.Contains(body, `reason="foreign_thread_in_slot"} 1`) {
 		t.Errorf("the foreign thread was not counted once:\n%s", agenttest.Grep(body, "foreign_thread"))
 	}
@@ -375,4 +376,59 @@ func startHandFDs(t *testing.T, e *agenttest.Env, rel string, into func(int)) *h
 		t.Fatalf("A's runtime passed %d placement fds, want 2 (cpu and cpuacct mounted apart)", len(h.fds))
 	}
 	return h
+}
+
+// TestAttackLeakedSlotFDsDie: once B's process is found in A's slot, the
+// fds A passed on are useless. The slot's cgroup is removed as soon as
+// A's lease ends (A's fd connections are closed, a HELLO-only one too, so
+// it ends at once), so a write through a leaked fd fails, and A's
+// clients are placed by the agent (AGENT_PLACES) for a while.
+func TestAttackLeakedSlotFDsDie(t *testing.T) {
+	x := intrude(t)
+	live := agenttest.StartLive(t, x.e, x.e.Rel, 1)
+	idle := live.Dial(t, x.e.Socket)
+	idle.SetDeadline(time.Now().Add(time.Minute))
+	if ok := agenttest.HelloWith(t, idle, slotv1.HelloFDPassing); ok.Flags&slotv1.HelloOKAgentPlaces != 0 {
+		t.Fatalf("A's client refused fds before anything was found: flags %b", ok.Flags)
+	}
+	for round := 1; round <= 3; round++ {
+		x.a.Maintain(time.Now())
+		if p, _ := x.e.H.PathOfPID(x.pid); p == x.b {
+			break
+		}
+	}
+	x.check(t)
+	if _, err := idle.Read(make([]byte, 64)); err != io.EOF {
+		t.Errorf("A's idle fd connection: read %v, want it closed (EOF)", err)
+	}
+	// Writing B's process through the leaked fds must fail, in cpu and in
+	// cpuacct.
+	agenttest.WaitFor(t, "writes through the leaked fds to fail", func() bool {
+		for _, f := range x.holder.fds {
+			if _, err := unix.Write(int(f.Fd()), []byte(strconv.Itoa(x.pid))); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+	if p, _ := x.e.H.PathOfPID(x.pid); p != x.b {
+		t.Errorf("B's process is in %s after the writes, want %s", p, x.b)
+	}
+	again := live.Dial(t, x.e.Socket)
+	again.SetDeadline(time.Now().Add(time.Minute))
+	if ok := agenttest.HelloWith(t, again, slotv1.HelloFDPassing); ok.Flags&slotv1.HelloOKAgentPlaces == 0 {
+		t.Errorf("A's client got fds again right after its fds were passed on: flags %b", ok.Flags)
+	}
+}
+
+// TestForeignThreadFoundBetweenRounds: a slot leased now to a client that
+// took its fds is scanned every second, not only in the maintenance
+// round: B's process in A's leased slot is found by that scan alone.
+func TestForeignThreadFoundBetweenRounds(t *testing.T) {
+	x := intrude(t)
+	x.a.ScanLeasedSlots()
+	if p, err := x.e.H.PathOfPID(x.pid); p != x.b {
+		t.Fatalf("B's process is in %s (%v) after the scan of leased slots, want %s", p, err, x.b)
+	}
+	x.check(t)
 }

@@ -244,8 +244,12 @@ var ErrNotInSlot = errors.New("thread is not in a slot of this container")
 // in the container's cgroup no slot scan would find it.
 func (c *Container) MoveOut(tid int) error {
 	own, err := threadCgroups(tid)
+	inSlot := func(p string) bool { return path.Dir(p) == c.Path && isSlot(path.Base(p)) }
 	p := own[c.h.cpuKey()]
-	if err != nil || path.Dir(p) != c.Path || !isSlot(path.Base(p)) {
+	if err == nil && !inSlot(p) && c.h.AcctRoot != "" {
+		p = own["cpuacct"] // a holder of fds may write the cpuacct one only
+	}
+	if err != nil || !inSlot(p) {
 		return fmt.Errorf("thread %d: %w", tid, ErrNotInSlot)
 	}
 	// Only by a witness: the leader's cgroup (the scan's fallback) costs

@@ -114,20 +114,37 @@ var ErrNoHome = errors.New("its own cgroup is not known")
 // Successive calls go on where the last one stopped, so a container with
 // more threads than max is covered over several calls.
 func (c *Container) EvictForeign(max int) (Scan, error) {
-	var sc Scan
 	if c.h.ConfinesFDs() || max <= 0 {
-		return sc, nil
+		return Scan{}, nil
 	}
+	names, err := c.subdirs(0)
+	if err != nil {
+		return Scan{}, c.gone(err)
+	}
+	sort.Strings(names)
+	return c.evictForeign(names, max)
+}
+
+// EvictForeignIn is EvictForeign over slots ids only (those whose fds a
+// client may hold): it reads nothing of the others.
+func (c *Container) EvictForeignIn(ids []uint32, max int) (Scan, error) {
+	if c.h.ConfinesFDs() || max <= 0 || len(ids) == 0 {
+		return Scan{}, nil
+	}
+	names := make([]string, len(ids))
+	for i, id := range ids {
+		names[i] = SlotName(id)
+	}
+	return c.evictForeign(names, max)
+}
+
+func (c *Container) evictForeign(names []string, max int) (Scan, error) {
+	var sc Scan
 	type entry struct {
 		slot string
 		tid  int
 	}
 	var all []entry
-	names, err := c.subdirs(0)
-	if err != nil {
-		return sc, c.gone(err)
-	}
-	sort.Strings(names)
 	for _, n := range names {
 		if !isSlot(n) {
 			continue
@@ -276,7 +293,7 @@ func (c *Container) report(f Foreign) {
 // sendHome moves a foreign thread out of the container's slot in every
 // hierarchy it sits there: to its process leader's cgroup when that is no
 // slot and not in this container, else to the nearest cgroup at or above
-// its witness path.
+// its witness path other than the root, else to the container's cgroup.
 func (c *Container) sendHome(slot string, tid int, witness string, own, leader map[string]string) (string, error) {
 	keys := []string{"cpu"}
 	if c.h.AcctRoot != "" {
@@ -296,7 +313,11 @@ func (c *Container) sendHome(slot string, tid int, witness string, own, leader m
 			if c.witness == nil {
 				return moved, fmt.Errorf("thread %d: %w", tid, ErrNoHome)
 			}
-			dest = nearest(root, witness)
+			// The root holds no limit: a thread with no cgroup of its
+			// own below it stays under the slot's container's limit.
+			if dest = nearest(root, witness); dest == "/" {
+				dest = c.Path
+			}
 		}
 		// Read again just before the write: the reads above took a while,
 		// and a TID that exited and was reused meanwhile is another thread.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -276,5 +277,76 @@ func BenchmarkEvictForeign(b *testing.B) {
 			}
 			b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N*n), "ns/thread")
 		})
+	}
+}
+
+// TestEvictForeignNeverToRoot: a process whose cgroup exists in cpu only
+// (its witness cgroup is the hierarchy's root), written whole into a
+// slot, has no cgroup of its own the agent can find. It is not sent to
+// the root, where no limit holds it, but to the slot's container.
+func TestEvictForeignNeverToRoot(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	w := witnessed(t, h, rel)
+	c, s := containerWithSlot(t, h, rel)
+	defer s.Remove()
+	b := path.Join(path.Dir(rel), "b")
+	for _, r := range []string{h.CPURoot, h.AcctRoot} {
+		if r != "" {
+			if err := os.MkdirAll(filepath.Join(r, b), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	victim := sleepers(t, h, nil, b, 1)[0]
+	if err := os.WriteFile(filepath.Join(w.Root, "cgroup.procs"), []byte(strconv.Itoa(victim)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Place(victim); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := c.EvictForeign(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Foreign) != 1 || sc.Foreign[0].TID != victim || sc.Foreign[0].MovedTo != rel || sc.Foreign[0].Err != nil {
+		t.Fatalf("scan: %+v, want process %d moved to %s", sc, victim, rel)
+	}
+	if p, _ := h.PathOfPID(victim); p != rel {
+		t.Fatalf("process %d is in %s, want %s", victim, p, rel)
+	}
+}
+
+// TestRemoveSlotWithForeignThreadInCpuacctOnly: a holder may write a
+// slot's cpuacct fd alone (v1, mounted apart). Removing the slot moves
+// such a thread back to its own cgroup too, or the slot could not be
+// removed (EBUSY) and a retired slot would stay.
+func TestRemoveSlotWithForeignThreadInCpuacctOnly(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	if h.Version != 1 || h.AcctRoot == "" {
+		t.Skip("needs cpuacct mounted apart from cpu (v1)")
+	}
+	rel := cgrouptest.NewContainer(t, h, 0)
+	b := path.Join(path.Dir(rel), "b")
+	for _, r := range []string{h.CPURoot, h.AcctRoot} {
+		if err := os.MkdirAll(filepath.Join(r, b), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := witnessed(t, h, rel, b)
+	_, s := containerWithSlot(t, h, rel)
+	pid := sleepers(t, h, &w, b, 1)[0]
+	if err := os.WriteFile(filepath.Join(h.AcctRoot, rel, s.Name(), "tasks"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(); err != nil {
+		t.Fatalf("removing the slot: %v", err)
+	}
+	own, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := ":cpuacct:" + b + "\n"; !strings.Contains(string(own), want) {
+		t.Fatalf("process %d's cgroups:\n%s\nwant cpuacct at %s", pid, own, b)
 	}
 }

@@ -15,7 +15,7 @@ const (
 	NotServed        Reason = "not_served"        // a peer in no container the agent serves
 	UnknownLease     Reason = "unknown_lease"     // a lease that is not the peer's
 	ConnectionLimit  Reason = "connection_limit"  // a connection over the per-node or per-process cap
-	FDsRevoked       Reason = "fds_revoked"       // v1: a fd connection closed when its container gained a process outside the peer's PID namespace
+	FDsRevoked       Reason = "fds_revoked"       // v1: a fd connection closed when its container gained a process outside the peer's PID namespace, or its slot fds were found passed on
 	AcceptFailed     Reason = "accept_failed"     // accept failed (e.g. out of fds); the agent backs off
 	SocketFailed     Reason = "socket_failed"     // a pod's socket could not be made (e.g. a planted file)
 	UsageThrottled   Reason = "usage_throttled"   // a USAGE report waited: its process sent them faster than the agent credits them

@@ -290,6 +290,9 @@ func (p *Pool) execute(l *lease, pl plan, req Request) ([]int, cgroup.Spec, erro
 	if pl.io() {
 		s.busy = false
 	}
+	if pl.place == PlaceSelf {
+		s.exposed = true
+	}
 	p.endIO()
 	return fds, s.spec, nil
 }

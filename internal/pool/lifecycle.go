@@ -16,7 +16,7 @@ func (p *Pool) Start() error {
 	now := time.Now()
 	p.mu.Lock()
 	for id, io := range adopted {
-		s := &slot{id: id, io: io, spec: io.Spec(), freeSince: now, adopted: true}
+		s := &slot{id: id, io: io, spec: io.Spec(), freeSince: now, adopted: true, exposed: true}
 		p.slots[id] = s
 		if id >= p.nextID {
 			p.nextID = id + 1

@@ -99,6 +99,11 @@ type slot struct {
 	// while it still names the same thread.
 	occupantStart uint64
 	freeSince     time.Time
+	// retired marks a slot that held a foreign thread: it is removed as
+	// soon as it is free (retire.go). exposed marks one whose threads
+	// placed themselves (its fds are out there, v1), or that an earlier
+	// agent left: only such a slot can hold a foreign thread.
+	retired, exposed bool
 	// last holds the counters at the end of the previous lease: the start
 	// of the next one, so an acquisition reads no file.
 	last cgroup.Usage
@@ -182,6 +187,8 @@ type Pool struct {
 	ioDone *sync.Cond
 	// stale is set when the container's cgroup turned out to be gone.
 	stale atomic.Bool
+	// fdsRevoked is until when (unix ns) clients are refused fds.
+	fdsRevoked atomic.Int64
 	// actions are the action names this container has used as metric
 	// labels (at most cfg.MaxActions).
 	actions map[string]bool

@@ -8,8 +8,8 @@ import (
 )
 
 // Reap removes grown slots that stayed free longer than the idle timeout,
-// keeping the pre-warmed count of each quota, and free slots above the
-// container's CPU limit (it was lowered).
+// keeping the pre-warmed count of each quota, free slots above the
+// container's CPU limit (it was lowered), and retired slots not removed yet.
 func (p *Pool) Reap(now time.Time) int {
 	p.settleDue(now)
 	max := p.maxQuota()
@@ -22,7 +22,7 @@ func (p *Pool) Reap(now time.Time) int {
 	for _, s := range p.slots {
 		q := s.spec.QuotaMilli
 		idle := count[q] > p.cfg.Prewarm[q] && now.Sub(s.freeSince) >= p.cfg.IdleTimeout
-		if !p.closed && s.lease == nil && !s.busy && (idle || q > max) {
+		if !p.closed && s.lease == nil && !s.busy && (idle || q > max || s.retired) {
 			count[q]--
 			s.busy = true
 			victims = append(victims, s)
@@ -32,7 +32,9 @@ func (p *Pool) Reap(now time.Time) int {
 	p.mu.Unlock()
 	for _, s := range victims {
 		why := "idle"
-		if s.spec.QuotaMilli > max {
+		if s.retired {
+			why = "retired"
+		} else if s.spec.QuotaMilli > max {
 			why = "above the container's CPU limit of " + FormatQuota(max)
 		}
 		p.removeSlot(s, why)

@@ -20,8 +20,11 @@ func (p *Pool) Release(owner any, id uint64, how outcome.Ending) (cgroup.Usage, 
 	if how == outcome.EndPlacementFailed {
 		r.vacated = true // the thread never got there
 	}
-	raises := p.freeSlot(l, end, r)
+	raises, retired := p.freeSlot(l, end, r)
 	p.raise(raises)
+	if retired {
+		p.removeRetired(l.slot)
+	}
 	return used, nil
 }
 
@@ -284,8 +287,9 @@ func (p *Pool) account(l *lease, how outcome.Ending) (end, used cgroup.Usage) {
 }
 
 // freeSlot returns the lease's slot and budget to the pool, and plans
-// raising degraded leases with the budget freed.
-func (p *Pool) freeSlot(l *lease, end cgroup.Usage, r released) []raise {
+// raising degraded leases with the budget freed. A retired slot is left
+// busy for the caller to remove (retired).
+func (p *Pool) freeSlot(l *lease, end cgroup.Usage, r released) (_ []raise, retired bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.endIO()
@@ -299,10 +303,13 @@ func (p *Pool) freeSlot(l *lease, end cgroup.Usage, r released) []raise {
 	}
 	if r.removed {
 		delete(p.slots, s.id)
+	} else if s.retired && !s.busy {
+		s.busy, retired = true, true
+		p.beginIO()
 	}
 	raises := p.planRaises()
 	p.broadcast()
-	return raises
+	return raises, retired
 }
 
 // vacate records that nobody sits in slot s any more.

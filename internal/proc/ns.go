@@ -50,3 +50,46 @@ func InPIDNamespace(pid int, ns uint64) (bool, error) {
 		fd = parent
 	}
 }
+
+// ioctl_ns(2): NS_GET_OWNER_UID, _IOR(0xb7, 0x4, uid_t).
+const nsGetOwnerUID = 0xb704
+
+// UserNS is a process's user namespace as the agent sees it.
+type UserNS struct {
+	Ino uint64
+	// Parent is the parent namespace's inode (0: none the agent can see).
+	Parent uint64
+	// Owner is the user (in the agent's user namespace) that made it.
+	Owner uint32
+}
+
+// UserNamespace reads process pid's user namespace.
+func UserNamespace(pid int) (UserNS, error) {
+	var u UserNS
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return u, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return u, err
+	}
+	u.Ino = st.Ino
+	if u.Owner, err = unix.IoctlGetUint32(fd, nsGetOwnerUID); err != nil {
+		return u, fmt.Errorf("NS_GET_OWNER_UID: %w", err)
+	}
+	parent, err := unix.IoctlRetInt(fd, nsGetParent)
+	if errors.Is(err, unix.EPERM) {
+		return u, nil // the agent's own, or above it
+	}
+	if err != nil {
+		return u, fmt.Errorf("NS_GET_PARENT: %w", err)
+	}
+	defer unix.Close(parent)
+	if err := unix.Fstat(parent, &st); err != nil {
+		return u, err
+	}
+	u.Parent = st.Ino
+	return u, nil
+}

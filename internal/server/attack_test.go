@@ -894,3 +894,97 @@ func TestAttackOneWayReleaseFlood(t *testing.T) {
 		t.Error("the paced frames are not counted as oneway_throttled")
 	}
 }
+
+// TestAttackIdleFDsAfterHostProcessJoins: a fd connection that sends no
+// ACQUIRE after its HELLO (one that holds HOLD leases and sends USAGE or
+// HELD only, or nothing) is never rechecked on a request. When its
+// container gains a process in another PID namespace, the next
+// maintenance round closes it too, and a new HELLO gets AGENT_PLACES.
+func TestAttackIdleFDsAfterHostProcessJoins(t *testing.T) {
+	e := agenttest.NewEnv(t, 0, nil)
+	a := e.Start()
+	if e.H.Version == 2 {
+		t.Skip("v2: placement fds are bounded by the kernel")
+	}
+	l := agenttest.StartLiveIn(t, e, e.Rel, true, 1)
+	c := l.Dial(t, e.Socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if ok := agenttest.HelloWith(t, c, slotv1.HelloFDPassing); ok.Flags&slotv1.HelloOKAgentPlaces != 0 {
+		t.Fatalf("a peer whose namespace holds its container got AGENT_PLACES: %+v", ok)
+	}
+	host := exec.Command("sleep", "1000")
+	if err := e.H.StartIn(host, e.Rel); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Process.Kill(); host.Wait() })
+	a.Maintain(time.Now().Add(time.Minute)) // past the recheck interval
+	if _, err := io.ReadAll(c); !agenttest.ClosedByAgent(err) {
+		t.Fatalf("the idle fd connection was not closed once a host process joined the container: %v", err)
+	}
+	c2 := l.Dial(t, e.Socket)
+	c2.SetDeadline(time.Now().Add(time.Minute))
+	if ok := agenttest.HelloWith(t, c2, slotv1.HelloFDPassing); ok.Flags&slotv1.HelloOKAgentPlaces == 0 {
+		t.Fatalf("a new HELLO got fds while a host process is in the container: %+v", ok)
+	}
+}
+
+// TestAttackOrphanedNestedNamespaceFDs: the process of a host-namespace
+// container that made a new user and PID namespace (as nobody can) exits,
+// so the child in it is the init of a namespace that holds the whole
+// container, as a pod's is. Its user namespace is its own making, not one
+// a container runtime made: it must still get AGENT_PLACES and no fd.
+func TestAttackOrphanedNestedNamespaceFDs(t *testing.T) {
+	e := agenttest.NewEnv(t, 0, nil)
+	e.Start()
+	if e.H.Version == 2 {
+		t.Skip("v2: placement fds are bounded by the kernel")
+	}
+	ch := agenttest.Spawn(t, e.H, "orphan", agenttest.ChildOpts{Cgroup: e.Rel, Unprivileged: true, Env: []string{
+		"SOCKET=" + e.Socket, "FRAMES=" + agenttest.HexFrames(t,
+			&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing},
+			&slotv1.Acquire{QuotaMilli: 250, TID: 1})}})
+	var o struct {
+		Error string
+		Child int
+	}
+	ch.Result(t, &o)
+	if o.Error != "" {
+		t.Fatalf("orphaning child: %s", o.Error)
+	}
+	procs := filepath.Join(e.H.CPURoot, e.Rel, "cgroup.procs")
+	agenttest.WaitFor(t, "the nested child to be the container's only process", func() bool {
+		b, _ := os.ReadFile(procs)
+		return strings.TrimSpace(string(b)) == strconv.Itoa(o.Child)
+	})
+	io.WriteString(ch.Stdin, "go\n") // the nested child's turn
+	var r rawResult
+	ch.Result(t, &r)
+	t.Logf("nested child: %+v", r)
+	if r.Error != "" || len(r.Responses) == 0 {
+		t.Fatalf("nested child: %+v", r)
+	}
+	if r.FDs != 0 {
+		t.Fatalf("a user namespace a container's process made got %d placement fds: %v", r.FDs, r.Responses)
+	}
+	if !strings.Contains(r.Responses[0], fmt.Sprintf("flags=%d", slotv1.HelloOKAgentPlaces)) {
+		t.Fatalf("HELLO_OK without AGENT_PLACES: %v", r.Responses)
+	}
+}
+
+// childOrphan starts the raw child in a new user and PID namespace, as an
+// unprivileged process can, on its own stdin and stdout, says its PID
+// and exits without waiting for it.
+func childOrphan() (any, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CPUSLOT_CHILD=raw")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return map[string]int{"child": cmd.Process.Pid}, nil
+}

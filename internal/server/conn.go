@@ -134,6 +134,8 @@ type conn struct {
 	confine    bool
 	confinedAt atomic.Int64
 	rechecking atomic.Bool
+	// fdPool is the pool whose fds the connection may hold (RevokeFDs).
+	fdPool atomic.Pointer[pool.Pool]
 	// local: the client was granted LOCAL (HOLD leases, USAGE reports).
 	local bool
 	// seen holds the slots whose fds this connection was sent.

@@ -27,6 +27,7 @@ func TestMain(m *testing.M) {
 		"raw":       childRaw,
 		"relay":     childRelay,
 		"nested":    childNested,
+		"orphan":    childOrphan,
 		"idle":      childIdle,
 		"lastwords": childLastWords,
 	})
