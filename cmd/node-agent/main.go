@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -26,6 +27,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
 	k8sdiscover "github.com/cpuslot/cpuslot/internal/discover/kubernetes"
+	"github.com/cpuslot/cpuslot/internal/safetext"
 	"github.com/cpuslot/cpuslot/internal/settings"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -169,6 +171,12 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	return cfg, rf, nil
 }
 
+// newLogger is the agent's log: JSON lines whose strings, many a pod's,
+// show no hidden characters (safetext).
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: safetext.ReplaceAttr}))
+}
+
 func run(args []string) error {
 	cfg, rf, err := parseRun(args)
 	if err != nil {
@@ -178,7 +186,7 @@ func run(args []string) error {
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return fmt.Errorf("log level %q: %w", cfg.LogLevel, err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(os.Stderr, level)
 	slog.SetDefault(log)
 
 	a, err := agent.New(cfg, log)
