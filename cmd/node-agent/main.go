@@ -218,6 +218,10 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (disco
 	if err != nil {
 		return nil, err
 	}
+	ceil, err := cfg.Ceilings()
+	if err != nil {
+		return nil, err
+	}
 	var rc *rest.Config
 	if kc.Kubeconfig != "" {
 		rc, err = clientcmd.BuildConfigFromFlags("", kc.Kubeconfig)
@@ -234,7 +238,7 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (disco
 	}
 	return k8sdiscover.New(k8sdiscover.Config{
 		NodeName: kc.NodeName, ContainerdSocket: kc.ContainerdSocket, ContainerdNamespace: kc.ContainerdNamespace,
-		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc,
+		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc, Ceilings: ceil,
 	}, client, a.Hierarchy(), log), nil
 }
 
