@@ -28,6 +28,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
 	k8sdiscover "github.com/cpuslot/cpuslot/internal/discover/kubernetes"
+	"github.com/cpuslot/cpuslot/internal/safetext"
 	"github.com/cpuslot/cpuslot/internal/settings"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -122,10 +123,11 @@ func fatal(w io.Writer, err error) {
 	slog.New(slog.NewJSONHandler(w, nil)).Error("node-agent failed", "err", err)
 }
 
-// newLogger is the agent's one log stream: JSON lines on w. client-go logs
+// newLogger is the agent's one log stream: JSON lines on w whose strings,
+// many a pod's, show no hidden characters (safetext). client-go logs
 // through klog, which is routed to it too, so its lines are JSON as well.
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: safetext.ReplaceAttr}))
 	slog.SetDefault(log)
 	klog.SetSlogLogger(log)
 	return log
@@ -288,6 +290,10 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*k8sd
 	if err != nil {
 		return nil, err
 	}
+	ceil, err := cfg.Ceilings()
+	if err != nil {
+		return nil, err
+	}
 	var rc *rest.Config
 	if kc.Kubeconfig != "" {
 		rc, err = clientcmd.BuildConfigFromFlags("", kc.Kubeconfig)
@@ -304,7 +310,7 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*k8sd
 	}
 	return k8sdiscover.New(k8sdiscover.Config{
 		NodeName: kc.NodeName, ContainerdSocket: kc.ContainerdSocket, ContainerdNamespace: kc.ContainerdNamespace,
-		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc,
+		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc, Ceilings: ceil,
 	}, client, a.Hierarchy(), log), nil
 }
 

@@ -37,7 +37,7 @@ var sources = []source{
 		return err
 	}},
 	{"annotation", func(t *testing.T, k settings.Key, v string) error {
-		_, errs := k8sdiscover.PoolConfig(settings.Default(), map[string]string{settings.AnnotationPrefix + k.Annotation: v})
+		_, errs := k8sdiscover.PoolConfig(settings.Default(), settings.Ceilings{}, map[string]string{settings.AnnotationPrefix + k.Annotation: v}, 0)
 		return errors.Join(errs...)
 	}},
 }
@@ -121,7 +121,7 @@ func TestGoodValuesSameFromEverySource(t *testing.T) {
 		if err != nil || got.Get(key) != want.Get(key) {
 			t.Errorf("flag %s=%q: got %q (%v), want %q", key, v, got.Get(key), err, want.Get(key))
 		}
-		ann, _ := k8sdiscover.PoolConfig(settings.Default(), map[string]string{settings.AnnotationPrefix + k.Annotation: v})
+		ann, _ := k8sdiscover.PoolConfig(settings.Default(), settings.Ceilings{}, map[string]string{settings.AnnotationPrefix + k.Annotation: v}, 0)
 		if ann.Get(key) != want.Get(key) {
 			t.Errorf("annotation %s=%q: got %q, want %q", key, v, ann.Get(key), want.Get(key))
 		}

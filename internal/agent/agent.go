@@ -450,6 +450,11 @@ func countSlots(s pool.Summary) int {
 func (a *Agent) Forget(cgroupPath string) {
 	a.mu.Lock()
 	s := a.containers[cgroupPath]
+	if s != nil {
+		// The socket goes before the pool leaves the list: a pool no
+		// longer listed has no socket left.
+		a.teardownListener(s)
+	}
 	delete(a.containers, cgroupPath)
 	if pr := a.preparing[cgroupPath]; pr != nil {
 		pr.forgotten = true // torn down once made
@@ -672,8 +677,8 @@ func (a *Agent) Maintain(now time.Time) {
 		id, err := a.hierarchy.IdentityOf(s.CgroupPath)
 		if err != nil {
 			a.log.Info("container is gone", "container", s.Name)
+			a.teardownListener(s) // before the pool leaves the list
 			a.drop(s)
-			a.teardownListener(s)
 			continue
 		}
 		if id != s.cg.Identity() || s.pool.Stale() {

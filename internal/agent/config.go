@@ -89,6 +89,37 @@ type KubernetesConfig struct {
 	// Kubeconfig is for running outside a pod; in a pod the service
 	// account is used.
 	Kubeconfig string `json:"kubeconfig"`
+	// AnnotationCeilings bound what a pod's annotations may set.
+	AnnotationCeilings CeilingsConfig `json:"annotationCeilings"`
+}
+
+// CeilingsConfig is settings.Ceilings in the file: an annotation above one
+// is clamped to it, with an Event on the pod. 0 (budget "") is no ceiling,
+// but for budget: "" is the container's CPU limit.
+type CeilingsConfig struct {
+	MaxSlots     int     `json:"maxSlots"`
+	PrewarmSlots int     `json:"prewarmSlots"`
+	Overcommit   float64 `json:"overcommit"`
+	LendRatio    float64 `json:"lendRatio"`
+	Budget       string  `json:"budget"`
+}
+
+// Ceilings reads the annotation ceilings.
+func (c Config) Ceilings() (settings.Ceilings, error) {
+	cc := c.Kubernetes.AnnotationCeilings
+	out := settings.Ceilings{MaxSlots: cc.MaxSlots, PrewarmSlots: cc.PrewarmSlots, Overcommit: cc.Overcommit, LendRatio: cc.LendRatio}
+	switch {
+	case cc.MaxSlots < 0, cc.PrewarmSlots < 0, !(cc.Overcommit >= 0), !(cc.LendRatio >= 0 && cc.LendRatio <= 1):
+		return out, fmt.Errorf("kubernetes.annotationCeilings %+v: counts and overcommit must not be negative, lendRatio in [0, 1]", cc)
+	}
+	if cc.Budget != "" {
+		b, err := settings.ParseQuota(cc.Budget)
+		if err != nil {
+			return out, fmt.Errorf("kubernetes.annotationCeilings.budget: %w", err)
+		}
+		out.BudgetMilli = b
+	}
+	return out, nil
 }
 
 // PoolConfig is the per-container pool setup.
@@ -162,6 +193,7 @@ func DefaultConfig() Config {
 	for _, k := range settings.Keys {
 		putText(c.field(k.Name), d.Get(k.Name))
 	}
+	dc := settings.DefaultCeilings()
 	return Config{
 		Socket:        "/run/cpuslot/agent.sock",
 		HTTP:          "127.0.0.1:9464",
@@ -179,6 +211,7 @@ func DefaultConfig() Config {
 			PodsDir:             "/var/lib/kubelet/pods",
 			SocketVolume:        "cpuslot",
 			Select:              []string{"openwhisk", "knative", "annotated"},
+			AnnotationCeilings:  CeilingsConfig{MaxSlots: dc.MaxSlots, PrewarmSlots: dc.PrewarmSlots, Overcommit: dc.Overcommit, LendRatio: dc.LendRatio},
 		},
 	}
 }

@@ -31,6 +31,12 @@ func TestExampleConfig(t *testing.T) {
 	if c.Limits != DefaultConfig().Limits {
 		t.Fatalf("example limits drifted from defaults: %+v", c.Limits)
 	}
+	if c.Kubernetes.AnnotationCeilings != DefaultConfig().Kubernetes.AnnotationCeilings {
+		t.Fatalf("example annotation ceilings drifted from defaults: %+v", c.Kubernetes.AnnotationCeilings)
+	}
+	if ceil, err := c.Ceilings(); err != nil || ceil != settings.DefaultCeilings() {
+		t.Fatalf("example annotation ceilings: %+v %v", ceil, err)
+	}
 	if c.ReapInterval.Duration != 10*time.Second || len(c.Standalone.ServeUnder) != 1 {
 		t.Fatalf("%+v", c)
 	}

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/safetext"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -26,26 +26,12 @@ const MaxLabelLen = 256
 
 // Label is the one place a label value from outside the agent (an action
 // name from a pod, a container's cgroup name) becomes safe to export: the
-// Prometheus client panics on invalid UTF-8, and control characters or
-// unbounded lengths break dashboards. Invalid bytes become U+FFFD, control
-// characters '?', and the value is cut at MaxLabelLen bytes.
+// Prometheus client panics on invalid UTF-8, and hidden characters (control,
+// bidi and other format characters, line separators) or unbounded lengths
+// break or spoof dashboards. safetext.Text replaces those; the value is cut
+// at MaxLabelLen bytes.
 func Label(v string) string {
-	clean := utf8.ValidString(v) && len(v) <= MaxLabelLen
-	for _, r := range v {
-		if !clean {
-			break
-		}
-		clean = !unicode.IsControl(r)
-	}
-	if clean {
-		return v
-	}
-	v = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return '?'
-		}
-		return r
-	}, strings.ToValidUTF8(v, "\uFFFD"))
+	v = safetext.Text(v)
 	if len(v) > MaxLabelLen {
 		n := MaxLabelLen
 		for n > 0 && !utf8.RuneStart(v[n]) {

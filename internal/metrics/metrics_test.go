@@ -25,6 +25,12 @@ func TestLabel(t *testing.T) {
 		"gäst/ƒib☃":       "gäst/ƒib☃",
 		"bad\xffname":     "bad\uFFFDname",
 		"a\nb\x00c\u0085": "a?b?c?",
+		// A dashboard must not show a spoofed name: bidi overrides,
+		// invisible and line/paragraph separator characters.
+		"guest/\u202Eemag": "guest/?emag",
+		"gu\u200Best":      "gu?est",
+		"a\u2028b\u2029c":  "a?b?c",
+		"\uFEFFx\u2066y":   "?x?y",
 	} {
 		if got := Label(in); got != want {
 			t.Errorf("Label(%q) = %q, want %q", in, got, want)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,11 +24,20 @@ type Listener struct {
 	dir  int // O_PATH descriptor of the socket's directory
 	name string
 	path string
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Close stops listening and removes the socket file, if a socket is still
-// what sits there.
+// what sits there. Only the first call does: the directory fd's number may
+// be another file's by a second call.
 func (l *Listener) Close() error {
+	l.closeOnce.Do(func() { l.closeErr = l.close() })
+	return l.closeErr
+}
+
+func (l *Listener) close() error {
 	err := l.UnixListener.Close()
 	var st unix.Stat_t
 	if unix.Fstatat(l.dir, l.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {

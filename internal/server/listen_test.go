@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestListenLongPath: a socket in a pod's emptyDir under the kubelet's
@@ -175,5 +177,34 @@ func TestAcceptBackoff(t *testing.T) {
 	b.reset()
 	if d, _, n := b.failed(now); d != 5*time.Millisecond || n != 1 {
 		t.Fatalf("after reset: %v %d", d, n)
+	}
+}
+
+// TestListenerCloseTwice: the agent closes a pod's listener when the pod is
+// forgotten and again in the teardown; the second close must not close
+// the fd number the first one freed, now another file's.
+func TestListenerCloseTwice(t *testing.T) {
+	ln, err := Listen(filepath.Join(t.TempDir(), "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := ln.dir
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(os.DevNull) // likely takes the directory fd's number
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ln.Close()
+	if int(f.Fd()) == dir {
+		if _, err := f.Stat(); err != nil {
+			t.Fatalf("the second Close closed fd %d, another file's now: %v", dir, err)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatalf("the file opened after the first Close was closed by the second: %v", err)
 	}
 }

@@ -101,4 +101,10 @@ kubernetes:
   podsDir: {{ .Values.kubernetes.podsDir | quote }}
   socketVolume: {{ .Values.kubernetes.socketVolume | quote }}
   select: {{ toJson .Values.kubernetes.select }}
+  annotationCeilings:
+    maxSlots: {{ int .Values.kubernetes.annotationCeilings.maxSlots }}
+    prewarmSlots: {{ int .Values.kubernetes.annotationCeilings.prewarmSlots }}
+    overcommit: {{ .Values.kubernetes.annotationCeilings.overcommit }}
+    lendRatio: {{ .Values.kubernetes.annotationCeilings.lendRatio }}
+    budget: {{ include "cpuslot.quantity" .Values.kubernetes.annotationCeilings.budget }}
 {{- end -}}

@@ -19,6 +19,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/agent"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // selectedPod is a running pod on node n1, annotated to be served with
@@ -57,7 +58,7 @@ func runAgent(t *testing.T, h *cgroup.Hierarchy, cs kubernetes.Interface, sel Se
 	}
 	pc, _ := cfg.Settings()
 	src := New(Config{NodeName: "n1", PodsDir: podsDir, SocketVolume: "cpuslot",
-		Selector: sel, Pool: pc, Resync: time.Hour}, cs, h, logger)
+		Selector: sel, Pool: pc, Ceilings: settings.DefaultCeilings(), Resync: time.Hour}, cs, h, logger)
 	src.cgroupOf = cgroupOf
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

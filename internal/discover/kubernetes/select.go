@@ -168,8 +168,10 @@ func SocketPath(podsDir, podUID, volume string) string {
 // Annotation, under settings.AnnotationPrefix) to the chart's defaults, through the
 // same parser as the agent's flags and file. A bad value keeps the default
 // for that field and is returned as an error, so the pod is still served
-// and the operator sees why it differs.
-func PoolConfig(base settings.Pool, ann map[string]string) (settings.Pool, []error) {
+// and the operator sees why it differs. A value above the operator's
+// ceiling is clamped to it and returned as a *settings.Clamped; limitMilli
+// is the container's CPU limit (0: none), the default budget ceiling.
+func PoolConfig(base settings.Pool, ceil settings.Ceilings, ann map[string]string, limitMilli uint32) (settings.Pool, []error) {
 	c := base
 	var errs []error
 	for _, k := range settings.Keys {
@@ -185,6 +187,11 @@ func PoolConfig(base settings.Pool, ann map[string]string) (settings.Pool, []err
 			if se, ok := err.(*settings.Error); ok {
 				se.Source = name
 			}
+			errs = append(errs, err)
+			continue
+		}
+		if err := ceil.Clamp(k.Name, &c, limitMilli); err != nil {
+			err.(*settings.Clamped).Source = name
 			errs = append(errs, err)
 		}
 	}

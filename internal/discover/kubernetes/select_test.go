@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -58,7 +59,7 @@ func TestServedContainer(t *testing.T) {
 
 func TestPoolConfigAnnotations(t *testing.T) {
 	base := settings.Default()
-	c, errs := PoolConfig(base, map[string]string{ann("pool.prewarm"): "500m=2", ann("pool.mode"): "cache-lazy", ann("admission.budget"): "1500m", ann("admission.policy"): "degrade", ann("admission.overcommit"): "1.5", ann("pool.maxSlots"): "16", ann("pool.limit"): "both"})
+	c, errs := PoolConfig(base, settings.DefaultCeilings(), map[string]string{ann("pool.prewarm"): "500m=2", ann("pool.mode"): "cache-lazy", ann("admission.budget"): "1500m", ann("admission.policy"): "degrade", ann("admission.overcommit"): "1.5", ann("pool.maxSlots"): "16", ann("pool.limit"): "both"}, 0)
 	if len(errs) != 0 {
 		t.Fatal(errs)
 	}
@@ -66,7 +67,7 @@ func TestPoolConfigAnnotations(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 	// Garbage keeps the default for that field, and says why.
-	c, errs = PoolConfig(base, map[string]string{ann("pool.prewarm"): "lots", ann("pool.mode"): "fast", ann("admission.budget"): "-1", ann("admission.overcommit"): "0", ann("pool.maxSlots"): "x", ann("admission.policy"): "drop", ann("pool.limit"): "hard"})
+	c, errs = PoolConfig(base, settings.DefaultCeilings(), map[string]string{ann("pool.prewarm"): "lots", ann("pool.mode"): "fast", ann("admission.budget"): "-1", ann("admission.overcommit"): "0", ann("pool.maxSlots"): "x", ann("admission.policy"): "drop", ann("pool.limit"): "hard"}, 0)
 	if len(errs) != 7 {
 		t.Fatalf("want 7 errors, got %v", errs)
 	}
@@ -74,7 +75,7 @@ func TestPoolConfigAnnotations(t *testing.T) {
 		t.Fatalf("defaults not kept: %+v", c)
 	}
 	// Valid fields that together are invalid fall back to the defaults.
-	c, errs = PoolConfig(base, map[string]string{ann("pool.prewarm"): "250m=10", ann("pool.maxSlots"): "4"})
+	c, errs = PoolConfig(base, settings.DefaultCeilings(), map[string]string{ann("pool.prewarm"): "250m=10", ann("pool.maxSlots"): "4"}, 0)
 	if len(errs) != 1 || c.MaxSlots != base.MaxSlots || !strings.Contains(errs[0].Error(), "defaults") {
 		t.Fatalf("%v %+v", errs, c)
 	}
@@ -150,18 +151,18 @@ func TestPoolConfigHostileAnnotations(t *testing.T) {
 	for q := 10; q <= 1000; q++ {
 		entries = append(entries, strconv.Itoa(q)+"m=0")
 	}
-	c, errs := PoolConfig(settings.Default(), map[string]string{ann("pool.prewarm"): strings.Join(entries, ",")})
+	c, errs := PoolConfig(settings.Default(), settings.DefaultCeilings(), map[string]string{ann("pool.prewarm"): strings.Join(entries, ",")}, 0)
 	if len(errs) == 0 || len(c.Prewarm) > c.MaxSlots {
 		t.Fatalf("prewarm of %d quotas accepted: %d entries kept, errors %v", len(entries), len(c.Prewarm), errs)
 	}
 	huge := strings.Repeat("x", 100000)
 	for _, name := range []string{ann("pool.mode"), ann("admission.budget"), ann("pool.prewarm"), ann("admission.overcommit")} {
-		_, errs = PoolConfig(settings.Default(), map[string]string{name: huge})
+		_, errs = PoolConfig(settings.Default(), settings.DefaultCeilings(), map[string]string{name: huge}, 0)
 		if len(errs) != 1 || len(errs[0].Error()) > 1000 {
 			t.Fatalf("%s: %d errors, message of %d bytes", name, len(errs), len(errs[0].Error()))
 		}
 	}
-	_, errs = PoolConfig(settings.Default(), map[string]string{ann("pool.prewarm"): strings.Repeat("1=0,", 50000) + "1=0"})
+	_, errs = PoolConfig(settings.Default(), settings.DefaultCeilings(), map[string]string{ann("pool.prewarm"): strings.Repeat("1=0,", 50000) + "1=0"}, 0)
 	if len(errs) != 1 || len(errs[0].Error()) > 1000 {
 		t.Fatalf("prewarm of 50001 entries: %v", errs)
 	}
@@ -205,4 +206,46 @@ func TestOutsideSlot(t *testing.T) {
 			t.Errorf("OutsideSlot(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// TestAnnotationCeilings: where tenants write pod annotations they must
+// not set the bounds the operator relies on (4096 slots, 100x overcommit,
+// the whole quota lent): each value above the operator's ceiling is
+// clamped to it and said so.
+func TestAnnotationCeilings(t *testing.T) {
+	ceil := settings.DefaultCeilings()
+	c, errs := PoolConfig(settings.Default(), ceil, map[string]string{ann("pool.maxSlots"): "4096", ann("pool.prewarm"): "250m=4000,1=96",
+		ann("admission.overcommit"): "100", ann("admission.lendRatio"): "1", ann("admission.budget"): "64"}, 2000)
+	if c.MaxSlots != ceil.MaxSlots || total(c.Prewarm) != ceil.PrewarmSlots || c.Overcommit != ceil.Overcommit ||
+		c.LendRatio != ceil.LendRatio || c.BudgetMilli != 2000 {
+		t.Errorf("not clamped to the ceilings %+v (budget: the container's CPU limit): %+v", ceil, c)
+	}
+	var clamped int
+	for _, err := range errs {
+		var cl *settings.Clamped
+		if !errors.As(err, &cl) {
+			t.Errorf("not a clamp: %v", err)
+			continue
+		}
+		clamped++
+	}
+	if clamped != 5 {
+		t.Errorf("want 5 clamps said, got %v", errs)
+	}
+	// Within the ceilings nothing is said; the operator's own defaults are
+	// never clamped.
+	base := settings.Default()
+	base.MaxSlots = 1000
+	c, errs = PoolConfig(base, ceil, map[string]string{ann("pool.prewarm"): "500m=2", ann("admission.overcommit"): "1.5"}, 0)
+	if len(errs) != 0 || c.MaxSlots != 1000 || c.Overcommit != 1.5 {
+		t.Errorf("%v %+v", errs, c)
+	}
+}
+
+func total(p map[uint32]int) int {
+	n := 0
+	for _, c := range p {
+		n += c
+	}
+	return n
 }

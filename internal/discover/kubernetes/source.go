@@ -38,6 +38,7 @@ const (
 	ReasonCgroupNotFound    = "CpuslotCgroupNotFound"
 	ReasonPrepareFailed     = "CpuslotPrepareFailed"
 	ReasonResized           = "CpuslotResized"
+	ReasonAnnotationClamped = "CpuslotAnnotationClamped"
 )
 
 // Config shapes the source.
@@ -50,6 +51,8 @@ type Config struct {
 	Selector            Selector
 	// Pool is the default pool configuration (the chart's values).
 	Pool settings.Pool
+	// Ceilings bound what a pod's annotations may set.
+	Ceilings settings.Ceilings
 	// Resync re-examines every pod this often (retries what failed).
 	Resync time.Duration
 }
@@ -183,9 +186,14 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 		return nil
 	}
 
-	cfg, annErrs := PoolConfig(s.cfg.Pool, pod.Annotations)
+	cfg, annErrs := PoolConfig(s.cfg.Pool, s.cfg.Ceilings, pod.Annotations, SpecCPULimitMilli(pod, want.container))
 	for _, e := range annErrs {
-		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonInvalidAnnotation, "%v", e)
+		reason := ReasonInvalidAnnotation
+		var cl *settings.Clamped
+		if errors.As(e, &cl) {
+			reason = ReasonAnnotationClamped
+		}
+		s.recorder.Eventf(pod, corev1.EventTypeWarning, reason, "%v", e)
 	}
 	if err := CheckQuotaAnnotation(pod, want.container); err != nil {
 		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonInvalidAnnotation, "%v", err)

@@ -27,7 +27,7 @@ func TestReconcile(t *testing.T) {
 	runtimePod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "wsk-action-1", Namespace: "openwhisk", UID: types.UID("uid-1"),
 			Labels:      map[string]string{"user-action-pod": "true"},
-			Annotations: map[string]string{ann("pool.prewarm"): "500m=2", ann("pool.mode"): "warp"}},
+			Annotations: map[string]string{ann("pool.prewarm"): "500m=2", ann("pool.mode"): "warp", ann("pool.maxSlots"): "4096"}},
 		Spec: corev1.PodSpec{NodeName: "n1",
 			Containers: []corev1.Container{{Name: "user-action"}},
 			Volumes:    []corev1.Volume{{Name: "cpuslot", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
@@ -64,6 +64,7 @@ func TestReconcile(t *testing.T) {
 		}
 		all := strings.Join(reasons, ",")
 		return strings.Contains(all, ReasonServing+":wsk-action-1") && strings.Contains(all, ReasonInvalidAnnotation+":wsk-action-1") &&
+			strings.Contains(all, ReasonAnnotationClamped+":wsk-action-1") &&
 			strings.Contains(all, ReasonPrepareFailed+":wsk-action-2")
 	})
 
