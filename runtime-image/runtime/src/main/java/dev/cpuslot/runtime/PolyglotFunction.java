@@ -411,7 +411,7 @@ public final class PolyglotFunction implements Function {
                 JsonObject pj = JsonParser.parseString(files.get("package.json")).getAsJsonObject();
                 file = pj.has("main") ? pj.get("main").getAsString().replaceFirst("^\\./", "") : "index.js";
             } catch (RuntimeException e) {
-                throw new IllegalArgumentException("Error: package.json is not valid JSON: " + e.getMessage());
+                throw new IllegalArgumentException("Error: package.json is not valid JSON"); // its parser's text quotes it
             }
         } else if (files.containsKey("index.js")) {
             file = "index.js";
@@ -496,7 +496,7 @@ public final class PolyglotFunction implements Function {
         } catch (PolyglotException e) {
             printGuestError(e);
             ctx.close(true);
-            throw new IllegalArgumentException("the " + language() + " code does not load: " + e.getMessage());
+            throw new IllegalArgumentException("the " + language() + " code does not load: " + loadError(e));
         } catch (RuntimeException e) {
             ctx.close(true);
             throw e;
@@ -557,6 +557,22 @@ public final class PolyglotFunction implements Function {
     }
 
     /** The guest's error on the tenant's stderr, in the language's own shape (Python: a traceback). */
+    /**
+     * Why code did not load, without the guest's text: a syntax error's message quotes the code
+     * (and a name error the name), and the code may be any file a /register named. The kind and
+     * where; the whole error is on the function's stderr.
+     */
+    static String loadError(PolyglotException e) {
+        String kind = e.isSyntaxError() ? "SyntaxError" : "an error";
+        try {
+            Value g = e.getGuestObject();
+            if (!e.isSyntaxError() && g != null && g.getMetaObject() != null) kind = g.getMetaObject().getMetaSimpleName();
+        } catch (RuntimeException ignored) { // a guest object that cannot say what it is: "an error"
+        }
+        var at = e.getSourceLocation();
+        return at == null ? kind : kind + " at line " + at.getStartLine() + ", column " + at.getStartColumn();
+    }
+
     private void printGuestError(PolyglotException e) {
         if (e.isCancelled()) return;
         StringBuilder sb = new StringBuilder();
