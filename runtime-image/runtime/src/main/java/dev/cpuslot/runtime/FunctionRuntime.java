@@ -91,6 +91,7 @@ public final class FunctionRuntime implements AutoCloseable {
         // the agent's socket was configured: connect (and warm the slot client) now, in the
         // background, and take no traffic until the agent serves this runtime (bounded)
         readiness = new Readiness(slots, cfg);
+        ProcessGuard.install(readiness);
         readiness.start();
     }
 

@@ -141,9 +141,27 @@ public final class PolyglotFunction implements Function {
      * {@code json} imports {@code re} and compiles its patterns, the largest part of a cold
      * context after GraalPy's own start. The environment goes into {@code posix.environ}, the
      * dict {@code os.environ} wraps, so that {@code os} is imported only by a function that asks.
+     * Process signals are the runtime's: GraalPy's {@code signal} raises and handles them for the
+     * whole JVM ({@code sun.misc.Signal}), so the built-in module's calls that raise, send, wait
+     * for or handle one are replaced in it before any function code runs ({@code signal} copies
+     * them from {@code _signal}; a built-in module imported again is the same object).
      */
     private static final String PY_PRELUDE = """
             import _json as __cpuslot__json, posix as __cpuslot_posix, sys as __cpuslot_sys
+            def __cpuslot_signals():
+                import _signal
+                def refused(*args, **kwargs):
+                    raise PermissionError("process signals are the runtime's: not allowed to a function in a shared runtime")
+                for m in (_signal, __cpuslot_sys.modules.get('signal')):
+                    for n in ('signal', 'raise_signal', 'pthread_kill', 'alarm', 'setitimer', 'siginterrupt', 'set_wakeup_fd',
+                              'pause', 'sigwait', 'sigwaitinfo', 'sigtimedwait', 'pthread_sigmask'):
+                        if m is not None and hasattr(m, n):
+                            setattr(m, n, refused)
+                for m in (__cpuslot_posix, __cpuslot_sys.modules.get('os')):
+                    for n in ('kill', 'killpg'):
+                        if m is not None and hasattr(m, n):
+                            setattr(m, n, refused)
+            __cpuslot_signals()
             def __cpuslot_codec():
                 class Ctx:  # json.JSONDecoder's defaults
                     strict = True
@@ -465,7 +483,9 @@ public final class PolyglotFunction implements Function {
                 .allowAllAccess(false)
                 .allowCreateThread(false)
                 .allowNativeAccess(false);
-        if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3");
+        // no default SIGINT handler of GraalPy's: process signals are the runtime's
+        if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3")
+                .option("python.InstallSignalHandlers", "false");
         return b;
     }
 

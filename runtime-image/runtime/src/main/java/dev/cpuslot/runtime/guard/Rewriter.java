@@ -93,7 +93,8 @@ public final class Rewriter {
                     "load", "loadLibrary", "setSecurityManager", "console")),
             Map.entry("java/lang/Runtime", Set.of("exec", "load", "loadLibrary", "addShutdownHook", "removeShutdownHook")),
             Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler")),
-            Map.entry("java/lang/ThreadGroup", Set.of("enumerate")),
+            // above its own group are the runtime's threads and every other activation's (interrupt())
+            Map.entry("java/lang/ThreadGroup", Set.of("enumerate", "getParent")),
             // a thread that does not inherit the activation escapes its thread limit and deadline
             Map.entry("java/lang/Thread$Builder", Set.of("inheritInheritableThreadLocals")),
             Map.entry("java/lang/Thread$Builder$OfPlatform", Set.of("inheritInheritableThreadLocals")),
