@@ -19,7 +19,13 @@ final class ProcessGuard {
 
     static void install(Readiness readiness) {
         Thread.setDefaultUncaughtExceptionHandler((t, e) -> {
-            if (!(e instanceof Error) || ActionGuard.functionThread()) {
+            // out of memory still: each step may fail, and the exit must not depend on any of them
+            boolean runtimes = true;
+            try {
+                runtimes = e instanceof Error && !ActionGuard.functionThread();
+            } catch (Throwable ignored) {
+            }
+            if (!runtimes) {
                 try {
                     System.err.print("Exception in thread \"" + t.getName() + "\" ");
                     e.printStackTrace(System.err);
@@ -27,12 +33,15 @@ final class ProcessGuard {
                 }
                 return;
             }
-            readiness.broken("a runtime thread ended: " + t.getName());
             try {
-                Log.warn("the runtime's thread " + t.getName() + " ended (" + e + "): exiting with " + EXIT + " so that the platform restarts the runtime");
-            } catch (Throwable ignored) { // out of memory still: exit all the same
+                readiness.broken(BROKEN);
+                Log.warn("the runtime's thread " + t.getName() + " ended (" + e + "): exiting with " + EXIT
+                        + " so that the platform restarts the runtime");
+            } catch (Throwable ignored) {
             }
             Runtime.getRuntime().halt(EXIT);
         });
     }
+
+    private static final String BROKEN = "a thread of the runtime ended: the runtime exits";
 }
