@@ -64,7 +64,7 @@ class JavaContainmentTest {
             "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
             "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
-            "threadGroupWalk"})
+            "threadGroupWalk", "agentSocket"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -205,6 +205,11 @@ class JavaContainmentTest {
                     ThreadGroup g = Thread.currentThread().getThreadGroup();
                     while (g.getParent() != null) g = g.getParent();
                     g.interrupt();
+                    return args;""";
+            case "agentSocket" -> """
+                    try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
+                        ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
+                    }
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
@@ -914,6 +919,11 @@ class JavaContainmentTest {
                     while (g.getParent() != null) g = g.getParent();
                     g.interrupt();
                     return args;""";
+            case "agentSocket" -> """
+                    try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
+                        ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
+                    }
+                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
@@ -1019,6 +1029,11 @@ class JavaContainmentTest {
                     ThreadGroup g = Thread.currentThread().getThreadGroup();
                     while (g.getParent() != null) g = g.getParent();
                     g.interrupt();
+                    return args;""";
+            case "agentSocket" -> """
+                    try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
+                        ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
+                    }
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };

@@ -85,7 +85,9 @@ public final class Rewriter {
             "java/io/ObjectInputStream", "javax/xml/transform/TransformerFactory", "javax/xml/transform/sax/SAXTransformerFactory",
             // the process's own descriptors (closing FileDescriptor.out ends every tenant's logs); opening
             // relative to a directory descriptor; a log file named by a pattern (%t: the runtime's directory)
-            "java/io/FileDescriptor", "java/nio/file/SecureDirectoryStream", "java/util/logging/FileHandler");
+            "java/io/FileDescriptor", "java/nio/file/SecureDirectoryStream", "java/util/logging/FileHandler",
+            // a Unix socket: the node agent's is the runtime's control plane (the slot protocol)
+            "java/net/UnixDomainSocketAddress");
 
     /** owner -> members no function may call (or take a handle to). */
     private static final Map<String, Set<String>> DENIED_MEMBERS = Map.ofEntries(
