@@ -63,7 +63,8 @@ class JavaContainmentTest {
             "allStackTracesThroughASubclass", "timeZoneThroughASubclass", "threadWithoutTheActivation",
             "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
-            "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation"})
+            "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
+            "threadGroupWalk", "agentSocket"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -199,6 +200,16 @@ class JavaContainmentTest {
             case "workerThreadWithoutTheActivation" -> """
                     new java.util.concurrent.ForkJoinPool(1, p -> new java.util.concurrent.ForkJoinWorkerThread(null, p, false) { }, null, false)
                             .submit(() -> { }).join();
+                    return args;""";
+            case "threadGroupWalk" -> """
+                    ThreadGroup g = Thread.currentThread().getThreadGroup();
+                    while (g.getParent() != null) g = g.getParent();
+                    g.interrupt();
+                    return args;""";
+            case "agentSocket" -> """
+                    try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
+                        ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
+                    }
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
@@ -903,6 +914,16 @@ class JavaContainmentTest {
                     Path p = Path.of("/proc/self/environ");
                     try (InputStream in = p.getFileSystem().provider().newInputStream(p)) { args.addProperty("n", in.readAllBytes().length); }
                     return args;""";
+            case "threadGroupWalk" -> """
+                    ThreadGroup g = Thread.currentThread().getThreadGroup();
+                    while (g.getParent() != null) g = g.getParent();
+                    g.interrupt();
+                    return args;""";
+            case "agentSocket" -> """
+                    try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
+                        ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
+                    }
+                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
@@ -1004,6 +1025,16 @@ class JavaContainmentTest {
             case "listCache" -> """
                     try (var s = Files.list(%s)) { args.addProperty("n", s.count()); }
                     return args;""".formatted(cache);
+            case "threadGroupWalk" -> """
+                    ThreadGroup g = Thread.currentThread().getThreadGroup();
+                    while (g.getParent() != null) g = g.getParent();
+                    g.interrupt();
+                    return args;""";
+            case "agentSocket" -> """
+                    try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
+                        ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
+                    }
+                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);

@@ -24,13 +24,17 @@ public final class ChainException extends RuntimeException {
     }
 
     private final Kind kind;
-    private final String callee;
+    private final String callee, detail;
 
     public ChainException(Kind kind, String callee, String detail) {
         super("chain call to '" + callee + "' " + kind + ": " + detail);
         this.kind = kind;
         this.callee = callee;
+        this.detail = detail;
     }
+
+    /** Why, without the callee and kind the message starts with. */
+    public String detail() { return detail; }
 
     public Kind kind() { return kind; }
 

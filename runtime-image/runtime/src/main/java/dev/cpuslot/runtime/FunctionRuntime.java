@@ -91,6 +91,7 @@ public final class FunctionRuntime implements AutoCloseable {
         // the agent's socket was configured: connect (and warm the slot client) now, in the
         // background, and take no traffic until the agent serves this runtime (bounded)
         readiness = new Readiness(slots, cfg);
+        ProcessGuard.install(readiness);
         readiness.start();
     }
 
@@ -179,11 +180,37 @@ public final class FunctionRuntime implements AutoCloseable {
     /** A registered function, or null. */
     LocalBus.Hosted hosted(String name) { return hosted.get(name); }
 
-    /** Registers h under name; the function it replaces, or null. */
-    LocalBus.Hosted host(String name, LocalBus.Hosted h) { return hosted.put(name, h); }
+    /** Thrown when a name is another owner's: no owner replaces or removes another's function. */
+    static final class OtherOwnerException extends Exception {
+        OtherOwnerException(String name, String what) {
+            super(what + " refused: the function " + name + " belongs to another owner");
+        }
+    }
 
-    /** The function that was registered under name, or null. */
-    LocalBus.Hosted unhost(String name) { return hosted.remove(name); }
+    /**
+     * Registers h under name (atomically with the owner check): the function of the same owner it
+     * replaces, or null; a function of another owner stays and this throws.
+     */
+    LocalBus.Hosted host(String name, LocalBus.Hosted h) throws OtherOwnerException {
+        LocalBus.Hosted[] old = new LocalBus.Hosted[1];
+        LocalBus.Hosted now = hosted.compute(name, (k, o) -> {
+            old[0] = o;
+            return o == null || o.owner().equals(h.owner()) ? h : o;
+        });
+        if (now != h) throw new OtherOwnerException(name, "/register of " + name);
+        return old[0];
+    }
+
+    /** The function of {@code owner} that was registered under name, or null when there is none; another owner's stays and this throws. */
+    LocalBus.Hosted unhost(String name, String owner) throws OtherOwnerException {
+        LocalBus.Hosted[] old = new LocalBus.Hosted[1];
+        LocalBus.Hosted now = hosted.computeIfPresent(name, (k, o) -> {
+            old[0] = o;
+            return o.owner().equals(owner) ? null : o;
+        });
+        if (now != null) throw new OtherOwnerException(name, "/deregister of " + name);
+        return old[0];
+    }
 
     /** A pool of the runtime's size (CPUSLOT_SANDBOXES) for f; a conductor only when its init env declares one. */
     FunctionPool pool(Function f) { return pool(f, cfg.sandboxesPerFunction(), null); }

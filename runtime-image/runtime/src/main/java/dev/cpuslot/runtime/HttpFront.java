@@ -127,7 +127,7 @@ public final class HttpFront implements AutoCloseable {
                     case "/init" -> r = withJson(raw, o -> openWhisk.init(o));
                     case "/run" -> r = withJson(raw, o -> openWhisk.run(o, quotaHeader, usage));
                     case "/register" -> r = hydra.register(query(ex), raw);
-                    case "/deregister" -> r = hydra.deregister(query(ex).get("name"));
+                    case "/deregister" -> r = hydra.deregister(query(ex));
                     case "/warmup" -> r = Reply.ok();
                     case "/ready" -> r = rt.ready();
                     case "/" -> {

@@ -43,6 +43,9 @@ public final class HydraAdapter {
         String entry = q.get("entryPoint");
         Reply refused = rt.checkOwner(q.get("owner"), "/register of " + name);
         if (refused != null) return refused;
+        String who = owner(q);
+        LocalBus.Hosted existing = rt.hosted(name);
+        if (existing != null && !existing.owner().equals(who)) return otherOwner(name, "/register");
         try {
             // read at each invocation as the quota is; one that can never be read is refused now, before any code is fetched
             if (q.containsKey("lend")) Config.parseBool("lend", q.get("lend"));
@@ -66,8 +69,14 @@ public final class HydraAdapter {
                 }
                 if (timeoutMs <= 0) throw new IllegalArgumentException("timeout is not a number of milliseconds above 0: " + q.get("timeout"));
             }
-            String who = q.get("owner") == null ? "" : q.get("owner").trim();
-            LocalBus.Hosted old = rt.host(name, new LocalBus.Hosted(rt.pool(f), who, timeoutMs));
+            FunctionPool pool = rt.pool(f);
+            LocalBus.Hosted old;
+            try {
+                old = rt.host(name, new LocalBus.Hosted(pool, who, timeoutMs));
+            } catch (FunctionRuntime.OtherOwnerException e) { // registered by another owner meanwhile
+                pool.close();
+                return otherOwner(name, "/register");
+            }
             if (old != null) old.pool().close();
             Log.info("registered " + language + " function " + name);
             rt.warmSlots("/register");
@@ -90,9 +99,29 @@ public final class HydraAdapter {
         return r.body();
     }
 
-    /** {@code /deregister?name=}. */
-    public Reply deregister(String name) {
-        LocalBus.Hosted h = name == null ? null : rt.unhost(name);
+    /** The owner a request names ({@code owner=}; none: the anonymous owner ""). */
+    private static String owner(Map<String, String> q) {
+        String o = q.get("owner");
+        return o == null ? "" : o.trim();
+    }
+
+    /** 403 for a name another owner registered: no owner replaces or removes another's function, in any mode. */
+    private Reply otherOwner(String name, String what) {
+        metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "other_owner"));
+        String msg = what + " of " + name + " refused: the function " + name + " belongs to another owner";
+        Log.warn(msg);
+        return Reply.error(403, msg);
+    }
+
+    /** {@code /deregister?name=&owner=}: only the owner's own function. */
+    public Reply deregister(Map<String, String> q) {
+        String name = q.get("name");
+        LocalBus.Hosted h; // every function carries its owner: the check is the same in every mode
+        try {
+            h = name == null ? null : rt.unhost(name, owner(q));
+        } catch (FunctionRuntime.OtherOwnerException e) {
+            return otherOwner(name, "/deregister");
+        }
         if (h == null) return Reply.error(404, "no function named " + name);
         h.pool().close();
         JsonObject o = new JsonObject();

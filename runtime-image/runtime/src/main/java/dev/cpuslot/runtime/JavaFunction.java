@@ -1,10 +1,7 @@
 package dev.cpuslot.runtime;
 
-import com.google.gson.Gson;
-import com.google.gson.JsonArray;
 import dev.cpuslot.runtime.guard.ActionGuard;
 import com.google.gson.JsonElement;
-import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 
 import dev.cpuslot.runtime.guard.Rewriter;
@@ -31,14 +28,16 @@ import java.lang.reflect.Modifier;
 import java.net.URL;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 
 /**
  * A Java function from a jar, in a class loader of its own (its statics are its own; other
- * functions cannot see them). Gson ({@code com.google.gson}) is shared with the runtime so that
- * OpenWhisk-style actions exchange {@code JsonObject}s without bundling Gson.
+ * functions cannot see them). The loader sees the JDK, the guard's entry points its rewritten
+ * code calls, and nothing else of the runtime: Gson ({@code com.google.gson}, OpenWhisk's
+ * {@code JsonObject}) and the chain API are defined again in each function's loader from the
+ * runtime's class files (unless the jar ships its own), guarded as the function's own code, and
+ * arguments, results and chain calls cross as JSON text ({@link dev.cpuslot.chain.Boundary}).
  *
  * Entry points, in the order looked up (class from {@code main}, method after {@code #},
  * default {@code main}):
@@ -52,8 +51,6 @@ import java.util.Map;
  * reach a Java function through the two-argument forms (and {@link #currentEnv()}).
  */
 public final class JavaFunction implements Function {
-    private static final Gson GSON = new com.google.gson.GsonBuilder()
-            .setObjectToNumberStrategy(com.google.gson.ToNumberPolicy.LONG_OR_DOUBLE).serializeNulls().create();
     /** The running invocation's environment, for code that cannot take a second parameter. */
     public static Map<String, String> currentEnv() {
         Map<String, String> m = ActionGuard.env();
@@ -68,6 +65,8 @@ public final class JavaFunction implements Function {
     private final Path tmpdir;
     private final MethodHandle handle;
     private final Kind kind;
+    /** The function's own copy of {@link dev.cpuslot.chain.Boundary}: tree, map, text, bind. */
+    private final MethodHandle tree, map, text, bind;
 
     public JavaFunction(String name, byte[] jarBytes, String main, Map<String, String> initEnv) throws Exception {
         this(name, jarBytes, main, initEnv, false);
@@ -106,6 +105,17 @@ public final class JavaFunction implements Function {
         // its own temporary directory (java.io.tmpdir, createTempFile), removed with it
         tmpdir = Files.createTempDirectory("cpuslot-fn-", PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rwx------")));
         loader = new ActionLoader("fn:" + name, entries, trusted, new SharedParent(JavaFunction.class.getClassLoader()));
+        MethodHandle[] b;
+        try {
+            b = boundary(loader);
+        } catch (ReflectiveOperationException | LinkageError e) {
+            close();
+            throw new InitError(ERR_PREFIX + "the function API cannot be loaded: " + e, e);
+        }
+        tree = b[0];
+        map = b[1];
+        text = b[2];
+        bind = b[3];
         ActionGuard.setTmpdir(loader, tmpdir);
         if (method.isEmpty()) method = "main";
         Class<?> c;
@@ -123,11 +133,20 @@ public final class JavaFunction implements Function {
         }
         Kind k = null;
         Method m = null;
+        // the function's own Gson types (its copy, or the one its jar ships)
+        Class<?> fnObject, fnArray;
+        try {
+            fnObject = Class.forName("com.google.gson.JsonObject", false, loader);
+            fnArray = Class.forName("com.google.gson.JsonArray", false, loader);
+        } catch (ClassNotFoundException | LinkageError e) {
+            close();
+            throw new InitError(ERR_PREFIX + "the function API cannot be loaded: " + e, e);
+        }
         for (Kind cand : Kind.values()) {
             Class<?>[] params = switch (cand) {
-                case JSON -> new Class<?>[]{JsonObject.class};
-                case JSON_ENV -> new Class<?>[]{JsonObject.class, Map.class};
-                case ARRAY -> new Class<?>[]{JsonArray.class};
+                case JSON -> new Class<?>[]{fnObject};
+                case JSON_ENV -> new Class<?>[]{fnObject, Map.class};
+                case ARRAY -> new Class<?>[]{fnArray};
                 case MAP -> new Class<?>[]{Map.class};
                 case MAP_ENV -> new Class<?>[]{Map.class, Map.class};
             };
@@ -168,20 +187,23 @@ public final class JavaFunction implements Function {
                 t.setContextClassLoader(loader);
                 ActionGuard.setEnv(env);
                 ActionGuard.begin(loader);
+                boolean bound = false;
                 try {
-                    JsonObject in = args != null && args.isJsonObject() ? args.getAsJsonObject() : new JsonObject();
+                    // JSON as text both ways: the function's objects are of its own Gson
+                    String in = kind == Kind.ARRAY ? (args != null && args.isJsonArray() ? args.toString() : "[]")
+                            : args != null && args.isJsonObject() ? args.toString() : "{}";
+                    Object fnArgs = kind == Kind.MAP || kind == Kind.MAP_ENV ? map.invoke(in) : tree.invoke(in);
+                    bind.invoke((java.util.function.Function<String[], String[]>) JavaFunction::chain);
+                    bound = true;
                     Object out = switch (kind) {
-                        case JSON -> handle.invoke((Object) in.deepCopy());
-                        case JSON_ENV -> handle.invoke((Object) in.deepCopy(), (Object) env);
-                        case ARRAY -> handle.invoke((Object) (args != null && args.isJsonArray() ? args.getAsJsonArray().deepCopy() : new JsonArray()));
-                        case MAP -> handle.invoke((Object) toMap(in));
-                        case MAP_ENV -> handle.invoke((Object) toMap(in), (Object) env);
+                        case JSON, ARRAY, MAP -> handle.invoke(fnArgs);
+                        case JSON_ENV, MAP_ENV -> handle.invoke(fnArgs, (Object) env);
                     };
                     if (out == null) {
                         System.err.println("The action returned null");
                         throw new Function.FunctionError("The action returned null", null);
                     }
-                    return toJson(out);
+                    return JsonParser.parseString((String) text.invoke(out));
                 } catch (Function.FunctionError e) {
                     throw e;
                 } catch (OutOfMemoryError e) {
@@ -195,6 +217,12 @@ public final class JavaFunction implements Function {
                 } catch (Throwable th) {
                     throw new Function.FunctionError(th.toString(), th);
                 } finally {
+                    if (bound) {
+                        try {
+                            bind.invoke((Object) null);
+                        } catch (Throwable ignored) { // its own copy's ThreadLocal: nothing else to undo
+                        }
+                    }
                     ActionGuard.end();
                     ActionGuard.setEnv(null);
                     t.setContextClassLoader(prev);
@@ -212,16 +240,32 @@ public final class JavaFunction implements Function {
         };
     }
 
-    @SuppressWarnings("unchecked")
-    private static Map<String, Object> toMap(JsonObject o) {
-        return (Map<String, Object>) GSON.fromJson(o, LinkedHashMap.class);
+    /** The function's copy of Boundary's tree, map, text and bind. */
+    private static MethodHandle[] boundary(ClassLoader loader) throws ReflectiveOperationException {
+        Class<?> b = Class.forName("dev.cpuslot.chain.Boundary", true, loader);
+        MethodHandles.Lookup l = MethodHandles.publicLookup();
+        MethodType fromText = MethodType.methodType(Object.class, String.class);
+        return new MethodHandle[]{
+                l.findStatic(b, "tree", fromText), l.findStatic(b, "map", fromText),
+                l.findStatic(b, "text", MethodType.methodType(String.class, Object.class)),
+                l.findStatic(b, "bind", MethodType.methodType(void.class, java.util.function.Function.class))};
     }
 
-    static JsonElement toJson(Object out) {
-        if (out == null) return null;
-        if (out instanceof JsonElement je) return je;
-        // Map/List results (Hydra style): serialise through Gson's tree writer
-        return JsonParser.parseString(GSON.toJson(out));
+    /** A Java function's chain call, as text ({@link dev.cpuslot.chain.Boundary#bind}), on the runtime's chain of this thread. */
+    private static String[] chain(String[] req) {
+        try {
+            JsonElement a = JsonParser.parseString(req[2]);
+            if (req[0].equals("async")) {
+                dev.cpuslot.chain.Chain.callAsync(req[1], a);
+                return new String[]{null, null};
+            }
+            JsonElement r = dev.cpuslot.chain.Chain.call(req[1], a);
+            return new String[]{null, r == null ? "null" : r.toString()};
+        } catch (dev.cpuslot.chain.ChainException e) {
+            return new String[]{e.kind().name(), e.detail()};
+        } catch (RuntimeException e) {
+            return new String[]{dev.cpuslot.chain.ChainException.Kind.NO_CONTEXT.name(), "bad arguments: " + e.getMessage()};
+        }
     }
 
     @Override
@@ -293,15 +337,20 @@ public final class JavaFunction implements Function {
 
         private byte[] entry(String name) {
             Map<String, byte[]> m = entries;
-            return m == null ? null : m.get(name);
+            if (m == null) return null;
+            byte[] b = m.get(name);
+            return b != null ? b : library(name);
         }
 
         @Override
         protected Class<?> findClass(String name) throws ClassNotFoundException {
-            byte[] b = entry(name.replace('.', '/') + ".class");
+            String file = name.replace('.', '/') + ".class";
+            Map<String, byte[]> m = entries;
+            boolean own = m != null && m.containsKey(file); // else a copy of the runtime's library
+            byte[] b = entry(file);
             if (b == null) throw new ClassNotFoundException(name);
             try {
-                b = Rewriter.rewrite(b, this, trusted, this::entry);
+                b = Rewriter.rewrite(b, this, trusted, !trusted && own, this::entry);
             } catch (Rewriter.Refused e) {
                 throw e;
             } catch (RuntimeException e) {
@@ -340,9 +389,29 @@ public final class JavaFunction implements Function {
         void close() { entries = null; }
     }
 
-    /** Parent of every function class loader: the JDK, Gson, the action guard and the chain API from the runtime, nothing else. */
+    /** What every function gets its own copy of, from the runtime's class files: Gson and the function API. */
+    private static final List<String> LIBRARIES = List.of("com/google/gson/", "dev/cpuslot/chain/");
+    private static final Map<String, byte[]> LIBRARY_BYTES = new java.util.concurrent.ConcurrentHashMap<>();
+
+    /** A class file of a library every function gets a copy of, or null. */
+    static byte[] library(String file) {
+        if (!file.endsWith(".class") || LIBRARIES.stream().noneMatch(file::startsWith)) return null;
+        return LIBRARY_BYTES.computeIfAbsent(file, f -> {
+            try (InputStream in = JavaFunction.class.getClassLoader().getResourceAsStream(f)) {
+                return in == null ? null : in.readAllBytes();
+            } catch (IOException e) {
+                return null;
+            }
+        });
+    }
+
+    /**
+     * Parent of every function class loader: the JDK and the guard's entry points that the
+     * rewritten code calls (a function cannot name them: the guard refuses the runtime's package,
+     * and its reflection acts on its own classes), nothing else.
+     */
     static final class SharedParent extends ClassLoader {
-        private static final List<String> SHARED = List.of("com.google.gson.", "dev.cpuslot.runtime.guard.", "dev.cpuslot.chain.");
+        private static final List<String> SHARED = List.of("dev.cpuslot.runtime.guard.");
         private final ClassLoader runtime;
 
         SharedParent(ClassLoader runtime) {
@@ -358,7 +427,7 @@ public final class JavaFunction implements Function {
 
         @Override
         public URL getResource(String name) {
-            if (name.startsWith("com/google/gson/") || name.startsWith("dev/cpuslot/runtime/guard/") || name.startsWith("dev/cpuslot/chain/")) return runtime.getResource(name);
+            if (name.startsWith("dev/cpuslot/runtime/guard/")) return runtime.getResource(name);
             return super.getResource(name);
         }
     }

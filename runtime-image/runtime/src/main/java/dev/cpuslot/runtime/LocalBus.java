@@ -133,7 +133,8 @@ final class LocalBus {
     private final PlatformPath platform;
     private final Metrics metrics;
     private final int maxDepth, maxAsync, maxPending;
-    private final AtomicLong pending = new AtomicLong();
+    /** Asynchronous calls pending per owner (an owner's entry goes with its last call): one owner cannot fill another's. */
+    private final java.util.concurrent.ConcurrentHashMap<String, Long> pending = new java.util.concurrent.ConcurrentHashMap<>();
 
     LocalBus(Host host, PlatformPath platform, Metrics metrics, int maxDepth, int maxAsync, int maxPending) {
         this.host = host;
@@ -331,16 +332,22 @@ final class LocalBus {
 
     /**
      * Runs {@code call}, an asynchronous call from {@code from}, within the bounds on asynchronous
-     * calls per activation and per runtime, on the runtime's thread, not the caller's: no
+     * calls per activation and per owner, on the runtime's thread, not the caller's: no
      * inherited activation, not in its thread count.
      */
     private void startAsync(Hop from, String name, HopRecord started, Runnable call) {
         if (from.asyncCalls.incrementAndGet() > maxAsync)
             throw new ChainException(Kind.FAN_OUT, name, "more than " + maxAsync + " asynchronous calls from one activation (CPUSLOT_CHAIN_MAX_ASYNC)");
-        if (pending.incrementAndGet() > maxPending) {
-            pending.decrementAndGet();
-            throw new ChainException(Kind.FAN_OUT, name, maxPending + " asynchronous calls are pending in this runtime (CPUSLOT_CHAIN_MAX_PENDING)");
-        }
+        String owner = from.owner;
+        boolean[] taken = new boolean[1];
+        pending.compute(owner, (k, n) -> {
+            long have = n == null ? 0 : n;
+            taken[0] = have < maxPending;
+            return taken[0] ? have + 1 : n;
+        });
+        if (!taken[0])
+            throw new ChainException(Kind.FAN_OUT, name, maxPending + " asynchronous calls of this owner are pending in this runtime (CPUSLOT_CHAIN_MAX_PENDING)");
+        Runnable done = () -> pending.computeIfPresent(owner, (k, n) -> n <= 1 ? null : n - 1);
         // the caller's log has the call (as an OpenWhisk caller has the id of a non-blocking invoke); its end is in the runtime's log
         ActivationOutput.Capture callerLog = ActivationOutput.current();
         if (callerLog != null) callerLog.record(started);
@@ -349,11 +356,11 @@ final class LocalBus {
                 try {
                     call.run();
                 } finally {
-                    pending.decrementAndGet();
+                    done.run();
                 }
             });
         } catch (RuntimeException | Error e) {
-            pending.decrementAndGet();
+            done.run();
             throw new ChainException(Kind.FAILED, name, "could not start: " + e);
         }
     }

@@ -141,9 +141,27 @@ public final class PolyglotFunction implements Function {
      * {@code json} imports {@code re} and compiles its patterns, the largest part of a cold
      * context after GraalPy's own start. The environment goes into {@code posix.environ}, the
      * dict {@code os.environ} wraps, so that {@code os} is imported only by a function that asks.
+     * Process signals are the runtime's: GraalPy's {@code signal} raises and handles them for the
+     * whole JVM ({@code sun.misc.Signal}), so the built-in module's calls that raise, send, wait
+     * for or handle one are replaced in it before any function code runs ({@code signal} copies
+     * them from {@code _signal}; a built-in module imported again is the same object).
      */
     private static final String PY_PRELUDE = """
             import _json as __cpuslot__json, posix as __cpuslot_posix, sys as __cpuslot_sys
+            def __cpuslot_signals():
+                import _signal
+                def refused(*args, **kwargs):
+                    raise PermissionError("process signals are the runtime's: not allowed to a function in a shared runtime")
+                for m in (_signal, __cpuslot_sys.modules.get('signal')):
+                    for n in ('signal', 'raise_signal', 'pthread_kill', 'alarm', 'setitimer', 'siginterrupt', 'set_wakeup_fd',
+                              'pause', 'sigwait', 'sigwaitinfo', 'sigtimedwait', 'pthread_sigmask'):
+                        if m is not None and hasattr(m, n):
+                            setattr(m, n, refused)
+                for m in (__cpuslot_posix, __cpuslot_sys.modules.get('os')):
+                    for n in ('kill', 'killpg'):
+                        if m is not None and hasattr(m, n):
+                            setattr(m, n, refused)
+            __cpuslot_signals()
             def __cpuslot_codec():
                 class Ctx:  # json.JSONDecoder's defaults
                     strict = True
@@ -411,7 +429,7 @@ public final class PolyglotFunction implements Function {
                 JsonObject pj = JsonParser.parseString(files.get("package.json")).getAsJsonObject();
                 file = pj.has("main") ? pj.get("main").getAsString().replaceFirst("^\\./", "") : "index.js";
             } catch (RuntimeException e) {
-                throw new IllegalArgumentException("Error: package.json is not valid JSON: " + e.getMessage());
+                throw new IllegalArgumentException("Error: package.json is not valid JSON"); // its parser's text quotes it
             }
         } else if (files.containsKey("index.js")) {
             file = "index.js";
@@ -465,7 +483,9 @@ public final class PolyglotFunction implements Function {
                 .allowAllAccess(false)
                 .allowCreateThread(false)
                 .allowNativeAccess(false);
-        if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3");
+        // no default SIGINT handler of GraalPy's: process signals are the runtime's
+        if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3")
+                .option("python.InstallSignalHandlers", "false");
         return b;
     }
 
@@ -496,7 +516,7 @@ public final class PolyglotFunction implements Function {
         } catch (PolyglotException e) {
             printGuestError(e);
             ctx.close(true);
-            throw new IllegalArgumentException("the " + language() + " code does not load: " + e.getMessage());
+            throw new IllegalArgumentException("the " + language() + " code does not load: " + loadError(e));
         } catch (RuntimeException e) {
             ctx.close(true);
             throw e;
@@ -557,6 +577,22 @@ public final class PolyglotFunction implements Function {
     }
 
     /** The guest's error on the tenant's stderr, in the language's own shape (Python: a traceback). */
+    /**
+     * Why code did not load, without the guest's text: a syntax error's message quotes the code
+     * (and a name error the name), and the code may be any file a /register named. The kind and
+     * where; the whole error is on the function's stderr.
+     */
+    static String loadError(PolyglotException e) {
+        String kind = e.isSyntaxError() ? "SyntaxError" : "an error";
+        try {
+            Value g = e.getGuestObject();
+            if (!e.isSyntaxError() && g != null && g.getMetaObject() != null) kind = g.getMetaObject().getMetaSimpleName();
+        } catch (RuntimeException ignored) { // a guest object that cannot say what it is: "an error"
+        }
+        var at = e.getSourceLocation();
+        return at == null ? kind : kind + " at line " + at.getStartLine() + ", column " + at.getStartColumn();
+    }
+
     private void printGuestError(PolyglotException e) {
         if (e.isCancelled()) return;
         StringBuilder sb = new StringBuilder();

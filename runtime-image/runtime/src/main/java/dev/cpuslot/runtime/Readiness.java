@@ -46,8 +46,16 @@ final class Readiness {
         else if (settled.getCount() > 0) Thread.ofPlatform().daemon().name("cpuslot-ready").start(this::connect);
     }
 
+    /** Why the runtime cannot go on (a runtime thread ended: {@link ProcessGuard}), or null. */
+    private volatile String broken;
+
+    /** Not ready from now on: the process is about to exit. */
+    void broken(String why) { broken = why; }
+
     /** Null when ready, else why not (one line). */
     String notReady() {
+        String b = broken;
+        if (b != null) return b;
         if (settled.getCount() == 0 || slots.served()) return null;
         long leftMs = (deadline - System.nanoTime()) / 1_000_000;
         if (leftMs <= 0) return null;

@@ -270,6 +270,11 @@ public final class ActionGuard {
     /** Sets the share of the heap a function thread may allocate in one activation before it is stopped under pressure. */
     public static void setShare(long bytes) { share = bytes; }
 
+    /** Whether the calling thread is one a function started (it inherited an activation and is no worker). */
+    public static boolean functionThread() {
+        return ACTIVATION.get() != null && !RUNNING.containsKey(Thread.currentThread());
+    }
+
     /** The calling (worker) thread starts an activation of the function whose classes the loader defines. */
     public static void begin(ClassLoader function) {
         Activation a = new Activation(null, function == null ? null : BUDGETS.computeIfAbsent(function, f -> new ThreadBudget()));

@@ -85,7 +85,9 @@ public final class Rewriter {
             "java/io/ObjectInputStream", "javax/xml/transform/TransformerFactory", "javax/xml/transform/sax/SAXTransformerFactory",
             // the process's own descriptors (closing FileDescriptor.out ends every tenant's logs); opening
             // relative to a directory descriptor; a log file named by a pattern (%t: the runtime's directory)
-            "java/io/FileDescriptor", "java/nio/file/SecureDirectoryStream", "java/util/logging/FileHandler");
+            "java/io/FileDescriptor", "java/nio/file/SecureDirectoryStream", "java/util/logging/FileHandler",
+            // a Unix socket: the node agent's is the runtime's control plane (the slot protocol)
+            "java/net/UnixDomainSocketAddress");
 
     /** owner -> members no function may call (or take a handle to). */
     private static final Map<String, Set<String>> DENIED_MEMBERS = Map.ofEntries(
@@ -93,7 +95,8 @@ public final class Rewriter {
                     "load", "loadLibrary", "setSecurityManager", "console")),
             Map.entry("java/lang/Runtime", Set.of("exec", "load", "loadLibrary", "addShutdownHook", "removeShutdownHook")),
             Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler")),
-            Map.entry("java/lang/ThreadGroup", Set.of("enumerate")),
+            // above its own group are the runtime's threads and every other activation's (interrupt())
+            Map.entry("java/lang/ThreadGroup", Set.of("enumerate", "getParent")),
             // a thread that does not inherit the activation escapes its thread limit and deadline
             Map.entry("java/lang/Thread$Builder", Set.of("inheritInheritableThreadLocals")),
             Map.entry("java/lang/Thread$Builder$OfPlatform", Set.of("inheritInheritableThreadLocals")),
@@ -286,9 +289,20 @@ public final class Rewriter {
      */
     public static byte[] rewrite(byte[] classBytes, ClassLoader loader, boolean trusted,
                                  java.util.function.Function<String, byte[]> jar) {
+        return rewrite(classBytes, loader, trusted, !trusted, jar);
+    }
+
+    /**
+     * The same, with the refusal check apart: a library the runtime gives a function a copy of
+     * (Gson, the chain API: {@code JavaFunction}) is rewritten as the function's own code, so its
+     * reflection acts on the function's classes only, but not refused for what it names (Gson
+     * names {@code Field}).
+     */
+    public static byte[] rewrite(byte[] classBytes, ClassLoader loader, boolean trusted, boolean refuse,
+                                 java.util.function.Function<String, byte[]> jar) {
         ClassFile plain = ClassFile.of();
         ClassModel cm = plain.parse(classBytes);
-        if (!trusted) {
+        if (refuse) {
             String why = check(cm, jar);
             if (why != null) throw new Refused(why);
         }

@@ -1,0 +1,60 @@
+package dev.cpuslot.conformance;
+
+import com.google.gson.JsonObject;
+import org.junit.jupiter.api.DisplayName;
+import org.junit.jupiter.api.Test;
+
+import static dev.cpuslot.conformance.ActionContainer.*;
+import static org.junit.jupiter.api.Assertions.*;
+
+/**
+ * The runtime's own libraries and state are not reachable from a Java function, by construction:
+ * the function's class loader sees only the JDK, the guard's entry points its rewritten code
+ * calls and a copy of its own of the function API (Gson, the chain API), so a library's
+ * reflection acts within the function. Against the runtime as its image starts it.
+ */
+@DisplayName("Java function: the runtime's libraries")
+class JavaLibraryBoundaryTest {
+
+    /**
+     * Gson is the function's own copy: its reflection cannot read or write the guard's private
+     * statics. (Before: the runtime's Gson, shared with every function, read the guard's thread
+     * limit and could set it to 0.)
+     */
+    @Test
+    void gsonIsTheFunctionsOwnAndCannotReachTheGuard() throws Exception {
+        String jar = JavaContainmentTest.probe("""
+                JsonObject r = new JsonObject();
+                r.addProperty("ownGson", com.google.gson.Gson.class.getClassLoader() == Probe.class.getClassLoader());
+                try {
+                    Class<?> g = Class.forName("dev.cpuslot.runtime.guard.ActionGuard");
+                    com.google.gson.Gson gson = new com.google.gson.GsonBuilder().excludeFieldsWithModifiers()
+                        .setExclusionStrategies(new com.google.gson.ExclusionStrategy() {
+                            public boolean shouldSkipField(com.google.gson.FieldAttributes f) { return !f.getName().equals("maxThreads"); }
+                            public boolean shouldSkipClass(Class<?> c) { return false; }
+                        }).create();
+                    Object o = gson.fromJson("{\\"maxThreads\\":3}", g);
+                    r.addProperty("leak", gson.toJson(o));
+                } catch (Throwable e) {
+                    r.addProperty("refused", e.toString());
+                }
+                for (String cls : new String[]{"dev.cpuslot.runtime.FunctionRuntime", "dev.cpuslot.slot.SlotClient"}) {
+                    try {
+                        Class.forName(cls);
+                        r.addProperty("sees " + cls, true);
+                    } catch (Throwable e) {
+                    }
+                }
+                return r;""");
+        with("java", c -> {
+            assertEquals(200, c.init(JavaContainmentTest.init(jar)).code());
+            Reply r = c.run(runPayload(new JsonObject()));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            JsonObject b = r.body();
+            assertFalse(b.has("leak"), "the function's Gson read and wrote the guard's statics: " + b);
+            assertTrue(b.get("ownGson").getAsBoolean(), "the function's Gson is the runtime's: " + b);
+            assertFalse(b.has("sees dev.cpuslot.runtime.FunctionRuntime"), b.toString());
+            assertFalse(b.has("sees dev.cpuslot.slot.SlotClient"), b.toString());
+        });
+    }
+}
