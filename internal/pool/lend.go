@@ -167,9 +167,14 @@ func (p *Pool) planCuts(waker *lease) []cut {
 	}
 	floor := max(p.cfg.MinDegradedMilli, 1)
 	var awake []*lease
+	raising := false
 	for _, l := range p.leases {
 		if l != waker && !l.sleeping && l.granted > floor && l.slot.lease == l &&
-			!l.slot.busy && !l.slot.raising && l.slot.io != nil {
+			!l.slot.busy && l.slot.io != nil {
+			if l.slot.raising {
+				raising = true // cut once its raise is written (retune)
+				continue
+			}
 			awake = append(awake, l)
 		}
 	}
@@ -193,6 +198,7 @@ func (p *Pool) planCuts(waker *lease) []cut {
 		out = append(out, cut{l: l, by: by, spec: p.spec(l.granted), degraded: newly})
 	}
 	p.cuts += uint64(len(out))
+	p.cutsOwed = raising && p.budget.Used() > limit
 	return out
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -513,5 +514,53 @@ func TestFlappingLeaseRetunesOncePerPeriod(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	checkBound(t, p)
+}
+
+// TestWakeDuringRaiseCutsWhenItEnds: a WAKE that comes while the leases it
+// would cut are being raised (a lend's raise on another goroutine: a lend
+// the period deferred, or another connection's SLEEP) cannot cut them
+// then; once their raise is written, the pool cuts what the wake owes, so
+// the container is not left over its budget until a release.
+func TestWakeDuringRaiseCutsWhenItEnds(t *testing.T) {
+	ctx := context.Background()
+	o := &conn{}
+	p, b := lendPool(t, 1, admission.Queue)
+	sleeper := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	must(t)(nil, p.Sleep(o, sleeper.Lease))
+	must(t)(p.Acquire(ctx, req(o, 500, 3, 0))) // the borrower
+	must(t)(nil, p.Wake(o, sleeper.Lease))     // both others cut, degraded
+	if s := p.Summary(); s.Degraded != 2 {
+		t.Fatalf("after the first wake: %+v, want both others degraded", s)
+	}
+	checkBound(t, p)
+	// The next SLEEP lends at once once a period has passed; its raises of
+	// the degraded leases block in their first write.
+	time.Sleep(time.Duration(p.cfg.PeriodUS)*time.Microsecond + 10*time.Millisecond)
+	blocked, unblock := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b.onIO = func(op string) {
+		if strings.HasPrefix(op, "retune") {
+			once.Do(func() { close(blocked); <-unblock })
+		}
+	}
+	slept := make(chan error, 1)
+	go func() { slept <- p.Sleep(o, sleeper.Lease) }()
+	select {
+	case <-blocked:
+	case <-time.After(time.Minute):
+		t.Fatal("the SLEEP raised no degraded lease")
+	}
+	woke := make(chan error, 1)
+	go func() { woke <- p.Wake(o, sleeper.Lease) }()
+	if err := <-woke; err != nil {
+		t.Fatal(err)
+	}
+	close(unblock)
+	if err := <-slept; err != nil {
+		t.Fatal(err)
+	}
+	b.onIO = nil
 	checkBound(t, p)
 }

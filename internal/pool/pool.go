@@ -177,9 +177,12 @@ type Pool struct {
 	lent                    uint32
 	wakes, lends, givebacks uint64
 	cuts                    uint64
-	nextID                  uint32
-	changed                 chan struct{} // closed when a slot or budget frees up
-	closed                  bool
+	// cutsOwed: a wake left the budget exceeded because the leases it
+	// would cut were being raised; the end of a retune cuts them then.
+	cutsOwed bool
+	nextID   uint32
+	changed  chan struct{} // closed when a slot or budget frees up
+	closed   bool
 	// io counts cgroup I/O in progress outside the lock; Close waits for
 	// it (ioDone) before it removes slots, so a slot being created is not
 	// left behind.

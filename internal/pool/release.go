@@ -418,10 +418,19 @@ func (p *Pool) retune(l *lease, spec cgroup.Spec, undo func()) []raise {
 	// After a failed write the next release tries again (not at once:
 	// it would fail again).
 	var raises []raise
-	if err == nil {
+	var cuts []cut
+	if p.cutsOwed {
+		// A wake came while this slot was being raised and could not cut
+		// it: cut now, or the container stays over its budget until a
+		// release.
+		p.cutsOwed = false
+		cuts = p.planCuts(nil)
+	}
+	if err == nil && len(cuts) == 0 {
 		raises = p.planRaises()
 	}
 	p.broadcast()
 	p.mu.Unlock()
+	p.lower(cuts)
 	return raises
 }
