@@ -481,13 +481,9 @@ func TestRaisesResumeAfterARaise(t *testing.T) {
 // SLEEP within a period of the lease's last lend lends only once the
 // period is over, if the lease still sleeps then.
 func TestFlappingLeaseRetunesOncePerPeriod(t *testing.T) {
-	ctx := context.Background()
 	o := &conn{}
 	p, b := lendPool(t, 1, admission.Queue)
-	sleeper := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
-	must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
-	must(t)(nil, p.Sleep(o, sleeper.Lease))
-	must(t)(p.Acquire(ctx, req(o, 500, 3, 0))) // the borrower
+	sleeper := sleeperAndBorrower(t, p, o)
 	b.takeOps()
 	const flaps = 2000
 	start := time.Now()
@@ -523,14 +519,10 @@ func TestFlappingLeaseRetunesOncePerPeriod(t *testing.T) {
 // then; once their raise is written, the pool cuts what the wake owes, so
 // the container is not left over its budget until a release.
 func TestWakeDuringRaiseCutsWhenItEnds(t *testing.T) {
-	ctx := context.Background()
 	o := &conn{}
 	p, b := lendPool(t, 1, admission.Queue)
-	sleeper := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
-	must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
-	must(t)(nil, p.Sleep(o, sleeper.Lease))
-	must(t)(p.Acquire(ctx, req(o, 500, 3, 0))) // the borrower
-	must(t)(nil, p.Wake(o, sleeper.Lease))     // both others cut, degraded
+	sleeper := sleeperAndBorrower(t, p, o)
+	must(t)(nil, p.Wake(o, sleeper.Lease)) // both others cut, degraded
 	if s := p.Summary(); s.Degraded != 2 {
 		t.Fatalf("after the first wake: %+v, want both others degraded", s)
 	}
@@ -563,4 +555,17 @@ func TestWakeDuringRaiseCutsWhenItEnds(t *testing.T) {
 	}
 	b.onIO = nil
 	checkBound(t, p)
+}
+
+// sleeperAndBorrower fills a 1000m budget with two 500m leases of o, puts
+// the first to sleep and admits a 500m borrower into what it lends (lend
+// ratio 1); it returns the sleeper.
+func sleeperAndBorrower(t *testing.T, p *Pool, o *conn) *Grant {
+	t.Helper()
+	ctx := context.Background()
+	sleeper := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
+	must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
+	must(t)(nil, p.Sleep(o, sleeper.Lease))
+	must(t)(p.Acquire(ctx, req(o, 500, 3, 0))) // the borrower
+	return sleeper
 }

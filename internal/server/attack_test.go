@@ -633,6 +633,13 @@ func TestAttackNestedNamespaceFDs(t *testing.T) {
 		"SOCKET=" + e.Socket, "FRAMES=" + agenttest.HexFrames(t,
 			&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing},
 			&slotv1.Acquire{QuotaMilli: 250, TID: 1})}})
+	wantAgentPlaces(t, ch, "a namespace nested in a host-namespace container")
+}
+
+// wantAgentPlaces reads the nested raw child's result: its HELLO must have
+// been answered AGENT_PLACES, with no placement fd.
+func wantAgentPlaces(t *testing.T, ch *agenttest.Child, who string) {
+	t.Helper()
 	var r rawResult
 	ch.Result(t, &r)
 	t.Logf("nested child: %+v", r)
@@ -640,7 +647,7 @@ func TestAttackNestedNamespaceFDs(t *testing.T) {
 		t.Fatalf("nested child: %+v", r)
 	}
 	if r.FDs != 0 {
-		t.Fatalf("a namespace nested in a host-namespace container got %d placement fds: %v", r.FDs, r.Responses)
+		t.Fatalf("%s got %d placement fds: %v", who, r.FDs, r.Responses)
 	}
 	if !strings.Contains(r.Responses[0], fmt.Sprintf("flags=%d", slotv1.HelloOKAgentPlaces)) {
 		t.Fatalf("HELLO_OK without AGENT_PLACES: %v", r.Responses)
@@ -957,18 +964,7 @@ func TestAttackOrphanedNestedNamespaceFDs(t *testing.T) {
 		return strings.TrimSpace(string(b)) == strconv.Itoa(o.Child)
 	})
 	io.WriteString(ch.Stdin, "go\n") // the nested child's turn
-	var r rawResult
-	ch.Result(t, &r)
-	t.Logf("nested child: %+v", r)
-	if r.Error != "" || len(r.Responses) == 0 {
-		t.Fatalf("nested child: %+v", r)
-	}
-	if r.FDs != 0 {
-		t.Fatalf("a user namespace a container's process made got %d placement fds: %v", r.FDs, r.Responses)
-	}
-	if !strings.Contains(r.Responses[0], fmt.Sprintf("flags=%d", slotv1.HelloOKAgentPlaces)) {
-		t.Fatalf("HELLO_OK without AGENT_PLACES: %v", r.Responses)
-	}
+	wantAgentPlaces(t, ch, "a user namespace a container's process made")
 }
 
 // childOrphan starts the raw child in a new user and PID namespace, as an
