@@ -10,6 +10,7 @@
 #   make e2e       the end-to-end tests on real Kubernetes nodes, v1 and v2 (e2e/)
 
 GO        ?= go
+comma     := ,
 GOFLAGS   ?=
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/cpuslot/cpuslot/internal/agent.Version=$(VERSION)
@@ -74,9 +75,20 @@ clean:
 # --- e2e: a real single-node Kubernetes, see e2e/README.md -----------------
 # Images are OCI image-layout tarballs (tools/ocitar) imported into the e2e
 # cluster's containerd; no registry, no Docker engine. The names are the
-# ones e2e/cluster and the tests use (e2e/cluster/images.go).
+# ones e2e/cluster and the tests use (e2e/cluster/images.go). Each image is
+# an index, gzip layers, annotated with the source, revision and version and
+# dated by the last commit (SOURCE_DATE_EPOCH: the same commit gives the same
+# digest); the agent's has a manifest per IMAGE_ARCHES (pure Go,
+# cross-compiled). Every image's NAME@DIGEST goes to bin/images/digests.txt,
+# what a deployment pins (image.digest in the chart).
 IMAGES_DIR       := bin/images
 E2E_IMAGE_PREFIX ?= docker.io/cpuslot
+IMAGE_ARCHES     ?= amd64,arm64
+IMAGE_SOURCE     ?= https://github.com/cpuslot/cpuslot
+export SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+OCI_ANNOTATIONS  := -annotation org.opencontainers.image.source=$(IMAGE_SOURCE) \
+	-annotation org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null || echo unknown) \
+	-annotation org.opencontainers.image.version=$(VERSION)
 
 .PHONY: images e2e e2e-deps e2e-v2node
 
@@ -85,15 +97,19 @@ images: build runtime-image
 	CGO_ENABLED=0 $(GO) build -C tools -o $(CURDIR)/$(IMAGES_DIR)/ocitar ./ocitar
 	CGO_ENABLED=0 $(GO) build -C e2e -trimpath -ldflags '-s -w' -o $(CURDIR)/$(IMAGES_DIR)/pause ./images/pause
 	CGO_ENABLED=0 $(GO) build -C e2e -trimpath -ldflags '-s -w' -o $(CURDIR)/$(IMAGES_DIR)/probe ./images/probe
-	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/pause.tar -name $(E2E_IMAGE_PREFIX)/pause:e2e \
-		-entrypoint /pause -add $(IMAGES_DIR)/pause:/pause
-	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/probe.tar -name $(E2E_IMAGE_PREFIX)/e2e-probe:e2e \
-		-entrypoint /probe -add $(IMAGES_DIR)/probe:/probe
-	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/node-agent.tar -name $(E2E_IMAGE_PREFIX)/node-agent:dev \
-		-entrypoint /node-agent -add bin/node-agent:/node-agent
-	rm -f $(IMAGES_DIR)/ocitar $(IMAGES_DIR)/pause $(IMAGES_DIR)/probe
+	set -e; for a in $(subst $(comma), ,$(IMAGE_ARCHES)); do \
+		CGO_ENABLED=0 GOARCH=$$a $(GO) build -ldflags '$(LDFLAGS)' -o $(IMAGES_DIR)/linux-$$a/node-agent ./cmd/node-agent; done
+	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/pause.tar -name $(E2E_IMAGE_PREFIX)/pause:e2e $(OCI_ANNOTATIONS) \
+		-entrypoint /pause -add $(IMAGES_DIR)/pause:/pause >$(IMAGES_DIR)/digests.txt
+	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/probe.tar -name $(E2E_IMAGE_PREFIX)/e2e-probe:e2e $(OCI_ANNOTATIONS) \
+		-entrypoint /probe -add $(IMAGES_DIR)/probe:/probe >>$(IMAGES_DIR)/digests.txt
+	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/node-agent.tar -name $(E2E_IMAGE_PREFIX)/node-agent:dev $(OCI_ANNOTATIONS) \
+		-arch $(IMAGE_ARCHES) -entrypoint /node-agent -add '$(IMAGES_DIR)/linux-{arch}/node-agent:/node-agent' >>$(IMAGES_DIR)/digests.txt
+	rm -rf $(IMAGES_DIR)/ocitar $(IMAGES_DIR)/pause $(IMAGES_DIR)/probe $(IMAGES_DIR)/linux-*
 	# The Java runtime image (make runtime-image), imported with the rest.
 	ln -sf ../cpuslot-runtime.tar $(IMAGES_DIR)/cpuslot-runtime.tar
+	cat bin/cpuslot-runtime.digest >>$(IMAGES_DIR)/digests.txt
+	cat $(IMAGES_DIR)/digests.txt
 
 e2e-deps:
 	bash hack/e2e-deps.sh
@@ -194,6 +210,6 @@ bench-guest:
 # docker.io/cpuslot/runtime-jvm:dev and docker.io/cpuslot/runtime-java:dev; import with:
 # ctr -n k8s.io images import bin/cpuslot-runtime.tar
 runtime-image: build-runtime
-	bash runtime-image/image/build-image.sh bin/cpuslot-runtime.tar docker.io/cpuslot/runtime-jvm:dev
-	bash runtime-image/image/build-image.sh bin/cpuslot-runtime-java.tar docker.io/cpuslot/runtime-java:dev java
+	bash runtime-image/image/build-image.sh bin/cpuslot-runtime.tar docker.io/cpuslot/runtime-jvm:dev >bin/cpuslot-runtime.digest
+	bash runtime-image/image/build-image.sh bin/cpuslot-runtime-java.tar docker.io/cpuslot/runtime-java:dev java >>bin/cpuslot-runtime.digest
 	tar tf bin/cpuslot-runtime.tar

@@ -24,9 +24,15 @@
 # Entrypoint: java [image/jvm-options] [image/jvm-options-jit unless KIND java, Graal on the module
 # path] [-XX:AOTCache] -jar /opt/cpuslot/runtime.jar, as user 65534 (the slot fds the agent passes
 # need no privilege), port 8080, metrics 9102.
+# The tarball is an OCI index with one manifest, for this machine's architecture (the JRE is
+# jlinked from its JDK and the libraries are its own: no other architecture can be built here),
+# a gzip layer, annotated with the source, revision and version, dated by SOURCE_DATE_EPOCH (the
+# last commit's time by default). NAME@DIGEST is the one line printed on stdout.
 # Needs: the runtime built (runtime-image/build.sh -DskipTests package), a JDK 25, Go (to build
 # tools/ocitar from this repository), ldd.
 set -euo pipefail
+# stdout carries NAME@DIGEST only; every tool's output goes to stderr
+exec 3>&1 1>&2
 
 out="${1:?usage: build-image.sh OUT.tar [IMAGE_NAME]}"
 name="${2:-docker.io/cpuslot/runtime-jvm:dev}"
@@ -143,9 +149,16 @@ entry=()
 for a in "${java_cmd[@]}" -jar /opt/cpuslot/runtime.jar; do entry+=(-entrypoint "$a"); done
 kindenv=()
 [ -n "$kind" ] && kindenv=(-env "CPUSLOT_LANGUAGE=$kind")
+version="$(git -C "$repo" describe --always --dirty 2>/dev/null || echo dev)"
+revision="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 0)}"
 mkdir -p "$(dirname "$out")"
-"$stage/ocitar" -o "$out" -name "$name" -user 65534:65534 -workdir /tmp \
+ref="$("$stage/ocitar" -o "$out" -name "$name" -user 65534:65534 -workdir /tmp \
+	-arch "$("$GO" env GOHOSTARCH)" \
+	-annotation "org.opencontainers.image.source=${IMAGE_SOURCE:-https://github.com/cpuslot/cpuslot}" \
+	-annotation "org.opencontainers.image.revision=$revision" -annotation "org.opencontainers.image.version=$version" \
 	-env JAVA_HOME=/opt/java -env PORT=8080 -env CPUSLOT_METRICS_PORT=9102 "${kindenv[@]}" \
 	"${entry[@]}" \
-	"${adds[@]}"
-echo "build-image: $out ($name, $(du -h "$out" | cut -f1), $(echo "$libs" | wc -w) shared libraries from this machine)" >&2
+	"${adds[@]}")"
+echo "build-image: $out ($ref, $(du -h "$out" | cut -f1), $(echo "$libs" | wc -w) shared libraries from this machine)" >&2
+echo "$ref" >&3

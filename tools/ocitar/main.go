@@ -1,20 +1,25 @@
 // Command ocitar writes a container image as an OCI image-layout tarball,
-// without a Docker engine or a registry, for `ctr images import`:
+// without a Docker engine or a registry, for `ctr images import` (or a push
+// with any OCI tool: `crane push`, `skopeo copy oci-archive:`):
 //
-//	ocitar -o agent.tar -name docker.io/cpuslot/node-agent:dev \
-//	    -entrypoint /node-agent -add bin/node-agent:/node-agent
+//	ocitar -o agent.tar -name docker.io/cpuslot/node-agent:v0.1.0 \
+//	    -arch amd64,arm64 -entrypoint /node-agent \
+//	    -add 'bin/node-agent-linux-{arch}:/node-agent' \
+//	    -annotation org.opencontainers.image.revision=$(git rev-parse HEAD)
 //
-// The image has one uncompressed layer holding the -add files and
-// directories (modes and symlinks kept, owned by root), and an index whose
-// manifest carries io.containerd.image.name so containerd names it.
+// The image is an index (go-containerregistry writes it) with one manifest
+// per -arch, each of one gzip-compressed layer holding the -add files and
+// directories (modes and symlinks kept, owned by root, times at the epoch);
+// {arch} in an -add source is that manifest's architecture. The index and
+// every manifest carry the -annotation values, and
+// org.opencontainers.image.created when SOURCE_DATE_EPOCH is set (the
+// output is reproducible either way); index.json names the image with
+// io.containerd.image.name so containerd imports it under that name. The
+// index's digest, what a deployment pins, is printed as NAME@DIGEST.
 package main
 
 import (
 	"archive/tar"
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -22,9 +27,18 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 type listFlag []string
@@ -34,21 +48,24 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
 	out := flag.String("o", "", "output tarball")
-	name := flag.String("name", "", "full image name with tag, e.g. docker.io/cpuslot/node-agent:dev")
+	name := flag.String("name", "", "full image name with tag, e.g. docker.io/cpuslot/node-agent:v0.1.0")
 	workdir := flag.String("workdir", "/", "working directory")
 	user := flag.String("user", "", "user to run as, e.g. 65534:65534")
-	var adds, env, entrypoint, cmd listFlag
+	arch := flag.String("arch", runtime.GOARCH, "comma-separated architectures (linux), one manifest each; {arch} in an -add source is replaced by each")
+	var adds, env, entrypoint, cmd, annotations listFlag
 	flag.Var(&adds, "add", "SRC:DST, a host file or directory copied into the image; repeatable")
 	flag.Var(&env, "env", "K=V; repeatable")
 	flag.Var(&entrypoint, "entrypoint", "entrypoint argument; repeatable")
 	flag.Var(&cmd, "cmd", "command argument; repeatable")
+	flag.Var(&annotations, "annotation", "K=V on the index and every manifest, e.g. org.opencontainers.image.revision=SHA; repeatable")
 	flag.Parse()
 	if *out == "" || *name == "" || len(adds) == 0 {
 		fmt.Fprintln(os.Stderr, "ocitar: need -o, -name and at least one -add")
 		flag.Usage()
 		os.Exit(2)
 	}
-	img := Image{Name: *name, Workdir: *workdir, User: *user, Env: env, Entrypoint: entrypoint, Cmd: cmd}
+	img := Image{Name: *name, Workdir: *workdir, User: *user, Env: env, Entrypoint: entrypoint, Cmd: cmd,
+		Arch: strings.Split(*arch, ","), Annotations: map[string]string{}}
 	for _, a := range adds {
 		src, dst, ok := strings.Cut(a, ":")
 		if !ok || src == "" || !strings.HasPrefix(dst, "/") {
@@ -57,9 +74,26 @@ func main() {
 		}
 		img.Adds = append(img.Adds, Add{Src: src, Dst: dst})
 	}
+	for _, a := range annotations {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok || k == "" {
+			fmt.Fprintf(os.Stderr, "ocitar: -annotation %q: want K=V\n", a)
+			os.Exit(2)
+		}
+		img.Annotations[k] = v
+	}
+	if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
+		sec, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ocitar: SOURCE_DATE_EPOCH %q: not a number of seconds\n", s)
+			os.Exit(2)
+		}
+		img.Created = time.Unix(sec, 0).UTC()
+	}
 	f, err := os.Create(*out)
+	var digest v1.Hash
 	if err == nil {
-		err = img.Write(f)
+		digest, err = img.Write(f)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
@@ -69,6 +103,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "ocitar:", err)
 		os.Exit(1)
 	}
+	fmt.Printf("%s@%s\n", *name, digest)
 }
 
 // Add copies a host path into the image.
@@ -80,93 +115,136 @@ type Image struct {
 	Workdir, User        string
 	Env, Entrypoint, Cmd []string
 	Adds                 []Add
+	// Arch lists the linux architectures, one manifest each (amd64 when empty).
+	Arch []string
+	// Annotations go on the index and on every manifest.
+	Annotations map[string]string
+	// Created, when set, is the config's creation time and the
+	// org.opencontainers.image.created annotation; else the epoch, unannotated.
+	Created time.Time
 }
 
-type descriptor struct {
-	MediaType   string            `json:"mediaType"`
-	Digest      string            `json:"digest"`
-	Size        int64             `json:"size"`
-	Annotations map[string]string `json:"annotations,omitempty"`
-}
+// Write writes the image layout as a tar stream and returns the digest of
+// its index.
+func (img Image) Write(w io.Writer) (v1.Hash, error) {
+	ref := img.Name[strings.LastIndex(img.Name, "/")+1:]
+	_, tag, ok := strings.Cut(ref, ":")
+	if !ok || tag == "" {
+		return v1.Hash{}, fmt.Errorf("image name %q needs a tag", img.Name)
+	}
+	ann := map[string]string{}
+	for k, v := range img.Annotations {
+		ann[k] = v
+	}
+	created := epoch
+	if !img.Created.IsZero() {
+		created = img.Created
+		ann["org.opencontainers.image.created"] = created.Format(time.RFC3339)
+	}
+	arches := img.Arch
+	if len(arches) == 0 {
+		arches = []string{"amd64"}
+	}
+	stage, err := os.MkdirTemp("", "ocitar")
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	defer os.RemoveAll(stage)
 
-// Write writes the image layout as a tar stream.
-func (img Image) Write(w io.Writer) error {
-	var layer bytes.Buffer
-	if err := img.layer(&layer); err != nil {
-		return err
+	var index v1.ImageIndex = empty.Index
+	for _, arch := range arches {
+		if arch == "" || strings.ContainsAny(arch, "/{}") {
+			return v1.Hash{}, fmt.Errorf("architecture %q: want e.g. amd64 or arm64", arch)
+		}
+		layerFile := filepath.Join(stage, "layer-"+arch+".tar")
+		if err := img.writeLayer(layerFile, arch); err != nil {
+			return v1.Hash{}, err
+		}
+		layer, err := tarball.LayerFromFile(layerFile, tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+		base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
+		cfg := &v1.ConfigFile{
+			Architecture: arch, OS: "linux", Created: v1.Time{Time: created},
+			Config: v1.Config{
+				Env:        append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, img.Env...),
+				Entrypoint: img.Entrypoint, Cmd: img.Cmd, WorkingDir: img.Workdir, User: img.User,
+			},
+			RootFS: v1.RootFS{Type: "layers"},
+		}
+		if base, err = mutate.ConfigFile(base, cfg); err != nil {
+			return v1.Hash{}, err
+		}
+		if base, err = mutate.Append(base, mutate.Addendum{Layer: layer, History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "ocitar"}}); err != nil {
+			return v1.Hash{}, err
+		}
+		im := mutate.Annotations(base, ann).(v1.Image)
+		index = mutate.AppendManifests(index, mutate.IndexAddendum{Add: im,
+			Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}}})
 	}
-	layerDesc := digestOf("application/vnd.oci.image.layer.v1.tar", layer.Bytes())
-	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, img.Env...)
-	config, _ := json.Marshal(map[string]any{
-		"architecture": "amd64",
-		"os":           "linux",
-		"config": map[string]any{
-			"Env": env, "Entrypoint": img.Entrypoint, "Cmd": img.Cmd, "WorkingDir": img.Workdir, "User": img.User,
-		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDesc.Digest}},
-	})
-	configDesc := digestOf("application/vnd.oci.image.config.v1+json", config)
-	manifest, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        configDesc,
-		"layers":        []descriptor{layerDesc},
-	})
-	manifestDesc := digestOf("application/vnd.oci.image.manifest.v1+json", manifest)
-	tag := img.Name[strings.LastIndex(img.Name, ":")+1:]
-	if !strings.Contains(img.Name[strings.LastIndex(img.Name, "/")+1:], ":") {
-		return fmt.Errorf("image name %q needs a tag", img.Name)
+	index = mutate.Annotations(index, ann).(v1.ImageIndex)
+
+	// index.json points at the index, under the name containerd imports.
+	dir := filepath.Join(stage, "layout")
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return v1.Hash{}, err
 	}
-	manifestDesc.Annotations = map[string]string{
+	if err := p.AppendIndex(index, layout.WithAnnotations(map[string]string{
 		"io.containerd.image.name":          img.Name,
 		"org.opencontainers.image.ref.name": tag,
+	})); err != nil {
+		return v1.Hash{}, err
 	}
-	index, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.index.v1+json",
-		"manifests":     []descriptor{manifestDesc},
-	})
+	digest, err := index.Digest()
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	return digest, tarDir(w, dir)
+}
 
+// tarDir writes dir's regular files and directories in sorted order, with
+// fixed modes and times: the same layout gives the same bytes.
+func tarDir(w io.Writer, dir string) error {
 	tw := tar.NewWriter(w)
-	put := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
 			return err
 		}
-		_, err := tw.Write(data)
+		rel, _ := filepath.Rel(dir, p)
+		name := filepath.ToSlash(rel)
+		if d.IsDir() {
+			return tw.WriteHeader(&tar.Header{Name: name + "/", Mode: 0o755, ModTime: epoch, Typeflag: tar.TypeDir})
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: fi.Size(), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		_, err = io.Copy(tw, f)
 		return err
-	}
-	for _, d := range []string{"blobs/", "blobs/sha256/"} {
-		if err := tw.WriteHeader(&tar.Header{Name: d, Mode: 0o755, ModTime: epoch, Typeflag: tar.TypeDir}); err != nil {
-			return err
-		}
-	}
-	for _, b := range []struct {
-		d    descriptor
-		data []byte
-	}{{layerDesc, layer.Bytes()}, {configDesc, config}, {manifestDesc, manifest}} {
-		if err := put("blobs/sha256/"+strings.TrimPrefix(b.d.Digest, "sha256:"), b.data); err != nil {
-			return err
-		}
-	}
-	if err := put("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
-		return err
-	}
-	if err := put("index.json", index); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	return tw.Close()
 }
 
 // epoch keeps the output reproducible.
-var epoch = time.Unix(0, 0)
+var epoch = time.Unix(0, 0).UTC()
 
-func digestOf(mediaType string, b []byte) descriptor {
-	sum := sha256.Sum256(b)
-	return descriptor{MediaType: mediaType, Digest: "sha256:" + hex.EncodeToString(sum[:]), Size: int64(len(b))}
-}
-
-// layer writes every added path, with parent directories, in sorted order.
-func (img Image) layer(w io.Writer) error {
+// writeLayer writes every added path for arch ({arch} in a source replaced),
+// with parent directories, in sorted order, as an uncompressed tar file.
+func (img Image) writeLayer(file, arch string) error {
 	type entry struct {
 		dst string
 		src string // "" for a directory made up for a parent
@@ -180,7 +258,7 @@ func (img Image) layer(w io.Writer) error {
 		}
 	}
 	for _, a := range img.Adds {
-		root := filepath.Clean(a.Src)
+		root := filepath.Clean(strings.ReplaceAll(a.Src, "{arch}", arch))
 		err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
 			if err != nil {
 				return err
@@ -192,7 +270,7 @@ func (img Image) layer(w io.Writer) error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("-add %s: %w", a.Src, err)
+			return fmt.Errorf("-add %s: %w", root, err)
 		}
 	}
 	names := make([]string, 0, len(entries))
@@ -200,7 +278,12 @@ func (img Image) layer(w io.Writer) error {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	tw := tar.NewWriter(w)
+	out, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	tw := tar.NewWriter(out)
 	for _, n := range names {
 		e := entries[n]
 		name := strings.TrimPrefix(n, "/")
@@ -244,5 +327,8 @@ func (img Image) layer(w io.Writer) error {
 			}
 		}
 	}
-	return tw.Close()
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return out.Close()
 }
