@@ -36,6 +36,8 @@ oci, layers, entry = sys.argv[1:]
 blob = lambda d: f"{oci}/blobs/{d.replace(':', '/')}"
 idx = json.load(open(f"{oci}/index.json"))
 man = json.load(open(blob(idx["manifests"][0]["digest"])))
+while "manifests" in man:  # an image index (tools/ocitar): its first platform's manifest
+    man = json.load(open(blob(man["manifests"][0]["digest"])))
 cfg = json.load(open(blob(man["config"]["digest"])))["config"]
 open(layers, "w").write("\n".join(blob(l["digest"]) for l in man["layers"]) + "\n")
 open(entry, "w").write("\0".join(cfg["Entrypoint"] + (cfg.get("Cmd") or [])))
