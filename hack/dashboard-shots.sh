@@ -78,11 +78,11 @@ shots_main() {
 	AGENT_SOCK="$WORK/agent.sock"
 	AGENT_HTTP="$(free_port 19464)"
 	cg_create "$DEMO_CG/agent"
-	# -budget: every served container gets a CPU budget, as a pod's CPU limit gives one;
-	# -lend-ratio: a chain's caller lends half its quota while it waits (the Lending row)
-	start_in_cgroup agent "$DEMO_CG/agent" "$REPO/bin/node-agent" run -socket "$AGENT_SOCK" \
-		-serve-under "$DEMO_CG" -http "127.0.0.1:$AGENT_HTTP" -prewarm "200m=2,500m=2,1=1" -budget 2 \
-		-lend-ratio 0.5
+	# --budget: every served container gets a CPU budget, as a pod's CPU limit gives one;
+	# --lend-ratio: a chain's caller lends half its quota while it waits (the Lending row)
+	start_in_cgroup agent "$DEMO_CG/agent" "$REPO/bin/node-agent" run --socket "$AGENT_SOCK" \
+		--serve-under "$DEMO_CG" --http "127.0.0.1:$AGENT_HTTP" --prewarm "200m=2,500m=2,1=1" --budget 2 \
+		--lend-ratio 0.5
 	wait_http "http://127.0.0.1:$AGENT_HTTP/readyz" "the node agent" "$WORK/agent.pid"
 	start_runtime rt "$DEMO_CG/runtime" CPUSLOT_SOCKET="$AGENT_SOCK"
 	register "$RT_PORT" hello HelloWorld 200m

@@ -193,8 +193,8 @@ start_agent() { # start_agent PREWARM
 	AGENT_SOCK="$WORK/agent.sock"
 	AGENT_HTTP="$(free_port 19464)"
 	cg_create "$DEMO_CG/agent"
-	start_in_cgroup agent "$DEMO_CG/agent" "$REPO/bin/node-agent" run -socket "$AGENT_SOCK" -serve-under "$DEMO_CG" \
-		-http "127.0.0.1:$AGENT_HTTP" -prewarm "$1"
+	start_in_cgroup agent "$DEMO_CG/agent" "$REPO/bin/node-agent" run --socket "$AGENT_SOCK" --serve-under "$DEMO_CG" \
+		--http "127.0.0.1:$AGENT_HTTP" --prewarm "$1"
 	wait_http "http://127.0.0.1:$AGENT_HTTP/readyz" "the node agent" "$WORK/agent.pid"
 }
 
@@ -257,7 +257,7 @@ cleanup() {
 	for f in "$WORK"/*.pid; do [ -e "$f" ] && stop_pid_file "$f"; done
 	# the agent's cleanup: slots, then every cgroup of the demo, bottom up
 	if [ -x "$REPO/bin/node-agent" ] && [ ${#CG_ROOTS[@]} -gt 0 ] && [ -d "${CG_ROOTS[0]}$DEMO_CG" ]; then
-		"$REPO/bin/node-agent" cleanup -under "$DEMO_CG" -tree -wait 5s >/dev/null ||
+		"$REPO/bin/node-agent" cleanup --under "$DEMO_CG" --tree --wait 5s >/dev/null ||
 			info "warning: could not remove the cgroups under $DEMO_CG"
 	fi
 	rm -f "$WORK/agent.sock"

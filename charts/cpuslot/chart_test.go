@@ -154,7 +154,7 @@ func TestDefaults(t *testing.T) {
 	}
 
 	c := agentContainer(t, ds)
-	if got := strings_(list(c, "args")); !slices.Equal(got, []string{"run", "-kubernetes", "-config", "/etc/cpuslot/config.yaml"}) {
+	if got := strings_(list(c, "args")); !slices.Equal(got, []string{"run", "--kubernetes", "--config", "/etc/cpuslot/config.yaml"}) {
 		t.Errorf("args %q", got)
 	}
 	if str(c, "image") != "docker.io/cpuslot/node-agent:0.1.0" {
@@ -278,8 +278,8 @@ func TestAllOn(t *testing.T) {
 	ds := one(t, objs, "DaemonSet")
 	c := agentContainer(t, ds)
 	args := strings_(list(c, "args"))
-	if !slices.Contains(args, "-cleanup-on-exit") || !slices.Contains(args, "-log-level") {
-		t.Errorf("args %q: want -cleanup-on-exit and the extra args", args)
+	if !slices.Contains(args, "--cleanup-on-exit") || !slices.Contains(args, "--log-level") {
+		t.Errorf("args %q: want --cleanup-on-exit and the extra args", args)
 	}
 	envs := map[string]string{}
 	for _, e := range list(c, "env") {

@@ -4,7 +4,7 @@
 //
 //	node-agent [run] [flags]   serve (standalone mode)
 //	node-agent cleanup [flags] remove every cpuslot slot (uninstall); with
-//	                           -tree, also the whole cgroup tree at -under
+//	                           --tree, also the whole cgroup tree at --under
 //	node-agent version
 //	node-agent help [command]
 package main
@@ -12,13 +12,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,6 +30,7 @@ import (
 	k8sdiscover "github.com/cpuslot/cpuslot/internal/discover/kubernetes"
 	"github.com/cpuslot/cpuslot/internal/safetext"
 	"github.com/cpuslot/cpuslot/internal/settings"
+	flag "github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -64,14 +65,18 @@ func main() {
 	}
 }
 
-// stdout is where help goes (a variable for tests).
-var stdout io.Writer = os.Stdout
+// stdout is where help goes, stderr where the flags' deprecation line goes
+// (variables for tests).
+var (
+	stdout io.Writer = os.Stdout
+	stderr io.Writer = os.Stderr
+)
 
 const overview = `node-agent pre-warms CPU slots inside the containers it serves and leases
 them to runtimes over a Unix socket.
 
 usage:
-  node-agent [run] [flags]    serve (standalone, or -kubernetes)
+  node-agent [run] [flags]    serve (standalone, or --kubernetes)
   node-agent cleanup [flags]  remove every cpuslot slot (uninstall)
   node-agent version          print the version
   node-agent help [command]   this text, or a command's flags
@@ -102,19 +107,65 @@ func help(args []string) error {
 	return err
 }
 
-// parseFlags parses a command's flags. The flag package's own text is
-// dropped: a bad flag is returned, to be logged as JSON like every other
-// line; -h prints the usage to stdout and returns flag.ErrHelp.
+// parseFlags parses a command's flags (pflag: --name, --name=value). The
+// flag package's own text is dropped: a bad flag is returned, to be logged
+// as JSON like every other line; -h prints the usage to stdout and returns
+// flag.ErrHelp.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	err := fs.Parse(args)
+	err := fs.Parse(singleDash(fs, args))
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintf(stdout, "usage: node-agent %s [flags]\n\nflags:\n", fs.Name())
 		fs.SetOutput(stdout)
 		fs.PrintDefaults()
 	}
 	return err
+}
+
+// singleDash rewrites the single-dash long flags of earlier releases (the
+// stdlib flag package's -name, -name=value) to --name, with one JSON
+// warning line naming them: they keep working for one release. Only names
+// of fs's flags are rewritten, and never the argument a flag takes as its
+// value.
+func singleDash(fs *flag.FlagSet, args []string) []string {
+	out := make([]string, 0, len(args))
+	var old []string
+	takesValue := false
+	for i, a := range args {
+		if takesValue {
+			out, takesValue = append(out, a), false
+			continue
+		}
+		if a == "--" {
+			out = append(out, args[i:]...)
+			break
+		}
+		long := strings.TrimPrefix(a, "-")
+		if strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && len(long) > 1 {
+			name, _, _ := strings.Cut(long, "=")
+			if name == "help" {
+				a = "--help"
+			} else if fs.Lookup(name) != nil {
+				old = append(old, name)
+				a = "-" + a
+			}
+		}
+		if name, ok := strings.CutPrefix(a, "--"); ok && !strings.Contains(name, "=") {
+			if f := fs.Lookup(name); f != nil && f.NoOptDefVal == "" {
+				takesValue = true
+			}
+		}
+		out = append(out, a)
+	}
+	if len(old) > 0 {
+		slices.Sort(old)
+		old = slices.Compact(old)
+		slog.New(slog.NewJSONHandler(stderr, nil)).Warn(
+			"single-dash long flags are deprecated and stop working in the next release: write --"+old[0]+" and so on",
+			"flags", strings.Join(old, ","))
+	}
+	return out
 }
 
 // fatal logs the error that ends the command as a JSON line, as the
@@ -132,11 +183,6 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	klog.SetSlogLogger(log)
 	return log
 }
-
-type listFlag []string
-
-func (l *listFlag) String() string     { return strings.Join(*l, ",") }
-func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 // runFlags are run's flags that are not settings of the file.
 type runFlags struct {
@@ -162,7 +208,7 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 			var scratch settings.Pool
 			if err := scratch.Set(k.Name, v); err != nil {
 				if se, ok := err.(*settings.Error); ok {
-					se.Source = "-" + k.Flag
+					se.Source = "--" + k.Flag
 				}
 				badSetting = err
 				return err
@@ -181,10 +227,9 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	containerdSocket := fs.String("containerd-socket", "", "containerd socket (default /run/containerd/containerd.sock)")
 	podsDir := fs.String("kubelet-pods-dir", "", "the kubelet's pod directory as the agent sees it (default /var/lib/kubelet/pods)")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig, when running outside a pod")
-	var containers, serveUnder, pids listFlag
-	fs.Var(&containers, "container", "serve this cgroup (path in the cpu hierarchy); repeatable")
-	fs.Var(&pids, "pid", "serve the cgroup of this process; repeatable")
-	fs.Var(&serveUnder, "serve-under", "serve any process connecting from a cgroup below this one, in its own cgroup; repeatable")
+	containers := fs.StringArray("container", nil, "serve this cgroup (path in the cpu hierarchy); repeatable")
+	pids := fs.StringArray("pid", nil, "serve the cgroup of this process; repeatable")
+	serveUnder := fs.StringArray("serve-under", nil, "serve any process connecting from a cgroup below this one, in its own cgroup; repeatable")
 	if err := parseFlags(fs, args); err != nil {
 		if badSetting != nil {
 			return agent.Config{}, rf, badSetting
@@ -235,12 +280,12 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	if rf.k8s && *socket == "" && cfg.Socket == agent.DefaultConfig().Socket {
 		cfg.Socket = "" // each pod gets a socket of its own
 	}
-	cfg.Standalone.Containers = append(cfg.Standalone.Containers, containers...)
-	cfg.Standalone.ServeUnder = append(cfg.Standalone.ServeUnder, serveUnder...)
-	for _, p := range pids {
+	cfg.Standalone.Containers = append(cfg.Standalone.Containers, *containers...)
+	cfg.Standalone.ServeUnder = append(cfg.Standalone.ServeUnder, *serveUnder...)
+	for _, p := range *pids {
 		n, err := strconv.Atoi(p)
 		if err != nil || n <= 0 {
-			return cfg, rf, fmt.Errorf("-pid %q: want a process id", p)
+			return cfg, rf, fmt.Errorf("--pid %q: want a process id", p)
 		}
 		cfg.Standalone.PIDs = append(cfg.Standalone.PIDs, n)
 	}
@@ -275,7 +320,7 @@ func run(args []string) error {
 		defer src.Shutdown(5 * time.Second)
 		sources = append(sources, src)
 	} else if len(cfg.Standalone.Containers)+len(cfg.Standalone.PIDs)+len(cfg.Standalone.ServeUnder) == 0 {
-		log.Warn("nothing to serve: give -container, -pid or -serve-under (or standalone: in the config file), or -kubernetes")
+		log.Warn("nothing to serve: give --container, --pid or --serve-under (or standalone: in the config file), or --kubernetes")
 	}
 	return a.Run(ctx, sources, rf.cleanupOnExit)
 }
@@ -317,14 +362,14 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*k8sd
 func cleanup(args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
 	under := fs.String("under", "/", "remove slots below this cgroup path")
-	wait := fs.Duration("wait", 0, "keep retrying busy slots (and, with -tree, busy cgroups) for this long")
-	tree := fs.Bool("tree", false, "then remove the cgroup at -under and every cgroup below it, moving what still runs there to the root")
-	kill := fs.Bool("kill", false, "with -tree: kill the processes still in the tree instead of moving them")
+	wait := fs.Duration("wait", 0, "keep retrying busy slots (and, with --tree, busy cgroups) for this long")
+	tree := fs.Bool("tree", false, "then remove the cgroup at --under and every cgroup below it, moving what still runs there to the root")
+	kill := fs.Bool("kill", false, "with --tree: kill the processes still in the tree instead of moving them")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *tree && path.Clean("/"+*under) == "/" {
-		return errors.New("cleanup -tree: -under must name a cgroup below the root")
+		return errors.New("cleanup --tree: --under must name a cgroup below the root")
 	}
 	h, err := cgroup.Detect()
 	if err != nil {

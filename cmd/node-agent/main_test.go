@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
+	flag "github.com/spf13/pflag"
 	"log/slog"
 	"strings"
 	"testing"
@@ -93,5 +93,64 @@ func TestHelp(t *testing.T) {
 	buf.Reset()
 	if _, _, err := parseRun([]string{"-h"}); !errors.Is(err, flag.ErrHelp) || !strings.Contains(buf.String(), "-socket") {
 		t.Errorf("run -h: %v, printed %q", err, buf.String())
+	}
+}
+
+// TestFlagForms: the double-dash form is the flags' own; the single-dash
+// long form of the stdlib flag package still works for one release, with
+// one deprecation line naming the flags to rewrite, and no line for the new
+// form. A value that starts with a dash stays a value.
+func TestFlagForms(t *testing.T) {
+	var warn bytes.Buffer
+	old := stderr
+	stderr = &warn
+	t.Cleanup(func() { stderr = old })
+	for _, c := range []struct {
+		args       []string
+		deprecated string // the names the warning lists; "" for no warning
+	}{
+		{[]string{"--socket=/s", "--max-containers", "7", "--cleanup-on-exit", "--kubernetes", "--container", "/a", "--container=/b", "--log-level", "debug"}, ""},
+		{[]string{"-socket=/s", "-max-containers", "7", "-cleanup-on-exit", "-kubernetes", "-container", "/a", "--container=/b", "-log-level", "debug"},
+			"cleanup-on-exit,container,kubernetes,log-level,max-containers,socket"},
+	} {
+		warn.Reset()
+		cfg, rf, err := parseRun(c.args)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if cfg.Socket != "/s" || cfg.MaxContainers != 7 || !rf.cleanupOnExit || !rf.k8s || cfg.LogLevel != "debug" ||
+			strings.Join(cfg.Standalone.Containers, ",") != "/a,/b" {
+			t.Errorf("%v: %+v %+v", c.args, cfg, rf)
+		}
+		if c.deprecated == "" {
+			if warn.Len() != 0 {
+				t.Errorf("%v: warned %q", c.args, warn.String())
+			}
+			continue
+		}
+		lines := jsonLines(t, warn.String())
+		if len(lines) != 1 || lines[0]["level"] != "WARN" || lines[0]["flags"] != c.deprecated || !strings.Contains(lines[0]["msg"].(string), "--") {
+			t.Errorf("%v: warned %q, want one line naming %s", c.args, warn.String(), c.deprecated)
+		}
+	}
+	// A value that begins with a dash is the flag's value, not a flag.
+	warn.Reset()
+	if cfg, _, err := parseRun([]string{"--container", "-kubernetes", "-container", "-socket"}); err != nil ||
+		strings.Join(cfg.Standalone.Containers, ",") != "-kubernetes,-socket" {
+		t.Errorf("dash values: %v %v", cfg.Standalone.Containers, err)
+	}
+	// Help in every form; an unknown flag in either form is an error naming it.
+	for _, h := range []string{"-h", "--help", "-help"} {
+		if _, _, err := parseRun([]string{h}); !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("%s: %v, want ErrHelp", h, err)
+		}
+	}
+	for _, a := range []string{"-no-such-flag", "--no-such-flag"} {
+		if _, _, err := parseRun([]string{a}); err == nil || !strings.Contains(err.Error(), "no-such-flag") {
+			t.Errorf("%s: %v", a, err)
+		}
+	}
+	if err := cleanup([]string{"-tree", "--under", "/"}); err == nil || !strings.Contains(err.Error(), "below the root") {
+		t.Errorf("cleanup -tree --under /: %v", err)
 	}
 }

@@ -21,7 +21,7 @@ type source struct {
 
 var sources = []source{
 	{"flag", func(t *testing.T, k settings.Key, v string) error {
-		_, _, err := parseRun([]string{"-" + k.Flag + "=" + v})
+		_, _, err := parseRun([]string{"--" + k.Flag + "=" + v})
 		return err
 	}},
 	{"file", func(t *testing.T, k settings.Key, v string) error {
@@ -113,7 +113,7 @@ func TestGoodValuesSameFromEverySource(t *testing.T) {
 				t.Errorf("%s %s=%q: %v", src.name, key, v, err)
 			}
 		}
-		cfg, _, err := parseRun([]string{"-" + k.Flag + "=" + v})
+		cfg, _, err := parseRun([]string{"--" + k.Flag + "=" + v})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -48,7 +48,7 @@ func DocTable() string {
 		if meaning == "" {
 			meaning = k.Doc
 		}
-		cells := []string{"`" + k.Name + "`", "`-" + k.Flag + "`", ann, "`" + k.Name + "`",
+		cells := []string{"`" + k.Name + "`", "`--" + k.Flag + "`", ann, "`" + k.Name + "`",
 			k.defaultText(d), k.acceptsText(), meaning}
 		row := "| " + strings.Join(cells, " | ") + " |\n"
 		b.WriteString(strings.ReplaceAll(row, "|  |", "| |")) // an empty cell

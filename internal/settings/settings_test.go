@@ -104,7 +104,7 @@ func TestNamesUnique(t *testing.T) {
 		if k.Flag == "" {
 			t.Errorf("%s has no flag", k.Name)
 		}
-		names := []string{k.Name, "-" + k.Flag}
+		names := []string{k.Name, "--" + k.Flag}
 		if k.Annotation != "" {
 			names = append(names, "annotation "+k.Annotation)
 		}
@@ -145,7 +145,7 @@ func TestReadmeTable(t *testing.T) {
 		if k.Annotation != "" {
 			ann = "`cpuslot.dev/" + k.Annotation + "`"
 		}
-		if row[0] != "`-"+k.Flag+"`" || row[1] != ann || row[2] != "`"+k.Name+"`" {
+		if row[0] != "`--"+k.Flag+"`" || row[1] != ann || row[2] != "`"+k.Name+"`" {
 			t.Errorf("docs/settings.md: %s has flag %s, annotation %q, chart value %s; want -%s, %q, %s",
 				k.Name, row[0], row[1], row[2], k.Flag, ann, k.Name)
 		}
