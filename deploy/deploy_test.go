@@ -128,7 +128,8 @@ func TestOpenWhiskRuntimes(t *testing.T) {
 			Image   struct {
 				Prefix, Name, Tag string
 			} `json:"image"`
-			Attached *struct {
+			Deprecated bool `json:"deprecated"`
+			Attached   *struct {
 				AttachmentName, AttachmentType string
 			} `json:"attached"`
 			RequireMain bool `json:"requireMain"`
@@ -140,6 +141,7 @@ func TestOpenWhiskRuntimes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ours := map[string]bool{}
+	deprecated := map[string]bool{}
 	for family, kinds := range m.Runtimes {
 		defaults := 0
 		for _, k := range kinds {
@@ -149,9 +151,17 @@ func TestOpenWhiskRuntimes(t *testing.T) {
 			if k.Default {
 				defaults++
 			}
+			if k.Deprecated {
+				deprecated[k.Kind] = true
+			}
+			// Pinned: a release's tag, never a moving one (OpenWhisk names
+			// images by tag only).
+			if k.Image.Tag == "" || k.Image.Tag == "latest" || k.Image.Tag == "nightly" || k.Image.Tag == "dev" {
+				t.Errorf("%s: image %+v not pinned to a release", k.Kind, k.Image)
+			}
 			if strings.HasSuffix(k.Kind, ":cpuslot") {
 				ours[k.Kind] = true
-				if k.Image.Prefix != "cpuslot" || k.Image.Name != "runtime" || k.Attached == nil {
+				if k.Image.Prefix != "cpuslot" || k.Image.Name != "runtime-jvm" || k.Attached == nil {
 					t.Errorf("%s: image %+v attached %+v", k.Kind, k.Image, k.Attached)
 				}
 			}
@@ -160,9 +170,25 @@ func TestOpenWhiskRuntimes(t *testing.T) {
 			t.Errorf("family %s has %d default kinds, want 1", family, defaults)
 		}
 	}
-	for _, k := range []string{"java:cpuslot", "nodejs:cpuslot", "python:cpuslot"} {
+	// GraalJS is not Node.js (no require, fs or npm): its kind has a family
+	// of its own; the old nodejs:cpuslot stays, deprecated, so that actions
+	// created with it still run (OpenWhisk refuses new ones) for one release.
+	for _, k := range []string{"java:cpuslot", "javascript:cpuslot", "python:cpuslot", "nodejs:cpuslot"} {
 		if !ours[k] {
 			t.Errorf("no kind %s", k)
+		}
+	}
+	if !deprecated["nodejs:cpuslot"] || deprecated["javascript:cpuslot"] || len(m.Runtimes["javascript"]) != 1 || !m.Runtimes["javascript"][0].Default {
+		t.Errorf("want javascript:cpuslot the javascript family's one kind and nodejs:cpuslot deprecated: %+v", m.Runtimes["javascript"])
+	}
+	// The stock kinds are those of OpenWhisk's own manifest today.
+	for _, k := range []string{"nodejs:20", "nodejs:18", "python:3.11", "python:3.10"} {
+		found := false
+		for _, kk := range m.Runtimes[k[:strings.Index(k, ":")]] {
+			found = found || kk.Kind == k
+		}
+		if !found {
+			t.Errorf("no stock kind %s", k)
 		}
 	}
 	if j := m.Runtimes["java"]; len(j) == 0 || !j[0].RequireMain || j[0].Attached.AttachmentName != "jarfile" {

@@ -105,7 +105,7 @@ func owActionPod(dir string) (*corev1.Pod, error) {
 	}
 	c.Resources = corev1.ResourceRequirements{Limits: res, Requests: res.DeepCopy()}
 	c.Name = "user-action"
-	c.Image = "cpuslot/runtime:jvm"
+	c.Image = "cpuslot/runtime-jvm:0.1.0"
 	c.Env = []corev1.EnvVar{{Name: "__OW_API_HOST", Value: "http://owdev-nginx.openwhisk.svc.cluster.local:80"}}
 	for i := 0; i < 10; i++ {
 		v, ok := env["CONFIG_whisk_containerFactory_containerArgs_extraEnvVars_"+string(rune('0'+i))]
