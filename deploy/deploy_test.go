@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -460,10 +461,28 @@ func TestKnative(t *testing.T) {
 			if cc := s.Spec.Template.Spec.ContainerConcurrency; cc > 0 && int64(cc)*int64(milli) > limit {
 				t.Errorf("containerConcurrency %d x %dm exceeds the budget (CPU limit %dm)", cc, milli, limit)
 			}
-			if v, ok := pod.Annotations["cpuslot.dev/prewarm"]; ok {
-				if _, err := pool.ParsePrewarm(v); err != nil {
-					t.Errorf("cpuslot.dev/prewarm: %v", err)
+			// One slot per concurrent request, and the autoscaler's target in
+			// step: requests per pod (concurrency, not rps: a slot bounds
+			// concurrency) up to containerConcurrency, scaling out at 70%.
+			cc := s.Spec.Template.Spec.ContainerConcurrency
+			prewarm, err := pool.ParsePrewarm(pod.Annotations["cpuslot.dev/prewarm"])
+			if err != nil {
+				t.Errorf("cpuslot.dev/prewarm: %v", err)
+			}
+			if cc < 1 || len(prewarm) != 1 || prewarm[milli] != cc {
+				t.Errorf("cpuslot.dev/prewarm %q: want %d slots of the quota %dm, one per containerConcurrency", pod.Annotations["cpuslot.dev/prewarm"], cc, milli)
+			}
+			for k, want := range map[string]string{
+				"autoscaling.knative.dev/metric": "concurrency", "autoscaling.knative.dev/target": strconv.Itoa(cc),
+				"autoscaling.knative.dev/target-utilization-percentage": "70",
+			} {
+				if got := pod.Annotations[k]; got != want {
+					t.Errorf("%s = %q, want %q", k, got, want)
 				}
+			}
+			// What a user copies names a release, never the moving :dev.
+			if img := c.Image; !strings.HasPrefix(img, "docker.io/cpuslot/runtime-jvm:") || strings.HasSuffix(img, ":dev") || strings.HasSuffix(img, ":latest") {
+				t.Errorf("image %s: want docker.io/cpuslot/runtime-jvm at a release", img)
 			}
 			for _, v := range pod.Spec.Volumes {
 				if v.HostPath != nil {

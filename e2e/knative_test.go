@@ -148,7 +148,8 @@ func slotOf(r invokeResult) string {
 	return "none (" + r.headers.Get("X-Cpuslot-Noslot") + ")"
 }
 
-// knService is deploy/knative/service.yaml with edit applied (nil: as is).
+// knService is deploy/knative/service.yaml on the e2e's runtime image, named
+// name ("": the recipe's) with edit applied (nil: as is).
 func knService(t *testing.T, name string, edit func(tmplAnn map[string]any, ctr map[string]any, spec map[string]any)) string {
 	t.Helper()
 	repo, err := cluster.FindRepo(".")
@@ -159,18 +160,20 @@ func knService(t *testing.T, name string, edit func(tmplAnn map[string]any, ctr 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if edit == nil && name == "" {
-		return string(b)
-	}
 	var svc map[string]any
 	if err := yaml.Unmarshal(b, &svc); err != nil {
 		t.Fatal(err)
 	}
-	svc["metadata"].(map[string]any)["name"] = name
+	if name != "" {
+		svc["metadata"].(map[string]any)["name"] = name
+	}
 	tmpl := svc["spec"].(map[string]any)["template"].(map[string]any)
 	ann := tmpl["metadata"].(map[string]any)["annotations"].(map[string]any)
 	spec := tmpl["spec"].(map[string]any)
 	ctr := spec["containers"].([]any)[0].(map[string]any)
+	// The recipe pins a release's image; the cluster has the one make
+	// images built, under the e2e's name.
+	ctr["image"] = runtimeImage
 	if edit != nil {
 		edit(ann, ctr, spec)
 	}
