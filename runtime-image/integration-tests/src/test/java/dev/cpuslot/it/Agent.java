@@ -23,7 +23,7 @@ final class Agent {
     final int httpPort;
     private Process process;
     private int starts;
-    /** More flags for node-agent run (settings, e.g. -lend-ratio 0.5). */
+    /** More flags for node-agent run (settings, e.g. --lend-ratio 0.5). */
     final List<String> extraArgs = new ArrayList<>();
 
     Agent(Path bin, Path socket, String serveUnder, String prewarm, int httpPort, Path log) {
@@ -59,11 +59,11 @@ final class Agent {
 
     /** Starts the agent and waits until /readyz answers 200. */
     void start() throws Exception {
-        List<String> cmd = new ArrayList<>(List.of(bin.toString(), "run", "-socket", socket.toString(),
-                "-serve-under", serveUnder, "-http", "127.0.0.1:" + httpPort, "-prewarm", prewarm, "-log-level", "info",
+        List<String> cmd = new ArrayList<>(List.of(bin.toString(), "run", "--socket", socket.toString(),
+                "--serve-under", serveUnder, "--http", "127.0.0.1:" + httpPort, "--prewarm", prewarm, "--log-level", "info",
                 // The runtimes here run in the host's PID namespace; a pod runs in its own, and the agent passes
                 // placement fds to it by default. This makes the agent treat these runtimes as it treats pods.
-                "-host-namespace-fds"));
+                "--host-namespace-fds"));
         cmd.addAll(extraArgs);
         starts++;
         Files.writeString(log, "---- start " + starts + ": " + String.join(" ", cmd) + "\n",
@@ -102,10 +102,10 @@ final class Agent {
      * cgroup below it (bottom up, in every root of the cpu hierarchy, retrying while busy).
      */
     static String cleanup(Path bin, String under) throws IOException, InterruptedException {
-        Process p = new ProcessBuilder(bin.toString(), "cleanup", "-under", under, "-tree", "-wait", "10s").redirectErrorStream(true).start();
+        Process p = new ProcessBuilder(bin.toString(), "cleanup", "--under", under, "--tree", "--wait", "10s").redirectErrorStream(true).start();
         String out = new String(p.getInputStream().readAllBytes());
         p.waitFor(30, TimeUnit.SECONDS);
-        if (p.exitValue() != 0) throw new IOException("node-agent cleanup -under " + under + " -tree: " + out);
+        if (p.exitValue() != 0) throw new IOException("node-agent cleanup --under " + under + " --tree: " + out);
         return out.trim();
     }
 

@@ -56,7 +56,7 @@ class LendingWithAgentIT {
         sockDir = Files.createTempDirectory("cpuslot-lend");
         agent = new Agent(agentBin, sockDir.resolve("agent.sock"), parent, "200m=1,500m=2", RuntimeProc.freePort(),
                 work.resolve("agent.log"));
-        agent.extraArgs.addAll(List.of("-lend-ratio", "0.5"));
+        agent.extraArgs.addAll(List.of("--lend-ratio", "0.5"));
         agent.start();
     }
 
