@@ -79,7 +79,7 @@ if [ ! -f "$stamp" ]; then
 		[ -x "$bin/$c" ] || { log "$bin/$c missing after the build"; exit 1; }
 		"$ocitar" -o "$images/$c.tar.tmp" -name "$prefix/knative-$c:$version" \
 			-user 65532:65532 -env KO_DATA_PATH=/var/run/ko \
-			-entrypoint "/ko-app/$c" -add "$bin/$c:/ko-app/$c"
+			-entrypoint "/ko-app/$c" -add "$bin/$c:/ko-app/$c" >&2
 		mv "$images/$c.tar.tmp" "$images/$c.tar"
 	done
 	rm -f "$ocitar"
