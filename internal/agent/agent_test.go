@@ -73,8 +73,8 @@ func TestAffinityThroughSocket(t *testing.T) {
 	body := agenttest.Scrape(t, a)
 	for _, want := range []string{
 		`cpuslot_acquisitions_total{outcome="affinity_hit"} 199`,
-		`cpuslot_lease_releases_total{action="guest/hello",container="` + e.Rel + `",outcome="ok"} 200`,
-		`cpuslot_slots{container="` + e.Rel + `",quota="250m",state="free"} 2`,
+		`cpuslot_lease_releases_total{action="guest/hello",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="ok",pod=""} 200`,
+		`cpuslot_slots{container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",pod="",quota="250m",state="free"} 2`,
 		`cpuslot_acquire_duration_seconds_count{mode="affinity"} 200`,
 		`cpuslot_agent_info{favordynmods=`,
 	} {
@@ -148,7 +148,7 @@ func TestLinger(t *testing.T) {
 		t.Fatal(err)
 	}
 	agenttest.WaitFor(t, "lingering lease expired", func() bool { return a.Summaries()[0].Leases == 0 })
-	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",container="`+e.Rel+`",outcome="ok"} 1`) {
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="ok",pod=""} 1`) {
 		t.Errorf("lease of guest/a:\n%s", agenttest.Grep(body, "lease_releases_total"))
 	}
 }
