@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"errors"
 	"net/http/httptest"
 	"os"
@@ -20,6 +21,8 @@ import (
 	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/health"
 	"github.com/cpuslot/cpuslot/test/vm"
 )
 
@@ -479,4 +482,38 @@ func TestHealthzFailsWhenMaintenanceStalls(t *testing.T) {
 	stalled.Store(false)
 	free()
 	agenttest.WaitFor(t, "/healthz ok once the round ends", func() bool { code, _ := healthz(); return code == 200 })
+}
+
+// stallingSource is a source with a loop of its own (as the Kubernetes
+// source's pod worker) that a test holds up.
+type stallingSource struct{ loop *health.Loop }
+
+func (stallingSource) Run(context.Context, discover.Sink) error { return nil }
+func (s stallingSource) Stalled(now time.Time, limit time.Duration) error {
+	return s.loop.Stalled(now, limit)
+}
+
+// TestHealthzNamesEveryStalledLoop: /healthz reflects the agent's other
+// loops too, not only its maintenance loop: a source's loop held up makes
+// it answer 503 naming that loop, and ok once it goes on.
+func TestHealthzNamesEveryStalledLoop(t *testing.T) {
+	restore := agent.SetMaintainHook(nil, 0)
+	defer restore()
+	src := stallingSource{&health.Loop{Name: "pod informer worker"}}
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.ReapInterval = agent.Duration{Duration: 20 * time.Millisecond} })
+	e.Sources = []discover.Source{src}
+	a := e.Start()
+	healthz := func() (int, string) {
+		rec := httptest.NewRecorder()
+		a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	agenttest.WaitFor(t, "/healthz ok", func() bool { code, _ := healthz(); return code == 200 })
+	src.loop.Begin()
+	agenttest.WaitFor(t, "/healthz 503 while the source's loop is held up", func() bool { code, _ := healthz(); return code == 503 })
+	if _, body := healthz(); !strings.Contains(body, "pod informer worker stalled") {
+		t.Errorf("/healthz says %q, want the stalled loop named", body)
+	}
+	src.loop.End()
+	agenttest.WaitFor(t, "/healthz ok once it goes on", func() bool { code, _ := healthz(); return code == 200 })
 }
