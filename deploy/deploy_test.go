@@ -510,7 +510,8 @@ func TestPrometheus(t *testing.T) {
 	for _, f := range []string{"prometheus/prometheus.yml", "prometheus/prometheus-file-sd.yml"} {
 		var cfg struct {
 			ScrapeConfigs []struct {
-				JobName string `json:"job_name"`
+				JobName     string `json:"job_name"`
+				HonorLabels bool   `json:"honor_labels"`
 			} `json:"scrape_configs"`
 		}
 		b, err := os.ReadFile(f)
@@ -523,6 +524,11 @@ func TestPrometheus(t *testing.T) {
 		var jobs []string
 		for _, s := range cfg.ScrapeConfigs {
 			jobs = append(jobs, s.JobName)
+			// The agents' per-container series carry namespace, pod and
+			// container of their own, which must win over the targets'.
+			if s.JobName == values.Metrics.Job && !s.HonorLabels {
+				t.Errorf("%s: job %s does not honor the series' labels", f, s.JobName)
+			}
 		}
 		if want := []string{values.Metrics.Job, values.RuntimeMetrics.Job}; !reflect.DeepEqual(jobs, want) {
 			t.Errorf("%s: jobs %v, want the chart's %v", f, jobs, want)

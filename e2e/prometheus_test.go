@@ -135,11 +135,16 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	t0 := time.Now()
 	p.waitSeries(ctx, t, `up{job="cpuslot-node-agent"} == 1`, 60*time.Second)
 	t.Logf("Prometheus scrapes the agent %v after the pod was served", time.Since(t0).Round(time.Millisecond))
-	p.waitSeries(ctx, t, `cpuslot_slots{job="cpuslot-node-agent", container="`+appNS+`/fn/fn"}`, 30*time.Second)
+	// A served container's series carry its namespace, pod and container
+	// name apart (the scrape honors them over the agent pod's own), as
+	// cAdvisor's do; the combined name stays as cpuslot_container for one
+	// release.
+	fn := `namespace="` + appNS + `", pod="fn", container="fn"`
+	p.waitSeries(ctx, t, `cpuslot_slots{job="cpuslot-node-agent", `+fn+`, cpuslot_container="`+appNS+`/fn/fn"}`, 30*time.Second)
 	p.waitSeries(ctx, t, `cpuslot_agent_info{job="cpuslot-node-agent", node="`+c.NodeName()+`"}`, 30*time.Second)
 	p.waitSeries(ctx, t, `cpuslot_build_info{job="cpuslot-node-agent", node="`+c.NodeName()+`", version!=""}`, 30*time.Second)
 	// Base units: a served container's budget in CPUs is its millicores / 1000.
-	p.waitSeries(ctx, t, `abs(cpuslot_budget_cores{job="cpuslot-node-agent", container="`+appNS+`/fn/fn"} * 1000 - on(container) cpuslot_budget_millicores{job="cpuslot-node-agent", container="`+appNS+`/fn/fn"}) < 0.001`, 30*time.Second)
+	p.waitSeries(ctx, t, `abs(cpuslot_budget_cores{job="cpuslot-node-agent", `+fn+`} * 1000 - on(namespace, pod, container) cpuslot_budget_millicores{job="cpuslot-node-agent", `+fn+`}) < 0.001`, 30*time.Second)
 	// The pod invokes through its slots: its client leases them locally
 	// (the agent sees a HOLD acquisition per miss only) and reports its
 	// invocations in USAGE, which the agent counts as released leases.

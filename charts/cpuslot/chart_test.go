@@ -340,6 +340,11 @@ func TestAllOn(t *testing.T) {
 		str(sm, "spec", "endpoints", "0", "relabelings", "0", "replacement") != "cpuslot-node-agent" {
 		t.Errorf("ServiceMonitor %v", sm)
 	}
+	// The agents' per-container series carry namespace, pod and container
+	// of their own, which must win over the target's.
+	if get(sm, "spec", "endpoints", "0", "honorLabels") != true {
+		t.Errorf("ServiceMonitor does not honor the series' labels: %v", get(sm, "spec", "endpoints", "0"))
+	}
 	rule := one(t, objs, "PrometheusRule")
 	alerts := map[string]bool{}
 	operating, err := os.ReadFile(filepath.Join(repoRoot, "docs/operating.md"))

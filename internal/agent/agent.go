@@ -27,6 +27,7 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/health"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/internal/server"
@@ -61,9 +62,11 @@ type Agent struct {
 	// reporters are the sources that tell a container's owner (Events).
 	reporters []discover.Reporter
 	ready     atomic.Bool
-	// maintained is when the maintenance loop last went round (Unix ns; 0:
-	// not running): /healthz fails when it stalls.
-	maintained atomic.Int64
+	// maintenance is the loop of Run (maintenance rounds and the scan of
+	// leased slots); checkers are the server's accept loops and the
+	// sources' loops: /healthz fails when one stalls.
+	maintenance health.Loop
+	checkers    []health.Checker
 }
 
 // ErrTooManyContainers means the agent serves its maximum of containers
@@ -124,6 +127,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, poolCfg: pc, hierarchy: h, registry: reg, metrics: m, log: log,
 		containers: map[string]*served{}, preparing: map[string]*preparation{}}
+	a.maintenance.Name = "maintenance loop"
 	metrics.RegisterPools(reg, cfg.MaxContainers, a.poolGauges)
 	a.server = server.New(a, h, m, log)
 	a.server.SetLimits(cfg.ServerLimits())
@@ -142,9 +146,13 @@ func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool) error {
 	a.raiseFileLimit()
 	// Before anything is served: a slot emptied on any path reports.
+	a.checkers = []health.Checker{a.server}
 	for _, s := range sources {
 		if r, ok := s.(discover.Reporter); ok {
 			a.reporters = append(a.reporters, r)
+		}
+		if c, ok := s.(health.Checker); ok {
+			a.checkers = append(a.checkers, c)
 		}
 	}
 	var ln *server.Listener
@@ -180,7 +188,6 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 
 	tick := time.NewTicker(a.cfg.ReapInterval.Duration)
 	defer tick.Stop()
-	a.maintained.Store(time.Now().UnixNano())
 	leased := time.NewTicker(leasedScanInterval)
 	defer leased.Stop()
 loop:
@@ -189,13 +196,15 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case now := <-tick.C:
+			a.maintenance.Begin()
 			a.Maintain(now)
-			a.maintained.Store(time.Now().UnixNano())
+			a.maintenance.End()
 		case <-leased.C:
+			a.maintenance.Begin()
 			a.evictForeign(true)
+			a.maintenance.End()
 		}
 	}
-	a.maintained.Store(0)
 	a.ready.Store(false)
 	if ln != nil {
 		ln.Close()
@@ -303,23 +312,23 @@ var prepareHook func(cgroupPath string)
 // round.
 var maintainHook func()
 
-// minStall is the least time without a maintenance round that /healthz
-// calls a stall (a variable for tests); the bound is 5 rounds otherwise.
+// minStall is the least time a loop's work in hand may take before
+// /healthz calls it a stall (a variable for tests); the bound is 5
+// maintenance rounds otherwise.
 var minStall = time.Minute
 
-// healthy reports a stalled maintenance loop (a round that does not end:
-// a cgroup write that hangs, a lock never given back): once the loop has
-// started, a round must end within max(5 x reapInterval, minStall).
+// healthy reports a stalled loop: a maintenance round that does not end (a
+// cgroup write that hangs, a lock never given back), an accept loop held
+// up with a connection in hand, a source's worker that does not finish
+// serving a pod. Each must end its work in hand within
+// max(5 x reapInterval, minStall); waiting for work is no stall.
 func (a *Agent) healthy(now time.Time) error {
-	last := a.maintained.Load()
-	if last == 0 {
-		return nil // not started yet (or stopping): /readyz says so
-	}
 	limit := max(5*a.cfg.ReapInterval.Duration, minStall)
-	if since := now.Sub(time.Unix(0, last)); since > limit {
-		return fmt.Errorf("maintenance loop stalled: no round ended for %v (limit %v)", since.Round(time.Millisecond), limit)
+	errs := []error{a.maintenance.Stalled(now, limit)}
+	for _, c := range a.checkers {
+		errs = append(errs, c.Stalled(now, limit))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // prepare makes a container's pool: adopt, pre-warm, listen.

@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"errors"
 	"net/http/httptest"
 	"os"
@@ -20,6 +21,8 @@ import (
 	"github.com/cpuslot/cpuslot/internal/agent/agenttest"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
+	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/health"
 	"github.com/cpuslot/cpuslot/test/vm"
 )
 
@@ -73,8 +76,8 @@ func TestAffinityThroughSocket(t *testing.T) {
 	body := agenttest.Scrape(t, a)
 	for _, want := range []string{
 		`cpuslot_acquisitions_total{outcome="affinity_hit"} 199`,
-		`cpuslot_lease_releases_total{action="guest/hello",container="` + e.Rel + `",outcome="ok"} 200`,
-		`cpuslot_slots{container="` + e.Rel + `",quota="250m",state="free"} 2`,
+		`cpuslot_lease_releases_total{action="guest/hello",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="ok",pod=""} 200`,
+		`cpuslot_slots{container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",pod="",quota="250m",state="free"} 2`,
 		`cpuslot_acquire_duration_seconds_count{mode="affinity"} 200`,
 		`cpuslot_agent_info{favordynmods=`,
 	} {
@@ -148,7 +151,7 @@ func TestLinger(t *testing.T) {
 		t.Fatal(err)
 	}
 	agenttest.WaitFor(t, "lingering lease expired", func() bool { return a.Summaries()[0].Leases == 0 })
-	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",container="`+e.Rel+`",outcome="ok"} 1`) {
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="guest/a",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="ok",pod=""} 1`) {
 		t.Errorf("lease of guest/a:\n%s", agenttest.Grep(body, "lease_releases_total"))
 	}
 }
@@ -479,4 +482,38 @@ func TestHealthzFailsWhenMaintenanceStalls(t *testing.T) {
 	stalled.Store(false)
 	free()
 	agenttest.WaitFor(t, "/healthz ok once the round ends", func() bool { code, _ := healthz(); return code == 200 })
+}
+
+// stallingSource is a source with a loop of its own (as the Kubernetes
+// source's pod worker) that a test holds up.
+type stallingSource struct{ loop *health.Loop }
+
+func (stallingSource) Run(context.Context, discover.Sink) error { return nil }
+func (s stallingSource) Stalled(now time.Time, limit time.Duration) error {
+	return s.loop.Stalled(now, limit)
+}
+
+// TestHealthzNamesEveryStalledLoop: /healthz reflects the agent's other
+// loops too, not only its maintenance loop: a source's loop held up makes
+// it answer 503 naming that loop, and ok once it goes on.
+func TestHealthzNamesEveryStalledLoop(t *testing.T) {
+	restore := agent.SetMaintainHook(nil, 0)
+	defer restore()
+	src := stallingSource{&health.Loop{Name: "pod informer worker"}}
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.ReapInterval = agent.Duration{Duration: 20 * time.Millisecond} })
+	e.Sources = []discover.Source{src}
+	a := e.Start()
+	healthz := func() (int, string) {
+		rec := httptest.NewRecorder()
+		a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	agenttest.WaitFor(t, "/healthz ok", func() bool { code, _ := healthz(); return code == 200 })
+	src.loop.Begin()
+	agenttest.WaitFor(t, "/healthz 503 while the source's loop is held up", func() bool { code, _ := healthz(); return code == 503 })
+	if _, body := healthz(); !strings.Contains(body, "pod informer worker stalled") {
+		t.Errorf("/healthz says %q, want the stalled loop named", body)
+	}
+	src.loop.End()
+	agenttest.WaitFor(t, "/healthz ok once it goes on", func() bool { code, _ := healthz(); return code == 200 })
 }

@@ -101,7 +101,7 @@ func TestLocalClient(t *testing.T) {
 	}
 	c.Close()
 	agenttest.WaitFor(t, "USAGE of 100 invocations and both holds released", func() bool {
-		return strings.Contains(agenttest.Scrape(t, a), `cpuslot_lease_releases_total{action="guest/local",container="`+e.Rel+`",outcome="ok"} 100`) &&
+		return strings.Contains(agenttest.Scrape(t, a), `cpuslot_lease_releases_total{action="guest/local",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="ok",pod=""} 100`) &&
 			a.Summaries()[0].Leases == 0
 	})
 }

@@ -42,6 +42,33 @@ func Label(v string) string {
 	return v
 }
 
+// LegacyContainerLabel holds a container's whole name, as the container
+// label did before it was split (deprecated: removed in the next release).
+const LegacyContainerLabel = "cpuslot_container"
+
+// containerLabels are the first labels of every per-container series.
+var containerLabels = []string{"namespace", "pod", "container", LegacyContainerLabel}
+
+// withContainer is containerLabels followed by more.
+func withContainer(more ...string) []string {
+	return append(append([]string(nil), containerLabels...), more...)
+}
+
+// containerValues are the values of containerLabels for a container's
+// name: in Kubernetes namespace/pod/container, each apart (as cAdvisor and
+// kube-state-metrics label them, so the series join); standalone a cgroup
+// path (always absolute), which is the container label, with no namespace
+// or pod. Each part is a Label of its own (a pod's names are hostile).
+func containerValues(name string) []string {
+	ns, pod, c := "", "", name
+	if !strings.HasPrefix(name, "/") {
+		if p := strings.Split(name, "/"); len(p) == 3 {
+			ns, pod, c = p[0], p[1], p[2]
+		}
+	}
+	return []string{Label(ns), Label(pod), Label(c), Label(name)}
+}
+
 // ConstGauge is prometheus.MustNewConstMetric for a gauge whose label
 // values come from outside the agent: they go through Label.
 func ConstGauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metric {
@@ -103,13 +130,13 @@ func New(reg prometheus.Registerer) *Metrics {
 			[]string{"result"}),
 		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_lease_releases_total", Help: "Released leases by container, action and outcome (" + join(outcome.Endings) + "); action " + outcome.HoldAction + ": HOLD leases (local leasing), whose invocations the runtime reports under their own actions."},
-			[]string{"container", "action", "outcome"}),
+			withContainer("action", "outcome")),
 		cpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_invocation_cpu_seconds_total", Help: "CPU time used in slots while leased, by container and action; " + outcome.HoldAction + ": the slots of HOLD leases over the whole hold, measured by the agent (the other actions of local leasing are the runtime's reports)."},
-			[]string{"container", "action"}),
+			withContainer("action")),
 		throttledSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_invocation_throttled_seconds_total", Help: "Time slots were throttled while leased, by container and action."},
-			[]string{"container", "action"}),
+			withContainer("action")),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cpuslot_errors_total", Help: "Errors by reason: " + join(ErrorReasons) + "."},
 			[]string{"reason"}),
@@ -201,9 +228,9 @@ func (m *Metrics) Released(container, action string, how outcome.Ending, cpu, th
 		return
 	}
 	c, a := m.action(container, action)
-	m.invocations.WithLabelValues(c, a, string(how)).Inc()
-	m.cpuSeconds.WithLabelValues(c, a).Add(cpu.Seconds())
-	m.throttledSeconds.WithLabelValues(c, a).Add(throttled.Seconds())
+	m.invocations.WithLabelValues(append(c, a, string(how))...).Inc()
+	m.cpuSeconds.WithLabelValues(append(c, a)...).Add(cpu.Seconds())
+	m.throttledSeconds.WithLabelValues(append(c, a)...).Add(throttled.Seconds())
 }
 
 // Reported accounts invocations a client reports (USAGE): n released
@@ -216,38 +243,40 @@ func (m *Metrics) Reported(container, action string, how outcome.Ending, n, cpuN
 		return
 	}
 	c, a := m.action(container, action)
-	m.invocations.WithLabelValues(c, a, string(how)).Add(float64(n))
-	m.cpuSeconds.WithLabelValues(c, a).Add(float64(cpuNanos) / 1e9)
-	m.throttledSeconds.WithLabelValues(c, a).Add(float64(throttledNanos) / 1e9)
+	m.invocations.WithLabelValues(append(c, a, string(how))...).Add(float64(n))
+	m.cpuSeconds.WithLabelValues(append(c, a)...).Add(float64(cpuNanos) / 1e9)
+	m.throttledSeconds.WithLabelValues(append(c, a)...).Add(float64(throttledNanos) / 1e9)
 }
 
-// action returns the container and action labels of a count, the action
-// "_other" once the node-wide bound is reached.
-func (m *Metrics) action(container, a string) (string, string) {
-	container = Label(container)
+// action returns the container's label values (a slice with room for two
+// more) and the action label of a count, the action "_other" once the
+// node-wide bound is reached.
+func (m *Metrics) action(container, a string) ([]string, string) {
+	c := append(make([]string, 0, len(containerLabels)+2), containerValues(container)...)
+	key := c[len(c)-1] // the whole name
 	if a == "" {
-		return container, unnamed
+		return c, unnamed
 	}
 	if a == outcome.HoldAction {
-		return container, outcome.HoldAction
+		return c, outcome.HoldAction
 	}
 	a = Label(a)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	names := m.actions[container]
+	names := m.actions[key]
 	if names[a] {
-		return container, a
+		return c, a
 	}
 	if m.nActions >= m.maxActions {
-		return container, "_other"
+		return c, "_other"
 	}
 	if names == nil {
 		names = map[string]bool{}
-		m.actions[container] = names
+		m.actions[key] = names
 	}
 	names[a] = true
 	m.nActions++
-	return container, a
+	return c, a
 }
 
 // ForgetContainer deletes a container's per-action series, when its pool
@@ -256,12 +285,16 @@ func (m *Metrics) ForgetContainer(container string) {
 	if m == nil {
 		return
 	}
-	container = Label(container)
+	v := containerValues(container)
+	key := v[len(v)-1]
 	m.mu.Lock()
-	m.nActions -= len(m.actions[container])
-	delete(m.actions, container)
+	m.nActions -= len(m.actions[key])
+	delete(m.actions, key)
 	m.mu.Unlock()
-	l := prometheus.Labels{"container": container}
+	l := prometheus.Labels{}
+	for i, name := range containerLabels {
+		l[name] = v[i]
+	}
 	m.invocations.DeletePartialMatch(l)
 	m.cpuSeconds.DeletePartialMatch(l)
 	m.throttledSeconds.DeletePartialMatch(l)

@@ -25,29 +25,29 @@ type Quota struct {
 
 var (
 	slotsDesc = prometheus.NewDesc("cpuslot_slots", "Slots by container, quota and state (free, leased, busy).",
-		[]string{"container", "quota", "state"}, nil)
+		withContainer("quota", "state"), nil)
 	budgetDesc = prometheus.NewDesc("cpuslot_budget_cores", "Admission budget per container, in CPUs (0: unlimited).",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	usedDesc = prometheus.NewDesc("cpuslot_budget_used_cores", "CPU quota granted to leases now, per container, in CPUs.",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	// The same in millicores, kept for one release (deprecated).
 	budgetMilliDesc = prometheus.NewDesc("cpuslot_budget_millicores", "Deprecated: cpuslot_budget_cores x 1000; removed in the next release.",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	usedMilliDesc = prometheus.NewDesc("cpuslot_budget_used_millicores", "Deprecated: cpuslot_budget_used_cores x 1000; removed in the next release.",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	lentMilliDesc = prometheus.NewDesc("cpuslot_lent_millicores", "Deprecated: cpuslot_lent_cores x 1000; removed in the next release.",
-		[]string{"container"}, nil)
-	leasesDesc = prometheus.NewDesc("cpuslot_leases", "Leases held now, per container.", []string{"container"}, nil)
+		containerLabels, nil)
+	leasesDesc = prometheus.NewDesc("cpuslot_leases", "Leases held now, per container.", containerLabels, nil)
 	lentDesc   = prometheus.NewDesc("cpuslot_lent_cores", "Quota sleeping leases lend to admission now, per container, in CPUs (admission.lendRatio; not in cpuslot_budget_used_cores).",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	wakesDesc = prometheus.NewDesc("cpuslot_wakes_total", "Sleeping leases woken (WAKE), per container; a wake that puts the container over its budget degrades the youngest awake leases.",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	lendsDesc = prometheus.NewDesc("cpuslot_lends_total", "Sleeps (SLEEP) that lent quota to admission, per container.",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	giveBacksDesc = prometheus.NewDesc("cpuslot_givebacks_total", "Lent quotas that ended, by the sleeper's WAKE or release, per container; cpuslot_lends_total minus this is the leases lending now.",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	cutsDesc = prometheus.NewDesc("cpuslot_lend_cuts_total", "Awake leases lowered (degraded) to give a waking lease its quota back, per container.",
-		[]string{"container"}, nil)
+		containerLabels, nil)
 	poolsDesc = prometheus.NewDesc("cpuslot_containers", "Containers served.", nil, nil)
 	maxDesc   = prometheus.NewDesc("cpuslot_containers_max", "The most containers the agent serves (maxContainers); more are refused and counted as errors with reason "+string(ContainersExhausted)+".", nil, nil)
 )
@@ -76,22 +76,23 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- ConstGauge(poolsDesc, float64(len(pools)))
 	ch <- ConstGauge(maxDesc, float64(c.maxContainers))
 	for _, p := range pools {
+		c := containerValues(p.Container)
+		with := func(more ...string) []string { return append(append([]string(nil), c...), more...) }
 		for _, q := range p.Quotas {
-			ch <- ConstGauge(slotsDesc, float64(q.Free), p.Container, q.Quota, "free")
-			ch <- ConstGauge(slotsDesc, float64(q.Leased), p.Container, q.Quota, "leased")
-			ch <- ConstGauge(slotsDesc, float64(q.Slots-q.Free-q.Leased), p.Container, q.Quota, "busy")
+			ch <- ConstGauge(slotsDesc, float64(q.Free), with(q.Quota, "free")...)
+			ch <- ConstGauge(slotsDesc, float64(q.Leased), with(q.Quota, "leased")...)
+			ch <- ConstGauge(slotsDesc, float64(q.Slots-q.Free-q.Leased), with(q.Quota, "busy")...)
 		}
-		ch <- ConstGauge(budgetDesc, float64(p.BudgetMilli)/1000, p.Container)
-		ch <- ConstGauge(usedDesc, float64(p.UsedMilli)/1000, p.Container)
-		ch <- ConstGauge(leasesDesc, float64(p.Leases), p.Container)
-		ch <- ConstGauge(lentDesc, float64(p.LentMilli)/1000, p.Container)
-		ch <- ConstGauge(budgetMilliDesc, float64(p.BudgetMilli), p.Container)
-		ch <- ConstGauge(usedMilliDesc, float64(p.UsedMilli), p.Container)
-		ch <- ConstGauge(lentMilliDesc, float64(p.LentMilli), p.Container)
-		c := Label(p.Container)
-		ch <- prometheus.MustNewConstMetric(wakesDesc, prometheus.CounterValue, float64(p.Wakes), c)
-		ch <- prometheus.MustNewConstMetric(lendsDesc, prometheus.CounterValue, float64(p.Lends), c)
-		ch <- prometheus.MustNewConstMetric(giveBacksDesc, prometheus.CounterValue, float64(p.GiveBacks), c)
-		ch <- prometheus.MustNewConstMetric(cutsDesc, prometheus.CounterValue, float64(p.Cuts), c)
+		ch <- ConstGauge(budgetDesc, float64(p.BudgetMilli)/1000, with()...)
+		ch <- ConstGauge(usedDesc, float64(p.UsedMilli)/1000, with()...)
+		ch <- ConstGauge(leasesDesc, float64(p.Leases), with()...)
+		ch <- ConstGauge(lentDesc, float64(p.LentMilli)/1000, with()...)
+		ch <- ConstGauge(budgetMilliDesc, float64(p.BudgetMilli), with()...)
+		ch <- ConstGauge(usedMilliDesc, float64(p.UsedMilli), with()...)
+		ch <- ConstGauge(lentMilliDesc, float64(p.LentMilli), with()...)
+		ch <- prometheus.MustNewConstMetric(wakesDesc, prometheus.CounterValue, float64(p.Wakes), c...)
+		ch <- prometheus.MustNewConstMetric(lendsDesc, prometheus.CounterValue, float64(p.Lends), c...)
+		ch <- prometheus.MustNewConstMetric(giveBacksDesc, prometheus.CounterValue, float64(p.GiveBacks), c...)
+		ch <- prometheus.MustNewConstMetric(cutsDesc, prometheus.CounterValue, float64(p.Cuts), c...)
 	}
 }

@@ -35,22 +35,22 @@ func TestPoolGauges(t *testing.T) {
 		}
 	}
 	want := []string{
-		"cpuslot_budget_cores{container=ns/pod/c} 1",
-		"cpuslot_budget_millicores{container=ns/pod/c} 1000",
-		"cpuslot_budget_used_cores{container=ns/pod/c} 0.25",
-		"cpuslot_budget_used_millicores{container=ns/pod/c} 250",
+		"cpuslot_budget_cores{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 1",
+		"cpuslot_budget_millicores{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 1000",
+		"cpuslot_budget_used_cores{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 0.25",
+		"cpuslot_budget_used_millicores{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 250",
 		"cpuslot_containers{} 1",
 		"cpuslot_containers_max{} 7",
-		"cpuslot_givebacks_total{container=ns/pod/c} 4",
-		"cpuslot_leases{container=ns/pod/c} 1",
-		"cpuslot_lend_cuts_total{container=ns/pod/c} 2",
-		"cpuslot_lends_total{container=ns/pod/c} 5",
-		"cpuslot_lent_cores{container=ns/pod/c} 0.125",
-		"cpuslot_lent_millicores{container=ns/pod/c} 125",
-		"cpuslot_slots{container=ns/pod/c,quota=250m,state=busy} 1",
-		"cpuslot_slots{container=ns/pod/c,quota=250m,state=free} 2",
-		"cpuslot_slots{container=ns/pod/c,quota=250m,state=leased} 1",
-		"cpuslot_wakes_total{container=ns/pod/c} 3",
+		"cpuslot_givebacks_total{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 4",
+		"cpuslot_leases{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 1",
+		"cpuslot_lend_cuts_total{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 2",
+		"cpuslot_lends_total{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 5",
+		"cpuslot_lent_cores{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 0.125",
+		"cpuslot_lent_millicores{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 125",
+		"cpuslot_slots{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod,quota=250m,state=busy} 1",
+		"cpuslot_slots{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod,quota=250m,state=free} 2",
+		"cpuslot_slots{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod,quota=250m,state=leased} 1",
+		"cpuslot_wakes_total{container=c,cpuslot_container=ns/pod/c,namespace=ns,pod=pod} 3",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

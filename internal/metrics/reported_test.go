@@ -46,10 +46,10 @@ func TestReportedAnyValue(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	m.Reported("ns/pod/c", "a", outcome.EndOK, math.MaxUint32, math.MaxUint64, math.MaxUint64)
-	if got, want := counter(t, reg, "cpuslot_invocation_cpu_seconds_total", "container", "ns/pod/c", "action", "a"), float64(uint64(math.MaxUint64))/1e9; got != want {
+	if got, want := counter(t, reg, "cpuslot_invocation_cpu_seconds_total", "namespace", "ns", "pod", "pod", "container", "c", "action", "a"), float64(uint64(math.MaxUint64))/1e9; got != want {
 		t.Fatalf("cpu %v, want %v", got, want)
 	}
-	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "ns/pod/c", "action", "a", "outcome", "ok"); got != math.MaxUint32 {
+	if got := counter(t, reg, "cpuslot_lease_releases_total", "namespace", "ns", "pod", "pod", "container", "c", "action", "a", "outcome", "ok"); got != math.MaxUint32 {
 		t.Fatalf("invocations %v", got)
 	}
 }
@@ -101,5 +101,63 @@ func TestActionSeriesPerContainer(t *testing.T) {
 	m.Released("c", "act", outcome.EndOK, 0, 0) // a's name is free again
 	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "c", "action", "act", "outcome", "ok"); got != 1 {
 		t.Fatalf("c's act %v, want 1 once a's names were freed", got)
+	}
+}
+
+// labelsOf reads the labels of the first series of name in reg.
+func labelsOf(t *testing.T, reg *prometheus.Registry, name string) map[string]string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			have := map[string]string{}
+			for _, l := range mf.GetMetric()[0].GetLabel() {
+				if l.GetValue() != "" { // Prometheus stores an empty label as none
+					have[l.GetName()] = l.GetValue()
+				}
+			}
+			return have
+		}
+	}
+	t.Fatalf("%s not exported", name)
+	return nil
+}
+
+// TestContainerLabelsSplit: a served container's series carry namespace,
+// pod and container (its name) apart, as cAdvisor and kube-state-metrics
+// do, so they join; the combined name stays as cpuslot_container for one
+// release. A standalone container (a cgroup path) has no namespace or pod:
+// its container label is the path. Each part is a safe label on its own.
+func TestContainerLabelsSplit(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		namespace, pod, container string
+	}{
+		{"ns/pod-1/fn", "ns", "pod-1", "fn"},
+		{"/pods/x", "", "", "/pods/x"},
+		{"/a/b/c", "", "", "/a/b/c"},
+		{"ns/p\u202Eod/c\xff", "ns", "p?od", "c\uFFFD"},
+	} {
+		reg := prometheus.NewRegistry()
+		m := New(reg)
+		m.Released(tc.name, "act", outcome.EndOK, time.Millisecond, 0)
+		got := labelsOf(t, reg, "cpuslot_lease_releases_total")
+		want := map[string]string{"namespace": tc.namespace, "pod": tc.pod, "container": tc.container,
+			LegacyContainerLabel: Label(tc.name), "action": "act", "outcome": "ok"}
+		for k := range want {
+			if want[k] == "" {
+				delete(want, k) // an empty label is no label
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%q: labels %v, want %v", tc.name, got, want)
+		}
+		m.ForgetContainer(tc.name)
+		if got := counter(t, reg, "cpuslot_lease_releases_total"); got != -1 {
+			t.Errorf("%q: series outlived ForgetContainer", tc.name)
+		}
 	}
 }

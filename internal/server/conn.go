@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/health"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
 )
@@ -25,6 +26,15 @@ func (s *Server) Serve(ln *Listener) error { return s.ServeWith(ln, s.resolve) }
 // ServeWith accepts connections on ln, resolving peers with r (a socket of
 // one container accepts that container's processes only).
 func (s *Server) ServeWith(ln *Listener, r Resolver) error {
+	loop := &health.Loop{Name: "accept loop on " + ln.path}
+	s.loopsMu.Lock()
+	s.loops[loop] = struct{}{}
+	s.loopsMu.Unlock()
+	defer func() {
+		s.loopsMu.Lock()
+		delete(s.loops, loop)
+		s.loopsMu.Unlock()
+	}()
 	var backoff acceptBackoff
 	for {
 		c, err := ln.AcceptUnix()
@@ -43,10 +53,25 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 			continue
 		}
 		backoff.reset()
-		if !s.accepted(c, r) {
+		loop.Begin()
+		ok := s.accepted(c, r)
+		loop.End()
+		if !ok {
 			return nil
 		}
 	}
+}
+
+// Stalled names the accept loops held up with a connection in hand for
+// more than limit (health.Checker): no new connection is served there.
+func (s *Server) Stalled(now time.Time, limit time.Duration) error {
+	s.loopsMu.Lock()
+	defer s.loopsMu.Unlock()
+	var errs []error
+	for l := range s.loops {
+		errs = append(errs, l.Stalled(now, limit))
+	}
+	return errors.Join(errs...)
 }
 
 // accepted charges a new connection to its share (admit.go) and serves it,

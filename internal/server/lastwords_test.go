@@ -79,12 +79,12 @@ func TestLastWordsCounted(t *testing.T) {
 	// Its session ends (the HOLD lease released) once its connection is
 	// done: only then is everything it sent read.
 	agenttest.WaitFor(t, "the child's lease to end", func() bool { return a.Summaries()[0].Leases == 0 })
-	last := `cpuslot_lease_releases_total{action="last",container="` + e.Rel + `",outcome="ok"}`
+	last := `cpuslot_lease_releases_total{action="last",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="ok",pod=""}`
 	if n := value(last); n != 1 {
 		t.Errorf("%s = %v, want 1 (-1: never counted)", last, n)
 	}
 	body := agenttest.Scrape(t, a)
-	if greedy := agenttest.Grep(body, `action="greedy"`); strings.Contains(greedy, "cpu_seconds") && !strings.Contains(greedy, `cpu_seconds_total{action="greedy",container="`+e.Rel+`"} 0`) {
+	if greedy := agenttest.Grep(body, `action="greedy"`); strings.Contains(greedy, "cpu_seconds") && !strings.Contains(greedy, `cpu_seconds_total{action="greedy",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",pod=""} 0`) {
 		t.Errorf("a report claiming 2^62 ns was credited:\n%s", greedy)
 	}
 	if n := value(`cpuslot_errors_total{reason="usage_overclaimed"}`); n != 1 {

@@ -86,8 +86,8 @@ func TestLocalHoldGrant(t *testing.T) {
 	}
 	body := agenttest.Scrape(t, a)
 	for _, want := range []string{
-		`cpuslot_lease_releases_total{action="_held",container="` + e.Rel + `",outcome="ok"} 1`,
-		`cpuslot_lease_releases_total{action="_held",container="` + e.Rel + `",outcome="failed"} 1`,
+		`cpuslot_lease_releases_total{action="_held",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="ok",pod=""} 1`,
+		`cpuslot_lease_releases_total{action="_held",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="failed",pod=""} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %s:\n%s", want, agenttest.Grep(body, "lease_releases_total"))
@@ -285,7 +285,7 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 			t.Fatalf("HOLD %d after the holder died: %+v", i, m)
 		}
 	}
-	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",container="`+e.Rel+`",outcome="abandoned"} 5`) {
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="abandoned",pod=""} 5`) {
 		t.Errorf("abandoned HOLD leases not counted:\n%s", agenttest.Grep(body, "lease_releases_total"))
 	}
 }
@@ -413,9 +413,9 @@ func TestLocalUsage(t *testing.T) {
 	settleUsage(a)
 	body := agenttest.Scrape(t, a)
 	for _, want := range []string{
-		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.Rel + `",outcome="ok"} 4`,
-		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.Rel + `",outcome="timeout"} 1`,
-		`cpuslot_lease_releases_total{action="_unnamed",container="` + e.Rel + `",outcome="failed"} 2`,
+		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="ok",pod=""} 4`,
+		`cpuslot_lease_releases_total{action="guest/fib",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="timeout",pod=""} 1`,
+		`cpuslot_lease_releases_total{action="_unnamed",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="failed",pod=""} 2`,
 		`cpuslot_errors_total{reason="usage_overclaimed"} 1`,
 	} {
 		if !strings.Contains(body, want) {
@@ -425,7 +425,7 @@ func TestLocalUsage(t *testing.T) {
 	// Credited: all the slot used by the time of the last report, which is
 	// what the test's thread burnt there and the little it used after its
 	// last counter read; never the 1.75x claimed.
-	v, ok := agenttest.MetricValue(body, `cpuslot_invocation_cpu_seconds_total{action="guest/fib",container="`+e.Rel+`"}`)
+	v, ok := agenttest.MetricValue(body, `cpuslot_invocation_cpu_seconds_total{action="guest/fib",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",pod=""}`)
 	if !ok {
 		t.Fatalf("no CPU series for guest/fib:\n%s", agenttest.Grep(body, "guest/fib"))
 	}
@@ -518,7 +518,7 @@ func TestAttackUsageActionFlood(t *testing.T) {
 	if !labels["flood-000"] || labels["flood-199"] {
 		t.Fatalf("labels %v", labels)
 	}
-	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="_other",container="`+e.Rel+`",outcome="ok"} %d`, 200-maxActions); !strings.Contains(body, want) {
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="_other",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="ok",pod=""} %d`, 200-maxActions); !strings.Contains(body, want) {
 		t.Fatalf("missing %s:\n%s", want, agenttest.Grep(body, "_other"))
 	}
 }
@@ -622,7 +622,7 @@ func TestAttackUsageMalformed(t *testing.T) {
 	c.Write(usageBody(append([]byte{1}, ok...)))
 	syncConn(t, c)
 	settleUsage(a)
-	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="mal-ok",container="`+e.Rel+`",outcome="ok"} 1`) {
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="mal-ok",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="ok",pod=""} 1`) {
 		t.Fatalf("a valid USAGE after malformed ones:\n%s", agenttest.Grep(body, "mal"))
 	}
 }
@@ -659,11 +659,11 @@ func TestAttackUsageAbsurdCPU(t *testing.T) {
 // container, outcome} (outcome "" for the CPU series), labels in the order
 // a scrape prints them.
 func actionSeries(name, action, ctr, outcome string) string {
-	s := fmt.Sprintf(`%s{action=%q,container=%q`, name, action, ctr)
+	s := fmt.Sprintf(`%s{action=%q,container=%q,cpuslot_container=%q,namespace=""`, name, action, ctr, ctr)
 	if outcome != "" {
 		s += fmt.Sprintf(`,outcome=%q`, outcome)
 	}
-	return s + "}"
+	return s + `,pod=""}`
 }
 
 // TestAttackUsageInflateCounts (issue 19, finding 5): a process of A
@@ -852,7 +852,7 @@ func TestAttackUsageFlood(t *testing.T) {
 	syncConn(t, c)
 	settleUsage(a)
 	body := agenttest.Scrape(t, a)
-	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",container="`+e.Rel+`",outcome="ok"} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
+	if want := fmt.Sprintf(`cpuslot_lease_releases_total{action="flood",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="ok",pod=""} %d`, frames*slotv1.MaxUsageRecords); !strings.Contains(body, want) {
 		t.Errorf("missing %s:\n%s", want, agenttest.Grep(body, "flood"))
 	}
 	if v, ok := agenttest.MetricValue(body, `cpuslot_errors_total{reason="usage_throttled"}`); !ok || v == 0 {

@@ -112,7 +112,7 @@ func TestAbandonedLeases(t *testing.T) {
 	ch.Cmd.Process.Kill()
 	ch.Cmd.Wait()
 	agenttest.WaitFor(t, "abandoned leases released", func() bool { s := a.Summaries()[0]; return s.Leases == 0 && s.UsedMilli == 0 })
-	if !strings.Contains(agenttest.Scrape(t, a), `outcome="abandoned"} 2`) {
+	if !strings.Contains(agenttest.Scrape(t, a), `outcome="abandoned",pod=""} 2`) {
 		t.Error("abandoned leases not counted")
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
+	"github.com/cpuslot/cpuslot/internal/health"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
 	"github.com/cpuslot/cpuslot/internal/proc"
@@ -106,13 +107,19 @@ type Server struct {
 	serving       sync.WaitGroup
 	ctx           context.Context
 	cancel        context.CancelFunc
+
+	// loops are the accept loops serving now, under a lock of their own:
+	// /healthz reads them while mu may be the lock that stalls them.
+	loopsMu sync.Mutex
+	loops   map[*health.Loop]struct{}
 }
 
 // New makes a server.
 func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(), watchExits: true,
-		conns: map[*conn]struct{}{}, charges: newCharges(), confinedCache: map[*pool.Pool]confineResult{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel}
+		conns: map[*conn]struct{}{}, charges: newCharges(), confinedCache: map[*pool.Pool]confineResult{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel,
+		loops: map[*health.Loop]struct{}{}}
 	if ns, err := proc.PIDNamespace(s.self); err == nil {
 		s.selfNS = ns
 	}

@@ -492,3 +492,42 @@ func TestLegendRight(t *testing.T) {
 		}
 	}
 }
+
+// TestContainerVariables: the agent's per-container series carry
+// namespace, pod and container (its name) apart; the node dashboard selects
+// by all three, groups and names series by all three (a container's name
+// alone is the same in every pod of a workload), and offers each as a
+// variable.
+func TestContainerVariables(t *testing.T) {
+	d := Dashboards[0]
+	if d.UID != "cpuslot-node" {
+		t.Fatalf("first dashboard %s", d.UID)
+	}
+	vars := map[string]bool{}
+	for _, v := range d.Vars {
+		if v.Name == "namespace" || v.Name == "pod" || v.Name == "container" {
+			vars[v.Name] = v.LabelName == v.Name && strings.HasPrefix(v.Selector, "cpuslot_slots{")
+		}
+	}
+	if !vars["namespace"] || !vars["pod"] || !vars["container"] {
+		t.Errorf("variables namespace, pod, container on cpuslot_slots: %v", vars)
+	}
+	by := regexp.MustCompile(`by \(([^)]*)\)`)
+	for _, r := range d.Rows {
+		for _, p := range r.Panels {
+			for _, q := range p.Queries {
+				if strings.Contains(q.Expr, `container=~"$container"`) && !strings.Contains(q.Expr, `namespace=~"$namespace", pod=~"$pod", container=~"$container"`) {
+					t.Errorf("panel %q selects the container without its namespace and pod: %s", p.Title, q.Expr)
+				}
+				for _, m := range by.FindAllStringSubmatch(q.Expr, -1) {
+					if strings.Contains(m[1], "container") && !strings.HasPrefix(m[1], "namespace, pod, container") {
+						t.Errorf("panel %q groups by %s", p.Title, m[1])
+					}
+				}
+				if strings.Contains(q.Legend, "{{container}}") && !strings.Contains(q.Legend, "{{namespace}}/{{pod}}/{{container}}") {
+					t.Errorf("panel %q names series %s", p.Title, q.Legend)
+				}
+			}
+		}
+	}
+}

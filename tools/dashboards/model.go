@@ -117,7 +117,11 @@ var Dashboards = []Dashboard{
 			// adds; without one the variable is empty and All matches.
 			{Name: "cluster", Label: "Cluster", Selector: `cpuslot_agent_info{job="$agent_job"}`, LabelName: "cluster"},
 			{Name: "node", Label: "Node", Selector: `cpuslot_agent_info{job="$agent_job", cluster=~"$cluster"}`, LabelName: "node"},
-			{Name: "container", Label: "Container", Selector: `cpuslot_slots{job="$agent_job", cluster=~"$cluster", node=~"$node"}`, LabelName: "container"},
+			// A served container's series carry its namespace, pod and
+			// container name apart, as cAdvisor's and kube-state-metrics' do.
+			{Name: "namespace", Label: "Namespace", Selector: `cpuslot_slots{job="$agent_job", cluster=~"$cluster", node=~"$node"}`, LabelName: "namespace"},
+			{Name: "pod", Label: "Pod", Selector: `cpuslot_slots{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace"}`, LabelName: "pod"},
+			{Name: "container", Label: "Container", Selector: `cpuslot_slots{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod"}`, LabelName: "container"},
 		},
 		Rows: []Row{
 			{Title: "Overview", Panels: []Panel{
@@ -134,7 +138,7 @@ var Dashboards = []Dashboard{
 				{
 					Kind: Stat, Width: 4, Title: "Leases held", Unit: Short,
 					Description: "Slots leased to invocations right now.",
-					Queries:     []Query{{Expr: `sum(cpuslot_leases{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"})`}},
+					Queries:     []Query{{Expr: `sum(cpuslot_leases{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"})`}},
 				},
 				{
 					Kind: Stat, Width: 4, Title: "Client connections", Unit: Short,
@@ -172,24 +176,24 @@ var Dashboards = []Dashboard{
 				{
 					Kind: TimeSeries, Width: 12, Title: "Slots by state", Unit: Short, Stacked: true,
 					Description: "Slots in the pools: free (ready), leased (held by an invocation), busy (being prepared, retuned or removed).",
-					Queries:     []Query{{Expr: `sum by (state) (cpuslot_slots{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"})`, Legend: "{{state}}"}},
+					Queries:     []Query{{Expr: `sum by (state) (cpuslot_slots{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"})`, Legend: "{{state}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "Slots by quota and state", LegendRight: true, Unit: Short,
 					Description: "Pre-warmed and grown slots per quota (millicores).",
-					Queries:     []Query{{Expr: `sum by (quota, state) (cpuslot_slots{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"})`, Legend: "{{quota}} {{state}}"}},
+					Queries:     []Query{{Expr: `sum by (quota, state) (cpuslot_slots{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"})`, Legend: "{{quota}} {{state}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "Leases per container", Unit: Short,
 					Description: "Leases held per runtime container (namespace/pod/container).",
-					Queries:     []Query{{Expr: `sum by (container) (cpuslot_leases{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"})`, Legend: "{{container}}"}},
+					Queries:     []Query{{Expr: `sum by (namespace, pod, container) (cpuslot_leases{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"})`, Legend: "{{namespace}}/{{pod}}/{{container}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "CPU budget per container", Unit: Short,
 					Description: "Admission budget (the container's CPU limit x overcommit, or the configured budget; 0 = unlimited) and the quota granted to leases now, in CPUs.",
 					Queries: []Query{
-						{Expr: `sum by (container) (cpuslot_budget_used_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"})`, Legend: "{{container}} granted"},
-						{Expr: `sum by (container) (cpuslot_budget_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"})`, Legend: "{{container}} budget"},
+						{Expr: `sum by (namespace, pod, container) (cpuslot_budget_used_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"})`, Legend: "{{namespace}}/{{pod}}/{{container}} granted"},
+						{Expr: `sum by (namespace, pod, container) (cpuslot_budget_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"})`, Legend: "{{namespace}}/{{pod}}/{{container}} budget"},
 					},
 				},
 			}},
@@ -236,24 +240,24 @@ var Dashboards = []Dashboard{
 				{
 					Kind: TimeSeries, Width: 12, Title: "Released leases by outcome", Unit: ReqPerSec, Stacked: true,
 					Description: "ok, failed, timeout, placement_failed, abandoned (the client went away holding it), superseded.",
-					Queries:     []Query{{Expr: `sum by (outcome) (rate(cpuslot_lease_releases_total{job="$agent_job", cluster=~"$cluster", node=~"$node"}[$__rate_interval]))`, Legend: "{{outcome}}"}},
+					Queries:     []Query{{Expr: `sum by (outcome) (rate(cpuslot_lease_releases_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval]))`, Legend: "{{outcome}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "CPU per action", LegendRight: true, Unit: Short,
 					Description: "CPU used in slots while leased, in cores, top 10 actions (each action of each container: tenants' actions of the same name are apart).",
-					Queries:     []Query{{Expr: `topk(10, sum by (container, action) (rate(cpuslot_invocation_cpu_seconds_total{job="$agent_job", cluster=~"$cluster", node=~"$node"}[$__rate_interval])))`, Legend: "{{container}} {{action}}"}},
+					Queries:     []Query{{Expr: `topk(10, sum by (namespace, pod, container, action) (rate(cpuslot_invocation_cpu_seconds_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval])))`, Legend: "{{namespace}}/{{pod}}/{{container}} {{action}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "Throttled time per action", LegendRight: true, Unit: Short,
 					Description: "Time slots were throttled while leased (seconds per second), top 10 actions: an action hitting its quota.",
-					Queries:     []Query{{Expr: `topk(10, sum by (container, action) (rate(cpuslot_invocation_throttled_seconds_total{job="$agent_job", cluster=~"$cluster", node=~"$node"}[$__rate_interval])))`, Legend: "{{container}} {{action}}"}},
+					Queries:     []Query{{Expr: `topk(10, sum by (namespace, pod, container, action) (rate(cpuslot_invocation_throttled_seconds_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval])))`, Legend: "{{namespace}}/{{pod}}/{{container}} {{action}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "CPU and throttling per invocation", LegendRight: true, Unit: Seconds,
 					Description: "Average CPU seconds and throttled seconds per released lease, by container and action.",
 					Queries: []Query{
-						{Expr: `sum by (container, action) (rate(cpuslot_invocation_cpu_seconds_total{job="$agent_job", cluster=~"$cluster", node=~"$node"}[$__rate_interval])) / sum by (container, action) (rate(cpuslot_lease_releases_total{job="$agent_job", cluster=~"$cluster", node=~"$node"}[$__rate_interval]))`, Legend: "{{container}} {{action}} cpu"},
-						{Expr: `sum by (container, action) (rate(cpuslot_invocation_throttled_seconds_total{job="$agent_job", cluster=~"$cluster", node=~"$node"}[$__rate_interval])) / sum by (container, action) (rate(cpuslot_lease_releases_total{job="$agent_job", cluster=~"$cluster", node=~"$node"}[$__rate_interval]))`, Legend: "{{container}} {{action}} throttled"},
+						{Expr: `sum by (namespace, pod, container, action) (rate(cpuslot_invocation_cpu_seconds_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval])) / sum by (namespace, pod, container, action) (rate(cpuslot_lease_releases_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval]))`, Legend: "{{namespace}}/{{pod}}/{{container}} {{action}} cpu"},
+						{Expr: `sum by (namespace, pod, container, action) (rate(cpuslot_invocation_throttled_seconds_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval])) / sum by (namespace, pod, container, action) (rate(cpuslot_lease_releases_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval]))`, Legend: "{{namespace}}/{{pod}}/{{container}} {{action}} throttled"},
 					},
 				},
 			}},
@@ -271,7 +275,7 @@ var Dashboards = []Dashboard{
 				{
 					Kind: TimeSeries, Width: 6, Title: "Budget granted", Unit: PercentUnit,
 					Description: "Quota granted to leases / budget, per container with a budget.",
-					Queries:     []Query{{Expr: `sum by (container) (cpuslot_budget_used_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"}) / sum by (container) (cpuslot_budget_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"} > 0)`, Legend: "{{container}}"}},
+					Queries:     []Query{{Expr: `sum by (namespace, pod, container) (cpuslot_budget_used_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}) / sum by (namespace, pod, container) (cpuslot_budget_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"} > 0)`, Legend: "{{namespace}}/{{pod}}/{{container}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "Errors by reason", LegendRight: true, Unit: EventsPerSec,
@@ -283,15 +287,15 @@ var Dashboards = []Dashboard{
 				{
 					Kind: TimeSeries, Width: 8, Title: "Quota lent (CPUs)", Unit: Short, Stacked: true,
 					Description: "Quota that sleeping leases lend to admission now, per container (admission.lendRatio; zero with lending off). See docs/lending.md.",
-					Queries:     []Query{{Expr: `sum by (container) (cpuslot_lent_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"})`, Legend: "{{container}}"}},
+					Queries:     []Query{{Expr: `sum by (namespace, pod, container) (cpuslot_lent_cores{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"})`, Legend: "{{namespace}}/{{pod}}/{{container}}"}},
 				},
 				{
 					Kind: TimeSeries, Width: 8, Title: "Lends and give-backs", Unit: OpsPerSec,
 					Description: "Sleeps that lent quota, lent quotas given back (a wake or the sleeper's release), and awake leases cut to give a waker its quota back.",
 					Queries: []Query{
-						{Expr: `sum(rate(cpuslot_lends_total{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"}[$__rate_interval]))`, Legend: "lends"},
-						{Expr: `sum(rate(cpuslot_givebacks_total{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"}[$__rate_interval]))`, Legend: "give-backs"},
-						{Expr: `sum(rate(cpuslot_lend_cuts_total{job="$agent_job", cluster=~"$cluster", node=~"$node", container=~"$container"}[$__rate_interval]))`, Legend: "borrowers cut"},
+						{Expr: `sum(rate(cpuslot_lends_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval]))`, Legend: "lends"},
+						{Expr: `sum(rate(cpuslot_givebacks_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval]))`, Legend: "give-backs"},
+						{Expr: `sum(rate(cpuslot_lend_cuts_total{job="$agent_job", cluster=~"$cluster", node=~"$node", namespace=~"$namespace", pod=~"$pod", container=~"$container"}[$__rate_interval]))`, Legend: "borrowers cut"},
 					},
 				},
 				{
@@ -386,6 +390,15 @@ var Dashboards = []Dashboard{
 					Kind: TimeSeries, Width: 12, Title: "Slot client events", LegendRight: true, Unit: OpsPerSec,
 					Description: "The slot client's counters: acquire, place, release, reclaim, connect, fds, noslot.<reason>.",
 					Queries:     []Query{{Expr: `sum by (event) (rate(cpuslot_slot_client_events_total{job="$runtime_job", cluster=~"$cluster", namespace=~"$namespace"}[$__rate_interval]))`, Legend: "{{event}}"}},
+				},
+				{
+					Kind: TimeSeries, Width: 24, Title: "Slot acquire latency (runtime)", Unit: Seconds,
+					Description: "Time a worker took to acquire its slot, placement included, as the runtime measures it (cpuslot_slot_acquire_seconds): p50, p90, p99. The agent's share of it: cpuslot / Node, Acquire latency (agent side).",
+					Queries: []Query{
+						{Expr: `histogram_quantile(0.5, sum by (le) (rate(cpuslot_slot_acquire_seconds_bucket{job="$runtime_job", cluster=~"$cluster", namespace=~"$namespace"}[$__rate_interval])))`, Legend: "p50"},
+						{Expr: `histogram_quantile(0.9, sum by (le) (rate(cpuslot_slot_acquire_seconds_bucket{job="$runtime_job", cluster=~"$cluster", namespace=~"$namespace"}[$__rate_interval])))`, Legend: "p90"},
+						{Expr: `histogram_quantile(0.99, sum by (le) (rate(cpuslot_slot_acquire_seconds_bucket{job="$runtime_job", cluster=~"$cluster", namespace=~"$namespace"}[$__rate_interval])))`, Legend: "p99"},
+					},
 				},
 				{
 					Kind: TimeSeries, Width: 12, Title: "Slot CPU by function", Unit: Short,

@@ -28,6 +28,7 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
+	"github.com/cpuslot/cpuslot/internal/health"
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
@@ -71,6 +72,9 @@ type Source struct {
 	// cgroupOf finds a container's cgroup; containerd in production.
 	cgroupOf func(ctx context.Context, containerID string) (string, error)
 
+	// worker is the loop that serves the pods the informer reports.
+	worker health.Loop
+
 	// served maps pod UID to what the agent serves for it.
 	mu     sync.Mutex
 	served map[string]servedPod
@@ -96,6 +100,7 @@ func New(cfg Config, client kubernetes.Interface, h *cgroup.Hierarchy, log *slog
 	ev.b.StartRecordingToSink(countingSink{&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")}, ev})
 	rec := countingRecorder{ev.b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "cpuslot-node-agent", Host: cfg.NodeName}), ev}
 	s := &Source{cfg: cfg, client: client, hierarchy: h, log: log, recorder: rec, events: ev, served: map[string]servedPod{}}
+	s.worker.Name = "pod informer worker"
 	s.cgroupOf = s.containerdCgroup
 	return s
 }
@@ -149,6 +154,8 @@ func (s *Source) processNext(ctx context.Context, q workqueue.TypedRateLimitingI
 	if quit {
 		return false
 	}
+	s.worker.Begin()
+	defer s.worker.End()
 	defer q.Done(key)
 	if err := s.reconcile(ctx, key, lister, sink); err != nil {
 		s.log.Warn("pod not served yet; retrying", "pod", key, "err", err)
@@ -411,4 +418,10 @@ func (s *Source) resetContainerd() {
 		s.ctrd.Close()
 		s.ctrd = nil
 	}
+}
+
+// Stalled names the pod worker when serving one pod has not ended within
+// limit (health.Checker): no other pod is served meanwhile.
+func (s *Source) Stalled(now time.Time, limit time.Duration) error {
+	return s.worker.Stalled(now, limit)
 }
