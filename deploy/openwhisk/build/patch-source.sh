@@ -13,11 +13,16 @@ rm -f "$c/core/database/ActivationFileStorage.scala" \
 	"$c/core/database/ArtifactWithFileStorageActivationStore.scala" \
 	"$c/core/containerpool/logging/DockerToActivationFileLogStore.scala" \
 	"$c/core/containerpool/logging/ElasticSearchLogStore.scala"
-# Standalone still needs WindowsDockerClient from the standalone Docker factory.
+# Standalone still needs WindowsDockerClient from the standalone Docker factory,
 {
 	sed -n '1,/^import scala.concurrent/p' "$docker/StandaloneDockerContainerFactory.scala"
 	sed -n '/^trait WindowsDockerClient/,/^}/p' "$docker/StandaloneDockerContainerFactory.scala"
 } >"$docker/WindowsDockerClient.scala"
+# ... and the Kubernetes container its log stage from the Docker container.
+{
+	sed -n '1,/^import org.apache.openwhisk.http.Messages/p' "$docker/DockerContainer.scala"
+	sed -n '/^class CompleteAfterOccurrences/,$p' "$docker/DockerContainer.scala"
+} >"$docker/CompleteAfterOccurrences.scala"
 rm -f "$docker/DockerClientWithFileAccess.scala" "$docker/DockerContainer.scala" \
 	"$docker/DockerContainerFactory.scala" "$docker/DockerForMacContainerFactory.scala" \
 	"$docker/DockerCliLogStore.scala" "$docker/StandaloneDockerContainerFactory.scala"
