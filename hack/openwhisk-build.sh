@@ -84,10 +84,12 @@ build_standalone() {
 		"$BUILD_FILES/patch-source.sh" "$s"
 		touch "$work/patched"
 	fi
-	cp "$BUILD_FILES/pom.xml" "$work/pom.xml"
-	log "compiling OpenWhisk standalone (about 15 min on 2 cores; log: $work/mvn.log)"
-	(cd "$work" && nice mvn -B -Dow.src="$s" package >"$work/mvn.log" 2>&1) ||
-		{ tail -50 "$work/mvn.log" >&2; die "maven failed, log: $work/mvn.log"; }
+	if [ ! -e "$work/target/openwhisk-standalone-0.jar" ]; then
+		cp "$BUILD_FILES/pom.xml" "$work/pom.xml"
+		log "compiling OpenWhisk standalone (about 15 min on 2 quiet cores; log: $work/mvn.log)"
+		(cd "$work" && nice mvn -B -Dow.src="$s" package >"$work/mvn.log" 2>&1) ||
+			{ tail -50 "$work/mvn.log" >&2; die "maven failed, log: $work/mvn.log"; }
+	fi
 	rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp/lib" "$OUT.tmp/bin"
 	local final=$OUT
 	OUT="$OUT.tmp"
