@@ -73,9 +73,10 @@ build_standalone() {
 	: "${OPENWHISK_SRC:?set OPENWHISK_SRC to a checkout of apache/openwhisk}"
 	local ow work s
 	ow=$(commit "$OPENWHISK_SRC")
-	OUT="$CACHE/standalone/${ow:0:12}-$(recipe_hash)"
+	# the compile is keyed by the build files, the assembly also by this script
+	work="$CACHE/standalone/${ow:0:12}-$(recipe_hash).work"
+	OUT="$CACHE/standalone/${ow:0:12}-$(recipe_hash)-$(sha256sum "$0" | cut -c1-8)"
 	if [ -x "$OUT/bin/openwhisk-standalone" ]; then echo "$OUT/bin/openwhisk-standalone"; return; fi
-	work="$OUT.work"
 	s="$work/src"
 	mkdir -p "$s"
 	if [ ! -e "$work/patched" ]; then
@@ -95,7 +96,12 @@ build_standalone() {
 	OUT="$OUT.tmp"
 	cp "$work"/target/lib/*.jar "$work"/target/openwhisk-standalone-0.jar "$OUT/lib/"
 	resource_jar common "$s/common/scala/src/main/resources"
-	resource_jar scheduler "$s/core/scheduler/src/main/resources"
+	# The scheduler's configuration binds its messages to the Kryo serializer,
+	# which is not served (standalone sends them to no other node).
+	mkdir -p "$work/scheduler-res"
+	cp -r "$s/core/scheduler/src/main/resources"/. "$work/scheduler-res"/
+	sed -i '/^    serializers {/,/^  }$/{/^  }$/!d}; /^pekko-kryo-serialization/d' "$work/scheduler-res/application.conf"
+	resource_jar scheduler "$work/scheduler-res"
 	resource_jar invoker "$s/core/invoker/src/main/resources"
 	resource_jar controller "$s/core/controller/src/main/resources"
 	resource_jar admin "$s/tools/admin/src/main/resources"

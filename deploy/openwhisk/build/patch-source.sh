@@ -41,3 +41,11 @@ sed -i '/^import io.altoo/d; /^class CompatibleKryoInitializer/,/^}/d' \
 find "$s/common" "$s/core" "$s/tools/admin" -name '*.scala' -path '*/src/main/*' \
 	-exec sed -i -E '/^[[:space:]]*@throws\[[A-Za-z.]+\][[:space:]]*$/d' {} +
 
+# Standalone's Docker client fails its constructor when `docker version`
+# fails (no daemon), and standalone makes one even with --dev-kcf, where
+# Docker serves only the optional services (API gateway, CouchDB, Kafka UI).
+sed -i '/^class StandaloneDockerClient/,/with WindowsDockerClient {/{
+/with WindowsDockerClient {/a\
+  override protected def getClientVersion(): String =\
+    scala.util.Try(super.getClientVersion()).getOrElse("none")
+}' "$s/core/standalone/src/main/scala/org/apache/openwhisk/standalone/StandaloneDockerSupport.scala"
