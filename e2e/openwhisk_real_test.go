@@ -45,7 +45,7 @@ const realOpenWhiskManifest = `{"runtimes": {
 // realOpenWhiskConf is the standalone's configuration: its KCF settings
 // (standalone-kcf.conf) and this project's invoker settings
 // (deploy/openwhisk/kustomize/invoker-patch.yaml), for a 2-core node.
-// %[1]s: the pod template file.
+// %[1]s: the pod template file, %[2]s: the namespace of action pods.
 const realOpenWhiskConf = `include classpath("standalone-kcf.conf")
 whisk {
   # standalone.conf binds localhost: action pods read annotations from the API
@@ -53,6 +53,7 @@ whisk {
   kubernetes {
     # the host reaches pod IPs on this node: no port forwarding through the API server
     port-forwarding-enabled = false
+    action-namespace = "%[2]s"
     pod-template = "file:%[1]s"
     cpu-scaling { millicpus = 250, memory = 256 m, max-millicpus = 1000 }
   }
@@ -106,13 +107,13 @@ func TestRealOpenWhisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	podTemplate := write("pod-template.yaml", string(tmpl))
-	conf := write("standalone.conf", fmt.Sprintf(realOpenWhiskConf, podTemplate))
+	conf := write("standalone.conf", fmt.Sprintf(realOpenWhiskConf, podTemplate, appNS))
 	manifest := write("runtimes.json", realOpenWhiskManifest)
 	port := freePort(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	ow := startStandalone(ctx, t, c, standalone, dir, conf, manifest, appNS, port)
+	ow := startStandalone(ctx, t, c, standalone, dir, conf, manifest, port)
 	api := "http://127.0.0.1:" + strconv.Itoa(port)
 	w := func(args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, wsk, append([]string{"--apihost", api, "--auth", openWhiskGuestKey}, args...)...)
@@ -186,17 +187,16 @@ func (p *standaloneProc) tail() string {
 }
 
 // startStandalone starts OpenWhisk standalone with the KubernetesContainerFactory
-// on the cluster (action pods in appNS) and waits until its API answers.
-func startStandalone(ctx context.Context, t *testing.T, c *cluster.Cluster, bin, dir, conf, manifest, appNS string, port int) *standaloneProc {
+// on the cluster and waits until its API answers.
+func startStandalone(ctx context.Context, t *testing.T, c *cluster.Cluster, bin, dir, conf, manifest string, port int) *standaloneProc {
 	t.Helper()
 	cmd := exec.Command(bin, "--dev-kcf", "--dev-mode", "--no-ui", "--no-browser", "--disable-color-logging",
 		"--config-file", conf, "--manifest", manifest, "--port", strconv.Itoa(port), "--data-dir", filepath.Join(dir, "data"))
 	ip := c.NodeIP()
 	// the address action pods reach the API at (__OW_API_HOST), without
 	// standalone's Docker-based detection
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig(), "KUBERNETES_NAMESPACE="+appNS,
-		"JAVA_OPTS=-Dwhisk.standalone.host.ip="+ip+" -Dwhisk.standalone.host.name="+ip+" -Dwhisk.standalone.host.internal="+ip+
-			" -Dkubernetes.namespace="+appNS)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig(),
+		"JAVA_OPTS=-Dwhisk.standalone.host.ip="+ip+" -Dwhisk.standalone.host.name="+ip+" -Dwhisk.standalone.host.internal="+ip)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
