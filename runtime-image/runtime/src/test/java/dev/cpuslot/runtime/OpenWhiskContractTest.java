@@ -93,6 +93,35 @@ class OpenWhiskContractTest {
         }
     }
 
+    /**
+     * The real invoker's /init (ContainerProxy, apache/openwhisk): the action's short name, and in
+     * {@code env} its init parameters plus the {@code __OW_*} fields of the activation that caused
+     * the cold start (its api_key only with provide-api-key). Each /run carries its own fields:
+     * those win, so the first activation's key, ids and deadline never reach a later one.
+     */
+    @Test
+    void theInitEnvOfTheRealInvokerCarriesTheFirstActivationAndEachRunWins() throws Exception {
+        try (Harness h = new Harness(Map.of("__OW_API_HOST", "http://whisk.example:3233", "CPUSLOT_ANNOTATION_LOOKUP", "false"), null)) {
+            JsonObject ib = json(initJava("testfns.Env"));
+            ib.getAsJsonObject("value").addProperty("name", "env");
+            ib.getAsJsonObject("value").add("env", json("{\"SOME_INIT_PARAM\":\"v\",\"__OW_API_KEY\":\"first:key\","
+                    + "\"__OW_NAMESPACE\":\"guest\",\"__OW_ACTION_NAME\":\"/guest/env\",\"__OW_ACTION_VERSION\":\"0.0.1\","
+                    + "\"__OW_ACTIVATION_ID\":\"first\",\"__OW_TRANSACTION_ID\":\"t-first\",\"__OW_DEADLINE\":\"1\"}"));
+            assertEquals(200, h.post("/init", ib.toString()).status());
+            long deadline = System.currentTimeMillis() + 60_000;
+            Resp r = h.post("/run", run(new JsonObject(), Map.of(
+                    "api_key", "second:key", "namespace", "guest", "action_name", "/guest/env", "action_version", "0.0.1",
+                    "activation_id", "second", "transaction_id", "t-second", "deadline", Long.toString(deadline))));
+            assertEquals(200, r.status(), r.raw());
+            JsonObject env = r.obj();
+            assertEquals("second:key", env.get("__OW_API_KEY").getAsString());
+            assertEquals("second", env.get("__OW_ACTIVATION_ID").getAsString());
+            assertEquals("t-second", env.get("__OW_TRANSACTION_ID").getAsString());
+            assertEquals(Long.toString(deadline), env.get("__OW_DEADLINE").getAsString(), "the init's deadline has passed; the run's applies");
+            assertEquals("v", env.get("SOME_INIT_PARAM").getAsString());
+        }
+    }
+
     @Test
     void unicodeInAndOut() throws Exception {
         try (Harness h = new Harness()) {

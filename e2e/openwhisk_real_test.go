@@ -1,0 +1,362 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cpuslot/cpuslot/e2e/cluster"
+)
+
+// The real OpenWhisk, built from upstream checkouts by
+// hack/openwhisk-build.sh (deploy/openwhisk/README.md): its standalone
+// (controller and invoker in one process, memory store, lean messaging) with
+// the KubernetesContainerFactory, and wsk. Neither is in this repository, so
+// the test runs only when both are given.
+const (
+	envOpenWhiskStandalone = "OPENWHISK_STANDALONE" // bin/openwhisk-standalone of the build
+	envOpenWhiskWsk        = "OPENWHISK_WSK"        // wsk of the build
+	// standalone.conf's guest key (the standalone creates the guest namespace with it)
+	openWhiskGuestKey = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
+)
+
+// realOpenWhiskManifest maps the project's kinds to the runtime image the
+// e2e imports (the action pods run it; nothing is pulled).
+const realOpenWhiskManifest = `{"runtimes": {
+  "java": [{"kind": "java:cpuslot", "default": true, "image": {"prefix": "cpuslot", "name": "runtime-jvm", "tag": "dev"},
+            "deprecated": false, "requireMain": true,
+            "attached": {"attachmentName": "jarfile", "attachmentType": "application/java-archive"}}],
+  "nodejs": [{"kind": "nodejs:cpuslot", "default": true, "image": {"prefix": "cpuslot", "name": "runtime-jvm", "tag": "dev"},
+              "deprecated": false, "attached": {"attachmentName": "codefile", "attachmentType": "text/plain"}}],
+  "python": [{"kind": "python:cpuslot", "default": true, "image": {"prefix": "cpuslot", "name": "runtime-jvm", "tag": "dev"},
+              "deprecated": false, "attached": {"attachmentName": "codefile", "attachmentType": "text/plain"}}]
+}}`
+
+// realOpenWhiskConf is the standalone's configuration: its KCF settings
+// (standalone-kcf.conf) and this project's invoker settings
+// (deploy/openwhisk/kustomize/invoker-patch.yaml), for a 2-core node.
+// %[1]s: the pod template file, %[2]s: the namespace of action pods.
+const realOpenWhiskConf = `include classpath("standalone-kcf.conf")
+whisk {
+  # standalone.conf binds localhost: action pods read annotations from the API
+  controller.interface = "0.0.0.0"
+  kubernetes {
+    # the host reaches pod IPs on this node: no port forwarding through the API server
+    port-forwarding-enabled = false
+    action-namespace = "%[2]s"
+    pod-template = "file:%[1]s"
+    cpu-scaling { millicpus = 250, memory = 256 m, max-millicpus = 1000 }
+  }
+  container-factory.container-args.extra-env-vars = ["__OW_ALLOW_CONCURRENT=true", "CPUSLOT_SOCKET=/run/cpuslot/agent.sock"]
+  container-pool { pekko-client = true, user-memory = 2048 m }
+  concurrency-limit { min = 1, max = 32, std = 1 }
+  spi.LogStoreProvider = "org.apache.openwhisk.core.containerpool.logging.LogDriverLogStoreProvider"
+}
+`
+
+// TestRealOpenWhisk: `wsk action create` with the cpu-quota annotation and
+// `wsk action invoke --blocking` through a real controller and invoker; the
+// KubernetesContainerFactory's action pod is served by the agent and the
+// invocation runs in a slot of the annotation's quota (the runtime's
+// activation log line), a CPU-bound one within its share.
+func TestRealOpenWhisk(t *testing.T) {
+	standalone, wsk := os.Getenv(envOpenWhiskStandalone), os.Getenv(envOpenWhiskWsk)
+	if standalone == "" || wsk == "" {
+		t.Skipf("%s and %s not set: build them from upstream checkouts with hack/openwhisk-build.sh (deploy/openwhisk/README.md)",
+			envOpenWhiskStandalone, envOpenWhiskWsk)
+	}
+	for _, f := range []string{standalone, wsk} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("the OpenWhisk build is not there: %v", err)
+		}
+	}
+	c := cluster.Need(t, kc)
+	needRuntimeImage(t)
+	repo, err := cluster.FindRepo(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jar, err := cluster.SamplesJar(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns, appNS, release = "cpuslot-system", "e2e-openwhisk-real", "cpuslot"
+	installChart(t, c, release, ns)
+	namespace(t, c, appNS)
+
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tmpl, err := os.ReadFile(filepath.Join(repo, "deploy/openwhisk/kustomize/pod-template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	podTemplate := write("pod-template.yaml", string(tmpl))
+	conf := write("standalone.conf", fmt.Sprintf(realOpenWhiskConf, podTemplate, appNS))
+	manifest := write("runtimes.json", realOpenWhiskManifest)
+	port := freePort(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	ow := startStandalone(ctx, t, c, standalone, dir, conf, manifest, port)
+	api := "http://127.0.0.1:" + strconv.Itoa(port)
+	w := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, wsk, append([]string{"--apihost", api, "--auth", openWhiskGuestKey}, args...)...)
+		cmd.Env = append(os.Environ(), "HOME="+dir, "WSK_CONFIG_FILE="+filepath.Join(dir, "wskprops"))
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := w("action", "create", "burn", jar, "--kind", "java:cpuslot", "--main", "dev.cpuslot.samples.CpuBurn",
+		"--memory", "512", "--concurrency", "4", "-a", "cpu-quota", "250m", "-a", "provide-api-key", "true"); err != nil {
+		t.Fatalf("wsk action create: %v\n%s\n--- standalone log:\n%s", err, out, ow.tail())
+	}
+	if out, err := w("action", "get", "burn"); err != nil || !strings.Contains(out, `"cpu-quota"`) {
+		t.Fatalf("wsk action get: %v\n%s", err, out)
+	}
+
+	// The runtime reads the annotation in the background: the first
+	// invocations may run before it has (as any source but the annotation).
+	deadline := time.Now().Add(5 * time.Minute)
+	var line hopLine
+	for i := 0; ; i++ {
+		act := invokeBlocking(t, w, ow, "burn", "-p", "ms", "200")
+		line = activationLine(ctx, t, c, appNS, act)
+		t.Logf("wsk action invoke %d: activation %s: quota=%s source=%s slot=%s", i, act, line["quota"], line["source"], line["slot"])
+		if line["source"] == "annotation" && line["slot"] != "none" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d invocations none ran in a slot of the annotation's quota: %v\n--- standalone log:\n%s", i+1, line, ow.tail())
+		}
+	}
+	if line["quota"] != "250m" {
+		t.Errorf("quota %s, want 250m (the action's cpu-quota annotation)", line["quota"])
+	}
+
+	// The action pod as the KubernetesContainerFactory made it, served by the agent.
+	pod := actionPod(ctx, t, c, appNS)
+	t.Logf("action pod %s: labels %v, cpu limit %s", pod.name, pod.labels, pod.cpuLimit)
+	_, slots := waitServed(ctx, t, c, ns, appNS, pod.name, "user-action", 1)
+	t.Logf("served: %d slots in its user-action container's cgroup", len(slots))
+	if pod.labels["user-action-pod"] != "true" {
+		t.Errorf("action pod labels %v: no user-action-pod=true", pod.labels)
+	}
+
+	// A CPU-bound invocation at 250m: its share of a CPU (cpu_ms / duration_ms
+	// of its log line) not above 27.5 %.
+	line = activationLine(ctx, t, c, appNS, invokeBlocking(t, w, ow, "burn", "-p", "ms", "3000"))
+	cpu, _ := strconv.ParseFloat(line["cpu_ms"], 64)
+	dur, _ := strconv.ParseFloat(line["duration_ms"], 64)
+	if dur <= 0 {
+		t.Fatalf("no duration in the activation's line: %v", line)
+	}
+	t.Logf("CPU-bound invocation at %s in slot %s: %.1f%% of a CPU", line["quota"], line["slot"], 100*cpu/dur)
+	if cpu/dur > 0.275 {
+		t.Errorf("%.1f%% of a CPU at 250m: above the cap", 100*cpu/dur)
+	}
+}
+
+type standaloneProc struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (p *standaloneProc) tail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.log)
+	if n > 80 {
+		n = 80
+	}
+	return strings.Join(p.log[len(p.log)-n:], "\n")
+}
+
+// startStandalone starts OpenWhisk standalone with the KubernetesContainerFactory
+// on the cluster and waits until its API answers.
+func startStandalone(ctx context.Context, t *testing.T, c *cluster.Cluster, bin, dir, conf, manifest string, port int) *standaloneProc {
+	t.Helper()
+	cmd := exec.Command(bin, "--dev-kcf", "--dev-mode", "--no-ui", "--no-browser", "--disable-color-logging",
+		"--config-file", conf, "--manifest", manifest, "--port", strconv.Itoa(port), "--data-dir", filepath.Join(dir, "data"))
+	ip := c.NodeIP()
+	// the address action pods reach the API at (__OW_API_HOST), without
+	// standalone's Docker-based detection
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig(),
+		"JAVA_OPTS=-Dwhisk.standalone.host.ip="+ip+" -Dwhisk.standalone.host.name="+ip+" -Dwhisk.standalone.host.internal="+ip)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &standaloneProc{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s := bufio.NewScanner(out)
+		s.Buffer(make([]byte, 64<<10), 1<<20)
+		for s.Scan() {
+			p.mu.Lock()
+			p.log = append(p.log, s.Text())
+			p.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+		}
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("--- standalone log (last lines):\n%s", p.tail())
+		}
+	})
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
+		if err == nil {
+			conn.Close()
+			return p
+		}
+		select {
+		case <-done:
+			t.Fatalf("OpenWhisk standalone exited before its API answered:\n%s", p.tail())
+		case <-ctx.Done():
+			t.Fatalf("OpenWhisk standalone: %v", ctx.Err())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("OpenWhisk standalone's API did not answer on port %d within 5 min:\n%s", port, p.tail())
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// invokeBlocking runs `wsk action invoke --blocking` and returns the
+// activation's id, failing unless the action succeeded.
+func invokeBlocking(t *testing.T, w func(...string) (string, error), ow *standaloneProc, name string, args ...string) string {
+	t.Helper()
+	out, err := w(append([]string{"action", "invoke", name, "--blocking"}, args...)...)
+	if err != nil {
+		t.Fatalf("wsk action invoke %s: %v\n%s\n--- standalone log:\n%s", name, err, out, ow.tail())
+	}
+	// "ok: invoked /_/NAME with id ID" and the activation as JSON
+	i := strings.Index(out, "{")
+	var act struct {
+		ActivationID string `json:"activationId"`
+		Response     struct {
+			Success bool            `json:"success"`
+			Result  json.RawMessage `json:"result"`
+		} `json:"response"`
+	}
+	if i < 0 || json.Unmarshal([]byte(out[i:]), &act) != nil || act.ActivationID == "" {
+		t.Fatalf("wsk action invoke %s: no activation in its output:\n%s", name, out)
+	}
+	if !act.Response.Success {
+		t.Fatalf("activation %s failed: %s", act.ActivationID, act.Response.Result)
+	}
+	return act.ActivationID
+}
+
+// activationLine is the runtime's log line for an activation
+// ("cpuslot: activation=ID ... quota=... source=... slot=..."), from the
+// action pods' logs; it is written after the reply, so it is waited for.
+func activationLine(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, id string) hopLine {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		logs, _ := c.Kubectl(ctx, "-n", ns, "logs", "-l", "user-action-pod=true", "-c", "user-action", "--tail=-1")
+		for _, l := range strings.Split(logs, "\n") {
+			_, rest, ok := strings.Cut(l, "cpuslot: activation="+id+" ")
+			if !ok {
+				continue
+			}
+			h := hopLine{"activation": id}
+			for _, f := range strings.Fields(rest) {
+				if k, v, ok := strings.Cut(f, "="); ok {
+					if _, seen := h[k]; !seen {
+						h[k] = v
+					}
+				}
+			}
+			return h
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line for activation %s in the action pods' logs after 1 min:\n%s", id, logs)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+type actionPodInfo struct {
+	name     string
+	labels   map[string]string
+	cpuLimit string
+}
+
+// actionPod is the one action pod the invoker made in ns.
+func actionPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) actionPodInfo {
+	t.Helper()
+	out, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-l", "user-action-pod=true", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Name   string            `json:"name"`
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Spec struct {
+				Containers []struct {
+					Name      string `json:"name"`
+					Resources struct {
+						Limits map[string]string `json:"limits"`
+					} `json:"resources"`
+				} `json:"containers"`
+			} `json:"spec"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 1 {
+		t.Fatalf("%d action pods in %s, want 1:\n%s", len(list.Items), ns, out)
+	}
+	p := list.Items[0]
+	info := actionPodInfo{name: p.Metadata.Name, labels: p.Metadata.Labels}
+	for _, ctr := range p.Spec.Containers {
+		if ctr.Name == "user-action" {
+			info.cpuLimit = ctr.Resources.Limits["cpu"]
+		}
+	}
+	return info
+}
