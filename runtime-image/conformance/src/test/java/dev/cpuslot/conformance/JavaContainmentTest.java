@@ -64,7 +64,7 @@ class JavaContainmentTest {
             "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
             "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
-            "threadGroupWalk", "agentSocket"})
+            "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -210,6 +210,19 @@ class JavaContainmentTest {
                     try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
                         ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
                     }
+                    return args;""";
+            // threads of no activation: a virtual thread (not in the worker's group), a Cleaner's action (the JDK's thread)
+            case "virtualThread" -> """
+                    Thread.ofVirtual().name("spinner-virtual").start(() -> { }).join();
+                    return args;""";
+            case "startVirtualThread" -> """
+                    Thread.startVirtualThread(() -> { }).join();
+                    return args;""";
+            case "virtualThreadExecutor" -> """
+                    try (var e = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) { e.submit(() -> { }); }
+                    return args;""";
+            case "cleaner" -> """
+                    java.lang.ref.Cleaner.create().register(new Object(), () -> { });
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
@@ -427,6 +440,53 @@ class JavaContainmentTest {
             }
             assertEquals(List.of(), left, "threads the activation started still run 60 s after its deadline");
         });
+    }
+
+    /**
+     * Threads an activation started end with it when it returns, not only at a deadline: spinning
+     * ones (ignoring interrupts), one in a thread group of its own, a task on a ForkJoinPool of its
+     * own, and one that sleeps again after each interrupt and spins when it wakes. None runs on
+     * after the 200 (before: they spun on for the process's life, in the slot the next invocation
+     * of the worker leases).
+     */
+    @Test
+    void threadsAnActivationStartedEndWhenItReturns() throws Exception {
+        String spin = probe("""
+                Runnable spin = () -> { long x = 1; while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; } };
+                Thread.ofPlatform().name("spinner-ret-1").start(spin);
+                new Thread(spin, "spinner-ret-2").start();
+                new Thread(new ThreadGroup("its-own"), spin, "spinner-group").start();
+                new java.util.concurrent.ForkJoinPool(2).submit(() -> { Thread.currentThread().setName("spinner-fj"); spin.run(); });
+                new Thread(() -> {
+                    for (int i = 0; i < 3; i++) { try { Thread.sleep(2000); } catch (InterruptedException e) { } }
+                    spin.run();
+                }, "spinner-sleepy").start();
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(spin)).code());
+            Reply r = c.run(runPayload(new JsonObject()));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = leftAfterReturn(c);
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = leftAfterReturn(c);
+                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
+                    Thread.sleep(200);
+                    left = leftAfterReturn(c);
+                }
+            }
+            assertEquals(List.of(), left, "threads the activation started still run (or the sleeper lives) 60 s after it returned");
+            Reply again = c.run(runPayload(new JsonObject()));
+            assertEquals(200, again.code(), "the function's next activation: " + again.raw());
+        });
+    }
+
+    /** The spinners still running, and the sleeper alive in any state (it must end, not only sleep). */
+    private static List<String> leftAfterReturn(ActionContainer c) throws Exception {
+        List<String> l = new java.util.ArrayList<>(threads(c, "spinner", true));
+        for (String t : threads(c, "spinner-sleepy")) if (!l.contains(t)) l.add(t);
+        return l;
     }
 
     /**
@@ -924,6 +984,19 @@ class JavaContainmentTest {
                         ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
                     }
                     return args;""";
+            // threads of no activation: a virtual thread (not in the worker's group), a Cleaner's action (the JDK's thread)
+            case "virtualThread" -> """
+                    Thread.ofVirtual().name("spinner-virtual").start(() -> { }).join();
+                    return args;""";
+            case "startVirtualThread" -> """
+                    Thread.startVirtualThread(() -> { }).join();
+                    return args;""";
+            case "virtualThreadExecutor" -> """
+                    try (var e = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) { e.submit(() -> { }); }
+                    return args;""";
+            case "cleaner" -> """
+                    java.lang.ref.Cleaner.create().register(new Object(), () -> { });
+                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
@@ -1034,6 +1107,19 @@ class JavaContainmentTest {
                     try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
                         ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
                     }
+                    return args;""";
+            // threads of no activation: a virtual thread (not in the worker's group), a Cleaner's action (the JDK's thread)
+            case "virtualThread" -> """
+                    Thread.ofVirtual().name("spinner-virtual").start(() -> { }).join();
+                    return args;""";
+            case "startVirtualThread" -> """
+                    Thread.startVirtualThread(() -> { }).join();
+                    return args;""";
+            case "virtualThreadExecutor" -> """
+                    try (var e = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) { e.submit(() -> { }); }
+                    return args;""";
+            case "cleaner" -> """
+                    java.lang.ref.Cleaner.create().register(new Object(), () -> { });
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };

@@ -88,7 +88,10 @@ public final class ActionGuard {
         /** The worker's: cancelled there. */
         final Activation root;
         final ThreadBudget budget;
+        /** Set at the activation's end (return or deadline): every thread it started stops at its next backward branch. */
         volatile boolean cancelled;
+        /** The activation constructed a thread (the worker's: only then is there anything to end). */
+        volatile boolean started;
 
         Activation(Activation root, ThreadBudget budget) {
             this.root = root == null ? this : root;
@@ -115,6 +118,19 @@ public final class ActionGuard {
     };
 
     // ---- threads per function ----------------------------------------------------------------
+
+    /**
+     * The group of the runtime's own threads that may be started from a worker (pool workers, jail
+     * threads), directly under the JVM's top group: never inside a worker's group, whose threads
+     * end with each activation.
+     */
+    public static final ThreadGroup RUNTIME_THREADS = new ThreadGroup(top(), "cpuslot-runtime");
+
+    private static ThreadGroup top() {
+        ThreadGroup g = Thread.currentThread().getThreadGroup();
+        while (g.getParent() != null) g = g.getParent();
+        return g;
+    }
 
     /** Most live threads one function may have made (CPUSLOT_JAVA_MAX_THREADS; 0: no limit). */
     private static volatile int maxThreads = 64;
@@ -153,6 +169,7 @@ public final class ActionGuard {
                         + " this shared runtime (CPUSLOT_JAVA_MAX_THREADS): no more can be started until some end");
             }
             if (max <= 0) live.incrementAndGet();
+            root.started = true;
             Activation child = new Activation(root, this);
             COUNTED.add(new Counted(child, this));
             return child;
@@ -228,6 +245,12 @@ public final class ActionGuard {
     /** Under pressure, a function thread that allocated more than this in its activation is stopped. */
     private static volatile long share = MAX_HEAP / 8;
 
+    /** A worker's group whose ended activations may still have live threads, and since when. */
+    private record Lingering(Thread worker, long since) {}
+
+    /** Worker groups with threads of ended activations (checked by the heap watch; the poll is on while any is here). */
+    private static final Map<ThreadGroup, Lingering> LINGERING = new ConcurrentHashMap<>();
+
     static {
         // The old generation holds what survived collections: nearly full, it is a function's
         // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
@@ -237,6 +260,7 @@ public final class ActionGuard {
                         && !p.getName().contains("Eden") && !p.getName().contains("Survivor"))
                 .toList();
         Thread.ofPlatform().daemon().name("cpuslot-heap-watch").start(() -> {
+            long rounds = 0;
             while (true) {
                 try {
                     Thread.sleep(5);
@@ -247,6 +271,7 @@ public final class ActionGuard {
                         max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
                     }
                     heapUsed(used, max > 0 ? max : MAX_HEAP);
+                    if (++rounds % 20 == 0 && !LINGERING.isEmpty()) sweep(); // every 100 ms
                     if (alert) calm();
                 } catch (InterruptedException e) {
                     return;
@@ -283,12 +308,77 @@ public final class ActionGuard {
         START.set(new long[] {THREADS.getCurrentThreadAllocatedBytes()});
     }
 
-    /** The calling (worker) thread ended its activation. */
+    /**
+     * The calling (worker) thread ended its activation, by a return or at its deadline: the
+     * threads it started end with it (an activation's threads never outlive it, {@link #finish}).
+     */
     public static void end() {
-        RUNNING.remove(Thread.currentThread());
+        Thread worker = Thread.currentThread();
+        Activation a = RUNNING.remove(worker);
         ACTIVATION.remove();
         START.remove();
+        if (a != null) finish(a, worker);
         calm();
+    }
+
+    /**
+     * Ends what an activation started: its threads stop at their next backward branch (they
+     * inherited it, wherever they are), the blocked ones are interrupted, and the poll stays on
+     * until none of them lives ({@link #LINGERING}): a thread that sleeps again after the
+     * interrupt, or blocks past any time window, still stops when it runs again.
+     */
+    private static void finish(Activation a, Thread worker) {
+        a.cancelled = true;
+        if (!a.started) return;
+        ThreadGroup g = worker.getThreadGroup();
+        if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
+        LINGERING.put(g, new Lingering(worker, System.nanoTime()));
+        alert = true;
+        interruptStarted(worker);
+    }
+
+    /** After this long, a thread of an ended activation that still lives is a stray: counted and logged. */
+    private static final long STRAY_NANOS = 10_000_000_000L;
+    /** Threads of ended activations alive longer than STRAY_NANOS (at the last check). */
+    private static volatile long strays;
+    private static final Set<Thread> REPORTED = Collections.newSetFromMap(new java.util.WeakHashMap<>());
+
+    /**
+     * Threads of ended activations still alive STRAY_NANOS after their end (JDK code that ignores
+     * interrupts and never returns to the function's code): the runtime's metric shows them.
+     */
+    public static long strayThreads() { return strays; }
+
+    /** Drops the groups whose started threads all ended; counts (and names, once) those that outlive STRAY_NANOS. */
+    private static void sweep() {
+        long n = 0, now = System.nanoTime();
+        for (var e : LINGERING.entrySet()) {
+            List<Thread> live = others(e.getKey(), e.getValue().worker());
+            if (live.isEmpty()) {
+                LINGERING.remove(e.getKey(), e.getValue());
+                continue;
+            }
+            // a worker in its next activation: those may be its threads (its end looks again)
+            if (RUNNING.containsKey(e.getValue().worker()) || now - e.getValue().since() < STRAY_NANOS) continue;
+            n += live.size();
+            for (Thread t : live) {
+                t.interrupt();
+                boolean first;
+                synchronized (REPORTED) { first = REPORTED.add(t); }
+                if (first) System.err.println("cpuslot: thread \"" + t.getName() + "\" of an activation of worker " + e.getKey().getName()
+                        + " still lives " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (it ignores interrupts)");
+            }
+        }
+        strays = n;
+    }
+
+    /** The live threads in the worker's group (and the groups below it) but the worker. */
+    private static List<Thread> others(ThreadGroup g, Thread worker) {
+        Thread[] ts = new Thread[g.activeCount() + 16];
+        int n = g.enumerate(ts, true);
+        List<Thread> l = new java.util.ArrayList<>();
+        for (int i = 0; i < n; i++) if (ts[i] != worker && ts[i].isAlive()) l.add(ts[i]);
+        return l;
     }
 
     /** Clears the alert when nothing is pending; a cancel or pressure racing with it sets it again. */
@@ -298,7 +388,7 @@ public final class ActionGuard {
         if (busy()) alert = true;
     }
 
-    private static boolean busy() { return pressure || System.nanoTime() - alertUntil < 0; }
+    private static boolean busy() { return pressure || System.nanoTime() - alertUntil < 0 || !LINGERING.isEmpty(); }
 
     /**
      * The activation on this worker passed its deadline: its code stops at its next backward
@@ -307,10 +397,9 @@ public final class ActionGuard {
     public static void cancel(Thread worker) {
         Activation a = RUNNING.get(worker);
         if (a == null) return;
-        a.cancelled = true;
         alertUntil = System.nanoTime() + ALERT_NANOS;
         alert = true;
-        interruptStarted(worker);
+        finish(a, worker);
     }
 
     /**
@@ -322,9 +411,7 @@ public final class ActionGuard {
     private static void interruptStarted(Thread worker) {
         ThreadGroup g = worker.getThreadGroup();
         if (g == null || !g.getName().equals(worker.getName())) return;
-        Thread[] ts = new Thread[g.activeCount() + 16];
-        int n = g.enumerate(ts, true);
-        for (int i = 0; i < n; i++) if (ts[i] != worker) ts[i].interrupt();
+        for (Thread t : others(g, worker)) t.interrupt();
     }
 
     /** Inserted by the guard before every backward branch of a function's code. */

@@ -40,7 +40,8 @@ import java.util.Set;
  * foreign-function API and {@code System/Runtime.load*}, process start and process handles, class
  * loaders of its own, the JVM-wide defaults (standard streams, system properties, default time
  * zone, locale, uncaught-exception handler, network and security defaults, shutdown hooks), other
- * threads ({@code Thread.getAllStackTraces}, {@code enumerate}), management, JFR, scripting, JNDI,
+ * threads ({@code Thread.getAllStackTraces}, {@code enumerate}), threads that would not end with
+ * their activation (virtual threads, {@code Cleaner}s), management, JFR, scripting, JNDI,
  * {@code java.beans} (reflective calls by name), Java deserialization and XSLT (code the guard
  * never saw), and the runtime's own classes. A method handle
  * constant to a rewritten member is refused too.</li>
@@ -94,13 +95,17 @@ public final class Rewriter {
             Map.entry("java/lang/System", Set.of("setOut", "setErr", "setIn", "setProperty", "setProperties", "clearProperty",
                     "load", "loadLibrary", "setSecurityManager", "console")),
             Map.entry("java/lang/Runtime", Set.of("exec", "load", "loadLibrary", "addShutdownHook", "removeShutdownHook")),
-            Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler")),
             // above its own group are the runtime's threads and every other activation's (interrupt())
             Map.entry("java/lang/ThreadGroup", Set.of("enumerate", "getParent")),
             // a thread that does not inherit the activation escapes its thread limit and deadline
             Map.entry("java/lang/Thread$Builder", Set.of("inheritInheritableThreadLocals")),
             Map.entry("java/lang/Thread$Builder$OfPlatform", Set.of("inheritInheritableThreadLocals")),
-            Map.entry("java/lang/Thread$Builder$OfVirtual", Set.of("inheritInheritableThreadLocals")),
+            // a virtual thread is in no worker's group, and a Cleaner runs its actions on a JDK thread of
+            // no activation: neither would end with the activation that started it
+            Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler",
+                    "ofVirtual", "startVirtualThread")),
+            Map.entry("java/util/concurrent/Executors", Set.of("newVirtualThreadPerTaskExecutor")),
+            Map.entry("java/lang/ref/Cleaner", Set.of("create")),
             Map.entry("java/lang/ClassLoader", Set.of("<init>", "defineClass", "defineClass1", "defineClass2", "resolveClass",
                     "setDefaultAssertionStatus", "setClassAssertionStatus", "setPackageAssertionStatus")),
             // a link would make a checked path name an unchecked file
