@@ -88,8 +88,8 @@ public final class ActionGuard {
         /** The worker's: cancelled there. */
         final Activation root;
         final ThreadBudget budget;
-        /** Set at the activation's end (return or deadline): every thread it started stops at its next backward branch. */
-        volatile boolean cancelled;
+        /** Why it ended (its deadline, or its return), null while it runs: every thread it started stops at its next backward branch. */
+        volatile String ended;
         /** The activation constructed a thread (the worker's: only then is there anything to end). */
         volatile boolean started;
 
@@ -98,7 +98,7 @@ public final class ActionGuard {
             this.budget = budget;
         }
 
-        boolean cancelled() { return root.cancelled; }
+        String ended() { return root.ended; }
     }
 
     /**
@@ -317,7 +317,7 @@ public final class ActionGuard {
         Activation a = RUNNING.remove(worker);
         ACTIVATION.remove();
         START.remove();
-        if (a != null) finish(a, worker);
+        if (a != null) finish(a, worker, "the activation that started this thread has ended");
         calm();
     }
 
@@ -327,8 +327,8 @@ public final class ActionGuard {
      * until none of them lives ({@link #LINGERING}): a thread that sleeps again after the
      * interrupt, or blocks past any time window, still stops when it runs again.
      */
-    private static void finish(Activation a, Thread worker) {
-        a.cancelled = true;
+    private static void finish(Activation a, Thread worker, String why) {
+        if (a.ended == null) a.ended = why;
         if (!a.started) return;
         ThreadGroup g = worker.getThreadGroup();
         if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
@@ -337,15 +337,15 @@ public final class ActionGuard {
         interruptStarted(worker);
     }
 
-    /** After this long, a thread of an ended activation that still lives is a stray: counted and logged. */
+    /** After this long, a thread of an ended activation that still runs is a stray: counted and logged. */
     private static final long STRAY_NANOS = 10_000_000_000L;
-    /** Threads of ended activations alive longer than STRAY_NANOS (at the last check). */
+    /** Threads of ended activations running (not blocked) longer than STRAY_NANOS after the end (at the last check). */
     private static volatile long strays;
     private static final Set<Thread> REPORTED = Collections.newSetFromMap(new java.util.WeakHashMap<>());
 
     /**
-     * Threads of ended activations still alive STRAY_NANOS after their end (JDK code that ignores
-     * interrupts and never returns to the function's code): the runtime's metric shows them.
+     * Threads of ended activations still running STRAY_NANOS after their end (JDK code that ignores
+     * interrupts and does not return to the function's code): the runtime's metric shows them.
      */
     public static long strayThreads() { return strays; }
 
@@ -360,13 +360,14 @@ public final class ActionGuard {
             }
             // a worker in its next activation: those may be its threads (its end looks again)
             if (RUNNING.containsKey(e.getValue().worker()) || now - e.getValue().since() < STRAY_NANOS) continue;
-            n += live.size();
             for (Thread t : live) {
+                if (t.getState() != Thread.State.RUNNABLE) continue; // blocked: no CPU; it stops if it runs again
+                n++;
                 t.interrupt();
                 boolean first;
                 synchronized (REPORTED) { first = REPORTED.add(t); }
                 if (first) System.err.println("cpuslot: thread \"" + t.getName() + "\" of an activation of worker " + e.getKey().getName()
-                        + " still lives " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (it ignores interrupts)");
+                        + " still runs " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (in code that ignores interrupts)");
             }
         }
         strays = n;
@@ -399,7 +400,7 @@ public final class ActionGuard {
         if (a == null) return;
         alertUntil = System.nanoTime() + ALERT_NANOS;
         alert = true;
-        finish(a, worker);
+        finish(a, worker, "the activation passed its deadline");
     }
 
     /**
@@ -421,7 +422,8 @@ public final class ActionGuard {
 
     private static void slowPoll() {
         Activation a = ACTIVATION.get();
-        if (a != null && a.cancelled()) throw new Stopped("the activation passed its deadline");
+        String ended = a == null ? null : a.ended();
+        if (ended != null) throw new Stopped(ended);
         if (pressure) {
             long[] st = START.get();
             long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);
