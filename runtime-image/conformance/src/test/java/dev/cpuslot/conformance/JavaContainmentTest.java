@@ -819,6 +819,84 @@ class JavaContainmentTest {
     }
 
     /**
+     * A function cannot use the runtime's control endpoints over the network: a Java function that
+     * POSTs {@code /deregister} of another function, or {@code /register} of a new one, to the
+     * runtime's own port on loopback gets 403, and nothing changes; the same requests from outside
+     * the process still work. (Before: 200, the other function was gone and the planted one served.)
+     */
+    @Test
+    void aFunctionCannotUseTheControlEndpointsOverLoopback() throws Exception {
+        String caller = probe("""
+                var u = java.net.URI.create("http://127.0.0.1:" + args.get("port").getAsString() + args.get("path").getAsString()).toURL();
+                var h = (java.net.HttpURLConnection) u.openConnection();
+                h.setRequestMethod("POST");
+                h.setDoOutput(true);
+                h.getOutputStream().close();
+                JsonObject r = new JsonObject();
+                r.addProperty("code", h.getResponseCode());
+                return r;""");
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        with("java", c -> {
+            Path helloJar = jarFile(c, "hello", hello);
+            assertEquals(200, register(c, "caller", jarFile(c, "caller", caller), null).code());
+            assertEquals(200, register(c, "victim", helloJar, null).code());
+            for (String path : List.of("/deregister?name=victim",
+                    "/register?name=planted&language=java&entryPoint=example.Probe&url=" + helloJar.toUri(),
+                    "/warmup?name=victim")) {
+                JsonObject a = new JsonObject();
+                a.addProperty("port", c.port());
+                a.addProperty("path", path);
+                JsonObject o = new JsonObject();
+                o.addProperty("name", "caller");
+                o.addProperty("arguments", a.toString());
+                Reply r = c.post("/", o.toString());
+                assertEquals(200, r.code(), path + ": " + r.raw());
+                assertEquals(403, r.body().getAsJsonObject("result").get("code").getAsInt(), "a function's " + path + " over loopback: " + r.raw());
+            }
+            assertEquals(200, invoke(c, "victim").code(), "the other function after the probes");
+            assertEquals(404, invoke(c, "planted").code(), "a function the probe registered");
+            assertEquals(200, c.post("/deregister?name=victim", "").code(), "the same request from outside the process");
+        });
+    }
+
+    /**
+     * With CPUSLOT_CONTROL_TOKEN_FILE (for a relay in the pod, such as Knative's queue-proxy, which
+     * forwards what a function sends it), the control endpoints need the file's token, and no
+     * function can read the file.
+     */
+    @Test
+    void theControlEndpointsNeedTheTokenAndNoFunctionReadsIt() throws Exception {
+        Path token = Files.createTempFile("control", ".token");
+        Files.writeString(token, "s3cret-" + System.nanoTime() + "\n");
+        String reader = probe("""
+                args.addProperty("token", Files.readString(Path.of(args.get("file").getAsString())));
+                return args;""");
+        try {
+            with("java", env("CPUSLOT_CONTROL_TOKEN_FILE", token.toString()), c -> {
+                Path jar = jarFile(c, "reader", reader);
+                Reply no = register(c, "reader", jar, null);
+                assertEquals(403, no.code(), "/register without the token: " + no.raw());
+                Reply wrong = c.post("/register?name=reader&language=java&entryPoint=example.Probe&url=" + jar.toUri(), "",
+                        Map.of("X-Cpuslot-Control-Token", "guess"));
+                assertEquals(403, wrong.code(), "/register with another token: " + wrong.raw());
+                Reply ok = c.post("/register?name=reader&language=java&entryPoint=example.Probe&url=" + jar.toUri(), "",
+                        Map.of("X-Cpuslot-Control-Token", Files.readString(token).strip()));
+                assertEquals(200, ok.code(), "/register with the token: " + ok.raw());
+                JsonObject a = new JsonObject();
+                a.addProperty("file", token.toString());
+                JsonObject o = new JsonObject();
+                o.addProperty("name", "reader");
+                o.addProperty("arguments", a.toString());
+                Reply r = c.post("/", o.toString());
+                assertFalse(r.raw().toString().contains("s3cret"), "a function read the control token: " + r.raw());
+                assertTrue(r.raw().toString().contains("the runtime's own"), String.valueOf(r.raw()));
+            });
+        } finally {
+            Files.deleteIfExists(token);
+        }
+    }
+
+    /**
      * Each function has its own temporary directory (java.io.tmpdir, File.createTempFile,
      * Files.createTempFile), removed with the function; no function's jar is a file another can read.
      */
