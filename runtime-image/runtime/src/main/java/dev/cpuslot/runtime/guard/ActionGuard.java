@@ -248,8 +248,14 @@ public final class ActionGuard {
     /** A worker's group whose ended activations may still have live threads, and since when. */
     private record Lingering(Thread worker, long since) {}
 
-    /** Worker groups with threads of ended activations (checked by the heap watch; the poll is on while any is here). */
+    /** Worker groups with threads of ended activations (checked by the heap watch every 20 ms while any is here). */
     private static final Map<ThreadGroup, Lingering> LINGERING = new ConcurrentHashMap<>();
+    /**
+     * Whether the poll stays on for them: from an end until the next check, then while any of them
+     * runs. One blocked uses no CPU and costs every function's loops nothing; when it runs again,
+     * the next check (20 ms) turns the poll on.
+     */
+    private static volatile boolean lingerRunning;
 
     static {
         // The old generation holds what survived collections: nearly full, it is a function's
@@ -271,7 +277,7 @@ public final class ActionGuard {
                         max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
                     }
                     heapUsed(used, max > 0 ? max : MAX_HEAP);
-                    if (++rounds % 20 == 0 && !LINGERING.isEmpty()) sweep(); // every 100 ms
+                    if (++rounds % 4 == 0 && !LINGERING.isEmpty()) sweep(); // every 20 ms
                     if (alert) calm();
                 } catch (InterruptedException e) {
                     return;
@@ -323,9 +329,9 @@ public final class ActionGuard {
 
     /**
      * Ends what an activation started: its threads stop at their next backward branch (they
-     * inherited it, wherever they are), the blocked ones are interrupted, and the poll stays on
-     * until none of them lives ({@link #LINGERING}): a thread that sleeps again after the
-     * interrupt, or blocks past any time window, still stops when it runs again.
+     * inherited it, wherever they are), the blocked ones are interrupted, and they are watched
+     * until none of them lives ({@link #LINGERING}), the poll on whenever one runs: a thread that
+     * sleeps again after the interrupt, or blocks past any time window, stops when it runs again.
      */
     private static void finish(Activation a, Thread worker, String why) {
         if (a.ended == null) a.ended = why;
@@ -333,6 +339,7 @@ public final class ActionGuard {
         ThreadGroup g = worker.getThreadGroup();
         if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
         LINGERING.put(g, new Lingering(worker, System.nanoTime()));
+        lingerRunning = true;
         alert = true;
         interruptStarted(worker);
     }
@@ -352,12 +359,14 @@ public final class ActionGuard {
     /** Drops the groups whose started threads all ended; counts (and names, once) those that outlive STRAY_NANOS. */
     private static void sweep() {
         long n = 0, now = System.nanoTime();
+        boolean running = false;
         for (var e : LINGERING.entrySet()) {
             List<Thread> live = others(e.getKey(), e.getValue().worker());
             if (live.isEmpty()) {
                 LINGERING.remove(e.getKey(), e.getValue());
                 continue;
             }
+            for (Thread t : live) if (t.getState() == Thread.State.RUNNABLE) running = true;
             // a worker in its next activation: those may be its threads (its end looks again)
             if (RUNNING.containsKey(e.getValue().worker()) || now - e.getValue().since() < STRAY_NANOS) continue;
             for (Thread t : live) {
@@ -371,6 +380,8 @@ public final class ActionGuard {
             }
         }
         strays = n;
+        lingerRunning = running;
+        if (running) alert = true;
     }
 
     /** The live threads in the worker's group (and the groups below it) but the worker. */
@@ -389,7 +400,7 @@ public final class ActionGuard {
         if (busy()) alert = true;
     }
 
-    private static boolean busy() { return pressure || System.nanoTime() - alertUntil < 0 || !LINGERING.isEmpty(); }
+    private static boolean busy() { return pressure || System.nanoTime() - alertUntil < 0 || lingerRunning; }
 
     /**
      * The activation on this worker passed its deadline: its code stops at its next backward
