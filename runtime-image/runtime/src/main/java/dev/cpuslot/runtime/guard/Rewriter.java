@@ -47,7 +47,7 @@ import java.util.Set;
  * constant to a rewritten member is refused too.</li>
  * <li><b>Rewritten</b> to {@link ActionGuard}: {@code Method.invoke}, {@code Constructor/Class.newInstance},
  * {@code setAccessible} (allowed on the function's own classes only), {@code System.exit}, {@code Runtime.exit/halt}
- * (a SecurityException), {@code System.getenv} (the activation's environment),
+ * (a SecurityException), {@code System.gc}, {@code Runtime.gc} (nothing), {@code System.getenv} (the activation's environment),
  * {@code System.getProperty/getProperties} and the temporary-file calls (the function's own
  * temporary directory), {@code setAttribute/setProperty} of the JDK's XML parsers (no
  * {@code accessExternal*} value but {@code ""}).</li>
@@ -174,6 +174,9 @@ public final class Rewriter {
             redirect("java/lang/System", "exit", "(I)V", false),
             redirect("java/lang/Runtime", "exit", "(I)V", true),
             redirect("java/lang/Runtime", "halt", "(I)V", true),
+            // a full collection of the shared heap stops every tenant's threads
+            redirect("java/lang/System", "gc", "()V", false),
+            redirect("java/lang/Runtime", "gc", "()V", true),
             redirect("java/lang/System", "getenv", "(Ljava/lang/String;)Ljava/lang/String;", false),
             redirect("java/lang/System", "getenv", "()Ljava/util/Map;", false),
             redirect("java/lang/System", "getProperty", "(Ljava/lang/String;)Ljava/lang/String;", false),
