@@ -860,6 +860,36 @@ class JavaContainmentTest {
         });
     }
 
+    /**
+     * What a function keeps in its statics goes with it: a Hydra function holding 60 % of the heap
+     * in a static, once deregistered, leaves room for another that holds as much (its class loader
+     * and everything it reaches are collected), and a bystander is served throughout.
+     */
+    @Test
+    void aFunctionsRetainedHeapGoesWhenItIsDeregistered() throws Exception {
+        String hog = probe("""
+                HOLD = new byte[(int) (Runtime.getRuntime().maxMemory() / 10 * 6)];
+                args.addProperty("held", HOLD.length);
+                return args;
+                }
+                static byte[] HOLD;
+                static {""");
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        with("java", env("JAVA_TOOL_OPTIONS", "-Xmx256m"), c -> {
+            Path jar = jarFile(c, "hog", hog);
+            assertEquals(200, register(c, "hello", jarFile(c, "hello", hello), null).code());
+            assertEquals(200, register(c, "hog1", jar, null).code());
+            Reply first = invoke(c, "hog1");
+            assertEquals(200, first.code(), String.valueOf(first.raw()));
+            assertEquals(200, invoke(c, "hello").code(), "a bystander beside the hog");
+            assertEquals(200, c.post("/deregister?name=hog1", "").code());
+            assertEquals(200, register(c, "hog2", jar, null).code());
+            Reply second = invoke(c, "hog2");
+            assertEquals(200, second.code(), "a second hog after the first was deregistered: " + second.raw());
+            assertEquals(200, invoke(c, "hello").code(), "a bystander beside the second hog");
+        });
+    }
+
     private static long timed(ActionContainer c, String name) throws Exception {
         long t0 = System.nanoTime();
         Reply r = invoke(c, name);
