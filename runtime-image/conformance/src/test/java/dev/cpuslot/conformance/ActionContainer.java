@@ -168,10 +168,14 @@ final class ActionContainer implements AutoCloseable {
     }
 
     /** A POST of any body to a path with its query (Hydra /register, invoke). */
-    Reply post(String path, String body) throws Exception {
-        HttpRequest req = HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path)).timeout(REQUEST_TIMEOUT)
-                .header("Content-Type", "application/json")
-                .POST(HttpRequest.BodyPublishers.ofString(body, StandardCharsets.UTF_8)).build();
+    Reply post(String path, String body) throws Exception { return post(path, body, Map.of()); }
+
+    /** The same with request headers. */
+    Reply post(String path, String body, Map<String, String> headers) throws Exception {
+        HttpRequest.Builder b = HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path)).timeout(REQUEST_TIMEOUT)
+                .header("Content-Type", "application/json");
+        headers.forEach(b::header);
+        HttpRequest req = b.POST(HttpRequest.BodyPublishers.ofString(body, StandardCharsets.UTF_8)).build();
         HttpResponse<String> r;
         try {
             r = http.send(req, HttpResponse.BodyHandlers.ofString(StandardCharsets.UTF_8));

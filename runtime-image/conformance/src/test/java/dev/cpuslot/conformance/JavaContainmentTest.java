@@ -64,7 +64,7 @@ class JavaContainmentTest {
             "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
             "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
-            "threadGroupWalk", "agentSocket"})
+            "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -210,6 +210,19 @@ class JavaContainmentTest {
                     try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
                         ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
                     }
+                    return args;""";
+            // threads of no activation: a virtual thread (not in the worker's group), a Cleaner's action (the JDK's thread)
+            case "virtualThread" -> """
+                    Thread.ofVirtual().name("spinner-virtual").start(() -> { }).join();
+                    return args;""";
+            case "startVirtualThread" -> """
+                    Thread.startVirtualThread(() -> { }).join();
+                    return args;""";
+            case "virtualThreadExecutor" -> """
+                    try (var e = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) { e.submit(() -> { }); }
+                    return args;""";
+            case "cleaner" -> """
+                    java.lang.ref.Cleaner.create().register(new Object(), () -> { });
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
@@ -427,6 +440,53 @@ class JavaContainmentTest {
             }
             assertEquals(List.of(), left, "threads the activation started still run 60 s after its deadline");
         });
+    }
+
+    /**
+     * Threads an activation started end with it when it returns, not only at a deadline: spinning
+     * ones (ignoring interrupts), one in a thread group of its own, a task on a ForkJoinPool of its
+     * own, and one that sleeps again after each interrupt and spins when it wakes. None runs on
+     * after the 200 (before: they spun on for the process's life, in the slot the next invocation
+     * of the worker leases).
+     */
+    @Test
+    void threadsAnActivationStartedEndWhenItReturns() throws Exception {
+        String spin = probe("""
+                Runnable spin = () -> { long x = 1; while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; } };
+                Thread.ofPlatform().name("spinner-ret-1").start(spin);
+                new Thread(spin, "spinner-ret-2").start();
+                new Thread(new ThreadGroup("its-own"), spin, "spinner-group").start();
+                new java.util.concurrent.ForkJoinPool(2).submit(() -> { Thread.currentThread().setName("spinner-fj"); spin.run(); });
+                new Thread(() -> {
+                    for (int i = 0; i < 3; i++) { try { Thread.sleep(2000); } catch (InterruptedException e) { } }
+                    spin.run();
+                }, "spinner-sleepy").start();
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, c.init(init(spin)).code());
+            Reply r = c.run(runPayload(new JsonObject()));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = leftAfterReturn(c);
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = leftAfterReturn(c);
+                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
+                    Thread.sleep(200);
+                    left = leftAfterReturn(c);
+                }
+            }
+            assertEquals(List.of(), left, "threads the activation started still run (or the sleeper lives) 60 s after it returned");
+            Reply again = c.run(runPayload(new JsonObject()));
+            assertEquals(200, again.code(), "the function's next activation: " + again.raw());
+        });
+    }
+
+    /** The spinners still running, and the sleeper alive in any state (it must end, not only sleep). */
+    private static List<String> leftAfterReturn(ActionContainer c) throws Exception {
+        List<String> l = new java.util.ArrayList<>(threads(c, "spinner", true));
+        for (String t : threads(c, "spinner-sleepy")) if (!l.contains(t)) l.add(t);
+        return l;
     }
 
     /**
@@ -759,6 +819,163 @@ class JavaContainmentTest {
     }
 
     /**
+     * A function's {@code System.gc()} and {@code Runtime.gc()} collect nothing: each would stop
+     * every tenant's threads for a full collection of the shared heap (the JVM collects when it
+     * needs to). The gc log shows no collection for them, and a bystander's hello latency during a
+     * 5 s storm is printed beside the quiet one. (Before: one full collection per call, and the
+     * bystander's hello went from a few ms to tens or hundreds.)
+     */
+    @Test
+    void aFunctionsExplicitCollectionsStopNoOne() throws Exception {
+        String storm = probe("""
+                long until = System.nanoTime() + 5_000_000_000L;
+                int n = 0;
+                while (System.nanoTime() < until) { System.gc(); Runtime.getRuntime().gc(); n += 2; }
+                args.addProperty("calls", n);
+                return args;""");
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        Path log = Path.of(System.getProperty("cpuslot.work", "target/conformance")).toAbsolutePath()
+                .resolve("gc-" + ProcessHandle.current().pid() + "-" + System.nanoTime() + ".log");
+        Files.createDirectories(log.getParent());
+        with("java", env("JAVA_TOOL_OPTIONS", "-Xlog:gc:file=" + log), c -> {
+            assertEquals(200, register(c, "storm", jarFile(c, "storm", storm), null).code());
+            assertEquals(200, register(c, "hello", jarFile(c, "hello", hello), null).code());
+            List<Long> quiet = new java.util.ArrayList<>(), during = new java.util.ArrayList<>();
+            for (int i = 0; i < 60; i++) quiet.add(timed(c, "hello"));
+            var f = java.util.concurrent.CompletableFuture.supplyAsync(() -> {
+                try {
+                    return invoke(c, "storm");
+                } catch (Exception e) {
+                    throw new IllegalStateException(e);
+                }
+            });
+            while (!f.isDone()) during.add(timed(c, "hello"));
+            Reply s = f.get(120, java.util.concurrent.TimeUnit.SECONDS);
+            assertEquals(200, s.code(), String.valueOf(s.raw()));
+            System.out.printf("bystander hello p50/p99: quiet %.2f/%.2f ms, during a System.gc() storm %.2f/%.2f ms (%d calls; %s)%n",
+                    ChainBenchmark.pct(quiet, 50) / 1e6, ChainBenchmark.pct(quiet, 99) / 1e6,
+                    ChainBenchmark.pct(during, 50) / 1e6, ChainBenchmark.pct(during, 99) / 1e6, during.size(), s.raw());
+            long explicit = Files.readAllLines(log).stream().filter(l -> l.contains("System.gc()")).count();
+            assertEquals(0, explicit, "collections the function's System.gc() calls made (gc log " + log + ")");
+        });
+    }
+
+    /**
+     * What a function keeps in its statics goes with it: a Hydra function holding 60 % of the heap
+     * in a static, once deregistered, leaves room for another that holds as much (its class loader
+     * and everything it reaches are collected), and a bystander is served throughout.
+     */
+    @Test
+    void aFunctionsRetainedHeapGoesWhenItIsDeregistered() throws Exception {
+        String hog = probe("""
+                HOLD = new byte[(int) (Runtime.getRuntime().maxMemory() / 10 * 6)];
+                args.addProperty("held", HOLD.length);
+                return args;
+                }
+                static byte[] HOLD;
+                static {""");
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        with("java", env("JAVA_TOOL_OPTIONS", "-Xmx256m"), c -> {
+            Path jar = jarFile(c, "hog", hog);
+            assertEquals(200, register(c, "hello", jarFile(c, "hello", hello), null).code());
+            assertEquals(200, register(c, "hog1", jar, null).code());
+            Reply first = invoke(c, "hog1");
+            assertEquals(200, first.code(), String.valueOf(first.raw()));
+            assertEquals(200, invoke(c, "hello").code(), "a bystander beside the hog");
+            assertEquals(200, c.post("/deregister?name=hog1", "").code());
+            assertEquals(200, register(c, "hog2", jar, null).code());
+            Reply second = invoke(c, "hog2");
+            assertEquals(200, second.code(), "a second hog after the first was deregistered: " + second.raw());
+            assertEquals(200, invoke(c, "hello").code(), "a bystander beside the second hog");
+        });
+    }
+
+    private static long timed(ActionContainer c, String name) throws Exception {
+        long t0 = System.nanoTime();
+        Reply r = invoke(c, name);
+        assertEquals(200, r.code(), String.valueOf(r.raw()));
+        return System.nanoTime() - t0;
+    }
+
+    /**
+     * A function cannot use the runtime's control endpoints over the network: a Java function that
+     * POSTs {@code /deregister} of another function, or {@code /register} of a new one, to the
+     * runtime's own port on loopback gets 403, and nothing changes; the same requests from outside
+     * the process still work. (Before: 200, the other function was gone and the planted one served.)
+     */
+    @Test
+    void aFunctionCannotUseTheControlEndpointsOverLoopback() throws Exception {
+        String caller = probe("""
+                var u = java.net.URI.create("http://127.0.0.1:" + args.get("port").getAsString() + args.get("path").getAsString()).toURL();
+                var h = (java.net.HttpURLConnection) u.openConnection();
+                h.setRequestMethod("POST");
+                h.setDoOutput(true);
+                h.getOutputStream().close();
+                JsonObject r = new JsonObject();
+                r.addProperty("code", h.getResponseCode());
+                return r;""");
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        with("java", c -> {
+            Path helloJar = jarFile(c, "hello", hello);
+            assertEquals(200, register(c, "caller", jarFile(c, "caller", caller), null).code());
+            assertEquals(200, register(c, "victim", helloJar, null).code());
+            for (String path : List.of("/deregister?name=victim",
+                    "/register?name=planted&language=java&entryPoint=example.Probe&url=" + helloJar.toUri(),
+                    "/warmup?name=victim")) {
+                JsonObject a = new JsonObject();
+                a.addProperty("port", c.port());
+                a.addProperty("path", path);
+                JsonObject o = new JsonObject();
+                o.addProperty("name", "caller");
+                o.addProperty("arguments", a.toString());
+                Reply r = c.post("/", o.toString());
+                assertEquals(200, r.code(), path + ": " + r.raw());
+                assertEquals(403, r.body().getAsJsonObject("result").get("code").getAsInt(), "a function's " + path + " over loopback: " + r.raw());
+            }
+            assertEquals(200, invoke(c, "victim").code(), "the other function after the probes");
+            assertEquals(404, invoke(c, "planted").code(), "a function the probe registered");
+            assertEquals(200, c.post("/deregister?name=victim", "").code(), "the same request from outside the process");
+        });
+    }
+
+    /**
+     * With CPUSLOT_CONTROL_TOKEN_FILE (for a relay in the pod, such as Knative's queue-proxy, which
+     * forwards what a function sends it), the control endpoints need the file's token, and no
+     * function can read the file.
+     */
+    @Test
+    void theControlEndpointsNeedTheTokenAndNoFunctionReadsIt() throws Exception {
+        Path token = Files.createTempFile("control", ".token");
+        Files.writeString(token, "s3cret-" + System.nanoTime() + "\n");
+        String reader = probe("""
+                args.addProperty("token", Files.readString(Path.of(args.get("file").getAsString())));
+                return args;""");
+        try {
+            with("java", env("CPUSLOT_CONTROL_TOKEN_FILE", token.toString()), c -> {
+                Path jar = jarFile(c, "reader", reader);
+                Reply no = register(c, "reader", jar, null);
+                assertEquals(403, no.code(), "/register without the token: " + no.raw());
+                Reply wrong = c.post("/register?name=reader&language=java&entryPoint=example.Probe&url=" + jar.toUri(), "",
+                        Map.of("X-Cpuslot-Control-Token", "guess"));
+                assertEquals(403, wrong.code(), "/register with another token: " + wrong.raw());
+                Reply ok = c.post("/register?name=reader&language=java&entryPoint=example.Probe&url=" + jar.toUri(), "",
+                        Map.of("X-Cpuslot-Control-Token", Files.readString(token).strip()));
+                assertEquals(200, ok.code(), "/register with the token: " + ok.raw());
+                JsonObject a = new JsonObject();
+                a.addProperty("file", token.toString());
+                JsonObject o = new JsonObject();
+                o.addProperty("name", "reader");
+                o.addProperty("arguments", a.toString());
+                Reply r = c.post("/", o.toString());
+                assertFalse(r.raw().toString().contains("s3cret"), "a function read the control token: " + r.raw());
+                assertTrue(r.raw().toString().contains("the runtime's own"), String.valueOf(r.raw()));
+            });
+        } finally {
+            Files.deleteIfExists(token);
+        }
+    }
+
+    /**
      * Each function has its own temporary directory (java.io.tmpdir, File.createTempFile,
      * Files.createTempFile), removed with the function; no function's jar is a file another can read.
      */
@@ -924,6 +1141,19 @@ class JavaContainmentTest {
                         ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
                     }
                     return args;""";
+            // threads of no activation: a virtual thread (not in the worker's group), a Cleaner's action (the JDK's thread)
+            case "virtualThread" -> """
+                    Thread.ofVirtual().name("spinner-virtual").start(() -> { }).join();
+                    return args;""";
+            case "startVirtualThread" -> """
+                    Thread.startVirtualThread(() -> { }).join();
+                    return args;""";
+            case "virtualThreadExecutor" -> """
+                    try (var e = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) { e.submit(() -> { }); }
+                    return args;""";
+            case "cleaner" -> """
+                    java.lang.ref.Cleaner.create().register(new Object(), () -> { });
+                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
@@ -1034,6 +1264,19 @@ class JavaContainmentTest {
                     try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
                         ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
                     }
+                    return args;""";
+            // threads of no activation: a virtual thread (not in the worker's group), a Cleaner's action (the JDK's thread)
+            case "virtualThread" -> """
+                    Thread.ofVirtual().name("spinner-virtual").start(() -> { }).join();
+                    return args;""";
+            case "startVirtualThread" -> """
+                    Thread.startVirtualThread(() -> { }).join();
+                    return args;""";
+            case "virtualThreadExecutor" -> """
+                    try (var e = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) { e.submit(() -> { }); }
+                    return args;""";
+            case "cleaner" -> """
+                    java.lang.ref.Cleaner.create().register(new Object(), () -> { });
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };

@@ -80,6 +80,8 @@ public final class FunctionRuntime implements AutoCloseable {
             });
             return m;
         });
+        // threads of ended activations that no interrupt or poll could end (JDK code that ignores both)
+        metrics.gaugeFunction("cpuslot_stray_threads", () -> Map.of("", dev.cpuslot.runtime.guard.ActionGuard.strayThreads()));
         if (slots != null) {
             slots.onBatchRead(this::batchRead);
             metrics.gaugeFunction("cpuslot_slot_client_events_total", () -> {
@@ -99,6 +101,7 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_invocations_total", "counter", "Invocations by platform, function and status.");
         metrics.describe("cpuslot_invocation_duration_seconds", "histogram", "Invocation latency inside the runtime.");
         metrics.describe("cpuslot_invocations_in_flight", "gauge", "Invocations running now.");
+        metrics.describe("cpuslot_stray_threads", "gauge", "Threads of ended Java activations still running (not blocked) 10 s after the end.");
         metrics.describe("cpuslot_sandboxes", "gauge", "Sandboxes (workers) per function by state.");
         metrics.describe("cpuslot_sandboxes_created_total", "counter", "Sandboxes created.");
         metrics.describe("cpuslot_sandboxes_abandoned_total", "counter", "Workers retired at a deadline.");

@@ -28,7 +28,8 @@ import java.util.concurrent.atomic.AtomicInteger;
  * <li>OpenWhisk ({@link OpenWhiskAdapter}): {@code POST /init}, {@code POST /run}</li>
  * <li>Knative single entrypoint ({@link KnativeAdapter}) and Hydra invoke: {@code POST /} (Hydra
  *     when the body has {@code name} and {@code arguments})</li>
- * <li>Hydra ({@link HydraAdapter}): {@code /register}, {@code /deregister}, {@code /warmup}</li>
+ * <li>Hydra ({@link HydraAdapter}): {@code /register}, {@code /deregister}, {@code /warmup}, behind
+ *     {@link ControlGate} (no connection of this process: function code cannot use them)</li>
  * <li>Readiness ({@link Readiness}, Knative's readinessProbe): {@code GET /ready}</li>
  * <li>Metrics on their own port: {@code GET /metrics}</li>
  * </ul>
@@ -40,6 +41,7 @@ public final class HttpFront implements AutoCloseable {
     private final OpenWhiskAdapter openWhisk;
     private final KnativeAdapter knative;
     private final HydraAdapter hydra;
+    private final ControlGate control;
     private final HttpServer server;
     private final HttpServer metricsServer;
     private final ExecutorService executor = Executors.newVirtualThreadPerTaskExecutor();
@@ -48,11 +50,17 @@ public final class HttpFront implements AutoCloseable {
     private volatile boolean draining;
 
     public HttpFront(FunctionRuntime rt, int port, int metricsPort) throws IOException {
+        this(rt, port, metricsPort, true);
+    }
+
+    /** @param refuseSelf false only where the runtime's clients are its tests, in its own process */
+    HttpFront(FunctionRuntime rt, int port, int metricsPort, boolean refuseSelf) throws IOException {
         this.rt = rt;
         // the adapters keep the platforms' own state (the OpenWhisk action's init): one front per runtime
         openWhisk = new OpenWhiskAdapter(rt);
         knative = new KnativeAdapter(rt, openWhisk);
         hydra = new HydraAdapter(rt);
+        control = new ControlGate(rt.config().controlTokenFile(), refuseSelf);
         server = HttpServer.create(new InetSocketAddress(port), 1024);
         server.setExecutor(executor);
         server.createContext("/", this::handle);
@@ -126,9 +134,16 @@ public final class HttpFront implements AutoCloseable {
                 switch (path) {
                     case "/init" -> r = withJson(raw, o -> openWhisk.init(o));
                     case "/run" -> r = withJson(raw, o -> openWhisk.run(o, quotaHeader, usage));
-                    case "/register" -> r = hydra.register(query(ex), raw);
-                    case "/deregister" -> r = hydra.deregister(query(ex));
-                    case "/warmup" -> r = Reply.ok();
+                    case "/register", "/deregister", "/warmup" -> {
+                        String no = control.refusal(ex.getRemoteAddress(), ex.getLocalAddress().getPort(),
+                                ex.getRequestHeaders().getFirst(ControlGate.HEADER));
+                        if (no != null) {
+                            rt.metrics().inc("cpuslot_bad_requests_total", Metrics.labels("reason", "control_refused"));
+                            r = Reply.error(403, no);
+                        } else if (path.equals("/register")) r = hydra.register(query(ex), raw);
+                        else if (path.equals("/deregister")) r = hydra.deregister(query(ex));
+                        else r = Reply.ok();
+                    }
                     case "/ready" -> r = rt.ready();
                     case "/" -> {
                         if (method.equals("GET") || raw.length == 0) {

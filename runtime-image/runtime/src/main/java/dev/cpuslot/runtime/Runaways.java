@@ -39,7 +39,8 @@ final class Runaways {
      * @param stillRunning true while the worker is still inside that activation
      */
     void watch(String function, Thread worker, int tid, BooleanSupplier stillRunning) {
-        Thread.ofPlatform().daemon().name("runaway-jail-" + IDS.incrementAndGet()).start(() -> {
+        Thread.ofPlatform().daemon().group(dev.cpuslot.runtime.guard.ActionGuard.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
+                .name("runaway-jail-" + IDS.incrementAndGet()).start(() -> {
             try {
                 Thread.sleep(graceMs);
                 if (!stillRunning.getAsBoolean() || !worker.isAlive()) return;

@@ -46,7 +46,7 @@ final class Harness implements AutoCloseable {
         System.setErr(err);
         Log.to(log);
         rt = new FunctionRuntime(cfg, new Metrics(), slots, out, err);
-        front = new HttpFront(rt, 0, 0);
+        front = new HttpFront(rt, 0, 0, false); // its clients are this process: the tests
         front.start();
     }
 

@@ -259,7 +259,7 @@ final class LocalLeases {
                 serveLocked();
                 ask = !w.done && asking.add(quota);
             }
-            if (ask) Thread.ofPlatform().daemon().name("cpuslot-hold").start(() -> ask(w));
+            if (ask) SlotClient.daemon("cpuslot-hold").start(() -> ask(w));
             while (true) {
                 synchronized (queue) {
                     if (w.done) break;

@@ -104,7 +104,7 @@ final class Recovery implements Transport.Listener {
     /** A request timed out: finish reading its answer in the background, undo a late lease. */
     void drain(Connection c) {
         counters.count("drain");
-        Thread.ofPlatform().daemon().name("cpuslot-drain-" + c.id).start(() -> drainNow(c));
+        SlotClient.daemon("cpuslot-drain-" + c.id).start(() -> drainNow(c));
     }
 
     /** What {@link #drain} does, on the calling thread. */

@@ -117,6 +117,23 @@ public final class SlotClient implements AutoCloseable {
 
     public static Builder builder() { return new Builder(); }
 
+    /** The group of the client's threads, under the JVM's top group. */
+    private static final ThreadGroup THREADS;
+    static {
+        ThreadGroup g = Thread.currentThread().getThreadGroup();
+        while (g.getParent() != null) g = g.getParent();
+        THREADS = new ThreadGroup(g, "cpuslot-slot-client");
+    }
+
+    /**
+     * A daemon thread of the client's own, wherever the thread that starts it runs: in no
+     * function worker's thread group (whose threads end with each activation) and inheriting none
+     * of its thread locals.
+     */
+    static Thread.Builder.OfPlatform daemon(String name) {
+        return Thread.ofPlatform().daemon().group(THREADS).inheritInheritableThreadLocals(false).name(name);
+    }
+
     private final String socket;
     private final long budgetNs;
     private final boolean failClosed;
@@ -276,7 +293,7 @@ public final class SlotClient implements AutoCloseable {
             }
             counters.count("warmup.calls");
             try {
-                Thread.ofPlatform().daemon().name("cpuslot-warmup").start(() -> f.complete(warmUpNow()));
+                SlotClient.daemon("cpuslot-warmup").start(() -> f.complete(warmUpNow()));
             } catch (RuntimeException | Error e) {
                 f.complete(false);
             }

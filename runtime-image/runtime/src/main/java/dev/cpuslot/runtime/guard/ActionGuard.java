@@ -58,6 +58,15 @@ public final class ActionGuard {
         throw new SecurityException("Runtime.halt(" + status + ") called by the action: not allowed in a shared runtime");
     }
 
+    /**
+     * {@code System.gc()} of a function: nothing. A collection of the shared heap would stop every
+     * tenant's threads (a storm of them took a bystander's hello from a few ms to hundreds); the
+     * JVM collects when it needs to.
+     */
+    public static void gc() {}
+
+    public static void gc(Object runtime) {} // Runtime.gc(): the rewritten call passes its receiver as an Object
+
     public static String getenv(String name) {
         Map<String, String> e = ENV.get();
         if (e != null && name != null) {
@@ -88,14 +97,17 @@ public final class ActionGuard {
         /** The worker's: cancelled there. */
         final Activation root;
         final ThreadBudget budget;
-        volatile boolean cancelled;
+        /** Why it ended (its deadline, or its return), null while it runs: every thread it started stops at its next backward branch. */
+        volatile String ended;
+        /** The activation constructed a thread (the worker's: only then is there anything to end). */
+        volatile boolean started;
 
         Activation(Activation root, ThreadBudget budget) {
             this.root = root == null ? this : root;
             this.budget = budget;
         }
 
-        boolean cancelled() { return root.cancelled; }
+        String ended() { return root.ended; }
     }
 
     /**
@@ -115,6 +127,19 @@ public final class ActionGuard {
     };
 
     // ---- threads per function ----------------------------------------------------------------
+
+    /**
+     * The group of the runtime's own threads that may be started from a worker (pool workers, jail
+     * threads), directly under the JVM's top group: never inside a worker's group, whose threads
+     * end with each activation.
+     */
+    public static final ThreadGroup RUNTIME_THREADS = new ThreadGroup(top(), "cpuslot-runtime");
+
+    private static ThreadGroup top() {
+        ThreadGroup g = Thread.currentThread().getThreadGroup();
+        while (g.getParent() != null) g = g.getParent();
+        return g;
+    }
 
     /** Most live threads one function may have made (CPUSLOT_JAVA_MAX_THREADS; 0: no limit). */
     private static volatile int maxThreads = 64;
@@ -153,6 +178,7 @@ public final class ActionGuard {
                         + " this shared runtime (CPUSLOT_JAVA_MAX_THREADS): no more can be started until some end");
             }
             if (max <= 0) live.incrementAndGet();
+            root.started = true;
             Activation child = new Activation(root, this);
             COUNTED.add(new Counted(child, this));
             return child;
@@ -228,6 +254,18 @@ public final class ActionGuard {
     /** Under pressure, a function thread that allocated more than this in its activation is stopped. */
     private static volatile long share = MAX_HEAP / 8;
 
+    /** A worker's group whose ended activations may still have live threads, and since when. */
+    private record Lingering(Thread worker, long since) {}
+
+    /** Worker groups with threads of ended activations (checked by the heap watch every 20 ms while any is here). */
+    private static final Map<ThreadGroup, Lingering> LINGERING = new ConcurrentHashMap<>();
+    /**
+     * Whether the poll stays on for them: from an end until the next check, then while any of them
+     * runs. One blocked uses no CPU and costs every function's loops nothing; when it runs again,
+     * the next check (20 ms) turns the poll on.
+     */
+    private static volatile boolean lingerRunning;
+
     static {
         // The old generation holds what survived collections: nearly full, it is a function's
         // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
@@ -237,6 +275,7 @@ public final class ActionGuard {
                         && !p.getName().contains("Eden") && !p.getName().contains("Survivor"))
                 .toList();
         Thread.ofPlatform().daemon().name("cpuslot-heap-watch").start(() -> {
+            long rounds = 0;
             while (true) {
                 try {
                     Thread.sleep(5);
@@ -247,6 +286,7 @@ public final class ActionGuard {
                         max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
                     }
                     heapUsed(used, max > 0 ? max : MAX_HEAP);
+                    if (++rounds % 4 == 0 && !LINGERING.isEmpty()) sweep(); // every 20 ms
                     if (alert) calm();
                 } catch (InterruptedException e) {
                     return;
@@ -283,12 +323,83 @@ public final class ActionGuard {
         START.set(new long[] {THREADS.getCurrentThreadAllocatedBytes()});
     }
 
-    /** The calling (worker) thread ended its activation. */
+    /**
+     * The calling (worker) thread ended its activation, by a return or at its deadline: the
+     * threads it started end with it (an activation's threads never outlive it, {@link #finish}).
+     */
     public static void end() {
-        RUNNING.remove(Thread.currentThread());
+        Thread worker = Thread.currentThread();
+        Activation a = RUNNING.remove(worker);
         ACTIVATION.remove();
         START.remove();
+        if (a != null) finish(a, worker, "the activation that started this thread has ended");
         calm();
+    }
+
+    /**
+     * Ends what an activation started: its threads stop at their next backward branch (they
+     * inherited it, wherever they are), the blocked ones are interrupted, and they are watched
+     * until none of them lives ({@link #LINGERING}), the poll on whenever one runs: a thread that
+     * sleeps again after the interrupt, or blocks past any time window, stops when it runs again.
+     */
+    private static void finish(Activation a, Thread worker, String why) {
+        if (a.ended == null) a.ended = why;
+        if (!a.started) return;
+        ThreadGroup g = worker.getThreadGroup();
+        if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
+        LINGERING.put(g, new Lingering(worker, System.nanoTime()));
+        lingerRunning = true;
+        alert = true;
+        interruptStarted(worker);
+    }
+
+    /** After this long, a thread of an ended activation that still runs is a stray: counted and logged. */
+    private static final long STRAY_NANOS = 10_000_000_000L;
+    /** Threads of ended activations running (not blocked) longer than STRAY_NANOS after the end (at the last check). */
+    private static volatile long strays;
+    private static final Set<Thread> REPORTED = Collections.newSetFromMap(new java.util.WeakHashMap<>());
+
+    /**
+     * Threads of ended activations still running STRAY_NANOS after their end (JDK code that ignores
+     * interrupts and does not return to the function's code): the runtime's metric shows them.
+     */
+    public static long strayThreads() { return strays; }
+
+    /** Drops the groups whose started threads all ended; counts (and names, once) those that outlive STRAY_NANOS. */
+    private static void sweep() {
+        long n = 0, now = System.nanoTime();
+        boolean running = false;
+        for (var e : LINGERING.entrySet()) {
+            List<Thread> live = others(e.getKey(), e.getValue().worker());
+            if (live.isEmpty()) {
+                LINGERING.remove(e.getKey(), e.getValue());
+                continue;
+            }
+            for (Thread t : live) if (t.getState() == Thread.State.RUNNABLE) running = true;
+            // a worker in its next activation: those may be its threads (its end looks again)
+            if (RUNNING.containsKey(e.getValue().worker()) || now - e.getValue().since() < STRAY_NANOS) continue;
+            for (Thread t : live) {
+                if (t.getState() != Thread.State.RUNNABLE) continue; // blocked: no CPU; it stops if it runs again
+                n++;
+                t.interrupt();
+                boolean first;
+                synchronized (REPORTED) { first = REPORTED.add(t); }
+                if (first) System.err.println("cpuslot: thread \"" + t.getName() + "\" of an activation of worker " + e.getKey().getName()
+                        + " still runs " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (in code that ignores interrupts)");
+            }
+        }
+        strays = n;
+        lingerRunning = running;
+        if (running) alert = true;
+    }
+
+    /** The live threads in the worker's group (and the groups below it) but the worker. */
+    private static List<Thread> others(ThreadGroup g, Thread worker) {
+        Thread[] ts = new Thread[g.activeCount() + 16];
+        int n = g.enumerate(ts, true);
+        List<Thread> l = new java.util.ArrayList<>();
+        for (int i = 0; i < n; i++) if (ts[i] != worker && ts[i].isAlive()) l.add(ts[i]);
+        return l;
     }
 
     /** Clears the alert when nothing is pending; a cancel or pressure racing with it sets it again. */
@@ -298,7 +409,7 @@ public final class ActionGuard {
         if (busy()) alert = true;
     }
 
-    private static boolean busy() { return pressure || System.nanoTime() - alertUntil < 0; }
+    private static boolean busy() { return pressure || System.nanoTime() - alertUntil < 0 || lingerRunning; }
 
     /**
      * The activation on this worker passed its deadline: its code stops at its next backward
@@ -307,10 +418,9 @@ public final class ActionGuard {
     public static void cancel(Thread worker) {
         Activation a = RUNNING.get(worker);
         if (a == null) return;
-        a.cancelled = true;
         alertUntil = System.nanoTime() + ALERT_NANOS;
         alert = true;
-        interruptStarted(worker);
+        finish(a, worker, "the activation passed its deadline");
     }
 
     /**
@@ -322,9 +432,7 @@ public final class ActionGuard {
     private static void interruptStarted(Thread worker) {
         ThreadGroup g = worker.getThreadGroup();
         if (g == null || !g.getName().equals(worker.getName())) return;
-        Thread[] ts = new Thread[g.activeCount() + 16];
-        int n = g.enumerate(ts, true);
-        for (int i = 0; i < n; i++) if (ts[i] != worker) ts[i].interrupt();
+        for (Thread t : others(g, worker)) t.interrupt();
     }
 
     /** Inserted by the guard before every backward branch of a function's code. */
@@ -334,7 +442,8 @@ public final class ActionGuard {
 
     private static void slowPoll() {
         Activation a = ACTIVATION.get();
-        if (a != null && a.cancelled()) throw new Stopped("the activation passed its deadline");
+        String ended = a == null ? null : a.ended();
+        if (ended != null) throw new Stopped(ended);
         if (pressure) {
             long[] st = START.get();
             long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);

@@ -40,13 +40,14 @@ import java.util.Set;
  * foreign-function API and {@code System/Runtime.load*}, process start and process handles, class
  * loaders of its own, the JVM-wide defaults (standard streams, system properties, default time
  * zone, locale, uncaught-exception handler, network and security defaults, shutdown hooks), other
- * threads ({@code Thread.getAllStackTraces}, {@code enumerate}), management, JFR, scripting, JNDI,
+ * threads ({@code Thread.getAllStackTraces}, {@code enumerate}), threads that would not end with
+ * their activation (virtual threads, {@code Cleaner}s), management, JFR, scripting, JNDI,
  * {@code java.beans} (reflective calls by name), Java deserialization and XSLT (code the guard
  * never saw), and the runtime's own classes. A method handle
  * constant to a rewritten member is refused too.</li>
  * <li><b>Rewritten</b> to {@link ActionGuard}: {@code Method.invoke}, {@code Constructor/Class.newInstance},
  * {@code setAccessible} (allowed on the function's own classes only), {@code System.exit}, {@code Runtime.exit/halt}
- * (a SecurityException), {@code System.getenv} (the activation's environment),
+ * (a SecurityException), {@code System.gc}, {@code Runtime.gc} (nothing), {@code System.getenv} (the activation's environment),
  * {@code System.getProperty/getProperties} and the temporary-file calls (the function's own
  * temporary directory), {@code setAttribute/setProperty} of the JDK's XML parsers (no
  * {@code accessExternal*} value but {@code ""}).</li>
@@ -94,13 +95,17 @@ public final class Rewriter {
             Map.entry("java/lang/System", Set.of("setOut", "setErr", "setIn", "setProperty", "setProperties", "clearProperty",
                     "load", "loadLibrary", "setSecurityManager", "console")),
             Map.entry("java/lang/Runtime", Set.of("exec", "load", "loadLibrary", "addShutdownHook", "removeShutdownHook")),
-            Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler")),
             // above its own group are the runtime's threads and every other activation's (interrupt())
             Map.entry("java/lang/ThreadGroup", Set.of("enumerate", "getParent")),
             // a thread that does not inherit the activation escapes its thread limit and deadline
             Map.entry("java/lang/Thread$Builder", Set.of("inheritInheritableThreadLocals")),
             Map.entry("java/lang/Thread$Builder$OfPlatform", Set.of("inheritInheritableThreadLocals")),
-            Map.entry("java/lang/Thread$Builder$OfVirtual", Set.of("inheritInheritableThreadLocals")),
+            // a virtual thread is in no worker's group, and a Cleaner runs its actions on a JDK thread of
+            // no activation: neither would end with the activation that started it
+            Map.entry("java/lang/Thread", Set.of("getAllStackTraces", "enumerate", "setDefaultUncaughtExceptionHandler",
+                    "ofVirtual", "startVirtualThread")),
+            Map.entry("java/util/concurrent/Executors", Set.of("newVirtualThreadPerTaskExecutor")),
+            Map.entry("java/lang/ref/Cleaner", Set.of("create")),
             Map.entry("java/lang/ClassLoader", Set.of("<init>", "defineClass", "defineClass1", "defineClass2", "resolveClass",
                     "setDefaultAssertionStatus", "setClassAssertionStatus", "setPackageAssertionStatus")),
             // a link would make a checked path name an unchecked file
@@ -169,6 +174,9 @@ public final class Rewriter {
             redirect("java/lang/System", "exit", "(I)V", false),
             redirect("java/lang/Runtime", "exit", "(I)V", true),
             redirect("java/lang/Runtime", "halt", "(I)V", true),
+            // a full collection of the shared heap stops every tenant's threads
+            redirect("java/lang/System", "gc", "()V", false),
+            redirect("java/lang/Runtime", "gc", "()V", true),
             redirect("java/lang/System", "getenv", "(Ljava/lang/String;)Ljava/lang/String;", false),
             redirect("java/lang/System", "getenv", "()Ljava/util/Map;", false),
             redirect("java/lang/System", "getProperty", "(Ljava/lang/String;)Ljava/lang/String;", false),

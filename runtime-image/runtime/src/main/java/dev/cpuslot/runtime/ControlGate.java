@@ -1,0 +1,109 @@
+package dev.cpuslot.runtime;
+
+import dev.cpuslot.runtime.guard.ActionGuard;
+
+import java.io.IOException;
+import java.net.InetAddress;
+import java.net.InetSocketAddress;
+import java.net.NetworkInterface;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.DirectoryStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.MessageDigest;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Set;
+
+/**
+ * Who may use the runtime's control endpoints ({@code /register}, {@code /deregister},
+ * {@code /warmup}): never a connection this process made, since function code runs only in this
+ * process, and whatever it connects to the port over loopback or the pod's own address comes
+ * from one of its own sockets; and, with {@code CPUSLOT_CONTROL_TOKEN_FILE}, only a request
+ * carrying that file's token ({@value #HEADER}), which no function can read (the guard refuses
+ * the file to Java functions, JavaScript and Python have no file access), for a relay in the pod
+ * (Knative's queue-proxy forwards any path a function sends it).
+ */
+final class ControlGate {
+    static final String HEADER = "X-Cpuslot-Control-Token";
+    private final byte[] token;
+    /** False only for a runtime whose tests are its clients in the same process (Harness). */
+    private final boolean refuseSelf;
+
+    ControlGate(String tokenFile, boolean refuseSelf) {
+        this.refuseSelf = refuseSelf;
+        if (tokenFile == null) {
+            token = null;
+            return;
+        }
+        Path p = Path.of(tokenFile);
+        try {
+            String t = Files.readString(p, StandardCharsets.UTF_8).strip();
+            if (t.isEmpty()) throw new IllegalArgumentException("CPUSLOT_CONTROL_TOKEN_FILE " + tokenFile + " is empty");
+            token = t.getBytes(StandardCharsets.UTF_8);
+        } catch (IOException e) {
+            throw new IllegalArgumentException("CPUSLOT_CONTROL_TOKEN_FILE " + tokenFile + " cannot be read: " + e.getMessage(), e);
+        }
+        ActionGuard.protect(p); // no Java function opens it
+    }
+
+    /** Why the request is refused (403), or null. */
+    String refusal(InetSocketAddress peer, int localPort, String presented) {
+        if (token != null && (presented == null
+                || !MessageDigest.isEqual(token, presented.strip().getBytes(StandardCharsets.UTF_8)))) {
+            return "the control endpoints need the runtime's control token (" + HEADER + ")";
+        }
+        if (!refuseSelf) return null;
+        try {
+            if (fromThisProcess(peer, localPort)) return "the control endpoints do not answer connections of the runtime's own process";
+        } catch (IOException | RuntimeException e) {
+            return "whose connection this is cannot be told: " + e.getMessage();
+        }
+        return null;
+    }
+
+    /**
+     * Whether the peer's socket is one of this process's descriptors (or was closed already, when
+     * that cannot be told): its line in the network namespace's socket tables has the peer's port
+     * as its own and the runtime's as its remote one, and its inode is a descriptor here.
+     */
+    static boolean fromThisProcess(InetSocketAddress peer, int localPort) throws IOException {
+        InetAddress a = peer.getAddress();
+        if (a == null || !(a.isLoopbackAddress() || a.isAnyLocalAddress() || NetworkInterface.getByInetAddress(a) != null)) {
+            return false; // another host's: not this process
+        }
+        Set<Long> inodes = new HashSet<>();
+        for (String table : List.of("/proc/self/net/tcp", "/proc/self/net/tcp6")) {
+            List<String> lines;
+            try {
+                lines = Files.readAllLines(Path.of(table));
+            } catch (java.nio.file.NoSuchFileException e) {
+                continue; // no IPv6
+            }
+            for (String line : lines) {
+                String[] f = line.trim().split("\\s+");
+                if (f.length < 10 || f[0].equals("sl")) continue;
+                if (port(f[1]) == peer.getPort() && port(f[2]) == localPort) inodes.add(Long.parseLong(f[9]));
+            }
+        }
+        if (inodes.isEmpty()) return false; // another network namespace's
+        if (inodes.contains(0L)) return true; // closed by its owner before the answer: refused, whoever it was
+        try (DirectoryStream<Path> fds = Files.newDirectoryStream(Path.of("/proc/self/fd"))) {
+            for (Path fd : fds) {
+                String l;
+                try {
+                    l = Files.readSymbolicLink(fd).toString();
+                } catch (IOException closed) {
+                    continue;
+                }
+                if (l.startsWith("socket:[") && inodes.contains(Long.parseLong(l.substring(8, l.length() - 1)))) return true;
+            }
+        }
+        return false;
+    }
+
+    /** The port of an address in /proc/net/tcp's form ({@code 0100007F:1F90}). */
+    private static int port(String hexAddress) {
+        return Integer.parseInt(hexAddress.substring(hexAddress.indexOf(':') + 1), 16);
+    }
+}
