@@ -32,12 +32,13 @@ import java.util.regex.Pattern;
  * <pre>
  * java -cp bench.jar dev.cpuslot.bench.GuestBench --runtime-jar runtime/target/runtime-0.1.0-SNAPSHOT.jar \
  *      --image-dir image [--warm-seconds 20] [--last 10] [--runs 20] [--languages javascript,python]
- *      [--workloads fib,json,...] [--before-jar OLD.jar] [--interpreted] [--variant NAME=-Dopt=v,-Dopt2=v]
+ *      [--workloads fib,json,...] [--before-jar OLD.jar [--before-image-dir DIR]] [--interpreted] [--variant NAME=-Dopt=v,-Dopt2=v]
  * </pre>
  *
  * Per language and workload, every runtime under test ("after": the jar given, started as its image
  * starts it, image/jvm-options plus image/jvm-options-jit; "before": {@code --before-jar}, another
- * build, its {@code lib/} and {@code compiler/} beside it, started the same way; "interpreted":
+ * build, its {@code lib/} and {@code compiler/} beside it, started the same way, with the JVM options of
+ * {@code --before-image-dir} when given; "interpreted":
  * without the JIT options; each {@code --variant}: the jar given with more JVM options) gets a fresh
  * process and an OpenWhisk /init of the function, and the baseline a fresh node or python3 process
  * that calls the same code's {@code main} once per line on its stdin. Then rounds: one /run to each
@@ -226,7 +227,7 @@ public final class GuestBench {
     record Target(String label, Path jar, List<String> opts, String what) {}
 
     public static void main(String[] args) throws Exception {
-        Path jar = null, before = null, imageDir = Path.of("image");
+        Path jar = null, before = null, imageDir = Path.of("image"), beforeImageDir = null;
         int runs = 20, last = 10;
         double warmSeconds = 20;
         boolean interpreted = false;
@@ -243,6 +244,7 @@ public final class GuestBench {
                 case "--languages" -> languages = List.of(args[++i].split(","));
                 case "--workloads" -> workloads = List.of(args[++i].split(","));
                 case "--before-jar" -> before = Path.of(args[++i]);
+                case "--before-image-dir" -> beforeImageDir = Path.of(args[++i]);
                 case "--interpreted" -> interpreted = true;
                 case "--variant" -> {
                     String v = args[++i];
@@ -252,7 +254,7 @@ public final class GuestBench {
                 }
                 default -> {
                     System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--warm-seconds S] [--last N] [--runs M]"
-                            + " [--languages javascript,python] [--workloads " + String.join(",", workloads) + "] [--before-jar OLD.jar]"
+                            + " [--languages javascript,python] [--workloads " + String.join(",", workloads) + "] [--before-jar OLD.jar [--before-image-dir DIR]]"
                             + " [--interpreted] [--variant NAME=-Dopt=v,...]");
                     System.exit(2);
                 }
@@ -263,7 +265,7 @@ public final class GuestBench {
             if (WORKLOADS.stream().noneMatch(x -> x.name.equals(w))) throw new IllegalArgumentException("no workload " + w);
         List<Target> targets = new ArrayList<>();
         targets.add(new Target("after", jar, jitOptions(imageDir, jar), jar.toString()));
-        if (before != null) targets.add(new Target("before", before, jitOptions(imageDir, before), before.toString()));
+        if (before != null) targets.add(new Target("before", before, jitOptions(beforeImageDir == null ? imageDir : beforeImageDir, before), before.toString()));
         if (interpreted) targets.add(new Target("interpreted", jar, options(imageDir.resolve("jvm-options"), jar), "without image/jvm-options-jit"));
         for (var v : variants.entrySet()) {
             List<String> o = jitOptions(imageDir, jar);
@@ -285,7 +287,7 @@ public final class GuestBench {
         }
         System.out.println(warmHead.append(" load |"));
         System.out.println(warmSep.append("---|"));
-        List<String> firstRows = new ArrayList<>(), startRows = new ArrayList<>();
+        List<String> firstRows = new ArrayList<>(), startRows = new ArrayList<>(), cpuRows = new ArrayList<>();
         for (String lang : languages) {
             boolean js = lang.equals("javascript");
             for (Workload w : WORKLOADS) {
@@ -300,7 +302,10 @@ public final class GuestBench {
                     for (int i = 0; i < rts.size(); i++) times.add(new ArrayList<>());
                     long until = System.nanoTime() + (long) (warmSeconds * 1e9);
                     for (int round = 0; round < runs || System.nanoTime() - until < 0; round++) {
-                        for (int i = 0; i < rts.size(); i++) times.get(i).add(rts.get(i).run());
+                        for (int i = 0; i < rts.size(); i++) {
+                            times.get(i).add(rts.get(i).run());
+                            rts.get(i).sampleCpu(last);
+                        }
                         baseTimes.add(base.call());
                     }
                     double b = median(baseTimes, last);
@@ -318,6 +323,11 @@ public final class GuestBench {
                     }
                     System.out.println(row.append(String.format(Locale.ROOT, " %s-%s, %d rounds |", load0, loadAverage(), baseTimes.size())));
                     firstRows.add(first.toString());
+                    for (int i = 0; i < rts.size(); i++) {
+                        double[] c = rts.get(i).cpuPerCall();
+                        cpuRows.add(String.format(Locale.ROOT, "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |", lang, w.name, targets.get(i).label,
+                                c[0], c[1], c[2], c[3], c[4], c[0] + c[1] + c[2] + c[3] + c[4]));
+                    }
                 } finally {
                     for (Runtime rt : rts) rt.stop();
                 }
@@ -328,6 +338,12 @@ public final class GuestBench {
         System.out.println(firstHead);
         System.out.println(firstSep);
         firstRows.forEach(System.out::println);
+        System.out.println();
+        System.out.println("# where the runtime's CPU went over the last calls (ms of CPU per /run, from /proc's per-thread times, 10 ms ticks):"
+                + " the worker thread that runs the function, Truffle's compiler threads, HotSpot's C1/C2, GC, the rest (HTTP, the JVM)");
+        System.out.println("| language | workload | runtime | worker | Truffle compiler | HotSpot JIT | GC | other | process |");
+        System.out.println("|---|---|---|---:|---:|---:|---:|---:|---:|");
+        cpuRows.forEach(System.out::println);
         if (!startRows.isEmpty()) {
             System.out.println();
             System.out.println("# hello-world, a fresh runtime each (cold): start-up to listening, /init, first /run (ms), RSS after the warm calls (MB)");
@@ -463,6 +479,38 @@ public final class GuestBench {
             long s = System.nanoTime();
             post("/run", "{\"value\":{}}");
             return (System.nanoTime() - s) / 1e6;
+        }
+
+        /** Per-thread CPU samples (ms by group: worker, Truffle compiler, HotSpot JIT, GC, other), one per round, the last few. */
+        private final java.util.ArrayDeque<double[]> cpu = new java.util.ArrayDeque<>();
+
+        void sampleCpu(int last) {
+            double[] g = new double[5];
+            try (var tasks = Files.list(Path.of("/proc/" + proc.pid() + "/task"))) {
+                for (Path t : (Iterable<Path>) tasks::iterator) {
+                    try {
+                        String comm = Files.readString(t.resolve("comm")).strip(), stat = Files.readString(t.resolve("stat"));
+                        String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+                        double ms = (Long.parseLong(f[11]) + Long.parseLong(f[12])) * 10.0; // utime + stime, 100 ticks a second
+                        int k = comm.startsWith("fn-") ? 0 : comm.startsWith("TruffleCompiler") ? 1 : comm.startsWith("C1 Compiler") || comm.startsWith("C2 Compiler") ? 2
+                                : comm.startsWith("GC ") || comm.startsWith("G1 ") || comm.startsWith("VM Periodic") ? 3 : 4;
+                        g[k] += ms;
+                    } catch (IOException | RuntimeException gone) { // a thread that ended meanwhile
+                    }
+                }
+            } catch (IOException e) {
+                return;
+            }
+            cpu.addLast(g);
+            while (cpu.size() > last + 1) cpu.removeFirst();
+        }
+
+        /** CPU ms per call by group over the sampled calls (threads that ended in between are missing from the later sample). */
+        double[] cpuPerCall() {
+            double[] a = cpu.peekFirst(), b = cpu.peekLast(), r = new double[5];
+            if (a == null || cpu.size() < 2) return r;
+            for (int k = 0; k < 5; k++) r[k] = Math.max(0, b[k] - a[k]) / (cpu.size() - 1);
+            return r;
         }
 
         double rssMb() throws IOException {
