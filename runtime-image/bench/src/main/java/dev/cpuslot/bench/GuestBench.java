@@ -295,8 +295,13 @@ public final class GuestBench {
                 String code = js ? w.js : w.py, load0 = loadAverage();
                 List<Runtime> rts = new ArrayList<>();
                 try (Baseline base = new Baseline(lang, code, work)) {
-                    for (Target t : targets) rts.add(Runtime.start(t.opts, t.jar, lang, work));
-                    for (Runtime rt : rts) rt.init(code);
+                    // one cold start at a time: a runtime's start and /init do not overlap another's
+                    // (whose prewarm would otherwise run meanwhile and count in the first one's /init)
+                    for (Target t : targets) {
+                        Runtime rt = Runtime.start(t.opts, t.jar, lang, work);
+                        rts.add(rt);
+                        rt.init(code);
+                    }
                     List<List<Double>> times = new ArrayList<>();
                     List<Double> baseTimes = new ArrayList<>();
                     for (int i = 0; i < rts.size(); i++) times.add(new ArrayList<>());
