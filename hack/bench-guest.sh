@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Guest code through the runtime against node and python3, side by side in one run (issue 22):
-# warm fib, JSON transform and regex functions, and a hello-world action's start-up, /init and
-# first /run, with the runtime started as its image starts it (compiled) and without the JIT
-# options (interpreted). Needs node and python3 on PATH. Arguments go to GuestBench, e.g.
-#   make bench-guest BENCH_GUEST_ARGS="--runs 40 --last 10 --languages python"
+# Guest code through the runtime against node and python3, side by side in one run: function-shaped
+# workloads (fib, a JSON round trip, a regex extraction, group and sort, string building and number
+# formatting, dict/object aggregation, hello), warm and first call, with the runtime started as its
+# image starts it; rounds alternate between every runtime under test and the baseline, so that they
+# share the machine's load. Needs node and python3 on PATH. Arguments go to GuestBench, e.g.
+#   make bench-guest BENCH_GUEST_ARGS="--warm-seconds 10 --workloads json,sort --languages python"
+#   make bench-guest BENCH_GUEST_ARGS="--before-jar OLD/runtime-0.1.0-SNAPSHOT.jar --interpreted"
 set -euo pipefail
 cd "$(dirname "$0")/../runtime-image"
 java_major() { "$1/bin/java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }

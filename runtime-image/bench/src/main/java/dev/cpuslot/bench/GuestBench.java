@@ -1,6 +1,10 @@
 package dev.cpuslot.bench;
 
+import java.io.BufferedReader;
 import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.OutputStreamWriter;
+import java.io.Writer;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
@@ -11,31 +15,41 @@ import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Locale;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
 /**
  * Guest code through the runtime against its own language's usual runtime, side by side in one
- * run: warm compute-bound functions (fib, a JSON transform, a regex workload) in JavaScript
- * against {@code node} and in Python against {@code python3}, and a hello-world action's start-up,
- * /init and first /run, each with the runtime started as its image starts it (image/jvm-options
- * plus image/jvm-options-jit: "compiled") and without the JIT options ("interpreted", the runtime
- * before guest code was compiled). Every action gets a fresh runtime process (one /init each).
+ * run: function-shaped workloads (fib; a JSON round trip and transform; a regex extraction; group
+ * and sort with a comparator on a number and a string; string building and number formatting;
+ * dict/object-heavy aggregation; hello-world, the runtime's own cost per call) in JavaScript
+ * against {@code node} and in Python against {@code python3}.
  *
  * <pre>
  * java -cp bench.jar dev.cpuslot.bench.GuestBench --runtime-jar runtime/target/runtime-0.1.0-SNAPSHOT.jar \
- *      --image-dir image [--runs 40] [--last 10] [--warm-seconds 20] [--languages javascript,python] [--before-jar OLD.jar]
+ *      --image-dir image [--warm-seconds 20] [--last 10] [--runs 20] [--languages javascript,python]
+ *      [--workloads fib,json,...] [--before-jar OLD.jar [--before-image-dir DIR]] [--interpreted] [--variant NAME=-Dopt=v,-Dopt2=v]
  * </pre>
  *
- * {@code --before-jar} adds hello-world rows for another build of the runtime (the one before a
- * change; its {@code lib/} and {@code compiler/} beside it), started the same way, in the same run.
- *
- * Warm: the median of the last {@code --last} calls (through /run for the runtime, a loop in one
- * process for node and python3), made after at least {@code --runs} calls and {@code --warm-seconds}
- * of calls: Graal runs as Java bytecode on a stock JDK and warms up itself before guest code reaches
- * its compiled speed, hundreds to thousands of calls. A hang fails with the runtime's log.
+ * Per language and workload, every runtime under test ("after": the jar given, started as its image
+ * starts it, image/jvm-options plus image/jvm-options-jit; "before": {@code --before-jar}, another
+ * build, its {@code lib/} and {@code compiler/} beside it, started the same way, with the JVM options of
+ * {@code --before-image-dir} when given; "interpreted":
+ * without the JIT options; each {@code --variant}: the jar given with more JVM options) gets a fresh
+ * process and an OpenWhisk /init of the function, and the baseline a fresh node or python3 process
+ * that calls the same code's {@code main} once per line on its stdin. Then rounds: one /run to each
+ * runtime and one call of the baseline, in turn, so that every one of them runs under the same load
+ * at the same time, until at least {@code --runs} rounds and {@code --warm-seconds} of them. Warm:
+ * the median of the last {@code --last} calls of each (the runtime's through /run, HTTP included;
+ * the baseline's its own time around {@code main}); first: the first call after /init (the
+ * baseline's first call in its process). Graal runs as Java bytecode on a stock JDK and warms up
+ * itself before guest code reaches its compiled speed, hundreds to thousands of calls. The load
+ * average is printed with every row: on a shared machine only the ratios of one row compare.
+ * A hang fails with the runtime's log.
  */
 public final class GuestBench {
     private GuestBench() {}
@@ -44,10 +58,10 @@ public final class GuestBench {
     private static final Duration TIMEOUT = Duration.ofSeconds(600);
     private static final Pattern LISTENING = Pattern.compile("listening on :(\\d+)");
 
-    record Workload(String name, String js, String py) {}
+    record Workload(String name, String title, String js, String py) {}
 
     static final List<Workload> WORKLOADS = List.of(
-            new Workload("fib", """
+            new Workload("fib", "fib (30 JS, 25 Python)", """
                     function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
                     function main(args) { return { fib: fib(30) }; }
                     """, """
@@ -56,7 +70,7 @@ public final class GuestBench {
                     def main(args):
                         return {'fib': fib(25)}
                     """),
-            new Workload("json", """
+            new Workload("json", "JSON round trip and transform", """
                     function main(args) {
                       var items = [];
                       for (var i = 0; i < 2000; i++)
@@ -77,7 +91,7 @@ public final class GuestBench {
                                 'cents': round(x['price'] * 100)} for x in doc['items'] if x['price'] > 20]
                         return {'n': len(out), 'len': len(json.dumps(out))}
                     """),
-            new Workload("regex", """
+            new Workload("regex", "regex extraction", """
                     var words = ['alpha', 'beta', 'gamma', 'delta', 'user', 'mail', 'example', 'host'];
                     var text = (function () {
                       var p = [];
@@ -112,17 +126,114 @@ public final class GuestBench {
                         dates = sum(int(m.group(2)) for m in DATE.finditer(text))
                         replaced = WORD.sub(r'\\2\\1', text)
                         return {'emails': len(emails), 'dates': dates, 'len': len(replaced)}
-                    """));
+                    """),
+            new Workload("sort", "group and sort (number, then string)", """
+                    var CATS = ['books', 'games', 'music', 'tools', 'garden', 'toys', 'food'];
+                    function main(args) {
+                      var rows = [];
+                      for (var i = 0; i < 3000; i++)
+                        rows.push({ id: i, cat: CATS[(i * 3) % 7], name: 'item-' + ((i * 7919) % 3000), score: (i * 37) % 101 });
+                      var groups = {};
+                      for (var r of rows) (groups[r.cat] || (groups[r.cat] = [])).push(r);
+                      var top = {}, n = 0;
+                      for (var k of Object.keys(groups).sort()) {
+                        var g = groups[k].sort(function (a, b) { return b.score - a.score || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0); });
+                        top[k] = g.slice(0, 3).map(function (r) { return r.name + '=' + r.score; });
+                        n += g.length;
+                      }
+                      return { n: n, top: top };
+                    }
+                    """, """
+                    CATS = ['books', 'games', 'music', 'tools', 'garden', 'toys', 'food']
+                    def main(args):
+                        rows = [{'id': i, 'cat': CATS[(i * 3) % 7], 'name': 'item-%d' % ((i * 7919) % 3000),
+                                 'score': (i * 37) % 101} for i in range(3000)]
+                        groups = {}
+                        for r in rows:
+                            groups.setdefault(r['cat'], []).append(r)
+                        top, n = {}, 0
+                        for k in sorted(groups):
+                            g = sorted(groups[k], key=lambda r: (-r['score'], r['name']))
+                            top[k] = ['%s=%d' % (r['name'], r['score']) for r in g[:3]]
+                            n += len(g)
+                        return {'n': n, 'top': top}
+                    """),
+            new Workload("format", "string building and number formatting", """
+                    function main(args) {
+                      var lines = [];
+                      for (var i = 0; i < 5000; i++) {
+                        var v = i * 1.37 + 0.005;
+                        lines.push(`row ${String(i).padStart(5, '0')}: ${v.toFixed(2)} EUR ${(i / 50).toFixed(1)}% 0x${((i * 2654435761) % 4294967296).toString(16)}`);
+                      }
+                      var s = lines.join('\\n');
+                      return { len: s.length, last: lines[lines.length - 1] };
+                    }
+                    """, """
+                    def main(args):
+                        lines = []
+                        for i in range(5000):
+                            v = i * 1.37 + 0.005
+                            lines.append(f"row {i:05d}: {v:.2f} EUR {i / 50:.1f}% 0x{(i * 2654435761) % 4294967296:x}")
+                        s = '\\n'.join(lines)
+                        return {'len': len(s), 'last': lines[-1]}
+                    """),
+            new Workload("aggregate", "dict/object-heavy aggregation", """
+                    var REGIONS = ['north', 'south', 'east', 'west'];
+                    function main(args) {
+                      var stats = {};
+                      for (var i = 0; i < 20000; i++) {
+                        var key = REGIONS[i % 4] + '/p' + ((i * 31) % 50);
+                        var s = stats[key];
+                        if (s === undefined) s = stats[key] = { count: 0, total: 0, max: 0, users: {} };
+                        var amount = ((i * 7919) % 1000) / 10;
+                        s.count++;
+                        s.total += amount;
+                        if (amount > s.max) s.max = amount;
+                        var u = 'u' + (i % 300);
+                        s.users[u] = (s.users[u] || 0) + 1;
+                      }
+                      var out = [];
+                      for (var k in stats) {
+                        var t = stats[k];
+                        out.push({ key: k, count: t.count, avg: Math.round(t.total / t.count * 100) / 100, max: t.max, users: Object.keys(t.users).length });
+                      }
+                      return { keys: out.length, first: out[0] };
+                    }
+                    """, """
+                    REGIONS = ['north', 'south', 'east', 'west']
+                    def main(args):
+                        stats = {}
+                        for i in range(20000):
+                            key = REGIONS[i % 4] + '/p' + str((i * 31) % 50)
+                            s = stats.get(key)
+                            if s is None:
+                                s = stats[key] = {'count': 0, 'total': 0, 'max': 0, 'users': {}}
+                            amount = ((i * 7919) % 1000) / 10
+                            s['count'] += 1
+                            s['total'] += amount
+                            if amount > s['max']:
+                                s['max'] = amount
+                            u = 'u' + str(i % 300)
+                            s['users'][u] = s['users'].get(u, 0) + 1
+                        out = [{'key': k, 'count': t['count'], 'avg': round(t['total'] / t['count'] * 100) / 100, 'max': t['max'],
+                                'users': len(t['users'])} for k, t in stats.items()]
+                        return {'keys': len(out), 'first': out[0]}
+                    """),
+            new Workload("hello", "hello (the runtime's own cost per call)",
+                    "function main(args) { return { hello: 'world' }; }\n",
+                    "def main(args):\n    return {'hello': 'world'}\n"));
 
-    static final Workload HELLO = new Workload("hello",
-            "function main(args) { return { hello: 'world' }; }\n",
-            "def main(args):\n    return {'hello': 'world'}\n");
+    /** A runtime under test: a jar and its JVM options. */
+    record Target(String label, Path jar, List<String> opts, String what) {}
 
     public static void main(String[] args) throws Exception {
-        Path jar = null, before = null, imageDir = Path.of("image");
-        int runs = 40, last = 10;
+        Path jar = null, before = null, imageDir = Path.of("image"), beforeImageDir = null;
+        int runs = 20, last = 10;
         double warmSeconds = 20;
+        boolean interpreted = false;
         List<String> languages = List.of("javascript", "python");
+        List<String> workloads = WORKLOADS.stream().map(Workload::name).toList();
+        Map<String, List<String>> variants = new LinkedHashMap<>();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--runtime-jar" -> jar = Path.of(args[++i]);
@@ -131,50 +242,139 @@ public final class GuestBench {
                 case "--last" -> last = Integer.parseInt(args[++i]);
                 case "--warm-seconds" -> warmSeconds = Double.parseDouble(args[++i]);
                 case "--languages" -> languages = List.of(args[++i].split(","));
+                case "--workloads" -> workloads = List.of(args[++i].split(","));
                 case "--before-jar" -> before = Path.of(args[++i]);
+                case "--before-image-dir" -> beforeImageDir = Path.of(args[++i]);
+                case "--interpreted" -> interpreted = true;
+                case "--variant" -> {
+                    String v = args[++i];
+                    int eq = v.indexOf('=');
+                    if (eq < 1) throw new IllegalArgumentException("--variant NAME=-Dopt=v,-Dopt2=v");
+                    variants.put(v.substring(0, eq), List.of(v.substring(eq + 1).split(",")));
+                }
                 default -> {
-                    System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--runs M] [--last N] [--warm-seconds S] [--languages javascript,python] [--before-jar OLD.jar]");
+                    System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--warm-seconds S] [--last N] [--runs M]"
+                            + " [--languages javascript,python] [--workloads " + String.join(",", workloads) + "] [--before-jar OLD.jar [--before-image-dir DIR]]"
+                            + " [--interpreted] [--variant NAME=-Dopt=v,...]");
                     System.exit(2);
                 }
             }
         }
         if (jar == null || last < 1 || runs < last) throw new IllegalArgumentException("need --runtime-jar, and 1 <= --last <= --runs");
-        List<String> base = options(imageDir.resolve("jvm-options"), jar), jit = new ArrayList<>(base);
-        jit.addAll(options(imageDir.resolve("jvm-options-jit"), jar));
+        for (String w : workloads)
+            if (WORKLOADS.stream().noneMatch(x -> x.name.equals(w))) throw new IllegalArgumentException("no workload " + w);
+        List<Target> targets = new ArrayList<>();
+        targets.add(new Target("after", jar, jitOptions(imageDir, jar), jar.toString()));
+        if (before != null) targets.add(new Target("before", before, jitOptions(beforeImageDir == null ? imageDir : beforeImageDir, before), before.toString()));
+        if (interpreted) targets.add(new Target("interpreted", jar, options(imageDir.resolve("jvm-options"), jar), "without image/jvm-options-jit"));
+        for (var v : variants.entrySet()) {
+            List<String> o = jitOptions(imageDir, jar);
+            o.addAll(v.getValue());
+            targets.add(new Target(v.getKey(), jar, o, "after with " + String.join(" ", v.getValue())));
+        }
         Path work = Files.createTempDirectory("guest-bench");
 
-        System.out.printf(Locale.ROOT, "# warm: median of the last %d calls, ms, after at least %d calls and %.0f s of calls (Graal, the JIT, warms up"
-                + " itself first on a JDK); runtime = /run through the runtime started as its image starts it%n", last, runs, warmSeconds);
-        System.out.println("| language | workload | runtime compiled | runtime interpreted | baseline | compiled / baseline | interpreted / baseline |");
-        System.out.println("|---|---|---:|---:|---:|---:|---:|");
-        List<String> startRows = new ArrayList<>();
+        System.out.printf(Locale.ROOT, "# warm: median of the last %d calls (ms) after at least %d rounds and %.0f s of them; every runtime"
+                + " through /run, started as its image starts it; %s; load average (1 min) at a row's start and end; %d cores%n",
+                last, runs, warmSeconds, targets.stream().map(t -> t.label + " = " + t.what).toList(), java.lang.Runtime.getRuntime().availableProcessors());
+        StringBuilder warmHead = new StringBuilder("| language | workload | baseline ms |"), warmSep = new StringBuilder("|---|---|---:|");
+        StringBuilder firstHead = new StringBuilder("| language | workload | baseline first ms |"), firstSep = new StringBuilder("|---|---|---:|");
+        for (Target t : targets) {
+            warmHead.append(" ").append(t.label).append(" ms | ").append(t.label).append(" / baseline |");
+            warmSep.append("---:|---:|");
+            firstHead.append(" ").append(t.label).append(" /init ms | ").append(t.label).append(" first /run ms | ").append(t.label).append(" first / warm |");
+            firstSep.append("---:|---:|---:|");
+        }
+        System.out.println(warmHead.append(" load |"));
+        System.out.println(warmSep.append("---|"));
+        List<String> firstRows = new ArrayList<>(), startRows = new ArrayList<>(), cpuRows = new ArrayList<>();
         for (String lang : languages) {
             boolean js = lang.equals("javascript");
             for (Workload w : WORKLOADS) {
-                String code = js ? w.js : w.py;
-                double compiled = warm(Runtime.start(jit, jar, lang, work).measure(code, runs, warmSeconds), last);
-                double interpreted = warm(Runtime.start(base, jar, lang, work).measure(code, runs, warmSeconds), last);
-                double baseline = warm(baseline(lang, code, runs, warmSeconds, work), last);
-                System.out.printf(Locale.ROOT, "| %s | %s | %.2f | %.2f | %.2f (%s) | %.2fx | %.1fx |%n", lang, w.name, compiled, interpreted,
-                        baseline, js ? "node" : "python3", compiled / baseline, interpreted / baseline);
-            }
-            List<Path> jars = before == null ? List.of(jar) : List.of(jar, before);
-            for (Path j : jars) {
-                List<String> b = options(imageDir.resolve("jvm-options"), j), c = new ArrayList<>(b);
-                c.addAll(options(imageDir.resolve("jvm-options-jit"), j));
-                for (boolean compiledMode : new boolean[]{true, false}) {
-                    Runtime rt = Runtime.start(compiledMode ? c : b, j, lang, work);
-                    double[] t = rt.measure(js ? HELLO.js : HELLO.py, 1, 0);
-                    startRows.add(String.format(Locale.ROOT, "| %s | %s%s | %.0f | %.0f | %.1f | %.0f |", lang, compiledMode ? "compiled" : "interpreted",
-                            j == before ? " (before)" : "", rt.startMs, rt.initMs, t[0], rt.rssMb));
+                if (!workloads.contains(w.name)) continue;
+                String code = js ? w.js : w.py, load0 = loadAverage();
+                List<Runtime> rts = new ArrayList<>();
+                try (Baseline base = new Baseline(lang, code, work)) {
+                    // one cold start at a time: a runtime's start and /init do not overlap another's
+                    // (whose prewarm would otherwise run meanwhile and count in the first one's /init)
+                    for (Target t : targets) {
+                        Runtime rt = Runtime.start(t.opts, t.jar, lang, work);
+                        rts.add(rt);
+                        rt.init(code);
+                    }
+                    List<List<Double>> times = new ArrayList<>();
+                    List<Double> baseTimes = new ArrayList<>();
+                    for (int i = 0; i < rts.size(); i++) times.add(new ArrayList<>());
+                    long until = System.nanoTime() + (long) (warmSeconds * 1e9);
+                    for (int round = 0; round < runs || System.nanoTime() - until < 0; round++) {
+                        for (int i = 0; i < rts.size(); i++) {
+                            times.get(i).add(rts.get(i).run());
+                            rts.get(i).sampleCpu(last);
+                        }
+                        baseTimes.add(base.call());
+                    }
+                    double b = median(baseTimes, last);
+                    StringBuilder row = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s (%s) |", lang, w.name, fmt(b), js ? "node" : "python3"));
+                    StringBuilder first = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s |", lang, w.name, fmt(baseTimes.get(0))));
+                    for (int i = 0; i < rts.size(); i++) {
+                        double m = median(times.get(i), last), f = times.get(i).get(0);
+                        row.append(String.format(Locale.ROOT, " %s | %.2fx |", fmt(m), m / b));
+                        first.append(String.format(Locale.ROOT, " %.0f | %s | %.0fx |", rts.get(i).initMs, fmt(f), f / m));
+                        if (w.name.equals("hello")) {
+                            Runtime rt = rts.get(i);
+                            startRows.add(String.format(Locale.ROOT, "| %s | %s | %.0f | %.0f | %.1f | %.0f |", lang, targets.get(i).label,
+                                    rt.startMs, rt.initMs, f, rt.rssMb()));
+                        }
+                    }
+                    System.out.println(row.append(String.format(Locale.ROOT, " %s-%s, %d rounds |", load0, loadAverage(), baseTimes.size())));
+                    firstRows.add(first.toString());
+                    for (int i = 0; i < rts.size(); i++) {
+                        double[] c = rts.get(i).cpuPerCall();
+                        cpuRows.add(String.format(Locale.ROOT, "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |", lang, w.name, targets.get(i).label,
+                                c[0], c[1], c[2], c[3], c[4], c[0] + c[1] + c[2] + c[3] + c[4]));
+                    }
+                } finally {
+                    for (Runtime rt : rts) rt.stop();
                 }
             }
         }
         System.out.println();
-        System.out.println("# hello-world, a fresh runtime each (cold): start-up to listening, /init, first /run (ms), RSS after (MB)");
-        System.out.println("| language | runtime | start-up | /init | first /run | RSS MB |");
-        System.out.println("|---|---|---:|---:|---:|---:|");
-        startRows.forEach(System.out::println);
+        System.out.println("# first call: /init, then the first /run after it (ms), and its ratio to the warm call; the baseline's first call in a fresh process");
+        System.out.println(firstHead);
+        System.out.println(firstSep);
+        firstRows.forEach(System.out::println);
+        System.out.println();
+        System.out.println("# where the runtime's CPU went over the last calls (ms of CPU per /run, from /proc's per-thread times, 10 ms ticks):"
+                + " the worker thread that runs the function, Truffle's compiler threads, HotSpot's C1/C2, GC, the rest (HTTP, the JVM)");
+        System.out.println("| language | workload | runtime | worker | Truffle compiler | HotSpot JIT | GC | other | process |");
+        System.out.println("|---|---|---|---:|---:|---:|---:|---:|---:|");
+        cpuRows.forEach(System.out::println);
+        if (!startRows.isEmpty()) {
+            System.out.println();
+            System.out.println("# hello-world, a fresh runtime each (cold): start-up to listening, /init, first /run (ms), RSS after the warm calls (MB)");
+            System.out.println("| language | runtime | start-up | /init | first /run | RSS MB |");
+            System.out.println("|---|---|---:|---:|---:|---:|");
+            startRows.forEach(System.out::println);
+        }
+    }
+
+    static String fmt(double ms) {
+        return ms >= 100 ? String.format(Locale.ROOT, "%.0f", ms) : ms >= 1 ? String.format(Locale.ROOT, "%.2f", ms) : String.format(Locale.ROOT, "%.3f", ms);
+    }
+
+    static String loadAverage() {
+        try {
+            return Files.readString(Path.of("/proc/loadavg")).split(" ")[0];
+        } catch (IOException e) {
+            return "?";
+        }
+    }
+
+    /** The image's JVM options with the JIT's (image/jvm-options, then image/jvm-options-jit). */
+    static List<String> jitOptions(Path imageDir, Path jar) throws IOException {
+        List<String> o = options(imageDir.resolve("jvm-options"), jar);
+        o.addAll(options(imageDir.resolve("jvm-options-jit"), jar));
+        return o;
     }
 
     /** An options file as the image has it, with the image's /opt/cpuslot/ read as the jar's directory. */
@@ -185,28 +385,49 @@ public final class GuestBench {
         return out;
     }
 
-    static double warm(double[] t, int last) {
-        double[] tail = Arrays.copyOfRange(t, t.length - last, t.length);
-        Arrays.sort(tail);
+    /** The median of the last {@code last} values. */
+    static double median(List<Double> t, int last) {
+        double[] tail = t.subList(t.size() - last, t.size()).stream().mapToDouble(Double::doubleValue).sorted().toArray();
         return tail.length % 2 == 1 ? tail[tail.length / 2] : (tail[tail.length / 2 - 1] + tail[tail.length / 2]) / 2;
     }
 
-    /** The same code in node or python3, called in a loop at least {@code runs} times and {@code seconds}; each call's ms. */
-    static double[] baseline(String lang, String code, int runs, double seconds, Path work) throws Exception {
-        boolean js = lang.equals("javascript");
-        long ns = (long) (seconds * 1e9);
-        String harness = js
-                ? code + "\nconst __t = [], __0 = process.hrtime.bigint(); for (let i = 0; i < " + runs + " || process.hrtime.bigint() - __0 < " + ns
-                  + "n; i++) { const s = process.hrtime.bigint(); main({}); __t.push(Number(process.hrtime.bigint() - s) / 1e6); } console.log(__t.join(' '));\n"
-                : code + "\nimport time as __time\n__t = []\n__0 = __time.perf_counter_ns()\n__i = 0\nwhile __i < " + runs
-                  + " or __time.perf_counter_ns() - __0 < " + ns + ":\n    __i += 1\n    __s = __time.perf_counter_ns()\n    main({})\n"
-                  + "    __t.append((__time.perf_counter_ns() - __s) / 1e6)\nprint(' '.join(str(x) for x in __t))\n";
-        Path f = work.resolve("baseline" + (js ? ".js" : ".py"));
-        Files.writeString(f, harness);
-        Process p = new ProcessBuilder(js ? "node" : "python3", f.toString()).redirectErrorStream(true).start();
-        String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8).strip();
-        if (p.waitFor() != 0) throw new IllegalStateException((js ? "node" : "python3") + " failed: " + out);
-        return Arrays.stream(out.split("\\s+")).mapToDouble(Double::parseDouble).toArray();
+    /** The same code in node or python3, its main called once per line on stdin; each call's own time (ms) on stdout. */
+    static final class Baseline implements AutoCloseable {
+        final Process proc;
+        final Writer in;
+        final BufferedReader out;
+        final String what;
+
+        Baseline(String lang, String code, Path work) throws IOException {
+            boolean js = lang.equals("javascript");
+            what = js ? "node" : "python3";
+            String harness = js
+                    ? code + "\nrequire('readline').createInterface({ input: process.stdin }).on('line', () => { const s = process.hrtime.bigint(); main({});"
+                      + " console.log(Number(process.hrtime.bigint() - s) / 1e6); });\n"
+                    : code + "\nimport sys as __sys, time as __time\nfor __l in __sys.stdin:\n    __s = __time.perf_counter_ns()\n    main({})\n"
+                      + "    print((__time.perf_counter_ns() - __s) / 1e6, flush=True)\n";
+            Path f = Files.createTempFile(work, "baseline", js ? ".js" : ".py");
+            Files.writeString(f, harness);
+            proc = new ProcessBuilder(what, f.toString()).redirectErrorStream(true).start();
+            in = new OutputStreamWriter(proc.getOutputStream(), StandardCharsets.UTF_8);
+            out = new BufferedReader(new InputStreamReader(proc.getInputStream(), StandardCharsets.UTF_8));
+        }
+
+        double call() throws IOException {
+            in.write("\n");
+            in.flush();
+            String l = out.readLine();
+            try {
+                return Double.parseDouble(l);
+            } catch (NullPointerException | NumberFormatException e) {
+                throw new IllegalStateException(what + " failed: " + l + "\n" + new String(proc.getInputStream().readAllBytes(), StandardCharsets.UTF_8));
+            }
+        }
+
+        @Override
+        public void close() {
+            proc.destroyForcibly();
+        }
     }
 
     /** One runtime process, as the image starts it, for one action. */
@@ -215,7 +436,7 @@ public final class GuestBench {
         final Path log;
         final int port;
         final double startMs;
-        double initMs, rssMb;
+        double initMs;
 
         private Runtime(Process proc, Path log, int port, double startMs) {
             this.proc = proc;
@@ -252,26 +473,60 @@ public final class GuestBench {
             throw new IllegalStateException("the runtime did not listen within " + TIMEOUT + ": " + Files.readString(log));
         }
 
-        /** /init of the code, then /run calls (ms each), at least {@code runs} and {@code seconds}; the process is stopped after. */
-        double[] measure(String code, int runs, double seconds) throws Exception {
-            try {
-                long t0 = System.nanoTime();
-                post("/init", "{\"value\":{\"name\":\"bench\",\"main\":\"main\",\"code\":" + quote(code) + "}}");
-                initMs = (System.nanoTime() - t0) / 1e6;
-                List<Double> t = new ArrayList<>();
-                long t1 = System.nanoTime(), until = t1 + (long) (seconds * 1e9);
-                while (t.size() < runs || System.nanoTime() - until < 0) {
-                    long s = System.nanoTime();
-                    post("/run", "{\"value\":{}}");
-                    t.add((System.nanoTime() - s) / 1e6);
+        void init(String code) throws Exception {
+            long t0 = System.nanoTime();
+            post("/init", "{\"value\":{\"name\":\"bench\",\"main\":\"main\",\"code\":" + quote(code) + "}}");
+            initMs = (System.nanoTime() - t0) / 1e6;
+        }
+
+        /** One /run; its round trip in ms. */
+        double run() throws Exception {
+            long s = System.nanoTime();
+            post("/run", "{\"value\":{}}");
+            return (System.nanoTime() - s) / 1e6;
+        }
+
+        /** Per-thread CPU samples (ms by group: worker, Truffle compiler, HotSpot JIT, GC, other), one per round, the last few. */
+        private final java.util.ArrayDeque<double[]> cpu = new java.util.ArrayDeque<>();
+
+        void sampleCpu(int last) {
+            double[] g = new double[5];
+            try (var tasks = Files.list(Path.of("/proc/" + proc.pid() + "/task"))) {
+                for (Path t : (Iterable<Path>) tasks::iterator) {
+                    try {
+                        String comm = Files.readString(t.resolve("comm")).strip(), stat = Files.readString(t.resolve("stat"));
+                        String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+                        double ms = (Long.parseLong(f[11]) + Long.parseLong(f[12])) * 10.0; // utime + stime, 100 ticks a second
+                        int k = comm.startsWith("fn-") ? 0 : comm.startsWith("TruffleCompiler") ? 1 : comm.startsWith("C1 Compiler") || comm.startsWith("C2 Compiler") ? 2
+                                : comm.startsWith("GC ") || comm.startsWith("G1 ") || comm.startsWith("VM Periodic") ? 3 : 4;
+                        g[k] += ms;
+                    } catch (IOException | RuntimeException gone) { // a thread that ended meanwhile
+                    }
                 }
-                for (String l : Files.readAllLines(Path.of("/proc/" + proc.pid() + "/status")))
-                    if (l.startsWith("VmRSS:")) rssMb = Long.parseLong(l.replaceAll("\\D", "")) / 1024.0;
-                return t.stream().mapToDouble(Double::doubleValue).toArray();
-            } finally {
-                proc.destroy();
-                if (!proc.waitFor(30, java.util.concurrent.TimeUnit.SECONDS)) proc.destroyForcibly();
+            } catch (IOException e) {
+                return;
             }
+            cpu.addLast(g);
+            while (cpu.size() > last + 1) cpu.removeFirst();
+        }
+
+        /** CPU ms per call by group over the sampled calls (threads that ended in between are missing from the later sample). */
+        double[] cpuPerCall() {
+            double[] a = cpu.peekFirst(), b = cpu.peekLast(), r = new double[5];
+            if (a == null || cpu.size() < 2) return r;
+            for (int k = 0; k < 5; k++) r[k] = Math.max(0, b[k] - a[k]) / (cpu.size() - 1);
+            return r;
+        }
+
+        double rssMb() throws IOException {
+            for (String l : Files.readAllLines(Path.of("/proc/" + proc.pid() + "/status")))
+                if (l.startsWith("VmRSS:")) return Long.parseLong(l.replaceAll("\\D", "")) / 1024.0;
+            return Double.NaN;
+        }
+
+        void stop() throws InterruptedException {
+            proc.destroy();
+            if (!proc.waitFor(30, java.util.concurrent.TimeUnit.SECONDS)) proc.destroyForcibly();
         }
 
         private void post(String path, String body) throws Exception {
