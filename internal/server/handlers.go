@@ -215,7 +215,7 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 	}
 	req.HostTID = func() (int, error) { return c.hostTID(m.TID) }
 	req.NeedFDs = c.needFDs
-	g, err := c.pool.Acquire(c.session.ctx, req)
+	g, err := c.pool.Acquire(c.ctx, req)
 	if errors.Is(err, pool.ErrBadRequest) {
 		c.srv.metrics.Error(metrics.BadRequest)
 	}

@@ -900,3 +900,35 @@ func holdOne(t *testing.T, c net.Conn) {
 // process's next counter read (at most one read a second per process):
 // a maintenance round one second on.
 func settleUsage(a *agent.Agent) { a.Maintain(time.Now().Add(time.Second)) }
+
+// TestOneWayFramesPassWaitingAcquire: while a HOLD ACQUIRE waits for
+// budget on a connection, the one-way RELEASE of the lease that holds the
+// budget, sent on the same connection after it, is taken: the ACQUIRE is
+// granted with the budget it frees, not refused when its wait is over.
+// A request that needs an answer is answered after the ACQUIRE.
+func TestOneWayFramesPassWaitingAcquire(t *testing.T) {
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Admission.Budget = "500m" })
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := agenttest.LocalConn(t, e.Socket, l)
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(500, 0)))
+	m, _ := agenttest.ReadFDs(t, c)
+	g, ok := m.(*slotv1.AcquireOK)
+	if !ok {
+		t.Fatalf("HOLD: %+v", m)
+	}
+	// Waits far longer than the test's deadline: only the release ends it.
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(500, 3600e6)))
+	agenttest.WaitFor(t, "the second HOLD to wait for budget", func() bool {
+		v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_admission_total{result="queued"}`)
+		return v > 0
+	})
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+	c.Write(agenttest.Frame(t, &slotv1.HeldRequest{})) // answered after the ACQUIRE
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsAcquireOK(m) {
+		t.Fatalf("the waiting HOLD after the release of the lease it waited for: %+v", m)
+	}
+	if h, ok := agenttest.ReadResp(t, c).(*slotv1.HeldOK); !ok || len(h.Leases) != 1 || h.Leases[0].Lease == g.Lease {
+		t.Fatalf("HELD after the ACQUIRE: %+v, want the new lease only", h)
+	}
+}
