@@ -283,8 +283,9 @@ func (c *conn) undecodable(body []byte, err error) bool {
 	return c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) && pe.Code != slotv1.CodeUnsupportedVersion && !oneWay
 }
 
-// finish ends a connection: its leases go when it was its process's last,
-// and its counts are dropped.
+// finish ends a connection: its leases go with it (a lease is the
+// connection's that asked for it, SPEC.md "Lifetimes"), and its counts are
+// dropped.
 func (c *conn) finish() {
 	c.srv.metrics.Connections(-1)
 	if c.cancel != nil {
@@ -295,9 +296,12 @@ func (c *conn) finish() {
 	if c.pidfd >= 0 {
 		unix.Close(c.pidfd)
 	}
-	if c.session != nil && c.srv.leave(c.session, c) && c.pool != nil {
-		if n := c.pool.ReleaseOwner(c.session); n > 0 {
-			c.srv.log.Info("client process went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
+	if c.session != nil {
+		c.srv.leave(c.session, c)
+	}
+	if c.pool != nil {
+		if n := c.pool.ReleaseOwner(c); n > 0 {
+			c.srv.log.Info("client connection went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
 		}
 	}
 	c.srv.mu.Lock()

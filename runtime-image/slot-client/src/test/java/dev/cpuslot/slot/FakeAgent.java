@@ -117,12 +117,19 @@ public final class FakeAgent implements AutoCloseable {
 
     private void serve(int fd, int gen) {
         Set<Long> sentSlots = new HashSet<>();
+        java.util.ArrayDeque<byte[]> ahead = new java.util.ArrayDeque<>();
         try {
             while (running && gen == generation) {
-                byte[] frame = readFrame(fd, gen);
+                byte[] frame = ahead.isEmpty() ? readFrame(fd, gen) : ahead.poll();
                 if (frame == null) return;
-                // one request in flight per connection: nothing else may be waiting already
-                if (Native.poll(fd, Native.POLLIN, 0) != 0) pipelined.incrementAndGet();
+                // one request in flight per connection: no other request may be waiting already
+                // (one-way frames, request 0, may: the client writes them beside a request)
+                while (Protocol.decodeFrame(frame).request() != 0 && ahead.isEmpty() && Native.poll(fd, Native.POLLIN, 0) != 0) {
+                    byte[] next = readFrame(fd, gen);
+                    if (next == null) break;
+                    ahead.add(next);
+                    if (Protocol.decodeFrame(next).request() != 0) pipelined.incrementAndGet();
+                }
                 Protocol.Frame f = Protocol.decodeFrame(frame);
                 received.add(f.message());
                 Protocol.Message answer;
