@@ -823,6 +823,7 @@ final class LocalLeases {
                 if (r.fds().length > 0) fds.put(slot, r.fds(), c.hello);
                 table.setLease(i, ok.lease());
                 held.set(i, new Held(slot, h.quota(), ok.lease(), c));
+                transport.reserve(c); // it holds a lease now
                 reclaim.set(i, null);
                 if (!transport.isAlive(c)) reclaim.set(i, Boolean.TRUE);
                 count("local.reclaimed");
