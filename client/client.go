@@ -158,7 +158,7 @@ func (c *Client) Hello() slotv1.HelloOK {
 }
 
 // Close closes every connection and cached fd. Leases still held are
-// released by the agent once the process's last connection is gone.
+// released by the agent as their connections close.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	parked := c.parked
@@ -173,6 +173,7 @@ func (c *Client) Close() error {
 		// A HOLD request on its way gets its grant back while the
 		// connections are still open.
 		c.local.asks.Wait()
+		c.local.closeConn()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

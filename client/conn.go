@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,6 +32,11 @@ type conn struct {
 	// with a cancellable context); timeout bounds each wait for an answer.
 	wake    int
 	timeout time.Duration
+	// wmu orders writes: a lease's one-way frames go out on its connection
+	// (sendBeside) while a request may be in flight on it; it also guards
+	// fd against a close meanwhile.
+	wmu    sync.Mutex
+	beside []byte
 }
 
 // errCancelled: the caller's context ended while an answer was awaited.
@@ -96,10 +102,12 @@ func (c *Client) dial(ctx context.Context) (*conn, error) {
 }
 
 func (cn *conn) close() {
+	cn.wmu.Lock()
 	if cn.fd >= 0 {
 		unix.Close(cn.fd)
 		cn.fd = -1
 	}
+	cn.wmu.Unlock()
 	if cn.wake >= 0 {
 		unix.Close(cn.wake)
 		cn.wake = -1
@@ -110,13 +118,37 @@ func (cn *conn) close() {
 
 // send writes one request.
 func (cn *conn) send(m slotv1.Message) error {
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
 	cn.req++
 	var err error
 	if cn.out, err = slotv1.Append(cn.out[:0], cn.req, m); err != nil {
 		return err
 	}
-	for off := 0; off < len(cn.out); {
-		n, err := unix.Write(cn.fd, cn.out[off:])
+	return cn.write(cn.out)
+}
+
+// sendBeside writes one-way frame m (request 0) on cn whether or not a
+// request is in flight on it: the agent takes one-way frames while an
+// ACQUIRE waits (SPEC.md, "Transport"), so a lease's RELEASE, SLEEP or WAKE
+// is never stuck behind an ACQUIRE that waits for the budget it frees.
+func (cn *conn) sendBeside(m slotv1.Message) error {
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
+	var err error
+	if cn.beside, err = slotv1.Append(cn.beside[:0], 0, m); err != nil {
+		return err
+	}
+	return cn.write(cn.beside)
+}
+
+// write writes b whole; the caller holds wmu.
+func (cn *conn) write(b []byte) error {
+	if cn.fd < 0 {
+		return errConnClosed
+	}
+	for off := 0; off < len(b); {
+		n, err := unix.Write(cn.fd, b[off:])
 		if err == unix.EINTR {
 			continue // a signal (Go's preemption) interrupted the write
 		}
@@ -126,6 +158,21 @@ func (cn *conn) send(m slotv1.Message) error {
 		off += n
 	}
 	return nil
+}
+
+var errConnClosed = errors.New("cpuslot: connection closed")
+
+// gone reports whether the agent closed cn (or cn was closed here): the
+// leases it held are over.
+func (cn *conn) gone() bool {
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
+	if cn.fd < 0 {
+		return true
+	}
+	fds := []unix.PollFd{{Fd: int32(cn.fd), Events: unix.POLLRDHUP}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
 }
 
 // recv reads into p, retrying reads that a signal interrupted: with

@@ -26,9 +26,12 @@ type Usage struct {
 
 // Lease is a granted slot.
 type Lease struct {
-	c          *Client
-	id         uint64
-	gen        uint64
+	c   *Client
+	id  uint64
+	gen uint64
+	// cn is the connection that holds the lease: every frame naming it
+	// goes there (SPEC.md, "Lifetimes").
+	cn         *conn
 	Slot       uint32
 	QuotaMilli uint32
 	Outcome    slotv1.Outcome
@@ -103,14 +106,14 @@ func (c *Client) AcquireContext(ctx context.Context, quotaMilli uint32, action, 
 	if c.opts.AgentPlaces {
 		req.Flags |= slotv1.AcquireAgentPlaces
 	}
-	resp, fds, gen, err := c.callCtx(ctx, req)
+	resp, fds, cn, err := c.callCtx(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	var l *Lease
 	var slotFDs []int
 	ok, err := c.grant(resp, fds, func(ok *slotv1.AcquireOK) {
-		l = &Lease{c: c, id: ok.Lease, gen: gen, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, Outcome: ok.Outcome, Place: ok.Place,
+		l = &Lease{c: c, id: ok.Lease, gen: cn.gen, cn: cn, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, Outcome: ok.Outcome, Place: ok.Place,
 			Queued: ok.Flags&slotv1.AcquiredQueued != 0, Degraded: ok.Flags&slotv1.AcquiredDegraded != 0,
 			tid: tid, action: action, invocation: invocation}
 		slotFDs = c.fds[ok.Slot]
@@ -176,32 +179,46 @@ func usageOf(d counters.Usage) Usage {
 	return Usage{CPU: time.Duration(d.CPUNanos), Throttled: time.Duration(d.ThrottledNanos), Periods: d.Periods, ThrottledPeriods: d.ThrottledPeriods}
 }
 
-// releaseWithReply sends RELEASE and waits for the agent's usage.
+// releaseWithReply sends RELEASE on the lease's connection and waits for
+// the agent's usage. When a request is in flight there (an ACQUIRE that
+// may wait for the budget this lease holds) it goes one-way beside it
+// instead, and the usage is unknown (zero).
 func (l *Lease) releaseWithReply(outcome slotv1.ReleaseOutcome) (Usage, error) {
 	c := l.c
 	for attempt := 0; ; attempt++ {
 		c.mu.Lock()
-		id, lost := l.id, l.lost
+		id, lost, cn := l.id, l.lost, l.cn
 		c.mu.Unlock()
 		if lost {
 			c.forget(l)
 			return Usage{}, ErrLeaseLost
 		}
-		resp, _, _, err := c.call(&slotv1.Release{Lease: id, Outcome: outcome})
+		if cn.gone() {
+			// Its connection closed, and the lease with it, unless a
+			// reconnect re-declares it on a new one.
+			if attempt == 0 {
+				_ = c.recover(context.Background(), cn.gen)
+				continue
+			}
+			c.forget(l)
+			return Usage{}, ErrUnreachable
+		}
+		resp, err := c.leaseFrame(cn, &slotv1.Release{Lease: id, Outcome: outcome})
 		if err != nil {
-			// A reconnect during the call re-declared the lease under a new
-			// id: release that one.
+			// A reconnect meanwhile re-declared the lease elsewhere.
 			c.mu.Lock()
 			moved := l.id != id
 			c.mu.Unlock()
-			var pe *slotv1.Error
-			if errors.As(err, &pe) && pe.Code == slotv1.CodeUnknownLease && moved && attempt == 0 {
+			if moved && attempt == 0 {
 				continue
 			}
 			c.forget(l)
 			return Usage{}, err
 		}
 		c.forget(l)
+		if resp == nil {
+			return Usage{}, nil
+		}
 		r, ok := resp.(*slotv1.ReleaseOK)
 		if !ok {
 			return Usage{}, fmt.Errorf("cpuslot: unexpected %T to RELEASE", resp)
@@ -210,31 +227,55 @@ func (l *Lease) releaseWithReply(outcome slotv1.ReleaseOutcome) (Usage, error) {
 	}
 }
 
-// releaseOneWay reads the slot's counters and sends RELEASE with NO_REPLY:
-// the invocation pays one write, not a round trip.
+// leaseFrame sends m, a frame naming a lease, on cn, the connection that
+// holds the lease: as a request when cn is idle in the pool (its answer
+// is returned), else one-way beside the request in flight on it (nil).
+func (c *Client) leaseFrame(cn *conn, m *slotv1.Release) (slotv1.Message, error) {
+	if !c.takeIdle(cn) {
+		one := *m
+		one.Flags |= slotv1.ReleaseNoReply
+		return nil, cn.sendBeside(&one)
+	}
+	return c.exclusive(cn, m, c.put)
+}
+
+// exclusive makes request m on cn, which no one else uses meanwhile, and
+// then hands cn to done, or closes it when it broke.
+func (c *Client) exclusive(cn *conn, m slotv1.Message, done func(*conn)) (slotv1.Message, error) {
+	resp, fds, err := cn.roundTrip(m)
+	closeFDs(fds)
+	if err != nil {
+		cn.close()
+		return nil, err
+	}
+	done(cn)
+	if e, ok := resp.(*slotv1.Error); ok {
+		return nil, e
+	}
+	return resp, nil
+}
+
+// releaseOneWay reads the slot's counters and sends RELEASE with NO_REPLY
+// on the lease's connection: the invocation pays one write, not a round
+// trip.
 func (l *Lease) releaseOneWay(outcome slotv1.ReleaseOutcome) (Usage, bool) {
 	c := l.c
 	c.mu.Lock()
 	stat := c.fds[l.Slot]
-	id, gen := l.id, l.gen
+	id, gen, cn := l.id, l.gen, l.cn
+	current := c.gen
 	c.mu.Unlock()
+	if gen != current {
+		return Usage{}, false // reconnected since: release with a reply
+	}
 	_, stat = c.split(stat)
 	end, ok := readCounters(stat)
 	if !ok {
 		return Usage{}, false
 	}
-	cn, err := c.get(context.Background())
-	if err != nil || cn.gen != gen {
-		if err == nil {
-			c.put(cn)
-		}
-		return Usage{}, false // reconnected since: release with a reply
-	}
-	if err := cn.send(&slotv1.Release{Lease: id, Outcome: outcome, Flags: slotv1.ReleaseNoReply}); err != nil {
-		cn.close()
+	if err := cn.sendBeside(&slotv1.Release{Lease: id, Outcome: outcome, Flags: slotv1.ReleaseNoReply}); err != nil {
 		return Usage{}, false
 	}
-	c.put(cn)
 	c.forget(l)
 	return usageOf(end.Sub(l.start)), true
 }
@@ -253,10 +294,10 @@ func (c *Client) forget(l *Lease) {
 // rate is refused (*slotv1.Error, REJECTED): the lease stays awake and the
 // invocation goes on as without lending.
 //
-// Each is one round trip: this client spreads requests over pooled
-// connections, and only an answered SLEEP cannot be overtaken by its
-// WAKE (or a WAKE by the RELEASE) on another one. Worth it for waits of
-// milliseconds, not microseconds.
+// Each goes on the connection that holds the lease, after the frames
+// sent there before (requests on one connection are taken in order): a
+// round trip when no other request is in flight on it, else one-way
+// (then a refusal is not seen, and the lease may stay awake).
 func (l *Lease) Sleep() error { return l.nap(slotv1.ReleaseSleep) }
 
 // Wake tells the agent that the lease's invocation, which slept, runs
@@ -272,45 +313,33 @@ func (l *Lease) nap(flag uint8) error {
 	return l.sendNap(flag)
 }
 
-// sendNap sends SLEEP or WAKE (flag) for the lease and waits for the answer.
+// sendNap sends SLEEP or WAKE (flag) for the lease on its connection.
 func (l *Lease) sendNap(flag uint8) error {
 	c := l.c
 	if c.Hello().Flags&slotv1.HelloOKLend == 0 {
 		return nil
 	}
-	id, err := l.agentLease()
+	m := &slotv1.Release{Outcome: slotv1.InvocationOK, Flags: flag}
+	var resp slotv1.Message
+	var err error
+	if l.Local {
+		resp, err = c.local.leaseFrame(l, m)
+	} else {
+		c.mu.Lock()
+		cn, lost := l.cn, l.lost
+		m.Lease = l.id
+		c.mu.Unlock()
+		if lost {
+			return ErrLeaseLost
+		}
+		resp, err = c.leaseFrame(cn, m)
+	}
 	if err != nil {
 		return err
 	}
-	resp, _, _, err := c.call(&slotv1.Release{Lease: id, Outcome: slotv1.InvocationOK, Flags: flag})
-	if err != nil {
-		return err
-	}
-	if _, ok := resp.(*slotv1.ReleaseOK); !ok {
+	if _, ok := resp.(*slotv1.ReleaseOK); resp != nil && !ok {
 		return fmt.Errorf("cpuslot: unexpected %T to RELEASE", resp)
 	}
 	l.sleeping.Store(flag == slotv1.ReleaseSleep)
 	return nil
-}
-
-// agentLease is the agent's id of the lease: its own, or for a local one
-// the HOLD lease of its slot.
-func (l *Lease) agentLease() (uint64, error) {
-	if l.Local {
-		lc := l.c.local
-		lc.mu.Lock()
-		defer lc.mu.Unlock()
-		e := lc.own[l.claim.Index]
-		if e == nil || e.gone || e.slot != l.Slot {
-			return 0, errors.New("cpuslot: the slot's HOLD lease is gone")
-		}
-		return e.lease, nil
-	}
-	c := l.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if l.lost {
-		return 0, ErrLeaseLost
-	}
-	return l.id, nil
 }

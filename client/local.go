@@ -63,6 +63,15 @@ type local struct {
 	// grants, which no waiter may take any more, to give them back.
 	asks sync.WaitGroup
 
+	// cn is the connection the process's HOLD leases are granted on; they
+	// are released, slept, woken, listed (HELD) and reported (USAGE) there
+	// only (SPEC.md, "Lifetimes"). cmu: one request at a time on it (a
+	// HOLD, HELD, RECLAIM); one-way frames go beside (sendBeside), so none
+	// waits behind a HOLD that waits for budget. cnMu guards cn.
+	cmu  sync.Mutex
+	cnMu sync.Mutex
+	cn   *conn
+
 	usageMu sync.Mutex
 	usage   map[usageKey]*slotv1.UsageRecord
 	flushMu sync.Mutex // one flush at a time: Close's waits for the ticker's
@@ -446,16 +455,16 @@ func (lc *local) miss(quotaMilli uint32) (ok *slotv1.AcquireOK, stale bool, err 
 	// Idle held slots hold budget: give back what the new one would not
 	// fit beside (the budget HELLO_OK announced), and if the agent still
 	// refuses for budget, whatever is free.
-	resp, fds, gen, err := lc.hold(lc.makeRoom(quotaMilli, false), req)
+	resp, fds, cn, err := lc.hold(lc.makeRoom(quotaMilli, false), req)
 	if errors.Is(err, &slotv1.Error{Code: slotv1.CodeRejected}) || errors.Is(err, &slotv1.Error{Code: slotv1.CodeTimeout}) {
 		if rel := lc.makeRoom(quotaMilli, true); len(rel) > 0 {
-			resp, fds, gen, err = lc.hold(rel, req)
+			resp, fds, cn, err = lc.hold(rel, req)
 		}
 	}
 	if err != nil {
 		return nil, false, err
 	}
-	ok, err = c.grant(resp, fds, func(*slotv1.AcquireOK) { stale = gen != c.gen })
+	ok, err = c.grant(resp, fds, func(*slotv1.AcquireOK) { stale = cn != lc.conn() })
 	return ok, stale, err
 }
 
@@ -544,36 +553,134 @@ func (lc *local) makeRoom(quotaMilli uint32, force bool) []uint64 {
 	return leases
 }
 
-// hold sends the releases, then the HOLD request, on one connection, so
-// that the agent frees the budget before it admits the new lease.
-func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, []int, uint64, error) {
-	c := lc.c
-	if len(releases) == 0 {
-		return c.call(req)
-	}
-	cn, err := c.get(context.Background())
-	if err == nil {
+// hold sends the releases, then the HOLD request, on the hold connection,
+// so that the agent frees the budget before it admits the new lease.
+func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, []int, *conn, error) {
+	lc.cmu.Lock()
+	defer lc.cmu.Unlock()
+	for attempt := 0; ; attempt++ {
+		cn, err := lc.holdConn()
+		if err != nil {
+			return nil, nil, nil, err
+		}
 		for _, id := range releases {
-			if err = cn.send(&slotv1.Release{Lease: id, Outcome: slotv1.InvocationOK, Flags: slotv1.ReleaseNoReply}); err != nil {
+			if err = cn.sendBeside(&slotv1.Release{Lease: id, Outcome: slotv1.InvocationOK, Flags: slotv1.ReleaseNoReply}); err != nil {
 				break
 			}
 		}
-	}
-	if err == nil {
-		resp, fds, rerr := cn.roundTrip(req)
-		if rerr == nil {
-			return c.answered(cn, resp, fds)
+		if err == nil {
+			var resp slotv1.Message
+			var fds []int
+			if resp, fds, err = cn.roundTrip(req); err == nil {
+				if e, ok := resp.(*slotv1.Error); ok {
+					closeFDs(fds)
+					return nil, nil, cn, e
+				}
+				return resp, fds, cn, nil
+			}
 		}
-		err = rerr
+		// The connection broke, and its leases ended with it (the
+		// releases too): the next one re-declares what the table holds.
+		cn.close()
+		if attempt > 0 {
+			return nil, nil, nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+		}
+		releases = nil
 	}
+}
+
+// conn is the hold connection (nil: none yet).
+func (lc *local) conn() *conn {
+	lc.cnMu.Lock()
+	defer lc.cnMu.Unlock()
+	return lc.cn
+}
+
+// holdConn returns the hold connection; when there is none, or the one
+// there was closed (and its leases with it), it dials one and re-declares
+// the held entries on it. The caller holds cmu.
+func (lc *local) holdConn() (*conn, error) {
+	if cn := lc.conn(); cn != nil && !cn.gone() {
+		return cn, nil
+	}
+	cn, err := lc.c.dial(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	lc.mu.Lock()
+	err = lc.reclaimAllOn(cn)
+	closed := lc.closed
+	lc.mu.Unlock()
+	if err == nil && closed {
+		err = ErrClosed
+	}
+	if err != nil {
+		cn.close()
+		return nil, err
+	}
+	lc.cnMu.Lock()
+	old := lc.cn
+	lc.cn = cn
+	lc.cnMu.Unlock()
+	if old != nil {
+		old.close()
+	}
+	return cn, nil
+}
+
+// recovered re-declares the held entries after a reconnect if the hold
+// connection is gone (the agent restarted, or closed it).
+func (lc *local) recovered() error {
+	if cn := lc.conn(); cn == nil || !cn.gone() {
+		return nil
+	}
+	lc.cmu.Lock()
+	defer lc.cmu.Unlock()
+	_, err := lc.holdConn()
+	return err
+}
+
+// connGone reports whether the hold connection was closed.
+func (lc *local) connGone() bool {
+	cn := lc.conn()
+	return cn != nil && cn.gone()
+}
+
+// closeConn closes the hold connection: the agent releases what it still
+// holds.
+func (lc *local) closeConn() {
+	lc.cnMu.Lock()
+	cn := lc.cn
+	lc.cn = nil
+	lc.cnMu.Unlock()
 	if cn != nil {
 		cn.close()
 	}
-	// The connection broke: the releases may not have arrived.
-	for _, id := range releases {
-		lc.sendRelease(id)
+}
+
+// leaseFrame sends m (SLEEP or WAKE) for local lease l's HOLD lease on the
+// hold connection: as a request when none is in flight there, else
+// one-way beside it (answer nil).
+func (lc *local) leaseFrame(l *Lease, m *slotv1.Release) (slotv1.Message, error) {
+	lc.mu.Lock()
+	e := lc.own[l.claim.Index]
+	if e == nil || e.gone || e.slot != l.Slot {
+		lc.mu.Unlock()
+		return nil, errors.New("cpuslot: the slot's HOLD lease is gone")
 	}
-	return c.call(req)
+	m.Lease = e.lease
+	lc.mu.Unlock()
+	cn := lc.conn()
+	if cn == nil {
+		return nil, ErrUnreachable
+	}
+	if !lc.cmu.TryLock() {
+		one := *m
+		one.Flags |= slotv1.ReleaseNoReply
+		return nil, cn.sendBeside(&one)
+	}
+	defer lc.cmu.Unlock()
+	return lc.c.exclusive(cn, m, func(*conn) {})
 }
 
 // release ends an invocation on a held slot: usage from the counters, then
@@ -668,7 +775,7 @@ func (lc *local) flush() {
 	}
 	for len(recs) > 0 {
 		n := min(len(recs), slotv1.MaxUsageRecords)
-		if !lc.c.sendOneWay(&slotv1.Usage{Records: recs[:n]}) {
+		if cn := lc.conn(); cn == nil || cn.sendBeside(&slotv1.Usage{Records: recs[:n]}) != nil {
 			break
 		}
 		recs = recs[n:]
@@ -707,7 +814,12 @@ func (lc *local) held() {
 	if n == 0 {
 		return
 	}
-	resp, _, gen, err := c.call(&slotv1.HeldRequest{})
+	cn := lc.conn()
+	if cn == nil || !lc.cmu.TryLock() {
+		return // a HOLD is on its way there: next round
+	}
+	resp, err := c.exclusive(cn, &slotv1.HeldRequest{}, func(*conn) {})
+	lc.cmu.Unlock()
 	if err != nil {
 		return // refused for its rate, or the agent is away: next round
 	}
@@ -717,10 +829,9 @@ func (lc *local) held() {
 	}
 	c.mu.Lock()
 	c.hello.BudgetMilli = ok.BudgetMilli // makeRoom fits misses within it
-	current := gen == c.gen
 	c.mu.Unlock()
-	if !current {
-		return // lease ids of before a reconnect
+	if cn != lc.conn() {
+		return // lease ids of a connection replaced meanwhile
 	}
 	lc.giveBack(ok)
 	lc.dropIdle(monotonicNow())
@@ -847,13 +958,13 @@ func (lc *local) dropLocked(i int, o *ownEntry) (dropped, claimed bool) {
 }
 
 func (lc *local) sendRelease(lease uint64) bool {
-	return lc.c.sendOneWay(&slotv1.Release{Lease: lease, Outcome: slotv1.InvocationOK, Flags: slotv1.ReleaseNoReply})
+	cn := lc.conn()
+	return cn != nil && cn.sendBeside(&slotv1.Release{Lease: lease, Outcome: slotv1.InvocationOK, Flags: slotv1.ReleaseNoReply}) == nil
 }
 
-// reclaimAll re-declares every held entry on cn after a reconnect.
-func (lc *local) reclaimAll(cn *conn) error {
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
+// reclaimAllOn re-declares every held entry on cn, the new hold
+// connection. The caller holds lc.mu.
+func (lc *local) reclaimAllOn(cn *conn) error {
 	for i := range lc.own {
 		if err := lc.reclaimOn(cn, i); err != nil {
 			return err
@@ -869,7 +980,9 @@ func (lc *local) reclaimAll(cn *conn) error {
 }
 
 func (lc *local) reclaim(i int) {
-	cn, err := lc.c.get(context.Background())
+	lc.cmu.Lock()
+	defer lc.cmu.Unlock()
+	cn, err := lc.holdConn()
 	if err != nil {
 		return
 	}
@@ -878,9 +991,7 @@ func (lc *local) reclaim(i int) {
 	lc.mu.Unlock()
 	if err != nil {
 		cn.close()
-		return
 	}
-	lc.c.put(cn)
 }
 
 // reclaimOn sends RECLAIM (tid 0) for own entry i: the new lease id goes

@@ -5,6 +5,7 @@ package client
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,6 +31,9 @@ func (c *Client) checkAgent() {
 		}
 	}
 	c.mu.Unlock()
+	if c.local != nil && c.local.connGone() {
+		broken = true
+	}
 	if broken {
 		_ = c.recover(context.Background(), gen)
 	}
@@ -70,6 +74,8 @@ func (c *Client) recover(ctx context.Context, gen uint64) error {
 			return ctx.Err()
 		}
 	}
+	// A lease whose connection is open is still held there; one whose
+	// connection closed ended with it, and is re-declared on the new one.
 	c.mu.Lock()
 	var held []*Lease
 	for l := range c.held {
@@ -78,6 +84,15 @@ func (c *Client) recover(ctx context.Context, gen uint64) error {
 		}
 	}
 	c.mu.Unlock()
+	held = slices.DeleteFunc(held, func(l *Lease) bool {
+		if l.cn.gone() {
+			return false
+		}
+		c.mu.Lock()
+		l.gen = cn.gen
+		c.mu.Unlock()
+		return true
+	})
 	for _, l := range held {
 		resp, fds, err := cn.roundTrip(&slotv1.Reclaim{Slot: l.Slot, QuotaMilli: l.QuotaMilli, TID: uint32(l.tid), Action: l.action, Invocation: l.invocation})
 		if err != nil {
@@ -86,7 +101,7 @@ func (c *Client) recover(ctx context.Context, gen uint64) error {
 		}
 		c.mu.Lock()
 		if ok, isOK := resp.(*slotv1.AcquireOK); isOK {
-			l.id, l.gen = ok.Lease, cn.gen
+			l.id, l.gen, l.cn = ok.Lease, cn.gen, cn
 			c.cacheFDs(ok.Slot, fds)
 		} else {
 			l.lost = true
@@ -95,7 +110,7 @@ func (c *Client) recover(ctx context.Context, gen uint64) error {
 		c.mu.Unlock()
 	}
 	if c.local != nil {
-		if err := c.local.reclaimAll(cn); err != nil {
+		if err := c.local.recovered(); err != nil {
 			cn.close()
 			return err
 		}

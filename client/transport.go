@@ -7,44 +7,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 )
 
-// sendOneWay sends a request that gets no answer (USAGE, RELEASE with
-// NO_REPLY) on a pooled connection; false if it could not.
-func (c *Client) sendOneWay(m slotv1.Message) bool {
-	cn, err := c.get(context.Background())
-	if err != nil {
-		return false
-	}
-	if err := cn.send(m); err != nil {
-		cn.close()
-		c.mu.Lock()
-		c.down = true // the agent went away: checkAgent reconnects
-		c.mu.Unlock()
-		return false
-	}
-	c.put(cn)
-	return true
-}
-
 // call runs one request on a pooled connection. A broken connection (agent
 // gone) triggers one reconnect, which re-declares held leases, and a retry.
-func (c *Client) call(m slotv1.Message) (slotv1.Message, []int, uint64, error) {
+func (c *Client) call(m slotv1.Message) (slotv1.Message, []int, *conn, error) {
 	return c.callCtx(context.Background(), m)
 }
 
 // callCtx is call that returns ctx's error once ctx ends. A request already
 // sent is left to abandon, which reads its answer off the caller's thread.
-func (c *Client) callCtx(ctx context.Context, m slotv1.Message) (slotv1.Message, []int, uint64, error) {
+func (c *Client) callCtx(ctx context.Context, m slotv1.Message) (slotv1.Message, []int, *conn, error) {
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, err
 		}
 		cn, err := c.get(ctx)
 		if err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, err
 		}
 		resp, fds, err := cn.roundTripCtx(ctx, m)
 		if err == nil {
@@ -52,20 +35,20 @@ func (c *Client) callCtx(ctx context.Context, m slotv1.Message) (slotv1.Message,
 		}
 		if errors.Is(err, errCancelled) {
 			go c.abandon(cn, m)
-			return nil, nil, 0, ctx.Err()
+			return nil, nil, nil, ctx.Err()
 		}
 		cn.close()
 		if attempt > 0 {
-			return nil, nil, 0, fmt.Errorf("%w: %w", ErrUnreachable, err)
+			return nil, nil, nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
 		}
 		if rerr := c.recover(ctx, cn.gen); rerr != nil {
 			if ctx.Err() != nil {
-				return nil, nil, 0, ctx.Err()
+				return nil, nil, nil, ctx.Err()
 			}
 			if errors.Is(rerr, ErrUnreachable) {
-				return nil, nil, 0, rerr
+				return nil, nil, nil, rerr
 			}
-			return nil, nil, 0, fmt.Errorf("%w: %w", ErrUnreachable, rerr)
+			return nil, nil, nil, fmt.Errorf("%w: %w", ErrUnreachable, rerr)
 		}
 	}
 }
@@ -80,7 +63,7 @@ func (c *Client) abandon(cn *conn, m slotv1.Message) {
 		cn.close()
 		return
 	}
-	resp, fds, gen, err := c.answered(cn, resp, fds)
+	resp, fds, _, err = c.answered(cn, resp, fds)
 	if err != nil {
 		return
 	}
@@ -91,7 +74,7 @@ func (c *Client) abandon(cn *conn, m slotv1.Message) {
 	}
 	var l *Lease
 	if _, err := c.grant(resp, fds, func(ok *slotv1.AcquireOK) {
-		l = &Lease{c: c, id: ok.Lease, gen: gen, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, tid: int(a.TID), action: a.Action, invocation: a.Invocation}
+		l = &Lease{c: c, id: ok.Lease, gen: cn.gen, cn: cn, Slot: ok.Slot, QuotaMilli: ok.QuotaMilli, tid: int(a.TID), action: a.Action, invocation: a.Invocation}
 		c.held[l] = struct{}{}
 	}); err == nil {
 		_, _ = l.Release(slotv1.PlacementFailed)
@@ -99,14 +82,15 @@ func (c *Client) abandon(cn *conn, m slotv1.Message) {
 }
 
 // answered gives back to the pool a connection that answered, and turns an
-// ERROR answer into the error; with the generation the answer came in.
-func (c *Client) answered(cn *conn, resp slotv1.Message, fds []int) (slotv1.Message, []int, uint64, error) {
+// ERROR answer into the error; with the connection the answer came on (its
+// generation, and the connection a lease it grants belongs to).
+func (c *Client) answered(cn *conn, resp slotv1.Message, fds []int) (slotv1.Message, []int, *conn, error) {
 	c.put(cn)
 	if e, ok := resp.(*slotv1.Error); ok {
 		closeFDs(fds) // an error grants nothing: fds with it are a faulty agent's
-		return nil, nil, cn.gen, e
+		return nil, nil, cn, e
 	}
-	return resp, fds, cn.gen, nil
+	return resp, fds, cn, nil
 }
 
 func (c *Client) get(ctx context.Context) (*conn, error) {
@@ -123,6 +107,18 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 	}
 	c.mu.Unlock()
 	return c.dial(ctx)
+}
+
+// takeIdle takes cn out of the pool if it is idle there: then no request
+// is in flight on it and the caller may make one.
+func (c *Client) takeIdle(cn *conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if k := slices.Index(c.idle, cn); k >= 0 {
+		c.idle = slices.Delete(c.idle, k, k+1)
+		return true
+	}
+	return false
 }
 
 func (c *Client) put(cn *conn) {

@@ -140,7 +140,7 @@ type lease struct {
 	heldUntil time.Time
 }
 
-// ownerThread is a client thread within its process (the session owning it).
+// ownerThread is a client thread within the connection holding its lease.
 type ownerThread struct {
 	owner  any
 	thread Thread

@@ -32,8 +32,8 @@ func (p *Pool) Retire(id uint32) bool {
 	s.retired = true
 	if l := s.lease; l != nil {
 		p.mu.Unlock()
-		// Ended as the holder's closed connection would end it: the
-		// process may keep another connection, and the lease with it.
+		// Ended as its closed connection would end it: the connection
+		// holding it may be one that is not closed (it took no fds).
 		p.Release(l.owner, l.id, outcome.Abandoned) // freeSlot hands it on
 		return true
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -163,6 +164,15 @@ type conn struct {
 	fdPool atomic.Pointer[pool.Pool]
 	// local: the client was granted LOCAL (HOLD leases, USAGE reports).
 	local bool
+	// ctx ends when the process exits or the connection closes: an
+	// ACQUIRE waiting on it stops.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// acquiring is set while an ACQUIRE is handled beside the reader
+	// (startAcquire); it carries handle's result.
+	acquiring chan bool
+	// sendMu orders the answers of an ACQUIRE and of the reader.
+	sendMu sync.Mutex
 	// seen holds the slots whose fds this connection was sent.
 	seen map[uint32]bool
 	// hostTIDs caches the translation of the peer's TIDs into the agent's
@@ -190,6 +200,7 @@ func (c *conn) serve() {
 		return
 	}
 	c.buf = make([]byte, 0, 512)
+	c.ctx, c.cancel = context.WithCancel(c.session.ctx)
 	// HELLO must come soon; after it a connection may idle between frames.
 	c.c.SetReadDeadline(time.Now().Add(c.srv.limits.HelloTimeout))
 	for {
@@ -213,10 +224,59 @@ func (c *conn) serve() {
 			}
 			continue
 		}
+		if c.acquiring != nil && !oneWay(f.Msg) {
+			// Answers go in order: the ACQUIRE's first.
+			if !c.settle() {
+				return
+			}
+		}
+		if _, ok := f.Msg.(*slotv1.Acquire); ok && c.pool != nil {
+			c.startAcquire(f)
+			continue
+		}
 		if !c.handle(f) {
 			return
 		}
 	}
+}
+
+// startAcquire handles an ACQUIRE, which may wait for budget or a slot,
+// while the connection is read on: the one-way frames of the leases this
+// connection holds (a RELEASE or SLEEP that frees what the ACQUIRE waits
+// for) are taken meanwhile, not queued behind it (SPEC.md, "Transport").
+// A request that needs an answer waits for it (settle).
+func (c *conn) startAcquire(f slotv1.Frame) {
+	done := make(chan bool, 1)
+	c.acquiring = done
+	go func() {
+		ok := c.handle(f)
+		if !ok {
+			c.c.CloseRead() // the reader stops and settles
+		}
+		done <- ok
+	}()
+}
+
+// settle waits for the ACQUIRE in flight, if any, and reports whether the
+// connection stays open. When the reader stops, the ACQUIRE stops waiting.
+func (c *conn) settle() bool {
+	if c.acquiring == nil {
+		return true
+	}
+	ok := <-c.acquiring
+	c.acquiring = nil
+	return ok
+}
+
+// oneWay reports whether m is answered with nothing when it is taken.
+func oneWay(m slotv1.Message) bool {
+	switch m := m.(type) {
+	case *slotv1.Release:
+		return m.Flags&slotv1.ReleaseNoReply != 0
+	case *slotv1.Usage:
+		return true
+	}
+	return false
 }
 
 // open identifies the peer and joins its process's session.
@@ -248,17 +308,25 @@ func (c *conn) undecodable(body []byte, err error) bool {
 	return c.send(binary.BigEndian.Uint32(body[2:6]), pe, nil) && pe.Code != slotv1.CodeUnsupportedVersion && !oneWay
 }
 
-// finish ends a connection: its leases go when it was its process's last,
-// and its counts are dropped.
+// finish ends a connection: its leases go with it (a lease is the
+// connection's that asked for it, SPEC.md "Lifetimes"), and its counts are
+// dropped.
 func (c *conn) finish() {
 	c.srv.metrics.Connections(-1)
+	if c.cancel != nil {
+		c.cancel()
+		c.settle() // a lease it grants now is released below
+	}
 	c.c.Close()
 	if c.pidfd >= 0 {
 		unix.Close(c.pidfd)
 	}
-	if c.session != nil && c.srv.leave(c.session, c) && c.pool != nil {
-		if n := c.pool.ReleaseOwner(c.session); n > 0 {
-			c.srv.log.Info("client process went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
+	if c.session != nil {
+		c.srv.leave(c.session, c)
+	}
+	if c.pool != nil {
+		if n := c.pool.ReleaseOwner(c); n > 0 {
+			c.srv.log.Info("client connection went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
 		}
 	}
 	c.srv.mu.Lock()

@@ -76,6 +76,8 @@ func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
 	if c.session != nil && c.session.gone.Load() {
 		return true // its process has exited: the rest of its frames are read unanswered
 	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	var err error
 	c.out, err = slotv1.Append(c.out[:0], request, m)
 	if err != nil {

@@ -753,12 +753,12 @@ func TestLocalReclaimAfterRestart(t *testing.T) {
 		}
 		hs = append(hs, held{g.Slot, g.QuotaMilli})
 	}
-	// The same process re-declares a HOLD lease it still holds (one of its
-	// connections died, the agent did not): the same lease, a new id.
+	// Another connection of the same process cannot take a lease over: a
+	// lease is the connection's that holds it.
 	c2 := agenttest.LocalConn(t, e.Cfg.Socket, l)
 	c2.Write(agenttest.Frame(t, &slotv1.Reclaim{Slot: hs[0].slot, QuotaMilli: 500}))
-	if m, _ := agenttest.ReadFDs(t, c2); !agenttest.IsAcquireOK(m) {
-		t.Fatalf("reclaim of a held slot: %+v", m)
+	if m, _ := agenttest.ReadFDs(t, c2); !agenttest.IsErr(m, slotv1.CodeUnknownLease) {
+		t.Fatalf("reclaim of a slot another connection holds: %+v", m)
 	}
 	if s := a.Summaries()[0]; s.Leases != 3 || s.UsedMilli != 1500 {
 		t.Fatalf("before the restart: %+v", s)
@@ -900,3 +900,129 @@ func holdOne(t *testing.T, c net.Conn) {
 // process's next counter read (at most one read a second per process):
 // a maintenance round one second on.
 func settleUsage(a *agent.Agent) { a.Maintain(time.Now().Add(time.Second)) }
+
+// TestAttackLeaseFromAnotherConnection: function code in a runtime opens a
+// connection of its own to the agent (the same process, so the same
+// container and peer) and works the runtime's HOLD lease from there: lists
+// it (HELD), puts it to sleep, releases it, and claims its usage (USAGE).
+// Each is refused or ignored: a lease is touched only on the connection
+// that holds it. Afterwards the lease is intact, charged in full, and its
+// own connection still lists, sleeps and releases it.
+func TestAttackLeaseFromAnotherConnection(t *testing.T) {
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Admission.LendRatio = 1 })
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	owner := agenttest.LocalConn(t, e.Socket, l)
+	owner.Write(agenttest.Frame(t, agenttest.HoldReq(250, 0)))
+	m, _ := agenttest.ReadFDs(t, owner)
+	g, ok := m.(*slotv1.AcquireOK)
+	if !ok {
+		t.Fatalf("HOLD: %+v", m)
+	}
+	thief := agenttest.LocalConn(t, e.Socket, l) // same process, same container
+
+	thief.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
+	if m, _ := agenttest.ReadFDs(t, thief); !isHeld(m, 0) {
+		t.Errorf("HELD on another connection lists the lease: %+v", m)
+	}
+	for _, req := range []*slotv1.Release{
+		{Lease: g.Lease, Flags: slotv1.ReleaseSleep},
+		{Lease: g.Lease, Flags: slotv1.ReleaseWake},
+		{Lease: g.Lease},
+	} {
+		thief.Write(agenttest.Frame(t, req))
+		m, _ := agenttest.ReadFDs(t, thief)
+		agenttest.WantCode(t, fmt.Sprintf("RELEASE flags %b from another connection", req.Flags), m, slotv1.CodeUnknownLease)
+	}
+	// One-way: ignored and counted, nothing answered.
+	thief.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseSleep | slotv1.ReleaseNoReply}))
+	thief.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+	thief.Write(usageFrame(t, slotv1.UsageRecord{Action: "stolen", Outcome: slotv1.InvocationOK, Invocations: 1, CPUNanos: 1e6}))
+	syncConn(t, thief)
+	if s := a.Summaries()[0]; s.Leases != 1 || s.UsedMilli != 250 || s.Lends != 0 || s.LentMilli != 0 {
+		t.Fatalf("after the other connection's attempts: %+v, want the lease held, awake and charged 250m", s)
+	}
+	settleUsage(a)
+	if body := agenttest.Scrape(t, a); strings.Contains(body, `action="stolen"`) {
+		t.Errorf("a connection holding no lease was credited usage:\n%s", agenttest.Grep(body, "stolen"))
+	}
+
+	// The owner's connection still has it.
+	owner.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
+	if m, _ := agenttest.ReadFDs(t, owner); !isHeld(m, g.Lease) {
+		t.Fatalf("HELD on the holding connection: %+v", m)
+	}
+	owner.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseSleep}))
+	if m, _ := agenttest.ReadFDs(t, owner); !agenttest.IsReleaseOK(m) {
+		t.Fatalf("SLEEP on the holding connection: %+v", m)
+	}
+	owner.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease}))
+	if m, _ := agenttest.ReadFDs(t, owner); !agenttest.IsReleaseOK(m) {
+		t.Fatalf("RELEASE on the holding connection: %+v", m)
+	}
+	if s := a.Summaries()[0]; s.Leases != 0 || s.UsedMilli != 0 {
+		t.Fatalf("after the owner's release: %+v", s)
+	}
+}
+
+// TestLeaseEndsWithItsConnection: a lease ends when the connection holding
+// it closes, although the process keeps another connection open.
+func TestLeaseEndsWithItsConnection(t *testing.T) {
+	e := agenttest.LocalEnv(t, nil)
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	other := agenttest.LocalConn(t, e.Socket, l)
+	owner := agenttest.LocalConn(t, e.Socket, l)
+	holdOne(t, owner)
+	holdOne(t, other)
+	owner.Close()
+	agenttest.WaitFor(t, "the closed connection's lease to end", func() bool {
+		s := a.Summaries()[0]
+		return s.Leases == 1 && s.UsedMilli == 250
+	})
+	syncConn(t, other)
+}
+
+// isHeld reports whether m is a HELD_OK listing exactly lease (none for 0).
+func isHeld(m slotv1.Message, lease uint64) bool {
+	h, ok := m.(*slotv1.HeldOK)
+	if !ok {
+		return false
+	}
+	if lease == 0 {
+		return len(h.Leases) == 0
+	}
+	return len(h.Leases) == 1 && h.Leases[0].Lease == lease
+}
+
+// TestOneWayFramesPassWaitingAcquire: while a HOLD ACQUIRE waits for
+// budget on a connection, the one-way RELEASE of the lease that holds the
+// budget, sent on the same connection after it, is taken: the ACQUIRE is
+// granted with the budget it frees, not refused when its wait is over.
+// A request that needs an answer is answered after the ACQUIRE.
+func TestOneWayFramesPassWaitingAcquire(t *testing.T) {
+	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Admission.Budget = "500m" })
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := agenttest.LocalConn(t, e.Socket, l)
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(500, 0)))
+	m, _ := agenttest.ReadFDs(t, c)
+	g, ok := m.(*slotv1.AcquireOK)
+	if !ok {
+		t.Fatalf("HOLD: %+v", m)
+	}
+	// Waits far longer than the test's deadline: only the release ends it.
+	c.Write(agenttest.Frame(t, agenttest.HoldReq(500, 3600e6)))
+	agenttest.WaitFor(t, "the second HOLD to wait for budget", func() bool {
+		v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_admission_total{result="queued"}`)
+		return v > 0
+	})
+	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
+	c.Write(agenttest.Frame(t, &slotv1.HeldRequest{})) // answered after the ACQUIRE
+	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsAcquireOK(m) {
+		t.Fatalf("the waiting HOLD after the release of the lease it waited for: %+v", m)
+	}
+	if h, ok := agenttest.ReadResp(t, c).(*slotv1.HeldOK); !ok || len(h.Leases) != 1 || h.Leases[0].Lease == g.Lease {
+		t.Fatalf("HELD after the ACQUIRE: %+v, want the new lease only", h)
+	}
+}

@@ -12,8 +12,9 @@ import (
 
 // Sessions: one a client process, over all its connections.
 
-// session is one client process: it owns the leases taken on any of its
-// connections, and loses them when its last connection closes. When the
+// session is one client process over its connections: what is paced or
+// bounded per process. Its leases are each the connection's that asked
+// for it (the pool's owner), and end with that connection. When the
 // process exits, its connections are closed even if another process
 // (a child that inherited them, or one they were passed to) keeps them
 // open, so its leases end with it.
@@ -122,29 +123,28 @@ func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 	return ss
 }
 
-// leave drops connection c from its session and reports whether it was
-// the last one.
-func (s *Server) leave(ss *session, c *conn) bool {
+// leave drops connection c from its session, which ends with its last
+// connection.
+func (s *Server) leave(ss *session, c *conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(ss.conns, c)
 	ss.refs--
 	if ss.refs > 0 {
-		return false
+		return
 	}
 	delete(s.sessions, ss.key)
 	ss.cancel()
 	if ss.unwatch != nil {
 		ss.unwatch()
 	}
-	return true
 }
 
 // exited ends the session of a process that has exited: requests waiting
 // on its behalf stop, and its connections are shut down, so nobody (a
 // process that inherited or was passed a socket) can send on them any
 // more; what the process sent before is still read (lastWords), then the
-// last connection to go releases its leases (as abandoned) although
+// connections release their leases as they go (as abandoned) although
 // another process may still hold the sockets. It runs once, from the
 // watch or from the first request that finds the process gone.
 func (s *Server) exited(ss *session) {

@@ -5,6 +5,7 @@ import java.util.List;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * One connection to the agent: its socket, what HELLO_OK said, the leases it granted and its
@@ -18,6 +19,12 @@ final class Connection {
     boolean busy, alive = true;        // guarded by the transport's lock
     /** Busy only while the monitor checks it is still open (a borrower waits, not opens another). */
     boolean probing;                   // guarded by the transport's lock
+    /** Borrowed by name only (the hold connection of local leasing), never by borrow(deadline). */
+    boolean reserved;                  // guarded by the transport's lock
+    /** Orders writes: a lease's one-way frames go out beside a request in flight (sendBeside). */
+    final ReentrantLock writeLock = new ReentrantLock();
+    /** An ACQUIRE is in flight: it may wait for budget, so a lease's RELEASE goes beside it. */
+    volatile boolean acquiring;
     boolean agentPlaces;
     Protocol.HelloOk hello;
     long nextRequest = 1;              // used only while busy

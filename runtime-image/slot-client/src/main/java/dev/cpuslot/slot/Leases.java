@@ -199,12 +199,20 @@ final class Leases {
      * after the errors that allow it. Both the per-invocation and the local path ask through
      * here. Null when request refused the connection it was offered (given back, nothing sent).
      */
-    Answer ask(long deadline, Request request) {
+    Answer ask(long deadline, Request request) { return ask(deadline, request, d -> transport.borrow(d, true)); }
+
+    /** How {@link #ask(long, Request, Borrow)} gets its connection. */
+    interface Borrow {
+        Connection borrow(long deadline) throws IOException, TimeoutException;
+    }
+
+    /** {@link #ask(long, Request)} on the connections borrow gives (local leasing: its hold connection). */
+    Answer ask(long deadline, Request request, Borrow borrow) {
         String reason = "budget", detail = null;
         while (true) {
             Connection c;
             try {
-                c = transport.borrow(deadline, true);
+                c = borrow.borrow(deadline);
             } catch (TimeoutException e) {
                 return Answer.none(reason, "no connection within budget");
             } catch (IOException e) {
@@ -222,12 +230,16 @@ final class Leases {
                 return Answer.none("budget", null);
             }
             Transport.Reply r;
+            c.acquiring = true;
             try {
                 r = transport.call(c, m, deadline);
+                c.acquiring = false;
             } catch (TimeoutException e) {
+                c.acquiring = false;
                 recovery.drain(c); // a late grant is released
                 return Answer.none("budget", "no answer within budget");
             } catch (IOException | Protocol.ProtocolException e) {
+                c.acquiring = false;
                 transport.kill(c, e.getMessage());
                 reason = "unreachable";
                 detail = e.getMessage();
@@ -469,11 +481,12 @@ final class Leases {
                 }
                 c = l.conn;
             }
+            // not behind an ACQUIRE that may wait for the budget this lease holds
+            if (c.acquiring) return releaseBeside(l, c, outcome);
             try {
                 transport.borrow(c, deadline);
             } catch (TimeoutException e) {
-                count("release.timeout");
-                return Usage.NONE;
+                return releaseBeside(l, c, outcome);
             } catch (IOException e) {
                 continue; // died meanwhile: reclaim on a new connection
             }
@@ -507,6 +520,23 @@ final class Leases {
         return Usage.NONE;
     }
 
+    /** RELEASE with NO_REPLY beside the request in flight on the lease's connection c: usage unknown. */
+    private Usage releaseBeside(SlotLease l, Connection c, ReleaseOutcome outcome) {
+        try {
+            transport.sendBeside(c, new Protocol.Release(l.lease, outcome.code, Protocol.RELEASE_NO_REPLY), System.nanoTime() + releaseNs);
+        } catch (TimeoutException e) {
+            count("release.timeout");
+            return Usage.NONE;
+        } catch (IOException e) {
+            transport.kill(c, e.getMessage()); // the lease ends with it
+            count("release.unreachable");
+            return Usage.NONE;
+        }
+        c.leases.remove(l);
+        count("release.beside");
+        return Usage.NONE;
+    }
+
     Usage stop(SlotLease l) {
         if (l.local != null) return l.local.stop(l);
         l.lock.lock();
@@ -523,36 +553,24 @@ final class Leases {
     }
 
     /**
-     * Reads the slot's counters and sends RELEASE with NO_REPLY on any idle connection (leases
-     * belong to the process; an ACQUIRE from this thread that overtakes the RELEASE on another
-     * connection ends the lease anyway). Null when the caller must release with a reply: the
-     * lease's connection died (re-declaration needed), no counters, or no connection at once.
-     * Caller holds l.lock.
+     * Reads the slot's counters and sends RELEASE with NO_REPLY on the lease's connection (a lease
+     * is touched only there, spec: "Lifetimes"), beside any request in flight on it. Null when the
+     * caller must release with a reply: the lease's connection died (re-declaration needed), or no
+     * counters. Caller holds l.lock.
      */
     private Usage releaseOneWay(SlotLease l, ReleaseOutcome outcome) {
         Connection owner = l.conn;
         if (owner == null || !transport.isAlive(owner)) return null;
         SlotCounters end = l.end != null ? l.end : fds.readCounters(l.slot);
         if (end == null) return null;
-        long deadline = System.nanoTime() + releaseNs;
-        Connection c = owner;
         try {
-            // after a SLEEP or WAKE the RELEASE follows them on their connection (spec: "Lending")
-            if (l.napped) transport.borrow(owner, deadline);
-            else c = transport.borrow(deadline, true);
-        } catch (IOException | TimeoutException e) {
-            return null;
-        }
-        try {
-            transport.send(c, new Protocol.Release(l.lease, outcome.code, Protocol.RELEASE_NO_REPLY), deadline);
+            transport.sendBeside(owner, new Protocol.Release(l.lease, outcome.code, Protocol.RELEASE_NO_REPLY), System.nanoTime() + releaseNs);
         } catch (TimeoutException e) {
-            transport.giveBack(c); // nothing was written
-            return null;
+            return null; // nothing was written
         } catch (IOException e) {
-            transport.kill(c, e.getMessage());
+            transport.kill(owner, e.getMessage());
             return null;
         }
-        transport.giveBack(c);
         owner.leases.remove(l);
         count("release.oneway");
         return end.since(l.start);
@@ -606,24 +624,17 @@ final class Leases {
         return sleep;
     }
 
-    /** One-way RELEASE with SLEEP or WAKE of lease on connection c (waits for c to be idle). */
+    /** One-way RELEASE with SLEEP or WAKE of lease on c, its connection, beside any request in flight there. */
     boolean sendNap(Connection c, long lease, boolean sleep, long deadline) {
-        try {
-            transport.borrow(c, deadline);
-        } catch (IOException | TimeoutException e) {
-            return false;
-        }
         int flags = (sleep ? Protocol.RELEASE_SLEEP : Protocol.RELEASE_WAKE) | Protocol.RELEASE_NO_REPLY;
         try {
-            transport.send(c, new Protocol.Release(lease, ReleaseOutcome.OK.code, flags), deadline);
+            transport.sendBeside(c, new Protocol.Release(lease, ReleaseOutcome.OK.code, flags), deadline);
         } catch (TimeoutException e) {
-            transport.giveBack(c); // nothing was written
-            return false;
+            return false; // nothing was written
         } catch (IOException e) {
             transport.kill(c, e.getMessage());
             return false;
         }
-        transport.giveBack(c);
         return true;
     }
 

@@ -81,6 +81,9 @@ final class LocalLeases {
      * thread's never changes: read once, not with a system call per invocation).
      */
     private final ThreadLocal<int[]> perThread = ThreadLocal.withInitial(() -> new int[]{-1, Native.gettid()});
+    /** The connection HOLD leases are held on (borrowHold); holdLock picks a new one. */
+    private volatile Connection holdConn;
+    private final Object holdLock = new Object();
     private volatile Thread worker;
     private volatile boolean closed;
     private long lastReport, lastHeld;
@@ -357,14 +360,14 @@ final class LocalLeases {
     private void publishFree(Asked a, long quota) {
         Protocol.AcquireOk ok = a.ok();
         if (!fds.keep(ok, a.fds(), a.conn().hello)) {
-            releaseHold(ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            releaseHold(a.conn(), ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
             return;
         }
         int flags = (ok.flags() & Protocol.ACQ_FLAG_DEGRADED) != 0 ? SlotTable.FLAG_DEGRADED : 0;
         SlotTable.Claimed e = table.publish(Native.gettid(), ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota,
                 System.nanoTime());
         if (e == null) {
-            releaseHold(ok.lease(), ReleaseOutcome.OK);
+            releaseHold(a.conn(), ok.lease(), ReleaseOutcome.OK);
             return;
         }
         held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), a.conn()));
@@ -459,12 +462,15 @@ final class LocalLeases {
         Leases.Answer a = leases.ask(System.nanoTime() + leases.budget(budgetNs), (c, waitUs) ->
                 // an agent without HOLD leases: the per-invocation path
                 c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0 ? null
-                        : new Protocol.Acquire(quota, waitUs, 0, Protocol.ACQUIRE_HOLD, 0, "", ""));
+                        : new Protocol.Acquire(quota, waitUs, 0, Protocol.ACQUIRE_HOLD, 0, "", ""), this::borrowHold);
         if (a == null) {
             count("local.refused");
             return new Asked(null, null, null, null, null);
         }
-        if (a.ok() != null) transport.giveBack(a.conn());
+        if (a.ok() != null) {
+            transport.reserve(a.conn()); // the per-invocation path waits on it no more
+            transport.giveBack(a.conn());
+        }
         return new Asked(a.conn(), a.ok(), a.fds(), a.reason(), a.detail());
     }
 
@@ -472,7 +478,7 @@ final class LocalLeases {
                               long[] current, int[] last) {
         count("local.hold");
         if (!fds.keep(ok, got, c.hello)) {
-            releaseHold(ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            releaseHold(c, ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
             count("place.failed");
             return leases.noSlot(act, inv, quota, tid, "fd_mismatch", "nfds " + ok.nfds() + " but " + got.length + " fds");
         }
@@ -480,7 +486,7 @@ final class LocalLeases {
         SlotTable.Claimed e = table.publish(tid, ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota, System.nanoTime());
         if (e == null) {
             count("local.table_full");
-            releaseHold(ok.lease(), ReleaseOutcome.OK);
+            releaseHold(c, ok.lease(), ReleaseOutcome.OK);
             return null; // the per-invocation path serves it
         }
         held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), c));
@@ -491,7 +497,7 @@ final class LocalLeases {
         if (err != null) {
             current[0] = 0;
             count("place.failed");
-            releaseHold(ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            releaseHold(c, ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
             held.set(e.index(), null); // released: dropped without another RELEASE once free
             table.markGone(e.index());
             table.release(e.index(), e.state(), System.nanoTime());
@@ -504,28 +510,46 @@ final class LocalLeases {
         return l;
     }
 
-    /** One-way RELEASE of a HOLD lease. False when it could not be sent. */
-    private boolean releaseHold(long lease, ReleaseOutcome outcome) {
-        long deadline = System.nanoTime() + releaseNs;
-        Connection c;
+    /** One-way RELEASE of a HOLD lease on c, the connection that holds it. False when it could not be sent. */
+    private boolean releaseHold(Connection c, long lease, ReleaseOutcome outcome) {
         try {
-            c = transport.borrow(deadline, true);
-        } catch (IOException | TimeoutException e) {
-            count("local.release_unsent");
-            return false;
-        }
-        try {
-            transport.send(c, new Protocol.Release(lease, outcome.code, Protocol.RELEASE_NO_REPLY), deadline);
-            transport.giveBack(c);
+            transport.sendBeside(c, new Protocol.Release(lease, outcome.code, Protocol.RELEASE_NO_REPLY), System.nanoTime() + releaseNs);
             count("local.released");
             return true;
         } catch (TimeoutException e) {
-            transport.giveBack(c);
+            // nothing was written
         } catch (IOException e) {
-            transport.kill(c, e.getMessage());
+            transport.kill(c, e.getMessage()); // the lease ends with it
         }
         count("local.release_unsent");
         return false;
+    }
+
+    /**
+     * The hold connection, borrowed: every HOLD lease is asked for, re-declared, listed (HELD) and
+     * reported (USAGE) on it, and released, slept and woken beside whatever request is in flight
+     * there (a lease is touched only on the connection that holds it, spec: "Lifetimes"). Reserved:
+     * the per-invocation path never waits on it. A new one replaces it when it died (its entries
+     * are re-declared there).
+     */
+    private Connection borrowHold(long deadline) throws IOException, TimeoutException {
+        while (true) {
+            Connection c;
+            synchronized (holdLock) {
+                c = holdConn;
+                if (c == null || !transport.isAlive(c)) {
+                    c = transport.borrow(deadline, true);
+                    holdConn = c; // reserved once it holds a lease (hold)
+                    return c;
+                }
+            }
+            try {
+                transport.borrow(c, deadline);
+                return c;
+            } catch (IOException e) {
+                // died meanwhile: the next one replaces it
+            }
+        }
     }
 
     // ---- release ----------------------------------------------------------------------------
@@ -699,9 +723,10 @@ final class LocalLeases {
         for (int i = 0; i < table.used() && !any; i++) any = held.get(i) != null;
         if (!any) return;
         long deadline = System.nanoTime() + releaseNs;
-        Connection c;
+        Connection c = holdConn;
         try {
-            c = transport.borrow(deadline, true);
+            if (c == null) return;
+            transport.borrow(c, System.nanoTime()); // not behind a HOLD that waits: next round
         } catch (IOException | TimeoutException e) {
             return;
         }
@@ -756,7 +781,7 @@ final class LocalLeases {
             boolean dropped = table.drop(i, (slot, lease, flags) -> {
                 Held mine = held.getAndSet(i, null);
                 closeBatch(i, slot, System.nanoTime()); // the entry is held for the drop: read once more
-                if (mine != null) sent[0] = releaseHold(mine.lease(), ReleaseOutcome.OK);
+                if (mine != null) sent[0] = releaseHold(mine.conn(), mine.lease(), ReleaseOutcome.OK);
                 batches[i].clear(null, 0);
             }, now);
             if (!sent[0]) return; // the agent is away: next round
@@ -787,7 +812,7 @@ final class LocalLeases {
             long deadline = System.nanoTime() + releaseNs;
             Connection c;
             try {
-                c = transport.borrow(deadline, true);
+                c = borrowHold(deadline);
             } catch (IOException | TimeoutException e) {
                 return; // the agent is still away: next round
             }
@@ -798,6 +823,7 @@ final class LocalLeases {
                 if (r.fds().length > 0) fds.put(slot, r.fds(), c.hello);
                 table.setLease(i, ok.lease());
                 held.set(i, new Held(slot, h.quota(), ok.lease(), c));
+                transport.reserve(c); // it holds a lease now
                 reclaim.set(i, null);
                 if (!transport.isAlive(c)) reclaim.set(i, Boolean.TRUE);
                 count("local.reclaimed");
@@ -836,24 +862,16 @@ final class LocalLeases {
         }
     }
 
+    /** Sends a USAGE on the hold connection, where the leases it reports on are held. */
     private boolean send(Protocol.Message m) {
-        long deadline = System.nanoTime() + releaseNs;
-        Connection c;
+        Connection c = holdConn;
+        if (c == null || !transport.isAlive(c) || c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0)
+            return false; // an agent that knows no USAGE would close the connection
         try {
-            c = transport.borrow(deadline, true);
-        } catch (IOException | TimeoutException e) {
-            return false;
-        }
-        if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
-            transport.giveBack(c); // an agent that knows no USAGE would close the connection
-            return false;
-        }
-        try {
-            transport.send(c, m, deadline);
-            transport.giveBack(c);
+            transport.sendBeside(c, m, System.nanoTime() + releaseNs);
             return true;
         } catch (TimeoutException e) {
-            transport.giveBack(c);
+            // nothing was written
         } catch (IOException e) {
             transport.kill(c, e.getMessage());
         }
@@ -875,7 +893,7 @@ final class LocalLeases {
                 // a lease the agent still backs is released, by the process's own record
                 Held h = held.getAndSet(idx, null);
                 closeBatch(idx, slot, System.nanoTime()); // the entry is held for the drop: read once more
-                if (h != null) sent[0] = releaseHold(h.lease(), ReleaseOutcome.OK);
+                if (h != null) sent[0] = releaseHold(h.conn(), h.lease(), ReleaseOutcome.OK);
                 batches[idx].clear(null, 0);
             }, now);
             if (dropped) count(gone ? "local.dropped_gone" : "local.dropped_idle");

@@ -20,9 +20,11 @@ import java.util.concurrent.atomic.AtomicReference;
  * }</pre>
  *
  * <ul>
- * <li>A pool of connections, one request in flight per connection. Leases belong to the process
- *     (any connection may release them); the client remembers the connection that granted a
- *     lease to notice when it must be re-declared (RECLAIM) after that connection died.</li>
+ * <li>A pool of connections, one request in flight per connection. A lease belongs to the
+ *     connection that granted it (spec: "Lifetimes"): its RELEASE, SLEEP and WAKE go there,
+ *     one-way beside any request in flight, and it is re-declared (RECLAIM) on another after
+ *     that connection died. Local leasing keeps its HOLD leases on one hold connection, which
+ *     the per-invocation path does not use.</li>
  * <li>Slot fds are cached by slot id and replaced (old ones closed once unused) whenever a
  *     response brings new ones. A slot's fds are HELLO_OK {@code place_fds} placement fds, then
  *     {@code stat_fds} read-only counter fds.</li>

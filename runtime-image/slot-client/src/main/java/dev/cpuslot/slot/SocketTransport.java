@@ -70,7 +70,7 @@ final class SocketTransport implements Transport {
                 if (closed) throw new IOException("client closed");
                 boolean probed = false;
                 for (Connection c : conns) {
-                    if (c.alive && !c.busy && c.hello != null) {
+                    if (c.alive && !c.busy && !c.reserved && c.hello != null) {
                         c.busy = true;
                         return c;
                     }
@@ -82,7 +82,7 @@ final class SocketTransport implements Transport {
                     awaitFreed(deadline);
                     continue;
                 }
-                if (conns.size() < maxConnections) {
+                if (conns.size() - reserved() < maxConnections) {
                     if (System.nanoTime() < downUntil) {
                         counters.count("connect.backoff");
                         throw new IOException("agent unreachable (backing off)");
@@ -132,6 +132,23 @@ final class SocketTransport implements Transport {
         }
     }
 
+    /** Reserved connections (the hold connection) come on top of maxConnections. Caller holds lock. */
+    private int reserved() {
+        int n = 0;
+        for (Connection c : conns) if (c.reserved) n++;
+        return n;
+    }
+
+    @Override
+    public void reserve(Connection c) {
+        lock.lock();
+        try {
+            c.reserved = true;
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** Caller holds lock. */
     private void awaitFreed(long deadline) throws TimeoutException {
         long rem = deadline - System.nanoTime();
@@ -170,7 +187,7 @@ final class SocketTransport implements Transport {
             lock.unlock();
         }
         counters.count("connection.lost");
-        Native.close(c.fd);
+        closeFd(c);
         closeAll(c.takeFds());
         listener.lost(c);
     }
@@ -215,7 +232,18 @@ final class SocketTransport implements Transport {
         } finally {
             lock.unlock();
         }
-        for (Connection c : all) Native.close(c.fd);
+        for (Connection c : all) closeFd(c);
+    }
+
+    /** Closes c's socket, never while a write is on it (its fd number could be reused). */
+    private static void closeFd(Connection c) {
+        c.writeLock.lock();
+        try {
+            Native.close(c.fd);
+            c.fd = -1;
+        } finally {
+            c.writeLock.unlock();
+        }
     }
 
     private static void closeAll(int[] fds) {
@@ -270,6 +298,11 @@ final class SocketTransport implements Transport {
     }
 
     @Override
+    public void sendBeside(Connection c, Protocol.Message m, long deadline) throws IOException, TimeoutException {
+        writeFrame(c, Protocol.encode(0, m), deadline);
+    }
+
+    @Override
     public Reply finish(Connection c, long deadline) throws IOException, TimeoutException, Protocol.ProtocolException {
         Protocol.Frame r = c.reader.read((b, off, len, dl) -> recvSome(c, b, off, len, dl), deadline);
         return new Reply(r, c.takeFds());
@@ -278,20 +311,30 @@ final class SocketTransport implements Transport {
     /** Writes one request; returns its request id. */
     private long write(Connection c, Protocol.Message m, long deadline) throws IOException, TimeoutException {
         long req = c.nextRequestId();
-        byte[] f = Protocol.encode(req, m);
-        int off = 0;
-        while (off < f.length) {
-            long n = Native.send(c.fd, f, off, f.length - off, null);
-            if (n > 0) {
-                off += (int) n;
-                continue;
-            }
-            if (waitFor(c.fd, Native.POLLOUT, deadline) == 0) {
-                if (off > 0) throw new IOException("timed out in the middle of a request");
-                throw new TimeoutException();
-            }
-        }
+        writeFrame(c, Protocol.encode(req, m), deadline);
         return req;
+    }
+
+    /** Writes one whole frame, under c's write lock. */
+    private static void writeFrame(Connection c, byte[] f, long deadline) throws IOException, TimeoutException {
+        c.writeLock.lock();
+        try {
+            if (c.fd < 0) throw new IOException("connection closed");
+            int off = 0;
+            while (off < f.length) {
+                long n = Native.send(c.fd, f, off, f.length - off, null);
+                if (n > 0) {
+                    off += (int) n;
+                    continue;
+                }
+                if (waitFor(c.fd, Native.POLLOUT, deadline) == 0) {
+                    if (off > 0) throw new IOException("timed out in the middle of a request");
+                    throw new TimeoutException();
+                }
+            }
+        } finally {
+            c.writeLock.unlock();
+        }
     }
 
     private static int waitFor(int fd, short events, long deadline) throws IOException {

@@ -47,6 +47,17 @@ interface Transport extends AutoCloseable {
      */
     void send(Connection c, Protocol.Message m, long deadline) throws IOException, TimeoutException;
 
+    /**
+     * Writes a one-way frame (RELEASE with NO_REPLY, USAGE) on c whether or not c is borrowed: the
+     * agent takes one-way frames while an ACQUIRE waits there (spec: "Transport"), and a frame
+     * naming a lease must go on the connection that holds the lease. TimeoutException only when
+     * nothing was written.
+     */
+    void sendBeside(Connection c, Protocol.Message m, long deadline) throws IOException, TimeoutException;
+
+    /** c is borrowed by name only from now on ({@link #borrow(Connection, long)}). */
+    void reserve(Connection c);
+
     /** Reads the answer to a request whose call timed out. Caller has c borrowed. */
     Reply finish(Connection c, long deadline) throws IOException, TimeoutException, Protocol.ProtocolException;
 

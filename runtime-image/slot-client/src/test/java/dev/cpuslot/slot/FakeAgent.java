@@ -38,6 +38,18 @@ public final class FakeAgent implements AutoCloseable {
     /** Grant HOLD leases (HELLO_OK flag LOCAL) to a client that asks for local leasing. */
     public volatile boolean grantsLocal;
     volatile long acquireDelayMs = 0;
+    /**
+     * Strict, as the real agent (0: off): an ACQUIRE is admitted against this many millicores
+     * and waits up to its wait_us for them (else TIMEOUT), reading the connection's one-way frames
+     * meanwhile; a lease is the connection's that got it, so a frame naming it on another one is
+     * UNKNOWN_LEASE (counted in {@link #foreign}), and it ends when its connection closes.
+     */
+    public volatile long budgetMilli = 0;
+    /** Frames that named a lease of another connection (strict mode). */
+    final AtomicInteger foreign = new AtomicInteger();
+    private long usedMilli;                       // guarded by this
+    private final Map<Long, long[]> owned = new ConcurrentHashMap<>(); // lease -> {connection, quota}
+    private final AtomicLong connIds = new AtomicLong();
     volatile boolean alwaysSendFds = false;
     /**
      * Counter fds sent after the placement fd: 0 (an agent that passes placement fds only), 1
@@ -117,12 +129,20 @@ public final class FakeAgent implements AutoCloseable {
 
     private void serve(int fd, int gen) {
         Set<Long> sentSlots = new HashSet<>();
+        java.util.ArrayDeque<byte[]> ahead = new java.util.ArrayDeque<>();
+        long conn = connIds.incrementAndGet();
         try {
             while (running && gen == generation) {
-                byte[] frame = readFrame(fd, gen);
+                byte[] frame = ahead.isEmpty() ? readFrame(fd, gen) : ahead.poll();
                 if (frame == null) return;
-                // one request in flight per connection: nothing else may be waiting already
-                if (Native.poll(fd, Native.POLLIN, 0) != 0) pipelined.incrementAndGet();
+                // one request in flight per connection: no other request may be waiting already
+                // (one-way frames, request 0, may: the client writes them beside a request)
+                while (Protocol.decodeFrame(frame).request() != 0 && ahead.isEmpty() && Native.poll(fd, Native.POLLIN, 0) != 0) {
+                    byte[] next = readFrame(fd, gen);
+                    if (next == null) break;
+                    ahead.add(next);
+                    if (Protocol.decodeFrame(next).request() != 0) pipelined.incrementAndGet();
+                }
                 Protocol.Frame f = Protocol.decodeFrame(frame);
                 received.add(f.message());
                 Protocol.Message answer;
@@ -136,6 +156,10 @@ public final class FakeAgent implements AutoCloseable {
                     }
                     case Protocol.Acquire a -> {
                         if (acquireDelayMs > 0) Thread.sleep(acquireDelayMs);
+                        if (budgetMilli > 0 && !admit(fd, gen, conn, a, ahead)) {
+                            answer = new Protocol.Error(Protocol.E_TIMEOUT, 10, "no budget");
+                            break;
+                        }
                         Protocol.Message hook = acquireHook == null ? null : acquireHook.apply(a);
                         if (hook != null) {
                             answer = hook;
@@ -144,6 +168,7 @@ public final class FakeAgent implements AutoCloseable {
                         long slot = slotFor(a.quotaMilli());
                         long lease = nextLease.incrementAndGet();
                         leases.put(lease, slot);
+                        if (budgetMilli > 0) owned.put(lease, new long[]{conn, a.quotaMilli()});
                         boolean agentPlaces = (a.flags() & Protocol.ACQUIRE_AGENT_PLACES) != 0;
                         Long lastTid = slotTid.put(slot, a.tid());
                         int outcome = lastTid != null && lastTid == a.tid() && a.currentSlot() == slot ? Protocol.OUTCOME_AFFINITY_HIT
@@ -154,6 +179,12 @@ public final class FakeAgent implements AutoCloseable {
                             fds = slotFds(slot);
                         }
                         answer = new Protocol.AcquireOk(lease, slot, a.quotaMilli(), 100000, outcome, 0, place, fds.length);
+                    }
+                    case Protocol.Release r when budgetMilli > 0 -> {
+                        boolean mine = strictRelease(conn, r);
+                        if ((r.flags() & Protocol.RELEASE_NO_REPLY) != 0) continue;
+                        answer = !mine ? new Protocol.Error(Protocol.E_UNKNOWN_LEASE, 0, "not this connection's lease")
+                                : new Protocol.ReleaseOk(1000 * r.lease(), 7, 3, 1);
                     }
                     case Protocol.Release r -> {
                         // a SLEEP or WAKE keeps the lease (one-way, as the client sends them)
@@ -169,6 +200,10 @@ public final class FakeAgent implements AutoCloseable {
                         } else {
                             long lease = nextLease.incrementAndGet();
                             leases.put(lease, r.slot());
+                            if (budgetMilli > 0) {
+                                owned.put(lease, new long[]{conn, r.quotaMilli()});
+                                synchronized (this) { usedMilli += r.quotaMilli(); }
+                            }
 
                             answer = new Protocol.AcquireOk(lease, r.slot(), r.quotaMilli(), 100000,
                                     Protocol.OUTCOME_AFFINITY_HIT, 0, Protocol.PLACE_NONE, fds.length);
@@ -191,7 +226,64 @@ public final class FakeAgent implements AutoCloseable {
             // connection ends
         } finally {
             Native.close(fd);
+            // its leases end with it
+            owned.forEach((lease, o) -> {
+                if (o[0] == conn && owned.remove(lease) != null) {
+                    leases.remove(lease);
+                    freeBudget(o[1]);
+                }
+            });
         }
+    }
+
+    /** Strict admission: waits for budget, taking the connection's one-way frames meanwhile. */
+    private boolean admit(int fd, int gen, long conn, Protocol.Acquire a, java.util.ArrayDeque<byte[]> ahead) throws Exception {
+        long until = System.nanoTime() + Math.max(1, a.waitUs()) * 1000L;
+        while (true) {
+            synchronized (this) {
+                if (usedMilli + a.quotaMilli() <= budgetMilli) {
+                    usedMilli += a.quotaMilli();
+                    return true;
+                }
+            }
+            if (System.nanoTime() >= until) return false;
+            while (!ahead.isEmpty() && Protocol.decodeFrame(ahead.peek()).request() == 0) takeOneWay(conn, ahead.poll());
+            if (ahead.isEmpty() && Native.poll(fd, Native.POLLIN, 1) != 0) {
+                byte[] next = readFrame(fd, gen);
+                if (next == null) return false;
+                if (Protocol.decodeFrame(next).request() == 0) takeOneWay(conn, next);
+                else ahead.add(next); // answered after this ACQUIRE
+            } else if (!ahead.isEmpty()) {
+                synchronized (this) { wait(1); }
+            }
+        }
+    }
+
+    private void takeOneWay(long conn, byte[] frame) throws Protocol.ProtocolException {
+        Protocol.Message m = Protocol.decodeFrame(frame).message();
+        received.add(m);
+        if (m instanceof Protocol.Release r) strictRelease(conn, r);
+    }
+
+    /** Whether connection conn holds r's lease; a RELEASE (not a nap) then ends it. */
+    private boolean strictRelease(long conn, Protocol.Release r) {
+        long[] o = owned.get(r.lease());
+        if (o == null) return false;
+        if (o[0] != conn) {
+            foreign.incrementAndGet();
+            return false;
+        }
+        if ((r.flags() & (Protocol.RELEASE_SLEEP | Protocol.RELEASE_WAKE)) != 0) return true;
+        if (owned.remove(r.lease()) != null) {
+            leases.remove(r.lease());
+            freeBudget(o[1]);
+        }
+        return true;
+    }
+
+    private synchronized void freeBudget(long quota) {
+        usedMilli -= quota;
+        notifyAll();
     }
 
     /** A slot's fds as the real agent sends them: placement fd, then statFds counter fds. */

@@ -88,6 +88,16 @@ final class FakeTransport implements Transport {
         oneWay.add(m);
     }
 
+    @Override
+    public void sendBeside(Connection c, Protocol.Message m, long deadline) throws IOException {
+        if (!isAlive(c)) throw new IOException("connection closed");
+        send(c, m, deadline);
+    }
+
+    /** One connection serves all here: reserving it changes nothing. */
+    @Override
+    public void reserve(Connection c) { }
+
     /** What a drainer reads: the script's answer to null (the timed-out request). */
     volatile Script late = m -> { throw new IOException("nothing late"); };
 

@@ -176,6 +176,9 @@ class LocalLeasesTest {
         assertEquals(1, local.reports().keys());
         transport.connectError = null;
         local.reportOnce(System.nanoTime(), true);
+        assertEquals(0, transport.count(Protocol.UsageReport.class), "usage goes where its leases are held: not re-declared yet");
+        local.reclaimOnce();
+        local.reportOnce(System.nanoTime(), true);
         assertEquals(List.of(new Protocol.UsageRecord("f", 0, 1, 0, 0)),
                 ((Protocol.UsageReport) transport.oneWay.getLast()).records());
     }

@@ -270,7 +270,9 @@ class SlotClientTest {
         }
         go.countDown();
         for (Thread t : ts) t.join();
-        assertEquals(threads * rounds, ok.get(), client.counters().toString());
+        // a release goes on its lease's connection; beside an ACQUIRE in flight there it is
+        // one-way, and its usage unknown (spec: "Transport")
+        assertEquals(threads * rounds, ok.get() + client.counters().getOrDefault("release.beside", 0L), client.counters().toString());
         assertEquals(0, agent.pipelined.get(), "a request was sent while another was in flight");
         assertTrue(agent.connections.get() <= 3, "connections: " + agent.connections.get());
     }
