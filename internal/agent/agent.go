@@ -134,6 +134,9 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 // Ready reports whether the agent listens and its sources have synced.
 func (a *Agent) Ready() bool { return a.ready.Load() }
 
+// CountError counts an error a source found (cpuslot_errors_total).
+func (a *Agent) CountError(r metrics.Reason) { a.metrics.Error(r) }
+
 // Hierarchy is the node's cpu hierarchy.
 func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 
