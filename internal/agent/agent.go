@@ -295,7 +295,19 @@ func (a *Agent) serveWith(c discover.Container, auto bool, ln *server.Listener) 
 			a.teardown(s)
 			return nil, fmt.Errorf("container %s: no longer to be served", c.Name)
 		}
+		if s != nil && c.FirstSlots {
+			go a.prewarmRest(s)
+		}
 		return s, err
+	}
+}
+
+// prewarmRest makes the pre-warmed slots a pool started with its first
+// slots only still lacks.
+func (a *Agent) prewarmRest(s *served) {
+	if err := s.pool.Prewarm(); err != nil {
+		a.metrics.Error(metrics.PrewarmFailed)
+		a.log.Warn("pre-warming incomplete", "container", s.Name, "err", err)
 	}
 }
 
@@ -348,7 +360,11 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	}
 	start := time.Now()
 	var partial error
-	if err := p.Start(); err != nil {
+	startPool := p.Start
+	if c.FirstSlots {
+		startPool = p.StartFirst
+	}
+	if err := startPool(); err != nil {
 		// The pool still serves: slots are created on demand.
 		a.metrics.Error(metrics.PrewarmFailed)
 		a.log.Warn("pre-warming incomplete", "container", c.Name, "err", err)

@@ -284,6 +284,7 @@ func (p *Plugin) selected(pod *api.PodSandbox, c *api.Container) (discover.Conta
 		CgroupPath: p.h.ProcessCgroup(cgPath),
 		Pool:       &cfg,
 		Socket:     sock,
+		FirstSlots: true,
 	}, true
 }
 

@@ -442,6 +442,32 @@ func TestStartContainer(t *testing.T) {
 	}
 }
 
+// TestFirstSlots: StartContainer waits for one slot of each pre-warmed
+// quota and the socket only; the rest of the pre-warmed slots follow.
+func TestFirstSlots(t *testing.T) {
+	e := newEnv(t)
+	rt := newRuntime(t, e.sock)
+	r := e.startAgent(time.Second, nil)
+	rt.waitPlugin()
+	rel := cgrouptest.NewContainer(t, e.h, 0)
+	pod := e.pod("uid-first-slots", "250m=3,500m=2")
+	rt.run(pod, container(pod, "c-first-slots", rel, 0))
+	name := k8s.ContainerName("default", pod.Name, "fn")
+	m := map[uint32]int{}
+	for _, s := range r.a.Summaries() {
+		for _, q := range s.Quotas {
+			m[q.QuotaMilli] = q.Slots
+		}
+	}
+	if m[250] < 1 || m[500] < 1 {
+		t.Fatalf("when StartContainer returned, slots %v: want one of each quota at least", m)
+	}
+	if _, err := os.Stat(k8s.SocketPath(e.podsDir, pod.Uid, "cpuslot")); err != nil {
+		t.Fatalf("pod socket not there when StartContainer returned: %v", err)
+	}
+	waitUntil(t, "the rest of the pre-warmed slots", func() bool { return slots(r.a, name) == "map[250:3 500:2]" })
+}
+
 // TestNotSelected: a pod that is not a runtime pod, a runtime pod's other
 // container, an annotated pod that does not name its container (only the
 // pod's spec says which is first: the pod watch serves it), a pod without
