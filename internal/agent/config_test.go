@@ -101,6 +101,9 @@ func TestBadConfig(t *testing.T) {
 		"no containers": "maxContainers: 0\n",
 		"no conns":      "limits:\n  maxConnections: 0\n",
 		"no timeout":    "limits:\n  helloTimeout: 0s\n",
+		// the runtime drops a plugin slower than its 2 s request timeout
+		"nri slower than the runtime": "kubernetes:\n  nri:\n    startTimeout: 2s\n",
+		"nri no wait":                 "kubernetes:\n  nri:\n    startTimeout: 0s\n",
 	} {
 		p := filepath.Join(dir, "c.yaml")
 		os.WriteFile(p, []byte(body), 0o644)
