@@ -81,6 +81,7 @@ func installChart(t *testing.T, c *cluster.Cluster, release, ns string, extra ..
 		"--set", "image.tag=" + tag,
 		"--set", "image.pullPolicy=Never",
 		"--set", "kubernetes.containerdSocket=" + c.ContainerdSocket(),
+		"--set", "nri.socket=" + c.NRISocket(),
 		"--set", "logLevel=debug",
 		"--wait", "--timeout", "120s"}, extra...)
 	t0 := time.Now()

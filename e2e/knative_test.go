@@ -379,6 +379,18 @@ func TestKnativeServing(t *testing.T) {
 			t.Errorf("no CpuslotServing event on %s (%v)", pod, err)
 		}
 		f.wantSlotOnNewPod(t, "the first activation", r)
+		// Served through the agent's NRI plugin, at the container's start
+		// (before its first instruction), not later by the pod watch.
+		logs, _ := c.Kubectl(ctx, "-n", agentNS, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=-1")
+		if !strings.Contains(logs, "served before the container's start") || !strings.Contains(logs, knNS+"/"+pod+"/user-container") {
+			t.Errorf("the agent's log does not show %s served at its container's start through NRI", pod)
+		} else {
+			for _, l := range strings.Split(logs, "\n") {
+				if strings.Contains(l, "served before the container's start") && strings.Contains(l, pod) {
+					t.Logf("NRI: %s", l)
+				}
+			}
+		}
 	})
 
 	t.Run("quota through activator and queue-proxy", func(t *testing.T) {

@@ -209,6 +209,7 @@ func TestDefaults(t *testing.T) {
 	wantMounts := []mount{
 		{"/sys/fs/cgroup", "/sys/fs/cgroup", "Directory", "", false},
 		{"/run/containerd", "/run/containerd", "Directory", "HostToContainer", true},
+		{"/var/run/nri", "/var/run/nri", "DirectoryOrCreate", "", true},
 		{"/var/lib/kubelet/pods", "/var/lib/kubelet/pods", "Directory", "HostToContainer", false},
 	}
 	if !reflect.DeepEqual(mounts, wantMounts) {

@@ -28,6 +28,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/discover"
 	k8sdiscover "github.com/cpuslot/cpuslot/internal/discover/kubernetes"
+	"github.com/cpuslot/cpuslot/internal/discover/nri"
 	"github.com/cpuslot/cpuslot/internal/safetext"
 	"github.com/cpuslot/cpuslot/internal/settings"
 	flag "github.com/spf13/pflag"
@@ -311,7 +312,16 @@ func run(args []string) error {
 	defer stop()
 	sources := []discover.Source{discover.Static{Hierarchy: a.Hierarchy(), Cgroups: cfg.Standalone.Containers, PIDs: cfg.Standalone.PIDs}}
 	if rf.k8s {
-		src, err := kubernetesSource(cfg, a, log)
+		var known func(string) (string, bool)
+		if cfg.Kubernetes.NRI.Enabled {
+			// Before the pod watch: it connects in the background.
+			p, err := nriPlugin(cfg, a, log)
+			if err != nil {
+				return err
+			}
+			sources, known = append(sources, p), p.CgroupOf
+		}
+		src, err := kubernetesSource(cfg, a, log, known)
 		if err != nil {
 			return err
 		}
@@ -325,7 +335,7 @@ func run(args []string) error {
 	return a.Run(ctx, sources, rf.cleanupOnExit)
 }
 
-func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*k8sdiscover.Source, error) {
+func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger, known func(string) (string, bool)) (*k8sdiscover.Source, error) {
 	kc := cfg.Kubernetes
 	sel, err := k8sdiscover.ParseSelector(kc.Select)
 	if err != nil {
@@ -355,8 +365,27 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*k8sd
 	}
 	return k8sdiscover.New(k8sdiscover.Config{
 		NodeName: kc.NodeName, ContainerdSocket: kc.ContainerdSocket, ContainerdNamespace: kc.ContainerdNamespace,
-		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc, Ceilings: ceil,
+		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc, Ceilings: ceil, Known: known,
 	}, client, a.Hierarchy(), log), nil
+}
+
+func nriPlugin(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*nri.Plugin, error) {
+	kc := cfg.Kubernetes
+	sel, err := k8sdiscover.ParseSelector(kc.Select)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := cfg.Settings()
+	if err != nil {
+		return nil, err
+	}
+	ceil, err := cfg.Ceilings()
+	if err != nil {
+		return nil, err
+	}
+	return nri.New(nri.Config{Socket: kc.NRI.Socket, StartTimeout: kc.NRI.StartTimeout.Duration,
+		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc, Ceilings: ceil,
+	}, a.Hierarchy(), log, a.CountError), nil
 }
 
 func cleanup(args []string) error {

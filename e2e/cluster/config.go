@@ -26,6 +26,12 @@ func (c *Cluster) containerdSockPath() string {
 	return filepath.Join(c.runDir, "containerd", "containerd.sock")
 }
 
+// NRISocket is containerd's NRI socket, which the agent connects to as a
+// plugin.
+func (c *Cluster) NRISocket() string {
+	return filepath.Join(c.runDir, "nri", "nri.sock")
+}
+
 func (c *Cluster) writeContainerdConfig() (string, error) {
 	d := filepath.Join(c.runDir, "containerd")
 	for _, sub := range []string{"root", "state", "opt", "runc"} {
@@ -61,6 +67,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
 
+# NRI is on by default; its socket goes under the run directory, not the
+# host's /var/run/nri, which another runtime on this host may own.
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = %q
+  plugin_path = %q
+  plugin_config_path = %q
+
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
   # This machine's root may lack CAP_SYS_RESOURCE: without this every
@@ -88,7 +102,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = %q
     max_conf_num = 1
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), c.containerdSockPath(),
-		filepath.Join(d, "opt"), PauseImage, runcPath, filepath.Join(d, "runc"), cniConf)
+		filepath.Join(d, "opt"), c.NRISocket(), filepath.Join(c.runDir, "nri", "plugins"), filepath.Join(c.runDir, "nri", "conf.d"), PauseImage, runcPath, filepath.Join(d, "runc"), cniConf)
 	path := filepath.Join(d, "config.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return "", err

@@ -138,6 +138,9 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 // Ready reports whether the agent listens and its sources have synced.
 func (a *Agent) Ready() bool { return a.ready.Load() }
 
+// CountError counts an error a source found (cpuslot_errors_total).
+func (a *Agent) CountError(r metrics.Reason) { a.metrics.Error(r) }
+
 // Hierarchy is the node's cpu hierarchy.
 func (a *Agent) Hierarchy() *cgroup.Hierarchy { return a.hierarchy }
 
@@ -301,7 +304,19 @@ func (a *Agent) serveWith(c discover.Container, auto bool, ln *server.Listener) 
 			a.teardown(s)
 			return nil, fmt.Errorf("container %s: no longer to be served", c.Name)
 		}
+		if s != nil && c.FirstSlots {
+			go a.prewarmRest(s)
+		}
 		return s, err
+	}
+}
+
+// prewarmRest makes the pre-warmed slots a pool started with its first
+// slots only still lacks.
+func (a *Agent) prewarmRest(s *served) {
+	if err := s.pool.Prewarm(); err != nil {
+		a.metrics.Error(metrics.PrewarmFailed)
+		a.log.Warn("pre-warming incomplete", "container", s.Name, "err", err)
 	}
 }
 
@@ -354,7 +369,11 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 	}
 	start := time.Now()
 	var partial error
-	if err := p.Start(); err != nil {
+	startPool := p.Start
+	if c.FirstSlots {
+		startPool = p.StartFirst
+	}
+	if err := startPool(); err != nil {
 		// The pool still serves: slots are created on demand.
 		a.metrics.Error(metrics.PrewarmFailed)
 		a.log.Warn("pre-warming incomplete", "container", c.Name, "err", err)

@@ -91,6 +91,19 @@ type KubernetesConfig struct {
 	Kubeconfig string `json:"kubeconfig"`
 	// AnnotationCeilings bound what a pod's annotations may set.
 	AnnotationCeilings CeilingsConfig `json:"annotationCeilings"`
+	// NRI serves runtime pods from the container runtime's start path.
+	NRI NRIConfig `json:"nri"`
+}
+
+// NRIConfig sets up the agent as an NRI plugin of the container runtime
+// (internal/discover/nri).
+type NRIConfig struct {
+	Enabled bool   `json:"enabled"`
+	Socket  string `json:"socket"`
+	// StartTimeout bounds how long the runtime's StartContainer and
+	// UpdateContainer wait for the agent (the runtime's own request
+	// timeout is 2 s).
+	StartTimeout Duration `json:"startTimeout"`
 }
 
 // CeilingsConfig is settings.Ceilings in the file: an annotation above one
@@ -212,6 +225,7 @@ func DefaultConfig() Config {
 			SocketVolume:        "cpuslot",
 			Select:              []string{"openwhisk", "knative", "annotated"},
 			AnnotationCeilings:  CeilingsConfig{MaxSlots: dc.MaxSlots, PrewarmSlots: dc.PrewarmSlots, Overcommit: dc.Overcommit, LendRatio: dc.LendRatio},
+			NRI:                 NRIConfig{Enabled: true, Socket: "/var/run/nri/nri.sock", StartTimeout: Duration{time.Second}},
 		},
 	}
 }
@@ -273,6 +287,10 @@ func (c Config) checkLimits() error {
 		return fmt.Errorf("limits.helloTimeout %v: must be positive", l.HelloTimeout)
 	case l.FrameTimeout.Duration <= 0:
 		return fmt.Errorf("limits.frameTimeout %v: must be positive", l.FrameTimeout)
+	}
+	if n := c.Kubernetes.NRI; n.Enabled && (n.StartTimeout.Duration <= 0 || n.StartTimeout.Duration >= 2*time.Second) {
+		// The runtime disconnects a plugin slower than its 2 s timeout.
+		return fmt.Errorf("kubernetes.nri.startTimeout %v: must be above 0 and below the runtime's 2s request timeout", n.StartTimeout)
 	}
 	return nil
 }

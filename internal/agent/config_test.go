@@ -34,6 +34,9 @@ func TestExampleConfig(t *testing.T) {
 	if c.Kubernetes.AnnotationCeilings != DefaultConfig().Kubernetes.AnnotationCeilings {
 		t.Fatalf("example annotation ceilings drifted from defaults: %+v", c.Kubernetes.AnnotationCeilings)
 	}
+	if c.Kubernetes.NRI != DefaultConfig().Kubernetes.NRI {
+		t.Fatalf("example NRI settings drifted from defaults: %+v", c.Kubernetes.NRI)
+	}
 	if ceil, err := c.Ceilings(); err != nil || ceil != settings.DefaultCeilings() {
 		t.Fatalf("example annotation ceilings: %+v %v", ceil, err)
 	}
@@ -98,6 +101,9 @@ func TestBadConfig(t *testing.T) {
 		"no containers": "maxContainers: 0\n",
 		"no conns":      "limits:\n  maxConnections: 0\n",
 		"no timeout":    "limits:\n  helloTimeout: 0s\n",
+		// the runtime drops a plugin slower than its 2 s request timeout
+		"nri slower than the runtime": "kubernetes:\n  nri:\n    startTimeout: 2s\n",
+		"nri no wait":                 "kubernetes:\n  nri:\n    startTimeout: 0s\n",
 	} {
 		p := filepath.Join(dir, "c.yaml")
 		os.WriteFile(p, []byte(body), 0o644)

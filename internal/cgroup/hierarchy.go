@@ -179,6 +179,19 @@ func (h *Hierarchy) pathFrom(file string) (string, error) {
 	return p, nil
 }
 
+// ProcessCgroup is the cgroup a container's processes sit in, for the
+// cgroup rel its OCI spec names: crun with the systemd cgroup manager (the
+// CRI-O default) puts them in a "container" sub-cgroup of the scope, and
+// slots must be made where the processes are. The runtime makes that
+// sub-cgroup before any instruction of the container runs.
+func (h *Hierarchy) ProcessCgroup(rel string) string {
+	sub := filepath.Join(rel, "container")
+	if fi, err := os.Stat(filepath.Join(h.CPURoot, sub)); err == nil && fi.IsDir() {
+		return sub
+	}
+	return rel
+}
+
 // cpuKey names the cpu hierarchy in /proc/<pid>/cgroup.
 func (h *Hierarchy) cpuKey() string { return h.v.cpuKey() }
 

@@ -24,6 +24,10 @@ type Container struct {
 	// Socket, when set, is a socket of this container's own: the agent
 	// listens there and accepts only processes of this container.
 	Socket string
+	// FirstSlots makes Prepare return once one slot of each pre-warmed
+	// quota and the socket are ready; the rest are made after it returns
+	// (a runtime waits on it to start the container).
+	FirstSlots bool
 }
 
 // Partial is what Prepare returns when the container is served but not as

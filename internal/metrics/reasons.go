@@ -44,6 +44,7 @@ const (
 	TeardownFailed      Reason = "teardown_failed"
 	PrewarmFailed       Reason = "prewarm_failed"
 	ReadUsage           Reason = "read_usage"
+	NRIFailOpen         Reason = "nri_fail_open" // NRI: a selected container started (or was resized) before the agent had served it; the pod watch catches up
 )
 
 // CgroupOps are the cgroup file operations timed by
@@ -60,7 +61,7 @@ var ErrorReasons = func() []Reason {
 		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled, SleepThrottled, OneWayThrottled,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, ForeignThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
-		TeardownFailed, PrewarmFailed, ReadUsage,
+		TeardownFailed, PrewarmFailed, ReadUsage, NRIFailOpen,
 	}
 	for _, op := range CgroupOps {
 		r = append(r, cgroupReason(op))

@@ -8,7 +8,22 @@ import (
 
 // Start adopts the slots an earlier agent left, retunes those made with
 // other settings, and creates what the prewarm spec still lacks.
-func (p *Pool) Start() error {
+func (p *Pool) Start() error { return p.start(false) }
+
+// StartFirst is Start that creates at most one slot of each pre-warmed
+// quota, the least that serves a first invocation at every quota without a
+// create; Prewarm makes the rest.
+func (p *Pool) StartFirst() error { return p.start(true) }
+
+// Prewarm creates what the prewarm spec still lacks.
+func (p *Pool) Prewarm() error {
+	if !p.mode.keepsSlots() {
+		return nil
+	}
+	return p.prewarm(false)
+}
+
+func (p *Pool) start(first bool) error {
 	adopted, err := p.backend.AdoptSlots()
 	if err != nil {
 		return fmt.Errorf("adopting existing slots: %w", err)
@@ -44,7 +59,7 @@ func (p *Pool) Start() error {
 	if !p.mode.keepsSlots() {
 		return nil
 	}
-	return p.prewarm()
+	return p.prewarm(first)
 }
 
 func (p *Pool) snapshotSlots() []*slot {
@@ -58,7 +73,7 @@ func (p *Pool) snapshotSlots() []*slot {
 }
 
 // prewarm creates the slots the prewarm spec asks for and that are missing.
-func (p *Pool) prewarm() error {
+func (p *Pool) prewarm(first bool) error {
 	have := map[uint32]int{}
 	p.mu.Lock()
 	for _, s := range p.slots {
@@ -67,6 +82,9 @@ func (p *Pool) prewarm() error {
 	p.mu.Unlock()
 	var errs []error
 	for q, n := range p.cfg.Prewarm {
+		if first {
+			n = min(n, 1)
+		}
 		if q > p.maxQuota() {
 			errs = append(errs, fmt.Errorf("prewarm %dm is above the largest quota of %dm (the container's CPU limit, else the configured maximum)", q, p.maxQuota()))
 			continue

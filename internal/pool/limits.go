@@ -86,7 +86,7 @@ func (p *Pool) setLimit(which *atomic.Uint32, milli uint32, what string) error {
 	p.raise(raises)
 	slog.Info(what, "container", p.name, "to", formatLimit(milli), "servedWithin", formatLimit(now), "was", formatLimit(before))
 	if p.maxQuota() > maxBefore && p.mode.keepsSlots() {
-		return p.prewarm()
+		return p.prewarm(false)
 	}
 	return nil
 }

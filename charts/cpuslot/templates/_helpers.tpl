@@ -107,4 +107,8 @@ kubernetes:
     overcommit: {{ .Values.kubernetes.annotationCeilings.overcommit }}
     lendRatio: {{ .Values.kubernetes.annotationCeilings.lendRatio }}
     budget: {{ include "cpuslot.quantity" .Values.kubernetes.annotationCeilings.budget }}
+  nri:
+    enabled: {{ .Values.nri.enabled }}
+    socket: {{ .Values.nri.socket | quote }}
+    startTimeout: {{ .Values.nri.startTimeout | quote }}
 {{- end -}}

@@ -57,26 +57,15 @@ func ParseSelector(kinds []string) (Selector, error) {
 // ServedContainer returns the name of the pod's container to serve, or ""
 // with the reason it is not served.
 func (s Selector) ServedContainer(pod *corev1.Pod) (string, string) {
-	ann := pod.Annotations
-	switch ann[AnnEnabled] {
-	case "false":
-		return "", "opted out by " + AnnEnabled
+	name, why := s.Named(pod.Labels, pod.Annotations)
+	if why != "" {
+		return "", why
 	}
-	name := ""
-	switch {
-	case s.Annotated && ann[AnnEnabled] == "true":
-		if len(pod.Spec.Containers) > 0 {
-			name = pod.Spec.Containers[0].Name
+	if name == FirstContainer {
+		if len(pod.Spec.Containers) == 0 {
+			return "", "pod has no containers"
 		}
-	case s.OpenWhisk && pod.Labels[LabelOpenWhisk] == "true":
-		name = ContainerOW
-	case s.Knative && pod.Labels[LabelKnative] != "":
-		name = ContainerKnative
-	default:
-		return "", "not a runtime pod"
-	}
-	if c := ann[AnnContainer]; c != "" {
-		name = c
+		name = pod.Spec.Containers[0].Name
 	}
 	for _, c := range pod.Spec.Containers {
 		if c.Name == name {
@@ -84,6 +73,42 @@ func (s Selector) ServedContainer(pod *corev1.Pod) (string, string) {
 		}
 	}
 	return "", fmt.Sprintf("pod has no container %q", name)
+}
+
+// FirstContainer is what Named returns for the pod's first container,
+// which only the pod's spec tells (an annotated pod without
+// cpuslot.dev/container).
+const FirstContainer = "\x00first"
+
+// Named is the container a pod's labels and annotations select (the same
+// rules whether they come from the API or from the runtime's sandbox), or
+// "" with the reason none is.
+func (s Selector) Named(labels, ann map[string]string) (string, string) {
+	switch ann[AnnEnabled] {
+	case "false":
+		return "", "opted out by " + AnnEnabled
+	}
+	name := ""
+	switch {
+	case s.Annotated && ann[AnnEnabled] == "true":
+		name = FirstContainer
+	case s.OpenWhisk && labels[LabelOpenWhisk] == "true":
+		name = ContainerOW
+	case s.Knative && labels[LabelKnative] != "":
+		name = ContainerKnative
+	default:
+		return "", "not a runtime pod"
+	}
+	if c := ann[AnnContainer]; c != "" {
+		name = c
+	}
+	return name, ""
+}
+
+// ContainerName names a served container in logs, metrics and HELLO,
+// whichever path found it.
+func ContainerName(namespace, pod, container string) string {
+	return namespace + "/" + pod + "/" + container
 }
 
 // CheckQuotaAnnotation reports a cpuslot.dev/cpu-quota annotation that

@@ -56,6 +56,9 @@ type Config struct {
 	Ceilings settings.Ceilings
 	// Resync re-examines every pod this often (retries what failed).
 	Resync time.Duration
+	// Known, when set, is the cgroup of a container the runtime already
+	// told the agent of (its NRI plugin), asked before containerd.
+	Known func(containerID string) (string, bool)
 }
 
 // Source watches this node's pods.
@@ -205,13 +208,19 @@ func (s *Source) reconcile(ctx context.Context, key string, lister listersv1.Pod
 	if err := CheckQuotaAnnotation(pod, want.container); err != nil {
 		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonInvalidAnnotation, "%v", err)
 	}
-	cg, err := s.cgroupOf(ctx, want.containerID)
+	cg, known := "", false
+	if s.cfg.Known != nil {
+		cg, known = s.cfg.Known(want.containerID)
+	}
+	if !known {
+		cg, err = s.cgroupOf(ctx, want.containerID)
+	}
 	if err != nil {
 		s.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonCgroupNotFound, "container %s: %v", want.container, err)
 		return err
 	}
 	c := discover.Container{
-		Name:       fmt.Sprintf("%s/%s/%s", pod.Namespace, pod.Name, want.container),
+		Name:       ContainerName(pod.Namespace, pod.Name, want.container),
 		CgroupPath: cg,
 		Pool:       &cfg,
 		Socket:     SocketPath(s.cfg.PodsDir, uid, s.cfg.SocketVolume),
