@@ -319,6 +319,7 @@ func TestRestart(t *testing.T) {
 	var ok, failed atomic.Int64
 	var okAfter [workers]atomic.Int64 // successes that began after the restart
 	var failedAfterOK [workers]atomic.Int64
+	var errAfterOK atomic.Value // the first of those failures
 	var restartedFlag atomic.Bool
 	var mu sync.Mutex
 	var firstFail, lastFail time.Time
@@ -346,6 +347,7 @@ func TestRestart(t *testing.T) {
 					failed.Add(1)
 					if okAfter[w].Load() > 0 {
 						failedAfterOK[w].Add(1)
+						errAfterOK.CompareAndSwap(nil, err.Error())
 					}
 					mu.Lock()
 					if firstFail.IsZero() {
@@ -388,7 +390,7 @@ func TestRestart(t *testing.T) {
 	// Once a worker has been served by the new agent, nothing fails again.
 	for w := range failedAfterOK {
 		if n := failedAfterOK[w].Load(); n > 0 {
-			t.Fatalf("worker %d: %d failures after the new agent had served it", w, n)
+			t.Fatalf("worker %d: %d failures after the new agent had served it; the first: %v", w, n, errAfterOK.Load())
 		}
 	}
 	// The new agent adopted the old slots: same count, nothing leaked.
