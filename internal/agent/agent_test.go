@@ -303,11 +303,7 @@ func TestServeUnder(t *testing.T) {
 func TestRestart(t *testing.T) {
 	e := agenttest.NewEnv(t, 0, nil)
 	agentEnv := []string{"SOCKET=" + e.Socket, "CONTAINER=" + e.Rel}
-	startAgent := func() *agenttest.Child {
-		ch := agenttest.Spawn(t, e.H, "agent", agenttest.ChildOpts{Cgroup: "/", Env: agentEnv})
-		agenttest.WaitFor(t, "agent", func() bool { _, err := os.Stat(e.Socket); return err == nil })
-		return ch
-	}
+	startAgent := func() *agenttest.Child { return agenttest.StartAgentChild(t, e.H, agentEnv) }
 	first := startAgent()
 	cgrouptest.JoinProcess(t, e.H, e.Rel)
 	c, err := client.Dial(e.Socket, client.Options{ReconnectFor: 5 * time.Second})
@@ -323,6 +319,7 @@ func TestRestart(t *testing.T) {
 	var ok, failed atomic.Int64
 	var okAfter [workers]atomic.Int64 // successes that began after the restart
 	var failedAfterOK [workers]atomic.Int64
+	var errAfterOK atomic.Value // the first of those failures
 	var restartedFlag atomic.Bool
 	var mu sync.Mutex
 	var firstFail, lastFail time.Time
@@ -350,6 +347,7 @@ func TestRestart(t *testing.T) {
 					failed.Add(1)
 					if okAfter[w].Load() > 0 {
 						failedAfterOK[w].Add(1)
+						errAfterOK.CompareAndSwap(nil, err.Error())
 					}
 					mu.Lock()
 					if firstFail.IsZero() {
@@ -392,7 +390,7 @@ func TestRestart(t *testing.T) {
 	// Once a worker has been served by the new agent, nothing fails again.
 	for w := range failedAfterOK {
 		if n := failedAfterOK[w].Load(); n > 0 {
-			t.Fatalf("worker %d: %d failures after the new agent had served it", w, n)
+			t.Fatalf("worker %d: %d failures after the new agent had served it; the first: %v", w, n, errAfterOK.Load())
 		}
 	}
 	// The new agent adopted the old slots: same count, nothing leaked.

@@ -114,11 +114,7 @@ func TestLocalClient(t *testing.T) {
 func TestLocalClientRestart(t *testing.T) {
 	e := agenttest.NewEnv(t, 0, nil)
 	agentEnv := []string{"SOCKET=" + e.Socket, "CONTAINER=" + e.Rel, "HOST_NAMESPACE_FDS=1"}
-	startAgent := func() *agenttest.Child {
-		ch := agenttest.Spawn(t, e.H, "agent", agenttest.ChildOpts{Cgroup: "/", Env: agentEnv})
-		agenttest.WaitFor(t, "agent", func() bool { _, err := os.Stat(e.Socket); return err == nil })
-		return ch
-	}
+	startAgent := func() *agenttest.Child { return agenttest.StartAgentChild(t, e.H, agentEnv) }
 	first := startAgent()
 	cgrouptest.JoinProcess(t, e.H, e.Rel)
 	c, err := client.Dial(e.Socket, client.Options{ReconnectFor: 5 * time.Second})

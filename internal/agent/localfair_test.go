@@ -24,10 +24,23 @@ import (
 func TestLocalClientWaitersServedInTurn(t *testing.T) {
 	for _, threads := range []int{3, 5} {
 		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
-			e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.Admission.Budget = "500m"; c.Admission.Policy = "queue" })
+			// The wait for budget is a hang bound only. A waiting thread is
+			// served by the first entry released, and a HOLD request sent
+			// for it meanwhile waits at the agent, the budget being held by
+			// the busy entries; its TIMEOUT reaches the thread only if no
+			// entry came free in all that time. A 2 s bound expired so in
+			// the emulated cgroup v2 VM on a loaded host (both holders in
+			// slow cgroup moves, or the VM not run): load, not a missed
+			// turn, which the shares below catch.
+			const wait = time.Minute
+			e := agenttest.NewEnv(t, 0, func(c *agent.Config) {
+				c.Admission.Budget = "500m"
+				c.Admission.Policy = "queue"
+				c.Pool.MaxWait = agent.Duration{Duration: wait}
+			})
 			e.Start()
 			cgrouptest.JoinProcess(t, e.H, e.Rel)
-			c, err := client.Dial(e.Socket, client.Options{Wait: 2 * time.Second})
+			c, err := client.Dial(e.Socket, client.Options{Wait: wait, Timeout: 2 * wait})
 			if err != nil {
 				t.Fatal(err)
 			}

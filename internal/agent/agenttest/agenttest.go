@@ -263,6 +263,40 @@ func (c *Child) Result(t testing.TB, v any) {
 	}
 }
 
+// StartAgentChild runs an agent in a child process (its socket and
+// container in env, as childAgent reads them) and waits until it is ready.
+// The socket file is no sign: bind(2) makes it before listen(2), and a
+// connection in between is refused. A child that fails or dies first fails
+// the test with its error and exit status.
+func StartAgentChild(t testing.TB, h *cgroup.Hierarchy, env []string) *Child {
+	t.Helper()
+	ch := Spawn(t, h, "agent", ChildOpts{Cgroup: "/", Env: env})
+	line := make(chan string, 1)
+	go func() {
+		s, _ := ch.Out.ReadString('\n')
+		line <- s
+	}()
+	var s string
+	select {
+	case s = <-line:
+	case <-time.After(time.Minute): // a hang bound only: emulated machines are slow
+		ch.Cmd.Process.Kill()
+		t.Fatalf("agent child not ready within a minute")
+	}
+	var r struct {
+		Ready bool   `json:"ready"`
+		Error string `json:"error"`
+	}
+	if json.Unmarshal([]byte(s), &r) != nil || !r.Ready {
+		why := r.Error
+		if why == "" {
+			why = fmt.Sprintf("it said %q", s)
+		}
+		t.Fatalf("agent child did not start: %s (exit: %v)", why, ch.Cmd.Wait())
+	}
+	return ch
+}
+
 // Children are child scenarios by name: each reports what it did as a
 // JSON line on stdout (an error as {"error": ...}).
 type Children map[string]func() (any, error)

@@ -125,6 +125,12 @@ func childAgent() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	go func() { // StartAgentChild waits for this line
+		for !a.Ready() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		fmt.Println(`{"ready":true}`)
+	}()
 	h := a.Hierarchy()
 	return a.Run(ctx, []discover.Source{discover.Static{Hierarchy: h, Cgroups: cfg.Standalone.Containers}}, false)
 }
