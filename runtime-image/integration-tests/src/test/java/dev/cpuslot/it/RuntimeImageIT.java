@@ -66,9 +66,19 @@ class RuntimeImageIT {
         return unpacked.resolve("blobs/sha256").resolve(descriptor.get("digest").getAsString().substring("sha256:".length()));
     }
 
-    JsonObject manifest() throws IOException {
+    /** The image's index (index.json names it, under the image's name): one manifest per architecture. */
+    JsonObject imageIndex() throws IOException {
         return json(blob(json(unpacked.resolve("index.json")).getAsJsonArray("manifests").get(0).getAsJsonObject()));
     }
+
+    /** The descriptor of this machine's architecture's manifest (the runtime image is built for it alone). */
+    JsonObject manifestDescriptor() throws IOException {
+        JsonArray ms = imageIndex().getAsJsonArray("manifests");
+        assertEquals(1, ms.size(), "the runtime image is built for the building machine's architecture: " + ms);
+        return ms.get(0).getAsJsonObject();
+    }
+
+    JsonObject manifest() throws IOException { return json(blob(manifestDescriptor())); }
 
     JsonObject config() throws IOException { return json(blob(manifest().getAsJsonObject("config"))); }
 
@@ -83,10 +93,13 @@ class RuntimeImageIT {
         JsonArray manifests = index.getAsJsonArray("manifests");
         assertEquals(1, manifests.size());
         JsonObject m = manifests.get(0).getAsJsonObject();
-        assertEquals("application/vnd.oci.image.manifest.v1+json", m.get("mediaType").getAsString());
+        assertEquals("application/vnd.oci.image.index.v1+json", m.get("mediaType").getAsString());
         assertEquals(NAME, m.getAsJsonObject("annotations").get("io.containerd.image.name").getAsString());
+        JsonObject md = manifestDescriptor();
+        assertEquals("application/vnd.oci.image.manifest.v1+json", md.get("mediaType").getAsString());
+        assertEquals("linux", md.getAsJsonObject("platform").get("os").getAsString(), md.toString());
         // every blob is named by its content's sha256, and its size is right
-        List<JsonObject> descriptors = new ArrayList<>(List.of(m, manifest().getAsJsonObject("config")));
+        List<JsonObject> descriptors = new ArrayList<>(List.of(m, md, manifest().getAsJsonObject("config")));
         for (JsonElement l : manifest().getAsJsonArray("layers")) descriptors.add(l.getAsJsonObject());
         for (JsonObject d : descriptors) {
             Path b = blob(d);
@@ -94,8 +107,9 @@ class RuntimeImageIT {
             assertEquals(b.getFileName().toString(), sha256(b), "digest of " + d.get("mediaType"));
         }
         JsonObject layer = manifest().getAsJsonArray("layers").get(0).getAsJsonObject();
-        assertEquals("application/vnd.oci.image.layer.v1.tar", layer.get("mediaType").getAsString(), "uncompressed layer");
-        assertEquals(layer.get("digest").getAsString(),
+        assertEquals("application/vnd.oci.image.layer.v1.tar+gzip", layer.get("mediaType").getAsString(), "a compressed layer");
+        // the config names the layer by its uncompressed content
+        assertEquals("sha256:" + sha256Gunzipped(blob(layer)),
                 config().getAsJsonObject("rootfs").getAsJsonArray("diff_ids").get(0).getAsString());
     }
 
@@ -217,6 +231,15 @@ class RuntimeImageIT {
             if (unpacked != null) run(null, "rm", "-rf", unpacked.toString());
             if (tarball != null) Files.deleteIfExists(tarball);
         }
+    }
+
+    static String sha256Gunzipped(Path p) throws Exception {
+        MessageDigest d = MessageDigest.getInstance("SHA-256");
+        try (var in = new java.util.zip.GZIPInputStream(Files.newInputStream(p))) {
+            byte[] buf = new byte[1 << 16];
+            for (int n; (n = in.read(buf)) > 0; ) d.update(buf, 0, n);
+        }
+        return HexFormat.of().formatHex(d.digest());
     }
 
     static String sha256(Path p) throws Exception {
