@@ -582,6 +582,9 @@ func TestAgentRestart(t *testing.T) {
 	if got := slots(r.a, name1); got != "map[250:2]" {
 		t.Fatalf("served %s", got)
 	}
+	// StartContainer waits for the first slot of each quota only; the
+	// rest are made in the background.
+	waitUntil(t, "the first container's two slots made", func() bool { return len(cgrouptest.Leftovers(e.h, rel1)) == 2 })
 	slots1 := strings.Join(cgrouptest.Leftovers(e.h, rel1), ",")
 	r.stop()
 
