@@ -312,16 +312,17 @@ func run(args []string) error {
 	defer stop()
 	sources := []discover.Source{discover.Static{Hierarchy: a.Hierarchy(), Cgroups: cfg.Standalone.Containers, PIDs: cfg.Standalone.PIDs}}
 	if rf.k8s {
+		r, err := readRules(cfg)
+		if err != nil {
+			return err
+		}
 		var known func(string) (string, bool)
 		if cfg.Kubernetes.NRI.Enabled {
 			// Before the pod watch: it connects in the background.
-			p, err := nriPlugin(cfg, a, log)
-			if err != nil {
-				return err
-			}
+			p := nriPlugin(cfg, r, a, log)
 			sources, known = append(sources, p), p.CgroupOf
 		}
-		src, err := kubernetesSource(cfg, a, log, known)
+		src, err := kubernetesSource(cfg, r, a, log, known)
 		if err != nil {
 			return err
 		}
@@ -335,21 +336,30 @@ func run(args []string) error {
 	return a.Run(ctx, sources, rf.cleanupOnExit)
 }
 
-func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger, known func(string) (string, bool)) (*k8sdiscover.Source, error) {
+// rules are what both serving paths (the pod watch and the NRI plugin)
+// decide a pod by: which pods, their pools' defaults, the annotations'
+// ceilings. Read once, so the two cannot disagree.
+type rules struct {
+	sel  k8sdiscover.Selector
+	pool settings.Pool
+	ceil settings.Ceilings
+}
+
+func readRules(cfg agent.Config) (r rules, err error) {
+	if r.sel, err = k8sdiscover.ParseSelector(cfg.Kubernetes.Select); err != nil {
+		return r, err
+	}
+	if r.pool, err = cfg.Settings(); err != nil {
+		return r, err
+	}
+	r.ceil, err = cfg.Ceilings()
+	return r, err
+}
+
+func kubernetesSource(cfg agent.Config, r rules, a *agent.Agent, log *slog.Logger, known func(string) (string, bool)) (*k8sdiscover.Source, error) {
 	kc := cfg.Kubernetes
-	sel, err := k8sdiscover.ParseSelector(kc.Select)
-	if err != nil {
-		return nil, err
-	}
-	pc, err := cfg.Settings()
-	if err != nil {
-		return nil, err
-	}
-	ceil, err := cfg.Ceilings()
-	if err != nil {
-		return nil, err
-	}
 	var rc *rest.Config
+	var err error
 	if kc.Kubeconfig != "" {
 		rc, err = clientcmd.BuildConfigFromFlags("", kc.Kubeconfig)
 	} else {
@@ -365,27 +375,15 @@ func kubernetesSource(cfg agent.Config, a *agent.Agent, log *slog.Logger, known 
 	}
 	return k8sdiscover.New(k8sdiscover.Config{
 		NodeName: kc.NodeName, ContainerdSocket: kc.ContainerdSocket, ContainerdNamespace: kc.ContainerdNamespace,
-		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc, Ceilings: ceil, Known: known,
+		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: r.sel, Pool: r.pool, Ceilings: r.ceil, Known: known,
 	}, client, a.Hierarchy(), log), nil
 }
 
-func nriPlugin(cfg agent.Config, a *agent.Agent, log *slog.Logger) (*nri.Plugin, error) {
+func nriPlugin(cfg agent.Config, r rules, a *agent.Agent, log *slog.Logger) *nri.Plugin {
 	kc := cfg.Kubernetes
-	sel, err := k8sdiscover.ParseSelector(kc.Select)
-	if err != nil {
-		return nil, err
-	}
-	pc, err := cfg.Settings()
-	if err != nil {
-		return nil, err
-	}
-	ceil, err := cfg.Ceilings()
-	if err != nil {
-		return nil, err
-	}
 	return nri.New(nri.Config{Socket: kc.NRI.Socket, StartTimeout: kc.NRI.StartTimeout.Duration,
-		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: sel, Pool: pc, Ceilings: ceil,
-	}, a.Hierarchy(), log, a.CountError), nil
+		PodsDir: kc.PodsDir, SocketVolume: kc.SocketVolume, Selector: r.sel, Pool: r.pool, Ceilings: r.ceil,
+	}, a.Hierarchy(), log, a.CountError)
 }
 
 func cleanup(args []string) error {
