@@ -279,7 +279,43 @@ class ChainPlatformTest {
                 JsonObject r = result(invoke(c, "caller", "{\"mode\":\"async\",\"callee\":\"resize\",\"n\":3,\"args\":{}}"));
                 assertFalse(r.has("kind"), r.toString());
                 for (int i = 0; i < 3000 && svc.requests.size() < 6; i++) Thread.sleep(10);
-                assertEquals(6, svc.requests.size(), svc.requests.toString());
+                assertEquals(6, svc.requests.size(), svc.requests + "\n--- runtime log:\n" + Files.readString(c.runtimeLog));
+            });
+        }
+    }
+
+    /**
+     * The runtime's own threads made while a function's activation runs (the platform path's HTTP
+     * client, the log writer, the virtual threads' carriers) are not that activation's: a
+     * function that starts a thread of its own on the same worker, whose threads all end with its
+     * activation, ends none of them, and the next call through the platform path is answered.
+     */
+    @Test
+    void theRuntimesThreadsOutliveAFunctionsThreads() throws Exception {
+        try (OpenWhiskApiStandIn svc = new OpenWhiskApiStandIn(KEY)) {
+            svc.answers.put("resize", new OpenWhiskApiStandIn.Answer(200, "{\"y\":7}", 0));
+            with("java", env("CPUSLOT_CHAIN_URLS", "resize=" + svc.url() + "/resize"), c -> {
+                registerJava(c, "caller", "Caller", "&timeout=20000");
+                String call = "{\"mode\":\"catch\",\"callee\":\"resize\",\"args\":{}}";
+                for (int round = 0; round < 3; round++) {
+                    JsonObject r = result(invoke(c, "caller", call));
+                    assertTrue(r.has("got"), "round " + round + ": " + r);
+                    assertEquals(7, r.getAsJsonObject("got").get("y").getAsInt(), "round " + round + ": " + r);
+                    r = result(invoke(c, "caller", "{\"mode\":\"async\",\"callee\":\"resize\",\"n\":1,\"args\":{}}"));
+                    assertFalse(r.has("kind"), r.toString());
+                    r = result(invoke(c, "caller", "{\"mode\":\"thread\",\"callee\":\"\"}"));
+                    assertTrue(r.has("thread"), r.toString());
+                }
+                int want = 6;
+                for (int i = 0; i < 3000 && svc.requests.size() < want; i++) Thread.sleep(10);
+                assertEquals(want, svc.requests.size(), svc.requests + "\n--- runtime log:\n" + Files.readString(c.runtimeLog));
+                // the log writer still writes: every hop has its line
+                String log = "";
+                for (int i = 0; i < 3000 && count(log, "action=resize status=ok") < want; i++) {
+                    Thread.sleep(10);
+                    log = Files.readString(c.runtimeLog);
+                }
+                assertEquals(want, count(log, "action=resize status=ok"), log);
             });
         }
     }

@@ -56,6 +56,16 @@ class ChainTest {
                                 }
                             }
                         }
+                        case "thread" -> { // a thread of its own, ended before the activation returns
+                            Thread t = new Thread(() -> {});
+                            t.start();
+                            try {
+                                t.join();
+                            } catch (InterruptedException e) {
+                                throw new IllegalStateException(e);
+                            }
+                            r.addProperty("thread", true);
+                        }
                         default -> throw new IllegalArgumentException(mode);
                     }
                     return r;

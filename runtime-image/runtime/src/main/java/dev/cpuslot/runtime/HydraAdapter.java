@@ -26,8 +26,8 @@ public final class HydraAdapter {
     private final FunctionRuntime rt;
     private final Config cfg;
     private final Metrics metrics;
-    private final Lazy<HttpClient> http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10))
-            .followRedirects(HttpClient.Redirect.NORMAL).build());
+    private final Lazy<HttpClient> http = Lazy.httpClient(b -> b.connectTimeout(Duration.ofSeconds(10))
+            .followRedirects(HttpClient.Redirect.NORMAL));
 
     public HydraAdapter(FunctionRuntime rt) {
         this.rt = rt;

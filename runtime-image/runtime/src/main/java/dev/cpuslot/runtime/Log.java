@@ -94,8 +94,8 @@ final class Log {
 
     private static synchronized void startWriter() {
         if (writer != null) return;
-        // the runtime's thread: no function's activation inherited (the Java guard counts those)
-        writer = Thread.ofPlatform().daemon().name("cpuslot-log-writer").inheritInheritableThreadLocals(false).start(() -> {
+        // the runtime's thread: in no worker's group, no function's activation inherited
+        writer = dev.cpuslot.runtime.guard.ActionGuard.runtimeThread("cpuslot-log-writer").start(() -> {
             while (true) {
                 try {
                     line(activationEntry(String.valueOf(LATER.take())));

@@ -58,7 +58,7 @@ final class PlatformPath {
 
     private final String urlPattern;
     private final Map<String, URI> urls;
-    private final Lazy<HttpClient> http = new Lazy<>(PlatformPath::client);
+    private final Lazy<HttpClient> http = Lazy.httpClient(b -> b.version(HttpClient.Version.HTTP_1_1).connectTimeout(Duration.ofSeconds(10)));
 
     PlatformPath(String urlPattern, String urlMap) {
         this.urlPattern = urlPattern == null || urlPattern.isBlank() ? null : urlPattern.trim();
@@ -266,14 +266,5 @@ final class PlatformPath {
     private static String jsonText(JsonElement e) {
         String s = e.isJsonPrimitive() ? e.getAsString() : e.toString();
         return s.length() > 1024 ? s.substring(0, 1024) + "..." : s;
-    }
-
-    /**
-     * The JDK's client makes its threads (selector, executor) without inheriting thread locals, so
-     * they never carry the calling function's activation (the Java guard counts and cancels
-     * those): ChainPlatformTest#thePlatformPathsThreadsAreNotTheCallersThreads.
-     */
-    private static HttpClient client() {
-        return HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(Duration.ofSeconds(10)).build();
     }
 }

@@ -88,7 +88,7 @@ public final class Quota {
         this.cfg = cfg;
         this.metrics = metrics;
         this.defaultLend = new Lend(cfg.defaultLend(), "default");
-        this.http = new Lazy<>(() -> HttpClient.newBuilder().connectTimeout(Duration.ofMillis(cfg.annotationTimeoutMs())).build());
+        this.http = Lazy.httpClient(b -> b.connectTimeout(Duration.ofMillis(cfg.annotationTimeoutMs())));
     }
 
     /**

@@ -444,7 +444,7 @@ final class Leases {
 
     /** Starts the thread that expires lingering leases (when lingering is on). */
     void start() {
-        if (lingerNs > 0) expirer = Thread.ofPlatform().daemon().name("cpuslot-linger").start(this::expireLoop);
+        if (lingerNs > 0) expirer = SlotClient.daemon("cpuslot-linger").start(this::expireLoop);
     }
 
     private void expireLoop() {

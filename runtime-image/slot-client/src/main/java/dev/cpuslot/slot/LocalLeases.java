@@ -670,7 +670,7 @@ final class LocalLeases {
     // ---- the background thread --------------------------------------------------------------
 
     void start() {
-        worker = Thread.ofPlatform().daemon().name("cpuslot-local").start(this::loop);
+        worker = SlotClient.daemon("cpuslot-local").start(this::loop);
     }
 
     private void loop() {

@@ -148,7 +148,7 @@ final class Recovery implements Transport.Listener {
 
     /** Starts the monitor thread. */
     void start() {
-        monitor = Thread.ofPlatform().daemon().name("cpuslot-monitor").start(this::monitorLoop);
+        monitor = SlotClient.daemon("cpuslot-monitor").start(this::monitorLoop);
     }
 
     private void monitorLoop() {

@@ -122,9 +122,19 @@ public final class ActionGuard {
         @Override
         protected Activation childValue(Activation parent) {
             if (parent == null || parent.budget == null) return parent;
+            if (carrier()) return null;
             return parent.budget.admit(parent.root);
         }
     };
+
+    /**
+     * Whether the thread being constructed is a carrier of the JDK's virtual-thread scheduler: it
+     * is made by whichever thread first hands the scheduler work (a worker unparking a waiting
+     * request, starting an asynchronous chain call), and serves every virtual thread after that.
+     */
+    private static boolean carrier() {
+        return StackWalker.getInstance().walk(s -> s.anyMatch(f -> f.getClassName().equals("jdk.internal.misc.CarrierThread")));
+    }
 
     // ---- threads per function ----------------------------------------------------------------
 
@@ -134,6 +144,53 @@ public final class ActionGuard {
      * end with each activation.
      */
     public static final ThreadGroup RUNTIME_THREADS = new ThreadGroup(top(), "cpuslot-runtime");
+
+    /**
+     * A daemon thread of the runtime's own, wherever the thread that starts it runs: in
+     * RUNTIME_THREADS, inheriting no activation. A thread made while a worker runs an activation
+     * otherwise lands in the worker's group, and ends with the first activation there that
+     * started a thread of its own.
+     */
+    public static Thread.Builder.OfPlatform runtimeThread(String name) {
+        return Thread.ofPlatform().daemon().group(RUNTIME_THREADS).inheritInheritableThreadLocals(false).name(name);
+    }
+
+    /**
+     * Makes {@code make}'s value on a runtime thread: what it starts as it is made (the JDK's
+     * HTTP client starts its selector thread in the maker's group) is the runtime's, not a worker's.
+     */
+    public static <T> T makeOnRuntimeThread(String name, java.util.function.Supplier<T> make) {
+        Object[] out = new Object[1];
+        Throwable[] failed = new Throwable[1];
+        Thread t = runtimeThread(name).start(() -> {
+            try {
+                out[0] = make.get();
+            } catch (Throwable e) {
+                failed[0] = e;
+            }
+        });
+        boolean interrupted = false;
+        while (true) {
+            try {
+                t.join();
+                break;
+            } catch (InterruptedException e) {
+                interrupted = true; // the value is made once, for everyone: wait for it
+            }
+        }
+        if (interrupted) Thread.currentThread().interrupt();
+        if (failed[0] instanceof RuntimeException e) throw e;
+        if (failed[0] instanceof Error e) throw e;
+        if (failed[0] != null) throw new IllegalStateException(failed[0]);
+        @SuppressWarnings("unchecked") T v = (T) out[0];
+        return v;
+    }
+
+    /** An executor on runtime threads (for the JDK's HTTP clients, whose default one makes threads in the submitter's group). */
+    public static java.util.concurrent.ExecutorService runtimeExecutor(String name) {
+        java.util.concurrent.atomic.AtomicInteger n = new java.util.concurrent.atomic.AtomicInteger();
+        return java.util.concurrent.Executors.newCachedThreadPool(r -> runtimeThread(name + "-" + n.incrementAndGet()).unstarted(r));
+    }
 
     private static ThreadGroup top() {
         ThreadGroup g = Thread.currentThread().getThreadGroup();
