@@ -71,6 +71,26 @@ func (f *served) agentLog(t *testing.T, ctx context.Context, text string) string
 	return strings.Join(lines, "\n")
 }
 
+// wantServedAtStart checks that the agent's NRI plugin served each named
+// container (namespace/pod/container) at its start.
+func (f *served) wantServedAtStart(t *testing.T, ctx context.Context, names ...string) {
+	t.Helper()
+	out, _ := f.n.Kubectl(ctx, "-n", f.ns, "logs", f.agentPod(t, ctx), "--tail=-1")
+	for _, name := range names {
+		line := ""
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "served before the container's start") && strings.Contains(l, name) {
+				line = l
+			}
+		}
+		if line == "" {
+			t.Errorf("the agent's log does not show %s served at its container's start through NRI\n%s", name, f.agentLog(t, ctx, "nri"))
+			continue
+		}
+		t.Logf("NRI: %s", line)
+	}
+}
+
 // deletedWhilePreparing: a served pod that pre-warms many slots is deleted
 // (through the API, from the guest, at once) as soon as its first slot
 // appears, while the agent still makes the rest. Its pod slice goes, no
