@@ -130,11 +130,13 @@ func keepUp(ctx context.Context, t *testing.T, f knFn, activator string, revs ..
 }
 
 // wantSlotOnNewPod checks that r, the first request a new revision pod
-// answered, ran in a slot. The runtime is not ready (its readinessProbe,
-// GET /ready) until the agent serves the pod, so the activator sends it
-// nothing before; and a new container's acquisitions before its first
-// grant have CPUSLOT_FIRST_ACQUIRE_BUDGET_MS (1 s) rather than the 50 ms
-// budget (CI saw "budget" here before both).
+// answered, ran in a slot; no miss is allowed. The agent's NRI plugin
+// makes the pod's slots before the container's first instruction; with it
+// off the runtime is not ready (its readinessProbe, GET /ready) until the
+// agent serves the pod, so the activator sends it nothing before. A new
+// container's acquisitions before its first grant have
+// CPUSLOT_FIRST_ACQUIRE_BUDGET_MS (1 s) rather than the 50 ms budget, for
+// the runtime's own cold first round trip.
 func (f knFn) wantSlotOnNewPod(t *testing.T, what string, r invokeResult) {
 	t.Helper()
 	if r.headers.Get("X-Cpuslot-Slot") == "" {
