@@ -613,8 +613,18 @@ func TestKnativeServing(t *testing.T) {
 	// same recipe with CPUSLOT_FIRST_ACQUIRE_BUDGET_MS=0 (every
 	// acquisition has the 50 ms budget) shows whether a new pod's first
 	// acquisition still needs the longer budget once its slots are there
-	// before its start (logged, not checked).
+	// before its start (logged, not checked). One round each keeps CI
+	// short (each waits for scale to zero); CPUSLOT_E2E_ZERO_ROUNDS=N
+	// measures N.
 	t.Run("scale from zero: pod watch against NRI", func(t *testing.T) {
+		rounds := 1
+		if v := os.Getenv("CPUSLOT_E2E_ZERO_ROUNDS"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 10 {
+				t.Fatalf("CPUSLOT_E2E_ZERO_ROUNDS=%q: want 1..10", v)
+			}
+			rounds = n
+		}
 		nfRev := applyKnService(ctx, t, c, "fn-nofirst", knService(t, "fn-nofirst", func(_, ctr, _ map[string]any) {
 			setEnv(ctr, "CPUSLOT_FIRST_ACQUIRE_BUDGET_MS", "0")
 		}))
@@ -630,7 +640,6 @@ func TestKnativeServing(t *testing.T) {
 			}
 			return "no line"
 		}
-		const rounds = 3
 		lat := map[bool][]time.Duration{}
 		var nofirst []string
 		for _, nri := range []bool{false, true} {
