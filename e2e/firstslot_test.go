@@ -122,7 +122,14 @@ func TestFirstSlotNRIvsWatch(t *testing.T) {
 			times[nri] = append(times[nri], d)
 			t.Logf("%s nri.enabled=%v: first slot %v after the container's start, %d connection attempts", name, nri, d.Round(10*time.Microsecond), tries)
 			if nri && tries != 1 {
-				t.Errorf("%s: through NRI its first connection attempt found no slot (%d attempts)", name, tries)
+				// Only a start the plugin let go on without its pool
+				// (nri.startTimeout passed: fail-open, logged) may.
+				logs, _ := c.Kubectl(ctx, "-n", ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=-1")
+				if l := lastLine(grepLines(grepLines(logs, "default/"+name+"/"), "nri.startTimeout")); l != "" {
+					t.Logf("%s: NRI failed open (the node was slower than nri.startTimeout): %s", name, l)
+				} else {
+					t.Errorf("%s: through NRI its first connection attempt found no slot (%d attempts)", name, tries)
+				}
 			}
 		}
 	}
