@@ -84,6 +84,12 @@ state = "/run/containerd"
 [grpc]
   address = %q
 
+# NRI is on by default in containerd 2; said here so that the node the
+# agent is tested on cannot lose it to a changed default.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = %q
+
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
@@ -102,7 +108,7 @@ state = "/run/containerd"
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = [%q]
     conf_dir = "/etc/cni/net.d"
-`, stateDir+"/containerd", ContainerdSocket, cluster.PauseImage, n.bins.runc, n.bins.cni)), 0o644); err != nil {
+`, stateDir+"/containerd", ContainerdSocket, NRISocket, cluster.PauseImage, n.bins.runc, n.bins.cni)), 0o644); err != nil {
 		return nil, err
 	}
 

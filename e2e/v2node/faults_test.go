@@ -71,6 +71,36 @@ func (f *served) agentLog(t *testing.T, ctx context.Context, text string) string
 	return strings.Join(lines, "\n")
 }
 
+// wantServedAtStart checks that the agent's NRI plugin served each named
+// container (namespace/pod/container) at its start. A start the plugin
+// let go on without its pool (nri.startTimeout passed: fail-open, logged
+// and counted) is logged, not failed: the emulated node may be that slow,
+// and the runtime's readiness covers it.
+func (f *served) wantServedAtStart(t *testing.T, ctx context.Context, names ...string) {
+	t.Helper()
+	out, _ := f.n.Kubectl(ctx, "-n", f.ns, "logs", f.agentPod(t, ctx), "--tail=-1")
+	for _, name := range names {
+		served, failOpen := "", ""
+		for _, l := range strings.Split(out, "\n") {
+			switch {
+			case !strings.Contains(l, name):
+			case strings.Contains(l, "served before the container's start"):
+				served = l
+			case strings.Contains(l, "nri.startTimeout"):
+				failOpen = l
+			}
+		}
+		switch {
+		case served != "":
+			t.Logf("NRI: %s", served)
+		case failOpen != "":
+			t.Logf("NRI failed open on %s (the node was slower than nri.startTimeout): %s", name, failOpen)
+		default:
+			t.Errorf("the agent's log does not show %s served at its container's start through NRI\n%s", name, f.agentLog(t, ctx, "nri"))
+		}
+	}
+}
+
 // deletedWhilePreparing: a served pod that pre-warms many slots is deleted
 // (through the API, from the guest, at once) as soon as its first slot
 // appears, while the agent still makes the rest. Its pod slice goes, no

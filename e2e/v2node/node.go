@@ -41,10 +41,14 @@ const (
 	// ContainerdSocket is containerd's socket in the guest (the default
 	// path, as on any node).
 	ContainerdSocket = "/run/containerd/containerd.sock"
-	podCIDR          = "10.244.0.0/24"
-	serviceCIDR      = "10.97.0.0/24"
-	serviceIP        = "10.97.0.1"
-	apiPort          = 6443
+	// NRISocket is containerd's NRI socket in the guest (NRI's default,
+	// which the chart's nri.socket defaults to): the agent serves runtime
+	// pods as an NRI plugin at their container's start.
+	NRISocket   = "/var/run/nri/nri.sock"
+	podCIDR     = "10.244.0.0/24"
+	serviceCIDR = "10.97.0.0/24"
+	serviceIP   = "10.97.0.1"
+	apiPort     = 6443
 	// PrometheusPort is forwarded from the host for a Prometheus a test
 	// runs in the guest (where pod IPs are routed).
 	PrometheusPort = 9090

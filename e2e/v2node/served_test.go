@@ -92,6 +92,21 @@ func TestAgentServesPodInSystemdScope(t *testing.T) {
 		t.Fatalf("%v\n%s\n--- pods:\n%s", err, out, desc)
 	}
 	t.Logf("helm install: agent DaemonSet Ready %v after the command started (emulated node)", time.Since(t0).Round(time.Second))
+	// containerd's NRI is on (writeConfig) and the chart's nri.socket is
+	// its default: the agent connects as a plugin (in the background, so
+	// polled).
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		logs, _ := n.Kubectl(ctx, "-n", ns, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=-1")
+		if l := firstLine(logs, "connected to the runtime as an NRI plugin"); l != "" {
+			t.Logf("NRI: %s", l)
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			sock, _, _ := n.Exec(ctx, "ls -l "+NRISocket+" 2>&1")
+			t.Fatalf("the agent did not connect to containerd's NRI socket within 2 min (%s)\n--- its log:\n%s", strings.TrimSpace(sock), logs)
+		}
+		time.Sleep(2 * time.Second)
+	}
 
 	// fn keeps two threads invoking through the agent (probe slots: acquire
 	// a 250m slot, burn 2 ms, release, pause), has an exec liveness probe,
@@ -272,4 +287,14 @@ func podSlicePath(uid, qos string) string {
 		return fmt.Sprintf("/sys/fs/cgroup/kubepods.slice/kubepods-%[1]s.slice/kubepods-%[1]s-pod%[2]s.slice", q, uidU)
 	}
 	return "/sys/fs/cgroup/kubepods.slice/kubepods-pod" + uidU + ".slice"
+}
+
+// firstLine is the first line of text that contains sub ("": none).
+func firstLine(text, sub string) string {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
 }

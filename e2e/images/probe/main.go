@@ -17,6 +17,13 @@
 //	                             serves the pod, else without one (as a
 //	                             runtime fails open); the answer names the
 //	                             slot (X-Cpuslot-Slot, "none" without)
+//	probe firstslot [-quota 250m]
+//	                             from its start, connect to the agent and
+//	                             acquire a slot every millisecond until one
+//	                             is granted; log how long after the start
+//	                             (first-slot-us=) and the connection
+//	                             attempts (tries=, 1: the socket was there
+//	                             before its first instruction), then serve
 //	probe quota [-quota 250m -for 2s]
 //	                             spin in one slot, print its usage, exit
 //	                             (for kubectl exec)
@@ -72,6 +79,8 @@ func main() {
 		runSlots(args, mux)
 	case "invoke":
 		addr = runInvoke(args, mux)
+	case "firstslot":
+		runFirstSlot(args)
 	case "quota":
 		runQuota(args)
 		return
