@@ -278,7 +278,7 @@ public final class FunctionPool implements AutoCloseable {
                 if (sandbox == null) {
                     try {
                         sandbox = fn.newSandbox();
-                        metrics.inc("cpuslot_sandboxes_created_total", Metrics.labels("function", fn.name()));
+                        metrics.sandboxCreated(fn.name());
                     } catch (Exception e) {
                         error = "could not create a sandbox: " + e.getMessage();
                     }

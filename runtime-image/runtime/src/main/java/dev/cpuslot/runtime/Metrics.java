@@ -16,7 +16,9 @@ import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.Map;
+import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.LongAdder;
 import java.util.function.Consumer;
 
 /**
@@ -39,6 +41,13 @@ public final class Metrics {
      */
     static final String ACQUIRE_SECONDS_TOTAL = "cpuslot_slot_acquire_seconds_total";
 
+    /**
+     * prometheus-metrics-core refuses a counter whose name without {@code _total} ends in
+     * {@code _created} (OpenMetrics' created-timestamp suffix), so this one family, on the
+     * dashboards since before the move, is written by the runtime itself as it was: per function.
+     */
+    static final String SANDBOXES_CREATED = "cpuslot_sandboxes_created_total";
+
     /** A series' labels: names and values in pairs, in the order of the family's label names. */
     public record Labels(String[] names, String[] values) {}
 
@@ -54,6 +63,7 @@ public final class Metrics {
     private final Map<String, Counter> counters = new ConcurrentHashMap<>();
     private final Map<String, Gauge> gauges = new ConcurrentHashMap<>();
     private final Map<String, Histogram> histograms = new ConcurrentHashMap<>();
+    private final Map<String, LongAdder> sandboxesCreated = new ConcurrentHashMap<>(); // by function
 
     /** The help text of a family; before its first use (the family keeps the text it was made with). */
     public void describe(String name, String text) { help.put(name, text); }
@@ -81,6 +91,11 @@ public final class Metrics {
     public CounterDataPoint counter(String name, Labels labels) {
         return counters.computeIfAbsent(name, n -> Counter.builder().name(n).help(help.get(n)).labelNames(labels.names)
                 .withoutExemplars().register(n.equals(ACQUIRE_SECONDS_TOTAL) ? deprecated : registry)).labelValues(labels.values);
+    }
+
+    /** Counts a sandbox made for this function ({@link #SANDBOXES_CREATED}). */
+    public void sandboxCreated(String function) {
+        sandboxesCreated.computeIfAbsent(function == null ? "" : function, f -> new LongAdder()).increment();
     }
 
     public GaugeDataPoint gauge(String name) {
@@ -115,7 +130,16 @@ public final class Metrics {
         } catch (IOException e) {
             throw new java.io.UncheckedIOException(e); // a ByteArrayOutputStream does not throw
         }
-        return out.toString(StandardCharsets.UTF_8) + Jvm.scrape(w);
+        StringBuilder b = new StringBuilder(out.toString(StandardCharsets.UTF_8));
+        if (!sandboxesCreated.isEmpty()) {
+            String h = help.get(SANDBOXES_CREATED);
+            if (h != null) b.append("# HELP ").append(SANDBOXES_CREATED).append(' ').append(h).append('\n');
+            b.append("# TYPE ").append(SANDBOXES_CREATED).append(" counter\n");
+            new TreeMap<>(sandboxesCreated).forEach((f, n) -> b.append(SANDBOXES_CREATED).append("{function=\"")
+                    .append(f.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")).append("\"} ")
+                    .append((double) n.sum()).append('\n'));
+        }
+        return b.append(Jvm.scrape(w)).toString();
     }
 
     /** The JVM's metrics: one registry per process (they describe the process, and register MXBean listeners once). */

@@ -266,7 +266,7 @@ class OpenWhiskContractTest {
             h.post("/run", run(new JsonObject()));
             String m = h.metrics();
             assertTrue(m.contains("# TYPE cpuslot_invocations_total counter"), m);
-            assertTrue(m.contains("cpuslot_invocations_total{platform=\"openwhisk\",function=\"__ow_action\",status=\"ok\"} 1"), m);
+            assertTrue(m.contains("cpuslot_invocations_total{function=\"__ow_action\",platform=\"openwhisk\",status=\"ok\"} 1.0\n"), m);
             assertTrue(m.contains("cpuslot_invocation_duration_seconds_count{function=\"__ow_action\"} 1"), m);
             assertTrue(m.contains("cpuslot_invocation_duration_seconds_bucket{function=\"__ow_action\",le=\"+Inf\"} 1"), m);
             assertTrue(m.contains("cpuslot_sandboxes{function=\"__ow_action\",state=\"idle\"} 1"), m);
