@@ -49,6 +49,7 @@ public final class FunctionRuntime implements AutoCloseable {
         this.cfg = cfg;
         dev.cpuslot.runtime.guard.ActionGuard.setMaxThreads(cfg.javaMaxThreads());
         this.metrics = metrics;
+        describeMetrics(); // before any family is made: a family keeps the help it was made with
         this.quota = new Quota(cfg, metrics);
         this.slots = slots;
         this.out = out;
@@ -68,7 +69,6 @@ public final class FunctionRuntime implements AutoCloseable {
                 return runHop(callee, args, hop, mode);
             }
         }, new PlatformPath(cfg.chainUrl(), cfg.chainUrls()), metrics, cfg.chainMaxDepth(), cfg.chainMaxAsync(), cfg.chainMaxPending());
-        describeMetrics();
         inFlight = metrics.gauge("cpuslot_invocations_in_flight");
         metrics.gaugeFunction("cpuslot_sandboxes", m -> forEachPool((name, p) -> {
             m.add(p.busy(), name, "busy");
@@ -113,6 +113,9 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_repeated_inits_total", "Knative requests that bundled the same init again (ignored; the activation ran).");
         metrics.describe("cpuslot_deadline_past_total", "Activations whose __OW_DEADLINE had already passed on arrival: run with the default timeout.");
         metrics.describe("cpuslot_deadline_unparsed_total", "Activations whose __OW_DEADLINE was not epoch milliseconds: run with the default timeout.");
+        metrics.describe("cpuslot_annotation_lookups_total", "Reads of an OpenWhisk action's annotations through the API (once per action version, again after a failure's wait).");
+        metrics.describe("cpuslot_annotation_pending_total", "Activations that ran without the annotations because their read had not answered yet.");
+        metrics.describe("cpuslot_annotation_errors_total", "Reads of an action's annotations that failed (the activation used the next quota source).");
         metrics.describe("cpuslot_chain_calls_total", "Local chain calls by callee, mode (sync, async, sequence, conductor) and status (ok, error, timeout, bad_result, or the refusal: not_local, other_owner, depth, fan_out...).");
     }
 

@@ -272,6 +272,11 @@ class OpenWhiskContractTest {
             assertTrue(m.contains("cpuslot_sandboxes{function=\"__ow_action\",state=\"idle\"} 1"), m);
             assertTrue(m.contains("cpuslot_invocations_in_flight 0"), m);
             assertTrue(m.contains("cpuslot_slot_outcomes_total{outcome=\"no_quota\"} 1"), m);
+            // every family of the runtime's is typed and described (its help given before it was made)
+            for (String l : m.lines().filter(l -> l.startsWith("# TYPE cpuslot_")).toList()) {
+                String family = l.split(" ")[2];
+                assertTrue(m.lines().anyMatch(x -> x.startsWith("# HELP " + family + " ")), "no help for " + family + ":\n" + m);
+            }
         }
     }
 }
