@@ -104,12 +104,25 @@ public final class Metrics {
 
     /** A gauge family whose samples are made at scrape time. */
     public void gaugeFunction(String name, Consumer<Samples> f, String... labelNames) {
-        GaugeWithCallback.builder().name(name).help(help.get(name)).labelNames(labelNames).callback(cb -> f.accept(cb::call)).register(registry);
+        GaugeWithCallback.builder().name(name).help(help.get(name)).labelNames(labelNames)
+                .callback(cb -> once(f).forEach((values, v) -> cb.call(v, values.toArray(String[]::new)))).register(registry);
     }
 
     /** A counter family whose samples are made at scrape time (counts kept elsewhere). */
     public void counterFunction(String name, Consumer<Samples> f, String... labelNames) {
-        CounterWithCallback.builder().name(name).help(help.get(name)).labelNames(labelNames).callback(cb -> f.accept(cb::call)).register(registry);
+        CounterWithCallback.builder().name(name).help(help.get(name)).labelNames(labelNames)
+                .callback(cb -> once(f).forEach((values, v) -> cb.call(v, values.toArray(String[]::new)))).register(registry);
+    }
+
+    /**
+     * A callback's samples, one per series, the last one given winning (as a map of them did): the
+     * registry refuses a series twice, and the page, every tenant's, would fail (a function
+     * registered under the action's name gives two pools of one name).
+     */
+    private static Map<java.util.List<String>, Double> once(Consumer<Samples> f) {
+        Map<java.util.List<String>, Double> m = new java.util.LinkedHashMap<>();
+        f.accept((v, values) -> m.put(java.util.List.of(values), v));
+        return m;
     }
 
     public DistributionDataPoint histogram(String name, Labels labels) { return histogram(name, labels, LATENCY_BUCKETS); }

@@ -108,4 +108,25 @@ class MetricsTest {
         m.add("cpuslot_slot_cpu_seconds_total", Metrics.labels("function", "f"), -0.25);
         assertEquals(0.5, value(m.scrape(), "cpuslot_slot_cpu_seconds_total{function=\"f\"}"));
     }
+
+    /**
+     * Two pools of one name (a registered function named as the action) give one series, not a
+     * page that fails: the scrape serves every tenant's metrics, so one tenant's name cannot take it down.
+     */
+    @Test
+    void aCallbackFamilyWithTheSameSeriesTwiceStillScrapes() {
+        Metrics m = new Metrics();
+        m.gaugeFunction("cpuslot_sandboxes", s -> {
+            s.add(1, "f", "busy");
+            s.add(2, "f", "busy");
+        }, "function", "state");
+        m.counterFunction("cpuslot_slot_client_events_total", s -> {
+            s.add(3, "acquire.calls");
+            s.add(4, "acquire.calls");
+        }, "event");
+        String p = m.scrape();
+        assertEquals(2, value(p, "cpuslot_sandboxes{function=\"f\",state=\"busy\"}"));
+        assertEquals(4, value(p, "cpuslot_slot_client_events_total{event=\"acquire.calls\"}"));
+        assertEquals(1, p.lines().filter(l -> l.startsWith("cpuslot_sandboxes{")).count(), p);
+    }
 }
