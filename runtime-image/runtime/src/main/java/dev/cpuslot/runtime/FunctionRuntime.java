@@ -94,7 +94,7 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_invocations_in_flight", "Invocations running now.");
         metrics.describe("cpuslot_stray_threads", "Threads of ended Java activations still running (not blocked) 10 s after the end.");
         metrics.describe("cpuslot_sandboxes", "Sandboxes (workers) per function by state.");
-        metrics.describe(Metrics.SANDBOXES_CREATED, "Sandboxes created.");
+        metrics.describe("cpuslot_sandboxes_created_total", "Sandboxes created.");
         metrics.describe("cpuslot_sandboxes_abandoned_total", "Workers retired at a deadline.");
         metrics.describe("cpuslot_slot_outcomes_total", "Per-invocation slot outcome (affinity_hit, cache_hit, retuned, created, or noslot reason).");
         metrics.describe("cpuslot_slot_client_events_total", "Slot client counters (acquire, place, release, reclaim, noslot...).");
