@@ -48,7 +48,7 @@ public final class Metrics {
      */
     static final String SANDBOXES_CREATED = "cpuslot_sandboxes_created_total";
 
-    /** A series' labels: names and values in pairs, in the order of the family's label names. */
+    /** A series' labels: the label names and their values, index by index ({@link #labels} makes them from pairs). */
     public record Labels(String[] names, String[] values) {}
 
     public static final Labels NONE = new Labels(new String[0], new String[0]);
