@@ -524,14 +524,14 @@ func agentMetrics(t *testing.T) metricSet {
 
 func runtimeMetrics(t *testing.T) metricSet {
 	m := metricSet{map[string]bool{"up": true}, map[string]bool{}}
-	name := regexp.MustCompile(`\.(?:inc|add|gauge|gaugeFunction|histogram|describe)\("(cpuslot_\w+)"`)
-	hist := regexp.MustCompile(`\.(?:histogram\("(cpuslot_\w+)"|describe\("(cpuslot_\w+)",\s*"histogram")`)
+	name := regexp.MustCompile(`\.(?:inc|add|counter|counterFunction|gauge|gaugeFunction|histogram|describe)\("(cpuslot_\w+)"`)
+	hist := regexp.MustCompile(`\.histogram\("(cpuslot_\w+)"`)
 	scan(t, filepath.Join(repoRoot, "runtime-image/runtime/src/main"), ".java", func(_, src string) {
 		for _, s := range name.FindAllStringSubmatch(src, -1) {
 			m.names[s[1]] = true
 		}
 		for _, s := range hist.FindAllStringSubmatch(src, -1) {
-			m.histograms[s[1]+s[2]] = true
+			m.histograms[s[1]] = true
 		}
 	})
 	if len(m.names) < 10 || len(m.histograms) < 1 {

@@ -11,7 +11,8 @@ import static org.junit.jupiter.api.Assertions.*;
  * The runtime's own libraries and state are not reachable from a Java function, by construction:
  * the function's class loader sees only the JDK, the guard's entry points its rewritten code
  * calls and a copy of its own of the function API (Gson, the chain API), so a library's
- * reflection acts within the function. Against the runtime as its image starts it.
+ * reflection acts within the function; the runtime's metrics registry (prometheus-metrics-core)
+ * does not load. Against the runtime as its image starts it.
  */
 @DisplayName("Java function: the runtime's libraries")
 class JavaLibraryBoundaryTest {
@@ -38,7 +39,8 @@ class JavaLibraryBoundaryTest {
                 } catch (Throwable e) {
                     r.addProperty("refused", e.toString());
                 }
-                for (String cls : new String[]{"dev.cpuslot.runtime.FunctionRuntime", "dev.cpuslot.slot.SlotClient"}) {
+                for (String cls : new String[]{"dev.cpuslot.runtime.FunctionRuntime", "dev.cpuslot.slot.SlotClient",
+                        "io.prometheus.metrics.model.registry.PrometheusRegistry", "io.prometheus.metrics.core.metrics.Counter"}) {
                     try {
                         Class.forName(cls);
                         r.addProperty("sees " + cls, true);
@@ -55,6 +57,9 @@ class JavaLibraryBoundaryTest {
             assertTrue(b.get("ownGson").getAsBoolean(), "the function's Gson is the runtime's: " + b);
             assertFalse(b.has("sees dev.cpuslot.runtime.FunctionRuntime"), b.toString());
             assertFalse(b.has("sees dev.cpuslot.slot.SlotClient"), b.toString());
+            // the runtime's metrics registry: a function that reached it could forge or inflate any series
+            assertFalse(b.has("sees io.prometheus.metrics.model.registry.PrometheusRegistry"), b.toString());
+            assertFalse(b.has("sees io.prometheus.metrics.core.metrics.Counter"), b.toString());
         });
     }
 }

@@ -75,11 +75,11 @@ public final class FunctionPool implements AutoCloseable {
 
     private final Runaways runaways;
     /** Added to on every invocation with a slot: held rather than looked up each time. */
-    private final java.util.concurrent.atomic.DoubleAdder acquireSeconds, releaseSeconds;
-    private final Metrics.Histogram acquireLatency;
+    private final io.prometheus.metrics.core.datapoints.CounterDataPoint acquireSeconds, releaseSeconds;
+    private final io.prometheus.metrics.core.datapoints.DistributionDataPoint acquireLatency;
     /** The function's reserved CPU (quota x time held) and its leases' sleep: its idle ratio beside its CPU. */
-    private final java.util.concurrent.atomic.DoubleAdder reservedSeconds, sleptSeconds;
-    private final String labels;
+    private final io.prometheus.metrics.core.datapoints.CounterDataPoint reservedSeconds, sleptSeconds;
+    private final Metrics.Labels labels;
 
     public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics) {
         this(fn, max, idleMs, slots, metrics, null);
@@ -93,16 +93,16 @@ public final class FunctionPool implements AutoCloseable {
         this.slots = slots;
         this.metrics = metrics;
         this.permits = new Semaphore(max, true);
-        this.acquireSeconds = metrics.counter("cpuslot_slot_acquire_seconds_total", "");
-        this.acquireLatency = metrics.histogram("cpuslot_slot_acquire_seconds", "", Metrics.ACQUIRE_BUCKETS);
-        this.releaseSeconds = metrics.counter("cpuslot_slot_release_seconds_total", "");
+        this.acquireSeconds = metrics.counter("cpuslot_slot_acquire_seconds_total", Metrics.NONE);
+        this.acquireLatency = metrics.histogram("cpuslot_slot_acquire_seconds", Metrics.NONE, Metrics.ACQUIRE_BUCKETS);
+        this.releaseSeconds = metrics.counter("cpuslot_slot_release_seconds_total", Metrics.NONE);
         this.labels = Metrics.labels("function", fn.name());
         this.reservedSeconds = metrics.counter("cpuslot_slot_reserved_seconds_total", labels);
         this.sleptSeconds = metrics.counter("cpuslot_slot_slept_seconds_total", labels);
     }
 
     /** The function's metric labels ({@code function="..."}), built once. */
-    String labels() { return labels; }
+    Metrics.Labels labels() { return labels; }
 
     public Function function() { return fn; }
     public int max() { return max; }
@@ -278,7 +278,7 @@ public final class FunctionPool implements AutoCloseable {
                 if (sandbox == null) {
                     try {
                         sandbox = fn.newSandbox();
-                        metrics.inc("cpuslot_sandboxes_created_total", Metrics.labels("function", fn.name()));
+                        metrics.sandboxCreated(fn.name());
                     } catch (Exception e) {
                         error = "could not create a sandbox: " + e.getMessage();
                     }
@@ -293,7 +293,7 @@ public final class FunctionPool implements AutoCloseable {
                     }
                     j.heldFrom = System.nanoTime();
                     double took = (j.heldFrom - a0) / 1e9;
-                    acquireSeconds.add(took);
+                    acquireSeconds.inc(took);
                     acquireLatency.observe(took);
                     j.lease = lease;
                     if (j.claimed.get() && lease != null) lease.release(ReleaseOutcome.TIMEOUT);
@@ -317,7 +317,7 @@ public final class FunctionPool implements AutoCloseable {
                         if (t.hop() != null) {
                             LocalBus.exit();
                             long slept = t.hop().sleptNanos.get();
-                            if (slept > 0) sleptSeconds.add(slept / 1e9);
+                            if (slept > 0) sleptSeconds.inc(slept / 1e9);
                         }
                     }
                 }
@@ -343,7 +343,7 @@ public final class FunctionPool implements AutoCloseable {
                         u = local ? lease.release(outcome) : lease.stop();
                         releaseLater = !local && u.measured();
                         if (!local && !releaseLater) u = lease.release(outcome);
-                        releaseSeconds.add((System.nanoTime() - r0) / 1e9);
+                        releaseSeconds.inc((System.nanoTime() - r0) / 1e9);
                         reserved(lease, u, j.heldFrom, r0);
                     }
                     Thread.interrupted(); // clear a stray interrupt before going back to the pool
@@ -361,7 +361,7 @@ public final class FunctionPool implements AutoCloseable {
                         try {
                             measured = lease.release(outcome);
                         } finally {
-                            releaseSeconds.add((System.nanoTime() - r0) / 1e9);
+                            releaseSeconds.inc((System.nanoTime() - r0) / 1e9);
                             reserved(lease, measured, j.heldFrom, r0);
                             later.complete(measured);
                         }
@@ -402,7 +402,7 @@ public final class FunctionPool implements AutoCloseable {
      */
     private void reserved(SlotLease l, Usage u, long from, long until) {
         if (l != null && l.active() && (u.measured() || l.batched()) && until > from)
-            reservedSeconds.add(l.quotaMilli() / 1000.0 * ((until - from) / 1e9));
+            reservedSeconds.inc(l.quotaMilli() / 1000.0 * ((until - from) / 1e9));
     }
 
     @Override

@@ -15,7 +15,6 @@ import java.util.Map;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Predicate;
 import java.util.regex.Pattern;
 
@@ -43,13 +42,14 @@ public final class FunctionRuntime implements AutoCloseable {
     /** The owner this runtime serves: CPUSLOT_OWNER, else the first one seen; "*" serves any. */
     private final java.util.concurrent.atomic.AtomicReference<String> owner = new java.util.concurrent.atomic.AtomicReference<>();
     private final Runaways runaways;
-    private final AtomicLong inFlight;
+    private final io.prometheus.metrics.core.datapoints.GaugeDataPoint inFlight;
     private final Readiness readiness;
 
     public FunctionRuntime(Config cfg, Metrics metrics, SlotClient slots, PrintStream out, PrintStream err) {
         this.cfg = cfg;
         dev.cpuslot.runtime.guard.ActionGuard.setMaxThreads(cfg.javaMaxThreads());
         this.metrics = metrics;
+        describeMetrics(); // before any family is made: a family keeps the help it was made with
         this.quota = new Quota(cfg, metrics);
         this.slots = slots;
         this.out = out;
@@ -69,26 +69,17 @@ public final class FunctionRuntime implements AutoCloseable {
                 return runHop(callee, args, hop, mode);
             }
         }, new PlatformPath(cfg.chainUrl(), cfg.chainUrls()), metrics, cfg.chainMaxDepth(), cfg.chainMaxAsync(), cfg.chainMaxPending());
-        describeMetrics();
-        inFlight = metrics.gauge("cpuslot_invocations_in_flight", "");
-        metrics.gaugeFunction("cpuslot_sandboxes", () -> {
-            Map<String, Long> m = new LinkedHashMap<>();
-            forEachPool((name, p) -> {
-                m.put(Metrics.labels("function", name, "state", "busy"), (long) p.busy());
-                m.put(Metrics.labels("function", name, "state", "idle"), (long) p.idle());
-                m.put(Metrics.labels("function", name, "state", "max"), (long) p.max());
-            });
-            return m;
-        });
+        inFlight = metrics.gauge("cpuslot_invocations_in_flight");
+        metrics.gaugeFunction("cpuslot_sandboxes", m -> forEachPool((name, p) -> {
+            m.add(p.busy(), name, "busy");
+            m.add(p.idle(), name, "idle");
+            m.add(p.max(), name, "max");
+        }), "function", "state");
         // threads of ended activations that no interrupt or poll could end (JDK code that ignores both)
-        metrics.gaugeFunction("cpuslot_stray_threads", () -> Map.of("", dev.cpuslot.runtime.guard.ActionGuard.strayThreads()));
+        metrics.gaugeFunction("cpuslot_stray_threads", m -> m.add(dev.cpuslot.runtime.guard.ActionGuard.strayThreads()));
         if (slots != null) {
             slots.onBatchRead(this::batchRead);
-            metrics.gaugeFunction("cpuslot_slot_client_events_total", () -> {
-                Map<String, Long> m = new LinkedHashMap<>();
-                slots.counters().forEach((k, v) -> m.put(Metrics.labels("event", k), v));
-                return m;
-            });
+            metrics.counterFunction("cpuslot_slot_client_events_total", m -> slots.counters().forEach((k, v) -> m.add(v, k)), "event");
         }
         // the agent's socket was configured: connect (and warm the slot client) now, in the
         // background, and take no traffic until the agent serves this runtime (bounded)
@@ -98,31 +89,34 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     private void describeMetrics() {
-        metrics.describe("cpuslot_invocations_total", "counter", "Invocations by platform, function and status.");
-        metrics.describe("cpuslot_invocation_duration_seconds", "histogram", "Invocation latency inside the runtime.");
-        metrics.describe("cpuslot_invocations_in_flight", "gauge", "Invocations running now.");
-        metrics.describe("cpuslot_stray_threads", "gauge", "Threads of ended Java activations still running (not blocked) 10 s after the end.");
-        metrics.describe("cpuslot_sandboxes", "gauge", "Sandboxes (workers) per function by state.");
-        metrics.describe("cpuslot_sandboxes_created_total", "counter", "Sandboxes created.");
-        metrics.describe("cpuslot_sandboxes_abandoned_total", "counter", "Workers retired at a deadline.");
-        metrics.describe("cpuslot_slot_outcomes_total", "counter", "Per-invocation slot outcome (affinity_hit, cache_hit, retuned, created, or noslot reason).");
-        metrics.describe("cpuslot_slot_client_events_total", "counter", "Slot client counters (acquire, place, release, reclaim, noslot...).");
-        metrics.describe("cpuslot_slot_acquire_seconds", "histogram", "Time a worker took to acquire its slot (with placement), in seconds.");
-        metrics.describe("cpuslot_slot_acquire_seconds_total", "counter", "Deprecated (cpuslot_slot_acquire_seconds_sum is the same): time workers spent acquiring slots, in seconds.");
-        metrics.describe("cpuslot_slot_release_seconds_total", "counter", "Time workers spent releasing slots, in seconds.");
-        metrics.describe("cpuslot_slot_cpu_seconds_total", "counter", "CPU time used in slots, from RELEASE_OK.");
-        metrics.describe("cpuslot_slot_throttled_seconds_total", "counter", "Throttled time in slots, from RELEASE_OK.");
-        metrics.describe("cpuslot_slot_reserved_seconds_total", "counter", "CPU time reserved by slot leases: the granted quota in cores times the time the lease was held (the same invocations as cpuslot_slot_cpu_seconds_total); idle ratio = 1 - cpu / reserved.");
-        metrics.describe("cpuslot_slot_slept_seconds_total", "counter", "Time slot leases slept in synchronous chain calls (SLEEP to WAKE): while the agent could lend their quota.");
-        metrics.describe("cpuslot_lend_invalid_total", "counter", "Lending settings (CPUSLOT_LEND, the cpu-lend annotation) that were not true or false, by source: the invocation was refused.");
-        metrics.describe("cpuslot_quota_invalid_total", "counter", "Quota values that did not parse, by source.");
-        metrics.describe("cpuslot_quota_capped_total", "counter", "Quota values above the cap, by source.");
-        metrics.describe("cpuslot_bad_requests_total", "counter", "Requests refused before running anything.");
-        metrics.describe("cpuslot_quota_no_api_key_total", "counter", "OpenWhisk invocations without an api_key (action created without provide-api-key) and no other quota source: the annotation cannot be read, they run without a slot.");
-        metrics.describe("cpuslot_repeated_inits_total", "counter", "Knative requests that bundled the same init again (ignored; the activation ran).");
-        metrics.describe("cpuslot_deadline_past_total", "counter", "Activations whose __OW_DEADLINE had already passed on arrival: run with the default timeout.");
-        metrics.describe("cpuslot_deadline_unparsed_total", "counter", "Activations whose __OW_DEADLINE was not epoch milliseconds: run with the default timeout.");
-        metrics.describe("cpuslot_chain_calls_total", "counter", "Local chain calls by callee, mode (sync, async, sequence, conductor) and status (ok, error, timeout, bad_result, or the refusal: not_local, other_owner, depth, fan_out...).");
+        metrics.describe("cpuslot_invocations_total", "Invocations by platform, function and status.");
+        metrics.describe("cpuslot_invocation_duration_seconds", "Invocation latency inside the runtime.");
+        metrics.describe("cpuslot_invocations_in_flight", "Invocations running now.");
+        metrics.describe("cpuslot_stray_threads", "Threads of ended Java activations still running (not blocked) 10 s after the end.");
+        metrics.describe("cpuslot_sandboxes", "Sandboxes (workers) per function by state.");
+        metrics.describe("cpuslot_sandboxes_created_total", "Sandboxes created.");
+        metrics.describe("cpuslot_sandboxes_abandoned_total", "Workers retired at a deadline.");
+        metrics.describe("cpuslot_slot_outcomes_total", "Per-invocation slot outcome (affinity_hit, cache_hit, retuned, created, or noslot reason).");
+        metrics.describe("cpuslot_slot_client_events_total", "Slot client counters (acquire, place, release, reclaim, noslot...).");
+        metrics.describe("cpuslot_slot_acquire_seconds", "Time a worker took to acquire its slot (with placement), in seconds.");
+        metrics.describe("cpuslot_slot_acquire_seconds_total", "Deprecated (cpuslot_slot_acquire_seconds_sum is the same): time workers spent acquiring slots, in seconds.");
+        metrics.describe("cpuslot_slot_release_seconds_total", "Time workers spent releasing slots, in seconds.");
+        metrics.describe("cpuslot_slot_cpu_seconds_total", "CPU time used in slots, from RELEASE_OK.");
+        metrics.describe("cpuslot_slot_throttled_seconds_total", "Throttled time in slots, from RELEASE_OK.");
+        metrics.describe("cpuslot_slot_reserved_seconds_total", "CPU time reserved by slot leases: the granted quota in cores times the time the lease was held (the same invocations as cpuslot_slot_cpu_seconds_total); idle ratio = 1 - cpu / reserved.");
+        metrics.describe("cpuslot_slot_slept_seconds_total", "Time slot leases slept in synchronous chain calls (SLEEP to WAKE): while the agent could lend their quota.");
+        metrics.describe("cpuslot_lend_invalid_total", "Lending settings (CPUSLOT_LEND, the cpu-lend annotation) that were not true or false, by source: the invocation was refused.");
+        metrics.describe("cpuslot_quota_invalid_total", "Quota values that did not parse, by source.");
+        metrics.describe("cpuslot_quota_capped_total", "Quota values above the cap, by source.");
+        metrics.describe("cpuslot_bad_requests_total", "Requests refused before running anything.");
+        metrics.describe("cpuslot_quota_no_api_key_total", "OpenWhisk invocations without an api_key (action created without provide-api-key) and no other quota source: the annotation cannot be read, they run without a slot.");
+        metrics.describe("cpuslot_repeated_inits_total", "Knative requests that bundled the same init again (ignored; the activation ran).");
+        metrics.describe("cpuslot_deadline_past_total", "Activations whose __OW_DEADLINE had already passed on arrival: run with the default timeout.");
+        metrics.describe("cpuslot_deadline_unparsed_total", "Activations whose __OW_DEADLINE was not epoch milliseconds: run with the default timeout.");
+        metrics.describe("cpuslot_annotation_lookups_total", "Reads of an OpenWhisk action's annotations through the API (once per action version, again after a failure's wait).");
+        metrics.describe("cpuslot_annotation_pending_total", "Activations that ran without the annotations because their read had not answered yet.");
+        metrics.describe("cpuslot_annotation_errors_total", "Reads of an action's annotations that failed (the activation used the next quota source).");
+        metrics.describe("cpuslot_chain_calls_total", "Local chain calls by callee, mode (sync, async, sequence, conductor) and status (ok, error, timeout, bad_result, or the refusal: not_local, other_owner, depth, fan_out...).");
     }
 
     private void forEachPool(java.util.function.BiConsumer<String, FunctionPool> f) {
@@ -139,11 +133,11 @@ public final class FunctionRuntime implements AutoCloseable {
      * the slot client reads together ({@link SlotClient#onBatchRead}). Bounded: past it a new
      * action's batches reach the agent's USAGE but not these metrics.
      */
-    private final java.util.concurrent.ConcurrentHashMap<String, String> batchLabels = new java.util.concurrent.ConcurrentHashMap<>();
+    private final java.util.concurrent.ConcurrentHashMap<String, Metrics.Labels> batchLabels = new java.util.concurrent.ConcurrentHashMap<>();
     static final int MAX_BATCH_LABELS = 4096;
 
     private void batchRead(String action, Usage u) {
-        String labels = batchLabels.get(action);
+        Metrics.Labels labels = batchLabels.get(action);
         if (labels == null) return;
         metrics.add("cpuslot_slot_cpu_seconds_total", labels, u.cpuNanos() / 1e9);
         metrics.add("cpuslot_slot_throttled_seconds_total", labels, u.throttledNanos() / 1e9);
@@ -334,7 +328,7 @@ public final class FunctionRuntime implements AutoCloseable {
         // the pool hands it to the worker
         ActivationOutput.Capture output = ActivationOutput.open();
         ActivationOutput.enter(output);
-        inFlight.incrementAndGet();
+        inFlight.inc();
         FunctionPool.Outcome o;
         long deadline = System.nanoTime() + timeoutNs;
         // the chain's first hop: the owner is the Hydra function's, else the activation's namespace
@@ -351,7 +345,7 @@ public final class FunctionRuntime implements AutoCloseable {
             Thread.currentThread().interrupt();
             return finish(platform, fn, t0, Reply.error(503, "interrupted"), "error", output);
         } finally {
-            inFlight.decrementAndGet();
+            inFlight.dec();
         }
         // the steps the container's action declared (its /init env, else the container's env) follow it
         if (hosted == null) o = bus.then(hop, fn.initEnv().getOrDefault(LocalBus.STEPS_ENV, cfg.chainSteps()), o);
@@ -428,9 +422,9 @@ public final class FunctionRuntime implements AutoCloseable {
             try {
                 long left = (long) Double.parseDouble(deadline) - System.currentTimeMillis();
                 if (left > 0) timeoutNs = TimeUnit.MILLISECONDS.toNanos(left);
-                else metrics.inc("cpuslot_deadline_past_total", "");
+                else metrics.inc("cpuslot_deadline_past_total");
             } catch (NumberFormatException e) {
-                metrics.inc("cpuslot_deadline_unparsed_total", "");
+                metrics.inc("cpuslot_deadline_unparsed_total");
             }
         }
         return timeoutNs;
@@ -469,11 +463,11 @@ public final class FunctionRuntime implements AutoCloseable {
             }
             // the hop's output: its own block (the platform's sentinels end its caller's)
             ActivationOutput.Capture output = ActivationOutput.open(), caller = ActivationOutput.enter(output);
-            inFlight.incrementAndGet();
+            inFlight.inc();
             try {
                 o = p.invoke(new FunctionPool.Task(args, env, q.milli(), hop.function, hop.activationId, hop), hop.deadlineNanos);
             } finally {
-                inFlight.decrementAndGet();
+                inFlight.dec();
                 ActivationOutput.enter(caller);
                 if (output != null) output.close(false);
             }

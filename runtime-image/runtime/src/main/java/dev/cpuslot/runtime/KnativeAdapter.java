@@ -38,7 +38,7 @@ public final class KnativeAdapter implements Platform {
                 if (rt.action() != null && init.isJsonObject() && sameCode(ow.initValue(), init.getAsJsonObject())) {
                     // Knative sends the init with every request (and to every pod scale-out adds):
                     // the same code again is not a second init; run the activation
-                    metrics.inc("cpuslot_repeated_inits_total", "");
+                    metrics.inc("cpuslot_repeated_inits_total");
                     r = null;
                 } else if (rt.action() != null) {
                     err.println("Cannot initialize the action more than once: this runtime already runs different code.");

@@ -199,13 +199,13 @@ public final class Quota {
         long now = System.nanoTime();
         CacheEntry e = annotations.compute(cacheKey, (k, old) -> {
             if (old != null && (old.expiresNanos == Long.MAX_VALUE || old.expiresNanos > now)) return old;
-            metrics.inc("cpuslot_annotation_lookups_total", "");
+            metrics.inc("cpuslot_annotation_lookups_total");
             return new CacheEntry(fetch(apiHost, key, action), Long.MAX_VALUE);
         });
         // never wait for it: until the lookup has answered, the activation runs with the next
         // source (init env, pod default); the answer serves the following activations
         if (!e.value.isDone()) {
-            if (countPending) metrics.inc("cpuslot_annotation_pending_total", "");
+            if (countPending) metrics.inc("cpuslot_annotation_pending_total");
             return null;
         }
         try {
@@ -214,7 +214,7 @@ public final class Quota {
             // failed lookups are retried after a while; the invocation falls back to the next source
             if (e.expiresNanos == Long.MAX_VALUE) { // first time this failure is seen
                 annotations.computeIfPresent(cacheKey, (k, old) -> old == e ? new CacheEntry(e.value, now + NEGATIVE_TTL_NS) : old);
-                metrics.inc("cpuslot_annotation_errors_total", "");
+                metrics.inc("cpuslot_annotation_errors_total");
                 Log.warn("annotation lookup for " + action + " failed: " + ex);
             }
             return null;

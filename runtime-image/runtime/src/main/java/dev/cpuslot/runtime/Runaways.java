@@ -19,7 +19,7 @@ final class Runaways {
     private final SlotClient slots;
     private final long quotaMilli, graceMs;
     private final Metrics metrics;
-    private final AtomicLong current;
+    private final io.prometheus.metrics.core.datapoints.GaugeDataPoint current;
     private static final AtomicLong IDS = new AtomicLong();
 
     Runaways(SlotClient slots, long quotaMilli, long graceMs, Metrics metrics) {
@@ -27,10 +27,10 @@ final class Runaways {
         this.quotaMilli = quotaMilli;
         this.graceMs = graceMs;
         this.metrics = metrics;
-        metrics.describe("cpuslot_runaway_threads", "gauge", "Worker threads still running an activation past its deadline.");
-        metrics.describe("cpuslot_runaway_confined_total", "counter", "Runaway worker threads moved into a tiny slot.");
-        metrics.describe("cpuslot_runaway_unconfined_total", "counter", "Runaway worker threads that could not be confined, by reason.");
-        current = metrics.gauge("cpuslot_runaway_threads", "");
+        metrics.describe("cpuslot_runaway_threads", "Worker threads still running an activation past its deadline.");
+        metrics.describe("cpuslot_runaway_confined_total", "Runaway worker threads moved into a tiny slot.");
+        metrics.describe("cpuslot_runaway_unconfined_total", "Runaway worker threads that could not be confined, by reason.");
+        current = metrics.gauge("cpuslot_runaway_threads");
     }
 
     /**
@@ -44,11 +44,11 @@ final class Runaways {
             try {
                 Thread.sleep(graceMs);
                 if (!stillRunning.getAsBoolean() || !worker.isAlive()) return;
-                current.incrementAndGet();
+                current.inc();
                 try {
                     confine(function, worker, tid, stillRunning);
                 } finally {
-                    current.decrementAndGet();
+                    current.dec();
                 }
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();

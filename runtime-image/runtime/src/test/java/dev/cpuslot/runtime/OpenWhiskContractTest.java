@@ -266,12 +266,17 @@ class OpenWhiskContractTest {
             h.post("/run", run(new JsonObject()));
             String m = h.metrics();
             assertTrue(m.contains("# TYPE cpuslot_invocations_total counter"), m);
-            assertTrue(m.contains("cpuslot_invocations_total{platform=\"openwhisk\",function=\"__ow_action\",status=\"ok\"} 1"), m);
+            assertTrue(m.contains("cpuslot_invocations_total{function=\"__ow_action\",platform=\"openwhisk\",status=\"ok\"} 1.0\n"), m);
             assertTrue(m.contains("cpuslot_invocation_duration_seconds_count{function=\"__ow_action\"} 1"), m);
             assertTrue(m.contains("cpuslot_invocation_duration_seconds_bucket{function=\"__ow_action\",le=\"+Inf\"} 1"), m);
             assertTrue(m.contains("cpuslot_sandboxes{function=\"__ow_action\",state=\"idle\"} 1"), m);
             assertTrue(m.contains("cpuslot_invocations_in_flight 0"), m);
             assertTrue(m.contains("cpuslot_slot_outcomes_total{outcome=\"no_quota\"} 1"), m);
+            // every family of the runtime's is typed and described (its help given before it was made)
+            for (String l : m.lines().filter(l -> l.startsWith("# TYPE cpuslot_")).toList()) {
+                String family = l.split(" ")[2];
+                assertTrue(m.lines().anyMatch(x -> x.startsWith("# HELP " + family + " ")), "no help for " + family + ":\n" + m);
+            }
         }
     }
 }

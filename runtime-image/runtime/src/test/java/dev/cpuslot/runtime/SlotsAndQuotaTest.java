@@ -65,7 +65,7 @@ class SlotsAndQuotaTest {
             assertTrue(m.contains("cpuslot_slot_cpu_seconds_total{function=\"__ow_action\"}"), m);
             // both acquisitions in the acquire latency's histogram, every one at most the budget + the first one's
             assertTrue(m.contains("\ncpuslot_slot_acquire_seconds_count 2\n"), m);
-            assertTrue(m.contains("\ncpuslot_slot_acquire_seconds_bucket{le=\"1\"} 2\n"), m);
+            assertTrue(m.contains("\ncpuslot_slot_acquire_seconds_bucket{le=\"1.0\"} 2\n"), m);
             assertTrue(m.contains("\n# TYPE cpuslot_slot_acquire_seconds histogram\n"), m);
             assertTrue(m.contains("\njvm_memory_used_bytes{area=\"heap\"} "), "the JVM's metrics on the runtime's page");
         }
