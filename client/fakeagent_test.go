@@ -89,6 +89,9 @@ type fakeAgent struct {
 	// until it is closed; waitUS is the wait budget of the last ACQUIRE.
 	acquireGate chan struct{}
 	waitUS      uint32
+	// helloGate, when set, holds every HELLO until it is closed (a
+	// reconnect under way).
+	helloGate chan struct{}
 }
 
 // setHeld turns HELD on while the fake serves: under its lock, because a
@@ -254,6 +257,17 @@ func (f *fakeAgent) serve(cn *net.UnixConn) {
 		if err != nil {
 			f.reply(cn, 0, &slotv1.Error{Code: slotv1.CodeBadRequest, Message: err.Error()}, nil)
 			return
+		}
+		if _, ok := fr.Msg.(*slotv1.Hello); ok {
+			f.mu.Lock()
+			gate := f.helloGate
+			if gate != nil {
+				f.requests["hello gated"]++
+			}
+			f.mu.Unlock()
+			if gate != nil {
+				<-gate
+			}
 		}
 		if a, ok := fr.Msg.(*slotv1.Acquire); ok && a.Flags&slotv1.AcquireHold == 0 {
 			f.mu.Lock()

@@ -1,0 +1,4 @@
+package client
+
+// CheckAgent runs the background loop's check for a gone agent once.
+func (c *Client) CheckAgent() { c.checkAgent() }

@@ -1,0 +1,69 @@
+package client_test
+
+import (
+	"testing"
+	"time"
+
+	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/client"
+)
+
+// TestCheckAgentLeavesReconnectUnderWay: the background check for a gone
+// agent, run while a reconnect is under way (the new agent has not yet
+// answered its HELLO), leaves it alone. Before, it saw the client marked
+// down, waited for that reconnect to end and then reconnected again: it
+// closed the connections just made, and with them the leases re-declared
+// or granted there (a lease belongs to its connection; seen as
+// UNKNOWN_LEASE and lost leases in TestRestart of internal/agent).
+func TestCheckAgentLeavesReconnectUnderWay(t *testing.T) {
+	f := newFakeAgent(t, false)
+	c := dialFake(t, f, client.Options{ReconnectFor: time.Minute})
+	var l *client.Lease
+	onThread(func() {
+		var err error
+		if l, err = c.Acquire(250, "a", ""); err != nil {
+			t.Fatal(err)
+		}
+	})
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.helloGate = gate
+	f.mu.Unlock()
+	f.restart()
+	// A thread's call finds its connection gone and reconnects; the new
+	// agent holds its HELLO.
+	acquired := make(chan error, 1)
+	go onThread(func() {
+		l2, err := c.Acquire(500, "b", "")
+		if err == nil {
+			_, err = l2.Release(slotv1.InvocationOK)
+		}
+		acquired <- err
+	})
+	waitFor(t, "the reconnect's HELLO at the new agent", func() bool { return f.count("hello gated") == 1 })
+	checked := make(chan struct{})
+	go func() {
+		c.CheckAgent()
+		close(checked)
+	}()
+	select {
+	case <-checked:
+	case <-time.After(time.Minute): // a hang bound only
+		close(gate)
+		t.Fatal("the agent check waited for the reconnect under way (it would reconnect again after it)")
+	}
+	close(gate)
+	if err := <-acquired; err != nil {
+		t.Fatalf("acquire across the restart: %v", err)
+	}
+	c.CheckAgent() // the agent is there: nothing to do
+	if n := f.count("hello"); n != 2 {
+		t.Fatalf("%d HELLOs, want 2 (the dial and one reconnect)", n)
+	}
+	if n := f.count("reclaim"); n != 1 {
+		t.Fatalf("%d RECLAIMs, want 1 (the lease held across the restart)", n)
+	}
+	if _, err := l.Release(slotv1.InvocationOK); err != nil {
+		t.Fatalf("releasing the lease re-declared after the restart: %v", err)
+	}
+}
