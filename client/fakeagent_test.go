@@ -44,6 +44,7 @@ type fakeAgent struct {
 	mu        sync.Mutex
 	ln        *net.UnixListener
 	conns     map[*net.UnixConn]bool
+	accepted  []*net.UnixConn // in the order they came
 	slots     map[uint32]*fakeSlot
 	leases    map[uint64]uint32 // lease -> slot
 	nextLease uint64
@@ -136,6 +137,7 @@ func (f *fakeAgent) listen() {
 			}
 			f.mu.Lock()
 			f.conns[cn] = true
+			f.accepted = append(f.accepted, cn)
 			f.mu.Unlock()
 			go f.serve(cn)
 		}
@@ -156,6 +158,14 @@ func (f *fakeAgent) stop() {
 		cn.Close()
 	}
 	f.ln, f.conns = nil, nil
+}
+
+// hangUp closes the i-th connection accepted (from 0), as an agent does to
+// one connection; the agent lives on.
+func (f *fakeAgent) hangUp(i int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.accepted[i].Close()
 }
 
 // restart is a new agent on the same socket: it adopts the slots, knows no

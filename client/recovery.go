@@ -65,10 +65,19 @@ func (c *Client) recoverLocked(ctx context.Context, gen uint64) error {
 		c.mu.Unlock()
 		return nil // someone else reconnected meanwhile
 	}
+	// Only connections that hung up go: one still open is to a live
+	// agent, and closing it would end the leases it holds (a lease
+	// belongs to its connection), which a RECLAIM on a new connection
+	// cannot take over while the agent has not seen the close.
+	live := c.idle[:0]
 	for _, cn := range c.idle {
-		cn.close()
+		if cn.gone() {
+			cn.close()
+		} else {
+			live = append(live, cn)
+		}
 	}
-	c.idle = nil
+	c.idle = live
 	c.gen++
 	c.down = true // until the leases are re-declared
 	c.mu.Unlock()

@@ -67,3 +67,54 @@ func TestCheckAgentLeavesReconnectUnderWay(t *testing.T) {
 		t.Fatalf("releasing the lease re-declared after the restart: %v", err)
 	}
 }
+
+// TestReconnectKeepsLiveConnections: when one connection hangs up and the
+// agent lives on, the reconnect leaves the client's other connections
+// open, with the leases they hold. Before, it closed every idle
+// connection, and re-declared their leases on a new one while the agent
+// still held them for the old: RECLAIM was refused (UNKNOWN_LEASE) and the
+// lease lost.
+func TestReconnectKeepsLiveConnections(t *testing.T) {
+	f := newFakeAgent(t, false)
+	c := dialFake(t, f, client.Options{ReconnectFor: time.Minute})
+	// Two leases on two connections: both ACQUIREs wait at the agent at
+	// once, so the second needs a connection of its own.
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.acquireGate = gate
+	f.mu.Unlock()
+	leases := make(chan *client.Lease, 2)
+	for q := range 2 {
+		go onThread(func() {
+			l, err := c.Acquire(uint32(250*(q+1)), "a", "")
+			if err != nil {
+				t.Error(err)
+			}
+			leases <- l
+		})
+		waitFor(t, "the ACQUIRE at the agent", func() bool { return f.count("acquire gated") == q+1 })
+	}
+	close(gate)
+	first, second := <-leases, <-leases
+	if first == nil || second == nil {
+		t.FailNow()
+	}
+	// The agent hangs up the connection it accepted second; the client's
+	// check finds it and reconnects.
+	f.hangUp(1)
+	waitFor(t, "a reconnect", func() bool {
+		c.CheckAgent()
+		return f.count("hello") == 3
+	})
+	if n := f.count("reclaim"); n != 1 {
+		t.Fatalf("%d RECLAIMs, want 1: the lease of the connection that hung up", n)
+	}
+	// The first ACQUIRE (250m) went on the dial's connection, which stayed.
+	held := first
+	if held.QuotaMilli != 250 {
+		held = second
+	}
+	if _, err := held.Release(slotv1.InvocationOK); err != nil {
+		t.Fatalf("the lease on the connection that stayed open: %v", err)
+	}
+}
