@@ -150,3 +150,33 @@ func TestOwnSocketOnFirstContact(t *testing.T) {
 		t.Fatalf("the operator's directory went: %v", err)
 	}
 }
+
+// TestOwnSocketsOnly: with no shared socket (socket "" in the file),
+// containers below serveUnder are served by their directories alone, and
+// no local user has a socket of the agent to churn on.
+func TestOwnSocketsOnly(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "containers")
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) { c.Standalone.SocketDir = dir; c.Socket = "" })
+	e.ServeUnder()
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, url.PathEscape(strings.TrimPrefix(e.Rel, "/"))), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ownSocket := filepath.Join(dir, url.PathEscape(strings.TrimPrefix(e.Rel, "/")), "agent.sock")
+	e.Start()
+	agenttest.Spawn(t, e.H, "idle", agenttest.ChildOpts{Cgroup: e.Rel})
+	agenttest.WaitFor(t, "the container's own socket", func() bool {
+		var st unix.Stat_t
+		return unix.Lstat(ownSocket, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK
+	})
+	var r agenttest.AcquireResult
+	agenttest.Spawn(t, e.H, "acquire", agenttest.ChildOpts{Cgroup: e.Rel, Env: []string{"SOCKET=" + ownSocket, "QUOTA=250", "N=3"}}).Result(t, &r)
+	if r.Error != "" || r.InSlot != 3 {
+		t.Fatalf("on its own socket: %+v", r)
+	}
+	if _, err := os.Stat(e.Socket); err == nil {
+		t.Fatalf("a shared socket at %s", e.Socket)
+	}
+}
