@@ -78,7 +78,11 @@ func TestAttackChurnOnSharedSocket(t *testing.T) {
 
 // childIdle is a container's process that waits until it is killed.
 func childIdle() (any, error) {
-	select {}
+	// Not select{}: with nothing left to wake it, the Go runtime would
+	// end the process as deadlocked.
+	for {
+		time.Sleep(time.Hour)
+	}
 }
 
 // childChurn connects to $SOCKET and closes again as fast as it can
