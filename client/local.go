@@ -751,6 +751,16 @@ func (lc *local) add(action string, outcome slotv1.ReleaseOutcome, d counters.Us
 // idle and GONE entries, off the invocation path.
 func (lc *local) run() {
 	defer close(lc.ran)
+	// Close ends a reconnect under way here (it waits for run).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-lc.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	tick := time.NewTicker(usageEvery)
 	defer tick.Stop()
 	sweep := time.NewTicker(max(lc.idle/4, 10*time.Millisecond))
@@ -765,7 +775,7 @@ func (lc *local) run() {
 			lc.flush()
 		case <-tick.C:
 			lc.flush()
-			lc.c.checkAgent()
+			lc.c.checkAgent(ctx)
 			lc.freeDead(monotonicNow())
 			lc.serveWaiters()
 			lc.held()

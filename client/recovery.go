@@ -23,7 +23,9 @@ import (
 // reconnect made, so a check that waited its turn would reconnect again
 // and close the connections just made, with the leases re-declared or
 // granted on them (a lease belongs to its connection).
-func (c *Client) checkAgent() {
+//
+// ctx ends its tries to reconnect.
+func (c *Client) checkAgent(ctx context.Context) {
 	if !c.recoverMu.TryLock() {
 		return // a reconnect is under way; the next check looks again
 	}
@@ -45,7 +47,7 @@ func (c *Client) checkAgent() {
 		broken = true
 	}
 	if broken {
-		_ = c.recoverLocked(context.Background(), gen)
+		_ = c.recoverLocked(ctx, gen)
 	}
 }
 

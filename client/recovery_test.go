@@ -118,3 +118,31 @@ func TestReconnectKeepsLiveConnections(t *testing.T) {
 		t.Fatalf("the lease on the connection that stayed open: %v", err)
 	}
 }
+
+// TestCloseEndsReconnectUnderWay: Close waits for the client's background
+// loop, and ends a reconnect the loop has under way (here: waiting for the
+// new agent's answer to HELLO) rather than waiting for it.
+func TestCloseEndsReconnectUnderWay(t *testing.T) {
+	f := newFakeAgent(t, false)
+	c, err := client.Dial(f.path, client.Options{ReconnectFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	defer close(gate)
+	f.mu.Lock()
+	f.helloGate = gate
+	f.mu.Unlock()
+	f.restart()
+	waitFor(t, "the background check's reconnect at the new agent", func() bool { return f.count("hello gated") == 1 })
+	closed := make(chan struct{})
+	go func() {
+		c.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute): // a hang bound only
+		t.Fatal("Close waited for the reconnect under way")
+	}
+}
