@@ -173,6 +173,7 @@ func (c *Client) Close() error {
 		// A HOLD request on its way gets its grant back while the
 		// connections are still open.
 		c.local.asks.Wait()
+		c.local.stop() // its background loop may be using the hold connection
 		c.local.closeConn()
 	}
 	c.mu.Lock()

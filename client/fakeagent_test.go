@@ -44,6 +44,7 @@ type fakeAgent struct {
 	mu        sync.Mutex
 	ln        *net.UnixListener
 	conns     map[*net.UnixConn]bool
+	accepted  []*net.UnixConn // in the order they came
 	slots     map[uint32]*fakeSlot
 	leases    map[uint64]uint32 // lease -> slot
 	nextLease uint64
@@ -89,6 +90,9 @@ type fakeAgent struct {
 	// until it is closed; waitUS is the wait budget of the last ACQUIRE.
 	acquireGate chan struct{}
 	waitUS      uint32
+	// helloGate, when set, holds every HELLO until it is closed (a
+	// reconnect under way).
+	helloGate chan struct{}
 }
 
 // setHeld turns HELD on while the fake serves: under its lock, because a
@@ -133,6 +137,7 @@ func (f *fakeAgent) listen() {
 			}
 			f.mu.Lock()
 			f.conns[cn] = true
+			f.accepted = append(f.accepted, cn)
 			f.mu.Unlock()
 			go f.serve(cn)
 		}
@@ -153,6 +158,14 @@ func (f *fakeAgent) stop() {
 		cn.Close()
 	}
 	f.ln, f.conns = nil, nil
+}
+
+// hangUp closes the i-th connection accepted (from 0), as an agent does to
+// one connection; the agent lives on.
+func (f *fakeAgent) hangUp(i int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.accepted[i].Close()
 }
 
 // restart is a new agent on the same socket: it adopts the slots, knows no
@@ -254,6 +267,17 @@ func (f *fakeAgent) serve(cn *net.UnixConn) {
 		if err != nil {
 			f.reply(cn, 0, &slotv1.Error{Code: slotv1.CodeBadRequest, Message: err.Error()}, nil)
 			return
+		}
+		if _, ok := fr.Msg.(*slotv1.Hello); ok {
+			f.mu.Lock()
+			gate := f.helloGate
+			if gate != nil {
+				f.requests["hello gated"]++
+			}
+			f.mu.Unlock()
+			if gate != nil {
+				<-gate
+			}
 		}
 		if a, ok := fr.Msg.(*slotv1.Acquire); ok && a.Flags&slotv1.AcquireHold == 0 {
 			f.mu.Lock()

@@ -40,6 +40,10 @@ type local struct {
 	c    *Client
 	t    *slotv1.Table
 	idle time.Duration
+	// quit ends run, which closes ran when it returns: Close waits for
+	// it before it closes the hold connection run may be using.
+	quit, ran chan struct{}
+	quitOnce  sync.Once
 
 	// mu guards own; held off the invocation path (misses aside).
 	mu sync.Mutex
@@ -134,6 +138,7 @@ func newLocal(c *Client) (*local, error) {
 		}
 		lc.t = t
 	}
+	lc.quit, lc.ran = make(chan struct{}), make(chan struct{})
 	go lc.run()
 	return lc, nil
 }
@@ -646,6 +651,12 @@ func (lc *local) connGone() bool {
 	return cn != nil && cn.gone()
 }
 
+// stop ends run and waits until it has returned. Only Close calls it.
+func (lc *local) stop() {
+	lc.quitOnce.Do(func() { close(lc.quit) })
+	<-lc.ran
+}
+
 // closeConn closes the hold connection: the agent releases what it still
 // holds.
 func (lc *local) closeConn() {
@@ -739,6 +750,17 @@ func (lc *local) add(action string, outcome slotv1.ReleaseOutcome, d counters.Us
 // run sends USAGE (every second, or early with 8 keys pending) and drops
 // idle and GONE entries, off the invocation path.
 func (lc *local) run() {
+	defer close(lc.ran)
+	// Close ends a reconnect under way here (it waits for run).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-lc.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	tick := time.NewTicker(usageEvery)
 	defer tick.Stop()
 	sweep := time.NewTicker(max(lc.idle/4, 10*time.Millisecond))
@@ -747,11 +769,13 @@ func (lc *local) run() {
 		select {
 		case <-lc.c.stop:
 			return
+		case <-lc.quit:
+			return
 		case <-lc.kick:
 			lc.flush()
 		case <-tick.C:
 			lc.flush()
-			lc.c.checkAgent()
+			lc.c.checkAgent(ctx)
 			lc.freeDead(monotonicNow())
 			lc.serveWaiters()
 			lc.held()

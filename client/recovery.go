@@ -17,7 +17,19 @@ import (
 // (idle connections hung up), and reconnects: a client whose invocations
 // all hit held slots sends nothing else that would notice, and the new
 // agent must learn which slots it holds (RECLAIM).
-func (c *Client) checkAgent() {
+//
+// It looks only while no reconnect is under way, and decides under the
+// same lock: during one, down is set and the generation is the one that
+// reconnect made, so a check that waited its turn would reconnect again
+// and close the connections just made, with the leases re-declared or
+// granted on them (a lease belongs to its connection).
+//
+// ctx ends its tries to reconnect.
+func (c *Client) checkAgent(ctx context.Context) {
+	if !c.recoverMu.TryLock() {
+		return // a reconnect is under way; the next check looks again
+	}
+	defer c.recoverMu.Unlock()
 	c.mu.Lock()
 	gen, broken := c.gen, c.down
 	fds := make([]unix.PollFd, len(c.idle))
@@ -35,7 +47,7 @@ func (c *Client) checkAgent() {
 		broken = true
 	}
 	if broken {
-		_ = c.recover(context.Background(), gen)
+		_ = c.recoverLocked(ctx, gen)
 	}
 }
 
@@ -45,15 +57,29 @@ func (c *Client) checkAgent() {
 func (c *Client) recover(ctx context.Context, gen uint64) error {
 	c.recoverMu.Lock()
 	defer c.recoverMu.Unlock()
+	return c.recoverLocked(ctx, gen)
+}
+
+// recoverLocked is recover for a caller that holds recoverMu.
+func (c *Client) recoverLocked(ctx context.Context, gen uint64) error {
 	c.mu.Lock()
 	if c.gen != gen {
 		c.mu.Unlock()
 		return nil // someone else reconnected meanwhile
 	}
+	// Only connections that hung up go: one still open is to a live
+	// agent, and closing it would end the leases it holds (a lease
+	// belongs to its connection), which a RECLAIM on a new connection
+	// cannot take over while the agent has not seen the close.
+	live := c.idle[:0]
 	for _, cn := range c.idle {
-		cn.close()
+		if cn.gone() {
+			cn.close()
+		} else {
+			live = append(live, cn)
+		}
 	}
-	c.idle = nil
+	c.idle = live
 	c.gen++
 	c.down = true // until the leases are re-declared
 	c.mu.Unlock()

@@ -121,10 +121,12 @@ func (c *Client) takeIdle(cn *conn) bool {
 	return false
 }
 
+// put gives cn back to the pool; a connection from before a reconnect is
+// closed only when it hung up (a live one holds its leases).
 func (c *Client) put(cn *conn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || cn.gen != c.gen {
+	if c.closed || cn.gen != c.gen && cn.gone() {
 		cn.close()
 		return
 	}

@@ -231,6 +231,7 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	containers := fs.StringArray("container", nil, "serve this cgroup (path in the cpu hierarchy); repeatable")
 	pids := fs.StringArray("pid", nil, "serve the cgroup of this process; repeatable")
 	serveUnder := fs.StringArray("serve-under", nil, "serve any process connecting from a cgroup below this one, in its own cgroup; repeatable")
+	socketDir := fs.String("socket-dir", "", "give each served container a socket of its own, in its directory here (root's, mode 0700; see docs/operating.md)")
 	if err := parseFlags(fs, args); err != nil {
 		if badSetting != nil {
 			return agent.Config{}, rf, badSetting
@@ -283,6 +284,7 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	}
 	cfg.Standalone.Containers = append(cfg.Standalone.Containers, *containers...)
 	cfg.Standalone.ServeUnder = append(cfg.Standalone.ServeUnder, *serveUnder...)
+	set(&cfg.Standalone.SocketDir, *socketDir)
 	for _, p := range *pids {
 		n, err := strconv.Atoi(p)
 		if err != nil || n <= 0 {

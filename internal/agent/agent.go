@@ -158,6 +158,11 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 			a.checkers = append(a.checkers, c)
 		}
 	}
+	if d := a.cfg.Standalone.SocketDir; d != "" {
+		if err := openSocketDir(d); err != nil {
+			return err
+		}
+	}
 	var ln *server.Listener
 	if a.cfg.Socket != "" {
 		var err error
@@ -181,6 +186,7 @@ func (a *Agent) Run(ctx context.Context, sources []discover.Source, cleanup bool
 		go a.server.Serve(ln)
 	}
 	a.adoptServeUnder()
+	a.serveSocketDirs()
 	for _, s := range sources {
 		if err := s.Run(ctx, a); err != nil {
 			a.log.Error("source reported errors", "err", err)
@@ -204,6 +210,7 @@ loop:
 			a.maintenance.End()
 		case <-leased.C:
 			a.maintenance.Begin()
+			a.serveSocketDirs()
 			a.evictForeign(true)
 			a.maintenance.End()
 		}
@@ -266,6 +273,9 @@ func (a *Agent) serve(c discover.Container, auto bool) (*served, error) {
 // making the pool runs without the agent lock: other containers are served
 // meanwhile.
 func (a *Agent) serveWith(c discover.Container, auto bool, ln *server.Listener) (*served, error) {
+	if c.Socket == "" {
+		c.Socket = a.containerSocket(c.CgroupPath)
+	}
 	for {
 		a.mu.Lock()
 		if s := a.containers[c.CgroupPath]; s != nil {
@@ -602,15 +612,13 @@ func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
 		}
 		return s.pool, nil
 	}
-	for _, root := range a.cfg.Standalone.ServeUnder {
-		if within(cg, root) && cg != root {
-			ctr := containerOf(cg)
-			s, err := a.serve(discover.Container{Name: ctr, CgroupPath: ctr}, true)
-			if err != nil {
-				return nil, serveError(ctr, err)
-			}
-			return s.pool, nil
+	if a.underServeUnder(cg) {
+		ctr := containerOf(cg)
+		s, err := a.serve(discover.Container{Name: ctr, CgroupPath: ctr}, true)
+		if err != nil {
+			return nil, serveError(ctr, err)
 		}
+		return s.pool, nil
 	}
 	return nil, &server.NotServed{Reason: fmt.Sprintf("process %d in cgroup %s is not in a container this agent serves", p.PID, cg)}
 }

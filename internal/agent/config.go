@@ -174,6 +174,10 @@ type StandaloneConfig struct {
 	// ServeUnder are parent cgroups: a process connecting from any cgroup
 	// below one is served in its own cgroup, prepared on first contact.
 	ServeUnder []string `json:"serveUnder"`
+	// SocketDir, when set, gives each served container a socket of its
+	// own: <socketDir>/<its cgroup path, escaped>/agent.sock, in a
+	// directory the operator makes and gives the container (sockets.go).
+	SocketDir string `json:"socketDir"`
 }
 
 // Duration reads "100ms"-style strings in YAML.

@@ -11,5 +11,5 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	agenttest.Main(m, agenttest.Children{"handfds": childHandFDs})
+	agenttest.Main(m, agenttest.Children{"handfds": childHandFDs, "idle": childIdle, "churn": childChurn})
 }

@@ -9,7 +9,9 @@ package main
 //     their first HELLO, then say HELLO on each and keep them (the victim
 //     is a new container too, served at its first HELLO);
 //   - churn: users in one cgroup outside every served container connect
-//     and close again as fast as they can;
+//     and close again as fast as they can on the agent's socket; the
+//     victim is probed there and on its own socket (standalone.socketDir),
+//     which the churning users cannot reach;
 //   - flap: processes of a container with lending on flap a sleeping
 //     lease between SLEEP and WAKE (one-way), with a borrower beside it;
 //   - release: processes of a container send one-way RELEASEs of leases
@@ -17,16 +19,19 @@ package main
 //
 //	slotbench -floods
 //	slotbench -floods -churn-users 0 -flappers 0 -releasers 0   # the pinning flood alone
+//	slotbench -floods -pin-containers 0 -flappers 0 -releasers 0 -churn-cpu 500   # churn alone, the churners under a CPU limit
 
 import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,6 +44,7 @@ type floodParams struct {
 	hellos, acquires        int
 	pinContainers, pinConns int
 	churnUsers, churnConns  int
+	churnCPU                int // millicores of the churning users' cgroup; 0: no limit
 	flappers, releasers     int
 }
 
@@ -53,6 +59,17 @@ func floodBench(p floodParams) error {
 	cfg.Pool.Prewarm = "250m=4"
 	cfg.Admission.LendRatio = 1
 	cfg.Standalone.ServeUnder = []string{tb.root}
+	// The victim b has a socket of its own too: its directory in
+	// socketDir, made before the agent starts.
+	cfg.Standalone.SocketDir = filepath.Join(tb.dir, "containers")
+	ownDir := filepath.Join(cfg.Standalone.SocketDir, url.PathEscape(strings.TrimPrefix(tb.root+"/b", "/")))
+	if err := os.Mkdir(cfg.Standalone.SocketDir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Mkdir(ownDir, 0o755); err != nil {
+		return err
+	}
+	ownSocket := filepath.Join(ownDir, "agent.sock")
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	a, err := agent.New(cfg, log)
 	if err != nil {
@@ -62,13 +79,15 @@ func floodBench(p floodParams) error {
 		return err
 	}
 	sp := scaleParams{hellos: p.hellos, acquires: p.acquires}
-	probeIn := func(name string) (*probeResult, error) {
+	var probeAt func(name, socket string) (*probeResult, error)
+	probeIn := func(name string) (*probeResult, error) { return probeAt(name, cfg.Socket) }
+	probeAt = func(name, socket string) (*probeResult, error) {
 		rel, err := tb.container(name)
 		if err != nil {
 			return nil, err
 		}
 		var r probeResult
-		if err := runScaleChild(h, rel, "probe", cfg.Socket, sp, &r); err != nil {
+		if err := runScaleChild(h, rel, "probe", socket, sp, &r); err != nil {
 			return nil, err
 		}
 		if r.Err != "" && r.Refused == 0 {
@@ -172,8 +191,31 @@ func floodBench(p floodParams) error {
 		return nil
 	}
 
-	// The other floods' victim: container b, served from its first probe.
+	// The other floods' victim: container b, served from its first probe
+	// and kept (a process of its own stays), with a socket of its own.
+	rel, err := tb.container("b")
+	if err != nil {
+		return err
+	}
+	var none map[string]any
+	keeper, err := startChildCmd(h, rel, "stall", scaleChildCmd("stall", cfg.Socket, sp), &none)
+	if err != nil {
+		return err
+	}
+	defer func() { keeper.Process.Kill(); keeper.Wait() }()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if st, err := os.Lstat(ownSocket); err == nil && st.Mode()&os.ModeSocket != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no socket of its own for b at %s", ownSocket)
+		}
+	}
 	quiet, err := probeIn("b")
+	if err != nil {
+		return err
+	}
+	quietOwn, err := probeAt("b", ownSocket)
 	if err != nil {
 		return err
 	}
@@ -189,14 +231,41 @@ func floodBench(p floodParams) error {
 		settle()
 		flooded, err := probeIn("b")
 		measured()
+		if err != nil {
+			stop()
+			return err
+		}
+		row(name+", victim on the shared socket", quiet, flooded)
+		if strings.HasPrefix(name, "churn") {
+			settle()
+			flooded, err := probeAt("b", ownSocket)
+			measured()
+			if err != nil {
+				stop()
+				return err
+			}
+			row(name+", victim on its own socket", quietOwn, flooded)
+		}
 		stop()
+		return nil
+	}
+	if p.churnUsers > 0 && p.churnCPU > 0 {
+		// A tenant's processes run under a CPU limit: without one, the
+		// churn takes every CPU from the victim's own process too, and
+		// that, not the agent's socket, is what the probe would measure.
+		rel, err := tb.container("churn")
 		if err != nil {
 			return err
 		}
-		row(name, quiet, flooded)
-		return nil
+		if err := setContainerLimit(h, rel, uint32(p.churnCPU), 100*time.Millisecond); err != nil {
+			return err
+		}
 	}
-	if err := phase(fmt.Sprintf("churn: %d users in one cgroup x %d connect loops", p.churnUsers, p.churnConns), p.churnUsers, func(i int) error {
+	churnName := fmt.Sprintf("churn: %d users in one cgroup x %d connect loops", p.churnUsers, p.churnConns)
+	if p.churnCPU > 0 {
+		churnName += fmt.Sprintf(" (%dm CPU)", p.churnCPU)
+	}
+	if err := phase(churnName, p.churnUsers, func(i int) error {
 		return start("churn", "churn", outsideUID+100+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", p.churnConns))
 	}); err != nil {
 		return err

@@ -143,6 +143,7 @@ func main() {
 	flag.IntVar(&fp.pinConns, "pin-conns", 256, "-floods: connections each pinning container opens before its HELLOs")
 	flag.IntVar(&fp.churnUsers, "churn-users", 20, "-floods: users in one cgroup connecting and closing")
 	flag.IntVar(&fp.churnConns, "churn-conns", 8, "-floods: connect loops of each churning user")
+	flag.IntVar(&fp.churnCPU, "churn-cpu", 0, "-floods: CPU limit of the churning users' cgroup in millicores (0: none)")
 	flag.IntVar(&fp.flappers, "flappers", 8, "-floods: processes flapping SLEEP/WAKE")
 	flag.IntVar(&fp.releasers, "releasers", 8, "-floods: processes sending one-way RELEASEs")
 	flag.Parse()

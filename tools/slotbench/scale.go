@@ -341,6 +341,10 @@ func scaleChild(role string) {
 		}
 		enc.Encode(map[string]int{"held": len(conns)})
 		stall()
+	case "stall":
+		// A process that keeps its container served.
+		enc.Encode(map[string]int{})
+		stall()
 	case "pin", "churn", "flap", "release":
 		floodChild(role, socket, atoi("SLOTBENCH_FLOOD"), func(v any) { enc.Encode(v) })
 	case "idle":
