@@ -16,13 +16,18 @@ import java.util.List;
 import java.util.Set;
 
 /**
- * Who may use the runtime's control endpoints ({@code /register}, {@code /deregister},
- * {@code /warmup}): never a connection this process made, since function code runs only in this
- * process, and whatever it connects to the port over loopback or the pod's own address comes
- * from one of its own sockets; and, with {@code CPUSLOT_CONTROL_TOKEN_FILE}, only a request
- * carrying that file's token ({@value #HEADER}), which no function can read (the guard refuses
- * the file to Java functions, JavaScript and Python have no file access), for a relay in the pod
- * (Knative's queue-proxy forwards any path a function sends it).
+ * Who may use the runtime's endpoints that act as the platform: the invocation endpoints
+ * ({@code /init}, {@code /run}, {@code POST /} with a body: OpenWhisk's, Knative's, Hydra's invoke)
+ * and the control endpoints ({@code /register}, {@code /deregister}, {@code /warmup}). Never a
+ * connection this process made, since function code runs only in this process, and whatever it
+ * connects to the port over loopback or the pod's own address comes from one of its own sockets
+ * (the platform's callers are other processes: OpenWhisk's invoker on another host, Knative's
+ * queue-proxy in another container of the pod, over loopback). And, with
+ * {@code CPUSLOT_CONTROL_TOKEN_FILE}, a control request only with that file's token ({@value #HEADER}),
+ * which no function can read (the guard refuses the file to Java functions, JavaScript and Python
+ * have no file access), for a relay in the pod (Knative's queue-proxy forwards any path a function
+ * sends it); the invocation endpoints take no token: the platforms send none, and what a relay
+ * forwards to them is a client's call of the service, as through its public address.
  */
 final class ControlGate {
     static final String HEADER = "X-Cpuslot-Control-Token";
@@ -47,15 +52,22 @@ final class ControlGate {
         ActionGuard.protect(p); // no Java function opens it
     }
 
-    /** Why the request is refused (403), or null. */
-    String refusal(InetSocketAddress peer, int localPort, String presented) {
-        if (token != null && (presented == null
+    /**
+     * Why a request is refused (403), or null: the one decision for every endpoint. Open to all:
+     * {@code /ready}, {@code GET /} and an empty {@code POST /} (Knative's probes), unknown paths.
+     */
+    String refusal(String path, String method, int bodyLength, InetSocketAddress peer, int localPort, String presented) {
+        boolean control = path.equals("/register") || path.equals("/deregister") || path.equals("/warmup");
+        boolean invocation = path.equals("/init") || path.equals("/run")
+                || path.equals("/") && !method.equals("GET") && bodyLength > 0;
+        if (!control && !invocation) return null;
+        if (control && token != null && (presented == null
                 || !MessageDigest.isEqual(token, presented.strip().getBytes(StandardCharsets.UTF_8)))) {
             return "the control endpoints need the runtime's control token (" + HEADER + ")";
         }
         if (!refuseSelf) return null;
         try {
-            if (fromThisProcess(peer, localPort)) return "the control endpoints do not answer connections of the runtime's own process";
+            if (fromThisProcess(peer, localPort)) return path + " does not answer connections of the runtime's own process";
         } catch (IOException | RuntimeException e) {
             return "whose connection this is cannot be told: " + e.getMessage();
         }
