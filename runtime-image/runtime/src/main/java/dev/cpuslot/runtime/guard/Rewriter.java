@@ -165,12 +165,12 @@ public final class Rewriter {
 
     // ---- rewritten calls --------------------------------------------------------------------
 
-    private record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
+    record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
 
     private static final String XML_SET = "(Ljava/lang/String;Ljava/lang/Object;)V";
 
     /** owner.name+type (JVM form) -> the ActionGuard method of the same name (a virtual call gets its receiver first). */
-    private static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
+    static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
             redirect("java/lang/System", "exit", "(I)V", false),
             redirect("java/lang/Runtime", "exit", "(I)V", true),
             redirect("java/lang/Runtime", "halt", "(I)V", true),
