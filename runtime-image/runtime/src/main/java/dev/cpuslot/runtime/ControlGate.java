@@ -11,9 +11,7 @@ import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.security.MessageDigest;
-import java.util.HashSet;
 import java.util.List;
-import java.util.Set;
 
 /**
  * Who may use the runtime's endpoints that act as the platform: the invocation endpoints
@@ -56,7 +54,7 @@ final class ControlGate {
      * Why a request is refused (403), or null: the one decision for every endpoint. Open to all:
      * {@code /ready}, {@code GET /} and an empty {@code POST /} (Knative's probes), unknown paths.
      */
-    String refusal(String path, String method, int bodyLength, InetSocketAddress peer, int localPort, String presented) {
+    String refusal(String path, String method, int bodyLength, InetSocketAddress peer, InetSocketAddress local, String presented) {
         boolean control = path.equals("/register") || path.equals("/deregister") || path.equals("/warmup");
         boolean invocation = path.equals("/init") || path.equals("/run")
                 || path.equals("/") && !method.equals("GET") && bodyLength > 0;
@@ -67,7 +65,7 @@ final class ControlGate {
         }
         if (!refuseSelf) return null;
         try {
-            if (fromThisProcess(peer, localPort)) return path + " does not answer connections of the runtime's own process";
+            if (fromThisProcess(peer, local)) return path + " does not answer connections of the runtime's own process";
         } catch (IOException | RuntimeException e) {
             return "whose connection this is cannot be told: " + e.getMessage();
         }
@@ -75,16 +73,42 @@ final class ControlGate {
     }
 
     /**
-     * Whether the peer's socket is one of this process's descriptors (or was closed already, when
-     * that cannot be told): its line in the network namespace's socket tables has the peer's port
-     * as its own and the runtime's as its remote one, and its inode is a descriptor here.
+     * Whether the peer's socket is one of this process's descriptors, or cannot be told apart from
+     * one: a peer with a local address whose socket the kernel no longer has, or has without a
+     * descriptor (closed, reset, or behind a NAT that loops back into the pod), is refused too.
      */
-    static boolean fromThisProcess(InetSocketAddress peer, int localPort) throws IOException {
+    static boolean fromThisProcess(InetSocketAddress peer, InetSocketAddress local) throws IOException {
         InetAddress a = peer.getAddress();
         if (a == null || !(a.isLoopbackAddress() || a.isAnyLocalAddress() || NetworkInterface.getByInetAddress(a) != null)) {
             return false; // another host's: not this process
         }
-        Set<Long> inodes = new HashSet<>();
+        long inode;
+        try {
+            inode = SockDiag.inode(peer, local);
+        } catch (IOException | RuntimeException | LinkageError noNetlink) {
+            inode = tableInode(peer, local.getPort());
+        }
+        if (inode <= 0) return true; // gone, or no descriptor: whose it was cannot be told
+        try (DirectoryStream<Path> fds = Files.newDirectoryStream(Path.of("/proc/self/fd"))) {
+            String want = "socket:[" + inode + "]";
+            for (Path fd : fds) {
+                try {
+                    if (Files.readSymbolicLink(fd).toString().equals(want)) return true;
+                } catch (IOException closed) {
+                }
+            }
+        }
+        return false;
+    }
+
+    /**
+     * The peer socket's inode from the network namespace's tables (where netlink is not
+     * available): its line has the peer's port as its own and the runtime's as its remote one;
+     * 0 without a descriptor, -1 when there is none. Reading the tables walks the kernel's whole
+     * socket hash (milliseconds on a busy node), hence {@link SockDiag} first.
+     */
+    private static long tableInode(InetSocketAddress peer, int localPort) throws IOException {
+        long found = -1;
         for (String table : List.of("/proc/self/net/tcp", "/proc/self/net/tcp6")) {
             List<String> lines;
             try {
@@ -95,23 +119,14 @@ final class ControlGate {
             for (String line : lines) {
                 String[] f = line.trim().split("\\s+");
                 if (f.length < 10 || f[0].equals("sl")) continue;
-                if (port(f[1]) == peer.getPort() && port(f[2]) == localPort) inodes.add(Long.parseLong(f[9]));
-            }
-        }
-        if (inodes.isEmpty()) return false; // another network namespace's
-        if (inodes.contains(0L)) return true; // closed by its owner before the answer: refused, whoever it was
-        try (DirectoryStream<Path> fds = Files.newDirectoryStream(Path.of("/proc/self/fd"))) {
-            for (Path fd : fds) {
-                String l;
-                try {
-                    l = Files.readSymbolicLink(fd).toString();
-                } catch (IOException closed) {
-                    continue;
+                if (port(f[1]) == peer.getPort() && port(f[2]) == localPort) {
+                    long i = Long.parseLong(f[9]);
+                    if (i == 0) return 0;
+                    found = i;
                 }
-                if (l.startsWith("socket:[") && inodes.contains(Long.parseLong(l.substring(8, l.length() - 1)))) return true;
             }
         }
-        return false;
+        return found;
     }
 
     /** The port of an address in /proc/net/tcp's form ({@code 0100007F:1F90}). */
