@@ -64,7 +64,8 @@ class JavaContainmentTest {
             "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
             "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
-            "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner"})
+            "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner",
+            "finalizer"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -223,6 +224,13 @@ class JavaContainmentTest {
                     return args;""";
             case "cleaner" -> """
                     java.lang.ref.Cleaner.create().register(new Object(), () -> { });
+                    return args;""";
+            // its finalize runs on the JVM's finalizer thread, outside any activation, once collected
+            case "finalizer" -> """
+                    class Spinner {
+                        @Override protected void finalize() { for (long i = 0; ; i++) { } }
+                    }
+                    new Spinner();
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
