@@ -89,6 +89,8 @@ final class ControlGate {
             inode = tableInode(peer, local.getPort());
         }
         if (inode <= 0) return true; // gone, or no descriptor: whose it was cannot be told
+        Long seen = FOREIGN.get(inode);
+        if (seen != null && System.nanoTime() - seen < FOREIGN_NANOS) return false; // a kept-alive platform connection
         try (DirectoryStream<Path> fds = Files.newDirectoryStream(Path.of("/proc/self/fd"))) {
             String want = "socket:[" + inode + "]";
             for (Path fd : fds) {
@@ -98,8 +100,19 @@ final class ControlGate {
                 }
             }
         }
+        if (FOREIGN.size() >= 1024) FOREIGN.clear();
+        FOREIGN.put(inode, System.nanoTime());
         return false;
     }
+
+    /**
+     * Sockets found to be another process's, by inode, for a minute: a socket's inode names it
+     * while it lives and is not reused for billions of sockets after, and this process receives
+     * no TCP socket from another (function code cannot receive descriptors), so one that is not
+     * ours stays not ours. The descriptor scan is paid once per platform connection, not per request.
+     */
+    private static final java.util.concurrent.ConcurrentHashMap<Long, Long> FOREIGN = new java.util.concurrent.ConcurrentHashMap<>();
+    private static final long FOREIGN_NANOS = 60_000_000_000L;
 
     /**
      * The peer socket's inode from the network namespace's tables (where netlink is not
