@@ -215,8 +215,20 @@ final class ActionContainer implements AutoCloseable {
         return proc.exitValue();
     }
 
-    /** The runtime's HTTP port (for a function that calls the runtime's own HTTP path). */
+    /** The runtime's HTTP port. */
     int port() { return port; }
+
+    private Relay relay;
+
+    /**
+     * The port of a relay to the runtime in another process (the test's), as Knative's
+     * queue-proxy: for a function that calls its runtime's HTTP path, which answers no connection
+     * of the runtime's own process.
+     */
+    synchronized int relayPort() throws IOException {
+        if (relay == null) relay = new Relay(port);
+        return relay.port();
+    }
 
     long pid() { return proc.pid(); }
 
@@ -231,6 +243,9 @@ final class ActionContainer implements AutoCloseable {
 
     @Override
     public void close() throws Exception {
+        synchronized (this) {
+            if (relay != null) relay.close();
+        }
         kill();
     }
 

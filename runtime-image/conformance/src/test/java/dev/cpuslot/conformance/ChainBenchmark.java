@@ -86,7 +86,7 @@ class ChainBenchmark {
                     JsonObject a = new JsonObject();
                     a.addProperty("mode", mode);
                     a.addProperty("n", calls);
-                    a.addProperty("port", c.port());
+                    a.addProperty("port", c.relayPort());
                     JsonObject o = new JsonObject();
                     o.addProperty("name", "bench");
                     o.addProperty("arguments", a.toString());
@@ -371,7 +371,7 @@ class ChainBenchmark {
         a.addProperty("reps", reps);
         a.addProperty("work", work);
         if (holdMs >= 0) a.addProperty("hold_ms", holdMs);
-        a.addProperty("http_url", "http://127.0.0.1:" + c.port() + "/");
+        a.addProperty("http_url", "http://127.0.0.1:" + c.relayPort() + "/");
         a.addProperty("api_url", api.url() + "/api/v1/namespaces/guest/actions/stage?blocking=true&result=true");
         a.addProperty("auth", "Basic " + Base64.getEncoder().encodeToString(key.getBytes(java.nio.charset.StandardCharsets.UTF_8)));
         JsonObject o = new JsonObject();

@@ -64,7 +64,8 @@ class JavaContainmentTest {
             "unsafeByName", "unsafeMethodReference", "loadByMethodReference", "loadByReflection", "runtimeLoadLibrary",
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
             "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
-            "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner"})
+            "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner",
+            "finalizer"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -223,6 +224,13 @@ class JavaContainmentTest {
                     return args;""";
             case "cleaner" -> """
                     java.lang.ref.Cleaner.create().register(new Object(), () -> { });
+                    return args;""";
+            // its finalize runs on the JVM's finalizer thread, outside any activation, once collected
+            case "finalizer" -> """
+                    class Spinner {
+                        @Override protected void finalize() { for (long i = 0; ; i++) { } }
+                    }
+                    new Spinner();
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
@@ -936,6 +944,84 @@ class JavaContainmentTest {
             assertEquals(404, invoke(c, "planted").code(), "a function the probe registered");
             assertEquals(200, c.post("/deregister?name=victim", "").code(), "the same request from outside the process");
         });
+    }
+
+    /**
+     * The invocation endpoints ({@code /init}, {@code /run}, {@code POST /}) do not answer a
+     * connection of the runtime's own process either: a function cannot run its action with
+     * arguments of its choosing, nor another function, as the platform. The platform's calls come
+     * from another process (here the test's, over loopback, as Knative's queue-proxy does) and are
+     * served. (Before: the function's /run ran the action again, its Knative POST / too, and its
+     * Hydra POST / ran another function.)
+     */
+    @Test
+    void aFunctionCannotUseTheInvocationEndpointsOverLoopback() throws Exception {
+        String caller = probe("""
+                if (args.has("inner")) {
+                    JsonObject r = new JsonObject();
+                    r.addProperty("ran", "the inner call");
+                    return r;
+                }
+                var u = java.net.URI.create("http://127.0.0.1:" + args.get("port").getAsString() + args.get("path").getAsString()).toURL();
+                var h = (java.net.HttpURLConnection) u.openConnection();
+                h.setRequestMethod("POST");
+                h.setRequestProperty("Content-Type", "application/json");
+                h.setDoOutput(true);
+                try (var os = h.getOutputStream()) {
+                    os.write(args.get("body").getAsString().getBytes(java.nio.charset.StandardCharsets.UTF_8));
+                }
+                int code = h.getResponseCode();
+                InputStream in = code < 400 ? h.getInputStream() : h.getErrorStream();
+                JsonObject r = new JsonObject();
+                r.addProperty("code", code);
+                r.addProperty("body", in == null ? "" : new String(in.readAllBytes(), java.nio.charset.StandardCharsets.UTF_8));
+                return r;""");
+        String refused = "the runtime's own process";
+        List<String> answered = new java.util.ArrayList<>(); // the calls that were not refused
+        // OpenWhisk (concurrent, so that an overlapping /run would be taken) and Knative's single entrypoint
+        with("java", env("__OW_ALLOW_CONCURRENT", "true"), c -> {
+            assertEquals(200, c.post("/init", init(caller).toString()).code());
+            JsonObject inner = new JsonObject();
+            inner.addProperty("inner", true);
+            Map<String, String> bodies = new java.util.LinkedHashMap<>();
+            bodies.put("/run", runPayload(inner).toString());
+            bodies.put("/", runPayload(inner).toString());
+            bodies.put("/init", init(caller).toString());
+            for (Map.Entry<String, String> e : bodies.entrySet()) {
+                JsonObject a = new JsonObject();
+                a.addProperty("port", c.port());
+                a.addProperty("path", e.getKey());
+                a.addProperty("body", e.getValue());
+                Reply r = c.post("/run", runPayload(a).toString());
+                assertEquals(200, r.code(), e.getKey() + ": " + r.raw());
+                if (r.body().get("code").getAsInt() != 403 || !r.body().get("body").getAsString().contains(refused))
+                    answered.add("POST " + e.getKey() + ": " + r.raw());
+            }
+            JsonObject inner2 = new JsonObject();
+            inner2.addProperty("inner", true);
+            assertEquals("the inner call", c.post("/run", runPayload(inner2).toString()).body().get("ran").getAsString(),
+                    "the platform's /run after the probes");
+        });
+        // Hydra: another function of the same owner
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
+        with("java", c -> {
+            assertEquals(200, register(c, "caller", jarFile(c, "caller", caller), null).code());
+            assertEquals(200, register(c, "victim", jarFile(c, "victim", hello), null).code());
+            JsonObject a = new JsonObject();
+            a.addProperty("port", c.port());
+            a.addProperty("path", "/");
+            JsonObject call = new JsonObject();
+            call.addProperty("name", "victim");
+            call.addProperty("arguments", "{}");
+            a.addProperty("body", call.toString());
+            Reply r = invoke(c, "caller", a.toString());
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            JsonObject got = r.body().getAsJsonObject("result");
+            if (got.get("code").getAsInt() != 403 || !got.get("body").getAsString().contains(refused))
+                answered.add("Hydra POST /: " + r.raw());
+            assertEquals(200, invoke(c, "victim").code(), "the platform's call of the other function");
+        });
+        assertEquals(List.of(), answered, "a function's calls over loopback that were not refused as the runtime's own");
     }
 
     /**

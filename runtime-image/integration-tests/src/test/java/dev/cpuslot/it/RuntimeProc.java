@@ -178,8 +178,23 @@ final class RuntimeProc implements AutoCloseable {
 
     static String enc(String s) { return URLEncoder.encode(s, StandardCharsets.UTF_8); }
 
+    private Relay relay;
+
+    /**
+     * The port of a relay to the runtime in another process (the test's), as Knative's
+     * queue-proxy: for a function that calls its runtime's HTTP path, which answers no connection
+     * of the runtime's own process.
+     */
+    synchronized int relayPort() throws IOException {
+        if (relay == null) relay = new Relay(port);
+        return relay.port();
+    }
+
     @Override
     public void close() throws InterruptedException {
+        synchronized (this) {
+            if (relay != null) relay.close();
+        }
         process.destroy();
         if (!process.waitFor(10, TimeUnit.SECONDS)) {
             process.destroyForcibly();

@@ -758,7 +758,7 @@ class RuntimeWithAgentIT {
             for (int r = -1; r < rounds; r++) { // round -1 warms up
                 for (String mode : r % 2 == 0 ? new String[]{"local", "http"} : new String[]{"http", "local"}) {
                     RuntimeProc.Reply rep = lr.invoke("bench", "{\"mode\":\"" + mode + "\",\"callee\":\"hello\",\"n\":" + calls
-                            + ",\"port\":" + lr.port + "}");
+                            + ",\"port\":" + lr.relayPort() + "}");
                     assertEquals(200, rep.status(), rep.body());
                     if (r < 0) continue;
                     for (var e : rep.json().getAsJsonObject("result").getAsJsonArray("ns")) (mode.equals("local") ? local : http).add(e.getAsLong());

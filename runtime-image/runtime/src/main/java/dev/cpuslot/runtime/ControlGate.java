@@ -11,18 +11,21 @@ import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.security.MessageDigest;
-import java.util.HashSet;
 import java.util.List;
-import java.util.Set;
 
 /**
- * Who may use the runtime's control endpoints ({@code /register}, {@code /deregister},
- * {@code /warmup}): never a connection this process made, since function code runs only in this
- * process, and whatever it connects to the port over loopback or the pod's own address comes
- * from one of its own sockets; and, with {@code CPUSLOT_CONTROL_TOKEN_FILE}, only a request
- * carrying that file's token ({@value #HEADER}), which no function can read (the guard refuses
- * the file to Java functions, JavaScript and Python have no file access), for a relay in the pod
- * (Knative's queue-proxy forwards any path a function sends it).
+ * Who may use the runtime's endpoints that act as the platform: the invocation endpoints
+ * ({@code /init}, {@code /run}, {@code POST /} with a body: OpenWhisk's, Knative's, Hydra's invoke)
+ * and the control endpoints ({@code /register}, {@code /deregister}, {@code /warmup}). Never a
+ * connection this process made, since function code runs only in this process, and whatever it
+ * connects to the port over loopback or the pod's own address comes from one of its own sockets
+ * (the platform's callers are other processes: OpenWhisk's invoker on another host, Knative's
+ * queue-proxy in another container of the pod, over loopback). And, with
+ * {@code CPUSLOT_CONTROL_TOKEN_FILE}, a control request only with that file's token ({@value #HEADER}),
+ * which no function can read (the guard refuses the file to Java functions, JavaScript and Python
+ * have no file access), for a relay in the pod (Knative's queue-proxy forwards any path a function
+ * sends it); the invocation endpoints take no token: the platforms send none, and what a relay
+ * forwards to them is a client's call of the service, as through its public address.
  */
 final class ControlGate {
     static final String HEADER = "X-Cpuslot-Control-Token";
@@ -47,15 +50,22 @@ final class ControlGate {
         ActionGuard.protect(p); // no Java function opens it
     }
 
-    /** Why the request is refused (403), or null. */
-    String refusal(InetSocketAddress peer, int localPort, String presented) {
-        if (token != null && (presented == null
+    /**
+     * Why a request is refused (403), or null: the one decision for every endpoint. Open to all:
+     * {@code /ready}, {@code GET /} and an empty {@code POST /} (Knative's probes), unknown paths.
+     */
+    String refusal(String path, String method, int bodyLength, InetSocketAddress peer, InetSocketAddress local, String presented) {
+        boolean control = path.equals("/register") || path.equals("/deregister") || path.equals("/warmup");
+        boolean invocation = path.equals("/init") || path.equals("/run")
+                || path.equals("/") && !method.equals("GET") && bodyLength > 0;
+        if (!control && !invocation) return null;
+        if (control && token != null && (presented == null
                 || !MessageDigest.isEqual(token, presented.strip().getBytes(StandardCharsets.UTF_8)))) {
             return "the control endpoints need the runtime's control token (" + HEADER + ")";
         }
         if (!refuseSelf) return null;
         try {
-            if (fromThisProcess(peer, localPort)) return "the control endpoints do not answer connections of the runtime's own process";
+            if (fromThisProcess(peer, local)) return path + " does not answer connections of the runtime's own process";
         } catch (IOException | RuntimeException e) {
             return "whose connection this is cannot be told: " + e.getMessage();
         }
@@ -63,16 +73,55 @@ final class ControlGate {
     }
 
     /**
-     * Whether the peer's socket is one of this process's descriptors (or was closed already, when
-     * that cannot be told): its line in the network namespace's socket tables has the peer's port
-     * as its own and the runtime's as its remote one, and its inode is a descriptor here.
+     * Whether the peer's socket is one of this process's descriptors, or cannot be told apart from
+     * one: a peer with a local address whose socket the kernel no longer has, or has without a
+     * descriptor (closed, reset, or behind a NAT that loops back into the pod), is refused too.
      */
-    static boolean fromThisProcess(InetSocketAddress peer, int localPort) throws IOException {
+    static boolean fromThisProcess(InetSocketAddress peer, InetSocketAddress local) throws IOException {
         InetAddress a = peer.getAddress();
         if (a == null || !(a.isLoopbackAddress() || a.isAnyLocalAddress() || NetworkInterface.getByInetAddress(a) != null)) {
             return false; // another host's: not this process
         }
-        Set<Long> inodes = new HashSet<>();
+        long inode;
+        try {
+            inode = SockDiag.inode(peer, local);
+        } catch (IOException | RuntimeException | LinkageError noNetlink) {
+            inode = tableInode(peer, local.getPort());
+        }
+        if (inode <= 0) return true; // gone, or no descriptor: whose it was cannot be told
+        Long seen = FOREIGN.get(inode);
+        if (seen != null && System.nanoTime() - seen < FOREIGN_NANOS) return false; // a kept-alive platform connection
+        try (DirectoryStream<Path> fds = Files.newDirectoryStream(Path.of("/proc/self/fd"))) {
+            String want = "socket:[" + inode + "]";
+            for (Path fd : fds) {
+                try {
+                    if (Files.readSymbolicLink(fd).toString().equals(want)) return true;
+                } catch (IOException closed) {
+                }
+            }
+        }
+        if (FOREIGN.size() >= 1024) FOREIGN.clear();
+        FOREIGN.put(inode, System.nanoTime());
+        return false;
+    }
+
+    /**
+     * Sockets found to be another process's, by inode, for a minute: a socket's inode names it
+     * while it lives and is not reused for billions of sockets after, and this process receives
+     * no TCP socket from another (function code cannot receive descriptors), so one that is not
+     * ours stays not ours. The descriptor scan is paid once per platform connection, not per request.
+     */
+    private static final java.util.concurrent.ConcurrentHashMap<Long, Long> FOREIGN = new java.util.concurrent.ConcurrentHashMap<>();
+    private static final long FOREIGN_NANOS = 60_000_000_000L;
+
+    /**
+     * The peer socket's inode from the network namespace's tables (where netlink is not
+     * available): its line has the peer's port as its own and the runtime's as its remote one;
+     * 0 without a descriptor, -1 when there is none. Reading the tables walks the kernel's whole
+     * socket hash (milliseconds on a busy node), hence {@link SockDiag} first.
+     */
+    private static long tableInode(InetSocketAddress peer, int localPort) throws IOException {
+        long found = -1;
         for (String table : List.of("/proc/self/net/tcp", "/proc/self/net/tcp6")) {
             List<String> lines;
             try {
@@ -83,23 +132,14 @@ final class ControlGate {
             for (String line : lines) {
                 String[] f = line.trim().split("\\s+");
                 if (f.length < 10 || f[0].equals("sl")) continue;
-                if (port(f[1]) == peer.getPort() && port(f[2]) == localPort) inodes.add(Long.parseLong(f[9]));
-            }
-        }
-        if (inodes.isEmpty()) return false; // another network namespace's
-        if (inodes.contains(0L)) return true; // closed by its owner before the answer: refused, whoever it was
-        try (DirectoryStream<Path> fds = Files.newDirectoryStream(Path.of("/proc/self/fd"))) {
-            for (Path fd : fds) {
-                String l;
-                try {
-                    l = Files.readSymbolicLink(fd).toString();
-                } catch (IOException closed) {
-                    continue;
+                if (port(f[1]) == peer.getPort() && port(f[2]) == localPort) {
+                    long i = Long.parseLong(f[9]);
+                    if (i == 0) return 0;
+                    found = i;
                 }
-                if (l.startsWith("socket:[") && inodes.contains(Long.parseLong(l.substring(8, l.length() - 1)))) return true;
             }
         }
-        return false;
+        return found;
     }
 
     /** The port of an address in /proc/net/tcp's form ({@code 0100007F:1F90}). */

@@ -28,11 +28,12 @@ import java.util.concurrent.atomic.AtomicInteger;
  * <li>OpenWhisk ({@link OpenWhiskAdapter}): {@code POST /init}, {@code POST /run}</li>
  * <li>Knative single entrypoint ({@link KnativeAdapter}) and Hydra invoke: {@code POST /} (Hydra
  *     when the body has {@code name} and {@code arguments})</li>
- * <li>Hydra ({@link HydraAdapter}): {@code /register}, {@code /deregister}, {@code /warmup}, behind
- *     {@link ControlGate} (no connection of this process: function code cannot use them)</li>
+ * <li>Hydra ({@link HydraAdapter}): {@code /register}, {@code /deregister}, {@code /warmup}</li>
  * <li>Readiness ({@link Readiness}, Knative's readinessProbe): {@code GET /ready}</li>
  * <li>Metrics on their own port: {@code GET /metrics}</li>
  * </ul>
+ * All but readiness, Knative's probes and metrics are behind {@link ControlGate}: no connection of
+ * this process, so function code cannot act as the platform.
  * {@link #drain} (on SIGTERM) turns every new request away with 503, {@code /ready} too, and waits
  * for those already taken to be answered.
  */
@@ -131,19 +132,17 @@ public final class HttpFront implements AutoCloseable {
             } else {
                 String quotaHeader = ex.getRequestHeaders().getFirst(Config.QUOTA_HEADER);
                 boolean usage = "reply".equalsIgnoreCase(ex.getRequestHeaders().getFirst(Config.USAGE_HEADER));
-                switch (path) {
+                String no = control.refusal(path, method, raw.length, ex.getRemoteAddress(), ex.getLocalAddress(),
+                        ex.getRequestHeaders().getFirst(ControlGate.HEADER));
+                if (no != null) {
+                    rt.metrics().inc("cpuslot_bad_requests_total", Metrics.labels("reason", "control_refused"));
+                    r = Reply.error(403, no);
+                } else switch (path) {
                     case "/init" -> r = withJson(raw, o -> openWhisk.init(o));
                     case "/run" -> r = withJson(raw, o -> openWhisk.run(o, quotaHeader, usage));
-                    case "/register", "/deregister", "/warmup" -> {
-                        String no = control.refusal(ex.getRemoteAddress(), ex.getLocalAddress().getPort(),
-                                ex.getRequestHeaders().getFirst(ControlGate.HEADER));
-                        if (no != null) {
-                            rt.metrics().inc("cpuslot_bad_requests_total", Metrics.labels("reason", "control_refused"));
-                            r = Reply.error(403, no);
-                        } else if (path.equals("/register")) r = hydra.register(query(ex), raw);
-                        else if (path.equals("/deregister")) r = hydra.deregister(query(ex));
-                        else r = Reply.ok();
-                    }
+                    case "/register" -> r = hydra.register(query(ex), raw);
+                    case "/deregister" -> r = hydra.deregister(query(ex));
+                    case "/warmup" -> r = Reply.ok();
                     case "/ready" -> r = rt.ready();
                     case "/" -> {
                         if (method.equals("GET") || raw.length == 0) {

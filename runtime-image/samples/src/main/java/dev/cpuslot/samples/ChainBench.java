@@ -13,8 +13,10 @@ import java.nio.charset.StandardCharsets;
 
 /**
  * Hop latency (docs/chaining.md): calls the function {@code callee} {@code n} times, through the
- * local bus ({@code "mode":"local"}) or through the runtime's own Hydra HTTP path on
- * {@code port} ({@code "mode":"http"}), and returns each call's time in nanoseconds ({@code ns}).
+ * local bus ({@code "mode":"local"}) or through the runtime's Hydra HTTP path by a relay on
+ * {@code port} ({@code "mode":"http"}: the runtime answers no connection of its own process, so
+ * the call goes through another process, as Knative's queue-proxy), and returns each call's time
+ * in nanoseconds ({@code ns}).
  */
 public class ChainBench {
     public static JsonObject main(JsonObject a) throws Exception {

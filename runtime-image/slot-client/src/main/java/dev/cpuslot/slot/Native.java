@@ -236,10 +236,15 @@ public final class Native {
 
     /** A non-blocking, close-on-exec AF_UNIX stream socket. */
     public static int socket() throws NativeException {
+        return socket(AF_UNIX, SOCK_STREAM, 0);
+    }
+
+    /** A non-blocking, close-on-exec socket of any kind (the runtime's sock_diag lookups: AF_NETLINK). */
+    public static int socket(int domain, int type, int protocol) throws NativeException {
         check();
         try (Arena a = Arena.ofConfined()) {
             MemorySegment cs = a.allocate(CAPTURE);
-            int fd = (int) SOCKET.invokeExact(cs, AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            int fd = (int) SOCKET.invokeExact(cs, domain, type | SOCK_NONBLOCK | SOCK_CLOEXEC, protocol);
             if (fd < 0) throw fail("socket", errno(cs));
             return fd;
         } catch (NativeException e) {

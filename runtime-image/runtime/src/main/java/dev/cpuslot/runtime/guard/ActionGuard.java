@@ -50,11 +50,12 @@ public final class ActionGuard {
         throw new SecurityException("System.exit(" + status + ") called by the action: not allowed in a shared runtime");
     }
 
-    public static void exit(Runtime rt, int status) {
+    // Runtime.exit/halt: the rewritten call passes its receiver as an Object (as Runtime.gc())
+    public static void exit(Object runtime, int status) {
         throw new SecurityException("Runtime.exit(" + status + ") called by the action: not allowed in a shared runtime");
     }
 
-    public static void halt(Runtime rt, int status) {
+    public static void halt(Object runtime, int status) {
         throw new SecurityException("Runtime.halt(" + status + ") called by the action: not allowed in a shared runtime");
     }
 

@@ -7,6 +7,7 @@ import java.lang.classfile.ClassTransform;
 import java.lang.classfile.CodeBuilder;
 import java.lang.classfile.CodeElement;
 import java.lang.classfile.CodeTransform;
+import java.lang.classfile.MethodModel;
 import java.lang.classfile.Label;
 import java.lang.classfile.instruction.BranchInstruction;
 import java.lang.classfile.instruction.LabelTarget;
@@ -165,12 +166,12 @@ public final class Rewriter {
 
     // ---- rewritten calls --------------------------------------------------------------------
 
-    private record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
+    record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
 
     private static final String XML_SET = "(Ljava/lang/String;Ljava/lang/Object;)V";
 
     /** owner.name+type (JVM form) -> the ActionGuard method of the same name (a virtual call gets its receiver first). */
-    private static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
+    static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
             redirect("java/lang/System", "exit", "(I)V", false),
             redirect("java/lang/Runtime", "exit", "(I)V", true),
             redirect("java/lang/Runtime", "halt", "(I)V", true),
@@ -256,6 +257,14 @@ public final class Rewriter {
         if (lineage(self, jar).contains("java/io/File")) {
             return self + " extends java.io.File (a file path checked at each use): " + NOT_ALLOWED
                     + " (a runtime for trusted code only may set CPUSLOT_JAVA_TRUSTED=true)";
+        }
+        // the JVM's finalizer thread runs it, outside any activation: not stopped, not counted
+        for (MethodModel m : cm.methods()) {
+            if (m.methodName().equalsString("finalize") && m.methodType().equalsString("()V")
+                    && !m.flags().has(java.lang.reflect.AccessFlag.STATIC)) {
+                return self + " overrides finalize() (run by the JVM's finalizer thread, outside any activation): " + NOT_ALLOWED
+                        + " (a runtime for trusted code only may set CPUSLOT_JAVA_TRUSTED=true)";
+            }
         }
         for (PoolEntry e : cm.constantPool()) {
             String why = null, what = null;
