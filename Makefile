@@ -147,8 +147,8 @@ e2e-v2node: images
 #                    PROMETHEUS=<url> (SCRAPE_INTERVAL=<its scrape interval>, default 15s);
 #                    SHOTS_OUT=<dir> writes elsewhere. Fails on a panel
 #                    with an error, or without data where a serving node has some
-#   make settings-doc  regenerate the pool and admission table of docs/settings.md from its
-#                    one definition (internal/settings: settings.Keys)
+#   make settings-doc  regenerate the pool and admission table of docs/settings.md and the
+#                    chart's config template from their one definition (settings.Keys)
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
 #                    schema, queries, generated files up to date; the recipes
 #                    in deploy/ (OPENWHISK_CHART=<openwhisk-deploy-kube>/helm/openwhisk
@@ -179,7 +179,7 @@ else
 endif
 
 settings-doc:
-	$(GO) run ./internal/settings/gen $(CURDIR)/docs/settings.md
+	$(GO) run ./internal/settings/gen $(CURDIR)
 
 chart-test:
 	$(GO) test ./charts/cpuslot ./deploy -count=1 -v

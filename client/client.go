@@ -17,7 +17,7 @@
 // reconnects and re-declares the leases it holds.
 //
 // When the agent grants it (HELLO_OK with LOCAL), the client leases locally
-// (local.go; Options.NoLocal turns it off): the process holds slots and its
+// (local*.go; Options.NoLocal turns it off): the process holds slots and its
 // threads claim them in a slot table in shared memory, so an invocation
 // sends nothing to the agent unless no held slot of its quota is free, and
 // keeps running in held slots while the agent restarts.

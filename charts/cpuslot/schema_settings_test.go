@@ -118,3 +118,20 @@ func val(p *float64) any {
 	}
 	return *p
 }
+
+// TestHelpersGenerated: the pool and admission sections of the agent's
+// configuration in templates/_helpers.tpl are what `make settings-doc`
+// writes from the settings' keys.
+func TestHelpersGenerated(t *testing.T) {
+	b, err := os.ReadFile("templates/_helpers.tpl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := settings.RewriteChartConfig(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != want {
+		t.Errorf("templates/_helpers.tpl is stale: run make settings-doc")
+	}
+}

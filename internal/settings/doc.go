@@ -7,28 +7,73 @@ import (
 	"time"
 )
 
-// The lines between which docs/settings.md holds the generated table.
+// The lines between which docs/settings.md holds the generated table, and
+// the chart's templates/_helpers.tpl the pool and admission sections of the
+// agent's configuration (a comment that trims the newline before it, so the
+// rendered file is the same with or without the markers).
 const (
-	docBegin = "<!-- BEGIN generated from internal/settings by `make settings-doc`; do not edit -->\n"
-	docEnd   = "<!-- END generated -->\n"
+	docBegin   = "<!-- BEGIN generated from internal/settings by `make settings-doc`; do not edit -->\n"
+	docEnd     = "<!-- END generated -->\n"
+	chartBegin = "{{- /* BEGIN generated from internal/settings by `make settings-doc`; do not edit */}}\n"
+	chartEnd   = "{{- /* END generated */}}\n"
 )
 
-// ErrNoDocMarkers: a page given to RewriteDoc has no place for the table.
+// ErrNoDocMarkers: a page given to RewriteDoc or RewriteChartConfig has no
+// place for the generated text.
 var ErrNoDocMarkers = errors.New("settings: no generated-table markers")
 
 // RewriteDoc returns page (docs/settings.md) with the text between its
 // markers replaced by DocTable: the page's prose is written by hand, the
 // table from Keys.
 func RewriteDoc(page string) (string, error) {
-	head, rest, ok := strings.Cut(page, docBegin)
+	return rewrite(page, docBegin, docEnd, DocTable())
+}
+
+// RewriteChartConfig returns tpl (the chart's templates/_helpers.tpl) with
+// the text between its markers replaced by ChartConfig.
+func RewriteChartConfig(tpl string) (string, error) {
+	return rewrite(tpl, chartBegin, chartEnd, ChartConfig())
+}
+
+// rewrite replaces the text between the lines begin and end of page.
+func rewrite(page, begin, end, body string) (string, error) {
+	head, rest, ok := strings.Cut(page, begin)
 	if !ok {
-		return "", fmt.Errorf("%w: want a line %q", ErrNoDocMarkers, strings.TrimSpace(docBegin))
+		return "", fmt.Errorf("%w: want a line %q", ErrNoDocMarkers, strings.TrimSpace(begin))
 	}
-	_, tail, ok := strings.Cut(rest, docEnd)
+	_, tail, ok := strings.Cut(rest, end)
 	if !ok {
-		return "", fmt.Errorf("%w: want a line %q", ErrNoDocMarkers, strings.TrimSpace(docEnd))
+		return "", fmt.Errorf("%w: want a line %q", ErrNoDocMarkers, strings.TrimSpace(end))
 	}
-	return head + docBegin + DocTable() + docEnd + tail, nil
+	return head + begin + body + end + tail, nil
+}
+
+// ChartConfig is the pool and admission sections of the agent's
+// configuration file as the chart's template writes them: each key from
+// the chart value of its name, in the form its kind needs in YAML (a
+// duration or prewarm list quoted, an int an int, a CPU quantity a
+// string).
+func ChartConfig() string {
+	var b strings.Builder
+	section := ""
+	for _, k := range Keys {
+		sec, field, _ := strings.Cut(k.Name, ".")
+		if sec != section {
+			b.WriteString(sec + ":\n")
+			section = sec
+		}
+		v := ".Values." + k.Name
+		switch k.Kind {
+		case KindPrewarm, KindDuration:
+			v += " | quote"
+		case KindInt:
+			v = "int " + v
+		case KindQuantity:
+			v = `include "cpuslot.quantity" ` + v
+		}
+		fmt.Fprintf(&b, "  %s: {{ %s }}\n", field, v)
+	}
+	return b.String()
 }
 
 // DocTable is the Markdown table of every key: its name (in the file and

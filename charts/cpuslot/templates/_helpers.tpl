@@ -70,6 +70,7 @@ debugPoolsRemote: {{ .Values.metrics.debugPoolsRemote }}
 logLevel: {{ .Values.logLevel }}
 reapInterval: {{ .Values.reapInterval | quote }}
 maxContainers: {{ int .Values.maxContainers }}
+{{- /* BEGIN generated from internal/settings by `make settings-doc`; do not edit */}}
 pool:
   prewarm: {{ .Values.pool.prewarm | quote }}
   mode: {{ .Values.pool.mode }}
@@ -87,6 +88,7 @@ admission:
   lendRatio: {{ .Values.admission.lendRatio }}
   policy: {{ .Values.admission.policy }}
   minDegraded: {{ include "cpuslot.quantity" .Values.admission.minDegraded }}
+{{- /* END generated */}}
 limits:
   maxConnections: {{ int .Values.limits.maxConnections }}
   maxConnectionsPerContainer: {{ int .Values.limits.maxConnectionsPerContainer }}
