@@ -232,7 +232,9 @@ public final class GuestBench {
         double warmSeconds = 20;
         boolean interpreted = false;
         List<String> languages = List.of("javascript", "python");
-        List<String> workloads = WORKLOADS.stream().map(Workload::name).toList();
+        List<String> workloads = new ArrayList<>(WORKLOADS.stream().map(Workload::name).toList());
+        workloads.add(Density.NAME);
+        int functions = 20;
         Map<String, List<String>> variants = new LinkedHashMap<>();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -243,6 +245,7 @@ public final class GuestBench {
                 case "--warm-seconds" -> warmSeconds = Double.parseDouble(args[++i]);
                 case "--languages" -> languages = List.of(args[++i].split(","));
                 case "--workloads" -> workloads = List.of(args[++i].split(","));
+                case "--functions" -> functions = Integer.parseInt(args[++i]);
                 case "--before-jar" -> before = Path.of(args[++i]);
                 case "--before-image-dir" -> beforeImageDir = Path.of(args[++i]);
                 case "--interpreted" -> interpreted = true;
@@ -255,14 +258,14 @@ public final class GuestBench {
                 default -> {
                     System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--warm-seconds S] [--last N] [--runs M]"
                             + " [--languages javascript,python] [--workloads " + String.join(",", workloads) + "] [--before-jar OLD.jar [--before-image-dir DIR]]"
-                            + " [--interpreted] [--variant NAME=-Dopt=v,...]");
+                            + " [--interpreted] [--variant NAME=-Dopt=v,...] [--functions N]");
                     System.exit(2);
                 }
             }
         }
         if (jar == null || last < 1 || runs < last) throw new IllegalArgumentException("need --runtime-jar, and 1 <= --last <= --runs");
         for (String w : workloads)
-            if (WORKLOADS.stream().noneMatch(x -> x.name.equals(w))) throw new IllegalArgumentException("no workload " + w);
+            if (!w.equals(Density.NAME) && WORKLOADS.stream().noneMatch(x -> x.name.equals(w))) throw new IllegalArgumentException("no workload " + w);
         List<Target> targets = new ArrayList<>();
         targets.add(new Target("after", jar, jitOptions(imageDir, jar), jar.toString()));
         if (before != null) targets.add(new Target("before", before, jitOptions(beforeImageDir == null ? imageDir : beforeImageDir, before), before.toString()));
@@ -291,7 +294,7 @@ public final class GuestBench {
         for (String lang : languages) {
             boolean js = lang.equals("javascript");
             for (Workload w : WORKLOADS) {
-                if (!workloads.contains(w.name)) continue;
+                if (!workloads.contains(w.name) || lang.equals("java")) continue;
                 String code = js ? w.js : w.py, load0 = loadAverage();
                 List<Runtime> rts = new ArrayList<>();
                 try (Baseline base = new Baseline(lang, code, work)) {
@@ -356,6 +359,7 @@ public final class GuestBench {
             System.out.println("|---|---|---:|---:|---:|---:|");
             startRows.forEach(System.out::println);
         }
+        if (workloads.contains(Density.NAME) && functions > 0) Density.run(targets, languages, functions, work);
     }
 
     static String fmt(double ms) {
