@@ -49,7 +49,7 @@ final class Density {
             }
             """;
 
-    static void run(List<GuestBench.Target> targets, List<String> languages, int n, Path work) throws Exception {
+    static void run(List<GuestBench.Target> targets, List<String> languages, int n, long pauseMs, Path work) throws Exception {
         byte[] jar = helloJar(work);
         Path jarFile = work.resolve("hello.jar");
         Files.write(jarFile, jar);
@@ -68,6 +68,7 @@ final class Density {
                     double[] m0 = memory(rt);
                     double[] reg = new double[n], call = new double[n];
                     for (int i = 1; i <= n; i++) {
+                        Thread.sleep(pauseMs); // functions arrive one at a time, not all at once
                         long s = System.nanoTime();
                         register(rt, lang, "f" + i, jar);
                         long r = System.nanoTime();
@@ -105,7 +106,7 @@ final class Density {
         rows.forEach(System.out::println);
         System.out.println();
         System.out.println("# a new function's first call (ms): /register (code checked, its context made) and the first call after it, p50 and p90 over the "
-                + n + " added functions; warm: the last one's median of 10 calls after; the baseline: process start to the first call's answer, and its warm call");
+                + n + " added functions, " + pauseMs + " ms apart; warm: the last one's median of 10 calls after; the baseline: process start to the first call's answer, and its warm call");
         System.out.println("| language | runtime | /register p50 | /register p90 | first call p50 | first call p90 | warm call p50 | baseline cold start | baseline warm call |");
         System.out.println("|---|---|---:|---:|---:|---:|---:|---:|---:|");
         firstRows.forEach(System.out::println);
