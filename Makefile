@@ -190,7 +190,8 @@ chart-test:
 #                       quota shares and per-invocation overhead as tables (root)
 #   make build-runtime  the runtime's jars (runtime-image/build.sh, tests skipped)
 #   make bench-runtime  hello-world through the runtime, with slots vs without cgroups
-#   make bench-guest    JavaScript and Python through the runtime against node and python3 (function-shaped workloads)
+#   make bench-guest    JavaScript and Python through the runtime against node and python3 (function-shaped workloads,
+#                       memory per function)
 #   make runtime-image  bin/cpuslot-runtime.tar, the JVM image as an OCI layout tarball, and
 #                       bin/cpuslot-runtime-java.tar, the java kind's (no JavaScript or Python)
 .PHONY: demo build-runtime bench-runtime bench-guest runtime-image

@@ -3,7 +3,10 @@
 # workloads (fib, a JSON round trip, a regex extraction, group and sort, string building and number
 # formatting, dict/object aggregation, hello), warm and first call, with the runtime started as its
 # image starts it; rounds alternate between every runtime under test and the baseline, so that they
-# share the machine's load. Needs node and python3 on PATH. Arguments go to GuestBench, e.g.
+# share the machine's load; then memory per registered function (Java, JavaScript, Python) and a new
+# function's first call, against one node, python3 or JVM process per function. Needs node and python3
+# on PATH. Arguments go to GuestBench, e.g.
+#   make bench-guest BENCH_GUEST_ARGS="--workloads memory --functions 40"
 #   make bench-guest BENCH_GUEST_ARGS="--warm-seconds 10 --workloads json,sort --languages python"
 #   make bench-guest BENCH_GUEST_ARGS="--before-jar OLD/runtime-0.1.0-SNAPSHOT.jar --interpreted"
 set -euo pipefail

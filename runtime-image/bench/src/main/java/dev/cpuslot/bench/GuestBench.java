@@ -32,8 +32,14 @@ import java.util.regex.Pattern;
  * <pre>
  * java -cp bench.jar dev.cpuslot.bench.GuestBench --runtime-jar runtime/target/runtime-0.1.0-SNAPSHOT.jar \
  *      --image-dir image [--warm-seconds 20] [--last 10] [--runs 20] [--languages javascript,python]
- *      [--workloads fib,json,...] [--before-jar OLD.jar [--before-image-dir DIR]] [--interpreted] [--variant NAME=-Dopt=v,-Dopt2=v]
+ *      [--workloads fib,json,...,memory] [--before-jar OLD.jar [--before-image-dir DIR]] [--interpreted] [--variant NAME=-Dopt=v,-Dopt2=v]
+ *      [--functions 20] [--pause-ms 1000]
  * </pre>
+ *
+ * The {@code memory} workload ({@link Density}) registers {@code --functions} hello-world functions
+ * in one runtime per language (Java too, when {@code --languages} names it or not) and reports
+ * memory per added function and a new function's first call ({@code --pause-ms} between
+ * registrations), beside one process per function.
  *
  * Per language and workload, every runtime under test ("after": the jar given, started as its image
  * starts it, image/jvm-options plus image/jvm-options-jit; "before": {@code --before-jar}, another
@@ -232,7 +238,10 @@ public final class GuestBench {
         double warmSeconds = 20;
         boolean interpreted = false;
         List<String> languages = List.of("javascript", "python");
-        List<String> workloads = WORKLOADS.stream().map(Workload::name).toList();
+        List<String> workloads = new ArrayList<>(WORKLOADS.stream().map(Workload::name).toList());
+        workloads.add(Density.NAME);
+        int functions = 20;
+        long pauseMs = 1000;
         Map<String, List<String>> variants = new LinkedHashMap<>();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -243,6 +252,8 @@ public final class GuestBench {
                 case "--warm-seconds" -> warmSeconds = Double.parseDouble(args[++i]);
                 case "--languages" -> languages = List.of(args[++i].split(","));
                 case "--workloads" -> workloads = List.of(args[++i].split(","));
+                case "--functions" -> functions = Integer.parseInt(args[++i]);
+                case "--pause-ms" -> pauseMs = Long.parseLong(args[++i]);
                 case "--before-jar" -> before = Path.of(args[++i]);
                 case "--before-image-dir" -> beforeImageDir = Path.of(args[++i]);
                 case "--interpreted" -> interpreted = true;
@@ -255,14 +266,14 @@ public final class GuestBench {
                 default -> {
                     System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--warm-seconds S] [--last N] [--runs M]"
                             + " [--languages javascript,python] [--workloads " + String.join(",", workloads) + "] [--before-jar OLD.jar [--before-image-dir DIR]]"
-                            + " [--interpreted] [--variant NAME=-Dopt=v,...]");
+                            + " [--interpreted] [--variant NAME=-Dopt=v,...] [--functions N] [--pause-ms MS]");
                     System.exit(2);
                 }
             }
         }
         if (jar == null || last < 1 || runs < last) throw new IllegalArgumentException("need --runtime-jar, and 1 <= --last <= --runs");
         for (String w : workloads)
-            if (WORKLOADS.stream().noneMatch(x -> x.name.equals(w))) throw new IllegalArgumentException("no workload " + w);
+            if (!w.equals(Density.NAME) && WORKLOADS.stream().noneMatch(x -> x.name.equals(w))) throw new IllegalArgumentException("no workload " + w);
         List<Target> targets = new ArrayList<>();
         targets.add(new Target("after", jar, jitOptions(imageDir, jar), jar.toString()));
         if (before != null) targets.add(new Target("before", before, jitOptions(beforeImageDir == null ? imageDir : beforeImageDir, before), before.toString()));
@@ -273,6 +284,12 @@ public final class GuestBench {
             targets.add(new Target(v.getKey(), jar, o, "after with " + String.join(" ", v.getValue())));
         }
         Path work = Files.createTempDirectory("guest-bench");
+        boolean density = workloads.contains(Density.NAME) && functions > 0;
+        List<String> chosen = workloads;
+        if (WORKLOADS.stream().noneMatch(w -> chosen.contains(w.name))) { // memory only
+            if (density) Density.run(targets, languages, functions, pauseMs, work);
+            return;
+        }
 
         System.out.printf(Locale.ROOT, "# warm: median of the last %d calls (ms) after at least %d rounds and %.0f s of them; every runtime"
                 + " through /run, started as its image starts it; %s; load average (1 min) at a row's start and end; %d cores%n",
@@ -291,7 +308,7 @@ public final class GuestBench {
         for (String lang : languages) {
             boolean js = lang.equals("javascript");
             for (Workload w : WORKLOADS) {
-                if (!workloads.contains(w.name)) continue;
+                if (!workloads.contains(w.name) || lang.equals("java")) continue;
                 String code = js ? w.js : w.py, load0 = loadAverage();
                 List<Runtime> rts = new ArrayList<>();
                 try (Baseline base = new Baseline(lang, code, work)) {
@@ -356,6 +373,7 @@ public final class GuestBench {
             System.out.println("|---|---|---:|---:|---:|---:|");
             startRows.forEach(System.out::println);
         }
+        if (density) Density.run(targets, languages, functions, pauseMs, work);
     }
 
     static String fmt(double ms) {

@@ -271,34 +271,41 @@ public final class PolyglotFunction implements Function {
      */
     public static void prewarm(String language) {
         String id = polyglotId(language);
-        java.util.concurrent.CompletableFuture<Void> f = new java.util.concurrent.CompletableFuture<>();
-        if (PREWARMS.putIfAbsent(id, f) != null) return;
-        try {
-            prewarmNow(id, language);
-        } finally {
-            f.complete(null);
-        }
-    }
-
-    /** Prewarms under way or done, per language: the first /init waits for its language's. */
-    private static final Map<String, java.util.concurrent.CompletableFuture<Void>> PREWARMS = new ConcurrentHashMap<>();
-
-    private static void awaitPrewarm(String id) {
-        var f = PREWARMS.get(id);
-        if (f != null) f.join();
+        SPARES.computeIfAbsent(id, PolyglotFunction::startSpare).exceptionally(e -> null).join();
     }
 
     /**
-     * Contexts made by the prewarm, per language, not yet taken: they ran the runtime's own code
-     * only (no function's), and each goes to one function, once.
+     * The next context of each language, made or under way: it ran the runtime's own code only
+     * (no function's), and goes to one function, once. Each one taken is replaced in the
+     * background, so that the next function of the language (a Hydra /register, a second worker)
+     * starts in a context made before it asked: a GraalPy context takes about half a second of
+     * CPU to initialise, most of a new Python function's /register. One spare per language in use.
      */
-    private static final Map<String, Context> PREWARMED = new ConcurrentHashMap<>();
+    private static final Map<String, java.util.concurrent.CompletableFuture<Context>> SPARES = new ConcurrentHashMap<>();
     private static final java.util.concurrent.atomic.AtomicInteger PREWARMED_TAKEN = new java.util.concurrent.atomic.AtomicInteger();
 
-    /** How many functions started in a prewarmed context (tests). */
+    /** How many contexts functions took prewarmed (tests). */
     static int prewarmedContextsTaken() { return PREWARMED_TAKEN.get(); }
 
-    private static void prewarmNow(String id, String language) {
+    /**
+     * Makes a spare on a thread of the runtime's own: not the caller's (a worker's thread group,
+     * its activation's output), so that no function is charged for it nor sees it.
+     */
+    private static java.util.concurrent.CompletableFuture<Context> startSpare(String id) {
+        var f = new java.util.concurrent.CompletableFuture<Context>();
+        Thread.ofPlatform().daemon().name("prewarm-" + id).group(dev.cpuslot.runtime.guard.ActionGuard.RUNTIME_THREADS)
+                .inheritInheritableThreadLocals(false).start(() -> {
+                    try {
+                        f.complete(spareContext(id));
+                    } catch (Throwable e) {
+                        Log.warn("prewarming " + id + " failed: " + e);
+                        f.completeExceptionally(e);
+                    }
+                });
+        return f;
+    }
+
+    private static Context spareContext(String id) {
         long t0 = System.nanoTime();
         Context c = contextBuilder(id, engine(id)).build();
         try {
@@ -308,13 +315,26 @@ public final class PolyglotFunction implements Function {
             c.close(true);
             throw e;
         }
-        PREWARMED.put(id, c);
-        Log.info("prewarmed " + language + " in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
+        Log.info("prewarmed a " + id + " context in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
+        return c;
     }
 
-    /** The prewarm's context of the language, once, or a new one. */
+    /**
+     * The language's spare context (waiting for it when under way: two contexts made at once would
+     * each take twice as long), then the next spare started; a new context when none was started
+     * or it failed.
+     */
     private static Context newContext(String polyglotId, Engine engine) {
-        Context c = PREWARMED.remove(polyglotId);
+        var f = SPARES.remove(polyglotId);
+        Context c = null;
+        if (f != null) {
+            try {
+                c = f.join();
+            } catch (java.util.concurrent.CompletionException | java.util.concurrent.CancellationException e) {
+                c = null; // logged by the prewarm; make one here
+            }
+        }
+        SPARES.computeIfAbsent(polyglotId, PolyglotFunction::startSpare);
         if (c != null) {
             PREWARMED_TAKEN.incrementAndGet();
             return c;
@@ -354,7 +374,6 @@ public final class PolyglotFunction implements Function {
         this.initEnv = Map.copyOf(initEnv);
         this.initEnvJson = GSON.toJson(new LinkedHashMap<>(initEnv));
         this.zipSources = zipSources;
-        awaitPrewarm(polyglotId); // two first contexts at once would each pay the full cold start
         this.engine = engine(polyglotId);
         this.source = Source.newBuilder(polyglotId, code, name + (polyglotId.equals("js") ? ".js" : ".py")).buildLiteral();
         // compile and check the entry point once, so /init reports errors; the context is kept
@@ -473,13 +492,27 @@ public final class PolyglotFunction implements Function {
     }
 
     /**
+     * System.out and System.err as they are when guest code prints, not when its context was made
+     * (a spare is made before its function, and a test's harness replaces the streams).
+     */
+    private static final java.io.OutputStream STDOUT = forwarding(true), STDERR = forwarding(false);
+
+    private static java.io.OutputStream forwarding(boolean out) {
+        return new java.io.OutputStream() {
+            @Override public void write(int b) { (out ? System.out : System.err).write(b); }
+            @Override public void write(byte[] b, int off, int len) { (out ? System.out : System.err).write(b, off, len); }
+            @Override public void flush() { (out ? System.out : System.err).flush(); }
+        };
+    }
+
+    /**
      * A function's context, and the prewarm's: the same options, so that the contexts share the
      * engine's parsed and compiled code (Truffle shares it between contexts of one engine whose
      * options agree).
      */
     private static Context.Builder contextBuilder(String polyglotId, Engine engine) {
         Context.Builder b = Context.newBuilder(polyglotId).engine(engine)
-                .out(System.out).err(System.err) // the tenant's streams now (the engine is shared)
+                .out(STDOUT).err(STDERR) // the tenant's streams (the engine is shared)
                 .allowAllAccess(false)
                 .allowCreateThread(false)
                 .allowNativeAccess(false);

@@ -171,10 +171,13 @@ class PolyglotTest {
     /**
      * The prewarm's context (made before /init, the image's language) is the first function's:
      * /init does not make a second one. It carries that function's /init env, and only that
-     * function gets it: the next function of the language has a context of its own.
+     * function gets it. Each context taken is replaced in the background, so that the next
+     * function of the language (a Hydra /register, a second worker) starts in a context made
+     * before it asked, not during its /register; each prewarmed context goes to one function
+     * once, and none sees another function's state.
      */
     @Test
-    void thePrewarmedContextGoesToTheFirstFunctionOnly() throws Exception {
+    void everyFunctionStartsInAPrewarmedContextOfItsOwn() throws Exception {
         PolyglotFunction.prewarm("python");
         int before = PolyglotFunction.prewarmedContextsTaken();
         String code = """
@@ -186,20 +189,26 @@ class PolyglotTest {
                 """;
         try (PolyglotFunction a = new PolyglotFunction("first", "python", code, "main", Map.of("WHO", "first"));
              PolyglotFunction b = new PolyglotFunction("second", "python", code, "main", Map.of("WHO", "second"))) {
-            assertEquals(before + 1, PolyglotFunction.prewarmedContextsTaken(), "the first function starts in the prewarmed context, the second in its own");
-            Function.Sandbox sa = a.newSandbox(), sb = b.newSandbox();
+            assertEquals(before + 2, PolyglotFunction.prewarmedContextsTaken(), "each function starts in a prewarmed context");
+            Function.Sandbox sa = a.newSandbox(), sb = b.newSandbox(), sa2 = a.newSandbox();
             try {
+                assertEquals(before + 3, PolyglotFunction.prewarmedContextsTaken(), "a second worker's context is prewarmed too");
                 JsonObject ra = sa.invoke(json("{\"mark\":\"a\"}"), Map.of()).getAsJsonObject();
                 assertEquals("first", ra.get("env").getAsString());
                 assertTrue(ra.get("seen").isJsonNull(), ra.toString());
-                // the prewarm's imports are not the function's globals (a second worker's context would lack them)
+                // the prewarm's imports are not the function's globals
                 assertEquals(0, ra.getAsJsonArray("leaked").size(), "the prewarm's names leak into the function: " + ra);
                 JsonObject rb = sb.invoke(json("{\"mark\":\"b\"}"), Map.of()).getAsJsonObject();
                 assertEquals("second", rb.get("env").getAsString());
                 assertTrue(rb.get("seen").isJsonNull(), "the second function sees the first's state: " + rb);
+                JsonObject ra2 = sa2.invoke(json("{\"mark\":\"c\"}"), Map.of()).getAsJsonObject();
+                assertEquals("first", ra2.get("env").getAsString());
+                assertTrue(ra2.get("seen").isJsonNull(), "a worker's context sees another worker's or function's state: " + ra2);
+                assertEquals(0, ra2.getAsJsonArray("leaked").size(), "the prewarm's names leak into the function: " + ra2);
             } finally {
                 sa.close();
                 sb.close();
+                sa2.close();
             }
         }
     }
