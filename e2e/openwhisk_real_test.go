@@ -48,8 +48,6 @@ const realOpenWhiskManifest = `{"runtimes": {
 // %[1]s: the pod template file, %[2]s: the namespace of action pods.
 const realOpenWhiskConf = `include classpath("standalone-kcf.conf")
 whisk {
-  # standalone.conf binds localhost: action pods read annotations from the API
-  controller.interface = "0.0.0.0"
   kubernetes {
     # the host reaches pod IPs on this node: no port forwarding through the API server
     port-forwarding-enabled = false
@@ -324,9 +322,13 @@ func startStandalone(ctx context.Context, t *testing.T, c *cluster.Cluster, bin,
 		"--config-file", conf, "--manifest", manifest, "--port", strconv.Itoa(port), "--data-dir", filepath.Join(dir, "data"))
 	ip := c.NodeIP()
 	// the address action pods reach the API at (__OW_API_HOST), without
-	// standalone's Docker-based detection
+	// standalone's Docker-based detection; the API on every address (the
+	// host's loopback for wsk, the node's for action pods): standalone sets
+	// whisk.controller.interface to the host name as a system property,
+	// over any configuration file, unless that property is given
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig(),
-		"JAVA_OPTS=-Dwhisk.standalone.host.ip="+ip+" -Dwhisk.standalone.host.name="+ip+" -Dwhisk.standalone.host.internal="+ip)
+		"JAVA_OPTS=-Dwhisk.standalone.host.ip="+ip+" -Dwhisk.standalone.host.name="+ip+" -Dwhisk.standalone.host.internal="+ip+
+			" -Dwhisk.controller.interface=0.0.0.0")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
