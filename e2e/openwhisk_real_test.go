@@ -56,6 +56,8 @@ whisk {
     cpu-scaling { millicpus = 250, memory = 256 m, max-millicpus = 1000 }
   }
   container-factory.container-args.extra-env-vars = ["__OW_ALLOW_CONCURRENT=true", "CPUSLOT_SOCKET=/run/cpuslot/agent.sock"]
+  # mycluster.yaml's action memory limits: the JVM runtime needs more than the 512 MB default maximum
+  memory { min = 128 m, max = 4096 m, std = 1024 m }
   container-pool { pekko-client = true, user-memory = 2048 m }
   concurrency-limit { min = 1, max = 32, std = 1 }
   spi.LogStoreProvider = "org.apache.openwhisk.core.containerpool.logging.LogDriverLogStoreProvider"
