@@ -55,7 +55,9 @@ whisk {
     pod-template = "file:%[1]s"
     cpu-scaling { millicpus = 250, memory = 256 m, max-millicpus = 1000 }
   }
-  container-factory.container-args.extra-env-vars = ["__OW_ALLOW_CONCURRENT=true", "CPUSLOT_SOCKET=/run/cpuslot/agent.sock"]
+  # the runtime's own lines (one per activation) on stderr, read with kubectl logs: with the
+  # LogDriverLogStore OpenWhisk does not collect action output into activations
+  container-factory.container-args.extra-env-vars = ["__OW_ALLOW_CONCURRENT=true", "CPUSLOT_SOCKET=/run/cpuslot/agent.sock", "CPUSLOT_LOG=stderr"]
   # mycluster.yaml's action memory limits: the JVM runtime needs more than the 512 MB default maximum
   memory { min = 128 m, max = 4096 m, std = 1024 m }
   container-pool { pekko-client = true, user-memory = 2048 m }
