@@ -185,7 +185,7 @@ func chainOnKnative(t *testing.T, c *cluster.Cluster, kn *knativeServing, agentN
 	t.Run("declared sequence runs locally, each hop in its own slot", func(t *testing.T) {
 		r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
 			"name": "pipe", "main": "dev.cpuslot.samples.CpuBurn", "binary": true, "code": code,
-			"env": map[string]string{"CPUSLOT_CHAIN_STEPS": "burn250,burn500"},
+			"env": invokerInitEnv(api.apiKey, "pipe", map[string]string{"CPUSLOT_CHAIN_STEPS": "burn250,burn500"}),
 		}})
 		if err != nil || r.status != 200 {
 			t.Fatalf("/init: %v %d %s", err, r.status, r.body)

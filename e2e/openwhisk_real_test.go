@@ -48,8 +48,6 @@ const realOpenWhiskManifest = `{"runtimes": {
 // %[1]s: the pod template file, %[2]s: the namespace of action pods.
 const realOpenWhiskConf = `include classpath("standalone-kcf.conf")
 whisk {
-  # standalone.conf binds localhost: action pods read annotations from the API
-  controller.interface = "0.0.0.0"
   kubernetes {
     # the host reaches pod IPs on this node: no port forwarding through the API server
     port-forwarding-enabled = false
@@ -57,7 +55,11 @@ whisk {
     pod-template = "file:%[1]s"
     cpu-scaling { millicpus = 250, memory = 256 m, max-millicpus = 1000 }
   }
-  container-factory.container-args.extra-env-vars = ["__OW_ALLOW_CONCURRENT=true", "CPUSLOT_SOCKET=/run/cpuslot/agent.sock"]
+  # the runtime's own lines (one per activation) on stderr, read with kubectl logs: with the
+  # LogDriverLogStore OpenWhisk does not collect action output into activations
+  container-factory.container-args.extra-env-vars = ["__OW_ALLOW_CONCURRENT=true", "CPUSLOT_SOCKET=/run/cpuslot/agent.sock", "CPUSLOT_LOG=stderr"]
+  # mycluster.yaml's action memory limits: the JVM runtime needs more than the 512 MB default maximum
+  memory { min = 128 m, max = 4096 m, std = 1024 m }
   container-pool { pekko-client = true, user-memory = 2048 m }
   concurrency-limit { min = 1, max = 32, std = 1 }
   spi.LogStoreProvider = "org.apache.openwhisk.core.containerpool.logging.LogDriverLogStoreProvider"
@@ -111,7 +113,7 @@ func TestRealOpenWhisk(t *testing.T) {
 	manifest := write("runtimes.json", realOpenWhiskManifest)
 	port := freePort(t)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	ow := startStandalone(ctx, t, c, standalone, dir, conf, manifest, port)
 	api := "http://127.0.0.1:" + strconv.Itoa(port)
@@ -121,35 +123,21 @@ func TestRealOpenWhisk(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
-	if out, err := w("action", "create", "burn", jar, "--kind", "java:cpuslot", "--main", "dev.cpuslot.samples.CpuBurn",
-		"--memory", "512", "--concurrency", "4", "-a", "cpu-quota", "250m", "-a", "provide-api-key", "true"); err != nil {
-		t.Fatalf("wsk action create: %v\n%s\n--- standalone log:\n%s", err, out, ow.tail())
-	}
+	// Java: the samples' CpuBurn, up to 4 activations at once in its
+	// container; 768 MB gives its pod a CPU limit of 750m (cpu-scaling), the
+	// agent's budget for 3 concurrent activations at 250m.
+	create(t, w, ow, "burn", jar, "--kind", "java:cpuslot", "--main", "dev.cpuslot.samples.CpuBurn",
+		"--memory", "768", "--concurrency", "4", "-a", "cpu-quota", "250m", "-a", "provide-api-key", "true")
 	if out, err := w("action", "get", "burn"); err != nil || !strings.Contains(out, `"cpu-quota"`) {
 		t.Fatalf("wsk action get: %v\n%s", err, out)
 	}
-
-	// The runtime reads the annotation in the background: the first
-	// invocations may run before it has (as any source but the annotation).
-	deadline := time.Now().Add(5 * time.Minute)
-	var line hopLine
-	for i := 0; ; i++ {
-		act := invokeBlocking(t, w, ow, "burn", "-p", "ms", "200")
-		line = activationLine(ctx, t, c, appNS, act)
-		t.Logf("wsk action invoke %d: activation %s: quota=%s source=%s slot=%s", i, act, line["quota"], line["source"], line["slot"])
-		if line["source"] == "annotation" && line["slot"] != "none" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %d invocations none ran in a slot of the annotation's quota: %v\n--- standalone log:\n%s", i+1, line, ow.tail())
-		}
-	}
+	_, line := invokeUntilAnnotated(ctx, t, c, w, ow, appNS, "burn", "-p", "ms", "200")
 	if line["quota"] != "250m" {
 		t.Errorf("quota %s, want 250m (the action's cpu-quota annotation)", line["quota"])
 	}
 
 	// The action pod as the KubernetesContainerFactory made it, served by the agent.
-	pod := actionPod(ctx, t, c, appNS)
+	pod := actionPod(ctx, t, c, appNS, line["pod"])
 	t.Logf("action pod %s: labels %v, cpu limit %s", pod.name, pod.labels, pod.cpuLimit)
 	_, slots := waitServed(ctx, t, c, ns, appNS, pod.name, "user-action", 1)
 	t.Logf("served: %d slots in its user-action container's cgroup", len(slots))
@@ -159,15 +147,159 @@ func TestRealOpenWhisk(t *testing.T) {
 
 	// A CPU-bound invocation at 250m: its share of a CPU (cpu_ms / duration_ms
 	// of its log line) not above 27.5 %.
-	line = activationLine(ctx, t, c, appNS, invokeBlocking(t, w, ow, "burn", "-p", "ms", "3000"))
+	line = activationLine(ctx, t, c, appNS, invokeOK(t, w, ow, "burn", "-p", "ms", "3000").ID)
 	cpu, _ := strconv.ParseFloat(line["cpu_ms"], 64)
 	dur, _ := strconv.ParseFloat(line["duration_ms"], 64)
 	if dur <= 0 {
 		t.Fatalf("no duration in the activation's line: %v", line)
 	}
-	t.Logf("CPU-bound invocation at %s in slot %s: %.1f%% of a CPU", line["quota"], line["slot"], 100*cpu/dur)
+	t.Logf("java: CPU-bound invocation at %s in slot %s: %.1f%% of a CPU", line["quota"], line["slot"], 100*cpu/dur)
 	if cpu/dur > 0.275 {
 		t.Errorf("%.1f%% of a CPU at 250m: above the cap", 100*cpu/dur)
+	}
+
+	// Intra-container concurrency: 3 blocking invocations at once overlap in
+	// the one warm container, each in a slot.
+	acts := make([]activation, 3)
+	errs := make([]error, len(acts))
+	var wg sync.WaitGroup
+	for i := range acts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			acts[i], errs[i] = invoke(w, "burn", "-p", "ms", "3000")
+		}()
+	}
+	wg.Wait()
+	var lastStart, firstEnd int64 = 0, 1 << 62
+	for i, a := range acts {
+		if errs[i] != nil || !a.Response.Success {
+			t.Fatalf("concurrent invocation %d: %v %s %s\n--- standalone log:\n%s", i, errs[i], a.Response.Status, a.Response.Result, ow.tail())
+		}
+		l := activationLine(ctx, t, c, appNS, a.ID)
+		t.Logf("concurrent %d: activation %s %d..%d, pod %s slot %s quota %s", i, a.ID, a.Start, a.End, l["pod"], l["slot"], l["quota"])
+		if l["pod"] != pod.name || l["slot"] == "none" {
+			t.Errorf("concurrent activation %s ran in pod %s slot %s, want pod %s in a slot", a.ID, l["pod"], l["slot"], pod.name)
+		}
+		lastStart, firstEnd = max(lastStart, a.Start), min(firstEnd, a.End)
+	}
+	if lastStart >= firstEnd {
+		t.Errorf("the 3 concurrent activations did not overlap (last start %d, first end %d)", lastStart, firstEnd)
+	}
+
+	// An /init failure (no such class): OpenWhisk reports the runtime's error
+	// as the action developer's.
+	create(t, w, ow, "broken", jar, "--kind", "java:cpuslot", "--main", "dev.cpuslot.samples.NoSuchClass",
+		"--memory", "512", "-a", "cpu-quota", "250m", "-a", "provide-api-key", "true")
+	a, err := invoke(w, "broken")
+	t.Logf("init failure: %s: %v %s %s", a.ID, err, a.Response.Status, a.Response.Result)
+	if a.Response.Success || a.Response.Status != "action developer error" || !strings.Contains(string(a.Response.Result), "NoSuchClass") {
+		t.Errorf("an action whose /init fails: %v, status %q, result %s; want an action developer error naming the class", err, a.Response.Status, a.Response.Result)
+	}
+
+	// A timeout: 30 s of CPU in an action limited to 10 s. OpenWhisk answers
+	// with its own message and removes the container.
+	create(t, w, ow, "slow", jar, "--kind", "java:cpuslot", "--main", "dev.cpuslot.samples.CpuBurn",
+		"--memory", "512", "--timeout", "10000", "-a", "cpu-quota", "250m", "-a", "provide-api-key", "true")
+	a, err = invoke(w, "slow", "-p", "ms", "30000")
+	t.Logf("timeout: %s: %v %s %s, annotations %s", a.ID, err, a.Response.Status, a.Response.Result, a.Annotations)
+	if a.Response.Status != "action developer error" || !strings.Contains(string(a.Response.Result), "exceeded its time limits") {
+		t.Errorf("an activation past its time limit: %v, status %q, result %s; want OpenWhisk's time limit error", err, a.Response.Status, a.Response.Result)
+	}
+	waitNoPod(ctx, t, c, appNS, "-guest-slow")
+
+	// JavaScript and Python: the samples' fib, each in a slot of its quota.
+	for _, k := range []struct{ action, file, kind string }{
+		{"fibjs", "runtime-image/samples/src/main/js/fib.js", "nodejs:cpuslot"},
+		{"fibpy", "runtime-image/samples/src/main/python/fib.py", "python:cpuslot"},
+	} {
+		create(t, w, ow, k.action, filepath.Join(repo, k.file), "--kind", k.kind,
+			"--memory", "512", "--concurrency", "2", "-a", "cpu-quota", "250m", "-a", "provide-api-key", "true")
+		a, l := invokeUntilAnnotated(ctx, t, c, w, ow, appNS, k.action, "-p", "n", "20")
+		var r struct{ Fib int }
+		json.Unmarshal(a.Response.Result, &r)
+		t.Logf("%s (%s): %s, pod %s slot %s quota %s", k.action, k.kind, a.Response.Result, l["pod"], l["slot"], l["quota"])
+		if r.Fib != 6765 || l["quota"] != "250m" {
+			t.Errorf("%s: result %s quota %s, want fib 6765 at 250m", k.action, a.Response.Result, l["quota"])
+		}
+	}
+
+	// The action pod deleted mid-invocation: whatever OpenWhisk answers for
+	// that activation, the action runs again, in a new pod and a slot.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a, err := invoke(w, "burn", "-p", "ms", "20000")
+		t.Logf("pod deleted mid-invocation: %s: %v %s %s", a.ID, err, a.Response.Status, a.Response.Result)
+	}()
+	time.Sleep(5 * time.Second) // the invocation under way
+	if out, err := c.Kubectl(ctx, "-n", appNS, "delete", "pod", pod.name, "--wait=false"); err != nil {
+		t.Fatalf("kubectl delete pod: %v %s", err, out)
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("wsk action invoke did not return after its pod was deleted:\n%s", ow.tail())
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for i := 0; ; i++ {
+		a, err := invoke(w, "burn", "-p", "ms", "200")
+		if err == nil && a.Response.Success {
+			l := activationLine(ctx, t, c, appNS, a.ID)
+			t.Logf("after the deletion, invocation %d: %s in pod %s slot %s", i, a.ID, l["pod"], l["slot"])
+			if l["pod"] == pod.name {
+				t.Errorf("activation %s ran in the deleted pod %s", a.ID, pod.name)
+			}
+			break
+		}
+		t.Logf("after the deletion, invocation %d: %v %s %s", i, err, a.Response.Status, a.Response.Result)
+		if time.Now().After(deadline) {
+			t.Fatalf("burn did not run again within 5 min of its pod's deletion:\n%s", ow.tail())
+		}
+	}
+}
+
+// create runs `wsk action create`.
+func create(t *testing.T, w func(...string) (string, error), ow *standaloneProc, name, file string, args ...string) {
+	t.Helper()
+	if out, err := w(append([]string{"action", "create", name, file}, args...)...); err != nil {
+		t.Fatalf("wsk action create %s: %v\n%s\n--- standalone log:\n%s", name, err, out, ow.tail())
+	}
+}
+
+// invokeUntilAnnotated invokes until the runtime's line shows the action's
+// annotation as the quota's source, in a slot: the runtime reads the
+// annotation in the background, the first invocations may run before.
+func invokeUntilAnnotated(ctx context.Context, t *testing.T, c *cluster.Cluster, w func(...string) (string, error), ow *standaloneProc,
+	ns, name string, args ...string) (activation, hopLine) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	for i := 0; ; i++ {
+		a := invokeOK(t, w, ow, name, args...)
+		line := activationLine(ctx, t, c, ns, a.ID)
+		t.Logf("wsk action invoke %s (%d): activation %s: pod %s quota=%s source=%s slot=%s", name, i, a.ID, line["pod"], line["quota"], line["source"], line["slot"])
+		if line["source"] == "annotation" && line["slot"] != "none" {
+			return a, line
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d invocations of %s none ran in a slot of the annotation's quota: %v\n--- standalone log:\n%s", i+1, name, line, ow.tail())
+		}
+	}
+}
+
+// waitNoPod waits until no action pod's name ends in suffix.
+func waitNoPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, suffix string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		out, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-l", "user-action-pod=true", "-o", "name")
+		if err == nil && !strings.Contains(out+"\n", suffix+"\n") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the action pod *%s is still there after 3 min: %v\n%s", suffix, err, out)
+		}
+		time.Sleep(2 * time.Second)
 	}
 }
 
@@ -194,9 +326,13 @@ func startStandalone(ctx context.Context, t *testing.T, c *cluster.Cluster, bin,
 		"--config-file", conf, "--manifest", manifest, "--port", strconv.Itoa(port), "--data-dir", filepath.Join(dir, "data"))
 	ip := c.NodeIP()
 	// the address action pods reach the API at (__OW_API_HOST), without
-	// standalone's Docker-based detection
+	// standalone's Docker-based detection; the API on every address (the
+	// host's loopback for wsk, the node's for action pods): standalone sets
+	// whisk.controller.interface to the host name as a system property,
+	// over any configuration file, unless that property is given
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig(),
-		"JAVA_OPTS=-Dwhisk.standalone.host.ip="+ip+" -Dwhisk.standalone.host.name="+ip+" -Dwhisk.standalone.host.internal="+ip)
+		"JAVA_OPTS=-Dwhisk.standalone.host.ip="+ip+" -Dwhisk.standalone.host.name="+ip+" -Dwhisk.standalone.host.internal="+ip+
+			" -Dwhisk.controller.interface=0.0.0.0")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -260,46 +396,73 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// invokeBlocking runs `wsk action invoke --blocking` and returns the
-// activation's id, failing unless the action succeeded.
-func invokeBlocking(t *testing.T, w func(...string) (string, error), ow *standaloneProc, name string, args ...string) string {
-	t.Helper()
+// activation is what `wsk action invoke --blocking` prints.
+type activation struct {
+	ID          string `json:"activationId"`
+	Start       int64  `json:"start"`
+	End         int64  `json:"end"`
+	Annotations json.RawMessage
+	Response    struct {
+		Status  string          `json:"status"`
+		Success bool            `json:"success"`
+		Result  json.RawMessage `json:"result"`
+	} `json:"response"`
+}
+
+// invoke runs `wsk action invoke --blocking`: the activation, also of a
+// failed invocation (wsk then exits non-zero and prints it all the same);
+// an error without one.
+func invoke(w func(...string) (string, error), name string, args ...string) (activation, error) {
 	out, err := w(append([]string{"action", "invoke", name, "--blocking"}, args...)...)
-	if err != nil {
-		t.Fatalf("wsk action invoke %s: %v\n%s\n--- standalone log:\n%s", name, err, out, ow.tail())
+	// "ok: invoked /_/NAME with id ID" and the activation as JSON; past
+	// the controller's blocking wait (60 s: a cold start on a busy machine)
+	// only "... has not yet finished, with id ID": then the activation
+	// record is read once it is there.
+	if _, id, ok := strings.Cut(out, "has not yet finished, with id "); ok && !strings.Contains(out, "{") {
+		id = strings.TrimSpace(id)
+		for i := 0; i < 60 && !strings.Contains(out, "{"); i++ {
+			time.Sleep(5 * time.Second)
+			out, err = w("activation", "get", id)
+		}
 	}
-	// "ok: invoked /_/NAME with id ID" and the activation as JSON
+	var a activation
 	i := strings.Index(out, "{")
-	var act struct {
-		ActivationID string `json:"activationId"`
-		Response     struct {
-			Success bool            `json:"success"`
-			Result  json.RawMessage `json:"result"`
-		} `json:"response"`
+	if i < 0 || json.Unmarshal([]byte(out[i:]), &a) != nil || a.ID == "" {
+		return a, fmt.Errorf("wsk action invoke %s: %v, no activation in its output:\n%s", name, err, out)
 	}
-	if i < 0 || json.Unmarshal([]byte(out[i:]), &act) != nil || act.ActivationID == "" {
-		t.Fatalf("wsk action invoke %s: no activation in its output:\n%s", name, out)
+	return a, err
+}
+
+// invokeOK invokes, failing the test unless the action succeeded.
+func invokeOK(t *testing.T, w func(...string) (string, error), ow *standaloneProc, name string, args ...string) activation {
+	t.Helper()
+	a, err := invoke(w, name, args...)
+	if err != nil || !a.Response.Success {
+		t.Fatalf("wsk action invoke %s: %v %s %s\n--- standalone log:\n%s", name, err, a.Response.Status, a.Response.Result, ow.tail())
 	}
-	if !act.Response.Success {
-		t.Fatalf("activation %s failed: %s", act.ActivationID, act.Response.Result)
-	}
-	return act.ActivationID
+	return a
 }
 
 // activationLine is the runtime's log line for an activation
 // ("cpuslot: activation=ID ... quota=... source=... slot=..."), from the
-// action pods' logs; it is written after the reply, so it is waited for.
+// action pods' logs, with the pod's name as "pod"; it is written after the
+// reply, so it is waited for.
 func activationLine(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, id string) hopLine {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		logs, _ := c.Kubectl(ctx, "-n", ns, "logs", "-l", "user-action-pod=true", "-c", "user-action", "--tail=-1")
+		logs, _ := c.Kubectl(ctx, "-n", ns, "logs", "-l", "user-action-pod=true", "-c", "user-action", "--tail=-1",
+			"--prefix", "--max-log-requests=20", "--ignore-errors")
 		for _, l := range strings.Split(logs, "\n") {
-			_, rest, ok := strings.Cut(l, "cpuslot: activation="+id+" ")
+			// "[pod/NAME/user-action] cpuslot: activation=ID ..."
+			prefix, rest, ok := strings.Cut(l, "cpuslot: activation="+id+" ")
 			if !ok {
 				continue
 			}
 			h := hopLine{"activation": id}
+			if p, ok := strings.CutPrefix(strings.TrimSpace(prefix), "[pod/"); ok {
+				h["pod"], _, _ = strings.Cut(p, "/")
+			}
 			for _, f := range strings.Fields(rest) {
 				if k, v, ok := strings.Cut(f, "="); ok {
 					if _, seen := h[k]; !seen {
@@ -310,7 +473,7 @@ func activationLine(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, i
 			return h
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no log line for activation %s in the action pods' logs after 1 min:\n%s", id, logs)
+			t.Fatalf("no log line for activation %s in the action pods' logs after 2 min:\n%s", id, logs)
 		}
 		time.Sleep(time.Second)
 	}
@@ -322,36 +485,30 @@ type actionPodInfo struct {
 	cpuLimit string
 }
 
-// actionPod is the one action pod the invoker made in ns.
-func actionPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) actionPodInfo {
+// actionPod is the action pod name as the invoker made it.
+func actionPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string) actionPodInfo {
 	t.Helper()
-	out, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-l", "user-action-pod=true", "-o", "json")
+	out, err := c.Kubectl(ctx, "-n", ns, "get", "pods", name, "-o", "json")
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	var list struct {
-		Items []struct {
-			Metadata struct {
-				Name   string            `json:"name"`
-				Labels map[string]string `json:"labels"`
-			} `json:"metadata"`
-			Spec struct {
-				Containers []struct {
-					Name      string `json:"name"`
-					Resources struct {
-						Limits map[string]string `json:"limits"`
-					} `json:"resources"`
-				} `json:"containers"`
-			} `json:"spec"`
-		} `json:"items"`
+	var p struct {
+		Metadata struct {
+			Name   string            `json:"name"`
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+		Spec struct {
+			Containers []struct {
+				Name      string `json:"name"`
+				Resources struct {
+					Limits map[string]string `json:"limits"`
+				} `json:"resources"`
+			} `json:"containers"`
+		} `json:"spec"`
 	}
-	if err := json.Unmarshal([]byte(out), &list); err != nil {
+	if err := json.Unmarshal([]byte(out), &p); err != nil {
 		t.Fatal(err)
 	}
-	if len(list.Items) != 1 {
-		t.Fatalf("%d action pods in %s, want 1:\n%s", len(list.Items), ns, out)
-	}
-	p := list.Items[0]
 	info := actionPodInfo{name: p.Metadata.Name, labels: p.Metadata.Labels}
 	for _, ctr := range p.Spec.Containers {
 		if ctr.Name == "user-action" {

@@ -173,7 +173,7 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	waitHTTP(ctx, t, owbase+"/")
 	if r, err := post(ctx, owbase+"/init", map[string]any{"value": map[string]any{
 		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
-		"code": base64.StdEncoding.EncodeToString(jar),
+		"code": base64.StdEncoding.EncodeToString(jar), "env": invokerInitEnv(api.apiKey, "cpuburn", nil),
 	}}); err != nil || r.status != 200 {
 		t.Fatalf("/init: %v %d", err, r.status)
 	}

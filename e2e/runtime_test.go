@@ -215,13 +215,29 @@ func waitHTTP(ctx context.Context, t *testing.T, url string, diagnose ...func() 
 	}
 }
 
-// initCpuBurn sends the action pod at base its /init: the samples' CPU-bound
-// action.
-func initCpuBurn(ctx context.Context, t *testing.T, base string, jar []byte) {
+// invokerInitEnv is the env of an /init as OpenWhisk's invoker sends it
+// (ContainerProxy, apache/openwhisk): the action's init parameters and the
+// __OW_* fields of the activation that caused the cold start, all strings
+// (__OW_API_KEY only for an action with provide-api-key, as here).
+func invokerInitEnv(apiKey, action string, params map[string]string) map[string]string {
+	env := map[string]string{
+		"__OW_API_KEY": apiKey, "__OW_NAMESPACE": "guest", "__OW_ACTION_NAME": "/guest/" + action,
+		"__OW_ACTION_VERSION": "0.0.1", "__OW_ACTIVATION_ID": "coldstart" + action, "__OW_TRANSACTION_ID": "tid-coldstart",
+		"__OW_DEADLINE": strconv.FormatInt(time.Now().Add(60*time.Second).UnixMilli(), 10),
+	}
+	for k, v := range params {
+		env[k] = v
+	}
+	return env
+}
+
+// initCpuBurn sends the action pod at base its /init, as the invoker does:
+// the samples' CPU-bound action.
+func initCpuBurn(ctx context.Context, t *testing.T, base string, jar []byte, api *fakeOpenWhiskAPI) {
 	t.Helper()
 	r, err := post(ctx, base+"/init", map[string]any{"value": map[string]any{
 		"name": "cpuburn", "main": "dev.cpuslot.samples.CpuBurn", "binary": true,
-		"code": base64.StdEncoding.EncodeToString(jar), "env": map[string]string{},
+		"code": base64.StdEncoding.EncodeToString(jar), "env": invokerInitEnv(api.apiKey, "cpuburn", nil),
 	}})
 	if err != nil || r.status != 200 {
 		t.Fatalf("/init: %v %d %s", err, r.status, r.body)
@@ -326,7 +342,7 @@ func TestOpenWhiskActionPod(t *testing.T) {
 	base, slots := startActionPod(ctx, t, c, ns, appNS, api)
 	t.Logf("action pod served: %d pre-warmed slots in its user-action container's cgroup", len(slots))
 
-	initCpuBurn(ctx, t, base, jar)
+	initCpuBurn(ctx, t, base, jar, api)
 	r, _ := post(ctx, base+"/init", map[string]any{"value": map[string]any{"name": "cpuburn", "main": "x", "code": "", "binary": true}})
 	if r.status == 200 {
 		t.Errorf("a second /init succeeded: %s", r.body)

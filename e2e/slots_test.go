@@ -167,7 +167,7 @@ func TestAgentPodDeletedUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	base, _ := startActionPod(ctx, t, c, ns, appNS, api)
-	initCpuBurn(ctx, t, base, jar)
+	initCpuBurn(ctx, t, base, jar, api)
 
 	const workers = 4
 	run := func(id string, ms int) (invokeResult, error) {

@@ -95,6 +95,14 @@ build_standalone() {
 	local final=$OUT
 	OUT="$OUT.tmp"
 	cp "$work"/target/lib/*.jar "$work"/target/openwhisk-standalone-0.jar "$OUT/lib/"
+	# The Kubernetes client (fabric8 4.10) reads an EC client key of a
+	# kubeconfig (kubeadm's, kind's, the e2e cluster's) only with BouncyCastle
+	# on the classpath, an optional dependency upstream's build leaves out (its
+	# invoker runs with a service account token). Run time only: added here,
+	# not in build/pom.xml, so the compile stays cached.
+	for a in bcprov-jdk15on bcutil-jdk15on bcpkix-jdk15on; do
+		mvn -B -q dependency:copy -Dartifact="org.bouncycastle:$a:1.70" -DoutputDirectory="$OUT/lib" >&2
+	done
 	resource_jar common "$s/common/scala/src/main/resources"
 	# The scheduler's configuration binds its messages to the Kryo serializer,
 	# which is not served (standalone sends them to no other node).

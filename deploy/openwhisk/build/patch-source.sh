@@ -49,3 +49,11 @@ sed -i '/^class StandaloneDockerClient/,/with WindowsDockerClient {/{
   override protected def getClientVersion(): String =\
     scala.util.Try(super.getClientVersion()).getOrElse("none")
 }' "$s/core/standalone/src/main/scala/org/apache/openwhisk/standalone/StandaloneDockerSupport.scala"
+
+# Scala 2.13 serialises the invoker's activation fields (a Map[String, JsValue])
+# with spray-json's iterable format, a JSON array of pairs, and asJsObject
+# then fails every /run ("JSON object expected", a whisk internal error):
+# the fields (an Iterable of pairs to 2.13) are made a JSON object directly.
+sed -i 's/env\.toJson\.asJsObject/JsObject(env.toMap[String, JsValue])/' \
+	"$s/core/invoker/src/main/scala/org/apache/openwhisk/core/containerpool/ContainerProxy.scala" \
+	"$s/core/invoker/src/main/scala/org/apache/openwhisk/core/containerpool/v2/FunctionPullingContainerProxy.scala"

@@ -400,6 +400,11 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** The activation's fields as OpenWhisk hands them to an action: {@code __OW_<FIELD>}, over its init env. */
+    /** OpenWhisk's /init: starts the read of the action's annotations with its env's __OW_* fields. */
+    void prefetchAnnotations(Function fn) {
+        quota.prefetch(environment(fn, new JsonObject()));
+    }
+
     private Map<String, String> environment(Function fn, JsonObject activation) {
         Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
         for (Map.Entry<String, JsonElement> e : activation.entrySet()) {

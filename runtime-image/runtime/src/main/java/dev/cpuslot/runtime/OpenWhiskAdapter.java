@@ -93,6 +93,9 @@ public final class OpenWhiskAdapter implements Platform {
                     p = rt.pool(f);
                 }
                 rt.deploy(p);
+                // the invoker's /init carries the cold start's __OW_* fields: the annotation read
+                // starts now, not at the first /run (which would run without the annotation's quota)
+                if (openwhisk) rt.prefetchAnnotations(f);
                 initValue = v.deepCopy();
                 Log.info("initialised " + p.function().language() + " action " + name + " (main " + main + ")");
                 return Reply.ok();

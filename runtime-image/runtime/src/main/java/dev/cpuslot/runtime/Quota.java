@@ -172,6 +172,15 @@ public final class Quota {
         return new Resolved(m, source, false);
     }
 
+    /**
+     * Starts the read of the action's annotations for an /init that carries the cold start's
+     * {@code __OW_*} fields (OpenWhisk's invoker sends them), so that the first /run finds them
+     * read; never waits. The same read, cache and key as an activation's.
+     */
+    void prefetch(Map<String, String> ow) {
+        annotationValue(ow, cfg.annotationKey(), false);
+    }
+
     /** The action's quota annotation, cached per action version; null when absent or unknown. */
     String annotation(Map<String, String> ow) {
         JsonElement v = annotationValue(ow, cfg.annotationKey(), true);

@@ -366,6 +366,26 @@ class SlotsAndQuotaTest {
         }
     }
 
+    @Test
+    void anInitAsTheInvokerSendsItStartsTheAnnotationRead() throws Exception {
+        // OpenWhisk's invoker (ContainerProxy) puts the cold start's __OW_* fields in the /init env
+        List<String> reqs = new CopyOnWriteArrayList<>();
+        HttpServer ow = fakeOpenWhisk(reqs, new AtomicReference<>("\"250m\""));
+        try (Harness h = new Harness(Map.of("__OW_API_HOST", "http://127.0.0.1:" + ow.getAddress().getPort()), null)) {
+            JsonObject init = json(initJava("testfns.Echo"));
+            init.getAsJsonObject("value").add("env", json("{\"__OW_API_KEY\":\"user:secret\",\"__OW_NAMESPACE\":\"guest\","
+                    + "\"__OW_ACTION_NAME\":\"/guest/pkg/fib\",\"__OW_ACTION_VERSION\":\"0.0.1\",\"__OW_ACTIVATION_ID\":\"cold\","
+                    + "\"__OW_TRANSACTION_ID\":\"t-cold\",\"__OW_DEADLINE\":\"1\"}"));
+            assertEquals(200, h.post("/init", init.toString()).status());
+            untilLookups(reqs, 1); // before any /run
+            Map<String, String> act = Map.of("api_key", "user:secret", "action_name", "/guest/pkg/fib", "action_version", "0.0.1");
+            assertEquals("250", untilSource(h, act, "annotation").header("X-Cpuslot-Quota-Milli"));
+            assertEquals(1, reqs.size(), "the init's read serves the activations: " + reqs);
+        } finally {
+            ow.stop(0);
+        }
+    }
+
     /** Runs until the background annotation lookup has answered (bounded: a hang says why). */
     private static Resp untilSource(Harness h, Map<String, String> act, String source) throws Exception {
         for (int i = 0; i < 500; i++) {
