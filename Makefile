@@ -156,8 +156,11 @@ e2e-openwhisk: images
 #                    PROMETHEUS=<url> (SCRAPE_INTERVAL=<its scrape interval>, default 15s);
 #                    SHOTS_OUT=<dir> writes elsewhere. Fails on a panel
 #                    with an error, or without data where a serving node has some
-#   make settings-doc  regenerate the pool and admission table of docs/settings.md and the
-#                    chart's config template from their one definition (settings.Keys)
+#   make settings-doc  regenerate every file that lists the pool and admission settings
+#                    from their one definition (settings.Keys; settings.Targets): the
+#                    table of docs/settings.md, the chart's values.yaml, values.schema.json,
+#                    config template and README rows, docs/agent.example.yaml and
+#                    internal/agent/config_settings.go (TestGenerated checks them)
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
 #                    schema, queries, generated files up to date; the recipes
 #                    in deploy/ (OPENWHISK_CHART=<openwhisk-deploy-kube>/helm/openwhisk

@@ -35,9 +35,9 @@ type Config struct {
 	// there, while /metrics and the probes answer everyone.
 	DebugPoolsRemote bool `json:"debugPoolsRemote"`
 	// LogLevel is debug, info, warn or error.
-	LogLevel  string          `json:"logLevel"`
-	Pool      PoolConfig      `json:"pool"`
-	Admission AdmissionConfig `json:"admission"`
+	LogLevel string `json:"logLevel"`
+	// The pool and admission sections: settings.Keys (config_settings.go).
+	settingsSections
 	// Standalone lists what to serve without Kubernetes.
 	Standalone StandaloneConfig `json:"standalone"`
 	// ReapInterval is how often idle slots and gone containers are checked.
@@ -135,36 +135,6 @@ func (c Config) Ceilings() (settings.Ceilings, error) {
 	return out, nil
 }
 
-// PoolConfig is the per-container pool setup.
-type PoolConfig struct {
-	// Prewarm is e.g. "250m=8,500m=4,1=2": slots kept ready per quota.
-	Prewarm     string   `json:"prewarm"`
-	Mode        string   `json:"mode"`
-	Limit       string   `json:"limit"`
-	Period      Duration `json:"period"`
-	MaxSlots    int      `json:"maxSlots"`
-	IdleTimeout Duration `json:"idleTimeout"`
-	DefaultWait Duration `json:"defaultWait"`
-	MaxWait     Duration `json:"maxWait"`
-	// MaxQuota bounds a request's quota in a container without a CPU
-	// limit (one with a limit is bounded by it); empty: the node's CPUs.
-	MaxQuota string `json:"maxQuota"`
-	// MaxActions bounds the distinct action names per container in
-	// metrics; later ones are counted as "_other".
-	MaxActions int `json:"maxActions"`
-}
-
-// AdmissionConfig bounds the CPU granted per container.
-type AdmissionConfig struct {
-	// Budget is a CPU quantity ("2", "1500m"); empty means the container's
-	// CPU limit, or unlimited when it has none.
-	Budget      string  `json:"budget"`
-	Overcommit  float64 `json:"overcommit"`
-	LendRatio   float64 `json:"lendRatio"`
-	Policy      string  `json:"policy"`
-	MinDegraded string  `json:"minDegraded"`
-}
-
 // StandaloneConfig names the containers to serve without Kubernetes.
 type StandaloneConfig struct {
 	// Containers are cgroups (paths within the cpu hierarchy) to serve.
@@ -212,12 +182,11 @@ func DefaultConfig() Config {
 	}
 	dc := settings.DefaultCeilings()
 	return Config{
-		Socket:        "/run/cpuslot/agent.sock",
-		HTTP:          "127.0.0.1:9464",
-		LogLevel:      "info",
-		Pool:          c.Pool,
-		Admission:     c.Admission,
-		MaxContainers: DefaultMaxContainers,
+		settingsSections: c.settingsSections,
+		Socket:           "/run/cpuslot/agent.sock",
+		HTTP:             "127.0.0.1:9464",
+		LogLevel:         "info",
+		MaxContainers:    DefaultMaxContainers,
 		Limits: LimitsConfig{MaxConnections: 4096, MaxConnectionsPerContainer: 1024, MaxPendingHelloPerUID: 256,
 			MaxPendingHelloPerCgroup: 256, MaxConnectionsPerProcess: 64,
 			HelloTimeout: Duration{10 * time.Second}, FrameTimeout: Duration{10 * time.Second}},
@@ -328,29 +297,23 @@ func (c *Config) Set(key, value string) error {
 }
 
 // field is the file's field holding a setting: the one at the key's YAML
-// path ("pool.maxSlots" is Pool's field tagged maxSlots), so the file's
-// structs need no list of the keys; nil when there is none.
+// path ("pool.maxSlots" is Pool's field tagged maxSlots); nil when there
+// is none.
 func (c *Config) field(key string) any {
 	if _, ok := settings.Lookup(key); !ok {
 		return nil
 	}
-	return fieldAt(reflect.ValueOf(c).Elem(), key)
+	return fieldAt(reflect.ValueOf(&c.settingsSections).Elem(), key)
 }
 
-func (p *PoolConfig) field(key string) any {
-	name, ok := strings.CutPrefix(key, "pool.")
+// sectionField is the field of a section's struct (s, a pointer) holding
+// a setting; nil when the key is of another section or none.
+func sectionField(s any, section, key string) any {
+	name, ok := strings.CutPrefix(key, section+".")
 	if !ok {
 		return nil
 	}
-	return fieldAt(reflect.ValueOf(p).Elem(), name)
-}
-
-func (a *AdmissionConfig) field(key string) any {
-	name, ok := strings.CutPrefix(key, "admission.")
-	if !ok {
-		return nil
-	}
-	return fieldAt(reflect.ValueOf(a).Elem(), name)
+	return fieldAt(reflect.ValueOf(s).Elem(), name)
 }
 
 // fieldAt follows a dotted path of json tags from a struct to a field and
@@ -372,15 +335,6 @@ func fieldAt(v reflect.Value, path string) any {
 		v = next
 	}
 	return v.Addr().Interface()
-}
-
-// UnmarshalJSON reads the file's pool section through the settings'
-// parser, so a bad value gets the same error as from a flag or annotation.
-func (p *PoolConfig) UnmarshalJSON(b []byte) error { return decodeSection(b, "pool", p.field) }
-
-// UnmarshalJSON reads the file's admission section (see PoolConfig's).
-func (a *AdmissionConfig) UnmarshalJSON(b []byte) error {
-	return decodeSection(b, "admission", a.field)
 }
 
 // decodeSection sets each key of a YAML section (as JSON) through the

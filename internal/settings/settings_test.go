@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -182,19 +183,23 @@ func TestValidateBuiltInCode(t *testing.T) {
 	}
 }
 
-// TestDocGenerated: docs/settings.md's table is what `make settings-doc`
-// writes from Keys.
-func TestDocGenerated(t *testing.T) {
-	b, err := os.ReadFile("../../docs/settings.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := settings.RewriteDoc(string(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(b) != want {
-		t.Errorf("docs/settings.md is stale: run make settings-doc")
+// TestGenerated: every file written from Keys (Targets: the docs' table,
+// the chart's values, schema, README rows and configuration template, the
+// example file, the agent file's structs) is what `make settings-doc`
+// writes now.
+func TestGenerated(t *testing.T) {
+	for _, g := range settings.Targets {
+		b, err := os.ReadFile(filepath.Join("../..", g.Path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := g.Rewrite(string(b))
+		if err != nil {
+			t.Fatalf("%s: %v", g.Path, err)
+		}
+		if string(b) != want {
+			t.Errorf("%s is stale: run make settings-doc", g.Path)
+		}
 	}
 }
 
