@@ -160,7 +160,8 @@ e2e-openwhisk: images
 #                    from their one definition (settings.Keys; settings.Targets): the
 #                    table of docs/settings.md, the chart's values.yaml, values.schema.json,
 #                    config template and README rows, docs/agent.example.yaml and
-#                    internal/agent/config_settings.go (TestGenerated checks them)
+#                    internal/agent/config_settings.go (TestGenerated checks them);
+#                    then make manifests (deploy/cpuslot.yaml renders the chart)
 #   make chart-test  helm lint --strict, helm template (defaults, all options),
 #                    schema, queries, generated files up to date; the recipes
 #                    in deploy/ (OPENWHISK_CHART=<openwhisk-deploy-kube>/helm/openwhisk
@@ -192,6 +193,7 @@ endif
 
 settings-doc:
 	$(GO) run ./internal/settings/gen $(CURDIR)
+	$(MAKE) manifests
 
 chart-test:
 	$(GO) test ./charts/cpuslot ./deploy -count=1 -v

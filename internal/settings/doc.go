@@ -55,25 +55,29 @@ func rewrite(page, begin, end, body string) (string, error) {
 // string).
 func ChartConfig() string {
 	var b strings.Builder
-	section := ""
-	for _, k := range Keys {
-		sec, field, _ := strings.Cut(k.Name, ".")
-		if sec != section {
-			b.WriteString(sec + ":\n")
-			section = sec
+	for _, sec := range Sections() {
+		b.WriteString(sec + ":\n")
+		for _, k := range Keys {
+			if k.Section() == sec {
+				b.WriteString(k.chartLine())
+			}
 		}
-		v := ".Values." + k.Name
-		switch k.Kind {
-		case KindPrewarm, KindDuration:
-			v += " | quote"
-		case KindInt:
-			v = "int " + v
-		case KindQuantity:
-			v = `include "cpuslot.quantity" ` + v
-		}
-		fmt.Fprintf(&b, "  %s: {{ %s }}\n", field, v)
 	}
 	return b.String()
+}
+
+// chartLine is the key's line of ChartConfig.
+func (k Key) chartLine() string {
+	v := ".Values." + k.Name
+	switch k.Kind {
+	case KindPrewarm, KindDuration:
+		v += " | quote"
+	case KindInt:
+		v = "int " + v
+	case KindQuantity:
+		v = `include "cpuslot.quantity" ` + v
+	}
+	return fmt.Sprintf("  %s: {{ %s }}\n", k.Field(), v)
 }
 
 // DocTable is the Markdown table of every key: its name (in the file and

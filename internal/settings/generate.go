@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"go/format"
+	"slices"
 	"strings"
 	"time"
 )
@@ -43,12 +44,13 @@ func yamlTarget(s string) (string, error) { return rewrite(s, yamlBegin, yamlEnd
 func readmeTarget(s string) (string, error) { return rewrite(s, docBegin, docEnd, ReadmeRows()) }
 
 // Sections are the sections of the keys ("pool", "admission"), in the
-// order of Keys.
+// order of their first key in Keys; a file lists each section's keys
+// together.
 func Sections() []string {
 	var out []string
 	for _, k := range Keys {
-		if sec := k.Section(); len(out) == 0 || out[len(out)-1] != sec {
-			out = append(out, sec)
+		if !slices.Contains(out, k.Section()) {
+			out = append(out, k.Section())
 		}
 	}
 	return out
