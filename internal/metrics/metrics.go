@@ -12,7 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 	"github.com/cpuslot/cpuslot/internal/safetext"
 	"github.com/prometheus/client_golang/prometheus"
 )

@@ -127,7 +127,7 @@ func TestReasonsListed(t *testing.T) {
 // does the HOLD leases' action.
 func TestEveryLabelPreRegistered(t *testing.T) {
 	var decls []ast.Decl
-	for _, name := range []string{"reasons.go", "../pool/outcome/outcome.go"} {
+	for _, name := range []string{"reasons.go", "../outcome/outcome.go"} {
 		f, err := parser.ParseFile(token.NewFileSet(), name, nil, 0)
 		if err != nil {
 			t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

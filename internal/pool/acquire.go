@@ -9,7 +9,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
 // Acquire leases a slot of req.QuotaMilli (or less, when degraded).

@@ -32,8 +32,8 @@ func (p *Pool) Close(remove bool) error {
 	p.slots = map[uint32]*slot{}
 	p.leases = map[uint64]*lease{}
 	p.threadLeases = map[ownerThread]*lease{}
-	p.holdCount = map[any]int{}
-	p.credits = map[any]*credit{}
+	p.holdCount = map[Owner]int{}
+	p.credits = map[Owner]*credit{}
 	p.mu.Unlock()
 	// Nothing counts for the container any more (settle checks closed).
 	p.metrics.ForgetContainer(p.name)

@@ -24,7 +24,7 @@ type HeldLease struct {
 // they end, and a busy held slot does not end on its own. Each process is
 // asked for the excess in proportion to the HOLD quota it holds; thread
 // leases end with their invocations.
-func (p *Pool) Held(owner any, max int) Held {
+func (p *Pool) Held(owner Owner, max int) Held {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	h := Held{BudgetMilli: p.budget.Limit}

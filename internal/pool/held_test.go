@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/cpuslot/cpuslot/internal/admission"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
 // TestHeldGiveBackAfterShrink: a limit shrink leaves the HOLD leases
@@ -18,14 +18,14 @@ func TestHeldGiveBackAfterShrink(t *testing.T) {
 	b.limit = 1000
 	p := start(t, cfg(Affinity, "250m=4"), b)
 	ctx := context.Background()
-	a, other := &conn{name: "a"}, &conn{name: "b"}
+	a, other := NewOwner(), NewOwner()
 	a1 := must(t)(p.Acquire(ctx, holdReq(a, 250)))
 	a2 := must(t)(p.Acquire(ctx, holdReq(a, 250)))
 	b1 := must(t)(p.Acquire(ctx, holdReq(other, 250)))
 	if h := p.Held(a, 1024); h.GiveBackMilli != 0 || h.BudgetMilli != 1000 || len(h.Leases) != 2 {
 		t.Fatalf("within the budget: %+v", h)
 	}
-	if h := p.Held(&conn{}, 1024); h.GiveBackMilli != 0 || len(h.Leases) != 0 {
+	if h := p.Held(NewOwner(), 1024); h.GiveBackMilli != 0 || len(h.Leases) != 0 {
 		t.Fatalf("a process without HOLD leases: %+v", h)
 	}
 
@@ -68,7 +68,7 @@ func TestHeldShowsRaise(t *testing.T) {
 	c.Policy = admission.Degrade
 	p := start(t, c, b)
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	first := must(t)(p.Acquire(ctx, holdReq(o, 250)))
 	d := must(t)(p.Acquire(ctx, holdReq(o, 400)))
 	if !d.Degraded || d.Spec.QuotaMilli != 250 {

@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
-func holdReq(owner any, q uint32) Request {
+func holdReq(owner Owner, q uint32) Request {
 	return Request{Owner: owner, QuotaMilli: q, Hold: true}
 }
 
@@ -24,7 +24,7 @@ func TestHoldLeases(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=2"), b)
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	tl := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	h1 := must(t)(p.Acquire(ctx, holdReq(o, 250)))
 	if h1.Place != PlaceSelf || h1.Outcome != outcome.CacheHit || h1.SlotID == tl.SlotID {
@@ -48,7 +48,7 @@ func TestHoldLeases(t *testing.T) {
 	if _, err := p.Release(o, h1.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("double release: %v", err)
 	}
-	if _, err := p.Release(&conn{}, h2.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Release(NewOwner(), h2.Lease, outcome.EndOK); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("another process released a HOLD lease: %v", err)
 	}
 	if n := p.ReleaseOwner(o); n != 2 {
@@ -65,7 +65,7 @@ func TestHoldLeases(t *testing.T) {
 func TestHoldRefusals(t *testing.T) {
 	p := start(t, cfg(Affinity, "250m=1"), newFake())
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	for name, mut := range map[string]func(*Request){
 		"tid":          func(r *Request) { r.Thread.TID = 7 },
 		"current slot": func(r *Request) { r.CurrentSlot = 1 },
@@ -110,7 +110,7 @@ func TestHoldBoundedByMaxSlots(t *testing.T) {
 	}
 	p := start(t, c, b)
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	held := map[uint32]bool{}
 	for i := 0; i < 4; i++ {
 		held[must(t)(p.Acquire(ctx, holdReq(o, 250))).SlotID] = true
@@ -128,7 +128,7 @@ func TestHoldBoundedByMaxSlots(t *testing.T) {
 		t.Fatalf("a reclaim beyond maxSlots HOLD leases: %v", err)
 	}
 	// Another process of the container may hold the rest.
-	must(t)(p.Acquire(ctx, holdReq(&conn{}, 250)))
+	must(t)(p.Acquire(ctx, holdReq(NewOwner(), 250)))
 }
 
 // TestReclaimHold: a HOLD lease re-declared after a reconnect is again the
@@ -136,15 +136,15 @@ func TestHoldBoundedByMaxSlots(t *testing.T) {
 func TestReclaimHold(t *testing.T) {
 	p := start(t, cfg(Affinity, "250m=2"), newFake())
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	h := must(t)(p.Acquire(ctx, holdReq(o, 250)))
 	p.ReleaseOwner(o)
-	o2 := &conn{}
+	o2 := NewOwner()
 	g := must(t)(p.ReclaimHold(o2, h.SlotID, 250))
 	if g.Place != PlaceNone || g.SlotID != h.SlotID {
 		t.Fatalf("%+v", g)
 	}
-	if _, err := p.ReclaimHold(&conn{}, h.SlotID, 250); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.ReclaimHold(NewOwner(), h.SlotID, 250); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("another process reclaimed a held slot: %v", err)
 	}
 	must(t)(p.Acquire(ctx, req(o2, 250, 1, 0))) // a thread's lease ends no HOLD lease
@@ -166,16 +166,17 @@ func TestReportedActionsBounded(t *testing.T) {
 	c := cfg(Affinity, "")
 	c.MaxActions = 5
 	p := start(t, c, newFake())
-	must(t)(p.Acquire(context.Background(), holdReq(p, 250))) // reports need a held slot
+	o := NewOwner()
+	must(t)(p.Acquire(context.Background(), holdReq(o, 250))) // reports need a held slot
 	for i := 0; i < 10000; i++ {
-		p.Reported(p, []Report{{Action: fmt.Sprintf("a%d", i), How: outcome.EndOK, N: 1, CPUNanos: 1}})
+		p.Reported(o, []Report{{Action: fmt.Sprintf("a%d", i), How: outcome.EndOK, N: 1, CPUNanos: 1}})
 	}
 	if len(p.actions) != 5 {
 		t.Fatalf("%d action names kept, want 5", len(p.actions))
 	}
 	// Records waiting for the next counter read are keyed by the capped
 	// label too: at most the 5 names and _other.
-	if n := len(p.creditOf(p).pending); n > 6 {
+	if n := len(p.creditOf(o).pending); n > 6 {
 		t.Fatalf("%d records waiting after 10000 action names, want at most 6", n)
 	}
 	if l := p.actionLabel(outcome.HoldAction); l != "_other" {
@@ -191,13 +192,13 @@ func TestReportedBoundedByHeldUsage(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=2"), b)
 	ctx := context.Background()
-	o, other := &conn{}, &conn{}
+	o, other := NewOwner(), NewOwner()
 	h := must(t)(p.Acquire(ctx, holdReq(o, 250)))
 	s := b.slots[h.SlotID]
 	// Each report comes observeEvery after the one before, so each is
 	// settled at once.
 	now := time.Now()
-	report := func(owner any, cpu uint64) (credited uint64) {
+	report := func(owner Owner, cpu uint64) (credited uint64) {
 		now = now.Add(observeEvery)
 		for _, r := range p.report(owner, []Report{{Action: "a", How: outcome.EndOK, N: 1, CPUNanos: cpu}}, now) {
 			credited += r.CPUNanos
@@ -240,11 +241,11 @@ func TestReportedBoundedByHeldUsage(t *testing.T) {
 func TestReportedInvocationsBoundedByHeldTime(t *testing.T) {
 	p := start(t, cfg(Affinity, "250m=2"), newFake())
 	ctx := context.Background()
-	o, other := &conn{}, &conn{}
+	o, other := NewOwner(), NewOwner()
 	h := must(t)(p.Acquire(ctx, holdReq(o, 250)))
 	granted := time.Now()
 	now := granted
-	count := func(owner any, n uint64) (credited uint64) {
+	count := func(owner Owner, n uint64) (credited uint64) {
 		now = now.Add(observeEvery)
 		for _, r := range p.report(owner, []Report{{Action: "a", How: outcome.EndOK, N: n}}, now) {
 			credited += r.N
@@ -282,7 +283,7 @@ func TestReportFloodReadsBounded(t *testing.T) {
 	b := newFake()
 	c := cfg(Affinity, "250m=4")
 	p := start(t, c, b)
-	o := &conn{}
+	o := NewOwner()
 	for range 4 {
 		must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
 	}
@@ -328,7 +329,7 @@ func TestReportFloodReadsBounded(t *testing.T) {
 func TestReportWaitsForNextRead(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=1"), b)
-	o := &conn{}
+	o := NewOwner()
 	h := must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
 	s := b.slots[h.SlotID]
 	// A millisecond after the acquisition: a lease held for no time at all
@@ -362,7 +363,7 @@ func TestReportWaitsForNextRead(t *testing.T) {
 func TestReportPendingSettledOnLeave(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=1"), b)
-	o := &conn{}
+	o := NewOwner()
 	h := must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
 	now := time.Now()
 	p.report(o, nil, now)

@@ -25,7 +25,7 @@ func (p *Pool) Lends() bool { return p.cfg.LendRatio > 0 }
 // Sleep marks owner's lease id as sleeping and lends its lendable share.
 // A lease already sleeping lends nothing more; with lending off it lends
 // nothing at all.
-func (p *Pool) Sleep(owner any, id uint64) error {
+func (p *Pool) Sleep(owner Owner, id uint64) error {
 	p.mu.Lock()
 	l, err := p.ownLease(owner, id)
 	if err != nil || l.sleeping {
@@ -82,7 +82,7 @@ func (p *Pool) lendLater(l *lease) {
 // Wake ends owner's lease id's sleep: it is charged its whole quota at once
 // and the pool cuts the youngest awake leases by what the container is now
 // over its budget. Waking an awake lease does nothing.
-func (p *Pool) Wake(owner any, id uint64) error {
+func (p *Pool) Wake(owner Owner, id uint64) error {
 	start := time.Now()
 	p.mu.Lock()
 	l, err := p.ownLease(owner, id)
@@ -116,7 +116,7 @@ func lendable(granted uint32, ratio float64) uint32 {
 }
 
 // ownLease finds owner's lease id; the caller holds the lock.
-func (p *Pool) ownLease(owner any, id uint64) (*lease, error) {
+func (p *Pool) ownLease(owner Owner, id uint64) (*lease, error) {
 	l := p.leases[id]
 	if l == nil || l.owner != owner {
 		p.metrics.Error(metrics.UnknownLease)

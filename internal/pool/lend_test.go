@@ -11,7 +11,7 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/metrics"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -62,7 +62,7 @@ func checkBound(t *testing.T, p *Pool) {
 // acquisition is admitted into it; the sleeper keeps its slot's quota.
 func TestLendOnSleep(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, b := lendPool(t, 0.5, admission.Reject)
 	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
@@ -105,7 +105,7 @@ func TestLendOnSleep(t *testing.T) {
 // raise them back.
 func TestWakeTakesBackFromBorrowers(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, b := lendPool(t, 0.5, admission.Queue)
 	reg := prometheus.NewRegistry()
 	p.metrics = metrics.New(reg)
@@ -176,7 +176,7 @@ func wakesObserved(t *testing.T, reg *prometheus.Registry) uint64 {
 // minimum, and the waker itself is never cut.
 func TestWakeCutsOnlyWhatIsNeeded(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, b := lendPool(t, 1, admission.Queue)
 	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	must(t)(nil, p.Sleep(o, g1.Lease))
@@ -196,7 +196,7 @@ func TestWakeCutsOnlyWhatIsNeeded(t *testing.T) {
 // it was charged.
 func TestReleaseWhileSleeping(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, _ := lendPool(t, 0.5, admission.Queue)
 	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	must(t)(nil, p.Sleep(o, g1.Lease))
@@ -214,7 +214,7 @@ func TestReleaseWhileSleeping(t *testing.T) {
 // TestLendingOff: with lendRatio 0 a SLEEP lends nothing.
 func TestLendingOff(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, _ := lendPool(t, 0, admission.Reject)
 	g1 := must(t)(p.Acquire(ctx, req(o, 1000, 1, 0)))
 	must(t)(nil, p.Sleep(o, g1.Lease))
@@ -231,10 +231,10 @@ func TestLendingOff(t *testing.T) {
 // leases.
 func TestSleepRefusesOthersLeases(t *testing.T) {
 	ctx := context.Background()
-	o, other := &conn{"o"}, &conn{"other"}
+	o, other := NewOwner(), NewOwner()
 	p, _ := lendPool(t, 0.5, admission.Reject)
 	g := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
-	for name, f := range map[string]func(any, uint64) error{"sleep": p.Sleep, "wake": p.Wake} {
+	for name, f := range map[string]func(Owner, uint64) error{"sleep": p.Sleep, "wake": p.Wake} {
 		if err := f(other, g.Lease); !errors.Is(err, ErrUnknownLease) {
 			t.Errorf("%s of another's lease: %v", name, err)
 		}
@@ -253,7 +253,7 @@ func TestSleepRefusesOthersLeases(t *testing.T) {
 // its sleepers' quota; once all are awake, the borrowers are cut back.
 func TestLyingRuntimeStaysInBudget(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, _ := lendPool(t, 0.75, admission.Degrade)
 	var ids []uint64
 	tid := uint32(1)
@@ -317,7 +317,7 @@ func TestConcurrentLending(t *testing.T) {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			o := &conn{}
+			o := NewOwner()
 			for i := 0; i < 100; i++ {
 				g, err := p.Acquire(context.Background(), req(o, 250, uint32(w+1), 0))
 				if err != nil {
@@ -352,7 +352,7 @@ func TestConcurrentLending(t *testing.T) {
 // a raise whose retune fails gives the budget back and stays degraded.
 func TestFailedRetunesAreUndone(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, b := lendPool(t, 0.5, admission.Queue)
 	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
@@ -389,7 +389,7 @@ func TestFailedRetunesAreUndone(t *testing.T) {
 // sleeper is raised when it wakes into free budget.
 func TestSleepersAreNotRaised(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, b := lendPool(t, 1, admission.Queue)
 	g1 := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
@@ -430,7 +430,7 @@ func TestSleepersAreNotRaised(t *testing.T) {
 // not left idle until the next release or sleep.
 func TestRaisesResumeAfterARaise(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	p, b := lendPool(t, 0.5, admission.Queue)
 	g0 := must(t)(p.Acquire(ctx, req(o, 100, 1, 0)))
 	g1 := must(t)(p.Acquire(ctx, req(o, 400, 2, 0)))
@@ -481,7 +481,7 @@ func TestRaisesResumeAfterARaise(t *testing.T) {
 // SLEEP within a period of the lease's last lend lends only once the
 // period is over, if the lease still sleeps then.
 func TestFlappingLeaseRetunesOncePerPeriod(t *testing.T) {
-	o := &conn{}
+	o := NewOwner()
 	p, b := lendPool(t, 1, admission.Queue)
 	sleeper := sleeperAndBorrower(t, p, o)
 	b.takeOps()
@@ -519,7 +519,7 @@ func TestFlappingLeaseRetunesOncePerPeriod(t *testing.T) {
 // then; once their raise is written, the pool cuts what the wake owes, so
 // the container is not left over its budget until a release.
 func TestWakeDuringRaiseCutsWhenItEnds(t *testing.T) {
-	o := &conn{}
+	o := NewOwner()
 	p, b := lendPool(t, 1, admission.Queue)
 	sleeper := sleeperAndBorrower(t, p, o)
 	must(t)(nil, p.Wake(o, sleeper.Lease)) // both others cut, degraded
@@ -560,7 +560,7 @@ func TestWakeDuringRaiseCutsWhenItEnds(t *testing.T) {
 // sleeperAndBorrower fills a 1000m budget with two 500m leases of o, puts
 // the first to sleep and admits a 500m borrower into what it lends (lend
 // ratio 1); it returns the sleeper.
-func sleeperAndBorrower(t *testing.T, p *Pool, o *conn) *Grant {
+func sleeperAndBorrower(t *testing.T, p *Pool, o Owner) *Grant {
 	t.Helper()
 	ctx := context.Background()
 	sleeper := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))

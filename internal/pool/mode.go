@@ -1,7 +1,7 @@
 package pool
 
 import (
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
 // mode is how a pool finds and places slots: the product (affinity) and

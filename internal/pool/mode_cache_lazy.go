@@ -1,7 +1,7 @@
 package pool
 
 import (
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
@@ -28,10 +28,20 @@ type Thread struct {
 	TID uint32
 }
 
+// Owner is who leases belong to: one client connection, so that its
+// leases end when it goes (ReleaseOwner) and only it can end or report
+// them. NewOwner gives each its own.
+type Owner uint64
+
+var ownerSeq atomic.Uint64
+
+// NewOwner returns an Owner no other has.
+func NewOwner() Owner { return Owner(ownerSeq.Add(1)) }
+
 // Request asks for a slot.
 type Request struct {
 	// Owner is the connection the lease belongs to.
-	Owner      any
+	Owner      Owner
 	QuotaMilli uint32
 	Thread     Thread
 	// CurrentSlot is where the client says the thread sits (0: unknown).
@@ -111,7 +121,7 @@ type slot struct {
 
 type lease struct {
 	id      uint64
-	owner   any
+	owner   Owner
 	slot    *slot
 	thread  Thread
 	hostTID int
@@ -142,7 +152,7 @@ type lease struct {
 
 // ownerThread is a client thread within the connection holding its lease.
 type ownerThread struct {
-	owner  any
+	owner  Owner
 	thread Thread
 }
 
@@ -167,9 +177,9 @@ type Pool struct {
 	// threadLeases finds the thread lease a thread of a client process holds.
 	threadLeases map[ownerThread]*lease
 	// holdCount counts the HOLD leases of each client process.
-	holdCount map[any]int
+	holdCount map[Owner]int
 	// credits bounds what each process may report in USAGE.
-	credits map[any]*credit
+	credits map[Owner]*credit
 	budget  *admission.Budget
 	// lent is what sleeping leases lend now; wakes counts their wakes,
 	// lends the sleeps that lent quota, givebacks the lent quotas ended
@@ -227,8 +237,8 @@ func New(name string, cfg settings.Pool, b Backend, m *metrics.Metrics) (*Pool, 
 	p := &Pool{
 		name: name, cfg: cfg, mode: md, backend: b, metrics: m,
 		slots: map[uint32]*slot{}, byThread: map[Thread]*slot{}, leases: map[uint64]*lease{}, threadLeases: map[ownerThread]*lease{},
-		holdCount: map[any]int{},
-		credits:   map[any]*credit{},
+		holdCount: map[Owner]int{},
+		credits:   map[Owner]*credit{},
 		budget:    admission.New(base, cfg.Overcommit, cfg.Policy, cfg.MinDegradedMilli),
 		nextID:    1,
 		changed:   make(chan struct{}),

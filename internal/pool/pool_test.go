@@ -10,7 +10,7 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/admission"
 	"github.com/cpuslot/cpuslot/internal/cgroup"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
@@ -153,9 +153,7 @@ func start(t *testing.T, c settings.Pool, b *fakeBackend) *Pool {
 	return p
 }
 
-type conn struct{ name string }
-
-func req(owner any, q uint32, tid uint32, cur uint32) Request {
+func req(owner Owner, q uint32, tid uint32, cur uint32) Request {
 	return Request{Owner: owner, QuotaMilli: q, Thread: Thread{NS: 1, TID: tid}, CurrentSlot: cur,
 		HostTID: func() (int, error) { return int(tid) + 10000, nil }}
 }
@@ -173,7 +171,7 @@ func must(t *testing.T) func(*Grant, error) *Grant {
 func TestAffinityReusesTheThreadsOwnSlot(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=2,500m=1"), b)
-	c := &conn{}
+	c := NewOwner()
 	ctx := context.Background()
 
 	g := must(t)(p.Acquire(ctx, req(c, 250, 1, 0)))
@@ -213,7 +211,7 @@ func TestAffinityRetunesOwnSlotThenCreates(t *testing.T) {
 	c := cfg(Affinity, "250m=1")
 	c.MaxSlots = 2
 	p := start(t, c, b)
-	o := &conn{}
+	o := NewOwner()
 	ctx := context.Background()
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	p.Release(o, g.Lease, outcome.EndOK)
@@ -244,7 +242,7 @@ func TestAffinityRetunesOwnSlotThenCreates(t *testing.T) {
 
 func TestBaselineModesWriteTIDs(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 
 	b := newFake()
 	p := start(t, cfg(CacheEager, "250m=1"), b)
@@ -296,7 +294,7 @@ func TestBadInput(t *testing.T) {
 	b := newFake()
 	b.limit = 1000
 	p := start(t, cfg(Affinity, "250m=1"), b)
-	o, other := &conn{}, &conn{}
+	o, other := NewOwner(), NewOwner()
 	ctx := context.Background()
 	for _, q := range []uint32{0, 5, 1500} {
 		if _, err := p.Acquire(ctx, req(o, q, 1, 0)); !errors.Is(err, ErrInvalidQuota) {
@@ -326,7 +324,7 @@ func TestCgroupRefusesMkdir(t *testing.T) {
 	b := newFake()
 	b.maxSlots = 1
 	p := start(t, cfg(Affinity, "250m=1"), b)
-	o := &conn{}
+	o := NewOwner()
 	ctx := context.Background()
 	g := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	_, err := p.Acquire(ctx, req(o, 500, 2, 0))
@@ -342,7 +340,7 @@ func TestCgroupRefusesMkdir(t *testing.T) {
 
 func TestAdmissionPolicies(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	mk := func(policy admission.Policy) (*Pool, *fakeBackend) {
 		b := newFake()
 		b.limit = 1000
@@ -392,7 +390,7 @@ func TestAdmissionPolicies(t *testing.T) {
 // back and leaves the lease degraded at its old grant, first in line.
 func TestFailedRaiseStaysDegraded(t *testing.T) {
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	b := newFake()
 	b.limit = 1000
 	c := cfg(Affinity, "500m=1")
@@ -421,7 +419,7 @@ func TestOwnerGoneAndReclaim(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=2"), b)
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	must(t)(p.Acquire(ctx, req(o, 250, 2, 0)))
 	if n := p.ReleaseOwner(o); n != 2 {
@@ -431,12 +429,12 @@ func TestOwnerGoneAndReclaim(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 	// A reconnecting client re-declares a lease it still runs under.
-	o2 := &conn{}
+	o2 := NewOwner()
 	g := must(t)(p.Reclaim(o2, g1.SlotID, 250, Thread{NS: 1, TID: 1}, "a"))
 	if g.Place != PlaceNone {
 		t.Fatalf("%+v", g)
 	}
-	if _, err := p.Reclaim(&conn{}, g1.SlotID, 250, Thread{NS: 1, TID: 9}, "a"); !errors.Is(err, ErrUnknownLease) {
+	if _, err := p.Reclaim(NewOwner(), g1.SlotID, 250, Thread{NS: 1, TID: 9}, "a"); !errors.Is(err, ErrUnknownLease) {
 		t.Fatalf("double reclaim: %v", err)
 	}
 	// The same process re-declaring its own lease gets it under a new id.
@@ -501,7 +499,7 @@ func TestAdoptionAndReap(t *testing.T) {
 func TestSupersede(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=1"), b)
-	o := &conn{}
+	o := NewOwner()
 	ctx := context.Background()
 	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 250, 1, g1.SlotID)))
@@ -512,7 +510,7 @@ func TestSupersede(t *testing.T) {
 		t.Fatalf("late release of the superseded lease: %v", err)
 	}
 	// Another process's thread with the same id is someone else.
-	if _, err := p.Acquire(ctx, req(&conn{}, 250, 1, g1.SlotID)); err != nil {
+	if _, err := p.Acquire(ctx, req(NewOwner(), 250, 1, g1.SlotID)); err != nil {
 		t.Fatal(err)
 	}
 	if s := p.Summary(); s.Leases != 2 {
@@ -527,7 +525,7 @@ func TestRemovalBusy(t *testing.T) {
 	c := cfg(Affinity, "250m=1")
 	c.IdleTimeout = time.Minute
 	p := start(t, c, b)
-	o := &conn{}
+	o := NewOwner()
 	ctx := context.Background()
 	g1 := must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
 	g2 := must(t)(p.Acquire(ctx, req(o, 250, 2, 0))) // grown: an extra slot
@@ -629,7 +627,7 @@ func TestConcurrentAcquireRelease(t *testing.T) {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			o := &conn{}
+			o := NewOwner()
 			cur := uint32(0)
 			for i := 0; i < 200; i++ {
 				q := uint32(250 * (1 + (w+i)%2))
@@ -724,7 +722,7 @@ func TestNoCgroupIOUnderThePoolLock(t *testing.T) {
 			if err := p.Start(); err != nil {
 				t.Fatal(err)
 			}
-			o := &conn{}
+			o := NewOwner()
 			g1 := must(t)(p.Acquire(ctx, req(o, 800, 1, 0)))
 			g2 := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
 			if !g2.Degraded {

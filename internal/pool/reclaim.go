@@ -5,11 +5,11 @@ import (
 	"time"
 
 	"github.com/cpuslot/cpuslot/internal/metrics"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
 // ReleaseOwner releases every lease of a connection that went away.
-func (p *Pool) ReleaseOwner(owner any) int {
+func (p *Pool) ReleaseOwner(owner Owner) int {
 	p.mu.Lock()
 	var ids []uint64
 	for id, l := range p.leases {
@@ -39,21 +39,21 @@ func (p *Pool) ReleaseOwner(owner any) int {
 // agent and not leased since is reclaimed (an invocation of before the
 // restart may run in it); it is counted, and its quota counts against the
 // budget, so it never makes room for more.
-func (p *Pool) Reclaim(owner any, slotID, quota uint32, t Thread, action string) (*Grant, error) {
+func (p *Pool) Reclaim(owner Owner, slotID, quota uint32, t Thread, action string) (*Grant, error) {
 	return p.reclaim(owner, slotID, t, action, false)
 }
 
 // ReclaimHold re-declares a HOLD lease held across a reconnect, as Reclaim
 // does a thread's lease. A process holds at most MaxSlots HOLD leases, also
 // after a restart that adopted more slots: a reclaim beyond is refused.
-func (p *Pool) ReclaimHold(owner any, slotID, quota uint32) (*Grant, error) {
+func (p *Pool) ReclaimHold(owner Owner, slotID, quota uint32) (*Grant, error) {
 	if !p.GrantsHold() {
 		return nil, errorf(BadRequest, "this pool's mode (%s) grants no HOLD leases", p.cfg.Mode)
 	}
 	return p.reclaim(owner, slotID, Thread{}, "", true)
 }
 
-func (p *Pool) reclaim(owner any, slotID uint32, t Thread, action string, hold bool) (*Grant, error) {
+func (p *Pool) reclaim(owner Owner, slotID uint32, t Thread, action string, hold bool) (*Grant, error) {
 	p.mu.Lock()
 	s := p.slots[slotID]
 	if p.closed {

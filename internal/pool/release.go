@@ -6,11 +6,11 @@ import (
 
 	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/metrics"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
 // Release ends a lease and returns what its slot used meanwhile.
-func (p *Pool) Release(owner any, id uint64, how outcome.Ending) (cgroup.Usage, error) {
+func (p *Pool) Release(owner Owner, id uint64, how outcome.Ending) (cgroup.Usage, error) {
 	l, err := p.takeLease(owner, id)
 	if err != nil {
 		return cgroup.Usage{}, err
@@ -80,11 +80,11 @@ const observeEvery = time.Second
 // no earlier record claimed. Records that come within observeEvery of the
 // last read wait for the next one (the next report, the next Reap, or the
 // process leaving). It returns the records counted now.
-func (p *Pool) Reported(owner any, rs []Report) []Report {
+func (p *Pool) Reported(owner Owner, rs []Report) []Report {
 	return p.report(owner, rs, time.Now())
 }
 
-func (p *Pool) report(owner any, rs []Report, now time.Time) []Report {
+func (p *Pool) report(owner Owner, rs []Report, now time.Time) []Report {
 	p.mu.Lock()
 	c := p.creditOf(owner)
 	if c.pending == nil {
@@ -116,7 +116,7 @@ func (p *Pool) report(owner any, rs []Report, now time.Time) []Report {
 
 // settle reads the owner's held slots' counters and counts its pending
 // records against what they used and the time they were held.
-func (p *Pool) settle(owner any, now time.Time) []Report {
+func (p *Pool) settle(owner Owner, now time.Time) []Report {
 	p.observeHolds(owner, now)
 	p.mu.Lock()
 	c := p.creditOf(owner)
@@ -163,7 +163,7 @@ func (p *Pool) settle(owner any, now time.Time) []Report {
 // settleDue settles the records that have waited observeEvery.
 func (p *Pool) settleDue(now time.Time) {
 	p.mu.Lock()
-	var due []any
+	var due []Owner
 	for owner, c := range p.credits {
 		if len(c.pending) > 0 && now.Sub(c.observed) >= observeEvery {
 			due = append(due, owner)
@@ -178,7 +178,7 @@ func (p *Pool) settleDue(now time.Time) {
 // observeHolds credits the owner with what its HOLD leases' slots used
 // since last seen, and with the time they were held until now. The
 // counters are read outside the lock.
-func (p *Pool) observeHolds(owner any, now time.Time) {
+func (p *Pool) observeHolds(owner Owner, now time.Time) {
 	p.mu.Lock()
 	var ls []*lease
 	for _, l := range p.leases {
@@ -228,7 +228,7 @@ func (p *Pool) creditHeld(l *lease, now time.Time) {
 	l.heldUntil = now
 }
 
-func (p *Pool) creditOf(owner any) *credit {
+func (p *Pool) creditOf(owner Owner) *credit {
 	c := p.credits[owner]
 	if c == nil {
 		c = &credit{}
@@ -246,7 +246,7 @@ func satAdd(a, b uint64) uint64 {
 
 // takeLease removes the owner's lease id from the pool's books and marks
 // its slot busy for the release's I/O.
-func (p *Pool) takeLease(owner any, id uint64) (*lease, error) {
+func (p *Pool) takeLease(owner Owner, id uint64) (*lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	l := p.leases[id]

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
 // slotsByQuota counts the pool's slots per quota.
@@ -30,7 +30,7 @@ func TestRefreshLimitFollowsResize(t *testing.T) {
 	b := newFake()
 	b.limit = 1000
 	p := start(t, cfg(Affinity, "250m=1,500m=2"), b)
-	o := &conn{}
+	o := NewOwner()
 	ctx := context.Background()
 	held := must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	freed := must(t)(p.Acquire(ctx, req(o, 500, 2, 0)))
@@ -97,7 +97,7 @@ func TestRefreshLimitRefusesWaitingRequest(t *testing.T) {
 	b := newFake()
 	b.limit = 500
 	p := start(t, cfg(Affinity, "500m=2"), b)
-	o := &conn{}
+	o := NewOwner()
 	ctx := context.Background()
 	must(t)(p.Acquire(ctx, req(o, 500, 1, 0)))
 	done := make(chan error, 1)
@@ -138,7 +138,7 @@ func TestAskLimitBeforeTheKernel(t *testing.T) {
 	if got := slotsByQuota(p); fmt.Sprint(got) != "map[250:1]" {
 		t.Fatalf("asked 400m: slots %v, want the 500m one removed at once", got)
 	}
-	if _, err := p.Acquire(ctx, req(&conn{}, 500, 1, 0)); !errors.Is(err, ErrInvalidQuota) {
+	if _, err := p.Acquire(ctx, req(NewOwner(), 500, 1, 0)); !errors.Is(err, ErrInvalidQuota) {
 		t.Fatalf("500m with 400m asked: %v", err)
 	}
 	b.limit = 400 // the kubelet applied it

@@ -4,7 +4,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
 // On cgroup v1 a slot's placement fd outlives its lease: whoever it was

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 )
 
 // TestRetire: only slots a client placed itself in are exposed. Retiring
@@ -17,7 +17,7 @@ func TestRetire(t *testing.T) {
 	b := newFake()
 	p := start(t, cfg(Affinity, "250m=3"), b)
 	ctx := context.Background()
-	o := &conn{}
+	o := NewOwner()
 	placed := req(o, 250, 1, 0)
 	placed.AgentPlaces = true
 	agentPlaced := must(t)(p.Acquire(ctx, placed))

@@ -43,7 +43,7 @@ func TestCloseWaitsForCreation(t *testing.T) {
 	}
 	acquired := make(chan error, 1)
 	go func() {
-		_, err := p.Acquire(context.Background(), req(&conn{}, 250, 1, 0))
+		_, err := p.Acquire(context.Background(), req(NewOwner(), 250, 1, 0))
 		acquired <- err
 	}()
 	<-b.entered // the acquisition is creating a slot
@@ -107,7 +107,7 @@ func TestRemovedContainerMakesPoolStale(t *testing.T) {
 	}
 	self := os.Getpid()
 	for _, q := range []uint32{250, 500} { // a cached slot, then a new one
-		r := req(&conn{}, q, 1, 0)
+		r := req(NewOwner(), q, 1, 0)
 		r.HostTID = func() (int, error) { return self, nil }
 		if _, err := p.Acquire(context.Background(), r); !errors.Is(err, ErrClosing) {
 			t.Errorf("acquire %dm in a removed container: %v, want SHUTTING_DOWN", q, err)

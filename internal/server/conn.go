@@ -95,7 +95,7 @@ func (s *Server) accepted(c *net.UnixConn, r Resolver) bool {
 	if displace != "" {
 		s.displace(displace)
 	}
-	cn := &conn{srv: s, resolve: r, c: c, charge: ch, accepted: time.Now(), pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+	cn := &conn{srv: s, resolve: r, c: c, owner: pool.NewOwner(), charge: ch, accepted: time.Now(), pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
 	s.conns[cn] = struct{}{}
 	s.serving.Add(1)
 	s.mu.Unlock()
@@ -153,7 +153,9 @@ type conn struct {
 	start   uint64
 	session *session
 	pool    *pool.Pool
-	fds     bool // the client takes fds
+	// owner is the connection's leases' owner in its pool.
+	owner pool.Owner
+	fds   bool // the client takes fds
 	// confine: the connection got fds by the v1 rule (passesFDs), which
 	// is checked again; confinedAt is when it last was (unix ns), and
 	// rechecking is set while a check runs.
@@ -325,7 +327,7 @@ func (c *conn) finish() {
 		c.srv.leave(c.session, c)
 	}
 	if c.pool != nil {
-		if n := c.pool.ReleaseOwner(c); n > 0 {
+		if n := c.pool.ReleaseOwner(c.owner); n > 0 {
 			c.srv.log.Info("client connection went away holding leases; released", "container", c.pool.Name(), "pid", c.peer.PID, "leases", n)
 		}
 	}

@@ -132,7 +132,7 @@ func (c *conn) release(request uint32, m *slotv1.Release) bool {
 	if m.Flags&(slotv1.ReleaseSleep|slotv1.ReleaseWake) != 0 {
 		return c.nap(request, m)
 	}
-	u, err := c.pool.Release(c, m.Lease, ending(m.Outcome))
+	u, err := c.pool.Release(c.owner, m.Lease, ending(m.Outcome))
 	if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
 		c.srv.guard.check() // the agent moved the thread out
 	}
@@ -163,12 +163,12 @@ func (c *conn) nap(request uint32, m *slotv1.Release) bool {
 		err = &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: sleepRetry,
 			Message: fmt.Sprintf("SLEEP at most %d times a second per process: the lease stays awake", SleepRate)}
 	case m.Flags&slotv1.ReleaseSleep != 0:
-		err = c.pool.Sleep(c, m.Lease)
+		err = c.pool.Sleep(c.owner, m.Lease)
 	default:
 		if m.Flags&slotv1.ReleaseNoReply != 0 && !c.paceOneWay() {
 			return false
 		}
-		err = c.pool.Wake(c, m.Lease)
+		err = c.pool.Wake(c.owner, m.Lease)
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
 		return true // errors are counted; nothing is sent
@@ -208,7 +208,7 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 		return c.badRequest(request, "HOLD needs a connection granted LOCAL at HELLO")
 	}
 	req := pool.Request{
-		Owner: c, QuotaMilli: m.QuotaMilli, Thread: pool.Thread{NS: c.peer.NS, TID: m.TID},
+		Owner: c.owner, QuotaMilli: m.QuotaMilli, Thread: pool.Thread{NS: c.peer.NS, TID: m.TID},
 		CurrentSlot: m.CurrentSlot, AgentPlaces: !c.fds || m.Flags&slotv1.AcquireAgentPlaces != 0,
 		Wait: time.Duration(m.WaitUS) * time.Microsecond, Action: m.Action, Invocation: m.Invocation,
 		Hold: hold,
@@ -240,9 +240,9 @@ func (c *conn) reclaim(request uint32, m *slotv1.Reclaim) bool {
 		if m.Invocation != "" {
 			return c.badRequest(request, "a HOLD lease has no invocation")
 		}
-		g, err = c.pool.ReclaimHold(c, m.Slot, m.QuotaMilli)
+		g, err = c.pool.ReclaimHold(c.owner, m.Slot, m.QuotaMilli)
 	} else {
-		g, err = c.pool.Reclaim(c, m.Slot, m.QuotaMilli, pool.Thread{NS: c.peer.NS, TID: m.TID}, m.Action)
+		g, err = c.pool.Reclaim(c.owner, m.Slot, m.QuotaMilli, pool.Thread{NS: c.peer.NS, TID: m.TID}, m.Action)
 	}
 	if err != nil {
 		return c.fail(request, err)
@@ -272,7 +272,7 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 	for i, r := range m.Records {
 		rs[i] = pool.Report{Action: r.Action, How: ending(r.Outcome), N: uint64(r.Invocations), CPUNanos: r.CPUNanos, ThrottledNanos: r.ThrottledNanos}
 	}
-	c.pool.Reported(c, rs)
+	c.pool.Reported(c.owner, rs)
 	return true
 }
 
@@ -289,7 +289,7 @@ func (c *conn) held(request uint32) bool {
 		return c.send(request, &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: heldRetry,
 			Message: fmt.Sprintf("HELD at most %d times a second per process", heldRate)}, nil)
 	}
-	h := c.pool.Held(c, slotv1.MaxHeldLeases)
+	h := c.pool.Held(c.owner, slotv1.MaxHeldLeases)
 	ok := &slotv1.HeldOK{BudgetMilli: h.BudgetMilli, GiveBackMilli: h.GiveBackMilli, Leases: make([]slotv1.HeldLease, len(h.Leases))}
 	for i, l := range h.Leases {
 		ok.Leases[i] = slotv1.HeldLease{Lease: l.Lease, Slot: l.SlotID, QuotaMilli: l.QuotaMilli}

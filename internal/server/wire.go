@@ -4,8 +4,8 @@ import (
 	"errors"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 	"github.com/cpuslot/cpuslot/internal/pool"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // The one place where the pool's results become the wire's.

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/outcome"
 	"github.com/cpuslot/cpuslot/internal/pool"
-	"github.com/cpuslot/cpuslot/internal/pool/outcome"
 )
 
 // TestPoolErrorsOnTheWire: every reason the pool gives has its own wire

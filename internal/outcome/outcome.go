@@ -1,8 +1,9 @@
 // Package outcome holds the pool's words for how a lease went: how an
 // acquisition found its slot, how a lease ended, and the action a HOLD lease
-// is counted under. The pool speaks them and metrics labels its series with
-// them; it imports nothing, so that metrics, which the pool imports, can use
-// them too without a cycle.
+// is counted under. The pool speaks them, metrics labels its series with
+// them and the server maps them to the wire's (wire.go); it imports
+// nothing, and sits beside metrics rather than under the pool, which
+// imports metrics.
 package outcome
 
 // Acquisition is how a granted acquisition found its slot
