@@ -97,9 +97,9 @@ type Client struct {
 	// localOn says the agent of the current connections grants it.
 	local   *local
 	localOn atomic.Bool
-	// heldOn says the agent of the current connections answers HELD.
-	heldOn atomic.Bool
-	stop   chan struct{}
+	// holdListOn says the agent of the current connections answers HELD.
+	holdListOn atomic.Bool
+	stop       chan struct{}
 
 	recoverMu sync.Mutex
 	closed    bool

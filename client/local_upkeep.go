@@ -45,7 +45,7 @@ func (lc *local) run() {
 			lc.c.checkAgent(ctx)
 			lc.freeDead(monotonicNow())
 			lc.serveWaiters()
-			lc.held()
+			lc.checkHolds()
 		case <-sweep.C:
 			lc.dropIdle(monotonicNow())
 		}
@@ -89,14 +89,14 @@ func (lc *local) flush() {
 	lc.usageMu.Unlock()
 }
 
-// held asks the agent (HELD) what the process's HOLD leases are granted now
+// checkHolds asks the agent (HELD) what the process's HOLD leases are granted now
 // and how much of them to give back, once a round of run while it holds
 // slots: a CPU limit shrink can leave the container's leases above its new
 // budget, and a busy held slot never idles long enough to be dropped. An
 // agent that did not announce HELD is never asked.
-func (lc *local) held() {
+func (lc *local) checkHolds() {
 	c := lc.c
-	if !c.heldOn.Load() {
+	if !c.holdListOn.Load() {
 		return
 	}
 	lc.mu.Lock()

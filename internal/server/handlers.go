@@ -46,7 +46,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 	case *slotv1.Usage:
 		return c.usage(f.Request, m)
 	case *slotv1.HeldRequest:
-		return c.held(f.Request)
+		return c.holdList(f.Request)
 	case *slotv1.Hello:
 		return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "HELLO sent twice"))
 	}
@@ -276,20 +276,20 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 	return true
 }
 
-// held answers HELD: the process's HOLD leases as granted now, and how
+// holdList answers HELD: the process's HOLD leases as granted now, and how
 // much of them to give back so that the container fits its budget again.
-// Its cost is bounded: at most heldRate answers a second per process, each
+// Its cost is bounded: at most holdListRate answers a second per process, each
 // listing at most MaxHeldLeases leases.
-func (c *conn) held(request uint32) bool {
+func (c *conn) holdList(request uint32) bool {
 	if !c.local {
 		return c.badRequest(request, "HELD needs a connection granted LOCAL at HELLO")
 	}
-	if !c.session.held.Allow() {
+	if !c.session.holdList.Allow() {
 		c.srv.metrics.Error(metrics.HeldThrottled)
-		return c.send(request, &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: heldRetry,
-			Message: fmt.Sprintf("HELD at most %d times a second per process", heldRate)}, nil)
+		return c.send(request, &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: holdListRetry,
+			Message: fmt.Sprintf("HELD at most %d times a second per process", holdListRate)}, nil)
 	}
-	h := c.pool.Held(c.owner, slotv1.MaxHeldLeases)
+	h := c.pool.HoldList(c.owner, slotv1.MaxHeldLeases)
 	ok := &slotv1.HeldOK{BudgetMilli: h.BudgetMilli, GiveBackMilli: h.GiveBackMilli, Leases: make([]slotv1.HeldLease, len(h.Leases))}
 	for i, l := range h.Leases {
 		ok.Leases[i] = slotv1.HeldLease{Lease: l.Lease, Slot: l.SlotID, QuotaMilli: l.QuotaMilli}

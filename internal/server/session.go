@@ -35,9 +35,9 @@ type session struct {
 	gone atomic.Bool
 	// usage paces the process's USAGE reports, over all its connections.
 	usage *rate.Limiter
-	// held paces its HELD requests, sleeps its SLEEPs.
-	held   *rate.Limiter
-	sleeps *rate.Limiter
+	// holdList paces its HELD requests, sleeps its SLEEPs.
+	holdList *rate.Limiter
+	sleeps   *rate.Limiter
 	// oneWay paces its WAKEs and failed one-way RELEASEs.
 	oneWay *rate.Limiter
 }
@@ -52,14 +52,14 @@ const (
 	usageBurst = 100
 )
 
-// HELD is answered at most heldRate times a second per process (bursts of
-// heldBurst; SPEC.md): each answer walks the pool's leases under its lock.
+// HELD is answered at most holdListRate times a second per process (bursts of
+// holdListBurst; SPEC.md): each answer walks the pool's leases under its lock.
 // The reference clients ask once a second.
 const (
-	heldRate  = 5
-	heldBurst = 2
-	// heldRetry is the retry_after_ms of a HELD refused for its rate.
-	heldRetry = 1000 / heldRate
+	holdListRate  = 5
+	holdListBurst = 2
+	// holdListRetry is the retry_after_ms of a HELD refused for its rate.
+	holdListRetry = 1000 / holdListRate
 )
 
 // A process's SLEEPs lend at most SleepRate times a second (bursts of
@@ -103,7 +103,7 @@ func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 	ss := s.sessions[k]
 	if ss == nil {
 		ss = &session{key: k, conns: map[*conn]struct{}{},
-			usage: rate.NewLimiter(usageRate, usageBurst), held: rate.NewLimiter(heldRate, heldBurst),
+			usage: rate.NewLimiter(usageRate, usageBurst), holdList: rate.NewLimiter(holdListRate, holdListBurst),
 			sleeps: rate.NewLimiter(SleepRate, SleepBurst), oneWay: rate.NewLimiter(OneWayRate, OneWayBurst)}
 		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 		if pidfd >= 0 && s.watchExits {
