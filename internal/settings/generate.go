@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"go/format"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // Target is a file written from Keys (wholly, or between its markers) by
@@ -107,17 +110,22 @@ func comment(line string, col int, text string) string {
 	return b.String()
 }
 
-// yamlDefault is the key's default as a YAML scalar.
+// yamlDefault is the key's default as a YAML scalar: a number as it is,
+// text plain where YAML reads it back as that text, else quoted.
 func (k Key) yamlDefault(d Pool) string {
 	v := d.Get(k.Name)
-	switch {
-	case v == "":
-		return `""`
-	case k.Kind == KindDuration:
+	switch k.Kind {
+	case KindInt, KindNumber, KindFraction:
+		return v
+	case KindDuration:
 		dur, _ := time.ParseDuration(v)
-		return shortDuration(dur)
+		v = shortDuration(dur)
 	}
-	return v
+	var back map[string]any
+	if err := yaml.Unmarshal([]byte("v: "+v), &back); err == nil && back["v"] == v {
+		return v
+	}
+	return strconv.Quote(v)
 }
 
 // ReadmeRows are the rows of the chart README's values table for the keys.

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // A key added at the end of Keys, in a section listed before, is written
@@ -35,5 +37,25 @@ func TestGeneratedKeyJoinsItsSection(t *testing.T) {
 	src, err := ConfigGo()
 	if err != nil || strings.Count(src, "type PoolConfig struct") != 1 || !strings.Contains(src, "Knob int `json:\"knob\"`") {
 		t.Errorf("config structs: %v\n%s", err, src)
+	}
+}
+
+// A default that YAML would read as another type (on: a bool, 1.5: a
+// number) is quoted in the generated files, so the file and the chart's
+// values give the agent the key's text.
+func TestGeneratedDefaultsStayText(t *testing.T) {
+	saved := Keys
+	t.Cleanup(func() { Keys = saved })
+	for _, v := range []string{"on", "No", "null", "~", "1.5", "0x10", "1e3", "a: b", "#x", "- x", "250m=4,1=2", "100ms"} {
+		Keys = []Key{{Name: "pool.switch", Flag: "switch", Kind: KindChoice, Choices: []string{v}, Doc: "a switch",
+			get: func(Pool) string { return v }, set: func(*Pool, string) error { return nil }}}
+		var got map[string]map[string]any
+		if err := yaml.Unmarshal([]byte(SectionsYAML()), &got); err != nil {
+			t.Errorf("%q: %v\n%s", v, err, SectionsYAML())
+			continue
+		}
+		if s, ok := got["pool"]["switch"].(string); !ok || s != v {
+			t.Errorf("%q reads back as %#v:\n%s", v, got["pool"]["switch"], SectionsYAML())
+		}
 	}
 }
