@@ -298,23 +298,23 @@ func (c *Client) forget(l *Lease) {
 // sent there before (requests on one connection are taken in order): a
 // round trip when no other request is in flight on it, else one-way
 // (then a refusal is not seen, and the lease may stay awake).
-func (l *Lease) Sleep() error { return l.nap(slotv1.ReleaseSleep) }
+func (l *Lease) Sleep() error { return l.sleepOrWake(slotv1.ReleaseSleep) }
 
 // Wake tells the agent that the lease's invocation, which slept, runs
 // again: it is charged its whole quota at once and the agent lowers the
 // youngest awake leases of the container if that exceeds the budget. It
 // returns once the agent has done so.
-func (l *Lease) Wake() error { return l.nap(slotv1.ReleaseWake) }
+func (l *Lease) Wake() error { return l.sleepOrWake(slotv1.ReleaseWake) }
 
-func (l *Lease) nap(flag uint8) error {
+func (l *Lease) sleepOrWake(flag uint8) error {
 	if l.Local && l.released.Load() {
 		return ErrReleased
 	}
-	return l.sendNap(flag)
+	return l.sendSleepOrWake(flag)
 }
 
-// sendNap sends SLEEP or WAKE (flag) for the lease on its connection.
-func (l *Lease) sendNap(flag uint8) error {
+// sendSleepOrWake sends SLEEP or WAKE (flag) for the lease on its connection.
+func (l *Lease) sendSleepOrWake(flag uint8) error {
 	c := l.c
 	if c.Hello().Flags&slotv1.HelloOKLend == 0 {
 		return nil

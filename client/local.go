@@ -173,7 +173,7 @@ func (lc *local) release(l *Lease, outcome slotv1.ReleaseOutcome) (Usage, error)
 	if l.sleeping.Load() {
 		// The HOLD lease outlives this invocation: it must not stay lending
 		// while the next one runs in its slot.
-		_ = l.sendNap(slotv1.ReleaseWake)
+		_ = l.sendSleepOrWake(slotv1.ReleaseWake)
 	}
 	var u Usage
 	var err error

@@ -40,7 +40,7 @@ func TestLendingOnTheWire(t *testing.T) {
 		c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: q, TID: tid}))
 		return agenttest.ReadResp(t, c)
 	}
-	nap := func(lease uint64, flags uint8, outcome slotv1.ReleaseOutcome) slotv1.Message {
+	releaseWith := func(lease uint64, flags uint8, outcome slotv1.ReleaseOutcome) slotv1.Message {
 		c.Write(agenttest.Frame(t, &slotv1.Release{Lease: lease, Outcome: outcome, Flags: flags}))
 		return agenttest.ReadResp(t, c)
 	}
@@ -53,10 +53,10 @@ func TestLendingOnTheWire(t *testing.T) {
 		t.Fatalf("full container: %+v", pe)
 	}
 	for name, m := range map[string]slotv1.Message{
-		"sleep and wake": nap(g1.Lease, slotv1.ReleaseSleep|slotv1.ReleaseWake, slotv1.InvocationOK),
-		"sleep, failed":  nap(g1.Lease, slotv1.ReleaseSleep, slotv1.InvocationFailed),
-		"sleep, unknown": nap(424242, slotv1.ReleaseSleep, slotv1.InvocationOK),
-		"wake, unknown":  nap(424242, slotv1.ReleaseWake, slotv1.InvocationOK),
+		"sleep and wake": releaseWith(g1.Lease, slotv1.ReleaseSleep|slotv1.ReleaseWake, slotv1.InvocationOK),
+		"sleep, failed":  releaseWith(g1.Lease, slotv1.ReleaseSleep, slotv1.InvocationFailed),
+		"sleep, unknown": releaseWith(424242, slotv1.ReleaseSleep, slotv1.InvocationOK),
+		"wake, unknown":  releaseWith(424242, slotv1.ReleaseWake, slotv1.InvocationOK),
 	} {
 		pe, ok := m.(*slotv1.Error)
 		want := slotv1.CodeBadRequest
@@ -70,7 +70,7 @@ func TestLendingOnTheWire(t *testing.T) {
 	if s := a.Summaries()[0]; s.Leases != 2 || s.UsedMilli != 1000 || s.LentMilli != 0 {
 		t.Fatalf("after malformed SLEEP/WAKE: %+v", s)
 	}
-	if ok, _ := nap(g1.Lease, slotv1.ReleaseSleep, slotv1.InvocationOK).(*slotv1.ReleaseOK); ok == nil || *ok != (slotv1.ReleaseOK{}) {
+	if ok, _ := releaseWith(g1.Lease, slotv1.ReleaseSleep, slotv1.InvocationOK).(*slotv1.ReleaseOK); ok == nil || *ok != (slotv1.ReleaseOK{}) {
 		t.Fatalf("sleep: %+v", ok)
 	}
 	g3, _ := acquire(250, tid+2).(*slotv1.AcquireOK)
@@ -96,7 +96,7 @@ func TestLendingOnTheWire(t *testing.T) {
 		t.Errorf("after wake:\n%s", agenttest.Grep(body, "cpuslot_lent")+"\n"+agenttest.Grep(body, "cpuslot_wakes"))
 	}
 	for _, g := range []*slotv1.AcquireOK{g1, g2, g3} {
-		if _, ok := nap(g.Lease, 0, slotv1.InvocationOK).(*slotv1.ReleaseOK); !ok {
+		if _, ok := releaseWith(g.Lease, 0, slotv1.InvocationOK).(*slotv1.ReleaseOK); !ok {
 			t.Fatalf("release of %d", g.Lease)
 		}
 	}

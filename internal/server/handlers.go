@@ -126,11 +126,11 @@ func (c *conn) helloOK(h *slotv1.Hello, p *pool.Pool) *slotv1.HelloOK {
 	return ok
 }
 
-// release ends a lease and answers its usage; with SLEEP or WAKE it is a
-// nap instead.
+// release ends a lease and answers its usage; with SLEEP or WAKE it
+// leaves the lease and marks it asleep or awake instead (sleepOrWake).
 func (c *conn) release(request uint32, m *slotv1.Release) bool {
 	if m.Flags&(slotv1.ReleaseSleep|slotv1.ReleaseWake) != 0 {
-		return c.nap(request, m)
+		return c.sleepOrWake(request, m)
 	}
 	u, err := c.pool.Release(c.owner, m.Lease, ending(m.Outcome))
 	if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
@@ -147,9 +147,9 @@ func (c *conn) release(request uint32, m *slotv1.Release) bool {
 		Periods: u.Periods, ThrottledPeriods: u.ThrottledPeriods}, nil)
 }
 
-// nap takes a RELEASE with SLEEP or WAKE: the lease's invocation sleeps or
+// sleepOrWake takes a RELEASE with SLEEP or WAKE: the lease's invocation sleeps or
 // woke up (SPEC.md, "Lending"); the lease is not released.
-func (c *conn) nap(request uint32, m *slotv1.Release) bool {
+func (c *conn) sleepOrWake(request uint32, m *slotv1.Release) bool {
 	var err error
 	switch {
 	case m.Flags&slotv1.ReleaseSleep != 0 && m.Flags&slotv1.ReleaseWake != 0:

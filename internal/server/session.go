@@ -170,7 +170,7 @@ func (s *Server) exited(ss *session) {
 }
 
 // lastWords reports whether frame f, read after c's process exited, is
-// still taken: a USAGE or a RELEASE (no nap) that the process queued before
+// still taken: a USAGE or a RELEASE (neither SLEEP nor WAKE) that the process queued before
 // the agent saw its exit, so that its last report and its last releases
 // are counted. Only a watched session's are: there the exit shuts the
 // connections, so nothing can be added after it; without a watch a
