@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,13 +132,22 @@ func TestConfigFieldsAreSettings(t *testing.T) {
 			t.Errorf("%s: no field in the file", k.Name)
 		}
 	}
-	for section, v := range map[string]any{"pool": c.Pool, "admission": c.Admission} {
-		typ := reflect.TypeOf(v)
+	sections := reflect.TypeOf(c.settingsSections)
+	for j := range sections.NumField() {
+		section, typ := sections.Field(j).Tag.Get("json"), sections.Field(j).Type
 		for i := range typ.NumField() {
 			tag, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
 			if _, ok := settings.Lookup(section + "." + tag); !ok {
 				t.Errorf("%s.%s (%s): no setting", section, tag, typ.Field(i).Name)
 			}
+		}
+	}
+	// A field of the file's own with a section's name would hide the
+	// section (encoding/json takes the shallower field).
+	own := reflect.TypeOf(c)
+	for i := range own.NumField() {
+		if tag, _, _ := strings.Cut(own.Field(i).Tag.Get("json"), ","); !own.Field(i).Anonymous && slices.Contains(settings.Sections(), tag) {
+			t.Errorf("Config.%s is tagged %q, the name of a section of settings.Keys", own.Field(i).Name, tag)
 		}
 	}
 	for _, key := range []string{"", "pool", "pool.", "socket", "pool.turbo", "admission.prewarm", "pool.maxSlots.x"} {

@@ -203,6 +203,28 @@ func TestGenerated(t *testing.T) {
 	}
 }
 
+// A section of the keys is written only by the generator: a new key's
+// section must not be a name the chart's values or the example file use
+// by hand (the chart's nri, limits, kubernetes), or the file would hold it
+// twice.
+func TestSectionsNotWrittenByHand(t *testing.T) {
+	for _, path := range []string{"charts/cpuslot/values.yaml", "docs/agent.example.yaml"} {
+		b, err := os.ReadFile(filepath.Join("../..", path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, rest, _ := strings.Cut(string(b), "# BEGIN generated")
+		_, tail, _ := strings.Cut(rest, "# END generated\n")
+		for _, sec := range settings.Sections() {
+			for _, text := range []string{head, tail} {
+				if strings.HasPrefix(text, sec+":") || strings.Contains(text, "\n"+sec+":") {
+					t.Errorf("%s: %s is a section of settings.Keys, and also written by hand", path, sec)
+				}
+			}
+		}
+	}
+}
+
 func TestRewriteDocNeedsMarkers(t *testing.T) {
 	if _, err := settings.RewriteDoc("# Settings\n"); !errors.Is(err, settings.ErrNoDocMarkers) {
 		t.Fatalf("got %v", err)
