@@ -2,8 +2,10 @@
 // admission settings: their keys, defaults and validation. The agent's
 // flags, its YAML file and pod annotations all set them through Pool.Set,
 // so a value is accepted or refused the same way whichever source gives it;
-// the chart's values schema is checked against Keys by a test. A pool is
-// made from a Pool as it is; discover carries it without importing pool.
+// every file that lists the settings (the chart's values, schema and
+// template, the docs, the file's structs) is generated from Keys
+// (generate.go, Targets). A pool is made from a Pool as it is; discover
+// carries it without importing pool.
 package settings
 
 import (
