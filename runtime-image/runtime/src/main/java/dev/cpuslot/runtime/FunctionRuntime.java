@@ -94,6 +94,7 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_invocations_in_flight", "Invocations running now.");
         metrics.describe("cpuslot_stray_threads", "Threads of ended Java activations still running (not blocked) 10 s after the end.");
         metrics.describe("cpuslot_sandboxes", "Sandboxes (workers) per function by state.");
+        metrics.describe("cpuslot_allocated_bytes_total", "Heap bytes a function's workers allocated in its activations (the threads they started not included).");
         metrics.describe("cpuslot_sandboxes_created_total", "Sandboxes created.");
         metrics.describe("cpuslot_sandboxes_abandoned_total", "Workers retired at a deadline.");
         metrics.describe("cpuslot_slot_outcomes_total", "Per-invocation slot outcome (affinity_hit, cache_hit, retuned, created, or noslot reason).");
@@ -390,6 +391,7 @@ public final class FunctionRuntime implements AutoCloseable {
                     + (l != null && !l.active() ? " noslot=" + l.reason() : "")
                     + (m ? " cpu_ms=" + ms(used.cpuNanos()) + " throttled_ms=" + ms(used.throttledNanos())
                     + " periods=" + used.periods() + " throttled_periods=" + used.throttledPeriods() : "")
+                    + (hop.allocatedBytes >= 0 ? " alloc_bytes=" + hop.allocatedBytes : "")
                     + (hops > 0 ? " chain_hops=" + hops : "")
                     + (hops > 0 && (hop.trace.measured() || m) ? " chain_cpu_ms=" + ms(hop.trace.cpuNanos() + (m ? used.cpuNanos() : 0)) : "")
                     + " duration_ms=" + ms(duration));

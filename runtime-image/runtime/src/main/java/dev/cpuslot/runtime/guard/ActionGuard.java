@@ -222,9 +222,23 @@ public final class ActionGuard {
         }
     }
 
-    /** The live threads one function made. */
+    /** The live threads one function made, and what its activations allocated since the heap was last half empty. */
     private static final class ThreadBudget {
         final java.util.concurrent.atomic.AtomicInteger live = new java.util.concurrent.atomic.AtomicInteger();
+        /** Bytes its workers allocated in activations that ended since {@link #halfEmpty} was {@code epoch}. */
+        private long heapBytes, epoch;
+
+        /** Adds an ended activation's allocation; a count from before the heap was last half empty starts again. */
+        synchronized void allocated(long n) {
+            if (epoch != halfEmpty) {
+                epoch = halfEmpty;
+                heapBytes = 0;
+            }
+            heapBytes += n;
+        }
+
+        /** What its ended activations allocated since the heap was last half empty. */
+        synchronized long allocated() { return epoch == halfEmpty ? heapBytes : 0; }
 
         /** The new thread's Activation, or the refusal when the function has its limit of threads. */
         Activation admit(Activation root) {
@@ -309,8 +323,15 @@ public final class ActionGuard {
     private static final com.sun.management.ThreadMXBean THREADS =
             (com.sun.management.ThreadMXBean) ManagementFactory.getThreadMXBean();
     private static final long MAX_HEAP = Runtime.getRuntime().maxMemory();
-    /** Under pressure, a function thread that allocated more than this in its activation is stopped. */
+    /**
+     * Under pressure, a function thread that allocated more than this in its activation is stopped,
+     * and so is a function whose activations allocated more since the heap was last half empty
+     * (over all of them, the most of any function): one that keeps a little less than its share at
+     * every call fills the heap call after call.
+     */
     private static volatile long share = MAX_HEAP / 8;
+    /** Incremented (by the heap watch alone) at every sample that finds the old generation under half full. */
+    private static volatile long halfEmpty;
 
     /** A worker's group whose ended activations may still have live threads, and since when. */
     private record Lingering(Thread worker, long since) {}
@@ -356,6 +377,7 @@ public final class ActionGuard {
 
     private static void heapUsed(long used, long max) {
         boolean high = used > max / 10 * 7, low = used < max / 10 * 5;
+        if (low) halfEmpty++; // what functions allocated before now is not what fills the heap: counted again from here
         if (high && !pressure) {
             pressure = true;
             alert = true;
@@ -389,6 +411,8 @@ public final class ActionGuard {
         Thread worker = Thread.currentThread();
         Activation a = RUNNING.remove(worker);
         ACTIVATION.remove();
+        long[] st = START.get();
+        if (a != null && a.budget != null && st != null) a.budget.allocated(THREADS.getCurrentThreadAllocatedBytes() - st[0]);
         START.remove();
         if (a != null) finish(a, worker, "the activation that started this thread has ended");
         calm();
@@ -502,14 +526,39 @@ public final class ActionGuard {
         Activation a = ACTIVATION.get();
         String ended = a == null ? null : a.ended();
         if (ended != null) throw new Stopped(ended);
-        if (pressure) {
-            long[] st = START.get();
-            long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);
-            if (allocated > share) {
-                throw new OutOfMemoryError("the function allocated " + (allocated >> 20) + " MiB in this activation while the"
-                        + " runtime's heap is nearly full (its share: " + (share >> 20) + " MiB)");
-            }
+        if (pressure) heap(a);
+    }
+
+    /**
+     * At the start of a Java activation: under pressure, a function over its share (over its
+     * activations since the heap was last half empty) fails before its code runs (a single large
+     * allocation has no backward branch to stop at).
+     */
+    public static void heapCheck() {
+        if (pressure) heap(ACTIVATION.get());
+    }
+
+    private static void heap(Activation a) {
+        long[] st = START.get();
+        long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);
+        long s = share;
+        if (allocated > s) {
+            throw new OutOfMemoryError("the function allocated " + (allocated >> 20) + " MiB in this activation while the"
+                    + " runtime's heap is nearly full (its share: " + (s >> 20) + " MiB)");
         }
+        ThreadBudget b = a == null ? null : a.budget;
+        long before = b == null ? 0 : b.allocated();
+        if (before + allocated > s && mostAllocated(b, before)) {
+            throw new OutOfMemoryError("the function allocated " + ((before + allocated) >> 20) + " MiB in its activations since"
+                    + " the runtime's heap was last half empty, the most of any function, and the heap is nearly full (its share: "
+                    + (s >> 20) + " MiB)");
+        }
+    }
+
+    /** Whether no other function's activations allocated more since the heap was last half empty (a bystander is not stopped for a hog's heap). */
+    private static boolean mostAllocated(ThreadBudget b, long n) {
+        for (ThreadBudget o : BUDGETS.values()) if (o != b && o.allocated() > n) return false;
+        return true;
     }
 
     /** Ends a function's code at its deadline (thrown again at every backward branch if it is caught). */
