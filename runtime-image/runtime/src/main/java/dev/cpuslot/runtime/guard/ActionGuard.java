@@ -332,6 +332,8 @@ public final class ActionGuard {
     private static volatile long share = MAX_HEAP / 8;
     /** Incremented (by the heap watch alone) at every sample that finds the old generation under half full. */
     private static volatile long halfEmpty;
+    /** The last collection that confirmed a full heap before a refusal ({@link #stillFull}). */
+    private static final java.util.concurrent.atomic.AtomicLong lastConfirm = new java.util.concurrent.atomic.AtomicLong(System.nanoTime() - 2_000_000_000L);
 
     /** A worker's group whose ended activations may still have live threads, and since when. */
     private record Lingering(Thread worker, long since) {}
@@ -345,26 +347,22 @@ public final class ActionGuard {
      */
     private static volatile boolean lingerRunning;
 
+    /** The old generation's pools (what the heap watch samples). */
+    private static final List<MemoryPoolMXBean> OLD = ManagementFactory.getMemoryPoolMXBeans().stream()
+            .filter(p -> p.getType() == MemoryType.HEAP && p.isCollectionUsageThresholdSupported()
+                    && !p.getName().contains("Eden") && !p.getName().contains("Survivor"))
+            .toList();
+
     static {
         // The old generation holds what survived collections: nearly full, it is a function's
         // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
         // next backward branch) before the runtime's own threads find no memory.
-        List<MemoryPoolMXBean> old = ManagementFactory.getMemoryPoolMXBeans().stream()
-                .filter(p -> p.getType() == MemoryType.HEAP && p.isCollectionUsageThresholdSupported()
-                        && !p.getName().contains("Eden") && !p.getName().contains("Survivor"))
-                .toList();
         Thread.ofPlatform().daemon().name("cpuslot-heap-watch").start(() -> {
             long rounds = 0;
             while (true) {
                 try {
                     Thread.sleep(5);
-                    long used = 0, max = 0;
-                    for (MemoryPoolMXBean p : old) {
-                        MemoryUsage u = p.getUsage();
-                        used += u.getUsed();
-                        max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
-                    }
-                    heapUsed(used, max > 0 ? max : MAX_HEAP);
+                    sampleHeap();
                     if (++rounds % 4 == 0 && !LINGERING.isEmpty()) sweep(); // every 20 ms
                     if (alert) calm();
                 } catch (InterruptedException e) {
@@ -375,7 +373,18 @@ public final class ActionGuard {
         });
     }
 
-    private static void heapUsed(long used, long max) {
+    /** Samples the old generation (pressure on over 70 %, off under 50 %); whether it is over 70 %. */
+    private static boolean sampleHeap() {
+        long used = 0, max = 0;
+        for (MemoryPoolMXBean p : OLD) {
+            MemoryUsage u = p.getUsage();
+            used += u.getUsed();
+            max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
+        }
+        return heapUsed(used, max > 0 ? max : MAX_HEAP);
+    }
+
+    private static synchronized boolean heapUsed(long used, long max) {
         boolean high = used > max / 10 * 7, low = used < max / 10 * 5;
         if (low) halfEmpty++; // what functions allocated before now is not what fills the heap: counted again from here
         if (high && !pressure) {
@@ -385,6 +394,7 @@ public final class ActionGuard {
             pressure = false;
             calm();
         }
+        return high;
     }
 
     /** Sets the share of the heap a function thread may allocate in one activation before it is stopped under pressure. */
@@ -548,11 +558,27 @@ public final class ActionGuard {
         }
         ThreadBudget b = a == null ? null : a.budget;
         long before = b == null ? 0 : b.allocated();
-        if (before + allocated > s && mostAllocated(b, before)) {
+        if (before + allocated > s && mostAllocated(b, before) && stillFull()) {
             throw new OutOfMemoryError("the function allocated " + ((before + allocated) >> 20) + " MiB in its activations since"
                     + " the runtime's heap was last half empty, the most of any function, and the heap is nearly full (its share: "
                     + (s >> 20) + " MiB)");
         }
+    }
+
+    /**
+     * Whether the heap is still nearly full after a collection: the old generation holds garbage
+     * until one runs (a hog stopped a moment ago), and a function is not refused for that. At most
+     * one such collection a second for the whole runtime (each stops every tenant's threads: a
+     * hog refused again and again must not make them often); within that, the last one told.
+     */
+    private static boolean stillFull() {
+        synchronized (lastConfirm) {
+            if (System.nanoTime() - lastConfirm.get() >= 1_000_000_000L) {
+                System.gc();
+                lastConfirm.set(System.nanoTime());
+            }
+        }
+        return sampleHeap();
     }
 
     /** Whether no other function's activations allocated more since the heap was last half empty (a bystander is not stopped for a hog's heap). */
