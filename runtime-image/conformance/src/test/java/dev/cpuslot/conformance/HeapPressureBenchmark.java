@@ -44,17 +44,16 @@ class HeapPressureBenchmark {
     @Test
     void bystanderHelloWhileOneFunctionMisbehaves() throws Exception {
         String xmx = System.getProperty("heap.bench.xmx", "256m");
-        int quietCalls = Integer.getInteger("heap.bench.quiet", 300);
+        int quietCalls = Integer.getInteger("heap.bench.quiet", 200);
         String hello = probe(HeapPressureTest.HELLO), gc = probe(GC_STORM), storm = probe(ALLOC_STORM), hog = probe(HeapPressureTest.HOG);
         with("java", env("JAVA_TOOL_OPTIONS", "-Xmx" + xmx), c -> {
             for (String[] f : new String[][]{{"hello", hello}, {"gc", gc}, {"storm", storm}, {"hog", hog}})
                 assertEquals(200, register(c, f[0], jarFile(c, f[0], f[1]), null).code());
-            for (int i = 0; i < 100; i++) hello(c, null); // warm up
+            for (int i = 0; i < 2000; i++) hello(c, null); // warm up (the JIT)
             List<String> rows = new ArrayList<>();
             List<Long> quiet = new ArrayList<>();
-            for (int i = 0; i < quietCalls; i++) hello(c, quiet);
-            rows.add(row("quiet", quiet, quiet, ""));
             for (String f : new String[]{"gc", "storm"}) {
+                quiet = quiet(c, quietCalls, rows); // just before: the machine's load changes
                 List<Long> during = new ArrayList<>();
                 CompletableFuture<Reply> r = background(c, f);
                 while (!r.isDone()) hello(c, during);
@@ -63,6 +62,7 @@ class HeapPressureBenchmark {
                         done.code() + " " + done.raw()));
             }
             // the hog: called again and again until the guard has refused it twice
+            quiet = quiet(c, quietCalls, rows);
             List<Long> during = new ArrayList<>();
             List<String> hogReplies = new ArrayList<>();
             int[] refused = {0};
@@ -81,7 +81,8 @@ class HeapPressureBenchmark {
             rows.add(row("after: the hog's heap held (stopped)", after, quiet, ""));
             Thread.sleep(500); // the log writer is asynchronous
             String log = Files.readString(c.runtimeLog);
-            StringBuilder t = new StringBuilder("bystander hello (Hydra POST /, HTTP round trip from this process), -Xmx" + xmx + "\n\n"
+            StringBuilder t = new StringBuilder("bystander hello (Hydra POST /, HTTP round trip from this process), -Xmx" + xmx
+                    + "; each phase's ratios are to the quiet row just before it\n\n"
                     + "| while | calls | p50 | p99 | p50 / quiet | p99 / quiet | the misbehaving call |\n|---|---|---|---|---|---|---|\n");
             rows.forEach(t::append);
             t.append("\nlargest alloc_bytes of one activation in the runtime's log:");
@@ -91,6 +92,13 @@ class HeapPressureBenchmark {
             System.out.println(t);
             Files.writeString(Path.of("target", "heap-pressure.md"), t);
         });
+    }
+
+    static List<Long> quiet(ActionContainer c, int calls, List<String> rows) throws Exception {
+        List<Long> quiet = new ArrayList<>();
+        for (int i = 0; i < calls; i++) hello(c, quiet);
+        rows.add(row("quiet", quiet, quiet, ""));
+        return quiet;
     }
 
     static CompletableFuture<Reply> background(ActionContainer c, String f) {

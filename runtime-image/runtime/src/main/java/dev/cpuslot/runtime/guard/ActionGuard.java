@@ -896,6 +896,28 @@ public final class ActionGuard {
         }
     }
 
+    /**
+     * An XML system id the parser opens itself ({@code DocumentBuilder.parse(String)}, an
+     * {@code InputSource} or {@code StreamSource} of one): a URI is checked as a URL ({@code file:},
+     * {@code jar:}), one without a scheme as a path; one that is neither is refused (the parser
+     * would fix it up and open it).
+     */
+    public static void systemId(String id) {
+        if (id == null) return;
+        int colon = id.indexOf(':'), slash = id.indexOf('/');
+        if (colon < 0 || (slash >= 0 && slash < colon)) {
+            path(id);
+            return;
+        }
+        try {
+            java.net.URI u = new java.net.URI(id);
+            if (u.getScheme() == null) path(id);
+            else if (u.getScheme().equalsIgnoreCase("file") || u.getScheme().equalsIgnoreCase("jar")) path(u.toURL());
+        } catch (java.net.URISyntaxException | IllegalArgumentException | java.net.MalformedURLException e) {
+            throw new SecurityException(id + ": not a URI: an XML system id of a function " + Rewriter.NOT_ALLOWED);
+        }
+    }
+
     /** Refuses a path (as named, and with its links resolved) in the process, the kernel, a device or the runtime's files. */
     private static void check(Path p, String name) {
         Path abs = p.toAbsolutePath().normalize();
