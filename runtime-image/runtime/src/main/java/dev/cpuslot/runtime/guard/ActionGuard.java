@@ -446,7 +446,15 @@ public final class ActionGuard {
     }
 
     /** After this long, a thread of an ended activation that still runs is a stray: counted and logged. */
-    private static final long STRAY_NANOS = 10_000_000_000L;
+    private static final long STRAY_NANOS = 1_000_000_000L;
+    /**
+     * Told once of each stray, with its worker's name: the runtime moves it out of the slot its
+     * activation had (it would run on there, charged to the next invocation of that slot).
+     */
+    private static volatile java.util.function.BiConsumer<Thread, String> strayHandler;
+
+    /** Sets what the runtime does with a stray (a thread of an ended activation still running STRAY_NANOS after the end). */
+    public static void onStray(java.util.function.BiConsumer<Thread, String> h) { strayHandler = h; }
     /** Threads of ended activations running (not blocked) longer than STRAY_NANOS after the end (at the last check). */
     private static volatile long strays;
     private static final Set<Thread> REPORTED = Collections.newSetFromMap(new java.util.WeakHashMap<>());
@@ -476,8 +484,11 @@ public final class ActionGuard {
                 t.interrupt();
                 boolean first;
                 synchronized (REPORTED) { first = REPORTED.add(t); }
-                if (first) System.err.println("cpuslot: thread \"" + t.getName() + "\" of an activation of worker " + e.getKey().getName()
+                if (!first) continue;
+                var h = strayHandler;
+                if (h == null) System.err.println("cpuslot: a thread of an activation of worker " + e.getKey().getName()
                         + " still runs " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (in code that ignores interrupts)");
+                else h.accept(t, e.getKey().getName());
             }
         }
         strays = n;
