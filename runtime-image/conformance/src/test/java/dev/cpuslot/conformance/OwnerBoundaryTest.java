@@ -142,6 +142,85 @@ class OwnerBoundaryTest {
         });
     }
 
+    /** Alice's function: a secret in a file of its temporary directory, in its java.util.logging records and its output. */
+    static final String VAULT = """
+            Path f = Path.of(System.getProperty("java.io.tmpdir"), "secret.xml");
+            Files.writeString(f, "<s>alice-SECRET-42</s>");
+            java.util.logging.Logger.getLogger("vault").info("alice-SECRET-42 logged");
+            System.out.println("alice-SECRET-42 printed");
+            args.addProperty("path", f.toString());
+            return args;""";
+
+    /** Bob's ways to alice's data, each a function of his ({@code got}: what it read). */
+    static final Map<String, String> THIEVES = Map.of(
+            "byPath", "args.addProperty(\"got\", Files.readString(Path.of(args.get(\"path\").getAsString()))); return args;",
+            "xmlByUri", """
+                    var d = javax.xml.parsers.DocumentBuilderFactory.newInstance().newDocumentBuilder()
+                            .parse("file:" + args.get("path").getAsString());
+                    args.addProperty("got", d.getDocumentElement().getTextContent());
+                    return args;""",
+            "xmlInputSource", """
+                    var d = javax.xml.parsers.DocumentBuilderFactory.newInstance().newDocumentBuilder()
+                            .parse(new org.xml.sax.InputSource("file:" + args.get("path").getAsString()));
+                    args.addProperty("got", d.getDocumentElement().getTextContent());
+                    return args;""",
+            "logHandler", """
+                    if (!args.has("path")) {
+                        java.util.logging.Logger.getLogger("").addHandler(new java.util.logging.Handler() {
+                            @Override public void publish(java.util.logging.LogRecord r) { SEEN.add(String.valueOf(r.getMessage())); }
+                            @Override public void flush() {}
+                            @Override public void close() {}
+                        });
+                        return args;
+                    }
+                    args.addProperty("got", String.valueOf(SEEN));
+                    return args;
+                    }
+                    static final List<String> SEEN = Collections.synchronizedList(new ArrayList<>());
+                    static {""",
+            "logFilter", """
+                    if (!args.has("path")) {
+                        java.util.logging.Logger.getLogger("vault").setFilter(r -> { SEEN.add(String.valueOf(r.getMessage())); return true; });
+                        return args;
+                    }
+                    args.addProperty("got", String.valueOf(SEEN));
+                    return args;
+                    }
+                    static final List<String> SEEN = Collections.synchronizedList(new ArrayList<>());
+                    static {""");
+
+    /**
+     * In a runtime of several owners, bob's functions read none of alice's data: not her
+     * temporary file by its path, nor through an XML parser that opens it by URI itself, nor her
+     * java.util.logging records through a handler or a filter on the JVM-wide loggers. Each way is
+     * refused at bob's /register, or fails at the call, or reads nothing of hers. (Before: the XML
+     * parser read her file, and a handler on the root logger and a filter on her logger got her
+     * records.)
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"byPath", "xmlByUri", "xmlInputSource", "logHandler", "logFilter"})
+    void oneOwnersFunctionReadsNoneOfAnothersData(String way) throws Exception {
+        String vault = JavaContainmentTest.probe(VAULT), thief = JavaContainmentTest.probe(THIEVES.get(way));
+        with("java", env("CPUSLOT_OWNER", "*"), c -> {
+            assertEquals(200, JavaContainmentTest.register(c, "vault", JavaContainmentTest.jarFile(c, "vault", vault), "alice").code());
+            Reply reg = JavaContainmentTest.register(c, "thief", JavaContainmentTest.jarFile(c, "thief", thief), "bob");
+            if (reg.code() != 200) { // refused at /register, naming what
+                assertTrue(reg.code() >= 400 && reg.code() < 500 && String.valueOf(reg.raw()).contains("java.util.logging"),
+                        "bob's /register: " + reg.raw());
+                return;
+            }
+            if (way.startsWith("log")) assertEquals(200, JavaContainmentTest.invoke(c, "thief").code(), "bob's first call");
+            Reply a = JavaContainmentTest.invoke(c, "vault");
+            assertEquals(200, a.code(), String.valueOf(a.raw()));
+            assertTrue(result(a).has("path"), String.valueOf(a.raw()));
+            String path = result(a).get("path").getAsString();
+            Reply r = ChainTest.invoke(c, "thief", "{\"path\":\"" + path + "\"}");
+            assertFalse(String.valueOf(r.raw()).contains("alice-SECRET-42"), way + ": bob read alice's data: " + r.raw());
+            if (r.code() != 200) assertTrue(String.valueOf(r.raw()).contains("SecurityException"), way + ": " + r.raw());
+            assertEquals(200, JavaContainmentTest.invoke(c, "vault").code(), "alice's function after bob's");
+        });
+    }
+
     /**
      * A /register whose code does not load says why without quoting what it read: not a file of
      * the runtime's process ({@code /proc/self/environ}: a secret of its environment), nor the code

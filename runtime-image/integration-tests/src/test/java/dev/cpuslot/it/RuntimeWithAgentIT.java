@@ -446,6 +446,53 @@ class RuntimeWithAgentIT {
         }
     }
 
+    /**
+     * A thread an activation started that runs on in JDK code ignoring interrupts after its
+     * activation returned (the guard on: no poll runs in JDK code) must not keep burning in the
+     * slot its activation had, which the next invocation leases: the runtime finds its kernel
+     * thread id and moves it into a tiny slot of its own (CPUSLOT_RUNAWAY_QUOTA), as a runaway
+     * worker. (Before: it stayed in the 500m slot.)
+     */
+    @Test
+    @Order(9)
+    void aThreadOfAnEndedActivationStuckInJdkCodeLeavesItsSlot() throws Exception {
+        String cgroup = parent + "/stray";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "0", "CPUSLOT_RUNAWAY_QUOTA", "20m"),
+                cg.procsFiles(cgroup), work.resolve("runtime-stray.log"))) {
+            r.register("stray", "dev.cpuslot.samples.StrayThread", samplesJar, "500m");
+            RuntimeProc.Reply done = r.invoke("stray", "{}");
+            assertEquals(200, done.status(), done.body());
+            long tid = -1;
+            for (int i = 0; i < 600 && tid < 0; i++) {
+                try (var ts = Files.list(Path.of("/proc/" + r.pid() + "/task"))) {
+                    for (Path t : ts.toList()) {
+                        try {
+                            if (Files.readString(t.resolve("comm")).strip().equals("regex-spinner")) tid = Long.parseLong(t.getFileName().toString());
+                        } catch (IOException gone) {
+                        }
+                    }
+                }
+                if (tid < 0) Thread.sleep(50);
+            }
+            assertTrue(tid > 0, "the thread the activation left behind is alive");
+            double confined = 0;
+            for (int i = 0; i < 600 && confined < 1; i++) {
+                confined = Prom.sum(r.metrics(), "cpuslot_runaway_confined_total", "function=\"stray\"");
+                if (confined < 1) Thread.sleep(50);
+            }
+            assertEquals(1, confined, r.metricsText());
+            String where = cg.cgroupOf(r.pid(), tid);
+            assertTrue(where.startsWith(cgroup + "/cpuslot-"), "confined in a slot of the runtime's container: " + where);
+            long t0 = System.nanoTime(), c0 = ticks(r.pid(), tid);
+            Thread.sleep(3000);
+            double rate = (ticks(r.pid(), tid) - c0) / 100.0 / ((System.nanoTime() - t0) / 1e9);
+            report.add(String.format(java.util.Locale.ROOT, "thread left behind by an activation (tid %d) confined in %s: %.3f of a core (jail 20m, its activation had 500m)", tid, where, rate));
+            assertTrue(rate < 0.25, "the thread burns " + rate + " of a core, well under its activation's 500m slot");
+        }
+    }
+
     /** The agent's CPU seconds of invocations (not of its own hold-long measurement, action "_held"). */
     static double invocationCpu(Map<String, Double> m) {
         return Prom.sum(m, "cpuslot_invocation_cpu_seconds_total") - Prom.sum(m, "cpuslot_invocation_cpu_seconds_total", "action=\"_held\"");

@@ -79,6 +79,10 @@ public final class FunctionPool implements AutoCloseable {
     private final io.prometheus.metrics.core.datapoints.DistributionDataPoint acquireLatency;
     /** The function's reserved CPU (quota x time held) and its leases' sleep: its idle ratio beside its CPU. */
     private final io.prometheus.metrics.core.datapoints.CounterDataPoint reservedSeconds, sleptSeconds;
+    /** The heap bytes the function's workers allocated in its activations: which tenant makes the collector work. */
+    private final io.prometheus.metrics.core.datapoints.CounterDataPoint allocatedBytes;
+    private static final com.sun.management.ThreadMXBean THREAD_BEAN =
+            (com.sun.management.ThreadMXBean) java.lang.management.ManagementFactory.getThreadMXBean();
     private final Metrics.Labels labels;
 
     public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics) {
@@ -99,6 +103,7 @@ public final class FunctionPool implements AutoCloseable {
         this.labels = Metrics.labels("function", fn.name());
         this.reservedSeconds = metrics.counter("cpuslot_slot_reserved_seconds_total", labels);
         this.sleptSeconds = metrics.counter("cpuslot_slot_slept_seconds_total", labels);
+        this.allocatedBytes = metrics.counter("cpuslot_allocated_bytes_total", labels);
     }
 
     /** The function's metric labels ({@code function="..."}), built once. */
@@ -304,6 +309,7 @@ public final class FunctionPool implements AutoCloseable {
                         t.hop().lease = lease; // its chain calls sleep on it
                         LocalBus.enter(t.hop());
                     }
+                    long alloc0 = THREAD_BEAN.getCurrentThreadAllocatedBytes();
                     try {
                         result = sandbox.invoke(t.args(), t.env());
                     } catch (Function.FunctionError e) {
@@ -314,6 +320,11 @@ public final class FunctionPool implements AutoCloseable {
                     } catch (Exception e) {
                         error = e.toString();
                     } finally {
+                        long alloc = THREAD_BEAN.getCurrentThreadAllocatedBytes() - alloc0;
+                        if (alloc0 >= 0 && alloc >= 0) {
+                            allocatedBytes.inc(alloc);
+                            if (t.hop() != null) t.hop().allocatedBytes = alloc;
+                        }
                         if (t.hop() != null) {
                             LocalBus.exit();
                             long slept = t.hop().sleptNanos.get();

@@ -62,6 +62,8 @@ public final class FunctionRuntime implements AutoCloseable {
             throw new IllegalArgumentException("CPUSLOT_RUNAWAY_QUOTA: " + e.getMessage());
         }
         this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
+        // a thread of an ended activation stuck in JDK code leaves the slot its activation had
+        dev.cpuslot.runtime.guard.ActionGuard.onStray(runaways::stray);
         owner.set(cfg.owner());
         this.bus = new LocalBus(new LocalBus.Host() {
             @Override public LocalBus.Hosted find(String function) { return hosted.get(function); }
@@ -92,8 +94,9 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.describe("cpuslot_invocations_total", "Invocations by platform, function and status.");
         metrics.describe("cpuslot_invocation_duration_seconds", "Invocation latency inside the runtime.");
         metrics.describe("cpuslot_invocations_in_flight", "Invocations running now.");
-        metrics.describe("cpuslot_stray_threads", "Threads of ended Java activations still running (not blocked) 10 s after the end.");
+        metrics.describe("cpuslot_stray_threads", "Threads of ended Java activations still running (not blocked) 1 s after the end (each confined as a runaway).");
         metrics.describe("cpuslot_sandboxes", "Sandboxes (workers) per function by state.");
+        metrics.describe("cpuslot_allocated_bytes_total", "Heap bytes a function's workers allocated in its activations (the threads they started not included).");
         metrics.describe("cpuslot_sandboxes_created_total", "Sandboxes created.");
         metrics.describe("cpuslot_sandboxes_abandoned_total", "Workers retired at a deadline.");
         metrics.describe("cpuslot_slot_outcomes_total", "Per-invocation slot outcome (affinity_hit, cache_hit, retuned, created, or noslot reason).");
@@ -390,6 +393,7 @@ public final class FunctionRuntime implements AutoCloseable {
                     + (l != null && !l.active() ? " noslot=" + l.reason() : "")
                     + (m ? " cpu_ms=" + ms(used.cpuNanos()) + " throttled_ms=" + ms(used.throttledNanos())
                     + " periods=" + used.periods() + " throttled_periods=" + used.throttledPeriods() : "")
+                    + (hop.allocatedBytes >= 0 ? " alloc_bytes=" + hop.allocatedBytes : "")
                     + (hops > 0 ? " chain_hops=" + hops : "")
                     + (hops > 0 && (hop.trace.measured() || m) ? " chain_cpu_ms=" + ms(hop.trace.cpuNanos() + (m ? used.cpuNanos() : 0)) : "")
                     + " duration_ms=" + ms(duration));

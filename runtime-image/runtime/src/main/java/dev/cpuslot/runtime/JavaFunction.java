@@ -189,6 +189,7 @@ public final class JavaFunction implements Function {
                 ActionGuard.begin(loader);
                 boolean bound = false;
                 try {
+                    ActionGuard.heapCheck(); // a function over its share of a nearly full heap fails here
                     // JSON as text both ways: the function's objects are of its own Gson
                     String in = kind == Kind.ARRAY ? (args != null && args.isJsonArray() ? args.toString() : "[]")
                             : args != null && args.isJsonObject() ? args.toString() : "{}";

@@ -92,6 +92,8 @@ final class LocalBus {
          * made at once by threads of one Java function each count their own wait.
          */
         final AtomicLong sleptNanos = new AtomicLong();
+        /** Heap bytes the activation's worker allocated (set by the worker as it ends; -1: not measured): its log line's alloc_bytes. */
+        volatile long allocatedBytes = -1;
 
         Hop(String function, String owner, String activationId, String callerId, int depth, long deadlineNanos, Trace trace,
             PlatformPath.Origin origin) {

@@ -27,7 +27,7 @@ final class Runaways {
         this.quotaMilli = quotaMilli;
         this.graceMs = graceMs;
         this.metrics = metrics;
-        metrics.describe("cpuslot_runaway_threads", "Worker threads still running an activation past its deadline.");
+        metrics.describe("cpuslot_runaway_threads", "Worker threads still running an activation past its deadline, and threads of ended activations stuck in JDK code, confined or not.");
         metrics.describe("cpuslot_runaway_confined_total", "Runaway worker threads moved into a tiny slot.");
         metrics.describe("cpuslot_runaway_unconfined_total", "Runaway worker threads that could not be confined, by reason.");
         current = metrics.gauge("cpuslot_runaway_threads");
@@ -56,7 +56,62 @@ final class Runaways {
         });
     }
 
+    /**
+     * A thread an ended activation started, still running in JDK code that ignores interrupts
+     * (ActionGuard's stray): it would run on in the slot its activation had, charged to the next
+     * invocation there. Confined as a runaway worker is, found by its kernel thread id.
+     */
+    void stray(Thread t, String worker) {
+        int dash = worker.lastIndexOf('-');
+        String function = worker.startsWith("fn-") && dash > 3 ? worker.substring(3, dash) : worker;
+        String name = t.getName().replaceAll("\\p{Cntrl}", "?");
+        String what = "thread \"" + (name.length() > 64 ? name.substring(0, 64) + "..." : name) + "\" of an ended activation of " + function;
+        Thread.ofPlatform().daemon().group(dev.cpuslot.runtime.guard.ActionGuard.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
+                .name("runaway-jail-" + IDS.incrementAndGet()).start(() -> {
+            if (!t.isAlive()) return;
+            current.inc();
+            try {
+                confine(function, t, tidOf(t), t::isAlive, what, "runs on in JDK code that ignores interrupts");
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            } finally {
+                current.dec();
+            }
+        });
+    }
+
+    /**
+     * A live thread's kernel thread id, from the JVM's thread dump (the one place the JDK names it:
+     * {@code "name" #javaId ... nid=tid}); 0 when it cannot be told for sure. The name is the
+     * function's: one with a quote or a line break could forge a line, so it is not looked up, and
+     * the id found must be a thread of this process whose kernel name is the thread's.
+     */
+    static int tidOf(Thread t) {
+        String name = t.getName();
+        if (name.indexOf('"') >= 0 || name.chars().anyMatch(Character::isISOControl)) return 0;
+        try {
+            Object dump = java.lang.management.ManagementFactory.getPlatformMBeanServer().invoke(
+                    new javax.management.ObjectName("com.sun.management:type=DiagnosticCommand"), "threadPrint",
+                    new Object[]{new String[0]}, new String[]{String[].class.getName()});
+            var m = java.util.regex.Pattern.compile("^\"" + java.util.regex.Pattern.quote(name) + "\" #" + t.threadId()
+                    + " .*? nid=(0x[0-9a-fA-F]+|[0-9]+) ", java.util.regex.Pattern.MULTILINE).matcher(String.valueOf(dump));
+            if (!m.find()) return 0;
+            int tid = (int) (long) Long.decode(m.group(1));
+            byte[] b = name.getBytes(java.nio.charset.StandardCharsets.UTF_8);
+            String comm = java.nio.file.Files.readString(java.nio.file.Path.of("/proc/self/task/" + tid + "/comm")).strip();
+            String expect = new String(b, 0, Math.min(15, b.length), java.nio.charset.StandardCharsets.UTF_8).strip();
+            return comm.equals(expect) ? tid : 0;
+        } catch (Exception | LinkageError e) {
+            return 0;
+        }
+    }
+
     private void confine(String function, Thread worker, int tid, BooleanSupplier stillRunning) throws InterruptedException {
+        confine(function, worker, tid, stillRunning, "a worker of " + function, "ignored its deadline");
+    }
+
+    private void confine(String function, Thread worker, int tid, BooleanSupplier stillRunning, String what, String did)
+            throws InterruptedException {
         SlotLease jail = null;
         String why = null;
         if (slots == null) why = "slots_off";
@@ -69,15 +124,15 @@ final class Runaways {
             else {
                 String err = slots.placeThread(jail, tid);
                 if (err != null) why = "place_failed";
-                if (err != null) Log.warn("could not confine runaway thread " + tid + " of " + function + ": " + err);
+                if (err != null) Log.warn("could not confine " + what + " (tid " + tid + "): " + err);
             }
         }
         if (why == null) {
             metrics.inc("cpuslot_runaway_confined_total", Metrics.labels("function", function));
-            Log.warn("a worker of " + function + " (tid " + tid + ") ignored its deadline; confined to a " + quotaMilli + "m slot until it returns");
+            Log.warn(what + " (tid " + tid + ") " + did + "; confined to a " + quotaMilli + "m slot until it returns");
         } else {
             metrics.inc("cpuslot_runaway_unconfined_total", Metrics.labels("function", function, "reason", why));
-            Log.warn("a worker of " + function + " (tid " + tid + ") ignored its deadline and could not be confined (" + why + ")");
+            Log.warn(what + " (tid " + tid + ") " + did + " and could not be confined (" + why + ")");
         }
         try {
             while (worker.isAlive() && stillRunning.getAsBoolean()) Thread.sleep(1000);

@@ -222,9 +222,23 @@ public final class ActionGuard {
         }
     }
 
-    /** The live threads one function made. */
+    /** The live threads one function made, and what its activations allocated since the heap was last half empty. */
     private static final class ThreadBudget {
         final java.util.concurrent.atomic.AtomicInteger live = new java.util.concurrent.atomic.AtomicInteger();
+        /** Bytes its workers allocated in activations that ended since {@link #halfEmpty} was {@code epoch}. */
+        private long heapBytes, epoch;
+
+        /** Adds an ended activation's allocation; a count from before the heap was last half empty starts again. */
+        synchronized void allocated(long n) {
+            if (epoch != halfEmpty) {
+                epoch = halfEmpty;
+                heapBytes = 0;
+            }
+            heapBytes += n;
+        }
+
+        /** What its ended activations allocated since the heap was last half empty. */
+        synchronized long allocated() { return epoch == halfEmpty ? heapBytes : 0; }
 
         /** The new thread's Activation, or the refusal when the function has its limit of threads. */
         Activation admit(Activation root) {
@@ -309,8 +323,17 @@ public final class ActionGuard {
     private static final com.sun.management.ThreadMXBean THREADS =
             (com.sun.management.ThreadMXBean) ManagementFactory.getThreadMXBean();
     private static final long MAX_HEAP = Runtime.getRuntime().maxMemory();
-    /** Under pressure, a function thread that allocated more than this in its activation is stopped. */
+    /**
+     * Under pressure, a function thread that allocated more than this in its activation is stopped,
+     * and so is a function whose activations allocated more since the heap was last half empty
+     * (over all of them, the most of any function): one that keeps a little less than its share at
+     * every call fills the heap call after call.
+     */
     private static volatile long share = MAX_HEAP / 8;
+    /** Incremented (by the heap watch alone) at every sample that finds the old generation under half full. */
+    private static volatile long halfEmpty;
+    /** The last collection that confirmed a full heap before a refusal ({@link #stillFull}). */
+    private static final java.util.concurrent.atomic.AtomicLong lastConfirm = new java.util.concurrent.atomic.AtomicLong(System.nanoTime() - 2_000_000_000L);
 
     /** A worker's group whose ended activations may still have live threads, and since when. */
     private record Lingering(Thread worker, long since) {}
@@ -324,26 +347,22 @@ public final class ActionGuard {
      */
     private static volatile boolean lingerRunning;
 
+    /** The old generation's pools (what the heap watch samples). */
+    private static final List<MemoryPoolMXBean> OLD = ManagementFactory.getMemoryPoolMXBeans().stream()
+            .filter(p -> p.getType() == MemoryType.HEAP && p.isCollectionUsageThresholdSupported()
+                    && !p.getName().contains("Eden") && !p.getName().contains("Survivor"))
+            .toList();
+
     static {
         // The old generation holds what survived collections: nearly full, it is a function's
         // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
         // next backward branch) before the runtime's own threads find no memory.
-        List<MemoryPoolMXBean> old = ManagementFactory.getMemoryPoolMXBeans().stream()
-                .filter(p -> p.getType() == MemoryType.HEAP && p.isCollectionUsageThresholdSupported()
-                        && !p.getName().contains("Eden") && !p.getName().contains("Survivor"))
-                .toList();
         Thread.ofPlatform().daemon().name("cpuslot-heap-watch").start(() -> {
             long rounds = 0;
             while (true) {
                 try {
                     Thread.sleep(5);
-                    long used = 0, max = 0;
-                    for (MemoryPoolMXBean p : old) {
-                        MemoryUsage u = p.getUsage();
-                        used += u.getUsed();
-                        max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
-                    }
-                    heapUsed(used, max > 0 ? max : MAX_HEAP);
+                    sampleHeap();
                     if (++rounds % 4 == 0 && !LINGERING.isEmpty()) sweep(); // every 20 ms
                     if (alert) calm();
                 } catch (InterruptedException e) {
@@ -354,8 +373,20 @@ public final class ActionGuard {
         });
     }
 
-    private static void heapUsed(long used, long max) {
+    /** Samples the old generation (pressure on over 70 %, off under 50 %); whether it is over 70 %. */
+    private static boolean sampleHeap() {
+        long used = 0, max = 0;
+        for (MemoryPoolMXBean p : OLD) {
+            MemoryUsage u = p.getUsage();
+            used += u.getUsed();
+            max += u.getMax() > 0 ? u.getMax() : u.getCommitted();
+        }
+        return heapUsed(used, max > 0 ? max : MAX_HEAP);
+    }
+
+    private static synchronized boolean heapUsed(long used, long max) {
         boolean high = used > max / 10 * 7, low = used < max / 10 * 5;
+        if (low) halfEmpty++; // what functions allocated before now is not what fills the heap: counted again from here
         if (high && !pressure) {
             pressure = true;
             alert = true;
@@ -363,6 +394,7 @@ public final class ActionGuard {
             pressure = false;
             calm();
         }
+        return high;
     }
 
     /** Sets the share of the heap a function thread may allocate in one activation before it is stopped under pressure. */
@@ -389,6 +421,8 @@ public final class ActionGuard {
         Thread worker = Thread.currentThread();
         Activation a = RUNNING.remove(worker);
         ACTIVATION.remove();
+        long[] st = START.get();
+        if (a != null && a.budget != null && st != null) a.budget.allocated(THREADS.getCurrentThreadAllocatedBytes() - st[0]);
         START.remove();
         if (a != null) finish(a, worker, "the activation that started this thread has ended");
         calm();
@@ -412,7 +446,15 @@ public final class ActionGuard {
     }
 
     /** After this long, a thread of an ended activation that still runs is a stray: counted and logged. */
-    private static final long STRAY_NANOS = 10_000_000_000L;
+    private static final long STRAY_NANOS = 1_000_000_000L;
+    /**
+     * Told once of each stray, with its worker's name: the runtime moves it out of the slot its
+     * activation had (it would run on there, charged to the next invocation of that slot).
+     */
+    private static volatile java.util.function.BiConsumer<Thread, String> strayHandler;
+
+    /** Sets what the runtime does with a stray (a thread of an ended activation still running STRAY_NANOS after the end). */
+    public static void onStray(java.util.function.BiConsumer<Thread, String> h) { strayHandler = h; }
     /** Threads of ended activations running (not blocked) longer than STRAY_NANOS after the end (at the last check). */
     private static volatile long strays;
     private static final Set<Thread> REPORTED = Collections.newSetFromMap(new java.util.WeakHashMap<>());
@@ -442,8 +484,11 @@ public final class ActionGuard {
                 t.interrupt();
                 boolean first;
                 synchronized (REPORTED) { first = REPORTED.add(t); }
-                if (first) System.err.println("cpuslot: thread \"" + t.getName() + "\" of an activation of worker " + e.getKey().getName()
+                if (!first) continue;
+                var h = strayHandler;
+                if (h == null) System.err.println("cpuslot: a thread of an activation of worker " + e.getKey().getName()
                         + " still runs " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (in code that ignores interrupts)");
+                else h.accept(t, e.getKey().getName());
             }
         }
         strays = n;
@@ -502,14 +547,55 @@ public final class ActionGuard {
         Activation a = ACTIVATION.get();
         String ended = a == null ? null : a.ended();
         if (ended != null) throw new Stopped(ended);
-        if (pressure) {
-            long[] st = START.get();
-            long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);
-            if (allocated > share) {
-                throw new OutOfMemoryError("the function allocated " + (allocated >> 20) + " MiB in this activation while the"
-                        + " runtime's heap is nearly full (its share: " + (share >> 20) + " MiB)");
+        if (pressure) heap(a);
+    }
+
+    /**
+     * At the start of a Java activation: under pressure, a function over its share (over its
+     * activations since the heap was last half empty) fails before its code runs (a single large
+     * allocation has no backward branch to stop at).
+     */
+    public static void heapCheck() {
+        if (pressure) heap(ACTIVATION.get());
+    }
+
+    private static void heap(Activation a) {
+        long[] st = START.get();
+        long allocated = THREADS.getCurrentThreadAllocatedBytes() - (st == null ? 0 : st[0]);
+        long s = share;
+        if (allocated > s) {
+            throw new OutOfMemoryError("the function allocated " + (allocated >> 20) + " MiB in this activation while the"
+                    + " runtime's heap is nearly full (its share: " + (s >> 20) + " MiB)");
+        }
+        ThreadBudget b = a == null ? null : a.budget;
+        long before = b == null ? 0 : b.allocated();
+        if (before + allocated > s && mostAllocated(b, before) && stillFull()) {
+            throw new OutOfMemoryError("the function allocated " + ((before + allocated) >> 20) + " MiB in its activations since"
+                    + " the runtime's heap was last half empty, the most of any function, and the heap is nearly full (its share: "
+                    + (s >> 20) + " MiB)");
+        }
+    }
+
+    /**
+     * Whether the heap is still nearly full after a collection: the old generation holds garbage
+     * until one runs (a hog stopped a moment ago), and a function is not refused for that. At most
+     * one such collection a second for the whole runtime (each stops every tenant's threads: a
+     * hog refused again and again must not make them often); within that, the last one told.
+     */
+    private static boolean stillFull() {
+        synchronized (lastConfirm) {
+            if (System.nanoTime() - lastConfirm.get() >= 1_000_000_000L) {
+                System.gc();
+                lastConfirm.set(System.nanoTime());
             }
         }
+        return sampleHeap();
+    }
+
+    /** Whether no other function's activations allocated more since the heap was last half empty (a bystander is not stopped for a hog's heap). */
+    private static boolean mostAllocated(ThreadBudget b, long n) {
+        for (ThreadBudget o : BUDGETS.values()) if (o != b && o.allocated() > n) return false;
+        return true;
     }
 
     /** Ends a function's code at its deadline (thrown again at every backward branch if it is caught). */
@@ -818,6 +904,28 @@ public final class ActionGuard {
             } catch (java.net.URISyntaxException | IllegalArgumentException | java.nio.file.FileSystemNotFoundException e) {
                 throw new SecurityException(u + ": not a file URL: file access " + Rewriter.NOT_ALLOWED);
             }
+        }
+    }
+
+    /**
+     * An XML system id the parser opens itself ({@code DocumentBuilder.parse(String)}, an
+     * {@code InputSource} or {@code StreamSource} of one): a URI is checked as a URL ({@code file:},
+     * {@code jar:}), one without a scheme as a path; one that is neither is refused (the parser
+     * would fix it up and open it).
+     */
+    public static void systemId(String id) {
+        if (id == null) return;
+        int colon = id.indexOf(':'), slash = id.indexOf('/');
+        if (colon < 0 || (slash >= 0 && slash < colon)) {
+            path(id);
+            return;
+        }
+        try {
+            java.net.URI u = new java.net.URI(id);
+            if (u.getScheme() == null) path(id);
+            else if (u.getScheme().equalsIgnoreCase("file") || u.getScheme().equalsIgnoreCase("jar")) path(u.toURL());
+        } catch (java.net.URISyntaxException | IllegalArgumentException | java.net.MalformedURLException e) {
+            throw new SecurityException(id + ": not a URI: an XML system id of a function " + Rewriter.NOT_ALLOWED);
         }
     }
 

@@ -22,8 +22,13 @@ import java.util.Set;
 final class FilePaths {
     private FilePaths() {}
 
-    /** What to check before a call: the receiver (a File or URL), and which parameters. */
-    record Check(boolean receiver, ClassDesc receiverType, boolean[] params) {}
+    /** What to check before a call: the receiver (a File or URL), and which parameters (systemId: a String one is an XML system id). */
+    record Check(boolean receiver, ClassDesc receiverType, boolean[] params, boolean systemId) {}
+
+    /** XML calls whose first parameter, a String, is a system id the parser then opens itself (a URI, or a path). */
+    private static final Set<String> SYSTEM_IDS = Set.of("javax/xml/parsers/DocumentBuilder.parse", "javax/xml/parsers/SAXParser.parse",
+            "org/xml/sax/XMLReader.parse", "org/xml/sax/InputSource.<init>", "org/xml/sax/InputSource.setSystemId",
+            "javax/xml/transform/stream/StreamSource.<init>", "javax/xml/transform/stream/StreamSource.setSystemId");
 
     private static final ClassDesc FILE = ClassDesc.of("java.io.File"), PATH = ClassDesc.of("java.nio.file.Path"),
             URL = ClassDesc.of("java.net.URL");
@@ -43,6 +48,13 @@ final class FilePaths {
 
     /** The check a call of owner.name with this descriptor needs, or null. */
     static Check checked(String owner, String name, String type) {
+        if (SYSTEM_IDS.contains(owner + "." + name)) {
+            List<ClassDesc> ps = MethodTypeDesc.ofDescriptor(type).parameterList();
+            if (ps.isEmpty() || !ps.get(0).equals(ConstantDescs.CD_String)) return null; // a stream: its system id only names a base
+            boolean[] params = new boolean[ps.size()];
+            params[0] = true;
+            return new Check(false, null, params, true);
+        }
         if (!owner.startsWith("java/") && !owner.startsWith("javax/")) return null;
         if (owner.equals("java/nio/file/Path") || owner.equals("java/nio/file/Paths")) return null; // path arithmetic
         if (owner.equals("java/nio/file/Files") && FILES_METADATA.contains(name)) return null;
@@ -65,7 +77,7 @@ final class FilePaths {
         if (name.equals("<init>") && NAME_CONSTRUCTORS.contains(owner) && !ps.isEmpty() && ps.get(0).equals(ConstantDescs.CD_String)) {
             params[0] = any = true;
         }
-        return any ? new Check(receiver, receiverType, params) : null;
+        return any ? new Check(receiver, receiverType, params, false) : null;
     }
 
     /**
@@ -87,7 +99,7 @@ final class FilePaths {
         for (int k = 0; k < ps.size(); k++) {
             if (!c.params()[k]) continue;
             cob.loadLocal(TypeKind.from(ps.get(k)), slots[k]);
-            cob.invokestatic(guard, "path", MethodTypeDesc.of(ConstantDescs.CD_void, ps.get(k)));
+            cob.invokestatic(guard, c.systemId() ? "systemId" : "path", MethodTypeDesc.of(ConstantDescs.CD_void, ps.get(k)));
         }
         for (int k = 0; k < ps.size(); k++) cob.loadLocal(TypeKind.from(ps.get(k)), slots[k]);
     }

@@ -128,7 +128,11 @@ public final class Rewriter {
             Map.entry("javax/net/ssl/SSLContext", Set.of("setDefault")),
             Map.entry("java/security/Security", Set.of("setProperty", "addProvider", "insertProviderAt", "removeProvider")),
             Map.entry("java/security/Policy", Set.of("setPolicy")),
-            Map.entry("java/util/logging/LogManager", Set.of("reset", "readConfiguration", "updateConfiguration")),
+            Map.entry("java/util/logging/LogManager", Set.of("reset", "readConfiguration", "updateConfiguration", "addLogger")),
+            // loggers are JVM-wide by name: a handler, filter, parent or resource bundle of one function's
+            // on another's logger (or the root, every function's) sees that function's records
+            Map.entry("java/util/logging/Logger", Set.of("addHandler", "removeHandler", "getHandlers", "setFilter", "setParent",
+                    "setUseParentHandlers", "setResourceBundle")),
             Map.entry("java/lang/invoke/MethodHandles$Lookup", Set.of()),
             // the common ForkJoinPool's threads belong to no activation (the other ways there are rewritten: sequential());
             // a stage completed by the JDK's delay scheduler runs its dependents there
@@ -151,6 +155,9 @@ public final class Rewriter {
         if (owner.equals("java/lang/Thread") && name.equals("<init>") && type.endsWith("JZ)V")) return "a thread that escapes its activation";
         if (owner.equals("java/util/concurrent/ForkJoinWorkerThread") && name.equals("<init>") && type.endsWith("Z)V")) {
             return "a thread that escapes its activation";
+        }
+        if (owner.equals("java/util/logging/Logger") && name.equals("getLogger") && type.startsWith("(Ljava/lang/String;Ljava/lang/String;)")) {
+            return "a JVM-wide call"; // sets the resource bundle of a logger another function may use
         }
         Set<String> m = DENIED_MEMBERS.get(owner);
         if (m != null && m.contains(name)) return "a JVM-wide call";
