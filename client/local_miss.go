@@ -183,13 +183,7 @@ func (lc *local) holdConn() (*conn, error) {
 		cn.close()
 		return nil, err
 	}
-	lc.cnMu.Lock()
-	old := lc.cn
-	lc.cn = cn
-	lc.cnMu.Unlock()
-	if old != nil {
-		old.close()
-	}
+	lc.swapConn(cn)
 	return cn, nil
 }
 
@@ -201,12 +195,15 @@ func (lc *local) connGone() bool {
 
 // closeConn closes the hold connection: the agent releases what it still
 // holds.
-func (lc *local) closeConn() {
+func (lc *local) closeConn() { lc.swapConn(nil) }
+
+// swapConn makes cn the hold connection and closes the one it replaces.
+func (lc *local) swapConn(cn *conn) {
 	lc.cnMu.Lock()
-	cn := lc.cn
-	lc.cn = nil
+	old := lc.cn
+	lc.cn = cn
 	lc.cnMu.Unlock()
-	if cn != nil {
-		cn.close()
+	if old != nil {
+		old.close()
 	}
 }

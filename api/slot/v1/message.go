@@ -59,19 +59,14 @@ const (
 	OutcomeCreated     Outcome = 4
 )
 
-func (o Outcome) String() string {
-	switch o {
-	case OutcomeAffinityHit:
-		return "affinity_hit"
-	case OutcomeCacheHit:
-		return "cache_hit"
-	case OutcomeRetuned:
-		return "retuned"
-	case OutcomeCreated:
-		return "created"
-	}
-	return fmt.Sprintf("outcome(%d)", uint8(o))
+var outcomeNames = map[Outcome]string{
+	OutcomeAffinityHit: "affinity_hit",
+	OutcomeCacheHit:    "cache_hit",
+	OutcomeRetuned:     "retuned",
+	OutcomeCreated:     "created",
 }
+
+func (o Outcome) String() string { return nameOf(outcomeNames, o, "outcome(%d)") }
 
 // Place tells the client what to do after ACQUIRE_OK.
 type Place uint8
@@ -92,19 +87,14 @@ const (
 	PlacementFailed   ReleaseOutcome = 3
 )
 
-func (o ReleaseOutcome) String() string {
-	switch o {
-	case InvocationOK:
-		return "ok"
-	case InvocationFailed:
-		return "failed"
-	case InvocationTimeout:
-		return "timeout"
-	case PlacementFailed:
-		return "placement_failed"
-	}
-	return fmt.Sprintf("release(%d)", uint8(o))
+var releaseOutcomeNames = map[ReleaseOutcome]string{
+	InvocationOK:      "ok",
+	InvocationFailed:  "failed",
+	InvocationTimeout: "timeout",
+	PlacementFailed:   "placement_failed",
 }
+
+func (o ReleaseOutcome) String() string { return nameOf(releaseOutcomeNames, o, "release(%d)") }
 
 // Code is a typed protocol error.
 type Code uint16
@@ -137,11 +127,15 @@ var codeNames = map[Code]string{
 	CodeNotReady:           "NOT_READY",
 }
 
-func (c Code) String() string {
-	if n, ok := codeNames[c]; ok {
+func (c Code) String() string { return nameOf(codeNames, c, "CODE_%d") }
+
+// nameOf is v's name in names; a value it does not list is written with
+// unknown, a format of one number.
+func nameOf[T ~uint8 | ~uint16](names map[T]string, v T, unknown string) string {
+	if n, ok := names[v]; ok {
 		return n
 	}
-	return fmt.Sprintf("CODE_%d", uint16(c))
+	return fmt.Sprintf(unknown, uint64(v))
 }
 
 // Message is any protocol message.

@@ -3,6 +3,7 @@ package dev.cpuslot.conformance;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import dev.cpuslot.runtime.Relay;
 
 import java.io.IOException;
 import java.net.URI;

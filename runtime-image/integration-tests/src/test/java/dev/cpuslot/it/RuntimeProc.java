@@ -2,6 +2,7 @@ package dev.cpuslot.it;
 
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import dev.cpuslot.runtime.Relay;
 
 import java.io.IOException;
 import java.net.ServerSocket;

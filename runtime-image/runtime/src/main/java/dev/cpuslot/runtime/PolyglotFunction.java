@@ -388,30 +388,7 @@ public final class PolyglotFunction implements Function {
      */
     static <T> T onPlatformThread(java.util.function.Supplier<T> work) {
         if (!Thread.currentThread().isVirtual()) return work.get();
-        AtomicReference<T> result = new AtomicReference<>();
-        AtomicReference<Throwable> failure = new AtomicReference<>();
-        Thread t = Thread.ofPlatform().daemon().name("polyglot-init").start(() -> {
-            try {
-                result.set(work.get());
-            } catch (Throwable e) {
-                failure.set(e);
-            }
-        });
-        boolean interrupted = false;
-        while (true) {
-            try {
-                t.join();
-                break;
-            } catch (InterruptedException e) {
-                interrupted = true; // the guest code is not stopped by it: wait for it as before
-            }
-        }
-        if (interrupted) Thread.currentThread().interrupt();
-        Throwable e = failure.get();
-        if (e instanceof RuntimeException re) throw re;
-        if (e instanceof Error err) throw err;
-        if (e != null) throw new IllegalStateException(e);
-        return result.get();
+        return dev.cpuslot.runtime.guard.ActionGuard.makeOn(Thread.ofPlatform().daemon().name("polyglot-init"), work);
     }
 
     /**

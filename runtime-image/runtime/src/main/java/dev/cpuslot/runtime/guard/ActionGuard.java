@@ -161,9 +161,18 @@ public final class ActionGuard {
      * HTTP client starts its selector thread in the maker's group) is the runtime's, not a worker's.
      */
     public static <T> T makeOnRuntimeThread(String name, java.util.function.Supplier<T> make) {
+        return makeOn(runtimeThread(name), make);
+    }
+
+    /**
+     * Makes {@code make}'s value on a new thread of {@code thread} and waits for it, interrupted
+     * or not (the value is made once, for everyone, and an interrupt does not stop what makes
+     * it); what {@code make} throws is thrown here.
+     */
+    public static <T> T makeOn(Thread.Builder.OfPlatform thread, java.util.function.Supplier<T> make) {
         Object[] out = new Object[1];
         Throwable[] failed = new Throwable[1];
-        Thread t = runtimeThread(name).start(() -> {
+        Thread t = thread.start(() -> {
             try {
                 out[0] = make.get();
             } catch (Throwable e) {
@@ -176,7 +185,7 @@ public final class ActionGuard {
                 t.join();
                 break;
             } catch (InterruptedException e) {
-                interrupted = true; // the value is made once, for everyone: wait for it
+                interrupted = true;
             }
         }
         if (interrupted) Thread.currentThread().interrupt();

@@ -1,4 +1,4 @@
-package dev.cpuslot.conformance;
+package dev.cpuslot.runtime;
 
 import com.sun.net.httpserver.HttpServer;
 
@@ -16,14 +16,15 @@ import java.util.concurrent.Executors;
 /**
  * A relay in the test's process that forwards each request to a runtime's port over loopback, as
  * Knative's queue-proxy does from its own container: for a function that calls its runtime's HTTP
- * path, which answers no connection of the runtime's own process.
+ * path, which answers no connection of the runtime's own process. Shared with the conformance
+ * and integration tests (this module's test-jar).
  */
-final class Relay implements AutoCloseable {
+public final class Relay implements AutoCloseable {
     private final HttpServer server;
     private final ExecutorService executor = Executors.newVirtualThreadPerTaskExecutor();
     private final HttpClient http = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
 
-    Relay(int target) throws IOException {
+    public Relay(int target) throws IOException {
         server = HttpServer.create(new InetSocketAddress(InetAddress.getLoopbackAddress(), 0), 256);
         server.setExecutor(executor);
         server.createContext("/", ex -> {
@@ -44,7 +45,7 @@ final class Relay implements AutoCloseable {
         server.start();
     }
 
-    int port() { return server.getAddress().getPort(); }
+    public int port() { return server.getAddress().getPort(); }
 
     @Override
     public void close() {
