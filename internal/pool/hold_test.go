@@ -384,3 +384,33 @@ func TestReportPendingSettledOnLeave(t *testing.T) {
 		t.Fatalf("credits left: %d", len(p.credits))
 	}
 }
+
+// TestReportHeldIsCountedWithoutAnotherFrame: a frame that came within
+// observeEvery of the last read is counted once observeEvery has passed,
+// by the pool itself, not only at the next frame or maintenance round
+// (which left the agent's series up to a round behind the runtime's).
+func TestReportHeldIsCountedWithoutAnotherFrame(t *testing.T) {
+	b := newFake()
+	p := start(t, cfg(Affinity, "250m=1"), b)
+	o := NewOwner()
+	h := must(t)(p.Acquire(context.Background(), holdReq(o, 250)))
+	now := time.Now().Add(time.Millisecond)
+	p.report(o, []Report{{Action: "a", How: outcome.EndOK, N: 1}}, now)
+	b.slots[h.SlotID].cpu += 500_000
+	if got := p.Reported(o, []Report{{Action: "b", How: outcome.EndOK, N: 1, CPUNanos: 100_000}}); len(got) != 0 {
+		t.Fatalf("a report within observeEvery was counted at once: %v", got)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		p.mu.Lock()
+		left := len(p.creditOf(o).pending)
+		p.mu.Unlock()
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the held record is still waiting 30 s later, with no frame and no Reap after it")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

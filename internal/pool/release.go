@@ -52,6 +52,8 @@ type credit struct {
 	// pending holds what reports claimed since then, by action and ending
 	// (as many keys as the container's action names allow).
 	pending map[reportKey]*Report
+	// settleArmed: a timer will count pending once observeEvery has passed.
+	settleArmed bool
 }
 
 type reportKey struct {
@@ -71,15 +73,16 @@ const minInvocation = time.Microsecond
 // observeEvery bounds how often a process's reports have the agent read
 // its held slots' counters: a process holding n slots costs n reads per
 // observeEvery however many USAGE frames it sends. Clients send one a
-// second; what comes sooner waits for the next read.
+// second; what comes sooner waits for the next read, at most observeEvery.
 const observeEvery = time.Second
 
 // Reported takes a process's USAGE records. They are counted in the series
 // a release feeds, through the container's cap on action names like any
 // name, each record's times cut to what the process's held slots used and
 // no earlier record claimed. Records that come within observeEvery of the
-// last read wait for the next one (the next report, the next Reap, or the
-// process leaving). It returns the records counted now.
+// last read wait for the next one: the next report, a timer set for when
+// observeEvery has passed (one per process), or the process leaving. It
+// returns the records counted now.
 func (p *Pool) Reported(owner Owner, rs []Report) []Report {
 	return p.report(owner, rs, time.Now())
 }
@@ -107,11 +110,40 @@ func (p *Pool) report(owner Owner, rs []Report, now time.Time) []Report {
 		}
 	}
 	due := now.Sub(c.observed) >= observeEvery
+	if !due && len(c.pending) > 0 && !c.settleArmed {
+		c.settleArmed = true
+		time.AfterFunc(observeEvery-now.Sub(c.observed), func() { p.settleLater(owner) })
+	}
 	p.mu.Unlock()
 	if !due {
 		return nil
 	}
 	return p.settle(owner, now)
+}
+
+// settleLater counts what a process's reports left waiting once
+// observeEvery has passed since the last read, so the agent's series
+// follow its reports within a second, not a maintenance round.
+func (p *Pool) settleLater(owner Owner) {
+	p.mu.Lock()
+	c, ok := p.credits[owner]
+	if !ok {
+		p.mu.Unlock()
+		return
+	}
+	c.settleArmed = false
+	if len(c.pending) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	if wait := observeEvery - time.Since(c.observed); wait > 0 {
+		c.settleArmed = true
+		time.AfterFunc(wait, func() { p.settleLater(owner) })
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.settle(owner, time.Now())
 }
 
 // settle reads the owner's held slots' counters and counts its pending
