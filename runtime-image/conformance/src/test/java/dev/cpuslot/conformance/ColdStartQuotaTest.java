@@ -83,9 +83,9 @@ class ColdStartQuotaTest {
     }
 
     /**
-     * Fail-open: a read slower than its budget (CPUSLOT_ANNOTATION_TIMEOUT_MS) does not hold the
-     * init beyond it; the first /run goes on with the next source (here the init's CPUSLOT_QUOTA),
-     * in a slot of that, and the runtime's log says why.
+     * Fail-open: a read slower than its budget (CPUSLOT_ANNOTATION_TIMEOUT_MS, also its request's
+     * timeout) does not hold the init beyond it; the first /run goes on with the next source (here
+     * the init's CPUSLOT_QUOTA), in a slot of that, and the runtime's log says why.
      */
     @Test
     void aReadSlowerThanItsBudgetLetsTheInitAnswerAndTheFirstRunTakesTheNextSource() throws Exception {
@@ -101,8 +101,10 @@ class ColdStartQuotaTest {
                 assertEquals("init", r.header("X-Cpuslot-Quota-Source"), r.headers().map().toString());
                 assertEquals("100", r.header("X-Cpuslot-Quota-Milli"), r.headers().map().toString());
                 assertNotNull(r.header("X-Cpuslot-Slot"), "the first /run ran without a slot: " + r.headers().map());
+                // the init stopped waiting, or the read's own request timed out first
                 String log = Files.readString(c.runtimeLog);
-                assertTrue(log.contains("annotation read for " + ACTION + " not answered"), "the init's log says why:\n" + log);
+                assertTrue(log.contains("annotation read for " + ACTION + " not answered") || log.contains("annotation lookup for " + ACTION + " failed"),
+                        "the log says why:\n" + log);
             });
         }
     }

@@ -408,9 +408,9 @@ public final class FunctionRuntime implements AutoCloseable {
         return quota.prefetch(environment(fn, new JsonObject()));
     }
 
-    /** Waits for a read prefetchAnnotations started at startNanos, within the read's budget: whether it answered. */
-    boolean awaitAnnotations(CompletableFuture<?> read, long startNanos) {
-        return quota.awaitRead(read, startNanos);
+    /** Waits for a read prefetchAnnotations started, within the read's budget: whether it answered. */
+    boolean awaitAnnotations(CompletableFuture<?> read) {
+        return quota.awaitRead(read);
     }
 
     /** The activation's fields as OpenWhisk hands them to an action: {@code __OW_<FIELD>}, over its init env. */

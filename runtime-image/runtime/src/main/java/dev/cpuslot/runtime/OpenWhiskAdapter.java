@@ -48,8 +48,8 @@ public final class OpenWhiskAdapter implements Platform {
      * {@code POST /init}. It answers once the runtime is ready to run the action's first activation
      * at its quota: served by the agent ({@link FunctionRuntime#warmSlots}) and, when the init
      * carries the cold start's {@code __OW_*} fields as the invoker sends them, with the action's
-     * annotations read, within the read's budget (CPUSLOT_ANNOTATION_TIMEOUT_MS, beside the wait
-     * for the agent). The invoker sends the cold start's /run as soon as the init answers, and the
+     * annotations read: the read runs beside the wait for the agent, and is waited for at most its
+     * budget (CPUSLOT_ANNOTATION_TIMEOUT_MS) after that. The invoker sends the cold start's /run as soon as the init answers, and the
      * init's time is its own in OpenWhisk (the activation's initTime, within the action's time
      * limit); a /run never waits for the read. A read not in by then: fail-open, the first
      * activations take the next quota source (cpuslot_annotation_pending_total).
@@ -57,11 +57,10 @@ public final class OpenWhiskAdapter implements Platform {
     public Reply init(JsonObject body) {
         Reply r = init(body, true);
         if (r.status() != 200) return r;
-        long t0 = System.nanoTime();
         Function f = rt.action().function();
         CompletableFuture<?> read = rt.prefetchAnnotations(f);
         rt.warmSlots("/init");
-        if (read != null && !rt.awaitAnnotations(read, t0))
+        if (read != null && !rt.awaitAnnotations(read))
             Log.info("annotation read for " + f.initEnv().get("__OW_ACTION_NAME") + " not answered within CPUSLOT_ANNOTATION_TIMEOUT_MS ("
                     + cfg.annotationTimeoutMs() + " ms); /init answers, and activations take the next quota source until it is in");
         return r;

@@ -186,16 +186,14 @@ public final class Quota {
     }
 
     /**
-     * Waits for a read {@link #prefetch} started at {@code startNanos}, at most until
-     * CPUSLOT_ANNOTATION_TIMEOUT_MS after its start (the read's own budget): true when it has
-     * answered (a failure too: the activations then take the next source at once), false when it
-     * has not in time (fail-open: the first activations take the next source, counted in
-     * cpuslot_annotation_pending_total, and the read's answer serves the later ones).
+     * Waits for a read {@link #prefetch} started, at most CPUSLOT_ANNOTATION_TIMEOUT_MS (the read's
+     * own budget): true when it has answered (a failure too: the activations then take the next
+     * source at once), false when it has not in time (fail-open: the first activations take the
+     * next source, counted in cpuslot_annotation_pending_total, and its answer serves the later ones).
      */
-    boolean awaitRead(CompletableFuture<?> read, long startNanos) {
-        long left = TimeUnit.MILLISECONDS.toNanos(cfg.annotationTimeoutMs()) - (System.nanoTime() - startNanos);
+    boolean awaitRead(CompletableFuture<?> read) {
         try {
-            read.get(Math.max(0, left), TimeUnit.NANOSECONDS);
+            read.get(cfg.annotationTimeoutMs(), TimeUnit.MILLISECONDS);
         } catch (java.util.concurrent.TimeoutException e) {
             return false;
         } catch (InterruptedException e) {
