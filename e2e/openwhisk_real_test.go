@@ -298,8 +298,8 @@ func invokeCold(ctx context.Context, t *testing.T, c *cluster.Cluster, w func(..
 	t.Helper()
 	a := invokeOK(t, w, ow, name, args...)
 	line := activationLine(ctx, t, c, ns, a.ID)
-	t.Logf("wsk action invoke %s (cold start): activation %s: pod %s quota=%s source=%s slot=%s, annotations %s",
-		name, a.ID, line["pod"], line["quota"], line["source"], line["slot"], a.Annotations)
+	t.Logf("wsk action invoke %s (cold start): activation %s: pod %s quota=%s source=%s slot=%s, initTime %s ms",
+		name, a.ID, line["pod"], line["quota"], line["source"], line["slot"], a.annotation("initTime"))
 	if line["source"] != "annotation" || line["slot"] == "none" {
 		t.Errorf("the cold start's activation %s of %s ran at quota %s from %s in slot %s, want the annotation's quota in a slot",
 			a.ID, name, line["quota"], line["source"], line["slot"])
@@ -531,6 +531,21 @@ type activation struct {
 		Success bool            `json:"success"`
 		Result  json.RawMessage `json:"result"`
 	} `json:"response"`
+}
+
+// annotation is one of the activation's annotations, as JSON ("" when absent).
+func (a activation) annotation(key string) string {
+	var kv []struct {
+		Key   string          `json:"key"`
+		Value json.RawMessage `json:"value"`
+	}
+	json.Unmarshal(a.Annotations, &kv)
+	for _, x := range kv {
+		if x.Key == key {
+			return string(x.Value)
+		}
+	}
+	return ""
 }
 
 // invoke runs `wsk action invoke --blocking`: the activation, also of a
