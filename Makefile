@@ -131,11 +131,14 @@ e2e-v2node: images
 # The end-to-end test against the real OpenWhisk (TestRealOpenWhisk): its
 # standalone and wsk built from upstream checkouts by hack/openwhisk-build.sh
 # (OPENWHISK_SRC, OPENWHISK_CLI_SRC, OPENWHISK_WSKDEPLOY_SRC; cached), so not
-# part of make e2e (deploy/openwhisk/README.md).
+# part of make e2e (deploy/openwhisk/README.md). OPENWHISK_E2E_RUN: which tests
+# it runs (go test -run), e.g. 'TestRealOpenWhisk|TestOpenWhiskActionPod' for the
+# stand-in's test on the same cluster.
+OPENWHISK_E2E_RUN ?= TestRealOpenWhisk
 e2e-openwhisk: images
 	s=$$(bash hack/openwhisk-build.sh standalone) && w=$$(bash hack/openwhisk-build.sh wsk) && \
 	OPENWHISK_STANDALONE=$$s OPENWHISK_WSK=$$w CPUSLOT_E2E=1 \
-	$(GO) -C e2e test -run TestRealOpenWhisk -count=1 -timeout 40m -v .
+	$(GO) -C e2e test -run '$(OPENWHISK_E2E_RUN)' -count=1 -timeout 40m -v .
 
 # --- Helm chart and plain manifests (charts/cpuslot, deploy/) ----------------
 # helm is built once from the Go module proxy and cached (hack/helm.sh).

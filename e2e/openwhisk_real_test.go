@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,7 +95,8 @@ func TestRealOpenWhisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ns, appNS, release = "cpuslot-system", "e2e-openwhisk-real", "cpuslot"
-	installChart(t, c, release, ns)
+	// /debug/pools answers the test's host: it checks which pools the agent keeps
+	installChart(t, c, release, ns, "--set", "metrics.debugPoolsRemote=true")
 	namespace(t, c, appNS)
 
 	dir := t.TempDir()
@@ -131,7 +134,7 @@ func TestRealOpenWhisk(t *testing.T) {
 	if out, err := w("action", "get", "burn"); err != nil || !strings.Contains(out, `"cpu-quota"`) {
 		t.Fatalf("wsk action get: %v\n%s", err, out)
 	}
-	_, line := invokeUntilAnnotated(ctx, t, c, w, ow, appNS, "burn", "-p", "ms", "200")
+	_, line := invokeCold(ctx, t, c, w, ow, appNS, "burn", "-p", "ms", "200")
 	if line["quota"] != "250m" {
 		t.Errorf("quota %s, want 250m (the action's cpu-quota annotation)", line["quota"])
 	}
@@ -198,15 +201,31 @@ func TestRealOpenWhisk(t *testing.T) {
 	}
 
 	// A timeout: 30 s of CPU in an action limited to 10 s. OpenWhisk answers
-	// with its own message and removes the container.
+	// with its own message and removes the container; the agent, which
+	// served its pod, then forgets it: no pool, no metric series, no slot.
 	create(t, w, ow, "slow", jar, "--kind", "java:cpuslot", "--main", "dev.cpuslot.samples.CpuBurn",
 		"--memory", "512", "--timeout", "10000", "-a", "cpu-quota", "250m", "-a", "provide-api-key", "true")
-	a, err = invoke(w, "slow", "-p", "ms", "30000")
+	slowDone := make(chan struct{})
+	go func() {
+		defer close(slowDone)
+		a, err = invoke(w, "slow", "-p", "ms", "30000")
+	}()
+	slowPod := waitActionPod(ctx, t, c, appNS, "-guest-slow")
+	slowInfo, _ := waitServed(ctx, t, c, ns, appNS, slowPod, "user-action", 1)
+	if !hasPool(agentPools(ctx, t, c, ns), appNS+"/"+slowPod+"/") {
+		t.Errorf("the agent has no pool for %s while it runs", slowPod)
+	}
+	select {
+	case <-slowDone:
+	case <-ctx.Done():
+		t.Fatalf("wsk action invoke slow did not return:\n%s", ow.tail())
+	}
 	t.Logf("timeout: %s: %v %s %s, annotations %s", a.ID, err, a.Response.Status, a.Response.Result, a.Annotations)
 	if a.Response.Status != "action developer error" || !strings.Contains(string(a.Response.Result), "exceeded its time limits") {
 		t.Errorf("an activation past its time limit: %v, status %q, result %s; want OpenWhisk's time limit error", err, a.Response.Status, a.Response.Result)
 	}
 	waitNoPod(ctx, t, c, appNS, "-guest-slow")
+	waitForgotten(ctx, t, c, ns, appNS, slowPod, slowInfo)
 
 	// JavaScript and Python: the samples' fib, each in a slot of its quota.
 	for _, k := range []struct{ action, file, kind string }{
@@ -215,7 +234,7 @@ func TestRealOpenWhisk(t *testing.T) {
 	} {
 		create(t, w, ow, k.action, filepath.Join(repo, k.file), "--kind", k.kind,
 			"--memory", "512", "--concurrency", "2", "-a", "cpu-quota", "250m", "-a", "provide-api-key", "true")
-		a, l := invokeUntilAnnotated(ctx, t, c, w, ow, appNS, k.action, "-p", "n", "20")
+		a, l := invokeCold(ctx, t, c, w, ow, appNS, k.action, "-p", "n", "20")
 		var r struct{ Fib int }
 		json.Unmarshal(a.Response.Result, &r)
 		t.Logf("%s (%s): %s, pod %s slot %s quota %s", k.action, k.kind, a.Response.Result, l["pod"], l["slot"], l["quota"])
@@ -225,7 +244,8 @@ func TestRealOpenWhisk(t *testing.T) {
 	}
 
 	// The action pod deleted mid-invocation: whatever OpenWhisk answers for
-	// that activation, the action runs again, in a new pod and a slot.
+	// that activation, the action runs again, in a new pod (a cold start)
+	// and a slot of its annotation's quota.
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -246,9 +266,12 @@ func TestRealOpenWhisk(t *testing.T) {
 		a, err := invoke(w, "burn", "-p", "ms", "200")
 		if err == nil && a.Response.Success {
 			l := activationLine(ctx, t, c, appNS, a.ID)
-			t.Logf("after the deletion, invocation %d: %s in pod %s slot %s", i, a.ID, l["pod"], l["slot"])
+			t.Logf("after the deletion, invocation %d: %s in pod %s quota=%s source=%s slot=%s", i, a.ID, l["pod"], l["quota"], l["source"], l["slot"])
 			if l["pod"] == pod.name {
 				t.Errorf("activation %s ran in the deleted pod %s", a.ID, pod.name)
+			}
+			if l["source"] != "annotation" || l["slot"] == "none" {
+				t.Errorf("activation %s, the new pod's first, ran at quota %s from %s in slot %s, want the annotation's in a slot", a.ID, l["quota"], l["source"], l["slot"])
 			}
 			break
 		}
@@ -267,23 +290,124 @@ func create(t *testing.T, w func(...string) (string, error), ow *standaloneProc,
 	}
 }
 
-// invokeUntilAnnotated invokes until the runtime's line shows the action's
-// annotation as the quota's source, in a slot: the runtime reads the
-// annotation in the background, the first invocations may run before.
-func invokeUntilAnnotated(ctx context.Context, t *testing.T, c *cluster.Cluster, w func(...string) (string, error), ow *standaloneProc,
+// invokeCold invokes an action that has no container yet, once: that
+// cold start's activation runs in a slot of the action's annotation's
+// quota (the runtime's /init answers once it has read the annotation).
+func invokeCold(ctx context.Context, t *testing.T, c *cluster.Cluster, w func(...string) (string, error), ow *standaloneProc,
 	ns, name string, args ...string) (activation, hopLine) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Minute)
-	for i := 0; ; i++ {
-		a := invokeOK(t, w, ow, name, args...)
-		line := activationLine(ctx, t, c, ns, a.ID)
-		t.Logf("wsk action invoke %s (%d): activation %s: pod %s quota=%s source=%s slot=%s", name, i, a.ID, line["pod"], line["quota"], line["source"], line["slot"])
-		if line["source"] == "annotation" && line["slot"] != "none" {
-			return a, line
+	a := invokeOK(t, w, ow, name, args...)
+	line := activationLine(ctx, t, c, ns, a.ID)
+	t.Logf("wsk action invoke %s (cold start): activation %s: pod %s quota=%s source=%s slot=%s, initTime %s ms",
+		name, a.ID, line["pod"], line["quota"], line["source"], line["slot"], a.annotation("initTime"))
+	if line["source"] != "annotation" || line["slot"] == "none" {
+		t.Errorf("the cold start's activation %s of %s ran at quota %s from %s in slot %s, want the annotation's quota in a slot",
+			a.ID, name, line["quota"], line["source"], line["slot"])
+	}
+	return a, line
+}
+
+// waitActionPod waits until an action pod whose name ends in suffix is
+// Ready, and returns its name.
+func waitActionPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, suffix string) string {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		out, _ := c.Kubectl(ctx, "-n", ns, "get", "pods", "-l", "user-action-pod=true", "-o", "name")
+		for _, n := range strings.Fields(out) {
+			if name := strings.TrimPrefix(n, "pod/"); strings.HasSuffix(name, suffix) {
+				if out, err := c.Kubectl(ctx, "-n", ns, "wait", "--for=condition=Ready", n, "--timeout=120s"); err != nil {
+					t.Fatalf("action pod %s not Ready: %v %s", name, err, out)
+				}
+				return name
+			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after %d invocations of %s none ran in a slot of the annotation's quota: %v\n--- standalone log:\n%s", i+1, name, line, ow.tail())
+			t.Fatalf("no action pod *%s after 3 min: %s", suffix, out)
 		}
+		time.Sleep(time.Second)
+	}
+}
+
+// agentURL is the agent pod's HTTP endpoint (the host reaches pod IPs).
+func agentURL(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS string) string {
+	t.Helper()
+	ip, err := c.Kubectl(ctx, "-n", agentNS, "get", "pods", "-l", "app.kubernetes.io/name=cpuslot", "-o", "jsonpath={.items[0].status.podIP}")
+	if err != nil || strings.TrimSpace(ip) == "" {
+		t.Fatalf("the agent pod's IP: %v %q", err, ip)
+	}
+	return "http://" + net.JoinHostPort(strings.TrimSpace(ip), "9464")
+}
+
+// agentGet reads one of the agent's endpoints.
+func agentGet(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, path string) string {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "GET", agentURL(ctx, t, c, agentNS)+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("agent %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("agent %s: %s %s", path, resp.Status, b)
+	}
+	return string(b)
+}
+
+// agentPools is the names of the agent's pools (/debug/pools).
+func agentPools(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS string) []string {
+	t.Helper()
+	var p struct {
+		Pools []struct {
+			Name string `json:"name"`
+		} `json:"pools"`
+	}
+	out := agentGet(ctx, t, c, agentNS, "/debug/pools")
+	if err := json.Unmarshal([]byte(out), &p); err != nil {
+		t.Fatalf("/debug/pools: %v: %s", err, out)
+	}
+	var names []string
+	for _, x := range p.Pools {
+		names = append(names, x.Name)
+	}
+	return names
+}
+
+func hasPool(names []string, prefix string) bool {
+	for _, n := range names {
+		if strings.HasPrefix(n, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitForgotten waits (at most 2 min) until the agent keeps nothing of a
+// removed action pod: no pool (/debug/pools), no metric series labelled
+// with it (/metrics), no slot cgroup left of its container.
+func waitForgotten(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, ns, pod string, p podInfo) {
+	t.Helper()
+	t0 := time.Now()
+	cg := cluster.ContainerCgroupDir("cpu", p.QOS, p.UID, p.ContainerID)
+	for {
+		pools := agentPools(ctx, t, c, agentNS)
+		var series []string
+		for _, l := range strings.Split(agentGet(ctx, t, c, agentNS, "/metrics"), "\n") {
+			if strings.Contains(l, `pod="`+pod+`"`) {
+				series = append(series, l)
+			}
+		}
+		slots, _ := filepath.Glob(filepath.Join(cg, "cpuslot-*"))
+		if !hasPool(pools, ns+"/"+pod+"/") && len(series) == 0 && len(slots) == 0 {
+			t.Logf("the agent forgot the removed pod %s %v after it was gone: no pool, no series, no slot", pod, time.Since(t0).Round(time.Millisecond))
+			return
+		}
+		if time.Since(t0) > 2*time.Minute {
+			logs, _ := c.Kubectl(ctx, "-n", agentNS, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=40")
+			t.Fatalf("2 min after the removal of %s the agent still has: pools %v; series %v; slots %v\n--- agent log:\n%s", pod, pools, series, slots, logs)
+		}
+		time.Sleep(time.Second)
 	}
 }
 
@@ -407,6 +531,21 @@ type activation struct {
 		Success bool            `json:"success"`
 		Result  json.RawMessage `json:"result"`
 	} `json:"response"`
+}
+
+// annotation is one of the activation's annotations, as JSON ("" when absent).
+func (a activation) annotation(key string) string {
+	var kv []struct {
+		Key   string          `json:"key"`
+		Value json.RawMessage `json:"value"`
+	}
+	json.Unmarshal(a.Annotations, &kv)
+	for _, x := range kv {
+		if x.Key == key {
+			return string(x.Value)
+		}
+	}
+	return ""
 }
 
 // invoke runs `wsk action invoke --blocking`: the activation, also of a

@@ -36,9 +36,13 @@ final class OpenWhiskApiStandIn implements AutoCloseable {
     volatile java.util.function.BiFunction<String, String, Answer> forward;
     /** The annotations the read of an action answers (a JSON array): none by default. */
     volatile String annotations = "[]";
+    /** How long the read of an action's annotations takes to answer (a slow API): none by default. */
+    volatile long readDelayMs;
     /** When false, requests are not recorded (a benchmark's thousands). */
     volatile boolean recording = true;
     private final HttpServer server;
+    /** Ends the slow reads' waits at close. */
+    private final java.util.concurrent.CountDownLatch closed = new java.util.concurrent.CountDownLatch(1);
 
     OpenWhiskApiStandIn(String apiKey) throws IOException {
         this.apiKey = apiKey;
@@ -50,6 +54,14 @@ final class OpenWhiskApiStandIn implements AutoCloseable {
             String auth = ex.getRequestHeaders().getFirst("Authorization");
             if (ex.getRequestMethod().equals("GET")) { // the runtime's read of the caller's annotations
                 reads.incrementAndGet();
+                try {
+                    if (readDelayMs > 0 && closed.await(readDelayMs, java.util.concurrent.TimeUnit.MILLISECONDS)) {
+                        ex.close();
+                        return;
+                    }
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
                 byte[] b = ("{\"name\":\"x\",\"annotations\":" + annotations + "}").getBytes(StandardCharsets.UTF_8);
                 ex.sendResponseHeaders(200, b.length);
                 ex.getResponseBody().write(b);
@@ -89,5 +101,8 @@ final class OpenWhiskApiStandIn implements AutoCloseable {
     String url() { return "http://127.0.0.1:" + server.getAddress().getPort(); }
 
     @Override
-    public void close() { server.stop(0); }
+    public void close() {
+        closed.countDown();
+        server.stop(0);
+    }
 }

@@ -13,6 +13,7 @@ import java.util.LinkedHashMap;
 import java.util.Locale;
 import java.util.Map;
 import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Predicate;
@@ -403,12 +404,20 @@ public final class FunctionRuntime implements AutoCloseable {
         return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers, after), status, output);
     }
 
-    /** The activation's fields as OpenWhisk hands them to an action: {@code __OW_<FIELD>}, over its init env. */
-    /** OpenWhisk's /init: starts the read of the action's annotations with its env's __OW_* fields. */
-    void prefetchAnnotations(Function fn) {
-        quota.prefetch(environment(fn, new JsonObject()));
+    /**
+     * OpenWhisk's /init: starts the read of the action's annotations with its env's __OW_* fields;
+     * the read, for the init to wait for (null when there is none).
+     */
+    CompletableFuture<?> prefetchAnnotations(Function fn) {
+        return quota.prefetch(environment(fn, new JsonObject()));
     }
 
+    /** Waits for a read prefetchAnnotations started, within the read's budget: whether it answered. */
+    boolean awaitAnnotations(CompletableFuture<?> read) {
+        return quota.awaitRead(read);
+    }
+
+    /** The activation's fields as OpenWhisk hands them to an action: {@code __OW_<FIELD>}, over its init env. */
     private Map<String, String> environment(Function fn, JsonObject activation) {
         Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
         for (Map.Entry<String, JsonElement> e : activation.entrySet()) {

@@ -7,6 +7,7 @@ import java.io.PrintStream;
 import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.Map;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicBoolean;
 
@@ -43,10 +44,25 @@ public final class OpenWhiskAdapter implements Platform {
     /** The value object of the init that deployed the action. */
     JsonObject initValue() { return initValue; }
 
-    /** {@code POST /init}. */
+    /**
+     * {@code POST /init}. It answers once the runtime is ready to run the action's first activation
+     * at its quota: served by the agent ({@link FunctionRuntime#warmSlots}) and, when the init
+     * carries the cold start's {@code __OW_*} fields as the invoker sends them, with the action's
+     * annotations read: the read runs beside the wait for the agent, and is waited for at most its
+     * budget (CPUSLOT_ANNOTATION_TIMEOUT_MS) after that. The invoker sends the cold start's /run as soon as the init answers, and the
+     * init's time is its own in OpenWhisk (the activation's initTime, within the action's time
+     * limit); a /run never waits for the read. A read not in by then: fail-open, the first
+     * activations take the next quota source (cpuslot_annotation_pending_total).
+     */
     public Reply init(JsonObject body) {
         Reply r = init(body, true);
-        if (r.status() == 200) rt.warmSlots("/init");
+        if (r.status() != 200) return r;
+        Function f = rt.action().function();
+        CompletableFuture<?> read = rt.prefetchAnnotations(f);
+        rt.warmSlots("/init");
+        if (read != null && !rt.awaitAnnotations(read))
+            Log.info("annotation read for " + f.initEnv().get("__OW_ACTION_NAME") + " not answered within CPUSLOT_ANNOTATION_TIMEOUT_MS ("
+                    + cfg.annotationTimeoutMs() + " ms); /init answers, and activations take the next quota source until it is in");
         return r;
     }
 
@@ -93,9 +109,6 @@ public final class OpenWhiskAdapter implements Platform {
                     p = rt.pool(f);
                 }
                 rt.deploy(p);
-                // the invoker's /init carries the cold start's __OW_* fields: the annotation read
-                // starts now, not at the first /run (which would run without the annotation's quota)
-                if (openwhisk) rt.prefetchAnnotations(f);
                 initValue = v.deepCopy();
                 Log.info("initialised " + p.function().language() + " action " + name + " (main " + main + ")");
                 return Reply.ok();

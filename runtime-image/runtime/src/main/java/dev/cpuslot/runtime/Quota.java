@@ -29,7 +29,8 @@ import java.util.concurrent.TimeUnit;
  *     {@code GET {__OW_API_HOST}/api/v1/namespaces/{ns}/actions/{name}?code=false} with the
  *     activation's api_key (the key is used for that one read only: never stored beyond the
  *     request, never logged). The read runs in the background: activations never wait for it,
- *     they use the next source until the answer is in; a failed read is retried after 30 s;</li>
+ *     they use the next source until the answer is in; a failed read is retried after 30 s.
+ *     OpenWhisk's /init starts it and answers once it is in, within its budget;</li>
  * <li>the init-time environment value {@code CPUSLOT_QUOTA} (OpenWhisk/Knative {@code /init} env,
  *     Hydra {@code /register?quota=});</li>
  * <li>the pod's default {@code CPUSLOT_DEFAULT_QUOTA} (env, e.g. from the downward API).</li>
@@ -174,11 +175,38 @@ public final class Quota {
 
     /**
      * Starts the read of the action's annotations for an /init that carries the cold start's
-     * {@code __OW_*} fields (OpenWhisk's invoker sends them), so that the first /run finds them
-     * read; never waits. The same read, cache and key as an activation's.
+     * {@code __OW_*} fields (OpenWhisk's invoker sends them): the same read, cache and key as an
+     * activation's. Returns the read, for the init to wait for ({@link #awaitRead}); null when
+     * there is none (lookup off, no api_key or action name).
      */
-    void prefetch(Map<String, String> ow) {
+    CompletableFuture<?> prefetch(Map<String, String> ow) {
         annotationValue(ow, cfg.annotationKey(), false);
+        CacheEntry e = ow == null || ow.get("__OW_ACTION_NAME") == null ? null : annotations.get(cacheKey(ow));
+        return e == null ? null : e.value;
+    }
+
+    /**
+     * Waits for a read {@link #prefetch} started, at most CPUSLOT_ANNOTATION_TIMEOUT_MS (the read's
+     * own budget): true when it has answered (a failure too: the activations then take the next
+     * source at once), false when it has not in time (fail-open: the first activations take the
+     * next source, counted in cpuslot_annotation_pending_total, and its answer serves the later ones).
+     */
+    boolean awaitRead(CompletableFuture<?> read) {
+        try {
+            read.get(cfg.annotationTimeoutMs(), TimeUnit.MILLISECONDS);
+        } catch (java.util.concurrent.TimeoutException e) {
+            return false;
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            return false;
+        } catch (java.util.concurrent.ExecutionException | java.util.concurrent.CancellationException e) {
+            // answered with a failure: annotationValue counts and logs it when it is used
+        }
+        return true;
+    }
+
+    private static String cacheKey(Map<String, String> ow) {
+        return ow.get("__OW_ACTION_NAME") + "@" + ow.getOrDefault("__OW_ACTION_VERSION", "");
     }
 
     /** The action's quota annotation, cached per action version; null when absent or unknown. */
@@ -204,7 +232,7 @@ public final class Quota {
         String apiHost = ow.getOrDefault("__OW_API_HOST", cfg.apiHost());
         String key = ow.get("__OW_API_KEY"), action = ow.get("__OW_ACTION_NAME");
         if (apiHost == null || key == null || action == null || key.isEmpty()) return null;
-        String cacheKey = action + "@" + ow.getOrDefault("__OW_ACTION_VERSION", "");
+        String cacheKey = cacheKey(ow);
         long now = System.nanoTime();
         CacheEntry e = annotations.compute(cacheKey, (k, old) -> {
             if (old != null && (old.expiresNanos == Long.MAX_VALUE || old.expiresNanos > now)) return old;
