@@ -370,6 +370,7 @@ final class LocalLeases {
                 for (Waiter w : queue) if (w.quota == quota) { asker = w; break; }
                 if (asker == null) {
                     asking.remove(quota);
+                    grantedAt.remove(quota); // no one waits for it: one entry per quota waited for
                     return;
                 }
             }
