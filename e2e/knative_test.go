@@ -133,9 +133,10 @@ func keepUp(ctx context.Context, t *testing.T, f knFn, activator string, revs ..
 // answered, ran in a slot; no miss is allowed. The agent's NRI plugin
 // makes the pod's slots before the container's first instruction; with it
 // off the runtime is not ready (its readinessProbe, GET /ready) until the
-// agent serves the pod, so the activator sends it nothing before. The
-// first acquisition has the 50 ms budget of every other (knService sets
-// CPUSLOT_FIRST_ACQUIRE_BUDGET_MS=0).
+// agent serves the pod, so the activator sends it nothing before. A new
+// container's acquisitions before its first grant have
+// CPUSLOT_FIRST_ACQUIRE_BUDGET_MS (1 s) rather than the 50 ms budget, for
+// the runtime's own cold first round trip.
 func (f knFn) wantSlotOnNewPod(t *testing.T, what string, r invokeResult) {
 	t.Helper()
 	if r.headers.Get("X-Cpuslot-Slot") == "" {
@@ -176,12 +177,6 @@ func knService(t *testing.T, name string, edit func(tmplAnn map[string]any, ctr 
 	// The recipe pins a release's image; the cluster has the one make
 	// images built, under the e2e's name.
 	ctr["image"] = runtimeImage
-	// No longer budget for a new process's first acquisitions than for
-	// any other (the runtime's CPUSLOT_FIRST_ACQUIRE_BUDGET_MS, 1 s by
-	// default): a new pod's slots are there before its first instruction
-	// (NRI), and threads that miss together wait their turn while the
-	// agent answers each HOLD request within the 50 ms budget.
-	setEnv(ctr, "CPUSLOT_FIRST_ACQUIRE_BUDGET_MS", "0")
 	if edit != nil {
 		edit(ann, ctr, spec)
 	}
@@ -626,9 +621,13 @@ func TestKnativeServing(t *testing.T) {
 	// off (the pod watch serves the new pod; the runtime is not ready
 	// until then) and on, in that order (the later subtests run with NRI
 	// on, as installed): in a slot every time, the latencies side by side,
-	// with the runtime's own "served ... ms after start". One round each
-	// keeps CI short (each waits for scale to zero);
-	// CPUSLOT_E2E_ZERO_ROUNDS=N measures N.
+	// with the runtime's own "served ... ms after start". With NRI on, the
+	// same recipe with CPUSLOT_FIRST_ACQUIRE_BUDGET_MS=0 (every
+	// acquisition has the 50 ms budget) shows whether a new pod's first
+	// acquisition still needs the longer budget once its slots are there
+	// before its start (logged, not checked). One round each keeps CI
+	// short (each waits for scale to zero); CPUSLOT_E2E_ZERO_ROUNDS=N
+	// measures N.
 	t.Run("scale from zero: pod watch against NRI", func(t *testing.T) {
 		rounds := 1
 		if v := os.Getenv("CPUSLOT_E2E_ZERO_ROUNDS"); v != "" {
@@ -638,6 +637,9 @@ func TestKnativeServing(t *testing.T) {
 			}
 			rounds = n
 		}
+		nfRev := applyKnService(ctx, t, c, "fn-nofirst", knService(t, "fn-nofirst", func(_, ctr, _ map[string]any) {
+			setEnv(ctr, "CPUSLOT_FIRST_ACQUIRE_BUDGET_MS", "0")
+		}))
 		servedAfter := regexp.MustCompile(`served by the cpuslot agent (\d+) ms after start`)
 		runtimeServed := func(rev string) string {
 			pods, _ := revPods(ctx, c, rev)
@@ -651,6 +653,7 @@ func TestKnativeServing(t *testing.T) {
 			return "no line"
 		}
 		lat := map[bool][]time.Duration{}
+		var nofirst []string
 		for _, nri := range []bool{false, true} {
 			if out, err := helm(ctx, t, c, "upgrade", release, chartDir(t), "-n", agentNS, "--reuse-values",
 				"--set", fmt.Sprintf("nri.enabled=%v", nri), "--wait", "--timeout", "120s"); err != nil {
@@ -674,11 +677,17 @@ func TestKnativeServing(t *testing.T) {
 				f.wantSlotOnNewPod(t, fmt.Sprintf("the first request after scale from zero (nri.enabled=%v)", nri), r)
 				t.Logf("nri.enabled=%v, from zero %d: answered in %v, slot %s; the runtime served %s after its start",
 					nri, round, r.elapsed.Round(time.Millisecond), slotOf(r), runtimeServed(rev))
+				if nri {
+					waitScaledToZero(ctx, t, c, nfRev, 3*time.Minute)
+					r := f.mustInvoke(ctx, t, kn.activator, nfRev, fmt.Sprintf("nofirst-%d", round), 0, nil)
+					nofirst = append(nofirst, slotOf(r))
+					t.Logf("fn-nofirst (first acquisitions at 50 ms), from zero %d: answered in %v, slot %s", round, r.elapsed.Round(time.Millisecond), slotOf(r))
+				}
 			}
 		}
 		w, n := cluster.Percentile(lat[false], 0.5), cluster.Percentile(lat[true], 0.5)
-		t.Logf("first request after scale from zero, %d each: pod watch %v (median %v), NRI %v (median %v); ratio of medians NRI / pod watch %.2fx",
-			rounds, lat[false], w.Round(time.Millisecond), lat[true], n.Round(time.Millisecond), float64(n)/float64(w))
+		t.Logf("first request after scale from zero, %d each: pod watch %v (median %v), NRI %v (median %v); ratio of medians NRI / pod watch %.2fx; fn-nofirst with NRI: %v",
+			rounds, lat[false], w.Round(time.Millisecond), lat[true], n.Round(time.Millisecond), float64(n)/float64(w), nofirst)
 	})
 
 	t.Run("agent restart while the activator holds requests", func(t *testing.T) {
