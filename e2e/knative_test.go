@@ -986,18 +986,17 @@ func gauge(ctx context.Context, url, name string) (float64, error) {
 func knPodReport(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS, rev string, missed []string) {
 	t.Helper()
 	out, _ := c.Kubectl(ctx, "-n", knNS, "get", "pods", "-l", "serving.knative.dev/revision="+rev, "-o",
-		`jsonpath={range .items[*]}{.metadata.name} {.status.podIP} {.status.containerStatuses[?(@.name=="user-container")].state.running.startedAt}{"\n"}{end}`)
+		`jsonpath={range .items[*]}{.metadata.name}|{.status.podIP}|{.status.containerStatuses[?(@.name=="user-container")].state.running.startedAt}|{.metadata.uid}|{.status.qosClass}|{.status.containerStatuses[?(@.name=="user-container")].containerID}{"\n"}{end}`)
 	agentLog, _ := c.Kubectl(ctx, "-n", agentNS, "logs", "-l", "app.kubernetes.io/name=cpuslot", "--tail=-1")
 	found := map[string]bool{}
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
+		// Not getPod: a pod going away meanwhile is reported, not fatal.
+		f := strings.Split(l, "|")
+		if len(f) != 6 {
 			continue
 		}
-		name, ip, started := f[0], f[1], ""
-		if len(f) > 2 {
-			started = f[2]
-		}
+		name, ip, started := f[0], f[1], f[2]
+		_, ctrID, _ := strings.Cut(f[5], "://")
 		var served []string
 		for _, al := range strings.Split(agentLog, "\n") {
 			if strings.Contains(al, name) && (strings.Contains(al, "served before the container's start") || strings.Contains(al, "serving container") || strings.Contains(al, "nri_fail_open") || strings.Contains(al, "within nri.startTimeout")) {
@@ -1015,8 +1014,8 @@ func knPodReport(ctx context.Context, t *testing.T, c *cluster.Cluster, agentNS,
 			events = strings.Join(ev, " ")
 		}
 		throttled := "no cgroup"
-		if p := getPod(ctx, t, c, knNS, name, "user-container"); p.ContainerID != "" {
-			if b, err := os.ReadFile(filepath.Join(cluster.ContainerCgroupDir("cpu", p.QOS, p.UID, p.ContainerID), "cpu.stat")); err == nil {
+		if ctrID != "" {
+			if b, err := os.ReadFile(filepath.Join(cluster.ContainerCgroupDir("cpu", f[4], f[3], ctrID), "cpu.stat")); err == nil {
 				throttled = strings.Join(strings.Fields(string(b)), " ")
 			}
 		}
