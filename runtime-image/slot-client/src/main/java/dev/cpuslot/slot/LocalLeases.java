@@ -232,6 +232,7 @@ final class LocalLeases {
         final int tid;
         final long quota;
         final Thread thread;
+        final long since = System.nanoTime(); // when it queued
         SlotTable.Claimed got; // an entry given back by another thread, claimed for this one
         Asked asked;           // the agent's answer: a grant for the first waiter, or a refusal
         boolean done;
@@ -245,6 +246,8 @@ final class LocalLeases {
     /** Waiting threads in arrival order; guards the quotas a HOLD request is on its way for. */
     private final ArrayList<Waiter> queue = new ArrayList<>();
     private final java.util.HashSet<Long> asking = new java.util.HashSet<>();
+    /** When the agent last granted a HOLD request of each quota (guarded by {@link #queue}). */
+    private final java.util.HashMap<Long, Long> grantedAt = new java.util.HashMap<>();
     private final java.util.concurrent.atomic.AtomicInteger waiting = new java.util.concurrent.atomic.AtomicInteger();
 
     /**
@@ -264,14 +267,16 @@ final class LocalLeases {
             }
             if (ask) SlotClient.daemon("cpuslot-hold").start(() -> ask(w));
             while (true) {
+                long left;
                 synchronized (queue) {
                     if (w.done) break;
-                    if (System.nanoTime() >= deadline) {
+                    left = waitLeftLocked(w, deadline);
+                    if (left <= 0) {
                         dequeueLocked(w);
                         return leases.noSlot(act, inv, quota, tid, "budget", "waited in turn for a held slot");
                     }
                 }
-                LockSupport.parkNanos(this, deadline - System.nanoTime());
+                LockSupport.parkNanos(this, left);
             }
             if (w.got != null) {
                 SlotLease l = place(w.got.index(), w.got.state(), act, inv, quota, tid, current, last);
@@ -283,6 +288,20 @@ final class LocalLeases {
             if (a.reason() == null) return null;
             return leases.noSlot(act, inv, quota, tid, a.reason(), a.detail());
         }
+    }
+
+    /**
+     * How much longer w may wait: until its own deadline, or one budget after the agent's last
+     * grant of its quota since w queued, whichever is later. HOLD requests of a quota go one at a
+     * time, so the n-th of n threads missing together is served by the n-th answer: while the
+     * agent answers each within the budget they all wait their turn; an agent that grants nothing
+     * within it sends them on without a slot.
+     */
+    private long waitLeftLocked(Waiter w, long deadline) {
+        long now = System.nanoTime(), left = deadline - now;
+        Long g = grantedAt.get(w.quota);
+        if (g != null && g - w.since >= 0) left = Math.max(left, g + budgetNs - now);
+        return left;
     }
 
     /** Hands free entries of the process's own to waiting threads, first come first served. */
@@ -334,6 +353,7 @@ final class LocalLeases {
             Waiter to = null;
             synchronized (queue) {
                 if (a.ok() != null) {
+                    grantedAt.put(quota, System.nanoTime());
                     for (Waiter w : queue) if (w.quota == quota) { to = w; break; }
                 } else if (queue.contains(asker)) {
                     to = asker;
@@ -350,6 +370,7 @@ final class LocalLeases {
                 for (Waiter w : queue) if (w.quota == quota) { asker = w; break; }
                 if (asker == null) {
                     asking.remove(quota);
+                    grantedAt.remove(quota); // no one waits for it: one entry per quota waited for
                     return;
                 }
             }

@@ -1,0 +1,111 @@
+package dev.cpuslot.slot;
+
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CyclicBarrier;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/**
+ * Threads that miss at once wait in turn (spec: "Local leasing", waiting in turn), and a process
+ * sends one HOLD request per quota at a time: the n-th of n threads missing together is served by
+ * the n-th answer. Each answer within the acquire budget must keep the rest waiting; an agent
+ * that answers none within it sends them on without a slot. The fake agent answers each HOLD
+ * request after {@link #answerMs}.
+ */
+class LocalTurnBudgetTest {
+    static final long MS = 1_000_000L;
+    static final long BUDGET = 1000 * MS;
+
+    final Counters counters = new Counters();
+    final FakeTransport transport = new FakeTransport();
+    final FakeFds ops = new FakeFds();
+    final FdCache fds = new FdCache(ops, counters);
+    final Recovery recovery = new Recovery(transport, fds, counters, BUDGET, BUDGET, BUDGET);
+    final Leases leases = new Leases(transport, fds, recovery, counters, BUDGET, BUDGET, 0, false, true);
+    SlotTable table;
+    LocalLeases local;
+    long nextLease = 100, nextSlot = 1;
+    volatile long answerMs;
+
+    @BeforeEach
+    void setUp() throws Exception {
+        assertTrue(Native.available(), "acquire reads the thread's kernel tid: " + Native.loadError());
+        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL, 1, 1, "fake", 0, List.of());
+        transport.script = this::agent;
+        table = SlotTable.create(8);
+        local = new LocalLeases(transport, fds, recovery, leases, counters, table, BUDGET, BUDGET, 30_000 * MS, BUDGET, false);
+    }
+
+    @AfterEach
+    void tearDown() { Native.close(table.fd()); }
+
+    Object agent(Protocol.Message m) throws IOException {
+        if (!(m instanceof Protocol.Acquire a)) throw new AssertionError("unexpected " + m);
+        try {
+            Thread.sleep(answerMs); // the round trip on a busy node
+        } catch (InterruptedException e) {
+            throw new IOException(e);
+        }
+        synchronized (this) {
+            long slot = nextSlot++;
+            int[] f = {(int) slot * 10, (int) slot * 10 + 1};
+            ops.counters.put(f[1], new SlotCounters(0, 0, 0, 0));
+            var ok = new Protocol.AcquireOk(++nextLease, slot, a.quotaMilli(), 100_000, Protocol.OUTCOME_CACHE_HIT, 0,
+                    Protocol.PLACE_SELF, 2);
+            return new Transport.Reply(new Protocol.Frame(1, ok.type(), 1, ok), f);
+        }
+    }
+
+    /** n threads acquire 250m at once and keep their leases; each result with its wait. */
+    List<String> missTogether(int n) throws Exception {
+        CyclicBarrier start = new CyclicBarrier(n);
+        List<String> out = java.util.Collections.synchronizedList(new ArrayList<>());
+        List<Thread> ts = new ArrayList<>();
+        for (int i = 0; i < n; i++) {
+            ts.add(Thread.ofPlatform().start(() -> {
+                try {
+                    start.await();
+                } catch (Exception e) {
+                    throw new AssertionError("start", e);
+                }
+                long t0 = System.nanoTime();
+                SlotLease l = local.acquire(250, "guest/f", "");
+                long waited = (System.nanoTime() - t0) / MS;
+                out.add((l != null && l.active() ? "slot " + l.slot() : "none (" + (l == null ? "null" : l.reason()) + ")")
+                        + " after " + waited + " ms");
+            }));
+        }
+        for (Thread t : ts) t.join();
+        return out;
+    }
+
+    @Test
+    void threadsMissingAtOnceAreEachServedWhileEveryAnswerComesWithinTheBudget() throws Exception {
+        // each answer in 0.4 of the budget: the third thread's turn comes after three answers,
+        // past its own budget (the margin of each answer, 0.6 of it, is for a busy machine)
+        answerMs = BUDGET * 2 / 5 / MS;
+        List<String> got = missTogether(3);
+        assertEquals(3, got.size());
+        for (String g : got) assertTrue(g.startsWith("slot "), "each thread in a slot of its own: " + got);
+        assertEquals(0, counters.get("noslot.budget"), got.toString());
+    }
+
+    @Test
+    void anAgentThatAnswersNothingWithinTheBudgetSendsEveryWaitingThreadOnWithoutASlot() throws Exception {
+        // the first answer comes after three budgets: no thread waits for it
+        answerMs = 3 * BUDGET / MS;
+        List<String> got = missTogether(3);
+        assertEquals(3, got.size());
+        for (String g : got) {
+            assertTrue(g.startsWith("none (budget)"), "every thread on without a slot: " + got);
+            long waited = Long.parseLong(g.replaceAll(".* after (\\d+) ms", "$1"));
+            assertTrue(waited < answerMs, "a thread waited for the late answer (" + waited + " ms): " + got);
+        }
+    }
+}
