@@ -121,7 +121,9 @@ func (f *served) prometheusQueries(t *testing.T) {
 	// While the Java runtime pods of JavaRuntimePods run, their targets
 	// must be up and every runtime-side query must return data too.
 	if f.java {
-		must(p.WaitSeries(ctx, `count(up{job="cpuslot-runtime"} == 1) >= 1`, 2*time.Minute))
+		if err := p.WaitSeries(ctx, `count(up{job="cpuslot-runtime"} == 1) >= 1`, 2*time.Minute); err != nil {
+			t.Fatalf("%v\n%s", err, f.javaPodsState(t, ctx))
+		}
 		must(p.WaitSeries(ctx, `sum(rate(cpuslot_invocations_total{job="cpuslot-runtime"}[1m])) > 0`, 2*time.Minute))
 	}
 	runtimes, err := p.Query(ctx, `up{job="cpuslot-runtime"} == 1`)
@@ -160,4 +162,26 @@ func (f *served) prometheusQueries(t *testing.T) {
 	t.Logf("%d returned data: %s", len(data), strings.Join(data, " "))
 	t.Logf("%d returned none:\n  %s", len(none), strings.Join(none, "\n  "))
 	t.Logf("step took %v", time.Since(t0).Round(time.Second))
+}
+
+// javaPodsState says why the Java runtime pods' metrics are not scraped:
+// the pods (IPs, restarts, last state), each one's metrics port from the
+// guest, and its last log lines.
+func (f *served) javaPodsState(t *testing.T, ctx context.Context) string {
+	var b strings.Builder
+	out, _ := f.n.Kubectl(ctx, "get", "pods", "-o", "wide")
+	b.WriteString(out)
+	for _, c := range []struct{ pod, container string }{{owPod, "user-action"}, {knPod, "user-container"}} {
+		st, _ := f.n.Kubectl(ctx, "get", "pod", c.pod, "-o", "jsonpath={.status.containerStatuses}")
+		fmt.Fprintf(&b, "--- %s: %s\n", c.pod, st)
+		ip := podIPOf(t, ctx, f.n, c.pod)
+		fmt.Fprintf(&b, "metrics: %s\n", guest(t, ctx, f.n, "curl -sS -m 20 -o /dev/null -w '%{http_code} in %{time_total}s' http://"+ip+":9102/metrics 2>&1; true"))
+		logs, _ := f.n.Kubectl(ctx, "logs", c.pod, "-c", c.container, "--tail=30")
+		b.WriteString(logs)
+		prev, _ := f.n.Kubectl(ctx, "logs", c.pod, "-c", c.container, "--previous", "--tail=30")
+		if prev != "" {
+			fmt.Fprintf(&b, "--- previous container:\n%s", prev)
+		}
+	}
+	return b.String()
 }
