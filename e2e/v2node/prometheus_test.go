@@ -30,13 +30,15 @@ type guestProm struct {
 	n *Node
 }
 
-// startGuestPrometheus writes the shipped file_sd configuration (2 s
-// intervals), the chart's rules and the targets of the pods running now
+// startGuestPrometheus writes the shipped file_sd configuration (5 s
+// intervals: a scrape's timeout is its interval, and the Java runtime's
+// page on the emulated node, under a host busy with the legacy node's
+// e2e, took longer than 2 s for two minutes in a CI run), the chart's rules and the targets of the pods running now
 // into the guest, starts Prometheus there and waits until it is ready.
 // It is stopped, and its data removed, when the test ends.
 func startGuestPrometheus(t *testing.T, ctx context.Context, n *Node) *guestProm {
 	t.Helper()
-	config, rules, err := cluster.PrometheusConfig(n.RepoDir(), 2*time.Second)
+	config, rules, err := cluster.PrometheusConfig(n.RepoDir(), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
