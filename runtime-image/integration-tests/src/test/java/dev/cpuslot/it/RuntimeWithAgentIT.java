@@ -416,23 +416,9 @@ class RuntimeWithAgentIT {
             RuntimeProc.Reply timedOut = r.invoke("runaway", "{\"ms\":60000}");
             assertNotEquals(200, timedOut.status(), timedOut.body());
             // the worker thread of the function (named fn-runaway-N) is still spinning
-            long tid = -1;
-            for (int i = 0; i < 600 && tid < 0; i++) {
-                try (var ts = Files.list(Path.of("/proc/" + r.pid() + "/task"))) {
-                    for (Path t : ts.toList()) {
-                        String comm = Files.readString(t.resolve("comm")).strip();
-                        if (comm.startsWith("fn-runaway")) tid = Long.parseLong(t.getFileName().toString());
-                    }
-                }
-                if (tid < 0) Thread.sleep(50);
-            }
+            long tid = threadNamed(r, comm -> comm.startsWith("fn-runaway"));
             assertTrue(tid > 0, "the runaway worker thread is alive");
-            double confined = 0;
-            for (int i = 0; i < 600 && confined < 1; i++) {
-                confined = Prom.sum(r.metrics(), "cpuslot_runaway_confined_total", "function=\"runaway\"");
-                if (confined < 1) Thread.sleep(50);
-            }
-            assertEquals(1, confined, r.metricsText());
+            awaitConfined(r, "runaway");
             assertEquals(1, Prom.get(r.metrics(), "cpuslot_runaway_threads"));
             String where = cg.cgroupOf(r.pid(), tid);
             assertTrue(where.startsWith(cgroup + "/cpuslot-"), "confined in a slot of the runtime's container: " + where);
@@ -466,25 +452,9 @@ class RuntimeWithAgentIT {
             r.register("stray", "dev.cpuslot.samples.StrayThread", samplesJar, "500m");
             RuntimeProc.Reply done = r.invoke("stray", "{}");
             assertEquals(200, done.status(), done.body());
-            long tid = -1;
-            for (int i = 0; i < 600 && tid < 0; i++) {
-                try (var ts = Files.list(Path.of("/proc/" + r.pid() + "/task"))) {
-                    for (Path t : ts.toList()) {
-                        try {
-                            if (Files.readString(t.resolve("comm")).strip().equals("regex-spinner")) tid = Long.parseLong(t.getFileName().toString());
-                        } catch (IOException gone) {
-                        }
-                    }
-                }
-                if (tid < 0) Thread.sleep(50);
-            }
+            long tid = threadNamed(r, comm -> comm.equals("regex-spinner"));
             assertTrue(tid > 0, "the thread the activation left behind is alive");
-            double confined = 0;
-            for (int i = 0; i < 600 && confined < 1; i++) {
-                confined = Prom.sum(r.metrics(), "cpuslot_runaway_confined_total", "function=\"stray\"");
-                if (confined < 1) Thread.sleep(50);
-            }
-            assertEquals(1, confined, r.metricsText());
+            awaitConfined(r, "stray");
             String where = cg.cgroupOf(r.pid(), tid);
             assertTrue(where.startsWith(cgroup + "/cpuslot-"), "confined in a slot of the runtime's container: " + where);
             long t0 = System.nanoTime(), c0 = ticks(r.pid(), tid);
@@ -493,6 +463,32 @@ class RuntimeWithAgentIT {
             report.add(String.format(java.util.Locale.ROOT, "thread left behind by an activation (tid %d) confined in %s: %.3f of a core (jail 20m, its activation had 500m)", tid, where, rate));
             assertTrue(rate < 0.25, "the thread burns " + rate + " of a core, well under its activation's 500m slot");
         }
+    }
+
+    /** The kernel id of the runtime's thread whose name matches, waited for up to 30 s; -1 if none. */
+    static long threadNamed(RuntimeProc r, java.util.function.Predicate<String> name) throws Exception {
+        for (int i = 0; i < 600; i++) {
+            try (var ts = Files.list(Path.of("/proc/" + r.pid() + "/task"))) {
+                for (Path t : ts.toList()) {
+                    try {
+                        if (name.test(Files.readString(t.resolve("comm")).strip())) return Long.parseLong(t.getFileName().toString());
+                    } catch (IOException gone) { // the thread ended while listed
+                    }
+                }
+            }
+            Thread.sleep(50);
+        }
+        return -1;
+    }
+
+    /** Waits (up to 30 s) until the runtime has confined one runaway thread of the function. */
+    static void awaitConfined(RuntimeProc r, String function) throws Exception {
+        double confined = 0;
+        for (int i = 0; i < 600 && confined < 1; i++) {
+            confined = Prom.sum(r.metrics(), "cpuslot_runaway_confined_total", "function=\"" + function + "\"");
+            if (confined < 1) Thread.sleep(50);
+        }
+        assertEquals(1, confined, r.metricsText());
     }
 
     /**
