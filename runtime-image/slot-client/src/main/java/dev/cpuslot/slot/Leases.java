@@ -57,7 +57,10 @@ final class Leases {
     void firstBudget(long ns) { firstBudgetNs = ns; }
 
     /** The budget of an acquisition starting now whose normal budget is b. */
-    long budget(long b) { return grantedOnce ? b : Math.max(b, firstBudgetNs); }
+    long budget(long b) { return grantedOnce ? b : coldBudget(b); }
+
+    /** The budget of a cold round trip (normal budget b): the first-acquire one, when longer. */
+    long coldBudget(long b) { return Math.max(b, firstBudgetNs); }
     int parkedCount() { return parked.size(); }
 
     private void count(String name) { counters.count(name); }

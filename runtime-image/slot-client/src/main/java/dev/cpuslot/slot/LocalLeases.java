@@ -255,7 +255,7 @@ final class LocalLeases {
      * within the acquire budget for an entry given back or a grant, whichever comes first.
      */
     private SlotLease inTurn(long quota, String act, String inv, int tid, long[] current, int[] last) {
-        long deadline = System.nanoTime() + leases.budget(budgetNs);
+        long deadline = System.nanoTime() + (holdsQuota(quota) ? leases.budget(budgetNs) : leases.coldBudget(budgetNs));
         while (true) {
             Waiter w = new Waiter(tid, quota, Thread.currentThread());
             boolean ask;
@@ -302,6 +302,18 @@ final class LocalLeases {
         Long g = grantedAt.get(w.quota);
         if (g != null && g - w.since >= 0) left = Math.max(left, g + budgetNs - now);
         return left;
+    }
+
+    /**
+     * Whether the process holds an entry of this quota. While it holds none, a miss of the quota
+     * is a cold round trip (the agent may have to make the slot and the process to map its fds, on
+     * a node as busy as the invocations it serves) and has the first-acquire budget; once it holds
+     * one, the normal budget.
+     */
+    private boolean holdsQuota(long quota) {
+        for (int i = 0; i < table.used(); i++)
+            if (held.get(i) != null && table.asked(i) == quota && table.slot(i) != 0) return true;
+        return false;
     }
 
     /** Hands free entries of the process's own to waiting threads, first come first served. */
@@ -480,10 +492,13 @@ final class LocalLeases {
     /** ACQUIRE with HOLD within the acquire budget, off the waiting threads. */
     private Asked hold(long quota) {
         count("local.miss");
-        Leases.Answer a = leases.ask(System.nanoTime() + leases.budget(budgetNs), (c, waitUs) ->
+        // a quota's first HOLD (see holdsQuota) has the longer budget for its round trip, not
+        // for waiting at the agent for admission budget or a free slot: that keeps the normal one
+        long budget = leases.budget(budgetNs), waitCapUs = holdsQuota(quota) ? Long.MAX_VALUE : budget / 1000;
+        Leases.Answer a = leases.ask(System.nanoTime() + (waitCapUs == Long.MAX_VALUE ? budget : leases.coldBudget(budgetNs)), (c, waitUs) ->
                 // an agent without HOLD leases: the per-invocation path
                 c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0 ? null
-                        : new Protocol.Acquire(quota, waitUs, 0, Protocol.ACQUIRE_HOLD, 0, "", ""), this::borrowHold);
+                        : new Protocol.Acquire(quota, Math.min(waitUs, waitCapUs), 0, Protocol.ACQUIRE_HOLD, 0, "", ""), this::borrowHold);
         if (a == null) {
             count("local.refused");
             return new Asked(null, null, null, null, null);

@@ -32,6 +32,7 @@ class LocalTurnBudgetTest {
     LocalLeases local;
     long nextLease = 100, nextSlot = 1;
     volatile long answerMs;
+    volatile long lastWaitUs; // what the last HOLD request would wait at the agent for budget or a slot
 
     @BeforeEach
     void setUp() throws Exception {
@@ -47,6 +48,7 @@ class LocalTurnBudgetTest {
 
     Object agent(Protocol.Message m) throws IOException {
         if (!(m instanceof Protocol.Acquire a)) throw new AssertionError("unexpected " + m);
+        lastWaitUs = a.waitUs();
         try {
             Thread.sleep(answerMs); // the round trip on a busy node
         } catch (InterruptedException e) {
@@ -94,6 +96,45 @@ class LocalTurnBudgetTest {
         assertEquals(3, got.size());
         for (String g : got) assertTrue(g.startsWith("slot "), "each thread in a slot of its own: " + got);
         assertEquals(0, counters.get("noslot.budget"), got.toString());
+    }
+
+    @Test
+    void aQuotasFirstHoldHasTheFirstAcquireBudgetAndItsNextOnesTheNormalOne() throws Exception {
+        // a short normal budget, the first-acquire one long: once the process was granted a slot
+        // of one quota, a quota it holds no entry of yet still has a cold round trip ahead (the
+        // agent may have to make the slot), so its first HOLD has the first-acquire budget
+        Leases ls = new Leases(transport, fds, recovery, counters, BUDGET / 10, BUDGET, 0, false, true);
+        ls.firstBudget(BUDGET * 10);
+        LocalLeases lc = new LocalLeases(transport, fds, recovery, ls, counters, table, BUDGET / 10, BUDGET, 30_000 * MS, BUDGET, false);
+        SlotLease a = lc.acquire(250, "guest/f", "a");
+        assertTrue(a.active(), "the process's first grant: " + a.reason());
+        a.release(ReleaseOutcome.OK);
+        answerMs = 3 * BUDGET / 10 / MS; // three normal budgets, well inside the first-acquire one
+        SlotLease b = lc.acquire(500, "guest/f", "b");
+        assertTrue(b.active(), "the first of another quota waits for its cold round trip: " + b.reason());
+        // the longer budget is the round trip's: waiting at the agent for admission budget or a
+        // free slot keeps the normal one
+        assertTrue(lastWaitUs <= BUDGET / 10 / 1000, "HOLD request waits at the agent " + lastWaitUs + " us");
+        // a second 500m while the first holds its entry: a warm round trip, the normal budget
+        SlotLease c = onOtherThread(() -> lc.acquire(500, "guest/f", "c"));
+        assertNotNull(c);
+        assertFalse(c.active(), "a quota the process holds has the normal budget");
+        assertEquals("budget", c.reason());
+        b.release(ReleaseOutcome.OK);
+    }
+
+    static SlotLease onOtherThread(java.util.concurrent.Callable<SlotLease> f) throws Exception {
+        java.util.concurrent.atomic.AtomicReference<Object> got = new java.util.concurrent.atomic.AtomicReference<>();
+        Thread t = Thread.ofPlatform().start(() -> {
+            try {
+                got.set(f.call());
+            } catch (Exception e) {
+                got.set(e);
+            }
+        });
+        t.join();
+        if (got.get() instanceof Exception e) throw e;
+        return (SlotLease) got.get();
     }
 
     @Test
