@@ -200,8 +200,10 @@ type Pool struct {
 	ioDone *sync.Cond
 	// stale is set when the container's cgroup turned out to be gone.
 	stale atomic.Bool
-	// fdsRevoked is until when (unix ns) clients are refused fds.
-	fdsRevoked atomic.Int64
+	// fdsRevoked is until when (unix ns) clients are refused fds;
+	// fdIncidents how many times they were (RevokeFDs).
+	fdsRevoked  atomic.Int64
+	fdIncidents int
 	// actions are the action names this container has used as metric
 	// labels (at most cfg.MaxActions).
 	actions map[string]bool

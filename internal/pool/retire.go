@@ -15,8 +15,14 @@ import (
 // needs them. The container's clients are refused fds for fdQuarantine.
 
 // fdQuarantine is how long a container whose slot held a foreign thread
-// is served by agent placement only.
-const fdQuarantine = 10 * time.Minute
+// is served by agent placement only, the first time. Each later time,
+// after a quarantine ended, doubles it up to maxFDQuarantine: that the
+// container's fds reached another cgroup once more shows whatever passed
+// them on is still there, and the agent cannot prove it gone.
+const (
+	fdQuarantine    = 10 * time.Minute
+	maxFDQuarantine = 24 * time.Hour
+)
 
 // Retire removes slot id's cgroup: a lease on it ends now (its holder's
 // next RELEASE finds no lease), and the slot goes as it is freed; a slot
@@ -56,12 +62,29 @@ func (p *Pool) removeRetired(s *slot) {
 	p.mu.Unlock()
 }
 
-// RevokeFDs refuses the container's clients placement fds until
-// fdQuarantine after now.
-func (p *Pool) RevokeFDs(now time.Time) { p.fdsRevoked.Store(now.Add(fdQuarantine).UnixNano()) }
+// RevokeFDs refuses the container's clients placement fds for its
+// quarantine from now. A finding during a quarantine is part of the same
+// incident (slots exposed before it began): it extends the quarantine,
+// it does not double it.
+func (p *Pool) RevokeFDs(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.fdsRevokedAt(now) {
+		p.fdIncidents++
+	}
+	d := maxFDQuarantine
+	if n := p.fdIncidents - 1; n < 8 && fdQuarantine<<n < maxFDQuarantine {
+		d = fdQuarantine << n
+	}
+	if until := now.Add(d).UnixNano(); until > p.fdsRevoked.Load() {
+		p.fdsRevoked.Store(until)
+	}
+}
 
 // FDsRevoked reports whether the container's clients are refused fds.
-func (p *Pool) FDsRevoked() bool { return time.Now().UnixNano() < p.fdsRevoked.Load() }
+func (p *Pool) FDsRevoked() bool { return p.fdsRevokedAt(time.Now()) }
+
+func (p *Pool) fdsRevokedAt(now time.Time) bool { return now.UnixNano() < p.fdsRevoked.Load() }
 
 // Exposed lists the slots that can hold a foreign thread (v1): those
 // whose threads placed themselves, with fds that outlive the lease, and

@@ -63,8 +63,37 @@ func TestRetire(t *testing.T) {
 	if !p.FDsRevoked() {
 		t.Fatal("fds not refused after a revocation")
 	}
-	p.RevokeFDs(time.Now().Add(-fdQuarantine))
-	if p.FDsRevoked() {
+	if p.fdsRevokedAt(time.Now().Add(fdQuarantine + time.Second)) {
 		t.Fatal("fds still refused after the quarantine")
+	}
+}
+
+// TestRevokeFDsRepeatOffender: a container whose fds are found passed on
+// again after its quarantine ended is quarantined twice as long each
+// time, up to maxFDQuarantine; findings within one quarantine are one
+// incident (the quarantine runs from the last of them).
+func TestRevokeFDsRepeatOffender(t *testing.T) {
+	p := start(t, cfg(Affinity, "250m=1"), newFake())
+	t0 := time.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	p.RevokeFDs(t0)
+	p.RevokeFDs(at(time.Minute)) // the same incident: another slot of it found
+	if !p.fdsRevokedAt(at(fdQuarantine+time.Minute-time.Second)) || p.fdsRevokedAt(at(fdQuarantine+time.Minute+time.Second)) {
+		t.Fatalf("one incident: quarantined until %v after the last finding, want %v", time.Duration(p.fdsRevoked.Load()-at(time.Minute).UnixNano()), fdQuarantine)
+	}
+	// the next incident, after the quarantine ended: twice as long
+	second := at(fdQuarantine + 2*time.Minute)
+	p.RevokeFDs(second)
+	if !p.fdsRevokedAt(second.Add(2*fdQuarantine-time.Second)) || p.fdsRevokedAt(second.Add(2*fdQuarantine+time.Second)) {
+		t.Fatalf("second incident: quarantined for %v, want %v", time.Duration(p.fdsRevoked.Load()-second.UnixNano()), 2*fdQuarantine)
+	}
+	// and so on, never beyond the ceiling
+	now := second
+	for i := 0; i < 20; i++ {
+		now = time.Unix(0, p.fdsRevoked.Load()).Add(time.Second)
+		p.RevokeFDs(now)
+	}
+	if got := time.Duration(p.fdsRevoked.Load() - now.UnixNano()); got != maxFDQuarantine {
+		t.Fatalf("after 22 incidents: quarantined for %v, want the ceiling %v", got, maxFDQuarantine)
 	}
 }
