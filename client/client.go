@@ -38,7 +38,10 @@ type Options struct {
 	// Name is sent in HELLO for the agent's logs.
 	Name string
 	// Wait is the wait budget sent with each acquisition (0: the agent's
-	// default).
+	// default). With local leasing it also bounds a thread's wait in turn
+	// for a held slot: one Wait, or one after the agent's last grant of
+	// its quota meanwhile, whichever ends later; then Acquire returns a
+	// TIMEOUT error (0: no bound of the client's own).
 	Wait time.Duration
 	// Timeout bounds each round trip to the agent (default 5s).
 	Timeout time.Duration

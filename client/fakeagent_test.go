@@ -86,6 +86,9 @@ type fakeAgent struct {
 	// holdGate, when set, holds every HOLD request until it is closed (a
 	// grant that arrives late).
 	holdGate chan struct{}
+	// holdDelay delays the answer to every HOLD request (a round trip on
+	// a busy node).
+	holdDelay time.Duration
 	// acquireGate, when set, holds every ACQUIRE of a thread's own lease
 	// until it is closed; waitUS is the wait budget of the last ACQUIRE.
 	acquireGate chan struct{}
@@ -293,7 +296,7 @@ func (f *fakeAgent) serve(cn *net.UnixConn) {
 		}
 		if a, ok := fr.Msg.(*slotv1.Acquire); ok && a.Flags&slotv1.AcquireHold != 0 {
 			f.mu.Lock()
-			gate := f.holdGate
+			gate, delay := f.holdGate, f.holdDelay
 			if gate != nil {
 				f.requests["hold gated"]++
 			}
@@ -301,6 +304,7 @@ func (f *fakeAgent) serve(cn *net.UnixConn) {
 			if gate != nil {
 				<-gate
 			}
+			time.Sleep(delay)
 		}
 		resp, fds := f.handle(fr.Msg, sent)
 		if resp != nil {

@@ -52,14 +52,15 @@ type local struct {
 	// that goes straight back.
 	closed bool
 
-	// qmu guards queue and asking: the threads waiting for an entry, in
-	// arrival order, and the quotas a HOLD request is on its way for (one
-	// at a time per quota). waiting counts queue: the fast path reads it
-	// alone.
-	qmu     sync.Mutex
-	queue   []*waiter
-	asking  map[uint32]bool
-	waiting atomic.Int32
+	// qmu guards queue, asking and grantedAt: the threads waiting for an
+	// entry, in arrival order, the quotas a HOLD request is on its way for
+	// (one at a time per quota), and when the agent last granted one of
+	// each quota. waiting counts queue: the fast path reads it alone.
+	qmu       sync.Mutex
+	queue     []*waiter
+	asking    map[uint32]bool
+	grantedAt map[uint32]time.Time
+	waiting   atomic.Int32
 	// asks counts HOLD requests on their way: Close waits for their
 	// grants, which no waiter may take any more, to give them back.
 	asks sync.WaitGroup
@@ -93,7 +94,7 @@ type usageKey struct {
 
 func newLocal(c *Client) (*local, error) {
 	lc := &local{c: c, idle: c.opts.LocalIdle, own: map[int]*ownEntry{}, usage: map[usageKey]*slotv1.UsageRecord{}, kick: make(chan struct{}, 1),
-		asking: map[uint32]bool{}}
+		asking: map[uint32]bool{}, grantedAt: map[uint32]time.Time{}}
 	if lc.idle <= 0 {
 		lc.idle = defaultLocalIdle
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 )
@@ -22,6 +23,7 @@ type waiter struct {
 	tid   int
 	quota uint32
 	got   chan served // buffered: whoever serves never blocks
+	since time.Time   // when it queued
 }
 
 // served is what a waiter gets: an entry claimed for it (ok set when the
@@ -70,8 +72,9 @@ func (lc *local) acquire(ctx context.Context, tid int, quotaMilli uint32, action
 	if !c.localOn.Load() {
 		return nil, errNoLocal
 	}
+	deadline := time.Now().Add(c.opts.Wait) // kept when an entry served was not usable
 	for {
-		s := lc.wait(ctx, tid, quotaMilli)
+		s := lc.wait(ctx, tid, quotaMilli, deadline)
 		if s.err != nil {
 			return nil, s.err
 		}
@@ -138,9 +141,10 @@ func (lc *local) claimOwn(tid int, quotaMilli uint32) (slotv1.Claim, bool) {
 // until it is served. Unless a HOLD request for the quota is on its way
 // already, it sends one, whose grant goes to the first thread waiting for
 // the quota and whose refusal to this thread. When ctx ends first the
-// thread leaves the queue, or gives back the entry it was served meanwhile.
-func (lc *local) wait(ctx context.Context, tid int, quotaMilli uint32) served {
-	w := &waiter{tid: tid, quota: quotaMilli, got: make(chan served, 1)}
+// thread leaves the queue, or gives back the entry it was served meanwhile;
+// when its wait ends first (waitLeftLocked) it leaves with TIMEOUT.
+func (lc *local) wait(ctx context.Context, tid int, quotaMilli uint32, deadline time.Time) served {
+	w := &waiter{tid: tid, quota: quotaMilli, got: make(chan served, 1), since: time.Now()}
 	lc.qmu.Lock()
 	lc.queue = append(lc.queue, w)
 	lc.waiting.Add(1)
@@ -157,10 +161,28 @@ func (lc *local) wait(ctx context.Context, tid int, quotaMilli uint32) served {
 			lc.ask(w)
 		}()
 	}
-	select {
-	case s := <-w.got:
-		return s
-	case <-ctx.Done():
+	for ended := false; !ended; {
+		var expired <-chan time.Time // nil: no budget of the client's own
+		if lc.c.opts.Wait > 0 {
+			lc.qmu.Lock()
+			left := lc.waitLeftLocked(w, deadline)
+			if k := slices.Index(lc.queue, w); left <= 0 && k >= 0 {
+				lc.dequeueLocked(k)
+				lc.qmu.Unlock()
+				return served{err: slotv1.Errorf(slotv1.CodeTimeout, "waited in turn for a held slot past the acquire budget")}
+			}
+			lc.qmu.Unlock()
+			if left > 0 { // else it was served: the entry is on its way
+				expired = time.After(left)
+			}
+		}
+		select {
+		case s := <-w.got:
+			return s
+		case <-expired: // look again: a grant meanwhile extends the wait
+		case <-ctx.Done():
+			ended = true
+		}
 	}
 	lc.qmu.Lock()
 	if k := slices.Index(lc.queue, w); k >= 0 {
@@ -174,6 +196,28 @@ func (lc *local) wait(ctx context.Context, tid int, quotaMilli uint32) served {
 		lc.serveWaiters()
 	}
 	return served{err: ctx.Err()}
+}
+
+// waitLeftLocked is how much longer w may wait: until deadline, the end of
+// its acquire budget (Options.Wait), or one budget after the agent's last
+// grant of its quota since w queued, whichever is later. HOLD requests of a
+// quota go one at a time, so the n-th of n threads that miss together is
+// served by the n-th answer: while the agent grants each within the budget
+// they all wait their turn; once it grants nothing within it, they go on
+// without a slot. The caller holds qmu.
+func (lc *local) waitLeftLocked(w *waiter, deadline time.Time) time.Duration {
+	end := deadline
+	if g, ok := lc.grantedAt[w.quota]; ok && !g.Before(w.since) {
+		end = maxTime(end, g.Add(lc.c.opts.Wait))
+	}
+	return time.Until(end)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // serveWaiters hands free entries to waiting threads; one atomic load when
@@ -238,6 +282,9 @@ func (lc *local) ask(asker *waiter) {
 	for {
 		ok, stale, err := lc.miss(quota)
 		lc.qmu.Lock()
+		if err == nil {
+			lc.grantedAt[quota] = time.Now() // the waiters of the quota wait on
+		}
 		var w *waiter
 		var cl slotv1.Claim
 		if err == nil {
