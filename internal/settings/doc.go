@@ -48,7 +48,7 @@ func rewrite(page, begin, end, body string) (string, error) {
 	return head + begin + body + end + tail, nil
 }
 
-// ChartConfig is the pool and admission sections of the agent's
+// ChartConfig is the sections of the agent's
 // configuration file as the chart's template writes them: each key from
 // the chart value of its name, in the form its kind needs in YAML (a
 // duration or prewarm list quoted, an int an int, a CPU quantity a
@@ -57,7 +57,7 @@ func ChartConfig() string {
 	var b strings.Builder
 	for _, sec := range Sections() {
 		b.WriteString(sec + ":\n")
-		for _, k := range Keys {
+		for _, k := range chartKeys() {
 			if k.Section() == sec {
 				b.WriteString(k.chartLine())
 			}
