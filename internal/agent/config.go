@@ -212,24 +212,14 @@ func (c Config) ServerLimits() server.Limits {
 		HostNamespaceFDs: c.Limits.HostNamespaceFDs}
 }
 
-// checkLimits rejects limits that would refuse every client or never time out.
+// checkLimits rejects limits that would refuse every client or never time
+// out, by the keys' own checks: a configuration built by flags or in code
+// is held to what the file is.
 func (c Config) checkLimits() error {
-	l := c.Limits
-	switch {
-	case l.MaxConnections < 1:
-		return fmt.Errorf("limits.maxConnections %d: must be at least 1", l.MaxConnections)
-	case l.MaxConnectionsPerContainer < 1:
-		return fmt.Errorf("limits.maxConnectionsPerContainer %d: must be at least 1", l.MaxConnectionsPerContainer)
-	case l.MaxPendingHelloPerUID < 1:
-		return fmt.Errorf("limits.maxPendingHelloPerUID %d: must be at least 1", l.MaxPendingHelloPerUID)
-	case l.MaxPendingHelloPerCgroup < 1:
-		return fmt.Errorf("limits.maxPendingHelloPerCgroup %d: must be at least 1", l.MaxPendingHelloPerCgroup)
-	case l.MaxConnectionsPerProcess < 1:
-		return fmt.Errorf("limits.maxConnectionsPerProcess %d: must be at least 1", l.MaxConnectionsPerProcess)
-	case l.HelloTimeout.Duration <= 0:
-		return fmt.Errorf("limits.helloTimeout %v: must be positive", l.HelloTimeout)
-	case l.FrameTimeout.Duration <= 0:
-		return fmt.Errorf("limits.frameTimeout %v: must be positive", l.FrameTimeout)
+	for _, k := range settings.AgentKeys {
+		if err := settings.Check(k.Name, getText(c.field(k.Name))); err != nil {
+			return err
+		}
 	}
 	if n := c.Kubernetes.NRI; n.Enabled && (n.StartTimeout.Duration <= 0 || n.StartTimeout.Duration >= 2*time.Second) {
 		// The runtime disconnects a plugin slower than its 2 s timeout.

@@ -149,6 +149,27 @@ func TestConfigBadLimit(t *testing.T) {
 	}
 }
 
+// checkLimits, the gate of a configuration built in code or by flags,
+// refuses what the file would: every agent-wide key out of its range, as
+// a settings.Error naming it.
+func TestCheckLimitsEveryKey(t *testing.T) {
+	for _, k := range settings.AgentKeys {
+		bad := map[settings.Kind]string{settings.KindInt: "0", settings.KindDuration: "0s"}[k.Kind]
+		if bad == "" || settings.Check(k.Name, bad) == nil {
+			continue // no value out of range to try
+		}
+		c := DefaultConfig()
+		putText(c.field(k.Name), bad)
+		var se *settings.Error
+		if err := c.checkLimits(); !errors.As(err, &se) || se.Key != k.Name {
+			t.Errorf("%s=%s: got %v, want a settings.Error for it", k.Name, bad, err)
+		}
+	}
+	if err := DefaultConfig().checkLimits(); err != nil {
+		t.Fatalf("defaults refused: %v", err)
+	}
+}
+
 // The file's sections of settings.FileKeys hold exactly the settings' keys,
 // each at its key's path: the file has no list of its own.
 func TestConfigFieldsAreSettings(t *testing.T) {
