@@ -245,11 +245,10 @@ func (c Config) Settings() (settings.Pool, error) {
 	return s, s.Validate()
 }
 
-// Set sets a pool or admission setting by its key (settings.Keys), as a
-// flag does: the value is checked as the file's would be.
+// Set sets a setting of the file by its key (settings.FileKeys), as a flag
+// does: the value is checked as the file's would be.
 func (c *Config) Set(key, value string) error {
-	s := settings.Default()
-	if err := s.Set(key, value); err != nil {
+	if err := settings.Check(key, value); err != nil {
 		return err
 	}
 	putText(c.field(key), value)
