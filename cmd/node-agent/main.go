@@ -191,8 +191,8 @@ type runFlags struct {
 }
 
 // parseRun reads run's flags over the configuration file (-config) and the
-// defaults. Pool and admission flags come from settings.Keys and are checked
-// by the same parser as the file and pod annotations.
+// defaults. The flags of settings (settings.FileKeys with a Flag) are
+// checked by the same parser as the file and pod annotations.
 func parseRun(args []string) (agent.Config, runFlags, error) {
 	var rf runFlags
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
@@ -204,10 +204,12 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	type setting struct{ key, value string }
 	var settingFlags []setting
 	var badSetting error // the flag package keeps only the message
-	for _, k := range settings.Keys {
+	for _, k := range settings.FileKeys() {
+		if k.Flag == "" {
+			continue
+		}
 		fs.Func(k.Flag, k.Doc+" (file: "+k.Name+")", func(v string) error {
-			var scratch settings.Pool
-			if err := scratch.Set(k.Name, v); err != nil {
+			if err := settings.Check(k.Name, v); err != nil {
 				if se, ok := err.(*settings.Error); ok {
 					se.Source = "--" + k.Flag
 				}
@@ -217,11 +219,11 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 			settingFlags = append(settingFlags, setting{k.Name, v})
 			return nil
 		})
+		if k.Kind == settings.KindBool {
+			fs.Lookup(k.Flag).NoOptDefVal = "true" // --flag alone sets it
+		}
 	}
 	maxContainers := fs.Int("max-containers", 0, "containers served at once (default 512)")
-	maxConns := fs.Int("max-connections", 0, "open connections on the node (default 4096)")
-	maxConnsPerProcess := fs.Int("max-connections-per-process", 0, "open connections of one client process (default 64)")
-	hostNSFDs := fs.Bool("host-namespace-fds", false, "cgroup v1: pass placement fds also to runtimes in the agent's PID namespace (trusted standalone runtimes only: such a fd moves any process of the node)")
 	fs.BoolVar(&rf.cleanupOnExit, "cleanup-on-exit", false, "remove all slots on exit instead of leaving them for the next agent")
 	fs.BoolVar(&rf.k8s, "kubernetes", false, "serve the runtime pods of this node (see docs/kubernetes-contract.md)")
 	nodeName := fs.String("node-name", "", "Kubernetes node name (default: $NODE_NAME)")
@@ -267,11 +269,6 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 		cfg.DebugPoolsRemote = true
 	}
 	setInt(&cfg.MaxContainers, *maxContainers)
-	setInt(&cfg.Limits.MaxConnections, *maxConns)
-	setInt(&cfg.Limits.MaxConnectionsPerProcess, *maxConnsPerProcess)
-	if *hostNSFDs {
-		cfg.Limits.HostNamespaceFDs = true
-	}
 	set(&cfg.Kubernetes.NodeName, *nodeName)
 	set(&cfg.Kubernetes.ContainerdSocket, *containerdSocket)
 	set(&cfg.Kubernetes.PodsDir, *podsDir)

@@ -68,9 +68,12 @@ func TestBadValuesSameFromEverySource(t *testing.T) {
 		{"admission.budget", "two", settings.ErrSyntax},
 		{"pool.prewarm", "250m", settings.ErrSyntax},
 		{"pool.prewarm", "-1=2", settings.ErrRange},
+		{"limits.maxConnections", "0", settings.ErrRange},
+		{"limits.maxConnectionsPerProcess", "many", settings.ErrSyntax},
+		{"limits.hostNamespaceFDs", "maybe", settings.ErrSyntax},
 	}
 	for _, b := range bad {
-		k, ok := settings.Lookup(b.key)
+		k, ok := settings.FileKey(b.key)
 		if !ok {
 			t.Fatalf("no key %s", b.key)
 		}
@@ -124,6 +127,28 @@ func TestGoodValuesSameFromEverySource(t *testing.T) {
 		ann, _ := k8sdiscover.PoolConfig(settings.Default(), settings.Ceilings{}, map[string]string{settings.AnnotationPrefix + k.Annotation: v}, 0)
 		if ann.Get(key) != want.Get(key) {
 			t.Errorf("annotation %s=%q: got %q, want %q", key, v, ann.Get(key), want.Get(key))
+		}
+	}
+}
+
+// The agent-wide keys' flags set the file's fields, over the file; a bool
+// one alone means true.
+func TestAgentKeyFlags(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "agent.yaml")
+	os.WriteFile(p, []byte("limits:\n  maxConnections: 9\n  maxConnectionsPerProcess: 8\n"), 0o600)
+	cfg, _, err := parseRun([]string{"--config", p, "--max-connections", "7", "--host-namespace-fds"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := cfg.Limits; l.MaxConnections != 7 || l.MaxConnectionsPerProcess != 8 || !l.HostNamespaceFDs {
+		t.Fatalf("%+v", l)
+	}
+	for _, k := range settings.AgentKeys {
+		if k.Flag == "" {
+			continue
+		}
+		if _, _, err := parseRun([]string{"--" + k.Flag + "=" + k.DefaultText()}); err != nil {
+			t.Errorf("--%s=%s: %v", k.Flag, k.DefaultText(), err)
 		}
 	}
 }

@@ -119,7 +119,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	// for connections and everything else.
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
-		cgroup.SetKeptFDs(int(min(lim.Cur/2, 1<<30)))
+		h.SetKeptFDs(int(min(lim.Cur/2, 1<<30)))
 	}
 	a := &Agent{cfg: cfg, poolCfg: pc, hierarchy: h, registry: reg, metrics: m, log: log,
 		containers: map[string]*served{}, preparing: map[string]*preparation{}}

@@ -36,7 +36,9 @@ type Config struct {
 	DebugPoolsRemote bool `json:"debugPoolsRemote"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `json:"logLevel"`
-	// The pool and admission sections: settings.Keys (config_settings.go).
+	// The sections of settings.FileKeys: pool, admission and limits
+	// (config_settings.go); limits bound what peers can hold
+	// (docs/security.md).
 	settingsSections
 	// Standalone lists what to serve without Kubernetes.
 	Standalone StandaloneConfig `json:"standalone"`
@@ -47,34 +49,6 @@ type Config struct {
 	MaxContainers int `json:"maxContainers"`
 	// Kubernetes configures Kubernetes mode (docs/kubernetes-contract.md).
 	Kubernetes KubernetesConfig `json:"kubernetes"`
-	// Limits bound what peers can hold (docs/security.md).
-	Limits LimitsConfig `json:"limits"`
-}
-
-// LimitsConfig bounds the resources peers can make the agent hold.
-type LimitsConfig struct {
-	// MaxConnections is the most open connections on the node of peers in
-	// no served container.
-	MaxConnections int `json:"maxConnections"`
-	// MaxConnectionsPerContainer is each served container's own share of
-	// connections, apart from MaxConnections.
-	MaxConnectionsPerContainer int `json:"maxConnectionsPerContainer"`
-	// MaxPendingHelloPerUID and MaxPendingHelloPerCgroup bound the
-	// connections without a completed HELLO of peers in no served
-	// container, per user and per cgroup.
-	MaxPendingHelloPerUID    int `json:"maxPendingHelloPerUID"`
-	MaxPendingHelloPerCgroup int `json:"maxPendingHelloPerCgroup"`
-	// MaxConnectionsPerProcess is the most open connections per peer process.
-	MaxConnectionsPerProcess int `json:"maxConnectionsPerProcess"`
-	// HelloTimeout is how long a new connection may take to complete HELLO.
-	HelloTimeout Duration `json:"helloTimeout"`
-	// FrameTimeout is how long the rest of a frame may take once its first
-	// byte arrived.
-	FrameTimeout Duration `json:"frameTimeout"`
-	// HostNamespaceFDs passes placement fds on cgroup v1 also to runtimes
-	// in the agent's PID namespace (standalone runtimes you trust: such a
-	// runtime can move any process of the node into its slots).
-	HostNamespaceFDs bool `json:"hostNamespaceFDs"`
 }
 
 // KubernetesConfig is the Kubernetes mode's setup.
@@ -176,9 +150,8 @@ const DefaultMaxContainers = 512
 // DefaultConfig is the agent's configuration when nothing is given.
 func DefaultConfig() Config {
 	var c Config
-	d := settings.Default()
-	for _, k := range settings.Keys {
-		putText(c.field(k.Name), d.Get(k.Name))
+	for _, k := range settings.FileKeys() {
+		putText(c.field(k.Name), k.DefaultText())
 	}
 	dc := settings.DefaultCeilings()
 	return Config{
@@ -187,10 +160,7 @@ func DefaultConfig() Config {
 		HTTP:             "127.0.0.1:9464",
 		LogLevel:         "info",
 		MaxContainers:    DefaultMaxContainers,
-		Limits: LimitsConfig{MaxConnections: 4096, MaxConnectionsPerContainer: 1024, MaxPendingHelloPerUID: 256,
-			MaxPendingHelloPerCgroup: 256, MaxConnectionsPerProcess: 64,
-			HelloTimeout: Duration{10 * time.Second}, FrameTimeout: Duration{10 * time.Second}},
-		ReapInterval: Duration{10 * time.Second},
+		ReapInterval:     Duration{10 * time.Second},
 		Kubernetes: KubernetesConfig{
 			ContainerdSocket:    "/run/containerd/containerd.sock",
 			ContainerdNamespace: "k8s.io",
@@ -242,24 +212,14 @@ func (c Config) ServerLimits() server.Limits {
 		HostNamespaceFDs: c.Limits.HostNamespaceFDs}
 }
 
-// checkLimits rejects limits that would refuse every client or never time out.
+// checkLimits rejects limits that would refuse every client or never time
+// out, by the keys' own checks: a configuration built by flags or in code
+// is held to what the file is.
 func (c Config) checkLimits() error {
-	l := c.Limits
-	switch {
-	case l.MaxConnections < 1:
-		return fmt.Errorf("limits.maxConnections %d: must be at least 1", l.MaxConnections)
-	case l.MaxConnectionsPerContainer < 1:
-		return fmt.Errorf("limits.maxConnectionsPerContainer %d: must be at least 1", l.MaxConnectionsPerContainer)
-	case l.MaxPendingHelloPerUID < 1:
-		return fmt.Errorf("limits.maxPendingHelloPerUID %d: must be at least 1", l.MaxPendingHelloPerUID)
-	case l.MaxPendingHelloPerCgroup < 1:
-		return fmt.Errorf("limits.maxPendingHelloPerCgroup %d: must be at least 1", l.MaxPendingHelloPerCgroup)
-	case l.MaxConnectionsPerProcess < 1:
-		return fmt.Errorf("limits.maxConnectionsPerProcess %d: must be at least 1", l.MaxConnectionsPerProcess)
-	case l.HelloTimeout.Duration <= 0:
-		return fmt.Errorf("limits.helloTimeout %v: must be positive", l.HelloTimeout)
-	case l.FrameTimeout.Duration <= 0:
-		return fmt.Errorf("limits.frameTimeout %v: must be positive", l.FrameTimeout)
+	for _, k := range settings.AgentKeys {
+		if err := settings.Check(k.Name, getText(c.field(k.Name))); err != nil {
+			return err
+		}
 	}
 	if n := c.Kubernetes.NRI; n.Enabled && (n.StartTimeout.Duration <= 0 || n.StartTimeout.Duration >= 2*time.Second) {
 		// The runtime disconnects a plugin slower than its 2 s timeout.
@@ -285,11 +245,10 @@ func (c Config) Settings() (settings.Pool, error) {
 	return s, s.Validate()
 }
 
-// Set sets a pool or admission setting by its key (settings.Keys), as a
-// flag does: the value is checked as the file's would be.
+// Set sets a setting of the file by its key (settings.FileKeys), as a flag
+// does: the value is checked as the file's would be.
 func (c *Config) Set(key, value string) error {
-	s := settings.Default()
-	if err := s.Set(key, value); err != nil {
+	if err := settings.Check(key, value); err != nil {
 		return err
 	}
 	putText(c.field(key), value)
@@ -300,7 +259,7 @@ func (c *Config) Set(key, value string) error {
 // path ("pool.maxSlots" is Pool's field tagged maxSlots); nil when there
 // is none.
 func (c *Config) field(key string) any {
-	if _, ok := settings.Lookup(key); !ok {
+	if _, ok := settings.FileKey(key); !ok {
 		return nil
 	}
 	return fieldAt(reflect.ValueOf(&c.settingsSections).Elem(), key)
@@ -363,8 +322,7 @@ func decodeSection(b []byte, section string, field func(string) any) error {
 		} else if len(v) == 0 || v[0] == '{' || v[0] == '[' {
 			return &settings.Error{Key: key, Value: string(v), Err: fmt.Errorf("%w: want a single value", settings.ErrSyntax)}
 		}
-		s := settings.Default()
-		if err := s.Set(key, text); err != nil {
+		if err := settings.Check(key, text); err != nil {
 			return err
 		}
 		putText(f, text)
@@ -383,6 +341,8 @@ func getText(f any) string {
 		return strconv.FormatFloat(*f, 'g', -1, 64)
 	case *Duration:
 		return f.Duration.String()
+	case *bool:
+		return strconv.FormatBool(*f)
 	}
 	panic(fmt.Sprintf("agent: no text form for %T", f))
 }
@@ -398,6 +358,8 @@ func putText(f any, v string) {
 		*f, _ = strconv.ParseFloat(v, 64)
 	case *Duration:
 		f.Duration, _ = time.ParseDuration(v)
+	case *bool:
+		*f = v == "true"
 	default:
 		panic(fmt.Sprintf("agent: cannot store %T", f))
 	}

@@ -2,13 +2,14 @@
 
 package agent
 
-// settingsSections are the file's sections of settings.Keys, in Config.
+// settingsSections are the file's sections of settings.FileKeys, in Config.
 type settingsSections struct {
 	Pool      PoolConfig      `json:"pool"`
 	Admission AdmissionConfig `json:"admission"`
+	Limits    LimitsConfig    `json:"limits"`
 }
 
-// PoolConfig is the file's pool section: one field per key of settings.Keys.
+// PoolConfig is the file's pool section: one field per key of settings.FileKeys.
 type PoolConfig struct {
 	// slots kept ready per quota, e.g. 250m=8,500m=4,1=2 ("" = none)
 	Prewarm string `json:"prewarm"`
@@ -37,7 +38,7 @@ func (s *PoolConfig) field(key string) any { return sectionField(s, "pool", key)
 // UnmarshalJSON reads the section through the settings' parser.
 func (s *PoolConfig) UnmarshalJSON(b []byte) error { return decodeSection(b, "pool", s.field) }
 
-// AdmissionConfig is the file's admission section: one field per key of settings.Keys.
+// AdmissionConfig is the file's admission section: one field per key of settings.FileKeys.
 type AdmissionConfig struct {
 	// CPU budget per container ("" = the container's CPU limit, or unlimited when it has none)
 	Budget string `json:"budget"`
@@ -57,3 +58,28 @@ func (s *AdmissionConfig) field(key string) any { return sectionField(s, "admiss
 func (s *AdmissionConfig) UnmarshalJSON(b []byte) error {
 	return decodeSection(b, "admission", s.field)
 }
+
+// LimitsConfig is the file's limits section: one field per key of settings.FileKeys.
+type LimitsConfig struct {
+	// open connections on the node of peers in no served container; more are closed at accept
+	MaxConnections int `json:"maxConnections"`
+	// open connections of one served container's processes, its own share apart from maxConnections
+	MaxConnectionsPerContainer int `json:"maxConnectionsPerContainer"`
+	// connections without a completed HELLO of one user's processes in no served container
+	MaxPendingHelloPerUID int `json:"maxPendingHelloPerUID"`
+	// connections without a completed HELLO from one cgroup in no served container
+	MaxPendingHelloPerCgroup int `json:"maxPendingHelloPerCgroup"`
+	// open connections of one client process
+	MaxConnectionsPerProcess int `json:"maxConnectionsPerProcess"`
+	// a new connection must complete HELLO within this
+	HelloTimeout Duration `json:"helloTimeout"`
+	// a frame, once begun, must arrive (and answers be read) within this
+	FrameTimeout Duration `json:"frameTimeout"`
+	// cgroup v1: also pass placement fds to runtimes in the agent's PID namespace (trusted standalone runtimes only: such a fd moves any process of the node)
+	HostNamespaceFDs bool `json:"hostNamespaceFDs"`
+}
+
+func (s *LimitsConfig) field(key string) any { return sectionField(s, "limits", key) }
+
+// UnmarshalJSON reads the section through the settings' parser.
+func (s *LimitsConfig) UnmarshalJSON(b []byte) error { return decodeSection(b, "limits", s.field) }

@@ -123,11 +123,58 @@ func TestBadConfig(t *testing.T) {
 	}
 }
 
-// The file's pool and admission sections hold exactly the settings' keys,
+// A bad value of an agent-wide section is refused as a typed error naming
+// its key, as a pool setting's is.
+func TestConfigBadLimit(t *testing.T) {
+	for body, key := range map[string]string{
+		"limits:\n  maxConnections: 0\n":       "limits.maxConnections",
+		"limits:\n  helloTimeout: 0s\n":        "limits.helloTimeout",
+		"limits:\n  hostNamespaceFDs: maybe\n": "limits.hostNamespaceFDs",
+		"limits:\n  maxConnectionsPerCPU: 1\n": "limits.maxConnectionsPerCPU",
+	} {
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(p, []byte(body), 0o644)
+		_, err := LoadConfig(p)
+		var se *settings.Error
+		if !errors.As(err, &se) || se.Key != key {
+			t.Errorf("%q: got %v, want a settings.Error for %s", body, err, key)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(p, []byte("limits:\n  maxConnections: 7\n  frameTimeout: 3s\n  hostNamespaceFDs: true\n"), 0o644)
+	c, err := LoadConfig(p)
+	if err != nil || c.Limits.MaxConnections != 7 || c.Limits.FrameTimeout.Duration != 3*time.Second || !c.Limits.HostNamespaceFDs ||
+		c.Limits.MaxConnectionsPerProcess != 64 {
+		t.Fatalf("got %+v, %v", c.Limits, err)
+	}
+}
+
+// checkLimits, the gate of a configuration built in code or by flags,
+// refuses what the file would: every agent-wide key out of its range, as
+// a settings.Error naming it.
+func TestCheckLimitsEveryKey(t *testing.T) {
+	for _, k := range settings.AgentKeys {
+		bad := map[settings.Kind]string{settings.KindInt: "0", settings.KindDuration: "0s"}[k.Kind]
+		if bad == "" || settings.Check(k.Name, bad) == nil {
+			continue // no value out of range to try
+		}
+		c := DefaultConfig()
+		putText(c.field(k.Name), bad)
+		var se *settings.Error
+		if err := c.checkLimits(); !errors.As(err, &se) || se.Key != k.Name {
+			t.Errorf("%s=%s: got %v, want a settings.Error for it", k.Name, bad, err)
+		}
+	}
+	if err := DefaultConfig().checkLimits(); err != nil {
+		t.Fatalf("defaults refused: %v", err)
+	}
+}
+
+// The file's sections of settings.FileKeys hold exactly the settings' keys,
 // each at its key's path: the file has no list of its own.
 func TestConfigFieldsAreSettings(t *testing.T) {
 	var c Config
-	for _, k := range settings.Keys {
+	for _, k := range settings.FileKeys() {
 		if c.field(k.Name) == nil {
 			t.Errorf("%s: no field in the file", k.Name)
 		}
@@ -137,7 +184,7 @@ func TestConfigFieldsAreSettings(t *testing.T) {
 		section, typ := sections.Field(j).Tag.Get("json"), sections.Field(j).Type
 		for i := range typ.NumField() {
 			tag, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
-			if _, ok := settings.Lookup(section + "." + tag); !ok {
+			if _, ok := settings.FileKey(section + "." + tag); !ok {
 				t.Errorf("%s.%s (%s): no setting", section, tag, typ.Field(i).Name)
 			}
 		}

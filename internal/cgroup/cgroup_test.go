@@ -219,8 +219,7 @@ func TestKeptFDsBounded(t *testing.T) {
 	defer c.Close()
 	place, stat := h.SlotFDs()
 	perSlot := place + stat
-	cgroup.SetKeptFDs(2 * perSlot)
-	defer cgroup.SetKeptFDs(cgroup.DefaultKeptFDs)
+	h.SetKeptFDs(2 * perSlot)
 	countFDs := func() int { e, _ := os.ReadDir("/proc/self/fd"); return len(e) }
 	before := countFDs()
 	var slots []*cgroup.Slot

@@ -44,6 +44,8 @@ type Hierarchy struct {
 
 	// v is what differs between the versions, picked at detection.
 	v version
+	// kept is the budget of fds its slots keep open (slot.go).
+	kept fdBudget
 }
 
 func (h *Hierarchy) String() string { return h.v.describe(h) }

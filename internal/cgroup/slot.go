@@ -95,9 +95,9 @@ type Usage = counters.Usage
 
 // Slot is one CPU cgroup inside a container. Its files are opened relative
 // to the container's directory fds. A slot in use keeps them open while the
-// node-wide budget of kept fds (SetKeptFDs) allows: the hot path then makes
-// no open; beyond the budget they are opened per use, so no number of slots
-// exhausts the agent's fds.
+// node-wide budget of kept fds (Hierarchy.SetKeptFDs) allows: the hot path
+// then makes no open; beyond the budget they are opened per use, so no
+// number of slots exhausts the agent's fds.
 type Slot struct {
 	ID   uint32
 	c    *Container
@@ -131,17 +131,30 @@ func (f *slotFiles) close() {
 	}
 }
 
-// keptFDs is what is left of the node-wide budget of fds slots keep open.
-var keptFDs atomic.Int64
-
-func init() { keptFDs.Store(DefaultKeptFDs) }
+// fdBudget is the budget of fds the slots of a hierarchy's containers keep
+// open: the node's, as the agent has one Hierarchy.
+type fdBudget struct{ limit, used atomic.Int64 }
 
 // DefaultKeptFDs is the budget of fds slots keep open until SetKeptFDs.
 const DefaultKeptFDs = 4096
 
-// SetKeptFDs sets the node-wide budget of fds slots keep open (the agent
-// gives half its RLIMIT_NOFILE). Call it before any slot is used.
-func SetKeptFDs(n int) { keptFDs.Store(int64(n)) }
+// SetKeptFDs sets the budget of fds the slots of the hierarchy's
+// containers keep open (the agent gives half its RLIMIT_NOFILE; 0:
+// DefaultKeptFDs). Call it before any slot is used.
+func (h *Hierarchy) SetKeptFDs(n int) { h.kept.limit.Store(int64(n)) }
+
+// take reserves n fds of the budget, or reports that they do not fit.
+func (b *fdBudget) take(n int64) bool {
+	limit := b.limit.Load()
+	if limit <= 0 {
+		limit = DefaultKeptFDs
+	}
+	if b.used.Add(n) <= limit {
+		return true
+	}
+	b.used.Add(-n)
+	return false
+}
 
 // use runs f with the slot's files open, keeping them open when the budget
 // allows.
@@ -155,10 +168,9 @@ func (s *Slot) use(f func(*slotFiles) error) error {
 	if err != nil {
 		return err
 	}
-	if n := int64(files.count()); keptFDs.Add(-n) >= 0 {
+	if s.c.h.kept.take(int64(files.count())) {
 		s.kept = files
 	} else {
-		keptFDs.Add(n)
 		defer files.close()
 	}
 	return f(files)
@@ -187,7 +199,7 @@ func (s *Slot) forget() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.kept != nil {
-		keptFDs.Add(int64(s.kept.count()))
+		s.c.h.kept.used.Add(-int64(s.kept.count()))
 		s.kept.close()
 		s.kept = nil
 	}

@@ -273,7 +273,7 @@ func (p *Pool) execute(l *lease, pl plan, req Request) ([]int, cgroup.Spec, erro
 		// that has exited is simply gone.
 		p.moveOut(pl.evict, pl.evictStart)
 	}
-	if pl.place == PlaceAgent {
+	if pl.place == PlaceDone {
 		if err := s.io.Place(l.hostTID); err != nil {
 			return nil, cgroup.Spec{}, p.failed(err, metrics.PlaceFailed)
 		}

@@ -46,9 +46,9 @@ func registerMode(m Mode, impl mode) Mode {
 type Place uint8
 
 const (
-	PlaceNone  Place = iota // the thread already sits in the slot
-	PlaceSelf               // the thread writes "0" to each of the slot's fds
-	PlaceAgent              // the agent placed the thread
+	PlaceNone Place = iota // the thread already sits in the slot
+	PlaceSelf              // the thread writes "0" to each of the slot's fds
+	PlaceDone              // the agent placed the thread
 )
 
 // plan is what an acquisition will do once the lock is released.
@@ -65,7 +65,7 @@ type plan struct {
 }
 
 // io reports whether the plan writes to the slot's cgroup.
-func (pl plan) io() bool { return pl.create || pl.retune || pl.place == PlaceAgent }
+func (pl plan) io() bool { return pl.create || pl.retune || pl.place == PlaceDone }
 
 // free reports whether a slot may be picked.
 func (s *slot) free() bool { return s.lease == nil && !s.busy }

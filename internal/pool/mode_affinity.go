@@ -24,7 +24,7 @@ type affinity struct{}
 func (affinity) pick(p *Pool, req Request, q uint32) (plan, bool) {
 	place := PlaceSelf
 	if req.AgentPlaces {
-		place = PlaceAgent // a client without fds
+		place = PlaceDone // a client without fds
 	}
 	cur := p.sitting(req)
 	if cur != nil && cur.spec.QuotaMilli == q {

@@ -16,9 +16,9 @@ type cacheEager struct{}
 
 func (cacheEager) pick(p *Pool, req Request, q uint32) (plan, bool) {
 	if s := p.pickFree(q, false); s != nil {
-		return plan{s: s, outcome: outcome.CacheHit, place: PlaceAgent}, true
+		return plan{s: s, outcome: outcome.CacheHit, place: PlaceDone}, true
 	}
-	return p.growOrRetune(q, PlaceAgent)
+	return p.growOrRetune(q, PlaceDone)
 }
 
 func (cacheEager) needsHostTID(bool) bool { return true }

@@ -18,7 +18,7 @@ type cacheLazy struct{}
 
 func (cacheLazy) pick(p *Pool, req Request, q uint32) (plan, bool) {
 	if s := p.pickFree(q, false); s != nil {
-		pl := plan{s: s, outcome: outcome.CacheHit, place: PlaceAgent}
+		pl := plan{s: s, outcome: outcome.CacheHit, place: PlaceDone}
 		if s.occupant == req.Thread {
 			pl.place = PlaceNone
 		} else {
@@ -26,7 +26,7 @@ func (cacheLazy) pick(p *Pool, req Request, q uint32) (plan, bool) {
 		}
 		return pl, true
 	}
-	pl, ok := p.growOrRetune(q, PlaceAgent)
+	pl, ok := p.growOrRetune(q, PlaceDone)
 	if ok && pl.retune && pl.s.occupant != req.Thread {
 		evict(&pl)
 	}

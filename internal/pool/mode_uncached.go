@@ -16,7 +16,7 @@ var Uncached = registerMode(settings.ModeUncached, uncached{})
 type uncached struct{}
 
 func (uncached) pick(p *Pool, _ Request, q uint32) (plan, bool) {
-	return p.planCreate(q, PlaceAgent)
+	return p.planCreate(q, PlaceDone)
 }
 
 func (uncached) needsHostTID(bool) bool { return true }

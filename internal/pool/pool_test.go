@@ -123,7 +123,7 @@ func TestBaselineModesWriteTIDs(t *testing.T) {
 		t.Fatal("uncached must not pre-warm")
 	}
 	g = must(t)(p.Acquire(ctx, req(o, 250, 1, 0)))
-	if g.Outcome != outcome.Created || g.Place != PlaceAgent {
+	if g.Outcome != outcome.Created || g.Place != PlaceDone {
 		t.Fatalf("%+v", g)
 	}
 	p.Release(o, g.Lease, outcome.EndOK)

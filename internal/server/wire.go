@@ -57,9 +57,9 @@ var outcomes = map[outcome.Acquisition]slotv1.Outcome{
 }
 
 var places = map[pool.Place]slotv1.Place{
-	pool.PlaceNone:  slotv1.PlaceNone,
-	pool.PlaceSelf:  slotv1.PlaceSelf,
-	pool.PlaceAgent: slotv1.PlaceDone,
+	pool.PlaceNone: slotv1.PlaceNone,
+	pool.PlaceSelf: slotv1.PlaceSelf,
+	pool.PlaceDone: slotv1.PlaceDone,
 }
 
 var endings = map[slotv1.ReleaseOutcome]outcome.Ending{

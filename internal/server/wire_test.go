@@ -66,7 +66,7 @@ func TestGrantOnTheWire(t *testing.T) {
 			t.Errorf("acquisition %q has no wire outcome", a)
 		}
 	}
-	for _, p := range []pool.Place{pool.PlaceNone, pool.PlaceSelf, pool.PlaceAgent} {
+	for _, p := range []pool.Place{pool.PlaceNone, pool.PlaceSelf, pool.PlaceDone} {
 		if _, ok := places[p]; !ok {
 			t.Errorf("place %d has no wire value", p)
 		}

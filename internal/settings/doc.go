@@ -7,15 +7,17 @@ import (
 	"time"
 )
 
-// The lines between which docs/settings.md holds the generated table, and
-// the chart's templates/_helpers.tpl the pool and admission sections of the
-// agent's configuration (a comment that trims the newline before it, so the
-// rendered file is the same with or without the markers).
+// The lines between which docs/settings.md holds the generated tables (of
+// Keys, then of AgentKeys), and the chart's templates/_helpers.tpl the
+// generated sections of the agent's configuration (a comment that trims
+// the newline before it, so the rendered file is the same with or without
+// the markers).
 const (
-	docBegin   = "<!-- BEGIN generated from internal/settings by `make settings-doc`; do not edit -->\n"
-	docEnd     = "<!-- END generated -->\n"
-	chartBegin = "{{- /* BEGIN generated from internal/settings by `make settings-doc`; do not edit */}}\n"
-	chartEnd   = "{{- /* END generated */}}\n"
+	docBegin      = "<!-- BEGIN generated from internal/settings by `make settings-doc`; do not edit -->\n"
+	agentDocBegin = "<!-- BEGIN generated from internal/settings (AgentKeys) by `make settings-doc`; do not edit -->\n"
+	docEnd        = "<!-- END generated -->\n"
+	chartBegin    = "{{- /* BEGIN generated from internal/settings by `make settings-doc`; do not edit */}}\n"
+	chartEnd      = "{{- /* END generated */}}\n"
 )
 
 // ErrNoDocMarkers: a page given to RewriteDoc or RewriteChartConfig has no
@@ -26,7 +28,11 @@ var ErrNoDocMarkers = errors.New("settings: no generated-table markers")
 // markers replaced by DocTable: the page's prose is written by hand, the
 // table from Keys.
 func RewriteDoc(page string) (string, error) {
-	return rewrite(page, docBegin, docEnd, DocTable())
+	page, err := rewrite(page, docBegin, docEnd, DocTable())
+	if err != nil {
+		return "", err
+	}
+	return rewrite(page, agentDocBegin, docEnd, AgentDocTable())
 }
 
 // RewriteChartConfig returns tpl (the chart's templates/_helpers.tpl) with
@@ -48,7 +54,7 @@ func rewrite(page, begin, end, body string) (string, error) {
 	return head + begin + body + end + tail, nil
 }
 
-// ChartConfig is the pool and admission sections of the agent's
+// ChartConfig is the sections of the agent's
 // configuration file as the chart's template writes them: each key from
 // the chart value of its name, in the form its kind needs in YAML (a
 // duration or prewarm list quoted, an int an int, a CPU quantity a
@@ -57,7 +63,7 @@ func ChartConfig() string {
 	var b strings.Builder
 	for _, sec := range Sections() {
 		b.WriteString(sec + ":\n")
-		for _, k := range Keys {
+		for _, k := range chartKeys() {
 			if k.Section() == sec {
 				b.WriteString(k.chartLine())
 			}
@@ -87,27 +93,52 @@ func DocTable() string {
 	var b strings.Builder
 	b.WriteString("| setting | flag | annotation | chart value | default | accepts | meaning |\n")
 	b.WriteString("|---|---|---|---|---|---|---|\n")
-	d := Default()
 	for _, k := range Keys {
 		ann := ""
 		if k.Annotation != "" {
 			ann = "`" + AnnotationPrefix + k.Annotation + "`"
 		}
-		meaning := k.Meaning
-		if meaning == "" {
-			meaning = k.Doc
-		}
-		cells := []string{"`" + k.Name + "`", "`--" + k.Flag + "`", ann, "`" + k.Name + "`",
-			k.defaultText(d), k.acceptsText(), meaning}
-		row := "| " + strings.Join(cells, " | ") + " |\n"
-		b.WriteString(strings.ReplaceAll(row, "|  |", "| |")) // an empty cell
+		b.WriteString(row("`"+k.Name+"`", "`--"+k.Flag+"`", ann, "`"+k.Name+"`", k.defaultText(), k.acceptsText(), k.meaning()))
 	}
 	return b.String()
 }
 
+// AgentDocTable is the Markdown table of AgentKeys: name, flag, chart
+// value, default, accepted values and meaning.
+func AgentDocTable() string {
+	var b strings.Builder
+	b.WriteString("| setting | flag | chart value | default | accepts | meaning |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
+	for _, k := range AgentKeys {
+		flag, chart := "", "`"+k.Name+"`"
+		if k.Flag != "" {
+			flag = "`--" + k.Flag + "`"
+		}
+		if k.NoChart {
+			chart = "(none)"
+		}
+		b.WriteString(row("`"+k.Name+"`", flag, chart, k.defaultText(), k.acceptsText(), k.meaning()))
+	}
+	return b.String()
+}
+
+// row is a table's row of cells.
+func row(cells ...string) string {
+	r := "| " + strings.Join(cells, " | ") + " |\n"
+	return strings.ReplaceAll(r, "|  |", "| |") // an empty cell
+}
+
+// meaning is the key's text in the docs' tables.
+func (k Key) meaning() string {
+	if k.Meaning != "" {
+		return k.Meaning
+	}
+	return k.Doc
+}
+
 // defaultText is the key's default as the docs write it.
-func (k Key) defaultText(d Pool) string {
-	v := d.Get(k.Name)
+func (k Key) defaultText() string {
+	v := k.DefaultText()
 	switch {
 	case v == "" && k.EmptyMeans != "":
 		return k.EmptyMeans
@@ -130,6 +161,8 @@ func (k Key) acceptsText() string {
 		s = "`" + strings.Join(k.Choices, "`, `") + "`"
 	case KindQuantity:
 		s = "CPU quantity"
+	case KindBool:
+		s = "`true`, `false`"
 	default:
 		s = strings.TrimPrefix(k.RangeText(), "in ")
 	}

@@ -27,8 +27,8 @@ type Target struct {
 var Targets = []Target{
 	{"docs/settings.md", RewriteDoc},
 	{"charts/cpuslot/templates/_helpers.tpl", RewriteChartConfig},
-	{"charts/cpuslot/values.yaml", yamlTarget},
-	{"docs/agent.example.yaml", yamlTarget},
+	{"charts/cpuslot/values.yaml", func(s string) (string, error) { return rewrite(s, yamlBegin, yamlEnd, ChartValuesYAML()) }},
+	{"docs/agent.example.yaml", func(s string) (string, error) { return rewrite(s, yamlBegin, yamlEnd, SectionsYAML()) }},
 	{"charts/cpuslot/values.schema.json", RewriteSchema},
 	{"charts/cpuslot/README.md", readmeTarget},
 	{"internal/agent/config_settings.go", func(string) (string, error) { return ConfigGo() }},
@@ -42,16 +42,14 @@ const (
 	yamlEnd   = "# END generated\n"
 )
 
-func yamlTarget(s string) (string, error) { return rewrite(s, yamlBegin, yamlEnd, SectionsYAML()) }
-
 func readmeTarget(s string) (string, error) { return rewrite(s, docBegin, docEnd, ReadmeRows()) }
 
-// Sections are the sections of the keys ("pool", "admission"), in the
-// order of their first key in Keys; a file lists each section's keys
-// together.
+// Sections are the sections of the file's keys ("pool", "admission",
+// "limits"), in the order of their first key in FileKeys; a file lists
+// each section's keys together.
 func Sections() []string {
 	var out []string
-	for _, k := range Keys {
+	for _, k := range FileKeys() {
 		if !slices.Contains(out, k.Section()) {
 			out = append(out, k.Section())
 		}
@@ -68,21 +66,34 @@ func (k Key) Field() string { _, f, _ := strings.Cut(k.Name, "."); return f }
 // commentWidth is where the generated YAML comments wrap.
 const commentWidth = 80
 
-// SectionsYAML is every key with its default and its Doc as a comment, in
-// the form of the agent's file, which is also the chart's values.
-func SectionsYAML() string {
+// SectionsYAML is every key of the file with its default and its Doc as
+// a comment, in the form of the agent's file.
+func SectionsYAML() string { return sectionsYAML(FileKeys()) }
+
+// ChartValuesYAML is SectionsYAML of the keys that are chart values: the
+// chart's values have the file's form.
+func ChartValuesYAML() string { return sectionsYAML(chartKeys()) }
+
+// chartKeys are the file's keys that are values of the chart.
+func chartKeys() []Key {
+	return slices.DeleteFunc(FileKeys(), func(k Key) bool { return k.NoChart })
+}
+
+func sectionsYAML(keys []Key) string {
 	var b strings.Builder
-	d := Default()
 	for i, sec := range Sections() {
 		if i > 0 {
 			b.WriteString("\n")
 		}
+		if doc := sectionDocs[sec]; doc != "" {
+			b.WriteString(comment("", 0, doc))
+		}
 		b.WriteString(sec + ":\n")
 		var lines [][2]string
 		col := 0
-		for _, k := range Keys {
+		for _, k := range keys {
 			if k.Section() == sec {
-				l := "  " + k.Field() + ": " + k.yamlDefault(d)
+				l := "  " + k.Field() + ": " + k.yamlDefault()
 				lines = append(lines, [2]string{l, k.Doc})
 				col = max(col, len(l)+2)
 			}
@@ -112,10 +123,10 @@ func comment(line string, col int, text string) string {
 
 // yamlDefault is the key's default as a YAML scalar: a number as it is,
 // text plain where YAML reads it back as that text, else quoted.
-func (k Key) yamlDefault(d Pool) string {
-	v := d.Get(k.Name)
+func (k Key) yamlDefault() string {
+	v := k.DefaultText()
 	switch k.Kind {
-	case KindInt, KindNumber, KindFraction:
+	case KindInt, KindNumber, KindFraction, KindBool:
 		return v
 	case KindDuration:
 		dur, _ := time.ParseDuration(v)
@@ -132,9 +143,8 @@ func (k Key) yamlDefault(d Pool) string {
 func ReadmeRows() string {
 	var b strings.Builder
 	b.WriteString("| value | default | meaning |\n|---|---|---|\n")
-	d := Default()
-	for _, k := range Keys {
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s |\n", k.Name, k.yamlDefault(d), k.Doc)
+	for _, k := range chartKeys() {
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s |\n", k.Name, k.yamlDefault(), k.Doc)
 	}
 	return b.String()
 }
@@ -179,6 +189,8 @@ func (k Key) schema() schemaProp {
 		p.Type, p.ExclusiveMinimum = "number", num(k.Min)
 	case KindFraction:
 		p.Type, p.Minimum = "number", num(k.Min)
+	case KindBool:
+		p.Type = "boolean"
 	case KindQuantity:
 		p.Type = ""
 		p.Description += " (CPU quantity: 250m, 1, 1.5)"
@@ -201,7 +213,7 @@ func (k Key) schema() schemaProp {
 func SchemaSection(sec string) ([]byte, error) {
 	var props []string
 	var required []string
-	for _, k := range Keys {
+	for _, k := range chartKeys() {
 		if k.Section() != sec {
 			continue
 		}
@@ -269,15 +281,15 @@ func RewriteSchema(file string) (string, error) {
 func ConfigGo() (string, error) {
 	var b strings.Builder
 	b.WriteString("// Code generated from internal/settings by `make settings-doc`. DO NOT EDIT.\n\npackage agent\n")
-	b.WriteString("\n// settingsSections are the file's sections of settings.Keys, in Config.\ntype settingsSections struct {\n")
+	b.WriteString("\n// settingsSections are the file's sections of settings.FileKeys, in Config.\ntype settingsSections struct {\n")
 	for _, sec := range Sections() {
 		fmt.Fprintf(&b, "\t%s %sConfig `json:\"%s\"`\n", exported(sec), exported(sec), sec)
 	}
 	b.WriteString("}\n")
 	for _, sec := range Sections() {
 		typ := exported(sec) + "Config"
-		fmt.Fprintf(&b, "\n// %s is the file's %s section: one field per key of settings.Keys.\ntype %s struct {\n", typ, sec, typ)
-		for _, k := range Keys {
+		fmt.Fprintf(&b, "\n// %s is the file's %s section: one field per key of settings.FileKeys.\ntype %s struct {\n", typ, sec, typ)
+		for _, k := range FileKeys() {
 			if k.Section() == sec {
 				fmt.Fprintf(&b, "\t// %s\n\t%s %s `json:\"%s\"`\n", k.Doc, exported(k.Field()), k.goType(), k.Field())
 			}
@@ -301,6 +313,8 @@ func (k Key) goType() string {
 		return "int"
 	case KindNumber, KindFraction:
 		return "float64"
+	case KindBool:
+		return "bool"
 	}
 	return "string"
 }

@@ -4,7 +4,8 @@
 // so a value is accepted or refused the same way whichever source gives it;
 // every file that lists the settings (the chart's values, schema and
 // template, the docs, the file's structs) is generated from Keys
-// (generate.go, Targets). A pool is made from a Pool as it is; discover
+// (generate.go, Targets), with the agent-wide keys of AgentKeys (agent.go),
+// which no Pool holds. A pool is made from a Pool as it is; discover
 // carries it without importing pool.
 package settings
 
@@ -172,6 +173,7 @@ const (
 	KindNumber               // number in (Key.Min, Key.Max]
 	KindQuantity             // CPU quantity (250m, 1, 1.5); Optional: "" allowed
 	KindFraction             // number in [Key.Min, Key.Max], both included
+	KindBool                 // true or false
 )
 
 // AnnotationPrefix starts every pod annotation cpuslot reads.
@@ -196,11 +198,17 @@ type Key struct {
 	// EmptyMeans is what an Optional key's empty value stands for, when
 	// it is a default rather than nothing (docs/settings.md).
 	EmptyMeans string
+	// Default is an agent-wide key's default (AgentKeys), in Set's syntax;
+	// a pool or admission key's is Default()'s.
+	Default string
+	// NoChart: not a value of the chart (the chart's agent never needs it).
+	NoChart bool
 	// Doc is the flag's help.
 	Doc string
 	// Meaning is the docs' longer Markdown text, when Doc is not enough.
 	Meaning string
-	// get and set read and write the key in a Pool, in Set's syntax.
+	// get and set read and write the key in a Pool, in Set's syntax (nil
+	// for AgentKeys).
 	get func(Pool) string
 	set func(*Pool, string) error
 }
@@ -335,6 +343,10 @@ func (k Key) check(v string) error {
 		return nil
 	}
 	switch k.Kind {
+	case KindBool:
+		if v != "true" && v != "false" {
+			return fmt.Errorf("%w: want true or false", ErrSyntax)
+		}
 	case KindChoice:
 		if !slices.Contains(k.Choices, v) {
 			return fmt.Errorf("%w: want %s", ErrChoice, strings.Join(k.Choices, ", "))

@@ -205,7 +205,7 @@ func TestGenerated(t *testing.T) {
 
 // A section of the keys is written only by the generator: a new key's
 // section must not be a name the chart's values or the example file use
-// by hand (the chart's nri, limits, kubernetes), or the file would hold it
+// by hand (the chart's nri, kubernetes), or the file would hold it
 // twice.
 func TestSectionsNotWrittenByHand(t *testing.T) {
 	for _, path := range []string{"charts/cpuslot/values.yaml", "docs/agent.example.yaml"} {

@@ -88,7 +88,6 @@ admission:
   lendRatio: {{ .Values.admission.lendRatio }}
   policy: {{ .Values.admission.policy }}
   minDegraded: {{ include "cpuslot.quantity" .Values.admission.minDegraded }}
-{{- /* END generated */}}
 limits:
   maxConnections: {{ int .Values.limits.maxConnections }}
   maxConnectionsPerContainer: {{ int .Values.limits.maxConnectionsPerContainer }}
@@ -97,6 +96,7 @@ limits:
   maxConnectionsPerProcess: {{ int .Values.limits.maxConnectionsPerProcess }}
   helloTimeout: {{ .Values.limits.helloTimeout | quote }}
   frameTimeout: {{ .Values.limits.frameTimeout | quote }}
+{{- /* END generated */}}
 kubernetes:
   containerdSocket: {{ .Values.kubernetes.containerdSocket | quote }}
   containerdNamespace: {{ .Values.kubernetes.containerdNamespace | quote }}
