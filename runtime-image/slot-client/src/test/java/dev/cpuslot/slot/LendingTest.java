@@ -1,6 +1,5 @@
 package dev.cpuslot.slot;
 
-import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
@@ -12,59 +11,26 @@ import static org.junit.jupiter.api.Assertions.*;
  * SLEEP and WAKE (spec: "Lending"): sent only to an agent that announced LEND, one-way, on the
  * lease's own connection, with its RELEASE after them on the same one.
  */
-class LendingTest {
-    static final long S = 1_000_000_000L;
+class LendingTest extends LocalFixture {
     static final int SLEEP = Protocol.RELEASE_SLEEP | Protocol.RELEASE_NO_REPLY;
     static final int WAKE = Protocol.RELEASE_WAKE | Protocol.RELEASE_NO_REPLY;
 
-    final Counters counters = new Counters();
-    final FakeTransport transport = new FakeTransport();
-    final FakeFds ops = new FakeFds();
-    final FdCache fds = new FdCache(ops, counters);
-    final Recovery recovery = new Recovery(transport, fds, counters, S, S, S);
-    long nextLease = 100, nextSlot = 1;
-    SlotTable table;
-
     @BeforeEach
     void setUp() {
-        assertTrue(Native.available(), "acquire reads the thread's kernel tid: " + Native.loadError());
-        transport.listener = recovery;
         transport.script = this::agent;
     }
 
-    @AfterEach
-    void tearDown() { if (table != null) Native.close(table.fd()); }
-
-    void agentFlags(long flags) { transport.hello = new Protocol.HelloOk(1, 1, flags, 1, 1, "fake", 0, List.of()); }
-
-    /** Each grant a new slot n with fds 10n (places) and 10n+1 (counts). */
+    /** Each grant a new slot. */
     synchronized Object agent(Protocol.Message m) {
-        if (m instanceof Protocol.Acquire a) {
-            long slot = nextSlot++;
-            int[] f = {(int) slot * 10, (int) slot * 10 + 1};
-            ops.counters.put(f[1], new SlotCounters(0, 0, 0, 0));
-            var ok = new Protocol.AcquireOk(++nextLease, slot, a.quotaMilli(), 100_000, Protocol.OUTCOME_CACHE_HIT, 0,
-                    Protocol.PLACE_SELF, 2);
-            return new Transport.Reply(new Protocol.Frame(1, ok.type(), 1, ok), f);
-        }
-        if (m instanceof Protocol.Reclaim r)
-            return new Protocol.AcquireOk(++nextLease, r.slot(), r.quotaMilli(), 100_000, Protocol.OUTCOME_AFFINITY_HIT, 0,
-                    Protocol.PLACE_NONE, 0);
+        if (m instanceof Protocol.Acquire a) return grant(a);
+        if (m instanceof Protocol.Reclaim r) return reclaimed(r);
         if (m instanceof Protocol.Release) return new Protocol.ReleaseOk(7, 0, 1, 0);
         throw new AssertionError("unexpected " + m);
     }
 
-    Leases leases(long lingerNs) { return new Leases(transport, fds, recovery, counters, S, S, lingerNs, false, true); }
+    Leases leases(long lingerNs) { return leases(S, S, lingerNs); }
 
-    LocalLeases local(Leases leases) throws Exception {
-        table = SlotTable.create(4);
-        LocalLeases l = new LocalLeases(transport, fds, recovery, leases, counters, table, S, S, 30 * S, S, false);
-        transport.listener = new Transport.Listener() {
-            public void connected(Connection c) { recovery.connected(c); l.connected(c); }
-            public void lost(Connection c) { recovery.lost(c); l.lost(c); }
-        };
-        return l;
-    }
+    LocalLeases local(Leases leases) throws Native.NativeException { return local(leases, 4, S, S); }
 
     /** The RELEASEs sent after the ACQUIRE, with their connections. */
     List<FakeTransport.Sent> releases() {

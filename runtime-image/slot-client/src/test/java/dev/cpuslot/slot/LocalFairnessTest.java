@@ -1,6 +1,5 @@
 package dev.cpuslot.slot;
 
-import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
@@ -20,42 +19,21 @@ import static org.junit.jupiter.api.Assertions.*;
  * queues any further one for its wait, then answers TIMEOUT (admission policy queue with the
  * process's own held slots filling the budget).
  */
-class LocalFairnessTest {
-    static final long S = 1_000_000_000L;
-
-    final Counters counters = new Counters();
-    final FakeTransport transport = new FakeTransport();
-    final FakeFds ops = new FakeFds();
-    final FdCache fds = new FdCache(ops, counters);
-    final Recovery recovery = new Recovery(transport, fds, counters, S, S, S);
-    final Leases leases = new Leases(transport, fds, recovery, counters, S, S, 0, false, true);
-    SlotTable table;
+class LocalFairnessTest extends LocalFixture {
+    final Leases leases = leases(S, S, 0);
     LocalLeases local;
-    long nextLease = 100, nextSlot = 1;
 
     @BeforeEach
     void setUp() throws Exception {
-        assertTrue(Native.available(), "acquire reads the thread's kernel tid: " + Native.loadError());
-        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL, 1, 1, "fake", 0, List.of());
+        agentFlags(Protocol.HELLO_OK_LOCAL);
         transport.script = this::agent;
-        table = SlotTable.create(8);
-        local = new LocalLeases(transport, fds, recovery, leases, counters, table, S, S, 30 * S, S, false);
+        local = local(leases, 8, S, S);
     }
-
-    @AfterEach
-    void tearDown() { Native.close(table.fd()); }
 
     Object agent(Protocol.Message m) throws IOException {
         if (m instanceof Protocol.Acquire a) {
             synchronized (this) {
-                if (nextSlot <= 2) {
-                    long slot = nextSlot++;
-                    int[] f = {(int) slot * 10, (int) slot * 10 + 1};
-                    ops.counters.put(f[1], new SlotCounters(0, 0, 0, 0));
-                    var ok = new Protocol.AcquireOk(++nextLease, slot, a.quotaMilli(), 100_000, Protocol.OUTCOME_CACHE_HIT, 0,
-                            Protocol.PLACE_SELF, 2);
-                    return new Transport.Reply(new Protocol.Frame(1, ok.type(), 1, ok), f);
-                }
+                if (nextSlot <= 2) return grant(a);
             }
             try {
                 Thread.sleep(a.waitUs() / 1000); // queued for the budget the process's held slots keep

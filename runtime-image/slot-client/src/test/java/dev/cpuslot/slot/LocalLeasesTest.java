@@ -1,6 +1,5 @@
 package dev.cpuslot.slot;
 
-import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
@@ -12,19 +11,11 @@ import java.util.concurrent.atomic.AtomicReference;
 import static org.junit.jupiter.api.Assertions.*;
 
 /** Local leasing alone: a fake transport (an agent granting HOLD leases) and fds on made-up numbers. */
-class LocalLeasesTest {
-    static final long S = 1_000_000_000L;
+class LocalLeasesTest extends LocalFixture {
     static final long IDLE = 30 * S;
 
-    final Counters counters = new Counters();
-    final FakeTransport transport = new FakeTransport();
-    final FakeFds ops = new FakeFds();
-    final FdCache fds = new FdCache(ops, counters);
-    final Recovery recovery = new Recovery(transport, fds, counters, S, S, S);
-    final Leases leases = new Leases(transport, fds, recovery, counters, S, S, 0, false, true);
-    SlotTable table;
+    final Leases leases = leases(S, S, 0);
     LocalLeases local;
-    long nextLease = 100, nextSlot = 1;
     /** What the fake agent answers RECLAIM with (null: a new lease for the same slot). */
     volatile Protocol.Message reclaimAnswer;
     /** What the fake agent answers HELD with. */
@@ -32,22 +23,13 @@ class LocalLeasesTest {
 
     @BeforeEach
     void setUp() throws Exception {
-        assertTrue(Native.available(), "acquire reads the thread's kernel tid: " + Native.loadError());
-        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL, 1, 1, "fake", 0, List.of());
+        agentFlags(Protocol.HELLO_OK_LOCAL);
         transport.script = this::agent;
-        table = SlotTable.create(4);
-        local = new LocalLeases(transport, fds, recovery, leases, counters, table, S, S, IDLE, S, false);
+        local = local(leases, 4, S, S);
         local.batchNs = 0; // every release reads the counters; the batching tests set their own
-        transport.listener = new Transport.Listener() {
-            public void connected(Connection c) { recovery.connected(c); local.connected(c); }
-            public void lost(Connection c) { recovery.lost(c); local.lost(c); }
-        };
     }
 
-    @AfterEach
-    void tearDown() { Native.close(table.fd()); }
-
-    /** Slot n's fds: 10n places, 10n+1 counts. Each HOLD grant is a new slot. */
+    /** Each HOLD grant is a new slot. */
     synchronized Object agent(Protocol.Message m) {
         if (m instanceof Protocol.Acquire a) {
             assertEquals(Protocol.ACQUIRE_HOLD, a.flags(), "a HOLD lease");
@@ -55,12 +37,7 @@ class LocalLeasesTest {
             assertEquals(0, a.currentSlot());
             assertEquals("", a.action());
             assertEquals("", a.invocation());
-            long slot = nextSlot++;
-            int[] f = {(int) slot * 10, (int) slot * 10 + 1};
-            ops.counters.put(f[1], new SlotCounters(0, 0, 0, 0));
-            var ok = new Protocol.AcquireOk(++nextLease, slot, a.quotaMilli(), 100_000, Protocol.OUTCOME_CACHE_HIT, 0,
-                    Protocol.PLACE_SELF, 2);
-            return new Transport.Reply(new Protocol.Frame(1, ok.type(), 1, ok), f);
+            return grant(a);
         }
         if (m instanceof Protocol.Held) {
             if (heldAnswer != null) return heldAnswer;
@@ -68,8 +45,7 @@ class LocalLeasesTest {
         }
         if (m instanceof Protocol.Reclaim r) {
             if (reclaimAnswer != null) return reclaimAnswer;
-            return new Protocol.AcquireOk(++nextLease, r.slot(), r.quotaMilli(), 100_000, Protocol.OUTCOME_AFFINITY_HIT, 0,
-                    Protocol.PLACE_NONE, 0);
+            return reclaimed(r);
         }
         throw new AssertionError("unexpected " + m);
     }

@@ -1,6 +1,5 @@
 package dev.cpuslot.slot;
 
-import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
@@ -18,33 +17,21 @@ import static org.junit.jupiter.api.Assertions.*;
  * that answers none within it sends them on without a slot. The fake agent answers each HOLD
  * request after {@link #answerMs}.
  */
-class LocalTurnBudgetTest {
+class LocalTurnBudgetTest extends LocalFixture {
     static final long MS = 1_000_000L;
     static final long BUDGET = 1000 * MS;
 
-    final Counters counters = new Counters();
-    final FakeTransport transport = new FakeTransport();
-    final FakeFds ops = new FakeFds();
-    final FdCache fds = new FdCache(ops, counters);
-    final Recovery recovery = new Recovery(transport, fds, counters, BUDGET, BUDGET, BUDGET);
-    final Leases leases = new Leases(transport, fds, recovery, counters, BUDGET, BUDGET, 0, false, true);
-    SlotTable table;
+    final Leases leases = leases(BUDGET, BUDGET, 0);
     LocalLeases local;
-    long nextLease = 100, nextSlot = 1;
     volatile long answerMs;
     volatile long lastWaitUs; // what the last HOLD request would wait at the agent for budget or a slot
 
     @BeforeEach
     void setUp() throws Exception {
-        assertTrue(Native.available(), "acquire reads the thread's kernel tid: " + Native.loadError());
-        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL, 1, 1, "fake", 0, List.of());
+        agentFlags(Protocol.HELLO_OK_LOCAL);
         transport.script = this::agent;
-        table = SlotTable.create(8);
-        local = new LocalLeases(transport, fds, recovery, leases, counters, table, BUDGET, BUDGET, 30_000 * MS, BUDGET, false);
+        local = local(leases, 8, BUDGET, BUDGET);
     }
-
-    @AfterEach
-    void tearDown() { Native.close(table.fd()); }
 
     Object agent(Protocol.Message m) throws IOException {
         if (!(m instanceof Protocol.Acquire a)) throw new AssertionError("unexpected " + m);
@@ -54,14 +41,7 @@ class LocalTurnBudgetTest {
         } catch (InterruptedException e) {
             throw new IOException(e);
         }
-        synchronized (this) {
-            long slot = nextSlot++;
-            int[] f = {(int) slot * 10, (int) slot * 10 + 1};
-            ops.counters.put(f[1], new SlotCounters(0, 0, 0, 0));
-            var ok = new Protocol.AcquireOk(++nextLease, slot, a.quotaMilli(), 100_000, Protocol.OUTCOME_CACHE_HIT, 0,
-                    Protocol.PLACE_SELF, 2);
-            return new Transport.Reply(new Protocol.Frame(1, ok.type(), 1, ok), f);
-        }
+        return grant(a);
     }
 
     /** n threads acquire 250m at once and keep their leases; each result with its wait. */
@@ -103,9 +83,9 @@ class LocalTurnBudgetTest {
         // a short normal budget, the first-acquire one long: once the process was granted a slot
         // of one quota, a quota it holds no entry of yet still has a cold round trip ahead (the
         // agent may have to make the slot), so its first HOLD has the first-acquire budget
-        Leases ls = new Leases(transport, fds, recovery, counters, BUDGET / 10, BUDGET, 0, false, true);
+        Leases ls = leases(BUDGET / 10, BUDGET, 0);
         ls.firstBudget(BUDGET * 10);
-        LocalLeases lc = new LocalLeases(transport, fds, recovery, ls, counters, table, BUDGET / 10, BUDGET, 30_000 * MS, BUDGET, false);
+        LocalLeases lc = local(ls, 8, BUDGET / 10, BUDGET);
         SlotLease a = lc.acquire(250, "guest/f", "a");
         assertTrue(a.active(), "the process's first grant: " + a.reason());
         a.release(ReleaseOutcome.OK);
