@@ -233,11 +233,17 @@ final class LocalLeases {
         final long quota;
         final Thread thread;
         final long since = System.nanoTime(); // when it queued
+        final long deadline; // its own budget's end
         SlotTable.Claimed got; // an entry given back by another thread, claimed for this one
         Asked asked;           // the agent's answer: a grant for the first waiter, or a refusal
         boolean done;
 
-        Waiter(int tid, long quota, Thread thread) { this.tid = tid; this.quota = quota; this.thread = thread; }
+        Waiter(int tid, long quota, Thread thread, long deadline) {
+            this.tid = tid;
+            this.quota = quota;
+            this.thread = thread;
+            this.deadline = deadline;
+        }
     }
 
     /** A HOLD request's outcome: a grant (ok set), a refusal (reason set), or neither: the per-invocation path. */
@@ -257,7 +263,7 @@ final class LocalLeases {
     private SlotLease inTurn(long quota, String act, String inv, int tid, long[] current, int[] last) {
         long deadline = System.nanoTime() + (holdsQuota(quota) ? leases.budget(budgetNs) : leases.coldBudget(budgetNs));
         while (true) {
-            Waiter w = new Waiter(tid, quota, Thread.currentThread());
+            Waiter w = new Waiter(tid, quota, Thread.currentThread(), deadline);
             boolean ask;
             synchronized (queue) {
                 queue.add(w);
@@ -270,7 +276,7 @@ final class LocalLeases {
                 long left;
                 synchronized (queue) {
                     if (w.done) break;
-                    left = waitLeftLocked(w, deadline);
+                    left = waitLeftLocked(w);
                     if (left <= 0) {
                         dequeueLocked(w);
                         return leases.noSlot(act, inv, quota, tid, "budget", "waited in turn for a held slot");
@@ -297,8 +303,8 @@ final class LocalLeases {
      * agent answers each within the budget they all wait their turn; an agent that grants nothing
      * within it sends them on without a slot.
      */
-    private long waitLeftLocked(Waiter w, long deadline) {
-        long now = System.nanoTime(), left = deadline - now;
+    private long waitLeftLocked(Waiter w) {
+        long now = System.nanoTime(), left = w.deadline - now;
         Long g = grantedAt.get(w.quota);
         if (g != null && g - w.since >= 0) left = Math.max(left, g + budgetNs - now);
         return left;
@@ -361,7 +367,9 @@ final class LocalLeases {
     private void ask(Waiter asker) {
         long quota = asker.quota;
         while (true) {
-            Asked a = hold(quota);
+            long until;
+            synchronized (queue) { until = System.nanoTime() + waitLeftLocked(asker); }
+            Asked a = hold(quota, until);
             Waiter to = null;
             synchronized (queue) {
                 if (a.ok() != null) {
@@ -489,13 +497,17 @@ final class LocalLeases {
         return u;
     }
 
-    /** ACQUIRE with HOLD within the acquire budget, off the waiting threads. */
-    private Asked hold(long quota) {
+    /**
+     * ACQUIRE with HOLD, off the waiting threads, answered by until: the thread it is sent for
+     * waits that long anyway (its budget, or one after the last grant of its quota), and at
+     * least the acquire budget. The round trip may be slow (the agent may have to make a slot,
+     * on a node as busy as the invocations it serves); waiting at the agent for admission budget
+     * or a free slot keeps the acquire budget.
+     */
+    private Asked hold(long quota, long until) {
         count("local.miss");
-        // a quota's first HOLD (see holdsQuota) has the longer budget for its round trip, not
-        // for waiting at the agent for admission budget or a free slot: that keeps the normal one
-        long budget = leases.budget(budgetNs), waitCapUs = holdsQuota(quota) ? Long.MAX_VALUE : budget / 1000;
-        Leases.Answer a = leases.ask(System.nanoTime() + (waitCapUs == Long.MAX_VALUE ? budget : leases.coldBudget(budgetNs)), (c, waitUs) ->
+        long budget = leases.budget(budgetNs), waitCapUs = Math.max(1, budget / 1000);
+        Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), (c, waitUs) ->
                 // an agent without HOLD leases: the per-invocation path
                 c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0 ? null
                         : new Protocol.Acquire(quota, Math.min(waitUs, waitCapUs), 0, Protocol.ACQUIRE_HOLD, 0, "", ""), this::borrowHold);

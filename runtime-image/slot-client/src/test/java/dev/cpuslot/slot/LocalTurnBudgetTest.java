@@ -24,6 +24,8 @@ class LocalTurnBudgetTest extends LocalFixture {
     final Leases leases = leases(BUDGET, BUDGET, 0);
     LocalLeases local;
     volatile long answerMs;
+    volatile long laterAnswerMs = -1; // when set, every answer after the first takes this long
+    final java.util.concurrent.atomic.AtomicInteger answered = new java.util.concurrent.atomic.AtomicInteger();
     volatile long lastWaitUs; // what the last HOLD request would wait at the agent for budget or a slot
 
     @BeforeEach
@@ -37,7 +39,7 @@ class LocalTurnBudgetTest extends LocalFixture {
         if (!(m instanceof Protocol.Acquire a)) throw new AssertionError("unexpected " + m);
         lastWaitUs = a.waitUs();
         try {
-            Thread.sleep(answerMs); // the round trip on a busy node
+            Thread.sleep(answered.getAndIncrement() > 0 && laterAnswerMs >= 0 ? laterAnswerMs : answerMs); // the round trip on a busy node
         } catch (InterruptedException e) {
             throw new IOException(e);
         }
@@ -45,7 +47,9 @@ class LocalTurnBudgetTest extends LocalFixture {
     }
 
     /** n threads acquire 250m at once and keep their leases; each result with its wait. */
-    List<String> missTogether(int n) throws Exception {
+    List<String> missTogether(int n) throws Exception { return missTogether(local, n); }
+
+    List<String> missTogether(LocalLeases local, int n) throws Exception {
         CyclicBarrier start = new CyclicBarrier(n);
         List<String> out = java.util.Collections.synchronizedList(new ArrayList<>());
         List<Thread> ts = new ArrayList<>();
@@ -101,6 +105,22 @@ class LocalTurnBudgetTest extends LocalFixture {
         assertFalse(c.active(), "a quota the process holds has the normal budget");
         assertEquals("budget", c.reason());
         b.release(ReleaseOutcome.OK);
+    }
+
+    @Test
+    void threadsThatMissedAQuotaColdWaitTheirWholeBudgetForEachHold() throws Exception {
+        // a new pod's first concurrent requests: all miss before anything of the quota is held, so
+        // each waits with the cold budget; the first grant comes at once, the others (the agent
+        // makes more slots on a busy node) take three normal budgets each. Each HOLD request must
+        // have its thread's wait, not a fresh normal budget.
+        Leases ls = leases(BUDGET / 10, BUDGET, 0);
+        ls.firstBudget(BUDGET * 10);
+        LocalLeases lc = local(ls, 8, BUDGET / 10, BUDGET);
+        laterAnswerMs = 3 * BUDGET / 10 / MS;
+        List<String> got = missTogether(lc, 3);
+        assertEquals(3, got.size());
+        for (String g : got) assertTrue(g.startsWith("slot "), "each thread in a slot of its own: " + got);
+        assertTrue(lastWaitUs <= BUDGET / 10 / 1000, "HOLD request waits at the agent " + lastWaitUs + " us");
     }
 
     static SlotLease onOtherThread(java.util.concurrent.Callable<SlotLease> f) throws Exception {
