@@ -258,10 +258,14 @@ final class LocalLeases {
 
     /**
      * Queues the thread, sends a HOLD request for its quota unless one is on its way, and waits
-     * within the acquire budget for an entry given back or a grant, whichever comes first.
+     * for an entry given back or a grant, whichever comes first. A miss waits with the
+     * first-acquire budget: the agent's answer is a round trip it may have to make a slot for, on
+     * a node as busy as the invocations it serves, which a new pod's first concurrent requests
+     * all take. The agent itself waits for admission budget or a free slot within the acquire
+     * budget ({@link #hold}), so a container at its budget still sends the thread on quickly.
      */
     private SlotLease inTurn(long quota, String act, String inv, int tid, long[] current, int[] last) {
-        long deadline = System.nanoTime() + (holdsQuota(quota) ? leases.budget(budgetNs) : leases.coldBudget(budgetNs));
+        long deadline = System.nanoTime() + leases.coldBudget(budgetNs);
         while (true) {
             Waiter w = new Waiter(tid, quota, Thread.currentThread(), deadline);
             boolean ask;
@@ -308,18 +312,6 @@ final class LocalLeases {
         Long g = grantedAt.get(w.quota);
         if (g != null && g - w.since >= 0) left = Math.max(left, g + budgetNs - now);
         return left;
-    }
-
-    /**
-     * Whether the process holds an entry of this quota. While it holds none, a miss of the quota
-     * is a cold round trip (the agent may have to make the slot and the process to map its fds, on
-     * a node as busy as the invocations it serves) and has the first-acquire budget; once it holds
-     * one, the normal budget.
-     */
-    private boolean holdsQuota(long quota) {
-        for (int i = 0; i < table.used(); i++)
-            if (held.get(i) != null && table.asked(i) == quota && table.slot(i) != 0) return true;
-        return false;
     }
 
     /** Hands free entries of the process's own to waiting threads, first come first served. */
