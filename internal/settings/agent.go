@@ -25,7 +25,7 @@ var AgentKeys = []Key{
 		Meaning: "new connections a second of one peer: a container's own socket stops accepting for a while, the shared socket closes a connection at accept whose user (before its cgroup is read) or cgroup is past it ([`security.md`](security.md#limits))"},
 	{Name: "limits.acceptBurst", Kind: KindInt, Min: 1, Max: noMax, Default: "1024",
 		Doc: "burst of new connections of one peer beyond acceptRate (a container's reconnect after an agent restart)"},
-	{Name: "limits.sharedAcceptRate", Kind: KindInt, Min: 1, Max: noMax, Default: "1000",
+	{Name: "limits.sharedAcceptRate", Kind: KindInt, Min: 1, Max: noMax, Default: "250",
 		Doc: "new connections a second on the shared socket, in bursts of maxConnections; past it the socket stops accepting for a while"},
 	{Name: "limits.helloTimeout", Kind: KindDuration, Min: minDuration, Max: noMax, Default: "10s",
 		Doc: "a new connection must complete HELLO within this"},
