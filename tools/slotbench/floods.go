@@ -213,6 +213,8 @@ func floodBench(p floodParams) error {
 			return fmt.Errorf("no socket of its own for b at %s", ownSocket)
 		}
 	}
+	settle()
+	fmt.Printf("| (at rest: no flood, no probe) | | | | | | | | %.2f of a core |\n", floodCPU)
 	quiet, err := probeIn("b")
 	if err != nil {
 		return err
