@@ -21,9 +21,8 @@ import (
 // Transport: the accept loop, and each connection's loop from identifying
 // its peer to its last frame. What a request does is in handlers.go.
 
-// Serve accepts connections until the listener is closed.
-// It is the shared socket: its accepts are paced per user and per cgroup
-// (pace.go).
+// Serve accepts connections on the shared socket until the listener is
+// closed; its accepts are paced per user and per cgroup (pace.go).
 func (s *Server) Serve(ln *Listener) error { return s.serve(ln, s.resolve, false) }
 
 // ServeWith accepts connections on ln, a socket of one container, resolving
