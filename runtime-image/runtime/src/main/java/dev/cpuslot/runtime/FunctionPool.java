@@ -19,6 +19,7 @@ import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import dev.cpuslot.runtime.base.Metrics;
 
 /**
  * A bounded pool of workers for one function. Each worker is a platform thread that owns one

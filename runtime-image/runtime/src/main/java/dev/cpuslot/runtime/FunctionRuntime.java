@@ -18,6 +18,9 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Predicate;
 import java.util.regex.Pattern;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * The platform-independent core: deploys and hosts functions, and runs an invocation (owner,
@@ -392,12 +395,12 @@ public final class FunctionRuntime implements AutoCloseable {
                     + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()
                             + (l.reused() ? " reused" : "") + (l.local() ? " local" : "") : "none")
                     + (l != null && !l.active() ? " noslot=" + l.reason() : "")
-                    + (m ? " cpu_ms=" + ms(used.cpuNanos()) + " throttled_ms=" + ms(used.throttledNanos())
+                    + (m ? " cpu_ms=" + Log.ms(used.cpuNanos()) + " throttled_ms=" + Log.ms(used.throttledNanos())
                     + " periods=" + used.periods() + " throttled_periods=" + used.throttledPeriods() : "")
                     + (hop.allocatedBytes >= 0 ? " alloc_bytes=" + hop.allocatedBytes : "")
                     + (hops > 0 ? " chain_hops=" + hops : "")
-                    + (hops > 0 && (hop.trace.measured() || m) ? " chain_cpu_ms=" + ms(hop.trace.cpuNanos() + (m ? used.cpuNanos() : 0)) : "")
-                    + " duration_ms=" + ms(duration));
+                    + (hops > 0 && (hop.trace.measured() || m) ? " chain_cpu_ms=" + Log.ms(hop.trace.cpuNanos() + (m ? used.cpuNanos() : 0)) : "")
+                    + " duration_ms=" + Log.ms(duration));
         };
         java.util.concurrent.CompletableFuture<Usage> later = o.usageLater();
         Runnable after = later == null ? () -> record.accept(u) : () -> later.thenAccept(record);
@@ -516,13 +519,6 @@ public final class FunctionRuntime implements AutoCloseable {
                 measured ? u.cpuNanos() : HopRecord.NONE, measured ? u.throttledNanos() : HopRecord.NONE, System.nanoTime() - t0,
                 o.error()).report(callerLog);
         return o;
-    }
-
-    /** Nanoseconds as milliseconds with three decimals (what %.3f printed, without the formatter's cost per invocation). */
-    static String ms(long ns) {
-        long us = Math.max(0, (ns + 500) / 1000);
-        String frac = Long.toString(us % 1000);
-        return us / 1000 + "." + "000".substring(frac.length()) + frac;
     }
 
     private Reply finish(Platform platform, Function fn, long t0, Reply r, String status) {

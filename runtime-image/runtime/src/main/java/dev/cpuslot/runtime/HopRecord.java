@@ -1,6 +1,7 @@
 package dev.cpuslot.runtime;
 
 import dev.cpuslot.runtime.guard.ActivationOutput;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * What the platform sees of one hop of a chain (docs/chaining.md#what-the-platform-sees): one
@@ -44,7 +45,7 @@ record HopRecord(String activationId, String action, String status, String mode,
             if (throttledNanos != NONE) b.append(" throttled_ns=").append(throttledNanos);
         }
         if (error != null) b.append(" error=").append(error.replace('\n', ' ').replace('\r', ' '));
-        if (durationNanos != NONE) b.append(" duration_ms=").append(FunctionRuntime.ms(durationNanos));
+        if (durationNanos != NONE) b.append(" duration_ms=").append(Log.ms(durationNanos));
         return b.toString();
     }
 }

@@ -19,6 +19,9 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * HTTP endpoints (JDK {@code com.sun.net.httpserver}, one virtual thread per request; the

@@ -15,6 +15,10 @@ import java.time.Duration;
 import java.util.LinkedHashMap;
 import java.util.Locale;
 import java.util.Map;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Lazy;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * Graalvisor/Hydra's protocol: functions registered by name ({@code /register},

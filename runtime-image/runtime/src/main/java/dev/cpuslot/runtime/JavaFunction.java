@@ -30,6 +30,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
 import java.util.Map;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * A Java function from a jar, in a class loader of its own (its statics are its own; other

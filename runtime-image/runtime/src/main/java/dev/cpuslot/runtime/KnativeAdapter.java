@@ -4,6 +4,7 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 
 import java.io.PrintStream;
+import dev.cpuslot.runtime.base.Metrics;
 
 /**
  * Knative's single entrypoint {@code POST /}, as OpenWhisk's Knative runtimes shape it: an

@@ -15,6 +15,8 @@ import java.util.UUID;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * Local chaining (docs/chaining.md): a function calls another function of the same owner hosted in

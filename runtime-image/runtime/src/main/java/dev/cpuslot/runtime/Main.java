@@ -7,6 +7,9 @@ import dev.cpuslot.slot.SlotClient;
 
 import java.time.Duration;
 import java.util.concurrent.atomic.AtomicBoolean;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
 public final class Main {

@@ -10,6 +10,9 @@ import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicBoolean;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * OpenWhisk's action interface: {@code POST /init} deploys the container's one action (its

@@ -26,6 +26,7 @@ import java.util.concurrent.Flow;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.regex.Pattern;
+import dev.cpuslot.runtime.base.Lazy;
 
 /**
  * Global after local (docs/chaining.md): a chain call whose callee this runtime does not host goes

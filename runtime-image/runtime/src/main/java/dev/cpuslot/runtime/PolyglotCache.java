@@ -5,6 +5,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Optional;
 import org.graalvm.polyglot.Context;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * Where GraalVM's languages find their files (GraalPy's standard library, Truffle's native helper).

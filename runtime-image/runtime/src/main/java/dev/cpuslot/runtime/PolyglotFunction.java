@@ -22,6 +22,8 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicReference;
 import java.util.zip.ZipEntry;
 import java.util.zip.ZipInputStream;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * A JavaScript or Python function run by GraalVM Polyglot. One shared {@link Engine} per language

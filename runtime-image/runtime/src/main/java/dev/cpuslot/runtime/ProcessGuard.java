@@ -1,6 +1,7 @@
 package dev.cpuslot.runtime;
 
 import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * The runtime owns its process. A thread of the runtime's that ends with an {@link Error} (an

@@ -18,6 +18,10 @@ import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Lazy;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * Where an invocation's CPU quota comes from, highest first:

@@ -5,6 +5,8 @@ import dev.cpuslot.slot.SlotClient;
 import java.time.Duration;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * Whether the runtime takes traffic yet. A new pod's runtime starts before the node agent serves

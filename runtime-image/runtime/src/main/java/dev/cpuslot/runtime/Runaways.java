@@ -6,6 +6,8 @@ import dev.cpuslot.slot.SlotLease;
 
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.BooleanSupplier;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Log;
 
 /**
  * Worker threads still running an activation after its deadline and cancellation (Java code that

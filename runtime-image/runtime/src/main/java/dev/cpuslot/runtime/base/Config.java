@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.base;
 
 import java.util.Map;
 
@@ -68,7 +68,7 @@ public record Config(
     /** Per action (/init env): most sandboxes this action may use, at most the runtime's bound. */
     public static final String INIT_SANDBOXES_ENV = "CPUSLOT_SANDBOXES";
     /** The largest request body, and the most a function's zip may unpack to. */
-    static final int MAX_BODY = 64 << 20;
+    public static final int MAX_BODY = 64 << 20;
 
     public static Config fromEnv() { return from(System.getenv()); }
 
@@ -173,7 +173,7 @@ public record Config(
     }
 
     /** A setting's yes or no: 1/true/yes/on or 0/false/no/off, any case; else a typed error naming {@code k}. */
-    static boolean parseBool(String k, String v) {
+    public static boolean parseBool(String k, String v) {
         return switch (v.trim().toLowerCase(java.util.Locale.ROOT)) {
             case "1", "true", "yes", "on" -> true;
             case "0", "false", "no", "off" -> false;

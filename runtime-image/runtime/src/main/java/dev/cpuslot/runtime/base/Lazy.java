@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.base;
 
 import java.util.function.Supplier;
 
@@ -9,14 +9,14 @@ import java.util.function.Supplier;
  * URLs). It is made on a runtime thread: the threads a value starts as it is made (a client's
  * selector) are the runtime's, even when a function's worker asks first.
  */
-final class Lazy<T> implements Supplier<T> {
+public final class Lazy<T> implements Supplier<T> {
     private final Supplier<T> make;
     private volatile T value;
 
     Lazy(Supplier<T> make) { this.make = make; }
 
     /** An HTTP client of the runtime's, made on first use, its threads (selector, executor) the runtime's. */
-    static Lazy<java.net.http.HttpClient> httpClient(java.util.function.UnaryOperator<java.net.http.HttpClient.Builder> configure) {
+    public static Lazy<java.net.http.HttpClient> httpClient(java.util.function.UnaryOperator<java.net.http.HttpClient.Builder> configure) {
         return new Lazy<>(() -> configure.apply(java.net.http.HttpClient.newBuilder())
                 .executor(dev.cpuslot.runtime.guard.ActionGuard.runtimeExecutor("cpuslot-http")).build());
     }

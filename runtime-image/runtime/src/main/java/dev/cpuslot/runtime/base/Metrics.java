@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.base;
 
 import io.prometheus.metrics.core.datapoints.CounterDataPoint;
 import io.prometheus.metrics.core.datapoints.DistributionDataPoint;
@@ -30,16 +30,16 @@ import java.util.function.Consumer;
  * guard only ({@link JavaFunction}).
  */
 public final class Metrics {
-    static final double[] LATENCY_BUCKETS = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+    public static final double[] LATENCY_BUCKETS = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
     /** A slot acquisition: microseconds with local leasing, a round trip to the agent, at most the budget (50 ms) and the first one's (1 s). */
-    static final double[] ACQUIRE_BUCKETS = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+    public static final double[] ACQUIRE_BUCKETS = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
             0.01, 0.025, 0.05, 0.1, 0.25, 1};
     /**
      * Deprecated for one release, the same value as the histogram's {@code _sum}. A registry holds
      * one family per name without its {@code _total}, which is the histogram's: this counter has a
      * registry of its own, written after the other.
      */
-    static final String ACQUIRE_SECONDS_TOTAL = "cpuslot_slot_acquire_seconds_total";
+    public static final String ACQUIRE_SECONDS_TOTAL = "cpuslot_slot_acquire_seconds_total";
 
     /**
      * prometheus-metrics-core refuses a counter whose name without {@code _total} ends in
