@@ -6,6 +6,7 @@ import dev.cpuslot.chain.ChainException;
 
 import java.util.Map;
 import java.util.function.Predicate;
+import dev.cpuslot.runtime.exec.Function;
 
 /**
  * OpenWhisk's conductor actions (its docs/conductors.md), run in the runtime: a conductor returns

@@ -21,6 +21,9 @@ import java.util.regex.Pattern;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.exec.Runaways;
+import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Function;
 
 /**
  * The platform-independent core: deploys and hosts functions, and runs an invocation (owner,

@@ -19,6 +19,8 @@ import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Lazy;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Function;
 
 /**
  * Graalvisor/Hydra's protocol: functions registered by name ({@code /register},

@@ -31,6 +31,7 @@ import java.nio.file.Path;
 import java.util.List;
 import java.util.Map;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.exec.Function;
 
 /**
  * A Java function from a jar, in a class loader of its own (its statics are its own; other

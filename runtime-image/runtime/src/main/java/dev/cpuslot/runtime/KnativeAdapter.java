@@ -5,6 +5,7 @@ import com.google.gson.JsonObject;
 
 import java.io.PrintStream;
 import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.exec.FunctionPool;
 
 /**
  * Knative's single entrypoint {@code POST /}, as OpenWhisk's Knative runtimes shape it: an

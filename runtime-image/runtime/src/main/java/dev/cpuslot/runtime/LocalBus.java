@@ -17,6 +17,8 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Hop;
 
 /**
  * Local chaining (docs/chaining.md): a function calls another function of the same owner hosted in
@@ -75,7 +77,7 @@ final class LocalBus {
     }
 
     /** One activation in a chain: its identity, limits and the bus its function calls through. */
-    final class Hop implements Chain.Bus {
+    final class Hop implements Chain.Bus, dev.cpuslot.runtime.exec.Hop {
         final String function, owner, activationId;
         /** The calling hop's activation id (null: the platform's activation, the chain's first). */
         final String callerId;
@@ -122,6 +124,21 @@ final class LocalBus {
         void wake(SlotLease l, long since) {
             l.wake();
             sleptNanos.addAndGet(System.nanoTime() - since);
+        }
+
+        /** The worker starts the activation on its thread: binds this hop there, its chain calls to sleep on {@code l}. */
+        @Override
+        public void enter(SlotLease l) {
+            lease = l;
+            LocalBus.enter(this);
+        }
+
+        /** The worker ends the activation: unbinds the hop from its thread; how long its lease slept. */
+        @Override
+        public long exit(long allocated) {
+            if (allocated >= 0) allocatedBytes = allocated;
+            LocalBus.exit();
+            return sleptNanos.get();
         }
 
         @Override

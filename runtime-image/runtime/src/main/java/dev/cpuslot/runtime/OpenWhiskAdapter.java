@@ -13,6 +13,8 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Function;
 
 /**
  * OpenWhisk's action interface: {@code POST /init} deploys the container's one action (its

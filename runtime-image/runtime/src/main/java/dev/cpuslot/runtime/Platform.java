@@ -3,6 +3,7 @@ package dev.cpuslot.runtime;
 import com.google.gson.JsonElement;
 
 import java.util.Map;
+import dev.cpuslot.runtime.exec.FunctionPool;
 
 /**
  * What the core asks of the platform an activation came from; each platform's adapter answers

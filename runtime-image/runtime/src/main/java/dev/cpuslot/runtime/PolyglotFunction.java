@@ -24,6 +24,7 @@ import java.util.zip.ZipEntry;
 import java.util.zip.ZipInputStream;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.exec.Function;
 
 /**
  * A JavaScript or Python function run by GraalVM Polyglot. One shared {@link Engine} per language

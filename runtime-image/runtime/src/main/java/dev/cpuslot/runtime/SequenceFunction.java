@@ -5,6 +5,7 @@ import dev.cpuslot.chain.ChainException;
 
 import java.util.List;
 import java.util.Map;
+import dev.cpuslot.runtime.exec.Function;
 
 /**
  * A sequence declared with Hydra's {@code /register?name=pipe&steps=a,b,c} (as OpenWhisk's

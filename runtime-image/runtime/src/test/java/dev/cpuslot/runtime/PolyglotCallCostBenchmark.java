@@ -10,6 +10,7 @@ import java.util.Arrays;
 import java.util.Map;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import dev.cpuslot.runtime.exec.Function;
 
 /**
  * What the runtime itself spends per call of a guest function (issue 22): a hello-world

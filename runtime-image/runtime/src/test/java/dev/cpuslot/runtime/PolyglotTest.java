@@ -7,6 +7,7 @@ import java.util.Map;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
+import dev.cpuslot.runtime.exec.Function;
 
 class PolyglotTest {
     static final String JS = """

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.exec;
 
 import com.google.gson.JsonElement;
 import dev.cpuslot.runtime.guard.ActionGuard;
@@ -52,12 +52,12 @@ public final class FunctionPool implements AutoCloseable {
      * {@link Outcome#usageLater()}).
      */
     public record Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
-                       LocalBus.Hop hop, boolean usageInReply) {
+                       Hop hop, boolean usageInReply) {
         public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId) {
             this(args, env, quotaMilli, action, activationId, null, true);
         }
         public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
-                    LocalBus.Hop hop) {
+                    Hop hop) {
             this(args, env, quotaMilli, action, activationId, hop, true);
         }
     }
@@ -90,7 +90,7 @@ public final class FunctionPool implements AutoCloseable {
         this(fn, max, idleMs, slots, metrics, null);
     }
 
-    FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics, Runaways runaways) {
+    public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics, Runaways runaways) {
         this.runaways = runaways;
         this.fn = fn;
         this.max = max;
@@ -108,7 +108,7 @@ public final class FunctionPool implements AutoCloseable {
     }
 
     /** The function's metric labels ({@code function="..."}), built once. */
-    Metrics.Labels labels() { return labels; }
+    public Metrics.Labels labels() { return labels; }
 
     public Function function() { return fn; }
     public int max() { return max; }
@@ -306,10 +306,7 @@ public final class FunctionPool implements AutoCloseable {
                 }
                 long t0 = System.nanoTime();
                 if (error == null && !j.claimed.get()) {
-                    if (t.hop() != null) {
-                        t.hop().lease = lease; // its chain calls sleep on it
-                        LocalBus.enter(t.hop());
-                    }
+                    if (t.hop() != null) t.hop().enter(lease);
                     long alloc0 = THREAD_BEAN.getCurrentThreadAllocatedBytes();
                     try {
                         result = sandbox.invoke(t.args(), t.env());
@@ -322,13 +319,10 @@ public final class FunctionPool implements AutoCloseable {
                         error = e.toString();
                     } finally {
                         long alloc = THREAD_BEAN.getCurrentThreadAllocatedBytes() - alloc0;
-                        if (alloc0 >= 0 && alloc >= 0) {
-                            allocatedBytes.inc(alloc);
-                            if (t.hop() != null) t.hop().allocatedBytes = alloc;
-                        }
+                        boolean counted = alloc0 >= 0 && alloc >= 0;
+                        if (counted) allocatedBytes.inc(alloc);
                         if (t.hop() != null) {
-                            LocalBus.exit();
-                            long slept = t.hop().sleptNanos.get();
+                            long slept = t.hop().exit(counted ? alloc : -1);
                             if (slept > 0) sleptSeconds.inc(slept / 1e9);
                         }
                     }

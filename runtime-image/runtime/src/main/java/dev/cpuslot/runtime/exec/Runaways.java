@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.exec;
 
 import dev.cpuslot.slot.ReleaseOutcome;
 import dev.cpuslot.slot.SlotClient;
@@ -17,14 +17,14 @@ import dev.cpuslot.runtime.base.Log;
  * runaway thread returns. Counted in {@code cpuslot_runaway_*}. Without the agent (no slot to
  * be had) the thread is counted as unconfined.
  */
-final class Runaways {
+public final class Runaways {
     private final SlotClient slots;
     private final long quotaMilli, graceMs;
     private final Metrics metrics;
     private final io.prometheus.metrics.core.datapoints.GaugeDataPoint current;
     private static final AtomicLong IDS = new AtomicLong();
 
-    Runaways(SlotClient slots, long quotaMilli, long graceMs, Metrics metrics) {
+    public Runaways(SlotClient slots, long quotaMilli, long graceMs, Metrics metrics) {
         this.slots = slots;
         this.quotaMilli = quotaMilli;
         this.graceMs = graceMs;
@@ -63,7 +63,7 @@ final class Runaways {
      * (ActionGuard's stray): it would run on in the slot its activation had, charged to the next
      * invocation there. Confined as a runaway worker is, found by its kernel thread id.
      */
-    void stray(Thread t, String worker) {
+    public void stray(Thread t, String worker) {
         int dash = worker.lastIndexOf('-');
         String function = worker.startsWith("fn-") && dash > 3 ? worker.substring(3, dash) : worker;
         String name = t.getName().replaceAll("\\p{Cntrl}", "?");

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.exec;
 
 import com.google.gson.JsonElement;
 
