@@ -24,6 +24,10 @@ import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.Runaways;
 import dev.cpuslot.runtime.exec.FunctionPool;
 import dev.cpuslot.runtime.exec.Function;
+import dev.cpuslot.runtime.chain.PlatformPath;
+import dev.cpuslot.runtime.chain.HopRecord;
+import dev.cpuslot.runtime.chain.ConductorFunction;
+import dev.cpuslot.runtime.chain.LocalBus;
 
 /**
  * The platform-independent core: deploys and hosts functions, and runs an invocation (owner,

@@ -21,6 +21,9 @@ import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.FunctionPool;
 import dev.cpuslot.runtime.exec.Function;
+import dev.cpuslot.runtime.chain.SequenceFunction;
+import dev.cpuslot.runtime.chain.ConductorFunction;
+import dev.cpuslot.runtime.chain.LocalBus;
 
 /**
  * Graalvisor/Hydra's protocol: functions registered by name ({@code /register},

@@ -3,6 +3,7 @@ package dev.cpuslot.runtime;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.chain.LocalBus;
 
 /**
  * One activation, as a platform's adapter hands it to the core to run.

@@ -25,6 +25,7 @@ import java.util.zip.ZipInputStream;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.Function;
+import dev.cpuslot.runtime.chain.LocalBus;
 
 /**
  * A JavaScript or Python function run by GraalVM Polyglot. One shared {@link Engine} per language

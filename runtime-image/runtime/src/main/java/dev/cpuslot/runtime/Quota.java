@@ -22,6 +22,7 @@ import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Lazy;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.chain.ConductorFunction;
 
 /**
  * Where an invocation's CPU quota comes from, highest first:

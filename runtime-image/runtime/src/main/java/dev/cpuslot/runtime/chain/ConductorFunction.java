@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.chain;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
@@ -25,9 +25,9 @@ import dev.cpuslot.runtime.exec.Function;
  * goes to the controller unchanged. Elsewhere (Knative, Hydra): {@value #ENV} in the function's
  * init env ({@code /register?conductor=true}); the runtime returns the composition's result.
  */
-final class ConductorFunction implements Function {
-    static final String ENV = "CPUSLOT_CHAIN_CONDUCTOR";
-    static final String ANNOTATION = "conductor";
+public final class ConductorFunction implements Function {
+    public static final String ENV = "CPUSLOT_CHAIN_CONDUCTOR";
+    public static final String ANNOTATION = "conductor";
     /** OpenWhisk's message words for a composition over its limits. */
     static final String TOO_LONG = "Too many actions in the composition (at most " + LocalBus.MAX_STEPS + " components and "
             + (2 * LocalBus.MAX_STEPS + 1) + " conductor runs).";
@@ -46,14 +46,14 @@ final class ConductorFunction implements Function {
     }
 
     /** {@code f} as a conductor when it may be one (declared, or an annotation to read); else {@code f} itself. */
-    static Function wrap(Function f, LocalBus bus, Predicate<Map<String, String>> annotated) {
+    public static Function wrap(Function f, LocalBus bus, Predicate<Map<String, String>> annotated) {
         boolean declared = truthy(f.initEnv().get(ENV));
         if (f instanceof SequenceFunction || (!declared && annotated == null)) return f; // OpenWhisk ignores it on sequences
         return new ConductorFunction(f, bus, annotated, declared);
     }
 
     /** OpenWhisk's truthiness of an annotation: not 0, null, false or the empty string. */
-    static boolean truthy(JsonElement v) {
+    public static boolean truthy(JsonElement v) {
         if (v == null || v.isJsonNull()) return false;
         if (!v.isJsonPrimitive()) return true;
         var p = v.getAsJsonPrimitive();

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.chain;
 
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.runtime.base.Log;
@@ -15,10 +15,10 @@ import dev.cpuslot.runtime.base.Log;
  * @param slot     the hop's slot, {@link #NONE} without one (then outcome is null)
  * @param cpuNanos the hop's CPU from its slot's counters, {@link #NONE} when not measured
  */
-record HopRecord(String activationId, String action, String status, String mode, int depth, String path, String caller,
+public record HopRecord(String activationId, String action, String status, String mode, int depth, String path, String caller,
                  long quotaMilli, String quotaSource, long slot, String outcome, boolean localLease,
                  long cpuNanos, long throttledNanos, long durationNanos, String error) {
-    static final long NONE = -1;
+    public static final long NONE = -1;
 
     /** An asynchronous hop as it starts: the caller's log has it (its end comes after the caller's, in the runtime's log). */
     static HopRecord started(String activationId, String action, int depth, String path, String caller) {
@@ -26,7 +26,7 @@ record HopRecord(String activationId, String action, String status, String mode,
     }
 
     /** Into the caller's activation log (null: none, e.g. an asynchronous hop's thread) and the runtime's log. */
-    void report(ActivationOutput.Capture callerLog) {
+    public void report(ActivationOutput.Capture callerLog) {
         if (callerLog != null) callerLog.record(this);
         Log.later(this);
     }

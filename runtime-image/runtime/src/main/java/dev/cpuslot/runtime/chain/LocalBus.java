@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.chain;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
@@ -27,12 +27,12 @@ import dev.cpuslot.runtime.exec.Hop;
  * agent when a held slot is free), accounted to its own action. What the bus adds are the limits:
  * same owner, bounded depth and fan-out, a callee deadline never past the caller's.
  */
-final class LocalBus {
+public final class LocalBus {
     /** A function this runtime hosts, as the bus sees it. */
-    record Hosted(FunctionPool pool, String owner, long timeoutMs) {}
+    public record Hosted(FunctionPool pool, String owner, long timeoutMs) {}
 
     /** What the runtime gives the bus: the hosted functions and how to run one hop. */
-    interface Host {
+    public interface Host {
         Hosted find(String function);
 
         /** Runs one hop to the end (or its deadline); metrics and log line included. */
@@ -40,7 +40,7 @@ final class LocalBus {
     }
 
     /** What the answer reports of a chain: each synchronous hop (in the order they finished) and the CPU they used. */
-    static final class Trace {
+    public static final class Trace {
         private static final int MAX_LISTED = 32;
         private final List<String> hops = new ArrayList<>();
         private long cpuNanos;
@@ -53,7 +53,7 @@ final class LocalBus {
          */
         final AtomicInteger components = new AtomicInteger(), conductorRuns = new AtomicInteger();
 
-        synchronized void add(String function, long cpuNanos, boolean measured) {
+        public synchronized void add(String function, long cpuNanos, boolean measured) {
             count++;
             if (measured) {
                 this.cpuNanos += cpuNanos;
@@ -63,41 +63,41 @@ final class LocalBus {
             if (hops.size() < MAX_LISTED) hops.add(function.replaceAll("[^A-Za-z0-9._:/@-]", "_") + "=" + (measured ? Long.toString(cpuNanos) : "-"));
         }
 
-        synchronized int count() { return count; }
+        public synchronized int count() { return count; }
 
-        synchronized long cpuNanos() { return cpuNanos; }
+        public synchronized long cpuNanos() { return cpuNanos; }
 
         /** Whether any hop's CPU was measured (a hop without a slot has no figure). */
-        synchronized boolean measured() { return measured; }
+        public synchronized boolean measured() { return measured; }
 
         /** {@code f=123,g=-} (CPU ns; "-": not measured, no slot), at most 32 listed. */
-        synchronized String listed() {
+        public synchronized String listed() {
             return String.join(",", hops) + (count > hops.size() ? ",..." : "");
         }
     }
 
     /** One activation in a chain: its identity, limits and the bus its function calls through. */
-    final class Hop implements Chain.Bus, dev.cpuslot.runtime.exec.Hop {
-        final String function, owner, activationId;
+    public final class Hop implements Chain.Bus, dev.cpuslot.runtime.exec.Hop {
+        public final String function, owner, activationId;
         /** The calling hop's activation id (null: the platform's activation, the chain's first). */
-        final String callerId;
-        final int depth;
-        final long deadlineNanos;
-        final Trace trace;
+        public final String callerId;
+        public final int depth;
+        public final long deadlineNanos;
+        public final Trace trace;
         /** The platform the chain's first activation came from: the path to callees not hosted here. */
         final PlatformPath.Origin origin;
         final AtomicInteger asyncCalls = new AtomicInteger();
         /** The activation's slot lease (set by its worker once acquired; null: none). */
         volatile SlotLease lease;
         /** The action's lending setting (Quota#lend, set by the runtime): its lease sleeps in its synchronous calls. */
-        volatile boolean lends;
+        public volatile boolean lends;
         /**
          * How long the lease slept in synchronous calls (cpuslot_slot_slept_seconds_total). Calls
          * made at once by threads of one Java function each count their own wait.
          */
         final AtomicLong sleptNanos = new AtomicLong();
         /** Heap bytes the activation's worker allocated (set by the worker as it ends; -1: not measured): its log line's alloc_bytes. */
-        volatile long allocatedBytes = -1;
+        public volatile long allocatedBytes = -1;
 
         Hop(String function, String owner, String activationId, String callerId, int depth, long deadlineNanos, Trace trace,
             PlatformPath.Origin origin) {
@@ -157,7 +157,7 @@ final class LocalBus {
     /** Asynchronous calls pending per owner (an owner's entry goes with its last call): one owner cannot fill another's. */
     private final java.util.concurrent.ConcurrentHashMap<String, Long> pending = new java.util.concurrent.ConcurrentHashMap<>();
 
-    LocalBus(Host host, PlatformPath platform, Metrics metrics, int maxDepth, int maxAsync, int maxPending) {
+    public LocalBus(Host host, PlatformPath platform, Metrics metrics, int maxDepth, int maxAsync, int maxPending) {
         this.host = host;
         this.platform = platform;
         this.metrics = metrics;
@@ -170,12 +170,12 @@ final class LocalBus {
      * The first hop here of a chain: an activation the platform sent, at {@code depth} (0, or the
      * depth its caller's chain sent with it through the platform).
      */
-    Hop root(String function, String owner, String activationId, long deadlineNanos, int depth, PlatformPath.Origin origin) {
+    public Hop root(String function, String owner, String activationId, long deadlineNanos, int depth, PlatformPath.Origin origin) {
         return new Hop(function, owner, activationId, null, depth, deadlineNanos, new Trace(), origin);
     }
 
     /** The depth an activation arrived with ({@value PlatformPath#DEPTH_PARAM}, removed from its value): 0 when absent. */
-    int arrivedDepth(JsonElement value) {
+    public int arrivedDepth(JsonElement value) {
         if (value == null || !value.isJsonObject() || !value.getAsJsonObject().has(PlatformPath.DEPTH_PARAM)) return 0;
         JsonElement d = value.getAsJsonObject().remove(PlatformPath.DEPTH_PARAM);
         long n;
@@ -194,7 +194,7 @@ final class LocalBus {
     static final int MAX_STEPS = 50;
 
     /** A declared sequence's steps ({@code a,b,pkg/c}), checked: 1 to 50 names a platform would accept. */
-    static List<String> parseSteps(String spec) {
+    public static List<String> parseSteps(String spec) {
         List<String> steps = new ArrayList<>();
         if (spec != null) for (String s : spec.split(",", -1)) steps.add(s.trim());
         if (steps.isEmpty() || (steps.size() == 1 && steps.get(0).isEmpty()))
@@ -225,7 +225,7 @@ final class LocalBus {
      * The steps an action declared to follow it (its init env {@value #STEPS_ENV}): run on its
      * result once it succeeded; the last step's result (or error) becomes the activation's.
      */
-    FunctionPool.Outcome then(Hop hop, String steps, FunctionPool.Outcome o) {
+    public FunctionPool.Outcome then(Hop hop, String steps, FunctionPool.Outcome o) {
         if (steps == null || steps.isBlank() || o.error() != null || o.result() == null
                 || !(o.result().isJsonObject() || o.result().isJsonArray())
                 || (o.result().isJsonObject() && o.result().getAsJsonObject().has("error"))) return o;
@@ -246,7 +246,7 @@ final class LocalBus {
     }
 
     /** The init env (or /register steps) that declares a function's next steps. */
-    static final String STEPS_ENV = "CPUSLOT_CHAIN_STEPS";
+    public static final String STEPS_ENV = "CPUSLOT_CHAIN_STEPS";
 
     /** The running activation's hop (the thread that runs its main), or null. */
     static Hop current() { return CURRENT.get(); }
@@ -413,7 +413,7 @@ final class LocalBus {
      * {@code call_async}): JSON in, {@code {"result": ...}} or {@code {"error", "kind"}} out, which
      * the prelude turns into a ChainError of the guest's own language.
      */
-    static String polyglot(String mode, String callee, String argsJson) {
+    public static String polyglot(String mode, String callee, String argsJson) {
         JsonObject out = new JsonObject();
         Hop hop = CURRENT.get();
         try {

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.chain;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
@@ -38,9 +38,9 @@ import dev.cpuslot.runtime.base.Lazy;
  * checked against the platform's own rules before they go into a URL; the chain's depth goes with
  * the call as the parameter {@value #DEPTH_PARAM}, so that a chain through the platform stays bounded.
  */
-final class PlatformPath {
+public final class PlatformPath {
     /** The parameter that carries the chain's depth to a callee (stripped by the runtime that receives it). */
-    static final String DEPTH_PARAM = "__cpuslot_chain_depth";
+    public static final String DEPTH_PARAM = "__cpuslot_chain_depth";
 
     /** An OpenWhisk entity name (EntityName.scala), without the spaces it allows: the one name rule for both paths' URLs. */
     private static final Pattern OW_NAME = Pattern.compile("[A-Za-z0-9_][A-Za-z0-9_@.-]{0,255}");
@@ -51,7 +51,7 @@ final class PlatformPath {
     record Target(String kind, URI uri, String apiKey) {}
 
     /** What the chain's first activation brought: the platform's API and key (each null when not OpenWhisk). */
-    record Origin(String apiHost, String apiKey) {
+    public record Origin(String apiHost, String apiKey) {
         static final Origin NONE = new Origin(null, null);
 
         @Override public String toString() { return "Origin[" + apiHost + "]"; } // never the key
@@ -61,7 +61,7 @@ final class PlatformPath {
     private final Map<String, URI> urls;
     private final Lazy<HttpClient> http = Lazy.httpClient(b -> b.version(HttpClient.Version.HTTP_1_1).connectTimeout(Duration.ofSeconds(10)));
 
-    PlatformPath(String urlPattern, String urlMap) {
+    public PlatformPath(String urlPattern, String urlMap) {
         this.urlPattern = urlPattern == null || urlPattern.isBlank() ? null : urlPattern.trim();
         this.urls = parseUrls(urlMap);
         if (this.urlPattern != null) {

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.chain;
 
 import com.google.gson.JsonElement;
 import dev.cpuslot.chain.ChainException;
@@ -13,13 +13,13 @@ import dev.cpuslot.runtime.exec.Function;
  * steps through the bus ({@link LocalBus#sequence}), each step a hop in its own slot. Its own
  * worker only waits (its lease asleep meanwhile).
  */
-final class SequenceFunction implements Function {
+public final class SequenceFunction implements Function {
     private final String name;
     private final List<String> steps;
     private final Map<String, String> initEnv;
     private final LocalBus bus;
 
-    SequenceFunction(String name, List<String> steps, Map<String, String> initEnv, LocalBus bus) {
+    public SequenceFunction(String name, List<String> steps, Map<String, String> initEnv, LocalBus bus) {
         this.name = name;
         this.steps = steps;
         this.initEnv = initEnv;
