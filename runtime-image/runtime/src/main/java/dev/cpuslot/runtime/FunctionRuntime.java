@@ -28,6 +28,8 @@ import dev.cpuslot.runtime.chain.PlatformPath;
 import dev.cpuslot.runtime.chain.HopRecord;
 import dev.cpuslot.runtime.chain.ConductorFunction;
 import dev.cpuslot.runtime.chain.LocalBus;
+import dev.cpuslot.runtime.lang.JavaFunction;
+import dev.cpuslot.runtime.lang.PolyglotFunction;
 
 /**
  * The platform-independent core: deploys and hosts functions, and runs an invocation (owner,

@@ -10,6 +10,8 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.lang.PolyglotFunction;
+import dev.cpuslot.runtime.lang.PolyglotCache;
 
 /** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
 public final class Main {

@@ -11,6 +11,7 @@ import java.util.Map;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import dev.cpuslot.runtime.exec.Function;
+import dev.cpuslot.runtime.lang.PolyglotFunction;
 
 /**
  * What the runtime itself spends per call of a guest function (issue 22): a hello-world

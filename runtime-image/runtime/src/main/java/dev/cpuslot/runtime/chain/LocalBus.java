@@ -1,8 +1,6 @@
 package dev.cpuslot.runtime.chain;
 
 import com.google.gson.JsonElement;
-import com.google.gson.JsonObject;
-import com.google.gson.JsonParser;
 import dev.cpuslot.chain.Chain;
 import dev.cpuslot.chain.ChainException;
 import dev.cpuslot.chain.ChainException.Kind;
@@ -251,7 +249,7 @@ public final class LocalBus {
     /** The running activation's hop (the thread that runs its main), or null. */
     static Hop current() { return CURRENT.get(); }
 
-    /** Binds the hop to the worker thread for the activation (Java: {@link Chain}; polyglot: {@link #polyglot}). */
+    /** Binds the hop to the worker thread for the activation: {@link Chain}, which Java functions and guest code (lang) call through. */
     static void enter(Hop hop) {
         CURRENT.set(hop);
         Chain.bind(hop);
@@ -406,34 +404,5 @@ public final class LocalBus {
                     HopRecord.NONE, null, false, HopRecord.NONE, HopRecord.NONE, System.nanoTime() - t0, error)
                     .report(async ? null : ActivationOutput.current());
         }
-    }
-
-    /**
-     * The JavaScript and Python binding ({@code cpuslot.call}, {@code cpuslot.callAsync} /
-     * {@code call_async}): JSON in, {@code {"result": ...}} or {@code {"error", "kind"}} out, which
-     * the prelude turns into a ChainError of the guest's own language.
-     */
-    public static String polyglot(String mode, String callee, String argsJson) {
-        JsonObject out = new JsonObject();
-        Hop hop = CURRENT.get();
-        try {
-            if (hop == null) throw new ChainException(Kind.NO_CONTEXT, callee, "no chain on this thread");
-            JsonElement args;
-            try {
-                args = JsonParser.parseString(argsJson == null ? "{}" : argsJson);
-            } catch (RuntimeException e) {
-                throw new ChainException(Kind.NO_CONTEXT, callee, "the arguments are not JSON: " + e.getMessage());
-            }
-            if ("async".equals(mode)) {
-                hop.callAsync(callee, args);
-                out.add("result", com.google.gson.JsonNull.INSTANCE);
-            } else {
-                out.add("result", hop.call(callee, args));
-            }
-        } catch (ChainException e) {
-            out.addProperty("error", e.getMessage());
-            out.addProperty("kind", e.kind().name());
-        }
-        return out.toString();
     }
 }

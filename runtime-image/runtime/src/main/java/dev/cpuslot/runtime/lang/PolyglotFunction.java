@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.lang;
 
 import com.google.gson.Gson;
 import com.google.gson.JsonElement;
@@ -25,7 +25,6 @@ import java.util.zip.ZipInputStream;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.Function;
-import dev.cpuslot.runtime.chain.LocalBus;
 
 /**
  * A JavaScript or Python function run by GraalVM Polyglot. One shared {@link Engine} per language
@@ -246,7 +245,7 @@ public final class PolyglotFunction implements Function {
             """;
 
     /** Local chaining for guests (cpuslot.call / callAsync): JSON strings both ways, the running activation's hop from the thread. */
-    private static final org.graalvm.polyglot.proxy.ProxyExecutable CHAIN_BUS = a -> LocalBus.polyglot(
+    private static final org.graalvm.polyglot.proxy.ProxyExecutable CHAIN_BUS = a -> GuestChain.call(
             a.length > 0 && a[0].isString() ? a[0].asString() : "sync",
             a.length > 1 && a[1].isString() ? a[1].asString() : null,
             a.length > 2 && a[2].isString() ? a[2].asString() : "{}");
@@ -289,7 +288,7 @@ public final class PolyglotFunction implements Function {
     private static final java.util.concurrent.atomic.AtomicInteger PREWARMED_TAKEN = new java.util.concurrent.atomic.AtomicInteger();
 
     /** How many contexts functions took prewarmed (tests). */
-    static int prewarmedContextsTaken() { return PREWARMED_TAKEN.get(); }
+    public static int prewarmedContextsTaken() { return PREWARMED_TAKEN.get(); }
 
     /**
      * Makes a spare on a thread of the runtime's own: not the caller's (a worker's thread group,
@@ -402,7 +401,7 @@ public final class PolyglotFunction implements Function {
      * package.json's {@code main}, else {@code index.js}; evaluated as a script with
      * {@code exports}. Other files are not reachable (no file system).
      */
-    static PolyglotFunction fromZip(String name, String language, byte[] zip, String main, Map<String, String> initEnv) {
+    public static PolyglotFunction fromZip(String name, String language, byte[] zip, String main, Map<String, String> initEnv) {
         String id = polyglotId(language);
         Map<String, String> files = unzip(zip, id.equals("js") ? "javascript" : "python");
         String m = main == null || main.isBlank() ? "main" : main;

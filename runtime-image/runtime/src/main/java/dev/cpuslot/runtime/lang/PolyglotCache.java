@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.lang;
 
 import dev.cpuslot.runtime.guard.ActionGuard;
 import java.nio.file.Files;
@@ -25,7 +25,7 @@ public final class PolyglotCache {
      * The cache to use: {@code polyglot/} beside the runtime's jar when it is a directory, unless
      * the command line names one (property); empty: Truffle's own default.
      */
-    static Optional<Path> chosen(String property, Path jarDir) {
+    public static Optional<Path> chosen(String property, Path jarDir) {
         if (property != null || jarDir == null) return Optional.empty();
         Path p = jarDir.resolve("polyglot");
         return Files.isDirectory(p) ? Optional.of(p) : Optional.empty();
@@ -35,7 +35,7 @@ public final class PolyglotCache {
      * Before the first engine (Truffle reads the property once). Java functions may not open the
      * cache in use, wherever it is: every Python function imports its modules and bytecode.
      */
-    static void useBesideJar() {
+    public static void useBesideJar() {
         Path jarDir = null;
         try {
             Path jar = Path.of(PolyglotCache.class.getProtectionDomain().getCodeSource().getLocation().toURI());

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.lang;
 
 import dev.cpuslot.runtime.guard.ActionGuard;
 import com.google.gson.JsonElement;
