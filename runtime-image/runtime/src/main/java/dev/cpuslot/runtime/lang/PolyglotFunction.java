@@ -41,102 +41,24 @@ import dev.cpuslot.runtime.exec.Function;
  * per invocation; a zip action's modules import from the zip (in memory).
  */
 public final class PolyglotFunction implements Function {
+    /**
+     * The runtime's own guest code, a resource beside this class (prelude.js, wrapper.js,
+     * prelude.py, wrapper.py), read once as the class is loaded.
+     */
+    private static String guest(String name) {
+        try (java.io.InputStream in = PolyglotFunction.class.getResourceAsStream(name)) {
+            if (in == null) throw new IllegalStateException("the runtime's " + name + " is missing from its jar");
+            return new String(in.readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+        } catch (java.io.IOException e) {
+            throw new java.io.UncheckedIOException(e);
+        }
+    }
+
     /** Defines the Node-like globals before the action's code runs. */
-    private static final String JS_PRELUDE = """
-            (function(initEnv, bus) {
-              globalThis.global = globalThis;
-              function chain(mode, name, args) {
-                var r = JSON.parse(bus(mode, String(name), JSON.stringify(args === undefined || args === null ? {} : args)));
-                if (r.error !== undefined) {
-                  var e = new Error(r.error);
-                  e.name = 'ChainError';
-                  e.kind = r.kind;
-                  e.callee = String(name);
-                  throw e;
-                }
-                return r.result;
-              }
-              globalThis.cpuslot = Object.freeze({
-                call: function(name, args) { return chain('sync', name, args); },
-                callAsync: function(name, args) { chain('async', name, args); }
-              });
-              globalThis.process = { env: JSON.parse(initEnv), argv: [], platform: 'linux', version: 'graaljs',
-                                     cwd: function() { return '/'; }, exit: function() { throw new Error('process.exit is not allowed'); } };
-              globalThis.module = { exports: {} };
-              globalThis.exports = globalThis.module.exports;
-              globalThis.require = function(name) {
-                var e = new Error("Cannot find module '" + name + "': this JavaScript runtime has no Node.js modules");
-                e.code = 'MODULE_NOT_FOUND';
-                throw e;
-              };
-              var timers = [], seq = 0;
-              function add(cb, ms, args, every) {
-                if (typeof cb !== 'function') throw new TypeError('the callback must be a function');
-                var d = Math.max(0, Number(ms) || 0), id = ++seq;
-                timers.push({ id: id, at: Date.now() + d, cb: cb, args: args, every: every ? Math.max(1, d) : 0 });
-                return id;
-              }
-              globalThis.setTimeout = function(cb, ms) { return add(cb, ms, Array.prototype.slice.call(arguments, 2), false); };
-              globalThis.setInterval = function(cb, ms) { return add(cb, ms, Array.prototype.slice.call(arguments, 2), true); };
-              globalThis.setImmediate = function(cb) { return add(cb, 0, Array.prototype.slice.call(arguments, 1), false); };
-              globalThis.clearTimeout = globalThis.clearInterval = globalThis.clearImmediate = function(id) {
-                timers = timers.filter(function(t) { return t.id !== id; });
-              };
-              return {
-                reset: function() { timers = []; },
-                next: function() {
-                  if (timers.length === 0) return -1;
-                  var at = Infinity;
-                  for (var i = 0; i < timers.length; i++) at = Math.min(at, timers[i].at);
-                  return Math.max(0, at - Date.now());
-                },
-                tick: function() {
-                  var now = Date.now();
-                  var due = timers.filter(function(t) { return t.at <= now; }).sort(function(x, y) { return x.at - y.at || x.id - y.id; });
-                  for (var i = 0; i < due.length; i++) {
-                    var t = due[i];
-                    if (timers.indexOf(t) < 0) continue;
-                    if (t.every) t.at = now + t.every; else timers.splice(timers.indexOf(t), 1);
-                    t.cb.apply(null, t.args);
-                  }
-                }
-              };
-            })""";
+    private static final String JS_PRELUDE = guest("prelude.js");
 
     /** Finds the entry point (a dotted path) and wraps it: call, then poll until settled. */
-    private static final String JS_WRAPPER = """
-            (function(path, loop) {
-              var parts = path.split('.');
-              function walk(o) { for (var i = 0; i < parts.length; i++) { if (o === undefined || o === null) return undefined; o = o[parts[i]]; } return o; }
-              var fn = walk(globalThis);
-              if (typeof fn !== 'function') fn = walk(module.exports);
-              if (typeof fn !== 'function' && path === 'main' && typeof module.exports === 'function') fn = module.exports;
-              if (typeof fn !== 'function') return null;
-              var st = null;
-              function out(v) { var s = JSON.stringify(v === undefined ? {} : v); return s === undefined ? 'null' : s; }
-              function errorOf(e) {
-                if (e === undefined || e === null) return {};
-                if (e instanceof Error) return e.message ? e.message : String(e);
-                return e;
-              }
-              return {
-                call: function(a, e) {
-                  process.env = JSON.parse(e);
-                  loop.reset();
-                  st = { done: false };
-                  var r = fn(JSON.parse(a));
-                  if (r !== null && typeof r === 'object' && typeof r.then === 'function') {
-                    r.then(function(v) { st.done = true; st.v = v; }, function(err) { st.done = true; st.rejected = true; st.err = err; });
-                    return '\\u0000async';
-                  }
-                  return out(r);
-                },
-                poll: function() {
-                  if (!st.done) return '\\u0000pending';
-                  return st.rejected ? out({ error: errorOf(st.err) }) : out(st.v);
-                }
-              };
-            })""";
+    private static final String JS_WRAPPER = guest("wrapper.js");
 
     /**
      * The runtime's own Python: no standard module. Values cross as JSON through GraalPy's
@@ -149,100 +71,13 @@ public final class PolyglotFunction implements Function {
      * for or handle one are replaced in it before any function code runs ({@code signal} copies
      * them from {@code _signal}; a built-in module imported again is the same object).
      */
-    private static final String PY_PRELUDE = """
-            import _json as __cpuslot__json, posix as __cpuslot_posix, sys as __cpuslot_sys
-            def __cpuslot_signals():
-                import _signal
-                def refused(*args, **kwargs):
-                    raise PermissionError("process signals are the runtime's: not allowed to a function in a shared runtime")
-                for m in (_signal, __cpuslot_sys.modules.get('signal')):
-                    for n in ('signal', 'raise_signal', 'pthread_kill', 'alarm', 'setitimer', 'siginterrupt', 'set_wakeup_fd',
-                              'pause', 'sigwait', 'sigwaitinfo', 'sigtimedwait', 'pthread_sigmask'):
-                        if m is not None and hasattr(m, n):
-                            setattr(m, n, refused)
-                for m in (__cpuslot_posix, __cpuslot_sys.modules.get('os')):
-                    for n in ('kill', 'killpg'):
-                        if m is not None and hasattr(m, n):
-                            setattr(m, n, refused)
-            __cpuslot_signals()
-            def __cpuslot_codec():
-                class Ctx:  # json.JSONDecoder's defaults
-                    strict = True
-                    object_hook = object_pairs_hook = None
-                    parse_float = float
-                    parse_int = int
-                    parse_constant = {'-Infinity': float('-inf'), 'Infinity': float('inf'), 'NaN': float('nan')}.__getitem__
-                    memo = {}
-                scan = __cpuslot__json.make_scanner(Ctx())
-                def loads(s):
-                    v, end = scan(s, 0)  # the runtime's JSON (Gson) has no whitespace around
-                    if end != len(s):
-                        raise ValueError('Extra data at %d' % end)
-                    return v
-                def default(o):
-                    raise TypeError(f'Object of type {o.__class__.__name__} is not JSON serializable')
-                def dumps(v):  # json.dumps's defaults; a fresh encoder: its circular-reference marks are per call
-                    return ''.join(__cpuslot__json.make_encoder({}, default, __cpuslot__json.encode_basestring_ascii,
-                                                                None, ': ', ', ', False, False, True)(v, 0))
-                fsenc = __cpuslot_sys.getfilesystemencoding()
-                def env(m):  # as os.environ stores it
-                    return {k.encode(fsenc, 'surrogateescape'): v.encode(fsenc, 'surrogateescape') for k, v in m.items()}
-                return loads, dumps, env
-            __cpuslot_loads, __cpuslot_dumps, __cpuslot_env = __cpuslot_codec()
-            __cpuslot_posix.environ.update(__cpuslot_env(__cpuslot_loads(__cpuslot_init_env)))
-            def __cpuslot_zip(srcs):
-                import importlib.abc, importlib.util
-                class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-                    def find_spec(self, name, path=None, target=None):
-                        if name in srcs:
-                            return importlib.util.spec_from_loader(name, self, is_package=srcs[name][1])
-                        return None
-                    def create_module(self, spec):
-                        return None
-                    def exec_module(self, module):
-                        src, pkg = srcs[module.__name__]
-                        if pkg:
-                            module.__path__ = []
-                        fname = module.__name__.replace('.', '/') + ('/__init__.py' if pkg else '.py')
-                        exec(compile(src, fname, 'exec'), module.__dict__)
-                __cpuslot_sys.meta_path.insert(0, Finder())
-            if __cpuslot_zip_srcs:
-                __cpuslot_zip(__cpuslot_loads(__cpuslot_zip_srcs))
-            def __cpuslot_chain(bus, loads, dumps):
-                class ChainError(Exception):
-                    def __init__(self, message, kind, callee):
-                        Exception.__init__(self, message)
-                        self.kind = kind
-                        self.callee = callee
-                def go(mode, name, args):
-                    r = loads(str(bus(mode, str(name), dumps({} if args is None else args))))
-                    if 'error' in r:
-                        raise ChainError(r['error'], r['kind'], str(name))
-                    return r.get('result')
-                class Chain:
-                    pass
-                c = Chain()
-                c.ChainError = ChainError
-                c.call = lambda name, args=None: go('sync', name, args)
-                c.call_async = lambda name, args=None: go('async', name, args) and None
-                c.callAsync = c.call_async
-                return c
-            import builtins as __cpuslot_builtins
-            __cpuslot_builtins.cpuslot = __cpuslot_chain(__cpuslot_bus, __cpuslot_loads, __cpuslot_dumps)
-            """;
+    private static final String PY_PRELUDE = guest("prelude.py");
 
     /** The name the runtime's own Python has in a tenant's traceback. */
     private static final String RUNTIME_PY = "cpuslot-runtime.py";
     private static final Source PY_PRELUDE_SOURCE = Source.newBuilder("python", PY_PRELUDE, RUNTIME_PY).buildLiteral();
 
-    private static final String PY_WRAPPER = """
-            def __cpuslot_call(a, e, __f=%s, __environ=__cpuslot_posix.environ):
-                for k in [k for k in __environ if k.startswith(b'__OW_')]:
-                    del __environ[k]
-                __environ.update(__cpuslot_env(__cpuslot_loads(e)))
-                r = __f(__cpuslot_loads(a))
-                return 'null' if r is None else __cpuslot_dumps(r)
-            """;
+    private static final String PY_WRAPPER = guest("wrapper.py");
 
     /** Local chaining for guests (cpuslot.call / callAsync): JSON strings both ways, the running activation's hop from the thread. */
     private static final org.graalvm.polyglot.proxy.ProxyExecutable CHAIN_BUS = a -> GuestChain.call(
