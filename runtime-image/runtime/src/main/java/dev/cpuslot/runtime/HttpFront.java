@@ -22,6 +22,8 @@ import java.util.concurrent.atomic.AtomicInteger;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.core.Reply;
+import dev.cpuslot.runtime.core.FunctionRuntime;
 
 /**
  * HTTP endpoints (JDK {@code com.sun.net.httpserver}, one virtual thread per request; the

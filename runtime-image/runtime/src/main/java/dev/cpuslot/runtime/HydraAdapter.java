@@ -24,6 +24,12 @@ import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.chain.SequenceFunction;
 import dev.cpuslot.runtime.chain.ConductorFunction;
 import dev.cpuslot.runtime.chain.LocalBus;
+import dev.cpuslot.runtime.core.Invocation;
+import dev.cpuslot.runtime.core.Reply;
+import dev.cpuslot.runtime.core.Quota;
+import dev.cpuslot.runtime.core.Platform;
+import dev.cpuslot.runtime.core.FunctionRuntime;
+import dev.cpuslot.runtime.core.SlotReport;
 
 /**
  * Graalvisor/Hydra's protocol: functions registered by name ({@code /register},

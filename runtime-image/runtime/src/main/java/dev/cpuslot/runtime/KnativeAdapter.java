@@ -6,6 +6,11 @@ import com.google.gson.JsonObject;
 import java.io.PrintStream;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.core.Invocation;
+import dev.cpuslot.runtime.core.Reply;
+import dev.cpuslot.runtime.core.Quota;
+import dev.cpuslot.runtime.core.Platform;
+import dev.cpuslot.runtime.core.FunctionRuntime;
 
 /**
  * Knative's single entrypoint {@code POST /}, as OpenWhisk's Knative runtimes shape it: an

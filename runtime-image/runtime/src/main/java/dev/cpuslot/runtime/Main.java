@@ -12,6 +12,7 @@ import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.lang.PolyglotFunction;
 import dev.cpuslot.runtime.lang.PolyglotCache;
+import dev.cpuslot.runtime.core.FunctionRuntime;
 
 /** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
 public final class Main {

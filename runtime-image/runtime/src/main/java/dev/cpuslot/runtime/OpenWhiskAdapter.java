@@ -15,6 +15,11 @@ import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.FunctionPool;
 import dev.cpuslot.runtime.exec.Function;
+import dev.cpuslot.runtime.core.Invocation;
+import dev.cpuslot.runtime.core.Reply;
+import dev.cpuslot.runtime.core.Quota;
+import dev.cpuslot.runtime.core.Platform;
+import dev.cpuslot.runtime.core.FunctionRuntime;
 
 /**
  * OpenWhisk's action interface: {@code POST /init} deploys the container's one action (its

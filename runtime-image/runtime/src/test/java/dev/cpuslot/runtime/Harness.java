@@ -25,6 +25,7 @@ import java.util.stream.Stream;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.core.FunctionRuntime;
 
 /** Starts a runtime on an ephemeral port with captured stdout/stderr. */
 final class Harness implements AutoCloseable {

@@ -22,6 +22,7 @@ import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.core.Quota;
 
 class SlotsAndQuotaTest {
     @TempDir

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.core;
 
 import dev.cpuslot.runtime.guard.ActionGuard;
 import dev.cpuslot.runtime.base.Log;

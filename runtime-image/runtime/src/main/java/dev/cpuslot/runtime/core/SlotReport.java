@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.core;
 
 import com.google.gson.JsonObject;
 import dev.cpuslot.slot.SlotLease;
@@ -11,7 +11,7 @@ import java.util.Map;
  * headers every platform's reply carries, and the same facts as the JSON object a Hydra reply
  * carries in its body when asked.
  */
-final class SlotReport {
+public final class SlotReport {
     private SlotReport() {}
 
     static void headers(Map<String, String> h, Quota.Resolved q, SlotLease l, Usage u) {
@@ -33,7 +33,7 @@ final class SlotReport {
         }
     }
 
-    static JsonObject json(Quota.Resolved q, SlotLease l, Usage u) {
+    public static JsonObject json(Quota.Resolved q, SlotLease l, Usage u) {
         JsonObject o = new JsonObject();
         o.addProperty("quota_milli", q.milli());
         o.addProperty("quota_source", q.source());

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.core;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
@@ -15,5 +15,5 @@ import dev.cpuslot.runtime.chain.LocalBus;
  * @param usageAsked the answer must carry the invocation's CPU usage: the slot's counters are read
  *                   before the reply (else after it, off the invocation's critical path)
  */
-record Invocation(Platform platform, FunctionPool pool, LocalBus.Hosted hosted, JsonObject activation, JsonElement value,
+public record Invocation(Platform platform, FunctionPool pool, LocalBus.Hosted hosted, JsonObject activation, JsonElement value,
                   String quotaHeader, boolean usageAsked) {}

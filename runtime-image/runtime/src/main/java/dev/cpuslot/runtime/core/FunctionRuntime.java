@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.core;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
@@ -158,10 +158,10 @@ public final class FunctionRuntime implements AutoCloseable {
         metrics.add("cpuslot_slot_cpu_seconds_total", labels, u.cpuNanos() / 1e9);
         metrics.add("cpuslot_slot_throttled_seconds_total", labels, u.throttledNanos() / 1e9);
     }
-    Config config() { return cfg; }
+    public Config config() { return cfg; }
     /** The tenant's stderr: where OpenWhisk's runtimes print a refused request. */
-    PrintStream err() { return err; }
-    LocalBus bus() { return bus; }
+    public PrintStream err() { return err; }
+    public LocalBus bus() { return bus; }
 
     // ---- deployment -------------------------------------------------------------------------
 
@@ -171,7 +171,7 @@ public final class FunctionRuntime implements AutoCloseable {
         return PY_DEF.matcher(code).find() && !code.contains("function ") ? "python" : "javascript";
     }
 
-    Function create(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv)
+    public Function create(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv)
             throws Exception {
         if (binary != null) {
             boolean zip = binary.length > 3 && binary[0] == 'P' && binary[1] == 'K';
@@ -186,15 +186,15 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** The container's action, or null before its init. */
-    FunctionPool action() { return action; }
+    public FunctionPool action() { return action; }
 
-    void deploy(FunctionPool p) { action = p; }
+    public void deploy(FunctionPool p) { action = p; }
 
     /** A registered function, or null. */
-    LocalBus.Hosted hosted(String name) { return hosted.get(name); }
+    public LocalBus.Hosted hosted(String name) { return hosted.get(name); }
 
     /** Thrown when a name is another owner's: no owner replaces or removes another's function. */
-    static final class OtherOwnerException extends Exception {
+    public static final class OtherOwnerException extends Exception {
         OtherOwnerException(String name, String what) {
             super(what + " refused: the function " + name + " belongs to another owner");
         }
@@ -204,7 +204,7 @@ public final class FunctionRuntime implements AutoCloseable {
      * Registers h under name (atomically with the owner check): the function of the same owner it
      * replaces, or null; a function of another owner stays and this throws.
      */
-    LocalBus.Hosted host(String name, LocalBus.Hosted h) throws OtherOwnerException {
+    public LocalBus.Hosted host(String name, LocalBus.Hosted h) throws OtherOwnerException {
         LocalBus.Hosted[] old = new LocalBus.Hosted[1];
         LocalBus.Hosted now = hosted.compute(name, (k, o) -> {
             old[0] = o;
@@ -215,7 +215,7 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** The function of {@code owner} that was registered under name, or null when there is none; another owner's stays and this throws. */
-    LocalBus.Hosted unhost(String name, String owner) throws OtherOwnerException {
+    public LocalBus.Hosted unhost(String name, String owner) throws OtherOwnerException {
         LocalBus.Hosted[] old = new LocalBus.Hosted[1];
         LocalBus.Hosted now = hosted.computeIfPresent(name, (k, o) -> {
             old[0] = o;
@@ -226,18 +226,18 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** A pool of the runtime's size (CPUSLOT_SANDBOXES) for f; a conductor only when its init env declares one. */
-    FunctionPool pool(Function f) { return pool(f, cfg.sandboxesPerFunction(), null); }
+    public FunctionPool pool(Function f) { return pool(f, cfg.sandboxesPerFunction(), null); }
 
     /**
      * A pool of {@code sandboxes} for f, run as a conductor when its init env declares one or
      * {@code annotated} (OpenWhisk's conductor annotation, see {@link #conductorAnnotation}) says so.
      */
-    FunctionPool pool(Function f, int sandboxes, Predicate<Map<String, String>> annotated) {
+    public FunctionPool pool(Function f, int sandboxes, Predicate<Map<String, String>> annotated) {
         return new FunctionPool(ConductorFunction.wrap(f, bus, annotated), sandboxes, cfg.workerIdleMs(), slots, metrics, runaways);
     }
 
     /** OpenWhisk: the action's conductor annotation, read as its cpu-quota annotation is; null when annotations are not read. */
-    Predicate<Map<String, String>> conductorAnnotation() {
+    public Predicate<Map<String, String>> conductorAnnotation() {
         return cfg.annotationLookup() ? quota::conductor : null;
     }
 
@@ -248,7 +248,7 @@ public final class FunctionRuntime implements AutoCloseable {
      * CPUSLOT_WARMUP_WAIT (default 1 s), then the warm-up goes on in the background. An
      * unreachable agent changes nothing: invocations connect lazily, fail-open as before.
      */
-    void warmSlots(String why) {
+    public void warmSlots(String why) {
         if (slots == null || !cfg.warmup()) return;
         long t0 = System.nanoTime();
         readiness.await();
@@ -259,7 +259,7 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** GET /ready (Knative's readinessProbe): 200 once the agent serves the runtime or the wait is over, else 503 and why. */
-    Reply ready() {
+    public Reply ready() {
         String why = readiness.notReady();
         return why == null ? Reply.ok() : Reply.error(503, why);
     }
@@ -270,7 +270,7 @@ public final class FunctionRuntime implements AutoCloseable {
      * A runtime serves one owner (OpenWhisk or Knative namespace, Hydra owner): the configured
      * one, else the first one it sees. Another owner's request gets 403; null means go on.
      */
-    Reply checkOwner(String who, String what) {
+    public Reply checkOwner(String who, String what) {
         String w = who == null ? "" : who.trim();
         if ("*".equals(owner.get())) return null;
         if (owner.compareAndSet(null, w)) {
@@ -292,7 +292,7 @@ public final class FunctionRuntime implements AutoCloseable {
      * Runs one activation that an adapter mapped from its platform's request, and renders the
      * reply: the platform's body ({@link Platform#body}) or the shared error, the slot's headers.
      */
-    Reply run(Invocation inv) {
+    public Reply run(Invocation inv) {
         long t0 = System.nanoTime();
         Platform platform = inv.platform();
         FunctionPool p = inv.pool();
@@ -420,12 +420,12 @@ public final class FunctionRuntime implements AutoCloseable {
      * OpenWhisk's /init: starts the read of the action's annotations with its env's __OW_* fields;
      * the read, for the init to wait for (null when there is none).
      */
-    CompletableFuture<?> prefetchAnnotations(Function fn) {
+    public CompletableFuture<?> prefetchAnnotations(Function fn) {
         return quota.prefetch(environment(fn, new JsonObject()));
     }
 
     /** Waits for a read prefetchAnnotations started, within the read's budget: whether it answered. */
-    boolean awaitAnnotations(CompletableFuture<?> read) {
+    public boolean awaitAnnotations(CompletableFuture<?> read) {
         return quota.awaitRead(read);
     }
 
@@ -548,7 +548,7 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** OpenWhisk's sentinels on the tenant's streams, for a failure that ran no activation. */
-    void sentinels() {
+    public void sentinels() {
         ActivationOutput.sentinels(out, err);
     }
 

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.core;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
@@ -12,17 +12,17 @@ import java.util.Map;
 public record Reply(int status, JsonElement body, Map<String, String> headers, Runnable after) {
     public Reply(int status, JsonElement body, Map<String, String> headers) { this(status, body, headers, null); }
 
-    static Reply ok(JsonElement b) { return new Reply(200, b, Map.of()); }
+    public static Reply ok(JsonElement b) { return new Reply(200, b, Map.of()); }
 
     /** {@code {"ok": true}}: an init, a warm-up or a health check that went well. */
-    static Reply ok() {
+    public static Reply ok() {
         JsonObject o = new JsonObject();
         o.addProperty("ok", true);
         return ok(o);
     }
 
     /** {@code {"error": msg}}: the error shape every platform here shares. */
-    static Reply error(int status, String msg) {
+    public static Reply error(int status, String msg) {
         JsonObject o = new JsonObject();
         o.addProperty("error", msg);
         return new Reply(status, o, Map.of());

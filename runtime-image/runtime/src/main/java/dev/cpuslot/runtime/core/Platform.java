@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.core;
 
 import com.google.gson.JsonElement;
 
@@ -9,7 +9,7 @@ import dev.cpuslot.runtime.exec.FunctionPool;
  * What the core asks of the platform an activation came from; each platform's adapter answers
  * for its own. Everything else about an invocation is the same on every platform.
  */
-interface Platform {
+public interface Platform {
     /** The platform's name in metrics: openwhisk, knative, hydra. */
     String name();
 
