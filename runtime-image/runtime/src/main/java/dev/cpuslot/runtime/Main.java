@@ -13,6 +13,7 @@ import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.lang.PolyglotFunction;
 import dev.cpuslot.runtime.lang.PolyglotCache;
 import dev.cpuslot.runtime.core.FunctionRuntime;
+import dev.cpuslot.runtime.front.HttpFront;
 
 /** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
 public final class Main {

@@ -26,6 +26,7 @@ import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.core.FunctionRuntime;
+import dev.cpuslot.runtime.front.HttpFront;
 
 /** Starts a runtime on an ephemeral port with captured stdout/stderr. */
 final class Harness implements AutoCloseable {

@@ -5,7 +5,7 @@ import com.google.gson.JsonParser;
 import com.sun.net.httpserver.HttpServer;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.core.FunctionRuntime;
-import dev.cpuslot.runtime.HydraAdapter;
+import dev.cpuslot.runtime.front.HydraAdapter;
 import dev.cpuslot.runtime.base.Metrics;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.front;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;

@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.front;
 
 import dev.cpuslot.runtime.guard.ActionGuard;
 
@@ -27,7 +27,7 @@ import java.util.List;
  * sends it); the invocation endpoints take no token: the platforms send none, and what a relay
  * forwards to them is a client's call of the service, as through its public address.
  */
-final class ControlGate {
+public final class ControlGate {
     static final String HEADER = "X-Cpuslot-Control-Token";
     private final byte[] token;
     /** False only for a runtime whose tests are its clients in the same process (Harness). */
@@ -77,7 +77,7 @@ final class ControlGate {
      * one: a peer with a local address whose socket the kernel no longer has, or has without a
      * descriptor (closed, reset, or behind a NAT that loops back into the pod), is refused too.
      */
-    static boolean fromThisProcess(InetSocketAddress peer, InetSocketAddress local) throws IOException {
+    public static boolean fromThisProcess(InetSocketAddress peer, InetSocketAddress local) throws IOException {
         InetAddress a = peer.getAddress();
         if (a == null || !(a.isLoopbackAddress() || a.isAnyLocalAddress() || NetworkInterface.getByInetAddress(a) != null)) {
             return false; // another host's: not this process

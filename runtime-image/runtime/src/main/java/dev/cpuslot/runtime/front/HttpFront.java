@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.front;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
@@ -60,7 +60,7 @@ public final class HttpFront implements AutoCloseable {
     }
 
     /** @param refuseSelf false only where the runtime's clients are its tests, in its own process */
-    HttpFront(FunctionRuntime rt, int port, int metricsPort, boolean refuseSelf) throws IOException {
+    public HttpFront(FunctionRuntime rt, int port, int metricsPort, boolean refuseSelf) throws IOException {
         this.rt = rt;
         // the adapters keep the platforms' own state (the OpenWhisk action's init): one front per runtime
         openWhisk = new OpenWhiskAdapter(rt);

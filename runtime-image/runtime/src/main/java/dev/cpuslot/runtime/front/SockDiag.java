@@ -1,4 +1,4 @@
-package dev.cpuslot.runtime;
+package dev.cpuslot.runtime.front;
 
 import dev.cpuslot.slot.Native;
 
@@ -14,7 +14,7 @@ import java.nio.ByteOrder;
  * netlink lookup ({@code SOCK_DIAG_BY_FAMILY}, no dump): a hash lookup, where reading
  * {@code /proc/net/tcp} walks every socket of the node. Needs no privilege.
  */
-final class SockDiag {
+public final class SockDiag {
     private SockDiag() {}
 
     private static final int AF_INET = 2, AF_INET6 = 10, AF_NETLINK = 16, SOCK_DGRAM = 2, NETLINK_SOCK_DIAG = 4;
@@ -25,7 +25,7 @@ final class SockDiag {
      * The inode of the socket whose own address is {@code self} and whose remote one is
      * {@code remote}: 0 when it has no descriptor (closed, in TIME_WAIT), -1 when there is none.
      */
-    static long inode(InetSocketAddress self, InetSocketAddress remote) throws IOException {
+    public static long inode(InetSocketAddress self, InetSocketAddress remote) throws IOException {
         InetAddress s = self.getAddress(), r = remote.getAddress();
         boolean v4 = s instanceof Inet4Address && r instanceof Inet4Address;
         ByteBuffer b = ByteBuffer.allocate(REQUEST).order(ByteOrder.nativeOrder());
