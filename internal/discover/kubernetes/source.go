@@ -127,13 +127,19 @@ func (s *Source) Run(ctx context.Context, sink discover.Sink) error {
 			queue.Add(key)
 		}
 	}
-	podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueue,
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
 		DeleteFunc: enqueue,
 	})
+	if err != nil {
+		return fmt.Errorf("kubernetes: pod event handler: %w", err)
+	}
 	factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), podInformer.Informer().HasSynced) {
+	// The handler's sync, not the informer's: the informer's store can be
+	// synced before the handler has been told of every pod in it, and then
+	// the queue below would be empty and the agent ready before serving them.
+	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return errors.New("kubernetes: pod cache did not sync")
 	}
 	// Examine the pods present now before reporting ready.
