@@ -25,7 +25,8 @@ import java.util.regex.Pattern;
 /**
  * Guest code through the runtime against its own language's usual runtime, side by side in one
  * run: function-shaped workloads (fib; a JSON round trip and transform; a regex extraction; group
- * and sort with a comparator on a number and a string; string building and number formatting;
+ * and sort with a comparator on a number and a string, and in JavaScript the same with
+ * {@code localeCompare}; string building and number formatting;
  * dict/object-heavy aggregation; hello-world, the runtime's own cost per call) in JavaScript
  * against {@code node} and in Python against {@code python3}.
  *
@@ -167,6 +168,25 @@ public final class GuestBench {
                             n += len(g)
                         return {'n': n, 'top': top}
                     """),
+            // sort with the comparator most JavaScript code writes for strings (JavaScript only: Python
+            // sorts by code point unless told a locale)
+            new Workload("collate", "group and sort (number, then localeCompare)", """
+                    var CATS = ['books', 'games', 'music', 'tools', 'garden', 'toys', 'food'];
+                    function main(args) {
+                      var rows = [];
+                      for (var i = 0; i < 3000; i++)
+                        rows.push({ id: i, cat: CATS[(i * 3) % 7], name: 'item-' + ((i * 7919) % 3000), score: (i * 37) % 101 });
+                      var groups = {};
+                      for (var r of rows) (groups[r.cat] || (groups[r.cat] = [])).push(r);
+                      var top = {}, n = 0;
+                      for (var k of Object.keys(groups).sort()) {
+                        var g = groups[k].sort(function (a, b) { return b.score - a.score || a.name.localeCompare(b.name); });
+                        top[k] = g.slice(0, 3).map(function (r) { return r.name + '=' + r.score; });
+                        n += g.length;
+                      }
+                      return { n: n, top: top };
+                    }
+                    """, null),
             new Workload("format", "string building and number formatting", """
                     function main(args) {
                       var lines = [];
@@ -315,6 +335,7 @@ public final class GuestBench {
             for (Workload w : WORKLOADS) {
                 if (!workloads.contains(w.name) || lang.equals("java")) continue;
                 String code = js ? w.js : w.py, load0 = loadAverage();
+                if (code == null) continue;
                 List<Runtime> rts = new ArrayList<>();
                 try (Baseline base = new Baseline(lang, code, work)) {
                     // one cold start at a time: a runtime's start and /init do not overlap another's
