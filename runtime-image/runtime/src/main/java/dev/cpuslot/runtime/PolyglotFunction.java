@@ -71,13 +71,15 @@ public final class PolyglotFunction implements Function {
               (function() {
                 'use strict';
                 if (typeof Intl !== 'object' || typeof Intl.Collator !== 'function') return;
-                var own = String.prototype.localeCompare, compare = null;
+                // the built-ins as they are now: a function's own globals do not change what this does
+                var own = String.prototype.localeCompare, apply = Reflect.apply, toString = String, Collator = Intl.Collator;
+                var compareOf = Object.getOwnPropertyDescriptor(Collator.prototype, 'compare').get, compare = null;
                 var localeCompare = {
                   localeCompare(that) { // a method: a name, length 1, no constructor, as the built-in
                     if (this === undefined || this === null || typeof this === 'symbol' || typeof that === 'symbol'
-                        || arguments[1] !== undefined || arguments[2] !== undefined) return own.apply(this, arguments);
-                    if (compare === null) compare = new Intl.Collator().compare;
-                    return compare(String(this), String(that));
+                        || arguments[1] !== undefined || arguments[2] !== undefined) return apply(own, this, arguments);
+                    if (compare === null) compare = apply(compareOf, new Collator(), []);
+                    return compare(toString(this), toString(that));
                   }
                 }.localeCompare;
                 Object.defineProperty(String.prototype, 'localeCompare', { value: localeCompare, writable: true, enumerable: false, configurable: true });
