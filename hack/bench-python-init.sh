@@ -23,7 +23,7 @@ jitopts() { cat image/jvm-options image/jvm-options-jit | grep -v '^ *$' | sed "
 if [ -z "$(find "$new/polyglot" -name '*.pyc' -print -quit 2>/dev/null)" ]; then
 	mapfile -t opts < <(jitopts "$new")
 	rm -rf "$new/polyglot.tmp"
-	"$JAVA_HOME/bin/java" "${opts[@]}" -cp "$new/runtime-0.1.0-SNAPSHOT.jar:$new/lib/*" dev.cpuslot.runtime.PolyglotCache "$new/polyglot.tmp"
+	"$JAVA_HOME/bin/java" "${opts[@]}" -cp "$new/runtime-0.1.0-SNAPSHOT.jar:$new/lib/*" dev.cpuslot.runtime.lang.PolyglotCache "$new/polyglot.tmp"
 	rm -rf "$new/polyglot"; mv "$new/polyglot.tmp" "$new/polyglot"
 fi
 one() { # TARGET_DIR LABEL

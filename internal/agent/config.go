@@ -208,7 +208,8 @@ func (c Config) ServerLimits() server.Limits {
 	return server.Limits{MaxConns: c.Limits.MaxConnections, MaxConnsPerContainer: c.Limits.MaxConnectionsPerContainer,
 		MaxPendingPerUID: c.Limits.MaxPendingHelloPerUID, MaxPendingPerCgroup: c.Limits.MaxPendingHelloPerCgroup,
 		MaxConnsPerProcess: c.Limits.MaxConnectionsPerProcess,
-		HelloTimeout:       c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration,
+		AcceptRate:         c.Limits.AcceptRate, AcceptBurst: c.Limits.AcceptBurst, SharedAcceptRate: c.Limits.SharedAcceptRate,
+		HelloTimeout: c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration,
 		HostNamespaceFDs: c.Limits.HostNamespaceFDs}
 }
 

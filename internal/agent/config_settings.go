@@ -71,6 +71,12 @@ type LimitsConfig struct {
 	MaxPendingHelloPerCgroup int `json:"maxPendingHelloPerCgroup"`
 	// open connections of one client process
 	MaxConnectionsPerProcess int `json:"maxConnectionsPerProcess"`
+	// new connections a second of one peer: on a container's own socket, and per user and per cgroup on the shared socket; past it the socket waits, or the connection is closed at accept
+	AcceptRate int `json:"acceptRate"`
+	// burst of new connections of one peer beyond acceptRate (a container's reconnect after an agent restart)
+	AcceptBurst int `json:"acceptBurst"`
+	// new connections a second on the shared socket, in bursts of maxConnections; past it the socket stops accepting for a while
+	SharedAcceptRate int `json:"sharedAcceptRate"`
 	// a new connection must complete HELLO within this
 	HelloTimeout Duration `json:"helloTimeout"`
 	// a frame, once begun, must arrive (and answers be read) within this

@@ -35,8 +35,8 @@ func TestExampleConfig(t *testing.T) {
 	if c.Kubernetes.AnnotationCeilings != DefaultConfig().Kubernetes.AnnotationCeilings {
 		t.Fatalf("example annotation ceilings drifted from defaults: %+v", c.Kubernetes.AnnotationCeilings)
 	}
-	if c.Kubernetes.NRI != DefaultConfig().Kubernetes.NRI {
-		t.Fatalf("example NRI settings drifted from defaults: %+v", c.Kubernetes.NRI)
+	if !reflect.DeepEqual(c.Kubernetes, DefaultConfig().Kubernetes) {
+		t.Fatalf("example kubernetes section drifted from defaults: %+v", c.Kubernetes)
 	}
 	if ceil, err := c.Ceilings(); err != nil || ceil != settings.DefaultCeilings() {
 		t.Fatalf("example annotation ceilings: %+v %v", ceil, err)

@@ -23,6 +23,10 @@ const (
 	HeldThrottled    Reason = "held_throttled"    // a HELD request refused: its process asked more often than the agent answers
 	SleepThrottled   Reason = "sleep_throttled"   // a SLEEP refused: its process sent them faster than the agent lends (the lease stays awake)
 	OneWayThrottled  Reason = "oneway_throttled"  // a one-way WAKE or failed RELEASE waited: its process sent them faster than the agent takes them
+	// Accepts (server/pace.go): reconnect churn.
+	AcceptPaced       Reason = "accept_paced"        // an accept loop waited: its socket's connections came faster than its accept rate
+	AcceptPacedUser   Reason = "accept_paced_user"   // a connection on the shared socket closed at accept, before its cgroup was read: its user connected faster than the accept rate
+	AcceptPacedCgroup Reason = "accept_paced_cgroup" // a connection on the shared socket closed at accept: its cgroup connected faster than the accept rate
 )
 
 // Pool: slots and threads.
@@ -59,6 +63,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 var ErrorReasons = func() []Reason {
 	r := []Reason{
 		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled, SleepThrottled, OneWayThrottled,
+		AcceptPaced, AcceptPacedUser, AcceptPacedCgroup,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, ForeignThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,
 		TeardownFailed, PrewarmFailed, ReadUsage, NRIFailOpen,

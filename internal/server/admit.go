@@ -2,8 +2,11 @@ package server
 
 import (
 	"net"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cpuslot/cpuslot/internal/metrics"
 )
 
 // Connections are charged at accept, before anyone knows what a peer will
@@ -25,7 +28,8 @@ import (
 // it for another.
 //
 // The peer's user and cgroup are read from SO_PEERCRED and its
-// /proc/<pid>/cgroup: one getsockopt and one small read per accept.
+// /proc/<pid>/cgroup: one getsockopt and one small read per accept, each
+// after its bucket of accepts on the shared socket (pace.go).
 
 // charge is what one connection counts against.
 type charge struct {
@@ -51,26 +55,42 @@ func newCharges() charges {
 	return charges{perContainer: map[string]int{}, pendingUID: map[int]int{}, pendingCgroup: map[string]int{}}
 }
 
-// chargeOf reads who is at the other end of a new connection. A peer whose
-// credentials or cgroup cannot be read is charged to the node.
-func (s *Server) chargeOf(c *net.UnixConn, r Resolver) charge {
+// chargeOf reads who is at the other end of a new connection, taking an
+// accept from its user's bucket before its cgroup is read and from its
+// cgroup's after (pace.go); false: one was empty, and the connection is to
+// be closed. A peer whose credentials or cgroup cannot be read is charged to
+// the node, as user -1 and cgroup "".
+func (s *Server) chargeOf(c *net.UnixConn, r Resolver, pace *pacing) (charge, bool) {
 	ch := charge{uid: -1}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return ch
-	}
 	var cred *unix.Ucred
-	cerr := rc.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if cerr != nil || err != nil || cred == nil {
-		// a closed socket: Control never ran the read (cred stays nil)
-		return ch
+	rc, err := c.SyscallConn()
+	if err == nil {
+		cerr := rc.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+		if cerr != nil || err != nil {
+			cred = nil // a closed socket: Control never ran the read
+		}
 	}
-	ch.uid = int(cred.Uid)
+	if cred != nil {
+		ch.uid = int(cred.Uid)
+	}
+	if pace.users != nil && !pace.users.allow(ch.uid, time.Now()) {
+		s.metrics.Error(metrics.AcceptPacedUser)
+		return ch, false
+	}
+	if cred == nil {
+		return ch, true
+	}
 	if cg, err := s.hierarchy.PathOfPID(int(cred.Pid)); err == nil {
 		ch.cgroup = cg
-		ch.container = r.Serving(cg)
 	}
-	return ch
+	if pace.cgroups != nil && !pace.cgroups.allow(ch.cgroup, time.Now()) {
+		s.metrics.Error(metrics.AcceptPacedCgroup)
+		return ch, false
+	}
+	if ch.cgroup != "" {
+		ch.container = r.Serving(ch.cgroup)
+	}
+	return ch, true
 }
 
 // admit counts a new connection against its share, or reports that the

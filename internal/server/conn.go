@@ -21,12 +21,16 @@ import (
 // Transport: the accept loop, and each connection's loop from identifying
 // its peer to its last frame. What a request does is in handlers.go.
 
-// Serve accepts connections until the listener is closed.
-func (s *Server) Serve(ln *Listener) error { return s.ServeWith(ln, s.resolve) }
+// Serve accepts connections on the shared socket until the listener is
+// closed; its accepts are paced per user and per cgroup (pace.go).
+func (s *Server) Serve(ln *Listener) error { return s.serve(ln, s.resolve, false) }
 
-// ServeWith accepts connections on ln, resolving peers with r (a socket of
-// one container accepts that container's processes only).
-func (s *Server) ServeWith(ln *Listener, r Resolver) error {
+// ServeWith accepts connections on ln, a socket of one container, resolving
+// peers with r (it accepts that container's processes only); its accepts
+// are paced as one peer's.
+func (s *Server) ServeWith(ln *Listener, r Resolver) error { return s.serve(ln, r, true) }
+
+func (s *Server) serve(ln *Listener, r Resolver, own bool) error {
 	loop := &health.Loop{Name: "accept loop on " + ln.path}
 	s.loopsMu.Lock()
 	s.loops[loop] = struct{}{}
@@ -37,7 +41,9 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 		s.loopsMu.Unlock()
 	}()
 	var backoff acceptBackoff
+	pace := newPacing(s.limits, own)
 	for {
+		pace.wait(s.metrics)
 		c, err := ln.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
@@ -55,7 +61,7 @@ func (s *Server) ServeWith(ln *Listener, r Resolver) error {
 		}
 		backoff.reset()
 		loop.Begin()
-		ok := s.accepted(c, r)
+		ok := s.accepted(c, r, pace)
 		loop.End()
 		if !ok {
 			return nil
@@ -76,9 +82,14 @@ func (s *Server) Stalled(now time.Time, limit time.Duration) error {
 }
 
 // accepted charges a new connection to its share (admit.go) and serves it,
-// or closes it when the share is full; false: the server is closing.
-func (s *Server) accepted(c *net.UnixConn, r Resolver) bool {
-	ch := s.chargeOf(c, r)
+// or closes it when its peer's accepts are paced (pace.go) or its share is
+// full; false: the server is closing.
+func (s *Server) accepted(c *net.UnixConn, r Resolver, pace *pacing) bool {
+	ch, ok := s.chargeOf(c, r, pace)
+	if !ok {
+		c.Close()
+		return true
+	}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()

@@ -9,5 +9,8 @@ func Child() (code int, ok bool) {
 	if sock := os.Getenv("CPUSLOT_TEST_OPENER"); sock != "" {
 		return openAndPass(sock, os.Getenv("CPUSLOT_TEST_HELLO")), true
 	}
+	if sock := os.Getenv("CPUSLOT_TEST_CHURN"); sock != "" {
+		return churn(sock), true
+	}
 	return 0, false
 }

@@ -42,6 +42,11 @@ type Limits struct {
 	// FrameTimeout is how long the rest of a frame may take once its first
 	// byte arrived; between frames a connection may idle.
 	FrameTimeout time.Duration
+	// AcceptRate and AcceptBurst pace the accepts of one peer: on a
+	// container's own socket that socket's, on the shared socket each
+	// user's and each cgroup's (pace.go); SharedAcceptRate paces the shared
+	// socket's, in bursts of MaxConns.
+	AcceptRate, AcceptBurst, SharedAcceptRate int
 	// HostNamespaceFDs passes placement fds on cgroup v1 also to peers in
 	// the agent's own PID namespace. Off by default: there a v1 fd moves
 	// any process of the node; only for standalone runtimes you trust.
@@ -50,7 +55,8 @@ type Limits struct {
 
 // DefaultLimits hold 250 pods with a few connections per process each.
 var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerContainer: 1024, MaxPendingPerUID: 256, MaxPendingPerCgroup: 256,
-	MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second}
+	MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second,
+	AcceptRate: 100, AcceptBurst: 1024, SharedAcceptRate: 250}
 
 // Resolver finds the pool that serves a peer, or a typed error
 // (NOT_SERVED, NOT_READY).

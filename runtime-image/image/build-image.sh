@@ -71,11 +71,11 @@ if [ $jit = 1 ]; then
 	mkdir -p "$root/opt/cpuslot/compiler"
 	cp "$target"/compiler/*.jar "$root/opt/cpuslot/compiler/"
 	# GraalVM's language files unpacked and GraalPy's standard library compiled to .pyc
-	# (dev.cpuslot.runtime.PolyglotCache), read-only: no copy into /tmp at each pod's start, none
+	# (dev.cpuslot.runtime.lang.PolyglotCache), read-only: no copy into /tmp at each pod's start, none
 	# the runtime's user can write. Made with the image's JIT options (the same resources unpack).
 	mapfile -t jitopts < <(grep -v '^ *$' "$here/jvm-options-jit" | sed "s#/opt/cpuslot/#$root/opt/cpuslot/#")
 	"$JAVA_HOME/bin/java" -Duser.home="$stage" --sun-misc-unsafe-memory-access=allow --enable-native-access=ALL-UNNAMED \
-		"${jitopts[@]}" -cp "$jar:$lib/*" dev.cpuslot.runtime.PolyglotCache "$root/opt/cpuslot/polyglot" /opt/cpuslot/polyglot >&2
+		"${jitopts[@]}" -cp "$jar:$lib/*" dev.cpuslot.runtime.lang.PolyglotCache "$root/opt/cpuslot/polyglot" /opt/cpuslot/polyglot >&2
 	chmod -R u=rwX,go=rX "$root/opt/cpuslot/polyglot"
 fi
 cp_list="$(ls "$root"/opt/cpuslot/lib/*.jar | tr '\n' ':')"

@@ -99,8 +99,9 @@ func floodBench(p floodParams) error {
 		h, kernelRelease(), runtime.NumCPU(), p.hellos, p.acquires)
 	fmt.Printf("| flood | what | quiet p50 | quiet p99 | flooded p50 | flooded p99 | p99 ratio | HELLOs refused (flooded) | agent CPU (flooded) |\n|---|---|---|---|---|---|---|---|---|\n")
 	// agentCPU is the share of a core the agent (this process) used
-	// while the flood ran, probe included.
-	var agentCPU float64
+	// while the flood ran, probe included; floodCPU before the probe, on
+	// the flood alone.
+	var agentCPU, floodCPU float64
 	row := func(flood string, q, f *probeResult) {
 		for _, m := range []struct {
 			what string
@@ -110,7 +111,7 @@ func floodBench(p floodParams) error {
 			sortNS(m.f)
 			refused, cpu := "", ""
 			if m.what == "connect + HELLO" {
-				refused, cpu = strconv.Itoa(f.Refused), fmt.Sprintf("%.2f of a core", agentCPU)
+				refused, cpu = strconv.Itoa(f.Refused), fmt.Sprintf("%.2f of a core (flood alone %.2f)", agentCPU, floodCPU)
 			}
 			if len(m.f) == 0 {
 				fmt.Printf("| %s | %s | %s | %s | none answered | none answered | - | %s | %s |\n", flood, m.what, usNS(pctNS(m.q, 0.5)), usNS(pctNS(m.q, 0.99)), refused, cpu)
@@ -152,6 +153,7 @@ func floodBench(p floodParams) error {
 	settle := func() {
 		cpu0, wall0 = cpuTime(), time.Now()
 		time.Sleep(2 * time.Second)
+		floodCPU = float64(cpuTime()-cpu0) / float64(time.Since(wall0))
 	}
 	measured := func() { agentCPU = float64(cpuTime()-cpu0) / float64(time.Since(wall0)) }
 
@@ -211,6 +213,8 @@ func floodBench(p floodParams) error {
 			return fmt.Errorf("no socket of its own for b at %s", ownSocket)
 		}
 	}
+	settle()
+	fmt.Printf("| (at rest: no flood, no probe) | | | | | | | | %.2f of a core |\n", floodCPU)
 	quiet, err := probeIn("b")
 	if err != nil {
 		return err

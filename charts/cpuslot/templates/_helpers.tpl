@@ -94,6 +94,9 @@ limits:
   maxPendingHelloPerUID: {{ int .Values.limits.maxPendingHelloPerUID }}
   maxPendingHelloPerCgroup: {{ int .Values.limits.maxPendingHelloPerCgroup }}
   maxConnectionsPerProcess: {{ int .Values.limits.maxConnectionsPerProcess }}
+  acceptRate: {{ int .Values.limits.acceptRate }}
+  acceptBurst: {{ int .Values.limits.acceptBurst }}
+  sharedAcceptRate: {{ int .Values.limits.sharedAcceptRate }}
   helloTimeout: {{ .Values.limits.helloTimeout | quote }}
   frameTimeout: {{ .Values.limits.frameTimeout | quote }}
 {{- /* END generated */}}

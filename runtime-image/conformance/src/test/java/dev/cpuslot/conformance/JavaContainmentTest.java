@@ -1316,6 +1316,39 @@ class JavaContainmentTest {
     }
 
     /**
+     * XML catalogs: a catalog file is opened by the parser itself, past the path checks a
+     * function's file calls get, so a function may not name one (the runtime's log here) on any
+     * of the JDK's parsers, nor use the catalog API. Each probe is refused; the runtime lives on.
+     * (Before: every parser took the property, and the catalog API was open.)
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"dom", "saxReader", "stax", "schema", "catalogApi"})
+    void aFunctionCannotNameAnXmlCatalog(String probe) throws Exception {
+        String log = "\"file://\" + System.getenv(\"CPUSLOT_LOG\").substring(\"file:\".length())";
+        String files = "\"javax.xml.catalog.files\", " + log;
+        String body = switch (probe) {
+            case "dom" -> """
+                    javax.xml.parsers.DocumentBuilderFactory.newInstance().setAttribute(%s);
+                    return args;""".formatted(files);
+            case "saxReader" -> """
+                    javax.xml.parsers.SAXParserFactory.newInstance().newSAXParser().getXMLReader().setProperty(%s);
+                    return args;""".formatted(files);
+            case "stax" -> """
+                    javax.xml.stream.XMLInputFactory.newInstance().setProperty(%s);
+                    return args;""".formatted(files);
+            case "schema" -> """
+                    javax.xml.validation.SchemaFactory.newInstance(javax.xml.XMLConstants.W3C_XML_SCHEMA_NS_URI).setProperty(%s);
+                    return args;""".formatted(files);
+            case "catalogApi" -> """
+                    var r = javax.xml.catalog.CatalogManager.catalogResolver(javax.xml.catalog.CatalogFeatures.defaults(), java.net.URI.create(%s));
+                    args.addProperty("read", String.valueOf(r.resolveEntity(null, "urn:x")));
+                    return args;""".formatted(log);
+            default -> throw new IllegalArgumentException(probe);
+        };
+        assertRefused(probe, body);
+    }
+
+    /**
      * GraalPy's standard library and its bytecode (.pyc), which the image ships beside the jar
      * (polyglot/, PolyglotCache) and every Python function of the runtime imports: a Java function
      * can neither plant a module or a .pyc there nor read it (before: nothing but the file's owner

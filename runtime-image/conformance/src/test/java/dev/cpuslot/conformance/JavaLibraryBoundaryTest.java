@@ -39,7 +39,10 @@ class JavaLibraryBoundaryTest {
                 } catch (Throwable e) {
                     r.addProperty("refused", e.toString());
                 }
-                for (String cls : new String[]{"dev.cpuslot.runtime.FunctionRuntime", "dev.cpuslot.slot.SlotClient",
+                for (String cls : new String[]{"dev.cpuslot.runtime.Main", "dev.cpuslot.runtime.front.HttpFront",
+                        "dev.cpuslot.runtime.core.FunctionRuntime", "dev.cpuslot.runtime.chain.LocalBus",
+                        "dev.cpuslot.runtime.lang.PolyglotFunction", "dev.cpuslot.runtime.exec.FunctionPool",
+                        "dev.cpuslot.runtime.base.Config", "dev.cpuslot.slot.SlotClient",
                         "io.prometheus.metrics.model.registry.PrometheusRegistry", "io.prometheus.metrics.core.metrics.Counter"}) {
                     try {
                         Class.forName(cls);
@@ -55,7 +58,10 @@ class JavaLibraryBoundaryTest {
             JsonObject b = r.body();
             assertFalse(b.has("leak"), "the function's Gson read and wrote the guard's statics: " + b);
             assertTrue(b.get("ownGson").getAsBoolean(), "the function's Gson is the runtime's: " + b);
-            assertFalse(b.has("sees dev.cpuslot.runtime.FunctionRuntime"), b.toString());
+            // every package of the runtime's, along the invocation path
+            for (String cls : new String[]{"Main", "front.HttpFront", "core.FunctionRuntime", "chain.LocalBus",
+                    "lang.PolyglotFunction", "exec.FunctionPool", "base.Config"})
+                assertFalse(b.has("sees dev.cpuslot.runtime." + cls), b.toString());
             assertFalse(b.has("sees dev.cpuslot.slot.SlotClient"), b.toString());
             // the runtime's metrics registry: a function that reached it could forge or inflate any series
             assertFalse(b.has("sees io.prometheus.metrics.model.registry.PrometheusRegistry"), b.toString());

@@ -7,6 +7,13 @@ import dev.cpuslot.slot.SlotClient;
 
 import java.time.Duration;
 import java.util.concurrent.atomic.AtomicBoolean;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.lang.PolyglotFunction;
+import dev.cpuslot.runtime.lang.PolyglotCache;
+import dev.cpuslot.runtime.core.FunctionRuntime;
+import dev.cpuslot.runtime.front.HttpFront;
 
 /** Entry point: {@code java --enable-native-access=ALL-UNNAMED -jar runtime.jar}. */
 public final class Main {

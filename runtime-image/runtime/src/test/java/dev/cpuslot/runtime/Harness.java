@@ -22,6 +22,11 @@ import java.util.Map;
 import java.util.jar.JarEntry;
 import java.util.jar.JarOutputStream;
 import java.util.stream.Stream;
+import dev.cpuslot.runtime.base.Metrics;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.core.FunctionRuntime;
+import dev.cpuslot.runtime.front.HttpFront;
 
 /** Starts a runtime on an ephemeral port with captured stdout/stderr. */
 final class Harness implements AutoCloseable {

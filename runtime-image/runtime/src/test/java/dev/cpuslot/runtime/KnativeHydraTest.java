@@ -16,6 +16,7 @@ import java.util.concurrent.TimeUnit;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
+import dev.cpuslot.runtime.core.FunctionRuntime;
 
 class KnativeHydraTest {
     @TempDir

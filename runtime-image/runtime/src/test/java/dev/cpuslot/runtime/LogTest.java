@@ -13,6 +13,8 @@ import java.util.List;
 import java.util.Map;
 
 import static org.junit.jupiter.api.Assertions.*;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
 
 /** The runtime's own log lines: plain text by default, one JSON object per line with CPUSLOT_LOG_FORMAT=json. */
 class LogTest {

@@ -9,6 +9,7 @@ import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.DoubleAdder;
 import java.util.concurrent.atomic.LongAdder;
+import dev.cpuslot.runtime.base.Metrics;
 
 /**
  * What recording costs on the invocation's path, side by side in one run: the runtime's registry

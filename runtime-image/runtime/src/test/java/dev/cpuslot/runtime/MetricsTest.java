@@ -6,6 +6,7 @@ import java.util.List;
 import java.util.regex.Pattern;
 
 import static org.junit.jupiter.api.Assertions.*;
+import dev.cpuslot.runtime.base.Metrics;
 
 /**
  * The exposition page (prometheus-metrics-core's registry and text format): histograms cumulative,

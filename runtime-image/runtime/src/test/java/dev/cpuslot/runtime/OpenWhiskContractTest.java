@@ -12,6 +12,7 @@ import java.util.concurrent.Future;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
+import dev.cpuslot.runtime.core.FunctionRuntime;
 
 /** Expectations ported from OpenWhisk's BasicActionRunnerTests and the action runtime contract. */
 class OpenWhiskContractTest {

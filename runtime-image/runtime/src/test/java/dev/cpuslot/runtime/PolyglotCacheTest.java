@@ -7,6 +7,7 @@ import java.nio.file.Path;
 import java.util.Optional;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
+import dev.cpuslot.runtime.lang.PolyglotCache;
 
 /** Where GraalVM's languages find their files: the read-only cache the image ships beside the jar. */
 class PolyglotCacheTest {

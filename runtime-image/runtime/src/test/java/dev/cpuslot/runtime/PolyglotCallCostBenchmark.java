@@ -10,6 +10,8 @@ import java.util.Arrays;
 import java.util.Map;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import dev.cpuslot.runtime.exec.Function;
+import dev.cpuslot.runtime.lang.PolyglotFunction;
 
 /**
  * What the runtime itself spends per call of a guest function (issue 22): a hello-world

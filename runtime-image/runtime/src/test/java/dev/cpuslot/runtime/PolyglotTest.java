@@ -7,6 +7,8 @@ import java.util.Map;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
+import dev.cpuslot.runtime.exec.Function;
+import dev.cpuslot.runtime.lang.PolyglotFunction;
 
 class PolyglotTest {
     static final String JS = """

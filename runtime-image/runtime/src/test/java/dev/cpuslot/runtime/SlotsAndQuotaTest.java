@@ -20,6 +20,9 @@ import java.util.concurrent.atomic.AtomicReference;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
+import dev.cpuslot.runtime.base.Config;
+import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.core.Quota;
 
 class SlotsAndQuotaTest {
     @TempDir
@@ -171,13 +174,13 @@ class SlotsAndQuotaTest {
 
     @Test
     void millisecondsInTheActivationLineHaveThreeDecimalsAsBefore() {
-        assertEquals("1.436", FunctionRuntime.ms(1_436_000));
-        assertEquals("0.000", FunctionRuntime.ms(0));
-        assertEquals("0.050", FunctionRuntime.ms(49_999));
-        assertEquals("12.001", FunctionRuntime.ms(12_000_600));
-        assertEquals("60000.000", FunctionRuntime.ms(60_000_000_000L));
+        assertEquals("1.436", Log.ms(1_436_000));
+        assertEquals("0.000", Log.ms(0));
+        assertEquals("0.050", Log.ms(49_999));
+        assertEquals("12.001", Log.ms(12_000_600));
+        assertEquals("60000.000", Log.ms(60_000_000_000L));
         for (long ns : new long[]{1, 999, 1_000_500, 123_456_789, 7_000_000_001L})
-            assertEquals(String.format(java.util.Locale.ROOT, "%.3f", Math.round(ns / 1e3) / 1e3), FunctionRuntime.ms(ns), "ns " + ns);
+            assertEquals(String.format(java.util.Locale.ROOT, "%.3f", Math.round(ns / 1e3) / 1e3), Log.ms(ns), "ns " + ns);
     }
 
     @Test

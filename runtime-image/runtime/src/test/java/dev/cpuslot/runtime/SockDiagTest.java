@@ -13,6 +13,8 @@ import java.util.List;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
+import dev.cpuslot.runtime.front.ControlGate;
+import dev.cpuslot.runtime.front.SockDiag;
 
 class SockDiagTest {
     /**

@@ -762,10 +762,17 @@ public final class ActionGuard {
             System.setProperty(p, "");
     }
 
-    /** A property a function sets on its parser: refused when it would let the parser reach external resources. */
+    /**
+     * A property a function sets on its parser: refused when it would let the parser reach
+     * external resources, or name a catalog (a file the parser opens itself, unchecked).
+     */
     private static void xml(String name, Object value) {
-        if (name != null && name.toLowerCase(java.util.Locale.ROOT).contains("accessexternal") && !"".equals(value)) {
+        String n = name == null ? "" : name.toLowerCase(java.util.Locale.ROOT);
+        if (n.contains("accessexternal") && !"".equals(value)) {
             throw new SecurityException(name + "=" + value + ": an XML parser reading external resources is " + Rewriter.NOT_ALLOWED);
+        }
+        if (n.contains("catalog")) {
+            throw new SecurityException(name + ": an XML catalog is " + Rewriter.NOT_ALLOWED);
         }
     }
 

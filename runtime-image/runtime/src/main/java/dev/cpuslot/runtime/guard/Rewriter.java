@@ -85,6 +85,8 @@ public final class Rewriter {
             "java/lang/invoke/MethodHandleProxies",
             // deserialization gadgets and XSLT extension functions run code the guard never saw
             "java/io/ObjectInputStream", "javax/xml/transform/TransformerFactory", "javax/xml/transform/sax/SAXTransformerFactory",
+            // catalogs: files a resolver opens itself, past the path checks
+            "javax/xml/catalog/CatalogManager",
             // the process's own descriptors (closing FileDescriptor.out ends every tenant's logs); opening
             // relative to a directory descriptor; a log file named by a pattern (%t: the runtime's directory)
             "java/io/FileDescriptor", "java/nio/file/SecureDirectoryStream", "java/util/logging/FileHandler",

@@ -1,0 +1,421 @@
+package dev.cpuslot.runtime.exec;
+
+import com.google.gson.JsonElement;
+import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.guard.ActivationOutput;
+import dev.cpuslot.slot.ReleaseOutcome;
+import dev.cpuslot.slot.SlotClient;
+import dev.cpuslot.slot.SlotLease;
+import dev.cpuslot.slot.Usage;
+
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentLinkedDeque;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.SynchronousQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import dev.cpuslot.runtime.base.Metrics;
+
+/**
+ * A bounded pool of workers for one function. Each worker is a platform thread that owns one
+ * sandbox and runs one invocation at a time: it takes a CPU slot for the invocation (the slot
+ * client places this very thread), runs the function, and gives the slot back.
+ *
+ * <p>At the deadline the caller gets an error at once; the worker's sandbox is cancelled
+ * (polyglot contexts are closed, Java threads interrupted), its slot is released with outcome
+ * TIMEOUT, and the worker is retired (a Java function that ignores interrupts keeps its thread,
+ * counted as abandoned, until it returns).
+ */
+public final class FunctionPool implements AutoCloseable {
+    /**
+     * What the caller gets back. {@code usageLater} null: {@code usage} is the invocation's final
+     * figure. Otherwise the slot's counters are read after the caller has its answer (the task did
+     * not ask for its usage in the reply): {@code usage} is {@link Usage#NONE} and
+     * {@code usageLater} completes with the measured usage once the worker has read them.
+     */
+    public record Outcome(JsonElement result, String error, boolean timedOut, SlotLease lease, Usage usage,
+                          long runNanos, CompletableFuture<Usage> usageLater) {
+        public Outcome(JsonElement result, String error, boolean timedOut, SlotLease lease, Usage usage, long runNanos) {
+            this(result, error, timedOut, lease, usage, runNanos, null);
+        }
+    }
+
+    /**
+     * One invocation handed to a worker; {@code hop}: its place in a chain (null: no chain calls);
+     * {@code usageInReply}: the caller needs the invocation's usage in its {@link Outcome} (read
+     * before the outcome is handed back); false: the counters are read after (see
+     * {@link Outcome#usageLater()}).
+     */
+    public record Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
+                       Hop hop, boolean usageInReply) {
+        public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId) {
+            this(args, env, quotaMilli, action, activationId, null, true);
+        }
+        public Task(JsonElement args, Map<String, String> env, long quotaMilli, String action, String activationId,
+                    Hop hop) {
+            this(args, env, quotaMilli, action, activationId, hop, true);
+        }
+    }
+
+    private final Function fn;
+    private final int max;
+    private final long idleNanos;
+    private final SlotClient slots;
+    private final Metrics metrics;
+    private final Semaphore permits;
+    private final ConcurrentLinkedDeque<Worker> idle = new ConcurrentLinkedDeque<>();
+    private final AtomicInteger live = new AtomicInteger(), busy = new AtomicInteger();
+    private final AtomicLong created = new AtomicLong(), abandoned = new AtomicLong();
+    private volatile boolean closed;
+    private static final AtomicLong WORKER_IDS = new AtomicLong();
+
+    private final Runaways runaways;
+    /** Added to on every invocation with a slot: held rather than looked up each time. */
+    private final io.prometheus.metrics.core.datapoints.CounterDataPoint acquireSeconds, releaseSeconds;
+    private final io.prometheus.metrics.core.datapoints.DistributionDataPoint acquireLatency;
+    /** The function's reserved CPU (quota x time held) and its leases' sleep: its idle ratio beside its CPU. */
+    private final io.prometheus.metrics.core.datapoints.CounterDataPoint reservedSeconds, sleptSeconds;
+    /** The heap bytes the function's workers allocated in its activations: which tenant makes the collector work. */
+    private final io.prometheus.metrics.core.datapoints.CounterDataPoint allocatedBytes;
+    private static final com.sun.management.ThreadMXBean THREAD_BEAN =
+            (com.sun.management.ThreadMXBean) java.lang.management.ManagementFactory.getThreadMXBean();
+    private final Metrics.Labels labels;
+
+    public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics) {
+        this(fn, max, idleMs, slots, metrics, null);
+    }
+
+    public FunctionPool(Function fn, int max, long idleMs, SlotClient slots, Metrics metrics, Runaways runaways) {
+        this.runaways = runaways;
+        this.fn = fn;
+        this.max = max;
+        this.idleNanos = TimeUnit.MILLISECONDS.toNanos(idleMs);
+        this.slots = slots;
+        this.metrics = metrics;
+        this.permits = new Semaphore(max, true);
+        this.acquireSeconds = metrics.counter("cpuslot_slot_acquire_seconds_total", Metrics.NONE);
+        this.acquireLatency = metrics.histogram("cpuslot_slot_acquire_seconds", Metrics.NONE, Metrics.ACQUIRE_BUCKETS);
+        this.releaseSeconds = metrics.counter("cpuslot_slot_release_seconds_total", Metrics.NONE);
+        this.labels = Metrics.labels("function", fn.name());
+        this.reservedSeconds = metrics.counter("cpuslot_slot_reserved_seconds_total", labels);
+        this.sleptSeconds = metrics.counter("cpuslot_slot_slept_seconds_total", labels);
+        this.allocatedBytes = metrics.counter("cpuslot_allocated_bytes_total", labels);
+    }
+
+    /** The function's metric labels ({@code function="..."}), built once. */
+    public Metrics.Labels labels() { return labels; }
+
+    public Function function() { return fn; }
+    public int max() { return max; }
+    public int live() { return live.get(); }
+    public int busy() { return busy.get(); }
+    public int idle() { return idle.size(); }
+    public long created() { return created.get(); }
+    public long abandoned() { return abandoned.get(); }
+
+    /** Runs one invocation; never returns later than the deadline (System.nanoTime based). */
+    public Outcome invoke(Task task, long deadlineNanos) throws InterruptedException {
+        long wait = deadlineNanos - System.nanoTime();
+        if (wait <= 0 || !permits.tryAcquire(wait, TimeUnit.NANOSECONDS))
+            return new Outcome(null, "no free sandbox before the deadline", true, null, Usage.NONE, 0);
+        Worker w = null;
+        Job job = new Job(task);
+        try {
+            if (closed) return new Outcome(null, "the function was removed", false, null, Usage.NONE, 0);
+            w = idle.pollFirst();
+            if (w == null) w = new Worker();
+            w.hand(job);
+        } catch (RuntimeException e) {
+            permits.release();
+            throw e;
+        }
+        try {
+            long rem = deadlineNanos - System.nanoTime();
+            return job.result.get(Math.max(0, rem), TimeUnit.NANOSECONDS);
+        } catch (TimeoutException e) {
+            if (job.claimed.compareAndSet(false, true)) {
+                // the worker has not finished: cancel it, give the slot back, free the permit now;
+                // if it does not stop, confine it
+                w.retire(job);
+                if (runaways != null) {
+                    Worker ww = w;
+                    runaways.watch(fn.name(), ww.thread, ww.tid, () -> ww.current == job);
+                }
+                SlotLease l = job.lease;
+                long until = System.nanoTime();
+                Usage u = l == null ? Usage.NONE : l.release(ReleaseOutcome.TIMEOUT);
+                reserved(l, u, job.heldFrom, until);
+                permits.release();
+                return new Outcome(null, "the action exceeded its time limit", true, l, u,
+                        System.nanoTime() - job.started);
+            }
+            // finished at the very last moment
+            try {
+                return job.result.get();
+            } catch (ExecutionException ee) {
+                throw new IllegalStateException(ee.getCause());
+            }
+        } catch (ExecutionException e) {
+            throw new IllegalStateException(e.getCause());
+        } catch (InterruptedException e) {
+            if (job.claimed.compareAndSet(false, true)) {
+                w.retire(job);
+                if (job.lease != null) job.lease.release(ReleaseOutcome.FAILED);
+                permits.release();
+            }
+            throw e;
+        }
+    }
+
+    private final class Job {
+        final Task task;
+        final CompletableFuture<Outcome> result = new CompletableFuture<>();
+        final AtomicBoolean claimed = new AtomicBoolean();
+        volatile SlotLease lease;
+        volatile long started = System.nanoTime();
+        /** When the worker got its lease (System.nanoTime). */
+        volatile long heldFrom;
+        /** Where the activation prints: the caller's (ActivationOutput.enter before invoke). */
+        final ActivationOutput.Capture output = ActivationOutput.current();
+        Job(Task task) { this.task = task; }
+    }
+
+    private final class Worker {
+        final SynchronousQueue<Job> inbox = new SynchronousQueue<>();
+        final Thread thread;
+        volatile Function.Sandbox sandbox;
+        volatile boolean retired;
+        volatile int tid;
+        volatile Job current;
+
+        Worker() {
+            live.incrementAndGet();
+            created.incrementAndGet();
+            // a worker is the runtime's: made on a chain caller's thread, it must not inherit
+            // (nor count against) that Java function's activation
+            // a thread group of its own, named as the worker: the threads its activations start
+            // join it, so the end of each activation finds them (ActionGuard.end); under the
+            // runtime's group, not the creating thread's (a chain caller's worker would hold it)
+            String name = "fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet();
+            thread = Thread.ofPlatform().daemon().name(name).group(new ThreadGroup(ActionGuard.RUNTIME_THREADS, name))
+                    .inheritInheritableThreadLocals(false).start(this::loop);
+        }
+
+        void hand(Job j) {
+            try {
+                inbox.put(j);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("interrupted handing work to a worker");
+            }
+        }
+
+        /** Called by the caller at the deadline. */
+        void retire(Job j) {
+            retired = true;
+            abandoned.incrementAndGet();
+            metrics.inc("cpuslot_sandboxes_abandoned_total", Metrics.labels("function", fn.name()));
+            Function.Sandbox s = sandbox;
+            if (s != null) {
+                try {
+                    s.cancel(thread);
+                } catch (RuntimeException ignored) {
+                }
+            } else {
+                thread.interrupt();
+            }
+        }
+
+        private void loop() {
+            try {
+                if (dev.cpuslot.slot.Native.available()) tid = dev.cpuslot.slot.Native.gettid();
+                // before the first job: the thread's slot-client state (native scratch memory)
+                // would otherwise be set up inside the first invocation's acquire budget
+                if (slots != null) {
+                    try {
+                        slots.prepareThread();
+                    } catch (RuntimeException ignored) {
+                    }
+                }
+                while (!closed && !retired) {
+                    Job j;
+                    try {
+                        j = inbox.poll(idleNanos, TimeUnit.NANOSECONDS);
+                    } catch (InterruptedException e) {
+                        if (retired || closed) break;
+                        continue;
+                    }
+                    if (j == null) {
+                        if (idle.remove(this)) break;  // idle too long: retire
+                        continue;                      // someone is about to hand us work
+                    }
+                    run(j);
+                }
+            } finally {
+                live.decrementAndGet();
+                Function.Sandbox s = sandbox;
+                if (s != null) s.close();
+            }
+        }
+
+        private void run(Job j) {
+            current = j;
+            ActivationOutput.enter(j.output); // what the function and its threads print
+            try {
+                runJob(j);
+            } finally {
+                ActivationOutput.leave();
+                current = null;
+            }
+        }
+
+        private void runJob(Job j) {
+            busy.incrementAndGet();
+            Task t = j.task;
+            JsonElement result = null;
+            String error = null;
+            try {
+                j.started = System.nanoTime();
+                if (sandbox == null) {
+                    try {
+                        sandbox = fn.newSandbox();
+                        metrics.sandboxCreated(fn.name());
+                    } catch (Exception e) {
+                        error = "could not create a sandbox: " + e.getMessage();
+                    }
+                }
+                SlotLease lease = null;
+                if (error == null && slots != null && t.quotaMilli() > 0) {
+                    long a0 = System.nanoTime();
+                    try {
+                        lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId(), t.usageInReply());
+                    } catch (RuntimeException e) { // fail-closed
+                        error = "no CPU slot: " + e.getMessage();
+                    }
+                    j.heldFrom = System.nanoTime();
+                    double took = (j.heldFrom - a0) / 1e9;
+                    acquireSeconds.inc(took);
+                    acquireLatency.observe(took);
+                    j.lease = lease;
+                    if (j.claimed.get() && lease != null) lease.release(ReleaseOutcome.TIMEOUT);
+                }
+                long t0 = System.nanoTime();
+                if (error == null && !j.claimed.get()) {
+                    if (t.hop() != null) t.hop().enter(lease);
+                    long alloc0 = THREAD_BEAN.getCurrentThreadAllocatedBytes();
+                    try {
+                        result = sandbox.invoke(t.args(), t.env());
+                    } catch (Function.FunctionError e) {
+                        error = e.getMessage();
+                        // the action's own error, for its logs (polyglot sandboxes print theirs)
+                        if (e.getCause() != null && !(e.getCause() instanceof org.graalvm.polyglot.PolyglotException))
+                            e.getCause().printStackTrace(System.err);
+                    } catch (Exception e) {
+                        error = e.toString();
+                    } finally {
+                        long alloc = THREAD_BEAN.getCurrentThreadAllocatedBytes() - alloc0;
+                        boolean counted = alloc0 >= 0 && alloc >= 0;
+                        if (counted) allocatedBytes.inc(alloc);
+                        if (t.hop() != null) {
+                            long slept = t.hop().exit(counted ? alloc : -1);
+                            if (slept > 0) sleptSeconds.inc(slept / 1e9);
+                        }
+                    }
+                }
+                long ran = System.nanoTime() - t0;
+                if (j.claimed.compareAndSet(false, true)) {
+                    ReleaseOutcome outcome = error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED;
+                    Usage u = Usage.NONE;
+                    CompletableFuture<Usage> later = null;
+                    boolean releaseLater = false;
+                    if (lease != null && lease.active() && !t.usageInReply()) {
+                        // The reply first: the slot's counters are read, the slot given back and
+                        // the usage reported after the caller has its answer (below), off the
+                        // invocation's critical path. The lease stays this worker's until then.
+                        later = new CompletableFuture<>();
+                        releaseLater = true;
+                    } else if (lease != null) {
+                        long r0 = System.nanoTime();
+                        // Usage from the slot's counters now; the one-way RELEASE goes out after the
+                        // caller has its answer (this thread sends it before it takes another job).
+                        // A slot from the process's own table (local leasing) is given back at once:
+                        // one store, and the next job (on any worker) finds it free.
+                        boolean local = lease.local();
+                        u = local ? lease.release(outcome) : lease.stop();
+                        releaseLater = !local && u.measured();
+                        if (!local && !releaseLater) u = lease.release(outcome);
+                        releaseSeconds.inc((System.nanoTime() - r0) / 1e9);
+                        reserved(lease, u, j.heldFrom, r0);
+                    }
+                    Thread.interrupted(); // clear a stray interrupt before going back to the pool
+                    boolean reuse = !sandbox_poisoned() && !closed;
+                    busy.decrementAndGet();
+                    // back in the pool before the answer: a job handed to this worker meanwhile
+                    // waits in the inbox until the release below is done
+                    if (reuse) idle.addFirst(this);
+                    else retired = true;
+                    permits.release();
+                    j.result.complete(new Outcome(result, error, false, lease, u, ran, later));
+                    if (later != null) {
+                        long r0 = System.nanoTime();
+                        Usage measured = Usage.NONE;
+                        try {
+                            measured = lease.release(outcome);
+                        } finally {
+                            releaseSeconds.inc((System.nanoTime() - r0) / 1e9);
+                            reserved(lease, measured, j.heldFrom, r0);
+                            later.complete(measured);
+                        }
+                    } else if (releaseLater) {
+                        lease.release(outcome);
+                    }
+                } else {
+                    busy.decrementAndGet();
+                    retired = true; // caller gave up on us: this sandbox is cancelled
+                }
+            } catch (RuntimeException | Error e) {
+                if (j.lease != null) {
+                    try {
+                        j.lease.release(ReleaseOutcome.FAILED); // a held slot must not stay claimed (a no-op if it was released)
+                    } catch (RuntimeException ignored) {
+                    }
+                }
+                if (j.claimed.compareAndSet(false, true)) {
+                    busy.decrementAndGet();
+                    retired = true;
+                    permits.release();
+                    j.result.complete(new Outcome(null, "runtime error: " + e, false, j.lease, Usage.NONE, 0));
+                }
+            }
+        }
+
+        private boolean sandbox_poisoned() {
+            Function.Sandbox s = sandbox;
+            return s == null || s.poisoned();
+        }
+    }
+
+    /**
+     * Counts what a lease reserved, its granted quota in cores times the time it was held
+     * ({@code from} to {@code until}), when its usage was measured, on its own or in a batch: the
+     * invocations whose CPU cpuslot_slot_cpu_seconds_total counts, so that 1 - cpu / reserved is
+     * their idle ratio.
+     */
+    private void reserved(SlotLease l, Usage u, long from, long until) {
+        if (l != null && l.active() && (u.measured() || l.batched()) && until > from)
+            reservedSeconds.inc(l.quotaMilli() / 1000.0 * ((until - from) / 1e9));
+    }
+
+    @Override
+    public void close() {
+        closed = true;
+        Worker w;
+        while ((w = idle.pollFirst()) != null) w.thread.interrupt();
+        fn.close();
+    }
+}
