@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Guest code through the runtime against node and python3, side by side in one run: function-shaped
-# workloads (fib, a JSON round trip, a regex extraction, group and sort, string building and number
-# formatting, dict/object aggregation, hello), warm and first call, with the runtime started as its
+# workloads (fib, a JSON round trip, a regex extraction, group and sort, in JavaScript also with
+# localeCompare, string building and number formatting, dict/object aggregation, hello), warm and
+# first call, each answer checked against the baseline's, with the runtime started as its
 # image starts it; rounds alternate between every runtime under test and the baseline, so that they
 # share the machine's load; then memory per registered function (Java, JavaScript, Python) and a new
 # function's first call, against one node, python3 or JVM process per function. Needs node and python3

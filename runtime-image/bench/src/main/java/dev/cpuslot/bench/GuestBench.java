@@ -25,7 +25,8 @@ import java.util.regex.Pattern;
 /**
  * Guest code through the runtime against its own language's usual runtime, side by side in one
  * run: function-shaped workloads (fib; a JSON round trip and transform; a regex extraction; group
- * and sort with a comparator on a number and a string; string building and number formatting;
+ * and sort with a comparator on a number and a string, and in JavaScript the same with
+ * {@code localeCompare}; string building and number formatting;
  * dict/object-heavy aggregation; hello-world, the runtime's own cost per call) in JavaScript
  * against {@code node} and in Python against {@code python3}.
  *
@@ -51,7 +52,10 @@ import java.util.regex.Pattern;
  * runtime and one call of the baseline, in turn, so that every one of them runs under the same load
  * at the same time, until at least {@code --runs} rounds and {@code --warm-seconds} of them. Warm:
  * the median of the last {@code --last} calls of each (the runtime's through /run, HTTP included;
- * the baseline's its own time around {@code main}); first: the first call after /init (the
+ * the baseline's its own time around {@code main}, and the round trip of the same {@code main} served by
+ * node's {@code http} or python3's {@code http.server} in that process, by the same client: the like
+ * for like of a call through /run, which for hello-world is all there is); every runtime's first answer
+ * must equal the baseline's result; first: the first call after /init (the
  * baseline's first call in its process). Graal runs as Java bytecode on a stock JDK and warms up
  * itself before guest code reaches its compiled speed, hundreds to thousands of calls. The load
  * average is printed with every row: on a shared machine only the ratios of one row compare.
@@ -60,7 +64,9 @@ import java.util.regex.Pattern;
 public final class GuestBench {
     private GuestBench() {}
 
-    private static final HttpClient HTTP = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10)).build();
+    // HTTP/1.1: the default asks each request to upgrade to HTTP/2, and node's and python3's servers then close
+    // the connection (a new one per call: 9-13 ms against 2 ms a call to node's http on a loaded host)
+    private static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(Duration.ofSeconds(10)).build();
     private static final Duration TIMEOUT = Duration.ofSeconds(600);
     private static final Pattern LISTENING = Pattern.compile("listening on :(\\d+)");
 
@@ -164,6 +170,25 @@ public final class GuestBench {
                             n += len(g)
                         return {'n': n, 'top': top}
                     """),
+            // sort with the comparator most JavaScript code writes for strings (JavaScript only: Python
+            // sorts by code point unless told a locale)
+            new Workload("collate", "group and sort (number, then localeCompare)", """
+                    var CATS = ['books', 'games', 'music', 'tools', 'garden', 'toys', 'food'];
+                    function main(args) {
+                      var rows = [];
+                      for (var i = 0; i < 3000; i++)
+                        rows.push({ id: i, cat: CATS[(i * 3) % 7], name: 'item-' + ((i * 7919) % 3000), score: (i * 37) % 101 });
+                      var groups = {};
+                      for (var r of rows) (groups[r.cat] || (groups[r.cat] = [])).push(r);
+                      var top = {}, n = 0;
+                      for (var k of Object.keys(groups).sort()) {
+                        var g = groups[k].sort(function (a, b) { return b.score - a.score || a.name.localeCompare(b.name); });
+                        top[k] = g.slice(0, 3).map(function (r) { return r.name + '=' + r.score; });
+                        n += g.length;
+                      }
+                      return { n: n, top: top };
+                    }
+                    """, null),
             new Workload("format", "string building and number formatting", """
                     function main(args) {
                       var lines = [];
@@ -292,13 +317,15 @@ public final class GuestBench {
         }
 
         System.out.printf(Locale.ROOT, "# warm: median of the last %d calls (ms) after at least %d rounds and %.0f s of them; every runtime"
-                + " through /run, started as its image starts it; %s; load average (1 min) at a row's start and end; %d cores%n",
+                + " through /run, started as its image starts it; %s; baseline: main's own time in process; via HTTP: the same main served by"
+                + " node's http or python3's http.server, the round trip by /run's client (hello: the per-call cost of each); every answer"
+                + " checked equal to the baseline's; load average (1 min) at a row's start and end; %d cores%n",
                 last, runs, warmSeconds, targets.stream().map(t -> t.label + " = " + t.what).toList(), java.lang.Runtime.getRuntime().availableProcessors());
-        StringBuilder warmHead = new StringBuilder("| language | workload | baseline ms |"), warmSep = new StringBuilder("|---|---|---:|");
+        StringBuilder warmHead = new StringBuilder("| language | workload | baseline ms | baseline via HTTP ms |"), warmSep = new StringBuilder("|---|---|---:|---:|");
         StringBuilder firstHead = new StringBuilder("| language | workload | baseline first ms |"), firstSep = new StringBuilder("|---|---|---:|");
         for (Target t : targets) {
-            warmHead.append(" ").append(t.label).append(" ms | ").append(t.label).append(" / baseline |");
-            warmSep.append("---:|---:|");
+            warmHead.append(" ").append(t.label).append(" ms | ").append(t.label).append(" / baseline | ").append(t.label).append(" / via HTTP |");
+            warmSep.append("---:|---:|---:|");
             firstHead.append(" ").append(t.label).append(" /init ms | ").append(t.label).append(" first /run ms | ").append(t.label).append(" first / warm |");
             firstSep.append("---:|---:|---:|");
         }
@@ -310,6 +337,7 @@ public final class GuestBench {
             for (Workload w : WORKLOADS) {
                 if (!workloads.contains(w.name) || lang.equals("java")) continue;
                 String code = js ? w.js : w.py, load0 = loadAverage();
+                if (code == null) continue;
                 List<Runtime> rts = new ArrayList<>();
                 try (Baseline base = new Baseline(lang, code, work)) {
                     // one cold start at a time: a runtime's start and /init do not overlap another's
@@ -323,19 +351,26 @@ public final class GuestBench {
                     List<Double> baseTimes = new ArrayList<>();
                     for (int i = 0; i < rts.size(); i++) times.add(new ArrayList<>());
                     long until = System.nanoTime() + (long) (warmSeconds * 1e9);
+                    List<Double> baseHttp = new ArrayList<>();
+                    String expected = canonical(base.result());
                     for (int round = 0; round < runs || System.nanoTime() - until < 0; round++) {
                         for (int i = 0; i < rts.size(); i++) {
                             times.get(i).add(rts.get(i).run());
                             rts.get(i).sampleCpu(last);
+                            if (round == 0 && !canonical(rts.get(i).lastResult).equals(expected))
+                                throw new IllegalStateException(targets.get(i).label + "'s " + lang + " " + w.name + " answered " + rts.get(i).lastResult
+                                        + ", " + base.what + " " + expected);
                         }
                         baseTimes.add(base.call());
+                        baseHttp.add(base.httpCall());
                     }
-                    double b = median(baseTimes, last);
-                    StringBuilder row = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s (%s) |", lang, w.name, fmt(b), js ? "node" : "python3"));
+                    double b = median(baseTimes, last), bh = median(baseHttp, last);
+                    StringBuilder row = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s (%s) | %s |", lang, w.name, fmt(b), js ? "node" : "python3", fmt(bh)));
                     StringBuilder first = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s |", lang, w.name, fmt(baseTimes.get(0))));
                     for (int i = 0; i < rts.size(); i++) {
                         double m = median(times.get(i), last), f = times.get(i).get(0);
-                        row.append(String.format(Locale.ROOT, " %s | %.2fx |", fmt(m), m / b));
+                        // hello's main does nothing: its time in process is no baseline for a call through HTTP
+                        row.append(String.format(Locale.ROOT, " %s | %s | %.2fx |", fmt(m), w.name.equals("hello") ? "" : String.format(Locale.ROOT, "%.2fx", m / b), m / bh));
                         first.append(String.format(Locale.ROOT, " %.0f | %s | %.0fx |", rts.get(i).initMs, fmt(f), f / m));
                         if (w.name.equals("hello")) {
                             Runtime rt = rts.get(i);
@@ -374,6 +409,24 @@ public final class GuestBench {
             startRows.forEach(System.out::println);
         }
         if (density) Density.run(targets, languages, functions, pauseMs, work);
+    }
+
+    /** JSON without the whitespace outside strings (python3's json.dumps puts a space after ',' and ':'). */
+    static String canonical(String json) {
+        StringBuilder b = new StringBuilder();
+        boolean str = false, esc = false;
+        for (char c : json.strip().toCharArray()) {
+            if (str) {
+                b.append(c);
+                if (esc) esc = false;
+                else if (c == '\\') esc = true;
+                else if (c == '"') str = false;
+            } else if (!Character.isWhitespace(c)) {
+                b.append(c);
+                if (c == '"') str = true;
+            }
+        }
+        return b.toString();
     }
 
     static String fmt(double ms) {
@@ -419,10 +472,37 @@ public final class GuestBench {
         Baseline(String lang, String code, Path work) throws IOException {
             boolean js = lang.equals("javascript");
             what = js ? "node" : "python3";
+            // a line: one call, its own time (ms); "r": the result as JSON; "h": serve main over HTTP (the port)
             String harness = js
-                    ? code + "\nrequire('readline').createInterface({ input: process.stdin }).on('line', () => { const s = process.hrtime.bigint(); main({});"
-                      + " console.log(Number(process.hrtime.bigint() - s) / 1e6); });\n"
-                    : code + "\nimport sys as __sys, time as __time\nfor __l in __sys.stdin:\n    __s = __time.perf_counter_ns()\n    main({})\n"
+                    ? code + "\nrequire('readline').createInterface({ input: process.stdin }).on('line', (l) => {"
+                      + " if (l === 'r') return console.log(JSON.stringify(main({})));"
+                      + " if (l === 'h') { const srv = require('http').createServer((q, a) => { q.resume(); q.on('end', () => {"
+                      + " const b = JSON.stringify(main({})); a.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(b) }); a.end(b); }); });"
+                      + " srv.on('connection', (c) => c.setNoDelay(true)); return srv.listen(0, '127.0.0.1', () => console.log(srv.address().port)); }"
+                      + " const s = process.hrtime.bigint(); main({}); console.log(Number(process.hrtime.bigint() - s) / 1e6); });\n"
+                    : code + "\nimport sys as __sys, time as __time, json as __json\n"
+                      + "def __serve():\n"
+                      + "    import http.server, threading, json as j  # (no __ name in a class: it would be mangled)\n"
+                      + "    class H(http.server.BaseHTTPRequestHandler):\n"
+                      + "        protocol_version = 'HTTP/1.1'\n"
+                      + "        disable_nagle_algorithm = True\n"
+                      + "        def do_POST(self):\n"
+                      + "            self.rfile.read(int(self.headers.get('Content-Length', 0)))\n"
+                      + "            b = j.dumps(main({})).encode()\n"
+                      + "            self.send_response(200)\n"
+                      + "            self.send_header('Content-Type', 'application/json')\n"
+                      + "            self.send_header('Content-Length', str(len(b)))\n"
+                      + "            self.end_headers()\n"
+                      + "            self.wfile.write(b)\n"
+                      + "        def log_message(self, *a):\n"
+                      + "            pass\n"
+                      + "    s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
+                      + "    threading.Thread(target=s.serve_forever, daemon=True).start()\n"
+                      + "    return s.server_address[1]\n"
+                      + "for __l in __sys.stdin:\n"
+                      + "    if __l.strip() == 'r':\n        print(__json.dumps(main({})), flush=True)\n        continue\n"
+                      + "    if __l.strip() == 'h':\n        print(__serve(), flush=True)\n        continue\n"
+                      + "    __s = __time.perf_counter_ns()\n    main({})\n"
                       + "    print((__time.perf_counter_ns() - __s) / 1e6, flush=True)\n";
             Path f = Files.createTempFile(work, "baseline", js ? ".js" : ".py");
             Files.writeString(f, harness);
@@ -432,14 +512,37 @@ public final class GuestBench {
         }
 
         double call() throws IOException {
-            in.write("\n");
+            return Double.parseDouble(send(""));
+        }
+
+        /** main's result, as the language's own JSON serializer writes it. */
+        String result() throws IOException {
+            return send("r");
+        }
+
+        private int port;
+
+        /**
+         * One call of main served by the language's own HTTP server (node's http, python3's
+         * http.server) in this process: the round trip (ms) by the same client as /run's, so that
+         * the runtime's per-call cost (HTTP, hand-offs) compares like with like.
+         */
+        double httpCall() throws Exception {
+            if (port == 0) port = Integer.parseInt(send("h"));
+            long s = System.nanoTime();
+            HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + "/")).timeout(TIMEOUT)
+                    .POST(HttpRequest.BodyPublishers.ofString("{}")).build(), HttpResponse.BodyHandlers.ofString());
+            double ms = (System.nanoTime() - s) / 1e6;
+            if (r.statusCode() != 200) throw new IllegalStateException(what + " over HTTP: " + r.statusCode() + " " + r.body());
+            return ms;
+        }
+
+        private String send(String line) throws IOException {
+            in.write(line + "\n");
             in.flush();
             String l = out.readLine();
-            try {
-                return Double.parseDouble(l);
-            } catch (NullPointerException | NumberFormatException e) {
-                throw new IllegalStateException(what + " failed: " + l + "\n" + new String(proc.getInputStream().readAllBytes(), StandardCharsets.UTF_8));
-            }
+            if (l != null && (!line.isEmpty() || l.matches("[0-9.eE+-]+"))) return l;
+            throw new IllegalStateException(what + " failed: " + l + "\n" + new String(proc.getInputStream().readAllBytes(), StandardCharsets.UTF_8));
         }
 
         @Override
@@ -497,10 +600,13 @@ public final class GuestBench {
             initMs = (System.nanoTime() - t0) / 1e6;
         }
 
+        /** The last /run's answer. */
+        String lastResult;
+
         /** One /run; its round trip in ms. */
         double run() throws Exception {
             long s = System.nanoTime();
-            post("/run", "{\"value\":{}}");
+            lastResult = post("/run", "{\"value\":{}}");
             return (System.nanoTime() - s) / 1e6;
         }
 
@@ -547,11 +653,12 @@ public final class GuestBench {
             if (!proc.waitFor(30, java.util.concurrent.TimeUnit.SECONDS)) proc.destroyForcibly();
         }
 
-        private void post(String path, String body) throws Exception {
+        private String post(String path, String body) throws Exception {
             HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path)).timeout(TIMEOUT)
                     .POST(HttpRequest.BodyPublishers.ofString(body)).build(), HttpResponse.BodyHandlers.ofString());
             if (r.statusCode() != 200)
                 throw new IllegalStateException(path + ": " + r.statusCode() + " " + r.body() + "\nruntime log:\n" + Files.readString(log));
+            return r.body();
         }
     }
 

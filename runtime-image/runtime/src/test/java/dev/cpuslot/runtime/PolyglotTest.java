@@ -84,6 +84,35 @@ class PolyglotTest {
         }
     }
 
+    /** localeCompare as node answers it (node 20: the same object), with the runtime's shared default collator. */
+    @Test
+    void javascriptLocaleCompareAnswersAsNodes() throws Exception {
+        String code = """
+                function main(args) {
+                  function err(f) { try { f(); return 'no error'; } catch (e) { return e.constructor.name; } }
+                  Intl.Collator = function () { throw new Error('not the built-in'); }; // what the built-in never calls
+                  return { order: ['b', 'a', 'B', 'A', '\u00e4', 'z'].sort(function (x, y) { return x.localeCompare(y); }).join(),
+                    base: 'a'.localeCompare('A', undefined, { sensitivity: 'base' }), sv: '\u00e4'.localeCompare('z', 'sv'),
+                    root: '\u00e4'.localeCompare('z'), undef: 'a'.localeCompare(), num: 'item-10'.localeCompare('item-9'),
+                    numeric: 'item-10'.localeCompare('item-9', undefined, { numeric: true }), objThis: String.prototype.localeCompare.call(12, '9'),
+                    length: String.prototype.localeCompare.length, name: String.prototype.localeCompare.name,
+                    nullThis: err(function () { String.prototype.localeCompare.call(null, 'a'); }),
+                    symbol: err(function () { 'a'.localeCompare(Symbol()); }),
+                    ctor: err(function () { new ''.localeCompare('a'); }),
+                    desc: JSON.stringify(Object.getOwnPropertyDescriptor(String.prototype, 'localeCompare')) };
+                }
+                """;
+        try (Harness h = new Harness()) {
+            assertEquals(200, h.post("/init", initCode(code, "main", Map.of())).status());
+            Resp r = h.post("/run", run(new JsonObject()));
+            assertEquals(200, r.status(), r.raw());
+            assertEquals(json("""
+                    {"order":"a,A,\u00e4,b,B,z","base":0,"sv":1,"root":-1,"undef":-1,"num":-1,"numeric":1,"objThis":-1,"length":1,
+                     "name":"localeCompare","nullThis":"TypeError","symbol":"TypeError","ctor":"TypeError",
+                     "desc":"{\\"writable\\":true,\\"enumerable\\":false,\\"configurable\\":true}"}"""), r.obj());
+        }
+    }
+
     @Test
     void badJavascriptFailsInit() throws Exception {
         try (Harness h = new Harness()) {

@@ -24,6 +24,24 @@
     e.code = 'MODULE_NOT_FOUND';
     throw e;
   };
+  // GraalJS makes a new Intl.Collator at every localeCompare call (a sort's comparator makes
+  // thousands); without locales and options the spec's answer is that of one default collator
+  (function() {
+    'use strict';
+    if (typeof Intl !== 'object' || typeof Intl.Collator !== 'function') return;
+    // the built-ins as they are now: a function's own globals do not change what this does
+    var own = String.prototype.localeCompare, apply = Reflect.apply, toString = String, Collator = Intl.Collator;
+    var compareOf = Object.getOwnPropertyDescriptor(Collator.prototype, 'compare').get, compare = null;
+    var localeCompare = {
+      localeCompare(that) { // a method: a name, length 1, no constructor, as the built-in
+        if (this === undefined || this === null || typeof this === 'symbol' || typeof that === 'symbol'
+            || arguments[1] !== undefined || arguments[2] !== undefined) return apply(own, this, arguments);
+        if (compare === null) compare = apply(compareOf, new Collator(), []);
+        return compare(toString(this), toString(that));
+      }
+    }.localeCompare;
+    Object.defineProperty(String.prototype, 'localeCompare', { value: localeCompare, writable: true, enumerable: false, configurable: true });
+  })();
   var timers = [], seq = 0;
   function add(cb, ms, args, every) {
     if (typeof cb !== 'function') throw new TypeError('the callback must be a function');
