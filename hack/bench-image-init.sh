@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cold /init in the image itself, two images side by side (issue 22): each image's layer unpacked
+# Cold /init in the image itself, two images side by side: each image's layer unpacked
 # once into a temporary root, then alternating cold starts of its entrypoint under chroot as
 # nobody (a container's clean environment, an empty /tmp, /proc and the four harmless devices a
 # container has), /init of an action, one /run; prints the wall time of /init, the process's CPU

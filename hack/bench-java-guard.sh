@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost of the Java guard (issue 21): two runtime JVMs started with the image's options and no
+# The cost of the Java guard: two runtime JVMs started with the image's options and no
 # agent (CPUSLOT_ENABLED=false), one from BASELINE_JAR (e.g. a build of main) and one from this
 # tree, each given the samples' HelloWorld by OpenWhisk /init. Prints /init and first /run wall
 # time (curl), then warm hello latency and throughput side by side (runtime-image/bench).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cold Python /init, this tree's runtime against another build's, alternating pairs (issue 22):
+# Cold Python /init, this tree's runtime against another build's, alternating pairs:
 # each runtime started as its image starts it (image/jvm-options + jvm-options-jit, python kind,
 # a container's clean environment and an empty user.home, as a pod's /tmp), /init of a
 # hello-world action; prints the wall time of /init and the process's CPU time when /init

@@ -409,7 +409,7 @@ func TestRestart(t *testing.T) {
 
 // Child scenarios.
 
-// TestAttackDebugPoolsFromPodNetwork (issue 19, finding 6): /debug/pools
+// TestAttackDebugPoolsFromPodNetwork: /debug/pools
 // lists every served container with its budget; the agent's HTTP port may
 // be open on the pod network for /metrics. A peer that is not on loopback
 // gets 403 for /debug/pools (and nothing of it), while /metrics and the

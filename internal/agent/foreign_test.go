@@ -132,7 +132,7 @@ func childHandFDs() (any, error) {
 	return nil, nil
 }
 
-// TestAttackSlotFDsHandedToAnotherContainer (issue 19, finding 4): a
+// TestAttackSlotFDsHandedToAnotherContainer: a
 // runtime of container A passes its slot's placement fds to a process of
 // container B, which writes itself into A's slot: on cgroup v1 the kernel
 // checks only who opened the fd. B's process then runs under A's slot

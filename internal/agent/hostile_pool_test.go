@@ -352,7 +352,7 @@ func TestHostilePrepareHoldsNoAgentLock(t *testing.T) {
 	}
 }
 
-// TestHostileChildCgroupNamed (issue 19, finding 7): a cgroup planted
+// TestHostileChildCgroupNamed: a cgroup planted
 // inside a slot that an agent adopted keeps the slot from being removed.
 // The agent retries at each round as for threads that keep entering, but
 // says what it is: the slot has a child cgroup, named, at the teardown and

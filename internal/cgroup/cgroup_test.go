@@ -326,7 +326,7 @@ func TestRemoveBusyInOneHierarchy(t *testing.T) {
 	}
 	var child *cgroup.ChildCgroupError
 	if err := s.Remove(); !errors.As(err, &child) || child.Slot != s.Name() || child.Child != "busy" {
-		t.Errorf("Remove of a slot with a cgroup inside: %v, want it named (issue 19, finding 7)", err)
+		t.Errorf("Remove of a slot with a cgroup inside: %v, want it named", err)
 	}
 	if _, err := os.Stat(filepath.Join(h.CPURoot, rel, s.Name())); err != nil {
 		t.Fatalf("the busy slot's cpu directory: %v", err)

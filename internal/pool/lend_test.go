@@ -475,7 +475,7 @@ func TestRaisesResumeAfterARaise(t *testing.T) {
 	checkBound(t, p)
 }
 
-// TestFlappingLeaseRetunesOncePerPeriod (issue 32, finding 3): a lease
+// TestFlappingLeaseRetunesOncePerPeriod: a lease
 // whose runtime flaps SLEEP and WAKE as fast as it can costs at most one
 // lend, and so one retune of its borrowers each way, per CFS period: a
 // SLEEP within a period of the lease's last lend lends only once the

@@ -616,7 +616,7 @@ func TestAttackPlacementPreparesNoPool(t *testing.T) {
 	}
 }
 
-// TestAttackNestedNamespaceFDs (issue 19, finding 1): a process of a
+// TestAttackNestedNamespaceFDs: a process of a
 // served container that lives in the host's PID namespace forks a child
 // into a new user and PID namespace (no privilege needed) and has it ask
 // for placement fds. On v1 such a fd could be handed back to the parent,
@@ -677,7 +677,7 @@ func childNested() (any, error) {
 	return r, nil
 }
 
-// TestAttackPreHelloFlood (issue 19, finding 2): processes of an
+// TestAttackPreHelloFlood: processes of an
 // unprivileged user outside every served container each hold idle
 // connections without HELLO until the node cap is full. A process of a
 // served container must still have its HELLO answered: each served
@@ -721,7 +721,7 @@ func TestAttackPreHelloFlood(t *testing.T) {
 	}
 }
 
-// TestAttackNewContainersPinNodeShare (issue 32, finding 2): processes of
+// TestAttackNewContainersPinNodeShare: processes of
 // containers not served yet (serveUnder) open connections before their
 // first HELLO, which charges them to the node's share, then say HELLO on
 // each: their container is served from then on. They must leave the
@@ -754,7 +754,7 @@ func TestAttackNewContainersPinNodeShare(t *testing.T) {
 	}
 }
 
-// TestAttackPreHelloPinsNodeShare (issue 32, finding 2): processes of two
+// TestAttackPreHelloPinsNodeShare: processes of two
 // cgroups outside every served container hold idle connections without
 // HELLO until the node's share is full, each within its cgroup's cap. A
 // new container's connection is still taken: it displaces a waiting
@@ -818,7 +818,7 @@ func childIdle() (any, error) {
 	return map[string]int{}, nil
 }
 
-// TestAttackFDsAfterHostProcessJoins (issue 19, finding 1): a pod-like
+// TestAttackFDsAfterHostProcessJoins: a pod-like
 // peer holds a fd connection; then a process in the host's PID namespace
 // joins its container (as a runtime's exec into a host-namespace container
 // would). The peer's namespace no longer holds the whole container, so its
@@ -864,7 +864,7 @@ func TestAttackFDsAfterHostProcessJoins(t *testing.T) {
 	}
 }
 
-// TestAttackOneWayReleaseFlood (issue 32, finding 3): a process sends
+// TestAttackOneWayReleaseFlood: a process sends
 // one-way RELEASEs of leases it does not hold as fast as it can. Nothing
 // answers them, so only the agent can pace them: it takes at most
 // OneWayBurst plus OneWayRate a second, and its reading of the flood's

@@ -103,7 +103,7 @@ func deadOpenersConn(t *testing.T, sock string, flags uint32) *net.UnixConn {
 	return c.(*net.UnixConn)
 }
 
-// TestDeadOpenerRefusedPerRequest (issue 19, finding 3): with the watch of
+// TestDeadOpenerRefusedPerRequest: with the watch of
 // client processes' exits off, every request on a connection whose opener
 // has exited is still answered NOT_SERVED and the connection closed:
 // HOLD, ACQUIRE, HELD, RECLAIM, USAGE and RELEASE, each on a connection

@@ -290,7 +290,7 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 	}
 }
 
-// TestAttackHoldOnDeadOpenersSocket (issue 19, finding 3): P holds three
+// TestAttackHoldOnDeadOpenersSocket: P holds three
 // slots and exits while another process keeps its socket (the test here,
 // as a forked child that inherited it would). The dead process's HOLD
 // leases end without the socket closing, and nothing more is granted,
@@ -666,7 +666,7 @@ func actionSeries(name, action, ctr, outcome string) string {
 	return s + `,pod=""}`
 }
 
-// TestAttackUsageInflateCounts (issue 19, finding 5): a process of A
+// TestAttackUsageInflateCounts: a process of A
 // that holds no slot reports 8 x (2^32-1) invocations of an action that
 // B also runs. Nothing is credited, and B's series, which carry B's name,
 // do not move. Once A holds a slot its reports are credited at most one

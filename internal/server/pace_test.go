@@ -77,7 +77,7 @@ func churn(sock string) int {
 	return 0
 }
 
-// TestAttackReconnectChurn (issue 32, finding 2): processes of other
+// TestAttackReconnectChurn: processes of other
 // users, in a cgroup of their own, connect and close again as fast as they
 // can: three users on the shared socket, where each user's bucket closes
 // its connections before their cgroup is read and the cgroup's bucket

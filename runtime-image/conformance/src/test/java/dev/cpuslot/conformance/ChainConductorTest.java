@@ -17,7 +17,7 @@ import static org.junit.jupiter.api.Assertions.*;
 
 /**
  * What the platform sees of a local hop (a record per hop in the caller's activation log), and
- * OpenWhisk's conductor actions run locally (docs/chaining.md, issue 24): a conductor returns
+ * OpenWhisk's conductor actions run locally (docs/chaining.md): a conductor returns
  * {@code {action, params, state}} and the runtime runs the named action (local first, then the
  * platform's path) and the conductor again, with OpenWhisk's limits and the chain's containment.
  */

@@ -19,7 +19,7 @@ import static dev.cpuslot.conformance.ChainTest.*;
 import static org.junit.jupiter.api.Assertions.*;
 
 /**
- * Local first, then global (issue 24, docs/chaining.md): a callee not hosted in the runtime goes
+ * Local first, then global (docs/chaining.md): a callee not hosted in the runtime goes
  * through the platform's normal path (the OpenWhisk REST API with the activation's api_key, or a
  * Knative service URL), checked against a stand-in that records what it receives; and a chain
  * declared the platform's way (Hydra /register steps, an action's CPUSLOT_CHAIN_STEPS) runs as an

@@ -14,7 +14,7 @@ import static dev.cpuslot.conformance.ActionContainer.*;
 import static org.junit.jupiter.api.Assertions.*;
 
 /**
- * Local chaining (issue 24, docs/chaining.md): a function calls another function of the same
+ * Local chaining (docs/chaining.md): a function calls another function of the same
  * owner registered in the same runtime (Hydra /register), in process, each hop on its own worker
  * and slot. Java, JavaScript and Python callers; the limits (owner, depth, fan-out, a callee's
  * failure and time limit) fail the caller with a typed error and never the runtime.

@@ -13,7 +13,7 @@ import static dev.cpuslot.conformance.ActionContainer.*;
 import static org.junit.jupiter.api.Assertions.*;
 
 /**
- * What containing a Java function costs (issue 21), side by side in one run: the same action in a
+ * What containing a Java function costs, side by side in one run: the same action in a
  * runtime as its image starts it (the guard on: bytecode checked and rewritten at /init, a poll
  * at every backward branch, file paths checked) and in one with {@code CPUSLOT_JAVA_TRUSTED=true}
  * (the trusted mode: no refusals, no polls, no path checks), both alive at once and invoked in

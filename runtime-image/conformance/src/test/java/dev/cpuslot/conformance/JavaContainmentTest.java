@@ -16,7 +16,7 @@ import static dev.cpuslot.conformance.ActionContainer.*;
 import static org.junit.jupiter.api.Assertions.*;
 
 /**
- * A Java function as a hostile tenant of the shared runtime (issue 21), against the runtime as its
+ * A Java function as a hostile tenant of the shared runtime, against the runtime as its
  * image starts it: it cannot end the runtime, reach JVM-wide state or another function's files,
  * and a runtime serves one owner. Each probe is an action a tenant could deploy.
  */
@@ -703,7 +703,7 @@ class JavaContainmentTest {
             return args;""";
 
     /**
-     * Output per activation (issue 21): concurrent OpenWhisk activations of one action each get
+     * Output per activation: concurrent OpenWhisk activations of one action each get
      * their stdout and stderr as one block of whole lines, ended by the sentinel on each stream,
      * however their prints interleave in time (before: parts of lines of different activations
      * spliced together, and a sentinel in the middle of another activation's line).
@@ -1147,7 +1147,7 @@ class JavaContainmentTest {
     }
 
     /**
-     * File access by path (issue 21): a function reads and writes what the OS lets the runtime
+     * File access by path: a function reads and writes what the OS lets the runtime
      * process, but not the process itself ({@code /proc}, {@code /sys}, devices but the harmless
      * ones), not the runtime's temporary directory (its log, other functions' directories) outside
      * its own, and it cannot make links or reach the file system below the paths it names. Each
@@ -1246,7 +1246,7 @@ class JavaContainmentTest {
     }
 
     /**
-     * XML external entities (issue 21): a function's own XML parser (DOM, SAX, StAX, schema
+     * XML external entities: a function's own XML parser (DOM, SAX, StAX, schema
      * validation), even one the function tells to allow external access, does not read a file
      * through an entity that its file calls may not read (the runtime's log here). Each probe
      * fails; the runtime lives on. (Before: the JDK's parsers read it.)

@@ -14,7 +14,7 @@ import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.lang.PolyglotFunction;
 
 /**
- * What the runtime itself spends per call of a guest function (issue 22): a hello-world
+ * What the runtime itself spends per call of a guest function: a hello-world
  * {@code main} called through a function's sandbox with an activation's {@code __OW_*}
  * environment, the calling thread's CPU time per call (so neither the compiler threads nor the
  * machine's load count). Not a test: runs only when named, e.g.
