@@ -46,12 +46,14 @@ import java.util.Set;
  * {@code java.beans} (reflective calls by name), Java deserialization and XSLT (code the guard
  * never saw), and the runtime's own classes. A method handle
  * constant to a rewritten member is refused too.</li>
- * <li><b>Rewritten</b> to {@link ActionGuard}: {@code Method.invoke}, {@code Constructor/Class.newInstance},
- * {@code setAccessible} (allowed on the function's own classes only), {@code System.exit}, {@code Runtime.exit/halt}
- * (a SecurityException), {@code System.gc}, {@code Runtime.gc} (nothing), {@code System.getenv} (the activation's environment),
- * {@code System.getProperty/getProperties} and the temporary-file calls (the function's own
- * temporary directory), {@code setAttribute/setProperty} of the JDK's XML parsers (no
- * {@code accessExternal*} value but {@code ""}).</li>
+ * <li><b>Rewritten</b> to the guard's classes: {@code Method.invoke}, {@code Constructor/Class.newInstance},
+ * {@code setAccessible} (allowed on the function's own classes only: {@link OwnReflection}), {@code System.exit},
+ * {@code Runtime.exit/halt} (a SecurityException), {@code System.gc}, {@code Runtime.gc} (nothing), {@code System.getenv}
+ * (the activation's environment: {@link SystemCalls}), {@code System.getProperty/getProperties} and the temporary-file
+ * calls (the function's own temporary directory: {@link FileAccess}), {@code setAttribute/setProperty} of the JDK's
+ * XML parsers (no {@code accessExternal*} value but {@code ""}: {@link XmlParsers}); a check of every file path
+ * before the JDK call that names it ({@link FilePaths}, {@link FileAccess}); the poll at every backward branch
+ * ({@link Activations#poll}).</li>
  * <li><b>Kept off the common ForkJoinPool</b> (its threads belong to no activation: {@link #sequential}):
  * parallel streams and {@code Arrays.parallel*} run sequentially, {@code CompletableFuture.*Async}
  * gets an executor of the activation's threads.</li>
@@ -175,60 +177,65 @@ public final class Rewriter {
 
     // ---- rewritten calls --------------------------------------------------------------------
 
-    record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
+    /** A JDK call and the guard class whose static method of the same name it is rewritten to. */
+    record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly, Class<?> guard) {}
 
     private static final String XML_SET = "(Ljava/lang/String;Ljava/lang/Object;)V";
 
-    /** owner.name+type (JVM form) -> the ActionGuard method of the same name (a virtual call gets its receiver first). */
+    /** owner.name+type (JVM form) -> the guard's method of the same name (a virtual call gets its receiver first). */
     static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
-            redirect("java/lang/System", "exit", "(I)V", false),
-            redirect("java/lang/Runtime", "exit", "(I)V", true),
-            redirect("java/lang/Runtime", "halt", "(I)V", true),
+            redirect("java/lang/System", "exit", "(I)V", false, SystemCalls.class),
+            redirect("java/lang/Runtime", "exit", "(I)V", true, SystemCalls.class),
+            redirect("java/lang/Runtime", "halt", "(I)V", true, SystemCalls.class),
             // a full collection of the shared heap stops every tenant's threads
-            redirect("java/lang/System", "gc", "()V", false),
-            redirect("java/lang/Runtime", "gc", "()V", true),
-            redirect("java/lang/System", "getenv", "(Ljava/lang/String;)Ljava/lang/String;", false),
-            redirect("java/lang/System", "getenv", "()Ljava/util/Map;", false),
-            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;)Ljava/lang/String;", false),
-            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;Ljava/lang/String;)Ljava/lang/String;", false),
-            redirect("java/lang/System", "getProperties", "()Ljava/util/Properties;", false),
-            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;)Ljava/io/File;", false),
-            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;Ljava/io/File;)Ljava/io/File;", false),
+            redirect("java/lang/System", "gc", "()V", false, SystemCalls.class),
+            redirect("java/lang/Runtime", "gc", "()V", true, SystemCalls.class),
+            redirect("java/lang/System", "getenv", "(Ljava/lang/String;)Ljava/lang/String;", false, SystemCalls.class),
+            redirect("java/lang/System", "getenv", "()Ljava/util/Map;", false, SystemCalls.class),
+            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;)Ljava/lang/String;", false, FileAccess.class),
+            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;Ljava/lang/String;)Ljava/lang/String;", false, FileAccess.class),
+            redirect("java/lang/System", "getProperties", "()Ljava/util/Properties;", false, FileAccess.class),
+            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;)Ljava/io/File;", false, FileAccess.class),
+            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;Ljava/io/File;)Ljava/io/File;", false, FileAccess.class),
             redirect("java/nio/file/Files", "createTempFile",
-                    "(Ljava/lang/String;Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false),
+                    "(Ljava/lang/String;Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false, FileAccess.class),
             redirect("java/nio/file/Files", "createTempDirectory",
-                    "(Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false),
-            reflect("java/lang/reflect/Method", "invoke", "(Ljava/lang/Object;[Ljava/lang/Object;)Ljava/lang/Object;"),
-            reflect("java/lang/reflect/Constructor", "newInstance", "([Ljava/lang/Object;)Ljava/lang/Object;"),
-            reflect("java/lang/Class", "newInstance", "()Ljava/lang/Object;"),
-            reflect("java/lang/reflect/Method", "setAccessible", "(Z)V"),
-            reflect("java/lang/reflect/Constructor", "setAccessible", "(Z)V"),
-            reflect("java/lang/reflect/Executable", "setAccessible", "(Z)V"),
-            reflect("java/lang/reflect/AccessibleObject", "setAccessible", "(Z)V"),
-            reflect("java/lang/reflect/Method", "trySetAccessible", "()Z"),
-            reflect("java/lang/reflect/Constructor", "trySetAccessible", "()Z"),
-            reflect("java/lang/reflect/Executable", "trySetAccessible", "()Z"),
-            reflect("java/lang/reflect/AccessibleObject", "trySetAccessible", "()Z"),
+                    "(Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false, FileAccess.class),
+            reflect("java/lang/reflect/Method", "invoke", "(Ljava/lang/Object;[Ljava/lang/Object;)Ljava/lang/Object;", OwnReflection.class),
+            reflect("java/lang/reflect/Constructor", "newInstance", "([Ljava/lang/Object;)Ljava/lang/Object;", OwnReflection.class),
+            reflect("java/lang/Class", "newInstance", "()Ljava/lang/Object;", OwnReflection.class),
+            reflect("java/lang/reflect/Method", "setAccessible", "(Z)V", OwnReflection.class),
+            reflect("java/lang/reflect/Constructor", "setAccessible", "(Z)V", OwnReflection.class),
+            reflect("java/lang/reflect/Executable", "setAccessible", "(Z)V", OwnReflection.class),
+            reflect("java/lang/reflect/AccessibleObject", "setAccessible", "(Z)V", OwnReflection.class),
+            reflect("java/lang/reflect/Method", "trySetAccessible", "()Z", OwnReflection.class),
+            reflect("java/lang/reflect/Constructor", "trySetAccessible", "()Z", OwnReflection.class),
+            reflect("java/lang/reflect/Executable", "trySetAccessible", "()Z", OwnReflection.class),
+            reflect("java/lang/reflect/AccessibleObject", "trySetAccessible", "()Z", OwnReflection.class),
             // an XML parser the function tells to read external entities or schemas (the runtime
-            // turns that off for every parser: ActionGuard.secureXml)
-            reflect("javax/xml/parsers/DocumentBuilderFactory", "setAttribute", XML_SET),
-            reflect("javax/xml/parsers/SAXParser", "setProperty", XML_SET),
-            reflect("org/xml/sax/XMLReader", "setProperty", XML_SET),
-            reflect("javax/xml/stream/XMLInputFactory", "setProperty", XML_SET),
-            reflect("javax/xml/validation/SchemaFactory", "setProperty", XML_SET),
-            reflect("javax/xml/validation/Validator", "setProperty", XML_SET),
-            reflect("javax/xml/validation/ValidatorHandler", "setProperty", XML_SET));
+            // turns that off for every parser: XmlParsers.secureXml)
+            reflect("javax/xml/parsers/DocumentBuilderFactory", "setAttribute", XML_SET, XmlParsers.class),
+            reflect("javax/xml/parsers/SAXParser", "setProperty", XML_SET, XmlParsers.class),
+            reflect("org/xml/sax/XMLReader", "setProperty", XML_SET, XmlParsers.class),
+            reflect("javax/xml/stream/XMLInputFactory", "setProperty", XML_SET, XmlParsers.class),
+            reflect("javax/xml/validation/SchemaFactory", "setProperty", XML_SET, XmlParsers.class),
+            reflect("javax/xml/validation/Validator", "setProperty", XML_SET, XmlParsers.class),
+            reflect("javax/xml/validation/ValidatorHandler", "setProperty", XML_SET, XmlParsers.class));
 
-    private static Map.Entry<String, Redirect> redirect(String owner, String name, String type, boolean virtual) {
-        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, virtual, false));
+    private static Map.Entry<String, Redirect> redirect(String owner, String name, String type, boolean virtual, Class<?> guard) {
+        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, virtual, false, guard));
     }
 
     /** A redirect that only the guard makes (a trusted runtime leaves the call as it is). */
-    private static Map.Entry<String, Redirect> reflect(String owner, String name, String type) {
-        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, true, true));
+    private static Map.Entry<String, Redirect> reflect(String owner, String name, String type, Class<?> guard) {
+        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, true, true, guard));
     }
 
-    private static final ClassDesc GUARD = ClassDesc.of(ActionGuard.class.getName());
+    /** The guard's classes the rewritten code calls (named only: loading them here starts nothing). */
+    private static final ClassDesc ACTIVATIONS = desc(Activations.class), FILE_ACCESS = desc(FileAccess.class),
+            COMMON_POOL = desc(CommonPool.class);
+
+    private static ClassDesc desc(Class<?> c) { return ClassDesc.of(c.getName()); }
 
     private static Redirect redirectOf(MemberRefEntry m) {
         return REDIRECTS.get(m.owner().asInternalName() + "." + m.name().stringValue() + m.type().stringValue());
@@ -308,7 +315,7 @@ public final class Rewriter {
 
     /**
      * Checks the class (unless trusted) and returns it with its guarded calls redirected to
-     * {@link ActionGuard}, or the same bytes when it has none.
+     * the guard's classes, or the same bytes when it has none.
      * @param loader resolves the function's own classes when stack maps are recomputed
      * @param jar the function's jar: entry name -> bytes (its classes' superclasses)
      * @throws Refused when the class references what the guard refuses
@@ -348,8 +355,8 @@ public final class Rewriter {
                     case TableSwitchInstruction t -> seen.contains(t.defaultTarget()) || t.cases().stream().anyMatch(c -> seen.contains(c.target()));
                     default -> false;
                 };
-                // a loop stops at its deadline or when it fills the heap (ActionGuard.poll)
-                if (back && !trusted) cob.invokestatic(GUARD, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
+                // a loop stops at its deadline or when it fills the heap (Activations.poll)
+                if (back && !trusted) cob.invokestatic(ACTIVATIONS, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
                 redirect(cob, coe, trusted, jar);
             }
         })));
@@ -373,7 +380,7 @@ public final class Rewriter {
         if (!trusted && coe instanceof InvokeInstruction i) {
             FilePaths.Check c = FilePaths.checked(i.owner().asInternalName(), i.name().stringValue(), i.type().stringValue());
             if (c != null && redirectOf(i.method()) == null) {
-                FilePaths.emit(cob, i, c, GUARD);
+                FilePaths.emit(cob, i, c, FILE_ACCESS);
                 cob.with(coe);
                 return;
             }
@@ -385,7 +392,7 @@ public final class Rewriter {
                 if (r != null && r.virtual() == (i.opcode() != Opcode.INVOKESTATIC) && !(trusted && r.guardOnly())) {
                     MethodTypeDesc t = i.typeSymbol();
                     if (r.virtual()) t = t.insertParameterTypes(0, ClassDesc.of("java.lang.Object"));
-                    cob.invokestatic(GUARD, r.name(), t);
+                    cob.invokestatic(desc(r.guard()), r.name(), t);
                     return;
                 }
             }
@@ -411,7 +418,7 @@ public final class Rewriter {
     /**
      * The rewrite of a call that would run the function's code on the common pool's threads (of no
      * activation), or null: parallel streams and {@code Arrays.parallel*} become sequential, a
-     * {@code CompletableFuture.*Async} call gets {@link ActionGuard#executor()} (a thread of the
+     * {@code CompletableFuture.*Async} call gets {@link CommonPool#executor()} (a thread of the
      * activation), a fork outside a pool of the function's own runs in place, a
      * {@code ConcurrentHashMap} bulk operation gets the threshold that means sequential.
      */
@@ -465,9 +472,9 @@ public final class Rewriter {
     private static void emit(CodeBuilder cob, InvokeInstruction i, Sequential q) {
         switch (q.way()) {
             case RENAME -> cob.invoke(i.opcode(), i.owner().asSymbol(), q.name(), MethodTypeDesc.ofDescriptor(q.type()), i.isInterface());
-            case GUARD -> cob.invokestatic(GUARD, q.name(), MethodTypeDesc.ofDescriptor(q.type()));
+            case GUARD -> cob.invokestatic(COMMON_POOL, q.name(), MethodTypeDesc.ofDescriptor(q.type()));
             case APPEND_EXECUTOR -> {
-                cob.invokestatic(GUARD, "executor", MethodTypeDesc.of(ClassDesc.of("java.util.concurrent.Executor")));
+                cob.invokestatic(COMMON_POOL, "executor", MethodTypeDesc.of(ClassDesc.of("java.util.concurrent.Executor")));
                 if (q.name().equals("<init>")) cob.loadConstant(java.util.concurrent.Flow.defaultBufferSize());
                 cob.invoke(i.opcode(), i.owner().asSymbol(), q.name(), MethodTypeDesc.ofDescriptor(q.type()), i.isInterface());
             }

@@ -13,7 +13,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 
 class RewriterTest {
     /**
-     * Every call the guard rewrites lands on an ActionGuard method of the type the rewrite emits
+     * Every call the guard rewrites lands on a method of its guard class, of the type the rewrite emits
      * (the call's, a virtual call's receiver first as an Object): a missing one is a
      * NoSuchMethodError in the function instead of the guard's answer. (Before: Runtime.exit and
      * Runtime.halt were rewritten to methods taking a Runtime, and failed so.)
@@ -27,9 +27,9 @@ class RewriterTest {
             if (r.virtual()) t = t.insertParameterTypes(0, ClassDesc.of("java.lang.Object"));
             MethodType mt = (MethodType) t.resolveConstantDesc(lookup);
             try {
-                lookup.findStatic(ActionGuard.class, r.name(), mt);
+                lookup.findStatic(r.guard(), r.name(), mt);
             } catch (NoSuchMethodException | IllegalAccessException e) {
-                missing.add(r.owner() + "." + r.name() + r.type() + " -> ActionGuard." + r.name() + mt);
+                missing.add(r.owner() + "." + r.name() + r.type() + " -> " + r.guard().getSimpleName() + "." + r.name() + mt);
             }
         }
         assertEquals(List.of(), missing, "rewritten calls without their guard method");
