@@ -54,7 +54,7 @@ import java.util.Set;
  * XML parsers (no {@code accessExternal*} value but {@code ""}: {@link XmlParsers}); a check of every file path
  * before the JDK call that names it ({@link FilePaths}, {@link FileAccess}); the poll at every backward branch
  * ({@link Activations#poll}).</li>
- * <li><b>Kept off the common ForkJoinPool</b> (its threads belong to no activation: {@link #sequential}):
+ * <li><b>Kept off the common ForkJoinPool</b> (its threads belong to no activation: {@link ParallelCalls}):
  * parallel streams and {@code Arrays.parallel*} run sequentially, {@code CompletableFuture.*Async}
  * gets an executor of the activation's threads.</li>
  * </ul>
@@ -138,7 +138,7 @@ public final class Rewriter {
             Map.entry("java/util/logging/Logger", Set.of("addHandler", "removeHandler", "getHandlers", "setFilter", "setParent",
                     "setUseParentHandlers", "setResourceBundle")),
             Map.entry("java/lang/invoke/MethodHandles$Lookup", Set.of()),
-            // the common ForkJoinPool's threads belong to no activation (the other ways there are rewritten: sequential());
+            // the common ForkJoinPool's threads belong to no activation (the other ways there are rewritten: ParallelCalls);
             // a stage completed by the JDK's delay scheduler runs its dependents there
             Map.entry("java/util/concurrent/ForkJoinPool", Set.of("commonPool")),
             Map.entry("java/util/concurrent/CompletableFuture", Set.of("defaultExecutor", "delayedExecutor", "orTimeout",
@@ -296,7 +296,7 @@ public final class Rewriter {
                 why = deniedClass(c.asInternalName());
                 what = c.asInternalName().replace('/', '.');
             } else if (e instanceof MethodHandleEntry h && (redirectOf(h.reference()) != null
-                    || sequential(h.reference().owner().asInternalName(), h.reference().name().stringValue(),
+                    || ParallelCalls.sequential(h.reference().owner().asInternalName(), h.reference().name().stringValue(),
                             h.reference().type().stringValue(), jar) != null)) {
                 why = "a method handle to a guarded call";
                 what = h.reference().owner().asInternalName().replace('/', '.') + "." + h.reference().name().stringValue();
@@ -371,9 +371,9 @@ public final class Rewriter {
 
     private static void redirect(CodeBuilder cob, CodeElement coe, boolean trusted, java.util.function.Function<String, byte[]> jar) {
         if (!trusted && coe instanceof InvokeInstruction i) {
-            Sequential q = sequential(i.owner().asInternalName(), i.name().stringValue(), i.type().stringValue(), jar);
+            ParallelCalls.Sequential q = ParallelCalls.sequential(i.owner().asInternalName(), i.name().stringValue(), i.type().stringValue(), jar);
             if (q != null) {
-                emit(cob, i, q);
+                ParallelCalls.emit(cob, i, q, COMMON_POOL);
                 return;
             }
         }
@@ -398,142 +398,6 @@ public final class Rewriter {
             }
             cob.with(coe);
         }
-    }
-
-    // ---- no work on the common ForkJoinPool ------------------------------------------------------
-
-    /** How a call that would hand work to the common ForkJoinPool is rewritten. */
-    private enum Way { RENAME, GUARD, APPEND_EXECUTOR, NOT_PARALLEL, NO_THRESHOLD }
-
-    private record Sequential(Way way, String name, String type) {}
-
-    private static final String EXECUTOR = "Ljava/util/concurrent/Executor;";
-
-    private static final Set<String> INVOKE_ALL = Set.of("(Ljava/util/concurrent/ForkJoinTask;Ljava/util/concurrent/ForkJoinTask;)V",
-            "([Ljava/util/concurrent/ForkJoinTask;)V", "(Ljava/util/Collection;)Ljava/util/Collection;");
-
-    /** JDK (or runtime library) class + "|" + type -> whether it is one: the same for every function. */
-    private static final Map<String, Boolean> JDK_IS_A = new java.util.concurrent.ConcurrentHashMap<>();
-
-    /**
-     * The rewrite of a call that would run the function's code on the common pool's threads (of no
-     * activation), or null: parallel streams and {@code Arrays.parallel*} become sequential, a
-     * {@code CompletableFuture.*Async} call gets {@link CommonPool#executor()} (a thread of the
-     * activation), a fork outside a pool of the function's own runs in place, a
-     * {@code ConcurrentHashMap} bulk operation gets the threshold that means sequential.
-     */
-    static Sequential sequential(String owner, String name, String type, java.util.function.Function<String, byte[]> jar) {
-        switch (name) {
-            case "parallelStream" -> {
-                if (type.startsWith("()") && isA(owner, "java/util/Collection", jar)) return new Sequential(Way.RENAME, "stream", type);
-            }
-            case "parallel" -> {
-                if (type.startsWith("()") && isA(owner, "java/util/stream/BaseStream", jar)) return new Sequential(Way.RENAME, "sequential", type);
-            }
-            case "parallelSort" -> {
-                if (owner.equals("java/util/Arrays")) {
-                    return new Sequential(Way.RENAME, "sort", type.replace("[Ljava/lang/Comparable;", "[Ljava/lang/Object;"));
-                }
-            }
-            case "parallelSetAll" -> {
-                if (owner.equals("java/util/Arrays")) return new Sequential(Way.RENAME, "setAll", type);
-            }
-            case "parallelPrefix" -> {
-                if (owner.equals("java/util/Arrays")) return new Sequential(Way.GUARD, name, type);
-            }
-            case "fork" -> {
-                if (type.equals("()Ljava/util/concurrent/ForkJoinTask;") && isA(owner, "java/util/concurrent/ForkJoinTask", jar)) {
-                    return new Sequential(Way.GUARD, name, "(Ljava/util/concurrent/ForkJoinTask;)Ljava/util/concurrent/ForkJoinTask;");
-                }
-            }
-            case "invokeAll" -> {
-                if (INVOKE_ALL.contains(type) && isA(owner, "java/util/concurrent/ForkJoinTask", jar)) return new Sequential(Way.GUARD, name, type);
-            }
-            case "<init>" -> {
-                if (owner.equals("java/util/concurrent/SubmissionPublisher") && type.equals("()V")) {
-                    return new Sequential(Way.APPEND_EXECUTOR, name, "(" + EXECUTOR + "I)V");
-                }
-            }
-            default -> {
-                if (name.endsWith("Async") && !type.contains(EXECUTOR + ")") && isA(owner, "java/util/concurrent/CompletionStage", jar)) {
-                    return new Sequential(Way.APPEND_EXECUTOR, name, type.replace(")", EXECUTOR + ")"));
-                }
-            }
-        }
-        if (owner.equals("java/util/stream/StreamSupport") && type.contains("Z)")) return new Sequential(Way.NOT_PARALLEL, name, type);
-        // the bulk operations (forEach, search*, reduce*) take the parallelism threshold first
-        if (type.startsWith("(J") && (name.startsWith("forEach") || name.startsWith("search") || name.startsWith("reduce"))
-                && isA(owner, "java/util/concurrent/ConcurrentHashMap", jar)) {
-            return new Sequential(Way.NO_THRESHOLD, name, type);
-        }
-        return null;
-    }
-
-    private static void emit(CodeBuilder cob, InvokeInstruction i, Sequential q) {
-        switch (q.way()) {
-            case RENAME -> cob.invoke(i.opcode(), i.owner().asSymbol(), q.name(), MethodTypeDesc.ofDescriptor(q.type()), i.isInterface());
-            case GUARD -> cob.invokestatic(COMMON_POOL, q.name(), MethodTypeDesc.ofDescriptor(q.type()));
-            case APPEND_EXECUTOR -> {
-                cob.invokestatic(COMMON_POOL, "executor", MethodTypeDesc.of(ClassDesc.of("java.util.concurrent.Executor")));
-                if (q.name().equals("<init>")) cob.loadConstant(java.util.concurrent.Flow.defaultBufferSize());
-                cob.invoke(i.opcode(), i.owner().asSymbol(), q.name(), MethodTypeDesc.ofDescriptor(q.type()), i.isInterface());
-            }
-            case NOT_PARALLEL -> { // the last argument, parallel: false
-                cob.pop();
-                cob.iconst_0();
-                cob.with(i);
-            }
-            case NO_THRESHOLD -> { // the first argument, the parallelism threshold: Long.MAX_VALUE (sequential)
-                List<ClassDesc> ps = i.typeSymbol().parameterList();
-                int[] slots = new int[ps.size()];
-                for (int k = ps.size() - 1; k >= 1; k--) {
-                    java.lang.classfile.TypeKind t = java.lang.classfile.TypeKind.from(ps.get(k));
-                    slots[k] = cob.allocateLocal(t);
-                    cob.storeLocal(t, slots[k]);
-                }
-                cob.pop2();
-                cob.loadConstant(Long.MAX_VALUE);
-                for (int k = 1; k < ps.size(); k++) cob.loadLocal(java.lang.classfile.TypeKind.from(ps.get(k)), slots[k]);
-                cob.with(i);
-            }
-        }
-    }
-
-    /** Whether the class (the function's or a library's) is or extends or implements the JDK type (internal names). */
-    private static boolean isA(String owner, String type, java.util.function.Function<String, byte[]> jar) {
-        java.util.ArrayDeque<String> todo = new java.util.ArrayDeque<>(List.of(owner));
-        Set<String> seen = new HashSet<>();
-        while (!todo.isEmpty() && seen.size() < 256) {
-            String c = todo.poll();
-            if (c.equals(type)) return true;
-            if (!seen.add(c) || c.startsWith("[")) continue;
-            byte[] b = jar.apply(c + ".class");
-            if (b != null) {
-                ClassModel m = ClassFile.of().parse(b);
-                m.superclass().ifPresent(s -> todo.add(s.asInternalName()));
-                m.interfaces().forEach(x -> todo.add(x.asInternalName()));
-                continue;
-            }
-            Boolean known = JDK_IS_A.get(c + "|" + type);
-            if (known == null) {
-                known = jdkIsA(c, type);
-                if (known != null) JDK_IS_A.put(c + "|" + type, known); // only classes that exist: a bounded set
-            }
-            if (Boolean.TRUE.equals(known)) return true;
-        }
-        return false;
-    }
-
-    /** Null when no such class. */
-    private static Boolean jdkIsA(String c, String type) {
-        for (ClassLoader l : new ClassLoader[] {ClassLoader.getPlatformClassLoader(), Rewriter.class.getClassLoader()}) {
-            try {
-                Class<?> k = Class.forName(c.replace('/', '.'), false, l);
-                return Class.forName(type.replace('/', '.'), false, ClassLoader.getPlatformClassLoader()).isAssignableFrom(k);
-            } catch (ClassNotFoundException | LinkageError notThere) {
-            }
-        }
-        return null;
     }
 
     /** Checks only (for a whole jar at /init): the refusal, or null. @param jar entry name -> bytes */
