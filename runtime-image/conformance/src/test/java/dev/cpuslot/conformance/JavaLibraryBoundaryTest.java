@@ -28,7 +28,7 @@ class JavaLibraryBoundaryTest {
                 JsonObject r = new JsonObject();
                 r.addProperty("ownGson", com.google.gson.Gson.class.getClassLoader() == Probe.class.getClassLoader());
                 try {
-                    Class<?> g = Class.forName("dev.cpuslot.runtime.guard.ActionGuard");
+                    Class<?> g = Class.forName("dev.cpuslot.runtime.guard.ThreadBudget");
                     com.google.gson.Gson gson = new com.google.gson.GsonBuilder().excludeFieldsWithModifiers()
                         .setExclusionStrategies(new com.google.gson.ExclusionStrategy() {
                             public boolean shouldSkipField(com.google.gson.FieldAttributes f) { return !f.getName().equals("maxThreads"); }

@@ -1,6 +1,6 @@
 package dev.cpuslot.runtime;
 
-import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.guard.XmlParsers;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.Native;
 import dev.cpuslot.slot.SlotClient;
@@ -23,7 +23,7 @@ public final class Main {
         Config cfg = Config.fromEnv();
         // the tenant's streams: each activation's output its own block (UTF-8 whatever the locale)
         ActivationOutput.install(cfg.activationLogBytes());
-        if (!cfg.javaTrusted()) ActionGuard.secureXml(); // no function's parser reads external entities
+        if (!cfg.javaTrusted()) XmlParsers.secureXml(); // no function's parser reads external entities
         Log.format(cfg.logFormat());
         Log.configure(cfg.log(), cfg.logMaxBytes());
         PolyglotCache.useBesideJar(); // before the first engine (the prewarm's)

@@ -18,7 +18,7 @@ public final class Lazy<T> implements Supplier<T> {
     /** An HTTP client of the runtime's, made on first use, its threads (selector, executor) the runtime's. */
     public static Lazy<java.net.http.HttpClient> httpClient(java.util.function.UnaryOperator<java.net.http.HttpClient.Builder> configure) {
         return new Lazy<>(() -> configure.apply(java.net.http.HttpClient.newBuilder())
-                .executor(dev.cpuslot.runtime.guard.ActionGuard.runtimeExecutor("cpuslot-http")).build());
+                .executor(dev.cpuslot.runtime.guard.RuntimeThreads.runtimeExecutor("cpuslot-http")).build());
     }
 
     @Override
@@ -27,7 +27,7 @@ public final class Lazy<T> implements Supplier<T> {
         if (v == null) {
             synchronized (this) {
                 v = value;
-                if (v == null) value = v = dev.cpuslot.runtime.guard.ActionGuard.makeOnRuntimeThread("cpuslot-make", make);
+                if (v == null) value = v = dev.cpuslot.runtime.guard.RuntimeThreads.makeOnRuntimeThread("cpuslot-make", make);
             }
         }
         return v;

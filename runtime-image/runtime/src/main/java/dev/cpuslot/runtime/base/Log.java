@@ -52,7 +52,7 @@ public final class Log {
         } else {
             Path p = Path.of(s.startsWith("file:") ? s.substring(5) : s);
             file = p;
-            dev.cpuslot.runtime.guard.ActionGuard.protect(p); // no function reads or removes it
+            dev.cpuslot.runtime.guard.FileAccess.protect(p); // no function reads or removes it
             written = Files.exists(p) ? Files.size(p) : 0;
             sink = open(p);
         }
@@ -102,7 +102,7 @@ public final class Log {
     private static synchronized void startWriter() {
         if (writer != null) return;
         // the runtime's thread: in no worker's group, no function's activation inherited
-        writer = dev.cpuslot.runtime.guard.ActionGuard.runtimeThread("cpuslot-log-writer").start(() -> {
+        writer = dev.cpuslot.runtime.guard.RuntimeThreads.runtimeThread("cpuslot-log-writer").start(() -> {
             while (true) {
                 try {
                     line(activationEntry(String.valueOf(LATER.take())));

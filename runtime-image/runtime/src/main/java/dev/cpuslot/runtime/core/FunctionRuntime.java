@@ -60,7 +60,7 @@ public final class FunctionRuntime implements AutoCloseable {
 
     public FunctionRuntime(Config cfg, Metrics metrics, SlotClient slots, PrintStream out, PrintStream err) {
         this.cfg = cfg;
-        dev.cpuslot.runtime.guard.ActionGuard.setMaxThreads(cfg.javaMaxThreads());
+        dev.cpuslot.runtime.guard.ThreadBudget.setMaxThreads(cfg.javaMaxThreads());
         this.metrics = metrics;
         describeMetrics(); // before any family is made: a family keeps the help it was made with
         this.quota = new Quota(cfg, metrics);
@@ -76,7 +76,7 @@ public final class FunctionRuntime implements AutoCloseable {
         }
         this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
         // a thread of an ended activation stuck in JDK code leaves the slot its activation had
-        dev.cpuslot.runtime.guard.ActionGuard.onStray(runaways::stray);
+        dev.cpuslot.runtime.guard.Activations.onStray(runaways::stray);
         owner.set(cfg.owner());
         this.bus = new LocalBus(new LocalBus.Host() {
             @Override public LocalBus.Hosted find(String function) { return hosted.get(function); }
@@ -91,7 +91,7 @@ public final class FunctionRuntime implements AutoCloseable {
             m.add(p.max(), name, "max");
         }), "function", "state");
         // threads of ended activations that no interrupt or poll could end (JDK code that ignores both)
-        metrics.gaugeFunction("cpuslot_stray_threads", m -> m.add(dev.cpuslot.runtime.guard.ActionGuard.strayThreads()));
+        metrics.gaugeFunction("cpuslot_stray_threads", m -> m.add(dev.cpuslot.runtime.guard.Activations.strayThreads()));
         if (slots != null) {
             slots.onBatchRead(this::batchRead);
             metrics.counterFunction("cpuslot_slot_client_events_total", m -> slots.counters().forEach((k, v) -> m.add(v, k)), "event");

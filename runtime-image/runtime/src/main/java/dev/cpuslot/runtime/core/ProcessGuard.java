@@ -1,6 +1,6 @@
 package dev.cpuslot.runtime.core;
 
-import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.guard.Activations;
 import dev.cpuslot.runtime.base.Log;
 
 /**
@@ -23,7 +23,7 @@ final class ProcessGuard {
             // out of memory still: each step may fail, and the exit must not depend on any of them
             boolean runtimes = true;
             try {
-                runtimes = e instanceof Error && !ActionGuard.functionThread();
+                runtimes = e instanceof Error && !Activations.functionThread();
             } catch (Throwable ignored) {
             }
             if (!runtimes) {

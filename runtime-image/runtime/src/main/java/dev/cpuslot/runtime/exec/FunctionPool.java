@@ -1,7 +1,7 @@
 package dev.cpuslot.runtime.exec;
 
 import com.google.gson.JsonElement;
-import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.guard.RuntimeThreads;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.ReleaseOutcome;
 import dev.cpuslot.slot.SlotClient;
@@ -199,10 +199,10 @@ public final class FunctionPool implements AutoCloseable {
             // a worker is the runtime's: made on a chain caller's thread, it must not inherit
             // (nor count against) that Java function's activation
             // a thread group of its own, named as the worker: the threads its activations start
-            // join it, so the end of each activation finds them (ActionGuard.end); under the
+            // join it, so the end of each activation finds them (Activations.end); under the
             // runtime's group, not the creating thread's (a chain caller's worker would hold it)
             String name = "fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet();
-            thread = Thread.ofPlatform().daemon().name(name).group(new ThreadGroup(ActionGuard.RUNTIME_THREADS, name))
+            thread = Thread.ofPlatform().daemon().name(name).group(new ThreadGroup(RuntimeThreads.RUNTIME_THREADS, name))
                     .inheritInheritableThreadLocals(false).start(this::loop);
         }
 

@@ -41,7 +41,7 @@ public final class Runaways {
      * @param stillRunning true while the worker is still inside that activation
      */
     void watch(String function, Thread worker, int tid, BooleanSupplier stillRunning) {
-        Thread.ofPlatform().daemon().group(dev.cpuslot.runtime.guard.ActionGuard.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
+        Thread.ofPlatform().daemon().group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
                 .name("runaway-jail-" + IDS.incrementAndGet()).start(() -> {
             try {
                 Thread.sleep(graceMs);
@@ -60,7 +60,7 @@ public final class Runaways {
 
     /**
      * A thread an ended activation started, still running in JDK code that ignores interrupts
-     * (ActionGuard's stray): it would run on in the slot its activation had, charged to the next
+     * (the guard's stray: Activations): it would run on in the slot its activation had, charged to the next
      * invocation there. Confined as a runaway worker is, found by its kernel thread id.
      */
     public void stray(Thread t, String worker) {
@@ -68,7 +68,7 @@ public final class Runaways {
         String function = worker.startsWith("fn-") && dash > 3 ? worker.substring(3, dash) : worker;
         String name = t.getName().replaceAll("\\p{Cntrl}", "?");
         String what = "thread \"" + (name.length() > 64 ? name.substring(0, 64) + "..." : name) + "\" of an ended activation of " + function;
-        Thread.ofPlatform().daemon().group(dev.cpuslot.runtime.guard.ActionGuard.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
+        Thread.ofPlatform().daemon().group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
                 .name("runaway-jail-" + IDS.incrementAndGet()).start(() -> {
             if (!t.isAlive()) return;
             current.inc();

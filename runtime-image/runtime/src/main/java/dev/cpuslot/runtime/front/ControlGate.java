@@ -1,6 +1,6 @@
 package dev.cpuslot.runtime.front;
 
-import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.guard.FileAccess;
 
 import java.io.IOException;
 import java.net.InetAddress;
@@ -47,7 +47,7 @@ public final class ControlGate {
         } catch (IOException e) {
             throw new IllegalArgumentException("CPUSLOT_CONTROL_TOKEN_FILE " + tokenFile + " cannot be read: " + e.getMessage(), e);
         }
-        ActionGuard.protect(p); // no Java function opens it
+        FileAccess.protect(p); // no Java function opens it
     }
 
     /**

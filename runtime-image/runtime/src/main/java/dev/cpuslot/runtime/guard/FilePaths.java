@@ -15,7 +15,7 @@ import java.util.Set;
  * {@code File} and {@code Path} argument of a JDK method (but {@code Path}'s and {@code File}'s own
  * path arithmetic and metadata queries), the file name of the stream constructors that take one as
  * a {@code String}, the {@code File} whose listing or contents a method changes, and the
- * {@code URL} a stream is opened on. {@link ActionGuard#path} decides; the call then runs as written.
+ * {@code URL} a stream is opened on. {@link FileAccess#path} decides; the call then runs as written.
  * Java has no single place where a path is opened ({@code java.io} opens natively, beside
  * {@code java.nio}'s providers), so the calls are found where the function makes them.
  */

@@ -46,13 +46,15 @@ import java.util.Set;
  * {@code java.beans} (reflective calls by name), Java deserialization and XSLT (code the guard
  * never saw), and the runtime's own classes. A method handle
  * constant to a rewritten member is refused too.</li>
- * <li><b>Rewritten</b> to {@link ActionGuard}: {@code Method.invoke}, {@code Constructor/Class.newInstance},
- * {@code setAccessible} (allowed on the function's own classes only), {@code System.exit}, {@code Runtime.exit/halt}
- * (a SecurityException), {@code System.gc}, {@code Runtime.gc} (nothing), {@code System.getenv} (the activation's environment),
- * {@code System.getProperty/getProperties} and the temporary-file calls (the function's own
- * temporary directory), {@code setAttribute/setProperty} of the JDK's XML parsers (no
- * {@code accessExternal*} value but {@code ""}).</li>
- * <li><b>Kept off the common ForkJoinPool</b> (its threads belong to no activation: {@link #sequential}):
+ * <li><b>Rewritten</b> to the guard's classes: {@code Method.invoke}, {@code Constructor/Class.newInstance},
+ * {@code setAccessible} (allowed on the function's own classes only: {@link OwnReflection}), {@code System.exit},
+ * {@code Runtime.exit/halt} (a SecurityException), {@code System.gc}, {@code Runtime.gc} (nothing), {@code System.getenv}
+ * (the activation's environment: {@link SystemCalls}), {@code System.getProperty/getProperties} and the temporary-file
+ * calls (the function's own temporary directory: {@link FileAccess}), {@code setAttribute/setProperty} of the JDK's
+ * XML parsers (no {@code accessExternal*} value but {@code ""}: {@link XmlParsers}); a check of every file path
+ * before the JDK call that names it ({@link FilePaths}, {@link FileAccess}); the poll at every backward branch
+ * ({@link Activations#poll}).</li>
+ * <li><b>Kept off the common ForkJoinPool</b> (its threads belong to no activation: {@link ParallelCalls}):
  * parallel streams and {@code Arrays.parallel*} run sequentially, {@code CompletableFuture.*Async}
  * gets an executor of the activation's threads.</li>
  * </ul>
@@ -136,7 +138,7 @@ public final class Rewriter {
             Map.entry("java/util/logging/Logger", Set.of("addHandler", "removeHandler", "getHandlers", "setFilter", "setParent",
                     "setUseParentHandlers", "setResourceBundle")),
             Map.entry("java/lang/invoke/MethodHandles$Lookup", Set.of()),
-            // the common ForkJoinPool's threads belong to no activation (the other ways there are rewritten: sequential());
+            // the common ForkJoinPool's threads belong to no activation (the other ways there are rewritten: ParallelCalls);
             // a stage completed by the JDK's delay scheduler runs its dependents there
             Map.entry("java/util/concurrent/ForkJoinPool", Set.of("commonPool")),
             Map.entry("java/util/concurrent/CompletableFuture", Set.of("defaultExecutor", "delayedExecutor", "orTimeout",
@@ -175,60 +177,65 @@ public final class Rewriter {
 
     // ---- rewritten calls --------------------------------------------------------------------
 
-    record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly) {}
+    /** A JDK call and the guard class whose static method of the same name it is rewritten to. */
+    record Redirect(String owner, String name, String type, boolean virtual, boolean guardOnly, Class<?> guard) {}
 
     private static final String XML_SET = "(Ljava/lang/String;Ljava/lang/Object;)V";
 
-    /** owner.name+type (JVM form) -> the ActionGuard method of the same name (a virtual call gets its receiver first). */
+    /** owner.name+type (JVM form) -> the guard's method of the same name (a virtual call gets its receiver first). */
     static final Map<String, Redirect> REDIRECTS = Map.ofEntries(
-            redirect("java/lang/System", "exit", "(I)V", false),
-            redirect("java/lang/Runtime", "exit", "(I)V", true),
-            redirect("java/lang/Runtime", "halt", "(I)V", true),
+            redirect("java/lang/System", "exit", "(I)V", false, SystemCalls.class),
+            redirect("java/lang/Runtime", "exit", "(I)V", true, SystemCalls.class),
+            redirect("java/lang/Runtime", "halt", "(I)V", true, SystemCalls.class),
             // a full collection of the shared heap stops every tenant's threads
-            redirect("java/lang/System", "gc", "()V", false),
-            redirect("java/lang/Runtime", "gc", "()V", true),
-            redirect("java/lang/System", "getenv", "(Ljava/lang/String;)Ljava/lang/String;", false),
-            redirect("java/lang/System", "getenv", "()Ljava/util/Map;", false),
-            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;)Ljava/lang/String;", false),
-            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;Ljava/lang/String;)Ljava/lang/String;", false),
-            redirect("java/lang/System", "getProperties", "()Ljava/util/Properties;", false),
-            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;)Ljava/io/File;", false),
-            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;Ljava/io/File;)Ljava/io/File;", false),
+            redirect("java/lang/System", "gc", "()V", false, SystemCalls.class),
+            redirect("java/lang/Runtime", "gc", "()V", true, SystemCalls.class),
+            redirect("java/lang/System", "getenv", "(Ljava/lang/String;)Ljava/lang/String;", false, SystemCalls.class),
+            redirect("java/lang/System", "getenv", "()Ljava/util/Map;", false, SystemCalls.class),
+            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;)Ljava/lang/String;", false, FileAccess.class),
+            redirect("java/lang/System", "getProperty", "(Ljava/lang/String;Ljava/lang/String;)Ljava/lang/String;", false, FileAccess.class),
+            redirect("java/lang/System", "getProperties", "()Ljava/util/Properties;", false, FileAccess.class),
+            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;)Ljava/io/File;", false, FileAccess.class),
+            redirect("java/io/File", "createTempFile", "(Ljava/lang/String;Ljava/lang/String;Ljava/io/File;)Ljava/io/File;", false, FileAccess.class),
             redirect("java/nio/file/Files", "createTempFile",
-                    "(Ljava/lang/String;Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false),
+                    "(Ljava/lang/String;Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false, FileAccess.class),
             redirect("java/nio/file/Files", "createTempDirectory",
-                    "(Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false),
-            reflect("java/lang/reflect/Method", "invoke", "(Ljava/lang/Object;[Ljava/lang/Object;)Ljava/lang/Object;"),
-            reflect("java/lang/reflect/Constructor", "newInstance", "([Ljava/lang/Object;)Ljava/lang/Object;"),
-            reflect("java/lang/Class", "newInstance", "()Ljava/lang/Object;"),
-            reflect("java/lang/reflect/Method", "setAccessible", "(Z)V"),
-            reflect("java/lang/reflect/Constructor", "setAccessible", "(Z)V"),
-            reflect("java/lang/reflect/Executable", "setAccessible", "(Z)V"),
-            reflect("java/lang/reflect/AccessibleObject", "setAccessible", "(Z)V"),
-            reflect("java/lang/reflect/Method", "trySetAccessible", "()Z"),
-            reflect("java/lang/reflect/Constructor", "trySetAccessible", "()Z"),
-            reflect("java/lang/reflect/Executable", "trySetAccessible", "()Z"),
-            reflect("java/lang/reflect/AccessibleObject", "trySetAccessible", "()Z"),
+                    "(Ljava/lang/String;[Ljava/nio/file/attribute/FileAttribute;)Ljava/nio/file/Path;", false, FileAccess.class),
+            reflect("java/lang/reflect/Method", "invoke", "(Ljava/lang/Object;[Ljava/lang/Object;)Ljava/lang/Object;", OwnReflection.class),
+            reflect("java/lang/reflect/Constructor", "newInstance", "([Ljava/lang/Object;)Ljava/lang/Object;", OwnReflection.class),
+            reflect("java/lang/Class", "newInstance", "()Ljava/lang/Object;", OwnReflection.class),
+            reflect("java/lang/reflect/Method", "setAccessible", "(Z)V", OwnReflection.class),
+            reflect("java/lang/reflect/Constructor", "setAccessible", "(Z)V", OwnReflection.class),
+            reflect("java/lang/reflect/Executable", "setAccessible", "(Z)V", OwnReflection.class),
+            reflect("java/lang/reflect/AccessibleObject", "setAccessible", "(Z)V", OwnReflection.class),
+            reflect("java/lang/reflect/Method", "trySetAccessible", "()Z", OwnReflection.class),
+            reflect("java/lang/reflect/Constructor", "trySetAccessible", "()Z", OwnReflection.class),
+            reflect("java/lang/reflect/Executable", "trySetAccessible", "()Z", OwnReflection.class),
+            reflect("java/lang/reflect/AccessibleObject", "trySetAccessible", "()Z", OwnReflection.class),
             // an XML parser the function tells to read external entities or schemas (the runtime
-            // turns that off for every parser: ActionGuard.secureXml)
-            reflect("javax/xml/parsers/DocumentBuilderFactory", "setAttribute", XML_SET),
-            reflect("javax/xml/parsers/SAXParser", "setProperty", XML_SET),
-            reflect("org/xml/sax/XMLReader", "setProperty", XML_SET),
-            reflect("javax/xml/stream/XMLInputFactory", "setProperty", XML_SET),
-            reflect("javax/xml/validation/SchemaFactory", "setProperty", XML_SET),
-            reflect("javax/xml/validation/Validator", "setProperty", XML_SET),
-            reflect("javax/xml/validation/ValidatorHandler", "setProperty", XML_SET));
+            // turns that off for every parser: XmlParsers.secureXml)
+            reflect("javax/xml/parsers/DocumentBuilderFactory", "setAttribute", XML_SET, XmlParsers.class),
+            reflect("javax/xml/parsers/SAXParser", "setProperty", XML_SET, XmlParsers.class),
+            reflect("org/xml/sax/XMLReader", "setProperty", XML_SET, XmlParsers.class),
+            reflect("javax/xml/stream/XMLInputFactory", "setProperty", XML_SET, XmlParsers.class),
+            reflect("javax/xml/validation/SchemaFactory", "setProperty", XML_SET, XmlParsers.class),
+            reflect("javax/xml/validation/Validator", "setProperty", XML_SET, XmlParsers.class),
+            reflect("javax/xml/validation/ValidatorHandler", "setProperty", XML_SET, XmlParsers.class));
 
-    private static Map.Entry<String, Redirect> redirect(String owner, String name, String type, boolean virtual) {
-        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, virtual, false));
+    private static Map.Entry<String, Redirect> redirect(String owner, String name, String type, boolean virtual, Class<?> guard) {
+        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, virtual, false, guard));
     }
 
     /** A redirect that only the guard makes (a trusted runtime leaves the call as it is). */
-    private static Map.Entry<String, Redirect> reflect(String owner, String name, String type) {
-        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, true, true));
+    private static Map.Entry<String, Redirect> reflect(String owner, String name, String type, Class<?> guard) {
+        return Map.entry(owner + "." + name + type, new Redirect(owner, name, type, true, true, guard));
     }
 
-    private static final ClassDesc GUARD = ClassDesc.of(ActionGuard.class.getName());
+    /** The guard's classes the rewritten code calls (named only: loading them here starts nothing). */
+    private static final ClassDesc ACTIVATIONS = desc(Activations.class), FILE_ACCESS = desc(FileAccess.class),
+            COMMON_POOL = desc(CommonPool.class);
+
+    private static ClassDesc desc(Class<?> c) { return ClassDesc.of(c.getName()); }
 
     private static Redirect redirectOf(MemberRefEntry m) {
         return REDIRECTS.get(m.owner().asInternalName() + "." + m.name().stringValue() + m.type().stringValue());
@@ -289,7 +296,7 @@ public final class Rewriter {
                 why = deniedClass(c.asInternalName());
                 what = c.asInternalName().replace('/', '.');
             } else if (e instanceof MethodHandleEntry h && (redirectOf(h.reference()) != null
-                    || sequential(h.reference().owner().asInternalName(), h.reference().name().stringValue(),
+                    || ParallelCalls.sequential(h.reference().owner().asInternalName(), h.reference().name().stringValue(),
                             h.reference().type().stringValue(), jar) != null)) {
                 why = "a method handle to a guarded call";
                 what = h.reference().owner().asInternalName().replace('/', '.') + "." + h.reference().name().stringValue();
@@ -308,7 +315,7 @@ public final class Rewriter {
 
     /**
      * Checks the class (unless trusted) and returns it with its guarded calls redirected to
-     * {@link ActionGuard}, or the same bytes when it has none.
+     * the guard's classes, or the same bytes when it has none.
      * @param loader resolves the function's own classes when stack maps are recomputed
      * @param jar the function's jar: entry name -> bytes (its classes' superclasses)
      * @throws Refused when the class references what the guard refuses
@@ -348,8 +355,8 @@ public final class Rewriter {
                     case TableSwitchInstruction t -> seen.contains(t.defaultTarget()) || t.cases().stream().anyMatch(c -> seen.contains(c.target()));
                     default -> false;
                 };
-                // a loop stops at its deadline or when it fills the heap (ActionGuard.poll)
-                if (back && !trusted) cob.invokestatic(GUARD, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
+                // a loop stops at its deadline or when it fills the heap (Activations.poll)
+                if (back && !trusted) cob.invokestatic(ACTIVATIONS, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
                 redirect(cob, coe, trusted, jar);
             }
         })));
@@ -364,16 +371,16 @@ public final class Rewriter {
 
     private static void redirect(CodeBuilder cob, CodeElement coe, boolean trusted, java.util.function.Function<String, byte[]> jar) {
         if (!trusted && coe instanceof InvokeInstruction i) {
-            Sequential q = sequential(i.owner().asInternalName(), i.name().stringValue(), i.type().stringValue(), jar);
+            ParallelCalls.Sequential q = ParallelCalls.sequential(i.owner().asInternalName(), i.name().stringValue(), i.type().stringValue(), jar);
             if (q != null) {
-                emit(cob, i, q);
+                ParallelCalls.emit(cob, i, q, COMMON_POOL);
                 return;
             }
         }
         if (!trusted && coe instanceof InvokeInstruction i) {
             FilePaths.Check c = FilePaths.checked(i.owner().asInternalName(), i.name().stringValue(), i.type().stringValue());
             if (c != null && redirectOf(i.method()) == null) {
-                FilePaths.emit(cob, i, c, GUARD);
+                FilePaths.emit(cob, i, c, FILE_ACCESS);
                 cob.with(coe);
                 return;
             }
@@ -385,148 +392,12 @@ public final class Rewriter {
                 if (r != null && r.virtual() == (i.opcode() != Opcode.INVOKESTATIC) && !(trusted && r.guardOnly())) {
                     MethodTypeDesc t = i.typeSymbol();
                     if (r.virtual()) t = t.insertParameterTypes(0, ClassDesc.of("java.lang.Object"));
-                    cob.invokestatic(GUARD, r.name(), t);
+                    cob.invokestatic(desc(r.guard()), r.name(), t);
                     return;
                 }
             }
             cob.with(coe);
         }
-    }
-
-    // ---- no work on the common ForkJoinPool ------------------------------------------------------
-
-    /** How a call that would hand work to the common ForkJoinPool is rewritten. */
-    private enum Way { RENAME, GUARD, APPEND_EXECUTOR, NOT_PARALLEL, NO_THRESHOLD }
-
-    private record Sequential(Way way, String name, String type) {}
-
-    private static final String EXECUTOR = "Ljava/util/concurrent/Executor;";
-
-    private static final Set<String> INVOKE_ALL = Set.of("(Ljava/util/concurrent/ForkJoinTask;Ljava/util/concurrent/ForkJoinTask;)V",
-            "([Ljava/util/concurrent/ForkJoinTask;)V", "(Ljava/util/Collection;)Ljava/util/Collection;");
-
-    /** JDK (or runtime library) class + "|" + type -> whether it is one: the same for every function. */
-    private static final Map<String, Boolean> JDK_IS_A = new java.util.concurrent.ConcurrentHashMap<>();
-
-    /**
-     * The rewrite of a call that would run the function's code on the common pool's threads (of no
-     * activation), or null: parallel streams and {@code Arrays.parallel*} become sequential, a
-     * {@code CompletableFuture.*Async} call gets {@link ActionGuard#executor()} (a thread of the
-     * activation), a fork outside a pool of the function's own runs in place, a
-     * {@code ConcurrentHashMap} bulk operation gets the threshold that means sequential.
-     */
-    static Sequential sequential(String owner, String name, String type, java.util.function.Function<String, byte[]> jar) {
-        switch (name) {
-            case "parallelStream" -> {
-                if (type.startsWith("()") && isA(owner, "java/util/Collection", jar)) return new Sequential(Way.RENAME, "stream", type);
-            }
-            case "parallel" -> {
-                if (type.startsWith("()") && isA(owner, "java/util/stream/BaseStream", jar)) return new Sequential(Way.RENAME, "sequential", type);
-            }
-            case "parallelSort" -> {
-                if (owner.equals("java/util/Arrays")) {
-                    return new Sequential(Way.RENAME, "sort", type.replace("[Ljava/lang/Comparable;", "[Ljava/lang/Object;"));
-                }
-            }
-            case "parallelSetAll" -> {
-                if (owner.equals("java/util/Arrays")) return new Sequential(Way.RENAME, "setAll", type);
-            }
-            case "parallelPrefix" -> {
-                if (owner.equals("java/util/Arrays")) return new Sequential(Way.GUARD, name, type);
-            }
-            case "fork" -> {
-                if (type.equals("()Ljava/util/concurrent/ForkJoinTask;") && isA(owner, "java/util/concurrent/ForkJoinTask", jar)) {
-                    return new Sequential(Way.GUARD, name, "(Ljava/util/concurrent/ForkJoinTask;)Ljava/util/concurrent/ForkJoinTask;");
-                }
-            }
-            case "invokeAll" -> {
-                if (INVOKE_ALL.contains(type) && isA(owner, "java/util/concurrent/ForkJoinTask", jar)) return new Sequential(Way.GUARD, name, type);
-            }
-            case "<init>" -> {
-                if (owner.equals("java/util/concurrent/SubmissionPublisher") && type.equals("()V")) {
-                    return new Sequential(Way.APPEND_EXECUTOR, name, "(" + EXECUTOR + "I)V");
-                }
-            }
-            default -> {
-                if (name.endsWith("Async") && !type.contains(EXECUTOR + ")") && isA(owner, "java/util/concurrent/CompletionStage", jar)) {
-                    return new Sequential(Way.APPEND_EXECUTOR, name, type.replace(")", EXECUTOR + ")"));
-                }
-            }
-        }
-        if (owner.equals("java/util/stream/StreamSupport") && type.contains("Z)")) return new Sequential(Way.NOT_PARALLEL, name, type);
-        // the bulk operations (forEach, search*, reduce*) take the parallelism threshold first
-        if (type.startsWith("(J") && (name.startsWith("forEach") || name.startsWith("search") || name.startsWith("reduce"))
-                && isA(owner, "java/util/concurrent/ConcurrentHashMap", jar)) {
-            return new Sequential(Way.NO_THRESHOLD, name, type);
-        }
-        return null;
-    }
-
-    private static void emit(CodeBuilder cob, InvokeInstruction i, Sequential q) {
-        switch (q.way()) {
-            case RENAME -> cob.invoke(i.opcode(), i.owner().asSymbol(), q.name(), MethodTypeDesc.ofDescriptor(q.type()), i.isInterface());
-            case GUARD -> cob.invokestatic(GUARD, q.name(), MethodTypeDesc.ofDescriptor(q.type()));
-            case APPEND_EXECUTOR -> {
-                cob.invokestatic(GUARD, "executor", MethodTypeDesc.of(ClassDesc.of("java.util.concurrent.Executor")));
-                if (q.name().equals("<init>")) cob.loadConstant(java.util.concurrent.Flow.defaultBufferSize());
-                cob.invoke(i.opcode(), i.owner().asSymbol(), q.name(), MethodTypeDesc.ofDescriptor(q.type()), i.isInterface());
-            }
-            case NOT_PARALLEL -> { // the last argument, parallel: false
-                cob.pop();
-                cob.iconst_0();
-                cob.with(i);
-            }
-            case NO_THRESHOLD -> { // the first argument, the parallelism threshold: Long.MAX_VALUE (sequential)
-                List<ClassDesc> ps = i.typeSymbol().parameterList();
-                int[] slots = new int[ps.size()];
-                for (int k = ps.size() - 1; k >= 1; k--) {
-                    java.lang.classfile.TypeKind t = java.lang.classfile.TypeKind.from(ps.get(k));
-                    slots[k] = cob.allocateLocal(t);
-                    cob.storeLocal(t, slots[k]);
-                }
-                cob.pop2();
-                cob.loadConstant(Long.MAX_VALUE);
-                for (int k = 1; k < ps.size(); k++) cob.loadLocal(java.lang.classfile.TypeKind.from(ps.get(k)), slots[k]);
-                cob.with(i);
-            }
-        }
-    }
-
-    /** Whether the class (the function's or a library's) is or extends or implements the JDK type (internal names). */
-    private static boolean isA(String owner, String type, java.util.function.Function<String, byte[]> jar) {
-        java.util.ArrayDeque<String> todo = new java.util.ArrayDeque<>(List.of(owner));
-        Set<String> seen = new HashSet<>();
-        while (!todo.isEmpty() && seen.size() < 256) {
-            String c = todo.poll();
-            if (c.equals(type)) return true;
-            if (!seen.add(c) || c.startsWith("[")) continue;
-            byte[] b = jar.apply(c + ".class");
-            if (b != null) {
-                ClassModel m = ClassFile.of().parse(b);
-                m.superclass().ifPresent(s -> todo.add(s.asInternalName()));
-                m.interfaces().forEach(x -> todo.add(x.asInternalName()));
-                continue;
-            }
-            Boolean known = JDK_IS_A.get(c + "|" + type);
-            if (known == null) {
-                known = jdkIsA(c, type);
-                if (known != null) JDK_IS_A.put(c + "|" + type, known); // only classes that exist: a bounded set
-            }
-            if (Boolean.TRUE.equals(known)) return true;
-        }
-        return false;
-    }
-
-    /** Null when no such class. */
-    private static Boolean jdkIsA(String c, String type) {
-        for (ClassLoader l : new ClassLoader[] {ClassLoader.getPlatformClassLoader(), Rewriter.class.getClassLoader()}) {
-            try {
-                Class<?> k = Class.forName(c.replace('/', '.'), false, l);
-                return Class.forName(type.replace('/', '.'), false, ClassLoader.getPlatformClassLoader()).isAssignableFrom(k);
-            } catch (ClassNotFoundException | LinkageError notThere) {
-            }
-        }
-        return null;
     }
 
     /** Checks only (for a whole jar at /init): the refusal, or null. @param jar entry name -> bytes */

@@ -1,10 +1,13 @@
 package dev.cpuslot.runtime.lang;
 
-import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.guard.Activations;
+import dev.cpuslot.runtime.guard.FileAccess;
+import dev.cpuslot.runtime.guard.HeapShare;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonParser;
 
 import dev.cpuslot.runtime.guard.Rewriter;
+import dev.cpuslot.runtime.guard.SystemCalls;
 
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
@@ -55,7 +58,7 @@ import dev.cpuslot.runtime.exec.Function;
 public final class JavaFunction implements Function {
     /** The running invocation's environment, for code that cannot take a second parameter. */
     public static Map<String, String> currentEnv() {
-        Map<String, String> m = ActionGuard.env();
+        Map<String, String> m = SystemCalls.env();
         return m == null ? Map.of() : m;
     }
 
@@ -118,11 +121,11 @@ public final class JavaFunction implements Function {
         map = b[1];
         text = b[2];
         bind = b[3];
-        ActionGuard.setTmpdir(loader, tmpdir);
+        FileAccess.setTmpdir(loader, tmpdir);
         if (method.isEmpty()) method = "main";
         Class<?> c;
         // static initialisers run now and see the /init environment through System.getenv
-        ActionGuard.setEnv(this.initEnv);
+        SystemCalls.setEnv(this.initEnv);
         try {
             c = Class.forName(cls, true, loader);
         } catch (ClassNotFoundException | LinkageError | SecurityException e) {
@@ -131,7 +134,7 @@ public final class JavaFunction implements Function {
             cnf.printStackTrace(System.err);
             throw new InitError(ERR_PREFIX + cnf, cnf);
         } finally {
-            ActionGuard.setEnv(null);
+            SystemCalls.setEnv(null);
         }
         Kind k = null;
         Method m = null;
@@ -187,11 +190,11 @@ public final class JavaFunction implements Function {
                 Thread t = Thread.currentThread();
                 ClassLoader prev = t.getContextClassLoader();
                 t.setContextClassLoader(loader);
-                ActionGuard.setEnv(env);
-                ActionGuard.begin(loader);
+                SystemCalls.setEnv(env);
+                Activations.begin(loader);
                 boolean bound = false;
                 try {
-                    ActionGuard.heapCheck(); // a function over its share of a nearly full heap fails here
+                    HeapShare.check(); // a function over its share of a nearly full heap fails here
                     // JSON as text both ways: the function's objects are of its own Gson
                     String in = kind == Kind.ARRAY ? (args != null && args.isJsonArray() ? args.toString() : "[]")
                             : args != null && args.isJsonObject() ? args.toString() : "{}";
@@ -226,15 +229,15 @@ public final class JavaFunction implements Function {
                         } catch (Throwable ignored) { // its own copy's ThreadLocal: nothing else to undo
                         }
                     }
-                    ActionGuard.end();
-                    ActionGuard.setEnv(null);
+                    Activations.end();
+                    SystemCalls.setEnv(null);
                     t.setContextClassLoader(prev);
                 }
             }
 
             @Override
             public void cancel(Thread worker) {
-                ActionGuard.cancel(worker); // its loops stop at their next backward branch
+                Activations.cancel(worker); // its loops stop at their next backward branch
                 worker.interrupt();
             }
 
@@ -274,7 +277,7 @@ public final class JavaFunction implements Function {
     @Override
     public void close() {
         if (loader != null) {
-            ActionGuard.setTmpdir(loader, null);
+            FileAccess.setTmpdir(loader, null);
             loader.close();
         }
         deleteTree(tmpdir);

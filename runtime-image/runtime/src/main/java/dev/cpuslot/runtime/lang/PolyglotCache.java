@@ -1,6 +1,6 @@
 package dev.cpuslot.runtime.lang;
 
-import dev.cpuslot.runtime.guard.ActionGuard;
+import dev.cpuslot.runtime.guard.FileAccess;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Optional;
@@ -47,7 +47,7 @@ public final class PolyglotCache {
             Log.info("polyglot resources from " + p);
         });
         String dir = System.getProperty(PROPERTY);
-        ActionGuard.protect(dir != null ? Path.of(dir) : Path.of(System.getProperty("user.home"), ".cache", "org.graalvm.polyglot"));
+        FileAccess.protect(dir != null ? Path.of(dir) : Path.of(System.getProperty("user.home"), ".cache", "org.graalvm.polyglot"));
     }
 
     /**

@@ -131,7 +131,7 @@ public final class PolyglotFunction implements Function {
      */
     private static java.util.concurrent.CompletableFuture<Context> startSpare(String id) {
         var f = new java.util.concurrent.CompletableFuture<Context>();
-        Thread.ofPlatform().daemon().name("prewarm-" + id).group(dev.cpuslot.runtime.guard.ActionGuard.RUNTIME_THREADS)
+        Thread.ofPlatform().daemon().name("prewarm-" + id).group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
                 .inheritInheritableThreadLocals(false).start(() -> {
                     try {
                         f.complete(spareContext(id));
@@ -226,7 +226,7 @@ public final class PolyglotFunction implements Function {
      */
     static <T> T onPlatformThread(java.util.function.Supplier<T> work) {
         if (!Thread.currentThread().isVirtual()) return work.get();
-        return dev.cpuslot.runtime.guard.ActionGuard.makeOn(Thread.ofPlatform().daemon().name("polyglot-init"), work);
+        return dev.cpuslot.runtime.guard.RuntimeThreads.makeOn(Thread.ofPlatform().daemon().name("polyglot-init"), work);
     }
 
     /**

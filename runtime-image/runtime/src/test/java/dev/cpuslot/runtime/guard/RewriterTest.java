@@ -13,7 +13,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 
 class RewriterTest {
     /**
-     * Every call the guard rewrites lands on an ActionGuard method of the type the rewrite emits
+     * Every call the guard rewrites lands on a method of its guard class, of the type the rewrite emits
      * (the call's, a virtual call's receiver first as an Object): a missing one is a
      * NoSuchMethodError in the function instead of the guard's answer. (Before: Runtime.exit and
      * Runtime.halt were rewritten to methods taking a Runtime, and failed so.)
@@ -27,11 +27,62 @@ class RewriterTest {
             if (r.virtual()) t = t.insertParameterTypes(0, ClassDesc.of("java.lang.Object"));
             MethodType mt = (MethodType) t.resolveConstantDesc(lookup);
             try {
-                lookup.findStatic(ActionGuard.class, r.name(), mt);
+                lookup.findStatic(r.guard(), r.name(), mt);
             } catch (NoSuchMethodException | IllegalAccessException e) {
-                missing.add(r.owner() + "." + r.name() + r.type() + " -> ActionGuard." + r.name() + mt);
+                missing.add(r.owner() + "." + r.name() + r.type() + " -> " + r.guard().getSimpleName() + "." + r.name() + mt);
             }
         }
         assertEquals(List.of(), missing, "rewritten calls without their guard method");
+    }
+
+    /** A function's code that makes every kind of call the guard rewrites to its classes (a module of its own when rewritten). */
+    public static final class Calls {
+        public static String run() throws Exception {
+            long sum = 0;
+            for (int i = 0; i < 3; i++) sum += i; // the poll at the backward branch: Activations
+            try (var in = new java.io.FileInputStream(new java.io.File("/dev/null"))) { // the path check: FileAccess
+                sum += in.read();
+            }
+            long[] a = {1, 2, 3};
+            java.util.Arrays.parallelPrefix(a, Long::sum); // CommonPool
+            sum += new Four().fork().join(); // CommonPool.fork
+            sum += java.util.concurrent.CompletableFuture.supplyAsync(() -> 5L).get(); // CommonPool.executor
+            System.gc(); // SystemCalls
+            return sum + ":" + a[2] + ":" + (System.getenv("PATH") != null);
+        }
+
+        /** Public: the rewritten class is in a loader of its own, a package of its own. */
+        public static final class Four extends java.util.concurrent.RecursiveTask<Long> {
+            @Override
+            protected Long compute() { return 4L; }
+        }
+    }
+
+    /**
+     * A class rewritten by the guard runs: every call the rewrite emits (the poll, the path check,
+     * the common pool's replacements, the redirects) resolves to a method of the guard class it
+     * names, where a wrong class or name is a NoSuchMethodError in the function.
+     */
+    @Test
+    void rewrittenCallsResolveToTheGuardsClasses() throws Exception {
+        String name = Calls.class.getName();
+        ClassLoader parent = RewriterTest.class.getClassLoader();
+        byte[] bytes;
+        try (var in = parent.getResourceAsStream(name.replace('.', '/') + ".class")) {
+            bytes = in.readAllBytes();
+        }
+        byte[] rewritten = Rewriter.rewrite(bytes, parent, false, false, n -> null);
+        ClassLoader function = new ClassLoader(parent) {
+            @Override
+            protected Class<?> loadClass(String n, boolean resolve) throws ClassNotFoundException {
+                if (!n.equals(name)) return super.loadClass(n, resolve);
+                synchronized (getClassLoadingLock(n)) {
+                    Class<?> c = findLoadedClass(n);
+                    return c != null ? c : defineClass(n, rewritten, 0, rewritten.length);
+                }
+            }
+        };
+        Class<?> c = Class.forName(name, true, function);
+        assertEquals("11:6:true", c.getMethod("run").invoke(null));
     }
 }

@@ -1,0 +1,267 @@
+package dev.cpuslot.runtime.guard;
+
+import java.util.Collections;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+
+/**
+ * An activation of a Java function and the threads it starts: they inherit it, stop at its
+ * deadline or its return (the poll {@link Rewriter} inserts at every backward branch), and are
+ * watched until none lives; one that still runs a second after the end is a stray, handed to the
+ * runtime. Its own class: the poll's flag, the running activations and the lingering groups are
+ * read and written together.
+ */
+public final class Activations {
+    private Activations() {}
+
+    // ---- the poll at every backward branch of a function's code -------------------------------
+
+    /** Set while any thread is to be stopped or the heap is nearly full: the poll's fast path reads only this. */
+    private static volatile boolean alert;
+
+    /**
+     * One activation: every thread it starts inherits it, so all of them stop at its deadline.
+     * Each thread has its own (a child of the worker's), so a thread that ended is seen to end.
+     */
+    static final class Activation {
+        /** The worker's: cancelled there. */
+        final Activation root;
+        final ThreadBudget budget;
+        /** Why it ended (its deadline, or its return), null while it runs: every thread it started stops at its next backward branch. */
+        volatile String ended;
+        /** The activation constructed a thread (the worker's: only then is there anything to end). */
+        volatile boolean started;
+
+        Activation(Activation root, ThreadBudget budget) {
+            this.root = root == null ? this : root;
+            this.budget = budget;
+        }
+
+        String ended() { return root.ended; }
+    }
+
+    /**
+     * Every thread constructed by a thread of an activation, platform or virtual, started by the
+     * function or by the JDK on its behalf (executors, builders, thread factories), inherits it:
+     * the JVM calls {@link InheritableThreadLocal#childValue} in the parent as it constructs the
+     * child. That is the one place where every thread a function makes passes, so it is counted
+     * there. (A thread constructed without inheriting would escape both the count and the
+     * deadline: the guard refuses the calls that ask for that.)
+     */
+    static final InheritableThreadLocal<Activation> ACTIVATION = new InheritableThreadLocal<>() {
+        @Override
+        protected Activation childValue(Activation parent) {
+            if (parent == null || parent.budget == null) return parent;
+            if (carrier()) return null;
+            return parent.budget.admit(parent.root);
+        }
+    };
+
+    /**
+     * Whether the thread being constructed is a carrier of the JDK's virtual-thread scheduler: it
+     * is made by whichever thread first hands the scheduler work (a worker unparking a waiting
+     * request, starting an asynchronous chain call), and serves every virtual thread after that.
+     */
+    private static boolean carrier() {
+        return StackWalker.getInstance().walk(s -> s.anyMatch(f -> f.getClassName().equals("jdk.internal.misc.CarrierThread")));
+    }
+
+    /** Worker -> its running activation (for the caller that cancels it at the deadline). */
+    private static final Map<Thread, Activation> RUNNING = new ConcurrentHashMap<>();
+    /** Until then the alert stays on after a cancel: the activation's other threads poll within it. */
+    private static volatile long alertUntil;
+    /** How long after a deadline the alert stays on for the threads an activation started. */
+    private static final long ALERT_NANOS = 30_000_000_000L;
+
+    /** A worker's group whose ended activations may still have live threads, and since when. */
+    private record Lingering(Thread worker, long since) {}
+
+    /** Worker groups with threads of ended activations (checked by the heap watch every 20 ms while any is here). */
+    private static final Map<ThreadGroup, Lingering> LINGERING = new ConcurrentHashMap<>();
+    /**
+     * Whether the poll stays on for them: from an end until the next check, then while any of them
+     * runs. One blocked uses no CPU and costs every function's loops nothing; when it runs again,
+     * the next check (20 ms) turns the poll on.
+     */
+    private static volatile boolean lingerRunning;
+
+    static {
+        // The old generation holds what survived collections: nearly full, it is a function's
+        // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
+        // next backward branch) before the runtime's own threads find no memory. The same thread
+        // watches the threads of ended activations.
+        Thread.ofPlatform().daemon().name("cpuslot-heap-watch").start(() -> {
+            long rounds = 0;
+            while (true) {
+                try {
+                    Thread.sleep(5);
+                    HeapShare.sample();
+                    if (++rounds % 4 == 0 && !LINGERING.isEmpty()) sweep(); // every 20 ms
+                    if (alert) calm();
+                } catch (InterruptedException e) {
+                    return;
+                } catch (Throwable e) { // an OutOfMemoryError of its own: go on watching
+                }
+            }
+        });
+    }
+
+    /** Whether the calling thread is one a function started (it inherited an activation and is no worker). */
+    public static boolean functionThread() {
+        return ACTIVATION.get() != null && !RUNNING.containsKey(Thread.currentThread());
+    }
+
+    /** The calling (worker) thread starts an activation of the function whose classes the loader defines. */
+    public static void begin(ClassLoader function) {
+        Activation a = new Activation(null, function == null ? null : ThreadBudget.of(function));
+        ACTIVATION.set(a);
+        RUNNING.put(Thread.currentThread(), a);
+        HeapShare.begin();
+    }
+
+    /**
+     * The calling (worker) thread ended its activation, by a return or at its deadline: the
+     * threads it started end with it (an activation's threads never outlive it, {@link #finish}).
+     */
+    public static void end() {
+        Thread worker = Thread.currentThread();
+        Activation a = RUNNING.remove(worker);
+        ACTIVATION.remove();
+        long allocated = HeapShare.end();
+        if (a != null && a.budget != null && allocated >= 0) a.budget.allocated(allocated);
+        if (a != null) finish(a, worker, "the activation that started this thread has ended");
+        calm();
+    }
+
+    /**
+     * Ends what an activation started: its threads stop at their next backward branch (they
+     * inherited it, wherever they are), the blocked ones are interrupted, and they are watched
+     * until none of them lives ({@link #LINGERING}), the poll on whenever one runs: a thread that
+     * sleeps again after the interrupt, or blocks past any time window, stops when it runs again.
+     */
+    private static void finish(Activation a, Thread worker, String why) {
+        if (a.ended == null) a.ended = why;
+        if (!a.started) return;
+        ThreadGroup g = worker.getThreadGroup();
+        if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
+        LINGERING.put(g, new Lingering(worker, System.nanoTime()));
+        lingerRunning = true;
+        alert = true;
+        interruptStarted(worker);
+    }
+
+    /** After this long, a thread of an ended activation that still runs is a stray: counted and logged. */
+    private static final long STRAY_NANOS = 1_000_000_000L;
+    /**
+     * Told once of each stray, with its worker's name: the runtime moves it out of the slot its
+     * activation had (it would run on there, charged to the next invocation of that slot).
+     */
+    private static volatile java.util.function.BiConsumer<Thread, String> strayHandler;
+
+    /** Sets what the runtime does with a stray (a thread of an ended activation still running STRAY_NANOS after the end). */
+    public static void onStray(java.util.function.BiConsumer<Thread, String> h) { strayHandler = h; }
+    /** Threads of ended activations running (not blocked) longer than STRAY_NANOS after the end (at the last check). */
+    private static volatile long strays;
+    private static final Set<Thread> REPORTED = Collections.newSetFromMap(new java.util.WeakHashMap<>());
+
+    /**
+     * Threads of ended activations still running STRAY_NANOS after their end (JDK code that ignores
+     * interrupts and does not return to the function's code): the runtime's metric shows them.
+     */
+    public static long strayThreads() { return strays; }
+
+    /** Drops the groups whose started threads all ended; counts (and names, once) those that outlive STRAY_NANOS. */
+    private static void sweep() {
+        long n = 0, now = System.nanoTime();
+        boolean running = false;
+        for (var e : LINGERING.entrySet()) {
+            List<Thread> live = others(e.getKey(), e.getValue().worker());
+            if (live.isEmpty()) {
+                LINGERING.remove(e.getKey(), e.getValue());
+                continue;
+            }
+            for (Thread t : live) if (t.getState() == Thread.State.RUNNABLE) running = true;
+            // a worker in its next activation: those may be its threads (its end looks again)
+            if (RUNNING.containsKey(e.getValue().worker()) || now - e.getValue().since() < STRAY_NANOS) continue;
+            for (Thread t : live) {
+                if (t.getState() != Thread.State.RUNNABLE) continue; // blocked: no CPU; it stops if it runs again
+                n++;
+                t.interrupt();
+                boolean first;
+                synchronized (REPORTED) { first = REPORTED.add(t); }
+                if (!first) continue;
+                var h = strayHandler;
+                if (h == null) System.err.println("cpuslot: a thread of an activation of worker " + e.getKey().getName()
+                        + " still runs " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (in code that ignores interrupts)");
+                else h.accept(t, e.getKey().getName());
+            }
+        }
+        strays = n;
+        lingerRunning = running;
+        if (running) alert = true;
+    }
+
+    /** The live threads in the worker's group (and the groups below it) but the worker. */
+    private static List<Thread> others(ThreadGroup g, Thread worker) {
+        Thread[] ts = new Thread[g.activeCount() + 16];
+        int n = g.enumerate(ts, true);
+        List<Thread> l = new java.util.ArrayList<>();
+        for (int i = 0; i < n; i++) if (ts[i] != worker && ts[i].isAlive()) l.add(ts[i]);
+        return l;
+    }
+
+    /** Clears the alert when nothing is pending; a cancel or pressure racing with it sets it again. */
+    static void calm() {
+        if (busy()) return;
+        alert = false;
+        if (busy()) alert = true;
+    }
+
+    /** The heap watch found pressure: every function thread polls. */
+    static void alarm() { alert = true; }
+
+    private static boolean busy() { return HeapShare.pressure() || System.nanoTime() - alertUntil < 0 || lingerRunning; }
+
+    /**
+     * The activation on this worker passed its deadline: its code stops at its next backward
+     * branch, and the threads it started that are blocked (a sleep, a queue) are interrupted.
+     */
+    public static void cancel(Thread worker) {
+        Activation a = RUNNING.get(worker);
+        if (a == null) return;
+        alertUntil = System.nanoTime() + ALERT_NANOS;
+        alert = true;
+        finish(a, worker, "the activation passed its deadline");
+    }
+
+    /**
+     * Interrupts the platform threads in the worker's own thread group (named as the worker: the
+     * pool's): the threads its activations started, directly or through an executor, and theirs.
+     * The worker is retired after a deadline, so they are this activation's or leftovers of
+     * earlier ones on the same worker, which should have ended with those.
+     */
+    private static void interruptStarted(Thread worker) {
+        ThreadGroup g = worker.getThreadGroup();
+        if (g == null || !g.getName().equals(worker.getName())) return;
+        for (Thread t : others(g, worker)) t.interrupt();
+    }
+
+    /** Inserted by the guard before every backward branch of a function's code. */
+    public static void poll() {
+        if (alert) slowPoll();
+    }
+
+    private static void slowPoll() {
+        Activation a = ACTIVATION.get();
+        String ended = a == null ? null : a.ended();
+        if (ended != null) throw new Stopped(ended);
+        if (HeapShare.pressure()) HeapShare.heap(a);
+    }
+
+    /** Ends a function's code at its deadline (thrown again at every backward branch if it is caught). */
+    public static final class Stopped extends Error {
+        Stopped(String msg) { super(msg, null, false, false); }
+    }
+}
