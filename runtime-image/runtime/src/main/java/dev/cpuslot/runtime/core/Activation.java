@@ -10,6 +10,7 @@ import dev.cpuslot.runtime.chain.LocalBus;
 import dev.cpuslot.runtime.chain.PlatformPath;
 import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Hosted;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.SlotLease;
 import dev.cpuslot.slot.Usage;
@@ -147,7 +148,7 @@ final class Activation {
         Platform platform = inv.platform();
         FunctionPool p = inv.pool();
         Function fn = p.function();
-        LocalBus.Hosted hosted = inv.hosted();
+        Hosted hosted = inv.hosted();
         JsonElement value = inv.value(), ns = inv.activation().get("namespace");
         // a hosted (Hydra) function's owner was checked at its /register
         if (hosted == null && ns != null && ns.isJsonPrimitive()) {
@@ -278,7 +279,7 @@ final class Activation {
      * cancels at the deadline too, to free the sandbox and slot. A deadline already past (a
      * skewed clock, a test value) is passed on to the action and the default timeout applies.
      */
-    private long timeoutNs(LocalBus.Hosted hosted, String deadline) {
+    private long timeoutNs(Hosted hosted, String deadline) {
         long timeoutNs = TimeUnit.MILLISECONDS.toNanos(hosted != null && hosted.timeoutMs() > 0 ? hosted.timeoutMs() : cfg.defaultTimeoutMs());
         if (deadline != null && !deadline.isBlank() && cfg.enforceDeadline()) {
             try {
@@ -299,7 +300,7 @@ final class Activation {
      * for an asynchronous call): the callee's own quota, pool, slot, metrics and log line, as
      * an invocation from the platform gets, with the deadline the bus gave it.
      */
-    FunctionPool.Outcome hop(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
+    FunctionPool.Outcome hop(Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
         long t0 = System.nanoTime();
         ActivationOutput.Capture callerLog = ActivationOutput.current(); // the hop's record goes there
         FunctionPool p = callee.pool();

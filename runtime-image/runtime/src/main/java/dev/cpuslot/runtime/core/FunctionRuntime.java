@@ -17,10 +17,12 @@ import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.Runaways;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Hosted;
 import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.chain.PlatformPath;
 import dev.cpuslot.runtime.chain.ConductorFunction;
 import dev.cpuslot.runtime.chain.LocalBus;
+import dev.cpuslot.runtime.chain.SequenceFunction;
 import dev.cpuslot.runtime.lang.JavaFunction;
 import dev.cpuslot.runtime.lang.PolyglotFunction;
 
@@ -43,7 +45,7 @@ public final class FunctionRuntime implements AutoCloseable {
     /** The container's one action (OpenWhisk's /init, Knative's init), or null before it. */
     private volatile FunctionPool action;
     /** The registered functions (Hydra's /register): the co-located set local chain calls reach. */
-    private final Map<String, LocalBus.Hosted> hosted = new ConcurrentHashMap<>();
+    private final Map<String, Hosted> hosted = new ConcurrentHashMap<>();
     private final LocalBus bus;
     /** The owner this runtime serves: CPUSLOT_OWNER, else the first one seen; "*" serves any. */
     private final java.util.concurrent.atomic.AtomicReference<String> owner = new java.util.concurrent.atomic.AtomicReference<>();
@@ -73,8 +75,8 @@ public final class FunctionRuntime implements AutoCloseable {
         dev.cpuslot.runtime.guard.ActionGuard.onStray(runaways::stray);
         owner.set(cfg.owner());
         this.bus = new LocalBus(new LocalBus.Host() {
-            @Override public LocalBus.Hosted find(String function) { return hosted.get(function); }
-            @Override public FunctionPool.Outcome run(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
+            @Override public Hosted find(String function) { return hosted.get(function); }
+            @Override public FunctionPool.Outcome run(Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
                 return activation.hop(callee, args, hop, mode);
             }
         }, new PlatformPath(cfg.chainUrl(), cfg.chainUrls()), metrics, cfg.chainMaxDepth(), cfg.chainMaxAsync(), cfg.chainMaxPending());
@@ -141,7 +143,6 @@ public final class FunctionRuntime implements AutoCloseable {
     public Config config() { return cfg; }
     /** The tenant's stderr: where OpenWhisk's runtimes print a refused request. */
     public PrintStream err() { return err; }
-    public LocalBus bus() { return bus; }
 
     // ---- deployment -------------------------------------------------------------------------
 
@@ -171,7 +172,7 @@ public final class FunctionRuntime implements AutoCloseable {
     public void deploy(FunctionPool p) { action = p; }
 
     /** A registered function, or null. */
-    public LocalBus.Hosted hosted(String name) { return hosted.get(name); }
+    public Hosted hosted(String name) { return hosted.get(name); }
 
     /** Thrown when a name is another owner's: no owner replaces or removes another's function. */
     public static final class OtherOwnerException extends Exception {
@@ -184,9 +185,9 @@ public final class FunctionRuntime implements AutoCloseable {
      * Registers h under name (atomically with the owner check): the function of the same owner it
      * replaces, or null; a function of another owner stays and this throws.
      */
-    public LocalBus.Hosted host(String name, LocalBus.Hosted h) throws OtherOwnerException {
-        LocalBus.Hosted[] old = new LocalBus.Hosted[1];
-        LocalBus.Hosted now = hosted.compute(name, (k, o) -> {
+    public Hosted host(String name, Hosted h) throws OtherOwnerException {
+        Hosted[] old = new Hosted[1];
+        Hosted now = hosted.compute(name, (k, o) -> {
             old[0] = o;
             return o == null || o.owner().equals(h.owner()) ? h : o;
         });
@@ -195,14 +196,22 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** The function of {@code owner} that was registered under name, or null when there is none; another owner's stays and this throws. */
-    public LocalBus.Hosted unhost(String name, String owner) throws OtherOwnerException {
-        LocalBus.Hosted[] old = new LocalBus.Hosted[1];
-        LocalBus.Hosted now = hosted.computeIfPresent(name, (k, o) -> {
+    public Hosted unhost(String name, String owner) throws OtherOwnerException {
+        Hosted[] old = new Hosted[1];
+        Hosted now = hosted.computeIfPresent(name, (k, o) -> {
             old[0] = o;
             return o.owner().equals(owner) ? null : o;
         });
         if (now != null) throw new OtherOwnerException(name, "/deregister of " + name);
         return old[0];
+    }
+
+    /** The init env (or /register parameter) that declares a function a conductor. */
+    public static final String CONDUCTOR_ENV = ConductorFunction.ENV;
+
+    /** A declared sequence ({@code steps=a,b,c}): no code of its own, each step a chain call (local first, then the platform's). */
+    public Function sequence(String name, String steps, Map<String, String> env) {
+        return new SequenceFunction(name, LocalBus.parseSteps(steps), env, bus);
     }
 
     /** A pool of the runtime's size (CPUSLOT_SANDBOXES) for f; a conductor only when its init env declares one. */

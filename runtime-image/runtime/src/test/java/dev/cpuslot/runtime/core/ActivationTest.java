@@ -9,6 +9,7 @@ import dev.cpuslot.runtime.chain.LocalBus;
 import dev.cpuslot.runtime.chain.PlatformPath;
 import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Hosted;
 import org.junit.jupiter.api.Test;
 
 import java.io.PrintStream;
@@ -34,20 +35,20 @@ class ActivationTest {
     private final Activation activation;
     private final LocalBus bus;
     private final FunctionPool pool;
-    private final LocalBus.Hosted hosted;
+    private final Hosted hosted;
 
     ActivationTest() {
         Config cfg = Config.from(Map.of("CPUSLOT_ALLOW_INVOCATION_QUOTA", "true"));
         bus = new LocalBus(new LocalBus.Host() {
-            @Override public LocalBus.Hosted find(String function) { return null; }
-            @Override public FunctionPool.Outcome run(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
+            @Override public Hosted find(String function) { return null; }
+            @Override public FunctionPool.Outcome run(Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
                 throw new AssertionError("no chain calls here");
             }
         }, new PlatformPath(null, null), metrics, 4, 4, 4);
         PrintStream none = new PrintStream(new ByteArrayOutputStream());
         activation = new Activation(cfg, metrics, new Quota(cfg, metrics), bus, false, (who, what) -> null, none, none);
         pool = new FunctionPool(recording(), 1, 60_000, null, metrics);
-        hosted = new LocalBus.Hosted(pool, "alice", 0);
+        hosted = new Hosted(pool, "alice", 0);
     }
 
     /** A function that notes its arguments and, while it runs, what the metrics say: what has been recorded yet. */
