@@ -16,6 +16,7 @@ import java.util.concurrent.atomic.AtomicLong;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Hosted;
 import dev.cpuslot.runtime.exec.Hop;
 
 /**
@@ -26,9 +27,6 @@ import dev.cpuslot.runtime.exec.Hop;
  * same owner, bounded depth and fan-out, a callee deadline never past the caller's.
  */
 public final class LocalBus {
-    /** A function this runtime hosts, as the bus sees it. */
-    public record Hosted(FunctionPool pool, String owner, long timeoutMs) {}
-
     /** What the runtime gives the bus: the hosted functions and how to run one hop. */
     public interface Host {
         Hosted find(String function);

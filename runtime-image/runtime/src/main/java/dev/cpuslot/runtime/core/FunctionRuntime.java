@@ -4,18 +4,12 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.SlotClient;
-import dev.cpuslot.slot.SlotLease;
-import dev.cpuslot.slot.Usage;
 
 import java.io.PrintStream;
 import java.time.Duration;
-import java.util.LinkedHashMap;
-import java.util.Locale;
 import java.util.Map;
-import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.TimeUnit;
 import java.util.function.Predicate;
 import java.util.regex.Pattern;
 import dev.cpuslot.runtime.base.Metrics;
@@ -23,11 +17,12 @@ import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.Runaways;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Hosted;
 import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.chain.PlatformPath;
-import dev.cpuslot.runtime.chain.HopRecord;
 import dev.cpuslot.runtime.chain.ConductorFunction;
 import dev.cpuslot.runtime.chain.LocalBus;
+import dev.cpuslot.runtime.chain.SequenceFunction;
 import dev.cpuslot.runtime.lang.JavaFunction;
 import dev.cpuslot.runtime.lang.PolyglotFunction;
 
@@ -50,12 +45,13 @@ public final class FunctionRuntime implements AutoCloseable {
     /** The container's one action (OpenWhisk's /init, Knative's init), or null before it. */
     private volatile FunctionPool action;
     /** The registered functions (Hydra's /register): the co-located set local chain calls reach. */
-    private final Map<String, LocalBus.Hosted> hosted = new ConcurrentHashMap<>();
+    private final Map<String, Hosted> hosted = new ConcurrentHashMap<>();
     private final LocalBus bus;
     /** The owner this runtime serves: CPUSLOT_OWNER, else the first one seen; "*" serves any. */
     private final java.util.concurrent.atomic.AtomicReference<String> owner = new java.util.concurrent.atomic.AtomicReference<>();
     private final Runaways runaways;
-    private final io.prometheus.metrics.core.datapoints.GaugeDataPoint inFlight;
+    /** The path every activation takes, a platform's and a chain hop's. */
+    private final Activation activation;
     private final Readiness readiness;
 
     public FunctionRuntime(Config cfg, Metrics metrics, SlotClient slots, PrintStream out, PrintStream err) {
@@ -79,12 +75,12 @@ public final class FunctionRuntime implements AutoCloseable {
         dev.cpuslot.runtime.guard.Activations.onStray(runaways::stray);
         owner.set(cfg.owner());
         this.bus = new LocalBus(new LocalBus.Host() {
-            @Override public LocalBus.Hosted find(String function) { return hosted.get(function); }
-            @Override public FunctionPool.Outcome run(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
-                return runHop(callee, args, hop, mode);
+            @Override public Hosted find(String function) { return hosted.get(function); }
+            @Override public FunctionPool.Outcome run(Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
+                return activation.hop(callee, args, hop, mode);
             }
         }, new PlatformPath(cfg.chainUrl(), cfg.chainUrls()), metrics, cfg.chainMaxDepth(), cfg.chainMaxAsync(), cfg.chainMaxPending());
-        inFlight = metrics.gauge("cpuslot_invocations_in_flight");
+        this.activation = new Activation(cfg, metrics, quota, bus, slots != null, this::checkOwner, out, err);
         metrics.gaugeFunction("cpuslot_sandboxes", m -> forEachPool((name, p) -> {
             m.add(p.busy(), name, "busy");
             m.add(p.idle(), name, "idle");
@@ -93,7 +89,7 @@ public final class FunctionRuntime implements AutoCloseable {
         // threads of ended activations that no interrupt or poll could end (JDK code that ignores both)
         metrics.gaugeFunction("cpuslot_stray_threads", m -> m.add(dev.cpuslot.runtime.guard.Activations.strayThreads()));
         if (slots != null) {
-            slots.onBatchRead(this::batchRead);
+            slots.onBatchRead(activation::batchRead);
             metrics.counterFunction("cpuslot_slot_client_events_total", m -> slots.counters().forEach((k, v) -> m.add(v, k)), "event");
         }
         // the agent's socket was configured: connect (and warm the slot client) now, in the
@@ -144,24 +140,9 @@ public final class FunctionRuntime implements AutoCloseable {
     public Metrics metrics() { return metrics; }
     public SlotClient slots() { return slots; }
 
-    /**
-     * The usage metrics' labels per action, for the batches of warm invocations whose counters
-     * the slot client reads together ({@link SlotClient#onBatchRead}). Bounded: past it a new
-     * action's batches reach the agent's USAGE but not these metrics.
-     */
-    private final java.util.concurrent.ConcurrentHashMap<String, Metrics.Labels> batchLabels = new java.util.concurrent.ConcurrentHashMap<>();
-    static final int MAX_BATCH_LABELS = 4096;
-
-    private void batchRead(String action, Usage u) {
-        Metrics.Labels labels = batchLabels.get(action);
-        if (labels == null) return;
-        metrics.add("cpuslot_slot_cpu_seconds_total", labels, u.cpuNanos() / 1e9);
-        metrics.add("cpuslot_slot_throttled_seconds_total", labels, u.throttledNanos() / 1e9);
-    }
     public Config config() { return cfg; }
     /** The tenant's stderr: where OpenWhisk's runtimes print a refused request. */
     public PrintStream err() { return err; }
-    public LocalBus bus() { return bus; }
 
     // ---- deployment -------------------------------------------------------------------------
 
@@ -191,7 +172,7 @@ public final class FunctionRuntime implements AutoCloseable {
     public void deploy(FunctionPool p) { action = p; }
 
     /** A registered function, or null. */
-    public LocalBus.Hosted hosted(String name) { return hosted.get(name); }
+    public Hosted hosted(String name) { return hosted.get(name); }
 
     /** Thrown when a name is another owner's: no owner replaces or removes another's function. */
     public static final class OtherOwnerException extends Exception {
@@ -204,9 +185,9 @@ public final class FunctionRuntime implements AutoCloseable {
      * Registers h under name (atomically with the owner check): the function of the same owner it
      * replaces, or null; a function of another owner stays and this throws.
      */
-    public LocalBus.Hosted host(String name, LocalBus.Hosted h) throws OtherOwnerException {
-        LocalBus.Hosted[] old = new LocalBus.Hosted[1];
-        LocalBus.Hosted now = hosted.compute(name, (k, o) -> {
+    public Hosted host(String name, Hosted h) throws OtherOwnerException {
+        Hosted[] old = new Hosted[1];
+        Hosted now = hosted.compute(name, (k, o) -> {
             old[0] = o;
             return o == null || o.owner().equals(h.owner()) ? h : o;
         });
@@ -215,14 +196,22 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** The function of {@code owner} that was registered under name, or null when there is none; another owner's stays and this throws. */
-    public LocalBus.Hosted unhost(String name, String owner) throws OtherOwnerException {
-        LocalBus.Hosted[] old = new LocalBus.Hosted[1];
-        LocalBus.Hosted now = hosted.computeIfPresent(name, (k, o) -> {
+    public Hosted unhost(String name, String owner) throws OtherOwnerException {
+        Hosted[] old = new Hosted[1];
+        Hosted now = hosted.computeIfPresent(name, (k, o) -> {
             old[0] = o;
             return o.owner().equals(owner) ? null : o;
         });
         if (now != null) throw new OtherOwnerException(name, "/deregister of " + name);
         return old[0];
+    }
+
+    /** The init env (or /register parameter) that declares a function a conductor. */
+    public static final String CONDUCTOR_ENV = ConductorFunction.ENV;
+
+    /** A declared sequence ({@code steps=a,b,c}): no code of its own, each step a chain call (local first, then the platform's). */
+    public Function sequence(String name, String steps, Map<String, String> env) {
+        return new SequenceFunction(name, LocalBus.parseSteps(steps), env, bus);
     }
 
     /** A pool of the runtime's size (CPUSLOT_SANDBOXES) for f; a conductor only when its init env declares one. */
@@ -290,130 +279,11 @@ public final class FunctionRuntime implements AutoCloseable {
 
     /**
      * Runs one activation that an adapter mapped from its platform's request, and renders the
-     * reply: the platform's body ({@link Platform#body}) or the shared error, the slot's headers.
+     * reply: the platform's body ({@link Platform#body}) or the shared error, the slot's headers
+     * ({@link Activation}, the path a chain hop takes too).
      */
     public Reply run(Invocation inv) {
-        long t0 = System.nanoTime();
-        Platform platform = inv.platform();
-        FunctionPool p = inv.pool();
-        Function fn = p.function();
-        LocalBus.Hosted hosted = inv.hosted();
-        JsonObject activation = inv.activation();
-        JsonElement value = inv.value();
-        JsonElement ns = activation.get("namespace");
-        // a hosted (Hydra) function's owner was checked at its /register
-        if (hosted == null && ns != null && ns.isJsonPrimitive()) {
-            Reply refused = checkOwner(ns.getAsString(), "an activation");
-            if (refused != null) return finish(platform, fn, t0, refused, "other_owner");
-        }
-        Map<String, String> env = environment(fn, activation);
-        String activationId = env.getOrDefault("__OW_ACTIVATION_ID", UUID.randomUUID().toString().replace("-", ""));
-        String action = env.getOrDefault("__OW_ACTION_NAME", fn.name());
-        int depth = 0; // the chain's depth, when a caller's chain sent this activation through the platform
-        if (value.isJsonObject() && value.getAsJsonObject().has(PlatformPath.DEPTH_PARAM)) {
-            value = value.deepCopy();
-            try {
-                depth = bus.arrivedDepth(value);
-            } catch (IllegalArgumentException e) {
-                return finish(platform, fn, t0, Reply.error(400, e.getMessage()), "bad_request");
-            }
-        }
-
-        long timeoutNs = timeoutNs(hosted, env.get("__OW_DEADLINE"));
-        Quota.Resolved q;
-        try {
-            q = quota.resolve(value, inv.quotaHeader(), env, fn.initEnv().get(Config.INIT_QUOTA_ENV));
-        } catch (Quota.InvalidQuotaException e) {
-            Log.warn("activation " + activationId + " refused: " + e.getMessage());
-            return finish(platform, fn, t0, Reply.error(400, e.getMessage()), "bad_quota");
-        }
-        Quota.Lend lend;
-        try {
-            lend = quota.lend(env, fn.initEnv().get(Config.INIT_LEND_ENV));
-        } catch (Quota.InvalidQuotaException e) {
-            Log.warn("activation " + activationId + " refused: " + e.getMessage());
-            return finish(platform, fn, t0, Reply.error(400, e.getMessage()), "bad_lend");
-        }
-        if (q.milli() == 0) platform.noQuota(env, action);
-        if (q.source().equals("invocation") && value.isJsonObject()) {
-            value = value.deepCopy();
-            value.getAsJsonObject().remove(Config.QUOTA_PARAM);
-        }
-
-        // what the activation prints: its own block, written out before its sentinels (finish);
-        // the pool hands it to the worker
-        ActivationOutput.Capture output = ActivationOutput.open();
-        ActivationOutput.enter(output);
-        inFlight.inc();
-        FunctionPool.Outcome o;
-        long deadline = System.nanoTime() + timeoutNs;
-        // the chain's first hop: the owner is the Hydra function's, else the activation's namespace
-        String hopOwner = hosted != null ? hosted.owner() : ns != null && ns.isJsonPrimitive() ? ns.getAsString().trim() : "";
-        LocalBus.Hop hop = bus.root(action, hopOwner, activationId, deadline, depth,
-                new PlatformPath.Origin(env.get("__OW_API_HOST"), env.get("__OW_API_KEY")));
-        hop.lends = lend.lends();
-        try {
-            if (slots != null && batchLabels.get(action) == null && batchLabels.size() < MAX_BATCH_LABELS)
-                batchLabels.put(action, p.labels());
-            o = p.invoke(new FunctionPool.Task(value, env, q.milli(), action, activationId, hop,
-                    inv.usageAsked() || cfg.usageInReply()), deadline);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            return finish(platform, fn, t0, Reply.error(503, "interrupted"), "error", output);
-        } finally {
-            inFlight.dec();
-        }
-        // the steps the container's action declared (its /init env, else the container's env) follow it
-        if (hosted == null) o = bus.then(hop, fn.initEnv().getOrDefault(LocalBus.STEPS_ENV, cfg.chainSteps()), o);
-
-        String status = status(o);
-        Reply r = switch (status) {
-            case "ok" -> Reply.ok(platform.body(o, q));
-            case "bad_result" -> Reply.error(502, "The action did not return a dictionary.");
-            case "timeout" -> Reply.error(502, "The action did not finish before its deadline: " + o.error() + ".");
-            default -> Reply.error(502, "An error has occurred while invoking the action (see logs for details): " + o.error());
-        };
-        Map<String, String> headers = new LinkedHashMap<>(r.headers());
-        SlotLease l = o.lease();
-        Usage u = o.usage();
-        SlotReport.headers(headers, q, l, u);
-        int hops = hop.trace.count();
-        if (hops > 0) {
-            // the synchronous hops below this activation: each hop's CPU, and the chain's (this one's
-            // included; not sent when this one's is read after the reply)
-            headers.put("X-Cpuslot-Chain-Hops", Integer.toString(hops));
-            headers.put("X-Cpuslot-Chain", hop.trace.listed());
-            if (o.usageLater() == null && (hop.trace.measured() || (u != null && u.measured())))
-                headers.put("X-Cpuslot-Chain-Cpu-Ns", Long.toString(hop.trace.cpuNanos() + (u != null && u.measured() ? u.cpuNanos() : 0)));
-        }
-        metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", SlotReport.outcome(q, l)));
-        long duration = System.nanoTime() - t0;
-        String act = activationId, st = status;
-        Quota.Resolved qq = q;
-        // after the reply: the usage metrics and the activation's log line (what the slot gave and
-        // what it used), once the usage is known (the worker may read the counters after the reply)
-        java.util.function.Consumer<Usage> record = used -> {
-            // its own usage, when it was measured on its own (a batch's goes to batchRead)
-            boolean m = used != null && used.measured();
-            if (m) {
-                metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), used.cpuNanos() / 1e9);
-                metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), used.throttledNanos() / 1e9);
-            }
-            Log.activation("cpuslot: activation=" + act + " action=" + action + " status=" + st
-                    + " quota=" + qq.milli() + "m source=" + qq.source() + (qq.capped() ? " capped" : "")
-                    + " slot=" + (l != null && l.active() ? l.slot() + " outcome=" + l.outcome() + " place=" + l.place()
-                            + (l.reused() ? " reused" : "") + (l.local() ? " local" : "") : "none")
-                    + (l != null && !l.active() ? " noslot=" + l.reason() : "")
-                    + (m ? " cpu_ms=" + Log.ms(used.cpuNanos()) + " throttled_ms=" + Log.ms(used.throttledNanos())
-                    + " periods=" + used.periods() + " throttled_periods=" + used.throttledPeriods() : "")
-                    + (hop.allocatedBytes >= 0 ? " alloc_bytes=" + hop.allocatedBytes : "")
-                    + (hops > 0 ? " chain_hops=" + hops : "")
-                    + (hops > 0 && (hop.trace.measured() || m) ? " chain_cpu_ms=" + Log.ms(hop.trace.cpuNanos() + (m ? used.cpuNanos() : 0)) : "")
-                    + " duration_ms=" + Log.ms(duration));
-        };
-        java.util.concurrent.CompletableFuture<Usage> later = o.usageLater();
-        Runnable after = later == null ? () -> record.accept(u) : () -> later.thenAccept(record);
-        return finish(platform, fn, t0, new Reply(r.status(), r.body(), headers, after), status, output);
+        return activation.platform(inv);
     }
 
     /**
@@ -421,130 +291,12 @@ public final class FunctionRuntime implements AutoCloseable {
      * the read, for the init to wait for (null when there is none).
      */
     public CompletableFuture<?> prefetchAnnotations(Function fn) {
-        return quota.prefetch(environment(fn, new JsonObject()));
+        return quota.prefetch(activation.environment(fn, new JsonObject()));
     }
 
     /** Waits for a read prefetchAnnotations started, within the read's budget: whether it answered. */
     public boolean awaitAnnotations(CompletableFuture<?> read) {
         return quota.awaitRead(read);
-    }
-
-    /** The activation's fields as OpenWhisk hands them to an action: {@code __OW_<FIELD>}, over its init env. */
-    private Map<String, String> environment(Function fn, JsonObject activation) {
-        Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
-        for (Map.Entry<String, JsonElement> e : activation.entrySet()) {
-            JsonElement v = e.getValue();
-            env.put("__OW_" + e.getKey().toUpperCase(Locale.ROOT), v.isJsonNull() ? "" : v.isJsonPrimitive() ? v.getAsString() : v.toString());
-        }
-        if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
-        return env;
-    }
-
-    /**
-     * How long the activation may run: until its {@code __OW_DEADLINE}, else a Hydra function's
-     * time limit, else the default. The invoker enforces the action's time limit; the runtime
-     * cancels at the deadline too, to free the sandbox and slot. A deadline already past (a
-     * skewed clock, a test value) is passed on to the action and the default timeout applies.
-     */
-    private long timeoutNs(LocalBus.Hosted hosted, String deadline) {
-        long timeoutNs = TimeUnit.MILLISECONDS.toNanos(hosted != null && hosted.timeoutMs() > 0 ? hosted.timeoutMs() : cfg.defaultTimeoutMs());
-        if (deadline != null && !deadline.isBlank() && cfg.enforceDeadline()) {
-            try {
-                long left = (long) Double.parseDouble(deadline) - System.currentTimeMillis();
-                if (left > 0) timeoutNs = TimeUnit.MILLISECONDS.toNanos(left);
-                else metrics.inc("cpuslot_deadline_past_total");
-            } catch (NumberFormatException e) {
-                metrics.inc("cpuslot_deadline_unparsed_total");
-            }
-        }
-        return timeoutNs;
-    }
-
-    /** An outcome's status in metrics and the log line: ok, bad_result (not a dictionary), timeout, error. */
-    private static String status(FunctionPool.Outcome o) {
-        return o.error() != null ? (o.timedOut() ? "timeout" : "error")
-                : o.result() == null || !(o.result().isJsonObject() || o.result().isJsonArray()) ? "bad_result" : "ok";
-    }
-
-    /**
-     * One hop of a local chain (called by the bus on the caller's thread, or on a virtual thread
-     * for an asynchronous call): the callee's own quota, pool, slot, metrics and log line, as
-     * an invocation from the platform gets, with the deadline the bus gave it.
-     */
-    private FunctionPool.Outcome runHop(LocalBus.Hosted callee, JsonElement args, LocalBus.Hop hop, String mode) {
-        long t0 = System.nanoTime();
-        ActivationOutput.Capture callerLog = ActivationOutput.current(); // the hop's record goes there
-        FunctionPool p = callee.pool();
-        Function fn = p.function();
-        Map<String, String> env = new LinkedHashMap<>(fn.initEnv());
-        env.put("__OW_ACTION_NAME", hop.function);
-        env.put("__OW_ACTIVATION_ID", hop.activationId);
-        env.put("__OW_DEADLINE", Long.toString(System.currentTimeMillis() + TimeUnit.NANOSECONDS.toMillis(hop.deadlineNanos - t0)));
-        if (!hop.owner.isEmpty()) env.put("__OW_NAMESPACE", hop.owner);
-        if (cfg.apiHost() != null) env.putIfAbsent("__OW_API_HOST", cfg.apiHost());
-        FunctionPool.Outcome o;
-        Quota.Resolved q = null;
-        try {
-            q = quota.resolve(args, null, env, fn.initEnv().get(Config.INIT_QUOTA_ENV));
-            hop.lends = quota.lend(env, fn.initEnv().get(Config.INIT_LEND_ENV)).lends();
-            if (q.source().equals("invocation") && args.isJsonObject()) {
-                args = args.deepCopy();
-                args.getAsJsonObject().remove(Config.QUOTA_PARAM);
-            }
-            // the hop's output: its own block (the platform's sentinels end its caller's)
-            ActivationOutput.Capture output = ActivationOutput.open(), caller = ActivationOutput.enter(output);
-            inFlight.inc();
-            try {
-                o = p.invoke(new FunctionPool.Task(args, env, q.milli(), hop.function, hop.activationId, hop), hop.deadlineNanos);
-            } finally {
-                inFlight.dec();
-                ActivationOutput.enter(caller);
-                if (output != null) output.close(false);
-            }
-        } catch (Quota.InvalidQuotaException e) {
-            o = new FunctionPool.Outcome(null, e.getMessage(), false, null, Usage.NONE, 0);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt(); // the caller was cancelled: it ends too
-            o = new FunctionPool.Outcome(null, "the caller was cancelled", true, null, Usage.NONE, 0);
-        } catch (RuntimeException e) { // the pool's own failure: the caller's typed error, not an escape
-            o = new FunctionPool.Outcome(null, "runtime error: " + e, false, null, Usage.NONE, 0);
-        }
-        String status = status(o);
-        Usage u = o.usage();
-        boolean measured = u != null && u.measured();
-        if (measured) {
-            metrics.add("cpuslot_slot_cpu_seconds_total", p.labels(), u.cpuNanos() / 1e9);
-            metrics.add("cpuslot_slot_throttled_seconds_total", p.labels(), u.throttledNanos() / 1e9);
-        }
-        if (!mode.equals("async")) hop.trace.add(hop.function, measured ? u.cpuNanos() : 0, measured);
-        SlotLease l = o.lease();
-        if (q != null) metrics.inc("cpuslot_slot_outcomes_total", Metrics.labels("outcome", SlotReport.outcome(q, l)));
-        metrics.inc("cpuslot_chain_calls_total", Metrics.labels("function", fn.name(), "mode", mode, "status", status));
-        metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", "chain", "function", fn.name(), "status", status));
-        metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name())).observe((System.nanoTime() - t0) / 1e9);
-        boolean slot = l != null && l.active();
-        new HopRecord(hop.activationId, hop.function, status, mode, hop.depth, "local", hop.callerId, q != null ? q.milli() : 0,
-                q != null ? q.source() : null, slot ? l.slot() : HopRecord.NONE, slot ? l.outcome() : null, slot && l.local(),
-                measured ? u.cpuNanos() : HopRecord.NONE, measured ? u.throttledNanos() : HopRecord.NONE, System.nanoTime() - t0,
-                o.error()).report(callerLog);
-        return o;
-    }
-
-    private Reply finish(Platform platform, Function fn, long t0, Reply r, String status) {
-        return finish(platform, fn, t0, r, status, null);
-    }
-
-    /** @param output the activation's stdout and stderr: written out now, before its sentinels */
-    private Reply finish(Platform platform, Function fn, long t0, Reply r, String status,
-                         ActivationOutput.Capture output) {
-        metrics.inc("cpuslot_invocations_total", Metrics.labels("platform", platform.name(), "function", fn.name(), "status", status));
-        metrics.histogram("cpuslot_invocation_duration_seconds", Metrics.labels("function", fn.name()))
-                .observe((System.nanoTime() - t0) / 1e9);
-        if (!status.equals("ok")) Log.info("activation failed: " + (r.body() instanceof JsonObject jo && jo.has("error") && jo.get("error").isJsonPrimitive() ? jo.get("error").getAsString() : status));
-        ActivationOutput.leave();
-        if (output != null) output.close(platform.sentinels());
-        else if (platform.sentinels()) sentinels();
-        return r;
     }
 
     /** OpenWhisk's sentinels on the tenant's streams, for a failure that ran no activation. */

@@ -3,7 +3,7 @@ package dev.cpuslot.runtime.core;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import dev.cpuslot.runtime.exec.FunctionPool;
-import dev.cpuslot.runtime.chain.LocalBus;
+import dev.cpuslot.runtime.exec.Hosted;
 
 /**
  * One activation, as a platform's adapter hands it to the core to run.
@@ -15,5 +15,5 @@ import dev.cpuslot.runtime.chain.LocalBus;
  * @param usageAsked the answer must carry the invocation's CPU usage: the slot's counters are read
  *                   before the reply (else after it, off the invocation's critical path)
  */
-public record Invocation(Platform platform, FunctionPool pool, LocalBus.Hosted hosted, JsonObject activation, JsonElement value,
+public record Invocation(Platform platform, FunctionPool pool, Hosted hosted, JsonObject activation, JsonElement value,
                   String quotaHeader, boolean usageAsked) {}

@@ -20,10 +20,8 @@ import dev.cpuslot.runtime.base.Lazy;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Hosted;
 import dev.cpuslot.runtime.exec.Function;
-import dev.cpuslot.runtime.chain.SequenceFunction;
-import dev.cpuslot.runtime.chain.ConductorFunction;
-import dev.cpuslot.runtime.chain.LocalBus;
 import dev.cpuslot.runtime.core.Invocation;
 import dev.cpuslot.runtime.core.Reply;
 import dev.cpuslot.runtime.core.Quota;
@@ -35,7 +33,7 @@ import dev.cpuslot.runtime.core.SlotReport;
  * Graalvisor/Hydra's protocol: functions registered by name ({@code /register},
  * {@code /deregister}) and invoked as {@code {"name", "arguments": "<JSON string>"}}, answered
  * {@code {"result", "process time (us)"}}. The registered functions are the co-located set that
- * local chain calls reach ({@link LocalBus}); the core hosts them.
+ * local chain calls reach; the core hosts them.
  */
 public final class HydraAdapter {
     private final FunctionRuntime rt;
@@ -59,7 +57,7 @@ public final class HydraAdapter {
         Reply refused = rt.checkOwner(q.get("owner"), "/register of " + name);
         if (refused != null) return refused;
         String who = owner(q);
-        LocalBus.Hosted existing = rt.hosted(name);
+        Hosted existing = rt.hosted(name);
         if (existing != null && !existing.owner().equals(who)) return otherOwner(name, "/register");
         try {
             // read at each invocation as the quota is; one that can never be read is refused now, before any code is fetched
@@ -69,9 +67,9 @@ public final class HydraAdapter {
             if (q.containsKey("quota")) env.put(Config.INIT_QUOTA_ENV, q.get("quota"));
             if (q.containsKey("lend")) env.put(Config.INIT_LEND_ENV, q.get("lend"));
             if (q.containsKey("sandbox")) env.put("CPUSLOT_SANDBOX", q.get("sandbox"));
-            if (q.containsKey("conductor")) env.put(ConductorFunction.ENV, q.get("conductor"));
+            if (q.containsKey("conductor")) env.put(FunctionRuntime.CONDUCTOR_ENV, q.get("conductor"));
             // steps=a,b,c: a sequence of functions (local first, then the platform's), no code of its own
-            Function f = q.containsKey("steps") ? new SequenceFunction(name, LocalBus.parseSteps(q.get("steps")), env, rt.bus())
+            Function f = q.containsKey("steps") ? rt.sequence(name, q.get("steps"), env)
                     : language.equals("java")
                     ? rt.create(name, "java", code, null, entry == null ? "main" : entry, env)
                     : rt.create(name, language, null, new String(code, StandardCharsets.UTF_8), entry, env);
@@ -85,9 +83,9 @@ public final class HydraAdapter {
                 if (timeoutMs <= 0) throw new IllegalArgumentException("timeout is not a number of milliseconds above 0: " + q.get("timeout"));
             }
             FunctionPool pool = rt.pool(f);
-            LocalBus.Hosted old;
+            Hosted old;
             try {
-                old = rt.host(name, new LocalBus.Hosted(pool, who, timeoutMs));
+                old = rt.host(name, new Hosted(pool, who, timeoutMs));
             } catch (FunctionRuntime.OtherOwnerException e) { // registered by another owner meanwhile
                 pool.close();
                 return otherOwner(name, "/register");
@@ -131,7 +129,7 @@ public final class HydraAdapter {
     /** {@code /deregister?name=&owner=}: only the owner's own function. */
     public Reply deregister(Map<String, String> q) {
         String name = q.get("name");
-        LocalBus.Hosted h; // every function carries its owner: the check is the same in every mode
+        Hosted h; // every function carries its owner: the check is the same in every mode
         try {
             h = name == null ? null : rt.unhost(name, owner(q));
         } catch (FunctionRuntime.OtherOwnerException e) {
@@ -152,7 +150,7 @@ public final class HydraAdapter {
      */
     public Reply invoke(JsonObject body, String quotaHeader, boolean report, boolean usageAsked) {
         String name = body.get("name").isJsonPrimitive() ? body.get("name").getAsString() : null;
-        LocalBus.Hosted h = name == null ? null : rt.hosted(name);
+        Hosted h = name == null ? null : rt.hosted(name);
         FunctionPool p = h == null ? null : h.pool();
         if (p == null) {
             metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "unknown_function"));
