@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -269,6 +270,51 @@ func TestAttackPIDReuseAtHello(t *testing.T) {
 	}
 	if ok, isOK := f.Msg.(*slotv1.HelloOK); isOK {
 		t.Fatalf("a dead peer's connection was served container %s (its PID now belongs to a process there)", ok.Container)
+	}
+	agenttest.WantCode(t, "hello", f.Msg, slotv1.CodeNotServed)
+}
+
+// TestAttackPIDReuseBeforeIdentify: on a kernel without SO_PEERPIDFD the
+// agent opens the peer by its PID; a connection whose opener exited after
+// the accept, its PID reused by a process of B before the agent opened it,
+// must not be served B's pool. The agent here waits before identifying
+// until the PID is reused (on a loaded node its goroutine can be that late:
+// TestAttackPIDReuseAtHello failed so in the cgroup v2 VM, Linux 6.1).
+func TestAttackPIDReuseBeforeIdentify(t *testing.T) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	server.SetIdentifyHooks(true, func() { <-gate })
+	t.Cleanup(func() { open(); server.SetIdentifyHooks(false, nil) })
+	e := agenttest.NewEnv(t, 0, nil)
+	b := e.Sibling("b")
+	e.Cfg.Standalone.Containers = []string{e.Rel, b}
+	a := e.Start()
+	t.Cleanup(func() { a.Forget(b) })
+	c, pid := agenttest.ConnectedByChild(t, e, e.Rel)
+	// a clock tick (1/100 s) after the accept, so that the new process's
+	// start time is after it
+	time.Sleep(20 * time.Millisecond)
+	q := agenttest.StartWithPID(t, pid, agenttest.Sleeper(e.H, b))
+	if err := e.H.MoveProcess(q.Process.Pid, b); err != nil {
+		t.Fatal(err)
+	}
+	open()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing}))
+	body, fds, err := agenttest.ReadRawFrame(c)
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	if err != nil {
+		return // closed: refused
+	}
+	f, err := slotv1.DecodeBody(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, isOK := f.Msg.(*slotv1.HelloOK); isOK {
+		t.Fatalf("a dead peer's connection was served container %s (its PID, reused before the agent opened it, belongs to a process there)", ok.Container)
 	}
 	agenttest.WantCode(t, "hello", f.Msg, slotv1.CodeNotServed)
 }

@@ -85,6 +85,7 @@ func (s *Server) Stalled(now time.Time, limit time.Duration) error {
 // or closes it when its peer's accepts are paced (pace.go) or its share is
 // full; false: the server is closing.
 func (s *Server) accepted(c *net.UnixConn, r Resolver, pace *pacing) bool {
+	ticks := bootTicks()
 	ch, ok := s.chargeOf(c, r, pace)
 	if !ok {
 		c.Close()
@@ -106,7 +107,7 @@ func (s *Server) accepted(c *net.UnixConn, r Resolver, pace *pacing) bool {
 	if displace != "" {
 		s.displace(displace)
 	}
-	cn := &conn{srv: s, resolve: r, c: c, owner: pool.NewOwner(), charge: ch, accepted: time.Now(), pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+	cn := &conn{srv: s, resolve: r, c: c, owner: pool.NewOwner(), charge: ch, accepted: time.Now(), acceptedTicks: ticks, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
 	s.conns[cn] = struct{}{}
 	s.serving.Add(1)
 	s.mu.Unlock()
@@ -157,7 +158,9 @@ type conn struct {
 	// accepted.
 	charge   charge
 	accepted time.Time
-	peer     Peer
+	// acceptedTicks is bootTicks at the accept: the peer started before.
+	acceptedTicks uint64
+	peer          Peer
 	// pidfd refers to the peer process (-1: the kernel has no pidfds;
 	// start then re-checks the PID).
 	pidfd   int

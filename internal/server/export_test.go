@@ -14,3 +14,10 @@ func Child() (code int, ok bool) {
 	}
 	return 0, false
 }
+
+// SetIdentifyHooks pauses each connection before its peer is identified
+// (before, nil: none) and has peerCreds act as on a kernel without
+// SO_PEERPIDFD (noPeerPIDFD). Set them before the agent starts.
+func SetIdentifyHooks(noPeerPIDFD bool, before func()) {
+	testHookNoPeerPIDFD, testHookBeforeIdentify = noPeerPIDFD, before
+}

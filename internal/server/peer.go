@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 
 	"golang.org/x/sys/unix"
@@ -25,6 +26,9 @@ type Peer struct {
 // if it has exited since. Without it (Linux < 6.5) the PID is opened and
 // its start time re-checked at every use.
 func (c *conn) identify() error {
+	if testHookBeforeIdentify != nil {
+		testHookBeforeIdentify()
+	}
 	cred, pidfd, perr, err := peerCreds(c.c)
 	if err != nil {
 		return err
@@ -47,6 +51,13 @@ func (c *conn) identify() error {
 	if c.start, err = proc.StartTime(c.peer.PID); err != nil {
 		return err
 	}
+	// Without SO_PEERPIDFD the PID may have been reused between the accept
+	// and the open above: a process started after the accept is not the
+	// one that connected (ticks of 1/100 s: one started within the accept's
+	// tick is not caught).
+	if c.start > c.acceptedTicks {
+		return fmt.Errorf("peer process %d has exited: its PID names a process started after the connection was accepted", c.peer.PID)
+	}
 	// What was read above belongs to the peer only if it still lives.
 	return c.alive()
 }
@@ -62,7 +73,7 @@ func peerCreds(uc *net.UnixConn) (cred *unix.Ucred, pidfd int, perr error, err e
 	}
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		if cerr == nil {
+		if cerr == nil && !testHookNoPeerPIDFD {
 			var v int
 			if v, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); perr == nil {
 				pidfd = v
@@ -139,3 +150,21 @@ func (s *Server) isSelf(tid int) bool {
 	}
 	return proc.IsThreadOf(s.self, tid)
 }
+
+// bootTicks is the time since boot in the clock ticks (1/100 s) of
+// /proc/<pid>/stat's start time; the largest value when it cannot be read
+// (then no start time is after it).
+func bootTicks() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return math.MaxUint64
+	}
+	return uint64(ts.Nano()) / 1e7
+}
+
+// Test hooks: a pause before a connection's peer is identified, and
+// peerCreds as on a kernel without SO_PEERPIDFD (Linux < 6.5).
+var (
+	testHookBeforeIdentify func()
+	testHookNoPeerPIDFD    bool
+)
