@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cpuslot/cpuslot/internal/settings"
 )
 
 // fileSetting is one leaf of the agent's file: its dotted name and default.
@@ -47,9 +49,9 @@ func defaultText(v any) string {
 	case string:
 		return d
 	case Duration:
-		return shortDuration(d.Duration)
+		return settings.ShortDuration(d.Duration)
 	case time.Duration:
-		return shortDuration(d)
+		return settings.ShortDuration(d)
 	case []string:
 		if len(d) == 0 {
 			return "[]"
@@ -63,18 +65,6 @@ func defaultText(v any) string {
 		return fmt.Sprint(d)
 	}
 	return ""
-}
-
-// shortDuration writes 2m for 2m0s, as the docs do.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
 
 // Every field of the agent's file, the hand-written sections too, has its

@@ -146,7 +146,7 @@ func (k Key) defaultText() string {
 		return v
 	case k.Kind == KindDuration:
 		dur, _ := time.ParseDuration(v)
-		return "`" + shortDuration(dur) + "`"
+		return "`" + ShortDuration(dur) + "`"
 	}
 	return "`" + v + "`"
 }
@@ -180,8 +180,8 @@ func (k Key) EmptyDoc() string {
 	return "none"
 }
 
-// shortDuration writes 2m rather than time's 2m0s.
-func shortDuration(d time.Duration) string {
+// ShortDuration writes 2m rather than time's 2m0s, as the docs do.
+func ShortDuration(d time.Duration) string {
 	s := d.String()
 	if strings.HasSuffix(s, "m0s") {
 		s = strings.TrimSuffix(s, "0s")

@@ -130,7 +130,7 @@ func (k Key) yamlDefault() string {
 		return v
 	case KindDuration:
 		dur, _ := time.ParseDuration(v)
-		v = shortDuration(dur)
+		v = ShortDuration(dur)
 	}
 	var back map[string]any
 	if err := yaml.Unmarshal([]byte("v: "+v), &back); err == nil && back["v"] == v {
