@@ -1,0 +1,142 @@
+package dev.cpuslot.slot;
+
+import java.io.IOException;
+import java.util.concurrent.TimeoutException;
+
+/**
+ * Local leasing's miss (see {@link LocalState}): ACQUIRE with HOLD on the hold connection, and
+ * publishing a grant in the table, for the thread it was asked for or free for the next one.
+ */
+abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
+    LocalMiss(Transport transport, FdCache fds, Recovery recovery, Leases leases, Counters counters, SlotTable table,
+              long budgetNs, long releaseNs, long idleNs, long tickNs, boolean failClosed) {
+        super(transport, fds, recovery, leases, counters, table, budgetNs, releaseNs, idleNs, tickNs, failClosed);
+    }
+
+    /** A HOLD request's outcome: a grant (ok set), a refusal (reason set), or neither: the per-invocation path. */
+    record Asked(Connection conn, Protocol.AcquireOk ok, int[] fds, String reason, String detail) {}
+
+    /** A grant no thread waits for any more: a free entry for the next invocation. */
+    final void publishFree(Asked a, long quota) {
+        Protocol.AcquireOk ok = a.ok();
+        if (!fds.keep(ok, a.fds(), a.conn().hello)) {
+            releaseHold(a.conn(), ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            return;
+        }
+        int flags = (ok.flags() & Protocol.ACQ_FLAG_DEGRADED) != 0 ? SlotTable.FLAG_DEGRADED : 0;
+        SlotTable.Claimed e = table.publish(Native.gettid(), ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota,
+                System.nanoTime());
+        if (e == null) {
+            releaseHold(a.conn(), ok.lease(), ReleaseOutcome.OK);
+            return;
+        }
+        held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), a.conn()));
+        reclaim.set(e.index(), null);
+        batches[e.index()].clear(null, 0);
+        if (!transport.isAlive(a.conn())) reclaim.set(e.index(), Boolean.TRUE);
+        table.release(e.index(), e.state(), System.nanoTime());
+    }
+
+    /**
+     * ACQUIRE with HOLD, off the waiting threads, answered by until: the thread it is sent for
+     * waits that long anyway (its budget, or one after the last grant of its quota), and at
+     * least the acquire budget. The round trip may be slow (the agent may have to make a slot,
+     * on a node as busy as the invocations it serves); waiting at the agent for admission budget
+     * or a free slot keeps the acquire budget.
+     */
+    final Asked hold(long quota, long until) {
+        count("local.miss");
+        long budget = leases.budget(budgetNs), waitCapUs = Math.max(1, budget / 1000);
+        Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), (c, waitUs) ->
+                // an agent without HOLD leases: the per-invocation path
+                c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0 ? null
+                        : new Protocol.Acquire(quota, Math.min(waitUs, waitCapUs), 0, Protocol.ACQUIRE_HOLD, 0, "", ""), this::borrowHold);
+        if (a == null) {
+            count("local.refused");
+            return new Asked(null, null, null, null, null);
+        }
+        if (a.ok() != null) {
+            transport.reserve(a.conn()); // the per-invocation path waits on it no more
+            transport.giveBack(a.conn());
+        }
+        return new Asked(a.conn(), a.ok(), a.fds(), a.reason(), a.detail());
+    }
+
+    final SlotLease granted(Connection c, Protocol.AcquireOk ok, int[] got, long quota, String act, String inv, int tid,
+                              long[] current, int[] last) {
+        count("local.hold");
+        if (!fds.keep(ok, got, c.hello)) {
+            releaseHold(c, ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            count("place.failed");
+            return leases.noSlot(act, inv, quota, tid, "fd_mismatch", "nfds " + ok.nfds() + " but " + got.length + " fds");
+        }
+        int flags = (ok.flags() & Protocol.ACQ_FLAG_DEGRADED) != 0 ? SlotTable.FLAG_DEGRADED : 0;
+        SlotTable.Claimed e = table.publish(tid, ok.slot(), ok.quotaMilli(), ok.periodUs(), flags, ok.lease(), quota, System.nanoTime());
+        if (e == null) {
+            count("local.table_full");
+            releaseHold(c, ok.lease(), ReleaseOutcome.OK);
+            return null; // the per-invocation path serves it
+        }
+        held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), c));
+        reclaim.set(e.index(), null);
+        batches[e.index()].clear(null, 0);
+        if (!transport.isAlive(c)) reclaim.set(e.index(), Boolean.TRUE); // died before we noted the owner
+        String err = ok.place() == Protocol.PLACE_NONE && current[0] == ok.slot() ? null : fds.place(ok.slot(), ZERO);
+        if (err != null) {
+            current[0] = 0;
+            count("place.failed");
+            releaseHold(c, ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
+            held.set(e.index(), null); // released: dropped without another RELEASE once free
+            table.markGone(e.index());
+            table.release(e.index(), e.state(), System.nanoTime());
+            return leases.noSlot(act, inv, quota, tid, "placement_failed", err);
+        }
+        current[0] = ok.slot();
+        last[0] = e.index();
+        SlotLease l = lease(e.index(), e.state(), act, inv, quota, tid, ok.outcome(), Protocol.PLACE_SELF);
+        if ((ok.flags() & Protocol.ACQ_FLAG_QUEUED) != 0) l.flags |= Protocol.ACQ_FLAG_QUEUED;
+        return l;
+    }
+
+    /** One-way RELEASE of a HOLD lease on c, the connection that holds it. False when it could not be sent. */
+    final boolean releaseHold(Connection c, long lease, ReleaseOutcome outcome) {
+        try {
+            transport.sendBeside(c, new Protocol.Release(lease, outcome.code, Protocol.RELEASE_NO_REPLY), System.nanoTime() + releaseNs);
+            count("local.released");
+            return true;
+        } catch (TimeoutException e) {
+            // nothing was written
+        } catch (IOException e) {
+            transport.kill(c, e.getMessage()); // the lease ends with it
+        }
+        count("local.release_unsent");
+        return false;
+    }
+
+    /**
+     * The hold connection, borrowed: every HOLD lease is asked for, re-declared, listed (HELD) and
+     * reported (USAGE) on it, and released, slept and woken beside whatever request is in flight
+     * there (a lease is touched only on the connection that holds it, spec: "Lifetimes"). Reserved:
+     * the per-invocation path never waits on it. A new one replaces it when it died (its entries
+     * are re-declared there).
+     */
+    final Connection borrowHold(long deadline) throws IOException, TimeoutException {
+        while (true) {
+            Connection c;
+            synchronized (holdLock) {
+                c = holdConn;
+                if (c == null || !transport.isAlive(c)) {
+                    c = transport.borrow(deadline, true);
+                    holdConn = c; // reserved once it holds a lease (hold)
+                    return c;
+                }
+            }
+            try {
+                transport.borrow(c, deadline);
+                return c;
+            } catch (IOException e) {
+                // died meanwhile: the next one replaces it
+            }
+        }
+    }
+}
