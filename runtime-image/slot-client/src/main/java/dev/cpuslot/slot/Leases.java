@@ -3,8 +3,6 @@ package dev.cpuslot.slot;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.List;
-import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.locks.LockSupport;
@@ -15,21 +13,11 @@ import java.util.concurrent.locks.LockSupport;
  * slot's counter fds, so a RELEASE needs no reply; a lingering lease stays with its thread for
  * the next invocation of the same action at the same quota.
  */
-final class Leases {
+final class Leases extends Lingering {
     private static final byte[] ZERO = {'0'};
 
-    private final Transport transport;
-    private final FdCache fds;
-    private final Recovery recovery;
-    private final Counters counters;
-    private final long budgetNs, releaseNs, lingerNs;
-    private final boolean failClosed, fdPassing;
     /** The slot each thread placed itself in last (spec: current_slot), 0 = none/unknown. */
     private final ThreadLocal<long[]> currentSlot = ThreadLocal.withInitial(() -> new long[1]);
-    /** Lingering leases by kernel thread id (at most one per thread). Removing one takes it over. */
-    private final Map<Integer, SlotLease> parked = new ConcurrentHashMap<>();
-    private volatile Thread expirer;
-    private volatile boolean closing, closed;
     /**
      * The budget of acquisitions before the process's first grant (0: the normal one): the first
      * round trip of a new container runs code no invocation ran yet, which on a loaded node takes
@@ -40,15 +28,7 @@ final class Leases {
 
     Leases(Transport transport, FdCache fds, Recovery recovery, Counters counters,
            long budgetNs, long releaseNs, long lingerNs, boolean failClosed, boolean fdPassing) {
-        this.transport = transport;
-        this.fds = fds;
-        this.recovery = recovery;
-        this.counters = counters;
-        this.budgetNs = budgetNs;
-        this.releaseNs = releaseNs;
-        this.lingerNs = lingerNs;
-        this.failClosed = failClosed;
-        this.fdPassing = fdPassing;
+        super(transport, fds, recovery, counters, budgetNs, releaseNs, lingerNs, failClosed, fdPassing);
     }
 
     long lingerNs() { return lingerNs; }
@@ -61,79 +41,6 @@ final class Leases {
 
     /** The budget of a cold round trip (normal budget b): the first-acquire one, when longer. */
     long coldBudget(long b) { return Math.max(b, firstBudgetNs); }
-    int parkedCount() { return parked.size(); }
-
-    private void count(String name) { counters.count(name); }
-
-    // ---- names ------------------------------------------------------------------------------
-
-    static String outcomeName(int o) {
-        return switch (o) {
-            case Protocol.OUTCOME_AFFINITY_HIT -> "affinity_hit";
-            case Protocol.OUTCOME_CACHE_HIT -> "cache_hit";
-            case Protocol.OUTCOME_RETUNED -> "retuned";
-            case Protocol.OUTCOME_CREATED -> "created";
-            default -> "none";
-        };
-    }
-
-    static String placeName(int p) {
-        return switch (p) {
-            case Protocol.PLACE_NONE -> "none";
-            case Protocol.PLACE_SELF -> "self";
-            case Protocol.PLACE_DONE -> "done";
-            default -> "unknown";
-        };
-    }
-
-    /** Counter names of the acquire path (own methods so that warm-up links their string concatenation). */
-    static String acquireCounter(int outcome) { return "acquire." + outcomeName(outcome); }
-    static String placeCounter(int place) { return "place." + placeName(place); }
-
-    /**
-     * Makes a protocol string of s: control characters and unpaired surrogates (which the
-     * encoder refuses) become U+FFFD, and it is clipped to 1024 UTF-8 bytes without splitting a
-     * character.
-     */
-    static String clip(String s) {
-        if (s == null) return "";
-        if (s.length() * 3 <= Protocol.MAX_STRING && plain(s)) return s; // at most 3 UTF-8 bytes a char: fits
-        for (int i = 0; i < s.length(); i++) {
-            char c = s.charAt(i);
-            if (Character.isISOControl(c) || Character.isSurrogate(c)) {
-                s = sanitize(s);
-                break;
-            }
-        }
-        byte[] b = s.getBytes(StandardCharsets.UTF_8);
-        if (b.length <= Protocol.MAX_STRING) return s;
-        int n = Protocol.MAX_STRING;
-        while (n > 0 && (b[n] & 0xC0) == 0x80) n--;
-        return new String(b, 0, n, StandardCharsets.UTF_8);
-    }
-
-    private static boolean plain(String s) {
-        for (int i = 0; i < s.length(); i++) {
-            char c = s.charAt(i);
-            if (Character.isISOControl(c) || Character.isSurrogate(c)) return false;
-        }
-        return true;
-    }
-
-    private static String sanitize(String s) {
-        StringBuilder b = new StringBuilder(s.length());
-        for (int i = 0; i < s.length(); i++) {
-            char c = s.charAt(i);
-            if (Character.isHighSurrogate(c) && i + 1 < s.length() && Character.isLowSurrogate(s.charAt(i + 1))) {
-                b.append(c).append(s.charAt(++i));
-            } else if (Character.isISOControl(c) || Character.isSurrogate(c)) {
-                b.append('\uFFFD');
-            } else {
-                b.append(c);
-            }
-        }
-        return b.toString();
-    }
 
     /** Runs the lease path's Java code once on throwaway values (no connection, no lease). */
     void warmCode() {
@@ -156,8 +63,6 @@ final class Leases {
 
     /** Creates the calling thread's per-thread state (see {@link SlotClient#prepareThread}). */
     void prepareThread() { currentSlot.get(); }
-
-    // ---- acquire ----------------------------------------------------------------------------
 
     SlotLease acquire(long quotaMilli, String action, String invocationId) { return acquire(quotaMilli, action, invocationId, true); }
 
@@ -349,8 +254,6 @@ final class Leases {
         return fds.place(lease.slot(), Integer.toString(tid).getBytes(StandardCharsets.US_ASCII));
     }
 
-    // ---- release and linger -----------------------------------------------------------------
-
     Usage release(SlotLease l, ReleaseOutcome outcome) {
         if (l.local != null) return l.local.release(l, outcome);
         l.lock.lock();
@@ -367,179 +270,6 @@ final class Leases {
         }
     }
 
-    /**
-     * Keeps the lease for its thread's next invocation: measures this invocation's usage from the
-     * counters (the reading of {@link SlotLease#stop()} if there was one) and starts the next
-     * invocation's from the same reading. Null when the lease cannot linger (no counter fds, its
-     * connection died, the client is closing). Caller holds l.lock.
-     */
-    private Usage parkLocked(SlotLease l) {
-        if (closing || l.start == null || l.lost || l.conn == null || !transport.isAlive(l.conn)) return null;
-        SlotCounters end = l.end != null ? l.end : fds.readCounters(l.slot);
-        if (end == null) return null;
-        Usage u = end.since(l.start);
-        l.start = end;
-        l.end = null;
-        l.parked = true;
-        l.parkedAt = System.nanoTime();
-        SlotLease old = parked.put(l.tid, l);
-        count("linger.parked");
-        if (old != null && old != l) releaseParked(old); // cannot happen: acquire took it over
-        return u;
-    }
-
-    /**
-     * The thread's lingering lease for this invocation, as a new handle, or null when it does not
-     * fit (another quota or action, degraded, its connection died or was re-declared since, or
-     * another thread with a reused tid). The caller removed p from {@link #parked}.
-     */
-    private SlotLease reuse(SlotLease p, long quotaMilli, String action, String invocation) {
-        p.lock.lock();
-        try {
-            if (p.released || !p.parked || p.lost || p.start == null || p.degraded() || p.quotaMilli != quotaMilli
-                    || !p.action.equals(action) || p.thread != Thread.currentThread() || p.conn == null || !transport.isAlive(p.conn))
-                return null;
-            SlotLease h = new SlotLease(this, action, invocation, quotaMilli, p.tid, null);
-            h.conn = p.conn;
-            h.lease = p.lease;
-            h.slot = p.slot;
-            h.quotaMilli = p.quotaMilli;
-            h.periodUs = p.periodUs;
-            h.outcome = Protocol.OUTCOME_AFFINITY_HIT;
-            h.place = Protocol.PLACE_NONE;
-            h.flags = p.flags & ~Protocol.ACQ_FLAG_QUEUED;
-            h.start = p.start;
-            h.reused = true;
-            h.napped = p.napped; // its RELEASE follows the SLEEP and WAKE of p on their connection
-            p.parked = false;
-            p.released = true; // the old handle is spent; h holds the agent's lease now
-            p.conn.leases.add(h);
-            p.conn.leases.remove(p);
-            count("linger.reused");
-            return h;
-        } finally {
-            p.lock.unlock();
-        }
-    }
-
-    /** Tells the agent a lingering lease is over (one-way when possible). */
-    private void releaseParked(SlotLease p) {
-        p.lock.lock();
-        try {
-            if (p.released || !p.parked) return;
-            p.parked = false;
-            releaseLocked(p, ReleaseOutcome.OK);
-        } finally {
-            p.lock.unlock();
-        }
-    }
-
-    /** Releases lingering leases idle for at least the linger time at {@code now}. */
-    void expireOnce(long now) {
-        for (Map.Entry<Integer, SlotLease> e : parked.entrySet()) {
-            SlotLease l = e.getValue();
-            if (now - l.parkedAt >= lingerNs && parked.remove(e.getKey(), l)) {
-                count("linger.expired");
-                releaseParked(l);
-            }
-        }
-    }
-
-    /** Starts the thread that expires lingering leases (when lingering is on). */
-    void start() {
-        if (lingerNs > 0) expirer = SlotClient.daemon("cpuslot-linger").start(this::expireLoop);
-    }
-
-    private void expireLoop() {
-        long tick = Math.max(lingerNs / 2, 1_000_000L);
-        while (!closing) {
-            LockSupport.parkNanos(tick);
-            try {
-                expireOnce(System.nanoTime());
-            } catch (RuntimeException e) {
-                count("linger.error");
-            }
-        }
-    }
-
-    /** Caller holds l.lock; l is not released. */
-    private Usage releaseLocked(SlotLease l, ReleaseOutcome outcome) {
-        l.released = true;
-        recovery.forget(l);
-        if (l.start != null && outcome != ReleaseOutcome.PLACEMENT_FAILED) {
-            Usage u = releaseOneWay(l, outcome);
-            if (u != null) return u;
-        }
-        long deadline = System.nanoTime() + releaseNs;
-        for (int attempt = 0; attempt < 3; attempt++) {
-            if (l.lost) {
-                count("release.lost");
-                return Usage.NONE;
-            }
-            Connection c = l.conn;
-            if (c == null || !transport.isAlive(c)) {
-                if (!recovery.reclaimLocked(l, deadline)) {
-                    count(l.lost ? "release.lost" : "release.unreachable");
-                    return Usage.NONE;
-                }
-                c = l.conn;
-            }
-            // not behind an ACQUIRE that may wait for the budget this lease holds
-            if (c.acquiring) return releaseBeside(l, c, outcome);
-            try {
-                transport.borrow(c, deadline);
-            } catch (TimeoutException e) {
-                return releaseBeside(l, c, outcome);
-            } catch (IOException e) {
-                continue; // died meanwhile: reclaim on a new connection
-            }
-            Transport.Reply r;
-            try {
-                r = transport.call(c, new Protocol.Release(l.lease, outcome.code), deadline);
-                fds.discard(r.fds());
-            } catch (TimeoutException e) {
-                c.leases.remove(l);
-                recovery.drain(c);
-                count("release.timeout");
-                return Usage.NONE;
-            } catch (IOException | Protocol.ProtocolException e) {
-                transport.kill(c, e.getMessage());
-                continue;
-            }
-            c.leases.remove(l);
-            transport.giveBack(c);
-            if (r.message() instanceof Protocol.ReleaseOk ok) {
-                count("release.ok");
-                return Usage.of(ok);
-            }
-            if (r.message() instanceof Protocol.Error e) {
-                count("release." + Protocol.errorName(e.code()));
-                return Usage.NONE;
-            }
-            count("release.protocol");
-            return Usage.NONE;
-        }
-        count("release.unreachable");
-        return Usage.NONE;
-    }
-
-    /** RELEASE with NO_REPLY beside the request in flight on the lease's connection c: usage unknown. */
-    private Usage releaseBeside(SlotLease l, Connection c, ReleaseOutcome outcome) {
-        try {
-            transport.sendBeside(c, new Protocol.Release(l.lease, outcome.code, Protocol.RELEASE_NO_REPLY), System.nanoTime() + releaseNs);
-        } catch (TimeoutException e) {
-            count("release.timeout");
-            return Usage.NONE;
-        } catch (IOException e) {
-            transport.kill(c, e.getMessage()); // the lease ends with it
-            count("release.unreachable");
-            return Usage.NONE;
-        }
-        c.leases.remove(l);
-        count("release.beside");
-        return Usage.NONE;
-    }
-
     Usage stop(SlotLease l) {
         if (l.local != null) return l.local.stop(l);
         l.lock.lock();
@@ -553,92 +283,6 @@ final class Leases {
         } finally {
             l.lock.unlock();
         }
-    }
-
-    /**
-     * Reads the slot's counters and sends RELEASE with NO_REPLY on the lease's connection (a lease
-     * is touched only there, spec: "Lifetimes"), beside any request in flight on it. Null when the
-     * caller must release with a reply: the lease's connection died (re-declaration needed), or no
-     * counters. Caller holds l.lock.
-     */
-    private Usage releaseOneWay(SlotLease l, ReleaseOutcome outcome) {
-        Connection owner = l.conn;
-        if (owner == null || !transport.isAlive(owner)) return null;
-        SlotCounters end = l.end != null ? l.end : fds.readCounters(l.slot);
-        if (end == null) return null;
-        try {
-            transport.sendBeside(owner, new Protocol.Release(l.lease, outcome.code, Protocol.RELEASE_NO_REPLY), System.nanoTime() + releaseNs);
-        } catch (TimeoutException e) {
-            return null; // nothing was written
-        } catch (IOException e) {
-            transport.kill(owner, e.getMessage());
-            return null;
-        }
-        owner.leases.remove(l);
-        count("release.oneway");
-        return end.since(l.start);
-    }
-
-    // ---- lending: SLEEP and WAKE -------------------------------------------------------------
-
-    /** Whether an agent's HELLO_OK announced LEND: only such an agent may be sent SLEEP or WAKE. */
-    static boolean lends(Protocol.HelloOk h) { return h != null && (h.flags() & Protocol.HELLO_OK_LEND) != 0; }
-
-    /**
-     * SLEEP (sleep true) or WAKE of an invocation's lease; returns whether it sleeps afterwards.
-     * Without LEND nothing is sent and no lock is taken: a sleep costs one volatile read.
-     */
-    boolean nap(SlotLease l, boolean sleep) {
-        if (sleep && !lends(transport.lastHello())) return false;
-        if (l.local != null) return l.local.nap(l, sleep);
-        l.lock.lock();
-        try {
-            if (l.released || l.parked || l.lost) return false;
-            if (sleep && (l.conn == null || !transport.isAlive(l.conn))) return false;
-            return napLocked(l, sleep);
-        } finally {
-            l.lock.unlock();
-        }
-    }
-
-    /**
-     * Sends SLEEP or WAKE on the lease's own connection (a WAKE of a lease whose connection died
-     * re-declares it first: the agent may keep it asleep under the new id). A WAKE that cannot go
-     * out leaves the lease sleeping: its RELEASE ends the sleep. Caller holds l.lock.
-     */
-    private boolean napLocked(SlotLease l, boolean sleep) {
-        if (sleep == l.sleeping) return l.sleeping;
-        long deadline = System.nanoTime() + releaseNs;
-        Connection c = l.conn;
-        if (!sleep && (c == null || !transport.isAlive(c))) {
-            if (!recovery.reclaimLocked(l, deadline)) {
-                count("nap.unsent");
-                return l.sleeping;
-            }
-            c = l.conn;
-        }
-        if (c == null || !lends(c.hello) || !sendNap(c, l.lease, sleep, deadline)) {
-            count("nap.unsent");
-            return l.sleeping;
-        }
-        l.napped = true;
-        l.sleeping = sleep;
-        count(sleep ? "nap.sleep" : "nap.wake");
-        return sleep;
-    }
-
-    /** One-way RELEASE with SLEEP or WAKE of lease on c, its connection, beside any request in flight there. */
-    boolean sendNap(Connection c, long lease, boolean sleep, long deadline) {
-        int flags = (sleep ? Protocol.RELEASE_SLEEP : Protocol.RELEASE_WAKE) | Protocol.RELEASE_NO_REPLY;
-        try {
-            transport.sendBeside(c, new Protocol.Release(lease, ReleaseOutcome.OK.code, flags), deadline);
-        } catch (TimeoutException e) {
-            return false; // nothing was written
-        } catch (IOException e) {
-            transport.kill(c, e.getMessage());
-            return false;
-        }
-        return true;
     }
 
     /** Releases every lingering lease; no lease lingers or is acquired from now on. */
