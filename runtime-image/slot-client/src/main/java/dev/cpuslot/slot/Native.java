@@ -1,19 +1,10 @@
 package dev.cpuslot.slot;
 
 import java.lang.foreign.Arena;
-import java.lang.foreign.FunctionDescriptor;
-import java.lang.foreign.Linker;
-import java.lang.foreign.MemoryLayout;
 import java.lang.foreign.MemorySegment;
-import java.lang.foreign.StructLayout;
-import java.lang.foreign.SymbolLookup;
-import java.lang.foreign.ValueLayout;
-import java.lang.invoke.MethodHandle;
-import java.lang.invoke.VarHandle;
 import java.nio.charset.StandardCharsets;
-import java.util.Optional;
 
-import static java.lang.foreign.ValueLayout.ADDRESS;
+import static dev.cpuslot.slot.NativeLink.*;
 import static java.lang.foreign.ValueLayout.JAVA_BYTE;
 import static java.lang.foreign.ValueLayout.JAVA_INT;
 import static java.lang.foreign.ValueLayout.JAVA_LONG;
@@ -29,7 +20,7 @@ import static java.lang.foreign.ValueLayout.JAVA_SHORT;
  * recv, poll, write, pread) comes from a per-thread scratch area, so the hot path allocates
  * nothing natively.
  */
-public final class Native {
+public final class Native extends NativeFiles {
     private Native() {}
 
     public static final int AF_UNIX = 1;
@@ -46,79 +37,8 @@ public final class Native {
     public static final int EINTR = 4, EAGAIN = 11, EINPROGRESS = 115, EBADF = 9, EISCONN = 106;
 
     private static final int SUN_PATH = 108;
-    private static final int MSGHDR_SIZE = 56;
-    private static final int CMSG_HDR = 16;
     /** Most fds accepted in one message (a slot has at most 2). */
     public static final int MAX_FDS = 16;
-
-    private static final Linker LINKER = Linker.nativeLinker();
-    private static final StructLayout CAPTURE = Linker.Option.captureStateLayout();
-    private static final VarHandle ERRNO = CAPTURE.varHandle(MemoryLayout.PathElement.groupElement("errno"));
-    private static final Linker.Option CCS = Linker.Option.captureCallState("errno");
-
-    private static final Throwable LOAD_ERROR;
-    private static final MethodHandle SOCKET, CONNECT, BIND, LISTEN, ACCEPT4, SENDMSG, RECVMSG, POLL, WRITE, CLOSE,
-            OPEN, GETTID, SYSCALL, STRERROR, PREAD, MEMFD_CREATE, FTRUNCATE, FCNTL, MMAP, KILL;
-
-    static {
-        MethodHandle socket = null, connect = null, bind = null, listen = null, accept4 = null, sendmsg = null,
-                recvmsg = null, poll = null, write = null, close = null, open = null, gettid = null, syscall = null,
-                strerror = null, pread = null, memfd = null, ftruncate = null, fcntl = null, mmap = null, kill = null;
-        Throwable err = null;
-        try {
-            if (!System.getProperty("os.name", "").toLowerCase().contains("linux"))
-                throw new UnsupportedOperationException("the slot protocol needs Linux");
-            SymbolLookup libc = LINKER.defaultLookup();
-            socket = h(libc, "socket", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT, JAVA_INT), CCS);
-            connect = h(libc, "connect", FunctionDescriptor.of(JAVA_INT, JAVA_INT, ADDRESS, JAVA_INT), CCS);
-            bind = h(libc, "bind", FunctionDescriptor.of(JAVA_INT, JAVA_INT, ADDRESS, JAVA_INT), CCS);
-            listen = h(libc, "listen", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT), CCS);
-            accept4 = h(libc, "accept4", FunctionDescriptor.of(JAVA_INT, JAVA_INT, ADDRESS, ADDRESS, JAVA_INT), CCS);
-            sendmsg = h(libc, "sendmsg", FunctionDescriptor.of(JAVA_LONG, JAVA_INT, ADDRESS, JAVA_INT), CCS);
-            recvmsg = h(libc, "recvmsg", FunctionDescriptor.of(JAVA_LONG, JAVA_INT, ADDRESS, JAVA_INT), CCS);
-            poll = h(libc, "poll", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_LONG, JAVA_INT), CCS);
-            write = h(libc, "write", FunctionDescriptor.of(JAVA_LONG, JAVA_INT, ADDRESS, JAVA_LONG), CCS);
-            close = h(libc, "close", FunctionDescriptor.of(JAVA_INT, JAVA_INT), CCS);
-            open = h(libc, "open", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_INT, JAVA_INT), CCS,
-                    Linker.Option.firstVariadicArg(2));
-            strerror = h(libc, "strerror", FunctionDescriptor.of(ADDRESS, JAVA_INT));
-            pread = h(libc, "pread", FunctionDescriptor.of(JAVA_LONG, JAVA_INT, ADDRESS, JAVA_LONG, JAVA_LONG), CCS);
-            memfd = h(libc, "memfd_create", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_INT), CCS);
-            ftruncate = h(libc, "ftruncate", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_LONG), CCS);
-            fcntl = h(libc, "fcntl", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT, JAVA_INT), CCS,
-                    Linker.Option.firstVariadicArg(2));
-            mmap = h(libc, "mmap", FunctionDescriptor.of(ADDRESS, ADDRESS, JAVA_LONG, JAVA_INT, JAVA_INT, JAVA_INT, JAVA_LONG), CCS);
-            kill = h(libc, "kill", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT), CCS);
-            Optional<MemorySegment> gt = libc.find("gettid");
-            if (gt.isPresent()) {
-                gettid = LINKER.downcallHandle(gt.get(), FunctionDescriptor.of(JAVA_INT));
-            } else {
-                syscall = h(libc, "syscall", FunctionDescriptor.of(JAVA_LONG, JAVA_LONG), Linker.Option.firstVariadicArg(1));
-            }
-        } catch (Throwable t) {
-            err = t;
-        }
-        SOCKET = socket; CONNECT = connect; BIND = bind; LISTEN = listen; ACCEPT4 = accept4; SENDMSG = sendmsg;
-        RECVMSG = recvmsg; POLL = poll; WRITE = write; CLOSE = close; OPEN = open; GETTID = gettid; SYSCALL = syscall;
-        STRERROR = strerror;
-        PREAD = pread;
-        MEMFD_CREATE = memfd; FTRUNCATE = ftruncate; FCNTL = fcntl; MMAP = mmap; KILL = kill;
-        LOAD_ERROR = err;
-    }
-
-    /** Native memory reused by one thread's calls (never shared: a ThreadLocal). */
-    private static final class Scratch {
-        static final int BUF = 4096;
-        final Arena arena = Arena.ofAuto();
-        final MemorySegment cs = arena.allocate(CAPTURE);
-        final MemorySegment buf = arena.allocate(BUF, 8);
-        final MemorySegment iov = arena.allocate(16, 8);
-        final MemorySegment msg = arena.allocate(MSGHDR_SIZE, 8);
-        final MemorySegment ctl = arena.allocate(CMSG_HDR + 4L * MAX_FDS, 8);
-        final MemorySegment pfd = arena.allocate(8, 4);
-    }
-
-    private static final ThreadLocal<Scratch> SCRATCH = ThreadLocal.withInitial(Scratch::new);
 
     /**
      * Allocates the calling thread's native scratch area now (a few KB, once per thread), so that
@@ -158,59 +78,17 @@ public final class Native {
         return true;
     }
 
-    /** A msghdr with one iovec over data[0..len) and the given control buffer (may be NULL). */
-    private static MemorySegment msghdr(Scratch s, MemorySegment data, long len, MemorySegment ctl, long ctlLen) {
-        s.iov.set(ADDRESS, 0, data);
-        s.iov.set(JAVA_LONG, 8, len);
-        MemorySegment m = s.msg;
-        m.set(ADDRESS, 0, MemorySegment.NULL);   // msg_name
-        m.set(JAVA_INT, 8, 0);                   // msg_namelen
-        m.set(ADDRESS, 16, s.iov);               // msg_iov
-        m.set(JAVA_LONG, 24, 1L);                // msg_iovlen
-        m.set(ADDRESS, 32, ctl);                 // msg_control
-        m.set(JAVA_LONG, 40, ctlLen);            // msg_controllen
-        m.set(JAVA_INT, 48, 0);                  // msg_flags
-        return m;
-    }
-
-    private static MethodHandle h(SymbolLookup l, String name, FunctionDescriptor d, Linker.Option... o) {
-        MemorySegment s = l.find(name).orElseThrow(() -> new UnsatisfiedLinkError("libc has no " + name));
-        return LINKER.downcallHandle(s, d, o);
-    }
-
     /** True when the native calls could be linked (Linux, native access enabled). */
     public static boolean available() { return LOAD_ERROR == null; }
 
     /** Why {@link #available()} is false, or null. */
     public static Throwable loadError() { return LOAD_ERROR; }
 
-    private static void check() throws NativeException {
-        if (LOAD_ERROR != null) throw new NativeException("native calls unavailable: " + LOAD_ERROR, 0);
-    }
-
     /** A failed system call, with its errno. */
     public static final class NativeException extends java.io.IOException {
         private final int errno;
         public NativeException(String msg, int errno) { super(msg); this.errno = errno; }
         public int errno() { return errno; }
-    }
-
-    private static int errno(MemorySegment cs) { return (int) ERRNO.get(cs, 0L); }
-
-    private static NativeException fail(String call, int errno) {
-        String s = "errno " + errno;
-        try {
-            MemorySegment p = (MemorySegment) STRERROR.invokeExact(errno);
-            s = p.reinterpret(256).getString(0);
-        } catch (Throwable ignored) {
-        }
-        return new NativeException(call + ": " + s, errno);
-    }
-
-    private static RuntimeException rethrow(Throwable t) {
-        if (t instanceof RuntimeException r) return r;
-        if (t instanceof Error e) throw e;
-        return new IllegalStateException(t);
     }
 
     /** The calling thread's kernel thread id, in this process's PID namespace. */
@@ -434,91 +312,6 @@ public final class Native {
         }
     }
 
-    /** write(2) of the given bytes; returns the count written. EINTR is retried. */
-    public static long write(int fd, byte[] b) throws NativeException {
-        check();
-        Scratch s = SCRATCH.get();
-        try (Arena a = b.length > Scratch.BUF ? Arena.ofConfined() : null) {
-            MemorySegment data = a == null ? s.buf : a.allocate(b.length);
-            MemorySegment.copy(b, 0, data, JAVA_BYTE, 0, b.length);
-            while (true) {
-                long n = (long) WRITE.invokeExact(s.cs, fd, data, (long) b.length);
-                if (n >= 0) return n;
-                int e = errno(s.cs);
-                if (e != EINTR) throw fail("write", e);
-            }
-        } catch (NativeException e) {
-            throw e;
-        } catch (Throwable t) {
-            throw rethrow(t);
-        }
-    }
-
-    /**
-     * pread(2) at offset 0 of up to max bytes (at most 4096), as text. Reading a cgroup file
-     * this way renders it afresh each time. EINTR is retried.
-     */
-    public static String preadText(int fd, int max) throws NativeException {
-        byte[] b = new byte[Math.max(0, Math.min(max, Scratch.BUF))];
-        int n = pread(fd, b, 0, b.length);
-        return new String(b, 0, n, StandardCharsets.US_ASCII);
-    }
-
-    /**
-     * pread(2) at offset 0 of up to max bytes into dst[off..]; returns the bytes read. As
-     * {@link #preadText} without a String per call: the per-invocation counter reads use it.
-     */
-    public static int pread(int fd, byte[] dst, int off, int max) throws NativeException {
-        check();
-        Scratch s = SCRATCH.get();
-        int len = Math.min(Math.min(max, Scratch.BUF), dst.length - off);
-        try {
-            while (true) {
-                long n = (long) PREAD.invokeExact(s.cs, fd, s.buf, (long) len, 0L);
-                if (n >= 0) {
-                    MemorySegment.copy(s.buf, JAVA_BYTE, 0, dst, off, (int) n);
-                    return (int) n;
-                }
-                int e = errno(s.cs);
-                if (e != EINTR) throw fail("pread", e);
-            }
-        } catch (NativeException e) {
-            throw e;
-        } catch (Throwable t) {
-            throw rethrow(t);
-        }
-    }
-
-    /**
-     * True when no thread has id {@code tid} in this PID namespace: kill(tid, 0) fails with ESRCH.
-     * A live thread of any process (EPERM included) is not gone.
-     */
-    public static boolean threadGone(int tid) {
-        if (LOAD_ERROR != null) return false;
-        try {
-            MemorySegment cs = SCRATCH.get().cs;
-            if ((int) KILL.invokeExact(cs, tid, 0) == 0) return false;
-            return errno(cs) == 3; // ESRCH
-        } catch (Throwable t) {
-            throw rethrow(t);
-        }
-    }
-
-    /** open(2); used by tests and tools (a fake agent opens files to pass as slot fds). */
-    public static int open(String path, int flags, int mode) throws NativeException {
-        check();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment cs = a.allocate(CAPTURE);
-            int fd = (int) OPEN.invokeExact(cs, a.allocateFrom(path), flags | O_CLOEXEC, mode);
-            if (fd < 0) throw fail("open " + path, errno(cs));
-            return fd;
-        } catch (NativeException e) {
-            throw e;
-        } catch (Throwable t) {
-            throw rethrow(t);
-        }
-    }
-
     /** close(2), ignoring errors. */
     public static void close(int fd) {
         if (fd < 0 || LOAD_ERROR != null) return;
@@ -526,73 +319,6 @@ public final class Native {
             MemorySegment cs = a.allocate(CAPTURE);
             int r = (int) CLOSE.invokeExact(cs, fd);
         } catch (Throwable ignored) {
-        }
-    }
-
-    // ---- the slot table's shared memory ---------------------------------------------------------
-
-    public static final int MFD_CLOEXEC = 1, MFD_ALLOW_SEALING = 2;
-    public static final int F_ADD_SEALS = 1033, F_GET_SEALS = 1034;
-    public static final int F_SEAL_SEAL = 1, F_SEAL_SHRINK = 2, F_SEAL_GROW = 4;
-    private static final int PROT_READ = 1, PROT_WRITE = 2, MAP_SHARED = 1;
-
-    /**
-     * A sealed memfd of exactly {@code size} bytes (spec: "Slot table layout"): memfd_create with
-     * MFD_CLOEXEC | MFD_ALLOW_SEALING, ftruncate, then F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL,
-     * so that no mapping of it can ever fault past its end. Returns the fd.
-     */
-    public static int sealedMemfd(String name, long size) throws NativeException {
-        check();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment cs = a.allocate(CAPTURE);
-            int fd = (int) MEMFD_CREATE.invokeExact(cs, a.allocateFrom(name), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-            if (fd < 0) throw fail("memfd_create", errno(cs));
-            try {
-                if ((int) FTRUNCATE.invokeExact(cs, fd, size) != 0) throw fail("ftruncate", errno(cs));
-                if ((int) FCNTL.invokeExact(cs, fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-                    throw fail("fcntl F_ADD_SEALS", errno(cs));
-            } catch (NativeException e) {
-                close(fd);
-                throw e;
-            }
-            return fd;
-        } catch (NativeException e) {
-            throw e;
-        } catch (Throwable t) {
-            throw rethrow(t);
-        }
-    }
-
-    /** The seals of a memfd (F_GET_SEALS). */
-    public static int seals(int fd) throws NativeException {
-        check();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment cs = a.allocate(CAPTURE);
-            int r = (int) FCNTL.invokeExact(cs, fd, F_GET_SEALS, 0);
-            if (r < 0) throw fail("fcntl F_GET_SEALS", errno(cs));
-            return r;
-        } catch (NativeException e) {
-            throw e;
-        } catch (Throwable t) {
-            throw rethrow(t);
-        }
-    }
-
-    /**
-     * Maps {@code size} bytes of fd read-write, MAP_SHARED. The mapping lives until the process
-     * ends (threads may still touch it while a client closes; unmapping then would fault them).
-     */
-    public static MemorySegment mapShared(int fd, long size) throws NativeException {
-        check();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment cs = a.allocate(CAPTURE);
-            MemorySegment p = (MemorySegment) MMAP.invokeExact(cs, MemorySegment.NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0L);
-            if (p.address() == -1L) throw fail("mmap", errno(cs));
-            return p.reinterpret(size);
-        } catch (NativeException e) {
-            throw e;
-        } catch (Throwable t) {
-            throw rethrow(t);
         }
     }
 }
