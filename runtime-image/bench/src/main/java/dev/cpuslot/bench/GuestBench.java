@@ -472,43 +472,20 @@ public final class GuestBench {
         Baseline(String lang, String code, Path work) throws IOException {
             boolean js = lang.equals("javascript");
             what = js ? "node" : "python3";
-            // a line: one call, its own time (ms); "r": the result as JSON; "h": serve main over HTTP (the port)
-            String harness = js
-                    ? code + "\nrequire('readline').createInterface({ input: process.stdin }).on('line', (l) => {"
-                      + " if (l === 'r') return console.log(JSON.stringify(main({})));"
-                      + " if (l === 'h') { const srv = require('http').createServer((q, a) => { q.resume(); q.on('end', () => {"
-                      + " const b = JSON.stringify(main({})); a.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(b) }); a.end(b); }); });"
-                      + " srv.on('connection', (c) => c.setNoDelay(true)); return srv.listen(0, '127.0.0.1', () => console.log(srv.address().port)); }"
-                      + " const s = process.hrtime.bigint(); main({}); console.log(Number(process.hrtime.bigint() - s) / 1e6); });\n"
-                    : code + "\nimport sys as __sys, time as __time, json as __json\n"
-                      + "def __serve():\n"
-                      + "    import http.server, threading, json as j  # (no __ name in a class: it would be mangled)\n"
-                      + "    class H(http.server.BaseHTTPRequestHandler):\n"
-                      + "        protocol_version = 'HTTP/1.1'\n"
-                      + "        disable_nagle_algorithm = True\n"
-                      + "        def do_POST(self):\n"
-                      + "            self.rfile.read(int(self.headers.get('Content-Length', 0)))\n"
-                      + "            b = j.dumps(main({})).encode()\n"
-                      + "            self.send_response(200)\n"
-                      + "            self.send_header('Content-Type', 'application/json')\n"
-                      + "            self.send_header('Content-Length', str(len(b)))\n"
-                      + "            self.end_headers()\n"
-                      + "            self.wfile.write(b)\n"
-                      + "        def log_message(self, *a):\n"
-                      + "            pass\n"
-                      + "    s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
-                      + "    threading.Thread(target=s.serve_forever, daemon=True).start()\n"
-                      + "    return s.server_address[1]\n"
-                      + "for __l in __sys.stdin:\n"
-                      + "    if __l.strip() == 'r':\n        print(__json.dumps(main({})), flush=True)\n        continue\n"
-                      + "    if __l.strip() == 'h':\n        print(__serve(), flush=True)\n        continue\n"
-                      + "    __s = __time.perf_counter_ns()\n    main({})\n"
-                      + "    print((__time.perf_counter_ns() - __s) / 1e6, flush=True)\n";
+            // the harness (a resource beside this class) reads calls from stdin: see baseline.js, baseline.py
+            String harness = code + "\n" + resource(js ? "baseline.js" : "baseline.py");
             Path f = Files.createTempFile(work, "baseline", js ? ".js" : ".py");
             Files.writeString(f, harness);
             proc = new ProcessBuilder(what, f.toString()).redirectErrorStream(true).start();
             in = new OutputStreamWriter(proc.getOutputStream(), StandardCharsets.UTF_8);
             out = new BufferedReader(new InputStreamReader(proc.getInputStream(), StandardCharsets.UTF_8));
+        }
+
+        private static String resource(String name) throws IOException {
+            try (var r = GuestBench.class.getResourceAsStream(name)) {
+                if (r == null) throw new IOException("no resource " + name + " beside GuestBench");
+                return new String(r.readAllBytes(), StandardCharsets.UTF_8);
+            }
         }
 
         double call() throws IOException {
