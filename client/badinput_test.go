@@ -364,7 +364,7 @@ func TestSharedTableClaimAllAndDie(t *testing.T) {
 // invocations from them again, with no new HOLD lease.
 func TestSharedTableDeadClaimerFreed(t *testing.T) {
 	f := newFakeAgent(t, true)
-	f.setHeld() // the client's loop asks HELD each round: rounds to count
+	f.setHoldList() // the client's loop asks HOLD_LIST each round: rounds to count
 	c := dialFake(t, f, client.Options{TableCapacity: 4})
 	var a, b *client.Lease
 	onThread(func() {
@@ -393,7 +393,7 @@ func TestSharedTableDeadClaimerFreed(t *testing.T) {
 		}
 		return n
 	}
-	heldRounds(t, f, 2)
+	holdListRounds(t, f, 2)
 	if n := held(); n != 2 {
 		t.Fatalf("%d entries held by the live sharer after two rounds, want 2 (a live holder's claim stands)", n)
 	}

@@ -100,7 +100,7 @@ type Client struct {
 	// localOn says the agent of the current connections grants it.
 	local   *local
 	localOn atomic.Bool
-	// holdListOn says the agent of the current connections answers HELD.
+	// holdListOn says the agent of the current connections answers HOLD_LIST.
 	holdListOn atomic.Bool
 	stop       chan struct{}
 

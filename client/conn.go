@@ -91,7 +91,7 @@ func (c *Client) dial(ctx context.Context) (*conn, error) {
 		c.hello = *h
 		c.mu.Unlock()
 		c.localOn.Store(flags&slotv1.HelloLocal != 0 && h.Flags&slotv1.HelloOKLocal != 0 && h.Flags&slotv1.HelloOKAgentPlaces == 0)
-		c.holdListOn.Store(c.localOn.Load() && h.Flags&slotv1.HelloOKHeld != 0)
+		c.holdListOn.Store(c.localOn.Load() && h.Flags&slotv1.HelloOKHoldList != 0)
 		return cn, nil
 	case *slotv1.Error:
 		cn.close()

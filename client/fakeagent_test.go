@@ -67,7 +67,7 @@ type fakeAgent struct {
 	// queue) until it fits or its wait_us passes (TIMEOUT), instead of
 	// REJECTED.
 	queue bool
-	// held answers HELD (and says so in HELLO_OK): the budget, the leased
+	// held answers HOLD_LIST (and says so in HELLO_OK): the budget, the leased
 	// quota above it as what to give back, and each HOLD lease with its
 	// quota (granted overrides it) and degraded flag.
 	held     bool
@@ -77,10 +77,10 @@ type fakeAgent struct {
 	notGrant bool
 	// errorFDs answers ACQUIRE with an ERROR that carries slot 1's fds.
 	errorFDs bool
-	// lend announces LEND in HELLO_OK; naps records each SLEEP and WAKE
+	// lend announces LEND in HELLO_OK; sleepWakes records each SLEEP and WAKE
 	// ("sleep 101"), which release nothing.
-	lend bool
-	naps []string
+	lend       bool
+	sleepWakes []string
 	// refuseSleep answers SLEEP REJECTED, as an agent does past its rate.
 	refuseSleep bool
 	// holdGate, when set, holds every HOLD request until it is closed (a
@@ -98,10 +98,10 @@ type fakeAgent struct {
 	helloGate chan struct{}
 }
 
-// setHeld turns HELD on while the fake serves: under its lock, because a
+// setHoldList turns HOLD_LIST on while the fake serves: under its lock, because a
 // connection's goroutine reads it (the race detector sees no order
 // through the socket).
-func (f *fakeAgent) setHeld() {
+func (f *fakeAgent) setHoldList() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.held = true
@@ -342,7 +342,7 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		if f.local && m.Flags&slotv1.HelloLocal != 0 {
 			h.Flags |= slotv1.HelloOKLocal
 			if f.held {
-				h.Flags |= slotv1.HelloOKHeld
+				h.Flags |= slotv1.HelloOKHoldList
 			}
 		}
 		return h, nil
@@ -412,7 +412,7 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			if m.Flags&slotv1.ReleaseWake != 0 {
 				what = "wake"
 			}
-			f.naps = append(f.naps, fmt.Sprintf("%s %d", what, m.Lease))
+			f.sleepWakes = append(f.sleepWakes, fmt.Sprintf("%s %d", what, m.Lease))
 			if m.Flags&slotv1.ReleaseNoReply != 0 {
 				return nil, nil
 			}
@@ -437,12 +437,12 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			return &slotv1.Error{Code: slotv1.CodeUnknownLease, Message: "unknown lease"}, nil
 		}
 		return &slotv1.ReleaseOK{}, nil
-	case *slotv1.HeldRequest:
+	case *slotv1.HoldListRequest:
 		f.requests["held"]++
 		if !f.held {
 			return &slotv1.Error{Code: slotv1.CodeBadRequest, Message: "unknown message type 0x06"}, nil
 		}
-		ok := &slotv1.HeldOK{BudgetMilli: f.budget}
+		ok := &slotv1.HoldListOK{BudgetMilli: f.budget}
 		var used uint32
 		for lease, id := range f.leases {
 			q := f.slots[id].quota
@@ -450,9 +450,9 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 				q = g
 			}
 			used += q
-			l := slotv1.HeldLease{Lease: lease, Slot: id, QuotaMilli: q}
+			l := slotv1.HoldLease{Lease: lease, Slot: id, QuotaMilli: q}
 			if f.degraded[lease] {
-				l.Flags = slotv1.HeldDegraded
+				l.Flags = slotv1.HoldDegraded
 			}
 			ok.Leases = append(ok.Leases, l)
 		}

@@ -7,11 +7,11 @@ import (
 	"github.com/cpuslot/cpuslot/client"
 )
 
-// heldRounds waits until the client asked HELD n more times.
-func heldRounds(t *testing.T, f *fakeAgent, n int) {
+// holdListRounds waits until the client asked HOLD_LIST n more times.
+func holdListRounds(t *testing.T, f *fakeAgent, n int) {
 	t.Helper()
 	from := f.count("held")
-	waitFor(t, "HELD rounds", func() bool { return f.count("held") >= from+n })
+	waitFor(t, "HOLD_LIST rounds", func() bool { return f.count("held") >= from+n })
 }
 
 // holdTwo has two threads hold a 250m slot each at once; the first stays
@@ -61,14 +61,14 @@ func ownEntries(c *client.Client) (n int) {
 }
 
 // TestLocalGiveBackFree: the container's budget shrank below what the
-// process holds: the next HELD round gives back a free held slot (not the
+// process holds: the next HOLD_LIST round gives back a free held slot (not the
 // one an invocation runs in), and no more once the rest fits.
 func TestLocalGiveBackFree(t *testing.T) {
 	f := newFakeAgent(t, true)
-	f.setHeld()
+	f.setHoldList()
 	c := dialFake(t, f, client.Options{})
 	release, _ := holdTwo(t, c, false)
-	heldRounds(t, f, 1)
+	holdListRounds(t, f, 1)
 	if r := f.count("release"); r != 0 || ownEntries(c) != 2 {
 		t.Fatalf("within an unlimited budget: %d releases, %d entries", r, ownEntries(c))
 	}
@@ -79,7 +79,7 @@ func TestLocalGiveBackFree(t *testing.T) {
 	if n := ownEntries(c); n != 1 {
 		t.Fatalf("%d entries after the give-back, want 1", n)
 	}
-	heldRounds(t, f, 2)
+	holdListRounds(t, f, 2)
 	if r := f.count("release"); r != 1 {
 		t.Fatalf("%d releases once 250m of 400m is held, want 1", r)
 	}
@@ -99,7 +99,7 @@ func TestLocalGiveBackFree(t *testing.T) {
 // invocations themselves run on in their slots.
 func TestLocalGiveBackBusy(t *testing.T) {
 	f := newFakeAgent(t, true)
-	f.setHeld()
+	f.setHoldList()
 	c := dialFake(t, f, client.Options{})
 	first, second := holdTwo(t, c, true)
 	f.mu.Lock()
@@ -119,7 +119,7 @@ func TestLocalGiveBackBusy(t *testing.T) {
 	close(first)
 	close(second)
 	waitFor(t, "the GONE entry given back once free", func() bool { return f.count("release") == 1 })
-	heldRounds(t, f, 2)
+	holdListRounds(t, f, 2)
 	if r, n := f.count("release"), ownEntries(c); r != 1 || n != 1 {
 		t.Fatalf("%d releases, %d entries; want 1 and 1", r, n)
 	}
@@ -136,12 +136,12 @@ func TestLocalGiveBackBusy(t *testing.T) {
 	}
 }
 
-// TestLocalHeldRaise: HELD_OK carries each lease's current grant: the
+// TestLocalHoldListRaise: HOLD_LIST_OK carries each lease's current grant: the
 // entry of a degraded lease takes the lower quota and DEGRADED, and once
 // raised its full quota and no DEGRADED.
-func TestLocalHeldRaise(t *testing.T) {
+func TestLocalHoldListRaise(t *testing.T) {
 	f := newFakeAgent(t, true)
-	f.setHeld()
+	f.setHoldList()
 	c := dialFake(t, f, client.Options{})
 	var lease uint64
 	var slot uint32
@@ -186,9 +186,9 @@ func TestLocalHeldRaise(t *testing.T) {
 	})
 }
 
-// TestLocalOldAgentNoHeld: an agent that did not announce HELD (an older
+// TestLocalOldAgentNoHoldList: an agent that did not announce HOLD_LIST (an older
 // one) is never sent it; held slots stay until idle as before.
-func TestLocalOldAgentNoHeld(t *testing.T) {
+func TestLocalOldAgentNoHoldList(t *testing.T) {
 	f := newFakeAgent(t, true)
 	c := dialFake(t, f, client.Options{})
 	onThread(func() {
@@ -205,6 +205,6 @@ func TestLocalOldAgentNoHeld(t *testing.T) {
 	f.burn(1, 1)
 	waitFor(t, "two rounds of the background loop", func() bool { return f.count("usage") >= 1 })
 	if n, r := f.count("held"), f.count("release"); n != 0 || r != 0 {
-		t.Fatalf("%d HELD, %d RELEASE to an agent without HELD", n, r)
+		t.Fatalf("%d HOLD_LIST, %d RELEASE to an agent without HOLD_LIST", n, r)
 	}
 }

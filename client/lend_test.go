@@ -10,10 +10,10 @@ import (
 	"github.com/cpuslot/cpuslot/client"
 )
 
-func (f *fakeAgent) napsSent() string {
+func (f *fakeAgent) sleepWakesSent() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return strings.Join(f.naps, ", ")
+	return strings.Join(f.sleepWakes, ", ")
 }
 
 func lendingFake(t *testing.T, local, lend bool) *fakeAgent {
@@ -40,7 +40,7 @@ func TestSleepWakeThreadLease(t *testing.T) {
 		if err := l.Wake(); err != nil {
 			t.Fatal(err)
 		}
-		if got, want := f.napsSent(), fmt.Sprintf("sleep %d, wake %d", 101, 101); got != want {
+		if got, want := f.sleepWakesSent(), fmt.Sprintf("sleep %d, wake %d", 101, 101); got != want {
 			t.Fatalf("sent %q, want %q", got, want)
 		}
 		if n := f.count("release"); n != 0 {
@@ -68,7 +68,7 @@ func TestSleepWithoutLend(t *testing.T) {
 		if err := l.Wake(); err != nil {
 			t.Fatal(err)
 		}
-		if got := f.napsSent(); got != "" || f.count("release") != 0 {
+		if got := f.sleepWakesSent(); got != "" || f.count("release") != 0 {
 			t.Fatalf("sent %q and %d RELEASEs without LEND", got, f.count("release"))
 		}
 		l.Release(slotv1.InvocationOK)
@@ -95,7 +95,7 @@ func TestSleepLocalLease(t *testing.T) {
 		if _, err := l.Release(slotv1.InvocationOK); err != nil {
 			t.Fatal(err)
 		}
-		if got, want := f.napsSent(), "sleep 101, wake 101"; got != want {
+		if got, want := f.sleepWakesSent(), "sleep 101, wake 101"; got != want {
 			t.Fatalf("sent %q, want %q", got, want)
 		}
 		if err := l.Sleep(); err == nil {
@@ -124,7 +124,7 @@ func TestSleepRefused(t *testing.T) {
 		if _, err := l.Release(slotv1.InvocationOK); err != nil {
 			t.Fatal(err)
 		}
-		if got, want := f.napsSent(), "sleep 101"; got != want {
+		if got, want := f.sleepWakesSent(), "sleep 101"; got != want {
 			t.Fatalf("sent %q, want %q", got, want)
 		}
 	})

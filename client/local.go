@@ -66,9 +66,9 @@ type local struct {
 	asks sync.WaitGroup
 
 	// cn is the connection the process's HOLD leases are granted on; they
-	// are released, slept, woken, listed (HELD) and reported (USAGE) there
+	// are released, slept, woken, listed (HOLD_LIST) and reported (USAGE) there
 	// only (SPEC.md, "Lifetimes"). cmu: one request at a time on it (a
-	// HOLD, HELD, RECLAIM); one-way frames go beside (sendBeside), so none
+	// HOLD, HOLD_LIST, RECLAIM); one-way frames go beside (sendBeside), so none
 	// waits behind a HOLD that waits for budget. cnMu guards cn.
 	cmu  sync.Mutex
 	cnMu sync.Mutex

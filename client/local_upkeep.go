@@ -1,7 +1,7 @@
 package client
 
 // Upkeep, off the invocation path (run): usage sent in USAGE messages, the
-// grants of HOLD leases asked (HELD) and given back, and entries of dead
+// grants of HOLD leases asked (HOLD_LIST) and given back, and entries of dead
 // threads freed and idle or unbacked ones dropped.
 
 import (
@@ -89,11 +89,11 @@ func (lc *local) flush() {
 	lc.usageMu.Unlock()
 }
 
-// checkHolds asks the agent (HELD) what the process's HOLD leases are granted now
+// checkHolds asks the agent (HOLD_LIST) what the process's HOLD leases are granted now
 // and how much of them to give back, once a round of run while it holds
 // slots: a CPU limit shrink can leave the container's leases above its new
 // budget, and a busy held slot never idles long enough to be dropped. An
-// agent that did not announce HELD is never asked.
+// agent that did not announce HOLD_LIST is never asked.
 func (lc *local) checkHolds() {
 	c := lc.c
 	if !c.holdListOn.Load() {
@@ -109,12 +109,12 @@ func (lc *local) checkHolds() {
 	if cn == nil || !lc.cmu.TryLock() {
 		return // a HOLD is on its way there: next round
 	}
-	resp, err := c.exclusive(cn, &slotv1.HeldRequest{}, func(*conn) {})
+	resp, err := c.exclusive(cn, &slotv1.HoldListRequest{}, func(*conn) {})
 	lc.cmu.Unlock()
 	if err != nil {
 		return // refused for its rate, or the agent is away: next round
 	}
-	ok, isOK := resp.(*slotv1.HeldOK)
+	ok, isOK := resp.(*slotv1.HoldListOK)
 	if !isOK {
 		return
 	}
@@ -128,12 +128,12 @@ func (lc *local) checkHolds() {
 	lc.dropIdle(monotonicNow())
 }
 
-// giveBack applies a HELD_OK: each own entry takes its lease's current
+// giveBack applies a HOLD_LIST_OK: each own entry takes its lease's current
 // grant, and entries adding up to give_back_m are given back, free ones
 // at once (least recently used first), busy ones marked GONE so that no
 // new claim takes them and dropped once their invocation released them.
-func (lc *local) giveBack(ok *slotv1.HeldOK) {
-	byLease := make(map[uint64]slotv1.HeldLease, len(ok.Leases))
+func (lc *local) giveBack(ok *slotv1.HoldListOK) {
+	byLease := make(map[uint64]slotv1.HoldLease, len(ok.Leases))
 	for _, l := range ok.Leases {
 		byLease[l.Lease] = l
 	}
@@ -153,7 +153,7 @@ func (lc *local) giveBack(ok *slotv1.HeldOK) {
 		e := lc.t.Entry(i)
 		if l, found := byLease[o.lease]; found && l.Slot == o.slot && e.Slot == o.slot {
 			o.quota = l.QuotaMilli
-			lc.t.SetGranted(i, l.QuotaMilli, l.Flags&slotv1.HeldDegraded != 0)
+			lc.t.SetGranted(i, l.QuotaMilli, l.Flags&slotv1.HoldDegraded != 0)
 		}
 		if e.Flags&slotv1.EntryGone != 0 || e.Slot != o.slot {
 			// Given back already, its invocation still running: counted.

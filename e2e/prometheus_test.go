@@ -148,7 +148,7 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	// The pod invokes through its slots: its client leases them locally
 	// (the agent sees a HOLD acquisition per miss only) and reports its
 	// invocations in USAGE, which the agent counts as released leases.
-	p.waitSeries(ctx, t, `sum(rate(cpuslot_lease_releases_total{job="cpuslot-node-agent", action!="_held"}[1m])) > 0`, 60*time.Second)
+	p.waitSeries(ctx, t, `sum(rate(cpuslot_lease_releases_total{job="cpuslot-node-agent", action!="_hold"}[1m])) > 0`, 60*time.Second)
 
 	// A runtime pod (the Java runtime image) running invocations in
 	// slots: the runtime's own series, for the runtime dashboard.

@@ -112,7 +112,7 @@ func (f *served) prometheusQueries(t *testing.T) {
 	}
 	must(p.WaitSeries(ctx, `up{job="cpuslot-node-agent", node="`+NodeName+`"} == 1`, 2*time.Minute))
 	must(p.WaitSeries(ctx, `cpuslot_slots{job="cpuslot-node-agent", namespace="default", pod="`+f.pod+`", container="fn"}`, time.Minute))
-	must(p.WaitSeries(ctx, `sum(rate(cpuslot_lease_releases_total{job="cpuslot-node-agent", action!="_held"}[1m])) > 0`, time.Minute))
+	must(p.WaitSeries(ctx, `sum(rate(cpuslot_lease_releases_total{job="cpuslot-node-agent", action!="_hold"}[1m])) > 0`, time.Minute))
 	t.Logf("the agent's series of %s %v after the step began", f.pod, time.Since(t0).Round(time.Second))
 
 	rules, bad, err := p.RuleGroups(ctx)

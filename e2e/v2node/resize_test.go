@@ -54,7 +54,7 @@ func (f *served) resize(t *testing.T) {
 	}
 	// fn's process held two 250m slots (local leasing) across the shrink:
 	// 500m granted against a 400m budget. It asks the agent once a second
-	// what to give back (HELD) and gives a held slot back, a busy one once
+	// what to give back (HOLD_LIST) and gives a held slot back, a busy one once
 	// its invocation ends: the granted total comes within 400m while fn
 	// keeps invoking.
 	var use poolUse

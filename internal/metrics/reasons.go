@@ -9,20 +9,20 @@ type Reason string
 
 // Wire: what a peer sent or did.
 const (
-	BadRequest       Reason = "bad_request"       // a request the agent refuses (invalid field, foreign thread)
-	BadFrame         Reason = "bad_frame"         // a frame that does not decode or exceeds its bounds
-	NoHello          Reason = "no_hello"          // a first request that is not HELLO
-	NotServed        Reason = "not_served"        // a peer in no container the agent serves
-	UnknownLease     Reason = "unknown_lease"     // a lease that is not the peer's
-	ConnectionLimit  Reason = "connection_limit"  // a connection over the per-node or per-process cap
-	FDsRevoked       Reason = "fds_revoked"       // v1: a fd connection closed when its container gained a process outside the peer's PID namespace, or its slot fds were found passed on
-	AcceptFailed     Reason = "accept_failed"     // accept failed (e.g. out of fds); the agent backs off
-	SocketFailed     Reason = "socket_failed"     // a pod's socket could not be made (e.g. a planted file)
-	UsageThrottled   Reason = "usage_throttled"   // a USAGE report waited: its process sent them faster than the agent credits them
-	UsageOverclaimed Reason = "usage_overclaimed" // a USAGE report claimed more CPU than the process's held slots used: cut to that
-	HeldThrottled    Reason = "held_throttled"    // a HELD request refused: its process asked more often than the agent answers
-	SleepThrottled   Reason = "sleep_throttled"   // a SLEEP refused: its process sent them faster than the agent lends (the lease stays awake)
-	OneWayThrottled  Reason = "oneway_throttled"  // a one-way WAKE or failed RELEASE waited: its process sent them faster than the agent takes them
+	BadRequest        Reason = "bad_request"         // a request the agent refuses (invalid field, foreign thread)
+	BadFrame          Reason = "bad_frame"           // a frame that does not decode or exceeds its bounds
+	NoHello           Reason = "no_hello"            // a first request that is not HELLO
+	NotServed         Reason = "not_served"          // a peer in no container the agent serves
+	UnknownLease      Reason = "unknown_lease"       // a lease that is not the peer's
+	ConnectionLimit   Reason = "connection_limit"    // a connection over the per-node or per-process cap
+	FDsRevoked        Reason = "fds_revoked"         // v1: a fd connection closed when its container gained a process outside the peer's PID namespace, or its slot fds were found passed on
+	AcceptFailed      Reason = "accept_failed"       // accept failed (e.g. out of fds); the agent backs off
+	SocketFailed      Reason = "socket_failed"       // a pod's socket could not be made (e.g. a planted file)
+	UsageThrottled    Reason = "usage_throttled"     // a USAGE report waited: its process sent them faster than the agent credits them
+	UsageOverclaimed  Reason = "usage_overclaimed"   // a USAGE report claimed more CPU than the process's held slots used: cut to that
+	HoldListThrottled Reason = "hold_list_throttled" // a HOLD_LIST request refused: its process asked more often than the agent answers
+	SleepThrottled    Reason = "sleep_throttled"     // a SLEEP refused: its process sent them faster than the agent lends (the lease stays awake)
+	OneWayThrottled   Reason = "oneway_throttled"    // a one-way WAKE or failed RELEASE waited: its process sent them faster than the agent takes them
 	// Accepts (server/pace.go): reconnect churn.
 	AcceptPaced       Reason = "accept_paced"        // an accept loop waited: its socket's connections came faster than its accept rate
 	AcceptPacedUser   Reason = "accept_paced_user"   // a connection on the shared socket closed at accept, before its cgroup was read: its user connected faster than the accept rate
@@ -62,7 +62,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 // ErrorReasons lists every Reason, cgroup operations included.
 var ErrorReasons = func() []Reason {
 	r := []Reason{
-		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HeldThrottled, SleepThrottled, OneWayThrottled,
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HoldListThrottled, SleepThrottled, OneWayThrottled,
 		AcceptPaced, AcceptPacedUser, AcceptPacedCgroup,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, ForeignThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,

@@ -54,9 +54,9 @@ func TestReportedAnyValue(t *testing.T) {
 	}
 }
 
-// TestHeldBypassesTheNodeCap: the agent's own _held series is counted under
+// TestHoldBypassesTheNodeCap: the agent's own _hold series is counted under
 // its name even when the node-wide cap on action names is used up.
-func TestHeldBypassesTheNodeCap(t *testing.T) {
+func TestHoldBypassesTheNodeCap(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	m.SetMaxActions(3)
@@ -65,7 +65,7 @@ func TestHeldBypassesTheNodeCap(t *testing.T) {
 	}
 	m.Released("c", outcome.HoldAction, outcome.EndOK, 0, 0)
 	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "c", "action", outcome.HoldAction, "outcome", "ok"); got != 1 {
-		t.Fatalf("_held releases %v, want 1", got)
+		t.Fatalf("_hold releases %v, want 1", got)
 	}
 	if got := counter(t, reg, "cpuslot_lease_releases_total", "container", "c", "action", "_other", "outcome", "ok"); got != 7 {
 		t.Fatalf("_other %v, want 7", got)

@@ -40,4 +40,4 @@ var Endings = []Ending{EndOK, EndFailed, EndTimeout, EndPlacementFailed, EndUnkn
 // HoldAction is the action label of HOLD leases (local leasing): a release
 // counts the whole hold, measured by the agent; what each action used comes
 // from the client's USAGE reports, under the action's own label.
-const HoldAction = "_held"
+const HoldAction = "_hold"

@@ -132,7 +132,7 @@ func TestHoldBoundedByMaxSlots(t *testing.T) {
 }
 
 // TestReclaimHold: a HOLD lease re-declared after a reconnect is again the
-// process's: no thread, not superseded, counted under _held.
+// process's: no thread, not superseded, counted under _hold.
 func TestReclaimHold(t *testing.T) {
 	p := start(t, cfg(Affinity, "250m=2"), newFake())
 	ctx := context.Background()
@@ -161,7 +161,7 @@ func TestReclaimHold(t *testing.T) {
 
 // TestReportedActionsBounded: reports naming any number of actions keep at
 // most maxActions names per container, and a client cannot feed the
-// agent's own _held series.
+// agent's own _hold series.
 func TestReportedActionsBounded(t *testing.T) {
 	c := cfg(Affinity, "")
 	c.MaxActions = 5

@@ -3,7 +3,7 @@ package pool
 import "sort"
 
 // HoldList is a process's HOLD leases, and how much of their quota it
-// should give back: the pool's side of HELD (SPEC.md).
+// should give back: the pool's side of HOLD_LIST (SPEC.md).
 type HoldList struct {
 	BudgetMilli   uint32
 	GiveBackMilli uint32

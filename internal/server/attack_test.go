@@ -942,7 +942,7 @@ func TestAttackOneWayReleaseFlood(t *testing.T) {
 
 // TestAttackIdleFDsAfterHostProcessJoins: a fd connection that sends no
 // ACQUIRE after its HELLO (one that holds HOLD leases and sends USAGE or
-// HELD only, or nothing) is never rechecked on a request. When its
+// HOLD_LIST only, or nothing) is never rechecked on a request. When its
 // container gains a process in another PID namespace, the next
 // maintenance round closes it too, and a new HELLO gets AGENT_PLACES.
 func TestAttackIdleFDsAfterHostProcessJoins(t *testing.T) {

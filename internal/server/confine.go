@@ -63,7 +63,7 @@ var errNotConfined = errors.New("PID namespace does not hold the whole container
 var errFDsRevoked = errors.New("the container's slot fds were passed on to another cgroup")
 
 // RevokeFDs closes every connection that may hold fds of pl's slots (v1),
-// HOLD-only and HELD ones included: their leases end, and their clients'
+// HOLD-only and HOLD_LIST ones included: their leases end, and their clients'
 // next HELLO gets AGENT_PLACES while pl.FDsRevoked. It returns how many
 // it closed.
 func (s *Server) RevokeFDs(pl *pool.Pool) int {
@@ -194,7 +194,7 @@ func (c *conn) recheckConfined() {
 }
 
 // RecheckFDs checks the v1 rule again for every connection that holds fds
-// by it, those that send no ACQUIRE or RECLAIM (HOLD-only, HELD, idle)
+// by it, those that send no ACQUIRE or RECLAIM (HOLD-only, HOLD_LIST, idle)
 // included, and closes every fd connection of a container that no longer
 // meets it. The agent's maintenance round calls it.
 func (s *Server) RecheckFDs() {

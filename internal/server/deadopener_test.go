@@ -106,7 +106,7 @@ func deadOpenersConn(t *testing.T, sock string, flags uint32) *net.UnixConn {
 // TestDeadOpenerRefusedPerRequest: with the watch of
 // client processes' exits off, every request on a connection whose opener
 // has exited is still answered NOT_SERVED and the connection closed:
-// HOLD, ACQUIRE, HELD, RECLAIM, USAGE and RELEASE, each on a connection
+// HOLD, ACQUIRE, HOLD_LIST, RECLAIM, USAGE and RELEASE, each on a connection
 // granted LOCAL at HELLO while its opener lived.
 func TestDeadOpenerRefusedPerRequest(t *testing.T) {
 	h := cgrouptest.Kernel(t)
@@ -147,7 +147,7 @@ func TestDeadOpenerRefusedPerRequest(t *testing.T) {
 	for what, req := range map[string][]byte{
 		"HOLD":              frame(&slotv1.Acquire{QuotaMilli: 250, Flags: slotv1.AcquireHold}),
 		"ACQUIRE":           frame(&slotv1.Acquire{QuotaMilli: 250, TID: 1}),
-		"HELD":              frame(&slotv1.HeldRequest{}),
+		"HOLD_LIST":         frame(&slotv1.HoldListRequest{}),
 		"RECLAIM of a HOLD": frame(&slotv1.Reclaim{Slot: 1, QuotaMilli: 250}),
 		"USAGE":             usage,
 		"RELEASE":           frame(&slotv1.Release{Lease: 1}),

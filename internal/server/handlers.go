@@ -45,7 +45,7 @@ func (c *conn) handle(f slotv1.Frame) bool {
 		return c.reclaim(f.Request, m)
 	case *slotv1.Usage:
 		return c.usage(f.Request, m)
-	case *slotv1.HeldRequest:
+	case *slotv1.HoldListRequest:
 		return c.holdList(f.Request)
 	case *slotv1.Hello:
 		return c.fail(f.Request, slotv1.Errorf(slotv1.CodeBadRequest, "HELLO sent twice"))
@@ -114,7 +114,7 @@ func (c *conn) helloOK(h *slotv1.Hello, p *pool.Pool) *slotv1.HelloOK {
 	// LOCAL needs fds: the client's threads place themselves in the slots
 	// the process holds.
 	if c.local = h.Flags&slotv1.HelloLocal != 0 && c.fds && p.GrantsHold(); c.local {
-		ok.Flags |= slotv1.HelloOKLocal | slotv1.HelloOKHeld
+		ok.Flags |= slotv1.HelloOKLocal | slotv1.HelloOKHoldList
 	}
 	if p.Lends() {
 		ok.Flags |= slotv1.HelloOKLend
@@ -276,25 +276,25 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 	return true
 }
 
-// holdList answers HELD: the process's HOLD leases as granted now, and how
+// holdList answers HOLD_LIST: the process's HOLD leases as granted now, and how
 // much of them to give back so that the container fits its budget again.
 // Its cost is bounded: at most holdListRate answers a second per process, each
-// listing at most MaxHeldLeases leases.
+// listing at most MaxHoldListLeases leases.
 func (c *conn) holdList(request uint32) bool {
 	if !c.local {
-		return c.badRequest(request, "HELD needs a connection granted LOCAL at HELLO")
+		return c.badRequest(request, "HOLD_LIST needs a connection granted LOCAL at HELLO")
 	}
 	if !c.session.holdList.Allow() {
-		c.srv.metrics.Error(metrics.HeldThrottled)
+		c.srv.metrics.Error(metrics.HoldListThrottled)
 		return c.send(request, &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: holdListRetry,
-			Message: fmt.Sprintf("HELD at most %d times a second per process", holdListRate)}, nil)
+			Message: fmt.Sprintf("HOLD_LIST at most %d times a second per process", holdListRate)}, nil)
 	}
-	h := c.pool.HoldList(c.owner, slotv1.MaxHeldLeases)
-	ok := &slotv1.HeldOK{BudgetMilli: h.BudgetMilli, GiveBackMilli: h.GiveBackMilli, Leases: make([]slotv1.HeldLease, len(h.Leases))}
+	h := c.pool.HoldList(c.owner, slotv1.MaxHoldListLeases)
+	ok := &slotv1.HoldListOK{BudgetMilli: h.BudgetMilli, GiveBackMilli: h.GiveBackMilli, Leases: make([]slotv1.HoldLease, len(h.Leases))}
 	for i, l := range h.Leases {
-		ok.Leases[i] = slotv1.HeldLease{Lease: l.Lease, Slot: l.SlotID, QuotaMilli: l.QuotaMilli}
+		ok.Leases[i] = slotv1.HoldLease{Lease: l.Lease, Slot: l.SlotID, QuotaMilli: l.QuotaMilli}
 		if l.Degraded {
-			ok.Leases[i].Flags = slotv1.HeldDegraded
+			ok.Leases[i].Flags = slotv1.HoldDegraded
 		}
 	}
 	return c.send(request, ok, nil)

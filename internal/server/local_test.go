@@ -40,7 +40,7 @@ func syncConn(t *testing.T, c net.Conn) {
 
 // TestLocalHoldGrant: a LOCAL connection gets HOLD leases with the slot's
 // fds and place SELF, once per slot and connection; their releases are
-// counted under _held; a HOLD lease ends no other.
+// counted under _hold; a HOLD lease ends no other.
 func TestLocalHoldGrant(t *testing.T) {
 	e := agenttest.LocalEnv(t, nil)
 	a := e.Start()
@@ -86,8 +86,8 @@ func TestLocalHoldGrant(t *testing.T) {
 	}
 	body := agenttest.Scrape(t, a)
 	for _, want := range []string{
-		`cpuslot_lease_releases_total{action="_held",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="ok",pod=""} 1`,
-		`cpuslot_lease_releases_total{action="_held",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="failed",pod=""} 1`,
+		`cpuslot_lease_releases_total{action="_hold",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="ok",pod=""} 1`,
+		`cpuslot_lease_releases_total{action="_hold",container="` + e.Rel + `",cpuslot_container="` + e.Rel + `",namespace="",outcome="failed",pod=""} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %s:\n%s", want, agenttest.Grep(body, "lease_releases_total"))
@@ -285,7 +285,7 @@ func TestAttackHoldEverySlotAndDie(t *testing.T) {
 			t.Fatalf("HOLD %d after the holder died: %+v", i, m)
 		}
 	}
-	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_held",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="abandoned",pod=""} 5`) {
+	if body := agenttest.Scrape(t, a); !strings.Contains(body, `cpuslot_lease_releases_total{action="_hold",container="`+e.Rel+`",cpuslot_container="`+e.Rel+`",namespace="",outcome="abandoned",pod=""} 5`) {
 		t.Errorf("abandoned HOLD leases not counted:\n%s", agenttest.Grep(body, "lease_releases_total"))
 	}
 }
@@ -319,7 +319,7 @@ func TestAttackHoldOnDeadOpenersSocket(t *testing.T) {
 	requests := map[string][]byte{
 		"HOLD":                 agenttest.Frame(t, agenttest.HoldReq(250, 0)),
 		"ACQUIRE":              agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: 1}),
-		"HELD":                 agenttest.Frame(t, &slotv1.HeldRequest{}),
+		"HOLD_LIST":            agenttest.Frame(t, &slotv1.HoldListRequest{}),
 		"RECLAIM of a HOLD":    agenttest.Frame(t, &slotv1.Reclaim{Slot: 1, QuotaMilli: 250}),
 		"USAGE (then RELEASE)": append(usageFrame(t, slotv1.UsageRecord{Action: "ghost", Outcome: slotv1.InvocationOK, Invocations: 5}), agenttest.Frame(t, &slotv1.Release{Lease: 0})...),
 		"RELEASE of no lease":  agenttest.Frame(t, &slotv1.Release{Lease: 0}),
@@ -904,7 +904,7 @@ func settleUsage(a *agent.Agent) { a.Maintain(time.Now().Add(time.Second)) }
 // TestAttackLeaseFromAnotherConnection: function code in a runtime opens a
 // connection of its own to the agent (the same process, so the same
 // container and peer) and works the runtime's HOLD lease from there: lists
-// it (HELD), puts it to sleep, releases it, and claims its usage (USAGE).
+// it (HOLD_LIST), puts it to sleep, releases it, and claims its usage (USAGE).
 // Each is refused or ignored: a lease is touched only on the connection
 // that holds it. Afterwards the lease is intact, charged in full, and its
 // own connection still lists, sleeps and releases it.
@@ -921,9 +921,9 @@ func TestAttackLeaseFromAnotherConnection(t *testing.T) {
 	}
 	thief := agenttest.LocalConn(t, e.Socket, l) // same process, same container
 
-	thief.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
-	if m, _ := agenttest.ReadFDs(t, thief); !isHeld(m, 0) {
-		t.Errorf("HELD on another connection lists the lease: %+v", m)
+	thief.Write(agenttest.Frame(t, &slotv1.HoldListRequest{}))
+	if m, _ := agenttest.ReadFDs(t, thief); !isHoldListOK(m, 0) {
+		t.Errorf("HOLD_LIST on another connection lists the lease: %+v", m)
 	}
 	for _, req := range []*slotv1.Release{
 		{Lease: g.Lease, Flags: slotv1.ReleaseSleep},
@@ -948,9 +948,9 @@ func TestAttackLeaseFromAnotherConnection(t *testing.T) {
 	}
 
 	// The owner's connection still has it.
-	owner.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
-	if m, _ := agenttest.ReadFDs(t, owner); !isHeld(m, g.Lease) {
-		t.Fatalf("HELD on the holding connection: %+v", m)
+	owner.Write(agenttest.Frame(t, &slotv1.HoldListRequest{}))
+	if m, _ := agenttest.ReadFDs(t, owner); !isHoldListOK(m, g.Lease) {
+		t.Fatalf("HOLD_LIST on the holding connection: %+v", m)
 	}
 	owner.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseSleep}))
 	if m, _ := agenttest.ReadFDs(t, owner); !agenttest.IsReleaseOK(m) {
@@ -983,9 +983,9 @@ func TestLeaseEndsWithItsConnection(t *testing.T) {
 	syncConn(t, other)
 }
 
-// isHeld reports whether m is a HELD_OK listing exactly lease (none for 0).
-func isHeld(m slotv1.Message, lease uint64) bool {
-	h, ok := m.(*slotv1.HeldOK)
+// isHoldListOK reports whether m is a HOLD_LIST_OK listing exactly lease (none for 0).
+func isHoldListOK(m slotv1.Message, lease uint64) bool {
+	h, ok := m.(*slotv1.HoldListOK)
 	if !ok {
 		return false
 	}
@@ -1018,11 +1018,11 @@ func TestOneWayFramesPassWaitingAcquire(t *testing.T) {
 		return v > 0
 	})
 	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: g.Lease, Flags: slotv1.ReleaseNoReply}))
-	c.Write(agenttest.Frame(t, &slotv1.HeldRequest{})) // answered after the ACQUIRE
+	c.Write(agenttest.Frame(t, &slotv1.HoldListRequest{})) // answered after the ACQUIRE
 	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsAcquireOK(m) {
 		t.Fatalf("the waiting HOLD after the release of the lease it waited for: %+v", m)
 	}
-	if h, ok := agenttest.ReadResp(t, c).(*slotv1.HeldOK); !ok || len(h.Leases) != 1 || h.Leases[0].Lease == g.Lease {
-		t.Fatalf("HELD after the ACQUIRE: %+v, want the new lease only", h)
+	if h, ok := agenttest.ReadResp(t, c).(*slotv1.HoldListOK); !ok || len(h.Leases) != 1 || h.Leases[0].Lease == g.Lease {
+		t.Fatalf("HOLD_LIST after the ACQUIRE: %+v, want the new lease only", h)
 	}
 }

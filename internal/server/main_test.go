@@ -7,7 +7,7 @@ package server_test
 // theirs re-executed is the peer process.
 //
 // Tests of the wire that stay in internal/agent, for they share that
-// package's helpers: held_test.go (TestAttackHeld: HELD refused and paced),
+// package's helpers: holdlist_test.go (TestAttackHoldList: HOLD_LIST refused and paced),
 // lend_test.go (SLEEP and WAKE), hostile_pool_test.go (quotas, RECLAIM and
 // action names against the pool), foreign_test.go (fds handed on).
 

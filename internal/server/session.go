@@ -35,7 +35,7 @@ type session struct {
 	gone atomic.Bool
 	// usage paces the process's USAGE reports, over all its connections.
 	usage *rate.Limiter
-	// holdList paces its HELD requests, sleeps its SLEEPs.
+	// holdList paces its HOLD_LIST requests, sleeps its SLEEPs.
 	holdList *rate.Limiter
 	sleeps   *rate.Limiter
 	// oneWay paces its WAKEs and failed one-way RELEASEs.
@@ -52,13 +52,13 @@ const (
 	usageBurst = 100
 )
 
-// HELD is answered at most holdListRate times a second per process (bursts of
+// HOLD_LIST is answered at most holdListRate times a second per process (bursts of
 // holdListBurst; SPEC.md): each answer walks the pool's leases under its lock.
 // The reference clients ask once a second.
 const (
 	holdListRate  = 5
 	holdListBurst = 2
-	// holdListRetry is the retry_after_ms of a HELD refused for its rate.
+	// holdListRetry is the retry_after_ms of a HOLD_LIST refused for its rate.
 	holdListRetry = 1000 / holdListRate
 )
 

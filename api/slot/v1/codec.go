@@ -29,8 +29,8 @@ const (
 	// (USAGE with MaxUsageRecords records whose actions are MaxStringLen
 	// long); an agent refuses longer request frames without buffering them.
 	MaxRequestLen = MinBodyLen + 1 + MaxUsageRecords*usageRecordLen
-	// MaxHeldLeases bounds the leases one HELD_OK lists.
-	MaxHeldLeases = 1024
+	// MaxHoldListLeases bounds the leases one HOLD_LIST_OK lists.
+	MaxHoldListLeases = 1024
 	// MaxHelloLen is the longest HELLO body: all an agent buffers before
 	// it knows its peer.
 	MaxHelloLen = MinBodyLen + 6 + 2 + MaxStringLen
@@ -123,10 +123,10 @@ func Append(buf []byte, request uint32, m Message) ([]byte, error) {
 			buf = binary.BigEndian.AppendUint64(buf, u.CPUNanos)
 			buf = binary.BigEndian.AppendUint64(buf, u.ThrottledNanos)
 		}
-	case *HeldRequest:
-	case *HeldOK:
-		if len(m.Leases) > MaxHeldLeases {
-			return nil, fmt.Errorf("held_ok with %d leases, at most %d", len(m.Leases), MaxHeldLeases)
+	case *HoldListRequest:
+	case *HoldListOK:
+		if len(m.Leases) > MaxHoldListLeases {
+			return nil, fmt.Errorf("hold_list_ok with %d leases, at most %d", len(m.Leases), MaxHoldListLeases)
 		}
 		buf = binary.BigEndian.AppendUint32(buf, m.BudgetMilli)
 		buf = binary.BigEndian.AppendUint32(buf, m.GiveBackMilli)
@@ -273,19 +273,19 @@ func DecodeBody(body []byte) (Frame, error) {
 			m.Records = append(m.Records, u)
 		}
 		f.Msg = m
-	case TypeHeld:
-		f.Msg = &HeldRequest{}
-	case TypeHeldOK:
-		m := &HeldOK{BudgetMilli: r.u32(), GiveBackMilli: r.u32()}
+	case TypeHoldList:
+		f.Msg = &HoldListRequest{}
+	case TypeHoldListOK:
+		m := &HoldListOK{BudgetMilli: r.u32(), GiveBackMilli: r.u32()}
 		n := int(r.u16())
-		if r.err == nil && n > MaxHeldLeases {
-			r.fail("held_ok with %d leases, at most %d", n, MaxHeldLeases)
+		if r.err == nil && n > MaxHoldListLeases {
+			r.fail("hold_list_ok with %d leases, at most %d", n, MaxHoldListLeases)
 		}
-		if r.err == nil && n*heldLeaseLen > len(r.b) {
+		if r.err == nil && n*holdLeaseLen > len(r.b) {
 			r.fail("lease count %d exceeds payload", n)
 		}
 		for i := 0; i < n && r.err == nil; i++ {
-			m.Leases = append(m.Leases, HeldLease{Lease: r.u64(), Slot: r.u32(), QuotaMilli: r.u32(), Flags: r.u8()})
+			m.Leases = append(m.Leases, HoldLease{Lease: r.u64(), Slot: r.u32(), QuotaMilli: r.u32(), Flags: r.u8()})
 		}
 		f.Msg = m
 	case TypeError:

@@ -39,7 +39,7 @@ type vectorFile struct {
 var typeNames = map[uint8]string{
 	TypeHello: "HELLO", TypeHelloOK: "HELLO_OK", TypeAcquire: "ACQUIRE", TypeAcquireOK: "ACQUIRE_OK",
 	TypeRelease: "RELEASE", TypeReleaseOK: "RELEASE_OK", TypeReclaim: "RECLAIM", TypeUsage: "USAGE", TypeError: "ERROR",
-	TypeHeld: "HELD", TypeHeldOK: "HELD_OK",
+	TypeHoldList: "HOLD_LIST", TypeHoldListOK: "HOLD_LIST_OK",
 }
 
 func newMessage(typ string) Message {
@@ -60,10 +60,10 @@ func newMessage(typ string) Message {
 		return &Reclaim{}
 	case "USAGE":
 		return &Usage{}
-	case "HELD":
-		return &HeldRequest{}
-	case "HELD_OK":
-		return &HeldOK{}
+	case "HOLD_LIST":
+		return &HoldListRequest{}
+	case "HOLD_LIST_OK":
+		return &HoldListOK{}
 	case "ERROR":
 		return &Error{}
 	}
@@ -97,11 +97,11 @@ var table = []struct {
 	{"usage", 19, &Usage{Records: []UsageRecord{
 		{Action: "guest/fib", Outcome: InvocationOK, Invocations: 41, CPUNanos: 1_230_000_000, ThrottledNanos: 4_500_000},
 		{Action: "gäst/ƒib☃", Outcome: InvocationTimeout, Invocations: 1, CPUNanos: 100_000_000, ThrottledNanos: 0}}}},
-	{"hello_ok_local_held", 4, &HelloOK{Version: 1, Hierarchy: 1, Flags: HelloOKLocal | HelloOKHeld, PlaceFDs: 1, StatFDs: 2, Container: "default/fn/user-action", BudgetMilli: 400}},
-	{"held", 20, &HeldRequest{}},
-	{"held_ok_give_back", 20, &HeldOK{BudgetMilli: 400, GiveBackMilli: 100, Leases: []HeldLease{
-		{Lease: 0x0102030405060708, Slot: 7, QuotaMilli: 250}, {Lease: 9, Slot: 12, QuotaMilli: 150, Flags: HeldDegraded}}}},
-	{"held_ok_none", 21, &HeldOK{}},
+	{"hello_ok_local_hold_list", 4, &HelloOK{Version: 1, Hierarchy: 1, Flags: HelloOKLocal | HelloOKHoldList, PlaceFDs: 1, StatFDs: 2, Container: "default/fn/user-action", BudgetMilli: 400}},
+	{"hold_list", 20, &HoldListRequest{}},
+	{"hold_list_ok_give_back", 20, &HoldListOK{BudgetMilli: 400, GiveBackMilli: 100, Leases: []HoldLease{
+		{Lease: 0x0102030405060708, Slot: 7, QuotaMilli: 250}, {Lease: 9, Slot: 12, QuotaMilli: 150, Flags: HoldDegraded}}}},
+	{"hold_list_ok_none", 21, &HoldListOK{}},
 	{"error_rejected", 15, &Error{Code: CodeRejected, Message: "quota 1500m does not fit: 500m of 2000m free"}},
 	{"error_not_ready", 1, &Error{Code: CodeNotReady, RetryAfterMS: 200, Message: "pool is being prepared"}},
 	{"hello_ok_lend", 5, &HelloOK{Version: 1, Hierarchy: 2, Flags: HelloOKLend, PlaceFDs: 1, StatFDs: 1, Container: "default/fn/user-action", BudgetMilli: 1000}},
@@ -221,7 +221,7 @@ func normalize(m Message) Message {
 		c.Pools = nil
 		return &c
 	}
-	if h, ok := m.(*HeldOK); ok && len(h.Leases) == 0 {
+	if h, ok := m.(*HoldListOK); ok && len(h.Leases) == 0 {
 		c := *h
 		c.Leases = nil
 		return &c

@@ -10,17 +10,17 @@ import (
 
 // Message types.
 const (
-	TypeHello     = 0x01
-	TypeAcquire   = 0x02
-	TypeRelease   = 0x03
-	TypeReclaim   = 0x04
-	TypeUsage     = 0x05
-	TypeHeld      = 0x06
-	TypeHelloOK   = 0x81
-	TypeAcquireOK = 0x82
-	TypeReleaseOK = 0x83
-	TypeHeldOK    = 0x86
-	TypeError     = 0x7F
+	TypeHello      = 0x01
+	TypeAcquire    = 0x02
+	TypeRelease    = 0x03
+	TypeReclaim    = 0x04
+	TypeUsage      = 0x05
+	TypeHoldList   = 0x06
+	TypeHelloOK    = 0x81
+	TypeAcquireOK  = 0x82
+	TypeReleaseOK  = 0x83
+	TypeHoldListOK = 0x86
+	TypeError      = 0x7F
 )
 
 // Flags and enumerations.
@@ -31,7 +31,7 @@ const (
 	HelloOKFavorDynMods = 1 << 0
 	HelloOKAgentPlaces  = 1 << 1
 	HelloOKLocal        = 1 << 2
-	HelloOKHeld         = 1 << 3
+	HelloOKHoldList     = 1 << 3
 	HelloOKLend         = 1 << 4
 
 	AcquireAgentPlaces = 1 << 0
@@ -46,7 +46,7 @@ const (
 	ReleaseSleep = 1 << 1
 	ReleaseWake  = 1 << 2
 
-	HeldDegraded = 1 << 1
+	HoldDegraded = 1 << 1
 )
 
 // Outcome says how a slot was found for an acquisition.
@@ -243,12 +243,12 @@ func (u UsageRecord) check() error {
 	return nil
 }
 
-// HeldRequest (HELD) asks which HOLD leases the process holds and how much it should
+// HoldListRequest (HOLD_LIST) asks which HOLD leases the process holds and how much it should
 // give back (local leasing). It has no payload.
-type HeldRequest struct{}
+type HoldListRequest struct{}
 
-// HeldOK (HELD_OK) answers HeldRequest.
-type HeldOK struct {
+// HoldListOK (HOLD_LIST_OK) answers HoldListRequest.
+type HoldListOK struct {
 	// BudgetMilli is the container's admission budget now (0: unlimited).
 	BudgetMilli uint32
 	// GiveBackMilli is how much of its held quota the process should give
@@ -256,20 +256,20 @@ type HeldOK struct {
 	// the container's granted total fits the budget again.
 	GiveBackMilli uint32
 	// Leases are the process's HOLD leases and what each is granted now
-	// (at most MaxHeldLeases).
-	Leases []HeldLease
+	// (at most MaxHoldListLeases).
+	Leases []HoldLease
 }
 
-// HeldLease is one HOLD lease in HeldOK.
-type HeldLease struct {
+// HoldLease is one HOLD lease in HoldListOK.
+type HoldLease struct {
 	Lease      uint64
 	Slot       uint32
 	QuotaMilli uint32
-	Flags      uint8 // HeldDegraded
+	Flags      uint8 // HoldDegraded
 }
 
-// heldLeaseLen is the wire size of a HeldLease.
-const heldLeaseLen = 8 + 4 + 4 + 1
+// holdLeaseLen is the wire size of a HoldLease.
+const holdLeaseLen = 8 + 4 + 4 + 1
 
 // Error is a typed failure; it is also a Go error.
 type Error struct {
@@ -291,14 +291,14 @@ func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-func (*Hello) msgType() uint8       { return TypeHello }
-func (*HelloOK) msgType() uint8     { return TypeHelloOK }
-func (*Acquire) msgType() uint8     { return TypeAcquire }
-func (*AcquireOK) msgType() uint8   { return TypeAcquireOK }
-func (*Release) msgType() uint8     { return TypeRelease }
-func (*ReleaseOK) msgType() uint8   { return TypeReleaseOK }
-func (*Reclaim) msgType() uint8     { return TypeReclaim }
-func (*Usage) msgType() uint8       { return TypeUsage }
-func (*HeldRequest) msgType() uint8 { return TypeHeld }
-func (*HeldOK) msgType() uint8      { return TypeHeldOK }
-func (*Error) msgType() uint8       { return TypeError }
+func (*Hello) msgType() uint8           { return TypeHello }
+func (*HelloOK) msgType() uint8         { return TypeHelloOK }
+func (*Acquire) msgType() uint8         { return TypeAcquire }
+func (*AcquireOK) msgType() uint8       { return TypeAcquireOK }
+func (*Release) msgType() uint8         { return TypeRelease }
+func (*ReleaseOK) msgType() uint8       { return TypeReleaseOK }
+func (*Reclaim) msgType() uint8         { return TypeReclaim }
+func (*Usage) msgType() uint8           { return TypeUsage }
+func (*HoldListRequest) msgType() uint8 { return TypeHoldList }
+func (*HoldListOK) msgType() uint8      { return TypeHoldListOK }
+func (*Error) msgType() uint8           { return TypeError }

@@ -192,7 +192,7 @@ class LendingWithAgentIT {
             double calleeIdle = 1 - Prom.sum(m, "cpuslot_slot_cpu_seconds_total", callee) / Prom.sum(m, "cpuslot_slot_reserved_seconds_total", callee);
             assertTrue(callerIdle > 0.9 && calleeIdle < callerIdle, "idle ratio caller " + callerIdle + ", callee " + calleeIdle + ": " + lr.metricsText());
             System.out.println("[it] lending: lent " + p.get("lentMilli") + "m while the caller waited; pool after the wake " + p3
-                    + "; client " + RuntimeProc.event(m, "nap.sleep") + " SLEEP, " + RuntimeProc.event(m, "nap.wake") + " WAKE"
+                    + "; client " + RuntimeProc.event(m, "lend.sleep") + " SLEEP, " + RuntimeProc.event(m, "lend.wake") + " WAKE"
                     + "; idle ratio caller " + String.format("%.3f", callerIdle) + ", callee " + String.format("%.3f", calleeIdle)
                     + ", caller slept " + String.format("%.2f", slept) + " s");
         }
@@ -222,8 +222,8 @@ class LendingWithAgentIT {
                 for (var e : rep.json().getAsJsonObject("result").getAsJsonArray("ns")) ns.add(e.getAsLong());
             }
             Map<String, Double> m = lr.metrics();
-            assertEquals((rounds + 1) * calls, RuntimeProc.event(m, "nap.sleep"), "one SLEEP per call: " + lr.metricsText());
-            assertEquals((rounds + 1) * calls, RuntimeProc.event(m, "nap.wake"), "one WAKE per call");
+            assertEquals((rounds + 1) * calls, RuntimeProc.event(m, "lend.sleep"), "one SLEEP per call: " + lr.metricsText());
+            assertEquals((rounds + 1) * calls, RuntimeProc.event(m, "lend.wake"), "one WAKE per call");
             java.util.Collections.sort(ns);
             System.out.printf(java.util.Locale.ROOT, "[it] lending: local chain hop with SLEEP+WAKE (hello at 200m): %d calls, p50 %.1f us, p99 %.1f us%n",
                     ns.size(), RuntimeWithAgentIT.pct(ns, 50) / 1e3, RuntimeWithAgentIT.pct(ns, 99) / 1e3);

@@ -498,10 +498,10 @@ class RuntimeWithAgentIT {
      */
     static String inContainer(String cgroup) { return "container=\"" + cgroup + "\""; }
 
-    /** The agent's CPU seconds of a container's invocations (not of its own hold-long measurement, action "_held"). */
+    /** The agent's CPU seconds of a container's invocations (not of its own hold-long measurement, action "_hold"). */
     static double invocationCpu(Map<String, Double> m, String cgroup) {
         return Prom.sum(m, "cpuslot_invocation_cpu_seconds_total", inContainer(cgroup))
-                - Prom.sum(m, "cpuslot_invocation_cpu_seconds_total", inContainer(cgroup), "action=\"_held\"");
+                - Prom.sum(m, "cpuslot_invocation_cpu_seconds_total", inContainer(cgroup), "action=\"_hold\"");
     }
 
     /**
@@ -637,10 +637,10 @@ class RuntimeWithAgentIT {
     }
 
     /**
-     * Give-back after a CPU limit shrink (spec: HELD): the runtime holds two 500m slots (two
+     * Give-back after a CPU limit shrink (spec: HOLD_LIST): the runtime holds two 500m slots (two
      * invocations at once) in a container of a 1000m limit, and the limit shrinks to 600m while it
      * keeps invoking. The agent sees the new limit at its next maintenance round (reapInterval,
-     * 10 s); the runtime's once-a-second HELD then gives a held slot back, and the container's
+     * 10 s); the runtime's once-a-second HOLD_LIST then gives a held slot back, and the container's
      * granted total (/debug/pools) comes within 600m. No invocation fails.
      */
     @Test
@@ -694,7 +694,7 @@ class RuntimeWithAgentIT {
                 while (ran.get() < before + 10 && System.nanoTime() < until) Thread.sleep(50);
                 assertTrue(ran.get() >= before + 10, "invocations go on after the give-back");
                 report.add(String.format(Locale.ROOT, "local leasing, CPU limit 1000m -> 600m with 2x500m held: granted total within 600m"
-                        + " %.1f s after the shrink (agent reapInterval 10 s, then HELD once a second); %d invocations, %d in a slot, %d failed",
+                        + " %.1f s after the shrink (agent reapInterval 10 s, then HOLD_LIST once a second); %d invocations, %d in a slot, %d failed",
                         fit, ran.get(), slotted.get(), failed.size()));
             } finally {
                 stop.set(true);
@@ -757,7 +757,7 @@ class RuntimeWithAgentIT {
             assertEquals(2, Prom.sum(m, "cpuslot_chain_calls_total", "function=\"burn250\"", "status=\"ok\""), lr.metricsText());
             assertTrue(Prom.sum(m, "cpuslot_slot_cpu_seconds_total", "function=\"burn250\"") > 0, lr.metricsText());
             // this agent lends nothing (no LEND in HELLO_OK): the waiting caller sent no SLEEP or WAKE
-            for (String nap : List.of("nap.sleep", "nap.wake", "nap.unsent")) assertEquals(0, RuntimeProc.event(m, nap), nap);
+            for (String event : List.of("lend.sleep", "lend.wake", "lend.unsent")) assertEquals(0, RuntimeProc.event(m, event), event);
         }
     }
 

@@ -48,7 +48,7 @@ class LendingTest {
     }
 
     /** The RELEASEs with the flag (SLEEP or WAKE) the agent received. */
-    static long naps(FakeAgent a, int flag) {
+    static long sleepWakes(FakeAgent a, int flag) {
         return a.received.stream().filter(m -> m instanceof Protocol.Release r && (r.flags() & flag) != 0).count();
     }
 
@@ -68,12 +68,12 @@ class LendingTest {
 
                 Resp r = call(h, "off", "sleep", 1);
                 assertEquals(200, r.status(), r.raw());
-                assertEquals(0, naps(agent, Protocol.RELEASE_SLEEP), "lending off: no SLEEP: " + agent.received);
+                assertEquals(0, sleepWakes(agent, Protocol.RELEASE_SLEEP), "lending off: no SLEEP: " + agent.received);
 
                 r = call(h, "follows", "sleep", 1);
                 assertEquals(200, r.status(), r.raw());
-                assertEquals(1, naps(agent, Protocol.RELEASE_SLEEP), "the pod's setting (LEND): the call sleeps: " + agent.received);
-                assertEquals(1, naps(agent, Protocol.RELEASE_WAKE), agent.received.toString());
+                assertEquals(1, sleepWakes(agent, Protocol.RELEASE_SLEEP), "the pod's setting (LEND): the call sleeps: " + agent.received);
+                assertEquals(1, sleepWakes(agent, Protocol.RELEASE_WAKE), agent.received.toString());
             }
         }
     }
@@ -88,9 +88,9 @@ class LendingTest {
                 registerCaller(h, "on", "&lend=true");
 
                 assertEquals(200, call(h, "follows", "sleep", 1).status());
-                assertEquals(0, naps(agent, Protocol.RELEASE_SLEEP), "the runtime's default is off: " + agent.received);
+                assertEquals(0, sleepWakes(agent, Protocol.RELEASE_SLEEP), "the runtime's default is off: " + agent.received);
                 assertEquals(200, call(h, "on", "sleep", 1).status());
-                assertEquals(1, naps(agent, Protocol.RELEASE_SLEEP), "the action opted in: " + agent.received);
+                assertEquals(1, sleepWakes(agent, Protocol.RELEASE_SLEEP), "the action opted in: " + agent.received);
             }
         }
     }
@@ -120,10 +120,10 @@ class LendingTest {
                 // then its annotation says false: a call sends no SLEEP
                 boolean off = false;
                 for (int i = 0; i < 500 && !off; i++) {
-                    long before = naps(agent, Protocol.RELEASE_SLEEP);
+                    long before = sleepWakes(agent, Protocol.RELEASE_SLEEP);
                     Resp r = h.post("/run", run(json(value), v1));
                     assertEquals(200, r.status(), r.raw());
-                    off = naps(agent, Protocol.RELEASE_SLEEP) == before;
+                    off = sleepWakes(agent, Protocol.RELEASE_SLEEP) == before;
                     if (!off) Thread.sleep(20);
                 }
                 assertTrue(off, "the annotation cpu-lend=false was never applied: " + agent.received);

@@ -20,14 +20,14 @@ abstract sealed class LeaseLending extends LeaseRelease permits Lingering {
      * SLEEP (sleep true) or WAKE of an invocation's lease; returns whether it sleeps afterwards.
      * Without LEND nothing is sent and no lock is taken: a sleep costs one volatile read.
      */
-    boolean nap(SlotLease l, boolean sleep) {
+    boolean sleepOrWake(SlotLease l, boolean sleep) {
         if (sleep && !lends(transport.lastHello())) return false;
-        if (l.local != null) return l.local.nap(l, sleep);
+        if (l.local != null) return l.local.sleepOrWake(l, sleep);
         l.lock.lock();
         try {
             if (l.released || l.parked || l.lost) return false;
             if (sleep && (l.conn == null || !transport.isAlive(l.conn))) return false;
-            return napLocked(l, sleep);
+            return sleepOrWakeLocked(l, sleep);
         } finally {
             l.lock.unlock();
         }
@@ -38,29 +38,29 @@ abstract sealed class LeaseLending extends LeaseRelease permits Lingering {
      * re-declares it first: the agent may keep it asleep under the new id). A WAKE that cannot go
      * out leaves the lease sleeping: its RELEASE ends the sleep. Caller holds l.lock.
      */
-    final boolean napLocked(SlotLease l, boolean sleep) {
+    final boolean sleepOrWakeLocked(SlotLease l, boolean sleep) {
         if (sleep == l.sleeping) return l.sleeping;
         long deadline = System.nanoTime() + releaseNs;
         Connection c = l.conn;
         if (!sleep && (c == null || !transport.isAlive(c))) {
             if (!recovery.reclaimLocked(l, deadline)) {
-                count("nap.unsent");
+                count("lend.unsent");
                 return l.sleeping;
             }
             c = l.conn;
         }
-        if (c == null || !lends(c.hello) || !sendNap(c, l.lease, sleep, deadline)) {
-            count("nap.unsent");
+        if (c == null || !lends(c.hello) || !sendSleepOrWake(c, l.lease, sleep, deadline)) {
+            count("lend.unsent");
             return l.sleeping;
         }
-        l.napped = true;
+        l.sleptOrWoke = true;
         l.sleeping = sleep;
-        count(sleep ? "nap.sleep" : "nap.wake");
+        count(sleep ? "lend.sleep" : "lend.wake");
         return sleep;
     }
 
     /** One-way RELEASE with SLEEP or WAKE of lease on c, its connection, beside any request in flight there. */
-    boolean sendNap(Connection c, long lease, boolean sleep, long deadline) {
+    boolean sendSleepOrWake(Connection c, long lease, boolean sleep, long deadline) {
         int flags = (sleep ? Protocol.RELEASE_SLEEP : Protocol.RELEASE_WAKE) | Protocol.RELEASE_NO_REPLY;
         try {
             transport.sendBeside(c, new Protocol.Release(lease, ReleaseOutcome.OK.code, flags), deadline);

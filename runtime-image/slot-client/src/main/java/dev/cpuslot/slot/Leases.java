@@ -260,7 +260,7 @@ final class Leases extends Lingering {
         try {
             if (l.released || l.parked) return Usage.NONE;
             // a RELEASE ends a sleep; a lingering lease must be awake for the next invocation
-            if (lingerNs > 0 && outcome == ReleaseOutcome.OK && (!l.sleeping || !napLocked(l, false))) {
+            if (lingerNs > 0 && outcome == ReleaseOutcome.OK && (!l.sleeping || !sleepOrWakeLocked(l, false))) {
                 Usage u = parkLocked(l);
                 if (u != null) return u;
             }

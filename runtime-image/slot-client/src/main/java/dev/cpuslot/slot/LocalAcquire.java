@@ -187,7 +187,7 @@ abstract sealed class LocalAcquire extends LocalMiss permits LocalReclaim {
     private SlotTable.Claimed claimOwn(long quota, int tid) {
         long now = System.nanoTime();
         for (int i = 0; i < table.used(); i++) {
-            if (held.get(i) == null || table.asked(i) != quota || table.slot(i) == 0) continue;
+            if (holds.get(i) == null || table.asked(i) != quota || table.slot(i) == 0) continue;
             long st = table.claim(i, tid, quota, now);
             if (st != 0) return new SlotTable.Claimed(i, st);
         }

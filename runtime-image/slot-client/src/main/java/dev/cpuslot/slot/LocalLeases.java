@@ -14,7 +14,7 @@ package dev.cpuslot.slot;
  * once a second, or early at 8 keys), releases entries idle for longer than the idle time, and
  * re-declares held slots with RECLAIM after a lost connection (an agent restart): invocations go
  * on claiming held slots while the agent is away. While it holds slots it also asks the agent, once
- * a second, what they are granted now and how much of them to give back (HELD): after a CPU limit
+ * a second, what they are granted now and how much of them to give back (HOLD_LIST): after a CPU limit
  * shrink it gives back free entries, least recently used first, and marks busy ones GONE to drop
  * them once their invocations end.
  */
@@ -51,7 +51,7 @@ final class LocalLeases extends LocalUpkeep {
         Protocol.encode(1, new Protocol.UsageReport(r.take(Protocol.MAX_USAGE_RECORDS)));
         Protocol.encode(1, new Protocol.Acquire(1, 1, 0, Protocol.ACQUIRE_HOLD, 0, "", ""));
         Protocol.encode(1, new Protocol.Reclaim(1, 1, 0, "", ""));
-        Protocol.encode(1, new Protocol.Held());
+        Protocol.encode(1, new Protocol.HoldList());
         perThread.get();
     }
 
@@ -66,7 +66,7 @@ final class LocalLeases extends LocalUpkeep {
         l.lock.lock();
         try {
             if (l.released) return Usage.NONE;
-            if (l.sleeping) napLocked(l, false); // the entry goes back awake (or GONE)
+            if (l.sleeping) sleepOrWakeLocked(l, false); // the entry goes back awake (or GONE)
             l.released = true;
             long now = System.nanoTime();
             Usage u = Usage.NONE;
@@ -100,11 +100,11 @@ final class LocalLeases extends LocalUpkeep {
      * SLEEP or WAKE of the HOLD lease behind a claimed entry, on the connection that holds it
      * (the process's own record, never the table's). Returns whether it sleeps afterwards.
      */
-    boolean nap(SlotLease l, boolean sleep) {
+    boolean sleepOrWake(SlotLease l, boolean sleep) {
         l.lock.lock();
         try {
             if (l.released) return false;
-            return napLocked(l, sleep);
+            return sleepOrWakeLocked(l, sleep);
         } finally {
             l.lock.unlock();
         }
@@ -116,18 +116,18 @@ final class LocalLeases extends LocalUpkeep {
      * WAKE that cannot go out marks the entry GONE: its lease is released once the invocation
      * ends, which ends the sleep. Caller holds l.lock.
      */
-    private boolean napLocked(SlotLease l, boolean sleep) {
+    private boolean sleepOrWakeLocked(SlotLease l, boolean sleep) {
         if (sleep == l.sleeping) return l.sleeping;
-        Held h = held.get(l.entry);
+        Hold h = holds.get(l.entry);
         boolean usable = h != null && h.slot() == l.slot && reclaim.get(l.entry) == null && transport.isAlive(h.conn())
                 && Leases.lends(h.conn().hello);
         long deadline = System.nanoTime() + releaseNs;
-        if (usable && leases.sendNap(h.conn(), h.lease(), sleep, deadline)) {
+        if (usable && leases.sendSleepOrWake(h.conn(), h.lease(), sleep, deadline)) {
             l.sleeping = sleep;
-            count(sleep ? "nap.sleep" : "nap.wake");
+            count(sleep ? "lend.sleep" : "lend.wake");
             return sleep;
         }
-        count("nap.unsent");
+        count("lend.unsent");
         if (!sleep) {
             table.markGone(l.entry);
             l.sleeping = false;

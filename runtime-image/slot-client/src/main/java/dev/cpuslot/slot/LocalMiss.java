@@ -30,7 +30,7 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
             releaseHold(a.conn(), ok.lease(), ReleaseOutcome.OK);
             return;
         }
-        held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), a.conn()));
+        holds.set(e.index(), new Hold(ok.slot(), ok.quotaMilli(), ok.lease(), a.conn()));
         reclaim.set(e.index(), null);
         batches[e.index()].clear(null, 0);
         if (!transport.isAlive(a.conn())) reclaim.set(e.index(), Boolean.TRUE);
@@ -77,7 +77,7 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
             releaseHold(c, ok.lease(), ReleaseOutcome.OK);
             return null; // the per-invocation path serves it
         }
-        held.set(e.index(), new Held(ok.slot(), ok.quotaMilli(), ok.lease(), c));
+        holds.set(e.index(), new Hold(ok.slot(), ok.quotaMilli(), ok.lease(), c));
         reclaim.set(e.index(), null);
         batches[e.index()].clear(null, 0);
         if (!transport.isAlive(c)) reclaim.set(e.index(), Boolean.TRUE); // died before we noted the owner
@@ -86,7 +86,7 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
             current[0] = 0;
             count("place.failed");
             releaseHold(c, ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
-            held.set(e.index(), null); // released: dropped without another RELEASE once free
+            holds.set(e.index(), null); // released: dropped without another RELEASE once free
             table.markGone(e.index());
             table.release(e.index(), e.state(), System.nanoTime());
             return leases.noSlot(act, inv, quota, tid, "placement_failed", err);
@@ -114,7 +114,7 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
     }
 
     /**
-     * The hold connection, borrowed: every HOLD lease is asked for, re-declared, listed (HELD) and
+     * The hold connection, borrowed: every HOLD lease is asked for, re-declared, listed (HOLD_LIST) and
      * reported (USAGE) on it, and released, slept and woken beside whatever request is in flight
      * there (a lease is touched only on the connection that holds it, spec: "Lifetimes"). Reserved:
      * the per-invocation path never waits on it. A new one replaces it when it died (its entries

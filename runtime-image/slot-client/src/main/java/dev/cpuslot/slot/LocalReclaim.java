@@ -16,8 +16,8 @@ abstract sealed class LocalReclaim extends LocalAcquire permits LocalUpkeep {
 
     /** A connection died: the entries it granted are re-declared on a new one. */
     void lost(Connection c) {
-        for (int i = 0; i < held.length(); i++) {
-            Held h = held.get(i);
+        for (int i = 0; i < holds.length(); i++) {
+            Hold h = holds.get(i);
             if (h != null && h.conn() == c) reclaim.set(i, Boolean.TRUE);
         }
     }
@@ -29,7 +29,7 @@ abstract sealed class LocalReclaim extends LocalAcquire permits LocalUpkeep {
     void reclaimOnce() {
         for (int i = 0; i < table.used(); i++) {
             if (reclaim.get(i) == null) continue;
-            Held h = held.get(i);
+            Hold h = holds.get(i);
             if (h == null || table.gone(i)) {
                 reclaim.set(i, null);
                 continue;
@@ -48,7 +48,7 @@ abstract sealed class LocalReclaim extends LocalAcquire permits LocalUpkeep {
             if (r.message() instanceof Protocol.AcquireOk ok && ok.slot() == slot && r.fds().length == ok.nfds()) {
                 if (r.fds().length > 0) fds.put(slot, r.fds(), c.hello);
                 table.setLease(i, ok.lease());
-                held.set(i, new Held(slot, h.quota(), ok.lease(), c));
+                holds.set(i, new Hold(slot, h.quota(), ok.lease(), c));
                 transport.reserve(c); // it holds a lease now
                 reclaim.set(i, null);
                 if (!transport.isAlive(c)) reclaim.set(i, Boolean.TRUE);
@@ -61,7 +61,7 @@ abstract sealed class LocalReclaim extends LocalAcquire permits LocalUpkeep {
                 return; // NOT_READY, INTERNAL...: next round
             }
             // refused (UNKNOWN_LEASE, REJECTED) or a grant of another slot: the agent does not back this one
-            held.set(i, null); // nothing to release when dropped
+            holds.set(i, null); // nothing to release when dropped
             table.markGone(i);
             reclaim.set(i, null);
             count("local.reclaim_refused");

@@ -30,8 +30,8 @@ abstract sealed class LocalState permits LocalMiss {
      * releases and re-declarations use this, never what the table says, so a scribbled table
      * cannot make the client release or re-declare anything it was not granted.
      */
-    record Held(long slot, long quota, long lease, Connection conn) {}
-    final AtomicReferenceArray<Held> held;
+    record Hold(long slot, long quota, long lease, Connection conn) {}
+    final AtomicReferenceArray<Hold> holds;
     /**
      * Each entry's usage batch (spec "Local leasing": the client may sum several invocations'
      * usage from one pair of readings). The slot's counters are cumulative, so warm invocations
@@ -76,8 +76,8 @@ abstract sealed class LocalState permits LocalMiss {
     static final long BATCH_NS = 100_000_000L;
     /** A free entry idle this long has its pending batch read by the background thread. */
     static final long BATCH_IDLE_NS = 1_000_000_000L;
-    /** Rounds between HELD requests (the agent answers a process at most 5 a second). */
-    static final long HELD_EVERY_NS = 1_000_000_000L;
+    /** Rounds between HOLD_LIST requests (the agent answers a process at most 5 a second). */
+    static final long HOLD_LIST_EVERY_NS = 1_000_000_000L;
 
     LocalState(Transport transport, FdCache fds, Recovery recovery, Leases leases, Counters counters, SlotTable table,
                long budgetNs, long releaseNs, long idleNs, long tickNs, boolean failClosed) {
@@ -96,7 +96,7 @@ abstract sealed class LocalState permits LocalMiss {
         this.idleNs = idleNs;
         this.tickNs = tickNs;
         this.failClosed = failClosed;
-        this.held = new AtomicReferenceArray<>(table.capacity());
+        this.holds = new AtomicReferenceArray<>(table.capacity());
         this.reclaim = new AtomicReferenceArray<>(table.capacity());
         this.batches = new Batch[table.capacity()];
         for (int i = 0; i < batches.length; i++) batches[i] = new Batch();

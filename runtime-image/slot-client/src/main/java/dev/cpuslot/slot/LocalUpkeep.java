@@ -11,7 +11,7 @@ import java.util.concurrent.locks.LockSupport;
 
 /**
  * Local leasing's upkeep (see {@link LocalState}): the background thread's rounds, which send usage
- * batches as USAGE, free entries of dead threads, ask HELD and give back what the agent wants back,
+ * batches as USAGE, free entries of dead threads, ask HOLD_LIST and give back what the agent wants back,
  * and drop idle and GONE entries.
  */
 abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
@@ -20,7 +20,7 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
         super(transport, fds, recovery, leases, counters, table, budgetNs, releaseNs, idleNs, tickNs, failClosed);
     }
 
-    private long lastReport, lastHeld;
+    private long lastReport, lastHoldList;
     void start() {
         worker = SlotClient.daemon("cpuslot-local").start(this::loop);
     }
@@ -44,7 +44,7 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
         reportOnce(now, false);
         freeDead(now);
         serveWaiters();
-        heldOnce(now);
+        holdListOnce(now);
         dropIdle(now);
     }
 
@@ -57,7 +57,7 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
      */
     void freeDead(long now) {
         for (int i = 0; i < table.used(); i++) {
-            if (held.get(i) == null) continue;
+            if (holds.get(i) == null) continue;
             long s = table.state(i);
             int h = SlotTable.hold(s);
             if (h == 0 || h == SlotTable.CONTROL || h < 0 || h > (1 << 22)) continue;
@@ -66,13 +66,13 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
     }
 
     /**
-     * Asks HELD, at most once a second and only while the process holds slots, of an agent that
+     * Asks HOLD_LIST, at most once a second and only while the process holds slots, of an agent that
      * announced it (an older agent is never asked), and applies the answer.
      */
-    void heldOnce(long now) {
-        if (now - lastHeld < HELD_EVERY_NS) return;
+    void holdListOnce(long now) {
+        if (now - lastHoldList < HOLD_LIST_EVERY_NS) return;
         boolean any = false;
-        for (int i = 0; i < table.used() && !any; i++) any = held.get(i) != null;
+        for (int i = 0; i < table.used() && !any; i++) any = holds.get(i) != null;
         if (!any) return;
         long deadline = System.nanoTime() + releaseNs;
         Connection c = holdConn;
@@ -82,40 +82,40 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
         } catch (IOException | TimeoutException e) {
             return;
         }
-        if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_HELD) == 0 || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
+        if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_HOLD_LIST) == 0 || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) {
             transport.giveBack(c);
             return;
         }
-        lastHeld = now;
-        Transport.Reply r = recovery.callOrDrop(c, new Protocol.Held(), deadline);
+        lastHoldList = now;
+        Transport.Reply r = recovery.callOrDrop(c, new Protocol.HoldList(), deadline);
         if (r == null) return;
         transport.giveBack(c);
         fds.discard(r.fds());
-        if (r.message() instanceof Protocol.HeldOk ok) {
-            count("local.held");
+        if (r.message() instanceof Protocol.HoldListOk ok) {
+            count("local.hold_list");
             giveBack(ok, now);
         } else {
-            count("local.held_refused"); // REJECTED for the rate: next round
+            count("local.hold_list_refused"); // REJECTED for the rate: next round
         }
     }
 
     /**
-     * Applies a HELD_OK: each entry takes its lease's current grant (quota, DEGRADED), and entries
+     * Applies a HOLD_LIST_OK: each entry takes its lease's current grant (quota, DEGRADED), and entries
      * adding up to give_back_m are given back: free ones now, least recently used first; busy ones
      * are marked GONE (no new claim takes them) and dropped by dropIdle once their invocation ends.
      */
-    void giveBack(Protocol.HeldOk ok, long now) {
-        Map<Long, Protocol.HeldLease> byLease = new HashMap<>();
-        for (Protocol.HeldLease l : ok.leases()) byLease.put(l.lease(), l);
+    void giveBack(Protocol.HoldListOk ok, long now) {
+        Map<Long, Protocol.HoldLease> byLease = new HashMap<>();
+        for (Protocol.HoldLease l : ok.leases()) byLease.put(l.lease(), l);
         long want = ok.giveBackMilli();
         List<Integer> free = new ArrayList<>(), busy = new ArrayList<>();
         for (int i = 0; i < table.used(); i++) {
-            Held h = held.get(i);
+            Hold h = holds.get(i);
             if (h == null || table.slot(i) != h.slot()) continue;
-            Protocol.HeldLease l = byLease.get(h.lease());
+            Protocol.HoldLease l = byLease.get(h.lease());
             if (l != null && l.slot() == h.slot()) {
-                table.setGranted(i, l.quotaMilli(), (l.flags() & Protocol.HELD_DEGRADED) != 0);
-                held.compareAndSet(i, h, h = new Held(h.slot(), l.quotaMilli(), h.lease(), h.conn()));
+                table.setGranted(i, l.quotaMilli(), (l.flags() & Protocol.HOLD_DEGRADED) != 0);
+                holds.compareAndSet(i, h, h = new Hold(h.slot(), l.quotaMilli(), h.lease(), h.conn()));
             }
             if (table.gone(i)) {
                 want -= Math.min(want, h.quota()); // given back already, its invocation still running
@@ -127,11 +127,11 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
         free.sort(Comparator.comparingLong(table::idleSince));
         for (int i : free) {
             if (want == 0) return;
-            Held h = held.get(i);
+            Hold h = holds.get(i);
             if (h == null) continue;
             boolean[] sent = {true};
             boolean dropped = table.drop(i, (slot, lease, flags) -> {
-                Held mine = held.getAndSet(i, null);
+                Hold mine = holds.getAndSet(i, null);
                 closeBatch(i, slot, System.nanoTime()); // the entry is held for the drop: read once more
                 if (mine != null) sent[0] = releaseHold(mine.conn(), mine.lease(), ReleaseOutcome.OK);
                 batches[i].clear(null, 0);
@@ -143,7 +143,7 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
         }
         for (int i : busy) {
             if (want == 0) return;
-            Held h = held.get(i);
+            Hold h = holds.get(i);
             if (h == null) continue;
             table.markGone(i);
             count("local.given_back");
@@ -200,7 +200,7 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
             int idx = i;
             boolean dropped = table.drop(i, (slot, lease, flags) -> {
                 // a lease the agent still backs is released, by the process's own record
-                Held h = held.getAndSet(idx, null);
+                Hold h = holds.getAndSet(idx, null);
                 closeBatch(idx, slot, System.nanoTime()); // the entry is held for the drop: read once more
                 if (h != null) sent[0] = releaseHold(h.conn(), h.lease(), ReleaseOutcome.OK);
                 batches[idx].clear(null, 0);
@@ -218,7 +218,7 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
     void closeBatches(long now) {
         long[] out = new long[1];
         for (int i = 0; i < table.used(); i++) {
-            if (held.get(i) == null || table.slot(i) == 0 || SlotTable.hold(table.state(i)) != 0) continue;
+            if (holds.get(i) == null || table.slot(i) == 0 || SlotTable.hold(table.state(i)) != 0) continue;
             long idle = table.idleSince(i);
             if (now - idle < BATCH_IDLE_NS) continue;
             if (table.control(i, out) != SlotTable.CLAIMED) continue;

@@ -37,13 +37,13 @@ public final class Protocol {
     public static final int RELEASE = 0x03, RELEASE_OK = 0x83;
     public static final int RECLAIM = 0x04;
     public static final int USAGE = 0x05;
-    public static final int HELD = 0x06, HELD_OK = 0x86;
+    public static final int HOLD_LIST = 0x06, HOLD_LIST_OK = 0x86;
     public static final int ERROR = 0x7F;
 
     // HELLO flags
     public static final long HELLO_FD_PASSING = 1, HELLO_LOCAL = 2;
     // HELLO_OK flags
-    public static final long HELLO_OK_FAVORDYNMODS = 1, HELLO_OK_AGENT_PLACES = 2, HELLO_OK_LOCAL = 4, HELLO_OK_HELD = 8,
+    public static final long HELLO_OK_FAVORDYNMODS = 1, HELLO_OK_AGENT_PLACES = 2, HELLO_OK_LOCAL = 4, HELLO_OK_HOLD_LIST = 8,
             HELLO_OK_LEND = 16;
     // ACQUIRE flags
     public static final int ACQUIRE_AGENT_PLACES = 1, ACQUIRE_HOLD = 2;
@@ -57,10 +57,10 @@ public final class Protocol {
     public static final int RELEASE_NO_REPLY = 1;
     /** SLEEP and WAKE do not release: the lease's invocation waits, or runs again (spec: "Lending"). */
     public static final int RELEASE_SLEEP = 2, RELEASE_WAKE = 4;
-    // HELD_OK lease flags
-    public static final int HELD_DEGRADED = 2;
-    /** Most leases one HELD_OK lists. */
-    public static final int MAX_HELD_LEASES = 1024;
+    // HOLD_LIST_OK lease flags
+    public static final int HOLD_DEGRADED = 2;
+    /** Most leases one HOLD_LIST_OK lists. */
+    public static final int MAX_HOLD_LIST_LEASES = 1024;
 
     // error codes
     public static final int E_BAD_REQUEST = 1, E_UNSUPPORTED_VERSION = 2, E_NOT_SERVED = 3, E_INVALID_QUOTA = 4,
@@ -94,8 +94,8 @@ public final class Protocol {
             case RELEASE_OK -> "RELEASE_OK";
             case RECLAIM -> "RECLAIM";
             case USAGE -> "USAGE";
-            case HELD -> "HELD";
-            case HELD_OK -> "HELD_OK";
+            case HOLD_LIST -> "HOLD_LIST";
+            case HOLD_LIST_OK -> "HOLD_LIST_OK";
             case ERROR -> "ERROR";
             default -> "TYPE_0x" + Integer.toHexString(type);
         };
@@ -104,7 +104,7 @@ public final class Protocol {
     // ---- messages -------------------------------------------------------------------------
 
     /** Marker for all message bodies. */
-    public sealed interface Message permits Hello, HelloOk, Acquire, AcquireOk, Release, ReleaseOk, Reclaim, UsageReport, Held, HeldOk, Error {
+    public sealed interface Message permits Hello, HelloOk, Acquire, AcquireOk, Release, ReleaseOk, Reclaim, UsageReport, HoldList, HoldListOk, Error {
         int type();
     }
 
@@ -160,21 +160,21 @@ public final class Protocol {
         public int type() { return USAGE; }
     }
 
-    /** HELD: which HOLD leases the process holds and how much to give back. No payload. */
-    public record Held() implements Message {
-        public int type() { return HELD; }
+    /** HOLD_LIST: which HOLD leases the process holds and how much to give back. No payload. */
+    public record HoldList() implements Message {
+        public int type() { return HOLD_LIST; }
     }
 
-    /** One HOLD lease in HELD_OK, with what it is granted now (flags: HELD_DEGRADED). */
-    public record HeldLease(long lease, long slot, long quotaMilli, int flags) {}
+    /** One HOLD lease in HOLD_LIST_OK, with what it is granted now (flags: HOLD_DEGRADED). */
+    public record HoldLease(long lease, long slot, long quotaMilli, int flags) {}
 
     /**
-     * HELD_OK: the container's budget now, how many millicores of its HOLD leases the process
+     * HOLD_LIST_OK: the container's budget now, how many millicores of its HOLD leases the process
      * should give back, and its HOLD leases (at most 1024).
      */
-    public record HeldOk(long budgetMilli, long giveBackMilli, List<HeldLease> leases) implements Message {
-        public HeldOk { leases = leases == null ? List.of() : List.copyOf(leases); }
-        public int type() { return HELD_OK; }
+    public record HoldListOk(long budgetMilli, long giveBackMilli, List<HoldLease> leases) implements Message {
+        public HoldListOk { leases = leases == null ? List.of() : List.copyOf(leases); }
+        public int type() { return HOLD_LIST_OK; }
     }
 
     public record Error(int code, long retryAfterMs, String message) implements Message {
@@ -230,12 +230,12 @@ public final class Protocol {
                     o.str(r.action()); o.u8(r.outcome()); o.u32(r.invocations()); o.u64(r.cpuNanos()); o.u64(r.throttledNanos());
                 }
             }
-            case Held h -> { }
-            case HeldOk h -> {
-                if (h.leases().size() > MAX_HELD_LEASES)
-                    throw new IllegalArgumentException("HELD_OK with " + h.leases().size() + " leases, at most 1024");
+            case HoldList h -> { }
+            case HoldListOk h -> {
+                if (h.leases().size() > MAX_HOLD_LIST_LEASES)
+                    throw new IllegalArgumentException("HOLD_LIST_OK with " + h.leases().size() + " leases, at most 1024");
                 o.u32(h.budgetMilli()); o.u32(h.giveBackMilli()); o.u16(h.leases().size());
-                for (HeldLease l : h.leases()) { o.u64(l.lease()); o.u32(l.slot()); o.u32(l.quotaMilli()); o.u8(l.flags()); }
+                for (HoldLease l : h.leases()) { o.u64(l.lease()); o.u32(l.slot()); o.u32(l.quotaMilli()); o.u8(l.flags()); }
             }
             case Error e -> { o.u16(e.code()); o.u32(e.retryAfterMs()); o.str(e.message()); }
         }
@@ -308,15 +308,15 @@ public final class Protocol {
                 }
                 yield new UsageReport(rs);
             }
-            case HELD -> new Held();
-            case HELD_OK -> {
+            case HOLD_LIST -> new HoldList();
+            case HOLD_LIST_OK -> {
                 long budget = in.u32(), giveBack = in.u32();
                 int n = in.u16();
-                if (n > MAX_HELD_LEASES) throw new ProtocolException(E_BAD_REQUEST, "HELD_OK with " + n + " leases");
-                if ((long) n * 17 > in.remaining()) throw new ProtocolException(E_BAD_REQUEST, "HELD_OK lease count past the payload");
-                List<HeldLease> ls = new ArrayList<>(n);
-                for (int i = 0; i < n; i++) ls.add(new HeldLease(in.u64(), in.u32(), in.u32(), in.u8()));
-                yield new HeldOk(budget, giveBack, ls);
+                if (n > MAX_HOLD_LIST_LEASES) throw new ProtocolException(E_BAD_REQUEST, "HOLD_LIST_OK with " + n + " leases");
+                if ((long) n * 17 > in.remaining()) throw new ProtocolException(E_BAD_REQUEST, "HOLD_LIST_OK lease count past the payload");
+                List<HoldLease> ls = new ArrayList<>(n);
+                for (int i = 0; i < n; i++) ls.add(new HoldLease(in.u64(), in.u32(), in.u32(), in.u8()));
+                yield new HoldListOk(budget, giveBack, ls);
             }
             case ERROR -> new Error(in.u16(), in.u32(), in.str());
             default -> throw new ProtocolException(E_BAD_REQUEST, "unknown type 0x" + Integer.toHexString(type));

@@ -37,7 +37,7 @@ public final class SlotLease {
     /** A SLEEP went to the agent and no WAKE since (spec: "Lending"). */
     boolean sleeping;
     /** A SLEEP or WAKE went out on conn: the RELEASE must follow on conn, in order. */
-    boolean napped;
+    boolean sleptOrWoke;
     /** Set when the slot came from the process's slot table (local leasing): its path. */
     LocalLeases local;
     /** The table entry and the state the claim wrote (local leasing). */
@@ -126,7 +126,7 @@ public final class SlotLease {
      */
     public boolean sleep() {
         if (!active()) return false;
-        return leases.nap(this, true);
+        return leases.sleepOrWake(this, true);
     }
 
     /**
@@ -136,7 +136,7 @@ public final class SlotLease {
      */
     public void wake() {
         if (!active()) return;
-        leases.nap(this, false);
+        leases.sleepOrWake(this, false);
     }
 
     /** True between a {@link #sleep()} that went to the agent and the next {@link #wake()}. */

@@ -265,7 +265,7 @@ public final class FakeAgent implements AutoCloseable {
         if (m instanceof Protocol.Release r) strictRelease(conn, r);
     }
 
-    /** Whether connection conn holds r's lease; a RELEASE (not a nap) then ends it. */
+    /** Whether connection conn holds r's lease; a RELEASE (not a SLEEP or WAKE) then ends it. */
     private boolean strictRelease(long conn, Protocol.Release r) {
         long[] o = owned.get(r.lease());
         if (o == null) return false;

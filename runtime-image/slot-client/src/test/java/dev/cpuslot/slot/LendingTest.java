@@ -71,8 +71,8 @@ class LendingTest extends LocalFixture {
         assertEquals(new Protocol.Release(a.lease, 0, WAKE), rel(rs.get(1)));
         assertEquals(new Protocol.Release(a.lease, 0, Protocol.RELEASE_NO_REPLY), rel(rs.get(2)));
         for (FakeTransport.Sent s : rs) assertSame(own, s.on(), "on the lease's own connection: " + s);
-        assertEquals(1, counters.get("nap.sleep"));
-        assertEquals(1, counters.get("nap.wake"));
+        assertEquals(1, counters.get("lend.sleep"));
+        assertEquals(1, counters.get("lend.wake"));
     }
 
     @Test
@@ -159,7 +159,7 @@ class LendingTest extends LocalFixture {
         transport.dropConnection(); // the background thread has not re-declared it yet
         a.wake();
         assertTrue(table.gone(a.entry), "its lease is released once free: that ends the sleep");
-        assertEquals(1, counters.get("nap.unsent"));
+        assertEquals(1, counters.get("lend.unsent"));
         a.release(ReleaseOutcome.OK);
         local.close();
     }

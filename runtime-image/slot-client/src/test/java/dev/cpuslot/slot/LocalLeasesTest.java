@@ -18,8 +18,8 @@ class LocalLeasesTest extends LocalFixture {
     LocalLeases local;
     /** What the fake agent answers RECLAIM with (null: a new lease for the same slot). */
     volatile Protocol.Message reclaimAnswer;
-    /** What the fake agent answers HELD with. */
-    volatile Protocol.Message heldAnswer;
+    /** What the fake agent answers HOLD_LIST with. */
+    volatile Protocol.Message holdListAnswer;
 
     @BeforeEach
     void setUp() throws Exception {
@@ -39,9 +39,9 @@ class LocalLeasesTest extends LocalFixture {
             assertEquals("", a.invocation());
             return grant(a);
         }
-        if (m instanceof Protocol.Held) {
-            if (heldAnswer != null) return heldAnswer;
-            throw new AssertionError("HELD with no answer set");
+        if (m instanceof Protocol.HoldList) {
+            if (holdListAnswer != null) return holdListAnswer;
+            throw new AssertionError("HOLD_LIST with no answer set");
         }
         if (m instanceof Protocol.Reclaim r) {
             if (reclaimAnswer != null) return reclaimAnswer;
@@ -312,11 +312,11 @@ class LocalLeasesTest extends LocalFixture {
         assertEquals(reclaimed, r.lease(), "the lease the agent granted is released, not the table's 999999");
     }
 
-    // ---- giving back (spec: HELD) ---------------------------------------------------------------
+    // ---- giving back (spec: HOLD_LIST) ---------------------------------------------------------------
 
-    /** The agent announces HELD (and LOCAL). */
-    void announceHeld() {
-        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL | Protocol.HELLO_OK_HELD, 1, 1, "fake", 0, List.of());
+    /** The agent announces HOLD_LIST (and LOCAL). */
+    void announceHoldList() {
+        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL | Protocol.HELLO_OK_HOLD_LIST, 1, 1, "fake", 0, List.of());
     }
 
     /** The one-way RELEASEs sent (USAGE aside). */
@@ -324,32 +324,32 @@ class LocalLeasesTest extends LocalFixture {
         return transport.oneWay.stream().filter(m -> m instanceof Protocol.Release).toList();
     }
 
-    static Protocol.HeldOk heldOk(long budget, long giveBack, Protocol.HeldLease... ls) {
-        return new Protocol.HeldOk(budget, giveBack, List.of(ls));
+    static Protocol.HoldListOk holdListOk(long budget, long giveBack, Protocol.HoldLease... ls) {
+        return new Protocol.HoldListOk(budget, giveBack, List.of(ls));
     }
 
     @Test
     void afterAShrinkAFreeHeldSlotIsGivenBackLeastRecentlyUsedFirstAndABusyOneKeepsRunning() throws Exception {
-        announceHeld();
+        announceHoldList();
         SlotLease busy = local.acquire(250, "f", "a");
         SlotLease idle1 = onOtherThread(() -> local.acquire(250, "f", "b"));
         SlotLease idle2 = onOtherThread(() -> local.acquire(250, "f", "c"));
         idle2.release(ReleaseOutcome.OK);
         Thread.sleep(1); // idle_since apart
         idle1.release(ReleaseOutcome.OK);
-        heldAnswer = heldOk(1000, 0, new Protocol.HeldLease(busy.lease, busy.slot(), 250, 0),
-                new Protocol.HeldLease(idle1.lease, idle1.slot(), 250, 0), new Protocol.HeldLease(idle2.lease, idle2.slot(), 250, 0));
+        holdListAnswer = holdListOk(1000, 0, new Protocol.HoldLease(busy.lease, busy.slot(), 250, 0),
+                new Protocol.HoldLease(idle1.lease, idle1.slot(), 250, 0), new Protocol.HoldLease(idle2.lease, idle2.slot(), 250, 0));
         long now = System.nanoTime() + 10 * S;
         local.tick(now);
-        assertEquals(1, transport.count(Protocol.Held.class));
+        assertEquals(1, transport.count(Protocol.HoldList.class));
         assertEquals(0, releases().size(), "within the budget: nothing given back");
         local.tick(now + S / 2);
-        assertEquals(1, transport.count(Protocol.Held.class), "at most one HELD a second");
+        assertEquals(1, transport.count(Protocol.HoldList.class), "at most one HOLD_LIST a second");
 
-        heldAnswer = heldOk(500, 200, new Protocol.HeldLease(busy.lease, busy.slot(), 250, 0),
-                new Protocol.HeldLease(idle1.lease, idle1.slot(), 250, 0), new Protocol.HeldLease(idle2.lease, idle2.slot(), 250, 0));
+        holdListAnswer = holdListOk(500, 200, new Protocol.HoldLease(busy.lease, busy.slot(), 250, 0),
+                new Protocol.HoldLease(idle1.lease, idle1.slot(), 250, 0), new Protocol.HoldLease(idle2.lease, idle2.slot(), 250, 0));
         local.tick(now + S);
-        assertEquals(2, transport.count(Protocol.Held.class));
+        assertEquals(2, transport.count(Protocol.HoldList.class));
         assertEquals(List.of(new Protocol.Release(idle2.lease, 0, Protocol.RELEASE_NO_REPLY)), releases(),
                 "the least recently used free slot is given back, and only one (250m >= 200m)");
         assertEquals(0, table.slot(idle2.entry), "its entry is empty");
@@ -360,7 +360,7 @@ class LocalLeasesTest extends LocalFixture {
 
     @Test
     void whenEveryHeldSlotIsBusyOneIsMarkedGoneAndGivenBackOnceItsInvocationEnds() throws Exception {
-        announceHeld();
+        announceHoldList();
         SlotLease a = local.acquire(250, "f", "a");
         // b's invocation runs on a thread that lives until the test ends (a claim by a thread that
         // ended would be freed as a dead holder's)
@@ -383,7 +383,7 @@ class LocalLeasesTest extends LocalFixture {
     }
 
     private void busyBoth(SlotLease a, SlotLease b) {
-        heldAnswer = heldOk(400, 100, new Protocol.HeldLease(a.lease, a.slot(), 250, 0), new Protocol.HeldLease(b.lease, b.slot(), 250, 0));
+        holdListAnswer = holdListOk(400, 100, new Protocol.HoldLease(a.lease, a.slot(), 250, 0), new Protocol.HoldLease(b.lease, b.slot(), 250, 0));
         long now = System.nanoTime() + 10 * S;
         local.tick(now);
         assertEquals(0, releases().size(), "both busy: nothing released yet");
@@ -394,7 +394,7 @@ class LocalLeasesTest extends LocalFixture {
         assertTrue(table.gone(gone) && !table.gone(gone == a.entry ? b.entry : a.entry), "no second entry marked");
         a.release(ReleaseOutcome.OK);
         b.release(ReleaseOutcome.OK);
-        heldAnswer = heldOk(400, 100, new Protocol.HeldLease(a.lease, a.slot(), 250, 0), new Protocol.HeldLease(b.lease, b.slot(), 250, 0));
+        holdListAnswer = holdListOk(400, 100, new Protocol.HoldLease(a.lease, a.slot(), 250, 0), new Protocol.HoldLease(b.lease, b.slot(), 250, 0));
         local.tick(now + 2 * S);
         long lease = gone == a.entry ? a.lease : b.lease;
         assertEquals(List.of(new Protocol.Release(lease, 0, Protocol.RELEASE_NO_REPLY)), releases(),
@@ -407,15 +407,15 @@ class LocalLeasesTest extends LocalFixture {
 
     @Test
     void aDegradedLeaseRaisedLaterUpdatesItsEntry() {
-        announceHeld();
+        announceHoldList();
         SlotLease a = local.acquire(250, "f", "a");
         a.release(ReleaseOutcome.OK);
-        heldAnswer = heldOk(1000, 0, new Protocol.HeldLease(a.lease, a.slot(), 200, Protocol.HELD_DEGRADED));
+        holdListAnswer = holdListOk(1000, 0, new Protocol.HoldLease(a.lease, a.slot(), 200, Protocol.HOLD_DEGRADED));
         long now = System.nanoTime() + 10 * S;
         local.tick(now);
         assertEquals(200, table.quota(a.entry));
         assertTrue((table.flags(a.entry) & SlotTable.FLAG_DEGRADED) != 0);
-        heldAnswer = heldOk(1000, 0, new Protocol.HeldLease(a.lease, a.slot(), 250, 0));
+        holdListAnswer = holdListOk(1000, 0, new Protocol.HoldLease(a.lease, a.slot(), 250, 0));
         local.tick(now + S);
         assertEquals(250, table.quota(a.entry));
         assertEquals(0, table.flags(a.entry) & SlotTable.FLAG_DEGRADED, "raised: no longer degraded");
@@ -426,28 +426,28 @@ class LocalLeasesTest extends LocalFixture {
     }
 
     @Test
-    void anAgentThatDidNotAnnounceHeldIsNeverAsked() {
+    void anAgentThatDidNotAnnounceHoldListIsNeverAsked() {
         SlotLease a = local.acquire(250, "f", "a");
         a.release(ReleaseOutcome.OK);
         long now = System.nanoTime() + 10 * S;
         local.tick(now);
         local.tick(now + 2 * S);
-        assertEquals(0, transport.count(Protocol.Held.class));
+        assertEquals(0, transport.count(Protocol.HoldList.class));
     }
 
     @Test
-    void aRefusedHeldIsTriedAgainNextRoundAndGivesNothingBack() {
-        announceHeld();
+    void aRefusedHoldListIsTriedAgainNextRoundAndGivesNothingBack() {
+        announceHoldList();
         SlotLease a = local.acquire(250, "f", "a");
         a.release(ReleaseOutcome.OK);
-        heldAnswer = new Protocol.Error(Protocol.E_REJECTED, 200, "rate");
+        holdListAnswer = new Protocol.Error(Protocol.E_REJECTED, 200, "rate");
         long now = System.nanoTime() + 10 * S;
         local.tick(now);
         assertEquals(0, releases().size());
-        assertEquals(1, counters.get("local.held_refused"));
-        heldAnswer = heldOk(0, 0, new Protocol.HeldLease(a.lease, a.slot(), 250, 0));
+        assertEquals(1, counters.get("local.hold_list_refused"));
+        holdListAnswer = holdListOk(0, 0, new Protocol.HoldLease(a.lease, a.slot(), 250, 0));
         local.tick(now + S);
-        assertEquals(2, transport.count(Protocol.Held.class));
+        assertEquals(2, transport.count(Protocol.HoldList.class));
         assertEquals(250, table.slot(a.entry) != 0 ? table.quota(a.entry) : -1);
     }
 

@@ -61,17 +61,17 @@ class VectorsTest {
                 }
                 yield new Protocol.UsageReport(rs);
             }
-            case "HELD" -> new Protocol.Held();
-            case "HELD_OK" -> {
-                List<Protocol.HeldLease> ls = new ArrayList<>();
+            case "HOLD_LIST" -> new Protocol.HoldList();
+            case "HOLD_LIST_OK" -> {
+                List<Protocol.HoldLease> ls = new ArrayList<>();
                 JsonElement le = f.get("Leases");
                 if (le != null && le.isJsonArray()) {
                     for (JsonElement e : le.getAsJsonArray()) {
                         JsonObject l = e.getAsJsonObject();
-                        ls.add(new Protocol.HeldLease(u(l, "Lease"), u(l, "Slot"), u(l, "QuotaMilli"), i(l, "Flags")));
+                        ls.add(new Protocol.HoldLease(u(l, "Lease"), u(l, "Slot"), u(l, "QuotaMilli"), i(l, "Flags")));
                     }
                 }
-                yield new Protocol.HeldOk(u(f, "BudgetMilli"), u(f, "GiveBackMilli"), ls);
+                yield new Protocol.HoldListOk(u(f, "BudgetMilli"), u(f, "GiveBackMilli"), ls);
             }
             case "ERROR" -> new Protocol.Error(i(f, "Code"), u(f, "RetryAfterMS"), s(f, "Message"));
             default -> throw new IllegalArgumentException("unknown vector type " + type);

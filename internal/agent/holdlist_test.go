@@ -1,6 +1,6 @@
 package agent_test
 
-// Giving held slots back after a CPU limit shrink (SPEC.md, HELD), against
+// Giving held slots back after a CPU limit shrink (SPEC.md, HOLD_LIST), against
 // the real agent on the real kernel's cgroups.
 
 import (
@@ -44,40 +44,40 @@ func shrinkEnv(t *testing.T, mutate func(*agent.Config)) *agenttest.Env {
 	})
 }
 
-// askHeld sends HELD on c until it is answered (a REJECTED for the rate is
+// askHoldList sends HOLD_LIST on c until it is answered (a REJECTED for the rate is
 // retried after its retry_after_ms, a bounded number of times).
-func askHeld(t *testing.T, c net.Conn) *slotv1.HeldOK {
+func askHoldList(t *testing.T, c net.Conn) *slotv1.HoldListOK {
 	t.Helper()
 	for try := 0; try < 50; try++ {
-		c.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
+		c.Write(agenttest.Frame(t, &slotv1.HoldListRequest{}))
 		m, nfds := agenttest.ReadFDs(t, c)
 		if nfds != 0 {
-			t.Fatalf("fds sent with HELD_OK")
+			t.Fatalf("fds sent with HOLD_LIST_OK")
 		}
-		if ok, isOK := m.(*slotv1.HeldOK); isOK {
+		if ok, isOK := m.(*slotv1.HoldListOK); isOK {
 			return ok
 		}
 		pe, isErr := m.(*slotv1.Error)
 		if !isErr || pe.Code != slotv1.CodeRejected || pe.RetryAfterMS == 0 {
-			t.Fatalf("HELD: %+v", m)
+			t.Fatalf("HOLD_LIST: %+v", m)
 		}
 		time.Sleep(time.Duration(pe.RetryAfterMS) * time.Millisecond)
 	}
-	t.Fatal("HELD refused 50 times in a row")
+	t.Fatal("HOLD_LIST refused 50 times in a row")
 	return nil
 }
 
-// TestLocalHeldAfterShrink: after the limit shrinks from 1000m to 400m a
+// TestLocalHoldListAfterShrink: after the limit shrinks from 1000m to 400m a
 // process holding 2x250m is told to give back 100m; once it released one,
 // nothing. The answer lists its own HOLD leases only, with their grants.
-func TestLocalHeldAfterShrink(t *testing.T) {
+func TestLocalHoldListAfterShrink(t *testing.T) {
 	e := shrinkEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
 	c := l.Dial(t, e.Socket)
 	c.SetDeadline(time.Now().Add(time.Minute))
-	if ok := agenttest.HelloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKHeld == 0 || ok.Flags&slotv1.HelloOKLocal == 0 {
-		t.Fatalf("LOCAL and HELD not announced: flags %b", ok.Flags)
+	if ok := agenttest.HelloWith(t, c, slotv1.HelloFDPassing|slotv1.HelloLocal); ok.Flags&slotv1.HelloOKHoldList == 0 || ok.Flags&slotv1.HelloOKLocal == 0 {
+		t.Fatalf("LOCAL and HOLD_LIST not announced: flags %b", ok.Flags)
 	}
 	var leases []*slotv1.AcquireOK
 	for i := 0; i < 2; i++ {
@@ -91,10 +91,10 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 	}
 	other := agenttest.StartLive(t, e, e.Rel, 1)
 	oc := agenttest.LocalConn(t, e.Socket, other)
-	if h := askHeld(t, oc); len(h.Leases) != 0 || h.GiveBackMilli != 0 {
+	if h := askHoldList(t, oc); len(h.Leases) != 0 || h.GiveBackMilli != 0 {
 		t.Fatalf("a process without HOLD leases: %+v", h)
 	}
-	h := askHeld(t, c)
+	h := askHoldList(t, c)
 	if h.BudgetMilli != 1000 || h.GiveBackMilli != 0 || len(h.Leases) != 2 {
 		t.Fatalf("within the budget: %+v", h)
 	}
@@ -107,53 +107,53 @@ func TestLocalHeldAfterShrink(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Maintain(time.Now())
-	if h := askHeld(t, c); h.BudgetMilli != 400 || h.GiveBackMilli != 100 {
+	if h := askHoldList(t, c); h.BudgetMilli != 400 || h.GiveBackMilli != 100 {
 		t.Fatalf("after the shrink to 400m: %+v, want give back 100m", h)
 	}
 	c.Write(agenttest.Frame(t, &slotv1.Release{Lease: leases[0].Lease}))
 	if m, _ := agenttest.ReadFDs(t, c); !agenttest.IsReleaseOK(m) {
 		t.Fatalf("release: %+v", m)
 	}
-	if h := askHeld(t, c); h.GiveBackMilli != 0 || len(h.Leases) != 1 || a.Summaries()[0].UsedMilli != 250 {
+	if h := askHoldList(t, c); h.GiveBackMilli != 0 || len(h.Leases) != 1 || a.Summaries()[0].UsedMilli != 250 {
 		t.Fatalf("after giving one back: %+v, %+v", h, a.Summaries()[0])
 	}
 }
 
-// TestAttackHeld: HELD on a connection not granted LOCAL, or with a
-// payload, is BAD_REQUEST; a flood of HELD is answered REJECTED past the
-// per-process rate (counted as held_throttled) while another process's
-// HELD is answered as usual.
-func TestAttackHeld(t *testing.T) {
+// TestAttackHoldList: HOLD_LIST on a connection not granted LOCAL, or with a
+// payload, is BAD_REQUEST; a flood of HOLD_LIST is answered REJECTED past the
+// per-process rate (counted as hold_list_throttled) while another process's
+// HOLD_LIST is answered as usual.
+func TestAttackHoldList(t *testing.T) {
 	e := shrinkEnv(t, nil)
 	a := e.Start()
 	l := agenttest.StartLive(t, e, e.Rel, 1)
 	plain := l.Dial(t, e.Socket)
 	plain.SetDeadline(time.Now().Add(time.Minute))
-	if ok := agenttest.HelloWith(t, plain, slotv1.HelloFDPassing); ok.Flags&(slotv1.HelloOKHeld|slotv1.HelloOKLocal) != 0 {
-		t.Fatalf("HELD announced without LOCAL: %b", ok.Flags)
+	if ok := agenttest.HelloWith(t, plain, slotv1.HelloFDPassing); ok.Flags&(slotv1.HelloOKHoldList|slotv1.HelloOKLocal) != 0 {
+		t.Fatalf("HOLD_LIST announced without LOCAL: %b", ok.Flags)
 	}
-	plain.Write(agenttest.Frame(t, &slotv1.HeldRequest{}))
+	plain.Write(agenttest.Frame(t, &slotv1.HoldListRequest{}))
 	m, _ := agenttest.ReadFDs(t, plain)
-	agenttest.WantCode(t, "HELD without LOCAL", m, slotv1.CodeBadRequest)
+	agenttest.WantCode(t, "HOLD_LIST without LOCAL", m, slotv1.CodeBadRequest)
 
 	c := agenttest.LocalConn(t, e.Socket, l)
-	// HELD with a byte of payload: the frame of HELD plus one byte.
-	b := agenttest.Frame(t, &slotv1.HeldRequest{})
+	// HOLD_LIST with a byte of payload: the frame of HOLD_LIST plus one byte.
+	b := agenttest.Frame(t, &slotv1.HoldListRequest{})
 	b[3]++
 	c.Write(append(b, 0))
 	m, _ = agenttest.ReadFDs(t, c)
-	agenttest.WantCode(t, "HELD with a payload", m, slotv1.CodeBadRequest)
+	agenttest.WantCode(t, "HOLD_LIST with a payload", m, slotv1.CodeBadRequest)
 
 	const flood = 100
 	var all []byte
 	for i := 0; i < flood; i++ {
-		all = append(all, agenttest.Frame(t, &slotv1.HeldRequest{})...)
+		all = append(all, agenttest.Frame(t, &slotv1.HoldListRequest{})...)
 	}
 	c.Write(all)
 	answered, refused := 0, 0
 	for i := 0; i < flood; i++ {
 		switch m, _ := agenttest.ReadFDs(t, c); r := m.(type) {
-		case *slotv1.HeldOK:
+		case *slotv1.HoldListOK:
 			answered++
 		case *slotv1.Error:
 			if r.Code != slotv1.CodeRejected || r.RetryAfterMS == 0 {
@@ -165,21 +165,21 @@ func TestAttackHeld(t *testing.T) {
 		}
 	}
 	if refused == 0 || answered+refused != flood {
-		t.Fatalf("%d HELD back to back: %d answered, %d refused; want the rate to refuse some", flood, answered, refused)
+		t.Fatalf("%d HOLD_LIST back to back: %d answered, %d refused; want the rate to refuse some", flood, answered, refused)
 	}
 	other := agenttest.StartLive(t, e, e.Rel, 1)
-	if h := askHeld(t, agenttest.LocalConn(t, e.Socket, other)); h.GiveBackMilli != 0 {
+	if h := askHoldList(t, agenttest.LocalConn(t, e.Socket, other)); h.GiveBackMilli != 0 {
 		t.Fatalf("another process: %+v", h)
 	}
-	if v, ok := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="held_throttled"}`); !ok || int(v) != refused {
-		t.Fatalf("held_throttled %v (%v), want %d", v, ok, refused)
+	if v, ok := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="hold_list_throttled"}`); !ok || int(v) != refused {
+		t.Fatalf("hold_list_throttled %v (%v), want %d", v, ok, refused)
 	}
 }
 
 // TestLocalClientGiveBack: the Go client holds 2x250m with two threads
 // invoking back to back; the limit shrinks to 400m. Within a bounded time
 // the container's granted total fits 400m, with no help from idling: the
-// client gives a held slot back because HELD says so. Invocations go on
+// client gives a held slot back because HOLD_LIST says so. Invocations go on
 // throughout: every one granted runs in its slot, and none that ran in a
 // slot is failed or moved; misses beyond the new budget wait for
 // admission, as any request does.
@@ -192,8 +192,8 @@ func TestLocalClientGiveBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if c.Hello().Flags&slotv1.HelloOKHeld == 0 {
-		t.Fatalf("HELD not announced: %+v", c.Hello())
+	if c.Hello().Flags&slotv1.HelloOKHoldList == 0 {
+		t.Fatalf("HOLD_LIST not announced: %+v", c.Hello())
 	}
 	var stop atomic.Bool
 	var ran, admission atomic.Int64
@@ -272,14 +272,14 @@ func TestLocalClientGiveBack(t *testing.T) {
 		t.Fatalf("%d failures, first: %s", len(failures), failures[0])
 	}
 	t.Logf("granted total fit the new budget %v after the shrink; %d invocations in slots, %d misses waited out admission", fit.Round(time.Millisecond), ran.Load(), admission.Load())
-	if !strings.Contains(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="held_throttled"} 0`) {
-		t.Errorf("the client was throttled:\n%s", agenttest.Grep(agenttest.Scrape(t, a), "held_throttled"))
+	if !strings.Contains(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="hold_list_throttled"} 0`) {
+		t.Errorf("the client was throttled:\n%s", agenttest.Grep(agenttest.Scrape(t, a), "hold_list_throttled"))
 	}
 }
 
 // TestLocalClientDegradedRaised: the Go client's HOLD lease granted less
 // than asked (policy degrade) is raised by the agent once budget frees; the
-// client's table entry then says so (HELD_OK carries the grant): its next
+// client's table entry then says so (HOLD_LIST_OK carries the grant): its next
 // invocation runs at the full quota, not degraded.
 func TestLocalClientDegradedRaised(t *testing.T) {
 	e := agenttest.LocalEnv(t, func(c *agent.Config) { c.Admission.Budget = "1"; c.Admission.Policy = "degrade" })
