@@ -67,10 +67,10 @@ type fakeAgent struct {
 	// queue) until it fits or its wait_us passes (TIMEOUT), instead of
 	// REJECTED.
 	queue bool
-	// held answers HOLD_LIST (and says so in HELLO_OK): the budget, the leased
+	// holdList answers HOLD_LIST (and says so in HELLO_OK): the budget, the leased
 	// quota above it as what to give back, and each HOLD lease with its
 	// quota (granted overrides it) and degraded flag.
-	held     bool
+	holdList bool
 	granted  map[uint64]uint32
 	degraded map[uint64]bool
 	// notGrant answers ACQUIRE with RELEASE_OK and slot 1's fds: no grant.
@@ -104,7 +104,7 @@ type fakeAgent struct {
 func (f *fakeAgent) setHoldList() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.held = true
+	f.holdList = true
 }
 
 func newFakeAgent(t testing.TB, local bool) *fakeAgent {
@@ -341,7 +341,7 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		}
 		if f.local && m.Flags&slotv1.HelloLocal != 0 {
 			h.Flags |= slotv1.HelloOKLocal
-			if f.held {
+			if f.holdList {
 				h.Flags |= slotv1.HelloOKHoldList
 			}
 		}
@@ -439,7 +439,7 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 		return &slotv1.ReleaseOK{}, nil
 	case *slotv1.HoldListRequest:
 		f.requests["held"]++
-		if !f.held {
+		if !f.holdList {
 			return &slotv1.Error{Code: slotv1.CodeBadRequest, Message: "unknown message type 0x06"}, nil
 		}
 		ok := &slotv1.HoldListOK{BudgetMilli: f.budget}
