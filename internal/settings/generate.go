@@ -49,11 +49,6 @@ func readmeTarget(s string) (string, error) { return rewrite(s, docBegin, docEnd
 // FileKeys; a file lists each section's keys together.
 func Sections() []string { return fileTree().maps("") }
 
-// Section is the section holding the key in the file: "pool" for
-// "pool.maxSlots", "kubernetes.nri" for "kubernetes.nri.enabled", "" for a
-// top-level key.
-func (k Key) Section() string { return parent(k.Name) }
-
 // Field is the key's name within its section: "maxSlots".
 func (k Key) Field() string { return leaf(k.Name) }
 
