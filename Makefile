@@ -159,8 +159,8 @@ e2e-openwhisk: images
 #                    PROMETHEUS=<url> (SCRAPE_INTERVAL=<its scrape interval>, default 15s);
 #                    SHOTS_OUT=<dir> writes elsewhere. Fails on a panel
 #                    with an error, or without data where a serving node has some
-#   make settings-doc  regenerate every file that lists the pool and admission settings
-#                    from their one definition (settings.Keys; settings.Targets): the
+#   make settings-doc  regenerate every file that lists the agent's settings from
+#                    their one definition (settings.Keys, settings.AgentKeys; settings.Targets): the
 #                    table of docs/settings.md, the chart's values.yaml, values.schema.json,
 #                    config template and README rows, docs/agent.example.yaml and
 #                    internal/agent/config_settings.go (TestGenerated checks them);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Cold /init in the image itself, two images side by side: each image's layer unpacked
-# once into a temporary root, then alternating cold starts of its entrypoint under chroot as
-# nobody (a container's clean environment, an empty /tmp, /proc and the four harmless devices a
-# container has), /init of an action, one /run; prints the wall time of /init, the process's CPU
+# once into a temporary root, then alternating cold starts of its entrypoint as a container
+# starts it (runtime-image/image/chroot-image.sh: under chroot as nobody, a container's clean
+# environment, an empty /tmp, /proc and the four harmless devices a container has), /init of an
+# action, one /run; prints the wall time of /init, the process's CPU
 # time when /init returned, and what the action answered. Root only (chroot, mount, mknod).
 #   hack/bench-image-init.sh THIS.tar OTHER.tar [PAIRS] [hello|stdlib|javascript|java]
 # THIS/OTHER: OCI tarballs of build-image.sh (make runtime-image writes bin/cpuslot-runtime.tar).
@@ -31,10 +32,11 @@ if [ "$lang" = java ]; then
 else
 	printf '{"value":{"name":"hello","main":"main","code":"%s"}}' "$action" >"$body"
 fi
-chroot=$(command -v chroot)
+# shellcheck source=../runtime-image/image/chroot-image.sh
+. "$here/runtime-image/image/chroot-image.sh"
 work=$(mktemp -d)
-mounted=()
-cleanup() { for m in "${mounted[@]}"; do umount "$m" 2>/dev/null || true; done; rm -rf "$work"; }
+entered=()
+cleanup() { for r in "${entered[@]}"; do chroot_leave "$r" 2>/dev/null || true; done; rm -rf "$work"; }
 trap 'cleanup; rm -f "$body"' EXIT
 
 unpack() { # TAR DIR: the image's layer as a root file system; prints its entrypoint, one word a line
@@ -44,9 +46,6 @@ unpack() { # TAR DIR: the image's layer as a root file system; prints its entryp
 	for f in "$dir"/layout/blobs/sha256/*; do
 		if [ "$(stat -c %s "$f")" -gt 1048576 ]; then tar -xf "$f" -C "$dir/rootfs"; fi
 	done
-	mkdir -p "$dir/rootfs/proc" "$dir/rootfs/dev"
-	mknod -m 666 "$dir/rootfs/dev/null" c 1 3; mknod -m 666 "$dir/rootfs/dev/zero" c 1 5
-	mknod -m 666 "$dir/rootfs/dev/random" c 1 8; mknod -m 666 "$dir/rootfs/dev/urandom" c 1 9
 	for f in "$dir"/layout/blobs/sha256/*; do
 		if [ "$(stat -c %s "$f")" -lt 65536 ]; then python3 -c 'import json,sys
 try: print("\n".join(json.load(open(sys.argv[1]))["config"]["Entrypoint"]))
@@ -57,11 +56,9 @@ except Exception: pass' "$f"; fi
 one() { # DIR LABEL
 	local dir=$1 rf=$1/rootfs log pid jpid port t1 t2 st code
 	mapfile -t ep <"$dir/entrypoint"
-	rm -rf "$rf/tmp"; mkdir -m 1777 "$rf/tmp"
-	mount -t proc proc "$rf/proc"; mounted+=("$rf/proc")
+	chroot_enter "$rf"; entered+=("$rf")
 	log=$(mktemp)
-	env -i PATH=/usr/bin:/bin PORT=0 CPUSLOT_METRICS_PORT=-1 CPUSLOT_LANGUAGE=$lang CPUSLOT_LOG=stderr JAVA_HOME=/opt/java \
-		"$chroot" --userspec=65534:65534 "$rf" "${ep[@]}" >"$log" 2>&1 &
+	chroot_run "$rf" PORT=0 CPUSLOT_METRICS_PORT=-1 CPUSLOT_LANGUAGE=$lang CPUSLOT_LOG=stderr -- "${ep[@]}" >"$log" 2>&1 &
 	pid=$!
 	until port=$(grep -o 'listening on :[0-9]*' "$log" | grep -o '[0-9]*$'); do
 		kill -0 $pid 2>/dev/null || { echo "bench-image-init: the runtime exited:" >&2; cat "$log" >&2; exit 1; }
@@ -78,7 +75,7 @@ one() { # DIR LABEL
 		"$(cut -d' ' -f1 /proc/loadavg)" "$(curl -s --max-time 600 -X POST "localhost:$port/run" -d '{"value":{"name":"image"}}')" \
 		"$(ls -A "$rf/tmp" | tr '\n' ' ')"
 	kill $pid; wait $pid 2>/dev/null || true
-	umount "$rf/proc"; unset 'mounted[-1]'
+	chroot_leave "$rf"; unset 'entered[-1]'
 	rm -f "$log"
 }
 

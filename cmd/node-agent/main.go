@@ -197,10 +197,6 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 	var rf runFlags
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	configPath := fs.String("config", "", "YAML configuration file (flags override it)")
-	socket := fs.String("socket", "", "Unix socket for runtimes (default /run/cpuslot/agent.sock)")
-	httpAddr := fs.String("http", "", "address for /metrics, /healthz, /readyz, /debug/pools (default 127.0.0.1:9464; empty string in the file disables)")
-	logLevel := fs.String("log-level", "", "debug, info, warn or error")
-	debugPoolsRemote := fs.Bool("debug-pools-remote", false, "serve /debug/pools (every container's name and budget) also to peers not on loopback")
 	type setting struct{ key, value string }
 	var settingFlags []setting
 	var badSetting error // the flag package keeps only the message
@@ -223,13 +219,8 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 			fs.Lookup(k.Flag).NoOptDefVal = "true" // --flag alone sets it
 		}
 	}
-	maxContainers := fs.Int("max-containers", 0, "containers served at once (default 512)")
 	fs.BoolVar(&rf.cleanupOnExit, "cleanup-on-exit", false, "remove all slots on exit instead of leaving them for the next agent")
 	fs.BoolVar(&rf.k8s, "kubernetes", false, "serve the runtime pods of this node (see docs/kubernetes-contract.md)")
-	nodeName := fs.String("node-name", "", "Kubernetes node name (default: $NODE_NAME)")
-	containerdSocket := fs.String("containerd-socket", "", "containerd socket (default /run/containerd/containerd.sock)")
-	podsDir := fs.String("kubelet-pods-dir", "", "the kubelet's pod directory as the agent sees it (default /var/lib/kubelet/pods)")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig, when running outside a pod")
 	containers := fs.StringArray("container", nil, "serve this cgroup (path in the cpu hierarchy); repeatable")
 	pids := fs.StringArray("pid", nil, "serve the cgroup of this process; repeatable")
 	serveUnder := fs.StringArray("serve-under", nil, "serve any process connecting from a cgroup below this one, in its own cgroup; repeatable")
@@ -252,36 +243,18 @@ func parseRun(args []string) (agent.Config, runFlags, error) {
 			return cfg, rf, err
 		}
 	}
-	set := func(dst *string, v string) {
-		if v != "" {
-			*dst = v
-		}
-	}
-	setInt := func(dst *int, v int) {
-		if v != 0 {
-			*dst = v
-		}
-	}
-	set(&cfg.Socket, *socket)
-	set(&cfg.HTTP, *httpAddr)
-	set(&cfg.LogLevel, *logLevel)
-	if *debugPoolsRemote {
-		cfg.DebugPoolsRemote = true
-	}
-	setInt(&cfg.MaxContainers, *maxContainers)
-	set(&cfg.Kubernetes.NodeName, *nodeName)
-	set(&cfg.Kubernetes.ContainerdSocket, *containerdSocket)
-	set(&cfg.Kubernetes.PodsDir, *podsDir)
-	set(&cfg.Kubernetes.Kubeconfig, *kubeconfig)
 	if cfg.Kubernetes.NodeName == "" {
 		cfg.Kubernetes.NodeName = os.Getenv("NODE_NAME")
 	}
-	if rf.k8s && *socket == "" && cfg.Socket == agent.DefaultConfig().Socket {
+	socketFlag := slices.ContainsFunc(settingFlags, func(s setting) bool { return s.key == "socket" })
+	if rf.k8s && !socketFlag && cfg.Socket == agent.DefaultConfig().Socket {
 		cfg.Socket = "" // each pod gets a socket of its own
 	}
 	cfg.Standalone.Containers = append(cfg.Standalone.Containers, *containers...)
 	cfg.Standalone.ServeUnder = append(cfg.Standalone.ServeUnder, *serveUnder...)
-	set(&cfg.Standalone.SocketDir, *socketDir)
+	if *socketDir != "" {
+		cfg.Standalone.SocketDir = *socketDir
+	}
 	for _, p := range *pids {
 		n, err := strconv.Atoi(p)
 		if err != nil || n <= 0 {

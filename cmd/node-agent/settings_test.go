@@ -183,3 +183,24 @@ func quiet(t *testing.T) {
 	os.Stderr = null
 	t.Cleanup(func() { os.Stderr = stderr; null.Close() })
 }
+
+// In Kubernetes mode the shared socket is off unless a flag or the file
+// names one: each pod gets a socket of its own.
+func TestKubernetesSocketOnlyWhenNamed(t *testing.T) {
+	def := agent.DefaultConfig().Socket
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--kubernetes"}, ""},
+		{[]string{"--kubernetes", "--socket", def}, def},
+		{[]string{"--kubernetes", "--socket=/s"}, "/s"},
+		{[]string{"--socket=/s"}, "/s"},
+		{nil, def},
+	} {
+		cfg, _, err := parseRun(c.args)
+		if err != nil || cfg.Socket != c.want {
+			t.Errorf("%q: socket %q (%v), want %q", c.args, cfg.Socket, err, c.want)
+		}
+	}
+}

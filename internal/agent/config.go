@@ -26,69 +26,11 @@ type Config struct {
 	// ConfigKind, or both empty for the older unversioned form, read alike.
 	APIVersion string `json:"apiVersion,omitempty"`
 	Kind       string `json:"kind,omitempty"`
-	// Socket is the Unix socket runtimes connect to.
-	Socket string `json:"socket"`
-	// HTTP is the address of /metrics, /healthz, /readyz and /debug/pools.
-	HTTP string `json:"http"`
-	// DebugPoolsRemote serves /debug/pools (every container's name and
-	// budget) also to peers that are not on loopback; off, they get 403
-	// there, while /metrics and the probes answer everyone.
-	DebugPoolsRemote bool `json:"debugPoolsRemote"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `json:"logLevel"`
-	// The sections of settings.FileKeys: pool, admission and limits
-	// (config_settings.go); limits bound what peers can hold
-	// (docs/security.md).
+	// The keys of settings.FileKeys and their sections: socket, http,
+	// pool, admission, limits, kubernetes ... (config_settings.go).
 	settingsSections
 	// Standalone lists what to serve without Kubernetes.
 	Standalone StandaloneConfig `json:"standalone"`
-	// ReapInterval is how often idle slots and gone containers are checked.
-	ReapInterval Duration `json:"reapInterval"`
-	// MaxContainers bounds the containers served at once; more are refused
-	// (NOT_READY to a client, an error to a source) and counted.
-	MaxContainers int `json:"maxContainers"`
-	// Kubernetes configures Kubernetes mode (docs/kubernetes-contract.md).
-	Kubernetes KubernetesConfig `json:"kubernetes"`
-}
-
-// KubernetesConfig is the Kubernetes mode's setup.
-type KubernetesConfig struct {
-	// NodeName defaults to the NODE_NAME environment variable.
-	NodeName            string   `json:"nodeName"`
-	ContainerdSocket    string   `json:"containerdSocket"`
-	ContainerdNamespace string   `json:"containerdNamespace"`
-	PodsDir             string   `json:"podsDir"`
-	SocketVolume        string   `json:"socketVolume"`
-	Select              []string `json:"select"`
-	// Kubeconfig is for running outside a pod; in a pod the service
-	// account is used.
-	Kubeconfig string `json:"kubeconfig"`
-	// AnnotationCeilings bound what a pod's annotations may set.
-	AnnotationCeilings CeilingsConfig `json:"annotationCeilings"`
-	// NRI serves runtime pods from the container runtime's start path.
-	NRI NRIConfig `json:"nri"`
-}
-
-// NRIConfig sets up the agent as an NRI plugin of the container runtime
-// (internal/discover/nri).
-type NRIConfig struct {
-	Enabled bool   `json:"enabled"`
-	Socket  string `json:"socket"`
-	// StartTimeout bounds how long the runtime's StartContainer and
-	// UpdateContainer wait for the agent (the runtime's own request
-	// timeout is 2 s).
-	StartTimeout Duration `json:"startTimeout"`
-}
-
-// CeilingsConfig is settings.Ceilings in the file: an annotation above one
-// is clamped to it, with an Event on the pod. 0 (budget "") is no ceiling,
-// but for budget: "" is the container's CPU limit.
-type CeilingsConfig struct {
-	MaxSlots     int     `json:"maxSlots"`
-	PrewarmSlots int     `json:"prewarmSlots"`
-	Overcommit   float64 `json:"overcommit"`
-	LendRatio    float64 `json:"lendRatio"`
-	Budget       string  `json:"budget"`
 }
 
 // Ceilings reads the annotation ceilings.
@@ -144,33 +86,13 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes a Go duration string.
 func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
 
-// DefaultMaxContainers holds 250 pods with room to spare.
-const DefaultMaxContainers = 512
-
 // DefaultConfig is the agent's configuration when nothing is given.
 func DefaultConfig() Config {
 	var c Config
 	for _, k := range settings.FileKeys() {
 		putText(c.field(k.Name), k.DefaultText())
 	}
-	dc := settings.DefaultCeilings()
-	return Config{
-		settingsSections: c.settingsSections,
-		Socket:           "/run/cpuslot/agent.sock",
-		HTTP:             "127.0.0.1:9464",
-		LogLevel:         "info",
-		MaxContainers:    DefaultMaxContainers,
-		ReapInterval:     Duration{10 * time.Second},
-		Kubernetes: KubernetesConfig{
-			ContainerdSocket:    "/run/containerd/containerd.sock",
-			ContainerdNamespace: "k8s.io",
-			PodsDir:             "/var/lib/kubelet/pods",
-			SocketVolume:        "cpuslot",
-			Select:              []string{"openwhisk", "knative", "annotated"},
-			AnnotationCeilings:  CeilingsConfig{MaxSlots: dc.MaxSlots, PrewarmSlots: dc.PrewarmSlots, Overcommit: dc.Overcommit, LendRatio: dc.LendRatio},
-			NRI:                 NRIConfig{Enabled: true, Socket: "/var/run/nri/nri.sock", StartTimeout: Duration{time.Second}},
-		},
-	}
+	return c
 }
 
 // The format of the agent's file. A later version gets a new apiVersion
@@ -213,20 +135,18 @@ func (c Config) ServerLimits() server.Limits {
 		HostNamespaceFDs: c.Limits.HostNamespaceFDs}
 }
 
-// checkLimits rejects limits that would refuse every client or never time
-// out, by the keys' own checks: a configuration built by flags or in code
-// is held to what the file is.
+// checkLimits rejects agent-wide values out of range (limits that would
+// refuse every client or never time out) and settings that do not go
+// together, by the keys' own checks and Rules: a configuration built by
+// flags or in code is held to what the file is.
 func (c Config) checkLimits() error {
+	get := func(key string) string { return getText(c.field(key)) }
 	for _, k := range settings.AgentKeys {
-		if err := settings.Check(k.Name, getText(c.field(k.Name))); err != nil {
+		if err := settings.Check(k.Name, get(k.Name)); err != nil {
 			return err
 		}
 	}
-	if n := c.Kubernetes.NRI; n.Enabled && (n.StartTimeout.Duration <= 0 || n.StartTimeout.Duration >= 2*time.Second) {
-		// The runtime disconnects a plugin slower than its 2 s timeout.
-		return fmt.Errorf("kubernetes.nri.startTimeout %v: must be above 0 and below the runtime's 2s request timeout", n.StartTimeout)
-	}
-	return nil
+	return settings.CheckRules(get)
 }
 
 // Settings reads the file's pool and admission sections (and any flags
@@ -315,11 +235,24 @@ func decodeSection(b []byte, section string, field func(string) any) error {
 		if string(v) == "null" {
 			continue
 		}
+		if settings.IsSection(key) {
+			if err := json.Unmarshal(v, f); err != nil {
+				return err
+			}
+			continue
+		}
 		text := string(v)
+		k, _ := settings.FileKey(key)
 		if len(v) > 0 && v[0] == '"' {
 			if err := json.Unmarshal(v, &text); err != nil {
 				return &settings.Error{Key: key, Value: string(v), Err: settings.ErrSyntax}
 			}
+		} else if len(v) > 0 && v[0] == '[' && k.Kind == settings.KindList {
+			var items []string
+			if err := json.Unmarshal(v, &items); err != nil || slices.ContainsFunc(items, func(s string) bool { return strings.Contains(s, ",") }) {
+				return &settings.Error{Key: key, Value: string(v), Err: fmt.Errorf("%w: want a list of names", settings.ErrSyntax)}
+			}
+			text = strings.Join(items, ",")
 		} else if len(v) == 0 || v[0] == '{' || v[0] == '[' {
 			return &settings.Error{Key: key, Value: string(v), Err: fmt.Errorf("%w: want a single value", settings.ErrSyntax)}
 		}
@@ -344,6 +277,8 @@ func getText(f any) string {
 		return f.Duration.String()
 	case *bool:
 		return strconv.FormatBool(*f)
+	case *[]string:
+		return strings.Join(*f, ",")
 	}
 	panic(fmt.Sprintf("agent: no text form for %T", f))
 }
@@ -361,6 +296,11 @@ func putText(f any, v string) {
 		f.Duration, _ = time.ParseDuration(v)
 	case *bool:
 		*f = v == "true"
+	case *[]string:
+		*f = strings.Split(v, ",")
+		if v == "" {
+			*f = []string{}
+		}
 	default:
 		panic(fmt.Sprintf("agent: cannot store %T", f))
 	}

@@ -2,11 +2,26 @@
 
 package agent
 
-// settingsSections are the file's sections of settings.FileKeys, in Config.
+// settingsSections are the file's keys of settings.FileKeys and their
+// sections, in Config: a top-level key is read as its type reads (and
+// checked with the configuration), a section through the settings' parser.
 type settingsSections struct {
-	Pool      PoolConfig      `json:"pool"`
-	Admission AdmissionConfig `json:"admission"`
-	Limits    LimitsConfig    `json:"limits"`
+	// Unix socket runtimes connect to (mode 0666: access is decided per peer by SO_PEERCRED and the peer's cgroup, not by file mode)
+	Socket string `json:"socket"`
+	// address of /metrics, /healthz, /readyz, /debug/pools ("" = none)
+	HTTP string `json:"http"`
+	// serve /debug/pools (every container's name and budget) also to peers not on loopback; off, they get 403
+	DebugPoolsRemote bool `json:"debugPoolsRemote"`
+	// agent log level: debug, info, warn or error
+	LogLevel string `json:"logLevel"`
+	// how often idle slots and gone containers are checked
+	ReapInterval Duration `json:"reapInterval"`
+	// containers served at once per node; more are refused (NOT_READY to a client) and counted as containers_exhausted
+	MaxContainers int              `json:"maxContainers"`
+	Pool          PoolConfig       `json:"pool"`
+	Admission     AdmissionConfig  `json:"admission"`
+	Limits        LimitsConfig     `json:"limits"`
+	Kubernetes    KubernetesConfig `json:"kubernetes"`
 }
 
 // PoolConfig is the file's pool section: one field per key of settings.FileKeys.
@@ -89,3 +104,68 @@ func (s *LimitsConfig) field(key string) any { return sectionField(s, "limits", 
 
 // UnmarshalJSON reads the section through the settings' parser.
 func (s *LimitsConfig) UnmarshalJSON(b []byte) error { return decodeSection(b, "limits", s.field) }
+
+// KubernetesConfig is the file's kubernetes section: one field per key of settings.FileKeys.
+type KubernetesConfig struct {
+	// only pods with this spec.nodeName are watched ("" = the NODE_NAME environment variable)
+	NodeName string `json:"nodeName"`
+	// containerd's API socket on the node (an absolute path; the chart mounts it at the same path)
+	ContainerdSocket string `json:"containerdSocket"`
+	// containerd namespace of the kubelet's containers
+	ContainerdNamespace string `json:"containerdNamespace"`
+	// the kubelet's pod directory, as the agent sees it (the chart mounts it at the same path, HostToContainer)
+	PodsDir string `json:"podsDir"`
+	// name of the emptyDir volume a served pod declares for its socket
+	SocketVolume string `json:"socketVolume"`
+	// which pods are served: openwhisk (label user-action-pod=true, container user-action), knative (label serving.knative.dev/revision, container user-container), annotated (cpuslot.dev/enabled: "true")
+	Select []string `json:"select"`
+	// kubeconfig, when running outside a pod ("" = the service account)
+	Kubeconfig         string                   `json:"kubeconfig"`
+	AnnotationCeilings AnnotationCeilingsConfig `json:"annotationCeilings"`
+	NRI                NRIConfig                `json:"nri"`
+}
+
+func (s *KubernetesConfig) field(key string) any { return sectionField(s, "kubernetes", key) }
+
+// UnmarshalJSON reads the section through the settings' parser.
+func (s *KubernetesConfig) UnmarshalJSON(b []byte) error {
+	return decodeSection(b, "kubernetes", s.field)
+}
+
+// AnnotationCeilingsConfig is the file's kubernetes.annotationCeilings section: one field per key of settings.FileKeys.
+type AnnotationCeilingsConfig struct {
+	// ceiling of a pod's pool.maxSlots (cpuslot.dev/max-slots); 0: none
+	MaxSlots int `json:"maxSlots"`
+	// ceiling of the slots of a pod's pool.prewarm, all quotas together; 0: none
+	PrewarmSlots int `json:"prewarmSlots"`
+	// ceiling of a pod's admission.overcommit; 0: none
+	Overcommit float64 `json:"overcommit"`
+	// ceiling of a pod's admission.lendRatio; 0: none
+	LendRatio float64 `json:"lendRatio"`
+	// ceiling of a pod's admission.budget ("" = the container's CPU limit)
+	Budget string `json:"budget"`
+}
+
+func (s *AnnotationCeilingsConfig) field(key string) any {
+	return sectionField(s, "kubernetes.annotationCeilings", key)
+}
+
+// UnmarshalJSON reads the section through the settings' parser.
+func (s *AnnotationCeilingsConfig) UnmarshalJSON(b []byte) error {
+	return decodeSection(b, "kubernetes.annotationCeilings", s.field)
+}
+
+// NRIConfig is the file's kubernetes.nri section: one field per key of settings.FileKeys.
+type NRIConfig struct {
+	// serve runtime pods at their container's start as an NRI plugin of the container runtime
+	Enabled bool `json:"enabled"`
+	// the runtime's NRI socket on the node (an absolute path; the chart mounts its directory)
+	Socket string `json:"socket"`
+	// how long StartContainer and UpdateContainer wait for the agent before the container goes on without (counted as nri_fail_open, logged); below the runtime's 2s request timeout
+	StartTimeout Duration `json:"startTimeout"`
+}
+
+func (s *NRIConfig) field(key string) any { return sectionField(s, "kubernetes.nri", key) }
+
+// UnmarshalJSON reads the section through the settings' parser.
+func (s *NRIConfig) UnmarshalJSON(b []byte) error { return decodeSection(b, "kubernetes.nri", s.field) }

@@ -170,8 +170,8 @@ func TestCheckLimitsEveryKey(t *testing.T) {
 	}
 }
 
-// The file's sections of settings.FileKeys hold exactly the settings' keys,
-// each at its key's path: the file has no list of its own.
+// The file's keys and sections of settings.FileKeys are exactly the
+// settings' keys, each at its key's path: the file has no list of its own.
 func TestConfigFieldsAreSettings(t *testing.T) {
 	var c Config
 	for _, k := range settings.FileKeys() {
@@ -179,25 +179,29 @@ func TestConfigFieldsAreSettings(t *testing.T) {
 			t.Errorf("%s: no field in the file", k.Name)
 		}
 	}
-	sections := reflect.TypeOf(c.settingsSections)
-	for j := range sections.NumField() {
-		section, typ := sections.Field(j).Tag.Get("json"), sections.Field(j).Type
+	var walk func(typ reflect.Type, prefix string)
+	walk = func(typ reflect.Type, prefix string) {
 		for i := range typ.NumField() {
 			tag, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
-			if _, ok := settings.FileKey(section + "." + tag); !ok {
-				t.Errorf("%s.%s (%s): no setting", section, tag, typ.Field(i).Name)
+			name := prefix + tag
+			if settings.IsSection(name) && typ.Field(i).Type.Kind() == reflect.Struct {
+				walk(typ.Field(i).Type, name+".")
+			} else if _, ok := settings.FileKey(name); !ok {
+				t.Errorf("%s (%s): no setting", name, typ.Field(i).Name)
 			}
 		}
 	}
-	// A field of the file's own with a section's name would hide the
-	// section (encoding/json takes the shallower field).
+	walk(reflect.TypeOf(c.settingsSections), "")
+	// A field of the file's own with a setting's or a section's name would
+	// hide it (encoding/json takes the shallower field).
 	own := reflect.TypeOf(c)
 	for i := range own.NumField() {
-		if tag, _, _ := strings.Cut(own.Field(i).Tag.Get("json"), ","); !own.Field(i).Anonymous && slices.Contains(settings.Sections(), tag) {
-			t.Errorf("Config.%s is tagged %q, the name of a section of settings.Keys", own.Field(i).Name, tag)
+		tag, _, _ := strings.Cut(own.Field(i).Tag.Get("json"), ",")
+		if _, key := settings.FileKey(tag); !own.Field(i).Anonymous && (key || slices.Contains(settings.Sections(), tag)) {
+			t.Errorf("Config.%s is tagged %q, the name of a setting or a section of settings.FileKeys", own.Field(i).Name, tag)
 		}
 	}
-	for _, key := range []string{"", "pool", "pool.", "socket", "pool.turbo", "admission.prewarm", "pool.maxSlots.x"} {
+	for _, key := range []string{"", "pool", "pool.", "apiVersion", "standalone.pids", "pool.turbo", "admission.prewarm", "pool.maxSlots.x", "kubernetes.nri"} {
 		if f := c.field(key); f != nil {
 			t.Errorf("field(%q) = %T, want none", key, f)
 		}
@@ -212,5 +216,38 @@ func TestConfigUnknownPoolKey(t *testing.T) {
 	var se *settings.Error
 	if !errors.As(err, &se) || se.Key != "pool.turbo" || !errors.Is(err, settings.ErrUnknownKey) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// The kubernetes section is read through the settings' parser as the
+// others are: a bad value, at any depth, is refused when the file is
+// loaded, as a settings.Error naming its key.
+func TestConfigKubernetesKeys(t *testing.T) {
+	for body, key := range map[string]string{
+		"kubernetes:\n  select: [openwhisk, openwhisk]\n":          "kubernetes.select",
+		"kubernetes:\n  select: [openwhisk, turbo]\n":              "kubernetes.select",
+		"kubernetes:\n  select: [\"openwhisk,knative\"]\n":         "kubernetes.select",
+		"kubernetes:\n  select: {a: b}\n":                          "kubernetes.select",
+		"kubernetes:\n  socketVolume: Not_A_Name\n":                "kubernetes.socketVolume",
+		"kubernetes:\n  containerdSocket: run/containerd.sock\n":   "kubernetes.containerdSocket",
+		"kubernetes:\n  annotationCeilings:\n    maxSlots: 5000\n": "kubernetes.annotationCeilings.maxSlots",
+		"kubernetes:\n  annotationCeilings:\n    budget: lots\n":   "kubernetes.annotationCeilings.budget",
+		"kubernetes:\n  nri:\n    turbo: true\n":                   "kubernetes.nri.turbo",
+		"kubernetes:\n  nri:\n    startTimeout: 1m\n":              "kubernetes.nri.startTimeout",
+	} {
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(p, []byte(body), 0o644)
+		_, err := LoadConfig(p)
+		var se *settings.Error
+		if !errors.As(err, &se) || se.Key != key {
+			t.Errorf("%q: got %v, want a settings.Error for %s", body, err, key)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(p, []byte("kubernetes:\n  select: [knative]\n  nri:\n    enabled: false\n    startTimeout: 5s\n"), 0o644)
+	c, err := LoadConfig(p)
+	if err != nil || !slices.Equal(c.Kubernetes.Select, []string{"knative"}) || c.Kubernetes.NRI.Enabled ||
+		c.Kubernetes.PodsDir != DefaultConfig().Kubernetes.PodsDir || c.checkLimits() != nil {
+		t.Fatalf("got %+v, %v", c.Kubernetes, err)
 	}
 }

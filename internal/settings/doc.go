@@ -3,6 +3,7 @@ package settings
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -13,11 +14,10 @@ import (
 // the newline before it, so the rendered file is the same with or without
 // the markers).
 const (
-	docBegin      = "<!-- BEGIN generated from internal/settings by `make settings-doc`; do not edit -->\n"
-	agentDocBegin = "<!-- BEGIN generated from internal/settings (AgentKeys) by `make settings-doc`; do not edit -->\n"
-	docEnd        = "<!-- END generated -->\n"
-	chartBegin    = "{{- /* BEGIN generated from internal/settings by `make settings-doc`; do not edit */}}\n"
-	chartEnd      = "{{- /* END generated */}}\n"
+	docBegin   = "<!-- BEGIN generated from internal/settings by `make settings-doc`; do not edit -->\n"
+	docEnd     = "<!-- END generated -->\n"
+	chartBegin = "{{- /* BEGIN generated from internal/settings by `make settings-doc`; do not edit */}}\n"
+	chartEnd   = "{{- /* END generated */}}\n"
 )
 
 // ErrNoDocMarkers: a page given to RewriteDoc or RewriteChartConfig has no
@@ -25,14 +25,46 @@ const (
 var ErrNoDocMarkers = errors.New("settings: no generated-table markers")
 
 // RewriteDoc returns page (docs/settings.md) with the text between its
-// markers replaced by DocTable: the page's prose is written by hand, the
-// table from Keys.
+// markers replaced by DocTable and each group's AgentDocTable: the page's
+// prose is written by hand, the tables from Keys and AgentKeys.
 func RewriteDoc(page string) (string, error) {
 	page, err := rewrite(page, docBegin, docEnd, DocTable())
-	if err != nil {
-		return "", err
+	for _, g := range agentGroups() {
+		if err != nil {
+			break
+		}
+		page, err = rewrite(page, agentDocBegin(g), docEnd, AgentDocTable(g))
 	}
-	return rewrite(page, agentDocBegin, docEnd, AgentDocTable())
+	return page, err
+}
+
+// agentGroups are the groups of AgentKeys with a table each in
+// docs/settings.md: "" (the top-level keys) and the top-level sections.
+func agentGroups() []string {
+	var out []string
+	for _, k := range AgentKeys {
+		if g := k.group(); !slices.Contains(out, g) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// group is the key's top-level section, "" for a top-level key.
+func (k Key) group() string {
+	g, _, ok := strings.Cut(k.Name, ".")
+	if !ok {
+		return ""
+	}
+	return g
+}
+
+// agentDocBegin is the line before a group's table in docs/settings.md.
+func agentDocBegin(group string) string {
+	if group == "" {
+		group = "top level"
+	}
+	return "<!-- BEGIN generated from internal/settings (AgentKeys: " + group + ") by `make settings-doc`; do not edit -->\n"
 }
 
 // RewriteChartConfig returns tpl (the chart's templates/_helpers.tpl) with
@@ -61,29 +93,37 @@ func rewrite(page, begin, end, body string) (string, error) {
 // string).
 func ChartConfig() string {
 	var b strings.Builder
-	for _, sec := range Sections() {
-		b.WriteString(sec + ":\n")
-		for _, k := range chartKeys() {
-			if k.Section() == sec {
-				b.WriteString(k.chartLine())
-			}
-		}
-	}
+	tree{templateKeys(), func(k Key) string { return k.Name }}.writeTemplate(&b, "", "")
 	return b.String()
 }
 
-// chartLine is the key's line of ChartConfig.
-func (k Key) chartLine() string {
-	v := ".Values." + k.Name
+func (t tree) writeTemplate(b *strings.Builder, at, indent string) {
+	for _, k := range t.leaves(at) {
+		fmt.Fprintf(b, "%s%s: {{ %s }}\n", indent, k.Field(), k.chartValue())
+	}
+	for _, m := range t.maps(at) {
+		b.WriteString(indent + leaf(m) + ":\n")
+		t.writeTemplate(b, m, indent+"  ")
+	}
+}
+
+// chartValue is the template's expression of the key's value.
+func (k Key) chartValue() string {
+	if k.ChartFrom != "" {
+		return k.ChartFrom
+	}
+	v := ".Values." + k.chartPath()
 	switch k.Kind {
-	case KindPrewarm, KindDuration:
+	case KindPrewarm, KindDuration, KindString:
 		v += " | quote"
 	case KindInt:
 		v = "int " + v
 	case KindQuantity:
 		v = `include "cpuslot.quantity" ` + v
+	case KindList:
+		v = "toJson " + v
 	}
-	return fmt.Sprintf("  %s: {{ %s }}\n", k.Field(), v)
+	return v
 }
 
 // DocTable is the Markdown table of every key: its name (in the file and
@@ -103,18 +143,24 @@ func DocTable() string {
 	return b.String()
 }
 
-// AgentDocTable is the Markdown table of AgentKeys: name, flag, chart
-// value, default, accepted values and meaning.
-func AgentDocTable() string {
+// AgentDocTable is the Markdown table of a group of AgentKeys: name,
+// flag, chart value, default, accepted values and meaning.
+func AgentDocTable(group string) string {
 	var b strings.Builder
 	b.WriteString("| setting | flag | chart value | default | accepts | meaning |\n")
 	b.WriteString("|---|---|---|---|---|---|\n")
 	for _, k := range AgentKeys {
-		flag, chart := "", "`"+k.Name+"`"
+		if k.group() != group {
+			continue
+		}
+		flag, chart := "", "`"+k.chartPath()+"`"
 		if k.Flag != "" {
 			flag = "`--" + k.Flag + "`"
 		}
-		if k.NoChart {
+		switch {
+		case k.ChartDoc != "":
+			chart = k.ChartDoc
+		case k.NoChart:
 			chart = "(none)"
 		}
 		b.WriteString(row("`"+k.Name+"`", flag, chart, k.defaultText(), k.acceptsText(), k.meaning()))
@@ -147,6 +193,8 @@ func (k Key) defaultText() string {
 	case k.Kind == KindDuration:
 		dur, _ := time.ParseDuration(v)
 		return "`" + ShortDuration(dur) + "`"
+	case k.Kind == KindList, v == "":
+		return "`" + k.yamlDefault() + "`"
 	}
 	return "`" + v + "`"
 }
@@ -163,6 +211,16 @@ func (k Key) acceptsText() string {
 		s = "CPU quantity"
 	case KindBool:
 		s = "`true`, `false`"
+	case KindList:
+		s = "a list of `" + strings.Join(k.Choices, "`, `") + "`"
+	case KindString:
+		s = "text"
+		if k.Min > 0 || k.Max != noMax {
+			s += ", " + strings.TrimPrefix(k.RangeText(), "in ") + " bytes"
+		}
+		if k.Pattern != "" {
+			s += " matching `" + strings.ReplaceAll(k.Pattern, "|", `\|`) + "`"
+		}
 	default:
 		s = strings.TrimPrefix(k.RangeText(), "in ")
 	}

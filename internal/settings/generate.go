@@ -44,65 +44,151 @@ const (
 
 func readmeTarget(s string) (string, error) { return rewrite(s, docBegin, docEnd, ReadmeRows()) }
 
-// Sections are the sections of the file's keys ("pool", "admission",
-// "limits"), in the order of their first key in FileKeys; a file lists
-// each section's keys together.
-func Sections() []string {
-	var out []string
-	for _, k := range FileKeys() {
-		if !slices.Contains(out, k.Section()) {
-			out = append(out, k.Section())
+// Sections are the top-level sections of the file's keys ("pool",
+// "admission", "limits", "kubernetes"), in the order of their first key in
+// FileKeys; a file lists each section's keys together.
+func Sections() []string { return fileTree().maps("") }
+
+// Field is the key's name within its section: "maxSlots".
+func (k Key) Field() string { return leaf(k.Name) }
+
+// chartPath is the key's path in the chart's values.
+func (k Key) chartPath() string {
+	if k.Chart != "" {
+		return k.Chart
+	}
+	return k.Name
+}
+
+// parent is the path of the section holding path ("" at the top); leaf
+// its last name.
+func parent(path string) string {
+	i := strings.LastIndex(path, ".")
+	if i < 0 {
+		return ""
+	}
+	return path[:i]
+}
+
+func leaf(path string) string { return path[strings.LastIndex(path, ".")+1:] }
+
+// tree is keys as a file nests them by path (the file's, or the chart's
+// values').
+type tree struct {
+	keys []Key
+	path func(Key) string
+}
+
+func fileTree() tree  { return tree{FileKeys(), func(k Key) string { return k.Name }} }
+func chartTree() tree { return tree{chartKeys(), Key.chartPath} }
+
+// leaves are the keys directly in the section at (at "": the top).
+func (t tree) leaves(at string) []Key {
+	var out []Key
+	for _, k := range t.keys {
+		if parent(t.path(k)) == at {
+			out = append(out, k)
 		}
 	}
 	return out
 }
 
-// Section is the key's section in the file: "pool" for "pool.maxSlots".
-func (k Key) Section() string { sec, _, _ := strings.Cut(k.Name, "."); return sec }
+// maps are the paths of the sections directly in the section at, in the
+// order of their first key; the files write a section's keys first, then
+// its sections.
+func (t tree) maps(at string) []string {
+	prefix := at + "."
+	if at == "" {
+		prefix = ""
+	}
+	var out []string
+	for _, k := range t.keys {
+		rest, ok := strings.CutPrefix(t.path(k), prefix)
+		if name, _, nested := strings.Cut(rest, "."); ok && nested && !slices.Contains(out, prefix+name) {
+			out = append(out, prefix+name)
+		}
+	}
+	return out
+}
 
-// Field is the key's name within its section: "maxSlots".
-func (k Key) Field() string { _, f, _ := strings.Cut(k.Name, "."); return f }
+// items are a list's items in Set's syntax.
+func (k Key) items(v string) []string {
+	if v == "" {
+		return []string{}
+	}
+	return strings.Split(v, ",")
+}
 
-// commentWidth is where the generated YAML comments wrap.
-const commentWidth = 80
+// doc is the comment of the section at: sectionDocs of its path in the
+// file (the chart's nri is the file's kubernetes.nri).
+func (t tree) doc(at string) string {
+	for _, k := range t.keys {
+		if p := t.path(k); strings.HasPrefix(p, at+".") {
+			file := strings.Split(k.Name, ".")
+			return sectionDocs[strings.Join(file[:len(file)-strings.Count(p[len(at):], ".")], ".")]
+		}
+	}
+	return ""
+}
+
+// commentWidth is where the generated YAML comments wrap; a section
+// whose lines reach past maxCommentCol has its comments above its lines.
+const (
+	commentWidth  = 80
+	maxCommentCol = 40
+)
 
 // SectionsYAML is every key of the file with its default and its Doc as
 // a comment, in the form of the agent's file.
-func SectionsYAML() string { return sectionsYAML(FileKeys()) }
+func SectionsYAML() string { return fileTree().yaml() }
 
 // ChartValuesYAML is SectionsYAML of the keys that are chart values: the
 // chart's values have the file's form.
-func ChartValuesYAML() string { return sectionsYAML(chartKeys()) }
+func ChartValuesYAML() string { return chartTree().yaml() }
 
 // chartKeys are the file's keys that are values of the chart.
 func chartKeys() []Key {
+	return slices.DeleteFunc(templateKeys(), func(k Key) bool { return k.ChartFrom != "" })
+}
+
+// templateKeys are the file's keys the chart's template writes.
+func templateKeys() []Key {
 	return slices.DeleteFunc(FileKeys(), func(k Key) bool { return k.NoChart })
 }
 
-func sectionsYAML(keys []Key) string {
+// yaml is the tree's keys with their defaults, each with its Doc as a
+// comment, the top-level sections apart by a blank line.
+func (t tree) yaml() string {
 	var b strings.Builder
-	for i, sec := range Sections() {
-		if i > 0 {
+	t.writeYAML(&b, "", "")
+	return b.String()
+}
+
+func (t tree) writeYAML(b *strings.Builder, at, indent string) {
+	var lines [][2]string
+	col := 0
+	for _, k := range t.leaves(at) {
+		l := indent + leaf(t.path(k)) + ": " + k.yamlDefault()
+		lines = append(lines, [2]string{l, k.Doc})
+		col = max(col, len(l)+2)
+	}
+	for _, l := range lines {
+		if col > maxCommentCol {
+			b.WriteString(comment(indent, len(indent), l[1]) + l[0] + "\n")
+			continue
+		}
+		b.WriteString(comment(l[0], col, l[1]))
+	}
+	for i, m := range t.maps(at) {
+		if at == "" && (i > 0 || len(lines) > 0) {
 			b.WriteString("\n")
 		}
-		if doc := sectionDocs[sec]; doc != "" {
-			b.WriteString(comment("", 0, doc))
+		if doc := t.doc(m); doc != "" {
+			b.WriteString(comment(indent, len(indent), doc))
 		}
-		b.WriteString(sec + ":\n")
-		var lines [][2]string
-		col := 0
-		for _, k := range keys {
-			if k.Section() == sec {
-				l := "  " + k.Field() + ": " + k.yamlDefault()
-				lines = append(lines, [2]string{l, k.Doc})
-				col = max(col, len(l)+2)
-			}
-		}
-		for _, l := range lines {
-			b.WriteString(comment(l[0], col, l[1]))
-		}
+		b.WriteString(indent + leaf(m) + ":\n")
+		t.writeYAML(b, m, indent+"  ")
 	}
-	return b.String()
 }
 
 // comment writes line with text as a comment starting at column col,
@@ -128,6 +214,8 @@ func (k Key) yamlDefault() string {
 	switch k.Kind {
 	case KindInt, KindNumber, KindFraction, KindBool:
 		return v
+	case KindList:
+		return "[" + strings.Join(k.items(v), ", ") + "]"
 	case KindDuration:
 		dur, _ := time.ParseDuration(v)
 		v = ShortDuration(dur)
@@ -144,7 +232,7 @@ func ReadmeRows() string {
 	var b strings.Builder
 	b.WriteString("| value | default | meaning |\n|---|---|---|\n")
 	for _, k := range chartKeys() {
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s |\n", k.Name, k.yamlDefault(), k.Doc)
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s |\n", k.chartPath(), k.yamlDefault(), k.Doc)
 	}
 	return b.String()
 }
@@ -153,8 +241,11 @@ func ReadmeRows() string {
 // in the order the file writes them.
 type schemaProp struct {
 	Type             string       `json:"type,omitempty"`
+	UniqueItems      bool         `json:"uniqueItems,omitempty"`
+	Items            *schemaProp  `json:"items,omitempty"`
 	Enum             []string     `json:"enum,omitempty"`
 	Pattern          string       `json:"pattern,omitempty"`
+	MinLength        *int         `json:"minLength,omitempty"`
 	MaxLength        *int         `json:"maxLength,omitempty"`
 	Minimum          *float64     `json:"minimum,omitempty"`
 	ExclusiveMinimum *float64     `json:"exclusiveMinimum,omitempty"`
@@ -182,7 +273,22 @@ func (k Key) schema() schemaProp {
 		p.Enum = k.Choices
 	case KindDuration:
 		p.Pattern = durationPattern
-		p.Description += " (Go duration: 100ms, 2m, 1h30m)"
+		if k.Pattern != "" {
+			p.Pattern = k.Pattern
+		} else {
+			p.Description += " (Go duration: 100ms, 2m, 1h30m)"
+		}
+	case KindString:
+		p.Pattern = k.Pattern
+		if k.Min > 0 {
+			p.MinLength = new(int(k.Min))
+		}
+		if k.Max != noMax {
+			p.MaxLength = new(int(k.Max))
+		}
+	case KindList:
+		p.Type, p.UniqueItems = "array", true
+		p.Items = &schemaProp{Type: "string", Enum: k.Choices}
 	case KindInt:
 		p.Type, p.Minimum = "integer", num(k.Min)
 	case KindNumber:
@@ -208,34 +314,61 @@ func (k Key) schema() schemaProp {
 	return p
 }
 
-// SchemaSection is a section's object in the chart's values schema: its
-// keys' properties, each required, and no others.
-func SchemaSection(sec string) ([]byte, error) {
-	var props []string
-	var required []string
-	for _, k := range chartKeys() {
-		if k.Section() != sec {
-			continue
-		}
+// SchemaSection is a top-level value's property in the chart's values
+// schema: a key's, or a section's object of its keys' and sections'
+// properties, each required, and no others.
+func SchemaSection(name string) ([]byte, error) {
+	t := chartTree()
+	var raw []byte
+	var err error
+	if i := slices.IndexFunc(t.keys, func(k Key) bool { return k.chartPath() == name }); i >= 0 {
+		raw, err = marshal(t.keys[i].schema())
+	} else {
+		raw, err = t.schemaObject(name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, raw, "    ", "  "); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
+
+// schemaObject is the section at as an object of the schema.
+func (t tree) schemaObject(at string) ([]byte, error) {
+	var props, required []string
+	add := func(name string, b []byte) {
+		n, _ := marshal(name)
+		props = append(props, string(n)+":"+string(b))
+		required = append(required, name)
+	}
+	for _, k := range t.leaves(at) {
 		b, err := marshal(k.schema())
 		if err != nil {
 			return nil, err
 		}
-		name, _ := marshal(k.Field())
-		props = append(props, string(name)+":"+string(b))
-		required = append(required, k.Field())
+		add(leaf(t.path(k)), b)
+	}
+	for _, m := range t.maps(at) {
+		b, err := t.schemaObject(m)
+		if err != nil {
+			return nil, err
+		}
+		add(leaf(m), b)
 	}
 	req, err := marshal(required)
 	if err != nil {
 		return nil, err
 	}
-	// encoding/json sorts a map's keys; the properties keep the keys' order.
-	raw := `{"type":"object","properties":{` + strings.Join(props, ",") + `},"additionalProperties":false,"required":` + string(req) + `}`
-	var out bytes.Buffer
-	if err := json.Indent(&out, []byte(raw), "    ", "  "); err != nil {
-		return nil, err
+	desc := ""
+	if doc := t.doc(at); doc != "" {
+		d, _ := marshal(doc)
+		desc = `"description":` + string(d) + ","
 	}
-	return out.Bytes(), nil
+	// encoding/json sorts a map's keys; the properties keep the keys' order.
+	return []byte(`{"type":"object",` + desc + `"properties":{` + strings.Join(props, ",") + `},"additionalProperties":false,"required":` + string(req) + `}`), nil
 }
 
 func marshal(v any) ([]byte, error) {
@@ -253,7 +386,12 @@ func marshal(v any) ([]byte, error) {
 // comments to mark it, so the object is found by its first line and the
 // line that closes it at the same indent.
 func RewriteSchema(file string) (string, error) {
-	for _, sec := range Sections() {
+	t := chartTree()
+	var top []string
+	for _, k := range t.leaves("") {
+		top = append(top, k.chartPath())
+	}
+	for _, sec := range append(top, t.maps("")...) {
 		open := "\n    \"" + sec + "\": {\n"
 		i := strings.Index(file, open)
 		if i < 0 {
@@ -281,28 +419,48 @@ func RewriteSchema(file string) (string, error) {
 func ConfigGo() (string, error) {
 	var b strings.Builder
 	b.WriteString("// Code generated from internal/settings by `make settings-doc`. DO NOT EDIT.\n\npackage agent\n")
-	b.WriteString("\n// settingsSections are the file's sections of settings.FileKeys, in Config.\ntype settingsSections struct {\n")
-	for _, sec := range Sections() {
-		fmt.Fprintf(&b, "\t%s %sConfig `json:\"%s\"`\n", exported(sec), exported(sec), sec)
-	}
-	b.WriteString("}\n")
-	for _, sec := range Sections() {
-		typ := exported(sec) + "Config"
-		fmt.Fprintf(&b, "\n// %s is the file's %s section: one field per key of settings.FileKeys.\ntype %s struct {\n", typ, sec, typ)
-		for _, k := range FileKeys() {
-			if k.Section() == sec {
-				fmt.Fprintf(&b, "\t// %s\n\t%s %s `json:\"%s\"`\n", k.Doc, exported(k.Field()), k.goType(), k.Field())
-			}
-		}
-		b.WriteString("}\n")
-		fmt.Fprintf(&b, "\nfunc (s *%s) field(key string) any { return sectionField(s, %q, key) }\n", typ, sec)
-		fmt.Fprintf(&b, "\n// UnmarshalJSON reads the section through the settings' parser.\nfunc (s *%s) UnmarshalJSON(b []byte) error { return decodeSection(b, %q, s.field) }\n", typ, sec)
-	}
+	b.WriteString("\n// settingsSections are the file's keys of settings.FileKeys and their\n// sections, in Config: a top-level key is read as its type reads (and\n// checked with the configuration), a section through the settings' parser.\n")
+	fileTree().writeGo(&b, "", "settingsSections")
 	src, err := format.Source([]byte(b.String()))
 	return string(src), err
 }
 
-func exported(s string) string { return strings.ToUpper(s[:1]) + s[1:] }
+// writeGo writes the struct typ of the section at: a field per key and
+// section, then the structs of its sections.
+func (t tree) writeGo(b *strings.Builder, at, typ string) {
+	if at != "" {
+		fmt.Fprintf(b, "\n// %s is the file's %s section: one field per key of settings.FileKeys.\n", typ, at)
+	}
+	fmt.Fprintf(b, "type %s struct {\n", typ)
+	for _, k := range t.leaves(at) {
+		fmt.Fprintf(b, "\t// %s\n\t%s %s `json:\"%s\"`\n", k.Doc, exported(k.Field()), k.goType(), k.Field())
+	}
+	for _, m := range t.maps(at) {
+		fmt.Fprintf(b, "\t%s %s `json:\"%s\"`\n", exported(leaf(m)), goStruct(m), leaf(m))
+	}
+	b.WriteString("}\n")
+	if at != "" {
+		fmt.Fprintf(b, "\nfunc (s *%s) field(key string) any { return sectionField(s, %q, key) }\n", typ, at)
+		fmt.Fprintf(b, "\n// UnmarshalJSON reads the section through the settings' parser.\nfunc (s *%s) UnmarshalJSON(b []byte) error { return decodeSection(b, %q, s.field) }\n", typ, at)
+	}
+	for _, m := range t.maps(at) {
+		t.writeGo(b, m, goStruct(m))
+	}
+}
+
+// goStruct is the type of a section's struct: KubernetesConfig for
+// "kubernetes", NRIConfig for "kubernetes.nri".
+func goStruct(section string) string { return exported(leaf(section)) + "Config" }
+
+// initialisms are names Go writes in capitals.
+var initialisms = map[string]string{"http": "HTTP", "nri": "NRI"}
+
+func exported(s string) string {
+	if v, ok := initialisms[s]; ok {
+		return v
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
 
 // goType is the type of the key's field in the agent's file.
 func (k Key) goType() string {
@@ -315,6 +473,8 @@ func (k Key) goType() string {
 		return "float64"
 	case KindBool:
 		return "bool"
+	case KindList:
+		return "[]string"
 	}
 	return "string"
 }

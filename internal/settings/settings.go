@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"runtime"
 	"slices"
 	"sort"
@@ -174,6 +175,8 @@ const (
 	KindQuantity             // CPU quantity (250m, 1, 1.5); Optional: "" allowed
 	KindFraction             // number in [Key.Min, Key.Max], both included
 	KindBool                 // true or false
+	KindString               // text, Key.Min..Key.Max bytes long, matching Key.Pattern
+	KindList                 // a list of Key.Choices, each once; Set's syntax: comma-separated
 )
 
 // AnnotationPrefix starts every pod annotation cpuslot reads.
@@ -190,9 +193,12 @@ type Key struct {
 	Annotation string
 	Kind       Kind
 	Choices    []string
-	// Min and Max bound numbers (Max 0: unbounded) and durations (in
-	// seconds).
+	// Min and Max bound numbers (Max 0: unbounded), durations (in
+	// seconds) and a string's length.
 	Min, Max float64
+	// Pattern is a regular expression a string or duration must match
+	// (JSON Schema's pattern: found anywhere unless anchored).
+	Pattern string
 	// Optional means the empty string is a value (see Doc).
 	Optional bool
 	// EmptyMeans is what an Optional key's empty value stands for, when
@@ -203,6 +209,19 @@ type Key struct {
 	Default string
 	// NoChart: not a value of the chart (the chart's agent never needs it).
 	NoChart bool
+	// Chart is the key's path in the chart's values when it is not Name
+	// (the file's kubernetes.nri.enabled is the chart's nri.enabled).
+	Chart string
+	// ChartFrom is the chart template's expression of the value when the
+	// chart derives it from a value written by hand among the chart's own
+	// (http from metrics.port): the key is then no generated chart value.
+	ChartFrom string
+	// ChartDoc is the docs' chart cell when it is not the chart value.
+	ChartDoc string
+	// Rule checks the key against other settings of the file (get reads
+	// one in Set's syntax), on the whole configuration: what no single
+	// value shows, written by hand (AgentKeys only).
+	Rule func(get func(key string) string) error
 	// Doc is the flag's help.
 	Doc string
 	// Meaning is the docs' longer Markdown text, when Doc is not enough.
@@ -351,6 +370,21 @@ func (k Key) check(v string) error {
 		if !slices.Contains(k.Choices, v) {
 			return fmt.Errorf("%w: want %s", ErrChoice, strings.Join(k.Choices, ", "))
 		}
+	case KindList:
+		items := strings.Split(v, ",")
+		for i, item := range items {
+			if v != "" && (!slices.Contains(k.Choices, item) || slices.Contains(items[:i], item)) {
+				return fmt.Errorf("%w: want a list of %s, each once", ErrChoice, strings.Join(k.Choices, ", "))
+			}
+		}
+	case KindQuantity:
+		if _, err := ParseQuota(v); err != nil {
+			return err
+		}
+	case KindString:
+		if float64(len(v)) < k.Min || (k.Max != noMax && float64(len(v)) > k.Max) {
+			return fmt.Errorf("%w: want %s bytes", ErrRange, k.RangeText())
+		}
 	case KindDuration:
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -376,7 +410,10 @@ func (k Key) check(v string) error {
 			return fmt.Errorf("%w: want a number %s", ErrRange, k.RangeText())
 		}
 	}
-	return nil // prewarm and quantities are checked by their parsers
+	if k.Pattern != "" && !regexp.MustCompile(k.Pattern).MatchString(v) {
+		return fmt.Errorf("%w: want a value matching %s", ErrSyntax, k.Pattern)
+	}
+	return nil // prewarm is checked by its parser
 }
 
 // RangeText describes the accepted range, for messages and docs.

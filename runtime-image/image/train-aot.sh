@@ -9,10 +9,10 @@
 #
 # ROOT: the image's staged root file system; ENTRYPOINT: its java command, exactly as the image
 # runs it (the cache is refused by a JVM started with other module options or other jars). Runs
-# the entrypoint under chroot as nobody with a container's clean environment, a Python action
-# through OpenWhisk's /init and /run, and a JavaScript and a Python function through Hydra's
-# /register, then stops it; the JVM writes the cache as it exits. OUT is written only when all of
-# that succeeded. Root only (chroot, mount); leaves ROOT as it found it.
+# the entrypoint as a container would (chroot-image.sh: under chroot as nobody, a container's clean
+# environment), a Python action through OpenWhisk's /init and /run, and a JavaScript and a Python
+# function through Hydra's /register, then stops it; the JVM writes the cache as it exits. OUT is
+# written only when all of that succeeded. Root only (chroot, mount); leaves ROOT as it found it.
 set -euo pipefail
 root=$(realpath "${1:?usage: train-aot.sh ROOT OUT -- ENTRYPOINT...}")
 out=${2:?usage: train-aot.sh ROOT OUT -- ENTRYPOINT...}
@@ -21,29 +21,21 @@ shift 2
 [ $# -gt 0 ] || { echo "train-aot: no entrypoint" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "train-aot: needs root (chroot, mount)" >&2; exit 1; }
 
-made=()
+# shellcheck source=chroot-image.sh
+. "$(dirname "$0")/chroot-image.sh"
 cleanup() {
 	[ -n "${pid:-}" ] && kill -9 "$pid" 2>/dev/null || true
-	mountpoint -q "$root/proc" && umount "$root/proc"
-	for p in "${made[@]}"; do rm -rf "${root:?}/$p"; done
-	rm -rf "${root:?}"/tmp/* "${root:?}"/tmp/.[!.]* 2>/dev/null || true
+	chroot_leave "$root"
 }
 trap cleanup EXIT
-for d in proc dev; do [ -e "$root/$d" ] || { mkdir "$root/$d"; made+=("$d"); }; done
-for n in "null c 1 3" "zero c 1 5" "random c 1 8" "urandom c 1 9"; do
-	read -r name type major minor <<<"$n"
-	[ -e "$root/dev/$name" ] || { mknod -m 666 "$root/dev/$name" "$type" "$major" "$minor"; made+=("dev/$name"); }
-done
-mount -t proc proc "$root/proc"
+chroot_enter "$root"
 
-chroot=$(command -v chroot)
 log=$(mktemp)
 cache=/tmp/cpuslot-runtime.aot
 # -XX:AOTCacheOutput goes before -jar with the other JVM options
 args=()
 for a in "$@"; do [ "$a" = -jar ] && args+=("-XX:AOTCacheOutput=$cache"); args+=("$a"); done
-env -i PATH=/usr/bin:/bin PORT=0 CPUSLOT_METRICS_PORT=-1 CPUSLOT_LANGUAGE=python CPUSLOT_LOG=stderr JAVA_HOME=/opt/java \
-	"$chroot" --userspec=65534:65534 "$root" "${args[@]}" >"$log" 2>&1 &
+chroot_run "$root" PORT=0 CPUSLOT_METRICS_PORT=-1 CPUSLOT_LANGUAGE=python CPUSLOT_LOG=stderr -- "${args[@]}" >"$log" 2>&1 &
 pid=$!
 fail() { echo "train-aot: $1; the runtime's log:" >&2; cat "$log" >&2; exit 1; }
 until port=$(grep -o 'listening on :[0-9]*' "$log" | grep -o '[0-9]*$'); do

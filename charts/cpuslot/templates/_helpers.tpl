@@ -65,12 +65,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 # values (docs/agent.example.yaml). Node name: env NODE_NAME.
 apiVersion: agent.cpuslot.dev/v1alpha1
 kind: AgentConfig
+{{- /* BEGIN generated from internal/settings by `make settings-doc`; do not edit */}}
 http: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
 debugPoolsRemote: {{ .Values.metrics.debugPoolsRemote }}
 logLevel: {{ .Values.logLevel }}
 reapInterval: {{ .Values.reapInterval | quote }}
 maxContainers: {{ int .Values.maxContainers }}
-{{- /* BEGIN generated from internal/settings by `make settings-doc`; do not edit */}}
 pool:
   prewarm: {{ .Values.pool.prewarm | quote }}
   mode: {{ .Values.pool.mode }}
@@ -99,7 +99,6 @@ limits:
   sharedAcceptRate: {{ int .Values.limits.sharedAcceptRate }}
   helloTimeout: {{ .Values.limits.helloTimeout | quote }}
   frameTimeout: {{ .Values.limits.frameTimeout | quote }}
-{{- /* END generated */}}
 kubernetes:
   containerdSocket: {{ .Values.kubernetes.containerdSocket | quote }}
   containerdNamespace: {{ .Values.kubernetes.containerdNamespace | quote }}
@@ -116,4 +115,5 @@ kubernetes:
     enabled: {{ .Values.nri.enabled }}
     socket: {{ .Values.nri.socket | quote }}
     startTimeout: {{ .Values.nri.startTimeout | quote }}
+{{- /* END generated */}}
 {{- end -}}

@@ -25,18 +25,20 @@ import static org.junit.jupiter.api.Assertions.*;
 
 /**
  * The JVM image tarball (runtime-image/image/build-image.sh): its OCI image-layout structure,
- * then the image's own filesystem and entrypoint run under chroot as user 65534, served by the
- * real agent through a socket inside that filesystem (as a pod would see it).
+ * then the image's own filesystem and entrypoint started as a container would start them
+ * (runtime-image/image/chroot-image.sh, as the image's build and its benchmark do: under chroot as
+ * user 65534, a container's clean environment), served by the real agent through a socket inside
+ * that filesystem (as a pod would see it).
  */
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 class RuntimeImageIT {
     static final String NAME = "docker.io/cpuslot/runtime-jvm:it";
-    Path repo, work, tarball, unpacked, rootfs, agentBin;
+    Path repo, work, tarball, unpacked, rootfs, agentBin, chrootImage;
     Cgroups cg;
     String parent;
     Agent agent;
     RuntimeProc rt;
-    boolean procMounted;
+    boolean entered;
 
     static String run(Path dir, String... cmd) throws IOException, InterruptedException {
         Process p = new ProcessBuilder(cmd).directory(dir == null ? null : dir.toFile()).redirectErrorStream(true).start();
@@ -162,14 +164,9 @@ class RuntimeImageIT {
         run(null, "rm", "-rf", rootfs.toString());
         Files.createDirectories(rootfs);
         run(null, "tar", "-xf", layer().toString(), "-C", rootfs.toString());
-        Files.createDirectories(rootfs.resolve("proc"));
-        run(null, "mount", "-t", "proc", "proc", rootfs.resolve("proc").toString());
-        procMounted = true;
-        // the harmless devices a container has (GraalPy seeds its random module from /dev/urandom)
-        Files.createDirectories(rootfs.resolve("dev"));
-        for (String[] d : List.of(new String[]{"null", "1", "3"}, new String[]{"zero", "1", "5"}, new String[]{"random", "1", "8"},
-                new String[]{"urandom", "1", "9"}))
-            run(null, "mknod", "-m", "666", rootfs.resolve("dev").resolve(d[0]).toString(), "c", d[1], d[2]);
+        chrootImage = repo.resolve("runtime-image/image/chroot-image.sh");
+        run(null, "bash", chrootImage.toString(), "enter", rootfs.toString());
+        entered = true;
         // the agent's socket inside the image's filesystem, where the runtime looks by default
         Files.createDirectories(rootfs.resolve("run/cpuslot"));
         agentBin = Agent.build(repo, work.resolve("node-agent"));
@@ -178,7 +175,8 @@ class RuntimeImageIT {
         agent = new Agent(agentBin, rootfs.resolve("run/cpuslot/agent.sock"), parent, "250m=1", RuntimeProc.freePort(),
                 work.resolve("agent.log"));
         agent.start();
-        List<String> cmd = new ArrayList<>(List.of(run(null, "sh", "-c", "command -v chroot").trim(), "--userspec=65534:65534", rootfs.toString()));
+        // the harness becomes the entrypoint (the same process) and passes it PORT and CPUSLOT_* alone
+        List<String> cmd = new ArrayList<>(List.of("bash", chrootImage.toString(), "run", rootfs.toString()));
         for (JsonElement e : config().getAsJsonObject("config").getAsJsonArray("Entrypoint")) cmd.add(e.getAsString());
         // a generous acquire budget: the first acquisition waits for the agent to prepare the pod's pool
         rt = new RuntimeProc(cmd, Map.of("CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(parent + "/pod"), work.resolve("runtime.log"));
@@ -226,7 +224,7 @@ class RuntimeImageIT {
                 Agent.cleanup(agentBin, parent);
             }
         } finally {
-            if (procMounted) run(null, "umount", rootfs.resolve("proc").toString());
+            if (entered) run(null, "bash", chrootImage.toString(), "leave", rootfs.toString());
             if (rootfs != null) run(null, "rm", "-rf", rootfs.toString());
             if (unpacked != null) run(null, "rm", "-rf", unpacked.toString());
             if (tarball != null) Files.deleteIfExists(tarball);
