@@ -4,8 +4,9 @@ import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * One invocation's hold on a slot. Obtained from {@link SlotClient#acquire}; always ended with
- * {@link #end} (or released with {@link #release}). When {@link #active()} is false the invocation runs without a slot (fail-open)
- * and {@link #reason()} says why; release is then a no-op returning {@link Usage#NONE}.
+ * {@link #end} (or released with {@link #release}). When {@link #active()} is false the
+ * invocation runs without a slot (fail-open) and {@link #reason()} says why; ending or releasing
+ * it then sends nothing and returns {@link Usage#NONE}.
  */
 public final class SlotLease {
     final Leases leases;
@@ -122,9 +123,9 @@ public final class SlotLease {
     /**
      * Ends the invocation's lease with its outcome: its usage now ({@code usageNow}: the caller's
      * answer carries it) or later (a future that completes after the answer), and, for
-     * {@link Ending#finish()} once the answer is out, what is left to send. Same cost as the
-     * cheapest of {@link #stop()} and {@link #release} on every path ({@link Ending} says which).
-     * {@code listener} (may be null) is told the final usage before anyone else. A second end
+     * {@link Ending#finish()} once the answer is out, what is left to send: on each path the
+     * calls of {@link #stop()} and {@link #release} that path needs, no more ({@link Ending} lists
+     * them). {@code listener} (may be null) is told the final usage before anyone else. A second end
      * gives the slot back now if the first did not yet (its finish then sends nothing) and returns
      * {@link Ending#NONE}. May be called from any thread. Never throws for agent problems.
      */
