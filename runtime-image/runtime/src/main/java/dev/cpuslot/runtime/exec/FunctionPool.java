@@ -25,7 +25,9 @@ import dev.cpuslot.runtime.base.Metrics;
 /**
  * A bounded pool of workers for one function. Each worker is a platform thread that owns one
  * sandbox and runs one invocation at a time: it takes a CPU slot for the invocation (the slot
- * client places this very thread), runs the function, and gives the slot back.
+ * client places this very thread), runs the function, and ends the lease with its outcome
+ * ({@link SlotLease#end}: the slot client decides what is read and sent before the answer and
+ * what after it).
  *
  * <p>At the deadline the caller gets an error at once; the worker's sandbox is cancelled
  * (polyglot contexts are closed, Java threads interrupted), its slot is released with outcome
