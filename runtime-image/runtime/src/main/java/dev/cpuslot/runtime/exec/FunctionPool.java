@@ -150,7 +150,7 @@ public final class FunctionPool implements AutoCloseable {
                     runaways.watch(fn.name(), ww.thread, ww.tid, () -> ww.current == job);
                 }
                 SlotLease l = job.lease;
-                Usage u = l == null ? Usage.NONE : l.end(ReleaseOutcome.TIMEOUT, true, job).finish();
+                Usage u = l == null ? Usage.NONE : l.end(ReleaseOutcome.TIMEOUT, true, job::reservedOnly).finish();
                 permits.release();
                 return new Outcome(null, "the action exceeded its time limit", true, l, u,
                         System.nanoTime() - job.started);
@@ -192,7 +192,12 @@ public final class FunctionPool implements AutoCloseable {
         @Override
         public void ended(SlotLease l, Usage u, long until, long nanos) {
             releaseSeconds.inc(nanos / 1e9);
-            reserved(l, u, heldFrom, until);
+            reservedOnly(l, u, until, nanos);
+        }
+
+        /** What a lease ended by the caller at the deadline reserved (its release is not a worker's time). */
+        void reservedOnly(SlotLease l, Usage u, long until, long nanos) {
+            FunctionPool.this.reserved(l, u, heldFrom, until);
         }
     }
 
