@@ -3,9 +3,10 @@ package dev.cpuslot.slot;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
- * One invocation's hold on a slot. Obtained from {@link SlotClient#acquire}; always released with
- * {@link #release}. When {@link #active()} is false the invocation runs without a slot (fail-open)
- * and {@link #reason()} says why; release is then a no-op returning {@link Usage#NONE}.
+ * One invocation's hold on a slot. Obtained from {@link SlotClient#acquire}; always ended with
+ * {@link #end} (or released with {@link #release}). When {@link #active()} is false the
+ * invocation runs without a slot (fail-open) and {@link #reason()} says why; ending or releasing
+ * it then sends nothing and returns {@link Usage#NONE}.
  */
 public final class SlotLease {
     final Leases leases;
@@ -47,6 +48,8 @@ public final class SlotLease {
     boolean ownUsage;
     /** Local leasing: its usage went into a batch of several (SlotClient#onBatchRead). */
     volatile boolean batched;
+    /** {@link #end} was called. */
+    boolean ended;
 
     SlotLease(Leases leases, String action, String invocation, long quotaAsked, int tid, String reason) {
         this.leases = leases;
@@ -115,6 +118,29 @@ public final class SlotLease {
     public Usage release(ReleaseOutcome outcome) {
         if (!active()) return Usage.NONE;
         return leases.release(this, outcome);
+    }
+
+    /**
+     * Ends the invocation's lease with its outcome: its usage now ({@code usageNow}: the caller's
+     * answer carries it) or later (a future that completes after the answer), and, for
+     * {@link Ending#finish()} once the answer is out, what is left to send: on each path the
+     * calls of {@link #stop()} and {@link #release} that path needs, no more ({@link Ending} lists
+     * them). {@code listener} (may be null) is told the final usage before anyone else. A second end
+     * gives the slot back now if the first did not yet (its finish then sends nothing) and returns
+     * {@link Ending#NONE}. May be called from any thread. Never throws for agent problems.
+     */
+    public Ending end(ReleaseOutcome outcome, boolean usageNow, Ending.Listener listener) {
+        boolean first;
+        lock.lock();
+        try {
+            first = !ended;
+            ended = true;
+        } finally {
+            lock.unlock();
+        }
+        if (first) return Ending.of(this, outcome, usageNow, listener);
+        release(outcome);
+        return Ending.NONE;
     }
 
     /**

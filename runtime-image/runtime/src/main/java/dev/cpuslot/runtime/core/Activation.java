@@ -140,15 +140,15 @@ final class Activation {
     // ---- a platform's activation --------------------------------------------------------------
 
     /**
-     * Runs one activation that an adapter mapped from its platform's request, and renders the
-     * reply: the platform's body ({@link Platform#body}) or the shared error, the slot's headers.
+     * Runs one activation that an adapter mapped from its platform's request on p, the pool of
+     * the function it names ({@code hosted}: a registered one, else null: the container's action),
+     * and renders the reply: the platform's body ({@link Platform#body}) or the shared error, the
+     * slot's headers.
      */
-    Reply platform(Invocation inv) {
+    Reply platform(Invocation inv, FunctionPool p, Hosted hosted) {
         long t0 = System.nanoTime();
         Platform platform = inv.platform();
-        FunctionPool p = inv.pool();
         Function fn = p.function();
-        Hosted hosted = inv.hosted();
         JsonElement value = inv.value(), ns = inv.activation().get("namespace");
         // a hosted (Hydra) function's owner was checked at its /register
         if (hosted == null && ns != null && ns.isJsonPrimitive()) {
@@ -204,7 +204,7 @@ final class Activation {
                         LocalBus.Hop hop, FunctionPool.Outcome o, ActivationOutput.Capture output) {
         String status = status(o);
         Reply r = switch (status) {
-            case "ok" -> Reply.ok(platform.body(o, q));
+            case "ok" -> Reply.ok(platform.body(new Result(o.result(), o.runNanos(), q, o.lease(), o.usage())));
             case "bad_result" -> Reply.error(502, "The action did not return a dictionary.");
             case "timeout" -> Reply.error(502, "The action did not finish before its deadline: " + o.error() + ".");
             default -> Reply.error(502, "An error has occurred while invoking the action (see logs for details): " + o.error());

@@ -152,7 +152,7 @@ public final class FunctionRuntime implements AutoCloseable {
         return PY_DEF.matcher(code).find() && !code.contains("function ") ? "python" : "javascript";
     }
 
-    public Function create(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv)
+    private Function create(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv)
             throws Exception {
         if (binary != null) {
             boolean zip = binary.length > 3 && binary[0] == 'P' && binary[1] == 'K';
@@ -166,13 +166,55 @@ public final class FunctionRuntime implements AutoCloseable {
         return new PolyglotFunction(name, lang, text, main, initEnv);
     }
 
-    /** The container's action, or null before its init. */
-    public FunctionPool action() { return action; }
+    /**
+     * OpenWhisk's and Knative's init: the container's action from its code ({@code binary}: a jar
+     * or a zip of guest code, else {@code text}), in a pool of {@code sandboxes} (0: the runtime's
+     * CPUSLOT_SANDBOXES), a conductor when its init env declares one or, with {@code annotations},
+     * its OpenWhisk annotation says so. Returns its language.
+     */
+    public String deploy(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv,
+                         int sandboxes, boolean annotations) throws Exception {
+        Function f = create(name, language, binary, text, main, initEnv);
+        action = pool(f, sandboxes > 0 ? sandboxes : cfg.sandboxesPerFunction(), annotations ? conductorAnnotation() : null);
+        return f.language();
+    }
 
-    public void deploy(FunctionPool p) { action = p; }
+    /** Whether the container's action was deployed (its init). */
+    public boolean initialized() { return action != null; }
 
-    /** A registered function, or null. */
-    public Hosted hosted(String name) { return hosted.get(name); }
+    /** The owner of the function registered under name, or null when there is none. */
+    public String ownerOf(String name) {
+        Hosted h = hosted.get(name);
+        return h == null ? null : h.owner();
+    }
+
+    /**
+     * Hydra's /register: the function from its code (as {@link #deploy}), or a declared sequence
+     * of {@code steps} when not null, in a pool of the runtime's size, registered under name for
+     * owner with its time limit (0: the default). It replaces the owner's function of that name,
+     * whose pool is closed; a function of another owner stays and this throws.
+     */
+    public void register(String name, String owner, long timeoutMs, String steps, String language, byte[] binary, String text,
+                         String main, Map<String, String> initEnv) throws Exception {
+        Function f = steps != null ? sequence(name, steps, initEnv) : create(name, language, binary, text, main, initEnv);
+        FunctionPool pool = pool(f);
+        Hosted old;
+        try {
+            old = host(name, new Hosted(pool, owner, timeoutMs));
+        } catch (OtherOwnerException e) { // registered by another owner meanwhile
+            pool.close();
+            throw e;
+        }
+        if (old != null) old.pool().close();
+    }
+
+    /** Hydra's /deregister: the owner's function of that name removed and its pool closed; false when there is none. */
+    public boolean deregister(String name, String owner) throws OtherOwnerException {
+        Hosted h = unhost(name, owner);
+        if (h == null) return false;
+        h.pool().close();
+        return true;
+    }
 
     /** Thrown when a name is another owner's: no owner replaces or removes another's function. */
     public static final class OtherOwnerException extends Exception {
@@ -185,7 +227,7 @@ public final class FunctionRuntime implements AutoCloseable {
      * Registers h under name (atomically with the owner check): the function of the same owner it
      * replaces, or null; a function of another owner stays and this throws.
      */
-    public Hosted host(String name, Hosted h) throws OtherOwnerException {
+    private Hosted host(String name, Hosted h) throws OtherOwnerException {
         Hosted[] old = new Hosted[1];
         Hosted now = hosted.compute(name, (k, o) -> {
             old[0] = o;
@@ -196,7 +238,7 @@ public final class FunctionRuntime implements AutoCloseable {
     }
 
     /** The function of {@code owner} that was registered under name, or null when there is none; another owner's stays and this throws. */
-    public Hosted unhost(String name, String owner) throws OtherOwnerException {
+    private Hosted unhost(String name, String owner) throws OtherOwnerException {
         Hosted[] old = new Hosted[1];
         Hosted now = hosted.computeIfPresent(name, (k, o) -> {
             old[0] = o;
@@ -210,23 +252,23 @@ public final class FunctionRuntime implements AutoCloseable {
     public static final String CONDUCTOR_ENV = ConductorFunction.ENV;
 
     /** A declared sequence ({@code steps=a,b,c}): no code of its own, each step a chain call (local first, then the platform's). */
-    public Function sequence(String name, String steps, Map<String, String> env) {
+    private Function sequence(String name, String steps, Map<String, String> env) {
         return new SequenceFunction(name, LocalBus.parseSteps(steps), env, bus);
     }
 
     /** A pool of the runtime's size (CPUSLOT_SANDBOXES) for f; a conductor only when its init env declares one. */
-    public FunctionPool pool(Function f) { return pool(f, cfg.sandboxesPerFunction(), null); }
+    private FunctionPool pool(Function f) { return pool(f, cfg.sandboxesPerFunction(), null); }
 
     /**
      * A pool of {@code sandboxes} for f, run as a conductor when its init env declares one or
      * {@code annotated} (OpenWhisk's conductor annotation, see {@link #conductorAnnotation}) says so.
      */
-    public FunctionPool pool(Function f, int sandboxes, Predicate<Map<String, String>> annotated) {
+    private FunctionPool pool(Function f, int sandboxes, Predicate<Map<String, String>> annotated) {
         return new FunctionPool(ConductorFunction.wrap(f, bus, annotated), sandboxes, cfg.workerIdleMs(), slots, metrics, runaways);
     }
 
     /** OpenWhisk: the action's conductor annotation, read as its cpu-quota annotation is; null when annotations are not read. */
-    public Predicate<Map<String, String>> conductorAnnotation() {
+    private Predicate<Map<String, String>> conductorAnnotation() {
         return cfg.annotationLookup() ? quota::conductor : null;
     }
 
@@ -283,15 +325,25 @@ public final class FunctionRuntime implements AutoCloseable {
      * ({@link Activation}, the path a chain hop takes too).
      */
     public Reply run(Invocation inv) {
-        return activation.platform(inv);
+        String name = inv.function();
+        Hosted h = name == null ? null : hosted.get(name);
+        FunctionPool p = name == null ? action : h == null ? null : h.pool();
+        if (p != null) return activation.platform(inv, p, h);
+        if (name == null) {
+            sentinels();
+            return Reply.error(502, "Cannot invoke an uninitialized action.");
+        }
+        metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "unknown_function"));
+        return Reply.error(404, "no function named " + name);
     }
 
     /**
-     * OpenWhisk's /init: starts the read of the action's annotations with its env's __OW_* fields;
-     * the read, for the init to wait for (null when there is none).
+     * OpenWhisk's /init: starts the read of the deployed action's annotations with its env's
+     * __OW_* fields; the read, for the init to wait for (null when there is none).
      */
-    public CompletableFuture<?> prefetchAnnotations(Function fn) {
-        return quota.prefetch(activation.environment(fn, new JsonObject()));
+    public CompletableFuture<?> prefetchAnnotations() {
+        FunctionPool p = action;
+        return p == null ? null : quota.prefetch(activation.environment(p.function(), new JsonObject()));
     }
 
     /** Waits for a read prefetchAnnotations started, within the read's budget: whether it answered. */

@@ -3,7 +3,6 @@ package dev.cpuslot.runtime.core;
 import com.google.gson.JsonElement;
 
 import java.util.Map;
-import dev.cpuslot.runtime.exec.FunctionPool;
 
 /**
  * What the core asks of the platform an activation came from; each platform's adapter answers
@@ -17,7 +16,7 @@ public interface Platform {
     boolean sentinels();
 
     /** The reply body of an activation that returned a dictionary (or an array). */
-    JsonElement body(FunctionPool.Outcome o, Quota.Resolved q);
+    JsonElement body(Result r);
 
     /** The activation has no quota (0): said here before it runs without a slot. */
     default void noQuota(Map<String, String> env, String action) {}

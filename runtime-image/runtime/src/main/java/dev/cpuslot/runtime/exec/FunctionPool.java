@@ -3,6 +3,7 @@ package dev.cpuslot.runtime.exec;
 import com.google.gson.JsonElement;
 import dev.cpuslot.runtime.guard.RuntimeThreads;
 import dev.cpuslot.runtime.guard.ActivationOutput;
+import dev.cpuslot.slot.Ending;
 import dev.cpuslot.slot.ReleaseOutcome;
 import dev.cpuslot.slot.SlotClient;
 import dev.cpuslot.slot.SlotLease;
@@ -24,7 +25,9 @@ import dev.cpuslot.runtime.base.Metrics;
 /**
  * A bounded pool of workers for one function. Each worker is a platform thread that owns one
  * sandbox and runs one invocation at a time: it takes a CPU slot for the invocation (the slot
- * client places this very thread), runs the function, and gives the slot back.
+ * client places this very thread), runs the function, and ends the lease with its outcome
+ * ({@link SlotLease#end}: the slot client decides what is read and sent before the answer and
+ * what after it).
  *
  * <p>At the deadline the caller gets an error at once; the worker's sandbox is cancelled
  * (polyglot contexts are closed, Java threads interrupted), its slot is released with outcome
@@ -147,9 +150,7 @@ public final class FunctionPool implements AutoCloseable {
                     runaways.watch(fn.name(), ww.thread, ww.tid, () -> ww.current == job);
                 }
                 SlotLease l = job.lease;
-                long until = System.nanoTime();
-                Usage u = l == null ? Usage.NONE : l.release(ReleaseOutcome.TIMEOUT);
-                reserved(l, u, job.heldFrom, until);
+                Usage u = l == null ? Usage.NONE : l.end(ReleaseOutcome.TIMEOUT, true, job::reservedOnly).finish();
                 permits.release();
                 return new Outcome(null, "the action exceeded its time limit", true, l, u,
                         System.nanoTime() - job.started);
@@ -165,14 +166,15 @@ public final class FunctionPool implements AutoCloseable {
         } catch (InterruptedException e) {
             if (job.claimed.compareAndSet(false, true)) {
                 w.retire(job);
-                if (job.lease != null) job.lease.release(ReleaseOutcome.FAILED);
+                if (job.lease != null) job.lease.end(ReleaseOutcome.FAILED, true, null).finish();
                 permits.release();
             }
             throw e;
         }
     }
 
-    private final class Job {
+    /** One invocation between its caller and its worker; told when its lease's usage is final (for the pool's metrics). */
+    private final class Job implements Ending.Listener {
         final Task task;
         final CompletableFuture<Outcome> result = new CompletableFuture<>();
         final AtomicBoolean claimed = new AtomicBoolean();
@@ -182,7 +184,21 @@ public final class FunctionPool implements AutoCloseable {
         volatile long heldFrom;
         /** Where the activation prints: the caller's (ActivationOutput.enter before invoke). */
         final ActivationOutput.Capture output = ActivationOutput.current();
+        /** The function's result or error: the worker's alone until it completes the job. */
+        JsonElement value;
+        String error;
         Job(Task task) { this.task = task; }
+
+        @Override
+        public void ended(SlotLease l, Usage u, long until, long nanos) {
+            releaseSeconds.inc(nanos / 1e9);
+            reservedOnly(l, u, until, nanos);
+        }
+
+        /** What a lease ended by the caller at the deadline reserved (its release is not a worker's time). */
+        void reservedOnly(SlotLease l, Usage u, long until, long nanos) {
+            FunctionPool.this.reserved(l, u, heldFrom, until);
+        }
     }
 
     private final class Worker {
@@ -274,114 +290,24 @@ public final class FunctionPool implements AutoCloseable {
             }
         }
 
+        /**
+         * The worker's job: a sandbox, the slot, the function until it returns or the deadline
+         * cancels it, the lease ended with its outcome, the job completed.
+         */
         private void runJob(Job j) {
             busy.incrementAndGet();
-            Task t = j.task;
-            JsonElement result = null;
-            String error = null;
             try {
                 j.started = System.nanoTime();
-                if (sandbox == null) {
-                    try {
-                        sandbox = fn.newSandbox();
-                        metrics.sandboxCreated(fn.name());
-                    } catch (Exception e) {
-                        error = "could not create a sandbox: " + e.getMessage();
-                    }
-                }
-                SlotLease lease = null;
-                if (error == null && slots != null && t.quotaMilli() > 0) {
-                    long a0 = System.nanoTime();
-                    try {
-                        lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId(), t.usageInReply());
-                    } catch (RuntimeException e) { // fail-closed
-                        error = "no CPU slot: " + e.getMessage();
-                    }
-                    j.heldFrom = System.nanoTime();
-                    double took = (j.heldFrom - a0) / 1e9;
-                    acquireSeconds.inc(took);
-                    acquireLatency.observe(took);
-                    j.lease = lease;
-                    if (j.claimed.get() && lease != null) lease.release(ReleaseOutcome.TIMEOUT);
-                }
+                if (sandbox == null) newSandbox(j);
+                if (j.error == null && slots != null && j.task.quotaMilli() > 0) acquire(j);
                 long t0 = System.nanoTime();
-                if (error == null && !j.claimed.get()) {
-                    if (t.hop() != null) t.hop().enter(lease);
-                    long alloc0 = THREAD_BEAN.getCurrentThreadAllocatedBytes();
-                    try {
-                        result = sandbox.invoke(t.args(), t.env());
-                    } catch (Function.FunctionError e) {
-                        error = e.getMessage();
-                        // the action's own error, for its logs (polyglot sandboxes print theirs)
-                        if (e.getCause() != null && !(e.getCause() instanceof org.graalvm.polyglot.PolyglotException))
-                            e.getCause().printStackTrace(System.err);
-                    } catch (Exception e) {
-                        error = e.toString();
-                    } finally {
-                        long alloc = THREAD_BEAN.getCurrentThreadAllocatedBytes() - alloc0;
-                        boolean counted = alloc0 >= 0 && alloc >= 0;
-                        if (counted) allocatedBytes.inc(alloc);
-                        if (t.hop() != null) {
-                            long slept = t.hop().exit(counted ? alloc : -1);
-                            if (slept > 0) sleptSeconds.inc(slept / 1e9);
-                        }
-                    }
-                }
-                long ran = System.nanoTime() - t0;
-                if (j.claimed.compareAndSet(false, true)) {
-                    ReleaseOutcome outcome = error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED;
-                    Usage u = Usage.NONE;
-                    CompletableFuture<Usage> later = null;
-                    boolean releaseLater = false;
-                    if (lease != null && lease.active() && !t.usageInReply()) {
-                        // The reply first: the slot's counters are read, the slot given back and
-                        // the usage reported after the caller has its answer (below), off the
-                        // invocation's critical path. The lease stays this worker's until then.
-                        later = new CompletableFuture<>();
-                        releaseLater = true;
-                    } else if (lease != null) {
-                        long r0 = System.nanoTime();
-                        // Usage from the slot's counters now; the one-way RELEASE goes out after the
-                        // caller has its answer (this thread sends it before it takes another job).
-                        // A slot from the process's own table (local leasing) is given back at once:
-                        // one store, and the next job (on any worker) finds it free.
-                        boolean local = lease.local();
-                        u = local ? lease.release(outcome) : lease.stop();
-                        releaseLater = !local && u.measured();
-                        if (!local && !releaseLater) u = lease.release(outcome);
-                        releaseSeconds.inc((System.nanoTime() - r0) / 1e9);
-                        reserved(lease, u, j.heldFrom, r0);
-                    }
-                    Thread.interrupted(); // clear a stray interrupt before going back to the pool
-                    boolean reuse = !sandbox_poisoned() && !closed;
-                    busy.decrementAndGet();
-                    // back in the pool before the answer: a job handed to this worker meanwhile
-                    // waits in the inbox until the release below is done
-                    if (reuse) idle.addFirst(this);
-                    else retired = true;
-                    permits.release();
-                    j.result.complete(new Outcome(result, error, false, lease, u, ran, later));
-                    if (later != null) {
-                        long r0 = System.nanoTime();
-                        Usage measured = Usage.NONE;
-                        try {
-                            measured = lease.release(outcome);
-                        } finally {
-                            releaseSeconds.inc((System.nanoTime() - r0) / 1e9);
-                            reserved(lease, measured, j.heldFrom, r0);
-                            later.complete(measured);
-                        }
-                    } else if (releaseLater) {
-                        lease.release(outcome);
-                    }
-                } else {
-                    busy.decrementAndGet();
-                    retired = true; // caller gave up on us: this sandbox is cancelled
-                }
+                if (j.error == null && !j.claimed.get()) call(j);
+                complete(j, System.nanoTime() - t0);
             } catch (RuntimeException | Error e) {
                 if (j.lease != null) {
                     try {
-                        j.lease.release(ReleaseOutcome.FAILED); // a held slot must not stay claimed (a no-op if it was released)
+                        // a held slot must not stay claimed (nothing more if it was given back)
+                        j.lease.end(ReleaseOutcome.FAILED, true, null).finish();
                     } catch (RuntimeException ignored) {
                     }
                 }
@@ -392,6 +318,83 @@ public final class FunctionPool implements AutoCloseable {
                     j.result.complete(new Outcome(null, "runtime error: " + e, false, j.lease, Usage.NONE, 0));
                 }
             }
+        }
+
+        private void newSandbox(Job j) {
+            try {
+                sandbox = fn.newSandbox();
+                metrics.sandboxCreated(fn.name());
+            } catch (Exception e) {
+                j.error = "could not create a sandbox: " + e.getMessage();
+            }
+        }
+
+        /** The job's slot, this thread placed in it; a lease the caller may have missed at its deadline is ended here. */
+        private void acquire(Job j) {
+            Task t = j.task;
+            long a0 = System.nanoTime();
+            SlotLease lease = null;
+            try {
+                lease = slots.acquire(t.quotaMilli(), t.action(), t.activationId(), t.usageInReply());
+            } catch (RuntimeException e) { // fail-closed
+                j.error = "no CPU slot: " + e.getMessage();
+            }
+            j.heldFrom = System.nanoTime();
+            double took = (j.heldFrom - a0) / 1e9;
+            acquireSeconds.inc(took);
+            acquireLatency.observe(took);
+            j.lease = lease;
+            if (j.claimed.get() && lease != null) lease.end(ReleaseOutcome.TIMEOUT, true, null).finish();
+        }
+
+        /** Runs the function in the sandbox, inside the job's hop; its result or error into the job. */
+        private void call(Job j) {
+            Task t = j.task;
+            if (t.hop() != null) t.hop().enter(j.lease);
+            long alloc0 = THREAD_BEAN.getCurrentThreadAllocatedBytes();
+            try {
+                j.value = sandbox.invoke(t.args(), t.env());
+            } catch (Function.FunctionError e) {
+                j.error = e.getMessage();
+                // the action's own error, for its logs (polyglot sandboxes print theirs)
+                if (e.getCause() != null && !(e.getCause() instanceof org.graalvm.polyglot.PolyglotException))
+                    e.getCause().printStackTrace(System.err);
+            } catch (Exception e) {
+                j.error = e.toString();
+            } finally {
+                long alloc = THREAD_BEAN.getCurrentThreadAllocatedBytes() - alloc0;
+                boolean counted = alloc0 >= 0 && alloc >= 0;
+                if (counted) allocatedBytes.inc(alloc);
+                if (t.hop() != null) {
+                    long slept = t.hop().exit(counted ? alloc : -1);
+                    if (slept > 0) sleptSeconds.inc(slept / 1e9);
+                }
+            }
+        }
+
+        /**
+         * Ends the lease with the job's outcome and completes the job, unless the caller gave up on
+         * it at the deadline. The worker is back in the pool before the answer (a job handed to it
+         * meanwhile waits in its inbox); what the slot client leaves for after the answer (the
+         * RELEASE, a usage read later) is done before the worker takes that job.
+         */
+        private void complete(Job j, long ran) {
+            if (!j.claimed.compareAndSet(false, true)) {
+                busy.decrementAndGet();
+                retired = true; // caller gave up on us: this sandbox is cancelled
+                return;
+            }
+            SlotLease lease = j.lease;
+            Ending end = lease == null ? Ending.NONE
+                    : lease.end(j.error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED, j.task.usageInReply(), j);
+            Thread.interrupted(); // clear a stray interrupt before going back to the pool
+            boolean reuse = !sandbox_poisoned() && !closed;
+            busy.decrementAndGet();
+            if (reuse) idle.addFirst(this);
+            else retired = true;
+            permits.release();
+            j.result.complete(new Outcome(j.value, j.error, false, lease, end.usage(), ran, end.later()));
+            end.finish();
         }
 
         private boolean sandbox_poisoned() {

@@ -19,15 +19,11 @@ import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Lazy;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
-import dev.cpuslot.runtime.exec.FunctionPool;
-import dev.cpuslot.runtime.exec.Hosted;
-import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.core.Invocation;
 import dev.cpuslot.runtime.core.Reply;
-import dev.cpuslot.runtime.core.Quota;
+import dev.cpuslot.runtime.core.Result;
 import dev.cpuslot.runtime.core.Platform;
 import dev.cpuslot.runtime.core.FunctionRuntime;
-import dev.cpuslot.runtime.core.SlotReport;
 
 /**
  * Graalvisor/Hydra's protocol: functions registered by name ({@code /register},
@@ -57,8 +53,8 @@ public final class HydraAdapter {
         Reply refused = rt.checkOwner(q.get("owner"), "/register of " + name);
         if (refused != null) return refused;
         String who = owner(q);
-        Hosted existing = rt.hosted(name);
-        if (existing != null && !existing.owner().equals(who)) return otherOwner(name, "/register");
+        String existing = rt.ownerOf(name);
+        if (existing != null && !existing.equals(who)) return otherOwner(name, "/register");
         try {
             // read at each invocation as the quota is; one that can never be read is refused now, before any code is fetched
             if (q.containsKey("lend")) Config.parseBool("lend", q.get("lend"));
@@ -68,11 +64,6 @@ public final class HydraAdapter {
             if (q.containsKey("lend")) env.put(Config.INIT_LEND_ENV, q.get("lend"));
             if (q.containsKey("sandbox")) env.put("CPUSLOT_SANDBOX", q.get("sandbox"));
             if (q.containsKey("conductor")) env.put(FunctionRuntime.CONDUCTOR_ENV, q.get("conductor"));
-            // steps=a,b,c: a sequence of functions (local first, then the platform's), no code of its own
-            Function f = q.containsKey("steps") ? rt.sequence(name, q.get("steps"), env)
-                    : language.equals("java")
-                    ? rt.create(name, "java", code, null, entry == null ? "main" : entry, env)
-                    : rt.create(name, language, null, new String(code, StandardCharsets.UTF_8), entry, env);
             long timeoutMs = 0;
             if (q.containsKey("timeout")) {
                 try {
@@ -82,15 +73,14 @@ public final class HydraAdapter {
                 }
                 if (timeoutMs <= 0) throw new IllegalArgumentException("timeout is not a number of milliseconds above 0: " + q.get("timeout"));
             }
-            FunctionPool pool = rt.pool(f);
-            Hosted old;
+            boolean java = language.equals("java");
             try {
-                old = rt.host(name, new Hosted(pool, who, timeoutMs));
+                // steps=a,b,c: a sequence of functions (local first, then the platform's), no code of its own
+                rt.register(name, who, timeoutMs, q.get("steps"), language, java ? code : null,
+                        java || code == null ? null : new String(code, StandardCharsets.UTF_8), java && entry == null ? "main" : entry, env);
             } catch (FunctionRuntime.OtherOwnerException e) { // registered by another owner meanwhile
-                pool.close();
                 return otherOwner(name, "/register");
             }
-            if (old != null) old.pool().close();
             Log.info("registered " + language + " function " + name);
             rt.warmSlots("/register");
             JsonObject o = new JsonObject();
@@ -129,14 +119,13 @@ public final class HydraAdapter {
     /** {@code /deregister?name=&owner=}: only the owner's own function. */
     public Reply deregister(Map<String, String> q) {
         String name = q.get("name");
-        Hosted h; // every function carries its owner: the check is the same in every mode
+        boolean removed; // every function carries its owner: the check is the same in every mode
         try {
-            h = name == null ? null : rt.unhost(name, owner(q));
+            removed = name != null && rt.deregister(name, owner(q));
         } catch (FunctionRuntime.OtherOwnerException e) {
             return otherOwner(name, "/deregister");
         }
-        if (h == null) return Reply.error(404, "no function named " + name);
-        h.pool().close();
+        if (!removed) return Reply.error(404, "no function named " + name);
         JsonObject o = new JsonObject();
         o.addProperty("deregistered", name);
         return Reply.ok(o);
@@ -150,9 +139,7 @@ public final class HydraAdapter {
      */
     public Reply invoke(JsonObject body, String quotaHeader, boolean report, boolean usageAsked) {
         String name = body.get("name").isJsonPrimitive() ? body.get("name").getAsString() : null;
-        Hosted h = name == null ? null : rt.hosted(name);
-        FunctionPool p = h == null ? null : h.pool();
-        if (p == null) {
+        if (name == null || rt.ownerOf(name) == null) {
             metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "unknown_function"));
             return Reply.error(404, "no function named " + name);
         }
@@ -170,7 +157,7 @@ public final class HydraAdapter {
         JsonObject activation = new JsonObject();
         activation.addProperty("action_name", name);
         boolean inBody = report || cfg.reportInBody();
-        return rt.run(new Invocation(inBody ? REPORTED : PLAIN, p, h, activation, args, quotaHeader, usageAsked || inBody));
+        return rt.run(new Invocation(inBody ? REPORTED : PLAIN, name, activation, args, quotaHeader, usageAsked || inBody));
     }
 
     private static final Envelope PLAIN = new Envelope(false), REPORTED = new Envelope(true);
@@ -179,11 +166,11 @@ public final class HydraAdapter {
     private record Envelope(boolean report) implements Platform {
         @Override public String name() { return "hydra"; }
         @Override public boolean sentinels() { return false; }
-        @Override public JsonElement body(FunctionPool.Outcome o, Quota.Resolved q) {
+        @Override public JsonElement body(Result r) {
             JsonObject h = new JsonObject();
-            h.add("result", o.result());
-            h.addProperty("process time (us)", o.runNanos() / 1000);
-            if (report) h.add("cpuslot", SlotReport.json(q, o.lease(), o.usage()));
+            h.add("result", r.value());
+            h.addProperty("process time (us)", r.runNanos() / 1000);
+            if (report) h.add("cpuslot", r.report());
             return h;
         }
     }

@@ -5,10 +5,9 @@ import com.google.gson.JsonObject;
 
 import java.io.PrintStream;
 import dev.cpuslot.runtime.base.Metrics;
-import dev.cpuslot.runtime.exec.FunctionPool;
 import dev.cpuslot.runtime.core.Invocation;
 import dev.cpuslot.runtime.core.Reply;
-import dev.cpuslot.runtime.core.Quota;
+import dev.cpuslot.runtime.core.Result;
 import dev.cpuslot.runtime.core.Platform;
 import dev.cpuslot.runtime.core.FunctionRuntime;
 
@@ -42,12 +41,12 @@ public final class KnativeAdapter implements Platform {
             Reply r;
             synchronized (ow.initLock) {
                 JsonElement init = body.get("init");
-                if (rt.action() != null && init.isJsonObject() && sameCode(ow.initValue(), init.getAsJsonObject())) {
+                if (rt.initialized() && init.isJsonObject() && sameCode(ow.initValue(), init.getAsJsonObject())) {
                     // Knative sends the init with every request (and to every pod scale-out adds):
                     // the same code again is not a second init; run the activation
                     metrics.inc("cpuslot_repeated_inits_total");
                     r = null;
-                } else if (rt.action() != null) {
+                } else if (rt.initialized()) {
                     err.println("Cannot initialize the action more than once: this runtime already runs different code.");
                     metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "reinit_different"));
                     return Reply.error(403, "Cannot initialize the action more than once: this runtime already runs different code.");
@@ -61,14 +60,9 @@ public final class KnativeAdapter implements Platform {
             if (r == null && !run) return Reply.ok();
             if (r != null && (r.status() != 200 || !run)) return r;
         }
-        FunctionPool p = rt.action();
-        if (p == null) {
-            rt.sentinels();
-            return Reply.error(502, "Cannot invoke an uninitialized action.");
-        }
         JsonObject activation = body.has("activation") && body.get("activation").isJsonObject() ? body.getAsJsonObject("activation") : new JsonObject();
         JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
-        return rt.run(new Invocation(this, p, null, activation, value, quotaHeader, usageAsked));
+        return rt.run(new Invocation(this, null, activation, value, quotaHeader, usageAsked));
     }
 
     /** Same function: code, binary, main and env of an init value (the name is not compared). */
@@ -84,5 +78,5 @@ public final class KnativeAdapter implements Platform {
 
     @Override public String name() { return "knative"; }
     @Override public boolean sentinels() { return true; }
-    @Override public JsonElement body(FunctionPool.Outcome o, Quota.Resolved q) { return o.result(); }
+    @Override public JsonElement body(Result r) { return r.value(); }
 }

@@ -13,11 +13,9 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
-import dev.cpuslot.runtime.exec.FunctionPool;
-import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.core.Invocation;
 import dev.cpuslot.runtime.core.Reply;
-import dev.cpuslot.runtime.core.Quota;
+import dev.cpuslot.runtime.core.Result;
 import dev.cpuslot.runtime.core.Platform;
 import dev.cpuslot.runtime.core.FunctionRuntime;
 
@@ -39,6 +37,8 @@ public final class OpenWhiskAdapter implements Platform {
     final Object initLock = new Object();
     /** The init that deployed the action (its value object), to recognise a repeated Knative init. */
     private volatile JsonObject initValue;
+    /** The deployed action's __OW_ACTION_NAME (its init env), for the log. */
+    private volatile String initName;
     private volatile boolean concurrent;
     private final AtomicBoolean running = new AtomicBoolean();
     /** Actions already warned about: no api_key in /run, so no annotation lookup (warned once each). */
@@ -67,11 +67,10 @@ public final class OpenWhiskAdapter implements Platform {
     public Reply init(JsonObject body) {
         Reply r = init(body, true);
         if (r.status() != 200) return r;
-        Function f = rt.action().function();
-        CompletableFuture<?> read = rt.prefetchAnnotations(f);
+        CompletableFuture<?> read = rt.prefetchAnnotations();
         rt.warmSlots("/init");
         if (read != null && !rt.awaitAnnotations(read))
-            Log.info("annotation read for " + f.initEnv().get("__OW_ACTION_NAME") + " not answered within CPUSLOT_ANNOTATION_TIMEOUT_MS ("
+            Log.info("annotation read for " + initName + " not answered within CPUSLOT_ANNOTATION_TIMEOUT_MS ("
                     + cfg.annotationTimeoutMs() + " ms); /init answers, and activations take the next quota source until it is in");
         return r;
     }
@@ -79,7 +78,7 @@ public final class OpenWhiskAdapter implements Platform {
     /** @param openwhisk false: Knative's init, whose action gets a pool of the runtime's size (CPUSLOT_SANDBOXES) */
     Reply init(JsonObject body, boolean openwhisk) {
         synchronized (initLock) {
-            if (rt.action() != null) {
+            if (rt.initialized()) {
                 err.println("Cannot initialize the action more than once.");
                 metrics.inc("cpuslot_bad_requests_total", Metrics.labels("reason", "reinit"));
                 return Reply.error(403, "Cannot initialize the action more than once.");
@@ -110,17 +109,15 @@ public final class OpenWhiskAdapter implements Platform {
                 String lang = cfg.language() != null ? cfg.language() : env.get("CPUSLOT_LANGUAGE");
                 String name = str(v, "name", OW_ACTION);
                 if (name.isBlank()) name = OW_ACTION;
-                Function f = rt.create(name, lang, bin, binary ? null : code, main, env);
-                FunctionPool p;
+                int sandboxes = 0; // Knative's: the runtime's size
                 if (openwhisk) {
                     concurrent = cfg.owConcurrent() || "true".equalsIgnoreCase(env.getOrDefault("__OW_ALLOW_CONCURRENT", "").trim());
-                    p = pool(f);
-                } else {
-                    p = rt.pool(f);
+                    sandboxes = sandboxes(env);
                 }
-                rt.deploy(p);
+                String language = rt.deploy(name, lang, bin, binary ? null : code, main, env, sandboxes, openwhisk);
                 initValue = v.deepCopy();
-                Log.info("initialised " + p.function().language() + " action " + name + " (main " + main + ")");
+                initName = env.get("__OW_ACTION_NAME");
+                Log.info("initialised " + language + " action " + name + " (main " + main + ")");
                 return Reply.ok();
             } catch (Exception e) {
                 String msg = e instanceof IllegalArgumentException ? e.getMessage() : "An error has occurred (see logs for details): " + e;
@@ -140,9 +137,9 @@ public final class OpenWhiskAdapter implements Platform {
      * (per action: /init env CPUSLOT_SANDBOXES, at most that). Otherwise one sandbox, and an
      * overlapping /run is refused as OpenWhisk's runtimes refuse it.
      */
-    private FunctionPool pool(Function f) {
+    private int sandboxes(Map<String, String> initEnv) {
         int max = concurrent ? cfg.owMaxConcurrency() : 1;
-        String per = f.initEnv().get(Config.INIT_SANDBOXES_ENV);
+        String per = initEnv.get(Config.INIT_SANDBOXES_ENV);
         if (concurrent && per != null && !per.isBlank()) {
             try {
                 max = Math.max(1, Math.min(max, Integer.parseInt(per.trim())));
@@ -150,7 +147,7 @@ public final class OpenWhiskAdapter implements Platform {
                 throw new IllegalArgumentException(Config.INIT_SANDBOXES_ENV + " is not a number: " + per);
             }
         }
-        return rt.pool(f, max, rt.conductorAnnotation());
+        return max;
     }
 
     /**
@@ -159,15 +156,10 @@ public final class OpenWhiskAdapter implements Platform {
      * @param usageAsked the request asked for its CPU usage in the answer ({@link Config#USAGE_HEADER})
      */
     public Reply run(JsonObject body, String quotaHeader, boolean usageAsked) {
-        FunctionPool p = rt.action();
-        if (p == null) {
-            rt.sentinels();
-            return Reply.error(502, "Cannot invoke an uninitialized action.");
-        }
         JsonElement value = body.has("value") ? body.get("value") : new JsonObject();
         JsonObject activation = new JsonObject();
         for (Map.Entry<String, JsonElement> e : body.entrySet()) if (!e.getKey().equals("value")) activation.add(e.getKey(), e.getValue());
-        Invocation inv = new Invocation(this, p, null, activation, value, quotaHeader, usageAsked);
+        Invocation inv = new Invocation(this, null, activation, value, quotaHeader, usageAsked);
         if (concurrent) return rt.run(inv);
         // one activation at a time, as OpenWhisk's runtimes without __OW_ALLOW_CONCURRENT
         if (!running.compareAndSet(false, true)) {
@@ -185,7 +177,7 @@ public final class OpenWhiskAdapter implements Platform {
 
     @Override public String name() { return "openwhisk"; }
     @Override public boolean sentinels() { return true; }
-    @Override public JsonElement body(FunctionPool.Outcome o, Quota.Resolved q) { return o.result(); }
+    @Override public JsonElement body(Result r) { return r.value(); }
 
     /**
      * OpenWhisk sends no api_key to actions created without {@code -a provide-api-key true} (the

@@ -87,13 +87,13 @@ class ActivationTest {
     private static final Platform TEST = new Platform() {
         @Override public String name() { return "test"; }
         @Override public boolean sentinels() { return false; }
-        @Override public JsonElement body(FunctionPool.Outcome o, Quota.Resolved q) { return o.result(); }
+        @Override public JsonElement body(Result r) { return r.value(); }
     };
 
     private Reply platformCall(String value) {
         JsonObject act = new JsonObject();
         act.addProperty("action_name", "f");
-        return activation.platform(new Invocation(TEST, pool, hosted, act, JsonParser.parseString(value), null, true));
+        return activation.platform(new Invocation(TEST, "rec", act, JsonParser.parseString(value), null, true), pool, hosted);
     }
 
     private FunctionPool.Outcome hop(String value) {
