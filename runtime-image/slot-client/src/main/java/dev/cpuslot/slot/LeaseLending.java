@@ -53,7 +53,6 @@ abstract sealed class LeaseLending extends LeaseRelease permits Lingering {
             count("lend.unsent");
             return l.sleeping;
         }
-        l.sleptOrWoke = true;
         l.sleeping = sleep;
         count(sleep ? "lend.sleep" : "lend.wake");
         return sleep;

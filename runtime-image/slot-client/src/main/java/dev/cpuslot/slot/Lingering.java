@@ -64,7 +64,6 @@ abstract sealed class Lingering extends LeaseLending permits Leases {
             h.flags = p.flags & ~Protocol.ACQ_FLAG_QUEUED;
             h.start = p.start;
             h.reused = true;
-            h.sleptOrWoke = p.sleptOrWoke; // its RELEASE follows the SLEEP and WAKE of p on their connection
             p.parked = false;
             p.released = true; // the old handle is spent; h holds the agent's lease now
             p.conn.leases.add(h);

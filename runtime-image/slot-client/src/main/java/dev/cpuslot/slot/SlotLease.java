@@ -37,8 +37,6 @@ public final class SlotLease {
     boolean reused;
     /** A SLEEP went to the agent and no WAKE since (spec: "Lending"). */
     boolean sleeping;
-    /** A SLEEP or WAKE went out on conn: the RELEASE must follow on conn, in order. */
-    boolean sleptOrWoke;
     /** Set when the slot came from the process's slot table (local leasing): its path. */
     LocalLeases local;
     /** The table entry and the state the claim wrote (local leasing). */
