@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"k8s.io/klog/v2"
+
+	"github.com/cpuslot/cpuslot/internal/agent"
 )
 
 // jsonLines parses every line of out as a JSON object, failing on one that
@@ -152,5 +154,26 @@ func TestFlagForms(t *testing.T) {
 	}
 	if err := cleanup([]string{"-tree", "--under", "/"}); err == nil || !strings.Contains(err.Error(), "below the root") {
 		t.Errorf("cleanup -tree --under /: %v", err)
+	}
+}
+
+// TestSharedSocketOnlyStandalone: in Kubernetes mode (the chart's
+// DaemonSet, with or without NRI) the agent listens on no shared socket by
+// default, and each served pod has its own; standalone it keeps the shared
+// one, for it cannot put a socket in a container of its own accord
+// (docs/security.md, "Reconnect churn: a socket per container").
+func TestSharedSocketOnlyStandalone(t *testing.T) {
+	cfg, _, err := parseRun([]string{"--kubernetes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Socket != "" {
+		t.Errorf("Kubernetes mode listens on the shared socket %q by default", cfg.Socket)
+	}
+	if cfg, _, err = parseRun(nil); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Socket != agent.DefaultConfig().Socket || cfg.Standalone.SocketDir != "" {
+		t.Errorf("standalone: socket %q, socketDir %q; want the shared socket and no socketDir", cfg.Socket, cfg.Standalone.SocketDir)
 	}
 }

@@ -56,10 +56,10 @@ func newCharges() charges {
 }
 
 // chargeOf reads who is at the other end of a new connection, taking an
-// accept from its user's bucket before its cgroup is read and from its
-// cgroup's after (pace.go); false: one was empty, and the connection is to
-// be closed. A peer whose credentials or cgroup cannot be read is charged to
-// the node, as user -1 and cgroup "".
+// accept from its user's bucket (root has none) before its cgroup is read
+// and from its cgroup's after (pace.go); false: one was empty, and the
+// connection is to be closed. A peer whose credentials or cgroup cannot be
+// read is charged to the node, as user -1 and cgroup "".
 func (s *Server) chargeOf(c *net.UnixConn, r Resolver, pace *pacing) (charge, bool) {
 	ch := charge{uid: -1}
 	var cred *unix.Ucred
@@ -73,7 +73,10 @@ func (s *Server) chargeOf(c *net.UnixConn, r Resolver, pace *pacing) (charge, bo
 	if cred != nil {
 		ch.uid = int(cred.Uid)
 	}
-	if pace.users != nil && !pace.users.allow(ch.uid, time.Now()) {
+	// Root is every container's that has no user namespace: a bucket of
+	// root's would let one of them close the others' connections, so
+	// root's peers go to their cgroup's bucket alone (pace.go).
+	if pace.users != nil && ch.uid != 0 && !pace.users.allow(ch.uid, time.Now()) {
 		s.metrics.Error(metrics.AcceptPacedUser)
 		return ch, false
 	}

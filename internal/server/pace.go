@@ -22,6 +22,9 @@ import (
 //     cgroup has a bucket of its own (AcceptRate, AcceptBurst): a
 //     connection whose user's bucket is empty is closed before its cgroup
 //     is read, one whose cgroup's is empty before anything else is done.
+//     Root has no user's bucket: it is the user of every container without
+//     a user namespace, and one of them would empty it for all. Its peers'
+//     cgroup reads are bounded by the socket's bucket, which only delays.
 //
 // The per-user and per-cgroup buckets are bounded in number (maxPeerBuckets
 // each): beyond, new peers share one bucket until full buckets (as good as

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/cgroup"
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
@@ -56,9 +57,14 @@ const churnConnects = 3000
 // churn is the churning child: once a line arrives on stdin (it has been
 // moved to its cgroup), it connects to sock and closes again, without
 // blocking, until churnConnects went through or a minute passed, and
-// reports how many went through and how many were refused.
+// reports how many went through and how many were refused. It lives on
+// until stdin closes: the agent may not have taken its last connections
+// yet, and the cgroup of a process that has exited reads as the root, so
+// they would be charged to the root cgroup's bucket.
 func churn(sock string) int {
-	bufio.NewReader(os.Stdin).ReadString('\n')
+	in := bufio.NewReader(os.Stdin)
+	in.ReadString('\n')
+	defer io.Copy(io.Discard, in)
 	addr := &unix.SockaddrUnix{Name: sock}
 	n := map[string]int{}
 	for end := time.Now().Add(time.Minute); n["connects"] < churnConnects && time.Now().Before(end); {
@@ -75,6 +81,121 @@ func churn(sock string) int {
 	}
 	json.NewEncoder(os.Stdout).Encode(n)
 	return 0
+}
+
+// churnRig is an agent serving a shared socket and a container's own,
+// and the churning children run against them.
+type churnRig struct {
+	t     *testing.T
+	h     *cgroup.Hierarchy
+	s     *Server
+	reg   *prometheus.Registry
+	dir   string
+	child string
+}
+
+// newChurnRig starts an agent with limits l resolving peers of its shared
+// socket with r.
+func newChurnRig(t *testing.T, h *cgroup.Hierarchy, l Limits, r Resolver) *churnRig {
+	reg := prometheus.NewRegistry()
+	s := New(r, h, metrics.New(reg), slog.New(slog.DiscardHandler))
+	s.SetLimits(l)
+	// The churner may be nobody: it must reach the sockets and the binary.
+	dir := t.TempDir()
+	for p := dir; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
+		os.Chmod(p, 0o755)
+	}
+	t.Cleanup(s.Shutdown)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := filepath.Join(dir, "child")
+	if err := os.WriteFile(child, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return &churnRig{t: t, h: h, s: s, reg: reg, dir: dir, child: child}
+}
+
+// listen serves a socket named name with serve until the test ends.
+func (g *churnRig) listen(name string, serve func(*Listener) error) string {
+	t := g.t
+	ln, err := Listen(filepath.Join(g.dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- serve(ln) }()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return filepath.Join(g.dir, name)
+}
+
+// hello connects to sock (a full backlog refuses a connect with EAGAIN: a
+// client tries again) and fails the test unless its HELLO is answered.
+func (g *churnRig) hello(sock, what string) {
+	t := g.t
+	t.Helper()
+	b, err := slotv1.Append(nil, 1, &slotv1.Hello{MinVersion: 1, MaxVersion: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c net.Conn
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		if c, err = net.Dial("unix", sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no connect to %s within a minute: %v", what, filepath.Base(sock), err)
+		}
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Minute))
+	c.Write(b)
+	var hdr [4]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		t.Fatalf("%s: HELLO not answered on %s: %v", what, filepath.Base(sock), err)
+	}
+}
+
+// churner starts a churning process of user uid in cgroup rel against
+// sock; it churns once started, and its result comes once it is done.
+func (g *churnRig) churner(sock string, uid int, rel string) (start func(), result <-chan map[string]int) {
+	t := g.t
+	cmd := exec.Command(g.child, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CPUSLOT_TEST_CHURN="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: 65534}}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for _, root := range []string{g.h.CPURoot, g.h.AcctRoot} {
+		if root == "" {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(root, rel, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := make(chan map[string]int, 1)
+	go func() {
+		var r map[string]int
+		json.NewDecoder(out).Decode(&r)
+		res <- r
+	}()
+	return func() { io.WriteString(in, "go\n") }, res
 }
 
 // TestAttackReconnectChurn: processes of other
@@ -98,100 +219,11 @@ func TestAttackReconnectChurn(t *testing.T) {
 	l := DefaultLimits
 	l.AcceptRate, l.AcceptBurst = rate, burst
 	l.SharedAcceptRate = 1 << 30 // the shared socket's own bucket is another matter
-	reg := prometheus.NewRegistry()
 	shared, own := &countingResolver{read: map[string]int{}}, &countingResolver{read: map[string]int{}}
-	s := New(shared, h, metrics.New(reg), slog.New(slog.DiscardHandler))
-	s.SetLimits(l)
-	// The churner is nobody: it must reach the sockets and the binary.
-	dir := t.TempDir()
-	for p := dir; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
-		os.Chmod(p, 0o755)
-	}
-	listen := func(name string, serve func(*Listener) error) string {
-		ln, err := Listen(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- serve(ln) }()
-		t.Cleanup(func() { ln.Close(); <-done })
-		return filepath.Join(dir, name)
-	}
-	t.Cleanup(s.Shutdown)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(exe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	child := filepath.Join(dir, "child")
-	if err := os.WriteFile(child, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	sharedSock := listen("shared.sock", s.Serve)
-	ownSock := listen("own.sock", func(ln *Listener) error { return s.ServeWith(ln, own) })
+	g := newChurnRig(t, h, l, shared)
+	sharedSock := g.listen("shared.sock", g.s.Serve)
+	ownSock := g.listen("own.sock", func(ln *Listener) error { return g.s.ServeWith(ln, own) })
 
-	hello := func(what string) {
-		t.Helper()
-		b, err := slotv1.Append(nil, 1, &slotv1.Hello{MinVersion: 1, MaxVersion: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var c net.Conn
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-			// A full backlog refuses a connect (EAGAIN): a client tries again.
-			if c, err = net.Dial("unix", sharedSock); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no connect to the shared socket within a minute: %v", what, err)
-			}
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(time.Minute))
-		c.Write(b)
-		var hdr [4]byte
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
-			t.Fatalf("%s: HELLO not answered on the shared socket: %v", what, err)
-		}
-	}
-	// churner starts a churning process of user uid in rel; its result
-	// comes once it is done.
-	churner := func(sock string, uid int) (start func(), result <-chan map[string]int) {
-		cmd := exec.Command(child, "-test.run=^$")
-		cmd.Env = append(os.Environ(), "CPUSLOT_TEST_CHURN="+sock)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: 65534}}
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		for _, root := range []string{h.CPURoot, h.AcctRoot} {
-			if root == "" {
-				continue
-			}
-			if err := os.WriteFile(filepath.Join(root, rel, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
-				t.Fatal(err)
-			}
-		}
-		res := make(chan map[string]int, 1)
-		go func() {
-			var r map[string]int
-			json.NewDecoder(out).Decode(&r)
-			res <- r
-		}()
-		return func() { io.WriteString(in, "go\n") }, res
-	}
 	// On the shared socket three users of one cgroup churn: each within
 	// its user's bucket, together past their cgroup's.
 	for _, sock := range []string{sharedSock, ownSock} {
@@ -202,7 +234,7 @@ func TestAttackReconnectChurn(t *testing.T) {
 		var starts []func()
 		var results []<-chan map[string]int
 		for _, uid := range uids {
-			start, res := churner(sock, uid)
+			start, res := g.churner(sock, uid, rel)
 			starts = append(starts, start)
 			results = append(results, res)
 		}
@@ -212,7 +244,7 @@ func TestAttackReconnectChurn(t *testing.T) {
 		}
 		// Served meanwhile, on the shared socket.
 		for i := 0; i < 5; i++ {
-			hello(fmt.Sprintf("HELLO %d during the churn on %s", i, filepath.Base(sock)))
+			g.hello(sharedSock, fmt.Sprintf("HELLO %d during the churn on %s", i, filepath.Base(sock)))
 		}
 		connects := 0
 		for _, res := range results {
@@ -226,7 +258,7 @@ func TestAttackReconnectChurn(t *testing.T) {
 		if sock == sharedSock {
 			// The queue is first in, first out: once this is answered,
 			// every churned connection before it was taken.
-			hello("HELLO after the churn")
+			g.hello(sharedSock, "HELLO after the churn")
 		}
 		read := resolver.reads(rel)
 		took := time.Since(start)
@@ -239,14 +271,66 @@ func TestAttackReconnectChurn(t *testing.T) {
 				filepath.Base(sock), read, connects, took.Round(time.Millisecond), allowed, burst, rate)
 		}
 	}
-	if n := errorsCounted(t, reg, metrics.AcceptPacedUser); n == 0 {
+	if n := errorsCounted(t, g.reg, metrics.AcceptPacedUser); n == 0 {
 		t.Error("no accept counted as paced for its user")
 	}
-	if n := errorsCounted(t, reg, metrics.AcceptPacedCgroup); n == 0 {
+	if n := errorsCounted(t, g.reg, metrics.AcceptPacedCgroup); n == 0 {
 		t.Error("no accept counted as paced for its cgroup")
 	}
-	if n := errorsCounted(t, reg, metrics.AcceptPaced); n == 0 {
+	if n := errorsCounted(t, g.reg, metrics.AcceptPaced); n == 0 {
 		t.Error("the container's socket never waited")
+	}
+}
+
+// TestAttackRootChurnOnSharedSocket: a root process (a container without
+// a user namespace) in a cgroup of its own churns on the shared socket,
+// while another root process in another cgroup (the test's own) says
+// HELLO there: every HELLO is answered, and the agent takes on at most
+// acceptBurst + acceptRate x the time taken of the churner's connections.
+// Root's peers are many containers' processes, so the churner may spend
+// only its cgroup's bucket, not one of root's. Watched failing when root
+// had a user's bucket: "HELLO 0 during the churn: HELLO not answered on
+// shared.sock: EOF".
+func TestAttackRootChurnOnSharedSocket(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	if os.Getuid() != 0 {
+		t.Skip("the victim must be root")
+	}
+	rel := cgrouptest.NewContainer(t, h, 0)
+	// A slow refill: once the churn has emptied a bucket, it stays empty.
+	const rate, burst = 1, 20
+	l := DefaultLimits
+	l.AcceptRate, l.AcceptBurst = rate, burst
+	l.SharedAcceptRate = 1 << 30
+	r := &countingResolver{read: map[string]int{}}
+	g := newChurnRig(t, h, l, r)
+	sock := g.listen("shared.sock", g.s.Serve)
+	start, res := g.churner(sock, 0, rel)
+	begun := time.Now()
+	start()
+	// Once the churn has run past the burst of its cgroup (or of root),
+	// the victim says HELLO.
+	for deadline := time.Now().Add(time.Minute); errorsCounted(t, g.reg, metrics.AcceptPacedUser)+errorsCounted(t, g.reg, metrics.AcceptPacedCgroup) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the churn was not paced within a minute")
+		}
+	}
+	for i := 0; i < 5; i++ {
+		g.hello(sock, fmt.Sprintf("HELLO %d during the churn", i))
+	}
+	var connects int
+	select {
+	case out := <-res:
+		connects = out["connects"]
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the churner did not report within 2 minutes")
+	}
+	g.hello(sock, "HELLO after the churn")
+	read, took := r.reads(rel), time.Since(begun)
+	allowed := burst + 1 + int(rate*took.Seconds()) + 1
+	t.Logf("root made %d connects in %v, %d taken on (at most %d)", connects, took.Round(time.Millisecond), read, allowed)
+	if read > allowed {
+		t.Errorf("the agent took on %d of the root churner's %d connections in %v; at most %d may be", read, connects, took.Round(time.Millisecond), allowed)
 	}
 }
 

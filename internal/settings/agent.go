@@ -47,7 +47,7 @@ var AgentKeys = []Key{
 		Doc: "open connections of one client process"},
 	{Name: "limits.acceptRate", Kind: KindInt, Min: 1, Max: noMax, Default: "100",
 		Doc:     "new connections a second of one peer: on a container's own socket, and per user and per cgroup on the shared socket; past it the socket waits, or the connection is closed at accept",
-		Meaning: "new connections a second of one peer: a container's own socket stops accepting for a while, the shared socket closes a connection at accept whose user (before its cgroup is read) or cgroup is past it ([`security.md`](security.md#limits))"},
+		Meaning: "new connections a second of one peer: a container's own socket stops accepting for a while, the shared socket closes a connection at accept whose user (before its cgroup is read; root has none) or cgroup is past it ([`security.md`](security.md#limits))"},
 	{Name: "limits.acceptBurst", Kind: KindInt, Min: 1, Max: noMax, Default: "1024",
 		Doc: "burst of new connections of one peer beyond acceptRate (a container's reconnect after an agent restart)"},
 	{Name: "limits.sharedAcceptRate", Kind: KindInt, Min: 1, Max: noMax, Default: "250",

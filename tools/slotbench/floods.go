@@ -20,6 +20,8 @@ package main
 //	slotbench -floods
 //	slotbench -floods -churn-users 0 -flappers 0 -releasers 0   # the pinning flood alone
 //	slotbench -floods -pin-containers 0 -flappers 0 -releasers 0 -churn-cpu 500   # churn alone, the churners under a CPU limit
+//	slotbench -floods -pin-containers 0 -flappers 0 -releasers 0 -churn-cpu 500 -churn-root   # the same, the churners root
+//	slotbench -floods -pin-containers 0 -flappers 0 -releasers 0 -churn-cpu 500 -churn-unserved   # the control: the churn costs the agent nothing
 
 import (
 	"fmt"
@@ -44,7 +46,9 @@ type floodParams struct {
 	hellos, acquires        int
 	pinContainers, pinConns int
 	churnUsers, churnConns  int
-	churnCPU                int // millicores of the churning users' cgroup; 0: no limit
+	churnCPU                int  // millicores of the churning users' cgroup; 0: no limit
+	churnRoot               bool // the churners are root (a container without a user namespace)
+	churnUnserved           bool // the churners connect to a socket no one accepts on (the control)
 	flappers, releasers     int
 }
 
@@ -265,12 +269,37 @@ func floodBench(p floodParams) error {
 			return err
 		}
 	}
-	churnName := fmt.Sprintf("churn: %d users in one cgroup x %d connect loops", p.churnUsers, p.churnConns)
+	who := "users"
+	if p.churnRoot {
+		who = "root processes"
+	}
+	churnName := fmt.Sprintf("churn: %d %s in one cgroup x %d connect loops", p.churnUsers, who, p.churnConns)
 	if p.churnCPU > 0 {
 		churnName += fmt.Sprintf(" (%dm CPU)", p.churnCPU)
 	}
+	churnSocket := cfg.Socket
+	if p.churnUnserved {
+		// The control: the same churners spend their CPU on connects to
+		// a socket whose queue is full, which cost the agent nothing, so
+		// what the victim sees then is the churners' CPU, not the agent's
+		// work on them.
+		churnSocket = filepath.Join(tb.dir, "unserved.sock")
+		ln, err := net.Listen("unix", churnSocket)
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		if err := os.Chmod(churnSocket, 0o777); err != nil {
+			return err
+		}
+		churnName += ", on a socket no one accepts on"
+	}
 	if err := phase(churnName, p.churnUsers, func(i int) error {
-		return start("churn", "churn", outsideUID+100+i, fmt.Sprintf("SLOTBENCH_FLOOD=%d", p.churnConns))
+		uid := outsideUID + 100 + i
+		if p.churnRoot {
+			uid = 0
+		}
+		return start("churn", "churn", uid, fmt.Sprintf("SLOTBENCH_FLOOD=%d", p.churnConns), "SLOTBENCH_SOCKET="+churnSocket)
 	}); err != nil {
 		return err
 	}

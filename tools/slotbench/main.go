@@ -133,6 +133,8 @@ func main() {
 	flag.IntVar(&fp.churnUsers, "churn-users", 20, "-floods: users in one cgroup connecting and closing")
 	flag.IntVar(&fp.churnConns, "churn-conns", 8, "-floods: connect loops of each churning user")
 	flag.IntVar(&fp.churnCPU, "churn-cpu", 0, "-floods: CPU limit of the churning users' cgroup in millicores (0: none)")
+	flag.BoolVar(&fp.churnRoot, "churn-root", false, "-floods: the churning users are root (a container without a user namespace)")
+	flag.BoolVar(&fp.churnUnserved, "churn-unserved", false, "-floods: the churning users connect to a socket no one accepts on (the control: their CPU without the agent's work)")
 	flag.IntVar(&fp.flappers, "flappers", 8, "-floods: processes flapping SLEEP/WAKE")
 	flag.IntVar(&fp.releasers, "releasers", 8, "-floods: processes sending one-way RELEASEs")
 	flag.Parse()
