@@ -209,7 +209,7 @@ class PolyglotTest {
      */
     @Test
     void everyFunctionStartsInAPrewarmedContextOfItsOwn() throws Exception {
-        PolyglotFunction.prewarm("python");
+        PolyglotFunction.prewarm("python", 0);
         int before = PolyglotFunction.prewarmedContextsTaken();
         String code = """
                 import os, builtins
