@@ -141,25 +141,27 @@ public final class PolyglotFunction implements Function {
             """;
 
     /**
-     * Runs guest code in a context of its own (closed after: no function sees it) for at most
-     * {@code budgetMs} of wall time, so that HotSpot compiles the Graal compiler itself (Java
-     * bytecode on a stock JDK) and Truffle the languages' built-ins before the first function's
-     * calls pay for it. Its CPU is bounded by the budget: this thread plus the compiler threads,
-     * whose number image/jvm-options-jit fixes.
+     * Runs guest code in a context of its own (closed after: no function sees it) for
+     * {@code budgetMs} of wall time, one call at least (the call under way when it ends finishes),
+     * so that HotSpot compiles the Graal compiler itself (Java bytecode on a stock JDK) and
+     * Truffle the language's built-ins before the first function's calls pay for it. Its CPU is
+     * bounded by that time: this thread plus the compiler threads, whose number
+     * image/jvm-options-jit fixes. Returns the number of calls made.
      */
-    static void warmCompiler(String id, long budgetMs) {
-        if (budgetMs <= 0) return;
+    public static int warmCompiler(String id, long budgetMs) {
+        if (budgetMs <= 0) return 0;
         long t0 = System.nanoTime(), until = t0 + budgetMs * 1_000_000L;
         int calls = 0;
         try (Context c = contextBuilder(id, engine(id)).build()) {
             Value f = c.eval(Source.newBuilder(id, id.equals("js") ? JS_WARMUP : PY_WARMUP, "cpuslot-compiler-warmup").buildLiteral());
             if (id.equals("python")) f = c.getBindings("python").getMember("_warm");
-            while (System.nanoTime() - until < 0) {
+            do { // one call at least: the first initialises the built-ins a function's first call would
                 f.execute();
                 calls++;
-            }
+            } while (System.nanoTime() - until < 0);
         }
         Log.info("warmed the " + id + " compiler: " + calls + " calls in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
+        return calls;
     }
 
     /**
