@@ -141,24 +141,39 @@ public final class PolyglotFunction implements Function {
             """;
 
     /**
-     * Runs guest code in a context of its own (closed after: no function sees it) for
-     * {@code budgetMs} of wall time, one call at least (the call under way when it ends finishes),
-     * so that HotSpot compiles the Graal compiler itself (Java bytecode on a stock JDK) and
-     * Truffle the language's built-ins before the first function's calls pay for it. Its CPU is
-     * bounded by that time: this thread plus the compiler threads, whose number
-     * image/jvm-options-jit fixes. Returns the number of calls made.
+     * Runs guest code in a context of its own (closed after: no function sees it) until
+     * {@code budgetMs} of wall time have passed since it began, so that HotSpot compiles the Graal
+     * compiler itself (Java bytecode on a stock JDK) and Truffle the language's built-ins before
+     * the first function's calls pay for it. A call under way at the end is cancelled (the context
+     * closed under it): under load one call can take seconds. Its CPU is bounded by that time: this
+     * thread plus the compiler threads, whose number image/jvm-options-jit fixes. Returns the
+     * number of calls that finished.
      */
     public static int warmCompiler(String id, long budgetMs) {
         if (budgetMs <= 0) return 0;
         long t0 = System.nanoTime(), until = t0 + budgetMs * 1_000_000L;
         int calls = 0;
-        try (Context c = contextBuilder(id, engine(id)).build()) {
+        Context c = contextBuilder(id, engine(id)).build();
+        Thread stop = Thread.ofPlatform().daemon().name("compiler-warmup-stop").group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
+                .inheritInheritableThreadLocals(false).start(() -> {
+                    try {
+                        Thread.sleep(Math.max(0, (until - System.nanoTime()) / 1_000_000L));
+                        c.close(true);
+                    } catch (InterruptedException e) { // finished in time
+                    }
+                });
+        try {
             Value f = c.eval(Source.newBuilder(id, id.equals("js") ? JS_WARMUP : PY_WARMUP, "cpuslot-compiler-warmup").buildLiteral());
             if (id.equals("python")) f = c.getBindings("python").getMember("_warm");
-            do { // one call at least: the first initialises the built-ins a function's first call would
+            while (System.nanoTime() - until < 0) {
                 f.execute();
                 calls++;
-            } while (System.nanoTime() - until < 0);
+            }
+        } catch (PolyglotException | IllegalStateException e) { // cancelled at the end, or closed between two calls
+            if (System.nanoTime() - until < 0) throw e;
+        } finally {
+            stop.interrupt();
+            c.close(true);
         }
         Log.info("warmed the " + id + " compiler: " + calls + " calls in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
         return calls;
