@@ -175,6 +175,8 @@ public final class PolyglotFunction implements Function {
             stop.interrupt();
             c.close(true);
         }
+        // its garbage given back now (image/jvm-options' MaxHeapFreeRatio), not held until a full GC
+        System.gc();
         Log.info("warmed the " + id + " compiler: " + calls + " calls in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
         return calls;
     }
