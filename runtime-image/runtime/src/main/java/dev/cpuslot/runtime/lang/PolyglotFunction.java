@@ -159,7 +159,7 @@ public final class PolyglotFunction implements Function {
                     try {
                         Thread.sleep(Math.max(0, (until - System.nanoTime()) / 1_000_000L));
                         c.close(true);
-                    } catch (InterruptedException e) { // finished in time
+                    } catch (InterruptedException | RuntimeException e) { // finished in time, or closed meanwhile
                     }
                 });
         try {
