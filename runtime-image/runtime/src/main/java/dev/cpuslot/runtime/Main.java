@@ -44,7 +44,7 @@ public final class Main {
             String lang = cfg.language();
             Thread.ofPlatform().daemon().name("prewarm-" + lang).start(() -> {
                 try {
-                    PolyglotFunction.prewarm(lang);
+                    PolyglotFunction.prewarm(lang, cfg.compilerWarmupMs());
                 } catch (RuntimeException e) {
                     Log.warn("prewarming " + lang + " failed: " + e);
                 }

@@ -52,7 +52,8 @@ public record Config(
         String chainUrls,             // CPUSLOT_CHAIN_URLS: name=url,... for callees not here (before CPUSLOT_CHAIN_URL)
         String chainSteps,            // CPUSLOT_CHAIN_STEPS: the steps that follow the container's action (Knative: its env)
         long drainTimeoutMs,          // CPUSLOT_DRAIN_TIMEOUT: on SIGTERM, how long running invocations may take to finish
-        String logFormat) {           // CPUSLOT_LOG_FORMAT: text (default) or json (one object per line)
+        String logFormat,             // CPUSLOT_LOG_FORMAT: text (default) or json (one object per line)
+        long compilerWarmupMs) {      // CPUSLOT_COMPILER_WARMUP: the prewarm runs guest code this long so that the JIT compiler warms up (0 = off)
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -122,7 +123,8 @@ public record Config(
                 blankToNull(env.get("CPUSLOT_CHAIN_URLS")),
                 blankToNull(env.get("CPUSLOT_CHAIN_STEPS")),
                 Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)),
-                logFormat(env.get("CPUSLOT_LOG_FORMAT")));
+                logFormat(env.get("CPUSLOT_LOG_FORMAT")),
+                Math.max(0, durationMs(env, "CPUSLOT_COMPILER_WARMUP", 5000)));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

@@ -107,9 +107,78 @@ public final class PolyglotFunction implements Function {
      * and one context, which the first function of that language takes as its own (a context
      * costs seconds to make for Python), so that /init does not make another.
      */
-    public static void prewarm(String language) {
+    public static void prewarm(String language, long compilerWarmupMs) {
         String id = polyglotId(language);
-        SPARES.computeIfAbsent(id, PolyglotFunction::startSpare).exceptionally(e -> null).join();
+        SPARES.computeIfAbsent(id, k -> startSpare(k, compilerWarmupMs)).exceptionally(e -> null).join();
+    }
+
+    /**
+     * Guest code of the shapes functions have (recursion, objects built, JSON both ways, a sort
+     * with a comparator on a number and a string, string formatting), for the compiler's warm-up:
+     * Truffle compiles it within a few hundred calls.
+     */
+    private static final String JS_WARMUP = """
+            (function () {
+              function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+              return function () {
+                var items = [];
+                for (var i = 0; i < 200; i++) items.push({ id: i, name: 'item' + (i * 7919 % 200), price: (i * 37) % 1000 / 10 });
+                var doc = JSON.parse(JSON.stringify({ items: items }));
+                doc.items.sort(function (a, b) { return a.price - b.price || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0); });
+                return fib(15) + doc.items.slice(0, 20).map(function (x) { return x.name.toUpperCase() + ':' + x.price.toFixed(2); }).join('|').length;
+              };
+            })()
+            """;
+    private static final String PY_WARMUP = """
+            import json as _json
+            def _fib(n):
+                return n if n < 2 else _fib(n - 1) + _fib(n - 2)
+            def _warm():
+                items = [{'id': i, 'name': 'item%d' % (i * 7919 % 200), 'price': (i * 37) % 1000 / 10} for i in range(200)]
+                doc = _json.loads(_json.dumps({'items': items}))
+                doc['items'].sort(key=lambda x: (x['price'], x['name']))
+                return _fib(12) + len('|'.join('%s:%.2f' % (x['name'].upper(), x['price']) for x in doc['items'][:20]))
+            """;
+
+    /**
+     * Runs guest code in a context of its own (closed after: no function sees it) until
+     * {@code budgetMs} of wall time have passed since it began, so that HotSpot compiles the Graal
+     * compiler itself (Java bytecode on a stock JDK) and Truffle the language's built-ins before
+     * the first function's calls pay for it. A call under way at the end is cancelled (the context
+     * closed under it): under load one call can take seconds. Its CPU is bounded by that time: this
+     * thread plus the compiler threads, whose number image/jvm-options-jit fixes. Returns the
+     * number of calls that finished.
+     */
+    public static int warmCompiler(String id, long budgetMs) {
+        if (budgetMs <= 0) return 0;
+        long t0 = System.nanoTime(), until = t0 + budgetMs * 1_000_000L;
+        int calls = 0;
+        Context c = contextBuilder(id, engine(id)).build();
+        Thread stop = Thread.ofPlatform().daemon().name("compiler-warmup-stop").group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
+                .inheritInheritableThreadLocals(false).start(() -> {
+                    try {
+                        Thread.sleep(Math.max(0, (until - System.nanoTime()) / 1_000_000L));
+                        c.close(true);
+                    } catch (InterruptedException | RuntimeException e) { // finished in time, or closed meanwhile
+                    }
+                });
+        try {
+            Value f = c.eval(Source.newBuilder(id, id.equals("js") ? JS_WARMUP : PY_WARMUP, "cpuslot-compiler-warmup").buildLiteral());
+            if (id.equals("python")) f = c.getBindings("python").getMember("_warm");
+            while (System.nanoTime() - until < 0) {
+                f.execute();
+                calls++;
+            }
+        } catch (PolyglotException | IllegalStateException e) { // cancelled at the end, or closed between two calls
+            if (System.nanoTime() - until < 0) throw e;
+        } finally {
+            stop.interrupt();
+            c.close(true);
+        }
+        // its garbage given back now (image/jvm-options' MaxHeapFreeRatio), not held until a full GC
+        System.gc();
+        Log.info("warmed the " + id + " compiler: " + calls + " calls in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
+        return calls;
     }
 
     /**
@@ -130,11 +199,22 @@ public final class PolyglotFunction implements Function {
      * its activation's output), so that no function is charged for it nor sees it.
      */
     private static java.util.concurrent.CompletableFuture<Context> startSpare(String id) {
+        return startSpare(id, 0);
+    }
+
+    /** A spare, after {@code compilerWarmupMs} of {@link #warmCompiler} (the prewarm's, before the first /init takes it). */
+    private static java.util.concurrent.CompletableFuture<Context> startSpare(String id, long compilerWarmupMs) {
         var f = new java.util.concurrent.CompletableFuture<Context>();
         Thread.ofPlatform().daemon().name("prewarm-" + id).group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
                 .inheritInheritableThreadLocals(false).start(() -> {
                     try {
-                        f.complete(spareContext(id));
+                        Context c = spareContext(id);
+                        try {
+                            warmCompiler(id, compilerWarmupMs);
+                        } catch (RuntimeException e) { // the spare is good without it
+                            Log.warn("warming the " + id + " compiler failed: " + e);
+                        }
+                        f.complete(c);
                     } catch (Throwable e) {
                         Log.warn("prewarming " + id + " failed: " + e);
                         f.completeExceptionally(e);
