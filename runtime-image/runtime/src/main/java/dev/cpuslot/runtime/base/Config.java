@@ -124,7 +124,7 @@ public record Config(
                 blankToNull(env.get("CPUSLOT_CHAIN_STEPS")),
                 Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)),
                 logFormat(env.get("CPUSLOT_LOG_FORMAT")),
-                Math.max(0, durationMs(env, "CPUSLOT_COMPILER_WARMUP", 5000)));
+                Math.max(0, durationMs(env, "CPUSLOT_COMPILER_WARMUP", 0)));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */
