@@ -18,12 +18,10 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicReference;
 import java.util.zip.ZipEntry;
 import java.util.zip.ZipInputStream;
 import dev.cpuslot.runtime.base.Config;
-import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.Function;
 
 /**
@@ -45,7 +43,7 @@ public final class PolyglotFunction implements Function {
      * The runtime's own guest code, a resource beside this class (prelude.js, wrapper.js,
      * prelude.py, wrapper.py), read once as the class is loaded.
      */
-    private static String guest(String name) {
+    static String guest(String name) {
         try (java.io.InputStream in = PolyglotFunction.class.getResourceAsStream(name)) {
             if (in == null) throw new IllegalStateException("the runtime's " + name + " is missing from its jar");
             return new String(in.readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
@@ -85,188 +83,16 @@ public final class PolyglotFunction implements Function {
             a.length > 1 && a[1].isString() ? a[1].asString() : null,
             a.length > 2 && a[2].isString() ? a[2].asString() : "{}");
 
-    private static final Map<String, Engine> ENGINES = new ConcurrentHashMap<>();
     private static final Gson GSON = new Gson();
 
-    /**
-     * The shared engine of a language: made once, kept for the process (code caches, compiled
-     * code). Its implementation is logged: "Interpreted" means Truffle found no JIT (no JVMCI or
-     * no Graal on the upgrade module path) and guest code runs many times slower; Truffle's own
-     * warning (engine.WarnInterpreterOnly) says why.
-     */
-    static Engine engine(String polyglotId) {
-        return ENGINES.computeIfAbsent(polyglotId, id -> {
-            Engine e = Engine.newBuilder(id).build();
-            Log.info("polyglot engine " + id + ": " + e.getImplementationName());
-            return e;
-        });
-    }
+    /** Loads a language before the first /init: {@link Contexts#prewarm}. */
+    public static void prewarm(String language, long compilerWarmupMs) { Contexts.prewarm(language, compilerWarmupMs); }
 
-    /**
-     * Loads a language before the first /init (the image's language is fixed): makes the engine
-     * and one context, which the first function of that language takes as its own (a context
-     * costs seconds to make for Python), so that /init does not make another.
-     */
-    public static void prewarm(String language, long compilerWarmupMs) {
-        String id = polyglotId(language);
-        SPARES.computeIfAbsent(id, k -> startSpare(k, compilerWarmupMs)).exceptionally(e -> null).join();
-    }
-
-    /**
-     * Guest code of the shapes functions have (recursion, objects built, JSON both ways, a sort
-     * with a comparator on a number and a string, string formatting), for the compiler's warm-up:
-     * Truffle compiles it within a few hundred calls.
-     */
-    private static final String JS_WARMUP = """
-            (function () {
-              function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
-              return function () {
-                var items = [];
-                for (var i = 0; i < 200; i++) items.push({ id: i, name: 'item' + (i * 7919 % 200), price: (i * 37) % 1000 / 10 });
-                var doc = JSON.parse(JSON.stringify({ items: items }));
-                doc.items.sort(function (a, b) { return a.price - b.price || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0); });
-                return fib(15) + doc.items.slice(0, 20).map(function (x) { return x.name.toUpperCase() + ':' + x.price.toFixed(2); }).join('|').length;
-              };
-            })()
-            """;
-    private static final String PY_WARMUP = """
-            import json as _json
-            def _fib(n):
-                return n if n < 2 else _fib(n - 1) + _fib(n - 2)
-            def _warm():
-                items = [{'id': i, 'name': 'item%d' % (i * 7919 % 200), 'price': (i * 37) % 1000 / 10} for i in range(200)]
-                doc = _json.loads(_json.dumps({'items': items}))
-                doc['items'].sort(key=lambda x: (x['price'], x['name']))
-                return _fib(12) + len('|'.join('%s:%.2f' % (x['name'].upper(), x['price']) for x in doc['items'][:20]))
-            """;
-
-    /**
-     * Runs guest code in a context of its own (closed after: no function sees it) until
-     * {@code budgetMs} of wall time have passed since it began, so that HotSpot compiles the Graal
-     * compiler itself (Java bytecode on a stock JDK) and Truffle the language's built-ins before
-     * the first function's calls pay for it. A call under way at the end is cancelled (the context
-     * closed under it): under load one call can take seconds. Its CPU is bounded by that time: this
-     * thread plus the compiler threads, whose number image/jvm-options-jit fixes. Returns the
-     * number of calls that finished.
-     */
-    public static int warmCompiler(String id, long budgetMs) {
-        if (budgetMs <= 0) return 0;
-        long t0 = System.nanoTime(), until = t0 + budgetMs * 1_000_000L;
-        int calls = 0;
-        Context c = contextBuilder(id, engine(id)).build();
-        Thread stop = Thread.ofPlatform().daemon().name("compiler-warmup-stop").group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
-                .inheritInheritableThreadLocals(false).start(() -> {
-                    try {
-                        Thread.sleep(Math.max(0, (until - System.nanoTime()) / 1_000_000L));
-                        c.close(true);
-                    } catch (InterruptedException | RuntimeException e) { // finished in time, or closed meanwhile
-                    }
-                });
-        try {
-            Value f = c.eval(Source.newBuilder(id, id.equals("js") ? JS_WARMUP : PY_WARMUP, "cpuslot-compiler-warmup").buildLiteral());
-            if (id.equals("python")) f = c.getBindings("python").getMember("_warm");
-            while (System.nanoTime() - until < 0) {
-                f.execute();
-                calls++;
-            }
-        } catch (PolyglotException | IllegalStateException e) { // cancelled at the end, or closed between two calls
-            if (System.nanoTime() - until < 0) throw e;
-        } finally {
-            stop.interrupt();
-            c.close(true);
-        }
-        // its garbage given back now (image/jvm-options' MaxHeapFreeRatio), not held until a full GC
-        System.gc();
-        Log.info("warmed the " + id + " compiler: " + calls + " calls in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
-        return calls;
-    }
-
-    /**
-     * The next context of each language, made or under way: it ran the runtime's own code only
-     * (no function's), and goes to one function, once. Each one taken is replaced in the
-     * background, so that the next function of the language (a Hydra /register, a second worker)
-     * starts in a context made before it asked: a GraalPy context takes about half a second of
-     * CPU to initialise, most of a new Python function's /register. One spare per language in use.
-     */
-    private static final Map<String, java.util.concurrent.CompletableFuture<Context>> SPARES = new ConcurrentHashMap<>();
-    private static final java.util.concurrent.atomic.AtomicInteger PREWARMED_TAKEN = new java.util.concurrent.atomic.AtomicInteger();
+    /** The compiler's warm-up (tests): {@link Contexts#warmCompiler}. */
+    public static int warmCompiler(String id, long budgetMs) { return Contexts.warmCompiler(id, budgetMs); }
 
     /** How many contexts functions took prewarmed (tests). */
-    public static int prewarmedContextsTaken() { return PREWARMED_TAKEN.get(); }
-
-    /**
-     * Makes a spare on a thread of the runtime's own: not the caller's (a worker's thread group,
-     * its activation's output), so that no function is charged for it nor sees it.
-     */
-    private static java.util.concurrent.CompletableFuture<Context> startSpare(String id) {
-        return startSpare(id, 0);
-    }
-
-    /** A spare, after {@code compilerWarmupMs} of {@link #warmCompiler} (the prewarm's, before the first /init takes it). */
-    private static java.util.concurrent.CompletableFuture<Context> startSpare(String id, long compilerWarmupMs) {
-        var f = new java.util.concurrent.CompletableFuture<Context>();
-        Thread.ofPlatform().daemon().name("prewarm-" + id).group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
-                .inheritInheritableThreadLocals(false).start(() -> {
-                    try {
-                        Context c = spareContext(id);
-                        try {
-                            warmCompiler(id, compilerWarmupMs);
-                        } catch (RuntimeException e) { // the spare is good without it
-                            Log.warn("warming the " + id + " compiler failed: " + e);
-                        }
-                        f.complete(c);
-                    } catch (Throwable e) {
-                        Log.warn("prewarming " + id + " failed: " + e);
-                        f.completeExceptionally(e);
-                    }
-                });
-        return f;
-    }
-
-    private static Context spareContext(String id) {
-        long t0 = System.nanoTime();
-        Context c = contextBuilder(id, engine(id)).build();
-        try {
-            // under the prelude's own names: the function's globals get no name from the prewarm
-            c.eval(id, id.equals("python") ? "import _json as __cpuslot__json, posix as __cpuslot_posix, sys as __cpuslot_sys\n" : "JSON.stringify({})");
-        } catch (RuntimeException e) {
-            c.close(true);
-            throw e;
-        }
-        Log.info("prewarmed a " + id + " context in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
-        return c;
-    }
-
-    /**
-     * The language's spare context (waiting for it when under way: two contexts made at once would
-     * each take twice as long), then the next spare started; a new context when none was started
-     * or it failed.
-     */
-    private static Context newContext(String polyglotId, Engine engine) {
-        var f = SPARES.remove(polyglotId);
-        Context c = null;
-        if (f != null) {
-            try {
-                c = f.join();
-            } catch (java.util.concurrent.CompletionException | java.util.concurrent.CancellationException e) {
-                c = null; // logged by the prewarm; make one here
-            }
-        }
-        SPARES.computeIfAbsent(polyglotId, PolyglotFunction::startSpare);
-        if (c != null) {
-            PREWARMED_TAKEN.incrementAndGet();
-            return c;
-        }
-        return contextBuilder(polyglotId, engine).build();
-    }
-
-    static String polyglotId(String language) {
-        return switch (language) {
-            case "javascript", "js", "nodejs" -> "js";
-            case "python", "py" -> "python";
-            default -> throw new IllegalArgumentException("unsupported language " + language);
-        };
-    }
+    public static int prewarmedContextsTaken() { return Contexts.prewarmedContextsTaken(); }
 
     private final String name, language, polyglotId, entry;
     private final Map<String, String> initEnv;
@@ -284,7 +110,7 @@ public final class PolyglotFunction implements Function {
     private PolyglotFunction(String name, String language, String code, String entry, Map<String, String> initEnv, String zipSources) {
         this.name = name;
         this.language = language;
-        this.polyglotId = polyglotId(language);
+        this.polyglotId = Contexts.polyglotId(language);
         this.entry = entry == null || entry.isBlank() ? "main" : entry;
         if (!this.entry.matches("[A-Za-z_$][A-Za-z0-9_$]*(\\.[A-Za-z_$][A-Za-z0-9_$]*)*")
                 || (polyglotId.equals("python") && this.entry.contains(".")))
@@ -292,7 +118,7 @@ public final class PolyglotFunction implements Function {
         this.initEnv = Map.copyOf(initEnv);
         this.initEnvJson = GSON.toJson(new LinkedHashMap<>(initEnv));
         this.zipSources = zipSources;
-        this.engine = engine(polyglotId);
+        this.engine = Contexts.engine(polyglotId);
         this.source = Source.newBuilder(polyglotId, code, name + (polyglotId.equals("js") ? ".js" : ".py")).buildLiteral();
         // compile and check the entry point once, so /init reports errors; the context is kept
         spare.set(onPlatformThread(this::makeSandbox));
@@ -317,7 +143,7 @@ public final class PolyglotFunction implements Function {
      * {@code exports}. Other files are not reachable (no file system).
      */
     public static PolyglotFunction fromZip(String name, String language, byte[] zip, String main, Map<String, String> initEnv) {
-        String id = polyglotId(language);
+        String id = Contexts.polyglotId(language);
         Map<String, String> files = unzip(zip, id.equals("js") ? "javascript" : "python");
         String m = main == null || main.isBlank() ? "main" : main;
         if (id.equals("python")) {
@@ -386,39 +212,8 @@ public final class PolyglotFunction implements Function {
         return s != null ? s : makeSandbox();
     }
 
-    /**
-     * System.out and System.err as they are when guest code prints, not when its context was made
-     * (a spare is made before its function, and a test's harness replaces the streams).
-     */
-    private static final java.io.OutputStream STDOUT = forwarding(true), STDERR = forwarding(false);
-
-    private static java.io.OutputStream forwarding(boolean out) {
-        return new java.io.OutputStream() {
-            @Override public void write(int b) { (out ? System.out : System.err).write(b); }
-            @Override public void write(byte[] b, int off, int len) { (out ? System.out : System.err).write(b, off, len); }
-            @Override public void flush() { (out ? System.out : System.err).flush(); }
-        };
-    }
-
-    /**
-     * A function's context, and the prewarm's: the same options, so that the contexts share the
-     * engine's parsed and compiled code (Truffle shares it between contexts of one engine whose
-     * options agree).
-     */
-    private static Context.Builder contextBuilder(String polyglotId, Engine engine) {
-        Context.Builder b = Context.newBuilder(polyglotId).engine(engine)
-                .out(STDOUT).err(STDERR) // the tenant's streams (the engine is shared)
-                .allowAllAccess(false)
-                .allowCreateThread(false)
-                .allowNativeAccess(false);
-        // no default SIGINT handler of GraalPy's: process signals are the runtime's
-        if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3")
-                .option("python.InstallSignalHandlers", "false");
-        return b;
-    }
-
     private Sandbox makeSandbox() {
-        Context ctx = newContext(polyglotId, engine);
+        Context ctx = Contexts.newContext(polyglotId, engine);
         Value call, poll = null, loop = null;
         try {
             if (polyglotId.equals("js")) {

@@ -1,0 +1,214 @@
+package dev.cpuslot.runtime.lang;
+
+import dev.cpuslot.runtime.base.Log;
+import org.graalvm.polyglot.Context;
+import org.graalvm.polyglot.Engine;
+import org.graalvm.polyglot.PolyglotException;
+import org.graalvm.polyglot.Source;
+import org.graalvm.polyglot.Value;
+
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+/**
+ * The polyglot engines and contexts of the process: one shared engine per language, the contexts
+ * a function's workers run in (the same options for all, so that they share the engine's code),
+ * the spare context made before a function asks for one, and the compiler's warm-up in a context
+ * of its own. {@link PolyglotFunction} runs functions in them.
+ */
+final class Contexts {
+    private Contexts() {}
+
+    private static final Map<String, Engine> ENGINES = new ConcurrentHashMap<>();
+
+    /**
+     * The shared engine of a language: made once, kept for the process (code caches, compiled
+     * code). Its implementation is logged: "Interpreted" means Truffle found no JIT (no JVMCI or
+     * no Graal on the upgrade module path) and guest code runs many times slower; Truffle's own
+     * warning (engine.WarnInterpreterOnly) says why.
+     */
+    static Engine engine(String polyglotId) {
+        return ENGINES.computeIfAbsent(polyglotId, id -> {
+            Engine e = Engine.newBuilder(id).build();
+            Log.info("polyglot engine " + id + ": " + e.getImplementationName());
+            return e;
+        });
+    }
+
+    /**
+     * Loads a language before the first /init (the image's language is fixed): makes the engine
+     * and one context, which the first function of that language takes as its own (a context
+     * costs seconds to make for Python), so that /init does not make another.
+     */
+    static void prewarm(String language, long compilerWarmupMs) {
+        String id = polyglotId(language);
+        SPARES.computeIfAbsent(id, k -> startSpare(k, compilerWarmupMs)).exceptionally(e -> null).join();
+    }
+
+    /**
+     * Guest code of the shapes functions have (recursion, objects built, JSON both ways, a sort
+     * with a comparator on a number and a string, string formatting), for the compiler's warm-up:
+     * Truffle compiles it within a few hundred calls.
+     */
+    private static final String JS_WARMUP = PolyglotFunction.guest("warmup.js");
+    private static final String PY_WARMUP = PolyglotFunction.guest("warmup.py");
+
+    /**
+     * Runs guest code in a context of its own (closed after: no function sees it) until
+     * {@code budgetMs} of wall time have passed since it began, so that HotSpot compiles the Graal
+     * compiler itself (Java bytecode on a stock JDK) and Truffle the language's built-ins before
+     * the first function's calls pay for it. A call under way at the end is cancelled (the context
+     * closed under it): under load one call can take seconds. Its CPU is bounded by that time: this
+     * thread plus the compiler threads, whose number image/jvm-options-jit fixes. Returns the
+     * number of calls that finished.
+     */
+    static int warmCompiler(String id, long budgetMs) {
+        if (budgetMs <= 0) return 0;
+        long t0 = System.nanoTime(), until = t0 + budgetMs * 1_000_000L;
+        int calls = 0;
+        Context c = contextBuilder(id, engine(id)).build();
+        Thread stop = Thread.ofPlatform().daemon().name("compiler-warmup-stop").group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
+                .inheritInheritableThreadLocals(false).start(() -> {
+                    try {
+                        Thread.sleep(Math.max(0, (until - System.nanoTime()) / 1_000_000L));
+                        c.close(true);
+                    } catch (InterruptedException | RuntimeException e) { // finished in time, or closed meanwhile
+                    }
+                });
+        try {
+            Value f = c.eval(Source.newBuilder(id, id.equals("js") ? JS_WARMUP : PY_WARMUP, "cpuslot-compiler-warmup").buildLiteral());
+            if (id.equals("python")) f = c.getBindings("python").getMember("_warm");
+            while (System.nanoTime() - until < 0) {
+                f.execute();
+                calls++;
+            }
+        } catch (PolyglotException | IllegalStateException e) { // cancelled at the end, or closed between two calls
+            if (System.nanoTime() - until < 0) throw e;
+        } finally {
+            stop.interrupt();
+            c.close(true);
+        }
+        // its garbage given back now (image/jvm-options' MaxHeapFreeRatio), not held until a full GC
+        System.gc();
+        Log.info("warmed the " + id + " compiler: " + calls + " calls in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
+        return calls;
+    }
+
+    /**
+     * The next context of each language, made or under way: it ran the runtime's own code only
+     * (no function's), and goes to one function, once. Each one taken is replaced in the
+     * background, so that the next function of the language (a Hydra /register, a second worker)
+     * starts in a context made before it asked: a GraalPy context takes about half a second of
+     * CPU to initialise, most of a new Python function's /register. One spare per language in use.
+     */
+    private static final Map<String, java.util.concurrent.CompletableFuture<Context>> SPARES = new ConcurrentHashMap<>();
+    private static final java.util.concurrent.atomic.AtomicInteger PREWARMED_TAKEN = new java.util.concurrent.atomic.AtomicInteger();
+
+    /** How many contexts functions took prewarmed (tests). */
+    static int prewarmedContextsTaken() { return PREWARMED_TAKEN.get(); }
+
+    /**
+     * Makes a spare on a thread of the runtime's own: not the caller's (a worker's thread group,
+     * its activation's output), so that no function is charged for it nor sees it.
+     */
+    private static java.util.concurrent.CompletableFuture<Context> startSpare(String id) {
+        return startSpare(id, 0);
+    }
+
+    /** A spare, after {@code compilerWarmupMs} of {@link #warmCompiler} (the prewarm's, before the first /init takes it). */
+    private static java.util.concurrent.CompletableFuture<Context> startSpare(String id, long compilerWarmupMs) {
+        var f = new java.util.concurrent.CompletableFuture<Context>();
+        Thread.ofPlatform().daemon().name("prewarm-" + id).group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
+                .inheritInheritableThreadLocals(false).start(() -> {
+                    try {
+                        Context c = spareContext(id);
+                        try {
+                            warmCompiler(id, compilerWarmupMs);
+                        } catch (RuntimeException e) { // the spare is good without it
+                            Log.warn("warming the " + id + " compiler failed: " + e);
+                        }
+                        f.complete(c);
+                    } catch (Throwable e) {
+                        Log.warn("prewarming " + id + " failed: " + e);
+                        f.completeExceptionally(e);
+                    }
+                });
+        return f;
+    }
+
+    private static Context spareContext(String id) {
+        long t0 = System.nanoTime();
+        Context c = contextBuilder(id, engine(id)).build();
+        try {
+            // under the prelude's own names: the function's globals get no name from the prewarm
+            c.eval(id, id.equals("python") ? "import _json as __cpuslot__json, posix as __cpuslot_posix, sys as __cpuslot_sys\n" : "JSON.stringify({})");
+        } catch (RuntimeException e) {
+            c.close(true);
+            throw e;
+        }
+        Log.info("prewarmed a " + id + " context in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
+        return c;
+    }
+
+    /**
+     * The language's spare context (waiting for it when under way: two contexts made at once would
+     * each take twice as long), then the next spare started; a new context when none was started
+     * or it failed.
+     */
+    static Context newContext(String polyglotId, Engine engine) {
+        var f = SPARES.remove(polyglotId);
+        Context c = null;
+        if (f != null) {
+            try {
+                c = f.join();
+            } catch (java.util.concurrent.CompletionException | java.util.concurrent.CancellationException e) {
+                c = null; // logged by the prewarm; make one here
+            }
+        }
+        SPARES.computeIfAbsent(polyglotId, Contexts::startSpare);
+        if (c != null) {
+            PREWARMED_TAKEN.incrementAndGet();
+            return c;
+        }
+        return contextBuilder(polyglotId, engine).build();
+    }
+
+    static String polyglotId(String language) {
+        return switch (language) {
+            case "javascript", "js", "nodejs" -> "js";
+            case "python", "py" -> "python";
+            default -> throw new IllegalArgumentException("unsupported language " + language);
+        };
+    }
+
+    /**
+     * System.out and System.err as they are when guest code prints, not when its context was made
+     * (a spare is made before its function, and a test's harness replaces the streams).
+     */
+    private static final java.io.OutputStream STDOUT = forwarding(true), STDERR = forwarding(false);
+
+    private static java.io.OutputStream forwarding(boolean out) {
+        return new java.io.OutputStream() {
+            @Override public void write(int b) { (out ? System.out : System.err).write(b); }
+            @Override public void write(byte[] b, int off, int len) { (out ? System.out : System.err).write(b, off, len); }
+            @Override public void flush() { (out ? System.out : System.err).flush(); }
+        };
+    }
+
+    /**
+     * A function's context, and the prewarm's: the same options, so that the contexts share the
+     * engine's parsed and compiled code (Truffle shares it between contexts of one engine whose
+     * options agree).
+     */
+    static Context.Builder contextBuilder(String polyglotId, Engine engine) {
+        Context.Builder b = Context.newBuilder(polyglotId).engine(engine)
+                .out(STDOUT).err(STDERR) // the tenant's streams (the engine is shared)
+                .allowAllAccess(false)
+                .allowCreateThread(false)
+                .allowNativeAccess(false);
+        // no default SIGINT handler of GraalPy's: process signals are the runtime's
+        if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3")
+                .option("python.InstallSignalHandlers", "false");
+        return b;
+    }
+}
