@@ -244,62 +244,72 @@ public final class PolyglotFunction implements Function {
             ctx.close(true);
             throw e;
         }
-        final Value fCall = call, fPoll = poll, fLoop = loop;
-        return new Sandbox() {
-            volatile boolean cancelled;
-
-            @Override
-            public JsonElement invoke(JsonElement args, Map<String, String> env) throws Exception {
-                try {
-                    String envJson = GSON.toJson(env);
-                    String out = fCall.execute(args == null ? "{}" : args.toString(), envJson).asString();
-                    if ("\u0000async".equals(out)) out = awaitPromise();
-                    return out == null ? null : JsonParser.parseString(out);
-                } catch (PolyglotException e) {
-                    if (e.isCancelled() || cancelled) throw new Function.FunctionError("cancelled at the deadline", e);
-                    printGuestError(e);
-                    throw new Function.FunctionError(e.getMessage(), e);
-                }
-            }
-
-            /** The activation's event loop: timers until the returned promise settles. */
-            private String awaitPromise() throws Exception {
-                while (true) {
-                    String s = fPoll.execute().asString();
-                    if (!"\u0000pending".equals(s)) return s;
-                    long wait = fLoop.getMember("next").execute().asLong();
-                    if (wait < 0) throw new Function.FunctionError("the action's promise did not resolve and no timer is pending", null);
-                    long until = System.nanoTime() + wait * 1_000_000L;
-                    while (!cancelled) { // short sleeps: a cancelled context is closed, this thread is not interrupted
-                        long left = until - System.nanoTime();
-                        if (left <= 0) break;
-                        Thread.sleep(Math.min(50, Math.max(1, left / 1_000_000L)));
-                    }
-                    if (cancelled) throw new Function.FunctionError("cancelled at the deadline", null);
-                    fLoop.getMember("tick").execute();
-                }
-            }
-
-            @Override
-            public void cancel(Thread worker) {
-                cancelled = true;
-                ctx.close(true);
-            }
-
-            @Override
-            public boolean poisoned() { return cancelled; }
-
-            @Override
-            public void close() {
-                try {
-                    ctx.close(true);
-                } catch (RuntimeException ignored) {
-                }
-            }
-        };
+        return new GuestSandbox(ctx, call, poll, loop);
     }
 
-    /** The guest's error on the tenant's stderr, in the language's own shape (Python: a traceback). */
+    /** A worker's context with the function loaded: calls it, runs its event loop, cancels it at the deadline. */
+    private final class GuestSandbox implements Sandbox {
+        private final Context ctx;
+        private final Value fCall, fPoll, fLoop;
+        private volatile boolean cancelled;
+
+        GuestSandbox(Context ctx, Value call, Value poll, Value loop) {
+            this.ctx = ctx;
+            this.fCall = call;
+            this.fPoll = poll;
+            this.fLoop = loop;
+        }
+
+        @Override
+        public JsonElement invoke(JsonElement args, Map<String, String> env) throws Exception {
+            try {
+                String envJson = GSON.toJson(env);
+                String out = fCall.execute(args == null ? "{}" : args.toString(), envJson).asString();
+                if ("\u0000async".equals(out)) out = awaitPromise();
+                return out == null ? null : JsonParser.parseString(out);
+            } catch (PolyglotException e) {
+                if (e.isCancelled() || cancelled) throw new Function.FunctionError("cancelled at the deadline", e);
+                printGuestError(e);
+                throw new Function.FunctionError(e.getMessage(), e);
+            }
+        }
+
+        /** The activation's event loop: timers until the returned promise settles. */
+        private String awaitPromise() throws Exception {
+            while (true) {
+                String s = fPoll.execute().asString();
+                if (!"\u0000pending".equals(s)) return s;
+                long wait = fLoop.getMember("next").execute().asLong();
+                if (wait < 0) throw new Function.FunctionError("the action's promise did not resolve and no timer is pending", null);
+                long until = System.nanoTime() + wait * 1_000_000L;
+                while (!cancelled) { // short sleeps: a cancelled context is closed, this thread is not interrupted
+                    long left = until - System.nanoTime();
+                    if (left <= 0) break;
+                    Thread.sleep(Math.min(50, Math.max(1, left / 1_000_000L)));
+                }
+                if (cancelled) throw new Function.FunctionError("cancelled at the deadline", null);
+                fLoop.getMember("tick").execute();
+            }
+        }
+
+        @Override
+        public void cancel(Thread worker) {
+            cancelled = true;
+            ctx.close(true);
+        }
+
+        @Override
+        public boolean poisoned() { return cancelled; }
+
+        @Override
+        public void close() {
+            try {
+                ctx.close(true);
+            } catch (RuntimeException ignored) {
+            }
+        }
+    }
+
     /**
      * Why code did not load, without the guest's text: a syntax error's message quotes the code
      * (and a name error the name), and the code may be any file a /register named. The kind and
@@ -316,6 +326,7 @@ public final class PolyglotFunction implements Function {
         return at == null ? kind : kind + " at line " + at.getStartLine() + ", column " + at.getStartColumn();
     }
 
+    /** The guest's error on the tenant's stderr, in the language's own shape (Python: a traceback). */
     private void printGuestError(PolyglotException e) {
         if (e.isCancelled()) return;
         StringBuilder sb = new StringBuilder();
