@@ -346,3 +346,43 @@ func TestRemoveBusyInOneHierarchy(t *testing.T) {
 		}
 	}
 }
+
+// A thread that is ending when its slot is removed (a locked goroutine
+// returning: its thread exits) cannot be moved out, and the slot stays
+// busy until its exit is through: Remove waits for it rather than leaving
+// the slot behind.
+func TestRemoveWaitsForExitingThreads(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	rel := cgrouptest.NewContainer(t, h, 0)
+	if h.Version == 2 {
+		cgrouptest.JoinProcess(t, h, rel)
+	}
+	c, err := h.Container(rel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := cgroup.Spec{QuotaMilli: 250, PeriodUS: 100000, Limit: cgroup.LimitCap}
+	for i := range 50 {
+		s, err := c.CreateSlot(uint32(i+1), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		placed := make(chan error)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+			placed <- s.Place(0)
+		}()
+		if err := <-placed; err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Remove(); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+	}
+	if left := cgrouptest.Leftovers(h, rel); len(left) != 0 {
+		t.Fatalf("leftovers %v", left)
+	}
+	if err := c.Unprepare(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -31,3 +31,30 @@ func StartTime(id int) (uint64, error) {
 	}
 	return strconv.ParseUint(string(f[19]), 10, 64)
 }
+
+// pfExiting is the kernel's PF_EXITING task flag (field 9 of stat).
+const pfExiting = 0x4
+
+// Exiting reports whether thread id (in the agent's PID namespace) is gone
+// or on its way out: a zombie or dead state, or PF_EXITING set. The kernel
+// moves no exiting thread between cgroups, and such a thread leaves its
+// cgroup within moments.
+func Exiting(id int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(id) + "/stat")
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) < 7 {
+		return false
+	}
+	if s := f[0]; len(s) == 1 && (s[0] == 'Z' || s[0] == 'X' || s[0] == 'x') {
+		return true
+	}
+	flags, err := strconv.ParseUint(string(f[6]), 10, 64)
+	return err == nil && flags&pfExiting != 0
+}
