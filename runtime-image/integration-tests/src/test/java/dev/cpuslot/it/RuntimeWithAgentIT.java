@@ -465,6 +465,41 @@ class RuntimeWithAgentIT {
         }
     }
 
+    /**
+     * The slot an activation ran in is given to no other invocation while a thread of that
+     * activation still runs in it: with confinement off (CPUSLOT_RUNAWAY_QUOTA 0) the stray stays
+     * in its activation's slot for good, and the next invocation (local leasing, the default,
+     * the same quota) takes another. (Before: the freed table entry went to the next invocation,
+     * whose CPU, quota and bill then carried the stray's.)
+     */
+    @Test
+    @Order(9)
+    void theSlotOfAnActivationWhoseThreadRunsOnGoesToNoOtherInvocation() throws Exception {
+        String cgroup = parent + "/stray-held";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_RUNAWAY_QUOTA", "0"),
+                cg.procsFiles(cgroup), work.resolve("runtime-stray-held.log"))) {
+            r.register("stray", "dev.cpuslot.samples.StrayThread", samplesJar, "300m");
+            r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
+            RuntimeProc.Reply done = r.invoke("stray", "{}");
+            assertEquals(200, done.status(), done.body());
+            long tid = threadNamed(r, comm -> comm.equals("regex-spinner"));
+            assertTrue(tid > 0, "the thread the activation left behind is alive");
+            String stray = cg.cgroupOf(r.pid(), tid);
+            assertTrue(stray.startsWith(cgroup + "/cpuslot-"), "the stray runs in its activation's slot: " + stray);
+            for (int i = 0; i < 3; i++) {
+                RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
+                assertEquals(200, hello.status(), hello.body());
+                for (long w : r.threads("fn-hello-")) {
+                    String in = cg.cgroupOf(r.pid(), w);
+                    assertNotEquals(stray, in, "invocation " + i + " ran in the slot where the stray of another runs: " + hello.headers());
+                }
+            }
+            assertEquals(stray, cg.cgroupOf(r.pid(), tid), "the stray still runs in its activation's slot (not confined)");
+        }
+    }
+
     /** The kernel id of the runtime's thread whose name matches, waited for up to 30 s; -1 if none. */
     static long threadNamed(RuntimeProc r, java.util.function.Predicate<String> name) throws Exception {
         for (int i = 0; i < 600; i++) {

@@ -1,6 +1,7 @@
 package dev.cpuslot.runtime.exec;
 
 import com.google.gson.JsonElement;
+import dev.cpuslot.runtime.guard.Activations;
 import dev.cpuslot.runtime.guard.RuntimeThreads;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.Ending;
@@ -20,6 +21,7 @@ import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.BooleanSupplier;
 import dev.cpuslot.runtime.base.Metrics;
 
 /**
@@ -385,8 +387,10 @@ public final class FunctionPool implements AutoCloseable {
                 return;
             }
             SlotLease lease = j.lease;
+            ReleaseOutcome outcome = j.error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED;
+            BooleanSupplier left = lease != null && lease.active() ? Activations.leftBehind(j.started) : null;
             Ending end = lease == null ? Ending.NONE
-                    : lease.end(j.error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED, j.task.usageInReply(), j);
+                    : left == null ? lease.end(outcome, j.task.usageInReply(), j) : held(j, outcome, left);
             Thread.interrupted(); // clear a stray interrupt before going back to the pool
             boolean reuse = !sandbox_poisoned() && !closed;
             busy.decrementAndGet();
@@ -395,6 +399,28 @@ public final class FunctionPool implements AutoCloseable {
             permits.release();
             j.result.complete(new Outcome(j.value, j.error, false, lease, end.usage(), ran, end.later()));
             end.finish();
+        }
+
+        /**
+         * A thread of the activation runs on in its slot (it ends at its next poll, or is a stray
+         * until it is moved out): the invocation's usage is what the slot used until now, and the
+         * slot stays claimed, given to no other invocation, until no thread of the activation
+         * runs in it; then it is given back. The answer does not wait.
+         */
+        private Ending held(Job j, ReleaseOutcome outcome, BooleanSupplier left) {
+            SlotLease lease = j.lease;
+            Usage now = lease.stop();
+            Thread.ofPlatform().daemon().group(RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
+                    .name("slot-held-" + lease.slot()).start(() -> {
+                try {
+                    while (left.getAsBoolean()) Thread.sleep(20);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                } finally {
+                    lease.end(outcome, true, j).finish();
+                }
+            });
+            return Ending.measured(now);
         }
 
         private boolean sandbox_poisoned() {

@@ -147,6 +147,7 @@ public final class Runaways {
             }
         }
         if (why == null) {
+            dev.cpuslot.runtime.guard.Activations.moved(worker); // its activation's slot may go to others now
             metrics.inc("cpuslot_runaway_confined_total", Metrics.labels("function", function));
             Log.warn(what + " (tid " + tid + ") " + did + "; confined to a " + quotaMilli + "m slot until it returns");
         } else {

@@ -84,7 +84,7 @@ public final class Activations {
      * those of its earlier activations still lingering), its worker's name, and since when: an
      * activation's own, so they are watched while the worker runs its next activation.
      */
-    private record Lingering(List<Thread> threads, String worker, long since) {}
+    private record Lingering(List<Thread> threads, Thread worker, long since) {}
 
     /** Ended activations with live threads (checked by the heap watch every 20 ms while any is here). */
     private static final Map<Activation, Lingering> LINGERING = new ConcurrentHashMap<>();
@@ -160,7 +160,7 @@ public final class Activations {
             mine = others(g, worker);
             for (Lingering l : LINGERING.values()) mine.removeAll(l.threads()); // an earlier activation's
             if (mine.isEmpty()) return;
-            LINGERING.put(a, new Lingering(mine, worker.getName(), System.nanoTime()));
+            LINGERING.put(a, new Lingering(mine, worker, System.nanoTime()));
         }
         lingerRunning = true;
         alert = true;
@@ -186,6 +186,40 @@ public final class Activations {
      * interrupts and does not return to the function's code): the runtime's metric shows them.
      */
     public static long strayThreads() { return strays; }
+
+    /** Threads the runtime moved out of their activation's slot (into a runaway jail). */
+    private static final Set<Thread> MOVED = Collections.newSetFromMap(new java.util.WeakHashMap<>());
+
+    /** The runtime moved a thread of an ended activation out of the slot its activation had. */
+    public static void moved(Thread t) {
+        synchronized (MOVED) { MOVED.add(t); }
+    }
+
+    /**
+     * Whether the activation the calling worker ended at or after {@code since} (System.nanoTime)
+     * left threads alive: null when it left none (on the usual path one look at an empty map),
+     * else a test that holds while any of them still runs where the activation ran (alive and not
+     * {@link #moved}): the slot it had is then given to no other invocation.
+     */
+    public static java.util.function.BooleanSupplier leftBehind(long since) {
+        if (LINGERING.isEmpty()) return null;
+        Thread w = Thread.currentThread();
+        for (var e : LINGERING.entrySet()) {
+            if (e.getValue().worker() != w || e.getValue().since() - since < 0) continue;
+            Activation a = e.getKey();
+            return () -> inItsSlot(a);
+        }
+        return null;
+    }
+
+    private static boolean inItsSlot(Activation a) {
+        Lingering l = LINGERING.get(a);
+        if (l == null) return false;
+        synchronized (MOVED) {
+            for (Thread t : l.threads()) if (t.isAlive() && !MOVED.contains(t)) return true;
+        }
+        return false;
+    }
 
     /**
      * Drops the ended activations whose threads all ended; counts (and names, once) those that
@@ -214,9 +248,9 @@ public final class Activations {
                 synchronized (REPORTED) { first = REPORTED.add(t); }
                 if (!first) continue;
                 var h = strayHandler;
-                if (h == null) System.err.println("cpuslot: a thread of an activation of worker " + e.getValue().worker()
+                if (h == null) System.err.println("cpuslot: a thread of an activation of worker " + e.getValue().worker().getName()
                         + " still runs " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (in code that ignores interrupts)");
-                else h.accept(t, e.getValue().worker());
+                else h.accept(t, e.getValue().worker().getName());
             }
         }
         strays = n;
