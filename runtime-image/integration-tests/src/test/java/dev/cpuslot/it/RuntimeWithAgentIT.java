@@ -500,6 +500,40 @@ class RuntimeWithAgentIT {
         }
     }
 
+    /**
+     * A worker that runs on past its deadline keeps its slot from other invocations as a stray
+     * does: with confinement off it stays in that slot, and the next invocation of the same quota
+     * takes another. (Before: the caller gave the lease back at the deadline, and the next
+     * invocation ran beside the runaway in its slot.)
+     */
+    @Test
+    @Order(9)
+    void theSlotOfAWorkerThatIgnoresItsDeadlineGoesToNoOtherInvocation() throws Exception {
+        String cgroup = parent + "/runaway-held";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_DEFAULT_TIMEOUT_MS", "1500",
+                "CPUSLOT_RUNAWAY_QUOTA", "0", "CPUSLOT_JAVA_TRUSTED", "true"), cg.procsFiles(cgroup), work.resolve("runtime-runaway-held.log"))) {
+            r.register("runaway", "dev.cpuslot.samples.CpuBurn", samplesJar, "300m");
+            r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
+            RuntimeProc.Reply timedOut = r.invoke("runaway", "{\"ms\":60000}");
+            assertNotEquals(200, timedOut.status(), timedOut.body());
+            long tid = threadNamed(r, comm -> comm.startsWith("fn-runaway"));
+            assertTrue(tid > 0, "the runaway worker thread is alive");
+            String runaway = cg.cgroupOf(r.pid(), tid);
+            assertTrue(runaway.startsWith(cgroup + "/cpuslot-"), "the runaway runs in its activation's slot: " + runaway);
+            for (int i = 0; i < 3; i++) {
+                RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
+                assertEquals(200, hello.status(), hello.body());
+                for (long w : r.threads("fn-hello-")) {
+                    assertNotEquals(runaway, cg.cgroupOf(r.pid(), w),
+                            "invocation " + i + " ran in the slot where a runaway worker runs: " + hello.headers());
+                }
+            }
+            assertEquals(runaway, cg.cgroupOf(r.pid(), tid), "the runaway still runs in its activation's slot (not confined)");
+        }
+    }
+
     /** The kernel id of the runtime's thread whose name matches, waited for up to 30 s; -1 if none. */
     static long threadNamed(RuntimeProc r, java.util.function.Predicate<String> name) throws Exception {
         for (int i = 0; i < 600; i++) {

@@ -148,11 +148,17 @@ public final class FunctionPool implements AutoCloseable {
                 // if it does not stop, confine it
                 w.retire(job);
                 if (runaways != null) {
-                    Worker ww = w;
-                    runaways.watch(fn.name(), ww.thread, ww.tid, () -> ww.current == job);
+                    Worker rw = w;
+                    runaways.watch(fn.name(), rw.thread, rw.tid, () -> rw.current == job);
                 }
                 SlotLease l = job.lease;
-                Usage u = l == null ? Usage.NONE : l.end(ReleaseOutcome.TIMEOUT, true, job::reservedOnly).finish();
+                Worker ww = w;
+                // the worker (or a thread of its activation) may run on in the slot past the deadline
+                BooleanSupplier inSlot = () -> ww.current == job && !Activations.movedOut(ww.thread)
+                        || Activations.leftBehind(ww.thread, job.started);
+                Usage u = l == null ? Usage.NONE
+                        : l.active() && inSlot.getAsBoolean() ? held(l, ReleaseOutcome.TIMEOUT, job::reservedOnly, inSlot)
+                        : l.end(ReleaseOutcome.TIMEOUT, true, job::reservedOnly).finish();
                 permits.release();
                 return new Outcome(null, "the action exceeded its time limit", true, l, u,
                         System.nanoTime() - job.started);
@@ -388,9 +394,11 @@ public final class FunctionPool implements AutoCloseable {
             }
             SlotLease lease = j.lease;
             ReleaseOutcome outcome = j.error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED;
-            BooleanSupplier left = lease != null && lease.active() ? Activations.leftBehind(j.started) : null;
+            Thread self = thread;
+            long since = j.started;
             Ending end = lease == null ? Ending.NONE
-                    : left == null ? lease.end(outcome, j.task.usageInReply(), j) : held(j, outcome, left);
+                    : !(lease.active() && Activations.leftBehind(self, since)) ? lease.end(outcome, j.task.usageInReply(), j)
+                    : Ending.measured(held(lease, outcome, j, () -> Activations.leftBehind(self, since)));
             Thread.interrupted(); // clear a stray interrupt before going back to the pool
             boolean reuse = !sandbox_poisoned() && !closed;
             busy.decrementAndGet();
@@ -401,32 +409,31 @@ public final class FunctionPool implements AutoCloseable {
             end.finish();
         }
 
-        /**
-         * A thread of the activation runs on in its slot (it ends at its next poll, or is a stray
-         * until it is moved out): the invocation's usage is what the slot used until now, and the
-         * slot stays claimed, given to no other invocation, until no thread of the activation
-         * runs in it; then it is given back. The answer does not wait.
-         */
-        private Ending held(Job j, ReleaseOutcome outcome, BooleanSupplier left) {
-            SlotLease lease = j.lease;
-            Usage now = lease.stop();
-            Thread.ofPlatform().daemon().group(RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
-                    .name("slot-held-" + lease.slot()).start(() -> {
-                try {
-                    while (left.getAsBoolean()) Thread.sleep(20);
-                } catch (InterruptedException e) {
-                    Thread.currentThread().interrupt();
-                } finally {
-                    lease.end(outcome, true, j).finish();
-                }
-            });
-            return Ending.measured(now);
-        }
-
         private boolean sandbox_poisoned() {
             Function.Sandbox s = sandbox;
             return s == null || s.poisoned();
         }
+    }
+
+    /**
+     * A thread of the ended invocation runs on in its slot (a thread it started that ends at its
+     * next poll, a stray until it is moved out, a worker past its deadline): the invocation's
+     * usage is what the slot used until now (returned), and the slot stays claimed, given to no
+     * other invocation, while {@code inSlot} holds; then the lease is ended. Nobody waits for it.
+     */
+    private static Usage held(SlotLease lease, ReleaseOutcome outcome, Ending.Listener listener, BooleanSupplier inSlot) {
+        Usage now = lease.stop();
+        Thread.ofPlatform().daemon().group(RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
+                .name("slot-held-" + lease.slot()).start(() -> {
+            try {
+                while (inSlot.getAsBoolean()) Thread.sleep(20);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            } finally {
+                lease.end(outcome, true, listener).finish();
+            }
+        });
+        return now;
     }
 
     /**

@@ -195,28 +195,22 @@ public final class Activations {
         synchronized (MOVED) { MOVED.add(t); }
     }
 
-    /**
-     * Whether the activation the calling worker ended at or after {@code since} (System.nanoTime)
-     * left threads alive: null when it left none (on the usual path one look at an empty map),
-     * else a test that holds while any of them still runs where the activation ran (alive and not
-     * {@link #moved}): the slot it had is then given to no other invocation.
-     */
-    public static java.util.function.BooleanSupplier leftBehind(long since) {
-        if (LINGERING.isEmpty()) return null;
-        Thread w = Thread.currentThread();
-        for (var e : LINGERING.entrySet()) {
-            if (e.getValue().worker() != w || e.getValue().since() - since < 0) continue;
-            Activation a = e.getKey();
-            return () -> inItsSlot(a);
-        }
-        return null;
+    /** Whether the runtime moved the thread out of the slot it ran in ({@link #moved}). */
+    public static boolean movedOut(Thread t) {
+        synchronized (MOVED) { return MOVED.contains(t); }
     }
 
-    private static boolean inItsSlot(Activation a) {
-        Lingering l = LINGERING.get(a);
-        if (l == null) return false;
-        synchronized (MOVED) {
-            for (Thread t : l.threads()) if (t.isAlive() && !MOVED.contains(t)) return true;
+    /**
+     * Whether an activation of the worker that ended at or after {@code since} (System.nanoTime)
+     * left a thread that still runs where it ran (alive and not {@link #moved}): the slot that
+     * activation had is then given to no other invocation. On the usual path (no activation left
+     * a thread) one look at an empty map.
+     */
+    public static boolean leftBehind(Thread worker, long since) {
+        if (LINGERING.isEmpty()) return false;
+        for (Lingering l : LINGERING.values()) {
+            if (l.worker() != worker || l.since() - since < 0) continue;
+            for (Thread t : l.threads()) if (t.isAlive() && !movedOut(t)) return true;
         }
         return false;
     }
