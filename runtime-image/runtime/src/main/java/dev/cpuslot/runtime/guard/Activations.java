@@ -202,15 +202,17 @@ public final class Activations {
 
     /**
      * Whether an activation of the worker that ended at or after {@code since} (System.nanoTime)
-     * left a thread that still runs where it ran (alive and not {@link #moved}): the slot that
-     * activation had is then given to no other invocation. On the usual path (no activation left
-     * a thread) one look at an empty map.
+     * left a thread that still runs where it ran (runnable and not {@link #moved}): the slot that
+     * activation had is then given to no other invocation. A blocked one (an executor's idle
+     * thread) uses no CPU and does not hold the slot: when it runs again it stops at its next
+     * backward branch, or is a stray. On the usual path (no activation left a thread) one look at
+     * an empty map.
      */
     public static boolean leftBehind(Thread worker, long since) {
         if (LINGERING.isEmpty()) return false;
         for (Lingering l : LINGERING.values()) {
             if (l.worker() != worker || l.since() - since < 0) continue;
-            for (Thread t : l.threads()) if (t.isAlive() && !movedOut(t)) return true;
+            for (Thread t : l.threads()) if (t.getState() == Thread.State.RUNNABLE && !movedOut(t)) return true;
         }
         return false;
     }
