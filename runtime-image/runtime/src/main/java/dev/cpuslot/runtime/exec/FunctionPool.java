@@ -33,9 +33,9 @@ import dev.cpuslot.runtime.base.Metrics;
  *
  * <p>At the deadline the caller gets an error at once; the worker's sandbox is cancelled
  * (polyglot contexts are closed, Java threads interrupted), its slot is released with outcome
- * TIMEOUT once the worker has left it (no other invocation gets a slot where a thread of an ended
- * invocation still runs: {@code held}), and the worker is retired (a Java function that ignores interrupts keeps its thread,
- * counted as abandoned, until it returns).
+ * TIMEOUT once the worker has left it (no other invocation gets a slot where a thread of an
+ * ended invocation still runs: {@code held}), and the worker is retired (a Java function that
+ * ignores interrupts keeps its thread, counted as abandoned, until it returns).
  */
 public final class FunctionPool implements AutoCloseable {
     /**

@@ -81,7 +81,7 @@ public final class Activations {
 
     /**
      * An ended activation's threads still alive, found at its end in its worker's group (less
-     * those of its earlier activations still lingering), its worker's name, and since when: an
+     * those of its earlier activations still lingering), its worker, and since when: an
      * activation's own, so they are watched while the worker runs its next activation.
      */
     private record Lingering(List<Thread> threads, Thread worker, long since) {}
