@@ -501,6 +501,30 @@ class RuntimeWithAgentIT {
     }
 
     /**
+     * Only a thread that runs keeps its activation's slot claimed: an executor left behind, whose
+     * thread waits on its queue for good, uses no CPU, and its activation's slot is given back.
+     * (Watched failing with every live thread holding the slot: the slots stayed claimed.)
+     */
+    @Test
+    @Order(9)
+    void aBlockedThreadOfAnEndedActivationHoldsNoSlot() throws Exception {
+        String cgroup = parent + "/idle-left";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-idle-left.log"))) {
+            r.register("idle", "dev.cpuslot.samples.IdleExecutor", samplesJar, "300m");
+            for (int i = 0; i < 3; i++) {
+                RuntimeProc.Reply done = r.invoke("idle", "{}");
+                assertEquals(200, done.status(), done.body());
+            }
+            assertEquals(3, r.threads("idle-executor").size(), "each activation left its executor's thread, alive");
+            long until = System.nanoTime() + 30_000_000_000L;
+            while (!r.threads("slot-held-").isEmpty() && System.nanoTime() < until) Thread.sleep(50);
+            assertEquals(List.of(), r.threads("slot-held-"), "a slot is still held for a blocked thread after 30 s");
+        }
+    }
+
+    /**
      * A worker that runs on past its deadline keeps its slot from other invocations as a stray
      * does: with confinement off it stays in that slot, and the next invocation of the same quota
      * takes another. (Before: the caller gave the lease back at the deadline, and the next
