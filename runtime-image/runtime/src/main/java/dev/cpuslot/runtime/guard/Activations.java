@@ -150,11 +150,14 @@ public final class Activations {
      * sleeps again after the interrupt, or blocks past any time window, stops when it runs again.
      */
     private static void finish(Activation a, Thread worker, String why) {
+        if (!a.started) { // the usual path: no thread to look for, no lock
+            if (a.ended == null) a.ended = why;
+            return;
+        }
         List<Thread> mine;
         synchronized (LINGERING) { // its deadline (the caller) and its return (the worker) may race
             if (a.ended != null) return; // ended once: its threads are known (it starts no more)
             a.ended = why;
-            if (!a.started) return;
             ThreadGroup g = worker.getThreadGroup();
             if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
             mine = others(g, worker);
