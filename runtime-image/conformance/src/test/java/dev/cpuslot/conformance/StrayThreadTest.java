@@ -50,7 +50,54 @@ class StrayThreadTest {
             assertEquals("regex-spinner", Files.readString(Path.of("/proc/" + c.pid() + "/task/" + tid + "/comm")).strip(),
                     "the tid named is the stuck thread's: " + m.group());
             assertTrue(m.group().contains("confined") || m.group().contains("could not be confined (slots_off)"), m.group());
+            if (m.group().contains("could not be confined")) {
+                // without the agent: the least CPU the runtime can give it unprivileged
+                String[] stat = stat(c.pid(), tid);
+                assertEquals("19", stat[16], "the unconfined stray's nice value: " + m.group());
+                assertEquals("5", stat[38], "the unconfined stray's scheduling policy is SCHED_IDLE (5): " + m.group());
+            }
             assertEquals(200, invoke(c, "hello").code(), "the runtime serves on");
         });
+    }
+
+    /**
+     * An activation's threads are its own, not its worker's: a stray is found while the worker
+     * already runs the function's next activation (one worker: the pool hands it the next call).
+     * (Before: it was looked for only once the worker was idle, so a busy function's stray ran on.)
+     */
+    @Test
+    void aStrayIsFoundWhileItsWorkerRunsTheNextActivation() throws Exception {
+        String spinner = probe("""
+                if (args.has("hold")) { Thread.sleep(50_000); return args; }
+                Thread t = new Thread(() -> java.util.regex.Pattern.compile("((a+)+)\\\\2b").matcher("a".repeat(64) + "c").matches(),
+                        "regex-spinner");
+                t.setDaemon(true);
+                t.start();
+                return args;""");
+        with("java", c -> {
+            assertEquals(200, register(c, "spinner", jarFile(c, "spinner", spinner), null).code());
+            assertEquals(200, invoke(c, "spinner").code(), "the activation returns at once");
+            var next = java.util.concurrent.CompletableFuture.supplyAsync(() -> {
+                try {
+                    return invoke(c, "spinner", "{\"hold\":true}").code();
+                } catch (Exception e) {
+                    throw new IllegalStateException(e);
+                }
+            });
+            Pattern line = Pattern.compile("thread \"regex-spinner\"[^\\n]*\\(tid (\\d+)\\)[^\\n]*");
+            boolean found = false;
+            while (!found && !next.isDone()) {
+                found = line.matcher(Files.readString(c.runtimeLog)).find();
+                if (!found) Thread.sleep(200);
+            }
+            assertTrue(found, "the stray was not named while its worker ran the next activation (it held the worker 50 s):\n"
+                    + Files.readString(c.runtimeLog));
+        });
+    }
+
+    /** /proc/PID/task/TID/stat's fields after the command's closing parenthesis (index 0: field 3, the state). */
+    static String[] stat(long pid, String tid) throws Exception {
+        String s = Files.readString(Path.of("/proc/" + pid + "/task/" + tid + "/stat"));
+        return s.substring(s.lastIndexOf(')') + 2).split(" ");
     }
 }

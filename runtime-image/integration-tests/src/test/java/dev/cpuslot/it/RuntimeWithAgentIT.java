@@ -465,6 +465,99 @@ class RuntimeWithAgentIT {
         }
     }
 
+    /**
+     * The slot an activation ran in is given to no other invocation while a thread of that
+     * activation still runs in it: with confinement off (CPUSLOT_RUNAWAY_QUOTA 0) the stray stays
+     * in its activation's slot for good, and the next invocation (local leasing, the default,
+     * the same quota) takes another. (Before: the freed table entry went to the next invocation,
+     * whose CPU, quota and bill then carried the stray's.)
+     */
+    @Test
+    @Order(9)
+    void theSlotOfAnActivationWhoseThreadRunsOnGoesToNoOtherInvocation() throws Exception {
+        String cgroup = parent + "/stray-held";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_RUNAWAY_QUOTA", "0"),
+                cg.procsFiles(cgroup), work.resolve("runtime-stray-held.log"))) {
+            r.register("stray", "dev.cpuslot.samples.StrayThread", samplesJar, "300m");
+            r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
+            RuntimeProc.Reply done = r.invoke("stray", "{}");
+            assertEquals(200, done.status(), done.body());
+            long tid = threadNamed(r, comm -> comm.equals("regex-spinner"));
+            assertTrue(tid > 0, "the thread the activation left behind is alive");
+            String stray = cg.cgroupOf(r.pid(), tid);
+            assertTrue(stray.startsWith(cgroup + "/cpuslot-"), "the stray runs in its activation's slot: " + stray);
+            for (int i = 0; i < 3; i++) {
+                RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
+                assertEquals(200, hello.status(), hello.body());
+                for (long w : r.threads("fn-hello-")) {
+                    String in = cg.cgroupOf(r.pid(), w);
+                    assertNotEquals(stray, in, "invocation " + i + " ran in the slot where the stray of another runs: " + hello.headers());
+                }
+            }
+            assertEquals(stray, cg.cgroupOf(r.pid(), tid), "the stray still runs in its activation's slot (not confined)");
+        }
+    }
+
+    /**
+     * Only a thread that runs keeps its activation's slot claimed: an executor left behind, whose
+     * thread waits on its queue for good, uses no CPU, and its activation's slot is given back.
+     * (Watched failing with every live thread holding the slot: the slots stayed claimed.)
+     */
+    @Test
+    @Order(9)
+    void aBlockedThreadOfAnEndedActivationHoldsNoSlot() throws Exception {
+        String cgroup = parent + "/idle-left";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-idle-left.log"))) {
+            r.register("idle", "dev.cpuslot.samples.IdleExecutor", samplesJar, "300m");
+            for (int i = 0; i < 3; i++) {
+                RuntimeProc.Reply done = r.invoke("idle", "{}");
+                assertEquals(200, done.status(), done.body());
+            }
+            assertEquals(3, r.threads("idle-executor").size(), "each activation left its executor's thread, alive");
+            long until = System.nanoTime() + 30_000_000_000L;
+            while (!r.threads("slot-held-").isEmpty() && System.nanoTime() < until) Thread.sleep(50);
+            assertEquals(List.of(), r.threads("slot-held-"), "a slot is still held for a blocked thread after 30 s");
+        }
+    }
+
+    /**
+     * A worker that runs on past its deadline keeps its slot from other invocations as a stray
+     * does: with confinement off it stays in that slot, and the next invocation of the same quota
+     * takes another. (Before: the caller gave the lease back at the deadline, and the next
+     * invocation ran beside the runaway in its slot.)
+     */
+    @Test
+    @Order(9)
+    void theSlotOfAWorkerThatIgnoresItsDeadlineGoesToNoOtherInvocation() throws Exception {
+        String cgroup = parent + "/runaway-held";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_DEFAULT_TIMEOUT_MS", "1500",
+                "CPUSLOT_RUNAWAY_QUOTA", "0", "CPUSLOT_JAVA_TRUSTED", "true"), cg.procsFiles(cgroup), work.resolve("runtime-runaway-held.log"))) {
+            r.register("runaway", "dev.cpuslot.samples.CpuBurn", samplesJar, "300m");
+            r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
+            RuntimeProc.Reply timedOut = r.invoke("runaway", "{\"ms\":60000}");
+            assertNotEquals(200, timedOut.status(), timedOut.body());
+            long tid = threadNamed(r, comm -> comm.startsWith("fn-runaway"));
+            assertTrue(tid > 0, "the runaway worker thread is alive");
+            String runaway = cg.cgroupOf(r.pid(), tid);
+            assertTrue(runaway.startsWith(cgroup + "/cpuslot-"), "the runaway runs in its activation's slot: " + runaway);
+            for (int i = 0; i < 3; i++) {
+                RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
+                assertEquals(200, hello.status(), hello.body());
+                for (long w : r.threads("fn-hello-")) {
+                    assertNotEquals(runaway, cg.cgroupOf(r.pid(), w),
+                            "invocation " + i + " ran in the slot where a runaway worker runs: " + hello.headers());
+                }
+            }
+            assertEquals(runaway, cg.cgroupOf(r.pid(), tid), "the runaway still runs in its activation's slot (not confined)");
+        }
+    }
+
     /** The kernel id of the runtime's thread whose name matches, waited for up to 30 s; -1 if none. */
     static long threadNamed(RuntimeProc r, java.util.function.Predicate<String> name) throws Exception {
         for (int i = 0; i < 600; i++) {

@@ -52,6 +52,15 @@ public final class Ending {
         this.later = later;
     }
 
+    /**
+     * An ending whose usage is {@code usage} (measured by {@link SlotLease#stop()}) and that sends
+     * nothing: the caller ends the lease itself later (a runtime keeps a slot claimed while a
+     * thread of the ended invocation still runs in it).
+     */
+    public static Ending measured(Usage usage) {
+        return new Ending(null, ReleaseOutcome.OK, null, usage, false, null);
+    }
+
     /** See {@link SlotLease#end}; the caller ended l first (a second end does not get here). */
     static Ending of(SlotLease l, ReleaseOutcome outcome, boolean usageNow, Listener listener) {
         if (l.active() && !usageNow) return new Ending(l, outcome, listener, Usage.NONE, false, new CompletableFuture<>());

@@ -10,6 +10,7 @@ import static dev.cpuslot.slot.Native.O_CLOEXEC;
 import static dev.cpuslot.slot.Native.close;
 import static dev.cpuslot.slot.NativeLink.*;
 import static java.lang.foreign.ValueLayout.JAVA_BYTE;
+import static java.lang.foreign.ValueLayout.JAVA_INT;
 
 /**
  * {@link Native}'s calls on files rather than sockets: writing and reading a slot's files (a
@@ -82,6 +83,26 @@ abstract sealed class NativeFiles permits Native {
             MemorySegment cs = SCRATCH.get().cs;
             if ((int) KILL.invokeExact(cs, tid, 0) == 0) return false;
             return errno(cs) == 3; // ESRCH
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+    }
+
+    /**
+     * Gives thread {@code tid} of this process the least CPU an unprivileged process can: nice 19
+     * (setpriority(PRIO_PROCESS, tid): Linux applies it to that one thread), then SCHED_IDLE
+     * (sched_setscheduler on the tid): lowering one's own threads needs no privilege. Throws with
+     * the first call that failed (after nice 19 the thread keeps it even if SCHED_IDLE is refused).
+     */
+    public static void leastCpu(int tid) throws NativeException {
+        check();
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment cs = a.allocate(CAPTURE);
+            if ((int) SETPRIORITY.invokeExact(cs, 0, tid, 19) != 0) throw fail("setpriority", errno(cs));
+            MemorySegment param = a.allocate(JAVA_INT); // struct sched_param { int sched_priority = 0; }
+            if ((int) SCHED_SETSCHEDULER.invokeExact(cs, tid, 5, param) != 0) throw fail("sched_setscheduler SCHED_IDLE", errno(cs));
+        } catch (NativeException e) {
+            throw e;
         } catch (Throwable t) {
             throw rethrow(t);
         }

@@ -35,12 +35,14 @@ final class NativeLink {
 
     static final Throwable LOAD_ERROR;
     static final MethodHandle SOCKET, CONNECT, BIND, LISTEN, ACCEPT4, SENDMSG, RECVMSG, POLL, WRITE, CLOSE,
-            OPEN, GETTID, SYSCALL, STRERROR, PREAD, MEMFD_CREATE, FTRUNCATE, FCNTL, MMAP, KILL;
+            OPEN, GETTID, SYSCALL, STRERROR, PREAD, MEMFD_CREATE, FTRUNCATE, FCNTL, MMAP, KILL,
+            SETPRIORITY, SCHED_SETSCHEDULER;
 
     static {
         MethodHandle socket = null, connect = null, bind = null, listen = null, accept4 = null, sendmsg = null,
                 recvmsg = null, poll = null, write = null, close = null, open = null, gettid = null, syscall = null,
-                strerror = null, pread = null, memfd = null, ftruncate = null, fcntl = null, mmap = null, kill = null;
+                strerror = null, pread = null, memfd = null, ftruncate = null, fcntl = null, mmap = null, kill = null,
+                setpriority = null, schedSetscheduler = null;
         Throwable err = null;
         try {
             if (!System.getProperty("os.name", "").toLowerCase().contains("linux"))
@@ -66,6 +68,8 @@ final class NativeLink {
                     Linker.Option.firstVariadicArg(2));
             mmap = h(libc, "mmap", FunctionDescriptor.of(ADDRESS, ADDRESS, JAVA_LONG, JAVA_INT, JAVA_INT, JAVA_INT, JAVA_LONG), CCS);
             kill = h(libc, "kill", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT), CCS);
+            setpriority = h(libc, "setpriority", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT, JAVA_INT), CCS);
+            schedSetscheduler = h(libc, "sched_setscheduler", FunctionDescriptor.of(JAVA_INT, JAVA_INT, JAVA_INT, ADDRESS), CCS);
             Optional<MemorySegment> gt = libc.find("gettid");
             if (gt.isPresent()) {
                 gettid = LINKER.downcallHandle(gt.get(), FunctionDescriptor.of(JAVA_INT));
@@ -80,6 +84,7 @@ final class NativeLink {
         STRERROR = strerror;
         PREAD = pread;
         MEMFD_CREATE = memfd; FTRUNCATE = ftruncate; FCNTL = fcntl; MMAP = mmap; KILL = kill;
+        SETPRIORITY = setpriority; SCHED_SETSCHEDULER = schedSetscheduler;
         LOAD_ERROR = err;
     }
 

@@ -1,6 +1,7 @@
 package dev.cpuslot.runtime.exec;
 
 import com.google.gson.JsonElement;
+import dev.cpuslot.runtime.guard.Activations;
 import dev.cpuslot.runtime.guard.RuntimeThreads;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.Ending;
@@ -20,6 +21,7 @@ import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.BooleanSupplier;
 import dev.cpuslot.runtime.base.Metrics;
 
 /**
@@ -31,8 +33,9 @@ import dev.cpuslot.runtime.base.Metrics;
  *
  * <p>At the deadline the caller gets an error at once; the worker's sandbox is cancelled
  * (polyglot contexts are closed, Java threads interrupted), its slot is released with outcome
- * TIMEOUT, and the worker is retired (a Java function that ignores interrupts keeps its thread,
- * counted as abandoned, until it returns).
+ * TIMEOUT once the worker has left it (no other invocation gets a slot where a thread of an
+ * ended invocation still runs: {@code held}), and the worker is retired (a Java function that
+ * ignores interrupts keeps its thread, counted as abandoned, until it returns).
  */
 public final class FunctionPool implements AutoCloseable {
     /**
@@ -146,11 +149,17 @@ public final class FunctionPool implements AutoCloseable {
                 // if it does not stop, confine it
                 w.retire(job);
                 if (runaways != null) {
-                    Worker ww = w;
-                    runaways.watch(fn.name(), ww.thread, ww.tid, () -> ww.current == job);
+                    Worker rw = w;
+                    runaways.watch(fn.name(), rw.thread, rw.tid, () -> rw.current == job);
                 }
                 SlotLease l = job.lease;
-                Usage u = l == null ? Usage.NONE : l.end(ReleaseOutcome.TIMEOUT, true, job::reservedOnly).finish();
+                Worker ww = w;
+                // the worker (or a thread of its activation) may run on in the slot past the deadline
+                BooleanSupplier inSlot = () -> ww.current == job && !Activations.movedOut(ww.thread)
+                        || Activations.leftBehind(ww.thread, job.started);
+                Usage u = l == null ? Usage.NONE
+                        : l.active() && inSlot.getAsBoolean() ? held(l, ReleaseOutcome.TIMEOUT, job::reservedOnly, inSlot)
+                        : l.end(ReleaseOutcome.TIMEOUT, true, job::reservedOnly).finish();
                 permits.release();
                 return new Outcome(null, "the action exceeded its time limit", true, l, u,
                         System.nanoTime() - job.started);
@@ -385,8 +394,12 @@ public final class FunctionPool implements AutoCloseable {
                 return;
             }
             SlotLease lease = j.lease;
+            ReleaseOutcome outcome = j.error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED;
+            Thread self = thread;
+            long since = j.started;
             Ending end = lease == null ? Ending.NONE
-                    : lease.end(j.error == null ? ReleaseOutcome.OK : ReleaseOutcome.FAILED, j.task.usageInReply(), j);
+                    : !(lease.active() && Activations.leftBehind(self, since)) ? lease.end(outcome, j.task.usageInReply(), j)
+                    : Ending.measured(held(lease, outcome, j, () -> Activations.leftBehind(self, since)));
             Thread.interrupted(); // clear a stray interrupt before going back to the pool
             boolean reuse = !sandbox_poisoned() && !closed;
             busy.decrementAndGet();
@@ -401,6 +414,27 @@ public final class FunctionPool implements AutoCloseable {
             Function.Sandbox s = sandbox;
             return s == null || s.poisoned();
         }
+    }
+
+    /**
+     * A thread of the ended invocation runs on in its slot (a thread it started that ends at its
+     * next poll, a stray until it is moved out, a worker past its deadline): the invocation's
+     * usage is what the slot used until now (returned), and the slot stays claimed, given to no
+     * other invocation, while {@code inSlot} holds; then the lease is ended. Nobody waits for it.
+     */
+    private static Usage held(SlotLease lease, ReleaseOutcome outcome, Ending.Listener listener, BooleanSupplier inSlot) {
+        Usage now = lease.stop();
+        Thread.ofPlatform().daemon().group(RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
+                .name("slot-held-" + lease.slot()).start(() -> {
+            try {
+                while (inSlot.getAsBoolean()) Thread.sleep(20);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            } finally {
+                lease.end(outcome, true, listener).finish();
+            }
+        });
+        return now;
     }
 
     /**

@@ -15,7 +15,7 @@ import dev.cpuslot.runtime.base.Log;
  * lease with a tiny quota (CPUSLOT_RUNAWAY_QUOTA, default 10m), sits in that slot itself, and moves
  * the runaway thread into it too; it keeps the lease, outliving the activation's, until the
  * runaway thread returns. Counted in {@code cpuslot_runaway_*}. Without the agent (no slot to
- * be had) the thread is counted as unconfined.
+ * be had) the thread is counted as unconfined and runs on at the least priority (nice 19, SCHED_IDLE).
  */
 public final class Runaways {
     private final SlotClient slots;
@@ -32,6 +32,7 @@ public final class Runaways {
         metrics.describe("cpuslot_runaway_threads", "Worker threads still running an activation past its deadline, and threads of ended activations stuck in JDK code, confined or not.");
         metrics.describe("cpuslot_runaway_confined_total", "Runaway worker threads moved into a tiny slot.");
         metrics.describe("cpuslot_runaway_unconfined_total", "Runaway worker threads that could not be confined, by reason.");
+        metrics.describe("cpuslot_runaway_idled_total", "Runaway threads that could not be confined, given the least priority instead (nice 19, SCHED_IDLE).");
         current = metrics.gauge("cpuslot_runaway_threads");
     }
 
@@ -108,6 +109,22 @@ public final class Runaways {
         }
     }
 
+    /**
+     * An unconfined thread runs on where it is: it gets the least CPU the runtime can give it
+     * without privilege (nice 19, SCHED_IDLE), so that whatever shares its slot runs first. What
+     * the log line adds.
+     */
+    private String leastCpu(String function, int tid) {
+        if (tid <= 0 || !dev.cpuslot.slot.Native.available()) return "; its priority could not be lowered (no tid)";
+        try {
+            dev.cpuslot.slot.Native.leastCpu(tid);
+            metrics.inc("cpuslot_runaway_idled_total", Metrics.labels("function", function));
+            return "; it runs at the least priority (nice 19, SCHED_IDLE)";
+        } catch (dev.cpuslot.slot.Native.NativeException e) {
+            return "; its priority could not be lowered (" + e.getMessage() + ")";
+        }
+    }
+
     private void confine(String function, Thread worker, int tid, BooleanSupplier stillRunning) throws InterruptedException {
         confine(function, worker, tid, stillRunning, "a worker of " + function, "ignored its deadline");
     }
@@ -130,11 +147,12 @@ public final class Runaways {
             }
         }
         if (why == null) {
+            dev.cpuslot.runtime.guard.Activations.moved(worker); // its activation's slot may go to others now
             metrics.inc("cpuslot_runaway_confined_total", Metrics.labels("function", function));
             Log.warn(what + " (tid " + tid + ") " + did + "; confined to a " + quotaMilli + "m slot until it returns");
         } else {
             metrics.inc("cpuslot_runaway_unconfined_total", Metrics.labels("function", function, "reason", why));
-            Log.warn(what + " (tid " + tid + ") " + did + " and could not be confined (" + why + ")");
+            Log.warn(what + " (tid " + tid + ") " + did + " and could not be confined (" + why + ")" + leastCpu(function, tid));
         }
         try {
             while (worker.isAlive() && stillRunning.getAsBoolean()) Thread.sleep(1000);

@@ -55,6 +55,10 @@ public final class Activations {
         protected Activation childValue(Activation parent) {
             if (parent == null || parent.budget == null) return parent;
             if (carrier()) return null;
+            // a thread of an ended activation (running on in JDK code) starts none: its end
+            // counted the threads it had, and a later one would be no one's
+            String ended = parent.ended();
+            if (ended != null) throw new Stopped(ended);
             return parent.budget.admit(parent.root);
         }
     };
@@ -75,11 +79,15 @@ public final class Activations {
     /** How long after a deadline the alert stays on for the threads an activation started. */
     private static final long ALERT_NANOS = 30_000_000_000L;
 
-    /** A worker's group whose ended activations may still have live threads, and since when. */
-    private record Lingering(Thread worker, long since) {}
+    /**
+     * An ended activation's threads still alive, found at its end in its worker's group (less
+     * those of its earlier activations still lingering), its worker, and since when: an
+     * activation's own, so they are watched while the worker runs its next activation.
+     */
+    private record Lingering(List<Thread> threads, Thread worker, long since) {}
 
-    /** Worker groups with threads of ended activations (checked by the heap watch every 20 ms while any is here). */
-    private static final Map<ThreadGroup, Lingering> LINGERING = new ConcurrentHashMap<>();
+    /** Ended activations with live threads (checked by the heap watch every 20 ms while any is here). */
+    private static final Map<Activation, Lingering> LINGERING = new ConcurrentHashMap<>();
     /**
      * Whether the poll stays on for them: from an end until the next check, then while any of them
      * runs. One blocked uses no CPU and costs every function's loops nothing; when it runs again,
@@ -142,14 +150,24 @@ public final class Activations {
      * sleeps again after the interrupt, or blocks past any time window, stops when it runs again.
      */
     private static void finish(Activation a, Thread worker, String why) {
-        if (a.ended == null) a.ended = why;
-        if (!a.started) return;
-        ThreadGroup g = worker.getThreadGroup();
-        if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
-        LINGERING.put(g, new Lingering(worker, System.nanoTime()));
+        if (!a.started) { // the usual path: no thread to look for, no lock
+            if (a.ended == null) a.ended = why;
+            return;
+        }
+        List<Thread> mine;
+        synchronized (LINGERING) { // its deadline (the caller) and its return (the worker) may race
+            if (a.ended != null) return; // ended once: its threads are known (it starts no more)
+            a.ended = why;
+            ThreadGroup g = worker.getThreadGroup();
+            if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
+            mine = others(g, worker);
+            for (Lingering l : LINGERING.values()) mine.removeAll(l.threads()); // an earlier activation's
+            if (mine.isEmpty()) return;
+            LINGERING.put(a, new Lingering(mine, worker, System.nanoTime()));
+        }
         lingerRunning = true;
         alert = true;
-        interruptStarted(worker);
+        for (Thread t : mine) t.interrupt();
     }
 
     /** After this long, a thread of an ended activation that still runs is a stray: counted and logged. */
@@ -172,19 +190,55 @@ public final class Activations {
      */
     public static long strayThreads() { return strays; }
 
-    /** Drops the groups whose started threads all ended; counts (and names, once) those that outlive STRAY_NANOS. */
+    /** Threads the runtime moved out of their activation's slot (into a runaway jail). */
+    private static final Set<Thread> MOVED = Collections.newSetFromMap(new java.util.WeakHashMap<>());
+
+    /** The runtime moved a thread of an ended activation out of the slot its activation had. */
+    public static void moved(Thread t) {
+        synchronized (MOVED) { MOVED.add(t); }
+    }
+
+    /** Whether the runtime moved the thread out of the slot it ran in ({@link #moved}). */
+    public static boolean movedOut(Thread t) {
+        synchronized (MOVED) { return MOVED.contains(t); }
+    }
+
+    /**
+     * Whether an activation of the worker that ended at or after {@code since} (System.nanoTime)
+     * left a thread that still runs where it ran (runnable and not {@link #moved}): the slot that
+     * activation had is then given to no other invocation. A blocked one (an executor's idle
+     * thread) uses no CPU and does not hold the slot: when it runs again it stops at its next
+     * backward branch, or is a stray. On the usual path (no activation left a thread) one look at
+     * an empty map.
+     */
+    public static boolean leftBehind(Thread worker, long since) {
+        if (LINGERING.isEmpty()) return false;
+        for (Lingering l : LINGERING.values()) {
+            if (l.worker() != worker || l.since() - since < 0) continue;
+            for (Thread t : l.threads()) if (t.getState() == Thread.State.RUNNABLE && !movedOut(t)) return true;
+        }
+        return false;
+    }
+
+    /**
+     * Drops the ended activations whose threads all ended; counts (and names, once) those that
+     * outlive STRAY_NANOS, whether or not their worker runs another activation meanwhile.
+     */
     private static void sweep() {
         long n = 0, now = System.nanoTime();
         boolean running = false;
         for (var e : LINGERING.entrySet()) {
-            List<Thread> live = others(e.getKey(), e.getValue().worker());
+            List<Thread> live = new java.util.ArrayList<>(e.getValue().threads());
+            live.removeIf(t -> !t.isAlive());
             if (live.isEmpty()) {
-                LINGERING.remove(e.getKey(), e.getValue());
+                synchronized (LINGERING) { LINGERING.remove(e.getKey(), e.getValue()); }
                 continue;
             }
+            if (live.size() < e.getValue().threads().size()) {
+                synchronized (LINGERING) { LINGERING.replace(e.getKey(), e.getValue(), new Lingering(live, e.getValue().worker(), e.getValue().since())); }
+            }
             for (Thread t : live) if (t.getState() == Thread.State.RUNNABLE) running = true;
-            // a worker in its next activation: those may be its threads (its end looks again)
-            if (RUNNING.containsKey(e.getValue().worker()) || now - e.getValue().since() < STRAY_NANOS) continue;
+            if (now - e.getValue().since() < STRAY_NANOS) continue;
             for (Thread t : live) {
                 if (t.getState() != Thread.State.RUNNABLE) continue; // blocked: no CPU; it stops if it runs again
                 n++;
@@ -193,9 +247,9 @@ public final class Activations {
                 synchronized (REPORTED) { first = REPORTED.add(t); }
                 if (!first) continue;
                 var h = strayHandler;
-                if (h == null) System.err.println("cpuslot: a thread of an activation of worker " + e.getKey().getName()
+                if (h == null) System.err.println("cpuslot: a thread of an activation of worker " + e.getValue().worker().getName()
                         + " still runs " + (now - e.getValue().since()) / 1_000_000_000L + " s after the activation ended (in code that ignores interrupts)");
-                else h.accept(t, e.getKey().getName());
+                else h.accept(t, e.getValue().worker().getName());
             }
         }
         strays = n;
@@ -234,18 +288,6 @@ public final class Activations {
         alertUntil = System.nanoTime() + ALERT_NANOS;
         alert = true;
         finish(a, worker, "the activation passed its deadline");
-    }
-
-    /**
-     * Interrupts the platform threads in the worker's own thread group (named as the worker: the
-     * pool's): the threads its activations started, directly or through an executor, and theirs.
-     * The worker is retired after a deadline, so they are this activation's or leftovers of
-     * earlier ones on the same worker, which should have ended with those.
-     */
-    private static void interruptStarted(Thread worker) {
-        ThreadGroup g = worker.getThreadGroup();
-        if (g == null || !g.getName().equals(worker.getName())) return;
-        for (Thread t : others(g, worker)) t.interrupt();
     }
 
     /** Inserted by the guard before every backward branch of a function's code. */
