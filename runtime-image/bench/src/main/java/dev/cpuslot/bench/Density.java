@@ -85,8 +85,8 @@ final class Density {
                         w[k] = (System.nanoTime() - s) / 1e6;
                     }
                     warm = pct(w, 50);
-                    rows.add(String.format(Locale.ROOT, "| %s | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %.1f (%s) | %.1fx | %s-%s |",
-                            lang, t.label(), m0[0], m1[0], (m1[0] - m0[0]) / n, (m1[1] - m0[1]) / n, (m1[2] - m0[2]) / n,
+                    rows.add(String.format(Locale.ROOT, "| %s | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %.2f | %.1f (%s) | %.1fx | %s-%s |",
+                            lang, t.label(), m0[0], m1[0], (m1[0] - m0[0]) / n, (m1[1] - m0[1]) / n, (m1[2] - m0[2]) / n, (m1[3] - m0[3]) / n,
                             base[0], what(lang), (m1[0] - m0[0]) / n / base[0], load0, GuestBench.loadAverage()));
                     firstRows.add(String.format(Locale.ROOT, "| %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s |",
                             lang, t.label(), GuestBench.fmt(pct(reg, 50)), GuestBench.fmt(pct(reg, 90)), GuestBench.fmt(pct(call, 50)),
@@ -98,11 +98,11 @@ final class Density {
         }
         System.out.println();
         System.out.println("# memory per function: one runtime (Hydra /register), RSS with one hello-world function registered and called,"
-                + " then with " + n + " more, each called once; per added function: RSS, Java heap in use and metaspace after a full GC (MB);"
+                + " then with " + n + " more, each called once; per added function: RSS, Java heap in use and metaspace after a full GC (MB), and threads;"
                 + " the baseline: the same function alone in a fresh process, RSS after one call");
         System.out.println("| language | runtime | RSS 1 function MB | RSS " + (n + 1) + " functions MB | RSS per added function MB | heap per added function MB"
-                + " | metaspace per added function MB | baseline process RSS MB | per function / baseline process | load |");
-        System.out.println("|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
+                + " | metaspace per added function MB | threads per added function | baseline process RSS MB | per function / baseline process | load |");
+        System.out.println("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         rows.forEach(System.out::println);
         System.out.println();
         System.out.println("# a new function's first call (ms): /register (code checked, its context made) and the first call after it, p50 and p90 over the "
@@ -179,13 +179,13 @@ final class Density {
 
     private static final Pattern HEAP = Pattern.compile("heap .*used (\\d+)K");
 
-    /** {RSS, heap in use, metaspace in use} in MB, after a full GC (jcmd). */
+    /** {RSS, heap in use, metaspace in use} in MB, after a full GC (jcmd), and the process's threads. */
     static double[] memory(GuestBench.Runtime rt) throws Exception {
         jcmd(rt.proc.pid(), "GC.run");
         String info = jcmd(rt.proc.pid(), "GC.heap_info");
         Matcher h = HEAP.matcher(info);
         if (!h.find()) throw new IllegalStateException("jcmd GC.heap_info said: " + info);
-        return new double[]{rss(rt.proc.pid()) / 1024.0, Long.parseLong(h.group(1)) / 1024.0, metaspaceKb(rt.proc.pid()) / 1024.0};
+        return new double[]{rss(rt.proc.pid()) / 1024.0, Long.parseLong(h.group(1)) / 1024.0, metaspaceKb(rt.proc.pid()) / 1024.0, threads(rt.proc.pid())};
     }
 
     /** Metaspace in use (KB): jstat -gc's MU column. */
@@ -213,9 +213,18 @@ final class Density {
     }
 
     static long rss(long pid) throws IOException {
+        return status(pid, "VmRSS:");
+    }
+
+    /** Threads of the process: each has a stack and kernel state of its own, whatever it runs. */
+    static long threads(long pid) throws IOException {
+        return status(pid, "Threads:");
+    }
+
+    private static long status(long pid, String field) throws IOException {
         for (String l : Files.readAllLines(Path.of("/proc/" + pid + "/status")))
-            if (l.startsWith("VmRSS:")) return Long.parseLong(l.replaceAll("\\D", ""));
-        throw new IllegalStateException("no VmRSS for " + pid);
+            if (l.startsWith(field)) return Long.parseLong(l.replaceAll("\\D", ""));
+        throw new IllegalStateException("no " + field + " for " + pid);
     }
 
     static double pct(double[] v, int p) {

@@ -247,4 +247,36 @@ class PolyglotTest {
             }
         }
     }
+    /**
+     * A Python context starts no threads of its own: GraalPy's async actions (weak reference
+     * callbacks, signals, its native finalizer) each wait on a platform thread of the context's,
+     * four per context, and run their work on the thread that initialised it, which for a context
+     * made ahead (a spare) is a runtime thread long gone: never on the function's worker.
+     */
+    @Test
+    void aPythonFunctionsContextStartsNoThreadsOfItsOwn() throws Exception {
+        PolyglotFunction.prewarm("python", 0);
+        String code = """
+                import weakref, gc
+                class Box: pass
+                def main(args):
+                    b = Box()
+                    r = weakref.ref(b)
+                    gc.collect()
+                    return {'alive': r() is b}
+                """;
+        try (PolyglotFunction a = new PolyglotFunction("threads-a", "python", code, "main", Map.of());
+             PolyglotFunction b = new PolyglotFunction("threads-b", "python", code, "main", Map.of())) {
+            for (PolyglotFunction f : new PolyglotFunction[]{a, b}) {
+                Function.Sandbox s = f.newSandbox();
+                try {
+                    assertTrue(s.invoke(json("{}"), Map.of()).getAsJsonObject().get("alive").getAsBoolean(), "weak references work");
+                } finally {
+                    s.close();
+                }
+            }
+            var threads = Thread.getAllStackTraces().keySet().stream().map(Thread::getName).filter(n -> n.startsWith("python-actions")).toList();
+            assertEquals(java.util.List.of(), threads, "Python contexts hold threads of their own");
+        }
+    }
 }

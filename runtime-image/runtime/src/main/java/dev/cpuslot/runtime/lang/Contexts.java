@@ -206,9 +206,14 @@ final class Contexts {
                 .allowAllAccess(false)
                 .allowCreateThread(false)
                 .allowNativeAccess(false);
-        // no default SIGINT handler of GraalPy's: process signals are the runtime's
+        // no default SIGINT handler of GraalPy's: process signals are the runtime's. No async actions:
+        // GraalPy waits for them (weak reference callbacks, signals, its native finalizer) on four
+        // platform threads of each context's (0.5 MB of stacks), and runs them only on the thread that
+        // initialised the context, a spare's runtime thread that has ended: never on a worker.
+        // (Experimental options are allowed for this builder's own: guest code sets no option.)
         if (polyglotId.equals("python")) b.option("python.ForceImportSite", "false").option("python.Executable", "python3")
-                .option("python.InstallSignalHandlers", "false");
+                .option("python.InstallSignalHandlers", "false")
+                .allowExperimentalOptions(true).option("python.NoAsyncActions", "true");
         return b;
     }
 }
