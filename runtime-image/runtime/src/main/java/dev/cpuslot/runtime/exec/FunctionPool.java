@@ -34,7 +34,7 @@ import dev.cpuslot.runtime.base.Metrics;
  * <p>At the deadline the caller gets an error at once; the worker's sandbox is cancelled
  * (polyglot contexts are closed, Java threads interrupted), its slot is released with outcome
  * TIMEOUT once the worker has left it (no other invocation gets a slot where a thread of an
- * ended invocation still runs: {@code held}), and the worker is retired (a Java function that
+ * ended invocation still runs: {@link HeldSlot}), and the worker is retired (a Java function that
  * ignores interrupts keeps its thread, counted as abandoned, until it returns).
  */
 public final class FunctionPool implements AutoCloseable {
@@ -158,7 +158,7 @@ public final class FunctionPool implements AutoCloseable {
                 BooleanSupplier inSlot = () -> ww.current == job && !Activations.movedOut(ww.thread)
                         || Activations.leftBehind(ww.thread, job.started);
                 Usage u = l == null ? Usage.NONE
-                        : l.active() && inSlot.getAsBoolean() ? held(l, ReleaseOutcome.TIMEOUT, job::reservedOnly, inSlot)
+                        : l.active() && inSlot.getAsBoolean() ? HeldSlot.hold(l, ReleaseOutcome.TIMEOUT, job::reservedOnly, inSlot)
                         : l.end(ReleaseOutcome.TIMEOUT, true, job::reservedOnly).finish();
                 permits.release();
                 return new Outcome(null, "the action exceeded its time limit", true, l, u,
@@ -399,7 +399,7 @@ public final class FunctionPool implements AutoCloseable {
             long since = j.started;
             Ending end = lease == null ? Ending.NONE
                     : !(lease.active() && Activations.leftBehind(self, since)) ? lease.end(outcome, j.task.usageInReply(), j)
-                    : Ending.measured(held(lease, outcome, j, () -> Activations.leftBehind(self, since)));
+                    : Ending.measured(HeldSlot.hold(lease, outcome, j, () -> Activations.leftBehind(self, since)));
             Thread.interrupted(); // clear a stray interrupt before going back to the pool
             boolean reuse = !sandbox_poisoned() && !closed;
             busy.decrementAndGet();
@@ -414,27 +414,6 @@ public final class FunctionPool implements AutoCloseable {
             Function.Sandbox s = sandbox;
             return s == null || s.poisoned();
         }
-    }
-
-    /**
-     * A thread of the ended invocation runs on in its slot (a thread it started that ends at its
-     * next poll, a stray until it is moved out, a worker past its deadline): the invocation's
-     * usage is what the slot used until now (returned), and the slot stays claimed, given to no
-     * other invocation, while {@code inSlot} holds; then the lease is ended. Nobody waits for it.
-     */
-    private static Usage held(SlotLease lease, ReleaseOutcome outcome, Ending.Listener listener, BooleanSupplier inSlot) {
-        Usage now = lease.stop();
-        Thread.ofPlatform().daemon().group(RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
-                .name("slot-held-" + lease.slot()).start(() -> {
-            try {
-                while (inSlot.getAsBoolean()) Thread.sleep(20);
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-            } finally {
-                lease.end(outcome, true, listener).finish();
-            }
-        });
-        return now;
     }
 
     /**
