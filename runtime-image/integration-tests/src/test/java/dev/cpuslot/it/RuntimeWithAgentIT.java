@@ -488,14 +488,7 @@ class RuntimeWithAgentIT {
             assertTrue(tid > 0, "the thread the activation left behind is alive");
             String stray = cg.cgroupOf(r.pid(), tid);
             assertTrue(stray.startsWith(cgroup + "/cpuslot-"), "the stray runs in its activation's slot: " + stray);
-            for (int i = 0; i < 3; i++) {
-                RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
-                assertEquals(200, hello.status(), hello.body());
-                for (long w : r.threads("fn-hello-")) {
-                    String in = cg.cgroupOf(r.pid(), w);
-                    assertNotEquals(stray, in, "invocation " + i + " ran in the slot where the stray of another runs: " + hello.headers());
-                }
-            }
+            hellosRunElsewhere(r, stray, "the stray of another");
             assertEquals(stray, cg.cgroupOf(r.pid(), tid), "the stray still runs in its activation's slot (not confined)");
         }
     }
@@ -546,15 +539,20 @@ class RuntimeWithAgentIT {
             assertTrue(tid > 0, "the runaway worker thread is alive");
             String runaway = cg.cgroupOf(r.pid(), tid);
             assertTrue(runaway.startsWith(cgroup + "/cpuslot-"), "the runaway runs in its activation's slot: " + runaway);
-            for (int i = 0; i < 3; i++) {
-                RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
-                assertEquals(200, hello.status(), hello.body());
-                for (long w : r.threads("fn-hello-")) {
-                    assertNotEquals(runaway, cg.cgroupOf(r.pid(), w),
-                            "invocation " + i + " ran in the slot where a runaway worker runs: " + hello.headers());
-                }
-            }
+            hellosRunElsewhere(r, runaway, "a runaway worker");
             assertEquals(runaway, cg.cgroupOf(r.pid(), tid), "the runaway still runs in its activation's slot (not confined)");
+        }
+    }
+
+    /** Three hello invocations, each of whose workers runs outside {@code slot}, where {@code who} runs. */
+    private void hellosRunElsewhere(RuntimeProc r, String slot, String who) throws Exception {
+        for (int i = 0; i < 3; i++) {
+            RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
+            assertEquals(200, hello.status(), hello.body());
+            for (long w : r.threads("fn-hello-")) {
+                assertNotEquals(slot, cg.cgroupOf(r.pid(), w),
+                        "invocation " + i + " ran in the slot where " + who + " runs: " + hello.headers());
+            }
         }
     }
 
