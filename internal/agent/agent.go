@@ -227,14 +227,49 @@ loop:
 		cancel()
 	}
 	var errs []error
+	var busy []*served
 	for _, s := range a.snapshot() {
-		if err := s.pool.Close(cleanup); err != nil {
+		if err := s.pool.Close(cleanup); cleanup && errors.Is(err, cgroup.ErrBusy) {
+			busy = append(busy, s)
+		} else if err != nil {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, removeBusyAtStop(busy)...)
 	a.removeLeftovers() // once more: their containers may be gone by now
 	a.log.Info("agent stopped", "removedSlots", cleanup)
 	return errors.Join(errs...)
+}
+
+// stopWait bounds how long a stopping agent retries the slots whose threads
+// were still leaving them: a thread that is exiting is moved by no one and
+// leaves its cgroup once its exit is through. Only at the stop: maintenance
+// retries leftovers over its rounds instead, so that no container's threads
+// hold up the rounds of the others.
+const stopWait = time.Second
+
+// removeBusyAtStop retries the left slots of each pool in busy until they
+// are removed or stopWait has passed (then they are given up), and returns
+// what failed.
+func removeBusyAtStop(busy []*served) []error {
+	var errs []error
+	until := time.Now().Add(stopWait)
+	for len(busy) > 0 {
+		last := !time.Now().Before(until)
+		var again []*served
+		for _, s := range busy {
+			done, err := s.pool.RemoveLeft(last)
+			if !done {
+				again = append(again, s)
+			} else if err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if busy = again; len(busy) > 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return errs
 }
 
 // raiseFileLimit lifts the soft RLIMIT_NOFILE to the hard limit: every

@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cpuslot/cpuslot/counters"
-	"github.com/cpuslot/cpuslot/internal/proc"
 )
 
 // Limit is how a slot limits CPU: a hard cap, a proportional share, or both.
@@ -376,24 +375,16 @@ func (s *Slot) Threads() ([]int, error) {
 	return tids, nil
 }
 
-// exitWait bounds how long Remove waits for the threads left in a slot
-// that are all exiting (ending threads: the kernel moves none of them, and
-// each leaves the cgroup once its exit is through).
-const exitWait = time.Second
-
 // Remove moves any thread left in the slot back to the container and
 // deletes the slot's directories. Threads that keep arriving (an invocation
-// spawning threads) are retried a few times before ErrBusy; threads that
-// are only exiting are waited for, up to exitWait; a cgroup made inside the
-// slot is a *ChildCgroupError at once.
+// spawning threads) are retried a few times before ErrBusy; a cgroup made
+// inside the slot is a *ChildCgroupError at once.
 func (s *Slot) Remove() error {
 	s.forget()
 	var err error
-	exiting := false
-	until := time.Now().Add(exitWait)
-	for attempt := 0; attempt < 5 || (exiting && time.Now().Before(until)); attempt++ {
+	for attempt := 0; attempt < 5; attempt++ {
 		if attempt > 0 {
-			time.Sleep(time.Duration(min(attempt, 10)) * time.Millisecond)
+			time.Sleep(time.Duration(attempt) * time.Millisecond)
 		}
 		var tids []int
 		if tids, err = s.Threads(); err != nil {
@@ -417,24 +408,8 @@ func (s *Slot) Remove() error {
 		if child := s.child(); child != "" {
 			return &ChildCgroupError{Slot: s.Name(), Child: child}
 		}
-		exiting = s.onlyExiting()
 	}
 	return fmt.Errorf("removing %s: %w: %w", s.Name(), ErrBusy, err)
-}
-
-// onlyExiting reports whether every thread still listed in the slot is
-// exiting (or none is listed any more).
-func (s *Slot) onlyExiting() bool {
-	tids, err := s.Threads()
-	if err != nil {
-		return false
-	}
-	for _, t := range tids {
-		if !proc.Exiting(t) {
-			return false
-		}
-	}
-	return true
 }
 
 // child names a cgroup inside the slot, in any hierarchy ("" if none).
