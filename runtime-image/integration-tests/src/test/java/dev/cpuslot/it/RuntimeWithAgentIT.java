@@ -544,6 +544,42 @@ class RuntimeWithAgentIT {
         }
     }
 
+    /**
+     * The runtime's own threads never start inside a function's slot: a new thread starts in its
+     * creator's cgroup, and a chain call makes some from the calling worker, in its slot (the
+     * runtime log's writer, the callee's pool worker). None of the runtime's threads but its
+     * workers (which place themselves for each activation, and leave) and its jail threads may sit
+     * in a slot once the call has ended: a thread there runs on that quota and bill for good.
+     * (Before: the log writer stayed in the caller's slot.)
+     */
+    @Test
+    @Order(9)
+    void theRuntimesOwnThreadsNeverStartInAFunctionsSlot() throws Exception {
+        String cgroup = parent + "/own-threads";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-own-threads.log"))) {
+            r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            r.register("bench", "dev.cpuslot.samples.ChainBench", samplesJar, "500m");
+            RuntimeProc.Reply rep = r.invoke("bench", "{\"mode\":\"local\",\"callee\":\"hello\",\"n\":1}");
+            assertEquals(200, rep.status(), rep.body());
+            assertTrue(threadNamed(r, comm -> comm.startsWith("cpuslot-log-wri")) > 0, "the chain call started the runtime log's writer");
+            List<String> inSlots = new ArrayList<>();
+            try (var ts = Files.list(Path.of("/proc/" + r.pid() + "/task"))) {
+                for (Path t : ts.toList()) {
+                    try {
+                        String comm = Files.readString(t.resolve("comm")).strip();
+                        String where = cg.cgroupOf(r.pid(), Long.parseLong(t.getFileName().toString()));
+                        if (comm.startsWith("fn-") || comm.startsWith("runaway-jail-")) continue;
+                        if (!where.equals(cgroup)) inSlots.add(comm + " in " + where);
+                    } catch (IOException gone) { // the thread ended while listed
+                    }
+                }
+            }
+            assertEquals(List.of(), inSlots, "runtime threads outside the runtime's own cgroup " + cgroup);
+        }
+    }
+
     /** Three hello invocations, each of whose workers runs outside {@code slot}, where {@code who} runs. */
     private void hellosRunElsewhere(RuntimeProc r, String slot, String who) throws Exception {
         for (int i = 0; i < 3; i++) {

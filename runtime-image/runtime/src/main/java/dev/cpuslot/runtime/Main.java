@@ -36,13 +36,14 @@ public final class Main {
                         .acquireBudget(Duration.ofMillis(cfg.acquireBudgetMs()))
                         .firstAcquireBudget(Duration.ofMillis(cfg.firstAcquireBudgetMs())).failClosed(cfg.failClosed())
                         .linger(Duration.ofMillis(Math.max(0, cfg.lingerMs())))
-                        .local(cfg.local()).localIdle(Duration.ofMillis(cfg.localIdleMs())).build();
+                        .local(cfg.local()).localIdle(Duration.ofMillis(cfg.localIdleMs()))
+                        .threads(dev.cpuslot.runtime.guard.RuntimeThreads.factory("cpuslot-slot")).build();
             }
         }
         // an image of one kind: load its language while the container waits for /init
         if (cfg.language() != null && !cfg.language().equals("java")) {
             String lang = cfg.language();
-            Thread.ofPlatform().daemon().name("prewarm-" + lang).start(() -> {
+            dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("prewarm-" + lang, () -> {
                 try {
                     PolyglotFunction.prewarm(lang, cfg.compilerWarmupMs());
                 } catch (RuntimeException e) {

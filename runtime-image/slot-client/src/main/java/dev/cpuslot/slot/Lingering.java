@@ -100,7 +100,7 @@ abstract sealed class Lingering extends LeaseLending permits Leases {
 
     /** Starts the thread that expires lingering leases (when lingering is on). */
     void start() {
-        if (lingerNs > 0) expirer = SlotClient.daemon("cpuslot-linger").start(this::expireLoop);
+        if (lingerNs > 0) expirer = recovery.thread("cpuslot-linger", this::expireLoop);
     }
 
     private void expireLoop() {

@@ -128,7 +128,7 @@ abstract sealed class LocalAcquire extends LocalMiss permits LocalReclaim {
                 serveLocked();
                 ask = !w.done && asking.add(quota);
             }
-            if (ask) SlotClient.daemon("cpuslot-hold").start(() -> ask(w));
+            if (ask) recovery.thread("cpuslot-hold", () -> ask(w));
             while (true) {
                 long left;
                 synchronized (queue) {

@@ -22,7 +22,7 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
 
     private long lastReport, lastHoldList;
     void start() {
-        worker = SlotClient.daemon("cpuslot-local").start(this::loop);
+        worker = recovery.thread("cpuslot-local", this::loop);
     }
 
     private void loop() {

@@ -21,6 +21,8 @@ final class Recovery implements Transport.Listener {
     private final Set<SlotLease> orphans = ConcurrentHashMap.newKeySet();
     private volatile Thread monitor;
     private volatile boolean closed;
+    /** Makes the client's threads ({@link SlotClient.Builder#threads}). */
+    private volatile java.util.concurrent.ThreadFactory threads = SlotClient::daemon;
 
     Recovery(Transport transport, FdCache fds, Counters counters, long releaseNs, long drainNs, long monitorNs) {
         this.transport = transport;
@@ -29,6 +31,20 @@ final class Recovery implements Transport.Listener {
         this.releaseNs = releaseNs;
         this.drainNs = drainNs;
         this.monitorNs = monitorNs;
+    }
+
+    /** Who makes the client's threads from now on (set before any is started). */
+    void threads(java.util.concurrent.ThreadFactory f) { threads = f; }
+
+    /**
+     * Starts a thread of the client's (every part of the client starts its threads here, so
+     * that all of them come from the one factory).
+     */
+    Thread thread(String name, Runnable task) {
+        Thread t = threads.newThread(task);
+        t.setName(name);
+        t.start();
+        return t;
     }
 
     /** Leases whose connection died and that are not yet reclaimed. */
@@ -104,7 +120,7 @@ final class Recovery implements Transport.Listener {
     /** A request timed out: finish reading its answer in the background, undo a late lease. */
     void drain(Connection c) {
         counters.count("drain");
-        SlotClient.daemon("cpuslot-drain-" + c.id).start(() -> drainNow(c));
+        thread("cpuslot-drain-" + c.id, () -> drainNow(c));
     }
 
     /** What {@link #drain} does, on the calling thread. */
@@ -148,7 +164,7 @@ final class Recovery implements Transport.Listener {
 
     /** Starts the monitor thread. */
     void start() {
-        monitor = SlotClient.daemon("cpuslot-monitor").start(this::monitorLoop);
+        monitor = thread("cpuslot-monitor", this::monitorLoop);
     }
 
     private void monitorLoop() {

@@ -72,6 +72,7 @@ public final class SlotClient implements AutoCloseable {
         private boolean local = true;
         private Duration localIdle = Duration.ofSeconds(30);
         private int localCapacity = 256;
+        private java.util.concurrent.ThreadFactory threads = SlotClient::daemon;
 
         public Builder socket(String path) { this.socket = path; return this; }
         public Builder clientName(String name) { this.clientName = name; return this; }
@@ -114,6 +115,14 @@ public final class SlotClient implements AutoCloseable {
         public Builder localIdle(Duration d) { this.localIdle = d; return this; }
         /** Local leasing: most slots the process holds at once (table entries, 1..1024, default 256). */
         public Builder localCapacity(int n) { this.localCapacity = Math.max(1, Math.min(SlotTable.MAX_CAPACITY, n)); return this; }
+        /**
+         * Makes the client's threads (monitor, local upkeep, drains, and the one an acquire may
+         * start to ask the agent for a slot), unstarted: the client names and starts them. A new
+         * thread begins in its starter's CPU cgroup, and an acquire runs on the caller's thread,
+         * which may sit in a slot: a process whose threads sit in slots gives a factory whose
+         * threads start where none is placed. Default: daemon threads in a group of the client's.
+         */
+        public Builder threads(java.util.concurrent.ThreadFactory f) { this.threads = java.util.Objects.requireNonNull(f); return this; }
         public SlotClient build() { return new SlotClient(this); }
     }
 
@@ -128,12 +137,12 @@ public final class SlotClient implements AutoCloseable {
     }
 
     /**
-     * A daemon thread of the client's own, wherever the thread that starts it runs: in no
-     * function worker's thread group (whose threads end with each activation) and inheriting none
-     * of its thread locals.
+     * A daemon thread of the client's own (unstarted; the default {@link Builder#threads}),
+     * wherever the thread that makes it runs: in no function worker's thread group (whose threads
+     * end with each activation) and inheriting none of its thread locals.
      */
-    static Thread.Builder.OfPlatform daemon(String name) {
-        return Thread.ofPlatform().daemon().group(THREADS).inheritInheritableThreadLocals(false).name(name);
+    static Thread daemon(Runnable task) {
+        return Thread.ofPlatform().daemon().group(THREADS).inheritInheritableThreadLocals(false).unstarted(task);
     }
 
     private final String socket;
@@ -159,6 +168,7 @@ public final class SlotClient implements AutoCloseable {
         fds = new FdCache(FdCache.NATIVE, counters);
         recovery = new Recovery(transport, fds, counters, b.releaseTimeout.toNanos(), b.drainTimeout.toNanos(),
                 b.monitorInterval.toNanos());
+        recovery.threads(b.threads);
         leases = new Leases(transport, fds, recovery, counters, budgetNs, b.releaseTimeout.toNanos(), b.linger.toNanos(),
                 b.failClosed, b.fdPassing);
         leases.firstBudget(b.firstAcquireBudget.toNanos());
@@ -295,7 +305,7 @@ public final class SlotClient implements AutoCloseable {
             }
             counters.count("warmup.calls");
             try {
-                SlotClient.daemon("cpuslot-warmup").start(() -> f.complete(warmUpNow()));
+                recovery.thread("cpuslot-warmup", () -> f.complete(warmUpNow()));
             } catch (RuntimeException | Error e) {
                 f.complete(false);
             }

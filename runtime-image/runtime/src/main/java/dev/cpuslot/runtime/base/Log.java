@@ -102,7 +102,7 @@ public final class Log {
     private static synchronized void startWriter() {
         if (writer != null) return;
         // the runtime's thread: in no worker's group, no function's activation inherited
-        writer = dev.cpuslot.runtime.guard.RuntimeThreads.runtimeThread("cpuslot-log-writer").start(() -> {
+        writer = dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("cpuslot-log-writer", () -> {
             while (true) {
                 try {
                     line(activationEntry(String.valueOf(LATER.take())));

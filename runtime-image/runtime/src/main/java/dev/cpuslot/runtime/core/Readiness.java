@@ -45,7 +45,7 @@ final class Readiness {
     /** Starts connecting to the agent in the background, when the runtime connects at start. */
     void start() {
         if (connectOnce) slots.warmUp();
-        else if (settled.getCount() > 0) Thread.ofPlatform().daemon().name("cpuslot-ready").start(this::connect);
+        else if (settled.getCount() > 0) dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("cpuslot-ready", this::connect);
     }
 
     /** Why the runtime cannot go on (a runtime thread ended: {@link ProcessGuard}), or null. */

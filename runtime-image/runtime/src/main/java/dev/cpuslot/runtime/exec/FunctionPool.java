@@ -227,8 +227,8 @@ public final class FunctionPool implements AutoCloseable {
             // join it, so the end of each activation finds them (Activations.end); under the
             // runtime's group, not the creating thread's (a chain caller's worker would hold it)
             String name = "fn-" + fn.name() + "-" + WORKER_IDS.incrementAndGet();
-            thread = Thread.ofPlatform().daemon().name(name).group(new ThreadGroup(RuntimeThreads.RUNTIME_THREADS, name))
-                    .inheritInheritableThreadLocals(false).start(this::loop);
+            thread = RuntimeThreads.runtimeThread(new ThreadGroup(RuntimeThreads.RUNTIME_THREADS, name), name, this::loop);
+            thread.start();
         }
 
         void hand(Job j) {

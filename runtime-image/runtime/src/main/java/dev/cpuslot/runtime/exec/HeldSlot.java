@@ -20,8 +20,7 @@ final class HeldSlot {
      */
     static Usage hold(SlotLease lease, ReleaseOutcome outcome, Ending.Listener listener, BooleanSupplier inSlot) {
         Usage now = lease.stop();
-        Thread.ofPlatform().daemon().group(RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
-                .name("slot-held-" + lease.slot()).start(() -> {
+        RuntimeThreads.startRuntimeThread("slot-held-" + lease.slot(), () -> {
             try {
                 while (inSlot.getAsBoolean()) Thread.sleep(20);
             } catch (InterruptedException e) {

@@ -42,8 +42,7 @@ public final class Runaways {
      * @param stillRunning true while the worker is still inside that activation
      */
     void watch(String function, Thread worker, int tid, BooleanSupplier stillRunning) {
-        Thread.ofPlatform().daemon().group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
-                .name("runaway-jail-" + IDS.incrementAndGet()).start(() -> {
+        dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("runaway-jail-" + IDS.incrementAndGet(), () -> {
             try {
                 Thread.sleep(graceMs);
                 if (!stillRunning.getAsBoolean() || !worker.isAlive()) return;
@@ -69,8 +68,7 @@ public final class Runaways {
         String function = worker.startsWith("fn-") && dash > 3 ? worker.substring(3, dash) : worker;
         String name = t.getName().replaceAll("\\p{Cntrl}", "?");
         String what = "thread \"" + (name.length() > 64 ? name.substring(0, 64) + "..." : name) + "\" of an ended activation of " + function;
-        Thread.ofPlatform().daemon().group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS).inheritInheritableThreadLocals(false)
-                .name("runaway-jail-" + IDS.incrementAndGet()).start(() -> {
+        dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("runaway-jail-" + IDS.incrementAndGet(), () -> {
             if (!t.isAlive()) return;
             current.inc();
             try {

@@ -100,7 +100,7 @@ public final class Activations {
         // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
         // next backward branch) before the runtime's own threads find no memory. The same thread
         // watches the threads of ended activations.
-        Thread.ofPlatform().daemon().name("cpuslot-heap-watch").start(() -> {
+        RuntimeThreads.startRuntimeThread("cpuslot-heap-watch", () -> {
             long rounds = 0;
             while (true) {
                 try {

@@ -4,6 +4,13 @@ package dev.cpuslot.runtime.guard;
  * The runtime's own threads, kept apart from the activations': a thread made while a worker runs
  * an activation lands in the worker's group, whose threads end with the activation
  * ({@link Activations}), so the runtime makes its threads here.
+ *
+ * <p>Every one of them is started by one thread, the spawner, which never sits in a slot: Linux
+ * starts a new thread in its creator's cgroup, and a worker runs in its activation's slot (a CPU
+ * cgroup with the function's quota), so a thread a worker started itself would run on that
+ * quota and bill for as long as it lives. The spawner is made when this class is first used,
+ * which is before any worker exists (workers are made here), so before any slot is leased; it is
+ * never placed, so the threads it starts begin in the runtime's own cgroup.
  */
 public final class RuntimeThreads {
     private RuntimeThreads() {}
@@ -15,39 +22,65 @@ public final class RuntimeThreads {
      */
     public static final ThreadGroup RUNTIME_THREADS = new ThreadGroup(top(), "cpuslot-runtime");
 
+    /** The threads whose start waits for the spawner. */
+    private static final java.util.concurrent.SynchronousQueue<Spawned> STARTS = new java.util.concurrent.SynchronousQueue<>();
+
+    /** Starts every runtime thread; never placed in a slot (see the class comment). */
+    private static final Thread SPAWNER = spawner();
+
     /**
-     * A daemon thread of the runtime's own, wherever the thread that starts it runs: in
-     * RUNTIME_THREADS, inheriting no activation. A thread made while a worker runs an activation
+     * A daemon thread of the runtime's own, unstarted, wherever the thread that makes it runs: in
+     * RUNTIME_THREADS, inheriting no activation (a thread made while a worker runs an activation
      * otherwise lands in the worker's group, and ends with the first activation there that
-     * started a thread of its own.
+     * started a thread of its own). Its {@code start()} has the spawner start it.
      */
-    public static Thread.Builder.OfPlatform runtimeThread(String name) {
-        return Thread.ofPlatform().daemon().group(RUNTIME_THREADS).inheritInheritableThreadLocals(false).name(name);
+    public static Thread runtimeThread(String name, Runnable task) {
+        return runtimeThread(RUNTIME_THREADS, name, task);
+    }
+
+    /** {@link #runtimeThread(String, Runnable)} in {@code group} (one under RUNTIME_THREADS). */
+    public static Thread runtimeThread(ThreadGroup group, String name, Runnable task) {
+        return new Spawned(group, name, false, task);
+    }
+
+    /** A runtime thread, started (by the spawner). */
+    public static Thread startRuntimeThread(String name, Runnable task) {
+        Thread t = runtimeThread(name, task);
+        t.start();
+        return t;
+    }
+
+    /** Makes runtime threads, each started by the spawner when its {@code start()} is called (the slot client's). */
+    public static java.util.concurrent.ThreadFactory factory(String name) {
+        java.util.concurrent.atomic.AtomicInteger n = new java.util.concurrent.atomic.AtomicInteger();
+        return r -> runtimeThread(name + "-" + n.incrementAndGet(), r);
     }
 
     /**
      * Makes {@code make}'s value on a runtime thread: what it starts as it is made (the JDK's
-     * HTTP client starts its selector thread in the maker's group) is the runtime's, not a worker's.
+     * HTTP client starts its selector thread in the maker's group, and cgroup) is the runtime's,
+     * not a worker's.
      */
     public static <T> T makeOnRuntimeThread(String name, java.util.function.Supplier<T> make) {
-        return makeOn(runtimeThread(name), make);
+        return makeOn(RUNTIME_THREADS, name, false, make);
     }
 
     /**
-     * Makes {@code make}'s value on a new thread of {@code thread} and waits for it, interrupted
-     * or not (the value is made once, for everyone, and an interrupt does not stop what makes
-     * it); what {@code make} throws is thrown here.
+     * Makes {@code make}'s value on a new daemon thread in {@code group} (started by the spawner)
+     * and waits for it, interrupted or not (the value is made once, for everyone, and an
+     * interrupt does not stop what makes it); what {@code make} throws is thrown here.
      */
-    public static <T> T makeOn(Thread.Builder.OfPlatform thread, java.util.function.Supplier<T> make) {
+    public static <T> T makeOn(ThreadGroup group, String name, boolean inheritThreadLocals, java.util.function.Supplier<T> make) {
         Object[] out = new Object[1];
         Throwable[] failed = new Throwable[1];
-        Thread t = thread.start(() -> {
+        Thread t = new Spawned(group, name, inheritThreadLocals, () -> {
             try {
                 out[0] = make.get();
             } catch (Throwable e) {
                 failed[0] = e;
             }
         });
+        t.start();
         boolean interrupted = false;
         while (true) {
             try {
@@ -65,10 +98,104 @@ public final class RuntimeThreads {
         return v;
     }
 
-    /** An executor on runtime threads (for the JDK's HTTP clients, whose default one makes threads in the submitter's group). */
-    public static java.util.concurrent.ExecutorService runtimeExecutor(String name) {
+    /**
+     * An executor on runtime threads (for the JDK's HTTP clients, whose default one makes threads
+     * in the submitter's group), as a cached pool: a task goes to an idle thread of its own, else
+     * to a new one, which waits a minute for the next. Not the JDK's pool: it starts its threads
+     * itself, from the submitting thread (a worker, in its slot), not through {@code start()}.
+     */
+    public static java.util.concurrent.Executor runtimeExecutor(String name) {
+        java.util.concurrent.SynchronousQueue<Runnable> idle = new java.util.concurrent.SynchronousQueue<>();
         java.util.concurrent.atomic.AtomicInteger n = new java.util.concurrent.atomic.AtomicInteger();
-        return java.util.concurrent.Executors.newCachedThreadPool(r -> runtimeThread(name + "-" + n.incrementAndGet()).unstarted(r));
+        return task -> {
+            java.util.Objects.requireNonNull(task);
+            if (idle.offer(task)) return;
+            startRuntimeThread(name + "-" + n.incrementAndGet(), () -> {
+                for (Runnable r = task; r != null; ) {
+                    r.run();
+                    try {
+                        r = idle.poll(60, java.util.concurrent.TimeUnit.SECONDS);
+                    } catch (InterruptedException e) {
+                        r = null;
+                    }
+                }
+            });
+        };
+    }
+
+    /** Whether {@code t} is started by the spawner (tests). */
+    static boolean spawned(Thread t) { return t instanceof Spawned; }
+
+    /**
+     * A daemon thread whose {@code start()}, called from any thread, has the spawner start it
+     * and returns once it has (what starting it threw is thrown here). Made by its caller (the
+     * group, thread locals and context loader are the caller's to give), started by the spawner.
+     */
+    private static final class Spawned extends Thread {
+        private final java.util.concurrent.CountDownLatch started = new java.util.concurrent.CountDownLatch(1);
+        private volatile Throwable failed;
+
+        Spawned(ThreadGroup group, String name, boolean inheritThreadLocals, Runnable task) {
+            super(group, task, name, 0, inheritThreadLocals);
+            setDaemon(true);
+        }
+
+        @Override
+        public void start() {
+            if (Thread.currentThread() == SPAWNER) {
+                super.start();
+                return;
+            }
+            boolean interrupted = false;
+            try {
+                while (true) {
+                    try {
+                        STARTS.put(this);
+                        break;
+                    } catch (InterruptedException e) {
+                        interrupted = true;
+                    }
+                }
+                while (true) {
+                    try {
+                        started.await();
+                        break;
+                    } catch (InterruptedException e) {
+                        interrupted = true;
+                    }
+                }
+            } finally {
+                if (interrupted) Thread.currentThread().interrupt();
+            }
+            Throwable f = failed;
+            if (f instanceof RuntimeException e) throw e;
+            if (f instanceof Error e) throw e;
+        }
+
+        /** On the spawner. */
+        void startHere() {
+            try {
+                start();
+            } catch (Throwable e) { // not started (no memory for a thread): the caller gets it
+                failed = e;
+            } finally {
+                started.countDown();
+            }
+        }
+    }
+
+    private static Thread spawner() {
+        Thread t = Thread.ofPlatform().daemon().group(RUNTIME_THREADS).inheritInheritableThreadLocals(false)
+                .name("cpuslot-spawner").unstarted(() -> {
+                    while (true) {
+                        try {
+                            STARTS.take().startHere();
+                        } catch (Throwable e) { // interrupted (a function's reach: ignored), or no memory: go on
+                        }
+                    }
+                });
+        t.start();
+        return t;
     }
 
     private static ThreadGroup top() {

@@ -67,8 +67,7 @@ final class Contexts {
         long t0 = System.nanoTime(), until = t0 + budgetMs * 1_000_000L;
         int calls = 0;
         Context c = contextBuilder(id, engine(id)).build();
-        Thread stop = Thread.ofPlatform().daemon().name("compiler-warmup-stop").group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
-                .inheritInheritableThreadLocals(false).start(() -> {
+        Thread stop = dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("compiler-warmup-stop", () -> {
                     try {
                         Thread.sleep(Math.max(0, (until - System.nanoTime()) / 1_000_000L));
                         c.close(true);
@@ -118,8 +117,7 @@ final class Contexts {
     /** A spare, after {@code compilerWarmupMs} of {@link #warmCompiler} (the prewarm's, before the first /init takes it). */
     private static java.util.concurrent.CompletableFuture<Context> startSpare(String id, long compilerWarmupMs) {
         var f = new java.util.concurrent.CompletableFuture<Context>();
-        Thread.ofPlatform().daemon().name("prewarm-" + id).group(dev.cpuslot.runtime.guard.RuntimeThreads.RUNTIME_THREADS)
-                .inheritInheritableThreadLocals(false).start(() -> {
+        dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("prewarm-" + id, () -> {
                     try {
                         Context c = spareContext(id);
                         try {

@@ -132,7 +132,7 @@ public final class PolyglotFunction implements Function {
      */
     static <T> T onPlatformThread(java.util.function.Supplier<T> work) {
         if (!Thread.currentThread().isVirtual()) return work.get();
-        return dev.cpuslot.runtime.guard.RuntimeThreads.makeOn(Thread.ofPlatform().daemon().name("polyglot-init"), work);
+        return dev.cpuslot.runtime.guard.RuntimeThreads.makeOn(Thread.currentThread().getThreadGroup(), "polyglot-init", true, work);
     }
 
     /**
