@@ -23,7 +23,7 @@ public final class RuntimeThreads {
     public static final ThreadGroup RUNTIME_THREADS = new ThreadGroup(top(), "cpuslot-runtime");
 
     /** The threads whose start waits for the spawner. */
-    private static final java.util.concurrent.SynchronousQueue<Spawned> STARTS = new java.util.concurrent.SynchronousQueue<>();
+    private static final java.util.concurrent.SynchronousQueue<java.util.concurrent.FutureTask<Void>> STARTS = new java.util.concurrent.SynchronousQueue<>();
 
     /** Starts every runtime thread; never placed in a slot (see the class comment). */
     private static final Thread SPAWNER = spawner();
@@ -123,18 +123,12 @@ public final class RuntimeThreads {
         };
     }
 
-    /** Whether {@code t} is started by the spawner (tests). */
-    static boolean spawned(Thread t) { return t instanceof Spawned; }
-
     /**
      * A daemon thread whose {@code start()}, called from any thread, has the spawner start it
      * and returns once it has (what starting it threw is thrown here). Made by its caller (the
      * group, thread locals and context loader are the caller's to give), started by the spawner.
      */
     private static final class Spawned extends Thread {
-        private final java.util.concurrent.CountDownLatch started = new java.util.concurrent.CountDownLatch(1);
-        private volatile Throwable failed;
-
         Spawned(ThreadGroup group, String name, boolean inheritThreadLocals, Runnable task) {
             super(group, task, name, 0, inheritThreadLocals);
             setDaemon(true);
@@ -146,11 +140,12 @@ public final class RuntimeThreads {
                 super.start();
                 return;
             }
+            java.util.concurrent.FutureTask<Void> start = new java.util.concurrent.FutureTask<>(super::start, null);
             boolean interrupted = false;
             try {
                 while (true) {
                     try {
-                        STARTS.put(this);
+                        STARTS.put(start);
                         break;
                     } catch (InterruptedException e) {
                         interrupted = true;
@@ -158,28 +153,18 @@ public final class RuntimeThreads {
                 }
                 while (true) {
                     try {
-                        started.await();
-                        break;
+                        start.get();
+                        return;
                     } catch (InterruptedException e) {
                         interrupted = true;
+                    } catch (java.util.concurrent.ExecutionException e) { // not started (started before, no memory for a thread)
+                        if (e.getCause() instanceof RuntimeException r) throw r;
+                        if (e.getCause() instanceof Error r) throw r;
+                        throw new IllegalStateException(e.getCause());
                     }
                 }
             } finally {
                 if (interrupted) Thread.currentThread().interrupt();
-            }
-            Throwable f = failed;
-            if (f instanceof RuntimeException e) throw e;
-            if (f instanceof Error e) throw e;
-        }
-
-        /** On the spawner. */
-        void startHere() {
-            try {
-                start();
-            } catch (Throwable e) { // not started (no memory for a thread): the caller gets it
-                failed = e;
-            } finally {
-                started.countDown();
             }
         }
     }
@@ -189,7 +174,7 @@ public final class RuntimeThreads {
                 .name("cpuslot-spawner").unstarted(() -> {
                     while (true) {
                         try {
-                            STARTS.take().startHere();
+                            STARTS.take().run(); // what it throws goes back to the caller
                         } catch (Throwable e) { // interrupted (a function's reach: ignored), or no memory: go on
                         }
                     }
