@@ -152,6 +152,12 @@ public final class LocalBus {
     private final int maxDepth, maxAsync, maxPending;
     /** Asynchronous calls pending per owner (an owner's entry goes with its last call): one owner cannot fill another's. */
     private final java.util.concurrent.ConcurrentHashMap<String, Long> pending = new java.util.concurrent.ConcurrentHashMap<>();
+    /**
+     * The threads asynchronous calls run on: the runtime's, started outside any slot. Not virtual
+     * threads: starting one from the calling worker may make the scheduler's carrier there, in
+     * the caller's slot, where it would serve every virtual thread after.
+     */
+    private final java.util.concurrent.Executor asyncThreads = dev.cpuslot.runtime.guard.RuntimeThreads.runtimeExecutor("chain-async");
 
     public LocalBus(Host host, PlatformPath platform, Metrics metrics, int maxDepth, int maxAsync, int maxPending) {
         this.host = host;
@@ -369,7 +375,7 @@ public final class LocalBus {
         ActivationOutput.Capture callerLog = ActivationOutput.current();
         if (callerLog != null) callerLog.record(started);
         try {
-            Thread.ofVirtual().name("chain-async-" + name).inheritInheritableThreadLocals(false).start(() -> {
+            asyncThreads.execute(() -> {
                 try {
                     call.run();
                 } finally {
