@@ -547,7 +547,7 @@ class RuntimeWithAgentIT {
     /**
      * The runtime's own threads never start inside a function's slot: a new thread starts in its
      * creator's cgroup, and a chain call makes some from the calling worker, in its slot (the
-     * runtime log's writer, the callee's pool worker). None of the runtime's threads but its
+     * runtime log's writer, the callee's pool worker), as guest code may (the compiler's). None of the runtime's threads but its
      * workers (which place themselves for each activation, and leave) and its jail threads may sit
      * in a slot once the call has ended: a thread there runs on that quota and bill for good.
      * (Before: the log writer stayed in the caller's slot.)
@@ -563,8 +563,16 @@ class RuntimeWithAgentIT {
             r.register("bench", "dev.cpuslot.samples.ChainBench", samplesJar, "500m");
             RuntimeProc.Reply rep = r.invoke("bench", "{\"mode\":\"local\",\"callee\":\"hello\",\"n\":1}");
             assertEquals(200, rep.status(), rep.body());
+            Path js = work.resolve("own-threads-fib.js");
+            Files.writeString(js, "function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\nfunction main(a) { return { f: fib(a.n) }; }\n");
+            r.registerText("fib", "javascript", js, "500m");
+            for (int i = 0; i < 3; i++) {
+                RuntimeProc.Reply f = r.invoke("fib", "{\"n\":27}");
+                assertEquals(200, f.status(), f.body());
+            }
             assertTrue(threadNamed(r, comm -> comm.startsWith("cpuslot-log-wri")) > 0, "the chain call started the runtime log's writer");
             List<String> inSlots = new ArrayList<>();
+            int checked = 0;
             try (var ts = Files.list(Path.of("/proc/" + r.pid() + "/task"))) {
                 for (Path t : ts.toList()) {
                     try {
@@ -572,10 +580,12 @@ class RuntimeWithAgentIT {
                         String where = cg.cgroupOf(r.pid(), Long.parseLong(t.getFileName().toString()));
                         if (comm.startsWith("fn-") || comm.startsWith("runaway-jail-")) continue;
                         if (!where.equals(cgroup)) inSlots.add(comm + " in " + where);
+                        checked++;
                     } catch (IOException gone) { // the thread ended while listed
                     }
                 }
             }
+            report.add("the runtime's own threads after a chain call and a compiled JavaScript function: " + checked + " checked, in slots: " + inSlots);
             assertEquals(List.of(), inSlots, "runtime threads outside the runtime's own cgroup " + cgroup);
         }
     }
