@@ -296,7 +296,7 @@ final class Activation {
     // ---- a chain hop --------------------------------------------------------------------------
 
     /**
-     * One hop of a local chain (called by the bus on the caller's thread, or on a virtual thread
+     * One hop of a local chain (called by the bus on the caller's thread, or on a runtime thread
      * for an asynchronous call): the callee's own quota, pool, slot, metrics and log line, as
      * an invocation from the platform gets, with the deadline the bus gave it.
      */
