@@ -49,8 +49,8 @@ import java.util.regex.Pattern;
  * without the JIT options; each {@code --variant}: the jar given with more JVM options) gets a fresh
  * process and an OpenWhisk /init of the function; the baseline is a fresh node or python3 process
  * that calls the same code's {@code main} once per line on its stdin, and (unless {@code --no-http}) another
- * fresh one that serves the same {@code main} as an action container does, POST /run answered by node's
- * {@code http} or python3's single-threaded {@code http.server}. Then rounds: one /run to each
+ * fresh one that serves the same {@code main} as an action container does, POST /init (answered ok: the
+ * code is loaded) then POST /run, by node's {@code http} or python3's single-threaded {@code http.server}. Then rounds: one /run to each
  * runtime, one call of the baseline and one /run to the served baseline, in turn, so that every one
  * of them runs under the same load at the same time, until at least {@code --runs} rounds and
  * {@code --warm-seconds} of them. Warm: the median of the last {@code --last} calls of each (the
@@ -331,8 +331,8 @@ public final class GuestBench {
         if (http) {
             warmHead.append(" baseline via HTTP ms |");
             warmSep.append("---:|");
-            firstHead.append(" via HTTP start ms | via HTTP first /run ms | via HTTP first / warm |");
-            firstSep.append("---:|---:|---:|");
+            firstHead.append(" via HTTP start ms | via HTTP /init ms | via HTTP first /run ms | via HTTP first / warm |");
+            firstSep.append("---:|---:|---:|---:|");
         }
         for (Target t : targets) {
             warmHead.append(" ").append(t.label).append(" ms | ").append(t.label).append(" / baseline |");
@@ -391,7 +391,7 @@ public final class GuestBench {
                     StringBuilder first = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s |", lang, w.name, fmt(baseTimes.get(0))));
                     if (served != null) {
                         row.append(String.format(Locale.ROOT, " %s |", fmt(bh)));
-                        first.append(String.format(Locale.ROOT, " %.0f | %s | %.0fx |", served.startMs, fmt(baseHttp.get(0)), baseHttp.get(0) / bh));
+                        first.append(String.format(Locale.ROOT, " %.0f | %s | %s | %.0fx |", served.startMs, fmt(served.initMs), fmt(baseHttp.get(0)), baseHttp.get(0) / bh));
                     }
                     for (int i = 0; i < rts.size(); i++) {
                         double m = median(times.get(i), last), f = times.get(i).get(0);
@@ -422,7 +422,7 @@ public final class GuestBench {
         }
         System.out.println();
         System.out.println("# first call: /init, then the first /run after it (ms), and its ratio to the warm call; the baseline's first call in a fresh process;"
-                + " via HTTP: a fresh process's start to listening, its first /run (ms), and its ratio to its warm call");
+                + " via HTTP: a fresh process's start to listening, its /init (the code is in already), its first /run (ms), and its ratio to its warm call");
         System.out.println(firstHead);
         System.out.println(firstSep);
         firstRows.forEach(System.out::println);
@@ -556,7 +556,7 @@ public final class GuestBench {
         final Process proc;
         final Path log;
         final int port;
-        final double startMs;
+        final double startMs, initMs;
         String lastResult;
 
         HttpBaseline(String lang, Path harness, Path work) throws Exception {
@@ -567,6 +567,10 @@ public final class GuestBench {
                     .redirectErrorStream(true).redirectOutput(log.toFile()).start();
             port = awaitPort(proc, log, baselineCommand(lang) + " serving " + harness.getFileName());
             startMs = (System.nanoTime() - t0) / 1e6;
+            // an /init first, as the runtime gets (the code is in already): the first /run then finds the connection made
+            long t1 = System.nanoTime();
+            post(port, "/init", "{\"value\":{}}", log);
+            initMs = (System.nanoTime() - t1) / 1e6;
         }
 
         /** One /run; its round trip in ms. */

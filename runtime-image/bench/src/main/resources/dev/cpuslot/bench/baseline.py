@@ -1,7 +1,7 @@
 # GuestBench's baseline: appended to a function's code and run by python3. Without arguments a line on
 # stdin is one call: its own time (ms) on stdout; "r": the result as JSON. With "http": main served
-# as an action container serves it, POST /run {"value": ...} answered with main(value) as JSON, by
-# http.server, single-threaded; "listening on :PORT" once it listens.
+# as an action container serves it, POST /run {"value": ...} answered with main(value) as JSON (and
+# POST /init with ok: the code is loaded), by http.server, single-threaded; "listening on :PORT" once it listens.
 import sys as __sys, time as __time, json as __json
 def __serve():
     import http.server, json as j  # (no __ name in a class: it would be mangled)
@@ -12,8 +12,10 @@ def __serve():
             body = self.rfile.read(int(self.headers.get('Content-Length', 0)))
             status = 200
             try:
-                if self.path != '/run':
-                    status, b = 404, {'error': 'POST /run only'}
+                if self.path == '/init':  # the code is in already
+                    b = {'ok': True}
+                elif self.path != '/run':
+                    status, b = 404, {'error': 'POST /init or /run only'}
                 else:
                     b = main(j.loads(body)['value'])
             except Exception as e:
