@@ -391,16 +391,16 @@ public final class GuestBench {
                     StringBuilder first = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s |", lang, w.name, fmt(baseTimes.get(0))));
                     if (served != null) {
                         row.append(String.format(Locale.ROOT, " %s |", fmt(bh)));
-                        first.append(String.format(Locale.ROOT, " %.0f | %s | %s | %.0fx |", served.startMs, fmt(served.initMs), fmt(baseHttp.get(0)), baseHttp.get(0) / bh));
+                        first.append(String.format(Locale.ROOT, " %.0f | %s | %s | %s |", served.startMs, fmt(served.initMs), fmt(baseHttp.get(0)), ratio(baseHttp.get(0) / bh)));
                     }
                     for (int i = 0; i < rts.size(); i++) {
                         double m = median(times.get(i), last), f = times.get(i).get(0);
                         // hello's main does nothing: its time in process is no baseline for a call through HTTP
                         row.append(String.format(Locale.ROOT, " %s | %s |", fmt(m), w.name.equals("hello") ? "" : String.format(Locale.ROOT, "%.2fx", m / b)));
-                        first.append(String.format(Locale.ROOT, " %.0f | %s | %.0fx |", rts.get(i).initMs, fmt(f), f / m));
+                        first.append(String.format(Locale.ROOT, " %.0f | %s | %s |", rts.get(i).initMs, fmt(f), ratio(f / m)));
                         if (served != null) {
                             row.append(String.format(Locale.ROOT, " %.2fx |", m / bh));
-                            first.append(String.format(Locale.ROOT, " %.0fx |", f / baseHttp.get(0)));
+                            first.append(String.format(Locale.ROOT, " %s |", ratio(f / baseHttp.get(0))));
                         }
                         if (w.name.equals("hello")) {
                             Runtime rt = rts.get(i);
@@ -462,6 +462,11 @@ public final class GuestBench {
 
     static String fmt(double ms) {
         return ms >= 100 ? String.format(Locale.ROOT, "%.0f", ms) : ms >= 1 ? String.format(Locale.ROOT, "%.2f", ms) : String.format(Locale.ROOT, "%.3f", ms);
+    }
+
+    /** A first call's ratio: whole above 10, one decimal below (a first call can be shorter than the warm median on a loaded machine). */
+    static String ratio(double r) {
+        return String.format(Locale.ROOT, r >= 10 ? "%.0fx" : "%.1fx", r);
     }
 
     static String loadAverage() {
