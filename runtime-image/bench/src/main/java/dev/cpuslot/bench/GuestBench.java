@@ -421,8 +421,8 @@ public final class GuestBench {
             }
         }
         System.out.println();
-        System.out.println("# first call: /init, then the first /run after it (ms), and its ratio to the warm call; the baseline's first call in a fresh process;"
-                + " via HTTP: a fresh process's start to listening, its /init (the code is in already), its first /run (ms), and its ratio to its warm call");
+        System.out.println("# first call: /init, then the first /run after it (ms), and its ratio to the warm call; the baseline's first call in a fresh process"
+                + (http ? "; via HTTP: a fresh process's start to listening, its /init (the code is in already), its first /run (ms), and its ratio to its warm call" : ""));
         System.out.println(firstHead);
         System.out.println(firstSep);
         firstRows.forEach(System.out::println);
