@@ -2,7 +2,8 @@
 # Guest code through the runtime against node and python3, side by side in one run: function-shaped
 # workloads (fib, a JSON round trip, a regex extraction, group and sort, in JavaScript also with
 # localeCompare, string building and number formatting, dict/object aggregation, hello), warm and
-# first call, each answer checked against the baseline's, with the runtime started as its
+# first call, each answer checked against the baseline's (main called in process, and main served over
+# HTTP as an action container serves it, unless --no-http), with the runtime started as its
 # image starts it; rounds alternate between every runtime under test and the baseline, so that they
 # share the machine's load; then memory per registered function (Java, JavaScript, Python) and a new
 # function's first call, against one node, python3 or JVM process per function. Needs node and python3

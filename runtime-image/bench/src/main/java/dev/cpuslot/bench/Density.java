@@ -129,7 +129,7 @@ final class Density {
             p = new ProcessBuilder(Path.of(System.getProperty("java.home"), "bin", "java").toString(), "-cp", jar.toString(), "Hello")
                     .redirectErrorStream(true).start();
         } else {
-            GuestBench.Baseline b = new GuestBench.Baseline(lang, code, work);
+            GuestBench.Baseline b = new GuestBench.Baseline(lang, GuestBench.harness(lang, code, work));
             p = b.proc;
         }
         try (var in = new java.io.BufferedReader(new java.io.InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8));

@@ -34,7 +34,7 @@ import java.util.regex.Pattern;
  * java -cp bench.jar dev.cpuslot.bench.GuestBench --runtime-jar runtime/target/runtime-0.1.0-SNAPSHOT.jar \
  *      --image-dir image [--warm-seconds 20] [--last 10] [--runs 20] [--languages javascript,python]
  *      [--workloads fib,json,...,memory] [--before-jar OLD.jar [--before-image-dir DIR]] [--interpreted] [--variant NAME=-Dopt=v,-Dopt2=v]
- *      [--functions 20] [--pause-ms 1000]
+ *      [--no-http] [--functions 20] [--pause-ms 1000]
  * </pre>
  *
  * The {@code memory} workload ({@link Density}) registers {@code --functions} hello-world functions
@@ -47,16 +47,18 @@ import java.util.regex.Pattern;
  * build, its {@code lib/} and {@code compiler/} beside it, started the same way, with the JVM options of
  * {@code --before-image-dir} when given; "interpreted":
  * without the JIT options; each {@code --variant}: the jar given with more JVM options) gets a fresh
- * process and an OpenWhisk /init of the function, and the baseline a fresh node or python3 process
- * that calls the same code's {@code main} once per line on its stdin. Then rounds: one /run to each
- * runtime and one call of the baseline, in turn, so that every one of them runs under the same load
- * at the same time, until at least {@code --runs} rounds and {@code --warm-seconds} of them. Warm:
- * the median of the last {@code --last} calls of each (the runtime's through /run, HTTP included;
- * the baseline's its own time around {@code main}, and the round trip of the same {@code main} served by
- * node's {@code http} or python3's {@code http.server} in that process, by the same client: the like
- * for like of a call through /run, which for hello-world is all there is); every runtime's first answer
- * must equal the baseline's result; first: the first call after /init (the
- * baseline's first call in its process). Graal runs as Java bytecode on a stock JDK and warms up
+ * process and an OpenWhisk /init of the function; the baseline is a fresh node or python3 process
+ * that calls the same code's {@code main} once per line on its stdin, and (unless {@code --no-http}) another
+ * fresh one that serves the same {@code main} as an action container does, POST /init (answered ok: the
+ * code is loaded) then POST /run, by node's {@code http} or python3's single-threaded {@code http.server}. Then rounds: one /run to each
+ * runtime, one call of the baseline and one /run to the served baseline, in turn, so that every one
+ * of them runs under the same load at the same time, until at least {@code --runs} rounds and
+ * {@code --warm-seconds} of them. Warm: the median of the last {@code --last} calls of each (the
+ * runtime's and the served baseline's round trip of the same /run by the same client, HTTP included:
+ * like for like, which for hello-world is all there is; the baseline's its own time around
+ * {@code main}); every first answer must equal the baseline's result; first: the first /run after
+ * /init, the served baseline's first /run after its start, the baseline's first call, each
+ * {@code main}'s first call in its process. Graal runs as Java bytecode on a stock JDK and warms up
  * itself before guest code reaches its compiled speed, hundreds to thousands of calls. The load
  * average is printed with every row: on a shared machine only the ratios of one row compare.
  * A hang fails with the runtime's log.
@@ -261,7 +263,7 @@ public final class GuestBench {
         Path jar = null, before = null, imageDir = Path.of("image"), beforeImageDir = null;
         int runs = 20, last = 10;
         double warmSeconds = 20;
-        boolean interpreted = false;
+        boolean interpreted = false, http = true;
         List<String> languages = List.of("javascript", "python");
         List<String> workloads = new ArrayList<>(WORKLOADS.stream().map(Workload::name).toList());
         workloads.add(Density.NAME);
@@ -282,6 +284,7 @@ public final class GuestBench {
                 case "--before-jar" -> before = Path.of(args[++i]);
                 case "--before-image-dir" -> beforeImageDir = Path.of(args[++i]);
                 case "--interpreted" -> interpreted = true;
+                case "--no-http" -> http = false;
                 case "--variant" -> {
                     String v = args[++i];
                     int eq = v.indexOf('=');
@@ -291,7 +294,7 @@ public final class GuestBench {
                 default -> {
                     System.err.println("usage: GuestBench --runtime-jar JAR [--image-dir DIR] [--warm-seconds S] [--last N] [--runs M]"
                             + " [--languages javascript,python] [--workloads " + String.join(",", workloads) + "] [--before-jar OLD.jar [--before-image-dir DIR]]"
-                            + " [--interpreted] [--variant NAME=-Dopt=v,...] [--functions N] [--pause-ms MS]");
+                            + " [--interpreted] [--variant NAME=-Dopt=v,...] [--no-http] [--functions N] [--pause-ms MS]");
                     System.exit(2);
                 }
             }
@@ -317,17 +320,31 @@ public final class GuestBench {
         }
 
         System.out.printf(Locale.ROOT, "# warm: median of the last %d calls (ms) after at least %d rounds and %.0f s of them; every runtime"
-                + " through /run, started as its image starts it; %s; baseline: main's own time in process; via HTTP: the same main served by"
-                + " node's http or python3's http.server, the round trip by /run's client (hello: the per-call cost of each); every answer"
+                + " through /run, started as its image starts it; %s; baseline: main's own time in process%s; every answer"
                 + " checked equal to the baseline's; load average (1 min) at a row's start and end; %d cores%n",
-                last, runs, warmSeconds, targets.stream().map(t -> t.label + " = " + t.what).toList(), java.lang.Runtime.getRuntime().availableProcessors());
-        StringBuilder warmHead = new StringBuilder("| language | workload | baseline ms | baseline via HTTP ms |"), warmSep = new StringBuilder("|---|---|---:|---:|");
+                last, runs, warmSeconds, targets.stream().map(t -> t.label + " = " + t.what).toList(),
+                http ? "; via HTTP: the same main served as an action container serves it, by node's http or python3's http.server"
+                        + " in a process of its own, the round trip of the same /run by the same client (hello: the per-call cost of each)" : "",
+                java.lang.Runtime.getRuntime().availableProcessors());
+        StringBuilder warmHead = new StringBuilder("| language | workload | baseline ms |"), warmSep = new StringBuilder("|---|---|---:|");
         StringBuilder firstHead = new StringBuilder("| language | workload | baseline first ms |"), firstSep = new StringBuilder("|---|---|---:|");
+        if (http) {
+            warmHead.append(" baseline via HTTP ms |");
+            warmSep.append("---:|");
+            firstHead.append(" via HTTP start ms | via HTTP /init ms | via HTTP first /run ms | via HTTP first / warm |");
+            firstSep.append("---:|---:|---:|---:|");
+        }
         for (Target t : targets) {
-            warmHead.append(" ").append(t.label).append(" ms | ").append(t.label).append(" / baseline | ").append(t.label).append(" / via HTTP |");
-            warmSep.append("---:|---:|---:|");
+            warmHead.append(" ").append(t.label).append(" ms | ").append(t.label).append(" / baseline |");
+            warmSep.append("---:|---:|");
             firstHead.append(" ").append(t.label).append(" /init ms | ").append(t.label).append(" first /run ms | ").append(t.label).append(" first / warm |");
             firstSep.append("---:|---:|---:|");
+            if (http) {
+                warmHead.append(" ").append(t.label).append(" / via HTTP |");
+                warmSep.append("---:|");
+                firstHead.append(" ").append(t.label).append(" first / via HTTP first |");
+                firstSep.append("---:|");
+            }
         }
         System.out.println(warmHead.append(" load |"));
         System.out.println(warmSep.append("---|"));
@@ -339,7 +356,8 @@ public final class GuestBench {
                 String code = js ? w.js : w.py, load0 = loadAverage();
                 if (code == null) continue;
                 List<Runtime> rts = new ArrayList<>();
-                try (Baseline base = new Baseline(lang, code, work)) {
+                Path harness = harness(lang, code, work);
+                try (Baseline base = new Baseline(lang, harness); HttpBaseline served = http ? new HttpBaseline(lang, harness, work) : null) {
                     // one cold start at a time: a runtime's start and /init do not overlap another's
                     // (whose prewarm would otherwise run meanwhile and count in the first one's /init)
                     for (Target t : targets) {
@@ -348,30 +366,42 @@ public final class GuestBench {
                         rt.init(code);
                     }
                     List<List<Double>> times = new ArrayList<>();
-                    List<Double> baseTimes = new ArrayList<>();
+                    List<Double> baseTimes = new ArrayList<>(), baseHttp = new ArrayList<>();
                     for (int i = 0; i < rts.size(); i++) times.add(new ArrayList<>());
                     long until = System.nanoTime() + (long) (warmSeconds * 1e9);
-                    List<Double> baseHttp = new ArrayList<>();
-                    String expected = canonical(base.result());
                     for (int round = 0; round < runs || System.nanoTime() - until < 0; round++) {
                         for (int i = 0; i < rts.size(); i++) {
                             times.get(i).add(rts.get(i).run());
                             rts.get(i).sampleCpu(last);
-                            if (round == 0 && !canonical(rts.get(i).lastResult).equals(expected))
-                                throw new IllegalStateException(targets.get(i).label + "'s " + lang + " " + w.name + " answered " + rts.get(i).lastResult
-                                        + ", " + base.what + " " + expected);
                         }
                         baseTimes.add(base.call());
-                        baseHttp.add(base.httpCall());
+                        if (served != null) baseHttp.add(served.run());
+                        if (round > 0) continue;
+                        // every first call was main's first in its process; the answers are checked after them
+                        String expected = canonical(base.result());
+                        Map<String, String> answers = new LinkedHashMap<>();
+                        for (int i = 0; i < rts.size(); i++) answers.put(targets.get(i).label, rts.get(i).lastResult);
+                        if (served != null) answers.put(base.what + " via HTTP", served.lastResult);
+                        for (var a : answers.entrySet())
+                            if (!canonical(a.getValue()).equals(expected))
+                                throw new IllegalStateException(a.getKey() + "'s " + lang + " " + w.name + " answered " + a.getValue() + ", " + base.what + " " + expected);
                     }
-                    double b = median(baseTimes, last), bh = median(baseHttp, last);
-                    StringBuilder row = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s (%s) | %s |", lang, w.name, fmt(b), js ? "node" : "python3", fmt(bh)));
+                    double b = median(baseTimes, last), bh = http ? median(baseHttp, last) : Double.NaN;
+                    StringBuilder row = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s (%s) |", lang, w.name, fmt(b), base.what));
                     StringBuilder first = new StringBuilder(String.format(Locale.ROOT, "| %s | %s | %s |", lang, w.name, fmt(baseTimes.get(0))));
+                    if (served != null) {
+                        row.append(String.format(Locale.ROOT, " %s |", fmt(bh)));
+                        first.append(String.format(Locale.ROOT, " %.0f | %s | %s | %s |", served.startMs, fmt(served.initMs), fmt(baseHttp.get(0)), ratio(baseHttp.get(0) / bh)));
+                    }
                     for (int i = 0; i < rts.size(); i++) {
                         double m = median(times.get(i), last), f = times.get(i).get(0);
                         // hello's main does nothing: its time in process is no baseline for a call through HTTP
-                        row.append(String.format(Locale.ROOT, " %s | %s | %.2fx |", fmt(m), w.name.equals("hello") ? "" : String.format(Locale.ROOT, "%.2fx", m / b), m / bh));
-                        first.append(String.format(Locale.ROOT, " %.0f | %s | %.0fx |", rts.get(i).initMs, fmt(f), f / m));
+                        row.append(String.format(Locale.ROOT, " %s | %s |", fmt(m), w.name.equals("hello") ? "" : String.format(Locale.ROOT, "%.2fx", m / b)));
+                        first.append(String.format(Locale.ROOT, " %.0f | %s | %s |", rts.get(i).initMs, fmt(f), ratio(f / m)));
+                        if (served != null) {
+                            row.append(String.format(Locale.ROOT, " %.2fx |", m / bh));
+                            first.append(String.format(Locale.ROOT, " %s |", ratio(f / baseHttp.get(0))));
+                        }
                         if (w.name.equals("hello")) {
                             Runtime rt = rts.get(i);
                             startRows.add(String.format(Locale.ROOT, "| %s | %s | %.0f | %.0f | %.1f | %.0f |", lang, targets.get(i).label,
@@ -391,7 +421,8 @@ public final class GuestBench {
             }
         }
         System.out.println();
-        System.out.println("# first call: /init, then the first /run after it (ms), and its ratio to the warm call; the baseline's first call in a fresh process");
+        System.out.println("# first call: /init, then the first /run after it (ms), and its ratio to the warm call; the baseline's first call in a fresh process"
+                + (http ? "; via HTTP: a fresh process's start to listening, its /init (the code is in already), its first /run (ms), and its ratio to its warm call" : ""));
         System.out.println(firstHead);
         System.out.println(firstSep);
         firstRows.forEach(System.out::println);
@@ -433,6 +464,11 @@ public final class GuestBench {
         return ms >= 100 ? String.format(Locale.ROOT, "%.0f", ms) : ms >= 1 ? String.format(Locale.ROOT, "%.2f", ms) : String.format(Locale.ROOT, "%.3f", ms);
     }
 
+    /** A first call's ratio: whole above 10, one decimal below (a first call can be shorter than the warm median on a loaded machine). */
+    static String ratio(double r) {
+        return String.format(Locale.ROOT, r >= 10 ? "%.0fx" : "%.1fx", r);
+    }
+
     static String loadAverage() {
         try {
             return Files.readString(Path.of("/proc/loadavg")).split(" ")[0];
@@ -462,6 +498,22 @@ public final class GuestBench {
         return tail.length % 2 == 1 ? tail[tail.length / 2] : (tail[tail.length / 2 - 1] + tail[tail.length / 2]) / 2;
     }
 
+    /** A function's code with the baseline's harness appended (a resource beside this class: baseline.js, baseline.py), in a file of its own. */
+    static Path harness(String lang, String code, Path work) throws IOException {
+        boolean js = lang.equals("javascript");
+        String name = js ? "baseline.js" : "baseline.py";
+        try (var r = GuestBench.class.getResourceAsStream(name)) {
+            if (r == null) throw new IOException("no resource " + name + " beside GuestBench");
+            Path f = Files.createTempFile(work, "baseline", js ? ".js" : ".py");
+            Files.writeString(f, code + "\n" + new String(r.readAllBytes(), StandardCharsets.UTF_8));
+            return f;
+        }
+    }
+
+    static String baselineCommand(String lang) {
+        return lang.equals("javascript") ? "node" : "python3";
+    }
+
     /** The same code in node or python3, its main called once per line on stdin; each call's own time (ms) on stdout. */
     static final class Baseline implements AutoCloseable {
         final Process proc;
@@ -469,23 +521,11 @@ public final class GuestBench {
         final BufferedReader out;
         final String what;
 
-        Baseline(String lang, String code, Path work) throws IOException {
-            boolean js = lang.equals("javascript");
-            what = js ? "node" : "python3";
-            // the harness (a resource beside this class) reads calls from stdin: see baseline.js, baseline.py
-            String harness = code + "\n" + resource(js ? "baseline.js" : "baseline.py");
-            Path f = Files.createTempFile(work, "baseline", js ? ".js" : ".py");
-            Files.writeString(f, harness);
-            proc = new ProcessBuilder(what, f.toString()).redirectErrorStream(true).start();
+        Baseline(String lang, Path harness) throws IOException {
+            what = baselineCommand(lang);
+            proc = new ProcessBuilder(what, harness.toString()).redirectErrorStream(true).start();
             in = new OutputStreamWriter(proc.getOutputStream(), StandardCharsets.UTF_8);
             out = new BufferedReader(new InputStreamReader(proc.getInputStream(), StandardCharsets.UTF_8));
-        }
-
-        private static String resource(String name) throws IOException {
-            try (var r = GuestBench.class.getResourceAsStream(name)) {
-                if (r == null) throw new IOException("no resource " + name + " beside GuestBench");
-                return new String(r.readAllBytes(), StandardCharsets.UTF_8);
-            }
         }
 
         double call() throws IOException {
@@ -495,23 +535,6 @@ public final class GuestBench {
         /** main's result, as the language's own JSON serializer writes it. */
         String result() throws IOException {
             return send("r");
-        }
-
-        private int port;
-
-        /**
-         * One call of main served by the language's own HTTP server (node's http, python3's
-         * http.server) in this process: the round trip (ms) by the same client as /run's, so that
-         * the runtime's per-call cost (HTTP, hand-offs) compares like with like.
-         */
-        double httpCall() throws Exception {
-            if (port == 0) port = Integer.parseInt(send("h"));
-            long s = System.nanoTime();
-            HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + "/")).timeout(TIMEOUT)
-                    .POST(HttpRequest.BodyPublishers.ofString("{}")).build(), HttpResponse.BodyHandlers.ofString());
-            double ms = (System.nanoTime() - s) / 1e6;
-            if (r.statusCode() != 200) throw new IllegalStateException(what + " over HTTP: " + r.statusCode() + " " + r.body());
-            return ms;
         }
 
         private String send(String line) throws IOException {
@@ -526,6 +549,71 @@ public final class GuestBench {
         public void close() {
             proc.destroyForcibly();
         }
+    }
+
+    /**
+     * The same code served as an action container serves it, by node's http module or python3's
+     * http.server (single-threaded) in a fresh process of its own: POST /run with the request /run
+     * of the runtime gets, so that a call's round trip (ms, the same client) compares like with like,
+     * and the first /run is main's first call in that process.
+     */
+    static final class HttpBaseline implements AutoCloseable {
+        final Process proc;
+        final Path log;
+        final int port;
+        final double startMs, initMs;
+        String lastResult;
+
+        HttpBaseline(String lang, Path harness, Path work) throws Exception {
+            log = Files.createTempFile(work, "baseline-http", ".log");
+            long t0 = System.nanoTime();
+            // stdin empty: a harness that does not serve ends instead of waiting for calls there
+            proc = new ProcessBuilder(baselineCommand(lang), harness.toString(), "http").redirectInput(ProcessBuilder.Redirect.from(new java.io.File("/dev/null")))
+                    .redirectErrorStream(true).redirectOutput(log.toFile()).start();
+            port = awaitPort(proc, log, baselineCommand(lang) + " serving " + harness.getFileName());
+            startMs = (System.nanoTime() - t0) / 1e6;
+            // an /init first, as the runtime gets (the code is in already): the first /run then finds the connection made
+            long t1 = System.nanoTime();
+            post(port, "/init", "{\"value\":{}}", log);
+            initMs = (System.nanoTime() - t1) / 1e6;
+        }
+
+        /** One /run; its round trip in ms. */
+        double run() throws Exception {
+            long s = System.nanoTime();
+            lastResult = post(port, "/run", RUN_BODY, log);
+            return (System.nanoTime() - s) / 1e6;
+        }
+
+        @Override
+        public void close() {
+            proc.destroyForcibly();
+        }
+    }
+
+    /** The body of every /run: the runtime's and the HTTP baseline's. */
+    static final String RUN_BODY = "{\"value\":{}}";
+
+    /** The port of "listening on :PORT" in a process's log, waited for up to TIMEOUT; the log in the error if it exits or never listens. */
+    static int awaitPort(Process p, Path log, String what) throws Exception {
+        long until = System.nanoTime() + TIMEOUT.toNanos();
+        while (System.nanoTime() - until < 0) {
+            Matcher m = LISTENING.matcher(Files.readString(log));
+            if (m.find()) return Integer.parseInt(m.group(1));
+            if (!p.isAlive()) throw new IllegalStateException(what + " exited: " + Files.readString(log));
+            Thread.sleep(5);
+        }
+        p.destroyForcibly();
+        throw new IllegalStateException(what + " did not listen within " + TIMEOUT + ": " + Files.readString(log));
+    }
+
+    /** A POST's answer; anything but 200 fails with the answer and the server's log. */
+    static String post(int port, String path, String body, Path log) throws Exception {
+        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path)).timeout(TIMEOUT)
+                .POST(HttpRequest.BodyPublishers.ofString(body)).build(), HttpResponse.BodyHandlers.ofString());
+        if (r.statusCode() != 200)
+            throw new IllegalStateException(path + ": " + r.statusCode() + " " + r.body() + "\nlog:\n" + Files.readString(log));
+        return r.body();
     }
 
     /** One runtime process, as the image starts it, for one action. */
@@ -560,20 +648,13 @@ public final class GuestBench {
             e.put("CPUSLOT_LOG", "stderr");
             long t0 = System.nanoTime();
             Process p = pb.start();
-            long until = t0 + TIMEOUT.toNanos();
-            while (System.nanoTime() < until) {
-                Matcher m = LISTENING.matcher(Files.readString(log));
-                if (m.find()) return new Runtime(p, log, Integer.parseInt(m.group(1)), (System.nanoTime() - t0) / 1e6);
-                if (!p.isAlive()) throw new IllegalStateException("the runtime exited: " + Files.readString(log));
-                Thread.sleep(5);
-            }
-            p.destroyForcibly();
-            throw new IllegalStateException("the runtime did not listen within " + TIMEOUT + ": " + Files.readString(log));
+            int port = awaitPort(p, log, "the runtime");
+            return new Runtime(p, log, port, (System.nanoTime() - t0) / 1e6);
         }
 
         void init(String code) throws Exception {
             long t0 = System.nanoTime();
-            post("/init", "{\"value\":{\"name\":\"bench\",\"main\":\"main\",\"code\":" + quote(code) + "}}");
+            post(port, "/init", "{\"value\":{\"name\":\"bench\",\"main\":\"main\",\"code\":" + quote(code) + "}}", log);
             initMs = (System.nanoTime() - t0) / 1e6;
         }
 
@@ -583,7 +664,7 @@ public final class GuestBench {
         /** One /run; its round trip in ms. */
         double run() throws Exception {
             long s = System.nanoTime();
-            lastResult = post("/run", "{\"value\":{}}");
+            lastResult = post(port, "/run", RUN_BODY, log);
             return (System.nanoTime() - s) / 1e6;
         }
 
@@ -628,14 +709,6 @@ public final class GuestBench {
         void stop() throws InterruptedException {
             proc.destroy();
             if (!proc.waitFor(30, java.util.concurrent.TimeUnit.SECONDS)) proc.destroyForcibly();
-        }
-
-        private String post(String path, String body) throws Exception {
-            HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path)).timeout(TIMEOUT)
-                    .POST(HttpRequest.BodyPublishers.ofString(body)).build(), HttpResponse.BodyHandlers.ofString());
-            if (r.statusCode() != 200)
-                throw new IllegalStateException(path + ": " + r.statusCode() + " " + r.body() + "\nruntime log:\n" + Files.readString(log));
-            return r.body();
         }
     }
 
