@@ -201,6 +201,12 @@ start_agent() { # start_agent PREWARM
 
 # start_runtime NAME CGROUP ENV... : the runtime JVM in its own cgroup; sets <NAME>_PORT, <NAME>_METRICS
 start_runtime() {
+	launch_runtime "$@"
+	wait_runtime "$1"
+}
+
+# launch_runtime NAME CGROUP ENV... : start_runtime without waiting for it (wait_runtime NAME before use)
+launch_runtime() {
 	local name=$1 cg=$2 port metrics
 	shift 2
 	port="$(free_port 18080)"
@@ -221,9 +227,13 @@ start_runtime() {
 		# RUNTIME_PIDNS=0: in the host's PID namespace; the agent then places every thread itself
 		start_in_cgroup "$name" "$cg" "${cmd[@]}"
 	fi
-	wait_http "http://127.0.0.1:$metrics/metrics" "the runtime ($name)" "$WORK/$name.pid"
 	printf -v "${name^^}_PORT" '%s' "$port"
 	printf -v "${name^^}_METRICS" '%s' "$metrics"
+}
+
+wait_runtime() { # wait_runtime NAME
+	local metrics="${1^^}_METRICS"
+	wait_http "http://127.0.0.1:${!metrics}/metrics" "the runtime ($1)" "$WORK/$1.pid"
 }
 
 register() { # register PORT NAME CLASS [QUOTA]: Hydra /register of a sample Java function
@@ -316,6 +326,8 @@ main() {
 	info "node agent: serves every process in a cgroup below $DEMO_CG; slots kept ready: 200m, 300m, 500m, 1 core (2 each)"
 	info "            socket $AGENT_SOCK, metrics http://127.0.0.1:$AGENT_HTTP/metrics"
 	start_runtime rt "$DEMO_CG/runtime" CPUSLOT_SOCKET="$AGENT_SOCK"
+	# the baseline of "What a slot costs" (below): it starts while the functions are registered
+	launch_runtime base "$DEMO_CG/base" CPUSLOT_ENABLED=false
 	info "runtime:    JVM in cgroup $DEMO_CG/runtime, HTTP :$RT_PORT (OpenWhisk, Knative, Hydra), metrics :$RT_METRICS$([ "${RUNTIME_PIDNS:-1}" = 1 ] && echo ", PID 1 of a PID namespace of its own")"
 
 	say "Registering the sample functions (Hydra /register; the quota is the function's CPU limit per invocation)"
@@ -380,9 +392,10 @@ main() {
 		sed -n '/^steady/,$p' | sed 's/^/   /'
 	info ""
 	# The benchmark's setup (hack/bench-runtime.sh), shorter: the baseline is a runtime without cpuslot,
-	# not the demo runtime's own function without a quota, whose ratio moved with what the demo ran
-	# before it and with a warm-up too short for the JIT (docs/benchmarks.md, "The demo's comparison").
-	start_runtime base "$DEMO_CG/base" CPUSLOT_ENABLED=false
+	# not the demo runtime's own function without a quota, which shared the JVM's warm-up; with a
+	# warm-up too short for the JIT that ratio moved with the targets' order (docs/benchmarks.md,
+	# "The demo's comparison").
+	wait_runtime base
 	register "$BASE_PORT" hello HelloWorld
 	info "through the runtime: hello world over HTTP (Hydra POST /), as make bench-runtime measures it:"
 	info "  hello with a slot:  the demo's runtime; each invocation of hello-slot (quota 1 core) runs in a CPU slot"
