@@ -329,6 +329,8 @@ main() {
 	# the baseline of "What a slot costs" (below): it starts while the functions are registered
 	launch_runtime base "$DEMO_CG/base" CPUSLOT_ENABLED=false
 	info "runtime:    JVM in cgroup $DEMO_CG/runtime, HTTP :$RT_PORT (OpenWhisk, Knative, Hydra), metrics :$RT_METRICS$([ "${RUNTIME_PIDNS:-1}" = 1 ] && echo ", PID 1 of a PID namespace of its own")"
+	info "baseline:   a second runtime JVM with cpuslot off (CPUSLOT_ENABLED=false) in $DEMO_CG/base, HTTP :$BASE_PORT,"
+	info "            for the last comparison (what a slot costs against no cpuslot at all)"
 
 	say "Registering the sample functions (Hydra /register; the quota is the function's CPU limit per invocation)"
 	register "$RT_PORT" hello HelloWorld 200m
@@ -411,7 +413,7 @@ main() {
 	say "Cleaning up"
 	cleanup
 	trap - EXIT INT TERM
-	info "agent and runtime stopped, slots and $DEMO_CG removed"
+	info "agent and both runtimes stopped, slots and $DEMO_CG removed"
 	info "more: runtime-image/README.md (quota names, platforms, metrics), make test, hack/bench-runtime.sh"
 }
 
