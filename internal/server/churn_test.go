@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,81 @@ import (
 	"github.com/cpuslot/cpuslot/internal/cgroup/cgrouptest"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 )
+
+// TestChurnedConnectionsNotServed: a connection whose peer has closed it
+// before the agent took it, having sent nothing (a reconnect loop's), is
+// closed at accept: it gets no goroutine and its peer is not identified.
+// One whose peer sent its HELLO before closing its side is still served.
+// Watched failing before the agent looked: "50 of 50 connections closed
+// before their accept were identified".
+func TestChurnedConnectionsNotServed(t *testing.T) {
+	h := cgrouptest.Kernel(t)
+	var identified atomic.Int64
+	SetIdentifyHooks(false, func() { identified.Add(1) })
+	t.Cleanup(func() { SetIdentifyHooks(false, nil) }) // after the agent's Shutdown
+	l := DefaultLimits
+	l.AcceptRate, l.SharedAcceptRate = 1<<30, 1<<30
+	// The accept loop is held up in the first connection's charge (which
+	// container its cgroup is in) while the rest queue behind it.
+	r := &holdingResolver{countingResolver: countingResolver{read: map[string]int{}}, in: make(chan struct{}), hold: make(chan struct{})}
+	g := newChurnRig(t, h, l, r)
+	sock := g.listen("shared.sock", g.s.Serve)
+	first, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	select {
+	case <-r.in:
+	case <-time.After(time.Minute):
+		t.Fatal("the first connection was not taken within a minute")
+	}
+	const closed = 50
+	addr := &unix.SockaddrUnix{Name: sock}
+	for i := 0; i < closed; i++ {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Connect(fd, addr); err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+	}
+	// The last one says HELLO and closes its side before it is taken.
+	last, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer last.Close()
+	hello, err := slotv1.Append(nil, 1, &slotv1.Hello{MinVersion: 1, MaxVersion: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last.Write(hello)
+	last.CloseWrite()
+	close(r.hold)
+	last.SetReadDeadline(time.Now().Add(time.Minute))
+	if _, err := io.ReadFull(last, make([]byte, 4)); err != nil {
+		t.Fatalf("the HELLO sent before its connection was taken was not answered: %v", err)
+	}
+	if n := identified.Load() - 2; n > 0 {
+		t.Errorf("%d of %d connections closed before their accept were identified", n, closed)
+	}
+}
+
+// holdingResolver holds up the accept loop in its first Serving until
+// hold is closed, having said so on in.
+type holdingResolver struct {
+	countingResolver
+	once     sync.Once
+	in, hold chan struct{}
+}
+
+func (r *holdingResolver) Serving(cg string) string {
+	r.once.Do(func() { close(r.in); <-r.hold })
+	return r.countingResolver.Serving(cg)
+}
 
 // BenchmarkChurn measures what a churned connection (connect, close, as a
 // reconnect loop makes them) costs the accept loop of the shared socket,
