@@ -224,11 +224,16 @@ func (c *Container) foreignIn(slot string, tid int, own map[string]string) (Fore
 	return f, true
 }
 
-// threadCgroups reads the cgroups of one thread, by hierarchy key. It is
-// the scan's cost per thread, so it reads the file in one read where it
-// can (a few hierarchies of short paths) and parses it in place.
+// threadCgroups reads the cgroups of one thread, by hierarchy key.
 func threadCgroups(tid int) (map[string]string, error) {
-	name := "/proc/" + strconv.Itoa(tid) + "/task/" + strconv.Itoa(tid) + "/cgroup"
+	return cgroupFile("/proc/" + strconv.Itoa(tid) + "/task/" + strconv.Itoa(tid) + "/cgroup")
+}
+
+// cgroupFile reads a /proc cgroup file, by hierarchy key. It is the
+// scan's cost per thread and an accept's per peer, so it reads the file
+// in one read where it can (a few hierarchies of short paths), without
+// the poller, and parses it in place.
+func cgroupFile(name string) (map[string]string, error) {
 	fd, err := unix.Open(name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: name, Err: err}

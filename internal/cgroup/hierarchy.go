@@ -22,7 +22,6 @@ import (
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
-	"github.com/opencontainers/cgroups"
 )
 
 // Hierarchy is where the cpu controller lives on this machine.
@@ -169,7 +168,7 @@ func (h *Hierarchy) PathOfThread(pid, tid int) (string, error) {
 }
 
 func (h *Hierarchy) pathFrom(file string) (string, error) {
-	m, err := cgroups.ParseCgroupFile(file)
+	m, err := cgroupFile(file)
 	if err != nil {
 		return "", err
 	}

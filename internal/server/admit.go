@@ -1,7 +1,6 @@
 package server
 
 import (
-	"net"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -60,17 +59,12 @@ func newCharges() charges {
 // and from its cgroup's after (pace.go); false: one was empty, and the
 // connection is to be closed. A peer whose credentials or cgroup cannot be
 // read is charged to the node, as user -1 and cgroup "".
-func (s *Server) chargeOf(c *net.UnixConn, r Resolver, pace *pacing) (charge, bool) {
+func (s *Server) chargeOf(fd int, r Resolver, pace *pacing) (charge, bool) {
 	ch := charge{uid: -1}
-	var cred *unix.Ucred
-	rc, err := c.SyscallConn()
-	if err == nil {
-		cerr := rc.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-		if cerr != nil || err != nil {
-			cred = nil // a closed socket: Control never ran the read
-		}
-	}
-	if cred != nil {
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		cred = nil
+	} else {
 		ch.uid = int(cred.Uid)
 	}
 	// Root is every container's that has no user namespace: a bucket of

@@ -44,7 +44,7 @@ func (s *Server) serve(ln *Listener, r Resolver, own bool) error {
 	pace := newPacing(s.limits, own)
 	for {
 		pace.wait(s.metrics)
-		c, err := ln.AcceptUnix()
+		fd, err := ln.accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
@@ -61,7 +61,7 @@ func (s *Server) serve(ln *Listener, r Resolver, own bool) error {
 		}
 		backoff.reset()
 		loop.Begin()
-		ok := s.accepted(c, r, pace)
+		ok := s.accepted(fd, r, pace)
 		loop.End()
 		if !ok {
 			return nil
@@ -81,14 +81,21 @@ func (s *Server) Stalled(now time.Time, limit time.Duration) error {
 	return errors.Join(errs...)
 }
 
-// accepted charges a new connection to its share (admit.go) and serves it,
-// or closes it when its peer's accepts are paced (pace.go) or its share is
-// full; false: the server is closing.
-func (s *Server) accepted(c *net.UnixConn, r Resolver, pace *pacing) bool {
+// accepted charges a new connection, fd, to its share (admit.go) and
+// serves it, or closes it when its peer's accepts are paced (pace.go), its
+// peer hung up before it was taken, having sent nothing (a reconnect
+// loop's), or its share is full; false: the server is closing. Only a
+// connection to be served becomes a net.UnixConn, in the poller.
+func (s *Server) accepted(fd int, r Resolver, pace *pacing) bool {
 	ticks := bootTicks()
-	ch, ok := s.chargeOf(c, r, pace)
-	if !ok {
-		c.Close()
+	ch, ok := s.chargeOf(fd, r, pace)
+	if !ok || hungUp(fd) {
+		unix.Close(fd)
+		return true
+	}
+	c, err := unixConn(fd)
+	if err != nil {
+		s.metrics.Error(metrics.AcceptFailed)
 		return true
 	}
 	s.mu.Lock()

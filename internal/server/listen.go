@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,9 +22,14 @@ var ErrSocketPathTaken = errors.New("socket path is taken by something that is n
 // Listener is a Unix socket listener that removes its file when closed.
 type Listener struct {
 	*net.UnixListener
-	dir  int // O_PATH descriptor of the socket's directory
-	name string
-	path string
+	// raw is a duplicate of the socket, for accept: a net.UnixListener
+	// gives no access to its descriptor with the poller's wait.
+	raw *os.File
+	// closed is set once Close has begun: accept reports net.ErrClosed.
+	closed atomic.Bool
+	dir    int // O_PATH descriptor of the socket's directory
+	name   string
+	path   string
 
 	closeOnce sync.Once
 	closeErr  error
@@ -38,6 +44,8 @@ func (l *Listener) Close() error {
 }
 
 func (l *Listener) close() error {
+	l.closed.Store(true)
+	l.raw.Close()
 	err := l.UnixListener.Close()
 	var st unix.Stat_t
 	if unix.Fstatat(l.dir, l.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
@@ -112,12 +120,18 @@ func listenAt(dfd int, name string) (*Listener, error) {
 		return nil, err
 	}
 	ln.SetUnlinkOnClose(false)
-	l := &Listener{UnixListener: ln, dir: dfd, name: name}
+	raw, err := ln.File()
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	l := &Listener{UnixListener: ln, raw: raw, dir: dfd, name: name}
 	err = unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
 	if err == nil && (st.Mode&unix.S_IFMT != unix.S_IFSOCK || st.Mode&0o7777 != socketMode || int(st.Uid) != os.Geteuid()) {
 		err = fmt.Errorf("%w: after bind it is mode %#o, owner %d", ErrSocketPathTaken, st.Mode, st.Uid)
 	}
 	if err != nil {
+		raw.Close()
 		ln.Close()
 		return nil, err
 	}
@@ -151,6 +165,63 @@ func bindIn(dfd int, name string) (*net.UnixListener, error) {
 	}()
 	r := <-ch
 	return r.ln, r.err
+}
+
+// accept takes the next connection off the socket's queue as a bare
+// descriptor (blocking, close-on-exec), waiting in the poller only while
+// the queue is empty: a connection closed at accept never enters the
+// poller (no registration, no finalizer), which is most of what a churned
+// connection would cost. After Close it fails with net.ErrClosed.
+func (l *Listener) accept() (int, error) {
+	rc, err := l.raw.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd, aerr := -1, error(nil)
+	err = rc.Read(func(lfd uintptr) bool {
+		for {
+			fd, _, aerr = unix.Accept4(int(lfd), unix.SOCK_CLOEXEC)
+			// A connection reset in the queue is skipped, as net does.
+			if aerr != unix.EINTR && aerr != unix.ECONNABORTED {
+				return aerr != unix.EAGAIN
+			}
+		}
+	})
+	if err != nil {
+		if l.closed.Load() {
+			return -1, net.ErrClosed
+		}
+		return -1, err
+	}
+	return fd, aerr
+}
+
+// hungUp reports whether the peer of connection fd has closed it having
+// sent nothing: nothing it could ask can be answered.
+func hungUp(fd int) bool {
+	var b [1]byte
+	n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	if err != nil {
+		return err != unix.EAGAIN && err != unix.EINTR
+	}
+	return n == 0
+}
+
+// unixConn makes connection fd a net.UnixConn in the poller; fd itself is
+// closed (the conn holds a duplicate).
+func unixConn(fd int) (*net.UnixConn, error) {
+	f := os.NewFile(uintptr(fd), "")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("accepted a %T, not a Unix connection", c)
+	}
+	return uc, nil
 }
 
 // acceptBackoff spaces out accept retries after failures (out of fds or
