@@ -51,7 +51,10 @@ func NewContainer(t testing.TB, h *cgroup.Hierarchy, limitMilli uint32) string {
 		roots = append(roots, h.AcctRoot)
 	}
 	t.Cleanup(func() {
-		if err := h.RemoveTree(parent, cgroup.TreeOptions{}); err != nil {
+		// A process of the test that is still exiting (an orphan whose
+		// stdin just closed) cannot be moved out, and keeps its cgroup
+		// busy until its exit is through: retry until then.
+		if err := h.RemoveTree(parent, cgroup.TreeOptions{Wait: time.Minute}); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
