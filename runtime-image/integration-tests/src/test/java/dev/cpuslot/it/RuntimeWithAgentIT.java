@@ -1119,6 +1119,46 @@ class RuntimeWithAgentIT {
         }
     }
 
+    /**
+     * The compiler's slot outlives an agent restart as every lease does: after the agent is killed
+     * and started again, HotSpot's and Truffle's compiler threads are in a slot of the container's
+     * (the same one re-declared, or one taken again), and the runtime compiles and answers on.
+     */
+    @Test
+    @Order(16)
+    void theCompilersSlotOutlivesAnAgentRestart() throws Exception {
+        String cgroup = parent + "/rt-compiler-restart";
+        cg.create(cgroup);
+        Path js = work.resolve("compiler-restart.js");
+        Files.writeString(js, "function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\nfunction main(a) { return { f: fib(a.n) }; }\n");
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_COMPILER_QUOTA", "700m"), cg.procsFiles(cgroup), work.resolve("runtime-compiler-restart.log"))) {
+            r.registerText("fib", "javascript", js, "300m");
+            assertEquals(200, r.invoke("fib", "{\"n\":22}").status());
+            awaitCompilerSlot(r, cgroup, "before the restart");
+            agent.kill();
+            agent.start();
+            for (int i = 0; i < 3; i++) assertEquals(200, r.invoke("fib", "{\"n\":22}").status());
+            String after = awaitCompilerSlot(r, cgroup, "after the restart");
+            report.add("compiler threads after an agent restart in " + after);
+        }
+    }
+
+    /** Waits (up to 60 s) until HotSpot's and Truffle's compiler threads share a slot of the container; returns it. */
+    private String awaitCompilerSlot(RuntimeProc r, String cgroup, String when) throws Exception {
+        String last = "";
+        for (int i = 0; i < 600; i++) {
+            List<Long> c2 = r.threads("C2 CompilerThre"), truffle = r.threads("TruffleCompiler");
+            if (!c2.isEmpty() && !truffle.isEmpty()) {
+                String a = cg.cgroupOf(r.pid(), c2.get(0)), b = cg.cgroupOf(r.pid(), truffle.get(0));
+                last = a + " and " + b;
+                if (a.equals(b) && a.startsWith(cgroup + "/") && Prom.get(r.metrics(), "cpuslot_compiler_slot_quota_milli") == 700) return a;
+            }
+            Thread.sleep(100);
+        }
+        throw new AssertionError("compiler threads not in one slot of " + cgroup + " " + when + ": " + last + "\n" + r.metricsText());
+    }
+
     static long pct(List<Long> v, int p) {
         List<Long> s = new ArrayList<>(v);
         java.util.Collections.sort(s);
