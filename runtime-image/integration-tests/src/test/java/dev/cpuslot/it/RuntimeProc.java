@@ -81,6 +81,8 @@ final class RuntimeProc implements AutoCloseable {
         pb.environment().put("PORT", Integer.toString(port));
         pb.environment().put("CPUSLOT_METRICS_PORT", Integer.toString(metricsPort));
         pb.environment().put("CPUSLOT_LOG", "stderr"); // the runtime's own lines into this process's log file too
+        // no compiler slot unless a test asks for one: the tests count the invocations' leases
+        pb.environment().put("CPUSLOT_COMPILER_QUOTA", "0");
         pb.environment().putAll(env);
         process = pb.start();
         long until = System.nanoTime() + 60_000_000_000L;

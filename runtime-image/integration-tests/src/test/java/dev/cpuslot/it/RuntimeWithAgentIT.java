@@ -971,6 +971,194 @@ class RuntimeWithAgentIT {
         }
     }
 
+    /**
+     * Guest code's compiler threads run in no function's slot: Truffle's compiler thread (made by
+     * whichever thread submits a compilation, and remade after it idles out) and HotSpot's C1/C2
+     * threads sit in a slot of the compiler's own (CPUSLOT_COMPILER_QUOTA), so a function's
+     * invocation is neither charged for compiling nor does its quota cap the compiler. A second
+     * function compiled after the compiler was idle longer than Truffle's default idle time
+     * (10 s) is the case where a function's worker would make the thread anew.
+     */
+    @Test
+    @Order(14)
+    void guestCodeCompilesInASlotOfTheCompilersOwnNotInAFunctions() throws Exception {
+        String cgroup = parent + "/rt-compiler";
+        cg.create(cgroup);
+        String fib = """
+                function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+                function main(a) {
+                  var t0 = Date.now(), calls = 0;
+                  while (Date.now() - t0 < a.ms) { fib(%d); calls++; }
+                  return { calls: calls };
+                }
+                """;
+        Path one = work.resolve("compiler-fib1.js"), two = work.resolve("compiler-fib2.js");
+        Files.writeString(one, fib.formatted(15));
+        Files.writeString(two, fib.replace("fib", "fab").formatted(16));
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_COMPILER_QUOTA", "1000m"), cg.procsFiles(cgroup), work.resolve("runtime-compiler.log"))) {
+            // a function's thread named as HotSpot's compiler thread, alive when the compilers are placed
+            List<Long> hotspotC2 = r.threads("C2 CompilerThre");
+            r.register("forger", "dev.cpuslot.samples.CpuBurn", samplesJar, "200m");
+            var forger = async(r, "forger", "{\"ms\":15000,\"threads\":2,\"name\":\"C2 CompilerThread\"}");
+            long forged = -1;
+            for (int i = 0; i < 600 && forged < 0; i++) {
+                for (long t : r.threads("C2 CompilerThre")) if (!hotspotC2.contains(t)) forged = t;
+                if (forged < 0) Thread.sleep(50);
+            }
+            assertTrue(forged > 0, "the forger's thread named C2 CompilerThread1 is alive");
+            r.registerText("fib1", "javascript", one, "200m");
+            RuntimeProc.Reply first = r.invoke("fib1", "{\"ms\":2000}");
+            assertEquals(200, first.status(), first.body());
+            String forgedIn = cg.cgroupOf(r.pid(), forged);
+            assertEquals(200, forger.get(120, TimeUnit.SECONDS).status());
+            // Truffle's compiler thread ends after 10 s idle (its default): wait for that, up to 20 s
+            for (int i = 0; i < 200 && !r.threads("TruffleCompiler").isEmpty(); i++) Thread.sleep(100);
+            r.registerText("fib2", "javascript", two, "200m");
+            var running = async(r, "fib2", "{\"ms\":6000}");
+            List<String> seen = new ArrayList<>();
+            long until = System.nanoTime() + 60_000_000_000L;
+            while (seen.isEmpty() && !running.isDone() && System.nanoTime() < until) {
+                List<Long> workers = r.threads("fn-fib2-");
+                List<String> slots = new ArrayList<>();
+                for (long w : workers) slots.add(cg.cgroupOf(r.pid(), w));
+                for (long t : r.threads("TruffleCompiler")) {
+                    String where = cg.cgroupOf(r.pid(), t);
+                    seen.add(where);
+                    assertFalse(slots.contains(where), "Truffle's compiler thread " + t + " runs in the slot of fib2's worker: " + where);
+                }
+                Thread.sleep(20);
+            }
+            RuntimeProc.Reply second = running.get(120, TimeUnit.SECONDS);
+            assertEquals(200, second.status(), second.body());
+            assertFalse(seen.isEmpty(), "no Truffle compiler thread seen while fib2 ran (is the runtime compiling guest code?)");
+            assertFalse(hotspotC2.isEmpty(), "HotSpot's C2 compiler thread");
+            String compilerSlot = cg.cgroupOf(r.pid(), hotspotC2.get(0));
+            assertTrue(compilerSlot.startsWith(cgroup + "/"), "HotSpot's compiler threads in a slot of the container: " + compilerSlot);
+            assertNotEquals(compilerSlot, forgedIn, "a function's thread named as HotSpot's compiler thread went into the compiler's slot");
+            for (String where : seen) assertEquals(compilerSlot, where, "Truffle's compiler thread in the compiler's slot");
+            Map<String, Double> m = r.metrics();
+            assertTrue(Prom.get(m, "cpuslot_compiler_threads") >= 2, r.metricsText());
+            assertTrue(Prom.get(m, "cpuslot_compiler_cpu_seconds_total") > 0, r.metricsText());
+            report.add("compiler threads in " + compilerSlot + " (CPUSLOT_COMPILER_QUOTA 1000m); fib2's worker slots were others");
+        }
+    }
+
+    /**
+     * What the compiler's slot does to a JavaScript function at 500m: a first function warms up,
+     * the runtime idles 12 s (longer than Truffle's default idle time), then a second function is
+     * registered and called for a while: its first call, its warm call (median of the last 10),
+     * where Truffle's compiler thread ran while it did, and the compiler threads' CPU (schedstat).
+     * The compiler's slot at 1000m against off, and against the runtime before the change when
+     * {@code -Dcpuslot.it.compilerBenchBefore=<runtime jar>} names one. A measurement: it reports,
+     * and asserts only that the calls succeed.
+     */
+    @Test
+    @Order(15)
+    void compilerSlotAgainstNoneForAJavaScriptFibAt500m() throws Exception {
+        String fib = """
+                function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+                function main(a) { var t0 = Date.now(); var r = fib(a.n); return { fib: r, wall_ms: Date.now() - t0 }; }
+                """;
+        Path one = work.resolve("compiler-bench-fib.js"), two = work.resolve("compiler-bench-fab.js");
+        Files.writeString(one, fib);
+        Files.writeString(two, fib.replace("fib", "fab"));
+        long seconds = Long.getLong("cpuslot.it.compilerBenchSeconds", 15);
+        Map<String, Path> runs = new java.util.LinkedHashMap<>();
+        String before = System.getProperty("cpuslot.it.compilerBenchBefore", "");
+        if (!before.isBlank()) runs.put("before (no compiler slot)", Path.of(before));
+        runs.put("1000m", runtimeJar);
+        runs.put("0", runtimeJar);
+        report.add("JavaScript fib(25) at 500m: a second function after 12 s idle, " + seconds + " s of its calls:");
+        report.add("| CPUSLOT_COMPILER_QUOTA | first call | warm call (median of last 10) | calls | Truffle's compiler thread in the function's slot | compiler threads' CPU |");
+        report.add("|---|---|---|---|---|---|");
+        int k = 0;
+        for (var run : runs.entrySet()) {
+            String q = run.getKey().startsWith("before") ? "1000m" : run.getKey();
+            String cgroup = parent + "/rt-compiler-bench-" + k++;
+            cg.create(cgroup);
+            List<String> jvm = List.of(RuntimeProc.javaCommand(), "-Xmx512m", "-XX:+UseSerialGC", "-XX:CICompilerCount=2", "-Dpolyglot.engine.CompilerThreads=1",
+                    "-XX:+UnlockExperimentalVMOptions", "-XX:+EnableJVMCI", "--upgrade-module-path=" + run.getValue().toAbsolutePath().getParent().resolve("compiler"),
+                    "-jar", run.getValue().toString());
+            try (RuntimeProc r = new RuntimeProc(jvm, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                    "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_COMPILER_QUOTA", q), cg.procsFiles(cgroup), work.resolve("runtime-compiler-bench-" + k + ".log"))) {
+                r.registerText("fib", "javascript", one, "500m");
+                long warmUntil = System.nanoTime() + 5_000_000_000L;
+                while (System.nanoTime() < warmUntil) assertEquals(200, r.invoke("fib", "{\"n\":25}").status());
+                Thread.sleep(12_000);
+                r.registerText("fab", "javascript", two, "500m");
+                long t0 = System.nanoTime();
+                RuntimeProc.Reply first = r.invoke("fab", "{\"n\":25}");
+                double firstMs = (System.nanoTime() - t0) / 1e6;
+                assertEquals(200, first.status(), first.body());
+                List<Long> walls = new ArrayList<>();
+                boolean inSlot = false;
+                long until = System.nanoTime() + seconds * 1_000_000_000L;
+                while (System.nanoTime() < until) {
+                    long c0 = System.nanoTime();
+                    RuntimeProc.Reply rep = r.invoke("fab", "{\"n\":25}");
+                    assertEquals(200, rep.status(), rep.body());
+                    walls.add(System.nanoTime() - c0);
+                    if (!inSlot && walls.size() % 50 == 1) {
+                        List<String> workerSlots = new ArrayList<>();
+                        for (long w : r.threads("fn-fab-")) workerSlots.add(cg.cgroupOf(r.pid(), w));
+                        for (long t : r.threads("TruffleCompiler")) inSlot |= workerSlots.contains(cg.cgroupOf(r.pid(), t));
+                    }
+                }
+                long cpuNs = 0;
+                for (String name : List.of("TruffleCompiler", "C1 CompilerThre", "C2 CompilerThre")) {
+                    for (long t : r.threads(name)) {
+                        String st = Files.readString(Path.of("/proc/" + r.pid() + "/task/" + t + "/schedstat"));
+                        cpuNs += Long.parseLong(st.substring(0, st.indexOf(' ')));
+                    }
+                }
+                List<Long> last = walls.subList(Math.max(0, walls.size() - 10), walls.size());
+                report.add(String.format(Locale.ROOT, "| %s | %.0f ms | %.2f ms | %d | %s | %.1f s |", run.getKey(), firstMs, pct(last, 50) / 1e6,
+                        walls.size() + 1, inSlot ? "yes" : "no", cpuNs / 1e9));
+            }
+        }
+    }
+
+    /**
+     * The compiler's slot outlives an agent restart as every lease does: after the agent is killed
+     * and started again, HotSpot's and Truffle's compiler threads are in a slot of the container's
+     * (the same one re-declared, or one taken again), and the runtime compiles and answers on.
+     */
+    @Test
+    @Order(16)
+    void theCompilersSlotOutlivesAnAgentRestart() throws Exception {
+        String cgroup = parent + "/rt-compiler-restart";
+        cg.create(cgroup);
+        Path js = work.resolve("compiler-restart.js");
+        Files.writeString(js, "function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\nfunction main(a) { return { f: fib(a.n) }; }\n");
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_COMPILER_QUOTA", "700m"), cg.procsFiles(cgroup), work.resolve("runtime-compiler-restart.log"))) {
+            r.registerText("fib", "javascript", js, "300m");
+            assertEquals(200, r.invoke("fib", "{\"n\":22}").status());
+            awaitCompilerSlot(r, cgroup, "before the restart");
+            agent.kill();
+            agent.start();
+            for (int i = 0; i < 3; i++) assertEquals(200, r.invoke("fib", "{\"n\":22}").status());
+            String after = awaitCompilerSlot(r, cgroup, "after the restart");
+            report.add("compiler threads after an agent restart in " + after);
+        }
+    }
+
+    /** Waits (up to 60 s) until HotSpot's and Truffle's compiler threads share a slot of the container; returns it. */
+    private String awaitCompilerSlot(RuntimeProc r, String cgroup, String when) throws Exception {
+        String last = "";
+        for (int i = 0; i < 600; i++) {
+            List<Long> c2 = r.threads("C2 CompilerThre"), truffle = r.threads("TruffleCompiler");
+            if (!c2.isEmpty() && !truffle.isEmpty()) {
+                String a = cg.cgroupOf(r.pid(), c2.get(0)), b = cg.cgroupOf(r.pid(), truffle.get(0));
+                last = a + " and " + b;
+                if (a.equals(b) && a.startsWith(cgroup + "/") && Prom.get(r.metrics(), "cpuslot_compiler_slot_quota_milli") == 700) return a;
+            }
+            Thread.sleep(100);
+        }
+        throw new AssertionError("compiler threads not in one slot of " + cgroup + " " + when + ": " + last + "\n" + r.metricsText());
+    }
+
     static long pct(List<Long> v, int p) {
         List<Long> s = new ArrayList<>(v);
         java.util.Collections.sort(s);

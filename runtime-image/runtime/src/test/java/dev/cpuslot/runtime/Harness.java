@@ -43,7 +43,9 @@ final class Harness implements AutoCloseable {
 
     Harness(Map<String, String> env, SlotClient slots) throws IOException {
         // as deployed (deploy/openwhisk): OpenWhisk may send overlapping /run to one container
-        Map<String, String> e = new HashMap<>(Map.of("PORT", "0", "CPUSLOT_METRICS_PORT", "0", "__OW_ALLOW_CONCURRENT", "true"));
+        // and no compiler slot: the tests count the invocations' leases (RuntimeWithAgentIT tests the compiler's)
+        Map<String, String> e = new HashMap<>(Map.of("PORT", "0", "CPUSLOT_METRICS_PORT", "0", "__OW_ALLOW_CONCURRENT", "true",
+                "CPUSLOT_COMPILER_QUOTA", "0"));
         e.putAll(env);
         Config cfg = Config.from(e);
         // functions print to the process's stdout/stderr: capture those too, as a container would

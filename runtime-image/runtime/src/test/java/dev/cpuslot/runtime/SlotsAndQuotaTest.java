@@ -278,6 +278,16 @@ class SlotsAndQuotaTest {
     }
 
     @Test
+    void aBadCompilerQuotaIsATypedErrorNamingTheSetting() {
+        assertEquals("1000m", Config.from(Map.of()).compilerQuota(), "on by default");
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> new dev.cpuslot.runtime.core.FunctionRuntime(
+                Config.from(Map.of("CPUSLOT_COMPILER_QUOTA", "lots")), new dev.cpuslot.runtime.base.Metrics(), null, System.out, System.err));
+        assertTrue(e.getMessage().startsWith("CPUSLOT_COMPILER_QUOTA: "), e.getMessage());
+        assertThrows(IllegalArgumentException.class, () -> new dev.cpuslot.runtime.core.FunctionRuntime(
+                Config.from(Map.of("CPUSLOT_COMPILER_QUOTA", "-1")), new dev.cpuslot.runtime.base.Metrics(), null, System.out, System.err));
+    }
+
+    @Test
     void agentDownMeansInvocationsStillSucceedWithoutASlot() throws Exception {
         // A budget no loaded machine exhausts: the failed connect, not the clock, must end the
         // wait (with 50 ms, a connect still under way at a busy moment reads as "budget").

@@ -7,7 +7,7 @@ import java.util.List;
 
 /**
  * CPU-bound for a fixed wall time, on one or more threads (the isolation experiments' workload):
- * {@code {"ms": 10000, "threads": 1}}. Each thread spins doing integer work until the wall-clock
+ * {@code {"ms": 10000, "threads": 1}} (and {@code "name"}: its helper threads' name, numbered). Each thread spins doing integer work until the wall-clock
  * deadline; the reply says how long it ran and how many loop iterations each thread got through.
  * Threads the function starts inherit its CPU slot, so a 10-thread invocation gets the same
  * quota as a 1-thread one.
@@ -27,13 +27,14 @@ public class CpuBurn {
         int threads = args.has("threads") ? args.get("threads").getAsInt() : 1;
         if (ms < 0 || ms > 600_000) throw new IllegalArgumentException("ms must be within 0..600000");
         if (threads < 1 || threads > 64) throw new IllegalArgumentException("threads must be within 1..64");
+        String name = args.has("name") ? args.get("name").getAsString() : "cpuburn-";
         long t0 = System.nanoTime();
         long deadline = t0 + ms * 1_000_000L;
         long[] its = new long[threads];
         List<Thread> helpers = new ArrayList<>();
         for (int i = 1; i < threads; i++) {
             int k = i;
-            helpers.add(Thread.ofPlatform().name("cpuburn-" + k).start(() -> its[k] = spin(deadline)));
+            helpers.add(Thread.ofPlatform().name(name + k).start(() -> its[k] = spin(deadline)));
         }
         its[0] = spin(deadline);
         for (Thread t : helpers) t.join();

@@ -53,7 +53,8 @@ public record Config(
         String chainSteps,            // CPUSLOT_CHAIN_STEPS: the steps that follow the container's action (Knative: its env)
         long drainTimeoutMs,          // CPUSLOT_DRAIN_TIMEOUT: on SIGTERM, how long running invocations may take to finish
         String logFormat,             // CPUSLOT_LOG_FORMAT: text (default) or json (one object per line)
-        long compilerWarmupMs) {      // CPUSLOT_COMPILER_WARMUP: the prewarm runs guest code this long so that the JIT compiler warms up (0 = off)
+        long compilerWarmupMs,        // CPUSLOT_COMPILER_WARMUP: the prewarm runs guest code this long so that the JIT compiler warms up (0 = off)
+        String compilerQuota) {       // CPUSLOT_COMPILER_QUOTA: the slot of the compiler threads, HotSpot's and Truffle's (0 = off: the container's cgroup)
 
     public static final String QUOTA_PARAM = "__cpuslot_quota";
     public static final String QUOTA_HEADER = "X-Cpuslot-Quota";
@@ -124,7 +125,8 @@ public record Config(
                 blankToNull(env.get("CPUSLOT_CHAIN_STEPS")),
                 Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)),
                 logFormat(env.get("CPUSLOT_LOG_FORMAT")),
-                Math.max(0, durationMs(env, "CPUSLOT_COMPILER_WARMUP", 0)));
+                Math.max(0, durationMs(env, "CPUSLOT_COMPILER_WARMUP", 0)),
+                env.getOrDefault("CPUSLOT_COMPILER_QUOTA", "1000m"));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */

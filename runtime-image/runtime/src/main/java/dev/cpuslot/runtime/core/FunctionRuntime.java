@@ -16,6 +16,7 @@ import dev.cpuslot.runtime.base.Metrics;
 import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.Runaways;
+import dev.cpuslot.runtime.exec.CompilerSlot;
 import dev.cpuslot.runtime.exec.FunctionPool;
 import dev.cpuslot.runtime.exec.Hosted;
 import dev.cpuslot.runtime.exec.Function;
@@ -50,6 +51,8 @@ public final class FunctionRuntime implements AutoCloseable {
     /** The owner this runtime serves: CPUSLOT_OWNER, else the first one seen; "*" serves any. */
     private final java.util.concurrent.atomic.AtomicReference<String> owner = new java.util.concurrent.atomic.AtomicReference<>();
     private final Runaways runaways;
+    /** The compiler threads' own slot (before any function's code runs: it lists HotSpot's compiler threads). */
+    private final CompilerSlot compilerSlot;
     /** The path every activation takes, a platform's and a chain hop's. */
     private final Activation activation;
     private final Readiness readiness;
@@ -63,14 +66,8 @@ public final class FunctionRuntime implements AutoCloseable {
         this.slots = slots;
         this.out = out;
         this.err = err;
-        long runawayMilli;
-        try {
-            runawayMilli = cfg.runawayQuota() == null || cfg.runawayQuota().isBlank() || cfg.runawayQuota().trim().equals("0")
-                    ? 0 : Quota.parseMilli(cfg.runawayQuota());
-        } catch (IllegalArgumentException e) {
-            throw new IllegalArgumentException("CPUSLOT_RUNAWAY_QUOTA: " + e.getMessage());
-        }
-        this.runaways = new Runaways(slots, runawayMilli, cfg.runawayGraceMs(), metrics);
+        this.runaways = new Runaways(slots, milliOrOff(cfg.runawayQuota(), "CPUSLOT_RUNAWAY_QUOTA"), cfg.runawayGraceMs(), metrics);
+        this.compilerSlot = new CompilerSlot(slots, milliOrOff(cfg.compilerQuota(), "CPUSLOT_COMPILER_QUOTA"), metrics);
         // a thread of an ended activation stuck in JDK code leaves the slot its activation had
         dev.cpuslot.runtime.guard.Activations.onStray(runaways::stray);
         owner.set(cfg.owner());
@@ -356,8 +353,18 @@ public final class FunctionRuntime implements AutoCloseable {
         ActivationOutput.sentinels(out, err);
     }
 
+    /** A quota setting in millicores; 0 (off) when unset, blank or "0". */
+    private static long milliOrOff(String v, String setting) {
+        try {
+            return v == null || v.isBlank() || v.trim().equals("0") ? 0 : Quota.parseMilli(v);
+        } catch (IllegalArgumentException e) {
+            throw new IllegalArgumentException(setting + ": " + e.getMessage());
+        }
+    }
+
     @Override
     public void close() {
+        compilerSlot.close();
         FunctionPool p = action;
         if (p != null) p.close();
         hosted.values().forEach(h -> h.pool().close());

@@ -28,11 +28,33 @@ final class Contexts {
      * warning (engine.WarnInterpreterOnly) says why.
      */
     static Engine engine(String polyglotId) {
-        return ENGINES.computeIfAbsent(polyglotId, id -> {
-            Engine e = Engine.newBuilder(id).build();
+        return ENGINES.computeIfAbsent(polyglotId, id -> dev.cpuslot.runtime.guard.RuntimeThreads.makeOnRuntimeThread("polyglot-engine-" + id, () -> {
+            Engine e = newEngine(id);
             Log.info("polyglot engine " + id + ": " + e.getImplementationName());
+            // Truffle's compiler thread is made by the first context of the process (the first code it
+            // runs submits the compiler's start) and, with CompilerIdleDelay 0, never ends: made here, on
+            // a runtime thread, never by a worker in its invocation's slot. The next context taken is this one.
+            FIRST.put(id, contextBuilder(id, e).build());
+            if (!e.getImplementationName().equals("Interpreted")) dev.cpuslot.runtime.exec.CompilerSlot.truffleStarted();
             return e;
-        });
+        }));
+    }
+
+    /** The first context of each engine, made with it, until a spare or a function takes it. */
+    private static final Map<String, Context> FIRST = new ConcurrentHashMap<>();
+
+    /**
+     * An engine whose compiler thread never ends when idle (engine.CompilerIdleDelay 0; Truffle's
+     * default ends it after 10 s, and the next compilation makes a new one on whichever thread
+     * submits it: a worker, inside its invocation's slot). The fallback runtime (no JIT) knows no
+     * such option.
+     */
+    private static Engine newEngine(String id) {
+        try {
+            return Engine.newBuilder(id).allowExperimentalOptions(true).option("engine.CompilerIdleDelay", "0").build();
+        } catch (IllegalArgumentException noSuchOption) {
+            return Engine.newBuilder(id).build();
+        }
     }
 
     /**
@@ -136,7 +158,9 @@ final class Contexts {
 
     private static Context spareContext(String id) {
         long t0 = System.nanoTime();
-        Context c = contextBuilder(id, engine(id)).build();
+        Engine engine = engine(id);
+        Context c = FIRST.remove(id);
+        if (c == null) c = contextBuilder(id, engine).build();
         try {
             // under the prelude's own names: the function's globals get no name from the prewarm
             c.eval(id, id.equals("python") ? "import _json as __cpuslot__json, posix as __cpuslot_posix, sys as __cpuslot_sys\n" : "JSON.stringify({})");
@@ -168,7 +192,8 @@ final class Contexts {
             PREWARMED_TAKEN.incrementAndGet();
             return c;
         }
-        return contextBuilder(polyglotId, engine).build();
+        c = FIRST.remove(polyglotId);
+        return c != null ? c : contextBuilder(polyglotId, engine).build();
     }
 
     static String polyglotId(String language) {
