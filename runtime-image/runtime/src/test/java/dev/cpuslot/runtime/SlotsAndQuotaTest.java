@@ -279,7 +279,7 @@ class SlotsAndQuotaTest {
 
     @Test
     void aBadCompilerQuotaIsATypedErrorNamingTheSetting() {
-        assertEquals("1000m", Config.from(Map.of()).compilerQuota(), "on by default");
+        assertEquals("0", Config.from(Map.of()).compilerQuota(), "off by default: its quota counts against the admission budget");
         IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> new dev.cpuslot.runtime.core.FunctionRuntime(
                 Config.from(Map.of("CPUSLOT_COMPILER_QUOTA", "lots")), new dev.cpuslot.runtime.base.Metrics(), null, System.out, System.err));
         assertTrue(e.getMessage().startsWith("CPUSLOT_COMPILER_QUOTA: "), e.getMessage());

@@ -126,7 +126,7 @@ public record Config(
                 Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)),
                 logFormat(env.get("CPUSLOT_LOG_FORMAT")),
                 Math.max(0, durationMs(env, "CPUSLOT_COMPILER_WARMUP", 0)),
-                env.getOrDefault("CPUSLOT_COMPILER_QUOTA", "1000m"));
+                env.getOrDefault("CPUSLOT_COMPILER_QUOTA", "0"));
     }
 
     /** A duration: {@code 100ms}, {@code 2s}, {@code 500us} (rounded up to ms), or plain milliseconds; 0 = off. */
