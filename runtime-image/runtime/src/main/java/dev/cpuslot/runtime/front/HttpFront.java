@@ -15,8 +15,7 @@ import java.net.URLDecoder;
 import java.nio.charset.StandardCharsets;
 import java.util.LinkedHashMap;
 import java.util.Map;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
+import java.util.concurrent.Executor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import dev.cpuslot.runtime.base.Metrics;
@@ -24,11 +23,12 @@ import dev.cpuslot.runtime.base.Config;
 import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.core.Reply;
 import dev.cpuslot.runtime.core.FunctionRuntime;
+import dev.cpuslot.runtime.guard.RuntimeThreads;
 
 /**
- * HTTP endpoints (JDK {@code com.sun.net.httpserver}, one virtual thread per request; the
- * invocation itself runs on a platform worker thread of the function's pool), each handed to its
- * platform's adapter:
+ * HTTP endpoints (JDK {@code com.sun.net.httpserver}, one runtime thread per request in flight;
+ * the invocation itself runs on a platform worker thread of the function's pool), each handed to
+ * its platform's adapter:
  * <ul>
  * <li>OpenWhisk ({@link OpenWhiskAdapter}): {@code POST /init}, {@code POST /run}</li>
  * <li>Knative single entrypoint ({@link KnativeAdapter}) and Hydra invoke: {@code POST /} (Hydra
@@ -41,6 +41,15 @@ import dev.cpuslot.runtime.core.FunctionRuntime;
  * this process, so function code cannot act as the platform.
  * {@link #drain} (on SIGTERM) turns every new request away with 503, {@code /ready} too, and waits
  * for those already taken to be answered.
+ *
+ * <p>Requests are served on the runtime's own threads ({@link RuntimeThreads#runtimeExecutor}),
+ * not virtual ones: the JDK's virtual-thread scheduler makes its carriers from whichever thread
+ * hands it work, and a worker waking the request it answers does so from its activation's slot,
+ * where the carrier would stay, serving other requests on that invocation's quota and bill. The
+ * threads are bounded by the requests in flight, which the platform bounds (Knative's
+ * containerConcurrency, OpenWhisk's per-container concurrency); an idle one ends after a minute,
+ * and a request the kernel refuses a thread for (the pod's pids limit) has its connection closed
+ * while the front goes on.
  */
 public final class HttpFront implements AutoCloseable {
     private final FunctionRuntime rt;
@@ -50,7 +59,8 @@ public final class HttpFront implements AutoCloseable {
     private final ControlGate control;
     private final HttpServer server;
     private final HttpServer metricsServer;
-    private final ExecutorService executor = Executors.newVirtualThreadPerTaskExecutor();
+    /** Serves both servers; its threads end when idle (no shutdown needed). */
+    private final Executor executor = RuntimeThreads.runtimeExecutor("cpuslot-http");
     /** Requests taken and not yet answered (metrics scrapes not counted). */
     private final AtomicInteger taken = new AtomicInteger();
     private volatile boolean draining;
@@ -235,6 +245,5 @@ public final class HttpFront implements AutoCloseable {
     public void close() {
         server.stop(0);
         if (metricsServer != null) metricsServer.stop(0);
-        executor.shutdownNow();
     }
 }

@@ -81,16 +81,10 @@ public final class RuntimeThreads {
             }
         });
         t.start();
-        boolean interrupted = false;
-        while (true) {
-            try {
-                t.join();
-                break;
-            } catch (InterruptedException e) {
-                interrupted = true;
-            }
-        }
-        if (interrupted) Thread.currentThread().interrupt();
+        uninterruptibly(() -> {
+            t.join();
+            return null;
+        });
         if (failed[0] instanceof RuntimeException e) throw e;
         if (failed[0] instanceof Error e) throw e;
         if (failed[0] != null) throw new IllegalStateException(failed[0]);
@@ -141,31 +135,42 @@ public final class RuntimeThreads {
                 return;
             }
             java.util.concurrent.FutureTask<Void> start = new java.util.concurrent.FutureTask<>(super::start, null);
-            boolean interrupted = false;
+            uninterruptibly(() -> {
+                STARTS.put(start);
+                return null;
+            });
             try {
-                while (true) {
-                    try {
-                        STARTS.put(start);
-                        break;
-                    } catch (InterruptedException e) {
-                        interrupted = true;
-                    }
-                }
-                while (true) {
-                    try {
-                        start.get();
-                        return;
-                    } catch (InterruptedException e) {
-                        interrupted = true;
-                    } catch (java.util.concurrent.ExecutionException e) { // not started (started before, no memory for a thread)
-                        if (e.getCause() instanceof RuntimeException r) throw r;
-                        if (e.getCause() instanceof Error r) throw r;
-                        throw new IllegalStateException(e.getCause());
-                    }
-                }
-            } finally {
-                if (interrupted) Thread.currentThread().interrupt();
+                uninterruptibly(start::get);
+            } catch (java.util.concurrent.ExecutionException e) { // not started (started before, no memory for a thread)
+                if (e.getCause() instanceof RuntimeException r) throw r;
+                if (e.getCause() instanceof Error r) throw r;
+                throw new IllegalStateException(e.getCause());
             }
+        }
+    }
+
+    /** A wait that an interrupt ends early. */
+    private interface Wait<T, E extends Exception> {
+        T get() throws InterruptedException, E;
+    }
+
+    /**
+     * What {@code wait} gives, waited for through any interrupt: the runtime's starts and makes
+     * are done once, for everyone, whoever is interrupted meanwhile. The interrupt is kept: set
+     * again when this returns or throws.
+     */
+    private static <T, E extends Exception> T uninterruptibly(Wait<T, E> wait) throws E {
+        boolean interrupted = false;
+        try {
+            while (true) {
+                try {
+                    return wait.get();
+                } catch (InterruptedException e) {
+                    interrupted = true;
+                }
+            }
+        } finally {
+            if (interrupted) Thread.currentThread().interrupt();
         }
     }
 

@@ -120,19 +120,10 @@ public final class PolyglotFunction implements Function {
         this.zipSources = zipSources;
         this.engine = Contexts.engine(polyglotId);
         this.source = Source.newBuilder(polyglotId, code, name + (polyglotId.equals("js") ? ".js" : ".py")).buildLiteral();
-        // compile and check the entry point once, so /init reports errors; the context is kept
-        spare.set(onPlatformThread(this::makeSandbox));
-    }
-
-    /**
-     * Runs guest code on a platform thread when called on a virtual one (an HTTP request's):
-     * compiled Truffle code cannot materialize caller frames on virtual threads (Truffle warns
-     * "Using polyglot contexts on Java virtual threads on HotSpot is experimental"), and
-     * Python's frames (tracebacks, sys._getframe) need that. Workers are platform threads.
-     */
-    static <T> T onPlatformThread(java.util.function.Supplier<T> work) {
-        if (!Thread.currentThread().isVirtual()) return work.get();
-        return dev.cpuslot.runtime.guard.RuntimeThreads.makeOn(Thread.currentThread().getThreadGroup(), "polyglot-init", true, work);
+        // compile and check the entry point once, so /init reports errors; the context is kept.
+        // On the caller's thread, a platform one (the front has no virtual threads): compiled
+        // Truffle code cannot materialize caller frames on a virtual thread, Python's need them
+        spare.set(makeSandbox());
     }
 
     /**
