@@ -550,7 +550,8 @@ class RuntimeWithAgentIT {
      * runtime log's writer, the callee's pool worker), as guest code may (the compiler's). None of the runtime's threads but its
      * workers (which place themselves for each activation, and leave) and its jail threads may sit
      * in a slot once the call has ended: a thread there runs on that quota and bill for good.
-     * (Before: the log writer stayed in the caller's slot.)
+     * (Before: the log writer stayed in the caller's slot.) Then requests at once: the threads
+     * that serve the HTTP front are checked too.
      */
     @Test
     @Order(9)
@@ -570,6 +571,26 @@ class RuntimeWithAgentIT {
                 RuntimeProc.Reply f = r.invoke("fib", "{\"n\":27}");
                 assertEquals(200, f.status(), f.body());
             }
+            // requests at once, each on a front thread while its worker runs in its slot (the
+            // virtual-thread front's scheduler made a carrier from a worker waking its request)
+            List<CompletableFuture<String>> callers = new ArrayList<>();
+            for (String[] c : new String[][]{{"hello", "{\"name\":\"a\"}"}, {"hello", "{\"name\":\"b\"}"}, {"fib", "{\"n\":20}"}}) {
+                CompletableFuture<String> done = new CompletableFuture<>();
+                callers.add(done);
+                Thread.ofPlatform().start(() -> {
+                    try {
+                        for (int i = 0; i < 10; i++) {
+                            RuntimeProc.Reply a = r.invoke(c[0], c[1]);
+                            if (a.status() != 200) throw new IllegalStateException(c[0] + ": " + a.status() + " " + a.body());
+                        }
+                        done.complete("ok");
+                    } catch (Throwable e) {
+                        done.completeExceptionally(e);
+                    }
+                });
+            }
+            for (CompletableFuture<String> c : callers) assertEquals("ok", c.get(300, TimeUnit.SECONDS));
+            assertTrue(threadNamed(r, comm -> comm.startsWith("cpuslot-http-")) > 0, "the front serves requests on the runtime's threads");
             assertTrue(threadNamed(r, comm -> comm.startsWith("cpuslot-log-wri")) > 0, "the chain call started the runtime log's writer");
             List<String> inSlots = new ArrayList<>();
             int checked = 0;
@@ -585,7 +606,7 @@ class RuntimeWithAgentIT {
                     }
                 }
             }
-            report.add("the runtime's own threads after a chain call and a compiled JavaScript function: " + checked + " checked, in slots: " + inSlots);
+            report.add("the runtime's own threads after a chain call, a compiled JavaScript function and requests at once: " + checked + " checked, in slots: " + inSlots);
             assertEquals(List.of(), inSlots, "runtime threads outside the runtime's own cgroup " + cgroup);
         }
     }
