@@ -49,16 +49,28 @@ init_hello() { # init_hello PORT [ENV_JSON]: OpenWhisk /init with the samples ja
 	curl -fsS -X POST "http://127.0.0.1:$1/init" --data-binary "@$body" >/dev/null
 }
 
+# jvm_pid NAME: the pid of the runtime NAME's JVM: the child of the recorded process (unshare
+# --fork, in a PID namespace of its own) or, with RUNTIME_PIDNS=0, that process itself (it execs
+# the JVM; looking only for a child found none there, and the thread figures came out empty).
+# Empty while the JVM is not started yet; fails once the recorded process is gone.
+jvm_pid() {
+	local pid child
+	pid="$(cat "$WORK/$1.pid" 2>/dev/null)" && [ -d "/proc/$pid" ] || return 1
+	if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$JAVA_HOME/bin/java")" ]; then
+		echo "$pid"
+	else
+		child="$(ps -o pid= --ppid "$pid" 2>/dev/null | head -1 | tr -d ' ')"
+		[ -z "$child" ] || [ "$(readlink "/proc/$child/exe" 2>/dev/null)" != "$(readlink -f "$JAVA_HOME/bin/java")" ] || echo "$child"
+	fi
+}
+
 # move_workers NAME CGROUP: every 0.2 s, moves the function worker threads (fn-*) of the runtime
 # NAME into CGROUP (both v1 hierarchies, or v2 as threaded), until killed. Only the workers move:
 # the HTTP threads stay where they are, as with slots.
 move_workers() {
-	local pid java t comm r cgs
-	pid="$(cat "$WORK/$1.pid")"
+	local java="" t comm r cgs
 	while sleep 0.2; do
-		# the JVM is the child of unshare (own PID namespace), itself the recorded process
-		java="$(cat "/proc/$pid/task/$pid/children" 2>/dev/null)" || return 0
-		java="${java%% *}"
+		[ -n "$java" ] || java="$(jvm_pid "$1")" || return 0
 		[ -n "$java" ] || continue
 		for t in /proc/"$java"/task/*; do
 			read -r comm <"$t/comm" 2>/dev/null || continue
@@ -98,23 +110,23 @@ kernel_target() {
 
 # thread_costs LABEL NAME METRICS_PORT: the kernel's per-thread accounting of the runtime NAME
 # (/proc/<tid>/schedstat: time on a CPU, time runnable but waiting for one, times scheduled),
-# summed by kind of thread and divided by the invocations it served (warm-up included).
+# summed by kind of thread and divided by the invocations it served (warm-up included). Kinds:
+# worker (fn-*), http (the threads that serve requests: cpuslot-http-*, or a build's before them
+# virtual-thread carriers, ForkJoinPool-*), dispatcher (the HTTP server's), slot-client.
 thread_costs() {
-	local pid java n
-	pid="$(cat "$WORK/$2.pid" 2>/dev/null)" || return 0
-	java="$(cat "/proc/$pid/task/$pid/children" 2>/dev/null)" || return 0
-	java="${java%% *}"
-	[ -n "$java" ] || return 0
+	local java n
+	java="$(jvm_pid "$2")" || return 0
+	[ -n "$java" ] || { info "$1: no JVM found for its threads"; return 0; }
 	n="$(curl -fs "http://127.0.0.1:$3/metrics" | awk '/^cpuslot_invocations_total/ {n += $2} END {print n + 0}')"
 	[ "$n" -gt 0 ] 2>/dev/null || return 0
 	for t in /proc/"$java"/task/*; do
 		printf '%s %s %s\n' "$(tr ' ' _ <"$t/comm")" "$(cat "$t/schedstat")" \
 			"$(awk '/^se.nr_migrations/ {m = $3} /^nr_involuntary_switches/ {v = $3} END {print m + 0, v + 0}' "$t/sched" 2>/dev/null || echo 0 0)"
 	done 2>/dev/null | awk -v l="$1" -v n="$n" '
-		{ k = $1 ~ /^fn-/ ? "worker" : $1 ~ /^ForkJoinPool/ ? "carrier" : $1 ~ /^HTTP-Dispatch/ ? "dispatcher" : $1 ~ /^cpuslot-local/ ? "slot-client" : "other"
+		{ k = $1 ~ /^fn-/ ? "worker" : $1 ~ /^(ForkJoinPool|cpuslot-http)/ ? "http" : $1 ~ /^HTTP-Dispatch/ ? "dispatcher" : $1 ~ /^cpuslot-local/ ? "slot-client" : "other"
 		  cpu[k] += $2; wait[k] += $3; runs[k] += $4; mig[k] += $5; inv[k] += $6 }
 		END { printf "%s, per invocation (%d):\n", l, n
-		      split("worker carrier dispatcher slot-client", ks, " ")
+		      split("worker http dispatcher slot-client", ks, " ")
 		      for (i = 1; i <= 4; i++) { k = ks[i]; if (k in cpu) printf "    %-11s cpu %5.1f us, runnable waiting %5.1f us, scheduled %.2f times, migrated %.3f, preempted %.3f\n", k, cpu[k] / n / 1e3, wait[k] / n / 1e3, runs[k] / n, mig[k] / n, inv[k] / n } }'
 }
 
