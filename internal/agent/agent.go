@@ -82,6 +82,9 @@ type served struct {
 	// cg is the container's cgroup, pinned by its directory fds: a cgroup
 	// made anew at the same path is another container.
 	cg *cgroup.Container
+	// pinned is when cg was pinned (a time before it was served): a peer
+	// read in its path after then, while cg still exists, was in cg.
+	pinned time.Time
 	// ln is the container's own socket, if it has one.
 	ln *server.Listener
 	// auto marks containers prepared on first contact (serveUnder): they

@@ -53,6 +53,12 @@ func (r containerResolver) Serving(cg string) string { return r.a.Serving(cg) }
 
 // Resolve finds the pool of a connecting process (server.Resolver).
 func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
+	if pl := a.servedAtAccept(p); pl != nil {
+		return pl, nil
+	}
+	// Its cgroup at accept names no container served since before then
+	// (a new one is to be made, or one was made since, perhaps anew at a
+	// path the peer has left): the peer is found where it is now.
 	cg, err := a.hierarchy.PathOfPID(p.PID)
 	if err != nil {
 		return nil, &server.NotServed{Reason: fmt.Sprintf("cannot read the cgroup of process %d: %v", p.PID, err)}
@@ -95,6 +101,30 @@ func (a *Agent) Resolve(p server.Peer) (*pool.Pool, error) {
 		return s.pool, nil
 	}
 	return nil, &server.NotServed{Reason: fmt.Sprintf("process %d in cgroup %s is not in a container this agent serves", p.PID, cg)}
+}
+
+// servedAtAccept is the pool of the container that held the peer's cgroup
+// at accept (p.Cgroup), if that container was served before the accept and
+// is still served: the peer was in it then, so its connection is served as
+// if it had said HELLO at once (a move since is caught as one after HELLO
+// is: Holds, the v1 fd rule, the kernel on v2). nil: the cgroup must be
+// read again.
+func (a *Agent) servedAtAccept(p server.Peer) *pool.Pool {
+	if p.Cgroup == "" {
+		return nil
+	}
+	a.mu.Lock()
+	best, bestPath := a.servingLocked(p.Cgroup)
+	for path := range a.preparing {
+		if within(p.Cgroup, path) && len(path) > len(bestPath) {
+			best = nil // a deeper container is being made
+		}
+	}
+	a.mu.Unlock()
+	if best == nil || best.pinned.After(p.Accepted) {
+		return nil
+	}
+	return a.current(best)
 }
 
 // Holds reports whether the peer's process is still in the container

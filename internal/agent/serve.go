@@ -102,6 +102,7 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 		a.metrics.Error(metrics.ContainerNotFound)
 		return nil, fmt.Errorf("container %s: %w", c.Name, err)
 	}
+	pinned := time.Now()
 	cg.OnForeign(func(f cgroup.Foreign) { a.foreignFound(c.Name, c.CgroupPath, []cgroup.Foreign{f}) })
 	cfg := a.poolCfg
 	if c.Pool != nil {
@@ -125,7 +126,7 @@ func (a *Agent) prepare(c discover.Container, auto bool, ln *server.Listener) (*
 		a.log.Warn("pre-warming incomplete", "container", c.Name, "err", err)
 		partial = &discover.Partial{Err: err}
 	}
-	s := &served{Container: c, pool: p, cg: cg, auto: auto, ln: ln}
+	s := &served{Container: c, pool: p, cg: cg, pinned: pinned, auto: auto, ln: ln}
 	if c.Socket != "" && ln == nil {
 		ln, err := server.Listen(c.Socket)
 		if err != nil {

@@ -654,6 +654,144 @@ func TestAttackPlacementPreparesNoPool(t *testing.T) {
 	}
 }
 
+// acceptedThenHeld has the agent hold each connection after its accept
+// (its peer's cgroup read, its charge taken) and before its peer is
+// identified, until the returned release is called; taken receives once
+// per connection held.
+func acceptedThenHeld(t *testing.T) (taken chan struct{}, release func()) {
+	t.Helper()
+	taken, gate := make(chan struct{}, 8), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	server.SetIdentifyHooks(false, func() { taken <- struct{}{}; <-gate })
+	t.Cleanup(func() { release(); server.SetIdentifyHooks(false, nil) })
+	return taken, release
+}
+
+func waitTaken(t *testing.T, taken chan struct{}) {
+	t.Helper()
+	select {
+	case <-taken:
+	case <-time.After(time.Minute):
+		t.Fatal("the agent did not take the connection within a minute")
+	}
+}
+
+// TestConnectionBoundToCgroupAtAccept: a connection is charged and
+// identified by the cgroup its peer was in at accept (read once, through
+// the PID of the process that the connection's pidfd shows alive after the
+// read). A process of A that connects and is then moved to B before its
+// HELLO is served A, as if it had said HELLO before it moved; and what
+// catches a process that moved after its HELLO catches it: a placement of
+// its thread into A's slot is refused (it left A). Watched failing before
+// the cgroup was read once: "HELLO answered container .../b".
+func TestConnectionBoundToCgroupAtAccept(t *testing.T) {
+	taken, release := acceptedThenHeld(t)
+	e := agenttest.NewEnv(t, 0, nil)
+	b := e.Sibling("b")
+	e.Cfg.Standalone.Containers = []string{e.Rel, b}
+	a := e.Start()
+	t.Cleanup(func() { a.Forget(b) })
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := l.Dial(t, e.Socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	waitTaken(t, taken)
+	if err := e.H.MoveProcess(l.PID, b); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if ok := agenttest.HelloWith(t, c, 0); ok.Container != e.Rel {
+		t.Fatalf("HELLO answered container %s, want %s (the peer's cgroup at accept)", ok.Container, e.Rel)
+	}
+	c.Write(agenttest.Frame(t, &slotv1.Acquire{QuotaMilli: 250, TID: l.TIDs[0], Flags: slotv1.AcquireAgentPlaces}))
+	if resp := agenttest.ReadResp(t, c); agenttest.IsAcquireOK(resp) {
+		t.Fatalf("a peer that left its container had a thread placed: %+v", resp)
+	}
+	if p, err := e.H.PathOfThread(l.PID, int(l.TIDs[0])); err != nil || p != b {
+		t.Fatalf("the peer's thread is in %s (%v), want %s", p, err, b)
+	}
+}
+
+// TestAttackMovedBeforeHelloPreparesNoPool: under serve-under, a process
+// connects from cgroup X, where no container is served yet, and is moved
+// to Y before its HELLO. The cgroup read at accept names a container only
+// if that container was served before the accept; X's was not, so the
+// HELLO reads the peer's cgroup again: it is served Y, and no pool is
+// prepared for X, where it no longer is (nor for a container made anew at
+// a path it left). Passed before the cgroup was read once (the HELLO read
+// it again anyway); watched failing with the accept's read trusted alone:
+// "HELLO answered container .../X".
+func TestAttackMovedBeforeHelloPreparesNoPool(t *testing.T) {
+	taken, release := acceptedThenHeld(t)
+	e := agenttest.NewEnv(t, 0, nil)
+	e.ServeUnder()
+	y := e.Sibling("moved")
+	a := e.Start()
+	t.Cleanup(func() { a.Forget(y); a.Forget(e.Rel) })
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := l.Dial(t, e.Socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	waitTaken(t, taken)
+	if err := e.H.MoveProcess(l.PID, y); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if ok := agenttest.HelloWith(t, c, 0); ok.Container != y {
+		t.Fatalf("HELLO answered container %s, want %s (where the peer is)", ok.Container, y)
+	}
+	for _, s := range a.Summaries() {
+		if s.Name == e.Rel {
+			t.Errorf("a pool was prepared for %s, which the peer had left before its HELLO", e.Rel)
+		}
+	}
+	if left := cgrouptest.Leftovers(e.H, e.Rel); len(left) != 0 {
+		t.Errorf("slot directories made in the cgroup the peer left: %v", left)
+	}
+}
+
+// TestAttackCgroupMadeAnewBeforeHello: a process of container X connects
+// and is moved to Y, served by no one, before its HELLO; meanwhile X's
+// cgroup is removed and made anew at the same path, a new container that
+// is served at once. The peer was never in the new X: it must not be
+// served it. The cgroup read at accept names only a container pinned
+// before the accept, so the HELLO reads the peer's cgroup again and finds
+// it in no served container. Passed before the cgroup was read once;
+// watched failing with the accept's read trusted for any container served
+// at HELLO: "HELLO served .../ctr, a container made after the peer left".
+func TestAttackCgroupMadeAnewBeforeHello(t *testing.T) {
+	taken, release := acceptedThenHeld(t)
+	e := agenttest.NewEnv(t, 0, nil)
+	y := e.Sibling("elsewhere")
+	a := e.Start()
+	l := agenttest.StartLive(t, e, e.Rel, 1)
+	c := l.Dial(t, e.Socket)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	waitTaken(t, taken)
+	if err := e.H.MoveProcess(l.PID, y); err != nil {
+		t.Fatal(err)
+	}
+	a.Forget(e.Rel)
+	for _, root := range agenttest.CgroupRoots(e.H) {
+		dir := filepath.Join(root, e.Rel)
+		if err := os.Remove(dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Prepare(discover.Container{Name: e.Rel, CgroupPath: e.Rel}); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	c.Write(agenttest.Frame(t, &slotv1.Hello{MinVersion: 1, MaxVersion: 1}))
+	resp := agenttest.ReadResp(t, c)
+	if ok, isOK := resp.(*slotv1.HelloOK); isOK {
+		t.Fatalf("HELLO served %s, a container made after the peer left", ok.Container)
+	}
+	agenttest.WantCode(t, "hello", resp, slotv1.CodeNotServed)
+}
+
 // TestAttackNestedNamespaceFDs: a process of a
 // served container that lives in the host's PID namespace forks a child
 // into a new user and PID namespace (no privilege needed) and has it ask

@@ -87,7 +87,7 @@ func (s *Server) Stalled(now time.Time, limit time.Duration) error {
 // loop's), or its share is full; false: the server is closing. Only a
 // connection to be served becomes a net.UnixConn, in the poller.
 func (s *Server) accepted(fd int, r Resolver, pace *pacing) bool {
-	ticks := bootTicks()
+	ticks, now := bootTicks(), time.Now()
 	ch, ok := s.chargeOf(fd, r, pace)
 	if !ok || hungUp(fd) {
 		unix.Close(fd)
@@ -114,7 +114,8 @@ func (s *Server) accepted(fd int, r Resolver, pace *pacing) bool {
 	if displace != "" {
 		s.displace(displace)
 	}
-	cn := &conn{srv: s, resolve: r, c: c, owner: pool.NewOwner(), charge: ch, accepted: time.Now(), acceptedTicks: ticks, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{}}
+	cn := &conn{srv: s, resolve: r, c: c, owner: pool.NewOwner(), charge: ch, accepted: now, acceptedTicks: ticks, pidfd: -1, seen: map[uint32]bool{}, hostTIDs: map[uint32]int{},
+		peer: Peer{Cgroup: ch.cgroup, Accepted: now}}
 	s.conns[cn] = struct{}{}
 	s.serving.Add(1)
 	s.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -19,6 +20,12 @@ type Peer struct {
 	PID, UID int
 	// NS is the inode of the peer's PID namespace.
 	NS uint64
+	// Cgroup is the peer's cgroup in the cpu hierarchy as read at accept
+	// ("": not read), at or after Accepted, through its PID. The process
+	// identified below was alive after that read, so it was the one read:
+	// a connection is identified by its peer's cgroup at accept, read once.
+	Cgroup   string
+	Accepted time.Time
 }
 
 // identify reads the peer's credentials and PID namespace and takes a
@@ -33,7 +40,7 @@ func (c *conn) identify() error {
 	if err != nil {
 		return err
 	}
-	c.peer = Peer{PID: int(cred.Pid), UID: int(cred.Uid)}
+	c.peer.PID, c.peer.UID = int(cred.Pid), int(cred.Uid)
 	if errors.Is(perr, unix.ESRCH) {
 		return fmt.Errorf("peer process %d has exited", c.peer.PID)
 	}
@@ -58,7 +65,8 @@ func (c *conn) identify() error {
 	if c.start > c.acceptedTicks {
 		return fmt.Errorf("peer process %d has exited: its PID names a process started after the connection was accepted", c.peer.PID)
 	}
-	// What was read above belongs to the peer only if it still lives.
+	// What was read above, and the cgroup read at accept, belong to the
+	// peer only if it still lives.
 	return c.alive()
 }
 

@@ -61,6 +61,9 @@ var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerContainer: 1024, MaxPendin
 // Resolver finds the pool that serves a peer, or a typed error
 // (NOT_SERVED, NOT_READY).
 type Resolver interface {
+	// Resolve may take the peer's container from p.Cgroup, its cgroup at
+	// accept, where that names a container that was served before the
+	// accept; anything else needs the peer's cgroup now.
 	Resolve(p Peer) (*pool.Pool, error)
 	// Holds reports whether the peer is still a process of the container
 	// pl serves, without preparing anything.

@@ -14,6 +14,7 @@ import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * The compilers' own slot. HotSpot's compiler threads (C1, C2: they compile the runtime, and the
@@ -26,10 +27,11 @@ import java.util.concurrent.TimeUnit;
  * <p>Which threads: HotSpot's, by kernel name, listed when the runtime starts, before any
  * function's code ran (a function may name its threads as it likes; compiler threads HotSpot adds
  * later are made by its compiler threads, inside this slot); Truffle's, by its Java class (loaded
- * by the runtime's class loader, which no function's class is), once the first polyglot context
- * made it. One thread holds the lease and sleeps in the slot; a lost lease (agent restarted, did
- * not know it) is taken again and the threads placed again, checked every 10 s. Nothing is asked
- * before the agent served the runtime (no agent: nothing). Counted in
+ * by the runtime's class loader, which no function's class is), looked up once, on the runtime
+ * thread whose first polyglot context made it, right after (one thread dump; never per scrape or
+ * per check). One thread holds the lease and sleeps in the slot; a lost lease (agent restarted,
+ * did not know it) is taken again and the threads placed again, checked every 10 s. Nothing is
+ * asked before the agent served the runtime (no agent: nothing). Counted in
  * {@code cpuslot_compiler_*} with or without the slot.
  */
 public final class CompilerSlot implements AutoCloseable {
@@ -39,7 +41,12 @@ public final class CompilerSlot implements AutoCloseable {
     private static final String TRUFFLE_THREAD = TRUFFLE_QUEUE + "$TruffleCompilerThreadFactory$1";
     private static final long CHECK_MS = 10_000, RETRY_MS = 1_000;
 
-    private static volatile boolean truffleStarted;
+    /** Truffle's compiler threads (tid to kernel name) as found where they were made; null: not yet. */
+    private static volatile Map<Integer, String> truffle;
+    /** Lookups of Truffle's compiler thread made (a thread dump each). */
+    static final AtomicInteger LOOKS = new AtomicInteger();
+    /** How long truffleStarted waits for a compiler thread just started to have its kernel name. */
+    private static final int NAME_TRIES = 20, NAME_WAIT_MS = 50;
     private static final Set<CompilerSlot> OPEN = ConcurrentHashMap.newKeySet();
 
     private final SlotClient slots;
@@ -49,9 +56,8 @@ public final class CompilerSlot implements AutoCloseable {
     private final Map<Integer, Long> cpuNs = new ConcurrentHashMap<>();
     private final Set<Integer> placed = ConcurrentHashMap.newKeySet();
     private final Semaphore wake = new Semaphore(0);
-    private volatile boolean closed, truffleFound;
+    private volatile boolean closed, truffleTaken;
     private volatile long heldMilli;
-    private int truffleLooks;
     private final Thread holder;
 
     public CompilerSlot(SlotClient slots, long quotaMilli, Metrics metrics) {
@@ -73,12 +79,26 @@ public final class CompilerSlot implements AutoCloseable {
     }
 
     /**
-     * Truffle's compiler thread may exist now (the process's first polyglot context was made):
-     * each compiler slot looks for it.
+     * The process's first polyglot context was made, on this runtime thread, and with it Truffle's
+     * compiler thread: it is looked up here, once per process (every engine shares it), and each
+     * compiler slot takes it (placed, counted).
      */
-    public static void truffleStarted() {
-        truffleStarted = true;
+    public static synchronized void truffleStarted() {
+        if (truffle == null) truffleMade(truffleThreads());
+    }
+
+    /** Truffle's compiler threads, found: each compiler slot takes them. */
+    static void truffleMade(Map<Integer, String> found) {
+        truffle = Map.copyOf(found);
         for (CompilerSlot c : OPEN) c.wake.release();
+    }
+
+    /** Takes Truffle's compiler threads once they were found (no lookup: a map read). */
+    private void takeTruffle() {
+        Map<Integer, String> t = truffle;
+        if (t == null || truffleTaken) return;
+        threads.putAll(t);
+        truffleTaken = true;
     }
 
     private void hold() {
@@ -132,7 +152,7 @@ public final class CompilerSlot implements AutoCloseable {
 
     /** Places the compiler threads not yet in the slot; null, or what is left undone. */
     private String place(SlotLease lease) {
-        if (truffleStarted && !truffleFound) truffleThreads();
+        takeTruffle();
         String left = null;
         for (var e : threads.entrySet()) {
             int tid = e.getKey();
@@ -146,7 +166,6 @@ public final class CompilerSlot implements AutoCloseable {
             if (err == null) placed.add(tid);
             else left = e.getValue() + " (tid " + tid + "): " + err;
         }
-        if (truffleStarted && !truffleFound) left = "Truffle's compiler thread not found yet";
         return left;
     }
 
@@ -164,27 +183,34 @@ public final class CompilerSlot implements AutoCloseable {
         return m;
     }
 
-    /** Truffle's compiler threads, by their class (the runtime's own, which no function can define). */
-    private synchronized void truffleThreads() {
-        ClassLoader truffle;
+    /**
+     * Truffle's compiler threads, by their class (the runtime's own, which no function can define):
+     * one thread dump, and one per thread while it has no kernel name yet (it was just started).
+     */
+    private static Map<Integer, String> truffleThreads() {
+        ClassLoader loader;
         try {
-            truffle = Class.forName(TRUFFLE_QUEUE, false, CompilerSlot.class.getClassLoader()).getClassLoader();
+            loader = Class.forName(TRUFFLE_QUEUE, false, CompilerSlot.class.getClassLoader()).getClassLoader();
         } catch (ClassNotFoundException | LinkageError e) {
-            truffleFound = true; // no optimizing Truffle runtime here
-            return;
+            return Map.of(); // no optimizing Truffle runtime here
         }
-        if (++truffleLooks > 30) { // not there after 30 looks a second apart: no compiler thread to place
-            Log.warn("Truffle's compiler thread not found; it stays where it was made");
-            truffleFound = true;
-            return;
-        }
+        LOOKS.incrementAndGet();
+        Map<Integer, String> found = new java.util.HashMap<>();
         for (Thread t : Thread.getAllStackTraces().keySet()) {
-            if (!t.getClass().getName().equals(TRUFFLE_THREAD) || t.getClass().getClassLoader() != truffle) continue;
-            int tid = Runaways.tidOf(t);
-            if (tid <= 0) return; // not named in the kernel yet: the next look
-            threads.put(tid, comm(tid));
-            truffleFound = true;
+            if (!t.getClass().getName().equals(TRUFFLE_THREAD) || t.getClass().getClassLoader() != loader) continue;
+            int tid = 0;
+            for (int i = 0; i < NAME_TRIES && (tid = Runaways.tidOf(t)) <= 0 && t.isAlive(); i++) {
+                try {
+                    Thread.sleep(NAME_WAIT_MS);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    break;
+                }
+            }
+            if (tid > 0) found.put(tid, comm(tid));
         }
+        if (found.isEmpty()) Log.warn("Truffle's compiler thread not found where the first polyglot context made it; it stays where it was made");
+        return found;
     }
 
     private static String comm(int tid) {
@@ -196,8 +222,8 @@ public final class CompilerSlot implements AutoCloseable {
     }
 
     /** The compiler threads' CPU: the live ones' as read now, the ended ones' as last read. */
-    private double cpuSeconds() {
-        if (truffleStarted && !truffleFound && holder == null) truffleThreads();
+    double cpuSeconds() {
+        takeTruffle();
         for (var e : threads.entrySet()) {
             int tid = e.getKey();
             if (!e.getValue().equals(comm(tid))) { // ended (its id may be another thread's now)
