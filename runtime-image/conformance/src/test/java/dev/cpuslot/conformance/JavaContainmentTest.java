@@ -65,7 +65,7 @@ class JavaContainmentTest {
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
             "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
             "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner",
-            "finalizer"})
+            "finalizer", "startByMethodReference", "jdkMethodAsThreadFactory"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -197,6 +197,16 @@ class JavaContainmentTest {
             case "orTimeout" -> """
                     new java.util.concurrent.CompletableFuture<String>().orTimeout(1, java.util.concurrent.TimeUnit.MILLISECONDS)
                             .whenComplete((v, e) -> { for (;;) { } });
+                    return args;""";
+            case "startByMethodReference" -> """
+                    // the JDK would call the thread's start unmarked (a thread made by an ended activation would run on)
+                    Runnable later = new Thread(() -> { })::start;
+                    later.run();
+                    return args;""";
+            case "jdkMethodAsThreadFactory" -> """
+                    // its threads would be handed to the executor unmarked: a kept one would run on
+                    Map<Runnable, Thread> kept = new HashMap<>();
+                    java.util.concurrent.ThreadFactory f = kept::get;
                     return args;""";
             case "workerThreadWithoutTheActivation" -> """
                     new java.util.concurrent.ForkJoinPool(1, p -> new java.util.concurrent.ForkJoinWorkerThread(null, p, false) { }, null, false)

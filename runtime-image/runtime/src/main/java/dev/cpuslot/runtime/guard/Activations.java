@@ -95,6 +95,26 @@ public final class Activations {
      */
     private static volatile boolean lingerRunning;
 
+    /**
+     * Threads a function's code just started (its {@code start()} calls, and the threads its
+     * methods hand out, as a factory does to an executor that starts them), each with how often
+     * the watch saw it unstarted and its CPU time at the last look: each is polled once. A thread belongs to the activation that
+     * made it (it inherited it as it was made), and the JDK has no hook at a start; so one made by
+     * an activation that has since ended (kept in a static, started by a later activation or by an
+     * executor of one) would run with the poll off, stopped by no end. Marking the start turns the
+     * poll on until the thread has polled: then it finds its maker ended and stops (Stopped). Simpler
+     * than moving it to the activation that starts it, which cannot be reached from the starter (a
+     * thread's own inherited value is its own), and the same for every way a thread is started.
+     */
+    private static final Map<Thread, long[]> STARTING = new ConcurrentHashMap<>();
+    /** How many watch rounds (5 ms) a thread handed out stays marked while no one starts it (it is marked again at a start). */
+    private static final int UNSTARTED_ROUNDS = 200;
+    private static final java.lang.management.ThreadMXBean CPU = java.lang.management.ManagementFactory.getThreadMXBean();
+    /** A started thread not yet polled runs: the poll stays on. */
+    private static volatile boolean startRunning;
+    static final String MADE_BY_AN_ENDED_ACTIVATION = "this thread was made by an activation that has ended: a thread a"
+            + " function makes is started by the activation that makes it, not kept for a later one";
+
     static {
         // The old generation holds what survived collections: nearly full, it is a function's
         // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
@@ -107,6 +127,7 @@ public final class Activations {
                     Thread.sleep(5);
                     HeapShare.sample();
                     if (++rounds % 4 == 0 && !LINGERING.isEmpty()) sweep(); // every 20 ms
+                    if (!STARTING.isEmpty()) watchStarts();
                     if (alert) calm();
                 } catch (InterruptedException e) {
                     return;
@@ -266,6 +287,42 @@ public final class Activations {
         return l;
     }
 
+    // ---- a thread is its maker's: one started after its maker ended stops at once -------------
+
+    /** Inserted by the guard before every {@code start()} call of a function's code and every return of a thread from it. */
+    public static void starting(Object o) {
+        if (!(o instanceof Thread t) || t.isVirtual()) return;
+        STARTING.putIfAbsent(t, new long[2]);
+        startRunning = true;
+        alert = true;
+    }
+
+    /**
+     * The watch's look at the started threads: those that ended are dropped, and those no one
+     * started within UNSTARTED_ROUNDS; the poll stays on while one that has not polled yet used
+     * CPU since the last look. One blocked (in a sleep, or in JDK code such as a socket read,
+     * runnable to Java but using no CPU) costs no one's loops; when it runs again, the next round
+     * turns the poll on.
+     */
+    private static void watchStarts() {
+        boolean running = false;
+        for (var e : STARTING.entrySet()) {
+            Thread t = e.getKey();
+            long[] seen = e.getValue();
+            Thread.State s = t.getState();
+            if (s == Thread.State.TERMINATED) { STARTING.remove(t); continue; }
+            if (s == Thread.State.NEW) {
+                if (++seen[0] > UNSTARTED_ROUNDS) STARTING.remove(t);
+                continue;
+            }
+            long cpu = CPU.getThreadCpuTime(t.threadId()); // -1: not measured, taken as running
+            if (cpu < 0 || cpu != seen[1]) running = true;
+            seen[1] = cpu;
+        }
+        startRunning = running;
+        if (running) alert = true;
+    }
+
     /** Clears the alert when nothing is pending; a cancel or pressure racing with it sets it again. */
     static void calm() {
         if (busy()) return;
@@ -276,7 +333,7 @@ public final class Activations {
     /** The heap watch found pressure: every function thread polls. */
     static void alarm() { alert = true; }
 
-    private static boolean busy() { return HeapShare.pressure() || System.nanoTime() - alertUntil < 0 || lingerRunning; }
+    private static boolean busy() { return HeapShare.pressure() || System.nanoTime() - alertUntil < 0 || lingerRunning || startRunning; }
 
     /**
      * The activation on this worker passed its deadline: its code stops at its next backward
@@ -298,7 +355,8 @@ public final class Activations {
     private static void slowPoll() {
         Activation a = ACTIVATION.get();
         String ended = a == null ? null : a.ended();
-        if (ended != null) throw new Stopped(ended);
+        boolean started = !STARTING.isEmpty() && STARTING.remove(Thread.currentThread()) != null;
+        if (ended != null) throw new Stopped(started ? MADE_BY_AN_ENDED_ACTIVATION : ended);
         if (HeapShare.pressure()) HeapShare.heap(a);
     }
 

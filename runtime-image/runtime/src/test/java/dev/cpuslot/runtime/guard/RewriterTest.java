@@ -48,8 +48,14 @@ class RewriterTest {
             sum += new Four().fork().join(); // CommonPool.fork
             sum += java.util.concurrent.CompletableFuture.supplyAsync(() -> 5L).get(); // CommonPool.executor
             System.gc(); // SystemCalls
+            Thread t = thread();
+            t.start(); // the mark of a start: Activations.starting
+            t.join();
             return sum + ":" + a[2] + ":" + (System.getenv("PATH") != null);
         }
+
+        /** A thread handed out (as a factory does): its return is marked too. */
+        public static Thread thread() { return new Thread(() -> { }); }
 
         /** Public: the rewritten class is in a loader of its own, a package of its own. */
         public static final class Four extends java.util.concurrent.RecursiveTask<Long> {
