@@ -31,6 +31,8 @@ public final class Activations {
         final ThreadBudget budget;
         /** Why it ended (its deadline, or its return), null while it runs: every thread it started stops at its next backward branch. */
         volatile String ended;
+        /** When it ended (System.nanoTime; written before {@link #ended}). */
+        volatile long endedAt;
         /** The activation constructed a thread (the worker's: only then is there anything to end). */
         volatile boolean started;
 
@@ -98,7 +100,8 @@ public final class Activations {
     /**
      * Threads a function's code just started (its {@code start()} calls, and the threads its
      * methods hand out, as a factory does to an executor that starts them), each with how often
-     * the watch saw it unstarted and its CPU time at the last look: each is polled once. A thread belongs to the activation that
+     * the watch saw it unstarted, its CPU time at the last look and when it was marked: each is
+     * polled once. A thread belongs to the activation that
      * made it (it inherited it as it was made), and the JDK has no hook at a start; so one made by
      * an activation that has since ended (kept in a static, started by a later activation or by an
      * executor of one) would run with the poll off, stopped by no end. Marking the start turns the
@@ -172,12 +175,16 @@ public final class Activations {
      */
     private static void finish(Activation a, Thread worker, String why) {
         if (!a.started) { // the usual path: no thread to look for, no lock
-            if (a.ended == null) a.ended = why;
+            if (a.ended == null) {
+                a.endedAt = System.nanoTime();
+                a.ended = why;
+            }
             return;
         }
         List<Thread> mine;
         synchronized (LINGERING) { // its deadline (the caller) and its return (the worker) may race
             if (a.ended != null) return; // ended once: its threads are known (it starts no more)
+            a.endedAt = System.nanoTime();
             a.ended = why;
             ThreadGroup g = worker.getThreadGroup();
             if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
@@ -292,7 +299,7 @@ public final class Activations {
     /** Inserted by the guard before every {@code start()} call of a function's code and every return of a thread from it. */
     public static void starting(Object o) {
         if (!(o instanceof Thread t) || t.isVirtual()) return;
-        STARTING.putIfAbsent(t, new long[2]);
+        STARTING.putIfAbsent(t, new long[]{0, 0, System.nanoTime()});
         startRunning = true;
         alert = true;
     }
@@ -355,8 +362,8 @@ public final class Activations {
     private static void slowPoll() {
         Activation a = ACTIVATION.get();
         String ended = a == null ? null : a.ended();
-        boolean started = !STARTING.isEmpty() && STARTING.remove(Thread.currentThread()) != null;
-        if (ended != null) throw new Stopped(started ? MADE_BY_AN_ENDED_ACTIVATION : ended);
+        long[] marked = STARTING.isEmpty() ? null : STARTING.remove(Thread.currentThread());
+        if (ended != null) throw new Stopped(marked != null && marked[2] - a.root.endedAt > 0 ? MADE_BY_AN_ENDED_ACTIVATION : ended);
         if (HeapShare.pressure()) HeapShare.heap(a);
     }
 
