@@ -3,7 +3,6 @@ package dev.cpuslot.runtime.guard;
 import java.lang.classfile.ClassFile;
 import java.lang.classfile.ClassHierarchyResolver;
 import java.lang.classfile.ClassModel;
-import java.lang.classfile.ClassTransform;
 import java.lang.classfile.CodeBuilder;
 import java.lang.classfile.CodeElement;
 import java.lang.classfile.CodeTransform;
@@ -57,7 +56,8 @@ import java.util.Set;
  * calls (the function's own temporary directory: {@link FileAccess}), {@code setAttribute/setProperty} of the JDK's
  * XML parsers (no {@code accessExternal*} value but {@code ""}: {@link XmlParsers}); a check of every file path
  * before the JDK call that names it ({@link FilePaths}, {@link FileAccess}); the poll at every backward branch
- * ({@link Activations#poll}).</li>
+ * ({@link Activations#poll}); the mark of every {@code start()} call and every thread a method returns
+ * ({@link Activations#starting}: a thread made by an activation that has ended stops when started).</li>
  * <li><b>Kept off the common ForkJoinPool</b> (its threads belong to no activation: {@link ParallelCalls}):
  * parallel streams and {@code Arrays.parallel*} run sequentially, {@code CompletableFuture.*Async}
  * gets an executor of the activation's threads.</li>
