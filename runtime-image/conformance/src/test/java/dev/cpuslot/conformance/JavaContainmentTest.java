@@ -65,7 +65,7 @@ class JavaContainmentTest {
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
             "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
             "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner",
-            "finalizer"})
+            "finalizer", "startByMethodReference", "jdkMethodAsThreadFactory"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -197,6 +197,16 @@ class JavaContainmentTest {
             case "orTimeout" -> """
                     new java.util.concurrent.CompletableFuture<String>().orTimeout(1, java.util.concurrent.TimeUnit.MILLISECONDS)
                             .whenComplete((v, e) -> { for (;;) { } });
+                    return args;""";
+            case "startByMethodReference" -> """
+                    // the JDK would call the thread's start unmarked (a thread made by an ended activation would run on)
+                    Runnable later = new Thread(() -> { })::start;
+                    later.run();
+                    return args;""";
+            case "jdkMethodAsThreadFactory" -> """
+                    // its threads would be handed to the executor unmarked: a kept one would run on
+                    Map<Runnable, Thread> kept = new HashMap<>();
+                    java.util.concurrent.ThreadFactory f = kept::get;
                     return args;""";
             case "workerThreadWithoutTheActivation" -> """
                     new java.util.concurrent.ForkJoinPool(1, p -> new java.util.concurrent.ForkJoinWorkerThread(null, p, false) { }, null, false)
@@ -486,6 +496,68 @@ class JavaContainmentTest {
             }
             assertEquals(List.of(), left, "threads the activation started still run (or the sleeper lives) 60 s after it returned");
             Reply again = c.run(runPayload(new JsonObject()));
+            assertEquals(200, again.code(), "the function's next activation: " + again.raw());
+        });
+    }
+
+    /**
+     * A thread an activation made but did not start, kept in a static and started by a later
+     * activation of the function (by its own {@code start()}, through a subclass's
+     * {@code super.start()}, or by an executor of the later one whose factory hands it over, so the
+     * JDK starts it), stops at once: it belongs to the activation that made it, which has ended.
+     * Before: it spun on after the later activation returned (that one had made no thread, so its
+     * end looked for none, and the poll was off), for the process's life.
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"start", "builder", "subclass", "factory"})
+    void aThreadMadeByAnEndedActivationDoesNotRunOn(String how) throws Exception {
+        String jar = Archives.jar(Map.of("example/Probe.java", """
+                package example;
+                import com.google.gson.JsonObject;
+                public class Probe {
+                    static Thread kept;
+                    static final Runnable SPIN = () -> { long x = 1; while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; } };
+                    static final class Own extends Thread {
+                        Own() { super(SPIN, "spinner-made-a"); }
+                        void go() { super.start(); }
+                    }
+                    public static JsonObject main(JsonObject args) throws Throwable {
+                        String how = args.get("how").getAsString();
+                        if (!args.has("later")) { // the first activation makes it and returns
+                            kept = switch (how) {
+                                case "builder" -> Thread.ofPlatform().name("spinner-made-a").unstarted(SPIN);
+                                case "subclass" -> new Own();
+                                default -> new Thread(SPIN, "spinner-made-a");
+                            };
+                            return args;
+                        }
+                        switch (how) { // a later one starts it
+                            case "subclass" -> ((Own) kept).go();
+                            case "factory" -> java.util.concurrent.Executors.newSingleThreadExecutor(r -> kept).execute(() -> { });
+                            default -> kept.start();
+                        }
+                        return args;
+                    }
+                }
+                """));
+        with("java", c -> {
+            assertEquals(200, c.init(init(jar)).code());
+            Reply a = c.run(runPayload(json("{\"how\":\"" + how + "\"}")));
+            assertEquals(200, a.code(), String.valueOf(a.raw()));
+            Reply b = c.run(runPayload(json("{\"how\":\"" + how + "\",\"later\":true}")));
+            assertTrue(b.code() == 200 || b.code() == 502, String.valueOf(b.raw()));
+            long until = System.nanoTime() + 60_000_000_000L;
+            List<String> left = threads(c, "spinner-made", true);
+            while (!left.isEmpty() && System.nanoTime() < until) {
+                Thread.sleep(100);
+                left = threads(c, "spinner-made", true);
+                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
+                    Thread.sleep(200);
+                    left = threads(c, "spinner-made", true);
+                }
+            }
+            assertEquals(List.of(), left, "a thread made by an ended activation, started by a later one, still runs 60 s after that returned");
+            Reply again = c.run(runPayload(json("{\"how\":\"" + how + "\"}")));
             assertEquals(200, again.code(), "the function's next activation: " + again.raw());
         });
     }

@@ -31,6 +31,8 @@ public final class Activations {
         final ThreadBudget budget;
         /** Why it ended (its deadline, or its return), null while it runs: every thread it started stops at its next backward branch. */
         volatile String ended;
+        /** When it ended (System.nanoTime; written before {@link #ended}). */
+        volatile long endedAt;
         /** The activation constructed a thread (the worker's: only then is there anything to end). */
         volatile boolean started;
 
@@ -95,6 +97,27 @@ public final class Activations {
      */
     private static volatile boolean lingerRunning;
 
+    /**
+     * Threads a function's code just started (its {@code start()} calls, and the threads its
+     * methods hand out, as a factory does to an executor that starts them), each with how often
+     * the watch saw it unstarted, its CPU time at the last look and when it was marked: each is
+     * polled once. A thread belongs to the activation that
+     * made it (it inherited it as it was made), and the JDK has no hook at a start; so one made by
+     * an activation that has since ended (kept in a static, started by a later activation or by an
+     * executor of one) would run with the poll off, stopped by no end. Marking the start turns the
+     * poll on until the thread has polled: then it finds its maker ended and stops (Stopped). Simpler
+     * than moving it to the activation that starts it, which cannot be reached from the starter (a
+     * thread's own inherited value is its own), and the same for every way a thread is started.
+     */
+    private static final Map<Thread, long[]> STARTING = new ConcurrentHashMap<>();
+    /** How many watch rounds (5 ms) a thread handed out stays marked while no one starts it (it is marked again at a start). */
+    private static final int UNSTARTED_ROUNDS = 200;
+    private static final java.lang.management.ThreadMXBean CPU = java.lang.management.ManagementFactory.getThreadMXBean();
+    /** A started thread not yet polled runs: the poll stays on. */
+    private static volatile boolean startRunning;
+    static final String MADE_BY_AN_ENDED_ACTIVATION = "this thread was made by an activation that has ended: a thread a"
+            + " function makes is started by the activation that makes it, not kept for a later one";
+
     static {
         // The old generation holds what survived collections: nearly full, it is a function's
         // live data, not garbage. Sampled often, so a function filling the heap is stopped (at its
@@ -107,6 +130,7 @@ public final class Activations {
                     Thread.sleep(5);
                     HeapShare.sample();
                     if (++rounds % 4 == 0 && !LINGERING.isEmpty()) sweep(); // every 20 ms
+                    if (!STARTING.isEmpty()) watchStarts();
                     if (alert) calm();
                 } catch (InterruptedException e) {
                     return;
@@ -151,12 +175,16 @@ public final class Activations {
      */
     private static void finish(Activation a, Thread worker, String why) {
         if (!a.started) { // the usual path: no thread to look for, no lock
-            if (a.ended == null) a.ended = why;
+            if (a.ended == null) {
+                a.endedAt = System.nanoTime();
+                a.ended = why;
+            }
             return;
         }
         List<Thread> mine;
         synchronized (LINGERING) { // its deadline (the caller) and its return (the worker) may race
             if (a.ended != null) return; // ended once: its threads are known (it starts no more)
+            a.endedAt = System.nanoTime();
             a.ended = why;
             ThreadGroup g = worker.getThreadGroup();
             if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
@@ -266,6 +294,42 @@ public final class Activations {
         return l;
     }
 
+    // ---- a thread is its maker's: one started after its maker ended stops at once -------------
+
+    /** Inserted by the guard before every {@code start()} call of a function's code and every return of a thread from it. */
+    public static void starting(Object o) {
+        if (!(o instanceof Thread t) || t.isVirtual()) return;
+        STARTING.putIfAbsent(t, new long[]{0, 0, System.nanoTime()});
+        startRunning = true;
+        alert = true;
+    }
+
+    /**
+     * The watch's look at the started threads: those that ended are dropped, and those no one
+     * started within UNSTARTED_ROUNDS; the poll stays on while one that has not polled yet used
+     * CPU since the last look. One blocked (in a sleep, or in JDK code such as a socket read,
+     * runnable to Java but using no CPU) costs no one's loops; when it runs again, the next round
+     * turns the poll on.
+     */
+    private static void watchStarts() {
+        boolean running = false;
+        for (var e : STARTING.entrySet()) {
+            Thread t = e.getKey();
+            long[] seen = e.getValue();
+            Thread.State s = t.getState();
+            if (s == Thread.State.TERMINATED) { STARTING.remove(t); continue; }
+            if (s == Thread.State.NEW) {
+                if (++seen[0] > UNSTARTED_ROUNDS) STARTING.remove(t);
+                continue;
+            }
+            long cpu = CPU.getThreadCpuTime(t.threadId()); // -1: not measured, taken as running
+            if (cpu < 0 || cpu != seen[1]) running = true;
+            seen[1] = cpu;
+        }
+        startRunning = running;
+        if (running) alert = true;
+    }
+
     /** Clears the alert when nothing is pending; a cancel or pressure racing with it sets it again. */
     static void calm() {
         if (busy()) return;
@@ -276,7 +340,7 @@ public final class Activations {
     /** The heap watch found pressure: every function thread polls. */
     static void alarm() { alert = true; }
 
-    private static boolean busy() { return HeapShare.pressure() || System.nanoTime() - alertUntil < 0 || lingerRunning; }
+    private static boolean busy() { return HeapShare.pressure() || System.nanoTime() - alertUntil < 0 || lingerRunning || startRunning; }
 
     /**
      * The activation on this worker passed its deadline: its code stops at its next backward
@@ -298,7 +362,8 @@ public final class Activations {
     private static void slowPoll() {
         Activation a = ACTIVATION.get();
         String ended = a == null ? null : a.ended();
-        if (ended != null) throw new Stopped(ended);
+        long[] marked = STARTING.isEmpty() ? null : STARTING.remove(Thread.currentThread());
+        if (ended != null) throw new Stopped(marked != null && marked[2] - a.root.endedAt > 0 ? MADE_BY_AN_ENDED_ACTIVATION : ended);
         if (HeapShare.pressure()) HeapShare.heap(a);
     }
 

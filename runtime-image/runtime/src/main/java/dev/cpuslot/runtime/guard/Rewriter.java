@@ -3,14 +3,15 @@ package dev.cpuslot.runtime.guard;
 import java.lang.classfile.ClassFile;
 import java.lang.classfile.ClassHierarchyResolver;
 import java.lang.classfile.ClassModel;
-import java.lang.classfile.ClassTransform;
 import java.lang.classfile.CodeBuilder;
 import java.lang.classfile.CodeElement;
 import java.lang.classfile.CodeTransform;
 import java.lang.classfile.MethodModel;
+import java.lang.classfile.MethodTransform;
 import java.lang.classfile.Label;
 import java.lang.classfile.instruction.BranchInstruction;
 import java.lang.classfile.instruction.LabelTarget;
+import java.lang.classfile.instruction.ReturnInstruction;
 import java.lang.classfile.instruction.LookupSwitchInstruction;
 import java.lang.classfile.instruction.TableSwitchInstruction;
 import java.lang.constant.ConstantDescs;
@@ -19,6 +20,8 @@ import java.util.HashMap;
 import java.util.HashSet;
 import java.lang.classfile.Opcode;
 import java.lang.classfile.constantpool.ClassEntry;
+import java.lang.classfile.constantpool.InvokeDynamicEntry;
+import java.lang.classfile.constantpool.MethodTypeEntry;
 import java.lang.classfile.constantpool.MemberRefEntry;
 import java.lang.classfile.constantpool.MethodHandleEntry;
 import java.lang.classfile.constantpool.PoolEntry;
@@ -53,7 +56,8 @@ import java.util.Set;
  * calls (the function's own temporary directory: {@link FileAccess}), {@code setAttribute/setProperty} of the JDK's
  * XML parsers (no {@code accessExternal*} value but {@code ""}: {@link XmlParsers}); a check of every file path
  * before the JDK call that names it ({@link FilePaths}, {@link FileAccess}); the poll at every backward branch
- * ({@link Activations#poll}).</li>
+ * ({@link Activations#poll}); the mark of every {@code start()} call and every thread a method returns
+ * ({@link Activations#starting}: a thread made by an activation that has ended stops when started).</li>
  * <li><b>Kept off the common ForkJoinPool</b> (its threads belong to no activation: {@link ParallelCalls}):
  * parallel streams and {@code Arrays.parallel*} run sequentially, {@code CompletableFuture.*Async}
  * gets an executor of the activation's threads.</li>
@@ -265,6 +269,38 @@ public final class Rewriter {
         return l;
     }
 
+    /** A call of a {@code start()} (a thread's, or any other: the mark looks at what it starts). */
+    private static boolean isStart(String name, String type) { return name.equals("start") && type.equals("()V"); }
+
+    /** A JDK class that is no thread (its {@code start()} starts none): the function's own classes and interfaces may be threads. */
+    private static boolean jdkNonThread(String owner, java.util.function.Function<String, byte[]> jar) {
+        List<String> l = lineage(owner, jar);
+        return jar.apply(owner + ".class") == null && !l.contains("java/lang/Thread")
+                && (owner.startsWith("java/") || owner.startsWith("javax/") || owner.startsWith("jdk/"));
+    }
+
+    /** A lambda (or method reference) whose method returns a thread (a thread factory) implemented by a JDK method. */
+    private static boolean jdkThreadFactory(InvokeDynamicEntry d, java.util.function.Function<String, byte[]> jar) {
+        var args = d.bootstrap().arguments();
+        if (!d.bootstrap().bootstrapMethod().reference().owner().asInternalName().equals("java/lang/invoke/LambdaMetafactory")
+                || args.size() < 2 || !(args.get(0) instanceof MethodTypeEntry sam) || !(args.get(1) instanceof MethodHandleEntry impl)) {
+            return false;
+        }
+        ClassDesc r = sam.asSymbol().returnType();
+        if (!r.isClassOrInterface()) return false;
+        String ret = r.descriptorString();
+        return lineage(ret.substring(1, ret.length() - 1), jar).contains("java/lang/Thread")
+                && jar.apply(impl.reference().owner().asInternalName() + ".class") == null;
+    }
+
+    /** Whether the method returns a thread (a factory's {@code newThread}, whose caller may start it). */
+    private static boolean returnsThread(MethodModel m, java.util.function.Function<String, byte[]> jar) {
+        ClassDesc r = m.methodTypeSymbol().returnType();
+        if (!r.isClassOrInterface()) return false;
+        String name = r.descriptorString();
+        return lineage(name.substring(1, name.length() - 1), jar).contains("java/lang/Thread");
+    }
+
     /** The refusal for this class, or null: every constant-pool reference is looked at, whatever uses it. */
     static String check(ClassModel cm, java.util.function.Function<String, byte[]> jar) {
         String self = cm.thisClass().asInternalName();
@@ -304,6 +340,15 @@ public final class Rewriter {
                     h.reference().name().stringValue(), h.reference().type().stringValue()) != null) {
                 why = "a method reference to file access, which is checked at the call: write a lambda";
                 what = h.reference().owner().asInternalName().replace('/', '.') + "." + h.reference().name().stringValue();
+            } else if (e instanceof MethodHandleEntry h && isStart(h.reference().name().stringValue(), h.reference().type().stringValue())
+                    && !jdkNonThread(h.reference().owner().asInternalName(), jar)) {
+                why = "a method reference to a thread's start, which is marked at the call: write a lambda";
+                what = h.reference().owner().asInternalName().replace('/', '.') + "." + h.reference().name().stringValue();
+            } else if (e instanceof InvokeDynamicEntry d && jdkThreadFactory(d, jar)) {
+                // a factory's threads are marked as the function's code returns them (markStart); a JDK method's return is not
+                why = "a JDK method as a thread factory, whose threads are marked as the function's code returns them: write a lambda";
+                what = ((MethodHandleEntry) d.bootstrap().arguments().get(1)).reference().owner().asInternalName().replace('/', '.')
+                        + "." + ((MethodHandleEntry) d.bootstrap().arguments().get(1)).reference().name().stringValue();
             }
             if (why != null) {
                 return self + " uses " + what + " (" + why + "): " + NOT_ALLOWED
@@ -342,7 +387,21 @@ public final class Rewriter {
         if (trusted && !hasRedirect(cm, true)) return classBytes; // a trusted runtime's classes are not polled
         ClassFile cf = ClassFile.of(ClassFile.ClassHierarchyResolverOption.of(
                 ClassHierarchyResolver.defaultResolver().orElse(ClassHierarchyResolver.ofResourceParsing(loader))));
-        return cf.transformClass(cm, ClassTransform.transformingMethodBodies(CodeTransform.ofStateful(() -> new CodeTransform() {
+        // one pass over each method body (the class API applies one body transform per method)
+        return cf.transformClass(cm, (clb, cle) -> {
+            if (cle instanceof MethodModel m && m.code().isPresent()) {
+                // a thread handed out (a factory's) may be started by its caller: marked (Activations.starting)
+                boolean marksReturn = !trusted && returnsThread(m, jar);
+                clb.transformMethod(m, MethodTransform.transformingCode(guarded(trusted, marksReturn, jar)));
+            } else {
+                clb.with(cle);
+            }
+        });
+    }
+
+    /** The rewrite of one method body: the poll at backward branches, the marks of starts, the redirects. */
+    private static CodeTransform guarded(boolean trusted, boolean marksReturn, java.util.function.Function<String, byte[]> jar) {
+        return new CodeTransform() {
             /** Labels already bound in this method: a branch to one of them goes backward. */
             private final Set<Label> seen = new HashSet<>();
 
@@ -357,9 +416,19 @@ public final class Rewriter {
                 };
                 // a loop stops at its deadline or when it fills the heap (Activations.poll)
                 if (back && !trusted) cob.invokestatic(ACTIVATIONS, "poll", MethodTypeDesc.of(ConstantDescs.CD_void));
+                // a thread started: one an ended activation made stops at once (Activations.starting)
+                if (!trusted && coe instanceof InvokeInstruction i && i.opcode() != Opcode.INVOKESTATIC
+                        && isStart(i.name().stringValue(), i.type().stringValue())) markStart(cob);
+                if (marksReturn && coe instanceof ReturnInstruction r && r.opcode() == Opcode.ARETURN) markStart(cob);
                 redirect(cob, coe, trusted, jar);
             }
-        })));
+        };
+    }
+
+    /** The object on top of the stack (a thread about to start) is marked: {@link Activations#starting}. */
+    private static void markStart(CodeBuilder cob) {
+        cob.dup();
+        cob.invokestatic(ACTIVATIONS, "starting", MethodTypeDesc.of(ConstantDescs.CD_void, ConstantDescs.CD_Object));
     }
 
     private static boolean hasRedirect(ClassModel cm, boolean trusted) {

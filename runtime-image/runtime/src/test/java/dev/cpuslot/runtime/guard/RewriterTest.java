@@ -48,8 +48,14 @@ class RewriterTest {
             sum += new Four().fork().join(); // CommonPool.fork
             sum += java.util.concurrent.CompletableFuture.supplyAsync(() -> 5L).get(); // CommonPool.executor
             System.gc(); // SystemCalls
+            Thread t = thread();
+            t.start(); // the mark of a start: Activations.starting
+            t.join();
             return sum + ":" + a[2] + ":" + (System.getenv("PATH") != null);
         }
+
+        /** A thread handed out (as a factory does): its return is marked too. */
+        public static Thread thread() { return new Thread(() -> { }); }
 
         /** Public: the rewritten class is in a loader of its own, a package of its own. */
         public static final class Four extends java.util.concurrent.RecursiveTask<Long> {
@@ -72,6 +78,16 @@ class RewriterTest {
             bytes = in.readAllBytes();
         }
         byte[] rewritten = Rewriter.rewrite(bytes, parent, false, false, n -> null);
+        // every kind of rewrite is there (each a call into the guard): a rewrite that dropped one would pass below
+        java.util.Set<String> guardCalls = new java.util.TreeSet<>();
+        for (var e : java.lang.classfile.ClassFile.of().parse(rewritten).constantPool()) {
+            if (e instanceof java.lang.classfile.constantpool.MemberRefEntry m && m.owner().asInternalName().startsWith("dev/cpuslot/runtime/guard/")) {
+                guardCalls.add(m.owner().asInternalName().substring("dev/cpuslot/runtime/guard/".length()) + "." + m.name().stringValue());
+            }
+        }
+        for (String c : List.of("Activations.poll", "Activations.starting", "FileAccess.path", "SystemCalls.gc", "SystemCalls.getenv")) {
+            org.junit.jupiter.api.Assertions.assertTrue(guardCalls.stream().anyMatch(g -> g.startsWith(c)), c + " not among " + guardCalls);
+        }
         ClassLoader function = new ClassLoader(parent) {
             @Override
             protected Class<?> loadClass(String n, boolean resolve) throws ClassNotFoundException {
