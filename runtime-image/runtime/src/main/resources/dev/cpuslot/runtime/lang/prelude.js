@@ -46,7 +46,8 @@
   // call boundary Graal cannot inline; the same steps in JavaScript (ECMA-262's Array.prototype.sort,
   // SortIndexedProperties: every index read with HasProperty then Get, undefined last without a
   // call, a stable sort, written back with Set, the holes deleted) compile with the comparator
-  // inlined. Arrays only, up to a million elements (a sparse one's indices are all visited).
+  // inlined. Arrays only, up to a million elements (a sparse one's indices are all visited; above
+  // that the built-in reads `length` again, which only a proxy's trap would see).
   (function() {
     'use strict';
     var own = Array.prototype.sort, apply = Reflect.apply, isArray = Array.isArray, setProto = Object.setPrototypeOf, MAX = 0x100000;
