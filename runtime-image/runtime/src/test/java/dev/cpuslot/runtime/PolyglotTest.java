@@ -113,6 +113,72 @@ class PolyglotTest {
         }
     }
 
+    /**
+     * Array.prototype.sort with a comparator (the runtime's, in JavaScript) answers as node 20 and as
+     * GraalJS's built-in did: holes and undefined, stability, the comparator's result as ToNumber
+     * (NaN as 0), an error from it leaving the array as it was, what is refused, an array-like, a
+     * proxy's traps in the language's order, an index accessor on Array.prototype, the method's shape.
+     */
+    @Test
+    void javascriptSortWithAComparatorAnswersAsNodes() throws Exception {
+        String code = """
+                function main(args) {
+                  function err(f) { try { f(); return 'no error'; } catch (e) { return e.constructor.name + (e.message === 'boom' ? ': boom' : ''); } }
+                  var holes = [5, undefined, 3, , 1, 3, 2];
+                  holes.sort(function (x, y) { return x - y; });
+                  var recs = [];
+                  for (var i = 0; i < 500; i++) recs.push({ k: (i * 7) % 5, i: i });
+                  recs.sort(function (x, y) { return x.k - y.k; });
+                  var stable = recs.every(function (r, j) { return j === 0 || recs[j - 1].k < r.k || (recs[j - 1].k === r.k && recs[j - 1].i < r.i); });
+                  var big = [];
+                  for (var i = 0; i < 2000; i++) big.push((i * 7919) % 2003);
+                  var desc = big.slice().sort(function (x, y) { return y - x; }).join() === big.slice().sort(function (x, y) { return x - y; }).reverse().join();
+                  var thrown = [3, 1, 2];
+                  var boom = err(function () { thrown.sort(function () { throw new Error('boom'); }); });
+                  var log = [];
+                  var p = new Proxy([2, , 1], { has(t, k) { log.push('has ' + String(k)); return Reflect.has(t, k); },
+                    get(t, k, r) { log.push('get ' + String(k)); return Reflect.get(t, k, r); },
+                    set(t, k, v, r) { log.push('set ' + String(k)); return Reflect.set(t, k, v, r); },
+                    deleteProperty(t, k) { log.push('delete ' + String(k)); return Reflect.deleteProperty(t, k); } });
+                  Array.prototype.sort.call(p, function (x, y) { return x - y; });
+                  var protoHits = 0;
+                  Object.defineProperty(Array.prototype, '0', { get() { protoHits++; return 9; }, set(v) { protoHits += 100; }, configurable: true });
+                  var sparse = [, 4, 2];
+                  sparse.sort(function (x, y) { return x - y; });
+                  var other = [3, 1, 2].sort(function (x, y) { return x - y; });
+                  delete Array.prototype[0];
+                  var thisIn = null;
+                  [2, 1].sort(function (x, y) { 'use strict'; thisIn = typeof this; return x - y; });
+                  var valueOfCalls = 0;
+                  var viaValueOf = [3, 1, 2].sort(function (x, y) { return { valueOf: function () { valueOfCalls++; return x - y; } }; });
+                  return {
+                    holes: JSON.stringify(holes), holesKeys: Object.keys(holes).join(), holesLength: holes.length,
+                    stable: stable, desc: desc, boom: boom, thrown: thrown.join(),
+                    nan: [3, 1, 2].sort(function () { return NaN; }).join(), strings: [3, 1, 2].sort(function (x, y) { return x > y ? '1' : '-1'; }).join(),
+                    viaValueOf: viaValueOf.join(), valueOfCalled: valueOfCalls > 0,
+                    notCallable: err(function () { [1, 2].sort(null); }), objectCmp: err(function () { [1, 2].sort({}); }),
+                    defaultOrder: [10, 9, 1, undefined].sort(undefined).join(),
+                    arrayLike: JSON.stringify(Array.prototype.sort.call({ length: 3, 0: 'c', 1: 'a', 2: 'b' }, function (x, y) { return x < y ? -1 : x > y ? 1 : 0; })),
+                    frozen: err(function () { Object.freeze([2, 1]).sort(function (x, y) { return x - y; }); }),
+                    nullThis: err(function () { Array.prototype.sort.call(null, function () { return 0; }); }),
+                    bigint: err(function () { [2, 1].sort(function () { return 1n; }); }),
+                    proxy: log.join(), sparse: JSON.stringify(sparse), other: other.join(), protoHits: protoHits, thisIn: thisIn,
+                    returnsSelf: (function () { var a = [2, 1]; return a.sort(function (x, y) { return x - y; }) === a; })(),
+                    length: Array.prototype.sort.length, name: Array.prototype.sort.name,
+                    ctor: err(function () { new [].sort(function () { return 0; }); }),
+                    desc2: JSON.stringify(Object.getOwnPropertyDescriptor(Array.prototype, 'sort'))
+                  };
+                }
+                """;
+        try (Harness h = new Harness()) {
+            assertEquals(200, h.post("/init", initCode(code, "main", Map.of())).status());
+            Resp r = h.post("/run", run(new JsonObject()));
+            assertEquals(200, r.status(), r.raw());
+            assertEquals(json("""
+                    {"holes":"[1,2,3,3,5,null,null]","holesKeys":"0,1,2,3,4,5","holesLength":7,"stable":true,"desc":true,"boom":"Error: boom","thrown":"3,1,2","nan":"3,1,2","strings":"1,2,3","viaValueOf":"1,2,3","valueOfCalled":true,"notCallable":"TypeError","objectCmp":"TypeError","defaultOrder":"1,10,9,","arrayLike":"{\\"0\\":\\"a\\",\\"1\\":\\"b\\",\\"2\\":\\"c\\",\\"length\\":3}","frozen":"TypeError","nullThis":"TypeError","bigint":"TypeError","proxy":"get length,has 0,get 0,has 1,has 2,get 2,set 0,set 1,delete 2","sparse":"[null,4,9]","other":"1,2,3","protoHits":101,"thisIn":"undefined","returnsSelf":true,"length":1,"name":"sort","ctor":"TypeError","desc2":"{\\"writable\\":true,\\"enumerable\\":false,\\"configurable\\":true}"}"""), r.obj());
+        }
+    }
+
     @Test
     void badJavascriptFailsInit() throws Exception {
         try (Harness h = new Harness()) {

@@ -42,6 +42,60 @@
     }.localeCompare;
     Object.defineProperty(String.prototype, 'localeCompare', { value: localeCompare, writable: true, enumerable: false, configurable: true });
   })();
+  // GraalJS's Array.prototype.sort calls a comparator from Java (TimSort), each call through a
+  // call boundary Graal cannot inline; the same steps in JavaScript (ECMA-262's Array.prototype.sort,
+  // SortIndexedProperties: every index read with HasProperty then Get, undefined last without a
+  // call, a stable sort, written back with Set, the holes deleted) compile with the comparator
+  // inlined. Arrays only, up to a million elements (a sparse one's indices are all visited; above
+  // that the built-in reads `length` again, which only a proxy's trap would see).
+  (function() {
+    'use strict';
+    var own = Array.prototype.sort, apply = Reflect.apply, isArray = Array.isArray, setProto = Object.setPrototypeOf, MAX = 0x100000;
+    // the algorithm's own lists: arrays without a prototype, so that no index setter or getter a
+    // function defines on Array.prototype sees them (the language's lists are not objects)
+    function sorted(a, cmp) { // stable: insertion sort in runs of 8, then bottom-up merges
+      var n = a.length, lo, hi, i, j, k, x, mid, w, t, b;
+      for (lo = 0; lo < n; lo += 8) {
+        hi = lo + 8 < n ? lo + 8 : n;
+        for (i = lo + 1; i < hi; i++) {
+          x = a[i];
+          for (j = i - 1; j >= lo && +cmp(a[j], x) > 0; j--) a[j + 1] = a[j];
+          a[j + 1] = x;
+        }
+      }
+      b = setProto([], null);
+      for (w = 8; w < n; w *= 2) {
+        for (lo = 0; lo < n; lo += 2 * w) {
+          mid = lo + w < n ? lo + w : n;
+          hi = lo + 2 * w < n ? lo + 2 * w : n;
+          i = lo; j = mid; k = lo;
+          while (i < mid && j < hi) b[k++] = +cmp(a[j], a[i]) < 0 ? a[j++] : a[i++];
+          while (i < mid) b[k++] = a[i++];
+          while (j < hi) b[k++] = a[j++];
+        }
+        t = a; a = b; b = t;
+      }
+      return a;
+    }
+    var sort = {
+      sort(comparefn) { // a method: a name, length 1, no constructor, as the built-in
+        if (typeof comparefn !== 'function' || !isArray(this)) return apply(own, this, arguments);
+        var obj = this, len = obj.length, items = setProto([], null), m = 0, undef = 0, k, v;
+        if (len > MAX) return apply(own, this, arguments);
+        for (k = 0; k < len; k++) {
+          if (!(k in obj)) continue;
+          v = obj[k];
+          if (v === undefined) undef++; else items[m++] = v;
+        }
+        items = sorted(items, comparefn);
+        for (k = 0; k < m; k++) obj[k] = items[k];
+        for (v = 0; v < undef; v++) obj[k++] = undefined;
+        for (; k < len; k++) delete obj[k];
+        return obj;
+      }
+    }.sort;
+    Object.defineProperty(Array.prototype, 'sort', { value: sort, writable: true, enumerable: false, configurable: true });
+  })();
   var timers = [], seq = 0;
   function add(cb, ms, args, every) {
     if (typeof cb !== 'function') throw new TypeError('the callback must be a function');
