@@ -266,6 +266,97 @@ class PolyglotTest {
     }
 
     /**
+     * {@code json.loads} in a function parses numbers as CPython's does, natively: GraalPy's
+     * {@code _json} scanner took its native number parsing only when {@code parse_float} /
+     * {@code parse_int} were float / int instances, so json's defaults (the float and int types)
+     * called {@code float(s)} / {@code int(s)} through Python for every number (most of the json
+     * workload's time, docs/benchmarks.md). The runtime's {@code make_scanner} takes the native path
+     * where CPython takes its own (the hooks are float and int); hooks a function passes are called
+     * as before, values and errors are CPython's (the expected values are CPython 3.11's), and a
+     * function that replaces its {@code _json.make_scanner} changes no other function's.
+     */
+    @Test
+    void pythonJsonLoadsParsesNumbersNativelyAsCPythonDoes() throws Exception {
+        String code = """
+                import json, math
+                def main(args):
+                    r = {}
+                    v = json.loads('[1.5, -7, 1e400, -1e400, -0.0, 12345678901234567890123, 2E-3, 0, -0, 1E+2, 0.1]')
+                    r['values'] = repr(v)
+                    r['types'] = [type(x).__name__ for x in v]
+                    r['nan'] = math.isnan(json.loads('NaN'))
+                    r['hooks'] = repr(json.loads('[1.1, 2, {"a": 3}]', parse_float=lambda s: ('f', s), parse_int=lambda s: ('i', s),
+                                                 object_pairs_hook=lambda p: ('o', p)))
+                    r['object_hook'] = repr(json.loads('{"a": 1.25}', object_hook=lambda d: sorted(d.items())))
+                    r['constant'] = repr(json.loads('[Infinity, -Infinity]', parse_constant=lambda s: s))
+                    r['explicit'] = repr(json.JSONDecoder(parse_float=float, parse_int=int).decode('[1.0, 2]'))
+                    r['decoder'] = repr(json.JSONDecoder().raw_decode('{"x": [3.25]} tail'))
+                    r['strict'] = repr(json.loads('"a\\\\tb\\tc"', strict=False))
+                    errors = []
+                    for bad in ['[1,]', '{"a" 1}', '[1.5e]', '[1 2]', '-', '"a\\tb"', '{"a": 1}x', '[-]', '[1.]', '[01]']:
+                        try:
+                            json.loads(bad)
+                            errors.append(None)
+                        except json.JSONDecodeError as e:
+                            errors.append([e.msg, e.pos])
+                    r['errors'] = errors
+                    try:
+                        json.loads('1' * 5000)
+                        r['digits'] = 'parsed'
+                    except ValueError as e:
+                        r['digits'] = type(e).__name__
+                    return r
+                def tamper(args):
+                    import _json
+                    _json.make_scanner = None  # its own context's module only
+                    return {'tampered': True}
+                def scanner(args):
+                    import _json
+                    # the scanner json's decoders are made with: the runtime's (a function), not GraalPy's type
+                    return {'runtime': type(json.scanner.make_scanner).__name__ == 'function', 'own': _json.make_scanner is json.scanner.make_scanner}
+                """;
+        try (PolyglotFunction f = new PolyglotFunction("loads", "python", code, "main", Map.of());
+             PolyglotFunction tamper = new PolyglotFunction("tamper", "python", code, "tamper", Map.of());
+             PolyglotFunction scanner = new PolyglotFunction("scanner", "python", code, "scanner", Map.of())) {
+            Function.Sandbox s = f.newSandbox();
+            try {
+                JsonObject r = s.invoke(json("{}"), Map.of()).getAsJsonObject();
+                assertEquals("[1.5, -7, inf, -inf, -0.0, 12345678901234567890123, 0.002, 0, 0, 100.0, 0.1]", r.get("values").getAsString());
+                assertEquals(com.google.gson.JsonParser.parseString("[\"float\",\"int\",\"float\",\"float\",\"float\",\"int\",\"float\",\"int\",\"int\",\"float\",\"float\"]"), r.get("types"));
+                assertTrue(r.get("nan").getAsBoolean(), r.toString());
+                assertEquals("[('f', '1.1'), ('i', '2'), ('o', [('a', ('i', '3'))])]", r.get("hooks").getAsString(), "the function's hooks are called");
+                assertEquals("[('a', 1.25)]", r.get("object_hook").getAsString());
+                assertEquals("['Infinity', '-Infinity']", r.get("constant").getAsString());
+                assertEquals("[1.0, 2]", r.get("explicit").getAsString());
+                assertEquals("({'x': [3.25]}, 13)", r.get("decoder").getAsString());
+                assertEquals("'a\\tb\\tc'", r.get("strict").getAsString());
+                assertEquals("ValueError", r.get("digits").getAsString(), "CPython's limit of 4,300 digits");
+                assertEquals(com.google.gson.JsonParser.parseString("""
+                        [["Expecting value", 3], ["Expecting ':' delimiter", 5], ["Expecting ',' delimiter", 4], ["Expecting ',' delimiter", 3],
+                         ["Expecting value", 0], ["Invalid control character at", 2], ["Extra data", 8], ["Expecting value", 1],
+                         ["Expecting ',' delimiter", 2], ["Expecting ',' delimiter", 2]]
+                        """), r.get("errors"));
+            } finally {
+                s.close();
+            }
+            Function.Sandbox t = tamper.newSandbox();
+            try {
+                assertTrue(t.invoke(json("{}"), Map.of()).getAsJsonObject().get("tampered").getAsBoolean());
+            } finally {
+                t.close();
+            }
+            Function.Sandbox sc = scanner.newSandbox();
+            try {
+                JsonObject r = sc.invoke(json("{}"), Map.of()).getAsJsonObject();
+                assertTrue(r.get("runtime").getAsBoolean(), "json's decoders use GraalPy's scanner with its Python number hooks: " + r);
+                assertTrue(r.get("own").getAsBoolean(), "another function's _json reached this one: " + r);
+            } finally {
+                sc.close();
+            }
+        }
+    }
+
+    /**
      * The prewarm's context (made before /init, the image's language) is the first function's:
      * /init does not make a second one. It carries that function's /init env, and only that
      * function gets it. Each context taken is replaced in the background, so that the next

@@ -13,6 +13,43 @@ def __cpuslot_signals():
             if m is not None and hasattr(m, n):
                 setattr(m, n, refused)
 __cpuslot_signals()
+def __cpuslot_scanner(make):
+    # GraalPy's _json scanner parses numbers natively only when parse_float / parse_int are float /
+    # int instances (it checks the hook's type, not that the hook is float or int), so with json's
+    # defaults, the float and int types, it calls float(s) / int(s) through Python for every number,
+    # most of json.loads's time in a number-heavy document. CPython's scanner parses
+    # natively exactly when the hooks are float and int; this make_scanner does the same, with
+    # instances that select GraalPy's native path, and falls back to GraalPy's own if that path ever
+    # changes (probed once here). _json is this context's own module: no other function sees it.
+    class Defaults:
+        __slots__ = ('strict', 'object_hook', 'object_pairs_hook', 'parse_float', 'parse_int', 'parse_constant')
+    def native(context):
+        d = Defaults()
+        d.strict = context.strict
+        d.object_hook = context.object_hook
+        d.object_pairs_hook = context.object_pairs_hook
+        d.parse_float = 0.0
+        d.parse_int = 0
+        d.parse_constant = context.parse_constant
+        return make(d)
+    def make_scanner(context):
+        if context.parse_float is float and context.parse_int is int:
+            return native(context)
+        return make(context)
+    class Probe:
+        strict = True
+        object_hook = object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = float
+    try:
+        r = native(Probe())('[1.5,-7,12345678901234567890123,-0.0,2E-3,{"k":1}]', 0)
+        if repr(r) == "([1.5, -7, 12345678901234567890123, -0.0, 0.002, {'k': 1}], 50)":
+            return make_scanner
+    except Exception:
+        pass
+    return make
+__cpuslot__json.make_scanner = __cpuslot_scanner(__cpuslot__json.make_scanner)
 def __cpuslot_codec():
     class Ctx:  # json.JSONDecoder's defaults
         strict = True
