@@ -138,6 +138,16 @@ StandardError=inherit
 `, desc, after, exec, logDir, strings.Join(extra, "\n"))
 	}
 	args := func(a ...string) string { return strings.Join(a, " \\\n\t") }
+	// The controller manager exits when it cannot read the API server's
+	// authentication configmap, which RBAC's bootstrap roles let it read
+	// only once they exist; on a loaded emulated node that takes minutes,
+	// and each failed start costs a minute more. It and the scheduler start
+	// when /readyz answers (anonymous access to it is itself a bootstrap
+	// role), as the legacy node's cluster starts them.
+	afterReady := []string{
+		fmt.Sprintf(`ExecStartPre=/bin/sh -c 'until curl -sfk -m 10 -o /dev/null https://127.0.0.1:%d/readyz; do sleep 1; done'`, apiPort),
+		"TimeoutStartSec=infinity",
+	}
 	etc := map[string]string{
 		"systemd/system/" + target: `[Unit]
 Description=cpuslot v2 node: control plane, containerd, kubelet
@@ -168,11 +178,11 @@ Wants=` + strings.Join(Units, " ") + "\n",
 			"--use-service-account-credentials=true", "--service-account-private-key-file="+p.Path("sa.key"),
 			"--root-ca-file="+p.Path("ca.crt"), "--cluster-signing-cert-file="+p.Path("ca.crt"),
 			"--cluster-signing-key-file="+p.Path("ca.key"), "--service-cluster-ip-range="+serviceCIDR,
-			"--allocate-node-cidrs=false", "--profiling=false")),
+			"--allocate-node-cidrs=false", "--profiling=false"), afterReady...),
 		"systemd/system/v2node-scheduler.service": unit("kube-scheduler", "v2node-apiserver.service", args(k("kube-scheduler"),
 			"--kubeconfig="+kc["scheduler"], "--authentication-kubeconfig="+kc["scheduler"],
 			"--authorization-kubeconfig="+kc["scheduler"], "--bind-address=127.0.0.1", "--leader-elect=false",
-			"--profiling=false")),
+			"--profiling=false"), afterReady...),
 		// As containerd's own unit: the shims keep running when containerd
 		// restarts, and containers' scopes are delegated.
 		"systemd/system/containerd.service": unit("containerd "+ContainerdVersion, "", args(filepath.Join(n.bins.containerd, "containerd"),
