@@ -66,9 +66,15 @@ current-context: v2node
 		return path, os.WriteFile(path, []byte(kc), 0o600)
 	}
 	guestAPI := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	hostAPI := fmt.Sprintf("https://127.0.0.1:%d", hostPort)
 	kc := map[string]string{}
-	for _, c := range []string{"admin", "controller-manager", "scheduler", "kubelet-client"} {
+	for _, c := range []string{"admin", "kubelet-client"} {
 		if kc[c], err = kubeconfig(c, c, guestAPI); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range []string{"controller-manager", "scheduler"} {
+		if kc[c], err = kubeconfig(c, c, hostAPI); err != nil {
 			return nil, err
 		}
 	}
@@ -138,16 +144,6 @@ StandardError=inherit
 `, desc, after, exec, logDir, strings.Join(extra, "\n"))
 	}
 	args := func(a ...string) string { return strings.Join(a, " \\\n\t") }
-	// The controller manager exits when it cannot read the API server's
-	// authentication configmap, which RBAC's bootstrap roles let it read
-	// only once they exist; on a loaded emulated node that takes minutes,
-	// and each failed start costs a minute more. It and the scheduler start
-	// when /readyz answers (anonymous access to it is itself a bootstrap
-	// role), as the legacy node's cluster starts them.
-	afterReady := []string{
-		fmt.Sprintf(`ExecStartPre=/bin/sh -c 'until curl -sfk -m 10 -o /dev/null https://127.0.0.1:%d/readyz; do sleep 1; done'`, apiPort),
-		"TimeoutStartSec=infinity",
-	}
 	etc := map[string]string{
 		"systemd/system/" + target: `[Unit]
 Description=cpuslot v2 node: control plane, containerd, kubelet
@@ -172,17 +168,6 @@ Wants=` + strings.Join(Units, " ") + "\n",
 			"--service-cluster-ip-range="+serviceCIDR,
 			"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 			"--allow-privileged=true", "--profiling=false", "--event-ttl=1h")),
-		"systemd/system/v2node-controller-manager.service": unit("kube-controller-manager", "v2node-apiserver.service", args(k("kube-controller-manager"),
-			"--kubeconfig="+kc["controller-manager"], "--authentication-kubeconfig="+kc["controller-manager"],
-			"--authorization-kubeconfig="+kc["controller-manager"], "--bind-address=127.0.0.1", "--leader-elect=false",
-			"--use-service-account-credentials=true", "--service-account-private-key-file="+p.Path("sa.key"),
-			"--root-ca-file="+p.Path("ca.crt"), "--cluster-signing-cert-file="+p.Path("ca.crt"),
-			"--cluster-signing-key-file="+p.Path("ca.key"), "--service-cluster-ip-range="+serviceCIDR,
-			"--allocate-node-cidrs=false", "--profiling=false"), afterReady...),
-		"systemd/system/v2node-scheduler.service": unit("kube-scheduler", "v2node-apiserver.service", args(k("kube-scheduler"),
-			"--kubeconfig="+kc["scheduler"], "--authentication-kubeconfig="+kc["scheduler"],
-			"--authorization-kubeconfig="+kc["scheduler"], "--bind-address=127.0.0.1", "--leader-elect=false",
-			"--profiling=false"), afterReady...),
 		// As containerd's own unit: the shims keep running when containerd
 		// restarts, and containers' scopes are delegated.
 		"systemd/system/containerd.service": unit("containerd "+ContainerdVersion, "", args(filepath.Join(n.bins.containerd, "containerd"),
@@ -206,6 +191,20 @@ Wants=` + strings.Join(Units, " ") + "\n",
   ]
 }
 `, podCIDR, stateDir+"/cni"),
+	}
+	// The controller manager and the scheduler run on the host (hostControlPlane):
+	// they only talk to the API server, and in the emulated guest they took a
+	// fifth of its CPU. No serving port: the legacy node's own run beside them
+	// on the host, and nothing here scrapes them.
+	n.control = map[string][]string{
+		"kube-controller-manager": {k("kube-controller-manager"),
+			"--kubeconfig=" + kc["controller-manager"], "--secure-port=0", "--leader-elect=false",
+			"--use-service-account-credentials=true", "--service-account-private-key-file=" + p.Path("sa.key"),
+			"--root-ca-file=" + p.Path("ca.crt"), "--cluster-signing-cert-file=" + p.Path("ca.crt"),
+			"--cluster-signing-key-file=" + p.Path("ca.key"), "--service-cluster-ip-range=" + serviceCIDR,
+			"--allocate-node-cidrs=false", "--profiling=false"},
+		"kube-scheduler": {k("kube-scheduler"),
+			"--kubeconfig=" + kc["scheduler"], "--secure-port=0", "--leader-elect=false", "--profiling=false"},
 	}
 	return etc, nil
 }

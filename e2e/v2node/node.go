@@ -3,10 +3,13 @@
 // runc, and the newest kubelet the Go module proxy serves. The development
 // machines bind the cpu controller to cgroup v1, so the node is a qemu guest
 // (test/vm System) booting the host's own Debian userland read-only with a
-// tmpfs overlay. The control plane (etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler) runs in the guest too, as systemd
-// units beside containerd and the kubelet; the host reaches the API server
-// through one forwarded loopback port. See e2e/README.md for why.
+// tmpfs overlay. etcd and kube-apiserver run in the guest too, as systemd
+// units beside containerd and the kubelet (the API server reaches the
+// kubelet and the pod network there); the host reaches the API server
+// through one forwarded loopback port, and so do kube-controller-manager and
+// kube-scheduler, which run on the host (hostControlPlane): they talk to the
+// API server only, and emulated they took a fifth of the guest's CPU. See
+// e2e/README.md for why.
 //
 // Binaries come from hack/v2node-deps.sh (cached by version); images from
 // `make images`.
@@ -62,8 +65,7 @@ const (
 )
 
 // Units are the guest's systemd units of the node, in start order.
-var Units = []string{"v2node-etcd.service", "v2node-apiserver.service", "v2node-controller-manager.service",
-	"v2node-scheduler.service", "containerd.service", "kubelet.service"}
+var Units = []string{"v2node-etcd.service", "v2node-apiserver.service", "containerd.service", "kubelet.service"}
 
 // Options for Up.
 type Options struct {
@@ -93,6 +95,10 @@ type Node struct {
 	bins       binaries
 	// promHostPort is the host's end of PrometheusPort.
 	promHostPort int
+	// control: the host's control-plane commands (name -> argv), and
+	// stopControl ends them.
+	control     map[string][]string
+	stopControl func()
 	// Boot is the time from starting qemu to systemd's control shell;
 	// Ready the time from starting qemu to the node's Ready condition.
 	Boot, Ready time.Duration
@@ -171,6 +177,7 @@ func Up(ctx context.Context, opts Options) (_ *Node, err error) {
 	}
 	n.Boot = n.sys.Uptime()
 	opts.Logf("v2node: systemd up, control shell ready after %v", n.Boot.Round(time.Second))
+	n.stopControl = n.hostControlPlane()
 
 	readyCtx, cancel2 := context.WithTimeout(ctx, opts.ReadyTimeout)
 	defer cancel2()
@@ -196,6 +203,9 @@ func Up(ctx context.Context, opts Options) (_ *Node, err error) {
 func (n *Node) Down() {
 	if n == nil {
 		return
+	}
+	if n.stopControl != nil {
+		n.stopControl()
 	}
 	if n.sys != nil {
 		n.sys.Stop()
@@ -260,9 +270,9 @@ func (n *Node) Diagnose(ctx context.Context) string {
 	out, _, err := n.sys.Exec(ctx, "systemctl --no-pager list-units --all 'v2node-*' containerd.service kubelet.service; "+
 		"for f in "+logDir+"/*.log; do echo \"== $f\"; tail -n 15 \"$f\"; done; free -m; uptime")
 	if err != nil {
-		return fmt.Sprintf("(no diagnosis from the guest: %v)", err)
+		out = fmt.Sprintf("(no diagnosis from the guest: %v)\n", err)
 	}
-	return out
+	return out + n.controlLogs(15)
 }
 
 // progress is a short account of the node's units for a slow wait: their
@@ -273,9 +283,9 @@ func (n *Node) progress(ctx context.Context) string {
 	out, _, err := n.sys.Exec(ctx, "for u in "+strings.Join(Units, " ")+"; do "+
 		"echo \"$u: $(systemctl is-active $u) | $(tail -n 1 "+logDir+"/${u%.service}.log | cut -c1-300)\"; done")
 	if err != nil {
-		return fmt.Sprintf("(guest: %v)", err)
+		out = fmt.Sprintf("(guest: %v)", err)
 	}
-	return strings.TrimSpace(out)
+	return strings.TrimSpace(out) + "\n" + strings.TrimSpace(n.controlLogs(1))
 }
 
 func (n *Node) withDiagnosis(err error) error {
