@@ -94,9 +94,15 @@ OCI_ANNOTATIONS  := -annotation org.opencontainers.image.source=$(IMAGE_SOURCE) 
 	-annotation org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null || echo unknown) \
 	-annotation org.opencontainers.image.version=$(VERSION)
 
-.PHONY: images e2e e2e-deps e2e-v2node
+.PHONY: images images-go images-runtime e2e e2e-deps e2e-v2node
 
-images: build runtime-image
+images: images-go images-runtime
+	cat bin/cpuslot-runtime.digest >>$(IMAGES_DIR)/digests.txt
+	cat $(IMAGES_DIR)/digests.txt
+
+# The images built from Go (pause, probe, the agent): seconds. The v2 node
+# needs only these to start (make e2e builds the runtime's beside it).
+images-go: build
 	mkdir -p $(IMAGES_DIR)
 	CGO_ENABLED=0 $(GO) build -C tools -o $(CURDIR)/$(IMAGES_DIR)/ocitar ./ocitar
 	CGO_ENABLED=0 $(GO) build -C e2e -trimpath -ldflags '-s -w' -o $(CURDIR)/$(IMAGES_DIR)/pause ./images/pause
@@ -110,10 +116,11 @@ images: build runtime-image
 	$(IMAGES_DIR)/ocitar -o $(IMAGES_DIR)/node-agent.tar -name $(E2E_IMAGE_PREFIX)/node-agent:dev $(OCI_ANNOTATIONS) \
 		-arch $(IMAGE_ARCHES) -entrypoint /node-agent -add '$(IMAGES_DIR)/linux-{arch}/node-agent:/node-agent' >>$(IMAGES_DIR)/digests.txt
 	rm -rf $(IMAGES_DIR)/ocitar $(IMAGES_DIR)/pause $(IMAGES_DIR)/probe $(IMAGES_DIR)/linux-*
-	# The Java runtime image (make runtime-image), imported with the rest.
+
+# The Java runtime images (make runtime-image), imported with the rest.
+images-runtime: runtime-image
+	mkdir -p $(IMAGES_DIR)
 	ln -sf ../cpuslot-runtime.tar $(IMAGES_DIR)/cpuslot-runtime.tar
-	cat bin/cpuslot-runtime.digest >>$(IMAGES_DIR)/digests.txt
-	cat $(IMAGES_DIR)/digests.txt
 
 e2e-deps:
 	bash hack/e2e-deps.sh
@@ -124,8 +131,8 @@ e2e-deps:
 # (cgroup v1, cgroupfs; its packages one at a time, each brings up its
 # cluster once) and, beside it, the current one in the VM (e2e/v2node:
 # cgroup v2, systemd, containerd 2).
-e2e: e2e-deps images
-	GOTESTSUM='$(GOTESTSUM)' bash hack/e2e.sh
+e2e: e2e-deps images-go
+	GOTESTSUM='$(GOTESTSUM)' MAKE='$(MAKE)' bash hack/e2e.sh
 
 # The current node alone.
 e2e-v2node: images

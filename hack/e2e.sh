@@ -10,9 +10,14 @@
 # The quota checks hold under this: a slot's lower bound needs a quarter of
 # one CPU (retried, and on the emulated node checked only when the node let
 # the slot run).
+# The runtime's images (make images-runtime: minutes of Maven, jlink and
+# an AOT training run) build while the v2 node comes up, which needs only
+# the Go-built images; its JavaRuntimePods waits for the runtime-java
+# tarball. The legacy node's packages start when they are built (their
+# clusters import every image at their start).
 # Exit status: failed if either failed; both always run to their end.
 #
-# Environment: GOTESTSUM (the Makefile's), E2E_TIMEOUT (go test -timeout).
+# Environment: GOTESTSUM (the Makefile's), MAKE, E2E_TIMEOUT (go test -timeout).
 set -uo pipefail
 cd "$(dirname "$0")/../e2e"
 gotestsum="${GOTESTSUM:-go run gotest.tools/gotestsum@v1.13.0}"
@@ -25,6 +30,8 @@ while read -r pkg; do
 done < <(go list ./...)
 
 start=$SECONDS
+# No tarball of an earlier build stands in for the one being built.
+rm -f ../bin/cpuslot-runtime.tar ../bin/cpuslot-runtime-java.tar
 # Each side in a process group of its own (set -m), waited for with wait
 # (which a trap interrupts), so that a stop of make (SIGINT, SIGTERM)
 # reaches both go tests and the VM.
@@ -38,6 +45,16 @@ set -m
 	exit "$rc"
 ) &
 v2=$!
+"${MAKE:-make}" -C .. --no-print-directory images-runtime &
+images=$!
+trap 'kill -TERM -- -"$v2" -"$images" 2>/dev/null; exit 130' INT TERM
+if ! wait "$images"; then
+	echo "e2e: make images-runtime failed after $((SECONDS - start)) s; stopping e2e/v2node"
+	kill -TERM -- -"$v2" 2>/dev/null
+	wait "$v2"
+	exit 1
+fi
+echo "e2e: the runtime's images built $((SECONDS - start)) s after the start, beside the v2 node"
 # shellcheck disable=SC2086
 $gotestsum --format standard-verbose -- "${legacy[@]}" -count=1 -timeout "$timeout" -p 1 &
 legacy=$!

@@ -165,8 +165,21 @@ spec:
 func startJavaImport(t *testing.T, ctx context.Context, n *Node) {
 	t.Helper()
 	tar := filepath.Join(n.RepoDir(), "bin", javaTar)
-	if _, err := os.Stat(tar); err != nil {
-		t.Fatalf("%v (make images writes it: make runtime-image)", err)
+	// make e2e builds the runtime's images beside the node's start
+	// (hack/e2e.sh); the tarball appears whole when its build is done.
+	start := time.Now()
+	for {
+		_, err := os.Stat(tar)
+		if err == nil {
+			break
+		}
+		if !os.IsNotExist(err) || time.Since(start) > 30*time.Minute || ctx.Err() != nil {
+			t.Fatalf("%v (make images-runtime writes it; make e2e builds it beside this node's start)", err)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Logf("waited %v for %s (built beside the node's start)", waited.Round(time.Second), javaTar)
 	}
 	guest(t, ctx, n, fmt.Sprintf(`systemd-run --unit=%s -p DefaultDependencies=no -p Type=oneshot -p RemainAfterExit=yes --no-block \
 	-p StandardOutput=append:%s/import-java.log -p StandardError=append:%[2]s/import-java.log \

@@ -90,7 +90,10 @@ func main() {
 		}
 		img.Created = time.Unix(sec, 0).UTC()
 	}
-	f, err := os.Create(*out)
+	// Written beside and renamed when complete: a reader that waits for the
+	// tarball (make e2e imports it while it is built) never sees half of one.
+	partial := *out + ".partial"
+	f, err := os.Create(partial)
 	var digest v1.Hash
 	if err == nil {
 		digest, err = img.Write(f)
@@ -98,8 +101,11 @@ func main() {
 			err = cerr
 		}
 	}
+	if err == nil {
+		err = os.Rename(partial, *out)
+	}
 	if err != nil {
-		os.Remove(*out)
+		os.Remove(partial)
 		fmt.Fprintln(os.Stderr, "ocitar:", err)
 		os.Exit(1)
 	}
