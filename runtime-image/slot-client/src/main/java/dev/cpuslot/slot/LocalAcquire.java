@@ -31,9 +31,10 @@ abstract sealed class LocalAcquire extends LocalMiss permits LocalReclaim {
         if (l == null || l.local == null) return l;
         l.ownUsage = ownUsage;
         Batch b = batches[l.entry];
-        // the batch is one action's: another action's invocation (or one that wants its own
-        // usage) reads the counters first and starts a batch of its own
-        if (b.start == null || (b.total > 0 && (ownUsage || !act.equals(b.action)))) {
+        // the batch is one action's: another action's invocation reads the counters first and
+        // starts a batch of its own; one that wants its own usage always reads its start (an
+        // earlier read, e.g. the upkeep's of an idle entry, misses what the slot counted since)
+        if (b.start == null || ownUsage || (b.total > 0 && !act.equals(b.action))) {
             long now = System.nanoTime();
             if (b.total > 0) closeBatch(l.entry, l.slot, now);
             else b.clear(fds.readCounters(l.slot), now);

@@ -529,6 +529,23 @@ class LocalLeasesTest extends LocalFixture {
     }
 
     @Test
+    void anInvocationThatWantsItsOwnUsageReadsItsStartEvenAfterTheBatchWasClosedWhileIdle() {
+        local.batchNs = 3600 * S;
+        SlotLease a = local.acquire(250, "f", "a");
+        ops.counters.put(11, used(3_000, 30));
+        a.release(ReleaseOutcome.OK);
+        local.closeBatches(System.nanoTime() + 2 * LocalLeases.BATCH_IDLE_NS); // the upkeep, while idle
+        // CPU the slot counts after that read and before the next start (a thread of the runtime
+        // still in the slot, or a late counter): not the next invocation's
+        ops.counters.put(11, used(5_000, 50));
+        SlotLease own = local.acquire(250, "f", "own", true);
+        ops.counters.put(11, used(5_400, 54));
+        Usage u = own.release(ReleaseOutcome.OK);
+        assertTrue(u.measured(), "its own usage: " + u);
+        assertEquals(400, u.cpuNanos(), "only what ran between its own start and end: " + u);
+    }
+
+    @Test
     void aBatchOlderThanTheBatchTimeIsReadAtTheReleaseThatEndsItAndGoesToTheListener() {
         local.batchNs = 3600 * S;
         SlotLease a = local.acquire(250, "f", "a");
