@@ -3,6 +3,7 @@
 # registry (for `ctr -n k8s.io images import`):
 #
 #   runtime-image/image/build-image.sh OUT.tar [IMAGE_NAME] [KIND]
+#   runtime-image/image/build-image.sh --stage ROOT [KIND]
 #       (default docker.io/cpuslot/runtime-jvm:dev; KIND java, javascript or python fixes the
 #        language of /init code with CPUSLOT_LANGUAGE, as OpenWhisk maps each kind to an image:
 #        e.g. docker.io/cpuslot/runtime-python:dev python. Without KIND: the generic image, whose
@@ -28,15 +29,25 @@
 # jlinked from its JDK and the libraries are its own: no other architecture can be built here),
 # a gzip layer, annotated with the source, revision and version, dated by SOURCE_DATE_EPOCH (the
 # last commit's time by default). NAME@DIGEST is the one line printed on stdout.
+# --stage: no tarball; the image's root file system left in ROOT (replaced) and its entrypoint in
+# ROOT.entrypoint, one argument a line (the conformance suite runs it under chroot-image.sh).
 # Needs: the runtime built (runtime-image/build.sh -DskipTests package), a JDK 25, Go (to build
 # tools/ocitar from this repository), ldd.
 set -euo pipefail
 # stdout carries NAME@DIGEST only; every tool's output goes to stderr
 exec 3>&1 1>&2
 
-out="${1:?usage: build-image.sh OUT.tar [IMAGE_NAME]}"
-name="${2:-docker.io/cpuslot/runtime-jvm:dev}"
-kind="${3:-}"
+usage="usage: build-image.sh OUT.tar [IMAGE_NAME] [KIND], or --stage ROOT [KIND]"
+staged=
+if [ "${1:-}" = --stage ]; then
+	staged="${2:?$usage}"
+	out=
+	kind="${3:-}"
+else
+	out="${1:?$usage}"
+	name="${2:-docker.io/cpuslot/runtime-jvm:dev}"
+	kind="${3:-}"
+fi
 case "$kind" in ""|java|javascript|python) ;; *) echo "build-image: KIND must be java, javascript or python" >&2; exit 1 ;; esac
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -61,6 +72,11 @@ GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 root="$stage/root"
+if [ -n "$staged" ]; then
+	rm -rf "$staged" "$staged.entrypoint"
+	mkdir -p "$staged"
+	root="$(cd "$staged" && pwd)"
+fi
 mkdir -p "$root/opt/cpuslot/lib" "$root/etc" "$root/tmp"
 
 # 1. the JRE: the modules jdeps finds in the runtime and its dependencies, plus a few loaded
@@ -101,7 +117,7 @@ rm -f "$root/opt/java/lib/server/classes_nocoops.jsa"
 #    JRE itself are found through its own RPATH)
 libs="$(find "$root/opt/java" -type f \( -name '*.so' -o -path '*/bin/*' -o -name jspawnhelper \) \
 	! -name 'libawt_xawt.so' ! -name 'libjawt.so' ! -name 'libsplashscreen.so' ! -name 'libjsound.so' -exec ldd {} \; 2>/dev/null |
-	awk '/=> \// {print $3} /^\t\/[^ ]+ \(0x/ {print $1}' | grep -v "^$stage/" | sort -u)"
+	awk '/=> \// {print $3} /^\t\/[^ ]+ \(0x/ {print $1}' | grep -v "^$root/" | sort -u)"
 for l in $libs; do
 	mkdir -p "$root$(dirname "$l")"
 	cp -L "$l" "$root$l"
@@ -139,6 +155,12 @@ if [ $jit = 1 ]; then
 	else
 		echo "build-image: not root: no AOT cache (cold starts take about twice as long)" >&2
 	fi
+fi
+
+if [ -n "$staged" ]; then
+	printf '%s\n' "${java_cmd[@]}" -jar /opt/cpuslot/runtime.jar >"$root.entrypoint"
+	echo "build-image: staged in $root, entrypoint in $root.entrypoint" >&2
+	exit 0
 fi
 
 # 6. the OCI layout tarball (tools/ocitar of this repository)

@@ -31,8 +31,9 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.fail;
 
 /**
- * One action container as OpenWhisk's test harness sees it: a fresh runtime process started with
- * the image's JVM command line ({@code image/jvm-options}) and kind ({@code CPUSLOT_LANGUAGE}, as
+ * One action container as OpenWhisk's test harness sees it: a fresh runtime process started as
+ * the image starts it (JavaScript and Python, as root: {@link ImageRoot}; else the JDK's java with
+ * the image's JVM options, {@code image/jvm-options}) and kind ({@code CPUSLOT_LANGUAGE}, as
  * the per-kind image sets it), a clean environment (no locale, as in a container) plus the
  * container env the case gives, {@code POST /init} and {@code /run}, and its stdout/stderr from
  * process start to kill.
@@ -54,6 +55,8 @@ final class ActionContainer implements AutoCloseable {
     final Path dir, stdout, stderr, runtimeLog;
     private final Process proc;
     private final int port;
+    /** Started from the image's root with its AOT cache (ImageRoot). */
+    final boolean aot;
     private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10)).build();
     private String out, err;
 
@@ -67,27 +70,51 @@ final class ActionContainer implements AutoCloseable {
         stdout = dir.resolve("stdout");
         stderr = dir.resolve("stderr");
         runtimeLog = dir.resolve("runtime.log");
-        List<String> cmd = new ArrayList<>();
-        cmd.add(Path.of(System.getProperty("java.home"), "bin", "java").toString());
-        cmd.addAll(imageJvmOptions(kind));
         // A container's own /tmp: the runtime's temporary files (an action's jar) stay beside its
         // logs, not in the machine's /tmp, when the case kills it as docker kill does.
         Path tmp = Files.createDirectories(dir.resolve("tmp"));
-        cmd.add("-Djava.io.tmpdir=" + tmp);
-        cmd.add("-jar");
-        cmd.add(jar);
-        ProcessBuilder pb = new ProcessBuilder(cmd).directory(dir.toFile())
-                .redirectOutput(stdout.toFile()).redirectError(stderr.toFile());
-        Map<String, String> e = pb.environment();
-        e.clear(); // a container's environment: no locale, nothing from the test JVM
-        e.put("PATH", "/usr/bin:/bin");
+        Map<String, String> e = new java.util.LinkedHashMap<>();
         e.put("PORT", "0");
         e.put("CPUSLOT_METRICS_PORT", "-1");
         e.put("CPUSLOT_LANGUAGE", kind);
         e.put("CPUSLOT_LOG", "file:" + runtimeLog);
         e.putAll(env);
-        proc = pb.start();
+        // JavaScript and Python as the image starts them (its JRE, module options and AOT cache,
+        // under chroot as nobody); the java kind's image has no AOT cache, and another build's jar
+        // is no image: those with the JDK
+        ImageRoot image = kind.equals("java") || !jar.equals(prop("cpuslot.runtime.jar")) ? null : ImageRoot.get();
+        aot = image != null;
+        ProcessBuilder pb;
+        if (image != null) {
+            for (Path p : List.of(dir, tmp)) Files.setPosixFilePermissions(p, java.nio.file.attribute.PosixFilePermissions.fromString("rwxrwxrwx"));
+            pb = new ProcessBuilder(image.command(e, List.of("-Djava.io.tmpdir=" + tmp)));
+            pb.environment().clear(); // chroot_run passes only the variables named
+        } else {
+            List<String> cmd = new ArrayList<>();
+            cmd.add(Path.of(System.getProperty("java.home"), "bin", "java").toString());
+            cmd.addAll(imageJvmOptions(kind));
+            cmd.add("-Djava.io.tmpdir=" + tmp);
+            cmd.add("-jar");
+            cmd.add(jar);
+            pb = new ProcessBuilder(cmd);
+            Map<String, String> pe = pb.environment();
+            pe.clear(); // a container's environment: no locale, nothing from the test JVM
+            pe.put("PATH", "/usr/bin:/bin");
+            pe.putAll(e);
+        }
+        proc = pb.directory(dir.toFile()).redirectOutput(stdout.toFile()).redirectError(stderr.toFile()).start();
         port = awaitPort();
+        if (aot) checkAotCache();
+    }
+
+    /** The JVM maps the image's AOT cache, and said nothing of it (a refused cache is unmapped, and the JVM says why). */
+    private void checkAotCache() throws IOException {
+        String maps = Files.readString(Path.of("/proc/" + proc.pid() + "/maps"));
+        String said = Files.readString(stdout) + Files.readString(stderr);
+        if (!maps.contains("/opt/cpuslot/runtime.aot") || said.contains("[aot]")) {
+            proc.destroyForcibly();
+            fail("the runtime did not take the image's AOT cache; stdout and stderr:\n" + said);
+        }
     }
 
     /**
