@@ -78,7 +78,7 @@ current-context: v2node
 			return nil, err
 		}
 	}
-	if n.kubeconfig, err = kubeconfig("host-admin", "admin", fmt.Sprintf("https://127.0.0.1:%d", hostPort)); err != nil {
+	if n.kubeconfig, err = kubeconfig("host-admin", "admin", hostAPI); err != nil {
 		return nil, err
 	}
 

@@ -59,8 +59,9 @@ func (n *Node) supervise(ctx context.Context, name string, argv []string) {
 	}
 }
 
-// controlLogs is the last lines of each host control-plane log.
-func (n *Node) controlLogs(lines int) string {
+// controlLogs is the last lines of each host control-plane log, each cut
+// at width characters (0: uncut).
+func (n *Node) controlLogs(lines, width int) string {
 	names := make([]string, 0, len(n.control))
 	for name := range n.control {
 		names = append(names, name)
@@ -73,11 +74,12 @@ func (n *Node) controlLogs(lines int) string {
 		if len(l) > lines {
 			l = l[len(l)-lines:]
 		}
-		last := strings.Join(l, "\n")
-		if lines == 1 && len(last) > 300 {
-			last = last[:300]
+		for i := range l {
+			if width > 0 && len(l[i]) > width {
+				l[i] = l[i][:width]
+			}
 		}
-		fmt.Fprintf(&b, "%s (host): %s\n", name, last)
+		fmt.Fprintf(&b, "%s (host): %s\n", name, strings.Join(l, "\n"))
 	}
 	return b.String()
 }

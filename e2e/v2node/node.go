@@ -272,7 +272,7 @@ func (n *Node) Diagnose(ctx context.Context) string {
 	if err != nil {
 		out = fmt.Sprintf("(no diagnosis from the guest: %v)\n", err)
 	}
-	return out + n.controlLogs(15)
+	return out + n.controlLogs(15, 0)
 }
 
 // progress is a short account of the node's units for a slow wait: their
@@ -285,7 +285,7 @@ func (n *Node) progress(ctx context.Context) string {
 	if err != nil {
 		out = fmt.Sprintf("(guest: %v)", err)
 	}
-	return strings.TrimSpace(out) + "\n" + strings.TrimSpace(n.controlLogs(1))
+	return strings.TrimSpace(out) + "\n" + strings.TrimSpace(n.controlLogs(1, 300))
 }
 
 func (n *Node) withDiagnosis(err error) error {
