@@ -284,9 +284,14 @@ func TestScribbledTable(t *testing.T) {
 
 // TestSharedTableTwoProcesses: a child process of the container opens the
 // parent's table; both run invocations at once; each claims only slots it
-// holds fds for, and they never share a slot.
+// holds fds for, and they never share a slot. (The fake gives a slot to
+// one connection only: a slot one process released may otherwise be held
+// by the other later, which is no sharing.)
 func TestSharedTableTwoProcesses(t *testing.T) {
 	f := newFakeAgent(t, true)
+	f.mu.Lock()
+	f.ownSlots = true
+	f.mu.Unlock()
 	c := dialFake(t, f, client.Options{TableCapacity: 8})
 	ch := startChild(t, "invoke", f, c.Table().File(), 300)
 	mine := map[uint32]bool{}

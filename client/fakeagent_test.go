@@ -34,6 +34,8 @@ type fakeSlot struct {
 	writes   atomic.Int64
 	cpuUsec  atomic.Uint64
 	leasedTo uint64 // lease id, 0 = free
+	// given: the slot's fds went to some connection.
+	given bool
 }
 
 type fakeAgent struct {
@@ -96,6 +98,10 @@ type fakeAgent struct {
 	// helloGate, when set, holds every HELLO until it is closed (a
 	// reconnect under way).
 	helloGate chan struct{}
+	// ownSlots grants a slot whose fds went to one connection to that
+	// connection only, so that a slot seen by two processes over a whole
+	// run means one of them used a slot it holds no fds for.
+	ownSlots bool
 }
 
 // setHoldList turns HOLD_LIST on while the fake serves: under its lock, because a
@@ -325,6 +331,7 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			return ok, nil
 		}
 		sent[s.id] = true
+		s.given = true
 		ok.NumFDs = 2
 		return ok, []int{int(s.placeW.Fd()), int(s.stat.Fd())}
 	}
@@ -389,7 +396,7 @@ func (f *fakeAgent) handle(m slotv1.Message, sent map[uint32]bool) (slotv1.Messa
 			}
 		}
 		for id := uint32(1); id <= uint32(len(f.slots)); id++ {
-			if s := f.slots[id]; s.quota == m.QuotaMilli && s.leasedTo == 0 {
+			if s := f.slots[id]; s.quota == m.QuotaMilli && s.leasedTo == 0 && (!f.ownSlots || !s.given || sent[s.id]) {
 				return grant(s, slotv1.OutcomeCacheHit, slotv1.PlaceSelf)
 			}
 		}
