@@ -294,6 +294,10 @@ func (x *intrusion) check(t *testing.T) {
 	agenttest.WaitFor(t, "B's process to be back in "+x.b+" in cpu and cpuacct", func() bool {
 		return cgroupOf(t, x.pid, "cpu") == x.b && cgroupOf(t, x.pid, "cpuacct") == x.b
 	})
+	// It is counted after the move.
+	agenttest.WaitFor(t, "the foreign thread to be counted", func() bool {
+		return strings.Contains(agenttest.Scrape(t, x.a), `reason="foreign_thread_in_slot"} `)
+	})
 	if body := agenttest.Scrape(t, x.a); !strings.Contains(body, `reason="foreign_thread_in_slot"} 1`) {
 		t.Errorf("the foreign thread was not counted once:\n%s", agenttest.Grep(body, "foreign_thread"))
 	}
