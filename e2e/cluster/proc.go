@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -113,14 +114,23 @@ func (p *proc) stop(grace time.Duration) {
 
 // tail returns the last n lines of the process's log.
 func (p *proc) tail(n int) string {
-	return tailFile(p.logPath, n)
+	return TailFile(p.logPath, n)
 }
 
-func tailFile(path string, n int) string {
-	b, err := os.ReadFile(path)
+// TailFile returns the last n lines of the file at path, reading at most
+// its last 64 KiB: a diagnosis that runs every minute of a slow wait costs
+// the same however long the log has grown.
+func TailFile(path string, n int) string {
+	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
+	defer f.Close()
+	const most = 64 << 10
+	if st, err := f.Stat(); err == nil && st.Size() > most {
+		f.Seek(st.Size()-most, io.SeekStart)
+	}
+	b, _ := io.ReadAll(f)
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

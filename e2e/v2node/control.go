@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cpuslot/cpuslot/e2e/cluster"
 )
 
 // hostControlPlane starts the controller manager and the scheduler on the
@@ -69,11 +71,7 @@ func (n *Node) controlLogs(lines, width int) string {
 	sort.Strings(names)
 	var b strings.Builder
 	for _, name := range names {
-		data, _ := os.ReadFile(filepath.Join(n.dir, name+".log"))
-		l := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(l) > lines {
-			l = l[len(l)-lines:]
-		}
+		l := strings.Split(cluster.TailFile(filepath.Join(n.dir, name+".log"), lines), "\n")
 		for i := range l {
 			if width > 0 && len(l[i]) > width {
 				l[i] = l[i][:width]
