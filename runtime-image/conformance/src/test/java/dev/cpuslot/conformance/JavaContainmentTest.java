@@ -385,6 +385,24 @@ class JavaContainmentTest {
         });
     }
 
+    /**
+     * Waits until {@code left} names no thread, at most 60 s, and asserts it then: empty twice in
+     * a row, 200 ms apart, since a spinner blocked at one look is not one that has ended.
+     */
+    static void awaitNoThreads(java.util.concurrent.Callable<List<String>> left, String what) throws Exception {
+        long until = System.nanoTime() + 60_000_000_000L;
+        List<String> l = left.call();
+        while (!l.isEmpty() && System.nanoTime() < until) {
+            Thread.sleep(100);
+            l = left.call();
+            if (l.isEmpty()) {
+                Thread.sleep(200);
+                l = left.call();
+            }
+        }
+        assertEquals(List.of(), l, what);
+    }
+
     /** Names of the runtime's threads whose name starts with prefix (from /proc). */
     static List<String> threads(ActionContainer c, String prefix) throws Exception { return threads(c, prefix, false); }
 
@@ -419,13 +437,7 @@ class JavaContainmentTest {
             assertEquals(200, c.init(init(spin)).code());
             Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
             assertEquals(502, r.code(), String.valueOf(r.raw()));
-            long until = System.nanoTime() + 60_000_000_000L;
-            List<String> left = threads(c, "fn-");
-            while (!left.isEmpty() && System.nanoTime() < until) {
-                Thread.sleep(100);
-                left = threads(c, "fn-");
-            }
-            assertEquals(List.of(), left, "the activation's worker still runs 60 s after its deadline");
+            awaitNoThreads(() -> threads(c, "fn-"), "the activation's worker still runs 60 s after its deadline");
         });
     }
 
@@ -446,17 +458,7 @@ class JavaContainmentTest {
             assertEquals(200, c.init(init(spin)).code());
             Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
             assertEquals(502, r.code(), String.valueOf(r.raw()));
-            long until = System.nanoTime() + 60_000_000_000L;
-            List<String> left = threads(c, "spinner", true);
-            while (!left.isEmpty() && System.nanoTime() < until) {
-                Thread.sleep(100);
-                left = threads(c, "spinner", true);
-                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
-                    Thread.sleep(200);
-                    left = threads(c, "spinner", true);
-                }
-            }
-            assertEquals(List.of(), left, "threads the activation started still run 60 s after its deadline");
+            awaitNoThreads(() -> threads(c, "spinner", true), "threads the activation started still run 60 s after its deadline");
         });
     }
 
@@ -484,17 +486,7 @@ class JavaContainmentTest {
             assertEquals(200, c.init(init(spin)).code());
             Reply r = c.run(runPayload(new JsonObject()));
             assertEquals(200, r.code(), String.valueOf(r.raw()));
-            long until = System.nanoTime() + 60_000_000_000L;
-            List<String> left = leftAfterReturn(c);
-            while (!left.isEmpty() && System.nanoTime() < until) {
-                Thread.sleep(100);
-                left = leftAfterReturn(c);
-                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
-                    Thread.sleep(200);
-                    left = leftAfterReturn(c);
-                }
-            }
-            assertEquals(List.of(), left, "threads the activation started still run (or the sleeper lives) 60 s after it returned");
+            awaitNoThreads(() -> leftAfterReturn(c), "threads the activation started still run (or the sleeper lives) 60 s after it returned");
             Reply again = c.run(runPayload(new JsonObject()));
             assertEquals(200, again.code(), "the function's next activation: " + again.raw());
         });
@@ -546,17 +538,7 @@ class JavaContainmentTest {
             assertEquals(200, a.code(), String.valueOf(a.raw()));
             Reply b = c.run(runPayload(json("{\"how\":\"" + how + "\",\"later\":true}")));
             assertTrue(b.code() == 200 || b.code() == 502, String.valueOf(b.raw()));
-            long until = System.nanoTime() + 60_000_000_000L;
-            List<String> left = threads(c, "spinner-made", true);
-            while (!left.isEmpty() && System.nanoTime() < until) {
-                Thread.sleep(100);
-                left = threads(c, "spinner-made", true);
-                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
-                    Thread.sleep(200);
-                    left = threads(c, "spinner-made", true);
-                }
-            }
-            assertEquals(List.of(), left, "a thread made by an ended activation, started by a later one, still runs 60 s after that returned");
+            awaitNoThreads(() -> threads(c, "spinner-made", true), "a thread made by an ended activation, started by a later one, still runs 60 s after that returned");
             Reply again = c.run(runPayload(json("{\"how\":\"" + how + "\"}")));
             assertEquals(200, again.code(), "the function's next activation: " + again.raw());
         });
@@ -606,17 +588,7 @@ class JavaContainmentTest {
             assertEquals(200, c.init(init(probe(body))).code());
             Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
             assertEquals(502, r.code(), String.valueOf(r.raw()));
-            long until = System.nanoTime() + 60_000_000_000L;
-            List<String> left = threads(c, "spinner", true);
-            while (!left.isEmpty() && System.nanoTime() < until) {
-                Thread.sleep(100);
-                left = threads(c, "spinner", true);
-                if (left.isEmpty()) { // twice in a row: a thread blocked now is not one between two spins
-                    Thread.sleep(200);
-                    left = threads(c, "spinner", true);
-                }
-            }
-            assertEquals(List.of(), left, "work the activation gave the common pool still runs 60 s after its deadline");
+            awaitNoThreads(() -> threads(c, "spinner", true), "work the activation gave the common pool still runs 60 s after its deadline");
         });
     }
 
@@ -694,13 +666,7 @@ class JavaContainmentTest {
             assertEquals(200, c.init(init(blocker)).code());
             Reply r = c.run(runPayload(new JsonObject(), Map.of("deadline", Long.toString(System.currentTimeMillis() + 1500))));
             assertEquals(502, r.code(), String.valueOf(r.raw()));
-            long until = System.nanoTime() + 60_000_000_000L;
-            List<String> left = threads(c, "blocked-");
-            while (!left.isEmpty() && System.nanoTime() < until) {
-                Thread.sleep(100);
-                left = threads(c, "blocked-");
-            }
-            assertEquals(List.of(), left, "threads blocked at the deadline still live 60 s after it");
+            awaitNoThreads(() -> threads(c, "blocked-"), "threads blocked at the deadline still live 60 s after it");
             Reply again = c.run(runPayload(json("{\"again\":true}")));
             assertEquals(200, again.code(), "the function's next activation: " + again.raw());
         });
