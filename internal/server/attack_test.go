@@ -395,10 +395,7 @@ func TestAttackPlacementFDOnForeignProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { victim.Process.Kill(); victim.Wait() })
-	ch := agenttest.Spawn(t, e.H, "raw", agenttest.ChildOpts{Cgroup: e.Rel, Unprivileged: true, Env: []string{
-		"SOCKET=" + e.Socket, "VICTIM=" + strconv.Itoa(victim.Process.Pid), "FRAMES=" + agenttest.HexFrames(t,
-			&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing},
-			&slotv1.Acquire{QuotaMilli: 250, TID: 1})}})
+	ch := askFDs(t, e, "raw", "VICTIM="+strconv.Itoa(victim.Process.Pid))
 	var r rawResult
 	ch.Result(t, &r)
 	t.Logf("child: %+v", r)
@@ -807,11 +804,18 @@ func TestAttackNestedNamespaceFDs(t *testing.T) {
 	if e.H.Version == 2 {
 		t.Skip("v2: placement fds are bounded by the kernel")
 	}
-	ch := agenttest.Spawn(t, e.H, "nested", agenttest.ChildOpts{Cgroup: e.Rel, Unprivileged: true, Env: []string{
+	ch := askFDs(t, e, "nested")
+	wantAgentPlaces(t, ch, "a namespace nested in a host-namespace container")
+}
+
+// askFDs spawns a child of role as nobody in e's container, to send a
+// HELLO that asks for fds and an ACQUIRE of 250m (FRAMES), env beside.
+func askFDs(t *testing.T, e *agenttest.Env, role string, env ...string) *agenttest.Child {
+	t.Helper()
+	return agenttest.Spawn(t, e.H, role, agenttest.ChildOpts{Cgroup: e.Rel, Unprivileged: true, Env: append([]string{
 		"SOCKET=" + e.Socket, "FRAMES=" + agenttest.HexFrames(t,
 			&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing},
-			&slotv1.Acquire{QuotaMilli: 250, TID: 1})}})
-	wantAgentPlaces(t, ch, "a namespace nested in a host-namespace container")
+			&slotv1.Acquire{QuotaMilli: 250, TID: 1})}, env...)})
 }
 
 // wantAgentPlaces reads the nested raw child's result: its HELLO must have
@@ -1124,10 +1128,7 @@ func TestAttackOrphanedNestedNamespaceFDs(t *testing.T) {
 	if e.H.Version == 2 {
 		t.Skip("v2: placement fds are bounded by the kernel")
 	}
-	ch := agenttest.Spawn(t, e.H, "orphan", agenttest.ChildOpts{Cgroup: e.Rel, Unprivileged: true, Env: []string{
-		"SOCKET=" + e.Socket, "FRAMES=" + agenttest.HexFrames(t,
-			&slotv1.Hello{MinVersion: 1, MaxVersion: 1, Flags: slotv1.HelloFDPassing},
-			&slotv1.Acquire{QuotaMilli: 250, TID: 1})}})
+	ch := askFDs(t, e, "orphan")
 	var o struct {
 		Error string
 		Child int
