@@ -95,6 +95,49 @@ class StrayThreadTest {
         });
     }
 
+    /**
+     * A thread one activation makes and keeps, that a later one starts, running JDK code only (no
+     * loop of the function's own, so no poll stops it): once the activation that started it has
+     * ended, it is that activation's stray, named with its kernel thread id and confined.
+     * (Before: nothing looked for it; it ran on in the slot it was started in, and its start's
+     * mark kept every function's loops on the guard's slow path.)
+     */
+    @Test
+    void aKeptThreadStartedLaterRunningJdkCodeIsAStrayOfTheActivationThatStartedIt() throws Exception {
+        String jar = Archives.jar(java.util.Map.of("example/Kept.java", """
+                package example;
+                import com.google.gson.JsonObject;
+                public class Kept {
+                    static Thread kept;
+                    public static JsonObject main(JsonObject args) {
+                        if (kept == null) {
+                            kept = new Thread(() -> java.util.regex.Pattern.compile("((a+)+)\\\\2b").matcher("a".repeat(64) + "c").matches(),
+                                    "kept-regex");
+                            kept.setDaemon(true);
+                        } else if (kept.getState() == Thread.State.NEW) {
+                            kept.start();
+                        }
+                        return args;
+                    }
+                }
+                """));
+        with("java", c -> {
+            assertEquals(200, c.init(initPayload(jar, "example.Kept", true, null)).code());
+            assertEquals(200, c.run(runPayload(json("{}"))).code(), "the activation that makes the thread");
+            assertEquals(200, c.run(runPayload(json("{}"))).code(), "the activation that starts it");
+            Pattern line = Pattern.compile("thread \"kept-regex\"[^\\n]*\\(tid (\\d+)\\)[^\\n]*");
+            long until = System.nanoTime() + 60_000_000_000L;
+            boolean found = false;
+            while (!found && System.nanoTime() < until) {
+                found = line.matcher(Files.readString(c.runtimeLog)).find();
+                if (!found) Thread.sleep(200);
+            }
+            assertTrue(found, "no line names the kept thread with its kernel thread id within 60 s of its starter's end:\n"
+                    + Files.readString(c.runtimeLog));
+            assertEquals(200, c.run(runPayload(json("{}"))).code(), "the runtime serves on");
+        });
+    }
+
     /** /proc/PID/task/TID/stat's fields after the command's closing parenthesis (index 0: field 3, the state). */
     static String[] stat(long pid, String tid) throws Exception {
         String s = Files.readString(Path.of("/proc/" + pid + "/task/" + tid + "/stat"));

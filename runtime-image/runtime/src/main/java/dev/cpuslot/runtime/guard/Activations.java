@@ -35,6 +35,8 @@ public final class Activations {
         volatile long endedAt;
         /** The activation constructed a thread (the worker's: only then is there anything to end). */
         volatile boolean started;
+        /** The worker that runs it (the root's; null in the threads' own). */
+        Thread worker;
 
         Activation(Activation root, ThreadBudget budget) {
             this.root = root == null ? this : root;
@@ -108,8 +110,21 @@ public final class Activations {
      * poll on until the thread has polled: then it finds its maker ended and stops (Stopped). Simpler
      * than moving it to the activation that starts it, which cannot be reached from the starter (a
      * thread's own inherited value is its own), and the same for every way a thread is started.
+     * One that never polls (it runs JDK code only, a task handed to a kept thread) and still runs a
+     * second after its starter's activation ended is a stray of that activation ({@link #watchStarts}).
      */
-    private static final Map<Thread, long[]> STARTING = new ConcurrentHashMap<>();
+    private static final Map<Thread, Start> STARTING = new ConcurrentHashMap<>();
+
+    /** A marked start: the watch's unstarted rounds and CPU time at its last look, when, and by which activation. */
+    private static final class Start {
+        int unstarted;
+        long cpu;
+        final long at = System.nanoTime();
+        /** The starter's activation (its root), null when no activation's thread started it. */
+        final Activation by;
+
+        Start(Activation by) { this.by = by; }
+    }
     /** How many watch rounds (5 ms) a thread handed out stays marked while no one starts it (it is marked again at a start). */
     private static final int UNSTARTED_ROUNDS = 200;
     private static final java.lang.management.ThreadMXBean CPU = java.lang.management.ManagementFactory.getThreadMXBean();
@@ -148,6 +163,7 @@ public final class Activations {
     /** The calling (worker) thread starts an activation of the function whose classes the loader defines. */
     public static void begin(ClassLoader function) {
         Activation a = new Activation(null, function == null ? null : ThreadBudget.of(function));
+        a.worker = Thread.currentThread();
         ACTIVATION.set(a);
         RUNNING.put(Thread.currentThread(), a);
         HeapShare.begin();
@@ -299,7 +315,8 @@ public final class Activations {
     /** Inserted by the guard before every {@code start()} call of a function's code and every return of a thread from it. */
     public static void starting(Object o) {
         if (!(o instanceof Thread t) || t.isVirtual()) return;
-        STARTING.putIfAbsent(t, new long[]{0, 0, System.nanoTime()});
+        Activation by = ACTIVATION.get();
+        STARTING.putIfAbsent(t, new Start(by == null ? null : by.root));
         startRunning = true;
         alert = true;
     }
@@ -313,21 +330,50 @@ public final class Activations {
      */
     private static void watchStarts() {
         boolean running = false;
+        long now = System.nanoTime();
         for (var e : STARTING.entrySet()) {
             Thread t = e.getKey();
-            long[] seen = e.getValue();
+            Start seen = e.getValue();
             Thread.State s = t.getState();
             if (s == Thread.State.TERMINATED) { STARTING.remove(t); continue; }
             if (s == Thread.State.NEW) {
-                if (++seen[0] > UNSTARTED_ROUNDS) STARTING.remove(t);
+                if (++seen.unstarted > UNSTARTED_ROUNDS) STARTING.remove(t);
                 continue;
             }
             long cpu = CPU.getThreadCpuTime(t.threadId()); // -1: not measured, taken as running
-            if (cpu < 0 || cpu != seen[1]) running = true;
-            seen[1] = cpu;
+            boolean ran = cpu < 0 || cpu != seen.cpu;
+            seen.cpu = cpu;
+            if (ran && strayOfItsStarter(t, seen, now)) continue;
+            running |= ran;
         }
         startRunning = running;
         if (running) alert = true;
+    }
+
+    /**
+     * A started thread that has not polled, still running STRAY_NANOS after the activation that
+     * started it ended, runs code of no function's loops (JDK code, a task handed to a kept thread):
+     * no poll will stop it, so it becomes that activation's lingering thread, interrupted, and a
+     * stray at the next sweep (moved out of the slot it was started in, which is the starter's).
+     */
+    private static boolean strayOfItsStarter(Thread t, Start seen, long now) {
+        Activation by = seen.by;
+        if (by == null || by.worker == null || by.ended == null || now - by.endedAt < STRAY_NANOS) return false;
+        STARTING.remove(t);
+        synchronized (LINGERING) {
+            Lingering l = LINGERING.get(by);
+            if (l == null) {
+                LINGERING.put(by, new Lingering(List.of(t), by.worker, by.endedAt));
+            } else if (!l.threads().contains(t)) {
+                List<Thread> more = new java.util.ArrayList<>(l.threads());
+                more.add(t);
+                LINGERING.put(by, new Lingering(more, l.worker(), l.since()));
+            }
+        }
+        lingerRunning = true;
+        alert = true;
+        t.interrupt();
+        return true;
     }
 
     /** Clears the alert when nothing is pending; a cancel or pressure racing with it sets it again. */
@@ -362,8 +408,8 @@ public final class Activations {
     private static void slowPoll() {
         Activation a = ACTIVATION.get();
         String ended = a == null ? null : a.ended();
-        long[] marked = STARTING.isEmpty() ? null : STARTING.remove(Thread.currentThread());
-        if (ended != null) throw new Stopped(marked != null && marked[2] - a.root.endedAt > 0 ? MADE_BY_AN_ENDED_ACTIVATION : ended);
+        Start marked = STARTING.isEmpty() ? null : STARTING.remove(Thread.currentThread());
+        if (ended != null) throw new Stopped(marked != null && marked.at - a.root.endedAt > 0 ? MADE_BY_AN_ENDED_ACTIVATION : ended);
         if (HeapShare.pressure()) HeapShare.heap(a);
     }
 
