@@ -99,21 +99,44 @@ public final class RuntimeThreads {
      * itself, from the submitting thread (a worker, in its slot), not through {@code start()}.
      */
     public static java.util.concurrent.Executor runtimeExecutor(String name) {
+        return runtimeExecutor(name, Integer.MAX_VALUE);
+    }
+
+    /**
+     * {@link #runtimeExecutor(String)} with at most {@code maxThreads} threads alive: a task that
+     * finds none idle and that many alive is refused ({@link java.util.concurrent.RejectedExecutionException}),
+     * never queued, and the submitter never waits.
+     */
+    public static java.util.concurrent.Executor runtimeExecutor(String name, int maxThreads) {
         java.util.concurrent.SynchronousQueue<Runnable> idle = new java.util.concurrent.SynchronousQueue<>();
         java.util.concurrent.atomic.AtomicInteger n = new java.util.concurrent.atomic.AtomicInteger();
+        java.util.concurrent.atomic.AtomicInteger alive = new java.util.concurrent.atomic.AtomicInteger();
         return task -> {
             java.util.Objects.requireNonNull(task);
             if (idle.offer(task)) return;
-            startRuntimeThread(name + "-" + n.incrementAndGet(), () -> {
-                for (Runnable r = task; r != null; ) {
-                    r.run();
+            if (alive.incrementAndGet() > maxThreads) {
+                alive.decrementAndGet();
+                throw new java.util.concurrent.RejectedExecutionException(name + ": all " + maxThreads + " threads busy");
+            }
+            try {
+                startRuntimeThread(name + "-" + n.incrementAndGet(), () -> {
                     try {
-                        r = idle.poll(60, java.util.concurrent.TimeUnit.SECONDS);
-                    } catch (InterruptedException e) {
-                        r = null;
+                        for (Runnable r = task; r != null; ) {
+                            r.run();
+                            try {
+                                r = idle.poll(60, java.util.concurrent.TimeUnit.SECONDS);
+                            } catch (InterruptedException e) {
+                                r = null;
+                            }
+                        }
+                    } finally {
+                        alive.decrementAndGet();
                     }
-                }
-            });
+                });
+            } catch (RuntimeException | Error e) { // no thread (the pids limit): not counted
+                alive.decrementAndGet();
+                throw e;
+            }
         };
     }
 
