@@ -52,9 +52,10 @@ import dev.cpuslot.runtime.guard.RuntimeThreads;
  * containerConcurrency, OpenWhisk's per-container concurrency), and by the front's own cap
  * ({@code CPUSLOT_FRONT_MAX_REQUESTS}) for a platform that does not: one request more is answered
  * 503 with {@code Retry-After} at once, on a small {@link #RESERVE} of threads beyond the cap
- * that also keeps {@code /ready} answering; past the reserve too, its connection is closed. An
- * idle thread ends after a minute, and a request the kernel refuses a thread for (the pod's pids
- * limit) has its connection closed while the front goes on. Metrics have threads of their own.
+ * that also keeps {@code /ready} answering (past the reserve and as many waiting as the cap, its
+ * connection is closed). An idle thread ends after a minute, and a request the kernel refuses a
+ * thread for (the pod's pids limit) has its connection closed while the front goes on. Metrics
+ * have threads of their own.
  */
 public final class HttpFront implements AutoCloseable {
     private final FunctionRuntime rt;
@@ -93,9 +94,10 @@ public final class HttpFront implements AutoCloseable {
         serving = new Semaphore(cap);
         rt.metrics().describe(REFUSED, "Requests the HTTP front refused over its cap (CPUSLOT_FRONT_MAX_REQUESTS): "
                 + "answer=503 (with Retry-After), or closed when its reserve was busy too.");
-        // its threads end when idle (no shutdown needed); none waits for one: a request with no
-        // thread to answer it has its connection closed by the server (counted)
-        Executor threads = RuntimeThreads.runtimeExecutor("cpuslot-http", cap + RESERVE);
+        // its threads end when idle (no shutdown needed); with all busy, as many requests as the cap
+        // wait for the first to finish (the reserve's are quick), and one more has its connection
+        // closed by the server (counted): the dispatcher never waits
+        Executor threads = RuntimeThreads.runtimeExecutor("cpuslot-http", cap + RESERVE, cap);
         server = HttpServer.create(new InetSocketAddress(port), 1024);
         server.setExecutor(task -> {
             try {
@@ -109,7 +111,7 @@ public final class HttpFront implements AutoCloseable {
         if (metricsPort >= 0) {
             metricsServer = HttpServer.create(new InetSocketAddress(metricsPort), 64);
             // threads of its own: a scrape answers whatever the front's load (a scrape at a time)
-            metricsServer.setExecutor(RuntimeThreads.runtimeExecutor("cpuslot-metrics", 2));
+            metricsServer.setExecutor(RuntimeThreads.runtimeExecutor("cpuslot-metrics", 2, 4));
             metricsServer.createContext("/metrics", ex -> {
                 byte[] b = rt.metrics().scrape().getBytes(StandardCharsets.UTF_8);
                 ex.getResponseHeaders().set("Content-Type", "text/plain; version=0.0.4; charset=utf-8");

@@ -99,45 +99,91 @@ public final class RuntimeThreads {
      * itself, from the submitting thread (a worker, in its slot), not through {@code start()}.
      */
     public static java.util.concurrent.Executor runtimeExecutor(String name) {
-        return runtimeExecutor(name, Integer.MAX_VALUE);
+        return runtimeExecutor(name, Integer.MAX_VALUE, 0);
     }
 
     /**
      * {@link #runtimeExecutor(String)} with at most {@code maxThreads} threads alive: a task that
-     * finds none idle and that many alive is refused ({@link java.util.concurrent.RejectedExecutionException}),
-     * never queued, and the submitter never waits.
+     * finds them all busy waits for one, at most {@code maxWaiting} such tasks, and one more is
+     * refused ({@link java.util.concurrent.RejectedExecutionException}). The submitter never waits.
      */
-    public static java.util.concurrent.Executor runtimeExecutor(String name, int maxThreads) {
-        java.util.concurrent.SynchronousQueue<Runnable> idle = new java.util.concurrent.SynchronousQueue<>();
-        java.util.concurrent.atomic.AtomicInteger n = new java.util.concurrent.atomic.AtomicInteger();
-        java.util.concurrent.atomic.AtomicInteger alive = new java.util.concurrent.atomic.AtomicInteger();
-        return task -> {
+    public static java.util.concurrent.Executor runtimeExecutor(String name, int maxThreads, int maxWaiting) {
+        return new Pool(name, maxThreads, maxWaiting);
+    }
+
+    /**
+     * The cached pool of {@link #runtimeExecutor}: tasks wait in one queue, taken by idle threads,
+     * all under one monitor, so a thread between two tasks is never missed (a task the pool is at
+     * its bound for waits for it rather than being refused).
+     */
+    private static final class Pool implements java.util.concurrent.Executor {
+        private final String name;
+        private final int maxThreads, maxWaiting;
+        private final java.util.ArrayDeque<Runnable> queue = new java.util.ArrayDeque<>();
+        private int alive, idle, made;
+
+        Pool(String name, int maxThreads, int maxWaiting) {
+            this.name = name;
+            this.maxThreads = maxThreads;
+            this.maxWaiting = maxWaiting;
+        }
+
+        @Override
+        public void execute(Runnable task) {
             java.util.Objects.requireNonNull(task);
-            if (idle.offer(task)) return;
-            if (alive.incrementAndGet() > maxThreads) {
-                alive.decrementAndGet();
-                throw new java.util.concurrent.RejectedExecutionException(name + ": all " + maxThreads + " threads busy");
+            String thread;
+            synchronized (this) {
+                if (idle > queue.size() || alive >= maxThreads && queue.size() - idle < maxWaiting) {
+                    queue.add(task); // an idle thread takes it, or the first to finish its task
+                    notify();
+                    return;
+                }
+                if (alive >= maxThreads) {
+                    throw new java.util.concurrent.RejectedExecutionException(name + ": all " + maxThreads
+                            + " threads busy and " + maxWaiting + " tasks waiting");
+                }
+                alive++;
+                thread = name + "-" + ++made;
             }
             try {
-                startRuntimeThread(name + "-" + n.incrementAndGet(), () -> {
-                    try {
-                        for (Runnable r = task; r != null; ) {
-                            r.run();
-                            try {
-                                r = idle.poll(60, java.util.concurrent.TimeUnit.SECONDS);
-                            } catch (InterruptedException e) {
-                                r = null;
-                            }
-                        }
-                    } finally {
-                        alive.decrementAndGet();
-                    }
-                });
-            } catch (RuntimeException | Error e) { // no thread (the pids limit): not counted
-                alive.decrementAndGet();
+                startRuntimeThread(thread, () -> serve(task));
+            } catch (RuntimeException | Error e) { // no thread (the pids limit)
+                synchronized (this) {
+                    alive--;
+                }
                 throw e;
             }
-        };
+        }
+
+        /** A thread's life: its first task, then the queue's, until a minute passes without one. */
+        private void serve(Runnable first) {
+            Runnable r = first;
+            try {
+                for (; r != null; r = next()) r.run();
+            } finally {
+                if (r != null) { // the task threw: this thread ends with it
+                    synchronized (this) {
+                        alive--;
+                    }
+                }
+            }
+        }
+
+        /** The next task, or null (counted out of {@link #alive} with it: no task is queued for a thread that is ending). */
+        private synchronized Runnable next() {
+            long deadline = System.nanoTime() + java.util.concurrent.TimeUnit.MINUTES.toNanos(1);
+            idle++;
+            try {
+                for (long left; queue.isEmpty() && (left = deadline - System.nanoTime()) > 0; ) {
+                    java.util.concurrent.TimeUnit.NANOSECONDS.timedWait(this, left);
+                }
+            } catch (InterruptedException e) { // a function's reach: this thread ends once the queue has no task for it
+            }
+            Runnable r = queue.poll();
+            idle--;
+            if (r == null) alive--;
+            return r;
+        }
     }
 
     /**
