@@ -112,15 +112,26 @@ public final class RuntimeThreads {
     }
 
     /**
-     * The cached pool of {@link #runtimeExecutor}: tasks wait in one queue, taken by idle threads,
-     * all under one monitor, so a thread between two tasks is never missed (a task the pool is at
-     * its bound for waits for it rather than being refused).
+     * The cached pool of {@link #runtimeExecutor}. A task goes to the thread idle the shortest
+     * time (its caches warm, as the JDK's SynchronousQueue hands off), else to a new thread, else
+     * (at the bound) waits in a queue that every thread looks at before it idles; all under one
+     * monitor, so a thread between two tasks is never missed.
      */
     private static final class Pool implements java.util.concurrent.Executor {
         private final String name;
         private final int maxThreads, maxWaiting;
+        /** Idle threads, the latest last. */
+        private final java.util.ArrayDeque<Idle> idle = new java.util.ArrayDeque<>();
+        /** Tasks waiting for a thread: only while none is idle. */
         private final java.util.ArrayDeque<Runnable> queue = new java.util.ArrayDeque<>();
-        private int alive, idle, made;
+        private int alive, made;
+
+        /** An idle thread, parked until it is handed a task. */
+        private static final class Idle {
+            final Thread thread = Thread.currentThread();
+            /** Set (under the pool's monitor) once, when it is handed a task. */
+            volatile Runnable task;
+        }
 
         Pool(String name, int maxThreads, int maxWaiting) {
             this.name = name;
@@ -133,12 +144,17 @@ public final class RuntimeThreads {
             java.util.Objects.requireNonNull(task);
             String thread;
             synchronized (this) {
-                if (idle > queue.size() || alive >= maxThreads && queue.size() - idle < maxWaiting) {
-                    queue.add(task); // an idle thread takes it, or the first to finish its task
-                    notify();
+                Idle w = idle.pollLast();
+                if (w != null) {
+                    w.task = task;
+                    java.util.concurrent.locks.LockSupport.unpark(w.thread);
                     return;
                 }
                 if (alive >= maxThreads) {
+                    if (queue.size() < maxWaiting) {
+                        queue.add(task); // the first thread to finish its task takes it
+                        return;
+                    }
                     throw new java.util.concurrent.RejectedExecutionException(name + ": all " + maxThreads
                             + " threads busy and " + maxWaiting + " tasks waiting");
                 }
@@ -155,7 +171,7 @@ public final class RuntimeThreads {
             }
         }
 
-        /** A thread's life: its first task, then the queue's, until a minute passes without one. */
+        /** A thread's life: its first task, then the next, until a minute passes without one. */
         private void serve(Runnable first) {
             Runnable r = first;
             try {
@@ -169,20 +185,32 @@ public final class RuntimeThreads {
             }
         }
 
-        /** The next task, or null (counted out of {@link #alive} with it: no task is queued for a thread that is ending). */
-        private synchronized Runnable next() {
-            long deadline = System.nanoTime() + java.util.concurrent.TimeUnit.MINUTES.toNanos(1);
-            idle++;
-            try {
-                for (long left; queue.isEmpty() && (left = deadline - System.nanoTime()) > 0; ) {
-                    java.util.concurrent.TimeUnit.NANOSECONDS.timedWait(this, left);
-                }
-            } catch (InterruptedException e) { // a function's reach: this thread ends once the queue has no task for it
+        /**
+         * The next task, or null after a minute idle (or an interrupt, a function's reach): then
+         * this thread is counted out of {@link #alive} as it stops being idle, so no task waits for it.
+         */
+        private Runnable next() {
+            Idle w = new Idle();
+            synchronized (this) {
+                Runnable r = queue.poll();
+                if (r != null) return r;
+                idle.addLast(w);
             }
-            Runnable r = queue.poll();
-            idle--;
-            if (r == null) alive--;
-            return r;
+            long deadline = System.nanoTime() + java.util.concurrent.TimeUnit.MINUTES.toNanos(1);
+            while (true) {
+                Runnable r = w.task;
+                if (r != null) return r;
+                long left = deadline - System.nanoTime();
+                if (left <= 0 || Thread.interrupted()) {
+                    synchronized (this) {
+                        if (w.task != null) return w.task; // handed one meanwhile
+                        idle.remove(w);
+                        alive--;
+                        return null;
+                    }
+                }
+                java.util.concurrent.locks.LockSupport.parkNanos(this, left);
+            }
         }
     }
 
