@@ -124,10 +124,10 @@ public record Config(
                 blankToNull(env.get("CPUSLOT_CHAIN_URL")),
                 blankToNull(env.get("CPUSLOT_CHAIN_URLS")),
                 blankToNull(env.get("CPUSLOT_CHAIN_STEPS")),
-                // 512: above what a platform sends one container at once when set sanely (Knative's
-                // default target is 100 per pod, OpenWhisk's runs here at most 256 sandboxes), so only
-                // a burst past the platform's bound meets it; far below a pod's pids limit, so the
-                // runtime still has threads to answer with
+                // 512: above what a platform sanely sends one container at once (Knative's default
+                // target is 100 per pod; an OpenWhisk action here has at most 256 sandboxes,
+                // CPUSLOT_OW_MAX_CONCURRENCY), so only a burst past the platform's bound meets it;
+                // far below a pod's pids limit, so the runtime still has threads to answer with
                 positive(env, "CPUSLOT_FRONT_MAX_REQUESTS", 512),
                 Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)),
                 logFormat(env.get("CPUSLOT_LOG_FORMAT")),
