@@ -51,6 +51,7 @@ public record Config(
         String chainUrl,              // CPUSLOT_CHAIN_URL: a callee not here goes to this URL ({name}, {namespace}), e.g. a Knative service's
         String chainUrls,             // CPUSLOT_CHAIN_URLS: name=url,... for callees not here (before CPUSLOT_CHAIN_URL)
         String chainSteps,            // CPUSLOT_CHAIN_STEPS: the steps that follow the container's action (Knative: its env)
+        int frontMaxRequests,         // CPUSLOT_FRONT_MAX_REQUESTS: most requests the HTTP front serves at once (one thread each); one more: 503
         long drainTimeoutMs,          // CPUSLOT_DRAIN_TIMEOUT: on SIGTERM, how long running invocations may take to finish
         String logFormat,             // CPUSLOT_LOG_FORMAT: text (default) or json (one object per line)
         long compilerWarmupMs,        // CPUSLOT_COMPILER_WARMUP: the prewarm runs guest code this long so that the JIT compiler warms up (0 = off)
@@ -123,6 +124,11 @@ public record Config(
                 blankToNull(env.get("CPUSLOT_CHAIN_URL")),
                 blankToNull(env.get("CPUSLOT_CHAIN_URLS")),
                 blankToNull(env.get("CPUSLOT_CHAIN_STEPS")),
+                // 512: above what a platform sanely sends one container at once (Knative's default
+                // target is 100 per pod; an OpenWhisk action here has at most 256 sandboxes,
+                // CPUSLOT_OW_MAX_CONCURRENCY), so only a burst past the platform's bound meets it;
+                // far below a pod's pids limit, so the runtime still has threads to answer with
+                positive(env, "CPUSLOT_FRONT_MAX_REQUESTS", 512),
                 Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)),
                 logFormat(env.get("CPUSLOT_LOG_FORMAT")),
                 Math.max(0, durationMs(env, "CPUSLOT_COMPILER_WARMUP", 0)),
@@ -157,6 +163,12 @@ public record Config(
     private static int nonNegative(Map<String, String> env, String k, int def) {
         long v = longOf(env, k, def);
         if (v < 0 || v > Integer.MAX_VALUE) throw new IllegalArgumentException(k + " is not a count (0 or more): " + v);
+        return (int) v;
+    }
+
+    private static int positive(Map<String, String> env, String k, int def) {
+        long v = longOf(env, k, def);
+        if (v < 1 || v > Integer.MAX_VALUE) throw new IllegalArgumentException(k + " is not a count (1 or more): " + v);
         return (int) v;
     }
 

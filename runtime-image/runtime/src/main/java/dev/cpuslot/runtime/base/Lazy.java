@@ -15,10 +15,13 @@ public final class Lazy<T> implements Supplier<T> {
 
     Lazy(Supplier<T> make) { this.make = make; }
 
-    /** An HTTP client of the runtime's, made on first use, its threads (selector, executor) the runtime's. */
+    /**
+     * An HTTP client of the runtime's, made on first use, its threads (selector, executor) the
+     * runtime's; named apart from the front's request threads ({@code cpuslot-http}), which are capped.
+     */
     public static Lazy<java.net.http.HttpClient> httpClient(java.util.function.UnaryOperator<java.net.http.HttpClient.Builder> configure) {
         return new Lazy<>(() -> configure.apply(java.net.http.HttpClient.newBuilder())
-                .executor(dev.cpuslot.runtime.guard.RuntimeThreads.runtimeExecutor("cpuslot-http")).build());
+                .executor(dev.cpuslot.runtime.guard.RuntimeThreads.runtimeExecutor("cpuslot-client")).build());
     }
 
     @Override

@@ -16,6 +16,8 @@ import java.nio.charset.StandardCharsets;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.concurrent.Executor;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import dev.cpuslot.runtime.base.Metrics;
@@ -47,9 +49,13 @@ import dev.cpuslot.runtime.guard.RuntimeThreads;
  * hands it work, and a worker waking the request it answers does so from its activation's slot,
  * where the carrier would stay, serving other requests on that invocation's quota and bill. The
  * threads are bounded by the requests in flight, which the platform bounds (Knative's
- * containerConcurrency, OpenWhisk's per-container concurrency); an idle one ends after a minute,
- * and a request the kernel refuses a thread for (the pod's pids limit) has its connection closed
- * while the front goes on.
+ * containerConcurrency, OpenWhisk's per-container concurrency), and by the front's own cap
+ * ({@code CPUSLOT_FRONT_MAX_REQUESTS}) for a platform that does not: one request more is answered
+ * 503 with {@code Retry-After} at once, on a small {@link #RESERVE} of threads beyond the cap
+ * that also keeps {@code /ready} answering (past the reserve and as many waiting as the cap, its
+ * connection is closed). An idle thread ends after a minute, and a request the kernel refuses a
+ * thread for (the pod's pids limit) has its connection closed while the front goes on. Metrics
+ * have threads of their own.
  */
 public final class HttpFront implements AutoCloseable {
     private final FunctionRuntime rt;
@@ -59,8 +65,15 @@ public final class HttpFront implements AutoCloseable {
     private final ControlGate control;
     private final HttpServer server;
     private final HttpServer metricsServer;
-    /** Serves both servers; its threads end when idle (no shutdown needed). */
-    private final Executor executor = RuntimeThreads.runtimeExecutor("cpuslot-http");
+    /**
+     * Threads beyond the cap, for what a front at its cap must still answer, each quick: the
+     * probes ({@code /ready}, {@code GET /}) and the 503s of the requests over the cap.
+     */
+    public static final int RESERVE = 4;
+    static final String REFUSED = "cpuslot_front_refused_total";
+    /** Requests served at once, the probes aside: at most the cap (CPUSLOT_FRONT_MAX_REQUESTS). */
+    private final Semaphore serving;
+    private final int cap;
     /** Requests taken and not yet answered (metrics scrapes not counted). */
     private final AtomicInteger taken = new AtomicInteger();
     private volatile boolean draining;
@@ -77,12 +90,28 @@ public final class HttpFront implements AutoCloseable {
         knative = new KnativeAdapter(rt, openWhisk);
         hydra = new HydraAdapter(rt);
         control = new ControlGate(rt.config().controlTokenFile(), refuseSelf);
+        cap = rt.config().frontMaxRequests();
+        serving = new Semaphore(cap);
+        rt.metrics().describe(REFUSED, "Requests the HTTP front refused over its cap (CPUSLOT_FRONT_MAX_REQUESTS): "
+                + "answer=503 (with Retry-After), or closed when its reserve was busy too.");
+        // its threads end when idle (no shutdown needed); with all busy, as many requests as the cap
+        // wait for the first to finish (the reserve's are quick), and one more has its connection
+        // closed by the server (counted): the dispatcher never waits
+        Executor threads = RuntimeThreads.runtimeExecutor("cpuslot-http", cap + RESERVE, cap);
         server = HttpServer.create(new InetSocketAddress(port), 1024);
-        server.setExecutor(executor);
+        server.setExecutor(task -> {
+            try {
+                threads.execute(task);
+            } catch (RejectedExecutionException e) {
+                rt.metrics().inc(REFUSED, Metrics.labels("answer", "closed"));
+                throw e;
+            }
+        });
         server.createContext("/", this::handle);
         if (metricsPort >= 0) {
             metricsServer = HttpServer.create(new InetSocketAddress(metricsPort), 64);
-            metricsServer.setExecutor(executor);
+            // threads of its own: a scrape answers whatever the front's load (a scrape at a time)
+            metricsServer.setExecutor(RuntimeThreads.runtimeExecutor("cpuslot-metrics", 2, 4));
             metricsServer.createContext("/metrics", ex -> {
                 byte[] b = rt.metrics().scrape().getBytes(StandardCharsets.UTF_8);
                 ex.getResponseHeaders().set("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
@@ -130,9 +159,43 @@ public final class HttpFront implements AutoCloseable {
                 }
                 return;
             }
-            serve(ex);
+            if (probe(ex)) {
+                serve(ex);
+                return;
+            }
+            if (!serving.tryAcquire()) {
+                overCap(ex);
+                return;
+            }
+            try {
+                serve(ex);
+            } finally {
+                serving.release();
+            }
         } finally {
             taken.decrementAndGet();
+        }
+    }
+
+    /**
+     * Served beyond the cap, on the reserve. Readiness stays Ready at the cap: not-ready would
+     * have Knative take the pod out of rotation, all its traffic then on other pods (or none for
+     * a single pod) while this one still serves its cap; only the requests over it are refused.
+     */
+    private static boolean probe(HttpExchange ex) {
+        String path = ex.getRequestURI().getPath();
+        return path.equals("/ready") || path.equals("/") && ex.getRequestMethod().equals("GET");
+    }
+
+    /** A request over the cap: 503 at once, never queued (a platform retries after Retry-After). */
+    private void overCap(HttpExchange ex) throws IOException {
+        rt.metrics().inc(REFUSED, Metrics.labels("answer", "503"));
+        Reply r = Reply.error(503, "too many requests at once: this runtime serves at most " + cap
+                + " (CPUSLOT_FRONT_MAX_REQUESTS); retry later");
+        try {
+            send(ex, new Reply(r.status(), r.body(), Map.of("Retry-After", "1")));
+        } finally {
+            ex.close();
         }
     }
 

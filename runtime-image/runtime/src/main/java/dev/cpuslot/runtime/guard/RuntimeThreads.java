@@ -99,22 +99,119 @@ public final class RuntimeThreads {
      * itself, from the submitting thread (a worker, in its slot), not through {@code start()}.
      */
     public static java.util.concurrent.Executor runtimeExecutor(String name) {
-        java.util.concurrent.SynchronousQueue<Runnable> idle = new java.util.concurrent.SynchronousQueue<>();
-        java.util.concurrent.atomic.AtomicInteger n = new java.util.concurrent.atomic.AtomicInteger();
-        return task -> {
+        return runtimeExecutor(name, Integer.MAX_VALUE, 0);
+    }
+
+    /**
+     * {@link #runtimeExecutor(String)} with at most {@code maxThreads} threads alive: a task that
+     * finds them all busy waits for one, at most {@code maxWaiting} such tasks, and one more is
+     * refused ({@link java.util.concurrent.RejectedExecutionException}). The submitter never waits.
+     */
+    public static java.util.concurrent.Executor runtimeExecutor(String name, int maxThreads, int maxWaiting) {
+        return new Pool(name, maxThreads, maxWaiting);
+    }
+
+    /**
+     * The cached pool of {@link #runtimeExecutor}. A task goes to the thread idle the shortest
+     * time (its caches warm, as the JDK's SynchronousQueue hands off), else to a new thread, else
+     * (at the bound) waits in a queue that every thread looks at before it idles; all under one
+     * monitor, so a thread between two tasks is never missed.
+     */
+    private static final class Pool implements java.util.concurrent.Executor {
+        private final String name;
+        private final int maxThreads, maxWaiting;
+        /** Idle threads, the latest last. */
+        private final java.util.ArrayDeque<Idle> idle = new java.util.ArrayDeque<>();
+        /** Tasks waiting for a thread: only while none is idle. */
+        private final java.util.ArrayDeque<Runnable> queue = new java.util.ArrayDeque<>();
+        private int alive, made;
+
+        /** An idle thread, parked until it is handed a task. */
+        private static final class Idle {
+            final Thread thread = Thread.currentThread();
+            /** Set (under the pool's monitor) once, when it is handed a task. */
+            volatile Runnable task;
+        }
+
+        Pool(String name, int maxThreads, int maxWaiting) {
+            this.name = name;
+            this.maxThreads = maxThreads;
+            this.maxWaiting = maxWaiting;
+        }
+
+        @Override
+        public void execute(Runnable task) {
             java.util.Objects.requireNonNull(task);
-            if (idle.offer(task)) return;
-            startRuntimeThread(name + "-" + n.incrementAndGet(), () -> {
-                for (Runnable r = task; r != null; ) {
-                    r.run();
-                    try {
-                        r = idle.poll(60, java.util.concurrent.TimeUnit.SECONDS);
-                    } catch (InterruptedException e) {
-                        r = null;
+            String thread;
+            synchronized (this) {
+                Idle w = idle.pollLast();
+                if (w != null) {
+                    w.task = task;
+                    java.util.concurrent.locks.LockSupport.unpark(w.thread);
+                    return;
+                }
+                if (alive >= maxThreads) {
+                    if (queue.size() < maxWaiting) {
+                        queue.add(task); // the first thread to finish its task takes it
+                        return;
+                    }
+                    throw new java.util.concurrent.RejectedExecutionException(name + ": all " + maxThreads
+                            + " threads busy and " + maxWaiting + " tasks waiting");
+                }
+                alive++;
+                thread = name + "-" + ++made;
+            }
+            try {
+                startRuntimeThread(thread, () -> serve(task));
+            } catch (RuntimeException | Error e) { // no thread (the pids limit)
+                synchronized (this) {
+                    alive--;
+                }
+                throw e;
+            }
+        }
+
+        /** A thread's life: its first task, then the next, until a minute passes without one. */
+        private void serve(Runnable first) {
+            Runnable r = first;
+            try {
+                for (; r != null; r = next()) r.run();
+            } finally {
+                if (r != null) { // the task threw: this thread ends with it
+                    synchronized (this) {
+                        alive--;
                     }
                 }
-            });
-        };
+            }
+        }
+
+        /**
+         * The next task, or null after a minute idle (or an interrupt, a function's reach): then
+         * this thread is counted out of {@link #alive} as it stops being idle, so no task waits for it.
+         */
+        private Runnable next() {
+            Idle w = new Idle();
+            synchronized (this) {
+                Runnable r = queue.poll();
+                if (r != null) return r;
+                idle.addLast(w);
+            }
+            long deadline = System.nanoTime() + java.util.concurrent.TimeUnit.MINUTES.toNanos(1);
+            while (true) {
+                Runnable r = w.task;
+                if (r != null) return r;
+                long left = deadline - System.nanoTime();
+                if (left <= 0 || Thread.interrupted()) {
+                    synchronized (this) {
+                        if (w.task != null) return w.task; // handed one meanwhile
+                        idle.remove(w);
+                        alive--;
+                        return null;
+                    }
+                }
+                java.util.concurrent.locks.LockSupport.parkNanos(this, left);
+            }
+        }
     }
 
     /**
