@@ -235,7 +235,7 @@ func (n *Node) Kubectl(ctx context.Context, args ...string) (string, error) {
 		}
 		cmd := exec.CommandContext(ctx, n.kubectl, append([]string{"--kubeconfig", n.kubeconfig}, args...)...)
 		out, err = cmd.CombinedOutput()
-		if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "Unable to connect to the server") {
+		if err == nil || ctx.Err() != nil || !unreached(string(out)) {
 			break
 		}
 	}
@@ -243,6 +243,19 @@ func (n *Node) Kubectl(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
+}
+
+// unreached reports whether kubectl's output says its request never got to
+// act on the API server, so that the command can be tried again whatever
+// it does: the emulated API server, loaded, answers late or not at all
+// (an apply's client-side validation downloads the OpenAPI schema first).
+func unreached(out string) bool {
+	for _, s := range []string{"Unable to connect to the server", "failed to download openapi", "TLS handshake timeout"} {
+		if strings.Contains(out, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // Exec runs a bash script as root in the guest (see vm.System.Exec).
