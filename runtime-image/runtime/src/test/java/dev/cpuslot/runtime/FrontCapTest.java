@@ -4,8 +4,6 @@ import org.junit.jupiter.api.Test;
 
 import java.net.URI;
 import java.net.http.HttpRequest;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
@@ -19,7 +17,6 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
-import java.util.stream.Stream;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
@@ -136,13 +133,13 @@ class FrontCapTest {
      */
     private static void awaitAnsweredWithoutAWorker(List<CompletableFuture<Resp>> fs) throws InterruptedException {
         for (int i = 0; i < 6000; i++) {
-            List<Thread> w = waiting();
+            List<Thread> w = workersInWaits();
             if (w.size() > CAP) fail("a request beyond the cap reached a worker: " + w.size() + " workers in testfns.Waits, cap " + CAP);
             if (fs.stream().allMatch(CompletableFuture::isDone)) return;
             Thread.sleep(10);
         }
         fail("requests beyond the cap neither answered nor closed after a minute: "
-                + fs.stream().filter(f -> !f.isDone()).count() + " of " + fs.size() + " pending; " + waiting().size() + " workers waiting");
+                + fs.stream().filter(f -> !f.isDone()).count() + " of " + fs.size() + " pending; " + workersInWaits().size() + " workers waiting");
     }
 
     /** Until the front has no request left running (a hang says so after a minute). */
@@ -154,41 +151,19 @@ class FrontCapTest {
     /** The {@code n} workers sleeping in testfns.Waits, once there are that many (a hang says why after a minute). */
     private static List<Thread> awaitWaiting(int n, List<CompletableFuture<Resp>> theirs) throws InterruptedException {
         for (int i = 0; i < 6000; i++) {
-            List<Thread> w = waiting();
+            List<Thread> w = workersInWaits();
             if (w.size() == n) return w;
             for (CompletableFuture<Resp> f : theirs) {
                 if (f.isDone()) fail("a request within the cap was answered instead of held: " + (f.isCompletedExceptionally() ? f : f.join().raw()));
             }
             Thread.sleep(10);
         }
-        fail("not " + n + " workers sleeping in testfns.Waits after a minute: " + waiting().size());
+        fail("not " + n + " workers sleeping in testfns.Waits after a minute: " + workersInWaits().size());
         return null;
     }
 
-    private static List<Thread> waiting() {
-        List<Thread> out = new ArrayList<>();
-        for (Map.Entry<Thread, StackTraceElement[]> e : Thread.getAllStackTraces().entrySet()) {
-            if (e.getKey().getName().startsWith("fn-") && e.getKey().getState() == Thread.State.TIMED_WAITING
-                    && Stream.of(e.getValue()).anyMatch(f -> f.getClassName().equals("testfns.Waits"))) out.add(e.getKey());
-        }
-        return out;
-    }
-
     /** The kernel ids of this process's threads named as the front's request threads. */
-    private static Set<String> frontTids() {
-        Set<String> out = new HashSet<>();
-        try (Stream<Path> ts = Files.list(Path.of("/proc/self/task"))) {
-            for (Path t : ts.toList()) {
-                try {
-                    if (Files.readString(t.resolve("comm")).strip().startsWith("cpuslot-http")) out.add(t.getFileName().toString());
-                } catch (java.io.IOException gone) { // ended while listed
-                }
-            }
-        } catch (java.io.IOException e) {
-            throw new IllegalStateException(e);
-        }
-        return out;
-    }
+    private static Set<String> frontTids() { return new HashSet<>(tids(comm -> comm.startsWith("cpuslot-http"))); }
 
     /** Samples the number of the front's request threads (those not in {@code before}) until closed; the most seen. */
     private static final class Sampler implements AutoCloseable {

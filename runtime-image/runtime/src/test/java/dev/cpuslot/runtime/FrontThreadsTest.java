@@ -7,7 +7,6 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
@@ -16,7 +15,6 @@ import java.util.concurrent.ForkJoinPool;
 import java.util.concurrent.ForkJoinWorkerThread;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
-import java.util.stream.Stream;
 
 import static dev.cpuslot.runtime.Harness.*;
 import static org.junit.jupiter.api.Assertions.*;
@@ -78,10 +76,8 @@ class FrontThreadsTest {
     /** The worker running testfns.Waits, once it sleeps there (a hang says so after a minute). */
     private static Thread awaitWaiting() throws InterruptedException {
         for (int i = 0; i < 6000; i++) {
-            for (Map.Entry<Thread, StackTraceElement[]> e : Thread.getAllStackTraces().entrySet()) {
-                if (e.getKey().getName().startsWith("fn-") && e.getKey().getState() == Thread.State.TIMED_WAITING
-                        && Stream.of(e.getValue()).anyMatch(f -> f.getClassName().equals("testfns.Waits"))) return e.getKey();
-            }
+            List<Thread> w = workersInWaits();
+            if (!w.isEmpty()) return w.get(0);
             Thread.sleep(10);
         }
         throw new AssertionError("no worker sleeping in testfns.Waits after a minute: " + Thread.getAllStackTraces().keySet());
@@ -125,19 +121,6 @@ class FrontThreadsTest {
     }
 
     /** The kernel ids of this process's threads whose name (comm) matches. */
-    private static List<String> tids(java.util.function.Predicate<String> name) throws Exception {
-        List<String> out = new ArrayList<>();
-        try (Stream<Path> ts = Files.list(Path.of("/proc/self/task"))) {
-            for (Path t : ts.toList()) {
-                try {
-                    if (name.test(Files.readString(t.resolve("comm")).strip())) out.add(t.getFileName().toString());
-                } catch (java.io.IOException gone) { // the thread ended while listed
-                }
-            }
-        }
-        return out;
-    }
-
     private static String comm(String tid) {
         try {
             return Files.readString(Path.of("/proc/self/task/" + tid + "/comm")).strip();

@@ -157,6 +157,32 @@ final class Harness implements AutoCloseable {
 
     static JsonObject json(String s) { return JsonParser.parseString(s).getAsJsonObject(); }
 
+    /** The function workers sleeping in testfns.Waits now. */
+    static java.util.List<Thread> workersInWaits() {
+        java.util.List<Thread> out = new java.util.ArrayList<>();
+        for (Map.Entry<Thread, StackTraceElement[]> e : Thread.getAllStackTraces().entrySet()) {
+            if (e.getKey().getName().startsWith("fn-") && e.getKey().getState() == Thread.State.TIMED_WAITING
+                    && java.util.stream.Stream.of(e.getValue()).anyMatch(f -> f.getClassName().equals("testfns.Waits"))) out.add(e.getKey());
+        }
+        return out;
+    }
+
+    /** The kernel ids of this process's threads whose kernel name (comm) passes {@code name}. */
+    static java.util.List<String> tids(java.util.function.Predicate<String> name) {
+        java.util.List<String> out = new java.util.ArrayList<>();
+        try (java.util.stream.Stream<java.nio.file.Path> ts = java.nio.file.Files.list(java.nio.file.Path.of("/proc/self/task"))) {
+            for (java.nio.file.Path t : ts.toList()) {
+                try {
+                    if (name.test(java.nio.file.Files.readString(t.resolve("comm")).strip())) out.add(t.getFileName().toString());
+                } catch (IOException gone) { // the thread ended while listed
+                }
+            }
+        } catch (IOException e) {
+            throw new IllegalStateException(e);
+        }
+        return out;
+    }
+
     @Override
     public void close() {
         front.close();

@@ -160,15 +160,13 @@ public record Config(
 
     private static int intOf(Map<String, String> env, String k, int def) { return (int) longOf(env, k, def); }
 
-    private static int nonNegative(Map<String, String> env, String k, int def) {
-        long v = longOf(env, k, def);
-        if (v < 0 || v > Integer.MAX_VALUE) throw new IllegalArgumentException(k + " is not a count (0 or more): " + v);
-        return (int) v;
-    }
+    private static int nonNegative(Map<String, String> env, String k, int def) { return count(env, k, def, 0); }
 
-    private static int positive(Map<String, String> env, String k, int def) {
+    private static int positive(Map<String, String> env, String k, int def) { return count(env, k, def, 1); }
+
+    private static int count(Map<String, String> env, String k, int def, int least) {
         long v = longOf(env, k, def);
-        if (v < 1 || v > Integer.MAX_VALUE) throw new IllegalArgumentException(k + " is not a count (1 or more): " + v);
+        if (v < least || v > Integer.MAX_VALUE) throw new IllegalArgumentException(k + " is not a count (" + least + " or more): " + v);
         return (int) v;
     }
 
