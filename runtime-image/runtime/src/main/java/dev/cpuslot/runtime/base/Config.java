@@ -52,6 +52,7 @@ public record Config(
         String chainUrls,             // CPUSLOT_CHAIN_URLS: name=url,... for callees not here (before CPUSLOT_CHAIN_URL)
         String chainSteps,            // CPUSLOT_CHAIN_STEPS: the steps that follow the container's action (Knative: its env)
         int frontMaxRequests,         // CPUSLOT_FRONT_MAX_REQUESTS: most requests the HTTP front serves at once (one thread each); one more: 503
+        long frontReadTimeoutMs,      // CPUSLOT_FRONT_READ_TIMEOUT: longest a request may take to arrive, headers and body (0 = no limit)
         long drainTimeoutMs,          // CPUSLOT_DRAIN_TIMEOUT: on SIGTERM, how long running invocations may take to finish
         String logFormat,             // CPUSLOT_LOG_FORMAT: text (default) or json (one object per line)
         long compilerWarmupMs,        // CPUSLOT_COMPILER_WARMUP: the prewarm runs guest code this long so that the JIT compiler warms up (0 = off)
@@ -129,6 +130,9 @@ public record Config(
                 // CPUSLOT_OW_MAX_CONCURRENCY), so only a burst past the platform's bound meets it;
                 // far below a pod's pids limit, so the runtime still has threads to answer with
                 positive(env, "CPUSLOT_FRONT_MAX_REQUESTS", 512),
+                // 30 s: a platform's request arrives in far less (OpenWhisk's largest action, 48 MB,
+                // in about 4 s at 100 Mbit/s); a client slower than that holds a front thread
+                Math.max(0, durationMs(env, "CPUSLOT_FRONT_READ_TIMEOUT", 30_000)),
                 Math.max(0, durationMs(env, "CPUSLOT_DRAIN_TIMEOUT", 25_000)),
                 logFormat(env.get("CPUSLOT_LOG_FORMAT")),
                 Math.max(0, durationMs(env, "CPUSLOT_COMPILER_WARMUP", 0)),

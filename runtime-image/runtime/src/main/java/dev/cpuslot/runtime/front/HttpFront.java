@@ -98,6 +98,7 @@ public final class HttpFront implements AutoCloseable {
         // wait for the first to finish (the reserve's are quick), and one more has its connection
         // closed by the server (counted): the dispatcher never waits
         Executor threads = RuntimeThreads.runtimeExecutor("cpuslot-http", cap + RESERVE, cap);
+        readLimit(rt.config().frontReadTimeoutMs());
         server = HttpServer.create(new InetSocketAddress(port), 1024);
         server.setExecutor(task -> {
             try {
@@ -123,6 +124,17 @@ public final class HttpFront implements AutoCloseable {
         } else {
             metricsServer = null;
         }
+    }
+
+    /**
+     * The JDK's server reads a request (its headers and body, on a front thread) for as long as it
+     * takes unless {@code sun.net.httpserver.maxReqTime} is set: then a timer closes a connection
+     * whose request has not fully arrived within it, and the thread reading it goes free. The JDK
+     * reads the property once, when the first server of the process is made (the front's, in the
+     * runtime), in whole seconds.
+     */
+    private static void readLimit(long ms) {
+        if (ms > 0) System.setProperty("sun.net.httpserver.maxReqTime", String.valueOf((ms + 999) / 1000));
     }
 
     public void start() {
