@@ -50,8 +50,8 @@ import dev.cpuslot.runtime.guard.RuntimeThreads;
  * where the carrier would stay, serving other requests on that invocation's quota and bill. The
  * threads are bounded by the requests in flight, which the platform bounds (Knative's
  * containerConcurrency, OpenWhisk's per-container concurrency), and by the front's own cap
- * ({@code CPUSLOT_FRONT_MAX_REQUESTS}) for a platform that does not: one request more is answered
- * 503 with {@code Retry-After} at once, on a small {@link #RESERVE} of threads beyond the cap
+ * ({@code CPUSLOT_FRONT_MAX_REQUESTS}) for a platform that does not: one request more is refused
+ * with {@code Retry-After} at once ({@link #overCap}), on a small {@link #RESERVE} of threads beyond the cap
  * that also keeps {@code /ready} answering (past the reserve and as many waiting as the cap, its
  * connection is closed). An idle thread ends after a minute, and a request the kernel refuses a
  * thread for (the pod's pids limit) has its connection closed while the front goes on. Metrics
@@ -67,7 +67,7 @@ public final class HttpFront implements AutoCloseable {
     private final HttpServer metricsServer;
     /**
      * Threads beyond the cap, for what a front at its cap must still answer, each quick: the
-     * probes ({@code /ready}, {@code GET /}) and the 503s of the requests over the cap.
+     * probes ({@code /ready}, {@code GET /}) and the refusals of the requests over the cap.
      */
     public static final int RESERVE = 4;
     static final String REFUSED = "cpuslot_front_refused_total";
@@ -93,7 +93,8 @@ public final class HttpFront implements AutoCloseable {
         cap = rt.config().frontMaxRequests();
         serving = new Semaphore(cap);
         rt.metrics().describe(REFUSED, "Requests the HTTP front refused over its cap (CPUSLOT_FRONT_MAX_REQUESTS): "
-                + "answer=503 (with Retry-After), or closed when its reserve was busy too.");
+                + "answer=refused (at once, with Retry-After: OpenWhisk's /run as an error of the activation, any other 503), "
+                + "or closed when its reserve was busy too.");
         // its threads end when idle (no shutdown needed); with all busy, as many requests as the cap
         // wait for the first to finish (the reserve's are quick), and one more has its connection
         // closed by the server (counted): the dispatcher never waits
@@ -199,11 +200,16 @@ public final class HttpFront implements AutoCloseable {
         return path.equals("/ready") || path.equals("/") && ex.getRequestMethod().equals("GET");
     }
 
-    /** A request over the cap: 503 at once, never queued (a platform retries after Retry-After). */
+    /**
+     * A request over the cap: answered at once, never queued, in the shape its platform takes for
+     * "not now" without harm: OpenWhisk's {@code /run} as its adapter says; any other 503 (no
+     * platform resends it by itself; Retry-After is for a client that does).
+     */
     private void overCap(HttpExchange ex) throws IOException {
-        rt.metrics().inc(REFUSED, Metrics.labels("answer", "503"));
-        Reply r = Reply.error(503, "too many requests at once: this runtime serves at most " + cap
-                + " (CPUSLOT_FRONT_MAX_REQUESTS); retry later");
+        rt.metrics().inc(REFUSED, Metrics.labels("answer", "refused"));
+        String msg = "too many requests at once: this runtime serves at most " + cap
+                + " (CPUSLOT_FRONT_MAX_REQUESTS); retry later";
+        Reply r = ex.getRequestURI().getPath().equals("/run") ? OpenWhiskAdapter.refused(msg) : Reply.error(503, msg);
         try {
             send(ex, new Reply(r.status(), r.body(), Map.of("Retry-After", "1")));
         } finally {

@@ -175,6 +175,16 @@ public final class OpenWhiskAdapter implements Platform {
         }
     }
 
+    /**
+     * The answer to a {@code /run} the runtime cannot take now (over the front's cap): 200 with
+     * {@code error}, which OpenWhisk's invoker records as the activation's application error, the
+     * text shown to its caller, and the container kept. Any other status it reads as the
+     * container's failure (it destroys it, its other activations with it), a 503 as its shutdown.
+     */
+    static Reply refused(String msg) {
+        return Reply.error(200, msg);
+    }
+
     @Override public String name() { return "openwhisk"; }
     @Override public boolean sentinels() { return true; }
     @Override public JsonElement body(Result r) { return r.value(); }
