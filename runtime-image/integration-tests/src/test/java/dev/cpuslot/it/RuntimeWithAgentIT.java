@@ -494,6 +494,36 @@ class RuntimeWithAgentIT {
     }
 
     /**
+     * The same for a thread one activation made and kept and a later one started, which runs JDK
+     * code only (no poll of the guard stops it): the slot of the activation that started it is
+     * given to no other invocation. (Before: it was known as that activation's only a second after
+     * its end, and the slot went to the next invocation meanwhile, the kept thread running on in it.)
+     */
+    @Test
+    @Order(9)
+    void theSlotOfAnActivationThatStartedAKeptThreadGoesToNoOtherInvocation() throws Exception {
+        String cgroup = parent + "/kept-held";
+        cg.create(cgroup);
+        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_RUNAWAY_QUOTA", "0"),
+                cg.procsFiles(cgroup), work.resolve("runtime-kept-held.log"))) {
+            r.register("stray", "dev.cpuslot.samples.StrayThread", samplesJar, "300m");
+            r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
+            RuntimeProc.Reply made = r.invoke("stray", "{\"kept\":\"make\"}");
+            assertEquals(200, made.status(), made.body());
+            RuntimeProc.Reply started = r.invoke("stray", "{\"kept\":\"start\"}");
+            assertEquals(200, started.status(), started.body());
+            hellosRunElsewhere(r, () -> {
+                long tid = threadNamed(r, comm -> comm.equals("kept-regex"));
+                assertTrue(tid > 0, "the kept thread is alive");
+                String slot = cg.cgroupOf(r.pid(), tid);
+                assertTrue(slot.startsWith(cgroup + "/cpuslot-"), "the kept thread runs in its starter's slot: " + slot);
+                return slot;
+            }, "the kept thread");
+        }
+    }
+
+    /**
      * Only a thread that runs keeps its activation's slot claimed: an executor left behind, whose
      * thread waits on its queue for good, uses no CPU, and its activation's slot is given back.
      * (Watched failing with every live thread holding the slot: the slots stayed claimed.)
@@ -613,9 +643,15 @@ class RuntimeWithAgentIT {
 
     /** Three hello invocations, each of whose workers runs outside {@code slot}, where {@code who} runs. */
     private void hellosRunElsewhere(RuntimeProc r, String slot, String who) throws Exception {
+        hellosRunElsewhere(r, () -> slot, who);
+    }
+
+    /** The same where the slot is read after each invocation (the thread there may not have been scheduled yet). */
+    private void hellosRunElsewhere(RuntimeProc r, java.util.concurrent.Callable<String> where, String who) throws Exception {
         for (int i = 0; i < 3; i++) {
             RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
             assertEquals(200, hello.status(), hello.body());
+            String slot = where.call();
             for (long w : r.threads("fn-hello-")) {
                 assertNotEquals(slot, cg.cgroupOf(r.pid(), w),
                         "invocation " + i + " ran in the slot where " + who + " runs: " + hello.headers());

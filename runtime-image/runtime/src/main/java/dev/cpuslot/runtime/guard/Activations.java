@@ -190,7 +190,7 @@ public final class Activations {
      * sleeps again after the interrupt, or blocks past any time window, stops when it runs again.
      */
     private static void finish(Activation a, Thread worker, String why) {
-        if (!a.started) { // the usual path: no thread to look for, no lock
+        if (!a.started && STARTING.isEmpty()) { // the usual path: no thread to look for, no lock
             if (a.ended == null) {
                 a.endedAt = System.nanoTime();
                 a.ended = why;
@@ -203,8 +203,14 @@ public final class Activations {
             a.endedAt = System.nanoTime();
             a.ended = why;
             ThreadGroup g = worker.getThreadGroup();
-            if (g == null || !g.getName().equals(worker.getName())) return; // not a pool's worker: no group of its own
-            mine = others(g, worker);
+            // not a pool's worker: no group of its own
+            mine = g == null || !g.getName().equals(worker.getName()) ? new java.util.ArrayList<>() : others(g, worker);
+            // and the threads it started that another activation made (kept in a static): they
+            // run in its slot, which is held for them as for its own
+            for (var e : STARTING.entrySet()) {
+                Thread t = e.getKey();
+                if (e.getValue().by == a.root && t.isAlive() && !mine.contains(t)) mine.add(t);
+            }
             for (Lingering l : LINGERING.values()) mine.removeAll(l.threads()); // an earlier activation's
             if (mine.isEmpty()) return;
             LINGERING.put(a, new Lingering(mine, worker, System.nanoTime()));
