@@ -283,9 +283,7 @@ class RuntimeWithAgentIT {
         String cgroup = parent + "/rt-linger";
         cg.create(cgroup);
         // a generous linger so that a slow test machine does not expire the lease between requests
-        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "3s", "CPUSLOT_LOCAL", "false"), cg.procsFiles(cgroup),
-                work.resolve("runtime-linger.log"))) {
+        try (RuntimeProc lr = served(cgroup, "runtime-linger.log", "CPUSLOT_LINGER", "3s", "CPUSLOT_LOCAL", "false")) {
             lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             Map<String, Double> a0 = agent.metrics(), r0 = lr.metrics();
             int n = 50;
@@ -408,9 +406,8 @@ class RuntimeWithAgentIT {
     void aWorkerThatIgnoresItsDeadlineIsConfinedToATinySlot() throws Exception {
         String cgroup = parent + "/runaway";
         cg.create(cgroup);
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "0", "CPUSLOT_DEFAULT_TIMEOUT_MS", "1500",
-                "CPUSLOT_RUNAWAY_QUOTA", "20m", "CPUSLOT_JAVA_TRUSTED", "true"), cg.procsFiles(cgroup), work.resolve("runtime-runaway.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-runaway.log", "CPUSLOT_LINGER", "0", "CPUSLOT_DEFAULT_TIMEOUT_MS", "1500",
+                "CPUSLOT_RUNAWAY_QUOTA", "20m", "CPUSLOT_JAVA_TRUSTED", "true")) {
             r.register("runaway", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
             r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             RuntimeProc.Reply timedOut = r.invoke("runaway", "{\"ms\":60000}");
@@ -446,9 +443,7 @@ class RuntimeWithAgentIT {
     void aThreadOfAnEndedActivationStuckInJdkCodeLeavesItsSlot() throws Exception {
         String cgroup = parent + "/stray";
         cg.create(cgroup);
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_LINGER", "0", "CPUSLOT_RUNAWAY_QUOTA", "20m"),
-                cg.procsFiles(cgroup), work.resolve("runtime-stray.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-stray.log", "CPUSLOT_LINGER", "0", "CPUSLOT_RUNAWAY_QUOTA", "20m")) {
             r.register("stray", "dev.cpuslot.samples.StrayThread", samplesJar, "500m");
             RuntimeProc.Reply done = r.invoke("stray", "{}");
             assertEquals(200, done.status(), done.body());
@@ -477,9 +472,7 @@ class RuntimeWithAgentIT {
     void theSlotOfAnActivationWhoseThreadRunsOnGoesToNoOtherInvocation() throws Exception {
         String cgroup = parent + "/stray-held";
         cg.create(cgroup);
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_RUNAWAY_QUOTA", "0"),
-                cg.procsFiles(cgroup), work.resolve("runtime-stray-held.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-stray-held.log", "CPUSLOT_RUNAWAY_QUOTA", "0")) {
             r.register("stray", "dev.cpuslot.samples.StrayThread", samplesJar, "300m");
             r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
             RuntimeProc.Reply done = r.invoke("stray", "{}");
@@ -504,9 +497,7 @@ class RuntimeWithAgentIT {
     void theSlotOfAnActivationThatStartedAKeptThreadGoesToNoOtherInvocation() throws Exception {
         String cgroup = parent + "/kept-held";
         cg.create(cgroup);
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_RUNAWAY_QUOTA", "0"),
-                cg.procsFiles(cgroup), work.resolve("runtime-kept-held.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-kept-held.log", "CPUSLOT_RUNAWAY_QUOTA", "0")) {
             r.register("stray", "dev.cpuslot.samples.StrayThread", samplesJar, "300m");
             r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
             RuntimeProc.Reply made = r.invoke("stray", "{\"kept\":\"make\"}");
@@ -533,8 +524,7 @@ class RuntimeWithAgentIT {
     void aBlockedThreadOfAnEndedActivationHoldsNoSlot() throws Exception {
         String cgroup = parent + "/idle-left";
         cg.create(cgroup);
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-idle-left.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-idle-left.log")) {
             r.register("idle", "dev.cpuslot.samples.IdleExecutor", samplesJar, "300m");
             for (int i = 0; i < 3; i++) {
                 RuntimeProc.Reply done = r.invoke("idle", "{}");
@@ -558,9 +548,8 @@ class RuntimeWithAgentIT {
     void theSlotOfAWorkerThatIgnoresItsDeadlineGoesToNoOtherInvocation() throws Exception {
         String cgroup = parent + "/runaway-held";
         cg.create(cgroup);
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_DEFAULT_TIMEOUT_MS", "1500",
-                "CPUSLOT_RUNAWAY_QUOTA", "0", "CPUSLOT_JAVA_TRUSTED", "true"), cg.procsFiles(cgroup), work.resolve("runtime-runaway-held.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-runaway-held.log", "CPUSLOT_DEFAULT_TIMEOUT_MS", "1500",
+                "CPUSLOT_RUNAWAY_QUOTA", "0", "CPUSLOT_JAVA_TRUSTED", "true")) {
             r.register("runaway", "dev.cpuslot.samples.CpuBurn", samplesJar, "300m");
             r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
             RuntimeProc.Reply timedOut = r.invoke("runaway", "{\"ms\":60000}");
@@ -588,8 +577,7 @@ class RuntimeWithAgentIT {
     void theRuntimesOwnThreadsNeverStartInAFunctionsSlot() throws Exception {
         String cgroup = parent + "/own-threads";
         cg.create(cgroup);
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-own-threads.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-own-threads.log")) {
             r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             r.register("bench", "dev.cpuslot.samples.ChainBench", samplesJar, "500m");
             RuntimeProc.Reply rep = r.invoke("bench", "{\"mode\":\"local\",\"callee\":\"hello\",\"n\":1}");
@@ -642,6 +630,18 @@ class RuntimeWithAgentIT {
     }
 
     /** Three hello invocations, each of whose workers runs outside {@code slot}, where {@code who} runs. */
+    /**
+     * A runtime of its own in the container cgroup {@code cgroup}, served by the agent (an ACQUIRE
+     * may wait 2 s for it on a loaded machine), with more settings ({@code key, value, ...}); its
+     * log in the work directory.
+     */
+    private RuntimeProc served(String cgroup, String log, String... settings) throws Exception {
+        Map<String, String> env = new java.util.LinkedHashMap<>(Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
+                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"));
+        for (int i = 0; i < settings.length; i += 2) env.put(settings[i], settings[i + 1]);
+        return new RuntimeProc(runtimeJar, env, cg.procsFiles(cgroup), work.resolve(log));
+    }
+
     private void hellosRunElsewhere(RuntimeProc r, String slot, String who) throws Exception {
         hellosRunElsewhere(r, () -> slot, who);
     }
@@ -708,8 +708,7 @@ class RuntimeWithAgentIT {
     void withLocalLeasingInvocationsSendNothingAndTheAgentStillCountsEachOne() throws Exception {
         String cgroup = parent + "/rt-local";
         cg.create(cgroup);
-        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-local.log"))) {
+        try (RuntimeProc lr = served(cgroup, "runtime-local.log")) {
             lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             Map<String, Double> a0 = agent.metrics(), r0 = lr.metrics();
             int n = 50;
@@ -785,8 +784,7 @@ class RuntimeWithAgentIT {
     void withLocalLeasingEveryInvocationKeepsItsSlotThroughAnAgentRestart() throws Exception {
         String cgroup = parent + "/rt-local-restart";
         cg.create(cgroup);
-        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-local-restart.log"))) {
+        try (RuntimeProc lr = served(cgroup, "runtime-local-restart.log")) {
             lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             RuntimeProc.Reply first = lr.invoke("hello", "{\"name\":\"first\"}");
             assertEquals("true", first.header("X-Cpuslot-Local"), first.headers().toString());
@@ -843,8 +841,7 @@ class RuntimeWithAgentIT {
         String cgroup = parent + "/rt-giveback";
         cg.create(cgroup);
         cg.limit(cgroup, 1000);
-        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-giveback.log"))) {
+        try (RuntimeProc lr = served(cgroup, "runtime-giveback.log")) {
             lr.register("burn", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
             java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
             List<String> failed = java.util.Collections.synchronizedList(new ArrayList<>());
@@ -927,8 +924,7 @@ class RuntimeWithAgentIT {
                   return { hop: hop, wall_ms: Date.now() - t0 };
                 }
                 """);
-        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-chain.log"))) {
+        try (RuntimeProc lr = served(cgroup, "runtime-chain.log")) {
             lr.register("burn250", "dev.cpuslot.samples.CpuBurn", samplesJar, "250m");
             lr.registerText("caller", "javascript", js, "500m");
             assertEquals(200, lr.invoke("caller", "{\"ms\":50}").status()); // warm: the caller's context, both slots held
@@ -967,8 +963,7 @@ class RuntimeWithAgentIT {
         String cgroup = parent + "/rt-sequence";
         cg.create(cgroup);
         long ms = Math.min(BURN_MS, 4000);
-        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-sequence.log"))) {
+        try (RuntimeProc lr = served(cgroup, "runtime-sequence.log")) {
             lr.register("burn250", "dev.cpuslot.samples.CpuBurn", samplesJar, "250m");
             lr.register("burn500", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
             assertEquals(200, lr.post("/register?name=burnseq&steps=burn250,burn500", "").status());
@@ -1000,8 +995,7 @@ class RuntimeWithAgentIT {
         String cgroup = parent + "/rt-chainbench";
         cg.create(cgroup);
         int rounds = Integer.getInteger("chain.bench.rounds", 6), calls = Integer.getInteger("chain.bench.calls", 200);
-        try (RuntimeProc lr = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"), cg.procsFiles(cgroup), work.resolve("runtime-chainbench.log"))) {
+        try (RuntimeProc lr = served(cgroup, "runtime-chainbench.log")) {
             lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             lr.register("bench", "dev.cpuslot.samples.ChainBench", samplesJar, "500m");
             List<Long> local = new ArrayList<>(), http = new ArrayList<>();
@@ -1052,8 +1046,7 @@ class RuntimeWithAgentIT {
         Path one = work.resolve("compiler-fib1.js"), two = work.resolve("compiler-fib2.js");
         Files.writeString(one, fib.formatted(15));
         Files.writeString(two, fib.replace("fib", "fab").formatted(16));
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_COMPILER_QUOTA", "1000m"), cg.procsFiles(cgroup), work.resolve("runtime-compiler.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-compiler.log", "CPUSLOT_COMPILER_QUOTA", "1000m")) {
             // a function's thread named as HotSpot's compiler thread, alive when the compilers are placed
             List<Long> hotspotC2 = r.threads("C2 CompilerThre");
             r.register("forger", "dev.cpuslot.samples.CpuBurn", samplesJar, "200m");
@@ -1191,8 +1184,7 @@ class RuntimeWithAgentIT {
         cg.create(cgroup);
         Path js = work.resolve("compiler-restart.js");
         Files.writeString(js, "function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\nfunction main(a) { return { f: fib(a.n) }; }\n");
-        try (RuntimeProc r = new RuntimeProc(runtimeJar, Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
-                "CPUSLOT_ACQUIRE_BUDGET_MS", "2000", "CPUSLOT_COMPILER_QUOTA", "700m"), cg.procsFiles(cgroup), work.resolve("runtime-compiler-restart.log"))) {
+        try (RuntimeProc r = served(cgroup, "runtime-compiler-restart.log", "CPUSLOT_COMPILER_QUOTA", "700m")) {
             r.registerText("fib", "javascript", js, "300m");
             assertEquals(200, r.invoke("fib", "{\"n\":22}").status());
             awaitCompilerSlot(r, cgroup, "before the restart");
