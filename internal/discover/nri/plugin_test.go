@@ -179,9 +179,13 @@ func (p *proxy) close() {
 
 // run starts a container of pod the way containerd's CRI does, returning
 // how long StartContainer took (the plugin answers it after preparing).
+// As containerd's CRI, it blocks plugin synchronization until the container
+// is in the runtime's list: a plugin registering meanwhile gets it at its
+// Synchronize, or its events once added, never neither.
 func (rt *runtime) run(pod *api.PodSandbox, c *api.Container) time.Duration {
 	t := rt.t
 	t.Helper()
+	defer rt.r.BlockPluginSync().Unblock()
 	ctx := context.Background()
 	rt.mu.Lock()
 	_, known := rt.pods[pod.Id]
@@ -218,6 +222,7 @@ func (rt *runtime) update(pod *api.PodSandbox, c *api.Container, milli int64) {
 
 func (rt *runtime) stop(pod *api.PodSandbox, c *api.Container) {
 	rt.t.Helper()
+	defer rt.r.BlockPluginSync().Unblock()
 	ctx := context.Background()
 	c.State = api.ContainerState_CONTAINER_STOPPED
 	if _, err := rt.r.StopContainer(ctx, &adaptation.StopContainerRequest{Pod: pod, Container: c}); err != nil {
