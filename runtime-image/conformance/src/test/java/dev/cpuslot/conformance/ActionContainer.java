@@ -165,6 +165,7 @@ final class ActionContainer implements AutoCloseable {
         try (ActionContainer c = new ActionContainer(kind, env, jar)) {
             try {
                 code.accept(c);
+                c.stopsOnSigterm();
             } catch (AssertionError | Exception t) {
                 c.kill();
                 throw new AssertionError(t.getMessage() + "\n--- stdout:\n" + c.out + "\n--- stderr:\n" + c.err
@@ -259,6 +260,21 @@ final class ActionContainer implements AutoCloseable {
     }
 
     long pid() { return proc.pid(); }
+
+    /** Longest a runtime may take to stop on SIGTERM: its drain (CPUSLOT_DRAIN_TIMEOUT, 25 s) and more. */
+    private static final Duration STOP = Duration.ofSeconds(120);
+
+    /**
+     * After every case, as Kubernetes ends a pod: SIGTERM, and the runtime stops (whatever the
+     * case's functions did to it: the runtime owns the process). One the case itself ended is left.
+     */
+    private void stopsOnSigterm() throws Exception {
+        if (!proc.isAlive()) return;
+        proc.destroy();
+        if (!proc.waitFor(STOP.toMillis(), TimeUnit.MILLISECONDS)) {
+            fail("the runtime did not stop within " + STOP.toSeconds() + " s of SIGTERM after the case (runtime log: " + runtimeLog + ")");
+        }
+    }
 
     /** As {@code docker kill}: SIGKILL, then the logs as written until then. */
     private void kill() throws IOException, InterruptedException {
