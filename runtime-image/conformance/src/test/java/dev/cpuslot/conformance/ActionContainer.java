@@ -269,11 +269,9 @@ final class ActionContainer implements AutoCloseable {
      * case's functions did to it: the runtime owns the process). One the case itself ended is left.
      */
     private void stopsOnSigterm() throws Exception {
-        if (!proc.isAlive()) return;
-        proc.destroy();
-        if (!proc.waitFor(STOP.toMillis(), TimeUnit.MILLISECONDS)) {
-            fail("the runtime did not stop within " + STOP.toSeconds() + " s of SIGTERM after the case (runtime log: " + runtimeLog + ")");
-        }
+        if (!alive()) return;
+        terminate();
+        awaitExit(STOP, "of SIGTERM after the case (runtime log: " + runtimeLog + ")");
     }
 
     /** As {@code docker kill}: SIGKILL, then the logs as written until then. */

@@ -28,7 +28,7 @@ import static org.junit.jupiter.api.Assertions.*;
 class SlowClientTest {
     /** Longer than a healthy request takes to arrive here, short for the test. */
     private static final String LIMIT = "2s";
-    private static final int CAP = 2, RESERVE = 4;
+    private static final int CAP = 2, RESERVE = dev.cpuslot.runtime.front.HttpFront.RESERVE;
 
     @Test
     void slowClientsAreCutOffAtTheReadLimitAndTheFrontServesOn() throws Exception {

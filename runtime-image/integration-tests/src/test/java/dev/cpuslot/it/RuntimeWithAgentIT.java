@@ -477,10 +477,8 @@ class RuntimeWithAgentIT {
             r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
             RuntimeProc.Reply done = r.invoke("stray", "{}");
             assertEquals(200, done.status(), done.body());
-            long tid = threadNamed(r, comm -> comm.equals("regex-spinner"));
-            assertTrue(tid > 0, "the thread the activation left behind is alive");
+            long tid = threadInASlot(r, comm -> comm.equals("regex-spinner"), cgroup, "the thread the activation left behind");
             String stray = cg.cgroupOf(r.pid(), tid);
-            assertTrue(stray.startsWith(cgroup + "/cpuslot-"), "the stray runs in its activation's slot: " + stray);
             hellosRunElsewhere(r, stray, "the stray of another");
             assertEquals(stray, cg.cgroupOf(r.pid(), tid), "the stray still runs in its activation's slot (not confined)");
         }
@@ -504,13 +502,8 @@ class RuntimeWithAgentIT {
             assertEquals(200, made.status(), made.body());
             RuntimeProc.Reply started = r.invoke("stray", "{\"kept\":\"start\"}");
             assertEquals(200, started.status(), started.body());
-            hellosRunElsewhere(r, () -> {
-                long tid = threadNamed(r, comm -> comm.equals("kept-regex"));
-                assertTrue(tid > 0, "the kept thread is alive");
-                String slot = cg.cgroupOf(r.pid(), tid);
-                assertTrue(slot.startsWith(cgroup + "/cpuslot-"), "the kept thread runs in its starter's slot: " + slot);
-                return slot;
-            }, "the kept thread");
+            hellosRunElsewhere(r, () -> cg.cgroupOf(r.pid(),
+                    threadInASlot(r, comm -> comm.equals("kept-regex"), cgroup, "the kept thread")), "the kept thread");
         }
     }
 
@@ -554,10 +547,8 @@ class RuntimeWithAgentIT {
             r.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "300m");
             RuntimeProc.Reply timedOut = r.invoke("runaway", "{\"ms\":60000}");
             assertNotEquals(200, timedOut.status(), timedOut.body());
-            long tid = threadNamed(r, comm -> comm.startsWith("fn-runaway"));
-            assertTrue(tid > 0, "the runaway worker thread is alive");
+            long tid = threadInASlot(r, comm -> comm.startsWith("fn-runaway"), cgroup, "the runaway worker thread");
             String runaway = cg.cgroupOf(r.pid(), tid);
-            assertTrue(runaway.startsWith(cgroup + "/cpuslot-"), "the runaway runs in its activation's slot: " + runaway);
             hellosRunElsewhere(r, runaway, "a runaway worker");
             assertEquals(runaway, cg.cgroupOf(r.pid(), tid), "the runaway still runs in its activation's slot (not confined)");
         }
@@ -642,11 +633,24 @@ class RuntimeWithAgentIT {
         return new RuntimeProc(runtimeJar, env, cg.procsFiles(cgroup), work.resolve(log));
     }
 
+    /**
+     * The kernel id of the runtime's thread whose name matches, which is alive and runs in a slot
+     * of the container {@code cgroup} (where its activation ran).
+     */
+    private long threadInASlot(RuntimeProc r, java.util.function.Predicate<String> name, String cgroup, String what) throws Exception {
+        long tid = threadNamed(r, name);
+        assertTrue(tid > 0, what + " is alive");
+        String slot = cg.cgroupOf(r.pid(), tid);
+        assertTrue(slot.startsWith(cgroup + "/cpuslot-"), what + " runs in its activation's slot: " + slot);
+        return tid;
+    }
+
+    /** Three hello invocations, each of whose workers runs outside {@code slot}, where {@code who} runs. */
     private void hellosRunElsewhere(RuntimeProc r, String slot, String who) throws Exception {
         hellosRunElsewhere(r, () -> slot, who);
     }
 
-    /** The same where the slot is read after each invocation (the thread there may not have been scheduled yet). */
+    /** The same with the slot read after each invocation (the thread there may not have been scheduled yet). */
     private void hellosRunElsewhere(RuntimeProc r, java.util.concurrent.Callable<String> where, String who) throws Exception {
         for (int i = 0; i < 3; i++) {
             RuntimeProc.Reply hello = r.invoke("hello", "{\"name\":\"next" + i + "\"}");
