@@ -484,6 +484,11 @@ func TestKnative(t *testing.T) {
 			if img := c.Image; !strings.HasPrefix(img, "docker.io/cpuslot/runtime-jvm:") || strings.HasSuffix(img, ":dev") || strings.HasSuffix(img, ":latest") {
 				t.Errorf("image %s: want docker.io/cpuslot/runtime-jvm at a release", img)
 			}
+			// queue-proxy forwards any path: the control endpoints, which
+			// Knative never uses, closed to what a function sends through it
+			if on := envMap(c)["CPUSLOT_CONTROL_ENDPOINTS"]; on != "false" {
+				t.Errorf("CPUSLOT_CONTROL_ENDPOINTS %q, want \"false\"", on)
+			}
 			for _, v := range pod.Spec.Volumes {
 				if v.HostPath != nil {
 					t.Error("hostPath volume: needs a Knative feature flag")

@@ -396,6 +396,27 @@ func TestKnativeServing(t *testing.T) {
 		}
 	})
 
+	// Knative forwards any path to the revision, a function's own calls
+	// through queue-proxy included; the recipe turns the control endpoints
+	// (Hydra's, which Knative never uses) off, so none of them answers.
+	t.Run("control endpoints closed through activator and queue-proxy", func(t *testing.T) {
+		for _, path := range []string{"/register?name=x&language=java&entryPoint=x", "/deregister?name=cpuburn", "/warmup"} {
+			req, _ := http.NewRequestWithContext(ctx, "POST", kn.activator+path, strings.NewReader("x"))
+			req.Header.Set("Knative-Serving-Namespace", knNS)
+			req.Header.Set("Knative-Serving-Revision", rev)
+			resp, err := knClient.Do(req)
+			if err != nil {
+				t.Fatalf("POST %s: %v", path, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 403 || !strings.Contains(string(b), "CPUSLOT_CONTROL_ENDPOINTS") {
+				t.Errorf("POST %s through the activator: %d %s, want 403 naming CPUSLOT_CONTROL_ENDPOINTS", path, resp.StatusCode, b)
+			}
+		}
+		f.mustInvoke(ctx, t, kn.activator, rev, "after-control", 10, nil)
+	})
+
 	t.Run("quota through activator and queue-proxy", func(t *testing.T) {
 		share := checkShare(ctx, t, f, kn.activator, rev, nil, 250)
 		t.Logf("quota table: 250m (revision annotation) -> %.1f%%", 100*share)

@@ -65,7 +65,9 @@ class JavaContainmentTest {
             "nativeLinker", "symbolLookup", "arena", "linkerByReflection", "nativeMethodOfItsOwn",
             "commonPool", "parallelStreamByMethodReference", "defaultExecutor", "orTimeout", "workerThreadWithoutTheActivation",
             "threadGroupWalk", "agentSocket", "virtualThread", "startVirtualThread", "virtualThreadExecutor", "cleaner",
-            "finalizer", "startByMethodReference", "jdkMethodAsThreadFactory"})
+            "finalizer", "startByMethodReference", "jdkMethodAsThreadFactory",
+            "signalHandler", "signalRaise", "signalByReflection", "shutdownHook", "shutdownHookByMethodReference",
+            "shutdownHookByReflection"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
         String body = switch (probe) {
             case "exitViaReflection" -> """
@@ -241,6 +243,28 @@ class JavaContainmentTest {
                         @Override protected void finalize() { for (long i = 0; ; i++) { } }
                     }
                     new Spinner();
+                    return args;""";
+            // a handler would take SIGTERM from the kubelet's graceful stop; a hook would run in no activation at exit
+            case "signalHandler" -> """
+                    sun.misc.Signal.handle(new sun.misc.Signal("TERM"), s -> { });
+                    return args;""";
+            case "signalRaise" -> """
+                    sun.misc.Signal.raise(new sun.misc.Signal("TERM"));
+                    return args;""";
+            case "signalByReflection" -> """
+                    Class<?> signal = Class.forName("sun.misc.Signal");
+                    Object term = signal.getConstructor(String.class).newInstance("TERM");
+                    signal.getMethod("raise", signal).invoke(null, term);
+                    return args;""";
+            case "shutdownHook" -> """
+                    Runtime.getRuntime().addShutdownHook(new Thread(() -> { for (;;) { } }));
+                    return args;""";
+            case "shutdownHookByMethodReference" -> """
+                    java.util.function.Consumer<Thread> f = Runtime.getRuntime()::addShutdownHook;
+                    f.accept(new Thread(() -> { for (;;) { } }));
+                    return args;""";
+            case "shutdownHookByReflection" -> """
+                    Runtime.class.getMethod("addShutdownHook", Thread.class).invoke(Runtime.getRuntime(), new Thread(() -> { for (;;) { } }));
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
@@ -1100,6 +1124,38 @@ class JavaContainmentTest {
     }
 
     /**
+     * Where the platform never uses the control endpoints (Knative's and OpenWhisk's recipes set
+     * {@code CPUSLOT_CONTROL_ENDPOINTS=false}), they answer no one: not the platform's own
+     * process, not a holder of a control token; the invocations are served as before.
+     */
+    @Test
+    void controlEndpointsTurnedOffAnswerNoOne() throws Exception {
+        Path token = Files.createTempFile("control", ".token");
+        Files.writeString(token, "s3cret-" + System.nanoTime() + "\n");
+        String hello = probe("""
+                args.addProperty("hello", "world");
+                return args;""");
+        try {
+            with("java", env("CPUSLOT_CONTROL_ENDPOINTS", "false", "CPUSLOT_CONTROL_TOKEN_FILE", token.toString()), c -> {
+                Path jar = jarFile(c, "hello", hello);
+                Map<String, String> withToken = Map.of("X-Cpuslot-Control-Token", Files.readString(token).strip());
+                for (String path : List.of("/register?name=hello&language=java&entryPoint=example.Probe&url=" + jar.toUri(),
+                        "/deregister?name=hello", "/warmup")) {
+                    Reply r = c.post(path, "", withToken);
+                    assertEquals(403, r.code(), path + " with the control endpoints off: " + r.raw());
+                    assertTrue(r.raw().toString().contains("CPUSLOT_CONTROL_ENDPOINTS"), path + ": " + r.raw());
+                }
+                assertEquals(200, c.init(init(hello)).code());
+                Reply run = c.run(runPayload(new JsonObject()));
+                assertEquals(200, run.code(), String.valueOf(run.raw()));
+                assertEquals("world", run.body().get("hello").getAsString(), String.valueOf(run.raw()));
+            });
+        } finally {
+            Files.deleteIfExists(token);
+        }
+    }
+
+    /**
      * Each function has its own temporary directory (java.io.tmpdir, File.createTempFile,
      * Files.createTempFile), removed with the function; no function's jar is a file another can read.
      */
@@ -1255,29 +1311,6 @@ class JavaContainmentTest {
                     Path p = Path.of("/proc/self/environ");
                     try (InputStream in = p.getFileSystem().provider().newInputStream(p)) { args.addProperty("n", in.readAllBytes().length); }
                     return args;""";
-            case "threadGroupWalk" -> """
-                    ThreadGroup g = Thread.currentThread().getThreadGroup();
-                    while (g.getParent() != null) g = g.getParent();
-                    g.interrupt();
-                    return args;""";
-            case "agentSocket" -> """
-                    try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
-                        ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
-                    }
-                    return args;""";
-            // threads of no activation: a virtual thread (not in the worker's group), a Cleaner's action (the JDK's thread)
-            case "virtualThread" -> """
-                    Thread.ofVirtual().name("spinner-virtual").start(() -> { }).join();
-                    return args;""";
-            case "startVirtualThread" -> """
-                    Thread.startVirtualThread(() -> { }).join();
-                    return args;""";
-            case "virtualThreadExecutor" -> """
-                    try (var e = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) { e.submit(() -> { }); }
-                    return args;""";
-            case "cleaner" -> """
-                    java.lang.ref.Cleaner.create().register(new Object(), () -> { });
-                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);
@@ -1412,29 +1445,6 @@ class JavaContainmentTest {
             case "listCache" -> """
                     try (var s = Files.list(%s)) { args.addProperty("n", s.count()); }
                     return args;""".formatted(cache);
-            case "threadGroupWalk" -> """
-                    ThreadGroup g = Thread.currentThread().getThreadGroup();
-                    while (g.getParent() != null) g = g.getParent();
-                    g.interrupt();
-                    return args;""";
-            case "agentSocket" -> """
-                    try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
-                        ch.connect(java.net.UnixDomainSocketAddress.of(System.getenv().getOrDefault("CPUSLOT_SOCKET", "/run/cpuslot/agent.sock")));
-                    }
-                    return args;""";
-            // threads of no activation: a virtual thread (not in the worker's group), a Cleaner's action (the JDK's thread)
-            case "virtualThread" -> """
-                    Thread.ofVirtual().name("spinner-virtual").start(() -> { }).join();
-                    return args;""";
-            case "startVirtualThread" -> """
-                    Thread.startVirtualThread(() -> { }).join();
-                    return args;""";
-            case "virtualThreadExecutor" -> """
-                    try (var e = java.util.concurrent.Executors.newVirtualThreadPerTaskExecutor()) { e.submit(() -> { }); }
-                    return args;""";
-            case "cleaner" -> """
-                    java.lang.ref.Cleaner.create().register(new Object(), () -> { });
-                    return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
         assertRefused(probe, body);

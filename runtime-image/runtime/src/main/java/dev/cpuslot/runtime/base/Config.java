@@ -45,6 +45,7 @@ public record Config(
         int activationLogBytes,       // CPUSLOT_ACTIVATION_LOG_BYTES: most stdout+stderr bytes one activation keeps (OpenWhisk's default log limit)
         String owner,                 // CPUSLOT_OWNER: the one owner served (null: the first one seen; "*": any)
         String controlTokenFile,      // CPUSLOT_CONTROL_TOKEN_FILE: /register, /deregister, /warmup need its token (null: none)
+        boolean controlEndpoints,     // CPUSLOT_CONTROL_ENDPOINTS: false: /register, /deregister, /warmup refused to everyone (Knative, OpenWhisk: unused)
         int chainMaxDepth,            // CPUSLOT_CHAIN_MAX_DEPTH: most nested chain calls below a platform's activation
         int chainMaxAsync,            // CPUSLOT_CHAIN_MAX_ASYNC: most asynchronous chain calls per activation
         int chainMaxPending,          // CPUSLOT_CHAIN_MAX_PENDING: most asynchronous chain calls pending in the runtime
@@ -119,6 +120,7 @@ public record Config(
                 nonNegative(env, "CPUSLOT_ACTIVATION_LOG_BYTES", 10 << 20),
                 blankToNull(env.get("CPUSLOT_OWNER")),
                 blankToNull(env.get("CPUSLOT_CONTROL_TOKEN_FILE")),
+                bool(env, "CPUSLOT_CONTROL_ENDPOINTS", true),
                 nonNegative(env, "CPUSLOT_CHAIN_MAX_DEPTH", 16),
                 nonNegative(env, "CPUSLOT_CHAIN_MAX_ASYNC", 16),
                 nonNegative(env, "CPUSLOT_CHAIN_MAX_PENDING", 256),

@@ -25,16 +25,20 @@ import java.util.List;
  * which no function can read (the guard refuses the file to Java functions, JavaScript and Python
  * have no file access), for a relay in the pod (Knative's queue-proxy forwards any path a function
  * sends it); the invocation endpoints take no token: the platforms send none, and what a relay
- * forwards to them is a client's call of the service, as through its public address.
+ * forwards to them is a client's call of the service, as through its public address. With
+ * {@code CPUSLOT_CONTROL_ENDPOINTS=false} the control endpoints answer no one: where the platform
+ * never uses them (Knative's and OpenWhisk's recipes), nothing behind a relay can either.
  */
 public final class ControlGate {
     static final String HEADER = "X-Cpuslot-Control-Token";
     private final byte[] token;
+    private final boolean controlServed;
     /** False only for a runtime whose tests are its clients in the same process (Harness). */
     private final boolean refuseSelf;
 
-    ControlGate(String tokenFile, boolean refuseSelf) {
+    ControlGate(String tokenFile, boolean controlServed, boolean refuseSelf) {
         this.refuseSelf = refuseSelf;
+        this.controlServed = controlServed;
         if (tokenFile == null) {
             token = null;
             return;
@@ -59,6 +63,7 @@ public final class ControlGate {
         boolean invocation = path.equals("/init") || path.equals("/run")
                 || path.equals("/") && !method.equals("GET") && bodyLength > 0;
         if (!control && !invocation) return null;
+        if (control && !controlServed) return "this runtime serves no control endpoints (CPUSLOT_CONTROL_ENDPOINTS=false)";
         if (control && token != null && (presented == null
                 || !MessageDigest.isEqual(token, presented.strip().getBytes(StandardCharsets.UTF_8)))) {
             return "the control endpoints need the runtime's control token (" + HEADER + ")";

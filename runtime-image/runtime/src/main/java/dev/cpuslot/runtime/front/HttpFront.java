@@ -89,7 +89,7 @@ public final class HttpFront implements AutoCloseable {
         openWhisk = new OpenWhiskAdapter(rt);
         knative = new KnativeAdapter(rt, openWhisk);
         hydra = new HydraAdapter(rt);
-        control = new ControlGate(rt.config().controlTokenFile(), refuseSelf);
+        control = new ControlGate(rt.config().controlTokenFile(), rt.config().controlEndpoints(), refuseSelf);
         cap = rt.config().frontMaxRequests();
         serving = new Semaphore(cap);
         rt.metrics().describe(REFUSED, "Requests the HTTP front refused over its cap (CPUSLOT_FRONT_MAX_REQUESTS): "
