@@ -316,6 +316,7 @@ func checkPostRendered(t *testing.T, objs []object, release string) {
 	env := envMap(inv)
 	if env["CONFIG_whisk_kubernetes_podTemplate"] != "file:/cpuslot-openwhisk/pod-template.yaml" ||
 		env["CONFIG_whisk_containerFactory_containerArgs_extraEnvVars_1"] != "CPUSLOT_SOCKET="+socketPath ||
+		env["CONFIG_whisk_containerFactory_containerArgs_extraEnvVars_3"] != "CPUSLOT_CONTROL_ENDPOINTS=false" ||
 		!strings.HasPrefix(env["CONFIG_whisk_containerFactory_containerArgs_extraEnvVars_0"], "__OW_ALLOW_CONCURRENT=") {
 		t.Errorf("invoker env %v", env)
 	}

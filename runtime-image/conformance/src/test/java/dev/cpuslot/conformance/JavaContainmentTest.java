@@ -1124,6 +1124,101 @@ class JavaContainmentTest {
     }
 
     /**
+     * The process boundary holds between owners as within one: in a runtime of several owners
+     * ({@code CPUSLOT_OWNER=*}), mallory's functions that would reach the agent socket, walk to the
+     * top thread group, end the process or hook its exit are refused at {@code /register}; her
+     * function's control and invocation calls over loopback get 403; her threads end when her
+     * activation returns; her OutOfMemoryError is her activation's. Alice's function answers after
+     * each, and her function is still hers.
+     */
+    @Test
+    void theProcessBoundaryHoldsBetweenOwners() throws Exception {
+        String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"alice\"); return r;");
+        String caller = probe("""
+                var u = java.net.URI.create("http://127.0.0.1:" + args.get("port").getAsString() + args.get("path").getAsString()).toURL();
+                var h = (java.net.HttpURLConnection) u.openConnection();
+                h.setRequestMethod("POST");
+                h.setDoOutput(true);
+                try (OutputStream o = h.getOutputStream()) { o.write(args.get("body").getAsString().getBytes()); }
+                JsonObject r = new JsonObject();
+                r.addProperty("code", h.getResponseCode());
+                return r;""");
+        String spin = probe("""
+                Runnable spin = () -> { long x = 1; while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; } };
+                new Thread(spin, "spinner-owner-1").start();
+                new Thread(new ThreadGroup("its-own"), spin, "spinner-owner-2").start();
+                return args;""");
+        String hog = probe("""
+                List<long[]> hog = new ArrayList<>();
+                while (true) hog.add(new long[1 << 16]);""");
+        Map<String, String> refused = Map.of(
+                "agentSocket", """
+                        try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
+                            ch.connect(java.net.UnixDomainSocketAddress.of("/run/cpuslot/agent.sock"));
+                        }
+                        return args;""",
+                "threadGroupWalk", """
+                        ThreadGroup g = Thread.currentThread().getThreadGroup();
+                        while (g.getParent() != null) g = g.getParent();
+                        g.interrupt();
+                        return args;""",
+                "exitByMethodReference", """
+                        java.util.function.IntConsumer f = System::exit;
+                        f.accept(1);
+                        return args;""",
+                "shutdownHook", """
+                        Runtime.getRuntime().addShutdownHook(new Thread(() -> { for (;;) { } }));
+                        return args;""");
+        with("java", env("CPUSLOT_OWNER", "*", "JAVA_TOOL_OPTIONS", "-Xmx256m"), c -> {
+            Path helloJar = jarFile(c, "hello", hello);
+            assertEquals(200, register(c, "victim", helloJar, "alice").code());
+            java.util.function.Consumer<String> aliceAnswers = after -> {
+                try {
+                    Reply r = invoke(c, "victim");
+                    assertEquals(200, r.code(), "alice's function after " + after + ": " + r.raw());
+                    assertEquals("alice", r.body().getAsJsonObject("result").get("hello").getAsString(), after + ": " + r.raw());
+                } catch (Exception e) {
+                    throw new AssertionError("alice's function after " + after, e);
+                }
+            };
+            for (var p : refused.entrySet()) {
+                Reply r = register(c, p.getKey(), jarFile(c, p.getKey(), probe(p.getValue())), "mallory");
+                assertNotEquals(200, r.code(), "mallory's " + p.getKey() + " probe registered: " + r.raw());
+                assertTrue(r.raw().toString().contains("not allowed to a function in a shared runtime"), p.getKey() + ": " + r.raw());
+                aliceAnswers.accept(p.getKey());
+            }
+
+            assertEquals(200, register(c, "caller", jarFile(c, "caller", caller), "mallory").code());
+            JsonObject hydraCall = new JsonObject();
+            hydraCall.addProperty("name", "victim");
+            hydraCall.addProperty("arguments", "{}");
+            for (String path : List.of("/deregister?name=victim&owner=alice",
+                    "/register?name=victim&language=java&entryPoint=example.Probe&owner=alice&url=" + helloJar.toUri(), "/")) {
+                JsonObject a = new JsonObject();
+                a.addProperty("port", c.port());
+                a.addProperty("path", path);
+                a.addProperty("body", path.equals("/") ? hydraCall.toString() : "");
+                Reply r = invoke(c, "caller", a.toString());
+                assertEquals(200, r.code(), path + ": " + r.raw());
+                assertEquals(403, r.body().getAsJsonObject("result").get("code").getAsInt(), "mallory's " + path + " over loopback: " + r.raw());
+                aliceAnswers.accept("mallory's " + path);
+            }
+
+            assertEquals(200, register(c, "spin", jarFile(c, "spin", spin), "mallory").code());
+            assertEquals(200, invoke(c, "spin").code());
+            awaitNoThreads(() -> threads(c, "spinner-owner", true), "mallory's threads still run 60 s after her activation returned");
+            aliceAnswers.accept("mallory's spinners");
+
+            assertEquals(200, register(c, "hog", jarFile(c, "hog", hog), "mallory").code());
+            Reply h = invoke(c, "hog");
+            assertEquals(502, h.code(), String.valueOf(h.raw()));
+            assertTrue(h.raw().toString().contains("OutOfMemoryError"), String.valueOf(h.raw()));
+            aliceAnswers.accept("mallory's OutOfMemoryError");
+            assertAlive(c);
+        });
+    }
+
+    /**
      * Where the platform never uses the control endpoints (Knative's and OpenWhisk's recipes set
      * {@code CPUSLOT_CONTROL_ENDPOINTS=false}), they answer no one: not the platform's own
      * process, not a holder of a control token; the invocations are served as before.

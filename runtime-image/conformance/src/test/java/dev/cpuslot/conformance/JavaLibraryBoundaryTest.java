@@ -68,4 +68,65 @@ class JavaLibraryBoundaryTest {
             assertFalse(b.has("sees io.prometheus.metrics.core.metrics.Counter"), b.toString());
         });
     }
+
+    /**
+     * Gson on each of issue 30's other targets, from mallory's function in a runtime of several
+     * owners: the guard's protected-file and temporary-directory lists (FileAccess), its memory
+     * share (HeapShare), the container's stdout that activations write through (ActivationOutput),
+     * the in-flight activations (Activations), alice's function's private static, and alice's class
+     * bytes. Gson reads and writes none of them, and alice's function still answers its own value.
+     * (Before: the runtime's shared Gson read and wrote every one.)
+     */
+    @Test
+    void gsonReachesNoTargetOfTheRuntimeOrOfAnotherOwner() throws Exception {
+        String alice = Archives.jar(java.util.Map.of("example/Secret.java", """
+                package example;
+                import com.google.gson.JsonObject;
+                public class Secret {
+                    private static String secret = "alice's";
+                    public static JsonObject main(JsonObject a) {
+                        JsonObject r = new JsonObject();
+                        r.addProperty("secret", secret);
+                        return r;
+                    }
+                }
+                """));
+        String mallory = JavaContainmentTest.probe("""
+                JsonObject r = new JsonObject();
+                com.google.gson.Gson gson = new com.google.gson.GsonBuilder().excludeFieldsWithModifiers().create();
+                for (String name : new String[]{"dev.cpuslot.runtime.guard.FileAccess", "dev.cpuslot.runtime.guard.HeapShare",
+                        "dev.cpuslot.runtime.guard.ActivationOutput", "dev.cpuslot.runtime.guard.Activations", "example.Secret"}) {
+                    try {
+                        Class<?> c = Class.forName(name);
+                        r.addProperty("leak read " + name, gson.toJson(gson.fromJson("{}", c)));
+                        gson.fromJson("{\\"secret\\":\\"mallory's\\"}", c);
+                        r.addProperty("leak write " + name, true);
+                    } catch (Throwable e) {
+                        r.addProperty("refused " + name, e.getClass().getName());
+                    }
+                }
+                for (ClassLoader l : new ClassLoader[]{Probe.class.getClassLoader(), ClassLoader.getSystemClassLoader(),
+                        Thread.currentThread().getContextClassLoader()}) {
+                    try (InputStream in = l.getResourceAsStream("example/Secret.class")) {
+                        if (in != null) r.addProperty("leak bytes " + l, in.readAllBytes().length);
+                    } catch (Throwable e) {
+                        r.addProperty("refused bytes " + l, e.getClass().getName());
+                    }
+                }
+                return r;""");
+        with("java", env("CPUSLOT_OWNER", "*"), c -> {
+            java.nio.file.Path aliceJar = JavaContainmentTest.jarFile(c, "alice", alice);
+            assertEquals(200, c.post("/register?name=secret&language=java&entryPoint=example.Secret&owner=alice&url=" + aliceJar.toUri(), "").code());
+            assertEquals(200, JavaContainmentTest.register(c, "gson", JavaContainmentTest.jarFile(c, "gson", mallory), "mallory").code());
+            assertEquals("alice's", JavaContainmentTest.invoke(c, "secret").body().getAsJsonObject("result").get("secret").getAsString());
+            Reply r = JavaContainmentTest.invoke(c, "gson");
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            JsonObject b = r.body().getAsJsonObject("result");
+            System.out.println("mallory's Gson: " + b);
+            for (String k : b.keySet()) assertFalse(k.startsWith("leak"), "mallory's Gson reached " + k + ": " + b);
+            assertEquals(5, b.keySet().stream().filter(k -> k.startsWith("refused dev.") || k.startsWith("refused example.")).count(), b.toString());
+            Reply after = JavaContainmentTest.invoke(c, "secret");
+            assertEquals("alice's", after.body().getAsJsonObject("result").get("secret").getAsString(), String.valueOf(after.raw()));
+        });
+    }
 }
