@@ -183,4 +183,31 @@ class KnativeHydraTest {
             assertEquals("250", r.header("X-Cpuslot-Quota-Milli"));
         }
     }
+
+    /**
+     * Knative's queue-proxy forwards a request that carries a kubelet-probe mark (a
+     * {@code K-Kubelet-Probe} header, a {@code kube-probe/} User-Agent) outside its
+     * containerConcurrency breaker, from any peer, a function's own calls through it included: such
+     * a request is served only as a probe (/ready, GET /, an empty POST /), never as an invocation
+     * or a control request, so the breaker bounds every invocation.
+     */
+    @Test
+    void aRequestMarkedAsAProbeInvokesNothing() throws Exception {
+        try (Harness h = new Harness()) {
+            String init = initJava("testfns.Env");
+            assertEquals(200, h.post("/", bundled(init, "p0", "{}")).status());
+            for (Map<String, String> mark : List.of(Map.of("K-Kubelet-Probe", "queue"), Map.of("User-Agent", "kube-probe/1.37"),
+                    Map.of("K-Network-Probe", "queue"))) {
+                Resp kn = h.post("/", bundled(init, "p1", "{}"), mark);
+                assertEquals(403, kn.status(), mark + " POST /: " + kn.raw());
+                assertTrue(kn.raw().contains("probe"), kn.raw());
+                assertEquals(403, h.post("/run", "{\"value\":{}}", mark).status(), mark + " /run");
+                assertEquals(403, h.post("/register?name=x&language=java&entryPoint=x", "", mark).status(), mark + " /register");
+                assertEquals(200, h.send(java.net.http.HttpRequest.newBuilder(java.net.URI.create("http://127.0.0.1:" + h.front.port() + "/ready"))
+                        .header(mark.keySet().iterator().next(), mark.values().iterator().next()).GET().build()).status(), mark + " /ready");
+                assertEquals(200, h.post("/", "", mark).status(), mark + " an empty POST /, Knative's probe");
+            }
+            assertEquals(200, h.post("/", bundled(init, "p2", "{}")).status(), "the same invocation without the mark");
+        }
+    }
 }

@@ -27,7 +27,8 @@ import java.util.List;
  * sends it); the invocation endpoints take no token: the platforms send none, and what a relay
  * forwards to them is a client's call of the service, as through its public address. With
  * {@code CPUSLOT_CONTROL_ENDPOINTS=false} the control endpoints answer no one: where the platform
- * never uses them (Knative's and OpenWhisk's recipes), nothing behind a relay can either.
+ * never uses them (Knative's and OpenWhisk's recipes), nothing behind a relay can either. Never
+ * a request marked as a probe: queue-proxy forwards those outside its containerConcurrency bound.
  */
 public final class ControlGate {
     static final String HEADER = "X-Cpuslot-Control-Token";
@@ -58,11 +59,13 @@ public final class ControlGate {
      * Why a request is refused (403), or null: the one decision for every endpoint. Open to all:
      * {@code /ready}, {@code GET /} and an empty {@code POST /} (Knative's probes), unknown paths.
      */
-    String refusal(String path, String method, int bodyLength, InetSocketAddress peer, InetSocketAddress local, String presented) {
+    String refusal(String path, String method, int bodyLength, InetSocketAddress peer, InetSocketAddress local, String presented,
+                   boolean probe) {
         boolean control = path.equals("/register") || path.equals("/deregister") || path.equals("/warmup");
         boolean invocation = path.equals("/init") || path.equals("/run")
                 || path.equals("/") && !method.equals("GET") && bodyLength > 0;
         if (!control && !invocation) return null;
+        if (probe) return path + " does not answer a request marked as a probe (K-Kubelet-Probe, K-Network-Probe, kube-probe/)";
         if (control && !controlServed) return "this runtime serves no control endpoints (CPUSLOT_CONTROL_ENDPOINTS=false)";
         if (control && token != null && (presented == null
                 || !MessageDigest.isEqual(token, presented.strip().getBytes(StandardCharsets.UTF_8)))) {
@@ -75,6 +78,16 @@ public final class ControlGate {
             return "whose connection this is cannot be told: " + e.getMessage();
         }
         return null;
+    }
+
+    /**
+     * Whether a request is marked as a probe: Knative's queue-proxy forwards one with
+     * {@code K-Kubelet-Probe} (or a {@code kube-probe/} User-Agent) outside its containerConcurrency
+     * breaker, from any peer, so such a request may only probe; probes never invoke.
+     */
+    static boolean markedAsProbe(com.sun.net.httpserver.Headers h) {
+        String ua = h.getFirst("User-Agent");
+        return h.containsKey("K-Kubelet-Probe") || h.containsKey("K-Network-Probe") || ua != null && ua.startsWith("kube-probe/");
     }
 
     /**
