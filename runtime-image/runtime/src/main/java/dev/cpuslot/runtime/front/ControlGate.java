@@ -59,14 +59,15 @@ public final class ControlGate {
      * Why a request is refused (403), or null: the one decision for every endpoint. Open to all:
      * {@code /ready}, {@code GET /} and an empty {@code POST /} (Knative's probes), unknown paths.
      */
-    String refusal(String path, String method, int bodyLength, InetSocketAddress peer, InetSocketAddress local, String presented,
-                   boolean probe) {
+    String refusal(String path, String method, int bodyLength, InetSocketAddress peer, InetSocketAddress local,
+                   com.sun.net.httpserver.Headers headers) {
         boolean control = path.equals("/register") || path.equals("/deregister") || path.equals("/warmup");
         boolean invocation = path.equals("/init") || path.equals("/run")
                 || path.equals("/") && !method.equals("GET") && bodyLength > 0;
         if (!control && !invocation) return null;
-        if (probe) return path + " does not answer a request marked as a probe (K-Kubelet-Probe, K-Network-Probe, kube-probe/)";
+        if (markedAsProbe(headers)) return path + " does not answer a request marked as a probe (K-Kubelet-Probe, K-Network-Probe, kube-probe/)";
         if (control && !controlServed) return "this runtime serves no control endpoints (CPUSLOT_CONTROL_ENDPOINTS=false)";
+        String presented = headers.getFirst(HEADER);
         if (control && token != null && (presented == null
                 || !MessageDigest.isEqual(token, presented.strip().getBytes(StandardCharsets.UTF_8)))) {
             return "the control endpoints need the runtime's control token (" + HEADER + ")";
@@ -85,7 +86,7 @@ public final class ControlGate {
      * {@code K-Kubelet-Probe} (or a {@code kube-probe/} User-Agent) outside its containerConcurrency
      * breaker, from any peer, so such a request may only probe; probes never invoke.
      */
-    static boolean markedAsProbe(com.sun.net.httpserver.Headers h) {
+    private static boolean markedAsProbe(com.sun.net.httpserver.Headers h) {
         String ua = h.getFirst("User-Agent");
         return h.containsKey("K-Kubelet-Probe") || h.containsKey("K-Network-Probe") || ua != null && ua.startsWith("kube-probe/");
     }

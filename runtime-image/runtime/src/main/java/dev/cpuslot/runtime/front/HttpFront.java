@@ -228,8 +228,7 @@ public final class HttpFront implements AutoCloseable {
             } else {
                 String quotaHeader = ex.getRequestHeaders().getFirst(Config.QUOTA_HEADER);
                 boolean usage = "reply".equalsIgnoreCase(ex.getRequestHeaders().getFirst(Config.USAGE_HEADER));
-                String no = control.refusal(path, method, raw.length, ex.getRemoteAddress(), ex.getLocalAddress(),
-                        ex.getRequestHeaders().getFirst(ControlGate.HEADER), ControlGate.markedAsProbe(ex.getRequestHeaders()));
+                String no = control.refusal(path, method, raw.length, ex.getRemoteAddress(), ex.getLocalAddress(), ex.getRequestHeaders());
                 if (no != null) {
                     rt.metrics().inc("cpuslot_bad_requests_total", Metrics.labels("reason", "control_refused"));
                     r = Reply.error(403, no);
