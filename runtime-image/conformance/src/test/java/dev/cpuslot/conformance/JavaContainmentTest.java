@@ -69,7 +69,12 @@ class JavaContainmentTest {
             "signalHandler", "signalRaise", "signalByReflection", "shutdownHook", "shutdownHookByMethodReference",
             "shutdownHookByReflection"})
     void aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit(String probe) throws Exception {
-        String body = switch (probe) {
+        assertRefused(probe, refusedProbe(probe));
+    }
+
+    /** The body of a probe {@link #aProbeThatWouldEndOrReachTheRuntimeIsRefusedAtInit} lists. */
+    static String refusedProbe(String probe) {
+        return switch (probe) {
             case "exitViaReflection" -> """
                     Class.forName("java.lang.System").getMethod("exit", int.class).invoke(null, 1);
                     return args;""";
@@ -268,7 +273,6 @@ class JavaContainmentTest {
                     return args;""";
             default -> throw new IllegalArgumentException(probe);
         };
-        assertRefused(probe, body);
     }
 
     /** The guard's message names the class and the member it refused. */
@@ -1151,24 +1155,6 @@ class JavaContainmentTest {
         String hog = probe("""
                 List<long[]> hog = new ArrayList<>();
                 while (true) hog.add(new long[1 << 16]);""");
-        Map<String, String> refused = Map.of(
-                "agentSocket", """
-                        try (var ch = java.nio.channels.SocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
-                            ch.connect(java.net.UnixDomainSocketAddress.of("/run/cpuslot/agent.sock"));
-                        }
-                        return args;""",
-                "threadGroupWalk", """
-                        ThreadGroup g = Thread.currentThread().getThreadGroup();
-                        while (g.getParent() != null) g = g.getParent();
-                        g.interrupt();
-                        return args;""",
-                "exitByMethodReference", """
-                        java.util.function.IntConsumer f = System::exit;
-                        f.accept(1);
-                        return args;""",
-                "shutdownHook", """
-                        Runtime.getRuntime().addShutdownHook(new Thread(() -> { for (;;) { } }));
-                        return args;""");
         with("java", env("CPUSLOT_OWNER", "*", "JAVA_TOOL_OPTIONS", "-Xmx256m"), c -> {
             Path helloJar = jarFile(c, "hello", hello);
             assertEquals(200, register(c, "victim", helloJar, "alice").code());
@@ -1181,11 +1167,11 @@ class JavaContainmentTest {
                     throw new AssertionError("alice's function after " + after, e);
                 }
             };
-            for (var p : refused.entrySet()) {
-                Reply r = register(c, p.getKey(), jarFile(c, p.getKey(), probe(p.getValue())), "mallory");
-                assertNotEquals(200, r.code(), "mallory's " + p.getKey() + " probe registered: " + r.raw());
-                assertTrue(r.raw().toString().contains("not allowed to a function in a shared runtime"), p.getKey() + ": " + r.raw());
-                aliceAnswers.accept(p.getKey());
+            for (String p : List.of("agentSocket", "threadGroupWalk", "exitByMethodReference", "shutdownHook")) {
+                Reply r = register(c, p, jarFile(c, p, probe(refusedProbe(p))), "mallory");
+                assertNotEquals(200, r.code(), "mallory's " + p + " probe registered: " + r.raw());
+                assertTrue(r.raw().toString().contains("not allowed to a function in a shared runtime"), p + ": " + r.raw());
+                aliceAnswers.accept(p);
             }
 
             assertEquals(200, register(c, "caller", jarFile(c, "caller", caller), "mallory").code());
