@@ -415,6 +415,34 @@ func TestKnativeServing(t *testing.T) {
 			}
 		}
 		f.mustInvoke(ctx, t, kn.activator, rev, "after-control", 10, nil)
+
+		// Queue-proxy forwards a request marked as a kubelet probe outside
+		// its containerConcurrency breaker, from any peer (a function's own
+		// calls to 127.0.0.1:8012 too): the runtime invokes nothing for it.
+		stop := keepUp(ctx, t, f, kn.activator, rev)
+		defer stop()
+		var pods []string
+		if err := pollFor(ctx, 2*time.Minute, func() (bool, string) {
+			var err error
+			pods, err = revPods(ctx, c, rev)
+			return err == nil && len(pods) == 1, fmt.Sprintf("revision %s has not one running pod: %v %v", rev, pods, err)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		qp := "http://" + podIP(ctx, t, c, knNS, pods[0]) + ":8012"
+		warm := f
+		warm.warm = true
+		r, err := warm.invoke(ctx, qp, rev, "probe-marked", 0, map[string]string{"K-Kubelet-Probe": "queue"})
+		switch {
+		case err != nil:
+			t.Fatalf("a probe-marked invocation to queue-proxy: %v", err)
+		case r.status == 403 && strings.Contains(string(r.body), "probe"):
+			t.Logf("queue-proxy forwarded a probe-marked invocation; the runtime refused it: %s", r.body)
+		case r.headers.Get("X-Cpuslot-Quota-Milli") != "":
+			t.Errorf("a probe-marked invocation through queue-proxy ran: %d %s", r.status, r.body)
+		default:
+			t.Logf("queue-proxy answered a probe-marked invocation itself: %d %s", r.status, r.body)
+		}
 	})
 
 	t.Run("quota through activator and queue-proxy", func(t *testing.T) {
