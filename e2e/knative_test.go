@@ -251,6 +251,22 @@ func revPods(ctx context.Context, c *cluster.Cluster, rev string) ([]string, err
 	return names, nil
 }
 
+// onlyPod waits (at most 2 min) until revision rev runs exactly one pod,
+// and returns its name: a second one the activator brought up goes again
+// within seconds, and a test that measured it would lose it.
+func onlyPod(ctx context.Context, t *testing.T, c *cluster.Cluster, rev string) string {
+	t.Helper()
+	var pods []string
+	if err := pollFor(ctx, 2*time.Minute, func() (bool, string) {
+		var err error
+		pods, err = revPods(ctx, c, rev)
+		return err == nil && len(pods) == 1, fmt.Sprintf("revision %s has not one running pod: %v %v", rev, pods, err)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return pods[0]
+}
+
 // allRevPods lists every pod of a revision, terminating ones included.
 func allRevPods(ctx context.Context, c *cluster.Cluster, rev string) string {
 	out, _ := c.Kubectl(ctx, "-n", knNS, "get", "pods", "-l", "serving.knative.dev/revision="+rev, "-o", "name")
@@ -421,15 +437,7 @@ func TestKnativeServing(t *testing.T) {
 		// calls to 127.0.0.1:8012 too): the runtime invokes nothing for it.
 		stop := keepUp(ctx, t, f, kn.activator, rev)
 		defer stop()
-		var pods []string
-		if err := pollFor(ctx, 2*time.Minute, func() (bool, string) {
-			var err error
-			pods, err = revPods(ctx, c, rev)
-			return err == nil && len(pods) == 1, fmt.Sprintf("revision %s has not one running pod: %v %v", rev, pods, err)
-		}); err != nil {
-			t.Fatal(err)
-		}
-		qp := "http://" + podIP(ctx, t, c, knNS, pods[0]) + ":8012"
+		qp := "http://" + podIP(ctx, t, c, knNS, onlyPod(ctx, t, c, rev)) + ":8012"
 		warm := f
 		warm.warm = true
 		r, err := warm.invoke(ctx, qp, rev, "probe-marked", 0, map[string]string{"K-Kubelet-Probe": "queue"})
@@ -550,17 +558,10 @@ func TestKnativeServing(t *testing.T) {
 			// One pod: a second one the activator brought up for the
 			// warm requests goes again within seconds, and a CI run
 			// measured the one being removed.
-			var pods []string
-			if err := pollFor(ctx, 2*time.Minute, func() (bool, string) {
-				var err error
-				pods, err = revPods(ctx, c, r)
-				return err == nil && len(pods) == 1, fmt.Sprintf("revision %s has not one running pod: %v %v", r, pods, err)
-			}); err != nil {
-				t.Fatal(err)
-			}
-			qp[r] = "http://" + podIP(ctx, t, c, knNS, pods[0]) + ":8012"
+			pod := onlyPod(ctx, t, c, r)
+			qp[r] = "http://" + podIP(ctx, t, c, knNS, pod) + ":8012"
 			if r == rev {
-				waitServed(ctx, t, c, agentNS, knNS, pods[0], "user-container", 1)
+				waitServed(ctx, t, c, agentNS, knNS, pod, "user-container", 1)
 			}
 		}
 		// Rounds alternate between the two, so load on this machine falls
