@@ -41,6 +41,26 @@ class JavaContainmentTest {
 
     static JsonObject init(String jar) { return initPayload(jar, "example.Probe", true, null); }
 
+    /**
+     * A probe's body that POSTs {@code args.body} to the runtime's own port over loopback at
+     * {@code args.path} and returns the answer's {@code code} and {@code body}.
+     */
+    static final String LOOPBACK_CALL = """
+                var u = java.net.URI.create("http://127.0.0.1:" + args.get("port").getAsString() + args.get("path").getAsString()).toURL();
+                var h = (java.net.HttpURLConnection) u.openConnection();
+                h.setRequestMethod("POST");
+                h.setRequestProperty("Content-Type", "application/json");
+                h.setDoOutput(true);
+                try (var os = h.getOutputStream()) {
+                    os.write(args.get("body").getAsString().getBytes(java.nio.charset.StandardCharsets.UTF_8));
+                }
+                int code = h.getResponseCode();
+                InputStream in = code < 400 ? h.getInputStream() : h.getErrorStream();
+                JsonObject r = new JsonObject();
+                r.addProperty("code", code);
+                r.addProperty("body", in == null ? "" : new String(in.readAllBytes(), java.nio.charset.StandardCharsets.UTF_8));
+                return r;""";
+
     /** The runtime is still up and serves an action: a fresh /run of a harmless one needs a new container, so ask / (health). */
     static void assertAlive(ActionContainer c) throws Exception {
         Thread.sleep(300); // a dying JVM (halt, signal) is gone by then; no bound on a live one
@@ -979,15 +999,7 @@ class JavaContainmentTest {
      */
     @Test
     void aFunctionCannotUseTheControlEndpointsOverLoopback() throws Exception {
-        String caller = probe("""
-                var u = java.net.URI.create("http://127.0.0.1:" + args.get("port").getAsString() + args.get("path").getAsString()).toURL();
-                var h = (java.net.HttpURLConnection) u.openConnection();
-                h.setRequestMethod("POST");
-                h.setDoOutput(true);
-                h.getOutputStream().close();
-                JsonObject r = new JsonObject();
-                r.addProperty("code", h.getResponseCode());
-                return r;""");
+        String caller = probe(LOOPBACK_CALL);
         String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"world\"); return r;");
         with("java", c -> {
             Path helloJar = jarFile(c, "hello", hello);
@@ -999,6 +1011,7 @@ class JavaContainmentTest {
                 JsonObject a = new JsonObject();
                 a.addProperty("port", c.port());
                 a.addProperty("path", path);
+                a.addProperty("body", "");
                 JsonObject o = new JsonObject();
                 o.addProperty("name", "caller");
                 o.addProperty("arguments", a.toString());
@@ -1028,20 +1041,7 @@ class JavaContainmentTest {
                     r.addProperty("ran", "the inner call");
                     return r;
                 }
-                var u = java.net.URI.create("http://127.0.0.1:" + args.get("port").getAsString() + args.get("path").getAsString()).toURL();
-                var h = (java.net.HttpURLConnection) u.openConnection();
-                h.setRequestMethod("POST");
-                h.setRequestProperty("Content-Type", "application/json");
-                h.setDoOutput(true);
-                try (var os = h.getOutputStream()) {
-                    os.write(args.get("body").getAsString().getBytes(java.nio.charset.StandardCharsets.UTF_8));
-                }
-                int code = h.getResponseCode();
-                InputStream in = code < 400 ? h.getInputStream() : h.getErrorStream();
-                JsonObject r = new JsonObject();
-                r.addProperty("code", code);
-                r.addProperty("body", in == null ? "" : new String(in.readAllBytes(), java.nio.charset.StandardCharsets.UTF_8));
-                return r;""");
+                """ + LOOPBACK_CALL);
         String refused = "the runtime's own process";
         List<String> answered = new java.util.ArrayList<>(); // the calls that were not refused
         // OpenWhisk (concurrent, so that an overlapping /run would be taken) and Knative's single entrypoint
@@ -1138,15 +1138,7 @@ class JavaContainmentTest {
     @Test
     void theProcessBoundaryHoldsBetweenOwners() throws Exception {
         String hello = probe("JsonObject r = new JsonObject(); r.addProperty(\"hello\", \"alice\"); return r;");
-        String caller = probe("""
-                var u = java.net.URI.create("http://127.0.0.1:" + args.get("port").getAsString() + args.get("path").getAsString()).toURL();
-                var h = (java.net.HttpURLConnection) u.openConnection();
-                h.setRequestMethod("POST");
-                h.setDoOutput(true);
-                try (OutputStream o = h.getOutputStream()) { o.write(args.get("body").getAsString().getBytes()); }
-                JsonObject r = new JsonObject();
-                r.addProperty("code", h.getResponseCode());
-                return r;""");
+        String caller = probe(LOOPBACK_CALL);
         String spin = probe("""
                 Runnable spin = () -> { long x = 1; while (x != 0) { x = x * 31 + 7; if (Thread.interrupted()) x |= 1; } };
                 new Thread(spin, "spinner-owner-1").start();
