@@ -401,19 +401,14 @@ func (f *served) execLivenessProbe(t *testing.T) {
 	// longer than the probe's 30 s to start a process; an exec that failed
 	// into the container's cgroup says something else. The kubelet's events
 	// tell which; any failure that is not a timeout fails the test.
-	out, err := f.n.Kubectl(ctx, "get", "events", "--field-selector", "reason=Unhealthy,involvedObject.name="+f.pod,
-		"-o", `jsonpath={range .items[*]}{.message}{"\n"}{end}`)
-	if err != nil {
-		t.Fatalf("exec liveness probe results %v; its events: %v", c1, err)
-	}
 	var timedOut []string
-	for _, msg := range strings.Split(strings.TrimSpace(out), "\n") {
+	for _, line := range f.unhealthyEvents(t, ctx) {
 		switch {
-		case !strings.HasPrefix(msg, "Liveness probe"):
-		case strings.Contains(msg, "command timed out"):
-			timedOut = append(timedOut, msg)
+		case !strings.Contains(line, "Liveness probe"):
+		case strings.Contains(line, "command timed out"):
+			timedOut = append(timedOut, line)
 		default:
-			t.Errorf("exec liveness probe results %v: %s", c1, msg)
+			t.Errorf("exec liveness probe results %v: %s", c1, line)
 		}
 	}
 	if len(timedOut) == 0 {
@@ -421,6 +416,24 @@ func (f *served) execLivenessProbe(t *testing.T) {
 		return
 	}
 	t.Logf("exec liveness probe timed out on the emulated node (not a failed exec): %s", strings.Join(timedOut, "; "))
+}
+
+// unhealthyEvents is the kubelet's Unhealthy events of the served pod, one
+// "<count>x <message>" line each.
+func (f *served) unhealthyEvents(t *testing.T, ctx context.Context) []string {
+	t.Helper()
+	out, err := f.n.Kubectl(ctx, "get", "events", "--field-selector", "involvedObject.name="+f.pod+",reason=Unhealthy",
+		"-o", `jsonpath={range .items[*]}{.count}x {.message}{"\n"}{end}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }
 
 // restartUnit restarts the kubelet or containerd with fn served and
@@ -707,14 +720,8 @@ func (f *served) noUnplannedRestart(t *testing.T) {
 	if out != strconv.Itoa(f.restarts) {
 		t.Errorf("%s restarted %s times, the steps caused %d", f.pod, out, f.restarts)
 	}
-	ev, err := f.n.Kubectl(ctx, "get", "events", "--field-selector", "involvedObject.name="+f.pod+",reason=Unhealthy",
-		"-o", "jsonpath={range .items[*]}{.count}x {.message}{\"\\n\"}{end}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(ev), "\n") {
+	for _, line := range f.unhealthyEvents(t, ctx) {
 		switch {
-		case line == "":
 		case strings.Contains(line, "Liveness probe errored"):
 			t.Logf("while a step had containerd or the container down: %s", line)
 		case strings.Contains(line, "Liveness probe failed: command timed out"):
