@@ -21,8 +21,8 @@ const (
 	UsageThrottled    Reason = "usage_throttled"     // a USAGE report waited: its process sent them faster than the agent credits them
 	UsageOverclaimed  Reason = "usage_overclaimed"   // a USAGE report claimed more CPU than the process's held slots used: cut to that
 	HoldListThrottled Reason = "hold_list_throttled" // a HOLD_LIST request refused: its process asked more often than the agent answers
-	SleepThrottled    Reason = "sleep_throttled"     // a SLEEP refused: its process sent them faster than the agent lends (the lease stays awake)
-	OneWayThrottled   Reason = "oneway_throttled"    // a one-way WAKE or failed RELEASE waited: its process sent them faster than the agent takes them
+	SleepThrottled    Reason = "sleep_throttled"     // a SLEEP refused: its container sent them faster than the agent lends (the lease stays awake)
+	FramePaced        Reason = "frame_paced"         // a connection waited before its next frame: its container sent frames that changed nothing (refused requests, one-way frames that ended nothing), SLEEPs and WAKEs faster than PacedRate
 	// Accepts (server/pace.go): reconnect churn.
 	AcceptPaced       Reason = "accept_paced"        // an accept loop waited: its socket's connections came faster than its accept rate
 	AcceptPacedUser   Reason = "accept_paced_user"   // a connection on the shared socket closed at accept, before its cgroup was read: its user connected faster than the accept rate
@@ -62,7 +62,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 // ErrorReasons lists every Reason, cgroup operations included.
 var ErrorReasons = func() []Reason {
 	r := []Reason{
-		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HoldListThrottled, SleepThrottled, OneWayThrottled,
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HoldListThrottled, SleepThrottled, FramePaced,
 		AcceptPaced, AcceptPacedUser, AcceptPacedCgroup,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, ForeignThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,

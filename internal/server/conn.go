@@ -175,6 +175,11 @@ type conn struct {
 	start   uint64
 	session *session
 	pool    *pool.Pool
+	// pace is pool's, set with it at HELLO.
+	pace *containerPace
+	// owesTurn: the last frame taken owes the container's pace a turn
+	// (PacedRate), taken before the next frame is read.
+	owesTurn atomic.Bool
 	// owner is the connection's leases' owner in its pool.
 	owner pool.Owner
 	fds   bool // the client takes fds
@@ -228,6 +233,9 @@ func (c *conn) serve() {
 	// HELLO must come soon; after it a connection may idle between frames.
 	c.c.SetReadDeadline(time.Now().Add(c.srv.limits.HelloTimeout))
 	for {
+		if c.owesTurn.Swap(false) && !c.takeTurn() {
+			return
+		}
 		body, err := c.readFrame()
 		if err != nil {
 			if c.session.gone.Load() {
@@ -356,5 +364,8 @@ func (c *conn) finish() {
 	c.srv.mu.Lock()
 	delete(c.srv.conns, c)
 	c.srv.charges.drop(&c.charge)
+	if c.pace != nil {
+		c.srv.unpace(c.pool)
+	}
 	c.srv.mu.Unlock()
 }

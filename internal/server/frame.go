@@ -101,5 +101,6 @@ func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
 }
 
 func (c *conn) fail(request uint32, err error) bool {
+	c.owesTurn.Store(true) // a refused request changed nothing
 	return c.send(request, wireError(err), nil)
 }

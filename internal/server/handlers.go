@@ -86,7 +86,7 @@ func (c *conn) hello(request uint32, h *slotv1.Hello) bool {
 		c.srv.log.Debug("connection refused at HELLO: its container's share is full", "pid", c.peer.PID, "container", ctr)
 		return false
 	}
-	c.pool = p
+	c.pool, c.pace = p, c.srv.paceOf(p)
 	c.c.SetReadDeadline(time.Time{})
 	if h.Flags&slotv1.HelloFDPassing != 0 {
 		err := c.passesFDs()
@@ -138,7 +138,8 @@ func (c *conn) release(request uint32, m *slotv1.Release) bool {
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
 		// errors are counted by the pool; nothing is sent
-		return err == nil || c.paceOneWay()
+		c.owesTurn.Store(err != nil)
+		return true
 	}
 	if err != nil {
 		return c.fail(request, err)
@@ -158,18 +159,16 @@ func (c *conn) sleepOrWake(request uint32, m *slotv1.Release) bool {
 	case m.Outcome != slotv1.InvocationOK:
 		c.srv.metrics.Error(metrics.BadRequest)
 		err = slotv1.Errorf(slotv1.CodeBadRequest, "SLEEP or WAKE with outcome %v, want OK", m.Outcome)
-	case m.Flags&slotv1.ReleaseSleep != 0 && !c.session.sleeps.Allow():
+	case m.Flags&slotv1.ReleaseSleep != 0 && !c.pace.sleeps.Allow():
 		c.srv.metrics.Error(metrics.SleepThrottled)
 		err = &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: sleepRetry,
-			Message: fmt.Sprintf("SLEEP at most %d times a second per process: the lease stays awake", SleepRate)}
+			Message: fmt.Sprintf("SLEEP at most %d times a second per container: the lease stays awake", SleepRate)}
 	case m.Flags&slotv1.ReleaseSleep != 0:
 		err = c.pool.Sleep(c.owner, m.Lease)
 	default:
-		if m.Flags&slotv1.ReleaseNoReply != 0 && !c.paceOneWay() {
-			return false
-		}
 		err = c.pool.Wake(c.owner, m.Lease)
 	}
+	c.owesTurn.Store(true) // every SLEEP and WAKE, taken or not
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
 		return true // errors are counted; nothing is sent
 	}
@@ -179,20 +178,20 @@ func (c *conn) sleepOrWake(request uint32, m *slotv1.Release) bool {
 	return c.send(request, &slotv1.ReleaseOK{}, nil)
 }
 
-// paceOneWay takes a one-way frame's turn (OneWayRate): past the rate the
-// connection is not read until its next is due. false: the process exited
-// or the agent stops.
-func (c *conn) paceOneWay() bool {
-	if c.session.oneWay.Allow() {
-		return true
+// takeTurn takes the turn the last frame owes its container's pace
+// (PacedRate): past the rate the connection is not read until its turn is
+// due. false: the process exited or the agent stops.
+func (c *conn) takeTurn() bool {
+	if c.pace == nil || c.pace.frames.Allow() {
+		return true // before HELLO a connection has its deadline
 	}
-	c.srv.metrics.Error(metrics.OneWayThrottled)
+	c.srv.metrics.Error(metrics.FramePaced)
 	if c.session.gone.Load() {
 		return true // a flood queued before the exit: nobody waits on it
 	}
 	// The wait ends early when the process exits (its last words are
 	// read on, unpaced) or the agent stops (the connection closes).
-	return c.session.oneWay.Wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
+	return c.pace.frames.Wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts

@@ -112,6 +112,7 @@ type Server struct {
 	// confinedCache holds the last v1 fd rule check per pool.
 	confinedCache map[*pool.Pool]confineResult
 	sessions      map[processKey]*session
+	paces         map[*pool.Pool]*containerPace
 	closing       bool
 	serving       sync.WaitGroup
 	ctx           context.Context
@@ -127,7 +128,7 @@ type Server struct {
 func New(r Resolver, h *cgroup.Hierarchy, m *metrics.Metrics, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{resolve: r, hierarchy: h, metrics: m, log: log, limits: DefaultLimits, self: os.Getpid(), watchExits: true,
-		conns: map[*conn]struct{}{}, charges: newCharges(), confinedCache: map[*pool.Pool]confineResult{}, sessions: map[processKey]*session{}, ctx: ctx, cancel: cancel,
+		conns: map[*conn]struct{}{}, charges: newCharges(), confinedCache: map[*pool.Pool]confineResult{}, sessions: map[processKey]*session{}, paces: map[*pool.Pool]*containerPace{}, ctx: ctx, cancel: cancel,
 		loops: map[*health.Loop]struct{}{}}
 	if ns, err := proc.PIDNamespace(s.self); err == nil {
 		s.selfNS = ns

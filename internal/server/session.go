@@ -8,6 +8,7 @@ import (
 	"golang.org/x/time/rate"
 
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
+	"github.com/cpuslot/cpuslot/internal/pool"
 )
 
 // Sessions: one a client process, over all its connections.
@@ -35,11 +36,44 @@ type session struct {
 	gone atomic.Bool
 	// usage paces the process's USAGE reports, over all its connections.
 	usage *rate.Limiter
-	// holdList paces its HOLD_LIST requests, sleeps its SLEEPs.
+	// holdList paces its HOLD_LIST requests.
 	holdList *rate.Limiter
-	sleeps   *rate.Limiter
-	// oneWay paces its WAKEs and failed one-way RELEASEs.
-	oneWay *rate.Limiter
+}
+
+// containerPace paces, over all of a container's processes, the frames
+// that cost the agent a read and an answer but change nothing, and the
+// SLEEPs and WAKEs that retune its slots: a tenant that starts more
+// processes buys no more of the agent. One per container served (pool),
+// while a connection of it is open; Server.mu guards refs.
+type containerPace struct {
+	refs int
+	// sleeps paces the SLEEPs that lend; frames the frames that owe a
+	// turn (conn.owesTurn).
+	sleeps, frames *rate.Limiter
+}
+
+// paceOf takes a reference to pool p's pace, for a connection that named
+// it at HELLO; unpace drops it.
+func (s *Server) paceOf(p *pool.Pool) *containerPace {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp := s.paces[p]
+	if cp == nil {
+		cp = &containerPace{sleeps: rate.NewLimiter(SleepRate, SleepBurst), frames: rate.NewLimiter(PacedRate, PacedBurst)}
+		s.paces[p] = cp
+	}
+	cp.refs++
+	return cp
+}
+
+// unpace drops a connection's reference to pool p's pace; the caller holds
+// Server.mu.
+func (s *Server) unpace(p *pool.Pool) {
+	if cp := s.paces[p]; cp != nil {
+		if cp.refs--; cp.refs <= 0 {
+			delete(s.paces, p)
+		}
+	}
 }
 
 // USAGE is one-way, so nothing paces a sender but the agent: past
@@ -62,8 +96,9 @@ const (
 	holdListRetry = 1000 / holdListRate
 )
 
-// A process's SLEEPs lend at most SleepRate times a second (bursts of
-// SleepBurst); past that they are refused and the lease stays awake. A
+// A container's SLEEPs lend at most SleepRate times a second (bursts of
+// SleepBurst), over all its processes; past that they are refused and the
+// lease stays awake. A
 // SLEEP raises the container's degraded leases and its WAKE cuts them
 // again, cgroup writes for one frame: without a bound a process flapping
 // one lease would have the agent rewrite slots as fast as it sends. A WAKE
@@ -75,15 +110,18 @@ const (
 	sleepRetry = max(1, 1000/SleepRate)
 )
 
-// One-way frames that the agent takes without a word back, WAKEs and
-// RELEASEs without reply that ended nothing, are taken at most OneWayRate
-// a second per process (bursts of OneWayBurst); past that the connection
-// is not read until the next is due, so a flood fills its own socket and
-// blocks its sender, as for USAGE. An honest process sends a WAKE per
-// SLEEP (SleepRate) and a RELEASE per lease it was granted.
+// A container's frames that change nothing (a request answered with an
+// error, a one-way RELEASE of a lease not held: nothing is counted but the
+// error), and its SLEEPs and WAKEs, each take a turn from its pace: at most
+// PacedRate a second over all its processes (bursts of PacedBurst). Past
+// that, the connection is not read until its turn is due, so a flood fills
+// its own socket and blocks its sender, answered or not, and what it costs
+// the agent is bounded per container however many processes send it. An
+// honest runtime sleeps and wakes a lease at most SleepRate times a second
+// and is refused rarely.
 const (
-	OneWayRate  = 1000
-	OneWayBurst = 1000
+	PacedRate  = 2 * SleepRate
+	PacedBurst = 2 * SleepBurst
 )
 
 // processKey tells processes apart even when a PID is reused.
@@ -103,8 +141,7 @@ func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 	ss := s.sessions[k]
 	if ss == nil {
 		ss = &session{key: k, conns: map[*conn]struct{}{},
-			usage: rate.NewLimiter(usageRate, usageBurst), holdList: rate.NewLimiter(holdListRate, holdListBurst),
-			sleeps: rate.NewLimiter(SleepRate, SleepBurst), oneWay: rate.NewLimiter(OneWayRate, OneWayBurst)}
+			usage: rate.NewLimiter(usageRate, usageBurst), holdList: rate.NewLimiter(holdListRate, holdListBurst)}
 		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 		if pidfd >= 0 && s.watchExits {
 			var err error

@@ -146,6 +146,12 @@ func main() {
 		scaleChild(role)
 		return
 	}
+	if *cpuprofile != "" && !*inVM {
+		f, err := os.Create(*cpuprofile)
+		fatal(err)
+		fatal(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
 	if *floods {
 		fatal(floodBench(fp))
 		return
@@ -205,21 +211,13 @@ func main() {
 		fatal(runInVM(os.Args[1:], "", "favordynmods"))
 		return
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		fatal(err)
-		fatal(pprof.StartCPUProfile(f))
-		defer pprof.StopCPUProfile()
-	}
-	if err := bench(p); err != nil {
-		pprof.StopCPUProfile()
-		fatal(err)
-	}
+	fatal(bench(p))
 }
 
 func fatal(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "slotbench:", err)
+		pprof.StopCPUProfile() // what was profiled is kept
 		os.Exit(1)
 	}
 }
