@@ -98,10 +98,10 @@ const (
 
 // A container's SLEEPs lend at most SleepRate times a second (bursts of
 // SleepBurst), over all its processes; past that they are refused and the
-// lease stays awake. A
-// SLEEP raises the container's degraded leases and its WAKE cuts them
-// again, cgroup writes for one frame: without a bound a process flapping
-// one lease would have the agent rewrite slots as fast as it sends. A WAKE
+// lease stays awake. A SLEEP raises the container's degraded leases and
+// its WAKE cuts them again, cgroup writes for one frame: without a bound a
+// process flapping one lease would have the agent rewrite slots as fast as
+// it sends. A WAKE
 // needs no bound: only a lease that slept does anything on WAKE.
 const (
 	SleepRate  = 1000
