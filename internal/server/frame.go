@@ -73,6 +73,9 @@ func (c *conn) fill(n int) error {
 }
 
 func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
+	if _, refused := m.(*slotv1.Error); refused {
+		c.owesTurn.Store(true) // a refused request changed nothing
+	}
 	if c.session != nil && c.session.gone.Load() {
 		return true // its process has exited: the rest of its frames are read unanswered
 	}
@@ -101,6 +104,5 @@ func (c *conn) send(request uint32, m slotv1.Message, fds []int) bool {
 }
 
 func (c *conn) fail(request uint32, err error) bool {
-	c.owesTurn.Store(true) // a refused request changed nothing
 	return c.send(request, wireError(err), nil)
 }

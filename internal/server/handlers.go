@@ -258,12 +258,12 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 		c.badRequest(request, "USAGE needs a connection granted LOCAL at HELLO")
 		return false
 	}
-	if !c.session.usage.Allow() {
+	if !c.pace.usage.Allow() {
 		c.srv.metrics.Error(metrics.UsageThrottled)
 		if c.session.gone.Load() {
 			return true // a flood queued before the exit: nobody waits on it
 		}
-		if c.session.usage.Wait(c.session.ctx) != nil {
+		if c.pace.usage.Wait(c.session.ctx) != nil {
 			return false // the agent is stopping, or the process exited
 		}
 	}

@@ -34,9 +34,8 @@ type session struct {
 	// only) and shut its connections: no byte can be added to them, and
 	// what the process sent before is its last words (lastWords).
 	gone atomic.Bool
-	// usage paces the process's USAGE reports, over all its connections.
-	usage *rate.Limiter
-	// holdList paces its HOLD_LIST requests.
+	// holdList paces the process's HOLD_LIST answers, over all its
+	// connections (a refusal takes a turn of its container's pace).
 	holdList *rate.Limiter
 }
 
@@ -47,9 +46,9 @@ type session struct {
 // while a connection of it is open; Server.mu guards refs.
 type containerPace struct {
 	refs int
-	// sleeps paces the SLEEPs that lend; frames the frames that owe a
-	// turn (conn.owesTurn).
-	sleeps, frames *rate.Limiter
+	// sleeps paces the SLEEPs that lend, usage the USAGE reports, frames
+	// the frames that owe a turn (conn.owesTurn).
+	sleeps, usage, frames *rate.Limiter
 }
 
 // paceOf takes a reference to pool p's pace, for a connection that named
@@ -59,7 +58,8 @@ func (s *Server) paceOf(p *pool.Pool) *containerPace {
 	defer s.mu.Unlock()
 	cp := s.paces[p]
 	if cp == nil {
-		cp = &containerPace{sleeps: rate.NewLimiter(SleepRate, SleepBurst), frames: rate.NewLimiter(PacedRate, PacedBurst)}
+		cp = &containerPace{sleeps: rate.NewLimiter(SleepRate, SleepBurst), usage: rate.NewLimiter(usageRate, usageBurst),
+			frames: rate.NewLimiter(PacedRate, PacedBurst)}
 		s.paces[p] = cp
 	}
 	cp.refs++
@@ -77,10 +77,11 @@ func (s *Server) unpace(p *pool.Pool) {
 }
 
 // USAGE is one-way, so nothing paces a sender but the agent: past
-// usageRate frames a second (bursts of usageBurst) a process's USAGE waits
-// before it is credited, and its connection is not read meanwhile, so a
-// flood fills its own socket and blocks its sender, not the agent. The
-// reference clients send about one a second (SPEC.md).
+// usageRate frames a second (bursts of usageBurst) over all of a
+// container's processes, a USAGE waits before it is credited, and its
+// connection is not read meanwhile, so a flood fills its own socket and
+// blocks its sender, not the agent. The reference clients send about one a
+// second per process (SPEC.md).
 const (
 	usageRate  = 100
 	usageBurst = 100
@@ -141,7 +142,7 @@ func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 	ss := s.sessions[k]
 	if ss == nil {
 		ss = &session{key: k, conns: map[*conn]struct{}{},
-			usage: rate.NewLimiter(usageRate, usageBurst), holdList: rate.NewLimiter(holdListRate, holdListBurst)}
+			holdList: rate.NewLimiter(holdListRate, holdListBurst)}
 		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 		if pidfd >= 0 && s.watchExits {
 			var err error

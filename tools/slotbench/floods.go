@@ -7,7 +7,8 @@ package main
 //
 //   - pin: new containers, each its own user, open connections before
 //     their first HELLO, then say HELLO on each and keep them (the victim
-//     is a new container too, served at its first HELLO);
+//     is a new container too: one served at its first HELLO on the shared
+//     socket, and one with a socket of its own, served before it connects);
 //   - churn: users in one cgroup outside every served container connect
 //     and close again as fast as they can on the agent's socket; the
 //     victim is probed there and on its own socket (standalone.socketDir),
@@ -66,14 +67,9 @@ func floodBench(p floodParams) error {
 	// The victim b has a socket of its own too: its directory in
 	// socketDir, made before the agent starts.
 	cfg.Standalone.SocketDir = filepath.Join(tb.dir, "containers")
-	ownDir := filepath.Join(cfg.Standalone.SocketDir, url.PathEscape(strings.TrimPrefix(tb.root+"/b", "/")))
 	if err := os.Mkdir(cfg.Standalone.SocketDir, 0o700); err != nil {
 		return err
 	}
-	if err := os.Mkdir(ownDir, 0o755); err != nil {
-		return err
-	}
-	ownSocket := filepath.Join(ownDir, "agent.sock")
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	a, err := agent.New(cfg, log)
 	if err != nil {
@@ -160,10 +156,49 @@ func floodBench(p floodParams) error {
 		floodCPU = float64(cpuTime()-cpu0) / float64(time.Since(wall0))
 	}
 	measured := func() { agentCPU = float64(cpuTime()-cpu0) / float64(time.Since(wall0)) }
+	// withOwnSocket gives container name a directory in socketDir (as an
+	// operator would) and a process that stays, and waits until the agent
+	// serves it there: its socket, on which no outsider connects.
+	withOwnSocket := func(name string) (string, error) {
+		rel, err := tb.container(name)
+		if err != nil {
+			return "", err
+		}
+		dir := filepath.Join(cfg.Standalone.SocketDir, url.PathEscape(strings.TrimPrefix(tb.root+"/"+name, "/")))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return "", err
+		}
+		var none map[string]any
+		keeper, err := startChildCmd(h, rel, "stall", scaleChildCmd("stall", cfg.Socket, sp), &none)
+		if err != nil {
+			return "", err
+		}
+		kids = append(kids, keeper)
+		socket := filepath.Join(dir, "agent.sock")
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+			if st, err := os.Lstat(socket); err == nil && st.Mode()&os.ModeSocket != 0 {
+				return socket, nil
+			}
+			if time.Now().After(deadline) {
+				return "", fmt.Errorf("no socket of its own for %s at %s", name, socket)
+			}
+		}
+	}
 
-	// pin: the victim is a new container, quiet and flooded.
+	// pin: the victim is a new container, quiet and flooded: one that
+	// connects on the shared socket first, and one with a socket of its
+	// own (standalone.socketDir; each pod's in Kubernetes).
 	if p.pinContainers > 0 {
 		quiet, err := probeIn("new-quiet")
+		if err != nil {
+			return err
+		}
+		socket, err := withOwnSocket("new-own-quiet")
+		if err != nil {
+			return err
+		}
+		quietOwn, err := probeAt("new-own-quiet", socket)
+		stop()
 		if err != nil {
 			return err
 		}
@@ -187,11 +222,22 @@ func floodBench(p floodParams) error {
 		settle()
 		flooded, err := probeIn("new-flooded")
 		measured()
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("pin: %d new containers x %d connections, HELLO on each", p.pinContainers, p.pinConns)
+		row(name+", victim on the shared socket", quiet, flooded)
+		if socket, err = withOwnSocket("new-own-flooded"); err != nil {
+			return err
+		}
+		settle()
+		floodedOwn, err := probeAt("new-own-flooded", socket)
+		measured()
 		stop()
 		if err != nil {
 			return err
 		}
-		row(fmt.Sprintf("pin: %d new containers x %d connections, HELLO on each", p.pinContainers, p.pinConns), quiet, flooded)
+		row(name+", victim on its own socket", quietOwn, floodedOwn)
 	}
 	if p.churnUsers+p.flappers+p.releasers == 0 {
 		return nil
@@ -199,24 +245,13 @@ func floodBench(p floodParams) error {
 
 	// The other floods' victim: container b, served from its first probe
 	// and kept (a process of its own stays), with a socket of its own.
-	rel, err := tb.container("b")
+	ownSocket, err := withOwnSocket("b")
 	if err != nil {
 		return err
 	}
-	var none map[string]any
-	keeper, err := startChildCmd(h, rel, "stall", scaleChildCmd("stall", cfg.Socket, sp), &none)
-	if err != nil {
-		return err
-	}
+	keeper := kids[len(kids)-1]
+	kids = nil // the floods' stop leaves it
 	defer func() { keeper.Process.Kill(); keeper.Wait() }()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-		if st, err := os.Lstat(ownSocket); err == nil && st.Mode()&os.ModeSocket != 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no socket of its own for b at %s", ownSocket)
-		}
-	}
 	settle()
 	fmt.Printf("| (at rest: no flood, no probe) | | | | | | | | %.2f of a core |\n", floodCPU)
 	quiet, err := probeIn("b")
