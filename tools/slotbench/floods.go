@@ -23,6 +23,7 @@ package main
 //	slotbench -floods -pin-containers 0 -flappers 0 -releasers 0 -churn-cpu 500   # churn alone, the churners under a CPU limit
 //	slotbench -floods -pin-containers 0 -flappers 0 -releasers 0 -churn-cpu 500 -churn-root   # the same, the churners root
 //	slotbench -floods -pin-containers 0 -flappers 0 -releasers 0 -churn-cpu 500 -churn-unserved   # the control: the churn costs the agent nothing
+//	slotbench -floods -pin-containers 0 -churn-users 0 -flappers 0 -releasers 0 -again 5   # no flood: the p99 ratios of the machine alone
 
 import (
 	"fmt"
@@ -51,6 +52,10 @@ type floodParams struct {
 	churnRoot               bool // the churners are root (a container without a user namespace)
 	churnUnserved           bool // the churners connect to a socket no one accepts on (the control)
 	flappers, releasers     int
+	// again measures the victim again after its quiet probe with no
+	// flood, this many times: how far a p99 ratio moves on the machine
+	// alone (the rows' noise floor)
+	again int
 }
 
 func floodBench(p floodParams) error {
@@ -239,7 +244,7 @@ func floodBench(p floodParams) error {
 		}
 		row(name+", victim on its own socket", quietOwn, floodedOwn)
 	}
-	if p.churnUsers+p.flappers+p.releasers == 0 {
+	if p.churnUsers+p.flappers+p.releasers+p.again == 0 {
 		return nil
 	}
 
@@ -291,6 +296,11 @@ func floodBench(p floodParams) error {
 		}
 		stop()
 		return nil
+	}
+	for i := 0; i < p.again; i++ {
+		if err := phase("none: the quiet probe again", 1, func(int) error { return nil }); err != nil {
+			return err
+		}
 	}
 	if p.churnUsers > 0 && p.churnCPU > 0 {
 		// A tenant's processes run under a CPU limit: without one, the
