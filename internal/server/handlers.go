@@ -138,7 +138,9 @@ func (c *conn) release(request uint32, m *slotv1.Release) bool {
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
 		// errors are counted by the pool; nothing is sent
-		c.owesTurn.Store(err != nil)
+		if err != nil {
+			c.owesTurn.Store(true)
+		}
 		return true
 	}
 	if err != nil {
