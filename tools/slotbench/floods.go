@@ -16,7 +16,10 @@ package main
 //   - flap: processes of a container with lending on flap a sleeping
 //     lease between SLEEP and WAKE (one-way), with a borrower beside it;
 //   - release: processes of a container send one-way RELEASEs of leases
-//     they do not hold as fast as they can.
+//     they do not hold as fast as they can;
+//   - lease (-leasers, none by default): processes of a container under a
+//     CPU limit loop ACQUIRE and RELEASE with the agent placing their
+//     threads: granted work, which no pace holds.
 //
 //	slotbench -floods
 //	slotbench -floods -churn-users 0 -flappers 0 -releasers 0   # the pinning flood alone
@@ -52,6 +55,7 @@ type floodParams struct {
 	churnRoot               bool // the churners are root (a container without a user namespace)
 	churnUnserved           bool // the churners connect to a socket no one accepts on (the control)
 	flappers, releasers     int
+	leasers                 int // processes looping agent-placed ACQUIRE and RELEASE (work the agent does, not paced)
 	// again measures the victim again after its quiet probe with no
 	// flood, this many times: how far a p99 ratio moves on the machine
 	// alone (the rows' noise floor)
@@ -244,7 +248,7 @@ func floodBench(p floodParams) error {
 		}
 		row(name+", victim on its own socket", quietOwn, floodedOwn)
 	}
-	if p.churnUsers+p.flappers+p.releasers+p.again == 0 {
+	if p.churnUsers+p.flappers+p.releasers+p.leasers+p.again == 0 {
 		return nil
 	}
 
@@ -362,10 +366,30 @@ func floodBench(p floodParams) error {
 	}); err != nil {
 		return err
 	}
-	return phase(fmt.Sprintf("release: %d processes sending one-way RELEASEs", p.releasers), p.releasers, func(int) error {
+	if err := phase(fmt.Sprintf("release: %d processes sending one-way RELEASEs", p.releasers), p.releasers, func(int) error {
 		return start("releaser", "release", 0)
+	}); err != nil {
+		return err
+	}
+	if p.leasers > 0 {
+		// Under a CPU limit, as a tenant's are: what the victim sees is
+		// then the agent's work on the loops, not the loops' own CPU.
+		rel, err := tb.container("leaser")
+		if err != nil {
+			return err
+		}
+		if err := setContainerLimit(h, rel, leaseLimit, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return phase(fmt.Sprintf("lease: %d processes (%dm CPU) looping ACQUIRE and RELEASE, the agent placing", p.leasers, leaseLimit), p.leasers, func(int) error {
+		return start("leaser", "lease", 0)
 	})
 }
+
+// leaseLimit is the CPU limit (millicores) of the leasing processes'
+// container.
+const leaseLimit = 500
 
 // flapQuota is the quota of a flapper's leases: above the default
 // minDegraded (50m), so a wake cuts its borrower, and small, so that the
@@ -441,6 +465,21 @@ func floodChild(role, socket string, n int, report func(any)) {
 		for {
 			sleeper.Wake()
 			sleeper.Sleep()
+		}
+	case "lease":
+		// Real work, granted: each ACQUIRE moves the thread into a slot
+		// and its RELEASE out again (cgroup writes), as fast as answered.
+		c, err := client.Dial(socket, client.Options{Name: "lease", NoLocal: true, Wait: time.Second})
+		if err != nil {
+			report(map[string]string{"err": err.Error()})
+			return
+		}
+		runtime.LockOSThread()
+		report(map[string]int{"leasing": 1})
+		for {
+			if l, err := c.Acquire(flapQuota, "lease", ""); err == nil {
+				l.Release(slotv1.InvocationOK)
+			}
 		}
 	case "release":
 		c, err := net.Dial("unix", socket)

@@ -345,7 +345,7 @@ func scaleChild(role string) {
 		// A process that keeps its container served.
 		enc.Encode(map[string]int{})
 		stall()
-	case "pin", "churn", "flap", "release":
+	case "pin", "churn", "flap", "release", "lease":
 		floodChild(role, socket, atoi("SLOTBENCH_FLOOD"), func(v any) { enc.Encode(v) })
 	case "idle":
 		// Idle connections without HELLO; each one closed is reopened.

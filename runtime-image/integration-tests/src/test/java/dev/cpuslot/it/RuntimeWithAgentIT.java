@@ -958,8 +958,10 @@ class RuntimeWithAgentIT {
     /**
      * A declared sequence (Hydra /register?steps=, docs/chaining.md): each step runs in its own
      * slot at its own quota, the output of one the input of the next. CpuBurn burns for the wall
-     * time it is asked ("ms", else 1000 ms): step 1 at 250m gets 0.25 of a core, step 2 at 500m
-     * 0.5, each +/- 0.05.
+     * time it is asked ("ms", else 1000 ms) and says it in its output, so step 2 burns as long as
+     * step 1: step 1 at 250m gets 0.25 of a core, step 2 at 500m 0.5, each +/- 0.05. (When step 2
+     * burned its default second, a window starting mid-period with the slot's quota unspent ran up
+     * to one period's quota more, +0.05 on 1 s: its share came out 0.504-0.540, and 0.552 once.)
      */
     @Test
     @Order(12)

@@ -8,7 +8,8 @@ import java.util.List;
 /**
  * CPU-bound for a fixed wall time, on one or more threads (the isolation experiments' workload):
  * {@code {"ms": 10000, "threads": 1}} (and {@code "name"}: its helper threads' name, numbered). Each thread spins doing integer work until the wall-clock
- * deadline; the reply says how long it ran and how many loop iterations each thread got through.
+ * deadline; the reply says how long it was asked to run and ran, and how many loop iterations each
+ * thread got through.
  * Threads the function starts inherit its CPU slot, so a 10-thread invocation gets the same
  * quota as a 1-thread one.
  */
@@ -41,6 +42,7 @@ public class CpuBurn {
         long total = 0;
         for (long v : its) total += v;
         JsonObject o = new JsonObject();
+        o.addProperty("ms", ms); // in a sequence, the next step burns as long
         o.addProperty("threads", threads);
         o.addProperty("wall_ms", (System.nanoTime() - t0) / 1e6);
         o.addProperty("iterations", total);
