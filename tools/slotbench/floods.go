@@ -14,7 +14,7 @@ package main
 //     victim is probed there and on its own socket (standalone.socketDir),
 //     which the churning users cannot reach;
 //   - flap: processes of a container with lending on flap a sleeping
-//     lease between SLEEP and WAKE (one-way), with a borrower beside it;
+//     lease between SLEEP and WAKE (each answered), with a borrower beside it;
 //   - release: processes of a container send one-way RELEASEs of leases
 //     they do not hold as fast as they can;
 //   - lease (-leasers, none by default): processes of a container under a
@@ -73,8 +73,8 @@ func floodBench(p floodParams) error {
 	cfg.Pool.Prewarm = "250m=4"
 	cfg.Admission.LendRatio = 1
 	cfg.Standalone.ServeUnder = []string{tb.root}
-	// The victim b has a socket of its own too: its directory in
-	// socketDir, made before the agent starts.
+	// Victims with a socket of their own get a directory in socketDir
+	// (withOwnSocket).
 	cfg.Standalone.SocketDir = filepath.Join(tb.dir, "containers")
 	if err := os.Mkdir(cfg.Standalone.SocketDir, 0o700); err != nil {
 		return err
