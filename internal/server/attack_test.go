@@ -1061,10 +1061,9 @@ func TestAttackOneWayReleaseFlood(t *testing.T) {
 	c.SetDeadline(time.Now().Add(time.Minute))
 	agenttest.SayHello(t, c)
 	const flood = 20000
-	var frames []byte
-	for i := 0; i < flood; i++ {
-		frames = append(frames, agenttest.Frame(t, &slotv1.Release{Lease: uint64(1<<40 + i), Flags: slotv1.ReleaseNoReply})...)
-	}
+	frames := framesOf(t, flood, func(i int) slotv1.Message {
+		return &slotv1.Release{Lease: uint64(1<<40 + i), Flags: slotv1.ReleaseNoReply}
+	})
 	start := time.Now()
 	c.SetWriteDeadline(time.Now().Add(time.Minute))
 	go c.Write(frames) // blocks once the agent stops reading; ends with the test
@@ -1096,18 +1095,10 @@ func TestAttackOneWayFloodFromManyProcesses(t *testing.T) {
 	e := agenttest.NewEnv(t, 0, nil)
 	a := e.Start()
 	const procs, flood = 4, 20000
-	var frames []byte
-	for i := 0; i < flood; i++ {
-		frames = append(frames, agenttest.Frame(t, &slotv1.Release{Lease: uint64(1<<40 + i), Flags: slotv1.ReleaseNoReply})...)
-	}
-	var conns []net.Conn
-	for i := 0; i < procs; i++ {
-		c := agenttest.StartLive(t, e, e.Rel, 1).Dial(t, e.Socket)
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(time.Minute))
-		agenttest.SayHello(t, c)
-		conns = append(conns, c)
-	}
+	frames := framesOf(t, flood, func(i int) slotv1.Message {
+		return &slotv1.Release{Lease: uint64(1<<40 + i), Flags: slotv1.ReleaseNoReply}
+	})
+	conns := helloFromProcesses(t, e, procs)
 	start := time.Now()
 	for _, c := range conns {
 		go c.Write(frames) // blocks once the agent stops reading; ends with the test
@@ -1125,6 +1116,29 @@ func TestAttackOneWayFloodFromManyProcesses(t *testing.T) {
 		t.Fatalf("%.0f one-way RELEASEs from %d processes of one container taken in %v, want at most %.0f (PacedBurst + PacedRate/s, for the container)",
 			taken, procs, elapsed, allowed)
 	}
+}
+
+// framesOf is n frames, the i-th of msg(i), back to back.
+func framesOf(t *testing.T, n int, msg func(i int) slotv1.Message) []byte {
+	var frames []byte
+	for i := 0; i < n; i++ {
+		frames = append(frames, agenttest.Frame(t, msg(i))...)
+	}
+	return frames
+}
+
+// helloFromProcesses is a connection from each of n processes of e's
+// container, HELLO said; they close with the test.
+func helloFromProcesses(t *testing.T, e *agenttest.Env, n int) []net.Conn {
+	var conns []net.Conn
+	for i := 0; i < n; i++ {
+		c := agenttest.StartLive(t, e, e.Rel, 1).Dial(t, e.Socket)
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(time.Minute))
+		agenttest.SayHello(t, c)
+		conns = append(conns, c)
+	}
+	return conns
 }
 
 // pacedAtMost is how many frames of conns connections of one container the
@@ -1159,18 +1173,8 @@ func TestAttackRefusedRequestFlood(t *testing.T) {
 			e := agenttest.NewEnv(t, 0, nil)
 			e.Start()
 			const procs, flood = 4, 20000
-			var frames []byte
-			for i := 0; i < flood; i++ {
-				frames = append(frames, agenttest.Frame(t, tc.msg(i))...)
-			}
-			var conns []net.Conn
-			for i := 0; i < procs; i++ {
-				c := agenttest.StartLive(t, e, e.Rel, 1).Dial(t, e.Socket)
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(time.Minute))
-				agenttest.SayHello(t, c)
-				conns = append(conns, c)
-			}
+			frames := framesOf(t, flood, tc.msg)
+			conns := helloFromProcesses(t, e, procs)
 			var answered atomic.Int64
 			var granted atomic.Pointer[slotv1.Message]
 			start := time.Now()

@@ -165,6 +165,15 @@ func floodBench(p floodParams) error {
 		floodCPU = float64(cpuTime()-cpu0) / float64(time.Since(wall0))
 	}
 	measured := func() { agentCPU = float64(cpuTime()-cpu0) / float64(time.Since(wall0)) }
+	// limitContainer sets container name's CPU limit (millicores, the
+	// kubelet's 100 ms period), as a tenant's processes run under one.
+	limitContainer := func(name string, milli uint32) error {
+		rel, err := tb.container(name)
+		if err != nil {
+			return err
+		}
+		return setContainerLimit(h, rel, milli, 100*time.Millisecond)
+	}
 	// withOwnSocket gives container name a directory in socketDir (as an
 	// operator would) and a process that stays, and waits until the agent
 	// serves it there: its socket, on which no outsider connects.
@@ -310,11 +319,7 @@ func floodBench(p floodParams) error {
 		// A tenant's processes run under a CPU limit: without one, the
 		// churn takes every CPU from the victim's own process too, and
 		// that, not the agent's socket, is what the probe would measure.
-		rel, err := tb.container("churn")
-		if err != nil {
-			return err
-		}
-		if err := setContainerLimit(h, rel, uint32(p.churnCPU), 100*time.Millisecond); err != nil {
+		if err := limitContainer("churn", uint32(p.churnCPU)); err != nil {
 			return err
 		}
 	}
@@ -353,11 +358,7 @@ func floodBench(p floodParams) error {
 		return err
 	}
 	if p.flappers > 0 {
-		rel, err := tb.container("lender")
-		if err != nil {
-			return err
-		}
-		if err := setContainerLimit(h, rel, uint32(flapQuota*p.flappers), 100*time.Millisecond); err != nil {
+		if err := limitContainer("lender", uint32(flapQuota*p.flappers)); err != nil {
 			return err
 		}
 	}
@@ -374,11 +375,7 @@ func floodBench(p floodParams) error {
 	if p.leasers > 0 {
 		// Under a CPU limit, as a tenant's are: what the victim sees is
 		// then the agent's work on the loops, not the loops' own CPU.
-		rel, err := tb.container("leaser")
-		if err != nil {
-			return err
-		}
-		if err := setContainerLimit(h, rel, leaseLimit, 100*time.Millisecond); err != nil {
+		if err := limitContainer("leaser", leaseLimit); err != nil {
 			return err
 		}
 	}
