@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -249,6 +250,25 @@ func revPods(ctx context.Context, c *cluster.Cluster, rev string) ([]string, err
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// podState says where a pod is: its phase, Ready condition, address and
+// whether it is being deleted.
+func podState(ctx context.Context, c *cluster.Cluster, ns, name string) string {
+	out, err := c.Kubectl(ctx, "-n", ns, "get", "pod", name, "-o",
+		`jsonpath=phase={.status.phase} ready={.status.conditions[?(@.type=="Ready")].status} ip={.status.podIP} deleting={.metadata.deletionTimestamp}`)
+	if err != nil {
+		return fmt.Sprintf("%v: %s", err, out)
+	}
+	return out
+}
+
+// hostPath says how the host reaches a pod address: its route and its
+// neighbour entry (an unanswered connect is a missing or stale one).
+func hostPath(ctx context.Context, ip string) string {
+	route, _ := exec.CommandContext(ctx, "ip", "route", "get", ip).CombinedOutput()
+	neigh, _ := exec.CommandContext(ctx, "ip", "neigh", "show", ip).CombinedOutput()
+	return strings.TrimSpace(string(route)) + "; neighbour: " + strings.TrimSpace(string(neigh))
 }
 
 // onlyPod waits (at most 2 min) until revision rev runs exactly one pod,
@@ -785,7 +805,11 @@ func TestKnativeServing(t *testing.T) {
 			f.mustInvoke(ctx, t, kn.activator, rev, "before-delete", 0, nil)
 			var err error
 			pods, err = revPods(ctx, c, rev)
-			return err == nil && len(pods) == 1, fmt.Sprintf("pods of %s: %v %v", rev, pods, err)
+			if err != nil || len(pods) != 1 {
+				return false, fmt.Sprintf("pods of %s: %v %v", rev, pods, err)
+			}
+			st := podState(ctx, c, knNS, pods[0])
+			return strings.Contains(st, "ready=True"), fmt.Sprintf("the one pod of %s is not Ready: %s", rev, st)
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -801,12 +825,27 @@ func TestKnativeServing(t *testing.T) {
 		// Delete once the request is in the runtime (its in-flight gauge,
 		// on the pod's metrics port), not after a guess of how long the
 		// activator and queue-proxy take on a busy machine.
-		metricsURL := "http://" + podIP(ctx, t, c, knNS, pods[0]) + ":9102/metrics"
+		// Each read has its own short deadline and the pod's address is
+		// read again each time, so one unanswered connect does not take
+		// the whole minute, and a failure says where the pod was.
 		if err := pollFor(ctx, time.Minute, func() (bool, string) {
-			n, err := gauge(ctx, metricsURL, "cpuslot_invocations_in_flight")
-			return err == nil && n >= 1, fmt.Sprintf("cpuslot_invocations_in_flight of %s: %v %v", pods[0], n, err)
+			ip := podIP(ctx, t, c, knNS, pods[0])
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			n, err := gauge(rctx, "http://"+ip+":9102/metrics", "cpuslot_invocations_in_flight")
+			if err == nil && n >= 1 {
+				return true, ""
+			}
+			now, _ := revPods(ctx, c, rev)
+			return false, fmt.Sprintf("cpuslot_invocations_in_flight of %s at %s: %v %v; pod %s; pods of %s now %v; host: %s",
+				pods[0], ip, n, err, podState(ctx, c, knNS, pods[0]), rev, now, hostPath(ctx, ip))
 		}); err != nil {
-			t.Fatal(err)
+			select {
+			case r := <-done:
+				t.Fatalf("%v; the in-flight request: %d %s, slot %s", err, r.status, r.body, slotOf(r))
+			default:
+				t.Fatalf("%v; the in-flight request has not been answered", err)
+			}
 		}
 		t0 := time.Now()
 		if out, err := c.Kubectl(ctx, "-n", knNS, "delete", "pod", pods[0], "--wait=false"); err != nil {
