@@ -132,6 +132,7 @@ func (c Config) ServerLimits() server.Limits {
 		MaxConnsPerProcess: c.Limits.MaxConnectionsPerProcess,
 		AcceptRate:         c.Limits.AcceptRate, AcceptBurst: c.Limits.AcceptBurst, SharedAcceptRate: c.Limits.SharedAcceptRate,
 		HelloTimeout: c.Limits.HelloTimeout.Duration, FrameTimeout: c.Limits.FrameTimeout.Duration,
+		PlacementRate:    c.Limits.PlacementRate,
 		HostNamespaceFDs: c.Limits.HostNamespaceFDs}
 }
 

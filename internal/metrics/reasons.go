@@ -23,6 +23,7 @@ const (
 	HoldListThrottled Reason = "hold_list_throttled" // a HOLD_LIST request refused: its process asked more often than the agent answers
 	SleepThrottled    Reason = "sleep_throttled"     // a SLEEP refused: its container sent them faster than the agent lends (the lease stays awake)
 	FramePaced        Reason = "frame_paced"         // a connection waited before its next frame: its container sent frames that changed nothing (refused requests, one-way frames that ended nothing), SLEEPs and WAKEs faster than PacedRate
+	PlacementPaced    Reason = "placement_paced"     // a connection waited before its next frame: its container had the agent move its threads faster than limits.placementRate
 	// Accepts (server/pace.go): reconnect churn.
 	AcceptPaced       Reason = "accept_paced"        // an accept loop waited: its socket's connections came faster than its accept rate
 	AcceptPacedUser   Reason = "accept_paced_user"   // a connection on the shared socket closed at accept, before its cgroup was read: its user connected faster than the accept rate
@@ -62,7 +63,7 @@ func cgroupReason(op string) Reason { return Reason("cgroup_" + op) }
 // ErrorReasons lists every Reason, cgroup operations included.
 var ErrorReasons = func() []Reason {
 	r := []Reason{
-		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HoldListThrottled, SleepThrottled, FramePaced,
+		BadRequest, BadFrame, NoHello, NotServed, UnknownLease, ConnectionLimit, FDsRevoked, AcceptFailed, SocketFailed, UsageThrottled, UsageOverclaimed, HoldListThrottled, SleepThrottled, FramePaced, PlacementPaced,
 		AcceptPaced, AcceptPacedUser, AcceptPacedCgroup,
 		SlotsExhausted, ContainersExhausted, ContainerNotFound, ContainerGone, PoolConfig, StaleTID,
 		AgentThreadInSlot, ForeignThreadInSlot, MkdirRefused, CreateFailed, OpenFailed, PlaceFailed, RetuneFailed, RemoveFailed,

@@ -1285,3 +1285,81 @@ func childOrphan() (any, error) {
 	}
 	return map[string]int{"child": cmd.Process.Pid}, nil
 }
+
+// TestAttackPlacementFlood: processes of one container loop ACQUIRE and
+// RELEASE without LOCAL, so the agent places their threads, each granted:
+// nothing is refused, and without a bound the agent would place as fast as
+// they ask, at every other container's cost. The container's placements
+// take turns of its placement pace (limits.placementRate), over all its
+// processes. (In the default mode a RELEASE leaves the thread in its slot
+// and takes no turn; an ACQUIRE always does, so the test counts those.)
+func TestAttackPlacementFlood(t *testing.T) {
+	const rate, procs = 200, 4
+	e := agenttest.NewEnv(t, 0, func(c *agent.Config) {
+		c.Limits.PlacementRate = rate
+		c.Pool.Prewarm = "250m=4"
+	})
+	a := e.Start()
+	var placed atomic.Int64
+	var failed atomic.Pointer[string]
+	stop := make(chan struct{})
+	type leaser struct {
+		c   net.Conn
+		tid uint32
+	}
+	var leasers []leaser
+	for range procs {
+		l := agenttest.StartLive(t, e, e.Rel, 1)
+		c := l.Dial(t, e.Socket)
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(time.Minute))
+		agenttest.SayHello(t, c)
+		leasers = append(leasers, leaser{c, l.TIDs[0]})
+	}
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, l := range leasers {
+		c := l.c
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c.Write(agenttest.FrameBytes(&slotv1.Acquire{QuotaMilli: 250, TID: l.tid, Flags: slotv1.AcquireAgentPlaces, WaitUS: 1e6}))
+				ok, isOK := agenttest.ReadRespOrNil(c).(*slotv1.AcquireOK)
+				if !isOK {
+					why := fmt.Sprintf("acquire: %+v", ok)
+					failed.Store(&why)
+					return
+				}
+				placed.Add(1)
+				c.Write(agenttest.FrameBytes(&slotv1.Release{Lease: ok.Lease}))
+				if m := agenttest.ReadRespOrNil(c); !agenttest.IsReleaseOK(m) {
+					why := fmt.Sprintf("release: %+v", m)
+					failed.Store(&why)
+					return
+				}
+			}
+		}()
+	}
+	agenttest.WaitFor(t, "the flood's first placements", func() bool { return placed.Load() >= rate || failed.Load() != nil })
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	n, elapsed := placed.Load(), time.Since(start)
+	wg.Wait()
+	if why := failed.Load(); why != nil {
+		t.Fatal(*why)
+	}
+	// The burst and the rate, 10% for the limiter's clock (pacedAtMost),
+	// and two a connection: a turn is taken before the frame after.
+	allowed := 1.1*(rate+rate*elapsed.Seconds()) + 2*procs
+	t.Logf("%d agent-placed ACQUIREs for %d processes of one container in %v (placement_paced %s)", n, procs, elapsed.Round(time.Millisecond),
+		agenttest.Grep(agenttest.Scrape(t, a), `reason="placement_paced"`))
+	if float64(n) > allowed {
+		t.Fatalf("%d agent-placed ACQUIREs for one container in %v, want at most %.0f (limits.placementRate %d a second, bursts of as many)", n, elapsed, allowed, rate)
+	}
+}

@@ -180,6 +180,10 @@ type conn struct {
 	// owesTurn: the last frame taken owes the container's pace a turn
 	// (PacedRate), taken before the next frame is read.
 	owesTurn atomic.Bool
+	// owesPlacement: the agent moved a thread for the last frame taken (or
+	// for an ACQUIRE beside the reader); a turn of the container's
+	// placement pace (Limits.PlacementRate) is taken before the next frame.
+	owesPlacement atomic.Bool
 	// owner is the connection's leases' owner in its pool.
 	owner pool.Owner
 	fds   bool // the client takes fds
@@ -233,7 +237,10 @@ func (c *conn) serve() {
 	// HELLO must come soon; after it a connection may idle between frames.
 	c.c.SetReadDeadline(time.Now().Add(c.srv.limits.HelloTimeout))
 	for {
-		if c.owesTurn.Swap(false) && !c.takeTurn() {
+		if c.owesTurn.Swap(false) && !c.takeTurn(c.paceFrames(), metrics.FramePaced) {
+			return
+		}
+		if c.owesPlacement.Swap(false) && !c.takeTurn(c.pacePlacements(), metrics.PlacementPaced) {
 			return
 		}
 		body, err := c.readFrame()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
@@ -135,6 +137,9 @@ func (c *conn) release(request uint32, m *slotv1.Release) bool {
 	u, err := c.pool.Release(c.owner, m.Lease, ending(m.Outcome))
 	if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
 		c.srv.guard.check() // the agent moved the thread out
+		if err == nil {
+			c.owesPlacement.Store(true)
+		}
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
 		// errors are counted by the pool; nothing is sent
@@ -180,20 +185,37 @@ func (c *conn) sleepOrWake(request uint32, m *slotv1.Release) bool {
 	return c.send(request, &slotv1.ReleaseOK{}, nil)
 }
 
-// takeTurn takes the turn the last frame owes its container's pace
-// (PacedRate): past the rate the connection is not read until its turn is
-// due. false: the process exited or the agent stops.
-func (c *conn) takeTurn() bool {
-	if c.pace == nil || c.pace.frames.Allow() {
+// takeTurn takes the turn the last frame owes one of its container's
+// paces (l: frames, PacedRate, or placements, Limits.PlacementRate): past
+// the rate the connection is not read until its turn is due, counted as
+// reason. false: the process exited or the agent stops.
+func (c *conn) takeTurn(l *rate.Limiter, reason metrics.Reason) bool {
+	if l == nil || l.Allow() {
 		return true // before HELLO a connection has its deadline
 	}
-	c.srv.metrics.Error(metrics.FramePaced)
+	c.srv.metrics.Error(reason)
 	if c.session.gone.Load() {
 		return true // a flood queued before the exit: nobody waits on it
 	}
 	// The wait ends early when the process exits (its last words are
 	// read on, unpaced) or the agent stops (the connection closes).
-	return c.pace.frames.Wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
+	return l.Wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
+}
+
+// paceFrames and pacePlacements are the connection's container's paces
+// (nil before HELLO).
+func (c *conn) paceFrames() *rate.Limiter {
+	if c.pace == nil {
+		return nil
+	}
+	return c.pace.frames
+}
+
+func (c *conn) pacePlacements() *rate.Limiter {
+	if c.pace == nil {
+		return nil
+	}
+	return c.pace.placements
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts
@@ -222,6 +244,7 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 	}
 	if !hold && c.peer.PID != c.srv.self && c.pool.AgentPlaces(req.AgentPlaces) {
 		c.srv.guard.check() // an agent placement (or eviction) may have run
+		c.owesPlacement.Store(true)
 	}
 	if err != nil {
 		return c.fail(request, err)

@@ -47,6 +47,10 @@ type Limits struct {
 	// user's and each cgroup's (pace.go); SharedAcceptRate paces the shared
 	// socket's, in bursts of MaxConns.
 	AcceptRate, AcceptBurst, SharedAcceptRate int
+	// PlacementRate paces the agent's placements for one container, over
+	// all its processes (bursts of as many): each ACQUIRE that has the
+	// agent move a thread into a slot, each RELEASE that moves it out.
+	PlacementRate int
 	// HostNamespaceFDs passes placement fds on cgroup v1 also to peers in
 	// the agent's own PID namespace. Off by default: there a v1 fd moves
 	// any process of the node; only for standalone runtimes you trust.
@@ -56,7 +60,7 @@ type Limits struct {
 // DefaultLimits hold 250 pods with a few connections per process each.
 var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerContainer: 1024, MaxPendingPerUID: 256, MaxPendingPerCgroup: 256,
 	MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second,
-	AcceptRate: 100, AcceptBurst: 1024, SharedAcceptRate: 250}
+	AcceptRate: 100, AcceptBurst: 1024, SharedAcceptRate: 250, PlacementRate: 2000}
 
 // Resolver finds the pool that serves a peer, or a typed error
 // (NOT_SERVED, NOT_READY).

@@ -47,8 +47,9 @@ type session struct {
 type containerPace struct {
 	refs int
 	// sleeps paces the SLEEPs that lend, usage the USAGE reports, frames
-	// the frames that owe a turn (conn.owesTurn).
-	sleeps, usage, frames *rate.Limiter
+	// the frames that owe a turn (conn.owesTurn), placements the agent's
+	// moves of the container's threads (conn.owesPlacement).
+	sleeps, usage, frames, placements *rate.Limiter
 }
 
 // paceOf takes a reference to pool p's pace, for a connection that named
@@ -59,7 +60,7 @@ func (s *Server) paceOf(p *pool.Pool) *containerPace {
 	cp := s.paces[p]
 	if cp == nil {
 		cp = &containerPace{sleeps: rate.NewLimiter(SleepRate, SleepBurst), usage: rate.NewLimiter(usageRate, usageBurst),
-			frames: rate.NewLimiter(PacedRate, PacedBurst)}
+			frames: rate.NewLimiter(PacedRate, PacedBurst), placements: rate.NewLimiter(rate.Limit(s.limits.PlacementRate), s.limits.PlacementRate)}
 		s.paces[p] = cp
 	}
 	cp.refs++

@@ -281,6 +281,9 @@ func bench(p params) error {
 	h := tb.h
 	cfg := tb.config()
 	cfg.LogLevel = "warn"
+	// What a placement costs, not the pace on a container's placements
+	// (limits.placementRate, which -floods -leasers measures).
+	cfg.Limits.PlacementRate = 1 << 30
 	maxThreads := 0
 	for _, n := range append(p.threads, p.sporThreads...) {
 		maxThreads = max(maxThreads, n)

@@ -97,6 +97,7 @@ limits:
   acceptRate: {{ int .Values.limits.acceptRate }}
   acceptBurst: {{ int .Values.limits.acceptBurst }}
   sharedAcceptRate: {{ int .Values.limits.sharedAcceptRate }}
+  placementRate: {{ int .Values.limits.placementRate }}
   helloTimeout: {{ .Values.limits.helloTimeout | quote }}
   frameTimeout: {{ .Values.limits.frameTimeout | quote }}
 kubernetes:
