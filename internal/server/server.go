@@ -60,7 +60,7 @@ type Limits struct {
 // DefaultLimits hold 250 pods with a few connections per process each.
 var DefaultLimits = Limits{MaxConns: 4096, MaxConnsPerContainer: 1024, MaxPendingPerUID: 256, MaxPendingPerCgroup: 256,
 	MaxConnsPerProcess: 64, HelloTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second,
-	AcceptRate: 100, AcceptBurst: 1024, SharedAcceptRate: 250, PlacementRate: 2000}
+	AcceptRate: 100, AcceptBurst: 1024, SharedAcceptRate: 250, PlacementRate: 1000}
 
 // Resolver finds the pool that serves a peer, or a typed error
 // (NOT_SERVED, NOT_READY).

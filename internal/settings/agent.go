@@ -52,7 +52,7 @@ var AgentKeys = []Key{
 		Doc: "burst of new connections of one peer beyond acceptRate (a container's reconnect after an agent restart)"},
 	{Name: "limits.sharedAcceptRate", Kind: KindInt, Min: 1, Max: noMax, Default: "250",
 		Doc: "new connections a second on the shared socket, in bursts of maxConnections; past it the socket stops accepting for a while"},
-	{Name: "limits.placementRate", Kind: KindInt, Min: 1, Max: noMax, Default: "2000",
+	{Name: "limits.placementRate", Kind: KindInt, Min: 1, Max: noMax, Default: "1000",
 		Doc:     "thread moves a second the agent makes for one container's processes (an ACQUIRE without LOCAL moves a thread into its slot, its RELEASE out), in bursts of as many; past it the container's connections wait their turn",
 		Meaning: "thread moves a second the agent makes for one container, over all its processes (an agent-placed ACQUIRE moves a thread into its slot, its RELEASE out: two an invocation), in bursts of as many; past it that container's connections are not read until their turn ([`security.md`](security.md#limits)); a runtime that places its own threads (LOCAL) takes none"},
 	{Name: "limits.helloTimeout", Kind: KindDuration, Min: minDuration, Max: noMax, Default: "10s",

@@ -55,11 +55,13 @@ type floodParams struct {
 	churnRoot               bool // the churners are root (a container without a user namespace)
 	churnUnserved           bool // the churners connect to a socket no one accepts on (the control)
 	flappers, releasers     int
-	leasers                 int // processes looping agent-placed ACQUIRE and RELEASE (work the agent does, not paced)
+	leasers                 int // processes looping agent-placed ACQUIRE and RELEASE (work the agent does, paced by limits.placementRate)
 	// again measures the victim again after its quiet probe with no
 	// flood, this many times: how far a p99 ratio moves on the machine
 	// alone (the rows' noise floor)
 	again int
+	// placementRate, if set, is the agent's limits.placementRate.
+	placementRate int
 }
 
 func floodBench(p floodParams) error {
@@ -72,6 +74,9 @@ func floodBench(p floodParams) error {
 	cfg := tb.config()
 	cfg.Pool.Prewarm = "250m=4"
 	cfg.Admission.LendRatio = 1
+	if p.placementRate > 0 {
+		cfg.Limits.PlacementRate = p.placementRate
+	}
 	cfg.Standalone.ServeUnder = []string{tb.root}
 	// Victims with a socket of their own get a directory in socketDir
 	// (withOwnSocket).

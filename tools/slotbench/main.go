@@ -137,7 +137,8 @@ func main() {
 	flag.BoolVar(&fp.churnUnserved, "churn-unserved", false, "-floods: the churning users connect to a socket no one accepts on (the control: their CPU without the agent's work)")
 	flag.IntVar(&fp.flappers, "flappers", 8, "-floods: processes flapping SLEEP/WAKE")
 	flag.IntVar(&fp.releasers, "releasers", 8, "-floods: processes sending one-way RELEASEs")
-	flag.IntVar(&fp.leasers, "leasers", 0, "-floods: processes looping agent-placed ACQUIRE and RELEASE (granted work, not paced)")
+	flag.IntVar(&fp.leasers, "leasers", 0, "-floods: processes looping agent-placed ACQUIRE and RELEASE (granted work, paced by limits.placementRate)")
+	flag.IntVar(&fp.placementRate, "placement-rate", 0, "-floods: the agent's limits.placementRate (0: its default)")
 	flag.IntVar(&fp.again, "again", 0, "-floods: also probe the victim this many times more with no flood (the p99 ratios' noise floor)")
 	flag.Parse()
 	if os.Getenv("SLOTBENCH_CLIENT") != "" {
