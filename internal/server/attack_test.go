@@ -1330,9 +1330,10 @@ func TestAttackPlacementFlood(t *testing.T) {
 				default:
 				}
 				c.Write(agenttest.FrameBytes(&slotv1.Acquire{QuotaMilli: 250, TID: l.tid, Flags: slotv1.AcquireAgentPlaces, WaitUS: 1e6}))
-				ok, isOK := agenttest.ReadRespOrNil(c).(*slotv1.AcquireOK)
+				m := agenttest.ReadRespOrNil(c)
+				ok, isOK := m.(*slotv1.AcquireOK)
 				if !isOK {
-					why := fmt.Sprintf("acquire: %+v", ok)
+					why := fmt.Sprintf("acquire: %+v", m)
 					failed.Store(&why)
 					return
 				}

@@ -50,6 +50,7 @@ type Limits struct {
 	// PlacementRate paces the agent's placements for one container, over
 	// all its processes (bursts of as many): each ACQUIRE that has the
 	// agent move a thread into a slot, each RELEASE that moves it out.
+	// 0: not paced.
 	PlacementRate int
 	// HostNamespaceFDs passes placement fds on cgroup v1 also to peers in
 	// the agent's own PID namespace. Off by default: there a v1 fd moves

@@ -60,7 +60,10 @@ func (s *Server) paceOf(p *pool.Pool) *containerPace {
 	cp := s.paces[p]
 	if cp == nil {
 		cp = &containerPace{sleeps: rate.NewLimiter(SleepRate, SleepBurst), usage: rate.NewLimiter(usageRate, usageBurst),
-			frames: rate.NewLimiter(PacedRate, PacedBurst), placements: rate.NewLimiter(rate.Limit(s.limits.PlacementRate), s.limits.PlacementRate)}
+			frames: rate.NewLimiter(PacedRate, PacedBurst), placements: rate.NewLimiter(rate.Inf, 0)}
+		if n := s.limits.PlacementRate; n > 0 {
+			cp.placements = rate.NewLimiter(rate.Limit(n), n)
+		}
 		s.paces[p] = cp
 	}
 	cp.refs++
