@@ -92,7 +92,7 @@ type LimitsConfig struct {
 	AcceptBurst int `json:"acceptBurst"`
 	// new connections a second on the shared socket, in bursts of maxConnections; past it the socket stops accepting for a while
 	SharedAcceptRate int `json:"sharedAcceptRate"`
-	// thread moves a second the agent makes for one container's processes (an ACQUIRE without LOCAL moves a thread into its slot, its RELEASE out), in bursts of as many; past it the container's connections wait their turn
+	// thread moves a second the agent makes for one container's processes (each ACQUIRE for which the agent places the thread; in cache-eager each RELEASE too), in bursts of as many; past it the container's connections wait their turn
 	PlacementRate int `json:"placementRate"`
 	// a new connection must complete HELLO within this
 	HelloTimeout Duration `json:"helloTimeout"`
