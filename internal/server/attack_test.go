@@ -4,6 +4,7 @@ package server_test
 // test is the attack; it passes when the attack fails.
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -1293,74 +1294,102 @@ func childOrphan() (any, error) {
 // take turns of its placement pace (limits.placementRate), over all its
 // processes. (In the default mode a RELEASE leaves the thread in its slot
 // and takes no turn; an ACQUIRE always does, so the test counts those.)
+// Pipelined: each process writes its ACQUIREs back to back. An ACQUIRE is
+// handled beside the reader and owes its turn when it ends, a frame late;
+// each still takes one (owed placements are counted, so two that end
+// between the reader's turns take two).
 func TestAttackPlacementFlood(t *testing.T) {
 	const rate, procs = 200, 4
-	e := agenttest.NewEnv(t, 0, func(c *agent.Config) {
-		c.Limits.PlacementRate = rate
-		c.Pool.Prewarm = "250m=4"
-	})
-	a := e.Start()
-	var placed atomic.Int64
-	var failed atomic.Pointer[string]
-	stop := make(chan struct{})
-	type leaser struct {
-		c   net.Conn
-		tid uint32
+	acquire := func(tid uint32) []byte {
+		return agenttest.FrameBytes(&slotv1.Acquire{QuotaMilli: 250, TID: tid, Flags: slotv1.AcquireAgentPlaces, WaitUS: 1e6})
 	}
-	var leasers []leaser
-	for range procs {
-		l := agenttest.StartLive(t, e, e.Rel, 1)
-		c := l.Dial(t, e.Socket)
-		t.Cleanup(func() { c.Close() })
-		c.SetDeadline(time.Now().Add(time.Minute))
-		agenttest.SayHello(t, c)
-		leasers = append(leasers, leaser{c, l.TIDs[0]})
-	}
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, l := range leasers {
-		c := l.c
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
+	for _, tc := range []struct {
+		name string
+		// flood has c send ACQUIREs for thread tid and count each answered
+		// until stop; it says what went wrong, if anything.
+		flood func(c net.Conn, tid uint32, answered *atomic.Int64, stop chan struct{}) string
+	}{
+		{"one_at_a_time", func(c net.Conn, tid uint32, answered *atomic.Int64, stop chan struct{}) string {
+			// A read the test's close cut short is no failure.
+			failed := func(format string, m slotv1.Message) string {
 				select {
 				case <-stop:
-					return
+					return ""
 				default:
+					return fmt.Sprintf(format, m)
 				}
-				c.Write(agenttest.FrameBytes(&slotv1.Acquire{QuotaMilli: 250, TID: l.tid, Flags: slotv1.AcquireAgentPlaces, WaitUS: 1e6}))
+			}
+			for {
+				c.Write(acquire(tid))
 				m := agenttest.ReadRespOrNil(c)
 				ok, isOK := m.(*slotv1.AcquireOK)
 				if !isOK {
-					why := fmt.Sprintf("acquire: %+v", m)
-					failed.Store(&why)
-					return
+					return failed("acquire: %+v", m)
 				}
-				placed.Add(1)
+				answered.Add(1)
 				c.Write(agenttest.FrameBytes(&slotv1.Release{Lease: ok.Lease}))
 				if m := agenttest.ReadRespOrNil(c); !agenttest.IsReleaseOK(m) {
-					why := fmt.Sprintf("release: %+v", m)
-					failed.Store(&why)
-					return
+					return failed("release: %+v", m)
 				}
 			}
-		}()
-	}
-	agenttest.WaitFor(t, "the flood's first placements", func() bool { return placed.Load() >= rate || failed.Load() != nil })
-	time.Sleep(500 * time.Millisecond)
-	close(stop)
-	n, elapsed := placed.Load(), time.Since(start)
-	wg.Wait()
-	if why := failed.Load(); why != nil {
-		t.Fatal(*why)
-	}
-	// The burst and the rate, 10% for the limiter's clock (pacedAtMost),
-	// and two a connection: a turn is taken before the frame after.
-	allowed := 1.1*(rate+rate*elapsed.Seconds()) + 2*procs
-	t.Logf("%d agent-placed ACQUIREs for %d processes of one container in %v (placement_paced %s)", n, procs, elapsed.Round(time.Millisecond),
-		agenttest.Grep(agenttest.Scrape(t, a), `reason="placement_paced"`))
-	if float64(n) > allowed {
-		t.Fatalf("%d agent-placed ACQUIREs for one container in %v, want at most %.0f (limits.placementRate %d a second, bursts of as many)", n, elapsed, allowed, rate)
+		}},
+		{"pipelined", func(c net.Conn, tid uint32, answered *atomic.Int64, _ chan struct{}) string {
+			go c.Write(bytes.Repeat(acquire(tid), 5000))
+			for m := agenttest.ReadRespOrNil(c); m != nil; m = agenttest.ReadRespOrNil(c) {
+				answered.Add(1)
+			}
+			return "" // the test closes the connection
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := agenttest.NewEnv(t, 0, func(c *agent.Config) {
+				c.Limits.PlacementRate = rate
+				c.Pool.Prewarm = "250m=4"
+			})
+			a := e.Start()
+			var conns []net.Conn
+			var tids []uint32
+			for range procs {
+				l := agenttest.StartLive(t, e, e.Rel, 1)
+				c := l.Dial(t, e.Socket)
+				t.Cleanup(func() { c.Close() })
+				c.SetDeadline(time.Now().Add(time.Minute))
+				agenttest.SayHello(t, c)
+				conns, tids = append(conns, c), append(tids, l.TIDs[0])
+			}
+			var answered atomic.Int64
+			var failed atomic.Pointer[string]
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			start := time.Now()
+			for i, c := range conns {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if why := tc.flood(c, tids[i], &answered, stop); why != "" {
+						failed.Store(&why)
+					}
+				}()
+			}
+			agenttest.WaitFor(t, "the flood's first placements", func() bool { return answered.Load() >= rate || failed.Load() != nil })
+			time.Sleep(500 * time.Millisecond)
+			n, elapsed := answered.Load(), time.Since(start)
+			close(stop)
+			for _, c := range conns {
+				c.Close()
+			}
+			wg.Wait()
+			if why := failed.Load(); why != nil {
+				t.Fatal(*why)
+			}
+			// The burst and the rate, 10% for the limiter's clock (pacedAtMost),
+			// and two a connection: a turn is taken before the frame after.
+			allowed := 1.1*(rate+rate*elapsed.Seconds()) + 2*procs
+			t.Logf("%d agent-placed ACQUIREs for %d processes of one container in %v (%s)", n, procs, elapsed.Round(time.Millisecond),
+				agenttest.Grep(agenttest.Scrape(t, a), `reason="placement_paced"`))
+			if float64(n) > allowed {
+				t.Fatalf("%d agent-placed ACQUIREs for one container in %v, want at most %.0f (limits.placementRate %d a second, bursts of as many)", n, elapsed, allowed, rate)
+			}
+		})
 	}
 }

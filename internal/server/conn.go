@@ -180,10 +180,11 @@ type conn struct {
 	// owesTurn: the last frame taken owes the container's pace a turn
 	// (PacedRate), taken before the next frame is read.
 	owesTurn atomic.Bool
-	// owesPlacement: the agent moved a thread for the last frame taken (or
-	// for an ACQUIRE beside the reader); a turn of the container's
-	// placement pace (Limits.PlacementRate) is taken before the next frame.
-	owesPlacement atomic.Bool
+	// owesPlacement counts the threads the agent moved for the frames taken
+	// since the last turns (an ACQUIRE beside the reader adds its own when
+	// it ends); as many turns of the container's placement pace
+	// (Limits.PlacementRate) are taken before the next frame.
+	owesPlacement atomic.Int32
 	// owner is the connection's leases' owner in its pool.
 	owner pool.Owner
 	fds   bool // the client takes fds
@@ -237,10 +238,7 @@ func (c *conn) serve() {
 	// HELLO must come soon; after it a connection may idle between frames.
 	c.c.SetReadDeadline(time.Now().Add(c.srv.limits.HelloTimeout))
 	for {
-		if c.owesTurn.Swap(false) && !c.takeTurn(c.paceFrames(), metrics.FramePaced) {
-			return
-		}
-		if c.owesPlacement.Swap(false) && !c.takeTurn(c.pacePlacements(), metrics.PlacementPaced) {
+		if !c.takeTurns() {
 			return
 		}
 		body, err := c.readFrame()

@@ -138,7 +138,7 @@ func (c *conn) release(request uint32, m *slotv1.Release) bool {
 	if c.pool.MovesOnRelease() && c.peer.PID != c.srv.self {
 		c.srv.guard.check() // the agent moved the thread out
 		if err == nil {
-			c.owesPlacement.Store(true)
+			c.owesPlacement.Add(1)
 		}
 	}
 	if m.Flags&slotv1.ReleaseNoReply != 0 {
@@ -185,13 +185,32 @@ func (c *conn) sleepOrWake(request uint32, m *slotv1.Release) bool {
 	return c.send(request, &slotv1.ReleaseOK{}, nil)
 }
 
-// takeTurn takes the turn the last frame owes one of its container's
-// paces (l: frames, PacedRate, or placements, Limits.PlacementRate): past
-// the rate the connection is not read until its turn is due, counted as
-// reason. false: the process exited or the agent stops.
-func (c *conn) takeTurn(l *rate.Limiter, reason metrics.Reason) bool {
-	if l == nil || l.Allow() {
+// takeTurns takes the turns the frames taken since the last ones owe their
+// container's paces: one of its frame pace (PacedRate), one of its
+// placement pace (Limits.PlacementRate) per thread the agent moved. Past
+// a rate the connection is not read until its turn is due. false: the
+// process exited or the agent stops.
+func (c *conn) takeTurns() bool {
+	frame, placements := c.owesTurn.Swap(false), c.owesPlacement.Swap(0)
+	if c.pace == nil {
 		return true // before HELLO a connection has its deadline
+	}
+	if frame && !c.takeTurn(c.pace.frames, metrics.FramePaced) {
+		return false
+	}
+	for ; placements > 0; placements-- {
+		if !c.takeTurn(c.pace.placements, metrics.PlacementPaced) {
+			return false
+		}
+	}
+	return true
+}
+
+// takeTurn takes one turn of pace l, waiting past its rate, counted as
+// reason.
+func (c *conn) takeTurn(l *rate.Limiter, reason metrics.Reason) bool {
+	if l.Allow() {
+		return true
 	}
 	c.srv.metrics.Error(reason)
 	if c.session.gone.Load() {
@@ -200,22 +219,6 @@ func (c *conn) takeTurn(l *rate.Limiter, reason metrics.Reason) bool {
 	// The wait ends early when the process exits (its last words are
 	// read on, unpaced) or the agent stops (the connection closes).
 	return l.Wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
-}
-
-// paceFrames and pacePlacements are the connection's container's paces
-// (nil before HELLO).
-func (c *conn) paceFrames() *rate.Limiter {
-	if c.pace == nil {
-		return nil
-	}
-	return c.pace.frames
-}
-
-func (c *conn) pacePlacements() *rate.Limiter {
-	if c.pace == nil {
-		return nil
-	}
-	return c.pace.placements
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts
@@ -244,7 +247,7 @@ func (c *conn) acquire(request uint32, m *slotv1.Acquire) bool {
 	}
 	if !hold && c.peer.PID != c.srv.self && c.pool.AgentPlaces(req.AgentPlaces) {
 		c.srv.guard.check() // an agent placement (or eviction) may have run
-		c.owesPlacement.Store(true)
+		c.owesPlacement.Add(1)
 	}
 	if err != nil {
 		return c.fail(request, err)
