@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	slotv1 "github.com/cpuslot/cpuslot/api/slot/v1"
 	"github.com/cpuslot/cpuslot/internal/metrics"
 	"github.com/cpuslot/cpuslot/internal/pool"
@@ -166,7 +164,7 @@ func (c *conn) sleepOrWake(request uint32, m *slotv1.Release) bool {
 	case m.Outcome != slotv1.InvocationOK:
 		c.srv.metrics.Error(metrics.BadRequest)
 		err = slotv1.Errorf(slotv1.CodeBadRequest, "SLEEP or WAKE with outcome %v, want OK", m.Outcome)
-	case m.Flags&slotv1.ReleaseSleep != 0 && !c.pace.sleeps.Allow():
+	case m.Flags&slotv1.ReleaseSleep != 0 && !c.pace.sleeps.allow():
 		c.srv.metrics.Error(metrics.SleepThrottled)
 		err = &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: sleepRetry,
 			Message: fmt.Sprintf("SLEEP at most %d times a second per container: the lease stays awake", SleepRate)}
@@ -208,8 +206,8 @@ func (c *conn) takeTurns() bool {
 
 // takeTurn takes one turn of pace l, waiting past its rate, counted as
 // reason.
-func (c *conn) takeTurn(l *rate.Limiter, reason metrics.Reason) bool {
-	if l.Allow() {
+func (c *conn) takeTurn(l *turns, reason metrics.Reason) bool {
+	if l.allow() {
 		return true
 	}
 	c.srv.metrics.Error(reason)
@@ -218,7 +216,7 @@ func (c *conn) takeTurn(l *rate.Limiter, reason metrics.Reason) bool {
 	}
 	// The wait ends early when the process exits (its last words are
 	// read on, unpaced) or the agent stops (the connection closes).
-	return l.Wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
+	return l.wait(c.session.ctx) == nil || c.srv.ctx.Err() == nil
 }
 
 // badRequest answers a request the agent refuses as malformed, and counts
@@ -286,12 +284,12 @@ func (c *conn) usage(request uint32, m *slotv1.Usage) bool {
 		c.badRequest(request, "USAGE needs a connection granted LOCAL at HELLO")
 		return false
 	}
-	if !c.pace.usage.Allow() {
+	if !c.pace.usage.allow() {
 		c.srv.metrics.Error(metrics.UsageThrottled)
 		if c.session.gone.Load() {
 			return true // a flood queued before the exit: nobody waits on it
 		}
-		if c.pace.usage.Wait(c.session.ctx) != nil {
+		if c.pace.usage.wait(c.session.ctx) != nil {
 			return false // the agent is stopping, or the process exited
 		}
 	}
@@ -311,7 +309,7 @@ func (c *conn) holdList(request uint32) bool {
 	if !c.local {
 		return c.badRequest(request, "HOLD_LIST needs a connection granted LOCAL at HELLO")
 	}
-	if !c.session.holdList.Allow() {
+	if !c.session.holdList.allow() {
 		c.srv.metrics.Error(metrics.HoldListThrottled)
 		return c.send(request, &slotv1.Error{Code: slotv1.CodeRejected, RetryAfterMS: holdListRetry,
 			Message: fmt.Sprintf("HOLD_LIST at most %d times a second per process", holdListRate)}, nil)

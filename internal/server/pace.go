@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -108,5 +110,52 @@ func (b *buckets[K]) sweep(now time.Time) {
 		if l.TokensAt(now) >= float64(b.burst) {
 			delete(b.m, k)
 		}
+	}
+}
+
+// turns is a rate.Limiter that callers on many goroutines share: a
+// container's paces, a process's HOLD_LIST. x/time/rate takes each
+// caller's time as read before its lock and sets its clock to it, back as
+// well as forward: a caller preempted between the two (on a loaded node,
+// for milliseconds) moves the clock back, and the next caller is credited
+// that interval again. turns reads the time under a lock of its own, so the
+// clock only moves forward and the rate holds however busy the node is.
+type turns struct {
+	mu sync.Mutex
+	l  *rate.Limiter
+}
+
+func newTurns(r rate.Limit, burst int) *turns {
+	return &turns{l: rate.NewLimiter(r, burst)}
+}
+
+// allow takes a turn if one is due now.
+func (t *turns) allow() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.l.AllowN(time.Now(), 1)
+}
+
+// wait takes a turn, sleeping until it is due. An error: ctx ended first,
+// and the turn is given back.
+func (t *turns) wait(ctx context.Context) error {
+	t.mu.Lock()
+	now := time.Now()
+	r := t.l.ReserveN(now, 1)
+	t.mu.Unlock()
+	d := r.DelayFrom(now)
+	if d == 0 {
+		return nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		t.mu.Lock()
+		r.CancelAt(time.Now())
+		t.mu.Unlock()
+		return ctx.Err()
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -385,5 +386,46 @@ func TestPeerBuckets(t *testing.T) {
 	}
 	if !b.allow(0, later) || !b.allow(0, later) || b.allow(0, later) {
 		t.Fatal("a peer whose bucket was swept did not get a new one of its burst")
+	}
+}
+
+// TestTurnsHoldTheirRateUnderContention: goroutines on every core take
+// turns as fast as they can. A turn is granted at most burst + rate x
+// elapsed times, with nothing allowed for the clock. A rate.Limiter used
+// directly fails this on a loaded machine (3 runs in 10, with three more
+// busy loops on two cores: 752-787 turns where 708-728 were due): a caller
+// preempted between reading the time and taking the limiter's lock sets
+// its clock back, and the next caller is credited that interval again.
+func TestTurnsHoldTheirRateUnderContention(t *testing.T) {
+	const r, burst, callers = 2000, 100, 8
+	tu := newTurns(r, burst)
+	var taken atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if tu.allow() {
+					taken.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start)
+	n, allowed := taken.Load(), burst+r*elapsed.Seconds()
+	t.Logf("%d turns taken by %d callers in %v, at most %.0f", n, callers, elapsed.Round(time.Millisecond), allowed)
+	if float64(n) > allowed+1 {
+		t.Fatalf("%d turns in %v, want at most %.0f (burst %d + %d a second)", n, elapsed, allowed, burst, r)
 	}
 }

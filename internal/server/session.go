@@ -36,7 +36,7 @@ type session struct {
 	gone atomic.Bool
 	// holdList paces the process's HOLD_LIST answers, over all its
 	// connections (a refusal takes a turn of its container's pace).
-	holdList *rate.Limiter
+	holdList *turns
 }
 
 // containerPace paces, over all of a container's processes, the frames
@@ -49,7 +49,7 @@ type containerPace struct {
 	// sleeps paces the SLEEPs that lend, usage the USAGE reports, frames
 	// the frames that owe a turn (conn.owesTurn), placements the agent's
 	// moves of the container's threads (conn.owesPlacement).
-	sleeps, usage, frames, placements *rate.Limiter
+	sleeps, usage, frames, placements *turns
 }
 
 // paceOf takes a reference to pool p's pace, for a connection that named
@@ -59,10 +59,10 @@ func (s *Server) paceOf(p *pool.Pool) *containerPace {
 	defer s.mu.Unlock()
 	cp := s.paces[p]
 	if cp == nil {
-		cp = &containerPace{sleeps: rate.NewLimiter(SleepRate, SleepBurst), usage: rate.NewLimiter(usageRate, usageBurst),
-			frames: rate.NewLimiter(PacedRate, PacedBurst), placements: rate.NewLimiter(rate.Inf, 0)}
+		cp = &containerPace{sleeps: newTurns(SleepRate, SleepBurst), usage: newTurns(usageRate, usageBurst),
+			frames: newTurns(PacedRate, PacedBurst), placements: newTurns(rate.Inf, 0)}
 		if n := s.limits.PlacementRate; n > 0 {
-			cp.placements = rate.NewLimiter(rate.Limit(n), n)
+			cp.placements = newTurns(rate.Limit(n), n)
 		}
 		s.paces[p] = cp
 	}
@@ -146,7 +146,7 @@ func (s *Server) join(k processKey, c *conn, pidfd int) *session {
 	ss := s.sessions[k]
 	if ss == nil {
 		ss = &session{key: k, conns: map[*conn]struct{}{},
-			holdList: rate.NewLimiter(holdListRate, holdListBurst)}
+			holdList: newTurns(holdListRate, holdListBurst)}
 		ss.ctx, ss.cancel = context.WithCancel(s.ctx)
 		if pidfd >= 0 && s.watchExits {
 			var err error

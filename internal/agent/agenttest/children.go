@@ -144,10 +144,30 @@ func HexFrames(t *testing.T, ms ...slotv1.Message) string {
 	return strings.Join(out, ",")
 }
 
-// StartWithPID starts cmd so that it gets PID want, by setting the PID
-// namespace's last PID just before the fork. Other processes fork too, so
-// it retries; the caller checks what it got.
-func StartWithPID(t *testing.T, want int, mk func() *exec.Cmd) *exec.Cmd {
+// ReusePID gives the PID of a process that is gone to a new one: peer
+// sets up what the test needs around a process (or thread) and ends it,
+// returning its PID; the new process is mk's, started with that PID by
+// setting the PID namespace's last PID just before the fork. Other tasks
+// fork too, so it retries; when one of them took the PID and lives on
+// (a thread the Go runtime started, on a loaded machine), that PID is lost
+// and peer is asked for a new one.
+func ReusePID(t *testing.T, peer func() int, mk func() *exec.Cmd) *exec.Cmd {
+	t.Helper()
+	for round := 0; round < 5; round++ {
+		want := peer()
+		cmd, holder := startWithPID(t, want, mk)
+		if cmd != nil {
+			return cmd
+		}
+		t.Logf("PID %d was taken by %s before the test's fork; a new peer", want, holder)
+	}
+	t.Fatal("the PID of a process that ended was taken by another task 5 times in a row")
+	return nil
+}
+
+// startWithPID starts cmd with PID want; or it says who took want for
+// good (nil cmd), or fails t after 200 tries.
+func startWithPID(t *testing.T, want int, mk func() *exec.Cmd) (*exec.Cmd, string) {
 	t.Helper()
 	for try := 0; try < 200; try++ {
 		cmd := mk()
@@ -159,13 +179,34 @@ func StartWithPID(t *testing.T, want int, mk func() *exec.Cmd) *exec.Cmd {
 		}
 		if cmd.Process.Pid == want {
 			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-			return cmd
+			return cmd, ""
 		}
 		cmd.Process.Kill()
 		cmd.Wait()
+		if holder := taskOf(want); holder != "" {
+			return nil, holder
+		}
 	}
 	t.Fatalf("PID %d was never reused in 200 tries", want)
-	return nil
+	return nil, ""
+}
+
+// taskOf names the live task with id tid ("" if none): its name and
+// thread group.
+func taskOf(tid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return ""
+	}
+	var name, tgid string
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Name:\t"); ok {
+			name = v
+		} else if v, ok := strings.CutPrefix(l, "Tgid:\t"); ok {
+			tgid = v
+		}
+	}
+	return fmt.Sprintf("task %q of process %s", name, tgid)
 }
 
 // ConnectedByChild has a short-lived child in cgroup rel connect to the
