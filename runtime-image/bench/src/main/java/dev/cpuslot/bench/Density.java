@@ -77,20 +77,20 @@ final class Density {
                         call[i - 1] = (System.nanoTime() - r) / 1e6;
                     }
                     double[] m1 = memory(rt);
-                    double warm = 0;
+                    double next;
                     double[] w = new double[10];
                     for (int k = 0; k < w.length; k++) {
                         long s = System.nanoTime();
                         invoke(rt, "f" + n);
                         w[k] = (System.nanoTime() - s) / 1e6;
                     }
-                    warm = pct(w, 50);
+                    next = pct(w, 50);
                     rows.add(String.format(Locale.ROOT, "| %s | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %.2f | %.1f (%s) | %.1fx | %s-%s |",
                             lang, t.label(), m0[0], m1[0], (m1[0] - m0[0]) / n, (m1[1] - m0[1]) / n, (m1[2] - m0[2]) / n, (m1[3] - m0[3]) / n,
                             base[0], what(lang), (m1[0] - m0[0]) / n / base[0], load0, GuestBench.loadAverage()));
                     firstRows.add(String.format(Locale.ROOT, "| %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s |",
                             lang, t.label(), GuestBench.fmt(pct(reg, 50)), GuestBench.fmt(pct(reg, 90)), GuestBench.fmt(pct(call, 50)),
-                            GuestBench.fmt(pct(call, 90)), GuestBench.fmt(warm), GuestBench.fmt(base[1]), what(lang), GuestBench.fmt(base[2])));
+                            GuestBench.fmt(pct(call, 90)), GuestBench.fmt(next), GuestBench.fmt(base[1]), what(lang), GuestBench.fmt(base[2])));
                 } finally {
                     rt.stop();
                 }
@@ -106,8 +106,8 @@ final class Density {
         rows.forEach(System.out::println);
         System.out.println();
         System.out.println("# a new function's first call (ms): /register (code checked, its context made) and the first call after it, p50 and p90 over the "
-                + n + " added functions, " + pauseMs + " ms apart; warm: the last one's median of 10 calls after; the baseline: process start to the first call's answer, and its warm call");
-        System.out.println("| language | runtime | /register p50 | /register p90 | first call p50 | first call p90 | warm call p50 | baseline cold start | baseline warm call |");
+                + n + " added functions, " + pauseMs + " ms apart; next 10: the last one's median of its next 10 calls, right after a full GC (early calls, not warm ones: make bench-guest's hello row has the warm call); the baseline: process start to the first call's answer, and its warm call");
+        System.out.println("| language | runtime | /register p50 | /register p90 | first call p50 | first call p90 | next 10 calls p50 | baseline cold start | baseline warm call |");
         System.out.println("|---|---|---:|---:|---:|---:|---:|---:|---:|");
         firstRows.forEach(System.out::println);
     }
