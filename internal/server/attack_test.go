@@ -1162,13 +1162,20 @@ func helloFromProcesses(t *testing.T, e *agenttest.Env, n int) []net.Conn {
 }
 
 // pacedAtMost is how many frames of conns connections of one container the
-// agent takes in elapsed at most: PacedBurst and PacedRate a second, and
-// two frames a connection (its first, before any turn is owed; an
-// ACQUIRE's, answered beside the reader, owes its turn a frame late).
-// Nothing is allowed for the clock: the paces read it under their own lock
-// (TestTurnsHoldTheirRateUnderContention).
+// agent takes in elapsed at most: PacedBurst and PacedRate a second
+// (turnsAtMost).
 func pacedAtMost(elapsed time.Duration, conns int) float64 {
-	return server.PacedBurst + server.PacedRate*elapsed.Seconds() + float64(2*conns)
+	return turnsAtMost(server.PacedBurst, server.PacedRate, elapsed, conns)
+}
+
+// turnsAtMost is how many turns of a container's pace of rate a second, in
+// bursts of burst, conns connections of it take in elapsed at most: the
+// burst, the rate, and two a connection (its first frame, before any turn
+// is owed; an ACQUIRE's, answered beside the reader, owes its turn a frame
+// late). Nothing is allowed for the clock: the paces read it under their
+// own lock (TestTurnsHoldTheirRateUnderContention).
+func turnsAtMost(burst, rate float64, elapsed time.Duration, conns int) float64 {
+	return burst + rate*elapsed.Seconds() + float64(2*conns)
 }
 
 // TestAttackRefusedRequestFlood: processes of one container pipeline
@@ -1400,9 +1407,7 @@ func TestAttackPlacementFlood(t *testing.T) {
 			if why := failed.Load(); why != nil {
 				t.Fatal(*why)
 			}
-			// The burst and the rate, and two a connection: a turn is taken
-			// before the frame after (pacedAtMost).
-			allowed := rate + rate*elapsed.Seconds() + 2*procs
+			allowed := turnsAtMost(rate, rate, elapsed, procs) // bursts of as many as the rate
 			t.Logf("%d agent-placed ACQUIREs for %d processes of one container in %v (%s)", n, procs, elapsed.Round(time.Millisecond),
 				agenttest.Grep(agenttest.Scrape(t, a), `reason="placement_paced"`))
 			if float64(n) > allowed {
