@@ -23,7 +23,10 @@ import java.util.regex.Pattern;
  * Memory per function, and a new function's first call, per language: one runtime (Hydra's
  * {@code /register}), one hello-world function registered and called, then {@code N} more, each
  * registered and called once; resident memory, Java heap in use and metaspace after a full GC,
- * before and after the {@code N}, divided by {@code N}. Beside it, in the same run, the same
+ * before and after the {@code N}, divided by {@code N}. Before the {@code N}, the first function is
+ * called for {@code warmSeconds}: the new functions arrive in a runtime that has been serving (its
+ * HTTP path, pool and wrapper compiled), the case co-location is for, not in one that has answered
+ * one call; a new function's first call is then set against its own warm call in that runtime. Beside it, in the same run, the same
  * function in its own process (node, python3, a JVM), called once: what a function costs when each
  * runs alone, and its cold start (process start to the first call's answer).
  */
@@ -31,7 +34,10 @@ final class Density {
     private Density() {}
 
     static final String NAME = "memory";
-    private static final HttpClient HTTP = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10)).build();
+    // HTTP/1.1, as GuestBench's /run client: the default asks every request to upgrade to HTTP/2
+    private static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(Duration.ofSeconds(10)).build();
+    /** A function's warm call: the median of the last of this many calls of the last function added. */
+    private static final int WARM_CALLS = 2000;
     private static final Duration TIMEOUT = Duration.ofSeconds(600);
 
     static final String JAVA_HELLO = """
@@ -49,7 +55,7 @@ final class Density {
             }
             """;
 
-    static void run(List<GuestBench.Target> targets, List<String> languages, int n, long pauseMs, Path work) throws Exception {
+    static void run(List<GuestBench.Target> targets, List<String> languages, int n, long pauseMs, double warmSeconds, Path work) throws Exception {
         byte[] jar = helloJar(work);
         Path jarFile = work.resolve("hello.jar");
         Files.write(jarFile, jar);
@@ -65,6 +71,7 @@ final class Density {
                 try {
                     register(rt, lang, "f0", jar);
                     invoke(rt, "f0");
+                    for (long until = System.nanoTime() + (long) (warmSeconds * 1e9); System.nanoTime() - until < 0; ) invoke(rt, "f0");
                     double[] m0 = memory(rt);
                     double[] reg = new double[n], call = new double[n];
                     for (int i = 1; i <= n; i++) {
@@ -85,12 +92,21 @@ final class Density {
                         w[k] = (System.nanoTime() - s) / 1e6;
                     }
                     next = pct(w, 50);
+                    // the same function warm in the same runtime, for the first call's ratio
+                    double[] warm = new double[WARM_CALLS];
+                    for (int k = 0; k < warm.length; k++) {
+                        long s = System.nanoTime();
+                        invoke(rt, "f" + n);
+                        warm[k] = (System.nanoTime() - s) / 1e6;
+                    }
+                    double warmP50 = pct(java.util.Arrays.copyOfRange(warm, WARM_CALLS / 2, WARM_CALLS), 50);
                     rows.add(String.format(Locale.ROOT, "| %s | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %.2f | %.1f (%s) | %.1fx | %s-%s |",
                             lang, t.label(), m0[0], m1[0], (m1[0] - m0[0]) / n, (m1[1] - m0[1]) / n, (m1[2] - m0[2]) / n, (m1[3] - m0[3]) / n,
                             base[0], what(lang), (m1[0] - m0[0]) / n / base[0], load0, GuestBench.loadAverage()));
-                    firstRows.add(String.format(Locale.ROOT, "| %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s |",
+                    firstRows.add(String.format(Locale.ROOT, "| %s | %s | %s | %s | %s | %s | %s | %s | %.0fx | %s (%s) | %s |",
                             lang, t.label(), GuestBench.fmt(pct(reg, 50)), GuestBench.fmt(pct(reg, 90)), GuestBench.fmt(pct(call, 50)),
-                            GuestBench.fmt(pct(call, 90)), GuestBench.fmt(next), GuestBench.fmt(base[1]), what(lang), GuestBench.fmt(base[2])));
+                            GuestBench.fmt(pct(call, 90)), GuestBench.fmt(next), GuestBench.fmt(warmP50), pct(call, 50) / warmP50,
+                            GuestBench.fmt(base[1]), what(lang), GuestBench.fmt(base[2])));
                 } finally {
                     rt.stop();
                 }
@@ -105,10 +121,10 @@ final class Density {
         System.out.println("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         rows.forEach(System.out::println);
         System.out.println();
-        System.out.println("# a new function's first call (ms): /register (code checked, its context made) and the first call after it, p50 and p90 over the "
-                + n + " added functions, " + pauseMs + " ms apart; next 10: the last one's median of its next 10 calls, right after a full GC (early calls, not warm ones: make bench-guest's hello row has the warm call); the baseline: process start to the first call's answer, and its warm call");
-        System.out.println("| language | runtime | /register p50 | /register p90 | first call p50 | first call p90 | next 10 calls p50 | baseline cold start | baseline warm call |");
-        System.out.println("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        System.out.println("# a new function's first call (ms), in a runtime that served the first function for " + warmSeconds + " s: /register (code checked, its context made) and the first call after it, p50 and p90 over the "
+                + n + " added functions, " + pauseMs + " ms apart; next 10: the last one's median of its next 10 calls, right after a full GC; warm: its median of the last " + WARM_CALLS / 2 + " of " + WARM_CALLS + " calls after those, through the same client; the baseline: process start to the first call's answer, and its warm call");
+        System.out.println("| language | runtime | /register p50 | /register p90 | first call p50 | first call p90 | next 10 calls p50 | warm call p50 | first call p50 / warm | baseline cold start | baseline warm call |");
+        System.out.println("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         firstRows.forEach(System.out::println);
     }
 

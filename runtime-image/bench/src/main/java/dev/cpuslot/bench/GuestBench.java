@@ -40,7 +40,7 @@ import java.util.regex.Pattern;
  * The {@code memory} workload ({@link Density}) registers {@code --functions} hello-world functions
  * in one runtime per language (Java too, when {@code --languages} names it or not) and reports
  * memory per added function and a new function's first call ({@code --pause-ms} between
- * registrations), beside one process per function.
+ * registrations, after {@code --warm-seconds} of calls to the first), beside one process per function.
  *
  * Per language and workload, every runtime under test ("after": the jar given, started as its image
  * starts it, image/jvm-options plus image/jvm-options-jit; "before": {@code --before-jar}, another
@@ -315,7 +315,7 @@ public final class GuestBench {
         boolean density = workloads.contains(Density.NAME) && functions > 0;
         List<String> chosen = workloads;
         if (WORKLOADS.stream().noneMatch(w -> chosen.contains(w.name))) { // memory only
-            if (density) Density.run(targets, languages, functions, pauseMs, work);
+            if (density) Density.run(targets, languages, functions, pauseMs, warmSeconds, work);
             return;
         }
 
@@ -439,7 +439,7 @@ public final class GuestBench {
             System.out.println("|---|---|---:|---:|---:|---:|");
             startRows.forEach(System.out::println);
         }
-        if (density) Density.run(targets, languages, functions, pauseMs, work);
+        if (density) Density.run(targets, languages, functions, pauseMs, warmSeconds, work);
     }
 
     /** JSON without the whitespace outside strings (python3's json.dumps puts a space after ',' and ':'). */

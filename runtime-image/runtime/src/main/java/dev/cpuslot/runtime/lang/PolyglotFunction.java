@@ -52,11 +52,19 @@ public final class PolyglotFunction implements Function {
         }
     }
 
+    /*
+     * The runtime's own code is evaluated in every function's context from Source objects held
+     * here for the process: an engine shares parsed and compiled code between its contexts for as
+     * long as the Source it came from lives. A Source made anew for each context (ctx.eval of a
+     * String) is collected with its code, and each new function parsed and compiled the
+     * runtime's wrapper again (Truffle's compilation log: a new __cpuslot_call for every function).
+     */
+
     /** Defines the Node-like globals before the action's code runs. */
-    private static final String JS_PRELUDE = guest("prelude.js");
+    private static final Source JS_PRELUDE = Source.newBuilder("js", guest("prelude.js"), "cpuslot-prelude.js").buildLiteral();
 
     /** Finds the entry point (a dotted path) and wraps it: call, then poll until settled. */
-    private static final String JS_WRAPPER = guest("wrapper.js");
+    private static final Source JS_WRAPPER = Source.newBuilder("js", guest("wrapper.js"), "cpuslot-wrapper.js").buildLiteral();
 
     /**
      * The runtime's own Python: no standard module. Values cross as JSON through GraalPy's
@@ -76,6 +84,21 @@ public final class PolyglotFunction implements Function {
     private static final Source PY_PRELUDE_SOURCE = Source.newBuilder("python", PY_PRELUDE, RUNTIME_PY).buildLiteral();
 
     private static final String PY_WRAPPER = guest("wrapper.py");
+
+    /** The Python wrapper's Source per entry point name, held (above); at most this many names, then one a function. */
+    private static final int PY_WRAPPERS_HELD = 64;
+    private static final Map<String, Source> PY_WRAPPERS = new java.util.concurrent.ConcurrentHashMap<>();
+
+    private static Source pyWrapper(String entry) {
+        Source s = PY_WRAPPERS.get(entry);
+        if (s != null) return s;
+        s = Source.newBuilder("python", PY_WRAPPER.formatted(entry), RUNTIME_PY).buildLiteral();
+        if (PY_WRAPPERS.size() < PY_WRAPPERS_HELD) {
+            Source had = PY_WRAPPERS.putIfAbsent(entry, s);
+            if (had != null) s = had;
+        }
+        return s;
+    }
 
     /** Local chaining for guests (cpuslot.call / callAsync): JSON strings both ways, the running activation's hop from the thread. */
     private static final org.graalvm.polyglot.proxy.ProxyExecutable CHAIN_BUS = a -> GuestChain.call(
@@ -208,9 +231,9 @@ public final class PolyglotFunction implements Function {
         Value call, poll = null, loop = null;
         try {
             if (polyglotId.equals("js")) {
-                loop = ctx.eval("js", JS_PRELUDE).execute(initEnvJson, CHAIN_BUS);
+                loop = ctx.eval(JS_PRELUDE).execute(initEnvJson, CHAIN_BUS);
                 ctx.eval(source);
-                Value w = ctx.eval("js", JS_WRAPPER).execute(entry, loop);
+                Value w = ctx.eval(JS_WRAPPER).execute(entry, loop);
                 if (w.isNull()) throw new IllegalArgumentException("no function " + entry + " in the JavaScript code");
                 call = w.getMember("call");
                 poll = w.getMember("poll");
@@ -224,7 +247,7 @@ public final class PolyglotFunction implements Function {
                 Value fn = bindings.getMember(entry);
                 if (fn == null || !fn.canExecute())
                     throw new IllegalArgumentException("no function " + entry + " in the Python code");
-                ctx.eval(Source.newBuilder("python", PY_WRAPPER.formatted(entry), RUNTIME_PY).buildLiteral());
+                ctx.eval(pyWrapper(entry));
                 call = bindings.getMember("__cpuslot_call");
             }
         } catch (PolyglotException e) {
