@@ -26,9 +26,10 @@ import java.util.regex.Pattern;
  * before and after the {@code N}, divided by {@code N}. Before the {@code N}, the first function is
  * called for {@code warmSeconds}: the new functions arrive in a runtime that has been serving (its
  * HTTP path, pool and wrapper compiled), the case co-location is for, not in one that has answered
- * one call; a new function's first call is then set against its own warm call in that runtime. Beside it, in the same run, the same
- * function in its own process (node, python3, a JVM), called once: what a function costs when each
- * runs alone, and its cold start (process start to the first call's answer).
+ * one call; a new function's first call is then set against its own warm call in that runtime.
+ * Beside it, in the same run, the same function in its own process (node, python3, a JVM), called
+ * once: what a function costs when each runs alone, and its cold start (process start to the first
+ * call's answer).
  */
 final class Density {
     private Density() {}
