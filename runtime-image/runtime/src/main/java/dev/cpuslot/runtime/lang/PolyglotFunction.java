@@ -83,22 +83,8 @@ public final class PolyglotFunction implements Function {
     private static final String RUNTIME_PY = "cpuslot-runtime.py";
     private static final Source PY_PRELUDE_SOURCE = Source.newBuilder("python", PY_PRELUDE, RUNTIME_PY).buildLiteral();
 
-    private static final String PY_WRAPPER = guest("wrapper.py");
-
-    /** The Python wrapper's Source per entry point name, held (above); at most this many names, then one a function. */
-    private static final int PY_WRAPPERS_HELD = 64;
-    private static final Map<String, Source> PY_WRAPPERS = new java.util.concurrent.ConcurrentHashMap<>();
-
-    private static Source pyWrapper(String entry) {
-        Source s = PY_WRAPPERS.get(entry);
-        if (s != null) return s;
-        s = Source.newBuilder("python", PY_WRAPPER.formatted(entry), RUNTIME_PY).buildLiteral();
-        if (PY_WRAPPERS.size() < PY_WRAPPERS_HELD) {
-            Source had = PY_WRAPPERS.putIfAbsent(entry, s);
-            if (had != null) s = had;
-        }
-        return s;
-    }
+    /** Wraps the entry point (bound as {@code __cpuslot_entry}): the environment in, JSON both ways. */
+    private static final Source PY_WRAPPER = Source.newBuilder("python", guest("wrapper.py"), RUNTIME_PY).buildLiteral();
 
     /** Local chaining for guests (cpuslot.call / callAsync): JSON strings both ways, the running activation's hop from the thread. */
     private static final org.graalvm.polyglot.proxy.ProxyExecutable CHAIN_BUS = a -> GuestChain.call(
@@ -247,7 +233,8 @@ public final class PolyglotFunction implements Function {
                 Value fn = bindings.getMember(entry);
                 if (fn == null || !fn.canExecute())
                     throw new IllegalArgumentException("no function " + entry + " in the Python code");
-                ctx.eval(pyWrapper(entry));
+                bindings.putMember("__cpuslot_entry", fn);
+                ctx.eval(PY_WRAPPER);
                 call = bindings.getMember("__cpuslot_call");
             }
         } catch (PolyglotException e) {

@@ -1,4 +1,4 @@
-def __cpuslot_call(a, e, __f=%s, __environ=__cpuslot_posix.environ):
+def __cpuslot_call(a, e, __f=__cpuslot_entry, __environ=__cpuslot_posix.environ):
     for k in [k for k in __environ if k.startswith(b'__OW_')]:
         del __environ[k]
     __environ.update(__cpuslot_env(__cpuslot_loads(e)))
