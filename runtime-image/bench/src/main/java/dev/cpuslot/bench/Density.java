@@ -85,21 +85,9 @@ final class Density {
                         call[i - 1] = (System.nanoTime() - r) / 1e6;
                     }
                     double[] m1 = memory(rt);
-                    double next;
-                    double[] w = new double[10];
-                    for (int k = 0; k < w.length; k++) {
-                        long s = System.nanoTime();
-                        invoke(rt, "f" + n);
-                        w[k] = (System.nanoTime() - s) / 1e6;
-                    }
-                    next = pct(w, 50);
+                    double next = pct(timedCalls(rt, "f" + n, 10), 50);
                     // the same function warm in the same runtime, for the first call's ratio
-                    double[] warm = new double[WARM_CALLS];
-                    for (int k = 0; k < warm.length; k++) {
-                        long s = System.nanoTime();
-                        invoke(rt, "f" + n);
-                        warm[k] = (System.nanoTime() - s) / 1e6;
-                    }
+                    double[] warm = timedCalls(rt, "f" + n, WARM_CALLS);
                     double warmP50 = pct(java.util.Arrays.copyOfRange(warm, WARM_CALLS / 2, WARM_CALLS), 50);
                     rows.add(String.format(Locale.ROOT, "| %s | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %.2f | %.1f (%s) | %.1fx | %s-%s |",
                             lang, t.label(), m0[0], m1[0], (m1[0] - m0[0]) / n, (m1[1] - m0[1]) / n, (m1[2] - m0[2]) / n, (m1[3] - m0[3]) / n,
@@ -181,6 +169,17 @@ final class Density {
         byte[] body = lang.equals("java") ? jar : hello(lang).getBytes(StandardCharsets.UTF_8);
         String q = "/register?name=" + name + "&language=" + lang + "&entryPoint=" + (lang.equals("java") ? "Hello" : "main");
         send(rt, q, HttpRequest.BodyPublishers.ofByteArray(body));
+    }
+
+    /** n calls of a function, each one's round trip in ms. */
+    static double[] timedCalls(GuestBench.Runtime rt, String name, int n) throws Exception {
+        double[] t = new double[n];
+        for (int k = 0; k < n; k++) {
+            long s = System.nanoTime();
+            invoke(rt, name);
+            t[k] = (System.nanoTime() - s) / 1e6;
+        }
+        return t;
     }
 
     static void invoke(GuestBench.Runtime rt, String name) throws Exception {
