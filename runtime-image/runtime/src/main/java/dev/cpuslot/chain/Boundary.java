@@ -2,12 +2,20 @@ package dev.cpuslot.chain;
 
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
+import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
-import com.google.gson.JsonParser;
-import com.google.gson.ToNumberPolicy;
-
+import com.google.gson.JsonNull;
+import com.google.gson.JsonObject;
 import com.google.gson.JsonPrimitive;
+import com.google.gson.JsonSyntaxException;
+import com.google.gson.Strictness;
+import com.google.gson.ToNumberPolicy;
+import com.google.gson.internal.LazilyParsedNumber;
+import com.google.gson.stream.JsonReader;
+import com.google.gson.stream.JsonToken;
 
+import java.io.IOException;
+import java.io.StringReader;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -22,44 +30,196 @@ import java.util.function.Function;
 public final class Boundary {
     private Boundary() {}
 
-    private static final Gson GSON = new GsonBuilder().setObjectToNumberStrategy(ToNumberPolicy.LONG_OR_DOUBLE).serializeNulls().create();
+    /** Made at the first result that is not plain JSON (a new function's first call need not load Gson's data binding). */
+    private static final class Binding {
+        static final Gson GSON = new GsonBuilder().setObjectToNumberStrategy(ToNumberPolicy.LONG_OR_DOUBLE).serializeNulls().create();
+    }
 
-    /** The function's JSON tree of {@code text}. */
-    public static Object tree(String text) { return JsonParser.parseString(text); }
+    /**
+     * The function's JSON tree of {@code text}, as {@code JsonParser} makes it. Read with Gson's
+     * streaming reader, here and in {@link #map}: its tree and data binding adapters are some 50
+     * classes that each function would define, verify and initialise again on its first call.
+     */
+    public static Object tree(String text) {
+        try {
+            JsonReader r = reader(text);
+            JsonElement e = element(r);
+            ended(r);
+            return e;
+        } catch (IOException e) {
+            throw new JsonSyntaxException(e);
+        }
+    }
 
     /**
      * The function's {@code Map} of {@code text} (a JSON object; numbers as long or double). Made
      * by hand, not by Gson's data binding, which constructs JDK collections by reflection (the
      * guard lets this copy reflect on the function's classes only).
      */
-    public static Object map(String text) { return plain(JsonParser.parseString(text)); }
-
-    private static Object plain(JsonElement e) {
-        if (e == null || e.isJsonNull()) return null;
-        if (e.isJsonObject()) {
-            Map<String, Object> m = new LinkedHashMap<>();
-            for (Map.Entry<String, JsonElement> x : e.getAsJsonObject().entrySet()) m.put(x.getKey(), plain(x.getValue()));
-            return m;
-        }
-        if (e.isJsonArray()) {
-            List<Object> l = new ArrayList<>();
-            for (JsonElement x : e.getAsJsonArray()) l.add(plain(x));
-            return l;
-        }
-        JsonPrimitive p = e.getAsJsonPrimitive();
-        if (p.isBoolean()) return p.getAsBoolean();
-        if (p.isString()) return p.getAsString();
-        String n = p.getAsString();
+    public static Object map(String text) {
         try {
-            return Long.parseLong(n);
-        } catch (NumberFormatException notLong) {
-            return Double.parseDouble(n);
+            JsonReader r = reader(text);
+            Object v = value(r);
+            ended(r);
+            return v;
+        } catch (IOException e) {
+            throw new JsonSyntaxException(e);
         }
     }
 
-    /** A result (a JSON tree, or maps and lists) as JSON text. */
+    private static JsonReader reader(String text) {
+        JsonReader r = new JsonReader(new StringReader(text));
+        r.setStrictness(Strictness.LENIENT); // as JsonParser reads
+        return r;
+    }
+
+    private static void ended(JsonReader r) throws IOException {
+        if (r.peek() != JsonToken.END_DOCUMENT) throw new JsonSyntaxException("Did not consume the entire document.");
+    }
+
+    private static JsonElement element(JsonReader r) throws IOException {
+        switch (r.peek()) {
+            case BEGIN_OBJECT -> {
+                JsonObject o = new JsonObject();
+                r.beginObject();
+                while (r.hasNext()) {
+                    String k = r.nextName();
+                    o.add(k, element(r));
+                }
+                r.endObject();
+                return o;
+            }
+            case BEGIN_ARRAY -> {
+                JsonArray a = new JsonArray();
+                r.beginArray();
+                while (r.hasNext()) a.add(element(r));
+                r.endArray();
+                return a;
+            }
+            case STRING -> { return new JsonPrimitive(r.nextString()); }
+            case NUMBER -> { return new JsonPrimitive(new LazilyParsedNumber(r.nextString())); }
+            case BOOLEAN -> { return new JsonPrimitive(r.nextBoolean()); }
+            case NULL -> {
+                r.nextNull();
+                return JsonNull.INSTANCE;
+            }
+            default -> throw new JsonSyntaxException("Unexpected " + r.peek() + " at " + r.getPath());
+        }
+    }
+
+    private static Object value(JsonReader r) throws IOException {
+        switch (r.peek()) {
+            case BEGIN_OBJECT -> {
+                Map<String, Object> m = new LinkedHashMap<>();
+                r.beginObject();
+                while (r.hasNext()) {
+                    String k = r.nextName();
+                    m.put(k, value(r));
+                }
+                r.endObject();
+                return m;
+            }
+            case BEGIN_ARRAY -> {
+                List<Object> l = new ArrayList<>();
+                r.beginArray();
+                while (r.hasNext()) l.add(value(r));
+                r.endArray();
+                return l;
+            }
+            case STRING -> { return r.nextString(); }
+            case NUMBER -> {
+                String n = r.nextString();
+                try {
+                    return Long.parseLong(n);
+                } catch (NumberFormatException notLong) {
+                    return Double.parseDouble(n);
+                }
+            }
+            case BOOLEAN -> { return r.nextBoolean(); }
+            case NULL -> {
+                r.nextNull();
+                return null;
+            }
+            default -> throw new JsonSyntaxException("Unexpected " + r.peek() + " at " + r.getPath());
+        }
+    }
+
+    /**
+     * A result (a JSON tree, or maps and lists) as JSON text. Maps with string keys, collections,
+     * strings, booleans, integers and finite doubles are written here, as Gson writes them (the
+     * runtime parses the text again, so only the values must agree); anything else goes to Gson.
+     */
     public static String text(Object result) {
-        return result instanceof JsonElement e ? e.toString() : GSON.toJson(result);
+        StringBuilder b = new StringBuilder();
+        if (plain(result, b)) return b.toString();
+        return result instanceof JsonElement e ? e.toString() : Binding.GSON.toJson(result);
+    }
+
+    /** Writes {@code v} to {@code b} as JSON; false: something in it is not plain JSON ({@code b} is then dropped). */
+    private static boolean plain(Object v, StringBuilder b) {
+        if (v == null || v instanceof JsonNull) {
+            b.append("null");
+        } else if (v instanceof JsonPrimitive p) {
+            if (p.isString()) {
+                quote(p.getAsString(), b);
+            } else if (p.isBoolean()) {
+                b.append(p.getAsBoolean());
+            } else {
+                Number n = p.getAsNumber();
+                if (n instanceof LazilyParsedNumber) b.append(n); // its text, as Gson writes it
+                else if (!plain(n, b)) return false;
+            }
+        } else if (v instanceof JsonObject o) {
+            return plain(o.asMap(), b);
+        } else if (v instanceof JsonArray a) {
+            return plain(a.asList(), b);
+        } else if (v instanceof String s) {
+            quote(s, b);
+        } else if (v instanceof Boolean || v instanceof Long || v instanceof Integer || v instanceof Short || v instanceof Byte) {
+            b.append(v);
+        } else if (v instanceof Double d) {
+            if (d.isNaN() || d.isInfinite()) return false; // Gson's own error
+            b.append(d.doubleValue());
+        } else if (v instanceof Map<?, ?> m) {
+            b.append('{');
+            boolean first = true;
+            for (Map.Entry<?, ?> x : m.entrySet()) {
+                if (!(x.getKey() instanceof String k)) return false;
+                if (!first) b.append(',');
+                first = false;
+                quote(k, b);
+                b.append(':');
+                if (!plain(x.getValue(), b)) return false;
+            }
+            b.append('}');
+        } else if (v instanceof java.util.Collection<?> c) {
+            b.append('[');
+            boolean first = true;
+            for (Object x : c) {
+                if (!first) b.append(',');
+                first = false;
+                if (!plain(x, b)) return false;
+            }
+            b.append(']');
+        } else {
+            return false;
+        }
+        return true;
+    }
+
+    private static void quote(String s, StringBuilder b) {
+        b.append('"');
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            if (c == '"' || c == '\\') {
+                b.append('\\').append(c);
+            } else if (c < 0x20 || c == '\u2028' || c == '\u2029') {
+                b.append(String.format("\\u%04x", (int) c));
+            } else {
+                b.append(c);
+            }
+        }
+        b.append('"');
     }
 
     /**
@@ -70,7 +230,7 @@ public final class Boundary {
     public static void bind(Function<String[], String[]> bus) {
         Chain.bind(bus == null ? null : new Chain.Bus() {
             @Override public JsonElement call(String function, JsonElement args) {
-                return JsonParser.parseString(send(bus, "sync", function, args));
+                return (JsonElement) tree(send(bus, "sync", function, args));
             }
 
             @Override public void callAsync(String function, JsonElement args) { send(bus, "async", function, args); }
@@ -78,7 +238,7 @@ public final class Boundary {
     }
 
     private static String send(Function<String[], String[]> bus, String mode, String function, JsonElement args) {
-        String[] r = bus.apply(new String[]{mode, function, args.toString()});
+        String[] r = bus.apply(new String[]{mode, function, text(args)});
         if (r[0] != null) throw new ChainException(ChainException.Kind.valueOf(r[0]), function, r[1]);
         return r[1];
     }
