@@ -2,14 +2,11 @@ package dev.cpuslot.bench;
 
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
-import java.net.URI;
-import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
@@ -35,11 +32,8 @@ final class Density {
     private Density() {}
 
     static final String NAME = "memory";
-    // HTTP/1.1, as GuestBench's /run client: the default asks every request to upgrade to HTTP/2
-    private static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(Duration.ofSeconds(10)).build();
     /** A function's warm call: the median of the last of this many calls of the last function added. */
     private static final int WARM_CALLS = 2000;
-    private static final Duration TIMEOUT = Duration.ofSeconds(600);
 
     static final String JAVA_HELLO = """
             import java.util.Map;
@@ -187,8 +181,7 @@ final class Density {
     }
 
     private static void send(GuestBench.Runtime rt, String path, HttpRequest.BodyPublisher body) throws Exception {
-        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + rt.port + path)).timeout(TIMEOUT)
-                .POST(body).build(), HttpResponse.BodyHandlers.ofString());
+        HttpResponse<String> r = GuestBench.send(rt.port, path, body);
         if (r.statusCode() != 200)
             throw new IllegalStateException(path + ": " + r.statusCode() + " " + r.body() + "\nruntime log:\n" + Files.readString(rt.log));
     }
