@@ -158,6 +158,20 @@ final class RuntimeProc implements AutoCloseable {
 
     Map<String, Double> metrics() throws IOException, InterruptedException { return Prom.parse(metricsText()); }
 
+    /**
+     * The metrics once the slot client's {@code event} has counted at least {@code atLeast} (a
+     * RELEASE goes after the answer it ends), or after 30 s as they are.
+     */
+    Map<String, Double> metricsOnce(String event, double atLeast) throws IOException, InterruptedException {
+        long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+        Map<String, Double> m = metrics();
+        while (event(m, event) < atLeast && System.nanoTime() - until < 0) {
+            Thread.sleep(10);
+            m = metrics();
+        }
+        return m;
+    }
+
     /** Slot client counter (cpuslot_slot_client_events_total{event=...}). */
     static double event(Map<String, Double> m, String event) {
         return Prom.get(m, "cpuslot_slot_client_events_total{event=\"" + event + "\"}");
