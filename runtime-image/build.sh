@@ -20,7 +20,9 @@ args=("$@"); [ ${#args[@]} -eq 0 ] && args=(verify)
 # offline once the local repository has what the build needs (after the first online run)
 repo="${MAVEN_REPO:-$HOME/.m2/repository}"
 pv=$(sed -n 's#.*<graalvm.polyglot.version>\(.*\)</graalvm.polyglot.version>.*#\1#p' pom.xml)
+# the mark names the poms it was made with: a dependency added since is fetched online first
+mark="$repo/.cpuslot-runtime-deps-$(cat pom.xml */pom.xml | sha256sum | cut -c1-16)"
 offline=()
-if [ -f "$repo/org/graalvm/polyglot/polyglot/$pv/polyglot-$pv.jar" ] && [ -f "$repo/.cpuslot-runtime-deps-ok" ]; then offline=(-o); fi
+if [ -f "$repo/org/graalvm/polyglot/polyglot/$pv/polyglot-$pv.jar" ] && [ -f "$mark" ]; then offline=(-o); fi
 mvn -B "${offline[@]}" "${args[@]}"
-if [[ " ${args[*]} " == *" verify "* || " ${args[*]} " == *" install "* ]]; then touch "$repo/.cpuslot-runtime-deps-ok"; fi
+if [[ " ${args[*]} " == *" verify "* || " ${args[*]} " == *" install "* ]]; then touch "$mark"; fi

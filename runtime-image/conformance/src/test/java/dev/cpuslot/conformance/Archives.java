@@ -31,6 +31,28 @@ final class Archives {
         }
     }
 
+    /**
+     * As {@link #jar}, with the classes of {@code library} (a jar) under {@code prefix} bundled in,
+     * as a fat jar ships a library the runtime also provides.
+     */
+    static String jarBundling(Map<String, String> sources, Path library, String prefix) throws Exception {
+        Path src = Files.createTempDirectory("conf-src"), classes = Files.createTempDirectory("conf-classes");
+        try (java.util.zip.ZipFile z = new java.util.zip.ZipFile(library.toFile())) {
+            for (ZipEntry e : java.util.Collections.list(z.entries())) {
+                if (e.isDirectory() || !e.getName().startsWith(prefix)) continue;
+                Path p = classes.resolve(e.getName());
+                Files.createDirectories(p.getParent());
+                try (var in = z.getInputStream(e)) {
+                    Files.copy(in, p);
+                }
+            }
+            return compile(sources, src, classes);
+        } finally {
+            deleteTree(src);
+            deleteTree(classes);
+        }
+    }
+
     private static String compile(Map<String, String> sources, Path src, Path classes) throws Exception {
         List<String> args = new ArrayList<>(List.of("-d", classes.toString(), "-classpath", classpath(), "-encoding", "UTF-8", "-nowarn"));
         for (Map.Entry<String, String> e : sources.entrySet()) {

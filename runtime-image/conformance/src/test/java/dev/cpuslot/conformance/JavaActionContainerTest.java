@@ -311,6 +311,69 @@ class JavaActionContainerTest extends BasicActionRunnerCases {
         });
     }
 
+    /**
+     * A fat jar that ships an older Gson (2.9.0) in place of the runtime's copy. In a shared runtime
+     * the guard refuses it at /init (Gson reflects on fields, which a function's own code may not);
+     * in a runtime for trusted code its arguments and results cross with its own Gson, JsonObject
+     * and Map entry points alike (the runtime's boundary code must not need what only its own Gson
+     * has).
+     */
+    @Test
+    @DisplayName("Java action: a jar that ships its own, older Gson")
+    void jarShippingAnOlderGson() throws Exception {
+        java.nio.file.Path older = java.nio.file.Path.of(System.getProperty("cpuslot.gson.older", "target/older-gson/gson-older.jar"));
+        assertTrue(java.nio.file.Files.isRegularFile(older), "the build copies Gson 2.9.0 to " + older);
+        String jar = Archives.jarBundling(Map.of("example/Old.java", """
+                package example;
+                import com.google.gson.*;
+                import java.util.*;
+                public class Old {
+                    public static class Point { int x = 1; int y = 2; }
+                    static boolean older() {
+                        try {
+                            com.google.gson.stream.JsonReader.class.getMethod("setStrictness", Class.forName("com.google.gson.Strictness"));
+                            return false;
+                        } catch (ReflectiveOperationException e) {
+                            return true;
+                        }
+                    }
+                    public static JsonObject main(JsonObject args) {
+                        JsonObject r = new JsonObject();
+                        r.add("args", args);
+                        r.addProperty("older", older());
+                        r.addProperty("half", 0.5);
+                        return r;
+                    }
+                    public static Map<String, Object> map(Map<String, Object> args) {
+                        Map<String, Object> r = new LinkedHashMap<>();
+                        r.put("args", args);
+                        r.put("older", older());
+                        r.put("point", new Point()); // not plain JSON: Gson's data binding
+                        return r;
+                    }
+                }
+                """), older, "com/google/gson/");
+        JsonObject args = json("{\"s\":\"x\",\"n\":[1,2.5,null],\"o\":{\"t\":true}}");
+        with("java", c -> {
+            Reply r = c.init(initPayload(jar, "example.Old", true, null));
+            assertEquals(502, r.code(), String.valueOf(r.raw()));
+            assertTrue(String.valueOf(r.raw()).contains("reflection on fields"), String.valueOf(r.raw()));
+        });
+        Map<String, String> trusted = env("CPUSLOT_JAVA_TRUSTED", "true");
+        with("java", trusted, c -> {
+            assertEquals(200, c.init(initPayload(jar, "example.Old", true, null)).code());
+            Reply r = c.run(runPayload(args));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            assertEquals(json("{\"args\":" + args + ",\"older\":true,\"half\":0.5}"), r.body());
+        });
+        with("java", trusted, c -> {
+            assertEquals(200, c.init(initPayload(jar, "example.Old#map", true, null)).code());
+            Reply r = c.run(runPayload(args));
+            assertEquals(200, r.code(), String.valueOf(r.raw()));
+            assertEquals(json("{\"args\":{\"s\":\"x\",\"n\":[1,2.5,null],\"o\":{\"t\":true}},\"older\":true,\"point\":{\"x\":1,\"y\":2}}"), r.body());
+        });
+    }
+
     @Test
     @DisplayName("JavaActionContainerTests (newer runtimes): support a JsonArray main and result")
     void jsonArray() throws Exception {

@@ -8,7 +8,6 @@ import com.google.gson.JsonNull;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonPrimitive;
 import com.google.gson.JsonSyntaxException;
-import com.google.gson.Strictness;
 import com.google.gson.ToNumberPolicy;
 import com.google.gson.internal.LazilyParsedNumber;
 import com.google.gson.stream.JsonReader;
@@ -69,7 +68,9 @@ public final class Boundary {
 
     private static JsonReader reader(String text) {
         JsonReader r = new JsonReader(new StringReader(text));
-        r.setStrictness(Strictness.LENIENT); // as JsonParser reads
+        // as JsonParser reads; setLenient, not setStrictness: a jar in a runtime for trusted code
+        // may ship a Gson older than 2.11 in place of the runtime's copy
+        r.setLenient(true);
         return r;
     }
 
@@ -170,9 +171,10 @@ public final class Boundary {
                 else if (!plain(n, b)) return false;
             }
         } else if (v instanceof JsonObject o) {
-            return plain(o.asMap(), b);
+            // entrySet and the array's iterator, which every Gson has (asMap and asList are 2.10's)
+            return members(o.entrySet(), b);
         } else if (v instanceof JsonArray a) {
-            return plain(a.asList(), b);
+            return elements(a, b);
         } else if (v instanceof String s) {
             quote(s, b);
         } else if (v instanceof Boolean || v instanceof Long || v instanceof Integer || v instanceof Short || v instanceof Byte) {
@@ -181,29 +183,40 @@ public final class Boundary {
             if (d.isNaN() || d.isInfinite()) return false; // Gson's own error
             b.append(d.doubleValue());
         } else if (v instanceof Map<?, ?> m) {
-            b.append('{');
-            boolean first = true;
-            for (Map.Entry<?, ?> x : m.entrySet()) {
-                if (!(x.getKey() instanceof String k)) return false;
-                if (!first) b.append(',');
-                first = false;
-                quote(k, b);
-                b.append(':');
-                if (!plain(x.getValue(), b)) return false;
-            }
-            b.append('}');
+            return members(m.entrySet(), b);
         } else if (v instanceof java.util.Collection<?> c) {
-            b.append('[');
-            boolean first = true;
-            for (Object x : c) {
-                if (!first) b.append(',');
-                first = false;
-                if (!plain(x, b)) return false;
-            }
-            b.append(']');
+            return elements(c, b);
         } else {
             return false;
         }
+        return true;
+    }
+
+    /** An object's members (string keys only: Gson writes any other key its own way). */
+    private static boolean members(Iterable<? extends Map.Entry<?, ?>> entries, StringBuilder b) {
+        b.append('{');
+        boolean first = true;
+        for (Map.Entry<?, ?> x : entries) {
+            if (!(x.getKey() instanceof String k)) return false;
+            if (!first) b.append(',');
+            first = false;
+            quote(k, b);
+            b.append(':');
+            if (!plain(x.getValue(), b)) return false;
+        }
+        b.append('}');
+        return true;
+    }
+
+    private static boolean elements(Iterable<?> items, StringBuilder b) {
+        b.append('[');
+        boolean first = true;
+        for (Object x : items) {
+            if (!first) b.append(',');
+            first = false;
+            if (!plain(x, b)) return false;
+        }
+        b.append(']');
         return true;
     }
 
