@@ -176,6 +176,18 @@ public final class JavaFunction implements Function {
         handle = MethodHandles.publicLookup().unreflect(m).asType(
                 MethodType.methodType(Object.class, m.getParameterTypes().length == 1
                         ? new Class<?>[]{Object.class} : new Class<?>[]{Object.class, Object.class}));
+        // the boundary's first use here, at /init or /register, not in the first call: its reader,
+        // writer and chain binding are classes the function's loader defines, links and runs in the
+        // interpreter the first time (none of the function's code runs)
+        try {
+            Object empty = k == Kind.MAP || k == Kind.MAP_ENV ? map.invoke("{}") : tree.invoke(k == Kind.ARRAY ? "[]" : "{}");
+            text.invoke(empty);
+            bind.invoke((java.util.function.Function<String[], String[]>) JavaFunction::chain);
+            bind.invoke((Object) null);
+        } catch (Throwable e) {
+            close();
+            throw new InitError(ERR_PREFIX + "the function API cannot be loaded: " + e, e);
+        }
     }
 
     @Override public String name() { return name; }
