@@ -94,6 +94,8 @@ public final class ConductorFunction implements Function {
                 return conduct(hop, a -> s.invoke(a, env), args, !controller);
             }
 
+            @Override public void prepareThread() { s.prepareThread(); }
+
             @Override public void cancel(Thread worker) { s.cancel(worker); }
 
             @Override public boolean poisoned() { return s.poisoned(); }

@@ -261,7 +261,9 @@ public final class FunctionRuntime implements AutoCloseable {
      * {@code annotated} (OpenWhisk's conductor annotation, see {@link #conductorAnnotation}) says so.
      */
     private FunctionPool pool(Function f, int sandboxes, Predicate<Map<String, String>> annotated) {
-        return new FunctionPool(ConductorFunction.wrap(f, bus, annotated), sandboxes, cfg.workerIdleMs(), slots, metrics, runaways);
+        FunctionPool p = new FunctionPool(ConductorFunction.wrap(f, bus, annotated), sandboxes, cfg.workerIdleMs(), slots, metrics, runaways);
+        p.prestart(); // the first call finds its worker ready
+        return p;
     }
 
     /** OpenWhisk: the action's conductor annotation, read as its cpu-quota annotation is; null when annotations are not read. */

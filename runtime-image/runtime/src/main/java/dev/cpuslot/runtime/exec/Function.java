@@ -28,6 +28,12 @@ public interface Function extends AutoCloseable {
          */
         JsonElement invoke(JsonElement args, Map<String, String> env) throws Exception;
 
+        /**
+         * Readies the calling worker thread before its first invocation, off any request's path
+         * (a polyglot context's state for this thread). Nothing by default.
+         */
+        default void prepareThread() {}
+
         /** Interrupts a running invocation from another thread (deadline). */
         void cancel(Thread worker);
 

@@ -124,6 +124,17 @@ public final class FunctionPool implements AutoCloseable {
     public long created() { return created.get(); }
     public long abandoned() { return abandoned.get(); }
 
+    /**
+     * Starts the pool's first worker before its first invocation (at /init or /register): its
+     * thread, its slot client state and its sandbox (for a polyglot function the context /init
+     * made, entered once on this thread) are ready when the first call comes, which then only
+     * hands it the job. It waits in the pool as an idle worker, and retires when idle as any does.
+     */
+    public void prestart() {
+        if (closed || created.get() > 0) return;
+        idle.addFirst(new Worker(true));
+    }
+
     /** Runs one invocation; never returns later than the deadline (System.nanoTime based). */
     public Outcome invoke(Task task, long deadlineNanos) throws InterruptedException {
         long wait = deadlineNanos - System.nanoTime();
@@ -217,8 +228,15 @@ public final class FunctionPool implements AutoCloseable {
         volatile boolean retired;
         volatile int tid;
         volatile Job current;
+        /** Made by {@link #prestart}: makes its sandbox before its first job. */
+        private final boolean prestarted;
+        /** It has taken a job (its loop's own). */
+        private boolean ran;
 
-        Worker() {
+        Worker() { this(false); }
+
+        Worker(boolean prestarted) {
+            this.prestarted = prestarted;
             live.incrementAndGet();
             created.incrementAndGet();
             // a worker is the runtime's: made on a chain caller's thread, it must not inherit
@@ -267,6 +285,15 @@ public final class FunctionPool implements AutoCloseable {
                     } catch (RuntimeException ignored) {
                     }
                 }
+                // a job handed meanwhile waits in the inbox, so no second sandbox is made for it
+                if (prestarted && !closed) {
+                    try {
+                        sandbox = fn.newSandbox();
+                        metrics.sandboxCreated(fn.name());
+                        sandbox.prepareThread();
+                    } catch (Exception | LinkageError e) { // the first job makes it again and reports why
+                    }
+                }
                 while (!closed && !retired) {
                     Job j;
                     try {
@@ -276,9 +303,12 @@ public final class FunctionPool implements AutoCloseable {
                         continue;
                     }
                     if (j == null) {
-                        if (idle.remove(this)) break;  // idle too long: retire
-                        continue;                      // someone is about to hand us work
+                        // idle too long: retire; a prestarted worker not before its first job, whose
+                        // sandbox is the one /init made (its context would otherwise be made again)
+                        if (!(prestarted && !ran) && idle.remove(this)) break;
+                        continue; // someone is about to hand us work
                     }
+                    ran = true;
                     run(j);
                 }
             } finally {

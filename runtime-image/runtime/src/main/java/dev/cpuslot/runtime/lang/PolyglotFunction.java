@@ -275,6 +275,13 @@ public final class PolyglotFunction implements Function {
             }
         }
 
+        /** The context's state for this thread, made now rather than in the first call. */
+        @Override
+        public void prepareThread() {
+            ctx.enter();
+            ctx.leave();
+        }
+
         /** The activation's event loop: timers until the returned promise settles. */
         private String awaitPromise() throws Exception {
             while (true) {

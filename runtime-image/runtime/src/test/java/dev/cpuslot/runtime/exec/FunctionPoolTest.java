@@ -86,6 +86,48 @@ class FunctionPoolTest {
         return got;
     }
 
+    /**
+     * A prestarted worker makes the pool's one sandbox and readies its own thread before any call,
+     * stays past the idle time until its first job (its sandbox is the one /init made), and runs
+     * that job on the thread it readied; the pool makes no other.
+     */
+    @Test
+    void aPrestartedWorkerIsReadyBeforeTheFirstCallAndWaitsForIt() throws Exception {
+        List<String> events = java.util.Collections.synchronizedList(new ArrayList<>());
+        Function f = new Function() {
+            @Override public String name() { return "prestarted"; }
+            @Override public String language() { return "java"; }
+            @Override public Map<String, String> initEnv() { return Map.of(); }
+            @Override public Sandbox newSandbox() {
+                events.add("sandbox on " + Thread.currentThread().getName());
+                return new Sandbox() {
+                    @Override public void prepareThread() { events.add("prepared on " + Thread.currentThread().getName()); }
+                    @Override public JsonElement invoke(JsonElement args, Map<String, String> env) {
+                        events.add("invoked on " + Thread.currentThread().getName());
+                        return new JsonPrimitive("ok");
+                    }
+                    @Override public void cancel(Thread worker) { worker.interrupt(); }
+                    @Override public void close() { events.add("closed"); }
+                };
+            }
+        };
+        try (FunctionPool pool = new FunctionPool(f, 2, 50, null, new Metrics())) {
+            pool.prestart();
+            pool.prestart(); // once only
+            long until = System.nanoTime() + MINUTE;
+            while (events.size() < 2 && System.nanoTime() < until) Thread.sleep(5);
+            Thread.sleep(300); // six idle times: a worker that has not run its first job stays
+            assertEquals(1, pool.created());
+            assertEquals(1, pool.live(), "the prestarted worker retired before its first job: " + events);
+            assertEquals(1, pool.idle());
+            FunctionPool.Outcome o = pool.invoke(task("ok", 0, true), System.nanoTime() + MINUTE);
+            assertNull(o.error(), String.valueOf(o));
+            assertEquals(1, pool.created(), "the first call made a worker of its own");
+            String worker = events.get(0).substring("sandbox on ".length());
+            assertEquals(List.of("sandbox on " + worker, "prepared on " + worker, "invoked on " + worker), events);
+        }
+    }
+
     @Test
     void aDeadlineEndsTheJobWithATimeoutItsLeaseReleasedAsTimeoutAndThePermitFreed() throws Exception {
         CountDownLatch never = new CountDownLatch(1);
