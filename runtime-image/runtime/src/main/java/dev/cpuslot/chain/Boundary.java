@@ -39,43 +39,28 @@ public final class Boundary {
      * streaming reader, here and in {@link #map}: its tree and data binding adapters are some 50
      * classes that each function would define, verify and initialise again on its first call.
      */
-    public static Object tree(String text) {
-        try {
-            JsonReader r = reader(text);
-            JsonElement e = element(r);
-            ended(r);
-            return e;
-        } catch (IOException e) {
-            throw new JsonSyntaxException(e);
-        }
-    }
+    public static Object tree(String text) { return read(text, false); }
 
     /**
      * The function's {@code Map} of {@code text} (a JSON object; numbers as long or double). Made
      * by hand, not by Gson's data binding, which constructs JDK collections by reflection (the
      * guard lets this copy reflect on the function's classes only).
      */
-    public static Object map(String text) {
+    public static Object map(String text) { return read(text, true); }
+
+    /** The whole of {@code text} as plain values ({@link #map}) or a tree ({@link #tree}); no lambda: each would spin a class per function. */
+    private static Object read(String text, boolean plain) {
         try {
-            JsonReader r = reader(text);
-            Object v = value(r);
-            ended(r);
+            JsonReader r = new JsonReader(new StringReader(text));
+            // as JsonParser reads; setLenient, not setStrictness: a jar in a runtime for trusted
+            // code may ship a Gson older than 2.11 in place of the runtime's copy
+            r.setLenient(true);
+            Object v = plain ? value(r) : element(r);
+            if (r.peek() != JsonToken.END_DOCUMENT) throw new JsonSyntaxException("Did not consume the entire document.");
             return v;
         } catch (IOException e) {
             throw new JsonSyntaxException(e);
         }
-    }
-
-    private static JsonReader reader(String text) {
-        JsonReader r = new JsonReader(new StringReader(text));
-        // as JsonParser reads; setLenient, not setStrictness: a jar in a runtime for trusted code
-        // may ship a Gson older than 2.11 in place of the runtime's copy
-        r.setLenient(true);
-        return r;
-    }
-
-    private static void ended(JsonReader r) throws IOException {
-        if (r.peek() != JsonToken.END_DOCUMENT) throw new JsonSyntaxException("Did not consume the entire document.");
     }
 
     private static JsonElement element(JsonReader r) throws IOException {
