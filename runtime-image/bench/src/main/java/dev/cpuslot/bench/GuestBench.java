@@ -316,7 +316,7 @@ public final class GuestBench {
         List<String> chosen = workloads;
         if (WORKLOADS.stream().noneMatch(w -> chosen.contains(w.name))) { // memory only
             if (density) Density.run(targets, languages, functions, pauseMs, warmSeconds, work);
-            if (RESENT.get() > 0) System.out.printf("%n# requests sent again after the JDK client lost their answer to its pool: %d%n", RESENT.get());
+            printResent();
             return;
         }
 
@@ -441,7 +441,7 @@ public final class GuestBench {
             startRows.forEach(System.out::println);
         }
         if (density) Density.run(targets, languages, functions, pauseMs, warmSeconds, work);
-        if (RESENT.get() > 0) System.out.printf("%n# requests sent again after the JDK client lost their answer to its pool: %d%n", RESENT.get());
+        printResent();
     }
 
     /** JSON without the whitespace outside strings (python3's json.dumps puts a space after ',' and ':'). */
@@ -619,6 +619,11 @@ public final class GuestBench {
 
     /** Requests sent twice: their answer went to the JDK client's pool ({@link #send}). */
     static final java.util.concurrent.atomic.AtomicInteger RESENT = new java.util.concurrent.atomic.AtomicInteger();
+
+    /** At the end of a run: how many requests were sent again, if any. */
+    private static void printResent() {
+        if (RESENT.get() > 0) System.out.printf("%n# requests sent again after the JDK client lost their answer to its pool: %d%n", RESENT.get());
+    }
 
     /**
      * POSTs {@code body} to {@code path} on localhost. The JDK client's HTTP/1.1 pool can still hand

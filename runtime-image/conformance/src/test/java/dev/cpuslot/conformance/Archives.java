@@ -21,9 +21,16 @@ final class Archives {
     private Archives() {}
 
     /** Compiles {@code path -> source} (paths like {@code example/HelloWhisk.java}) against Gson; a base64 jar. */
-    static String jar(Map<String, String> sources) throws Exception {
+    static String jar(Map<String, String> sources) throws Exception { return jarBundling(sources, null, null); }
+
+    /**
+     * As {@link #jar}, with the classes of {@code library} (a jar; null: none) under {@code prefix}
+     * bundled in, as a fat jar ships a library the runtime also provides.
+     */
+    static String jarBundling(Map<String, String> sources, Path library, String prefix) throws Exception {
         Path src = Files.createTempDirectory("conf-src"), classes = Files.createTempDirectory("conf-classes");
         try {
+            if (library != null) unpack(library, prefix, classes);
             return compile(sources, src, classes);
         } finally {
             deleteTree(src);
@@ -31,25 +38,16 @@ final class Archives {
         }
     }
 
-    /**
-     * As {@link #jar}, with the classes of {@code library} (a jar) under {@code prefix} bundled in,
-     * as a fat jar ships a library the runtime also provides.
-     */
-    static String jarBundling(Map<String, String> sources, Path library, String prefix) throws Exception {
-        Path src = Files.createTempDirectory("conf-src"), classes = Files.createTempDirectory("conf-classes");
+    private static void unpack(Path library, String prefix, Path into) throws Exception {
         try (java.util.zip.ZipFile z = new java.util.zip.ZipFile(library.toFile())) {
             for (ZipEntry e : java.util.Collections.list(z.entries())) {
                 if (e.isDirectory() || !e.getName().startsWith(prefix)) continue;
-                Path p = classes.resolve(e.getName());
+                Path p = into.resolve(e.getName());
                 Files.createDirectories(p.getParent());
                 try (var in = z.getInputStream(e)) {
                     Files.copy(in, p);
                 }
             }
-            return compile(sources, src, classes);
-        } finally {
-            deleteTree(src);
-            deleteTree(classes);
         }
     }
 

@@ -128,7 +128,8 @@ public final class FunctionPool implements AutoCloseable {
      * Starts the pool's first worker before its first invocation (at /init or /register): its
      * thread, its slot client state and its sandbox (for a polyglot function the context /init
      * made, entered once on this thread) are ready when the first call comes, which then only
-     * hands it the job. It waits in the pool as an idle worker, and retires when idle as any does.
+     * hands it the job. It waits in the pool as an idle worker, and does not retire when idle
+     * before that first job.
      */
     public void prestart() {
         if (closed || created.get() > 0) return;
@@ -228,15 +229,16 @@ public final class FunctionPool implements AutoCloseable {
         volatile boolean retired;
         volatile int tid;
         volatile Job current;
-        /** Made by {@link #prestart}: makes its sandbox before its first job. */
-        private final boolean prestarted;
-        /** It has taken a job (its loop's own). */
-        private boolean ran;
+        /**
+         * Made by {@link #prestart} and not yet given a job (its loop's own): it makes its sandbox
+         * before its first job, and does not retire before it.
+         */
+        private boolean beforeFirstJob;
 
         Worker() { this(false); }
 
         Worker(boolean prestarted) {
-            this.prestarted = prestarted;
+            this.beforeFirstJob = prestarted;
             live.incrementAndGet();
             created.incrementAndGet();
             // a worker is the runtime's: made on a chain caller's thread, it must not inherit
@@ -286,7 +288,7 @@ public final class FunctionPool implements AutoCloseable {
                     }
                 }
                 // a job handed meanwhile waits in the inbox, so no second sandbox is made for it
-                if (prestarted && !closed) {
+                if (beforeFirstJob && !closed) {
                     try {
                         sandbox = fn.newSandbox();
                         metrics.sandboxCreated(fn.name());
@@ -305,10 +307,10 @@ public final class FunctionPool implements AutoCloseable {
                     if (j == null) {
                         // idle too long: retire; a prestarted worker not before its first job, whose
                         // sandbox is the one /init made (its context would otherwise be made again)
-                        if (!(prestarted && !ran) && idle.remove(this)) break;
+                        if (!beforeFirstJob && idle.remove(this)) break;
                         continue; // someone is about to hand us work
                     }
-                    ran = true;
+                    beforeFirstJob = false;
                     run(j);
                 }
             } finally {
