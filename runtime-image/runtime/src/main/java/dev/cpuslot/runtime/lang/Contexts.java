@@ -64,7 +64,7 @@ final class Contexts {
      */
     static void prewarm(String language, long compilerWarmupMs) {
         String id = polyglotId(language);
-        SPARES.computeIfAbsent(id, k -> startSpare(k, compilerWarmupMs)).exceptionally(e -> null).join();
+        SPARES.computeIfAbsent(id, k -> startSpare(k, compilerWarmupMs, null)).made.exceptionally(e -> null).join();
     }
 
     /**
@@ -122,7 +122,39 @@ final class Contexts {
      * starts in a context made before it asked: a GraalPy context takes about half a second of
      * CPU to initialise, most of a new Python function's /register. One spare per language in use.
      */
-    private static final Map<String, java.util.concurrent.CompletableFuture<Context>> SPARES = new ConcurrentHashMap<>();
+    private static final Map<String, Spare> SPARES = new ConcurrentHashMap<>();
+
+    /**
+     * How long a spare waits for the first call of the function that took the one before it: making
+     * it allocates about a young generation's worth, and a collection then pauses every thread,
+     * that call's too; a function not called by then does not hold it back for longer.
+     */
+    private static volatile long spareWaitMs = 1000;
+
+    /** Sets {@link #spareWaitMs} (tests), returning what it was. */
+    static long spareWaitMs(long ms) {
+        long was = spareWaitMs;
+        spareWaitMs = ms;
+        return was;
+    }
+
+    private static final Map<String, java.util.concurrent.atomic.AtomicInteger> SPARES_MADE = new ConcurrentHashMap<>();
+
+    /** How many spares of a language were made (tests). */
+    static int sparesMade(String language) {
+        var n = SPARES_MADE.get(polyglotId(language));
+        return n == null ? 0 : n.get();
+    }
+
+    /**
+     * A spare under way: {@code made} when it is; {@code start} opens when it may begin (a
+     * function's first call has ended, or a function asks for the spare now), null when at once.
+     */
+    private record Spare(java.util.concurrent.CompletableFuture<Context> made, java.util.concurrent.CountDownLatch start) {
+        void open() {
+            if (start != null) start.countDown();
+        }
+    }
     private static final java.util.concurrent.atomic.AtomicInteger PREWARMED_TAKEN = new java.util.concurrent.atomic.AtomicInteger();
 
     /** How many contexts functions took prewarmed (tests). */
@@ -132,15 +164,19 @@ final class Contexts {
      * Makes a spare on a thread of the runtime's own: not the caller's (a worker's thread group,
      * its activation's output), so that no function is charged for it nor sees it.
      */
-    private static java.util.concurrent.CompletableFuture<Context> startSpare(String id) {
-        return startSpare(id, 0);
+    private static Spare startSpare(String id) {
+        return startSpare(id, 0, new java.util.concurrent.CountDownLatch(1));
     }
 
-    /** A spare, after {@code compilerWarmupMs} of {@link #warmCompiler} (the prewarm's, before the first /init takes it). */
-    private static java.util.concurrent.CompletableFuture<Context> startSpare(String id, long compilerWarmupMs) {
+    /**
+     * A spare, after {@code start} opens or {@link #spareWaitMs} (null: at once), then after
+     * {@code compilerWarmupMs} of {@link #warmCompiler} (the prewarm's, before the first /init takes it).
+     */
+    private static Spare startSpare(String id, long compilerWarmupMs, java.util.concurrent.CountDownLatch start) {
         var f = new java.util.concurrent.CompletableFuture<Context>();
         dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("prewarm-" + id, () -> {
                     try {
+                        if (start != null) start.await(spareWaitMs, java.util.concurrent.TimeUnit.MILLISECONDS);
                         Context c = spareContext(id);
                         try {
                             warmCompiler(id, compilerWarmupMs);
@@ -153,7 +189,16 @@ final class Contexts {
                         f.completeExceptionally(e);
                     }
                 });
-        return f;
+        return new Spare(f, start);
+    }
+
+    /**
+     * A function's first call in a context it took has ended: the next spare of its language may
+     * be made now (it waits at most {@link #spareWaitMs} for this).
+     */
+    static void firstCallEnded(String polyglotId) {
+        Spare s = SPARES.get(polyglotId);
+        if (s != null) s.open();
     }
 
     private static Context spareContext(String id) {
@@ -168,21 +213,23 @@ final class Contexts {
             c.close(true);
             throw e;
         }
+        SPARES_MADE.computeIfAbsent(id, k -> new java.util.concurrent.atomic.AtomicInteger()).incrementAndGet();
         Log.info("prewarmed a " + id + " context in " + (System.nanoTime() - t0) / 1_000_000 + " ms");
         return c;
     }
 
     /**
      * The language's spare context (waiting for it when under way: two contexts made at once would
-     * each take twice as long), then the next spare started; a new context when none was started
-     * or it failed.
+     * each take twice as long), then the next spare started, to be made after the taker's first
+     * call ({@link #firstCallEnded}); a new context when none was started or it failed.
      */
     static Context newContext(String polyglotId, Engine engine) {
-        var f = SPARES.remove(polyglotId);
+        Spare s = SPARES.remove(polyglotId);
         Context c = null;
-        if (f != null) {
+        if (s != null) {
+            s.open(); // asked for now: made now, if it was waiting
             try {
-                c = f.join();
+                c = s.made.join();
             } catch (java.util.concurrent.CompletionException | java.util.concurrent.CancellationException e) {
                 c = null; // logged by the prewarm; make one here
             }

@@ -103,6 +103,12 @@ public final class PolyglotFunction implements Function {
     /** How many contexts functions took prewarmed (tests). */
     public static int prewarmedContextsTaken() { return Contexts.prewarmedContextsTaken(); }
 
+    /** How many spare contexts of a language were made (tests). */
+    public static int sparesMade(String language) { return Contexts.sparesMade(language); }
+
+    /** How long a spare waits for a function's first call (tests); returns what it was. */
+    public static long spareWaitMs(long ms) { return Contexts.spareWaitMs(ms); }
+
     private final String name, language, polyglotId, entry;
     private final Map<String, String> initEnv;
     private final String initEnvJson;
@@ -253,6 +259,7 @@ public final class PolyglotFunction implements Function {
         private final Context ctx;
         private final Value fCall, fPoll, fLoop;
         private volatile boolean cancelled;
+        private volatile boolean called;
 
         GuestSandbox(Context ctx, Value call, Value poll, Value loop) {
             this.ctx = ctx;
@@ -272,6 +279,11 @@ public final class PolyglotFunction implements Function {
                 if (e.isCancelled() || cancelled) throw new Function.FunctionError("cancelled at the deadline", e);
                 printGuestError(e);
                 throw new Function.FunctionError(e.getMessage(), e);
+            } finally {
+                if (!called) {
+                    called = true;
+                    Contexts.firstCallEnded(polyglotId);
+                }
             }
         }
 
