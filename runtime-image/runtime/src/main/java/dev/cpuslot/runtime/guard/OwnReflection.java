@@ -5,6 +5,8 @@ import java.lang.reflect.Constructor;
 import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Member;
 import java.lang.reflect.Method;
+import java.lang.reflect.Modifier;
+import java.lang.reflect.RecordComponent;
 
 /**
  * Reflection that acts ({@code invoke}, {@code newInstance}, {@code setAccessible}): rewritten here
@@ -38,8 +40,22 @@ public final class OwnReflection {
 
     public static Object invoke(Object method, Object target, Object[] args) throws IllegalAccessException, InvocationTargetException {
         Method m = (Method) method;
-        own(m.getDeclaringClass(), "Method.invoke");
+        if (!recordShape(m)) own(m.getDeclaringClass(), "Method.invoke");
         return m.invoke(target, args);
+    }
+
+    /**
+     * A read of a record's shape ({@code Class.isRecord}, {@code getRecordComponents}, a
+     * {@code RecordComponent}'s name, type or accessor): Gson, compiled for Java 7, calls them by
+     * reflection to bind a function's records and classes. Each only describes a class, as the
+     * direct call would, and none depends on its caller; an accessor it returns is invoked under
+     * the rule above.
+     */
+    private static boolean recordShape(Method m) {
+        if (m.getParameterCount() != 0 || Modifier.isStatic(m.getModifiers())) return false;
+        Class<?> d = m.getDeclaringClass();
+        return d == Class.class ? m.getName().equals("isRecord") || m.getName().equals("getRecordComponents")
+                : d == RecordComponent.class;
     }
 
     public static Object newInstance(Object constructor, Object[] args)

@@ -41,7 +41,7 @@ import dev.cpuslot.runtime.exec.Function;
  * functions cannot see them). The loader sees the JDK, the guard's entry points its rewritten
  * code calls, and nothing else of the runtime: Gson ({@code com.google.gson}, OpenWhisk's
  * {@code JsonObject}) and the chain API are defined again in each function's loader from the
- * runtime's class files (unless the jar ships its own), guarded as the function's own code, and
+ * runtime's class files (a trusted runtime's jar may ship its own), guarded as the function's own code, and
  * arguments, results and chain calls cross as JSON text ({@link dev.cpuslot.chain.Boundary}).
  *
  * Entry points, in the order looked up (class from {@code main}, method after {@code #},
@@ -93,6 +93,10 @@ public final class JavaFunction implements Function {
         // the jar stays in memory: no file another function could read
         Map<String, byte[]> entries = unzip(jarBytes);
         if (!trusted) {
+            // the jar's copy of a library is set aside for the runtime's, as OpenWhisk's Java runtime
+            // (its loader asks its parent first) does: Gson reflects on fields, which the function's
+            // own code may not, and a function's copy of the boundary is not the boundary
+            entries.keySet().removeIf(JavaFunction::isLibrary);
             for (Map.Entry<String, byte[]> e : entries.entrySet()) {
                 if (!e.getKey().endsWith(".class") || e.getKey().startsWith("META-INF/")) continue;
                 String why;
@@ -353,19 +357,22 @@ public final class JavaFunction implements Function {
          * ({@link #rewrittenLibrary}).
          */
         private final boolean plainLibraries;
+        /** The libraries the jar ships (a trusted runtime's): theirs whole, none of the runtime's classes mixed in. */
+        private final List<String> shipped;
 
         ActionLoader(String name, Map<String, byte[]> entries, boolean trusted, ClassLoader parent) {
             super(name, parent);
             this.entries = entries;
             this.trusted = trusted;
-            this.plainLibraries = entries.keySet().stream().noneMatch(f -> LIBRARIES.stream().anyMatch(f::startsWith));
+            this.shipped = LIBRARIES.stream().filter(l -> entries.keySet().stream().anyMatch(f -> f.startsWith(l))).toList();
+            this.plainLibraries = shipped.isEmpty();
         }
 
         private byte[] entry(String name) {
             Map<String, byte[]> m = entries;
             if (m == null) return null;
             byte[] b = m.get(name);
-            return b != null ? b : library(name);
+            return b != null || shipped.stream().anyMatch(name::startsWith) ? b : library(name);
         }
 
         @Override
@@ -443,9 +450,13 @@ public final class JavaFunction implements Function {
         return r;
     }
 
+    private static boolean isLibrary(String file) {
+        return LIBRARIES.stream().anyMatch(file::startsWith);
+    }
+
     /** A class file of a library every function gets a copy of, or null. */
     static byte[] library(String file) {
-        if (!file.endsWith(".class") || LIBRARIES.stream().noneMatch(file::startsWith)) return null;
+        if (!file.endsWith(".class") || !isLibrary(file)) return null;
         return LIBRARY_BYTES.computeIfAbsent(file, f -> {
             try (InputStream in = JavaFunction.class.getClassLoader().getResourceAsStream(f)) {
                 return in == null ? null : in.readAllBytes();
