@@ -18,6 +18,7 @@ import dev.cpuslot.runtime.base.Log;
 import dev.cpuslot.runtime.exec.Runaways;
 import dev.cpuslot.runtime.exec.CompilerSlot;
 import dev.cpuslot.runtime.exec.FunctionPool;
+import dev.cpuslot.runtime.exec.Load;
 import dev.cpuslot.runtime.exec.Hosted;
 import dev.cpuslot.runtime.exec.Function;
 import dev.cpuslot.runtime.chain.PlatformPath;
@@ -149,7 +150,14 @@ public final class FunctionRuntime implements AutoCloseable {
         return PY_DEF.matcher(code).find() && !code.contains("function ") ? "python" : "javascript";
     }
 
-    private Function create(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv)
+    private Function create(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv,
+                            long timeoutMs) throws Exception {
+        // its code's top level runs as it loads: within the function's time limit, as a call
+        return Load.within(name, timeoutMs > 0 ? timeoutMs : cfg.defaultTimeoutMs(), cfg.runawayGraceMs(), runaways,
+                () -> load(name, language, binary, text, main, initEnv));
+    }
+
+    private Function load(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv)
             throws Exception {
         if (binary != null) {
             boolean zip = binary.length > 3 && binary[0] == 'P' && binary[1] == 'K';
@@ -171,7 +179,7 @@ public final class FunctionRuntime implements AutoCloseable {
      */
     public String deploy(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv,
                          int sandboxes, boolean annotations) throws Exception {
-        Function f = create(name, language, binary, text, main, initEnv);
+        Function f = create(name, language, binary, text, main, initEnv, 0);
         action = pool(f, sandboxes > 0 ? sandboxes : cfg.sandboxesPerFunction(), annotations ? conductorAnnotation() : null);
         return f.language();
     }
@@ -193,7 +201,7 @@ public final class FunctionRuntime implements AutoCloseable {
      */
     public void register(String name, String owner, long timeoutMs, String steps, String language, byte[] binary, String text,
                          String main, Map<String, String> initEnv) throws Exception {
-        Function f = steps != null ? sequence(name, steps, initEnv) : create(name, language, binary, text, main, initEnv);
+        Function f = steps != null ? sequence(name, steps, initEnv) : create(name, language, binary, text, main, initEnv, timeoutMs);
         FunctionPool pool = pool(f);
         Hosted old;
         try {

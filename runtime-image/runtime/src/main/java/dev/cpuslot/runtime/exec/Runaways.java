@@ -81,6 +81,21 @@ public final class Runaways {
         });
     }
 
+    /** A function's load (/init, /register) still running after its deadline's cancel: confined until it returns. */
+    void load(Thread t, String function) {
+        dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("runaway-jail-" + IDS.incrementAndGet(), () -> {
+            if (!t.isAlive()) return;
+            current.inc();
+            try {
+                confine(function, t, tidOf(t), t::isAlive, "the load of " + function, "ran past its deadline");
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            } finally {
+                current.dec();
+            }
+        });
+    }
+
     /**
      * A live thread's kernel thread id, from the JVM's thread dump (the one place the JDK names it:
      * {@code "name" #javaId ... nid=tid}); 0 when it cannot be told for sure. The name is the

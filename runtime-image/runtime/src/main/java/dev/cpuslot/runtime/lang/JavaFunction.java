@@ -128,17 +128,26 @@ public final class JavaFunction implements Function {
         FileAccess.setTmpdir(loader, tmpdir);
         if (method.isEmpty()) method = "main";
         Class<?> c;
-        // static initialisers run now and see the /init environment through System.getenv
+        // static initialisers run now, as an activation of the function's (their loops stop at the
+        // load's deadline, the threads they start end with the load), and see the /init
+        // environment through System.getenv
+        Thread self = Thread.currentThread();
+        ClassLoader prev = self.getContextClassLoader();
+        self.setContextClassLoader(loader);
         SystemCalls.setEnv(this.initEnv);
+        Activations.begin(loader);
+        dev.cpuslot.runtime.exec.Load.onCancel(() -> Activations.cancel(self));
         try {
             c = Class.forName(cls, true, loader);
-        } catch (ClassNotFoundException | LinkageError | SecurityException e) {
+        } catch (ClassNotFoundException | LinkageError | SecurityException | Activations.Stopped e) {
             close();
             ClassNotFoundException cnf = e instanceof ClassNotFoundException x ? x : new ClassNotFoundException(cls, e);
             cnf.printStackTrace(System.err);
             throw new InitError(ERR_PREFIX + cnf, cnf);
         } finally {
+            Activations.end();
             SystemCalls.setEnv(null);
+            self.setContextClassLoader(prev);
         }
         Kind k = null;
         Method m = null;

@@ -224,6 +224,7 @@ public final class PolyglotFunction implements Function {
         try {
             if (polyglotId.equals("js")) {
                 loop = ctx.eval(JS_PRELUDE).execute(initEnvJson, CHAIN_BUS);
+                loading(ctx);
                 ctx.eval(source);
                 Value w = ctx.eval(JS_WRAPPER).execute(entry, loop);
                 if (w.isNull()) throw new IllegalArgumentException("no function " + entry + " in the JavaScript code");
@@ -235,6 +236,7 @@ public final class PolyglotFunction implements Function {
                 bindings.putMember("__cpuslot_zip_srcs", zipSources == null ? "" : zipSources);
                 bindings.putMember("__cpuslot_bus", CHAIN_BUS);
                 ctx.eval(PY_PRELUDE_SOURCE);
+                loading(ctx);
                 ctx.eval(source);
                 Value fn = bindings.getMember(entry);
                 if (fn == null || !fn.canExecute())
@@ -252,6 +254,11 @@ public final class PolyglotFunction implements Function {
             throw e;
         }
         return new GuestSandbox(ctx, call, poll, loop);
+    }
+
+    /** At /init or /register, the function's code begins: its context is closed at the load's deadline, which cancels it. */
+    private static void loading(Context ctx) {
+        dev.cpuslot.runtime.exec.Load.onCancel(() -> ctx.close(true));
     }
 
     /** A worker's context with the function loaded: calls it, runs its event loop, cancels it at the deadline. */

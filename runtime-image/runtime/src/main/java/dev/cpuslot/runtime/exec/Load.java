@@ -1,0 +1,117 @@
+package dev.cpuslot.runtime.exec;
+
+import dev.cpuslot.runtime.base.Log;
+
+import java.util.List;
+import java.util.concurrent.Callable;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * A function's load (/init, /register): its code's top level, a Java class's static
+ * initialisers. That is the function's code too, so it gets a deadline as an invocation does: it
+ * runs on a thread of its own, and at the deadline the language stops it (a context closed, a
+ * Java activation cancelled: {@link #onCancel}), the request is answered, and a thread that still
+ * runs after the grace is confined as a runaway. Before, code that never returned held its
+ * request's front thread and a core for as long as the runtime lived.
+ */
+public final class Load {
+    private static final ThreadLocal<Load> CURRENT = new ThreadLocal<>();
+    private static final AtomicLong IDS = new AtomicLong();
+
+    private final List<Runnable> cancels = new CopyOnWriteArrayList<>();
+    private volatile boolean cancelled;
+    /** When the function's code began (System.nanoTime): the deadline counts from there. */
+    private final CompletableFuture<Long> began = new CompletableFuture<>();
+
+    private Load() {}
+
+    /** The load past its deadline: the request's answer. */
+    public static final class Timeout extends IllegalArgumentException {
+        Timeout(String msg) { super(msg); }
+    }
+
+    /**
+     * Called by a language on the loading thread as the function's code begins (the runtime's
+     * own part, a context made, a jar read, is not the function's time): how to stop it at the
+     * deadline, from another thread. Outside a load, nothing; after the deadline, at once.
+     */
+    public static void onCancel(Runnable cancel) {
+        Load l = CURRENT.get();
+        if (l == null) return;
+        l.cancels.add(cancel);
+        l.began.complete(System.nanoTime());
+        if (l.cancelled) cancel.run();
+    }
+
+    /**
+     * {@code load}'s value, made on a thread of its own, its function's code within
+     * {@code timeoutMs} of its beginning ({@link #onCancel}); past it a {@link Timeout} (a value
+     * made just after is closed). What the load throws is thrown here.
+     */
+    public static <T extends AutoCloseable> T within(String function, long timeoutMs, long graceMs, Runaways runaways,
+                                                     Callable<T> load) throws Exception {
+        Load l = new Load();
+        var made = new CompletableFuture<T>();
+        Thread t = dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("fn-load-" + IDS.incrementAndGet(), () -> {
+            CURRENT.set(l);
+            try {
+                made.complete(load.call());
+            } catch (Throwable e) {
+                made.completeExceptionally(e);
+            } finally {
+                CURRENT.remove();
+            }
+        });
+        try {
+            CompletableFuture.anyOf(made, l.began).get();
+            long now = System.nanoTime(), ran = (now - l.began.getNow(now)) / 1_000_000;
+            return made.get(Math.max(0, timeoutMs - ran), TimeUnit.MILLISECONDS);
+        } catch (ExecutionException e) {
+            Throwable c = e.getCause();
+            if (c instanceof Exception x) throw x;
+            if (c instanceof Error x) throw x;
+            throw e;
+        } catch (InterruptedException e) { // the runtime stops
+            l.cancel(t, made);
+            throw e;
+        } catch (TimeoutException e) {
+            l.cancel(t, made);
+            stopped(function, t, graceMs, runaways);
+            throw new Timeout("the function did not load within " + timeoutMs + " ms: its code's top level (a Java class's "
+                    + "static initialiser) ran past the load's deadline and was stopped");
+        }
+    }
+
+    private <T extends AutoCloseable> void cancel(Thread t, CompletableFuture<T> made) {
+        made.thenAccept(f -> { // made just after: no one will use it
+            try {
+                f.close();
+            } catch (Exception ignored) {
+            }
+        });
+        cancelled = true;
+        for (Runnable r : cancels) {
+            try {
+                r.run();
+            } catch (RuntimeException e) {
+                Log.warn("stopping a load: " + e);
+            }
+        }
+        t.interrupt();
+    }
+
+    /** A loading thread still running {@code graceMs} after its cancel is confined as a runaway. */
+    private static void stopped(String function, Thread t, long graceMs, Runaways runaways) {
+        try {
+            t.join(Math.max(1, graceMs));
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        if (t.isAlive()) runaways.load(t, function);
+    }
+}
