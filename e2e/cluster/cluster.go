@@ -21,9 +21,11 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -458,7 +460,8 @@ func (c *Cluster) ImportImage(tarPath string) error {
 	return nil
 }
 
-// Kubectl runs kubectl against the cluster and returns its combined output.
+// Kubectl runs kubectl against the cluster and returns its standard output
+// (on failure, both streams).
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 	return c.KubectlStdin(ctx, "", args...)
 }
@@ -474,11 +477,43 @@ func (c *Cluster) KubectlStdin(ctx context.Context, stdin string, args ...string
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
-	out, err := cmd.CombinedOutput()
+	out, all, err := RunKubectl(cmd)
 	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return all, fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(all))
 	}
-	return string(out), nil
+	return out, nil
+}
+
+// RunKubectl runs a kubectl command and returns its standard output, which
+// is what callers parse, and both streams as they came, which is what they
+// show when it fails: kubectl's standard error carries client-go's log
+// lines (the exec websocket's "Unknown stream id 1, discarding message")
+// and warnings even when the command succeeds.
+func RunKubectl(cmd *exec.Cmd) (stdout, all string, err error) {
+	var out bytes.Buffer
+	both := &lockedBuffer{}
+	cmd.Stdout = io.MultiWriter(&out, both)
+	cmd.Stderr = both
+	err = cmd.Run()
+	return out.String(), both.String(), err
+}
+
+// lockedBuffer is written by the copiers of both of a command's streams.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // Start runs a helper process for a test (e.g. a Prometheus server) the way

@@ -241,3 +241,32 @@ func TestCrashedRunIsCleanedAtNextUp(t *testing.T) {
 	}
 	restored(t, before)
 }
+
+// TestKubectlOutputIsStdout: what kubectl prints on its standard error
+// while it succeeds (client-go's klog lines, such as the exec websocket's
+// "Unknown stream id 1, discarding message") is not part of the output a
+// test parses; when kubectl fails, both streams are in the error.
+func TestKubectlOutputIsStdout(t *testing.T) {
+	dir := t.TempDir()
+	fake := dir + "/kubectl"
+	script := "#!/bin/sh\n" +
+		"echo 'E1201 14:04:09.253126 23615 websocket.go:296] Unknown stream id 1, discarding message' >&2\n" +
+		"echo '{\"pid1\":\"/sbin/init\"}'\n" +
+		"[ \"$3\" = fail ] && { echo 'Error from server (NotFound): pods \"x\" not found' >&2; exit 1; }\n" +
+		"exit 0\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := &Cluster{kubectl: fake, kubeconfig: dir + "/kubeconfig"}
+	out, err := c.Kubectl(context.Background(), "exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "{\"pid1\":\"/sbin/init\"}\n" {
+		t.Errorf("output %q: want standard output only", out)
+	}
+	_, err = c.Kubectl(context.Background(), "fail")
+	if err == nil || !strings.Contains(err.Error(), "NotFound") || !strings.Contains(err.Error(), "pid1") {
+		t.Errorf("failure: %v: want both streams in the error", err)
+	}
+}

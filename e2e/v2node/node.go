@@ -227,22 +227,22 @@ func (n *Node) PrometheusURL() string { return fmt.Sprintf("http://127.0.0.1:%d"
 // server times out TLS handshakes when the machine is loaded) is tried
 // again, twice; any other failure is returned as it is.
 func (n *Node) Kubectl(ctx context.Context, args ...string) (string, error) {
-	var out []byte
+	var out, all string
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		if attempt > 0 {
 			time.Sleep(2 * time.Second)
 		}
 		cmd := exec.CommandContext(ctx, n.kubectl, append([]string{"--kubeconfig", n.kubeconfig}, args...)...)
-		out, err = cmd.CombinedOutput()
-		if err == nil || ctx.Err() != nil || !unreached(string(out)) {
+		out, all, err = cluster.RunKubectl(cmd)
+		if err == nil || ctx.Err() != nil || !unreached(all) {
 			break
 		}
 	}
 	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return all, fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(all))
 	}
-	return string(out), nil
+	return out, nil
 }
 
 // unreached reports whether kubectl's output says its request never got to
