@@ -1099,8 +1099,19 @@ func TestAttackOneWayReleaseFlood(t *testing.T) {
 	if taken > allowed {
 		t.Fatalf("%.0f one-way RELEASEs of unknown leases taken in %v, want at most %.0f (PacedBurst + PacedRate/s)", taken, elapsed, allowed)
 	}
-	if v, _ := agenttest.MetricValue(agenttest.Scrape(t, a), `cpuslot_errors_total{reason="frame_paced"}`); v == 0 {
-		t.Error("the paced frames are not counted as frame_paced")
+	// The agent waits (and counts frame_paced) only once the flood has
+	// taken the burst and the rate's turns: an emulated or loaded machine
+	// may read slower than that for a while (3004 taken in 805 ms, none
+	// paced yet), and one slower than PacedRate throughout never needs to.
+	var paced float64
+	agenttest.WaitFor(t, "the flood to be paced (frame_paced) or taken whole", func() bool {
+		m := agenttest.Scrape(t, a)
+		paced, _ = agenttest.MetricValue(m, `cpuslot_errors_total{reason="frame_paced"}`)
+		taken, _ = agenttest.MetricValue(m, `cpuslot_errors_total{reason="unknown_lease"}`)
+		return paced > 0 || taken >= flood
+	})
+	if paced == 0 {
+		t.Logf("all %d taken before the pace was due: this agent read slower than PacedRate", flood)
 	}
 }
 
