@@ -628,6 +628,84 @@ class RuntimeWithAgentIT {
      * may wait 2 s for it on a loaded machine), with more settings ({@code key, value, ...}); its
      * log in the work directory.
      */
+    /**
+     * A new sandbox (a second worker's context) loads the function's code again, a module's top
+     * level, and does it in its job's slot, at its quota, as its calls. Before, it ran in the
+     * runtime's container, in no slot: a top level that spins took what the container had, on
+     * every new worker.
+     */
+    @Test
+    @Order(9)
+    void aNewSandboxLoadsTheFunctionInItsJobsSlot() throws Exception {
+        String cgroup = parent + "/toplevel";
+        cg.create(cgroup);
+        try (RuntimeProc r = served(cgroup, "runtime-toplevel.log", "CPUSLOT_LINGER", "0", "CPUSLOT_LOCAL", "false")) {
+            Path code = work.resolve("toplevel.py");
+            Files.writeString(code, """
+                    import time
+                    t0 = time.time()
+                    while time.time() - t0 < 4:
+                        pass
+                    def main(args):
+                        time.sleep(float(args.get('sleep', 0)))
+                        return {'ok': 1}
+                    """);
+            r.registerText("spin", "python", code, "300m");
+            // the first worker has the load's sandbox; the second makes its own
+            long firstWorker = threadNamed(r, comm -> comm.startsWith("fn-spin-"));
+            CompletableFuture<RuntimeProc.Reply> first = async(r, "spin", "{\"sleep\":8}");
+            CompletableFuture<RuntimeProc.Reply> second = async(r, "spin", "{}");
+            // whichever call the new worker took, it spins its sandbox's top level before either ends
+            String sandbox = whereItSpins(r, comm -> comm.startsWith("fn-spin-"), cgroup, CompletableFuture.allOf(first, second),
+                    "a new sandbox's load", firstWorker);
+            assertInSlotOf300m(cgroup, sandbox, "a new sandbox's load");
+            assertEquals(200, second.get(120, java.util.concurrent.TimeUnit.SECONDS).status());
+            assertEquals(200, first.get(120, java.util.concurrent.TimeUnit.SECONDS).status());
+            report.add("a function's top level in a new sandbox runs in " + sandbox);
+        }
+    }
+
+    private void assertInSlotOf300m(String cgroup, String where, String what) throws IOException {
+        assertTrue(where.startsWith(cgroup + "/cpuslot-"), what + " runs in a slot of its container: " + where);
+        if (cg.version == 1) assertEquals("30000", cg.read(where, "cpu.cfs_quota_us"), what + " in " + where);
+        else assertEquals("30000 100000", cg.read(where, "cpu.max"), what + " in " + where);
+    }
+
+    /**
+     * The slot (a cgroup below {@code cgroup}) in which the runtime's thread whose kernel name
+     * matches (none of {@code not}) was seen running for 0.2 s of CPU: the function's top level
+     * spinning there. Fails when {@code done} completes first (it spun elsewhere, or not at all).
+     */
+    private String whereItSpins(RuntimeProc r, java.util.function.Predicate<String> name, String cgroup, CompletableFuture<?> done,
+                                String what, long... not) throws Exception {
+        long tid = -1, base = -1, last = -1;
+        String at = null;
+        while (!done.isDone()) {
+            try {
+                if (tid < 0) {
+                    for (long t : r.threads("fn-")) {
+                        if (java.util.Arrays.stream(not).anyMatch(n -> n == t)) continue;
+                        if (name.test(Files.readString(Path.of("/proc/" + r.pid() + "/task/" + t + "/comm")).strip())) tid = last = t;
+                    }
+                }
+                if (tid >= 0) {
+                    String where = cg.cgroupOf(r.pid(), tid);
+                    long ticks = ticks(r.pid(), tid);
+                    if (!where.startsWith(cgroup + "/cpuslot-")) at = null;
+                    else if (!where.equals(at)) {
+                        at = where;
+                        base = ticks;
+                    } else if (ticks - base >= 20) return where;
+                }
+            } catch (IOException gone) { // the thread ended
+                tid = -1;
+            }
+            Thread.sleep(20);
+        }
+        throw new AssertionError(what + " ended before its thread was seen spinning in a slot of " + cgroup + ": " + done
+                + (last < 0 ? " (no thread found)" : " (its thread " + last + ", last seen in a slot: " + at + ")"));
+    }
+
     private RuntimeProc served(String cgroup, String log, String... settings) throws Exception {
         Map<String, String> env = new java.util.LinkedHashMap<>(Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
                 "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"));

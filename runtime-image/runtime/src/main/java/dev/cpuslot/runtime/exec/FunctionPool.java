@@ -332,15 +332,16 @@ public final class FunctionPool implements AutoCloseable {
         }
 
         /**
-         * The worker's job: a sandbox, the slot, the function until it returns or the deadline
+         * The worker's job: the slot, a sandbox, the function until it returns or the deadline
          * cancels it, the lease ended with its outcome, the job completed.
          */
         private void runJob(Job j) {
             busy.incrementAndGet();
             try {
                 j.started = System.nanoTime();
-                if (sandbox == null) newSandbox(j);
-                if (j.error == null && slots != null && j.task.quotaMilli() > 0) acquire(j);
+                // the slot first: a new sandbox runs the function's code (a module's top level) again
+                if (slots != null && j.task.quotaMilli() > 0) acquire(j);
+                if (j.error == null && sandbox == null) newSandbox(j);
                 long t0 = System.nanoTime();
                 if (j.error == null && !j.claimed.get()) call(j);
                 complete(j, System.nanoTime() - t0);
