@@ -180,16 +180,24 @@ public final class FunctionRuntime implements AutoCloseable {
         }
         if (milli <= 0) return null;
         long q = milli;
-        return () -> {
-            slots.prepareThread();
-            SlotLease l;
-            try {
-                l = slots.acquire(q, name, "load-" + LOADS.incrementAndGet());
-            } catch (RuntimeException e) { // fail-closed: no code of the function's runs in no slot
-                throw new IllegalStateException("no CPU slot for the function's load: " + e.getMessage(), e);
+        activation.loading(name);
+        return new Load.Slot() {
+            @Override
+            public SlotLease take() {
+                slots.prepareThread();
+                SlotLease l;
+                try {
+                    // its own usage at its release (not batched with the calls after it)
+                    l = slots.acquire(q, name, "load-" + LOADS.incrementAndGet(), true);
+                } catch (RuntimeException e) { // fail-closed: no code of the function's runs in no slot
+                    throw new IllegalStateException("no CPU slot for the function's load: " + e.getMessage(), e);
+                }
+                if (!l.active()) Log.warn("the load of " + name + " runs without a slot: " + l.reason());
+                return l;
             }
-            if (!l.active()) Log.warn("the load of " + name + " runs without a slot: " + l.reason());
-            return l;
+
+            @Override
+            public void used(dev.cpuslot.slot.Usage u) { activation.loaded(name, u); }
         };
     }
 

@@ -47,6 +47,9 @@ public final class Load {
      */
     public interface Slot {
         SlotLease take();
+
+        /** What the load used in its slot, once final (its function's CPU, as a call's). */
+        void used(dev.cpuslot.slot.Usage usage);
     }
 
     /** The load past its deadline: the request's answer. */
@@ -91,7 +94,7 @@ public final class Load {
                 // the slot given back before the answer: the function's first call may have it
                 SlotLease held = l.lease;
                 if (held != null && l.ended.compareAndSet(false, true))
-                    held.releaseLast(l.cancelled ? ReleaseOutcome.TIMEOUT : error != null ? ReleaseOutcome.FAILED : ReleaseOutcome.OK);
+                    l.slot.used(held.releaseLast(l.cancelled ? ReleaseOutcome.TIMEOUT : error != null ? ReleaseOutcome.FAILED : ReleaseOutcome.OK));
             }
             if (error != null) made.completeExceptionally(error);
             else made.complete(value);
@@ -127,7 +130,8 @@ public final class Load {
         // the slot stays the load's while its thread runs on in it (until it stops, or is confined
         // as a runaway: moved out), given to no call meanwhile
         SlotLease held = lease;
-        if (held != null && held.active() && ended.compareAndSet(false, true)) HeldSlot.hold(held, ReleaseOutcome.TIMEOUT, null, () -> t.isAlive() && !Activations.movedOut(t));
+        if (held != null && held.active() && ended.compareAndSet(false, true))
+            HeldSlot.hold(held, ReleaseOutcome.TIMEOUT, (lease, usage, until, nanos) -> slot.used(usage), () -> t.isAlive() && !Activations.movedOut(t));
         for (Runnable r : cancels) {
             try {
                 r.run();
