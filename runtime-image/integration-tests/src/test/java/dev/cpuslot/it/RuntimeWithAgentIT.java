@@ -172,8 +172,7 @@ class RuntimeWithAgentIT {
         assertEquals(1, workers.size(), "one worker served them all: " + workers);
         String slot = cg.cgroupOf(rt.pid(), workers.get(0));
         assertTrue(slot.startsWith(rtCgroup + "/"), slot);
-        if (cg.version == 1) assertEquals("20000", cg.read(slot, "cpu.cfs_quota_us"));
-        else assertEquals("20000 100000", cg.read(slot, "cpu.max"));
+        assertQuota(slot, 200);
         report.add(String.format(Locale.ROOT, "affinity: %d sequential hello invocations on one worker: %d affinity hits (agent), "
                 + "%d placement writes, worker thread in %s", n, (long) (Prom.get(a1, aff) - Prom.get(a0, aff)),
                 (long) (RuntimeProc.event(r1, "place.self") - RuntimeProc.event(r0, "place.self")), slot));
@@ -314,8 +313,7 @@ class RuntimeWithAgentIT {
             assertEquals(1, workers.size(), "one worker served them all: " + workers);
             String in = cg.cgroupOf(lr.pid(), workers.get(0));
             assertTrue(in.startsWith(cgroup + "/"), in);
-            if (cg.version == 1) assertEquals("20000", cg.read(in, "cpu.cfs_quota_us"));
-            else assertEquals("20000 100000", cg.read(in, "cpu.max"));
+            assertQuota(in, 200);
             // idle longer than the linger time: the client releases the lease
             Map<String, Double> a2 = a1;
             long until = System.nanoTime() + 15_000_000_000L;
@@ -622,12 +620,6 @@ class RuntimeWithAgentIT {
         }
     }
 
-    /** Three hello invocations, each of whose workers runs outside {@code slot}, where {@code who} runs. */
-    /**
-     * A runtime of its own in the container cgroup {@code cgroup}, served by the agent (an ACQUIRE
-     * may wait 2 s for it on a loaded machine), with more settings ({@code key, value, ...}); its
-     * log in the work directory.
-     */
     /**
      * A new sandbox (a second worker's context) loads the function's code again, a module's top
      * level, and does it in its job's slot, at its quota, as its calls. Before, it ran in the
@@ -656,37 +648,36 @@ class RuntimeWithAgentIT {
             CompletableFuture<RuntimeProc.Reply> first = async(r, "spin", "{\"sleep\":8}");
             CompletableFuture<RuntimeProc.Reply> second = async(r, "spin", "{}");
             // whichever call the new worker took, it spins its sandbox's top level before either ends
-            String sandbox = whereItSpins(r, comm -> comm.startsWith("fn-spin-"), cgroup, CompletableFuture.allOf(first, second),
+            String sandbox = whereItSpins(r, "fn-spin-", cgroup, CompletableFuture.allOf(first, second),
                     "a new sandbox's load", firstWorker);
-            assertInSlotOf300m(cgroup, sandbox, "a new sandbox's load");
+            assertTrue(sandbox.startsWith(cgroup + "/cpuslot-"), "a new sandbox's load runs in a slot of its container: " + sandbox);
+            assertQuota(sandbox, 300);
             assertEquals(200, second.get(120, java.util.concurrent.TimeUnit.SECONDS).status());
             assertEquals(200, first.get(120, java.util.concurrent.TimeUnit.SECONDS).status());
             report.add("a function's top level in a new sandbox runs in " + sandbox);
         }
     }
 
-    private void assertInSlotOf300m(String cgroup, String where, String what) throws IOException {
-        assertTrue(where.startsWith(cgroup + "/cpuslot-"), what + " runs in a slot of its container: " + where);
-        if (cg.version == 1) assertEquals("30000", cg.read(where, "cpu.cfs_quota_us"), what + " in " + where);
-        else assertEquals("30000 100000", cg.read(where, "cpu.max"), what + " in " + where);
+    /** The slot's CPU limit, as the kernel has it (v1 cpu.cfs_quota_us, v2 cpu.max; period 100 ms), is {@code milli}. */
+    private void assertQuota(String slot, long milli) throws IOException {
+        if (cg.version == 1) assertEquals(Long.toString(milli * 100), cg.read(slot, "cpu.cfs_quota_us"), slot);
+        else assertEquals(milli * 100 + " 100000", cg.read(slot, "cpu.max"), slot);
     }
 
     /**
      * The slot (a cgroup below {@code cgroup}) in which the runtime's thread whose kernel name
-     * matches (none of {@code not}) was seen running for 0.2 s of CPU: the function's top level
+     * starts with {@code prefix} (none of {@code not}) was seen running for 0.2 s of CPU: the function's top level
      * spinning there. Fails when {@code done} completes first (it spun elsewhere, or not at all).
      */
-    private String whereItSpins(RuntimeProc r, java.util.function.Predicate<String> name, String cgroup, CompletableFuture<?> done,
+    private String whereItSpins(RuntimeProc r, String prefix, String cgroup, CompletableFuture<?> done,
                                 String what, long... not) throws Exception {
         long tid = -1, base = -1, last = -1;
         String at = null;
         while (!done.isDone()) {
             try {
                 if (tid < 0) {
-                    for (long t : r.threads("fn-")) {
-                        if (java.util.Arrays.stream(not).anyMatch(n -> n == t)) continue;
-                        if (name.test(Files.readString(Path.of("/proc/" + r.pid() + "/task/" + t + "/comm")).strip())) tid = last = t;
-                    }
+                    for (long t : r.threads(prefix))
+                        if (java.util.Arrays.stream(not).noneMatch(n -> n == t)) tid = last = t;
                 }
                 if (tid >= 0) {
                     String where = cg.cgroupOf(r.pid(), tid);
@@ -706,6 +697,11 @@ class RuntimeWithAgentIT {
                 + (last < 0 ? " (no thread found)" : " (its thread " + last + ", last seen in a slot: " + at + ")"));
     }
 
+    /**
+     * A runtime of its own in the container cgroup {@code cgroup}, served by the agent (an ACQUIRE
+     * may wait 2 s for it on a loaded machine), with more settings ({@code key, value, ...}); its
+     * log in the work directory.
+     */
     private RuntimeProc served(String cgroup, String log, String... settings) throws Exception {
         Map<String, String> env = new java.util.LinkedHashMap<>(Map.of("CPUSLOT_SOCKET", agent.socket.toString(),
                 "CPUSLOT_ACQUIRE_BUDGET_MS", "2000"));
@@ -821,8 +817,7 @@ class RuntimeWithAgentIT {
             assertEquals(1, workers.size(), "one worker served them all: " + workers);
             String in = cg.cgroupOf(lr.pid(), workers.get(0));
             assertTrue(in.startsWith(cgroup + "/cpuslot-"), "the worker sits in a slot of its container: " + in);
-            if (cg.version == 1) assertEquals("20000", cg.read(in, "cpu.cfs_quota_us"));
-            else assertEquals("20000 100000", cg.read(in, "cpu.max"));
+            assertQuota(in, 200);
             // USAGE goes out within about a second; the agent counts a frame that comes sooner than a
             // second after its last read of the slots at its next read: the next frame, or the next
             // maintenance round (agent reapInterval 10 s)
