@@ -1,11 +1,15 @@
 package dev.cpuslot.slot;
 
 import java.io.IOException;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
 import java.util.concurrent.TimeoutException;
 
 /**
- * Local leasing's miss (see {@link LocalState}): ACQUIRE with HOLD on the hold connection, and
- * publishing a grant in the table, for the thread it was asked for or free for the next one.
+ * Local leasing's miss (see {@link LocalState}): ACQUIRE with HOLD on the hold connection, room
+ * made for it first, and publishing a grant in the table, for the thread it was asked for or free
+ * for the next one.
  */
 abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
     LocalMiss(Transport transport, FdCache fds, Recovery recovery, Leases leases, Counters counters, SlotTable table,
@@ -47,10 +51,16 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
     final Asked hold(long quota, long until) {
         count("local.miss");
         long budget = leases.budget(budgetNs), waitCapUs = Math.max(1, budget / 1000);
-        Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), (c, waitUs) ->
+        Leases.Request req = (c, waitUs) ->
                 // an agent without HOLD leases: the per-invocation path
                 c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0 ? null
-                        : new Protocol.Acquire(quota, Math.min(waitUs, waitCapUs), 0, Protocol.ACQUIRE_HOLD, 0, "", ""), this::borrowHold);
+                        : new Protocol.Acquire(quota, Math.min(waitUs, waitCapUs), 0, Protocol.ACQUIRE_HOLD, 0, "", "");
+        // free entries of other quotas keep budget: give back what the new one would not fit
+        // beside (the budget announced), and if the agent still refuses for budget, whatever is free
+        makeRoom(quota, false);
+        Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), req, this::borrowHold);
+        if (a != null && a.ok() == null && ("TIMEOUT".equals(a.reason()) || "REJECTED".equals(a.reason())) && makeRoom(quota, true))
+            a = leases.ask(Math.max(until, System.nanoTime() + budget), req, this::borrowHold);
         if (a == null) {
             count("local.refused");
             return new Asked(null, null, null, null, null);
@@ -96,6 +106,66 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
         SlotLease l = lease(e.index(), e.state(), act, inv, quota, tid, ok.outcome(), Protocol.PLACE_SELF);
         if ((ok.flags() & Protocol.ACQ_FLAG_QUEUED) != 0) l.flags |= Protocol.ACQ_FLAG_QUEUED;
         return l;
+    }
+
+    /** The container's admission budget, as the last HOLD_LIST_OK said (-1: none yet, HELLO_OK's). */
+    volatile long listedBudget = -1;
+
+    /**
+     * Makes room for a HOLD lease of quota (spec: "Local leasing", making room): gives back free
+     * entries of other quotas, least recently used first, until what the process holds plus quota
+     * fits the container's budget or, with force (the agent refused for budget), until they add
+     * up to quota. An idle entry otherwise keeps its budget for the idle time while calls of
+     * another quota wait at the agent and go on without a slot. True when any was given back.
+     */
+    final boolean makeRoom(long quota, boolean force) {
+        long budget = listedBudget;
+        if (budget < 0) {
+            Protocol.HelloOk h = transport.lastHello();
+            budget = h == null ? 0 : h.budgetMilli();
+        }
+        if (budget == 0 && !force) return false; // unlimited, or not known
+        long held = quota;
+        List<Integer> free = new ArrayList<>();
+        for (int i = 0; i < table.used(); i++) {
+            Hold h = holds.get(i);
+            if (h == null) continue;
+            held += h.quota();
+            if (table.slot(i) == h.slot() && !table.gone(i) && reclaim.get(i) == null && table.asked(i) != quota
+                    && SlotTable.hold(table.state(i)) == 0) free.add(i);
+        }
+        free.sort(Comparator.comparingLong(table::idleSince));
+        long freed = 0, now = System.nanoTime();
+        for (int i : free) {
+            if (force ? freed >= quota : held <= budget) break;
+            Hold h = holds.get(i);
+            int d = h == null ? KEPT : dropHeld(i, now);
+            if (d == KEPT) continue; // claimed meanwhile
+            count("local.made_room");
+            held -= h.quota();
+            freed += h.quota();
+            if (d == UNSENT) break; // the agent is away: its lease ends with our connection
+        }
+        return freed > 0;
+    }
+
+    /** What {@link #dropHeld} did. */
+    static final int DROPPED = 0, KEPT = 1, UNSENT = 2;
+
+    /**
+     * Empties free entry i and releases the HOLD lease the process's own record says it holds,
+     * its pending batch read first: DROPPED, KEPT (claimed meanwhile, nothing done), or UNSENT
+     * (emptied, the RELEASE not sent: the agent is away).
+     */
+    final int dropHeld(int i, long now) {
+        boolean[] sent = {true};
+        boolean dropped = table.drop(i, (slot, lease, flags) -> {
+            Hold h = holds.getAndSet(i, null);
+            closeBatch(i, slot, System.nanoTime()); // the entry is held for the drop: read once more
+            if (h != null) sent[0] = releaseHold(h.conn(), h.lease(), ReleaseOutcome.OK);
+            batches[i].clear(null, 0);
+        }, now);
+        return !dropped ? KEPT : sent[0] ? DROPPED : UNSENT;
     }
 
     /** One-way RELEASE of a HOLD lease on c, the connection that holds it. False when it could not be sent. */

@@ -105,6 +105,7 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
      * are marked GONE (no new claim takes them) and dropped by dropIdle once their invocation ends.
      */
     void giveBack(Protocol.HoldListOk ok, long now) {
+        listedBudget = ok.budgetMilli();
         Map<Long, Protocol.HoldLease> byLease = new HashMap<>();
         for (Protocol.HoldLease l : ok.leases()) byLease.put(l.lease(), l);
         long want = ok.giveBackMilli();
@@ -129,15 +130,9 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
             if (want == 0) return;
             Hold h = holds.get(i);
             if (h == null) continue;
-            boolean[] sent = {true};
-            boolean dropped = table.drop(i, (slot, lease, flags) -> {
-                Hold mine = holds.getAndSet(i, null);
-                closeBatch(i, slot, System.nanoTime()); // the entry is held for the drop: read once more
-                if (mine != null) sent[0] = releaseHold(mine.conn(), mine.lease(), ReleaseOutcome.OK);
-                batches[i].clear(null, 0);
-            }, now);
-            if (!sent[0]) return; // the agent is away: next round
-            if (!dropped) table.markGone(i); // claimed meanwhile: given back once free
+            int d = dropHeld(i, now);
+            if (d == UNSENT) return; // the agent is away: next round
+            if (d == KEPT) table.markGone(i); // claimed meanwhile: given back once free
             count("local.given_back");
             want -= Math.min(want, h.quota());
         }
@@ -196,17 +191,10 @@ abstract sealed class LocalUpkeep extends LocalReclaim permits LocalLeases {
             if (table.slot(i) == 0 || SlotTable.hold(table.state(i)) != 0 || reclaim.get(i) != null) continue;
             boolean gone = table.gone(i);
             if (!gone && now - table.idleSince(i) < idleNs) continue;
-            boolean[] sent = {true};
-            int idx = i;
-            boolean dropped = table.drop(i, (slot, lease, flags) -> {
-                // a lease the agent still backs is released, by the process's own record
-                Hold h = holds.getAndSet(idx, null);
-                closeBatch(idx, slot, System.nanoTime()); // the entry is held for the drop: read once more
-                if (h != null) sent[0] = releaseHold(h.conn(), h.lease(), ReleaseOutcome.OK);
-                batches[idx].clear(null, 0);
-            }, now);
-            if (dropped) count(gone ? "local.dropped_gone" : "local.dropped_idle");
-            if (!sent[0]) return; // the agent is away: its lease ends with our connections
+            // a lease the agent still backs is released, by the process's own record
+            int d = dropHeld(i, now);
+            if (d != KEPT) count(gone ? "local.dropped_gone" : "local.dropped_idle");
+            if (d == UNSENT) return; // the agent is away: its lease ends with our connections
         }
     }
 
