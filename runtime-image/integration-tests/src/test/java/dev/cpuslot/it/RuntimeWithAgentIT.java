@@ -271,7 +271,7 @@ class RuntimeWithAgentIT {
                 assertNull(r.header("X-Cpuslot-Slot"));
             }
             Map<String, Double> m = lonely.metrics();
-            assertEquals(n, RuntimeProc.event(m, "noslot.unreachable"), m.toString());
+            assertEquals(n + 1, RuntimeProc.event(m, "noslot.unreachable"), "the load's and each invocation's: " + m);
             assertEquals(n, Prom.get(m, "cpuslot_slot_outcomes_total{outcome=\"noslot_unreachable\"}"));
             assertEquals(n, Prom.sum(m, "cpuslot_invocations_total", "status=\"ok\""));
             report.add("agent absent: " + n + " invocations, all 200, counted noslot.unreachable=" + (long) RuntimeProc.event(m, "noslot.unreachable"));
@@ -621,14 +621,14 @@ class RuntimeWithAgentIT {
     }
 
     /**
-     * A new sandbox (a second worker's context) loads the function's code again, a module's top
-     * level, and does it in its job's slot, at its quota, as its calls. Before, it ran in the
-     * runtime's container, in no slot: a top level that spins took what the container had, on
-     * every new worker.
+     * A function's code runs in a slot at its quota wherever it runs: its load (/register, a
+     * module's top level) and each new sandbox's load of it again (a second worker's context),
+     * as its calls do. Before, both ran in the runtime's container, in no slot: a top level that
+     * spins took what the container had, at its load and on every new worker.
      */
     @Test
     @Order(9)
-    void aNewSandboxLoadsTheFunctionInItsJobsSlot() throws Exception {
+    void aFunctionsTopLevelRunsInASlotAtItsQuota() throws Exception {
         String cgroup = parent + "/toplevel";
         cg.create(cgroup);
         try (RuntimeProc r = served(cgroup, "runtime-toplevel.log", "CPUSLOT_LINGER", "0", "CPUSLOT_LOCAL", "false")) {
@@ -642,7 +642,17 @@ class RuntimeWithAgentIT {
                         time.sleep(float(args.get('sleep', 0)))
                         return {'ok': 1}
                     """);
-            r.registerText("spin", "python", code, "300m");
+            CompletableFuture<Void> registered = CompletableFuture.runAsync(() -> {
+                try {
+                    r.registerText("spin", "python", code, "300m");
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+            }, x -> Thread.ofPlatform().start(x));
+            String load = whereItSpins(r, "fn-load-", cgroup, registered, "the load");
+            assertTrue(load.startsWith(cgroup + "/cpuslot-"), "the load runs in a slot of its container: " + load);
+            assertQuota(load, 300);
+            registered.get(120, java.util.concurrent.TimeUnit.SECONDS);
             // the first worker has the load's sandbox; the second makes its own
             long firstWorker = threadNamed(r, comm -> comm.startsWith("fn-spin-"));
             CompletableFuture<RuntimeProc.Reply> first = async(r, "spin", "{\"sleep\":8}");
@@ -654,7 +664,7 @@ class RuntimeWithAgentIT {
             assertQuota(sandbox, 300);
             assertEquals(200, second.get(120, java.util.concurrent.TimeUnit.SECONDS).status());
             assertEquals(200, first.get(120, java.util.concurrent.TimeUnit.SECONDS).status());
-            report.add("a function's top level in a new sandbox runs in " + sandbox);
+            report.add("a function's top level runs in " + load + " at its load and in " + sandbox + " in a new sandbox");
         }
     }
 
@@ -789,8 +799,9 @@ class RuntimeWithAgentIT {
         String cgroup = parent + "/rt-local";
         cg.create(cgroup);
         try (RuntimeProc lr = served(cgroup, "runtime-local.log")) {
-            lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
+            // from before the load: it takes the HOLD lease (and its slot) the invocations then claim
             Map<String, Double> a0 = agent.metrics(), r0 = lr.metrics();
+            lr.register("hello", "dev.cpuslot.samples.HelloWorld", samplesJar, "200m");
             int n = 50;
             String slot0 = null;
             for (int i = 0; i < n; i++) {
@@ -811,7 +822,9 @@ class RuntimeWithAgentIT {
             }
             Map<String, Double> a1 = agent.metrics(), r1 = lr.metrics();
             double acquires = Prom.sum(a1, "cpuslot_acquire_duration_seconds_count") - Prom.sum(a0, "cpuslot_acquire_duration_seconds_count");
-            assertEquals(1, acquires, "the agent saw one ACQUIRE (HOLD) for " + n + " invocations");
+            assertEquals(1, acquires, "the agent saw one ACQUIRE (HOLD) for the load and " + n + " invocations");
+            // the load missed and took the HOLD; the first invocation claimed its entry, every later one its own thread's
+            assertEquals(1, RuntimeProc.event(r1, "local.miss") - RuntimeProc.event(r0, "local.miss"), r1.toString());
             assertEquals(n - 1, RuntimeProc.event(r1, "local.hit") - RuntimeProc.event(r0, "local.hit"), r1.toString());
             List<Long> workers = lr.threads("fn-hello-");
             assertEquals(1, workers.size(), "one worker served them all: " + workers);
@@ -824,13 +837,13 @@ class RuntimeWithAgentIT {
             String mine = inContainer(cgroup);
             Map<String, Double> a2 = a1;
             long until = System.nanoTime() + 30_000_000_000L;
-            while (Prom.sum(a2, "cpuslot_lease_releases_total", mine) - Prom.sum(a0, "cpuslot_lease_releases_total", mine) < n
+            while (Prom.sum(a2, "cpuslot_lease_releases_total", mine) - Prom.sum(a0, "cpuslot_lease_releases_total", mine) < n + 1
                     && System.nanoTime() < until) {
                 Thread.sleep(200);
                 a2 = agent.metrics();
             }
-            assertEquals(n, Prom.sum(a2, "cpuslot_lease_releases_total", mine) - Prom.sum(a0, "cpuslot_lease_releases_total", mine),
-                    "the agent counted every invocation from USAGE within 30 s: " + lr.metricsText());
+            assertEquals(n + 1, Prom.sum(a2, "cpuslot_lease_releases_total", mine) - Prom.sum(a0, "cpuslot_lease_releases_total", mine),
+                    "the agent counted the load and every invocation from USAGE within 30 s: " + lr.metricsText());
             // the CPU: the warm invocations' counters are read in batches, each batch once, so the
             // runtime's metric and the agent's (from USAGE, cut to what the slot's counters show)
             // come to the same total, within about a second of the last invocation
@@ -971,6 +984,47 @@ class RuntimeWithAgentIT {
                 for (Thread t : load) t.join();
             }
             assertEquals(List.of(), failed, "no invocation failed");
+        }
+    }
+
+    /**
+     * Idle held slots of one quota make room for a miss of another (spec: "Local leasing", making
+     * room). In a container of a 1000m limit the runtime holds a 500m and a 250m slot idle from
+     * earlier calls (and their loads'), then four 100m calls of 5 s run at once: 750m + 400m does
+     * not fit, so a miss gives the least recently used idle slot back first. Before, the idle
+     * slots kept their budget for 30 s and the last 100m call waited at the agent and ran without a
+     * slot (noslot TIMEOUT; e2e: a Knative pod that had served a 500m call, scaling out under 100m
+     * load).
+     */
+    @Test
+    @Order(11)
+    void idleHeldSlotsOfOtherQuotasMakeRoomForAMiss() throws Exception {
+        String cgroup = parent + "/rt-room";
+        cg.create(cgroup);
+        cg.limit(cgroup, 1000);
+        try (RuntimeProc lr = served(cgroup, "runtime-room.log")) {
+            lr.register("big", "dev.cpuslot.samples.CpuBurn", samplesJar, "500m");
+            lr.register("mid", "dev.cpuslot.samples.CpuBurn", samplesJar, "250m");
+            lr.register("small", "dev.cpuslot.samples.CpuBurn", samplesJar, "100m");
+            for (String f : List.of("big", "mid")) {
+                RuntimeProc.Reply r = lr.invoke(f, "{\"ms\":10}");
+                assertEquals(200, r.status(), r.body());
+                assertNotNull(r.header("X-Cpuslot-Slot"), f + " ran in a slot: " + r.headers());
+            }
+            List<CompletableFuture<RuntimeProc.Reply>> calls = new ArrayList<>();
+            for (int i = 0; i < 4; i++) calls.add(async(lr, "small", "{\"ms\":5000}"));
+            List<String> noSlot = new ArrayList<>();
+            for (CompletableFuture<RuntimeProc.Reply> c : calls) {
+                RuntimeProc.Reply r = c.get(120, java.util.concurrent.TimeUnit.SECONDS);
+                assertEquals(200, r.status(), r.body());
+                if (r.header("X-Cpuslot-Slot") == null) noSlot.add(String.valueOf(r.header("X-Cpuslot-Noslot")));
+            }
+            Map<String, Double> all = lr.metrics(), m = new java.util.TreeMap<>();
+            all.forEach((k, v) -> { if (k.startsWith("cpuslot_slot_client_events_total")) m.put(k, v); });
+            assertEquals(List.of(), noSlot, "every 100m call in a slot beside 750m held idle in a 1000m container: " + pool(cgroup) + " " + m);
+            assertTrue(RuntimeProc.event(m, "local.made_room") >= 1, "an idle slot was given back for a miss: " + m);
+            report.add("local leasing, 1000m limit, 500m + 250m held idle: four concurrent 100m calls all in a slot, "
+                    + (long) RuntimeProc.event(m, "local.made_room") + " idle slot(s) given back to make room");
         }
     }
 

@@ -157,6 +157,23 @@ final class Harness implements AutoCloseable {
 
     static JsonObject json(String s) { return JsonParser.parseString(s).getAsJsonObject(); }
 
+    /** The ACQUIREs the agent got for calls, not for a function's load (its own slot, invocation "load-N"). */
+    static long callAcquires(dev.cpuslot.slot.FakeAgent agent) {
+        return agent.received.stream().filter(m -> m instanceof dev.cpuslot.slot.Protocol.Acquire a && !a.invocation().startsWith("load-")).count();
+    }
+
+    /**
+     * Waits until the agent got the RELEASE of the function's load (sent as the load ends, before
+     * its answer, but on a connection of its own) and returns its ACQUIRE.
+     */
+    static dev.cpuslot.slot.Protocol.Acquire loadReleased(dev.cpuslot.slot.FakeAgent agent) throws InterruptedException {
+        long until = System.nanoTime() + 30_000_000_000L;
+        while (agent.count(dev.cpuslot.slot.Protocol.Release.class) < 1 && System.nanoTime() - until < 0) Thread.sleep(5);
+        org.junit.jupiter.api.Assertions.assertEquals(1, agent.count(dev.cpuslot.slot.Protocol.Release.class), "the load's slot given back: " + agent.received);
+        return agent.received.stream().filter(m -> m instanceof dev.cpuslot.slot.Protocol.Acquire a && a.invocation().startsWith("load-"))
+                .map(m -> (dev.cpuslot.slot.Protocol.Acquire) m).findFirst().orElseThrow();
+    }
+
     /** The function workers sleeping in testfns.Waits now. */
     static java.util.List<Thread> workersInWaits() {
         java.util.List<Thread> out = new java.util.ArrayList<>();

@@ -39,32 +39,35 @@ class SlotsAndQuotaTest {
             JsonObject init = json(initJava("testfns.Echo"));
             init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
             assertEquals(200, h.post("/init", init.toString()).status());
+            // the function's load (its static initialisers) ran in a slot at its quota, given back
+            Protocol.Acquire load = loadReleased(agent);
+            assertEquals(300, load.quotaMilli());
             Resp r = h.post("/run", run(json("{\"x\":1}"), Map.of("activation_id", "act-42", "action_name", "/guest/echo")), USAGE);
             assertEquals(200, r.status(), r.raw());
             assertEquals(json("{\"x\":1}"), r.json(), "the result is untouched");
             assertEquals("300", r.header("X-Cpuslot-Quota-Milli"));
             assertEquals("init", r.header("X-Cpuslot-Quota-Source"));
             long slot = Long.parseLong(r.header("X-Cpuslot-Slot"));
-            assertEquals("created", r.header("X-Cpuslot-Outcome"));
+            assertEquals("cache_hit", r.header("X-Cpuslot-Outcome"), "the load's slot");
             assertNotNull(r.header("X-Cpuslot-Cpu-Ns"));
-            assertEquals("0", agent.slotContent(slot), "the worker thread placed itself");
-            Protocol.Acquire a = (Protocol.Acquire) agent.received.stream().filter(m -> m instanceof Protocol.Acquire).findFirst().orElseThrow();
+            assertEquals("00", agent.slotContent(slot), "the load's thread placed itself, then the worker's");
+            Protocol.Acquire a = (Protocol.Acquire) agent.received.stream().filter(m -> m instanceof Protocol.Acquire x && x != load).findFirst().orElseThrow();
             assertEquals(300, a.quotaMilli());
             assertEquals("/guest/echo", a.action());
             assertEquals("act-42", a.invocation());
-            assertEquals(1, agent.count(Protocol.Release.class));
+            assertEquals(2, agent.count(Protocol.Release.class), "the load's and the call's");
             String line = "cpuslot: activation=act-42 action=/guest/echo status=ok quota=300m source=init slot=" + slot
-                    + " outcome=created place=self cpu_ms=";
+                    + " outcome=cache_hit place=self cpu_ms=";
             assertTrue(h.awaitLog(line).contains(line), h.log());
             assertFalse(h.stdout().contains("cpuslot:"), "the runtime's line is not in the tenant's stdout: " + h.stdout());
             // same worker, same quota: affinity, no second write
             Resp r2 = h.post("/run", run(json("{}"), Map.of("activation_id", "act-43")), USAGE);
             assertEquals("affinity_hit", r2.header("X-Cpuslot-Outcome"));
-            assertEquals("0", agent.slotContent(slot));
+            assertEquals("00", agent.slotContent(slot), "no second write by the worker");
             h.awaitLog("activation=act-43 "); // written after the reply, after the usage metrics
             String m = h.metrics();
             assertTrue(m.contains("cpuslot_slot_outcomes_total{outcome=\"affinity_hit\"} 1"), m);
-            assertTrue(m.contains("cpuslot_slot_client_events_total{event=\"release.ok\"} 2"), m);
+            assertTrue(m.contains("cpuslot_slot_client_events_total{event=\"release.ok\"} 3"), m); // the load's too
             assertTrue(m.contains("cpuslot_slot_cpu_seconds_total{function=\"__ow_action\"}"), m);
             // both acquisitions in the acquire latency's histogram, every one at most the budget + the first one's
             assertTrue(m.contains("\ncpuslot_slot_acquire_seconds_count 2\n"), m);
@@ -120,7 +123,7 @@ class SlotsAndQuotaTest {
                 long[] sum = new long[2];
                 while (System.nanoTime() < until) {
                     sum = agent.received.stream().filter(m -> m instanceof Protocol.UsageReport)
-                            .flatMap(m -> ((Protocol.UsageReport) m).records().stream())
+                            .flatMap(m -> ((Protocol.UsageReport) m).records().stream()).filter(u -> u.action().equals("/guest/echo"))
                             .map(u -> new long[]{u.invocations(), u.cpuNanos()}).reduce(new long[2], (a, b) -> new long[]{a[0] + b[0], a[1] + b[1]});
                     if (sum[0] >= 7) break;
                     Thread.sleep(10);
@@ -207,14 +210,17 @@ class SlotsAndQuotaTest {
                     assertEquals(slot, Long.parseLong(r.header("X-Cpuslot-Slot")));
                     assertNotNull(r.header("X-Cpuslot-Cpu-Ns"), "usage per invocation: " + r.raw());
                 }
-                assertEquals(1, agent.count(Protocol.Acquire.class), "one HOLD lease for eleven invocations");
+                assertEquals(1, agent.count(Protocol.Acquire.class), "one HOLD lease for the load and eleven invocations");
                 assertEquals(0, agent.count(Protocol.Release.class));
-                assertEquals("0", agent.slotContent(slot), "one placement write");
+                assertEquals("00", agent.slotContent(slot), "one placement write by the load's thread, one by the worker's");
                 assertTrue(h.awaitLog("outcome=affinity_hit place=none local cpu_ms=").contains("outcome=affinity_hit place=none local cpu_ms="), h.log());
+                // the load's own usage goes in a USAGE of its own; the calls' follow
+                java.util.function.LongSupplier calls = () -> agent.received.stream().filter(m -> m instanceof Protocol.UsageReport)
+                        .flatMap(m -> ((Protocol.UsageReport) m).records().stream()).filter(u -> u.action().equals("/guest/echo"))
+                        .mapToLong(Protocol.UsageRecord::invocations).sum();
                 long until = System.nanoTime() + 10_000_000_000L;
-                while (agent.count(Protocol.UsageReport.class) == 0 && System.nanoTime() < until) Thread.sleep(10);
-                long invocations = agent.received.stream().filter(m -> m instanceof Protocol.UsageReport)
-                        .flatMap(m -> ((Protocol.UsageReport) m).records().stream()).mapToLong(Protocol.UsageRecord::invocations).sum();
+                while (calls.getAsLong() == 0 && System.nanoTime() < until) Thread.sleep(10);
+                long invocations = calls.getAsLong();
                 assertTrue(invocations >= 1 && invocations <= 11, "USAGE reached the agent: " + agent.received);
             }
         }
@@ -230,6 +236,7 @@ class SlotsAndQuotaTest {
                 JsonObject init = json(initJava("testfns.Echo"));
                 init.getAsJsonObject("value").add("env", json("{\"CPUSLOT_QUOTA\":\"300m\"}"));
                 assertEquals(200, h.post("/init", init.toString()).status());
+                loadReleased(agent); // the load's lease ends with its thread: it never lingers
                 Resp first = h.post("/run", run(json("{}"), Map.of("action_name", "/guest/echo")));
                 assertNull(first.header("X-Cpuslot-Reused"));
                 for (int i = 0; i < 10; i++) {
@@ -240,14 +247,14 @@ class SlotsAndQuotaTest {
                     assertEquals(first.header("X-Cpuslot-Slot"), r.header("X-Cpuslot-Slot"));
                     assertNotNull(r.header("X-Cpuslot-Cpu-Ns"), "per-invocation usage still reported");
                 }
-                assertEquals(1, agent.count(Protocol.Acquire.class));
-                assertEquals(0, agent.count(Protocol.Release.class));
+                assertEquals(1, callAcquires(agent));
+                assertEquals(1, agent.count(Protocol.Release.class), "the load's only");
                 assertTrue(h.awaitLog("outcome=affinity_hit place=none reused cpu_ms=").contains("outcome=affinity_hit place=none reused cpu_ms="), h.log());
                 assertTrue(h.metrics().contains("cpuslot_slot_client_events_total{event=\"linger.reused\"} 10"), h.metrics());
             }
             long until = System.nanoTime() + 3_000_000_000L;
-            while (agent.count(Protocol.Release.class) == 0 && System.nanoTime() < until) Thread.sleep(5);
-            assertEquals(1, agent.count(Protocol.Release.class), "closing the runtime released the lingering lease");
+            while (agent.count(Protocol.Release.class) < 2 && System.nanoTime() < until) Thread.sleep(5);
+            assertEquals(2, agent.count(Protocol.Release.class), "closing the runtime released the lingering lease");
         }
     }
 
@@ -308,13 +315,47 @@ class SlotsAndQuotaTest {
     }
 
     @Test
-    void failClosedRefusesTheInvocation() throws Exception {
+    void failClosedRefusesTheLoadAndTheInvocation() throws Exception {
         SlotClient c = SlotClient.builder().socket(dir.resolve("none.sock").toString()).failClosed(true).build();
         try (Harness h = new Harness(Map.of("CPUSLOT_DEFAULT_QUOTA", "100m"), c)) {
-            h.post("/init", initJava("testfns.Echo"));
-            Resp r = h.post("/run", run(json("{}")));
+            // the function's code (its static initialisers) runs in no slot either
+            Resp init = h.post("/init", initJava("testfns.Echo"));
+            assertEquals(502, init.status(), init.raw());
+            assertTrue(init.raw().contains("no CPU slot for the function's load"), init.raw());
+            // a function that has no code to load (a sequence) still gets to its call, which is refused
+            Resp reg = h.post("/register?name=seq&steps=a,b", "");
+            assertEquals(200, reg.status(), reg.raw());
+            Resp r = h.post("/", "{\"name\":\"seq\",\"arguments\":\"{}\"}");
             assertEquals(502, r.status());
             assertTrue(r.obj().get("error").getAsString().contains("no CPU slot"), r.raw());
+        }
+    }
+
+    /**
+     * A load in its slot past its deadline: the /register is answered, the load stopped, and its
+     * slot given back (TIMEOUT) once its thread is out of it; a load that fails gives it back
+     * (FAILED).
+     */
+    @Test
+    void aLoadPastItsDeadlineOrThatFailsGivesItsSlotBack() throws Exception {
+        try (FakeAgent agent = new FakeAgent(dir).start();
+             Harness h = new Harness(Map.of("CPUSLOT_ANNOTATION_LOOKUP", "false"), client(agent))) {
+            Resp r = h.post("/register?name=loop&language=python&entryPoint=main&timeout=1000&quota=300m",
+                    "while True:\n    pass\ndef main(args):\n    return {}\n");
+            assertEquals(400, r.status(), r.raw());
+            assertTrue(r.raw().contains("did not load within 1000 ms"), r.raw());
+            Protocol.Acquire a = loadReleased(agent);
+            assertEquals(300, a.quotaMilli());
+            assertEquals("loop", a.action());
+            Protocol.Release timedOut = (Protocol.Release) agent.received.stream().filter(m -> m instanceof Protocol.Release).findFirst().orElseThrow();
+            assertEquals(Protocol.RELEASE_TIMEOUT, timedOut.outcome());
+            Resp bad = h.post("/register?name=bad&language=python&entryPoint=main&quota=300m", "raise ValueError('no')\ndef main(args):\n    return {}\n");
+            assertEquals(400, bad.status(), bad.raw());
+            long until = System.nanoTime() + 30_000_000_000L;
+            while (agent.count(Protocol.Release.class) < 2 && System.nanoTime() - until < 0) Thread.sleep(5);
+            assertEquals(2, agent.count(Protocol.Release.class), "given back: " + agent.received);
+            Protocol.Release failed = (Protocol.Release) agent.received.stream().filter(m -> m instanceof Protocol.Release).skip(1).findFirst().orElseThrow();
+            assertEquals(Protocol.RELEASE_FAILED, failed.outcome());
         }
     }
 

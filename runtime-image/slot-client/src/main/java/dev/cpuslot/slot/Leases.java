@@ -190,7 +190,7 @@ final class Leases extends Lingering {
         if (!fds.keep(ok, got, c.hello)) {
             currentSlot.get()[0] = 0;
             count("place.failed");
-            release(l, ReleaseOutcome.PLACEMENT_FAILED);
+            release(l, ReleaseOutcome.PLACEMENT_FAILED, false);
             return noSlot(act, inv, quotaMilli, tid, "fd_mismatch", "nfds " + ok.nfds() + " but " + got.length + " fds");
         }
         if (ok.place() == Protocol.PLACE_SELF) {
@@ -198,7 +198,7 @@ final class Leases extends Lingering {
             if (err != null) {
                 currentSlot.get()[0] = 0;
                 count("place.failed");
-                release(l, ReleaseOutcome.PLACEMENT_FAILED);
+                release(l, ReleaseOutcome.PLACEMENT_FAILED, false);
                 return noSlot(act, inv, quotaMilli, tid, "placement_failed", err);
             }
         }
@@ -254,13 +254,14 @@ final class Leases extends Lingering {
         return fds.place(lease.slot(), Integer.toString(tid).getBytes(StandardCharsets.US_ASCII));
     }
 
-    Usage release(SlotLease l, ReleaseOutcome outcome) {
+    /** {@code mayLinger}: an OK lease may be kept for the thread's next invocation (lingering on). */
+    Usage release(SlotLease l, ReleaseOutcome outcome, boolean mayLinger) {
         if (l.local != null) return l.local.release(l, outcome);
         l.lock.lock();
         try {
             if (l.released || l.parked) return Usage.NONE;
             // a RELEASE ends a sleep; a lingering lease must be awake for the next invocation
-            if (lingerNs > 0 && outcome == ReleaseOutcome.OK && (!l.sleeping || !sleepOrWakeLocked(l, false))) {
+            if (mayLinger && lingerNs > 0 && outcome == ReleaseOutcome.OK && (!l.sleeping || !sleepOrWakeLocked(l, false))) {
                 Usage u = parkLocked(l);
                 if (u != null) return u;
             }

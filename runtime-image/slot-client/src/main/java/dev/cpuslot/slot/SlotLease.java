@@ -115,7 +115,17 @@ public final class SlotLease {
      */
     public Usage release(ReleaseOutcome outcome) {
         if (!active()) return Usage.NONE;
-        return leases.release(this, outcome);
+        return leases.release(this, outcome, true);
+    }
+
+    /**
+     * As {@link #release}, for a thread that makes no further invocation (one that ends with
+     * this lease, such as a function's load): the slot is given back now, never kept lingering
+     * for a next invocation of the thread.
+     */
+    public Usage releaseLast(ReleaseOutcome outcome) {
+        if (!active()) return Usage.NONE;
+        return leases.release(this, outcome, false);
     }
 
     /**

@@ -490,6 +490,26 @@ class SlotClientTest {
         assertEquals(1, client.counter("release.ok"));
     }
 
+    /** A thread's last lease (a function's load, on a thread that ends with it) is given back at once, never parked. */
+    @Test
+    void aThreadsLastLeaseIsReleasedAtOnceNotKeptLingering() throws Exception {
+        agent.statFds = 1;
+        client = builder().maxConnections(1).linger(Duration.ofSeconds(30)).build();
+        SlotLease a = client.acquire(250, "a", "load-1");
+        agent.setCounters(a.slot(), 5_000_000, 0, 1, 0);
+        assertEquals(5_000_000, a.releaseLast(ReleaseOutcome.OK).cpuNanos(), "its usage, as a release's");
+        assertEquals(0, client.parkedCount(), "not parked for a next invocation");
+        assertEquals(0, client.counter("linger.parked"));
+        awaitReleases(1);
+        Protocol.Release r = (Protocol.Release) agent.received.stream().filter(m -> m instanceof Protocol.Release).findFirst().orElseThrow();
+        assertEquals(Protocol.RELEASE_OK_OUTCOME, r.outcome());
+        assertEquals(Usage.NONE, a.releaseLast(ReleaseOutcome.OK), "a second release is a no-op");
+        assertEquals(Usage.NONE, a.release(ReleaseOutcome.OK));
+        SlotLease b = client.acquire(250, "a", "2");
+        assertFalse(b.reused(), "a new ACQUIRE");
+        b.release(ReleaseOutcome.FAILED);
+    }
+
     @Test
     void stopThenReleaseParksWithTheStoppedReadingAndAnotherThreadDoesNotReuse() throws Exception {
         agent.statFds = 1;

@@ -367,6 +367,23 @@ final class Activation {
     private final ConcurrentHashMap<String, Metrics.Labels> batchLabels = new ConcurrentHashMap<>();
     static final int MAX_BATCH_LABELS = 4096;
 
+    /**
+     * A function's load takes a slot under its name (Load): a batch of its counters read with
+     * others' is counted under it, as a call's.
+     */
+    void loading(String function) {
+        if (slots && batchLabels.get(function) == null && batchLabels.size() < MAX_BATCH_LABELS)
+            batchLabels.put(function, Metrics.labels("function", function));
+    }
+
+    /** A function's load's usage in its slot, once final: its function's CPU, as a call's. */
+    void loaded(String function, Usage u) {
+        if (u == null || !u.measured()) return;
+        Metrics.Labels labels = Metrics.labels("function", function);
+        metrics.add("cpuslot_slot_cpu_seconds_total", labels, u.cpuNanos() / 1e9);
+        metrics.add("cpuslot_slot_throttled_seconds_total", labels, u.throttledNanos() / 1e9);
+    }
+
     void batchRead(String action, Usage u) {
         Metrics.Labels labels = batchLabels.get(action);
         if (labels == null) return;

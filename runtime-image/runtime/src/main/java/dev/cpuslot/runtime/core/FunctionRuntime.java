@@ -4,6 +4,7 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import dev.cpuslot.runtime.guard.ActivationOutput;
 import dev.cpuslot.slot.SlotClient;
+import dev.cpuslot.slot.SlotLease;
 
 import java.io.PrintStream;
 import java.time.Duration;
@@ -152,9 +153,52 @@ public final class FunctionRuntime implements AutoCloseable {
 
     private Function create(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv,
                             long timeoutMs) throws Exception {
-        // its code's top level runs as it loads: within the function's time limit, as a call
+        // its code's top level runs as it loads: within the function's time limit and in a slot at
+        // its quota, as a call
         return Load.within(name, timeoutMs > 0 ? timeoutMs : cfg.defaultTimeoutMs(), cfg.runawayGraceMs(), runaways,
-                () -> load(name, language, binary, text, main, initEnv));
+                loadSlot(name, initEnv), () -> load(name, language, binary, text, main, initEnv));
+    }
+
+    private static final java.util.concurrent.atomic.AtomicLong LOADS = new java.util.concurrent.atomic.AtomicLong();
+
+    /**
+     * A load's slot: at the quota its calls get when nothing per call says otherwise (its init
+     * CPUSLOT_QUOTA, else the pod's default; an init value that does not parse: the default, and
+     * its calls are refused as before), none when that is 0 or there is no agent.
+     */
+    private Load.Slot loadSlot(String name, Map<String, String> initEnv) {
+        if (slots == null) return null;
+        long milli;
+        try {
+            milli = quota.resolve(null, null, Map.of(), initEnv == null ? null : initEnv.get(Config.INIT_QUOTA_ENV)).milli();
+        } catch (Quota.InvalidQuotaException e) {
+            try {
+                milli = quota.resolve(null, null, Map.of(), null).milli();
+            } catch (Quota.InvalidQuotaException alsoBad) {
+                milli = 0;
+            }
+        }
+        if (milli <= 0) return null;
+        long q = milli;
+        activation.loading(name);
+        return new Load.Slot() {
+            @Override
+            public SlotLease take() {
+                slots.prepareThread();
+                SlotLease l;
+                try {
+                    // its own usage at its release (not batched with the calls after it)
+                    l = slots.acquire(q, name, "load-" + LOADS.incrementAndGet(), true);
+                } catch (RuntimeException e) { // fail-closed: no code of the function's runs in no slot
+                    throw new IllegalStateException("no CPU slot for the function's load: " + e.getMessage(), e);
+                }
+                if (!l.active()) Log.warn("the load of " + name + " runs without a slot: " + l.reason());
+                return l;
+            }
+
+            @Override
+            public void used(dev.cpuslot.slot.Usage u) { activation.loaded(name, u); }
+        };
     }
 
     private Function load(String name, String language, byte[] binary, String text, String main, Map<String, String> initEnv)

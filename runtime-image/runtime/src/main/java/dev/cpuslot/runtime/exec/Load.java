@@ -1,6 +1,9 @@
 package dev.cpuslot.runtime.exec;
 
 import dev.cpuslot.runtime.base.Log;
+import dev.cpuslot.runtime.guard.Activations;
+import dev.cpuslot.slot.ReleaseOutcome;
+import dev.cpuslot.slot.SlotLease;
 
 import java.util.List;
 import java.util.concurrent.Callable;
@@ -17,7 +20,9 @@ import java.util.concurrent.atomic.AtomicLong;
  * runs on a thread of its own, and at the deadline the language stops it (a context closed, a
  * Java activation cancelled: {@link #onCancel}), the request is answered, and a thread that still
  * runs after the grace is confined as a runaway. Before, code that never returned held its
- * request's front thread and a core for as long as the runtime lived.
+ * request's front thread and a core for as long as the runtime lived. As its code begins, the
+ * loading thread takes a slot at the function's quota ({@link Slot}), as its calls do: a load
+ * gets no more CPU than its function (before, it ran in the runtime's container, in no slot).
  */
 public final class Load {
     private static final ThreadLocal<Load> CURRENT = new ThreadLocal<>();
@@ -27,8 +32,25 @@ public final class Load {
     private volatile boolean cancelled;
     /** When the function's code began (System.nanoTime): the deadline counts from there. */
     private final CompletableFuture<Long> began = new CompletableFuture<>();
+    private final Slot slot;
+    /** The loading thread's lease, taken as the function's code begins; null: none. */
+    private volatile SlotLease lease;
+    /** Whether the lease was ended: by the loading thread as it returns, or held past the deadline. */
+    private final java.util.concurrent.atomic.AtomicBoolean ended = new java.util.concurrent.atomic.AtomicBoolean();
 
-    private Load() {}
+    private Load(Slot slot) { this.slot = slot; }
+
+    /**
+     * The function's slot for its load: a lease at its quota with the calling thread placed in
+     * it, or null to run in none (no agent, no quota). May throw when the runtime fails closed
+     * and no slot is to be had: the load then fails with that error, as a call would.
+     */
+    public interface Slot {
+        SlotLease take();
+
+        /** What the load used in its slot, once final (its function's CPU, as a call's). */
+        void used(dev.cpuslot.slot.Usage usage);
+    }
 
     /** The load past its deadline: the request's answer. */
     public static final class Timeout extends IllegalArgumentException {
@@ -37,13 +59,15 @@ public final class Load {
 
     /**
      * Called by a language on the loading thread as the function's code begins (the runtime's
-     * own part, a context made, a jar read, is not the function's time): how to stop it at the
-     * deadline, from another thread. Outside a load, nothing; after the deadline, at once.
+     * own part, a context made, a jar read, is not the function's time nor in its slot): how to
+     * stop it at the deadline, from another thread. The thread takes the function's slot here.
+     * Outside a load, nothing; after the deadline, at once.
      */
     public static void onCancel(Runnable cancel) {
         Load l = CURRENT.get();
         if (l == null) return;
         l.cancels.add(cancel);
+        if (l.lease == null && l.slot != null) l.lease = l.slot.take();
         l.began.complete(System.nanoTime());
         if (l.cancelled) cancel.run();
     }
@@ -54,18 +78,26 @@ public final class Load {
      * made just after is closed). What the load throws is thrown here.
      */
     public static <T extends AutoCloseable> T within(String function, long timeoutMs, long graceMs, Runaways runaways,
-                                                     Callable<T> load) throws Exception {
-        Load l = new Load();
+                                                     Slot slot, Callable<T> load) throws Exception {
+        Load l = new Load(slot);
         var made = new CompletableFuture<T>();
         Thread t = dev.cpuslot.runtime.guard.RuntimeThreads.startRuntimeThread("fn-load-" + IDS.incrementAndGet(), () -> {
             CURRENT.set(l);
+            T value = null;
+            Throwable error = null;
             try {
-                made.complete(load.call());
+                value = load.call();
             } catch (Throwable e) {
-                made.completeExceptionally(e);
+                error = e;
             } finally {
                 CURRENT.remove();
+                // the slot given back before the answer: the function's first call may have it
+                SlotLease held = l.lease;
+                if (held != null && l.ended.compareAndSet(false, true))
+                    l.slot.used(held.releaseLast(l.cancelled ? ReleaseOutcome.TIMEOUT : error != null ? ReleaseOutcome.FAILED : ReleaseOutcome.OK));
             }
+            if (error != null) made.completeExceptionally(error);
+            else made.complete(value);
         });
         try {
             CompletableFuture.anyOf(made, l.began).get();
@@ -95,6 +127,11 @@ public final class Load {
             }
         });
         cancelled = true;
+        // the slot stays the load's while its thread runs on in it (until it stops, or is confined
+        // as a runaway: moved out), given to no call meanwhile
+        SlotLease held = lease;
+        if (held != null && held.active() && ended.compareAndSet(false, true))
+            HeldSlot.hold(held, ReleaseOutcome.TIMEOUT, (lease, usage, until, nanos) -> slot.used(usage), () -> t.isAlive() && !Activations.movedOut(t));
         for (Runnable r : cancels) {
             try {
                 r.run();

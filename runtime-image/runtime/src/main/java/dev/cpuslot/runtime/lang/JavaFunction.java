@@ -136,8 +136,9 @@ public final class JavaFunction implements Function {
         self.setContextClassLoader(loader);
         SystemCalls.setEnv(this.initEnv);
         Activations.begin(loader);
-        dev.cpuslot.runtime.exec.Load.onCancel(() -> Activations.cancel(self));
         try {
+            // in the function's slot from here (a slot refused when the runtime fails closed: an init error)
+            dev.cpuslot.runtime.exec.Load.onCancel(() -> Activations.cancel(self));
             c = Class.forName(cls, true, loader);
         } catch (ClassNotFoundException | LinkageError | SecurityException | Activations.Stopped e) {
             close();
