@@ -101,6 +101,49 @@ class LoadDeadlineTest {
         });
     }
 
+    /**
+     * A new sandbox (a second worker, for a call that comes while the first is busy) runs the
+     * module's top level again, within its call's deadline: code that never returns there is
+     * stopped at the deadline, as at the load, and its worker ends. Before, nothing could stop it
+     * (the worker was interrupted, which a guest loop does not see): it was confined as a runaway
+     * after the grace and spun on at the runaway quota for as long as the runtime lived, one more
+     * thread with each call that made a new sandbox.
+     */
+    @Test
+    void aNewSandboxsTopLevelThatNeverEndsIsStoppedAtItsCallsDeadline() throws Exception {
+        with("python", c -> {
+            // the top level spins only from a time on, by which the load has ended: in a worker's
+            // new sandbox, not at the load; a load that reached it (a busy machine) is tried again
+            // with more time
+            String name = null;
+            long from = 0;
+            for (int attempt = 0, margin = 10; attempt < 3 && name == null; attempt++, margin *= 3) {
+                from = System.currentTimeMillis() / 1000 + margin;
+                String code = "import time\nif time.time() > " + from + ":\n    while True:\n        pass\n"
+                        + "def main(args):\n    time.sleep(float(args.get('sleep', 0)))\n    return {'ok': 1}\n";
+                Reply reg = c.post("/register?name=later" + attempt + "&language=python&entryPoint=main&timeout=3000", code);
+                if (reg.code() == 200) name = "later" + attempt;
+                else assertTrue(String.valueOf(reg.raw()).contains("did not load within"), String.valueOf(reg.raw()));
+            }
+            assertNotNull(name, "a load ended before its top level's spin began");
+            String fn = name;
+            Thread.sleep(Math.max(0, from * 1000 + 1000 - System.currentTimeMillis()));
+            var busy = java.util.concurrent.CompletableFuture.supplyAsync(() -> {
+                try {
+                    return JavaContainmentTest.invoke(c, fn, "{\"sleep\": 60}");
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+            });
+            Thread.sleep(500); // the sleeping call takes the load's sandbox (a second worker's would spin: timed out too)
+            Reply second = JavaContainmentTest.invoke(c, fn, "{}");
+            assertTrue(String.valueOf(second.raw()).contains("time limit"), "the new sandbox's call timed out: " + second.raw());
+            Reply first = busy.get();
+            assertTrue(String.valueOf(first.raw()).contains("time limit"), "the sleeping call timed out: " + first.raw());
+            awaitNoThread(c, "fn-" + fn + "-");
+        });
+    }
+
     /** Waits until no thread of the runtime has a kernel name starting with {@code prefix}; fails naming them after 120 s. */
     private static void awaitNoThread(ActionContainer c, String prefix) throws Exception {
         long until = System.nanoTime() + 120_000_000_000L;

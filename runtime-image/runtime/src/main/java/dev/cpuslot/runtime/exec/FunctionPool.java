@@ -272,9 +272,14 @@ public final class FunctionPool implements AutoCloseable {
                 } catch (RuntimeException ignored) {
                 }
             } else {
+                Load.Making m = making; // a sandbox being made runs the function's top level
+                if (m != null) m.cancel();
                 thread.interrupt();
             }
         }
+
+        /** The sandbox being made for a job, stopped by {@link #retire}; null: none. */
+        private volatile Load.Making making;
 
         private void loop() {
             try {
@@ -363,11 +368,16 @@ public final class FunctionPool implements AutoCloseable {
         }
 
         private void newSandbox(Job j) {
+            Load.Making m = new Load.Making();
+            making = m;
+            if (retired) m.cancel(); // the caller gave up before it could see it
             try {
-                sandbox = fn.newSandbox();
+                sandbox = Load.making(m, fn::newSandbox);
                 metrics.sandboxCreated(fn.name());
             } catch (Exception e) {
                 j.error = "could not create a sandbox: " + e.getMessage();
+            } finally {
+                making = null;
             }
         }
 

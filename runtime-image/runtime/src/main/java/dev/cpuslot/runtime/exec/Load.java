@@ -65,7 +65,11 @@ public final class Load {
      */
     public static void onCancel(Runnable cancel) {
         Load l = CURRENT.get();
-        if (l == null) return;
+        if (l == null) {
+            Making m = MAKING.get();
+            if (m != null) m.add(cancel);
+            return;
+        }
         l.cancels.add(cancel);
         if (l.lease == null && l.slot != null) l.lease = l.slot.take();
         l.began.complete(System.nanoTime());
@@ -140,6 +144,48 @@ public final class Load {
             }
         }
         t.interrupt();
+    }
+
+    private static final ThreadLocal<Making> MAKING = new ThreadLocal<>();
+
+    /**
+     * A sandbox made for a call (a worker's new sandbox, its code's top level run again in the
+     * call's slot): how to stop the function's code in it at the call's deadline, as at its load.
+     * The worker makes the sandbox within {@link #making}; at the deadline its caller calls
+     * {@link #cancel}. Before, only an interrupt reached it, which guest code does not see.
+     */
+    public static final class Making {
+        private final List<Runnable> cancels = new CopyOnWriteArrayList<>();
+        private volatile boolean cancelled;
+
+        /** Stops the function's code in the sandbox being made, now and as soon as it begins. */
+        public void cancel() {
+            cancelled = true;
+            for (Runnable r : cancels) run(r);
+        }
+
+        private void add(Runnable r) {
+            cancels.add(r);
+            if (cancelled) run(r); // at most twice with cancel() at once: closing twice is harmless
+        }
+
+        private static void run(Runnable r) {
+            try {
+                r.run();
+            } catch (RuntimeException e) {
+                Log.warn("stopping a sandbox being made: " + e);
+            }
+        }
+    }
+
+    /** Makes a sandbox on this thread, its code stopped by {@code m}'s cancel. */
+    public static <T> T making(Making m, Callable<T> make) throws Exception {
+        MAKING.set(m);
+        try {
+            return make.call();
+        } finally {
+            MAKING.remove();
+        }
     }
 
     /** A loading thread still running {@code graceMs} after its cancel is confined as a runaway. */

@@ -236,6 +236,39 @@ class FunctionPoolTest {
         }
     }
 
+    /**
+     * A new sandbox's code past its call's deadline is stopped as a load's is: what the language
+     * registers as the code begins ({@link Load#onCancel}) runs at the deadline. Here making the
+     * sandbox spins, deaf to interrupts (as a guest loop is), until its registered cancel; the
+     * worker then ends. Before, only the interrupt reached it, and it spun on.
+     */
+    @Test
+    void aSandboxBeingMadeIsStoppedAtItsCallsDeadline() throws Exception {
+        java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
+        java.util.concurrent.atomic.AtomicReference<Thread> maker = new java.util.concurrent.atomic.AtomicReference<>();
+        Function spins = new Function() {
+            @Override public String name() { return "spins"; }
+            @Override public String language() { return "python"; }
+            @Override public Map<String, String> initEnv() { return Map.of(); }
+            @Override public Sandbox newSandbox() {
+                maker.set(Thread.currentThread());
+                Load.onCancel(() -> stop.set(true)); // the code begins
+                while (!stop.get()) Thread.onSpinWait(); // a top level that never ends, deaf to interrupts
+                throw new IllegalArgumentException("cancelled");
+            }
+        };
+        try (FunctionPool pool = new FunctionPool(spins, 1, 60_000, null, new Metrics())) {
+            FunctionPool.Outcome o = pool.invoke(new FunctionPool.Task(new JsonPrimitive(1), Map.of(), 0, "spins", "a1"),
+                    System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(300));
+            assertTrue(o.timedOut(), String.valueOf(o));
+            long until = System.nanoTime() + MINUTE; // a worker late to begin making it is stopped as it begins
+            while (maker.get() == null && System.nanoTime() - until < 0) Thread.sleep(5);
+            assertNotNull(maker.get(), "the worker began making its sandbox");
+            maker.get().join(MINUTE / 1_000_000);
+            assertTrue(stop.get() && !maker.get().isAlive(), "the sandbox's code was stopped and its worker ended: " + maker.get().getState());
+        }
+    }
+
     /** A function that records on which thread, and between which hop calls, it ran. */
     private static Function recording(List<String> events) {
         return new Function() {
