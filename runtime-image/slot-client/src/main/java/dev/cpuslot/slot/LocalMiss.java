@@ -20,8 +20,23 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
     /** A HOLD request's outcome: a grant (ok set), a refusal (reason set), or neither: the per-invocation path. */
     record Asked(Connection conn, Protocol.AcquireOk ok, int[] fds, String reason, String detail) {}
 
+    /**
+     * Quota granted by the agent (HOLD) and not yet in the table: the waiter it was handed to
+     * publishes it on its own thread, so a HOLD request asked meanwhile must count it to know what
+     * the process holds ({@link #makeRoom}).
+     */
+    private final java.util.concurrent.atomic.AtomicLong unpublished = new java.util.concurrent.atomic.AtomicLong();
+
     /** A grant no thread waits for any more: a free entry for the next invocation. */
     final void publishFree(Asked a, long quota) {
+        try {
+            publishFreeOwn(a, quota);
+        } finally {
+            unpublished.addAndGet(-a.ok().quotaMilli());
+        }
+    }
+
+    private void publishFreeOwn(Asked a, long quota) {
         Protocol.AcquireOk ok = a.ok();
         if (!fds.keep(ok, a.fds(), a.conn().hello)) {
             releaseHold(a.conn(), ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
@@ -66,6 +81,7 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
             return new Asked(null, null, null, null, null);
         }
         if (a.ok() != null) {
+            unpublished.addAndGet(a.ok().quotaMilli()); // until granted or publishFree has it in the table
             transport.reserve(a.conn()); // the per-invocation path waits on it no more
             transport.giveBack(a.conn());
         }
@@ -74,6 +90,15 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
 
     final SlotLease granted(Connection c, Protocol.AcquireOk ok, int[] got, long quota, String act, String inv, int tid,
                               long[] current, int[] last) {
+        try {
+            return grantedOwn(c, ok, got, quota, act, inv, tid, current, last);
+        } finally {
+            unpublished.addAndGet(-ok.quotaMilli());
+        }
+    }
+
+    private SlotLease grantedOwn(Connection c, Protocol.AcquireOk ok, int[] got, long quota, String act, String inv, int tid,
+                                 long[] current, int[] last) {
         count("local.hold");
         if (!fds.keep(ok, got, c.hello)) {
             releaseHold(c, ok.lease(), ReleaseOutcome.PLACEMENT_FAILED);
@@ -125,7 +150,7 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
             budget = h == null ? 0 : h.budgetMilli();
         }
         if (budget == 0 && !force) return false; // unlimited, or not known
-        long held = quota;
+        long held = quota + unpublished.get();
         List<Integer> free = new ArrayList<>();
         for (int i = 0; i < table.used(); i++) {
             Hold h = holds.get(i);

@@ -22,6 +22,8 @@ class LocalLeasesTest extends LocalFixture {
     volatile Protocol.Message holdListAnswer;
     /** The fake agent's admission budget (0: none): a HOLD request the held leases leave no room for is refused. */
     volatile long budget;
+    /** The quotas of the HOLD requests the fake agent refused for budget. */
+    final List<Long> overBudget = new java.util.concurrent.CopyOnWriteArrayList<>();
     /** The quota of each HOLD lease the fake agent granted. */
     final java.util.Map<Long, Long> grantedQuota = new java.util.HashMap<>();
 
@@ -45,7 +47,10 @@ class LocalLeasesTest extends LocalFixture {
                 long held = a.quotaMilli();
                 for (var g : grantedQuota.entrySet())
                     if (!releases().contains(new Protocol.Release(g.getKey(), 0, Protocol.RELEASE_NO_REPLY))) held += g.getValue();
-                if (held > budget) return new Protocol.Error(Protocol.E_TIMEOUT, 0, "no budget");
+                if (held > budget) {
+                    overBudget.add(a.quotaMilli());
+                    return new Protocol.Error(Protocol.E_TIMEOUT, 0, "no budget");
+                }
             }
             Transport.Reply r = grant(a);
             grantedQuota.put(((Protocol.AcquireOk) r.message()).lease(), a.quotaMilli());
@@ -374,6 +379,41 @@ class LocalLeasesTest extends LocalFixture {
         assertEquals(small.slot(), table.slot(small.entry), "the 150m entry is still held");
         assertEquals(announced ? 3 : 4, transport.count(Protocol.Acquire.class), "HOLD requests (and one refused without the budget announced)");
         l.release(ReleaseOutcome.OK);
+    }
+
+    /**
+     * Two misses of one quota at once: the first one's grant is handed to its thread, which puts
+     * it in the table on its own thread, while the second HOLD request is made. Making room for
+     * the second counts that grant (CI: RuntimeWithAgentIT's four 100m calls, two without a slot:
+     * the second request went to the agent with no room made, and waited there past its budget).
+     */
+    @Test
+    void aMissCountsTheGrantItsQuotasLastMissIsStillPublishing() throws Exception {
+        budget = 1000;
+        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL, 1, 1, "fake", budget, List.of());
+        local = local(leases, 16, S, S);
+        for (long q : new long[]{500, 250}) {
+            SlotLease l = onOtherThread(() -> local.acquire(q, "f", "idle" + q));
+            l.release(ReleaseOutcome.OK);
+        }
+        List<SlotLease> busy = new java.util.concurrent.CopyOnWriteArrayList<>();
+        java.util.concurrent.CyclicBarrier go = new java.util.concurrent.CyclicBarrier(3);
+        List<Thread> ts = new ArrayList<>();
+        for (int k = 0; k < 3; k++) {
+            int n = k;
+            ts.add(Thread.ofPlatform().start(() -> {
+                try {
+                    go.await();
+                } catch (Exception e) {
+                    throw new AssertionError(e);
+                }
+                busy.add(local.acquire(100, "f", "c" + n));
+            }));
+        }
+        for (Thread t : ts) t.join();
+        assertEquals(List.of(), overBudget, "HOLD requests sent with no room made for them");
+        for (SlotLease l : busy) assertTrue(l.active(), "every 100m call in a slot: " + busy);
+        for (SlotLease l : busy) l.release(ReleaseOutcome.OK);
     }
 
     @Test
