@@ -48,6 +48,9 @@ type local struct {
 	// only entries it re-declares and drops. Lease ids come from here,
 	// never from the table, which the process's own code may scribble on.
 	own map[int]*ownEntry
+	// onWay is the quota of grants the agent has answered and the table
+	// does not hold yet (between hold and publish): held all the same.
+	onWay uint64
 	// closed: Close has dropped the free entries; a grant published after
 	// that goes straight back.
 	closed bool

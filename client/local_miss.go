@@ -20,15 +20,17 @@ func (lc *local) miss(quotaMilli uint32) (ok *slotv1.AcquireOK, stale bool, err 
 	// Idle held slots hold budget: give back what the new one would not
 	// fit beside (the budget HELLO_OK announced), and if the agent still
 	// refuses for budget, whatever is free.
-	resp, fds, cn, err := lc.hold(lc.makeRoom(quotaMilli, false), req)
+	resp, fds, cn, err := lc.hold(req, false)
 	if errors.Is(err, &slotv1.Error{Code: slotv1.CodeRejected}) || errors.Is(err, &slotv1.Error{Code: slotv1.CodeTimeout}) {
-		if rel := lc.makeRoom(quotaMilli, true); len(rel) > 0 {
-			resp, fds, cn, err = lc.hold(rel, req)
+		if r, f, n, e := lc.hold(req, true); !errors.Is(e, errNoRoom) {
+			resp, fds, cn, err = r, f, n, e
 		}
 	}
 	if err != nil {
 		return nil, false, err
 	}
+	// A grant (counted onWay) is published by the caller; anything else
+	// was not counted.
 	ok, err = c.grant(resp, fds, func(*slotv1.AcquireOK) { stale = cn != lc.conn() })
 	return ok, stale, err
 }
@@ -41,6 +43,7 @@ func (lc *local) publish(ok *slotv1.AcquireOK, quotaMilli, holder uint32) (slotv
 		flags |= slotv1.EntryDegraded
 	}
 	lc.mu.Lock()
+	lc.onWay -= uint64(ok.QuotaMilli) // in the table now, or given back
 	if lc.closed {
 		lc.mu.Unlock()
 		lc.sendRelease(ok.Lease)
@@ -71,7 +74,8 @@ func (lc *local) publish(ok *slotv1.AcquireOK, quotaMilli, holder uint32) (slotv
 // makeRoom empties free held entries, least recently used first, and
 // returns their leases to release: until the process's held quota plus
 // quotaMilli fits the container's announced budget, or (force) until they
-// add up to quotaMilli.
+// add up to quotaMilli. The caller holds cmu: no grant is on its way but
+// those onWay counts.
 func (lc *local) makeRoom(quotaMilli uint32, force bool) []uint64 {
 	lc.c.mu.Lock()
 	budget := uint64(lc.c.hello.BudgetMilli)
@@ -81,7 +85,7 @@ func (lc *local) makeRoom(quotaMilli uint32, force bool) []uint64 {
 	}
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	held := uint64(quotaMilli)
+	held := uint64(quotaMilli) + lc.onWay
 	type cand struct {
 		i    int
 		idle uint64
@@ -118,11 +122,21 @@ func (lc *local) makeRoom(quotaMilli uint32, force bool) []uint64 {
 	return leases
 }
 
-// hold sends the releases, then the HOLD request, on the hold connection,
-// so that the agent frees the budget before it admits the new lease.
-func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, []int, *conn, error) {
+// errNoRoom: a forced hold found no free held entry to give back.
+var errNoRoom = errors.New("no room to make")
+
+// hold makes room for req (makeRoom) and sends the releases, then the HOLD
+// request, on the hold connection, so that the agent frees the budget
+// before it admits the new lease. Under cmu, so that what the process
+// holds does not move under makeRoom: the HOLD requests before this one
+// have been answered, and a grant among them is in the table or onWay.
+func (lc *local) hold(req *slotv1.Acquire, force bool) (slotv1.Message, []int, *conn, error) {
 	lc.cmu.Lock()
 	defer lc.cmu.Unlock()
+	releases := lc.makeRoom(req.QuotaMilli, force)
+	if force && len(releases) == 0 {
+		return nil, nil, nil, errNoRoom
+	}
 	for attempt := 0; ; attempt++ {
 		cn, err := lc.holdConn()
 		if err != nil {
@@ -140,6 +154,11 @@ func (lc *local) hold(releases []uint64, req *slotv1.Acquire) (slotv1.Message, [
 				if e, ok := resp.(*slotv1.Error); ok {
 					closeFDs(fds)
 					return nil, nil, cn, e
+				}
+				if ok, isOK := resp.(*slotv1.AcquireOK); isOK {
+					lc.mu.Lock()
+					lc.onWay += uint64(ok.QuotaMilli) // until publish
+					lc.mu.Unlock()
 				}
 				return resp, fds, cn, nil
 			}

@@ -472,6 +472,56 @@ func TestLocalMissMakesRoom(t *testing.T) {
 	}
 }
 
+// TestLocalMissCountsAGrantOnItsWay: a miss decides what room to make
+// from what the process holds, and a grant of another quota on its way
+// (asked, not yet in the table) is held too. A 300m miss while a 400m grant
+// is on its way, with a free 500m entry in a 1000m budget, must give the
+// 500m back before asking; counted without the 400m, it asked first and
+// waited at the agent for budget that only its own next move could free.
+func TestLocalMissCountsAGrantOnItsWay(t *testing.T) {
+	f := newFakeAgent(t, true)
+	f.mu.Lock()
+	f.budget, f.sayBudget, f.queue = 1000, true, true
+	f.mu.Unlock()
+	c := dialFake(t, f, client.Options{Wait: 2 * time.Second})
+	acquire := func(q uint32) error {
+		l, err := c.Acquire(q, "a", "")
+		if err != nil {
+			return fmt.Errorf("quota %d: %w", q, err)
+		}
+		if !l.Local {
+			return fmt.Errorf("quota %d: not local", q)
+		}
+		_, err = l.Release(slotv1.InvocationOK)
+		return err
+	}
+	onThread(func() {
+		if err := acquire(500); err != nil { // a free 500m entry
+			t.Fatal(err)
+		}
+	})
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.holdGate = gate
+	f.mu.Unlock()
+	done := make(chan error, 2)
+	go onThread(func() { done <- acquire(400) })
+	waitFor(t, "the 400m HOLD at the agent", func() bool { return f.count("hold gated") == 1 })
+	go onThread(func() { done <- acquire(300) })
+	// Time for the 300m miss to decide (the test cannot see it); the
+	// outcome does not depend on it.
+	time.Sleep(100 * time.Millisecond)
+	close(gate)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if to, rej, h := f.count("timeout"), f.count("rejected"), f.count("hold"); to != 0 || rej != 0 || h != 3 {
+		t.Fatalf("%d HOLD, %d waited out for budget, %d rejected; want 3, 0, 0", h, to, rej)
+	}
+}
+
 // TestLocalCloseReleasesALateGrant: a thread waits for an entry, the
 // client asks the agent for a HOLD lease, and another thread's release
 // serves the waiter before the grant arrives. The grant then lands as a

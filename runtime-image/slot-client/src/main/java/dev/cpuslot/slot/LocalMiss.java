@@ -65,17 +65,15 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
      */
     final Asked hold(long quota, long until) {
         count("local.miss");
-        long budget = leases.budget(budgetNs), waitCapUs = Math.max(1, budget / 1000);
-        Leases.Request req = (c, waitUs) ->
-                // an agent without HOLD leases: the per-invocation path
-                c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0 ? null
-                        : new Protocol.Acquire(quota, Math.min(waitUs, waitCapUs), 0, Protocol.ACQUIRE_HOLD, 0, "", "");
+        long budget = leases.budget(budgetNs);
         // free entries of other quotas keep budget: give back what the new one would not fit
         // beside (the budget announced), and if the agent still refuses for budget, whatever is free
-        makeRoom(quota, false);
-        Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), req, this::borrowHold);
-        if (a != null && a.ok() == null && ("TIMEOUT".equals(a.reason()) || "REJECTED".equals(a.reason())) && makeRoom(quota, true))
-            a = leases.ask(Math.max(until, System.nanoTime() + budget), req, this::borrowHold);
+        Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), holdRequest(quota, budget, false, null), this::borrowHold);
+        if (a != null && a.ok() == null && ("TIMEOUT".equals(a.reason()) || "REJECTED".equals(a.reason()))) {
+            boolean[] made = {false};
+            Leases.Answer again = leases.ask(Math.max(until, System.nanoTime() + budget), holdRequest(quota, budget, true, made), this::borrowHold);
+            if (made[0]) a = again;
+        }
         if (a == null) {
             count("local.refused");
             return new Asked(null, null, null, null, null);
@@ -86,6 +84,23 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
             transport.giveBack(a.conn());
         }
         return new Asked(a.conn(), a.ok(), a.fds(), a.reason(), a.detail());
+    }
+
+    /**
+     * The HOLD request for quota, room made for it ({@link #makeRoom}) once the hold connection is
+     * ours: the HOLD requests before it have been answered, and their grants are in the table or
+     * {@link #unpublished}. Decided before its turn, a miss would miss a grant of another quota on
+     * its way. With force, nothing is sent (null) unless room was made, which made says.
+     */
+    private Leases.Request holdRequest(long quota, long budget, boolean force, boolean[] made) {
+        long waitCapUs = Math.max(1, budget / 1000);
+        return (c, waitUs) -> {
+            // an agent without HOLD leases: the per-invocation path
+            if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) return null;
+            if (makeRoom(quota, force) && made != null) made[0] = true;
+            if (force && !made[0]) return null;
+            return new Protocol.Acquire(quota, Math.min(waitUs, waitCapUs), 0, Protocol.ACQUIRE_HOLD, 0, "", "");
+        };
     }
 
     final SlotLease granted(Connection c, Protocol.AcquireOk ok, int[] got, long quota, String act, String inv, int tid,

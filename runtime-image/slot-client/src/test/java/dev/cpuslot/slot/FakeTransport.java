@@ -45,14 +45,33 @@ final class FakeTransport implements Transport {
         return current;
     }
 
+    /**
+     * When set, borrowing a given connection waits while another holds it, as on a socket (one
+     * request at a time): the hold connection's requests go in turn.
+     */
+    volatile boolean exclusive;
+
     @Override
-    public synchronized void borrow(Connection c, long deadline) throws IOException {
+    public synchronized void borrow(Connection c, long deadline) throws IOException, TimeoutException {
+        while (exclusive && c.alive && c.busy) {
+            long left = deadline - System.nanoTime();
+            if (left <= 0) throw new TimeoutException("connection busy");
+            try {
+                java.util.concurrent.TimeUnit.NANOSECONDS.timedWait(this, left);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IOException(e);
+            }
+        }
         if (!c.alive) throw new IOException("connection closed");
         c.busy = true;
     }
 
     @Override
-    public synchronized void giveBack(Connection c) { c.busy = false; }
+    public synchronized void giveBack(Connection c) {
+        c.busy = false;
+        notifyAll();
+    }
 
     @Override
     public void kill(Connection c, String why) {

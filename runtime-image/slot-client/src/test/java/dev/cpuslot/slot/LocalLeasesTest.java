@@ -416,6 +416,48 @@ class LocalLeasesTest extends LocalFixture {
         for (SlotLease l : busy) l.release(ReleaseOutcome.OK);
     }
 
+    /**
+     * A miss decides what room to make from what the process holds, and a grant of another quota
+     * still on its way (asked, not yet answered) is held too: a 300m miss while a 400m HOLD is at
+     * the agent, with a free 500m entry in a 1000m budget, gives the 500m back before it asks.
+     * Decided before its turn on the hold connection, it counted 800m, asked with no room made and
+     * waited at the agent for budget that only its own next move could free.
+     */
+    @Test
+    void aMissCountsAGrantOfAnotherQuotaStillOnItsWay() throws Exception {
+        budget = 1000;
+        transport.hello = new Protocol.HelloOk(1, 1, Protocol.HELLO_OK_LOCAL, 1, 1, "fake", budget, List.of());
+        transport.exclusive = true;
+        local = local(leases, 16, S, S);
+        SlotLease idle = onOtherThread(() -> local.acquire(500, "f", "idle"));
+        idle.release(ReleaseOutcome.OK);
+        var atAgent = new java.util.concurrent.CountDownLatch(1);
+        var open = new java.util.concurrent.CountDownLatch(1);
+        transport.script = m -> {
+            if (m instanceof Protocol.Acquire a && a.quotaMilli() == 400) {
+                atAgent.countDown();
+                try {
+                    open.await();
+                } catch (InterruptedException e) {
+                    throw new java.io.IOException(e);
+                }
+            }
+            return agent(m);
+        };
+        List<SlotLease> got = new java.util.concurrent.CopyOnWriteArrayList<>();
+        Thread a = Thread.ofPlatform().start(() -> got.add(local.acquire(400, "f", "a")));
+        assertTrue(atAgent.await(60, java.util.concurrent.TimeUnit.SECONDS), "the 400m HOLD at the agent");
+        Thread b = Thread.ofPlatform().start(() -> got.add(local.acquire(300, "f", "b")));
+        Thread.sleep(100); // time for the 300m miss to decide (not visible here); the outcome does not depend on it
+        open.countDown();
+        a.join();
+        b.join();
+        assertEquals(List.of(), overBudget, "HOLD requests sent with no room made for them");
+        assertEquals(List.of(new Protocol.Release(idle.lease, 0, Protocol.RELEASE_NO_REPLY)), releases(), "the free 500m given back");
+        for (SlotLease l : got) assertTrue(l != null && l.active(), "both calls in a slot: " + got);
+        for (SlotLease l : got) l.release(ReleaseOutcome.OK);
+    }
+
     @Test
     void afterAShrinkAFreeHeldSlotIsGivenBackLeastRecentlyUsedFirstAndABusyOneKeepsRunning() throws Exception {
         announceHoldList();
