@@ -94,6 +94,11 @@ final class Leases extends Lingering {
      */
     record Answer(Connection conn, Protocol.AcquireOk ok, int[] fds, String reason, String detail) {
         static Answer none(String reason, String detail) { return new Answer(null, null, null, reason, detail); }
+
+        /** The agent refused for the container's admission budget: REJECTED, or TIMEOUT waiting for it. */
+        boolean refusedForBudget() {
+            return ok == null && (Protocol.errorName(Protocol.E_REJECTED).equals(reason) || Protocol.errorName(Protocol.E_TIMEOUT).equals(reason));
+        }
     }
 
     /** The ACQUIRE to send on c, waiting at most waitUs for a slot; null when c cannot serve it. */

@@ -69,7 +69,7 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
         // free entries of other quotas keep budget: give back what the new one would not fit
         // beside (the budget announced), and if the agent still refuses for budget, whatever is free
         Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), holdRequest(quota, budget, false, null), this::borrowHold);
-        if (a != null && a.ok() == null && ("TIMEOUT".equals(a.reason()) || "REJECTED".equals(a.reason()))) {
+        if (a != null && a.refusedForBudget()) {
             boolean[] made = {false};
             Leases.Answer again = leases.ask(Math.max(until, System.nanoTime() + budget), holdRequest(quota, budget, true, made), this::borrowHold);
             if (made[0]) a = again;

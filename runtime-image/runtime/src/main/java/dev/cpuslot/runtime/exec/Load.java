@@ -28,8 +28,7 @@ public final class Load {
     private static final ThreadLocal<Load> CURRENT = new ThreadLocal<>();
     private static final AtomicLong IDS = new AtomicLong();
 
-    private final List<Runnable> cancels = new CopyOnWriteArrayList<>();
-    private volatile boolean cancelled;
+    private final Cancels cancels = new Cancels("stopping a load");
     /** When the function's code began (System.nanoTime): the deadline counts from there. */
     private final CompletableFuture<Long> began = new CompletableFuture<>();
     private final Slot slot;
@@ -67,13 +66,12 @@ public final class Load {
         Load l = CURRENT.get();
         if (l == null) {
             Making m = MAKING.get();
-            if (m != null) m.add(cancel);
+            if (m != null) m.cancels.add(cancel);
             return;
         }
-        l.cancels.add(cancel);
         if (l.lease == null && l.slot != null) l.lease = l.slot.take();
         l.began.complete(System.nanoTime());
-        if (l.cancelled) cancel.run();
+        l.cancels.add(cancel);
     }
 
     /**
@@ -98,7 +96,7 @@ public final class Load {
                 // the slot given back before the answer: the function's first call may have it
                 SlotLease held = l.lease;
                 if (held != null && l.ended.compareAndSet(false, true))
-                    l.slot.used(held.releaseLast(l.cancelled ? ReleaseOutcome.TIMEOUT : error != null ? ReleaseOutcome.FAILED : ReleaseOutcome.OK));
+                    l.slot.used(held.releaseLast(l.cancels.cancelled ? ReleaseOutcome.TIMEOUT : error != null ? ReleaseOutcome.FAILED : ReleaseOutcome.OK));
             }
             if (error != null) made.completeExceptionally(error);
             else made.complete(value);
@@ -130,19 +128,13 @@ public final class Load {
             } catch (Exception ignored) {
             }
         });
-        cancelled = true;
+        cancels.cancelled = true; // before the slot is looked at: the loading thread's own release then says TIMEOUT
         // the slot stays the load's while its thread runs on in it (until it stops, or is confined
         // as a runaway: moved out), given to no call meanwhile
         SlotLease held = lease;
         if (held != null && held.active() && ended.compareAndSet(false, true))
             HeldSlot.hold(held, ReleaseOutcome.TIMEOUT, (lease, usage, until, nanos) -> slot.used(usage), () -> t.isAlive() && !Activations.movedOut(t));
-        for (Runnable r : cancels) {
-            try {
-                r.run();
-            } catch (RuntimeException e) {
-                Log.warn("stopping a load: " + e);
-            }
-        }
+        cancels.cancel();
         t.interrupt();
     }
 
@@ -155,25 +147,36 @@ public final class Load {
      * {@link #cancel}. Before, only an interrupt reached it, which guest code does not see.
      */
     public static final class Making {
-        private final List<Runnable> cancels = new CopyOnWriteArrayList<>();
-        private volatile boolean cancelled;
+        private final Cancels cancels = new Cancels("stopping a sandbox being made");
 
         /** Stops the function's code in the sandbox being made, now and as soon as it begins. */
-        public void cancel() {
+        public void cancel() { cancels.cancel(); }
+    }
+
+    /** How to stop a function's code (a load's, a sandbox's being made), run at its deadline. */
+    private static final class Cancels {
+        private final List<Runnable> list = new CopyOnWriteArrayList<>();
+        private final String what;
+        volatile boolean cancelled;
+
+        Cancels(String what) { this.what = what; }
+
+        /** Runs every cancel, and from now on each one added as it is added. */
+        void cancel() {
             cancelled = true;
-            for (Runnable r : cancels) run(r);
+            for (Runnable r : list) run(r);
         }
 
-        private void add(Runnable r) {
-            cancels.add(r);
+        void add(Runnable r) {
+            list.add(r);
             if (cancelled) run(r); // at most twice with cancel() at once: closing twice is harmless
         }
 
-        private static void run(Runnable r) {
+        private void run(Runnable r) {
             try {
                 r.run();
             } catch (RuntimeException e) {
-                Log.warn("stopping a sandbox being made: " + e);
+                Log.warn(what + ": " + e);
             }
         }
     }
