@@ -51,6 +51,9 @@ type local struct {
 	// onWay is the quota of grants the agent has answered and the table
 	// does not hold yet (between hold and publish): held all the same.
 	onWay uint64
+	// afterGrant, set by tests only, runs between a grant's answer and
+	// its publish.
+	afterGrant func(quotaMilli uint32)
 	// closed: Close has dropped the free entries; a grant published after
 	// that goes straight back.
 	closed bool

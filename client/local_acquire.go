@@ -281,6 +281,9 @@ func (lc *local) ask(asker *waiter) {
 	quota := asker.quota
 	for {
 		ok, stale, err := lc.miss(quota)
+		if err == nil && lc.afterGrant != nil {
+			lc.afterGrant(quota)
+		}
 		lc.qmu.Lock()
 		if err == nil {
 			lc.grantedAt[quota] = time.Now() // the waiters of the quota wait on

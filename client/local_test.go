@@ -472,19 +472,16 @@ func TestLocalMissMakesRoom(t *testing.T) {
 	}
 }
 
-// TestLocalMissCountsAGrantOnItsWay: a miss decides what room to make
-// from what the process holds, and a grant of another quota on its way
-// (asked, not yet in the table) is held too. A 300m miss while a 400m grant
-// is on its way, with a free 500m entry in a 1000m budget, must give the
-// 500m back before asking; counted without the 400m, it asked first and
-// waited at the agent for budget that only its own next move could free.
-func TestLocalMissCountsAGrantOnItsWay(t *testing.T) {
+// budgeted1000 is a client of a fake agent with a 1000m budget, announced,
+// that waits for budget; acquire takes a local lease of a quota on the
+// calling thread and releases it.
+func budgeted1000(t *testing.T) (*fakeAgent, *client.Client, func(q uint32) error) {
 	f := newFakeAgent(t, true)
 	f.mu.Lock()
 	f.budget, f.sayBudget, f.queue = 1000, true, true
 	f.mu.Unlock()
 	c := dialFake(t, f, client.Options{Wait: 2 * time.Second})
-	acquire := func(q uint32) error {
+	return f, c, func(q uint32) error {
 		l, err := c.Acquire(q, "a", "")
 		if err != nil {
 			return fmt.Errorf("quota %d: %w", q, err)
@@ -495,6 +492,31 @@ func TestLocalMissCountsAGrantOnItsWay(t *testing.T) {
 		_, err = l.Release(slotv1.InvocationOK)
 		return err
 	}
+}
+
+// roomMadeFirst waits for the 400m and 300m calls' outcomes on done: both
+// in a slot, with three HOLD requests (500m, 400m, 300m) and none refused
+// or waited out for budget.
+func roomMadeFirst(t *testing.T, f *fakeAgent, done chan error) {
+	t.Helper()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if to, rej, h := f.count("timeout"), f.count("rejected"), f.count("hold"); to != 0 || rej != 0 || h != 3 {
+		t.Fatalf("%d HOLD, %d waited out for budget, %d rejected; want 3, 0, 0", h, to, rej)
+	}
+}
+
+// TestLocalMissCountsAGrantOnItsWay: a miss decides what room to make
+// from what the process holds, and a grant of another quota on its way
+// (asked, not yet in the table) is held too. A 300m miss while a 400m grant
+// is on its way, with a free 500m entry in a 1000m budget, must give the
+// 500m back before asking; counted without the 400m, it asked first and
+// waited at the agent for budget that only its own next move could free.
+func TestLocalMissCountsAGrantOnItsWay(t *testing.T) {
+	f, _, acquire := budgeted1000(t)
 	onThread(func() {
 		if err := acquire(500); err != nil { // a free 500m entry
 			t.Fatal(err)
@@ -512,14 +534,42 @@ func TestLocalMissCountsAGrantOnItsWay(t *testing.T) {
 	// outcome does not depend on it.
 	time.Sleep(100 * time.Millisecond)
 	close(gate)
-	for range 2 {
-		if err := <-done; err != nil {
+	roomMadeFirst(t, f, done)
+}
+
+// TestLocalMissCountsAGrantNotYetInTheTable: a 400m grant the agent has
+// answered and the table does not hold yet is held: a 300m miss in that
+// moment, with a free 500m entry in a 1000m budget, gives the 500m back
+// before it asks (counted without the 400m, it asked with no room made and
+// waited at the agent for budget).
+func TestLocalMissCountsAGrantNotYetInTheTable(t *testing.T) {
+	f, c, acquire := budgeted1000(t)
+	// The 400m grant waits before its publish until the 300m HOLD has been
+	// answered (or 10 s): the 300m miss decides its room in that moment.
+	answered := make(chan struct{})
+	c.AfterGrant(func(q uint32) {
+		if q != 400 {
+			return
+		}
+		select {
+		case <-answered:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	onThread(func() {
+		if err := acquire(500); err != nil { // a free 500m entry
 			t.Fatal(err)
 		}
-	}
-	if to, rej, h := f.count("timeout"), f.count("rejected"), f.count("hold"); to != 0 || rej != 0 || h != 3 {
-		t.Fatalf("%d HOLD, %d waited out for budget, %d rejected; want 3, 0, 0", h, to, rej)
-	}
+	})
+	done := make(chan error, 2)
+	go onThread(func() { done <- acquire(400) })
+	waitFor(t, "the 400m HOLD answered", func() bool { return f.count("hold") == 2 })
+	go onThread(func() {
+		err := acquire(300)
+		close(answered)
+		done <- err
+	})
+	roomMadeFirst(t, f, done)
 }
 
 // TestLocalCloseReleasesALateGrant: a thread waits for an entry, the

@@ -68,10 +68,10 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
         long budget = leases.budget(budgetNs);
         // free entries of other quotas keep budget: give back what the new one would not fit
         // beside (the budget announced), and if the agent still refuses for budget, whatever is free
-        Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), holdRequest(quota, budget, false, null), this::borrowHold);
+        Leases.Answer a = leases.ask(Math.max(until, System.nanoTime() + budget), holdRequest(quota, budget, null), this::borrowHold);
         if (a != null && a.refusedForBudget()) {
             boolean[] made = {false};
-            Leases.Answer again = leases.ask(Math.max(until, System.nanoTime() + budget), holdRequest(quota, budget, true, made), this::borrowHold);
+            Leases.Answer again = leases.ask(Math.max(until, System.nanoTime() + budget), holdRequest(quota, budget, made), this::borrowHold);
             if (made[0]) a = again;
         }
         if (a == null) {
@@ -90,14 +90,16 @@ abstract sealed class LocalMiss extends LocalState permits LocalAcquire {
      * The HOLD request for quota, room made for it ({@link #makeRoom}) once the hold connection is
      * ours: the HOLD requests before it have been answered, and their grants are in the table or
      * {@link #unpublished}. Decided before its turn, a miss would miss a grant of another quota on
-     * its way. With force, nothing is sent (null) unless room was made, which made says.
+     * its way. Forced (made given: the agent refused for budget), nothing is sent (null) unless
+     * room was made, which made says.
      */
-    private Leases.Request holdRequest(long quota, long budget, boolean force, boolean[] made) {
+    private Leases.Request holdRequest(long quota, long budget, boolean[] made) {
         long waitCapUs = Math.max(1, budget / 1000);
         return (c, waitUs) -> {
             // an agent without HOLD leases: the per-invocation path
             if (c.hello == null || (c.hello.flags() & Protocol.HELLO_OK_LOCAL) == 0) return null;
-            if (makeRoom(quota, force) && made != null) made[0] = true;
+            boolean force = made != null;
+            if (makeRoom(quota, force) && force) made[0] = true;
             if (force && !made[0]) return null;
             return new Protocol.Acquire(quota, Math.min(waitUs, waitCapUs), 0, Protocol.ACQUIRE_HOLD, 0, "", "");
         };

@@ -79,6 +79,7 @@ final class FakeTransport implements Transport {
             if (!c.alive) return;
             c.alive = false;
             c.busy = false;
+            notifyAll(); // a borrower waiting for it (exclusive) gets its IOException now
         }
         killed.add(c);
         if (listener != null) listener.lost(c);
